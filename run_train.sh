@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Train: ./run_train.sh [--config FILE] [--section.key VALUE ...]   (default config: train_configs/debug_model.toml)
+# Environment: NGPU (processes per node; default: visible CUDA GPUs, else 1), NNODES, NODE_RANK,
+# RDZV_ENDPOINT (host:port, multi-node), RDZV_ID, MAX_RESTARTS, LOG_RANK (e.g. 0 or 0,1: whose output to show).
+set -euo pipefail
+cd "$(dirname "$0")"
+source scripts/setup_env.sh
+
+for arg in "$@"; do
+  case "$arg" in -h|--help) exec "$PY" -m titanlite.cli help ;; esac
+done
+
+if [ -z "${NGPU:-}" ]; then
+  NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+  [ "${NGPU:-0}" -ge 1 ] || NGPU=1
+fi
+NNODES=${NNODES:-1}
+MAX_RESTARTS=${MAX_RESTARTS:-0}
+max_nodes=${NNODES##*:}  # NNODES may be elastic, min:max
+
+# Validate the config for the world size about to launch, and build the token cache once, before any worker starts.
+"$PY" -m titanlite.cli check --world-size $((NGPU * max_nodes)) "$@" || exit $?
+
+# Restarted workers must not reuse the dead workers' rendezvous store (CPU_DISTRIBUTED_NOTES.md).
+export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( $(nproc) / NGPU > 0 ? $(nproc) / NGPU : 1 ))}
+
+launch=(--nproc-per-node "$NGPU" --max-restarts "$MAX_RESTARTS")
+if [ -n "${RDZV_ENDPOINT:-}" ] || [ "$NNODES" != 1 ]; then
+  launch+=(--nnodes "$NNODES" --rdzv-backend c10d --rdzv-endpoint "${RDZV_ENDPOINT:?set RDZV_ENDPOINT=host:port for multi-node}"
+           --rdzv-id "${RDZV_ID:-titanlite}" --rdzv-conf last_call_timeout=1)
+  [ -z "${NODE_RANK:-}" ] || launch+=(--node-rank "$NODE_RANK")
+else
+  launch+=(--standalone)
+fi
+[ -z "${LOG_RANK:-}" ] || launch+=(--local-ranks-filter "$LOG_RANK" --role rank --tee 3)
+
+exec "$PY" -m torch.distributed.run "${launch[@]}" -m titanlite.train "$@"
