@@ -1,0 +1,146 @@
+"""GPT-2: learned positions, pre-LayerNorm blocks, GELU MLP, tied embeddings, no dropout.
+Plain modules with no parallelism inside; the trainer shards them from outside."""
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass
+class GPT2Args:
+    dim: int
+    n_layers: int
+    n_heads: int
+    vocab_size: int
+    max_seq_len: int = 1024
+    norm_eps: float = 1e-5
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+
+class Attention(nn.Module):
+    def __init__(self, args: GPT2Args):
+        super().__init__()
+        self.head_dim = args.head_dim
+        # Separate projections (not one fused qkv) so tensor parallelism can shard each column-wise.
+        self.wq = nn.Linear(args.dim, args.dim)
+        self.wk = nn.Linear(args.dim, args.dim)
+        self.wv = nn.Linear(args.dim, args.dim)
+        self.wo = nn.Linear(args.dim, args.dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bsz, seqlen, _ = x.shape
+        # -1 heads: under tensor parallelism the local head count follows from the sharded weight.
+        q = self.wq(x).view(bsz, seqlen, -1, self.head_dim)  # [B, T, H, hd]
+        k = self.wk(x).view(bsz, seqlen, -1, self.head_dim)
+        v = self.wv(x).view(bsz, seqlen, -1, self.head_dim)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H, T, hd]
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        out = out.transpose(1, 2).reshape(bsz, seqlen, -1)  # [B, T, H*hd]
+        return self.wo(out)
+
+
+class FeedForward(nn.Module):
+    def __init__(self, dim: int, hidden_dim: int):
+        super().__init__()
+        self.w1 = nn.Linear(dim, hidden_dim)  # up
+        self.w2 = nn.Linear(hidden_dim, dim)  # down
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.gelu(self.w1(x), approximate="tanh"))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, args: GPT2Args):
+        super().__init__()
+        self.attention_norm = nn.LayerNorm(args.dim, eps=args.norm_eps)
+        self.attention = Attention(args)
+        self.ffn_norm = nn.LayerNorm(args.dim, eps=args.norm_eps)
+        self.feed_forward = FeedForward(args.dim, 4 * args.dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x))
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class GPT2(nn.Module):
+    def __init__(self, args: GPT2Args):
+        super().__init__()
+        self.args = args
+        self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
+        self.pos_embeddings = nn.Embedding(args.max_seq_len, args.dim)
+        # A ModuleDict keyed by layer index keeps parameter names stable when a pipeline stage
+        # deletes the layers it does not own.
+        self.layers = nn.ModuleDict({str(i): TransformerBlock(args) for i in range(args.n_layers)})
+        self.norm = nn.LayerNorm(args.dim, eps=args.norm_eps)
+        self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
+        self.tie_weights()
+
+    def tie_weights(self) -> None:
+        """Make output.weight the very tensor tok_embeddings.weight.
+
+        Call again after anything that replaces parameters (to_empty here already does)."""
+        if self.tok_embeddings is not None and self.output is not None:
+            self.output.weight = self.tok_embeddings.weight
+
+    def to_empty(self, *, device, recurse: bool = True):
+        # nn.Module.to_empty gives each module its own new Parameter, which silently unties them.
+        super().to_empty(device=device, recurse=recurse)
+        self.tie_weights()
+        return self
+
+    def init_buffers(self) -> None:
+        """GPT-2 has no buffers; present so the trainer treats every model alike."""
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        if self.tok_embeddings is not None:
+            pos = torch.arange(tokens.shape[1], device=tokens.device)  # [T]
+            h = self.tok_embeddings(tokens) + self.pos_embeddings(pos)  # [B, T, dim]
+        else:
+            h = tokens  # a later pipeline stage receives hidden states, not tokens
+        for layer in self.layers.values():
+            h = layer(h)
+        h = self.norm(h) if self.norm is not None else h
+        return self.output(h) if self.output is not None else h  # [B, T, vocab]
+
+    def init_param(self, name: str, full: torch.Tensor, generator: torch.Generator) -> None:
+        """Fill `full` (the full-size value of parameter `name`) in place, using only `generator`."""
+        # Match on the last two name components, so wrapper prefixes (e.g. "_orig_mod.") do not matter.
+        path, _, leaf = name.rpartition(".")
+        parent = path.rpartition(".")[2]
+        std = 0.02
+        # GPT-2 scales the residual projections down so the residual stream's variance does not
+        # grow with depth.
+        residual_std = std / math.sqrt(2 * self.args.n_layers)
+        norms = ("attention_norm", "ffn_norm", "norm")
+        if leaf == "bias" and parent in ("wq", "wk", "wv", "wo", "w1", "w2", *norms):
+            nn.init.zeros_(full)
+        elif leaf != "weight":
+            raise KeyError(f"GPT2.init_param: unknown parameter {name!r}")
+        elif parent in norms:
+            nn.init.ones_(full)
+        elif parent in ("tok_embeddings", "output", "wq", "wk", "wv", "w1"):
+            nn.init.normal_(full, mean=0.0, std=std, generator=generator)
+        elif parent in ("wo", "w2"):
+            nn.init.normal_(full, mean=0.0, std=residual_std, generator=generator)
+        elif parent == "pos_embeddings":
+            nn.init.normal_(full, mean=0.0, std=0.01, generator=generator)
+        else:
+            raise KeyError(f"GPT2.init_param: unknown parameter {name!r}")
+
+    @torch.no_grad()
+    def init_weights(self, seed: int = 0) -> None:
+        """Initialise a plain (unsharded) model on its own device, exactly as the trainer would."""
+        # Imported here because registry imports this module for its flavor table.
+        from titanlite.models.registry import param_seed
+
+        for name, p in self.named_parameters():
+            g = torch.Generator(device=p.device).manual_seed(param_seed(seed, name))
+            full = torch.empty(p.shape, dtype=torch.float32, device=p.device)
+            self.init_param(name, full, g)
+            p.copy_(full)

@@ -1,0 +1,183 @@
+"""Llama 3: RoPE, RMSNorm, SwiGLU feed-forward, grouped-query attention, no biases.
+Plain modules with no parallelism inside; the trainer shards them from outside."""
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass
+class LlamaArgs:
+    dim: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    ffn_dim: int
+    vocab_size: int
+    max_seq_len: int = 2048
+    rope_theta: float = 500000.0
+    norm_eps: float = 1e-5
+    tie_embeddings: bool = False
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+
+def precompute_rope(head_dim: int, seq_len: int, theta: float, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of the rotation angles, each [seq_len, head_dim // 2], in float32."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
+    angles = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv_freq)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate adjacent pairs (x[2i], x[2i+1]) of x [B, T, H, hd], Meta's layout for Llama weights."""
+    x1, x2 = x.float().unflatten(-1, (-1, 2)).unbind(-1)  # each [B, T, H, hd/2]
+    cos, sin = cos[None, :, None, :], sin[None, :, None, :]  # [1, T, 1, hd/2]
+    out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
+    return out.type_as(x)
+
+
+class Attention(nn.Module):
+    def __init__(self, args: LlamaArgs):
+        super().__init__()
+        self.head_dim = args.head_dim
+        # Separate projections (not one fused qkv) so tensor parallelism can shard each column-wise.
+        self.wq = nn.Linear(args.dim, args.n_heads * args.head_dim, bias=False)
+        self.wk = nn.Linear(args.dim, args.n_kv_heads * args.head_dim, bias=False)
+        self.wv = nn.Linear(args.dim, args.n_kv_heads * args.head_dim, bias=False)
+        self.wo = nn.Linear(args.n_heads * args.head_dim, args.dim, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        bsz, seqlen, _ = x.shape
+        # -1 heads: under tensor parallelism the local head counts follow from the sharded weights.
+        q = self.wq(x).view(bsz, seqlen, -1, self.head_dim)  # [B, T, Hq, hd]
+        k = self.wk(x).view(bsz, seqlen, -1, self.head_dim)  # [B, T, Hkv, hd]
+        v = self.wv(x).view(bsz, seqlen, -1, self.head_dim)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        # Grouped-query attention: query head j reads key/value head j // n_rep.
+        n_rep = q.shape[2] // k.shape[2]
+        if n_rep > 1:
+            k = k.repeat_interleave(n_rep, dim=2)  # [B, T, Hq, hd]
+            v = v.repeat_interleave(n_rep, dim=2)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, Hq, T, hd]
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        out = out.transpose(1, 2).reshape(bsz, seqlen, -1)  # [B, T, Hq*hd]
+        return self.wo(out)
+
+
+class FeedForward(nn.Module):
+    def __init__(self, dim: int, hidden_dim: int):
+        super().__init__()
+        self.w1 = nn.Linear(dim, hidden_dim, bias=False)  # gate
+        self.w2 = nn.Linear(hidden_dim, dim, bias=False)  # down
+        self.w3 = nn.Linear(dim, hidden_dim, bias=False)  # up
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, args: LlamaArgs):
+        super().__init__()
+        # nn.RMSNorm runs torch.nn.functional.rms_norm, a fused kernel where the backend has one.
+        self.attention_norm = nn.RMSNorm(args.dim, eps=args.norm_eps)
+        self.attention = Attention(args)
+        self.ffn_norm = nn.RMSNorm(args.dim, eps=args.norm_eps)
+        self.feed_forward = FeedForward(args.dim, args.ffn_dim)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), cos, sin)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class Llama(nn.Module):
+    def __init__(self, args: LlamaArgs):
+        super().__init__()
+        self.args = args
+        self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
+        # A ModuleDict keyed by layer index keeps parameter names stable when a pipeline stage
+        # deletes the layers it does not own.
+        self.layers = nn.ModuleDict({str(i): TransformerBlock(args) for i in range(args.n_layers)})
+        self.norm = nn.RMSNorm(args.dim, eps=args.norm_eps)
+        self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
+        self.tie_weights()
+        # RoPE tables [max_seq_len, head_dim // 2]; non-persistent because they follow from args,
+        # so checkpoints need not carry them. Registered empty here to fix their device.
+        shape = (args.max_seq_len, args.head_dim // 2)
+        self.register_buffer("rope_cos", torch.empty(shape, dtype=torch.float32), persistent=False)
+        self.register_buffer("rope_sin", torch.empty(shape, dtype=torch.float32), persistent=False)
+        self.init_buffers()
+
+    def init_buffers(self) -> None:
+        """Compute the RoPE tables in float32 on the device the model lives on (after to_empty too)."""
+        args = self.args
+        cos, sin = precompute_rope(args.head_dim, args.max_seq_len, args.rope_theta, self.rope_cos.device)
+        # Re-registering (rather than copy_) keeps them float32 even if the model was cast.
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+
+    def tie_weights(self) -> None:
+        """With tie_embeddings, make output.weight the very tensor tok_embeddings.weight.
+
+        Call again after anything that replaces parameters (to_empty here already does)."""
+        if self.args.tie_embeddings and self.tok_embeddings is not None and self.output is not None:
+            self.output.weight = self.tok_embeddings.weight
+
+    def to_empty(self, *, device, recurse: bool = True):
+        # nn.Module.to_empty gives each module its own new Parameter, which silently unties them.
+        super().to_empty(device=device, recurse=recurse)
+        self.tie_weights()
+        return self
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        # A later pipeline stage receives hidden states [B, T, dim] instead of tokens [B, T].
+        h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
+        seqlen = h.shape[1]
+        cos, sin = self.rope_cos[:seqlen], self.rope_sin[:seqlen]  # [T, hd/2]
+        for layer in self.layers.values():
+            h = layer(h, cos, sin)
+        h = self.norm(h) if self.norm is not None else h
+        return self.output(h) if self.output is not None else h  # [B, T, vocab]
+
+    def init_param(self, name: str, full: torch.Tensor, generator: torch.Generator) -> None:
+        """Fill `full` (the full-size value of parameter `name`) in place, using only `generator`."""
+        # Match on the last two name components, so wrapper prefixes (e.g. "_orig_mod.") do not matter.
+        path, _, leaf = name.rpartition(".")
+        parent = path.rpartition(".")[2]
+        std = 0.02
+        # Residual projections are scaled down so the residual stream's variance does not grow with depth.
+        residual_std = std / math.sqrt(2 * self.args.n_layers)
+        if leaf != "weight":
+            raise KeyError(f"Llama.init_param: unknown parameter {name!r}")
+        if parent in ("attention_norm", "ffn_norm", "norm"):
+            nn.init.ones_(full)
+        elif parent == "tok_embeddings" or (parent == "output" and self.args.tie_embeddings):
+            nn.init.normal_(full, mean=0.0, std=std, generator=generator)
+        elif parent == "output":
+            out_std = self.args.dim**-0.5
+            nn.init.trunc_normal_(full, mean=0.0, std=out_std, a=-3 * out_std, b=3 * out_std, generator=generator)
+        elif parent in ("wq", "wk", "wv", "w1", "w3"):
+            nn.init.trunc_normal_(full, mean=0.0, std=std, a=-2 * std, b=2 * std, generator=generator)
+        elif parent in ("wo", "w2"):
+            nn.init.trunc_normal_(
+                full, mean=0.0, std=residual_std, a=-2 * residual_std, b=2 * residual_std, generator=generator
+            )
+        else:
+            raise KeyError(f"Llama.init_param: unknown parameter {name!r}")
+
+    @torch.no_grad()
+    def init_weights(self, seed: int = 0) -> None:
+        """Initialise a plain (unsharded) model on its own device, exactly as the trainer would."""
+        # Imported here because registry imports this module for its flavor table.
+        from titanlite.models.registry import param_seed
+
+        for name, p in self.named_parameters():
+            g = torch.Generator(device=p.device).manual_seed(param_seed(seed, name))
+            full = torch.empty(p.shape, dtype=torch.float32, device=p.device)
+            self.init_param(name, full, g)
+            p.copy_(full)

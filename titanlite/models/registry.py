@@ -1,0 +1,69 @@
+"""Model flavors by name, the builder the trainer calls, and the per-parameter init seed.
+Builders construct on the current default device, so the trainer can build under torch.device("meta")."""
+
+import dataclasses
+import zlib
+
+from torch import nn
+
+from titanlite.errors import ConfigError
+from titanlite.models.gpt2 import GPT2, GPT2Args
+from titanlite.models.llama import Llama, LlamaArgs
+
+
+def param_seed(seed: int, name: str) -> int:
+    """Seed for parameter `name`'s generator: stable across processes (unlike hash()) and layouts."""
+    return (zlib.crc32(name.encode()) ^ (seed * 1_000_003)) & ((1 << 63) - 1)
+
+
+def pad_vocab(vocab_size: int, multiple: int = 64) -> int:
+    """Round the vocabulary up to a multiple of 64: fewer odd matmul shapes on GPUs."""
+    return -(-vocab_size // multiple) * multiple
+
+
+# vocab_size here is a placeholder; build_model sets it from the tokenizer.
+FLAVORS: dict[str, dict[str, GPT2Args | LlamaArgs]] = {
+    "gpt2": {
+        "debug": GPT2Args(dim=64, n_layers=4, n_heads=4, vocab_size=0),
+        "124M": GPT2Args(dim=768, n_layers=12, n_heads=12, vocab_size=0),
+        "355M": GPT2Args(dim=1024, n_layers=24, n_heads=16, vocab_size=0),
+        "774M": GPT2Args(dim=1280, n_layers=36, n_heads=20, vocab_size=0),
+        "1.5B": GPT2Args(dim=1600, n_layers=48, n_heads=25, vocab_size=0),
+    },
+    "llama3": {
+        "debug": LlamaArgs(dim=64, n_layers=4, n_heads=4, n_kv_heads=2, ffn_dim=192, vocab_size=0),
+        # Llama 3.2 1B.
+        "1B": LlamaArgs(
+            dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, ffn_dim=8192, vocab_size=0,
+            max_seq_len=8192, tie_embeddings=True,
+        ),
+        # The SmolLM3-3B shape.
+        "3B": LlamaArgs(
+            dim=2048, n_layers=36, n_heads=16, n_kv_heads=4, ffn_dim=11008, vocab_size=0,
+            max_seq_len=8192, tie_embeddings=True,
+        ),
+        "8B": LlamaArgs(
+            dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, ffn_dim=14336, vocab_size=0,
+            max_seq_len=8192, tie_embeddings=False,
+        ),
+    },
+}
+
+_MODELS = {"gpt2": GPT2, "llama3": Llama}
+
+
+def build_model(name: str, flavor: str, vocab_size: int, max_seq_len: int) -> nn.Module:
+    """Build model `name` at size `flavor` on the current default device; parameters are uninitialised
+    (call model.init_weights(seed), or the trainer's sharded equivalent through model.init_param)."""
+    if name not in FLAVORS:
+        raise ConfigError(f"model.name={name!r} is not a known model; use one of: {', '.join(FLAVORS)}")
+    if flavor not in FLAVORS[name]:
+        raise ConfigError(f"model.flavor={flavor!r} is not a {name} flavor; use one of: {', '.join(FLAVORS[name])}")
+    if vocab_size <= 0:
+        raise ConfigError(f"vocab_size={vocab_size} must be positive")
+    if max_seq_len <= 0:
+        raise ConfigError(f"training.seq_len={max_seq_len} must be positive")
+    base = FLAVORS[name][flavor]
+    # Positions (learned for GPT-2, RoPE tables for Llama) must cover the training sequence length.
+    args = dataclasses.replace(base, vocab_size=pad_vocab(vocab_size), max_seq_len=max(base.max_seq_len, max_seq_len))
+    return _MODELS[name](args)
