@@ -1,0 +1,57 @@
+"""Launch real training runs (torchrun + gloo on CPU) and read back their per-step metrics."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+# A small, fast setting of the debug model: global batch 8 sequences of 32 tokens, logged every step.
+TINY = [
+    "--training.steps", "5",
+    "--training.seq_len", "32",
+    "--metrics.log_freq", "1",
+    "--lr_scheduler.warmup_steps", "2",
+]
+
+
+def env(**extra: str) -> dict[str, str]:
+    e = {**os.environ, "OMP_NUM_THREADS": "1", "TITANLITE_PYTHON": sys.executable, "PYTHONUNBUFFERED": "1"}
+    e.update(extra)
+    return e
+
+
+def torchrun(nproc: int, args: list[str], run_dir: Path, timeout: int = 300) -> subprocess.CompletedProcess:
+    """One training run with `nproc` gloo ranks; the run folder is run_dir/run."""
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+        f"--log-dir={run_dir / 'torchrun_logs'}", "-m", "titanlite.train",
+        "--job.dump_folder", str(run_dir), "--job.name", "run", *args,
+    ]
+    return subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=timeout)
+
+
+def run_train_sh(args: list[str], run_dir: Path, ngpu: int = 1, timeout: int = 300) -> subprocess.CompletedProcess:
+    """The user's command, ./run_train.sh, with NGPU processes."""
+    cmd = [str(REPO / "run_train.sh"), "--job.dump_folder", str(run_dir), "--job.name", "run", *args]
+    return subprocess.run(cmd, cwd=REPO, env=env(NGPU=str(ngpu)), capture_output=True, text=True, timeout=timeout)
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    lines = (run_dir / "run" / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]
+
+
+def losses(proc: subprocess.CompletedProcess, run_dir: Path) -> list[float]:
+    assert proc.returncode == 0, f"run failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    return [r["loss"] for r in metrics(run_dir)]
+
+
+def assert_close(actual: list[float], expected: list[float], rtol: float) -> None:
+    assert len(actual) == len(expected), (actual, expected)
+    for step, (a, e) in enumerate(zip(actual, expected), start=1):
+        assert abs(a - e) <= rtol * abs(e), f"step {step}: {a} vs {e} (relative {abs(a - e) / abs(e):.2e} > {rtol})"

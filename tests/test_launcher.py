@@ -1,0 +1,61 @@
+"""The user's commands: ./run_train.sh refuses bad configs before any worker starts; a run leaves its records."""
+
+import json
+import tomllib
+
+import pytest
+
+from tests.helpers import TINY, metrics, run_train_sh, torchrun
+
+
+@pytest.mark.parametrize(
+    "ngpu, args, fragment",
+    [
+        (1, ["--training.stepz", "3"], "unknown config key 'training.stepz' (command line); did you mean 'training.steps'?"),
+        (4, ["--parallelism.data_parallel_replicate_degree", "3"], "data_parallel_replicate_degree=3 does not divide the world size 4"),
+        (2, ["--parallelism.data_parallel_shard_degree", "4"], "multiply to 4 (replicate 1 x shard 4) but the world size is 2"),
+        (2, ["--training.local_batch_size", "2", "--training.global_batch_size", "6"], "global_batch_size=6 is not a multiple of local_batch_size x dp = 2 x 2 = 4"),
+        (1, ["--model.flavor", "2B"], "model.flavor='2B' is not a gpt2 flavor; use one of: debug, 124M, 355M, 774M, 1.5B"),
+        (1, ["--config", "train_configs/nope.toml"], "no such file"),
+    ],
+)
+def test_bad_config_exits_2_with_one_line_before_launch(tmp_path, ngpu, args, fragment):
+    proc = run_train_sh(args, tmp_path, ngpu=ngpu)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert lines == [lines[0]] and lines[0].startswith("titanlite: error: ")
+    assert fragment in lines[0]
+    assert "torch.distributed" not in proc.stdout + proc.stderr  # no worker was started
+
+
+def test_help_lists_config_keys(tmp_path):
+    proc = run_train_sh(["--help"], tmp_path)
+    assert proc.returncode == 0
+    assert "--parallelism.fsdp_reshard_after_forward" in proc.stdout
+    assert "ZeRO-3" in proc.stdout
+
+
+def test_run_folder_has_resolved_config_metrics_and_tensorboard(tmp_path):
+    proc = torchrun(1, [*TINY, "--training.local_batch_size", "2", "--metrics.enable_tensorboard"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = tmp_path / "run"
+    cfg = tomllib.loads((run / "config.toml").read_text())
+    assert cfg["training"]["seq_len"] == 32 and cfg["metrics"]["enable_tensorboard"] is True
+    records = metrics(tmp_path)
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 5]
+    for field in ("step", "loss", "grad_norm", "lr", "tps", "tflops", "mfu_pct", "mem_peak_gib", "elapsed_s"):
+        assert all(field in r for r in records), field
+    assert records[0]["tps"] is None and records[2]["tps"] > 0  # warm-up steps are not counted
+    assert records[2]["mfu_pct"] is None  # no known peak for a CPU: not guessed
+    assert records[-1]["mem_peak_gib"] > 0
+    assert list((run / "tb").glob("events.out.tfevents.*"))
+    # every console line of a logged step carries the same figures
+    assert "step      5  loss" in proc.stdout and "tps" in proc.stdout and "mfu n/a" in proc.stdout
+    json.dumps(records)
+
+
+def test_fresh_run_replaces_old_metrics(tmp_path):
+    for _ in range(2):
+        proc = torchrun(1, [*TINY, "--training.steps", "2", "--training.local_batch_size", "2"], tmp_path)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    assert [r["step"] for r in metrics(tmp_path)] == [1, 2]

@@ -1,0 +1,119 @@
+"""The config: TOML + command-line overrides, one-line errors naming the key, layout checks, help."""
+
+import tomllib
+
+import pytest
+
+from titanlite.config import JobConfig, field_docs, grad_accum_steps, help_text, parse_config, to_toml
+from titanlite.errors import ConfigError
+from titanlite.parallel.dims import ParallelDims
+
+
+def test_cli_overrides_toml_which_overrides_defaults(tmp_path):
+    toml = tmp_path / "c.toml"
+    toml.write_text('[training]\nsteps = 7\nseq_len = 64\n[optimizer]\nlr = 1e-3\n')
+    cfg = parse_config(["--config", str(toml), "--training.steps", "9", "--optimizer.lr=2e-3"])
+    assert cfg.training.steps == 9  # CLI beats TOML
+    assert cfg.training.seq_len == 64  # TOML beats default
+    assert cfg.optimizer.lr == 2e-3
+    assert cfg.training.local_batch_size == JobConfig().training.local_batch_size  # default
+
+
+def test_bare_flag_and_explicit_booleans():
+    assert parse_config(["--training.deterministic"]).training.deterministic is True
+    assert parse_config(["--training.deterministic", "false"]).training.deterministic is False
+    assert parse_config(["--data.shuffle=off", "--metrics.log_freq", "1"]).data.shuffle is False
+
+
+def test_negative_numbers_are_values_not_flags():
+    assert parse_config(["--parallelism.data_parallel_shard_degree", "-1"]).parallelism.data_parallel_shard_degree == -1
+
+
+@pytest.mark.parametrize(
+    "argv, fragment",
+    [
+        (["--training.stepz", "3"], "did you mean 'training.steps'"),
+        (["--optimizer.learning_rate", "1"], "unknown config key 'optimizer.learning_rate'"),
+        (["--training.steps", "three"], "training.steps='three' is not a valid int"),
+        (["--model.name", "bert"], "model.name='bert' is not allowed; use one of: 'gpt2', 'llama3'"),
+        (["--training.seq_len", "0"], "training.seq_len=0 must be at least 1"),
+        (["--optimizer.lr", "0"], "optimizer.lr=0.0 must be positive"),
+        (["--config", "missing.toml"], "no such file"),
+        (["--training.dataset", "local"], "needs training.dataset_path"),
+    ],
+)
+def test_bad_values_fail_with_one_line_naming_the_key(argv, fragment):
+    with pytest.raises(ConfigError) as e:
+        parse_config(argv)
+    assert fragment in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_unknown_key_in_toml_names_the_file(tmp_path):
+    toml = tmp_path / "c.toml"
+    toml.write_text("[training]\nsteps = 3\nwarmup = 2\n")
+    with pytest.raises(ConfigError, match=r"unknown config key 'training.warmup' \(in .*c.toml\)"):
+        parse_config(["--config", str(toml)])
+
+
+def test_wrong_toml_type_is_rejected(tmp_path):
+    toml = tmp_path / "c.toml"
+    toml.write_text('[training]\nsteps = "10"\n')
+    with pytest.raises(ConfigError, match="training.steps='10' is not a valid int"):
+        parse_config(["--config", str(toml)])
+
+
+def test_every_shipped_config_parses():
+    from pathlib import Path
+
+    configs = sorted(Path("train_configs").glob("*.toml"))
+    assert len(configs) >= 8
+    for path in configs:
+        parse_config(["--config", str(path)])
+
+
+def test_resolved_config_round_trips_through_toml():
+    cfg = parse_config(["--config", "train_configs/gpt2_large_zero2.toml", "--job.description", 'say "hi"'])
+    data = tomllib.loads(to_toml(cfg))
+    assert data["parallelism"]["fsdp_reshard_after_forward"] == "never"
+    assert data["job"]["description"] == 'say "hi"'
+    assert data["training"]["global_batch_size"] == 32
+
+
+def test_help_lists_every_field_with_its_docstring():
+    text = help_text()
+    for section in ("job", "model", "training", "data", "optimizer", "lr_scheduler", "parallelism", "metrics"):
+        cls = type(getattr(JobConfig(), section))
+        docs = field_docs(cls)
+        for name in cls.__dataclass_fields__:
+            assert f"--{section}.{name}" in text
+            assert docs.get(name), f"{section}.{name} has no docstring"
+
+
+@pytest.mark.parametrize(
+    "replicate, shard, world, expect",
+    [(1, -1, 4, (1, 4)), (4, 1, 4, (4, 1)), (2, 2, 4, (2, 2)), (2, -1, 8, (2, 4)), (1, -1, 1, (1, 1))],
+)
+def test_parallel_dims_resolve(replicate, shard, world, expect):
+    cfg = parse_config([f"--parallelism.data_parallel_replicate_degree={replicate}", f"--parallelism.data_parallel_shard_degree={shard}"])
+    dims = ParallelDims.from_config(cfg.parallelism, world)
+    assert (dims.dp_replicate, dims.dp_shard) == expect
+    assert dims.dp == world
+
+
+def test_degrees_that_do_not_match_the_world_size_name_the_knob():
+    cfg = parse_config(["--parallelism.data_parallel_replicate_degree", "3"])
+    with pytest.raises(ConfigError, match="data_parallel_replicate_degree=3 does not divide the world size 4; use one of 1, 2, 4"):
+        ParallelDims.from_config(cfg.parallelism, 4)
+    cfg = parse_config(["--parallelism.data_parallel_shard_degree", "3"])
+    with pytest.raises(ConfigError, match="multiply to 3 .* world size is 4"):
+        ParallelDims.from_config(cfg.parallelism, 4)
+
+
+def test_global_batch_sets_gradient_accumulation():
+    cfg = parse_config(["--training.local_batch_size", "2", "--training.global_batch_size", "16"])
+    assert grad_accum_steps(cfg.training, dp_degree=2) == 4
+    assert grad_accum_steps(parse_config([]).training, dp_degree=4) == 1  # -1: local x dp
+    cfg = parse_config(["--training.local_batch_size", "2", "--training.global_batch_size", "10"])
+    with pytest.raises(ConfigError, match="global_batch_size=10 is not a multiple of local_batch_size x dp = 2 x 4 = 8"):
+        grad_accum_steps(cfg.training, dp_degree=4)

@@ -1,0 +1,65 @@
+"""LR schedule shape, gradient clipping, the FLOP formula and the peak table."""
+
+import math
+
+import pytest
+import torch
+
+from titanlite.config import LRScheduler
+from titanlite.metrics import Throughput, count_params, device_peak_tflops, flops_per_token
+from titanlite.models.registry import build_model
+from titanlite.optim import clip_grad_norm_, lr_factor
+
+
+def test_warmup_then_cosine_to_min_factor():
+    cfg = LRScheduler(warmup_steps=10, decay_type="cosine", min_lr_factor=0.1)
+    factors = [lr_factor(s, cfg, 100) for s in range(100)]
+    assert factors[0] == pytest.approx(1 / 11)
+    assert all(a < b for a, b in zip(factors[:10], factors[1:11]))  # rising during warm-up
+    assert factors[10] == pytest.approx(1.0)
+    assert all(a >= b for a, b in zip(factors[10:], factors[11:]))  # then falling
+    assert lr_factor(100, cfg, 100) == pytest.approx(0.1)
+    assert factors[55] == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))
+
+
+def test_linear_and_constant_decay():
+    linear = LRScheduler(warmup_steps=0, decay_type="linear", min_lr_factor=0.0)
+    assert lr_factor(50, linear, 100) == pytest.approx(0.5)
+    constant = LRScheduler(warmup_steps=0, decay_type="constant", min_lr_factor=0.0)
+    assert lr_factor(99, constant, 100) == 1.0
+
+
+def test_clip_grad_norm_returns_the_norm_before_clipping_and_clips():
+    p = [torch.nn.Parameter(torch.zeros(3)), torch.nn.Parameter(torch.zeros(4))]
+    p[0].grad = torch.tensor([3.0, 0.0, 0.0])
+    p[1].grad = torch.tensor([0.0, 4.0, 0.0, 0.0])
+    norm = clip_grad_norm_(p, max_norm=1.0)
+    assert norm.item() == pytest.approx(5.0)
+    assert torch.cat([q.grad for q in p]).norm().item() == pytest.approx(1.0, rel=1e-5)
+
+
+def test_flops_per_token_formula_for_gpt2_124m():
+    with torch.device("meta"):
+        model = build_model("gpt2", "124M", 50257, 1024)
+    a = model.args
+    total = count_params(model)
+    embeddings = a.vocab_size * a.dim + a.max_seq_len * a.dim
+    n = total - embeddings + a.vocab_size * a.dim  # tied output projection still does its matmul
+    assert flops_per_token(model, 1024) == 6 * n + 12 * a.n_layers * a.dim * 1024
+    # The familiar figure: ~0.87 GFLOP per token for GPT-2 small at T=1024.
+    assert 0.8e9 < flops_per_token(model, 1024) < 0.9e9
+
+
+def test_peak_is_unknown_on_cpu_unless_configured():
+    assert device_peak_tflops(torch.device("cpu"), 0.0) is None
+    assert device_peak_tflops(torch.device("cpu"), 123.0) == 123.0
+
+
+def test_throughput_excludes_warmup_steps():
+    t = Throughput(warmup_steps=2)
+    t.add(1, 1000, 10.0)  # slow first steps (allocation, compilation) are not counted
+    t.add(2, 1000, 10.0)
+    assert t.take() is None
+    t.add(3, 1000, 1.0)
+    t.add(4, 1000, 1.0)
+    assert t.take() == pytest.approx(1000.0)

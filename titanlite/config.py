@@ -1,0 +1,393 @@
+"""The run configuration: one dataclass per TOML section, loaded from a file plus `--section.key` overrides.
+
+Each field's docstring is its `--help` text. Unknown keys and wrong types are rejected with one line.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import difflib
+import inspect
+import sys
+import textwrap
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
+
+from titanlite.errors import ConfigError
+
+DEFAULT_CONFIG = "train_configs/debug_model.toml"
+
+
+@dataclass
+class Job:
+    name: str = "debug"
+    """Run name; the run folder is {dump_folder}/{name}/."""
+    dump_folder: str = "checkpoints"
+    """Root folder of run folders (config.toml, metrics.jsonl, tb/, checkpoints)."""
+    description: str = ""
+    """Free text describing the run; printed at start-up."""
+
+
+@dataclass
+class Model:
+    name: Literal["gpt2", "llama3"] = "gpt2"
+    """Model family."""
+    flavor: str = "debug"
+    """Size within the family: gpt2 {debug, 124M, 355M, 774M, 1.5B}; llama3 {debug, 1B, 3B, 8B}."""
+    tokenizer: Literal["gpt2", "byte"] = "gpt2"
+    """Tokenizer: the GPT-2 BPE (shipped, works offline) or raw UTF-8 bytes. Sets the vocabulary size."""
+
+
+@dataclass
+class Training:
+    steps: int = 100
+    """Number of optimizer steps; the LR schedule spans them."""
+    local_batch_size: int = 8
+    """Sequences per data-parallel rank per micro-batch."""
+    global_batch_size: int = -1
+    """Sequences per optimizer step over all ranks; -1 means local_batch_size x dp. Gradient
+    accumulation makes up any difference, so it must be a multiple of local_batch_size x dp."""
+    seq_len: int = 128
+    """Tokens per sequence."""
+    max_norm: float = 1.0
+    """Clip the global gradient norm to this value; 0 disables clipping (the norm is still logged)."""
+    dataset: str = "stdlib"
+    """'stdlib' (built-in corpus: the Python standard library's source, no download), 'local'
+    (files under dataset_path), or a Hugging Face hub dataset name (needs network)."""
+    dataset_path: str = ""
+    """A .txt/.jsonl/.parquet file or a folder of them; used when dataset = 'local'."""
+    seed: int = 42
+    """Seed for weight initialisation and data order; the same seed gives the same weights on any layout."""
+    deterministic: bool = False
+    """Use deterministic algorithms only (slower); also disables TF32."""
+    mixed_precision_param: Literal["bfloat16", "float32"] = "bfloat16"
+    """Parameter/compute dtype on CUDA (FSDP MixedPrecisionPolicy, autocast otherwise). CPU runs use float32."""
+    mixed_precision_reduce: Literal["float32", "bfloat16"] = "float32"
+    """Gradient reduction dtype for FSDP on CUDA."""
+
+
+@dataclass
+class Data:
+    num_workers: int = 0
+    """DataLoader worker processes per rank (0 reads in the training process)."""
+    pin_memory: bool = True
+    """Pin host batches for faster, non-blocking copies to CUDA (ignored on CPU)."""
+    shuffle: bool = True
+    """Visit the packed windows in a seeded random order (per epoch) instead of corpus order."""
+    cache_dir: str = ""
+    """Where tokenised corpora are cached; empty means $TITANLITE_CACHE_DIR or ~/.cache/titanlite."""
+
+
+@dataclass
+class Optimizer:
+    name: Literal["AdamW"] = "AdamW"
+    """Optimizer."""
+    lr: float = 3e-4
+    """Peak learning rate."""
+    weight_decay: float = 0.1
+    """Decoupled weight decay, applied to matrices and embeddings only (not to biases or norms)."""
+    eps: float = 1e-8
+    """AdamW epsilon."""
+    beta1: float = 0.9
+    """AdamW first-moment decay."""
+    beta2: float = 0.95
+    """AdamW second-moment decay."""
+    implementation: Literal["auto", "fused", "foreach", "for-loop"] = "auto"
+    """AdamW kernel: 'auto' picks fused on CUDA and foreach elsewhere."""
+
+
+@dataclass
+class LRScheduler:
+    warmup_steps: int = 10
+    """Linear warm-up steps from near zero to the peak learning rate."""
+    decay_type: Literal["cosine", "linear", "constant"] = "cosine"
+    """Decay shape after warm-up, down to min_lr_factor x lr at the last step."""
+    min_lr_factor: float = 0.1
+    """Final learning rate as a fraction of the peak."""
+
+
+@dataclass
+class Parallelism:
+    data_parallel_replicate_degree: int = 1
+    """Replicas (DDP alone, or the outer dimension of HSDP)."""
+    data_parallel_shard_degree: int = -1
+    """FSDP shards; -1 means whatever is left of the world size."""
+    fsdp_reshard_after_forward: Literal["default", "always", "never"] = "default"
+    """'always' frees gathered parameters after forward (ZeRO-3); 'never' keeps them (ZeRO-2);
+    'default' is ZeRO-3 unless pipeline parallelism is on."""
+
+
+@dataclass
+class Metrics:
+    log_freq: int = 10
+    """Log every this many steps (and always the last step)."""
+    enable_tensorboard: bool = False
+    """Also write the metrics as TensorBoard scalars under tb/ in the run folder."""
+    throughput_warmup_steps: int = 2
+    """The first steps, excluded from tokens/s, TFLOPs and MFU (allocation, compilation)."""
+    peak_tflops: float = 0.0
+    """Peak dense bf16 TFLOP/s of one device for MFU; 0 looks the device up in a table (unknown: no MFU)."""
+
+
+@dataclass
+class JobConfig:
+    job: Job = field(default_factory=Job)
+    model: Model = field(default_factory=Model)
+    training: Training = field(default_factory=Training)
+    data: Data = field(default_factory=Data)
+    optimizer: Optimizer = field(default_factory=Optimizer)
+    lr_scheduler: LRScheduler = field(default_factory=LRScheduler)
+    parallelism: Parallelism = field(default_factory=Parallelism)
+    metrics: Metrics = field(default_factory=Metrics)
+
+
+# ----------------------------------------------------------------------------------------------
+# Field docs and types
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """The docstring under each field of a dataclass (Python keeps none at run time, so read the source)."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    body = tree.body[0].body
+    docs = {}
+    for node, nxt in zip(body, body[1:]):
+        if isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
+            docs[node.target.id] = " ".join(str(nxt.value.value).split())
+    return docs
+
+
+def _sections() -> dict[str, type]:
+    hints = typing.get_type_hints(JobConfig)
+    return {f.name: hints[f.name] for f in dataclasses.fields(JobConfig)}
+
+
+def _field_types(section_cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(section_cls)
+
+
+def _all_keys() -> list[str]:
+    return [f"{s}.{k}" for s, cls in _sections().items() for k in _field_types(cls)]
+
+
+def _unknown_key_error(key: str, where: str) -> ConfigError:
+    close = difflib.get_close_matches(key, _all_keys(), n=1, cutoff=0.6)
+    hint = f"; did you mean '{close[0]}'?" if close else "; see --help for the valid keys"
+    return ConfigError(f"unknown config key '{key}' ({where}){hint}")
+
+
+def _type_name(tp: Any) -> str:
+    if typing.get_origin(tp) is Literal:
+        return " | ".join(repr(a) for a in typing.get_args(tp))
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(key: str, value: Any, tp: Any, from_cli: bool) -> Any:
+    """Check a TOML value's type, or convert a command-line string, for one field."""
+    if typing.get_origin(tp) is Literal:
+        choices = typing.get_args(tp)
+        if value not in choices:
+            allowed = ", ".join(repr(c) for c in choices)
+            raise ConfigError(f"{key}={value!r} is not allowed; use one of: {allowed}")
+        return value
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if from_cli and value.lower() in ("true", "1", "yes", "on", "false", "0", "no", "off"):
+            return value.lower() in ("true", "1", "yes", "on")
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if from_cli:
+            try:
+                return int(value)
+            except ValueError:
+                pass
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if from_cli:
+            try:
+                return float(value)
+            except ValueError:
+                pass
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+    raise ConfigError(f"{key}={value!r} is not a valid {_type_name(tp)}")
+
+
+def _set(cfg: JobConfig, key: str, value: Any, where: str, from_cli: bool = False) -> None:
+    section, _, name = key.partition(".")
+    sections = _sections()
+    if section not in sections or name not in _field_types(sections[section]):
+        raise _unknown_key_error(key, where)
+    tp = _field_types(sections[section])[name]
+    setattr(getattr(cfg, section), name, _coerce(key, value, tp, from_cli))
+
+
+# ----------------------------------------------------------------------------------------------
+# Loading
+
+
+def load_toml(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"--config {path}: no such file; the configs are in train_configs/")
+    try:
+        with path.open("rb") as f:
+            return tomllib.load(f)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"--config {path}: not valid TOML ({e})") from None
+
+
+def _split_overrides(argv: list[str]) -> tuple[str | None, list[tuple[str, str]]]:
+    """Split `--config FILE` and `--section.key VALUE` / `--section.key=VALUE` / `--flag` arguments."""
+    config_path, pairs, i = None, [], 0
+    while i < len(argv):
+        arg = argv[i]
+        if not arg.startswith("--"):
+            raise ConfigError(f"unexpected argument '{arg}'; overrides look like --section.key VALUE")
+        key, eq, value = arg[2:].partition("=")
+        if not eq:
+            nxt = argv[i + 1] if i + 1 < len(argv) else None
+            if nxt is None or (nxt.startswith("--") and not _is_number(nxt)):
+                value = "true"  # a bare flag, e.g. --training.deterministic
+            else:
+                value, i = nxt, i + 1
+        if key == "config":
+            config_path = value
+        elif "." not in key:
+            raise _unknown_key_error(key, "command line")
+        else:
+            pairs.append((key, value))
+        i += 1
+    return config_path, pairs
+
+
+def _is_number(s: str) -> bool:
+    try:
+        float(s)
+        return True
+    except ValueError:
+        return False
+
+
+def parse_config(argv: list[str], default_config: str | None = DEFAULT_CONFIG) -> JobConfig:
+    """Defaults < TOML file < command-line overrides; then validate the values on their own."""
+    config_path, overrides = _split_overrides(argv)
+    config_path = config_path or default_config
+    cfg = JobConfig()
+    if config_path:
+        for section, table in load_toml(config_path).items():
+            if not isinstance(table, dict):
+                raise _unknown_key_error(section, f"in {config_path}")
+            for name, value in table.items():
+                _set(cfg, f"{section}.{name}", value, f"in {config_path}")
+    for key, value in overrides:
+        _set(cfg, key, value, "command line", from_cli=True)
+    validate_values(cfg)
+    return cfg
+
+
+def validate_values(cfg: JobConfig) -> None:
+    """Checks that need no knowledge of the world size (the layout is checked by ParallelDims)."""
+    t, p = cfg.training, cfg.parallelism
+    positive = {
+        "training.steps": t.steps,
+        "training.local_batch_size": t.local_batch_size,
+        "training.seq_len": t.seq_len,
+        "metrics.log_freq": cfg.metrics.log_freq,
+        "parallelism.data_parallel_replicate_degree": p.data_parallel_replicate_degree,
+    }
+    for key, value in positive.items():
+        if value < 1:
+            raise ConfigError(f"{key}={value} must be at least 1")
+    if p.data_parallel_shard_degree < 1 and p.data_parallel_shard_degree != -1:
+        raise ConfigError(
+            f"parallelism.data_parallel_shard_degree={p.data_parallel_shard_degree} must be at least 1, or -1 for the rest of the world size"
+        )
+    if t.global_batch_size < 1 and t.global_batch_size != -1:
+        raise ConfigError(f"training.global_batch_size={t.global_batch_size} must be at least 1, or -1 for local_batch_size x dp")
+    non_negative = {
+        "training.max_norm": t.max_norm,
+        "optimizer.weight_decay": cfg.optimizer.weight_decay,
+        "lr_scheduler.warmup_steps": cfg.lr_scheduler.warmup_steps,
+        "data.num_workers": cfg.data.num_workers,
+        "metrics.throughput_warmup_steps": cfg.metrics.throughput_warmup_steps,
+        "metrics.peak_tflops": cfg.metrics.peak_tflops,
+    }
+    for key, value in non_negative.items():
+        if value < 0:
+            raise ConfigError(f"{key}={value} must not be negative")
+    if not cfg.optimizer.lr > 0:
+        raise ConfigError(f"optimizer.lr={cfg.optimizer.lr} must be positive")
+    if not 0 <= cfg.lr_scheduler.min_lr_factor <= 1:
+        raise ConfigError(f"lr_scheduler.min_lr_factor={cfg.lr_scheduler.min_lr_factor} must be between 0 and 1")
+    for key in ("beta1", "beta2"):
+        if not 0 <= getattr(cfg.optimizer, key) < 1:
+            raise ConfigError(f"optimizer.{key}={getattr(cfg.optimizer, key)} must be in [0, 1)")
+    if t.dataset == "local" and not t.dataset_path:
+        raise ConfigError("training.dataset='local' needs training.dataset_path (a .txt/.jsonl/.parquet file or folder)")
+
+
+def grad_accum_steps(training: Training, dp_degree: int) -> int:
+    """Micro-batches per step on each rank, so that local_batch_size x dp x accumulation = global batch."""
+    per_pass = training.local_batch_size * dp_degree
+    if training.global_batch_size == -1:
+        return 1
+    if training.global_batch_size % per_pass:
+        raise ConfigError(
+            f"training.global_batch_size={training.global_batch_size} is not a multiple of "
+            f"local_batch_size x dp = {training.local_batch_size} x {dp_degree} = {per_pass}; "
+            f"use a multiple of {per_pass} or change training.local_batch_size"
+        )
+    return training.global_batch_size // per_pass
+
+
+# ----------------------------------------------------------------------------------------------
+# Output
+
+
+def to_toml(cfg: JobConfig) -> str:
+    """The resolved config as TOML (every field, so a run folder says exactly what ran)."""
+    lines = []
+    for section in _sections():
+        lines.append(f"[{section}]")
+        for key, value in dataclasses.asdict(getattr(cfg, section)).items():
+            lines.append(f"{key} = {_toml_value(value)}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return repr(value)
+
+
+def help_text() -> str:
+    out = [
+        "usage: ./run_train.sh [--config FILE] [--section.key VALUE | --section.key=VALUE ...]",
+        f"  --config FILE   TOML file (default: {DEFAULT_CONFIG}); command-line values override it.",
+        "",
+    ]
+    defaults = JobConfig()
+    for section, cls in _sections().items():
+        out.append(f"[{section}]")
+        docs, types = field_docs(cls), _field_types(cls)
+        for name, tp in types.items():
+            default = _toml_value(getattr(getattr(defaults, section), name))
+            out.append(f"  --{section}.{name}  ({_type_name(tp)}, default {default})")
+            out.append(textwrap.fill(docs.get(name, ""), width=100, initial_indent="      ", subsequent_indent="      "))
+        out.append("")
+    return "\n".join(out)

@@ -1,0 +1,157 @@
+"""Training figures: FLOPs per token, MFU against the device's real peak, memory, and the log writers.
+
+One console line per log step; the same figures go to metrics.jsonl and, when enabled, TensorBoard.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+# Dense bf16 tensor-core peak of one device, in TFLOP/s (vendor data sheets, without sparsity).
+# Matched against torch.cuda.get_device_name(); the first matching entry wins, so specific names come first.
+PEAK_BF16_TFLOPS = (
+    ("H100 PCIe", 756.0),
+    ("H100 NVL", 835.0),
+    ("H100", 989.4),  # SXM
+    ("H200", 989.4),
+    ("H800", 989.4),
+    ("GH200", 989.4),
+    ("B200", 2250.0),
+    ("A100", 312.0),
+    ("A800", 312.0),
+    ("L40S", 362.05),
+    ("L4", 121.0),
+)
+
+
+def count_params(model: nn.Module) -> int:
+    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+
+
+def flops_per_token(model: nn.Module, seq_len: int) -> float:
+    """Training FLOPs per token (forward + backward), the formula of PaLM (Chowdhery et al., 2022, app. B):
+
+        6 * N  +  12 * L * d * T
+
+    N counts the parameters that do a matmul per token: every parameter except the embedding tables
+    (token and position lookups cost no FLOPs), plus the output projection (counted even when its
+    weight is tied to the token embedding, since the matmul happens). The second term is attention's
+    QK^T and AV matmuls (2 matmuls x 2 FLOPs x d x T per layer, x3 for backward), with L layers,
+    model width d and sequence length T; causal masking is not discounted, as in PaLM and TorchTitan.
+    """
+    args = model.args
+    embeddings = {id(m.weight) for m in (model.tok_embeddings, getattr(model, "pos_embeddings", None)) if m is not None}
+    n = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values() if id(p) not in embeddings)
+    if model.output is not None and id(model.output.weight) in embeddings:
+        n += model.output.weight.numel()
+    return 6.0 * n + 12.0 * args.n_layers * args.dim * seq_len
+
+
+def device_peak_tflops(device: torch.device, override: float) -> float | None:
+    """The configured peak, else the table's entry for this CUDA device; None when unknown (no MFU is shown)."""
+    if override > 0:
+        return override
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((peak for key, peak in PEAK_BF16_TFLOPS if key in name), None)
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_memory_gib(device: torch.device) -> tuple[float, float | None]:
+    """(peak, reserved) in GiB: CUDA max allocated and max reserved; on CPU the process's peak RSS and None."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30, torch.cuda.max_memory_reserved(device) / 2**30
+    # ru_maxrss is in KiB on Linux (bytes on macOS).
+    scale = 1 if sys.platform == "darwin" else 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / 2**30, None
+
+
+@dataclass
+class Throughput:
+    """Tokens and time since the last log, counting only steps after the warm-up."""
+
+    warmup_steps: int
+    tokens: int = 0
+    seconds: float = 0.0
+    step_seconds: list = field(default_factory=list)
+
+    def add(self, step: int, tokens: int, seconds: float) -> None:
+        self.step_seconds.append(seconds)
+        if step > self.warmup_steps:
+            self.tokens += tokens
+            self.seconds += seconds
+
+    def take(self) -> float | None:
+        """Tokens/s over the counted steps since the last call (None if all were warm-up), then reset."""
+        tps = self.tokens / self.seconds if self.seconds > 0 else None
+        self.tokens, self.seconds = 0, 0.0
+        return tps
+
+    def eta_seconds(self, remaining_steps: int) -> float:
+        recent = self.step_seconds[-20:]
+        return sum(recent) / len(recent) * remaining_steps if recent else 0.0
+
+
+class MetricsLogger:
+    """Writes one record per log step to the console, metrics.jsonl and optionally TensorBoard."""
+
+    def __init__(self, run_dir: Path, enable_tensorboard: bool, active: bool):
+        self.active = active
+        self.jsonl = None
+        self.tb = None
+        self.start = time.perf_counter()
+        if not active:
+            return
+        self.jsonl = (run_dir / "metrics.jsonl").open("a")
+        if enable_tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb = SummaryWriter(log_dir=str(run_dir / "tb"))
+
+    def log(self, record: dict) -> None:
+        if not self.active:
+            return
+        record = {**record, "elapsed_s": round(time.perf_counter() - self.start, 3)}
+        print(format_line(record), flush=True)
+        self.jsonl.write(json.dumps(record) + "\n")
+        self.jsonl.flush()
+        if self.tb is not None:
+            for key, value in record.items():
+                if key != "step" and isinstance(value, (int, float)):
+                    self.tb.add_scalar(key, value, record["step"])
+
+    def close(self) -> None:
+        if self.jsonl is not None:
+            self.jsonl.close()
+        if self.tb is not None:
+            self.tb.close()
+
+
+def format_line(r: dict) -> str:
+    def fmt(value, spec, unit=""):
+        return "n/a" if value is None else f"{value:{spec}}{unit}"
+
+    tps = "warm-up" if r["tps"] is None else f"{r['tps']:,.0f}"
+    return (
+        f"step {r['step']:>6}  loss {r['loss']:.4f}  grad_norm {r['grad_norm']:.4f}  lr {r['lr']:.2e}  "
+        f"tps {tps}  tflops {fmt(r['tflops'], '.2f')}  mfu {fmt(r['mfu_pct'], '.1f', '%')}  "
+        f"mem {r['mem_peak_gib']:.2f}GiB  eta {_duration(r['eta_s'])}"
+    )
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m{seconds % 60:02d}s" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"

@@ -1,0 +1,69 @@
+"""Optimizer (AdamW), learning-rate schedule (warm-up then cosine/linear decay) and gradient clipping.
+
+Clipping works on plain and DTensor (sharded) gradients alike: the norm is taken over the full model.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+from torch.distributed.tensor import DTensor
+
+from titanlite.config import LRScheduler, Optimizer
+
+
+def build_optimizer(model: nn.Module, cfg: Optimizer, device_type: str) -> torch.optim.Optimizer:
+    """AdamW with weight decay on matrices and embeddings only; built after sharding so its state is sharded too."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in params if p.ndim >= 2]
+    no_decay = [p for p in params if p.ndim < 2]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    impl = cfg.implementation
+    if impl == "auto":
+        impl = "fused" if device_type == "cuda" else "foreach"
+    return torch.optim.AdamW(
+        groups,
+        lr=cfg.lr,
+        betas=(cfg.beta1, cfg.beta2),
+        eps=cfg.eps,
+        fused=impl == "fused",
+        foreach=impl == "foreach",
+    )
+
+
+def lr_factor(step: int, cfg: LRScheduler, total_steps: int) -> float:
+    """Multiplier of the peak LR for optimizer step `step` (0-based): linear warm-up, then decay to min_lr_factor."""
+    warmup = min(cfg.warmup_steps, total_steps)
+    if step < warmup:
+        return (step + 1) / (warmup + 1)
+    if cfg.decay_type == "constant":
+        return 1.0
+    decay_steps = max(total_steps - warmup, 1)
+    progress = min((step - warmup) / decay_steps, 1.0)
+    if cfg.decay_type == "linear":
+        shape = 1.0 - progress
+    else:
+        shape = 0.5 * (1.0 + math.cos(math.pi * progress))
+    return cfg.min_lr_factor + (1.0 - cfg.min_lr_factor) * shape
+
+
+def build_lr_scheduler(optimizer: torch.optim.Optimizer, cfg: LRScheduler, total_steps: int):
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, cfg, total_steps))
+
+
+@torch.no_grad()
+def clip_grad_norm_(params: list[nn.Parameter], max_norm: float) -> torch.Tensor:
+    """Global L2 norm of all gradients (clipped to max_norm when > 0); returns the norm before clipping.
+
+    With sharded gradients each rank holds part of each gradient: the per-tensor norms are DTensors
+    whose full value needs a reduction over the mesh, which `full_tensor()` performs.
+    """
+    grads = [p.grad for p in params if p.grad is not None]
+    total = torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=True)
+    if isinstance(total, DTensor):
+        total = total.full_tensor()
+    if max_norm > 0:
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total, foreach=True)
+    return total

@@ -1,0 +1,104 @@
+"""Parallel degrees → one DeviceMesh with named dimensions, checked before any process group exists.
+
+Dimensions, outermost first: pp, dp_replicate, dp_shard, cp, tp; degrees of 1 are left out of the mesh.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from titanlite.config import Parallelism
+from titanlite.errors import ConfigError
+
+MESH_ORDER = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+
+
+@dataclass(frozen=True)
+class ParallelDims:
+    dp_replicate: int
+    dp_shard: int
+    world_size: int
+    cp: int = 1
+    tp: int = 1
+    pp: int = 1
+
+    @classmethod
+    def from_config(cls, cfg: Parallelism, world_size: int) -> ParallelDims:
+        """Resolve dp_shard = -1 and check that the degrees multiply to the world size."""
+        replicate, shard = cfg.data_parallel_replicate_degree, cfg.data_parallel_shard_degree
+        others = 1  # cp, tp and pp join here as later issues add them
+        if shard == -1:
+            if world_size % (replicate * others):
+                raise ConfigError(
+                    f"parallelism.data_parallel_replicate_degree={replicate} does not divide the world size "
+                    f"{world_size}; use one of {_divisors(world_size)}"
+                )
+            shard = world_size // (replicate * others)
+        product = replicate * shard * others
+        if product != world_size:
+            raise ConfigError(
+                f"parallelism degrees multiply to {product} (replicate {replicate} x shard {shard}) but the "
+                f"world size is {world_size}; set parallelism.data_parallel_shard_degree = -1 or make the "
+                f"product equal {world_size}"
+            )
+        return cls(dp_replicate=replicate, dp_shard=shard, world_size=world_size)
+
+    @property
+    def degrees(self) -> dict[str, int]:
+        return {"pp": self.pp, "dp_replicate": self.dp_replicate, "dp_shard": self.dp_shard, "cp": self.cp, "tp": self.tp}
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel degree: how many different slices of each global batch are read."""
+        return self.dp_replicate * self.dp_shard
+
+    @property
+    def fsdp_enabled(self) -> bool:
+        return self.dp_shard > 1
+
+    @property
+    def ddp_enabled(self) -> bool:
+        """Plain replication (DDP) only when nothing shards; replicate x shard is HSDP, done by FSDP."""
+        return self.dp_replicate > 1 and self.dp_shard == 1
+
+    @property
+    def pp_enabled(self) -> bool:
+        return self.pp > 1
+
+    def describe(self) -> str:
+        used = [f"{name} {deg}" for name, deg in self.degrees.items() if deg > 1]
+        return " x ".join(used) if used else "single device"
+
+    def build_mesh(self, device_type: str) -> Mesh | None:
+        """One DeviceMesh over the dimensions in use, plus the flattened views the trainer needs."""
+        from torch.distributed.device_mesh import init_device_mesh
+
+        names = [n for n in MESH_ORDER if self.degrees[n] > 1]
+        if not names:
+            return None
+        root = init_device_mesh(device_type, tuple(self.degrees[n] for n in names), mesh_dim_names=tuple(names))
+        # dp: which rank reads which data; dp_shard_cp: what FSDP shards over; dp_cp: what the loss averages over.
+        views = {}
+        for view, parts in (("dp", ("dp_replicate", "dp_shard")), ("dp_shard_cp", ("dp_shard", "cp")), ("dp_cp", ("dp_replicate", "dp_shard", "cp"))):
+            used = tuple(n for n in parts if n in names)
+            if used:
+                views[view] = root[used]._flatten(view)
+        return Mesh(root, views)
+
+
+@dataclass(frozen=True)
+class Mesh:
+    """The root DeviceMesh and its flattened views; `mesh["dp"]` or `mesh[("dp_replicate", "dp_shard")]`."""
+
+    root: object
+    views: dict
+
+    def __getitem__(self, names):
+        return self.views[names] if isinstance(names, str) and names in self.views else self.root[names]
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.views or name in (self.root.mesh_dim_names or ())
+
+
+def _divisors(n: int) -> str:
+    return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)

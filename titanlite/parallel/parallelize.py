@@ -1,0 +1,73 @@
+"""The one place that turns a plain model into a parallel one, in a fixed order, then materialises it.
+
+Order (ARCHITECTURE.md): tensor parallel → float8 → activation checkpointing → compile → FSDP/HSDP or DDP.
+This issue implements the data-parallel step; the others slot in before it as they land.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+from torch.distributed.tensor import DTensor, distribute_tensor
+
+from titanlite.config import Parallelism, Training
+from titanlite.models.registry import param_seed
+from titanlite.parallel.data_parallel import apply_ddp, apply_fsdp
+from titanlite.parallel.dims import ParallelDims
+
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+def reshard_after_forward(policy: str, pp_enabled: bool) -> bool:
+    """'always' is ZeRO-3, 'never' is ZeRO-2; 'default' is ZeRO-3 except under pipeline parallelism,
+    where each stage's parameters are reused by many micro-batches."""
+    if policy == "default":
+        return not pp_enabled
+    return policy == "always"
+
+
+def parallelize(
+    model: nn.Module, dims: ParallelDims, mesh, parallelism: Parallelism, training: Training, device: torch.device
+) -> nn.Module:
+    """Apply the parallelisms to a model still on the meta device; returns the (possibly wrapped) model."""
+    if dims.fsdp_enabled:
+        dp_mesh = mesh[("dp_replicate", "dp_shard")] if dims.dp_replicate > 1 else mesh["dp_shard"]
+        cuda = device.type == "cuda"
+        apply_fsdp(
+            model,
+            dp_mesh,
+            param_dtype=DTYPES[training.mixed_precision_param] if cuda else torch.float32,
+            reduce_dtype=DTYPES[training.mixed_precision_reduce] if cuda else torch.float32,
+            reshard_after_forward=reshard_after_forward(parallelism.fsdp_reshard_after_forward, dims.pp_enabled),
+        )
+    return model
+
+
+def wrap_ddp(model: nn.Module, dims: ParallelDims, mesh) -> nn.Module:
+    """DDP wraps a materialised model (it broadcasts parameters at construction), so it comes after init."""
+    return apply_ddp(model, mesh["dp_replicate"]) if dims.ddp_enabled else model
+
+
+def materialize(model: nn.Module, device: torch.device, seed: int) -> None:
+    """Allocate the (sharded) parameters on `device` and fill them so the full weights do not depend on the layout.
+
+    Each full parameter is generated from its own generator, seeded by the run seed and the parameter's
+    name; a sharded parameter then keeps only its own slice. Seeding one stream after sharding instead
+    would make the weights depend on the world size.
+    """
+    model.to_empty(device=device)
+    if hasattr(model, "tie_weights"):
+        model.tie_weights()
+    if hasattr(model, "init_buffers"):
+        model.init_buffers()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            full = torch.empty(param.shape, dtype=torch.float32, device=device)
+            generator = torch.Generator(device=device).manual_seed(param_seed(seed, name))
+            model.init_param(name, full, generator)
+            if isinstance(param, DTensor):
+                # src_data_rank=None: every rank holds the same full tensor and slices it locally, no communication.
+                local = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None).to_local()
+                param.to_local().copy_(local)
+            else:
+                param.copy_(full)

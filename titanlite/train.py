@@ -1,0 +1,207 @@
+"""Entry point of a training worker (`torchrun -m titanlite.train`): build each piece, hand them to the Trainer.
+
+`titanlite check` runs the same validation in one process before torchrun starts any worker.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from titanlite.config import JobConfig, grad_accum_steps, help_text, parse_config, to_toml
+from titanlite.errors import ConfigError
+from titanlite.parallel.dims import ParallelDims
+
+
+@dataclass
+class Plan:
+    """What validation resolves from a config and a world size, before any process group exists."""
+
+    dims: ParallelDims
+    grad_accum_steps: int
+    global_batch_size: int
+
+
+def plan_run(cfg: JobConfig, world_size: int) -> Plan:
+    """Every check that can be made without a process group; raises ConfigError naming the knob."""
+    from titanlite.models.registry import FLAVORS
+
+    dims = ParallelDims.from_config(cfg.parallelism, world_size)
+    accum = grad_accum_steps(cfg.training, dims.dp)
+    if cfg.model.flavor not in FLAVORS[cfg.model.name]:
+        choices = ", ".join(FLAVORS[cfg.model.name])
+        raise ConfigError(f"model.flavor='{cfg.model.flavor}' is not a {cfg.model.name} flavor; use one of: {choices}")
+    if cfg.training.dataset == "local" and not Path(cfg.training.dataset_path).exists():
+        raise ConfigError(f"training.dataset_path='{cfg.training.dataset_path}' does not exist")
+    return Plan(dims, accum, cfg.training.local_batch_size * dims.dp * accum)
+
+
+def cache_dir(cfg: JobConfig) -> Path:
+    return Path(cfg.data.cache_dir or os.environ.get("TITANLITE_CACHE_DIR") or Path.home() / ".cache" / "titanlite")
+
+
+def build_tokens(cfg: JobConfig):
+    """Tokenizer and the (cached, memory-mapped) token array of the configured corpus."""
+    from titanlite.data.datasets import load_tokens
+    from titanlite.data.tokenizer import build_tokenizer
+
+    tokenizer = build_tokenizer(cfg.model.tokenizer)
+    tokens = load_tokens(cfg.training.dataset, cfg.training.dataset_path or None, tokenizer, cache_dir(cfg))
+    return tokenizer, tokens
+
+
+def build_loader(cfg: JobConfig, tokens, mesh, plan: Plan, device: torch.device):
+    from titanlite.data.datasets import PackedWindows
+    from titanlite.data.loader import TokenLoader
+
+    dp_rank = mesh["dp"].get_local_rank() if mesh is not None and "dp" in mesh else 0
+    return TokenLoader(
+        PackedWindows(tokens, cfg.training.seq_len),
+        local_batch_size=cfg.training.local_batch_size,
+        grad_accum_steps=plan.grad_accum_steps,
+        dp_rank=dp_rank,
+        dp_degree=plan.dims.dp,
+        seed=cfg.training.seed,
+        shuffle=cfg.data.shuffle,
+        num_workers=cfg.data.num_workers,
+        pin_memory=cfg.data.pin_memory and device.type == "cuda",
+    )
+
+
+def build_model(cfg: JobConfig, vocab_size: int, plan: Plan, mesh, device: torch.device):
+    """Build on the meta device, apply the parallelisms, then materialise and initialise the weights."""
+    from titanlite.models.registry import build_model as build_plain_model
+    from titanlite.parallel.parallelize import materialize, parallelize, wrap_ddp
+
+    with torch.device("meta"):
+        model = build_plain_model(cfg.model.name, cfg.model.flavor, vocab_size, cfg.training.seq_len)
+    model = parallelize(model, plan.dims, mesh, cfg.parallelism, cfg.training, device)
+    materialize(model, device, cfg.training.seed)
+    return model, wrap_ddp(model, plan.dims, mesh)
+
+
+def init_distributed(world_size: int) -> torch.device:
+    if torch.cuda.is_available():
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    if world_size > 1:
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, timeout=timedelta(minutes=10), device_id=device if device.type == "cuda" else None)
+    return device
+
+
+def set_determinism(cfg: JobConfig) -> None:
+    torch.manual_seed(cfg.training.seed)
+    if cfg.training.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.deterministic = True
+        torch.backends.cudnn.benchmark = False
+    else:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+
+
+def run(cfg: JobConfig) -> None:
+    from titanlite.metrics import MetricsLogger, count_params, device_peak_tflops, flops_per_token
+    from titanlite.optim import build_lr_scheduler, build_optimizer
+    from titanlite.parallel.parallelize import DTYPES
+    from titanlite.trainer import StepFigures, Trainer, autocast_for
+
+    world_size = int(os.environ.get("WORLD_SIZE", 1))
+    rank = int(os.environ.get("RANK", 0))
+    plan = plan_run(cfg, world_size)
+    set_determinism(cfg)
+    device = init_distributed(world_size)
+    say = print if rank == 0 else (lambda *a, **k: None)
+
+    mesh = plan.dims.build_mesh(device.type)
+    tokenizer, tokens = build_tokens(cfg)
+    loader = build_loader(cfg, tokens, mesh, plan, device)
+    plain_model, model = build_model(cfg, tokenizer.vocab_size, plan, mesh, device)
+    optimizer = build_optimizer(model, cfg.optimizer, device.type)
+    lr_scheduler = build_lr_scheduler(optimizer, cfg.lr_scheduler, cfg.training.steps)
+
+    run_dir = Path(cfg.job.dump_folder) / cfg.job.name
+    if rank == 0:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.toml").write_text(to_toml(cfg))
+        (run_dir / "metrics.jsonl").unlink(missing_ok=True)  # a fresh run starts a fresh record
+    n_params = count_params(plain_model)
+    param_dtype = DTYPES[cfg.training.mixed_precision_param] if device.type == "cuda" else torch.float32
+    say(f"titanlite: {cfg.job.name} {cfg.job.description}".rstrip())
+    say(
+        f"  model {cfg.model.name} {cfg.model.flavor}: {n_params:,} parameters ({n_params / 1e6:.1f} M), "
+        f"vocab {plain_model.args.vocab_size}, seq_len {cfg.training.seq_len}, dtype {str(param_dtype).removeprefix('torch.')}"
+    )
+    say(
+        f"  layout: {plan.dims.describe()} on {world_size} {device.type} process(es); global batch "
+        f"{plan.global_batch_size} = local {cfg.training.local_batch_size} x dp {plan.dims.dp} x accumulation "
+        f"{plan.grad_accum_steps}; corpus {len(tokens):,} tokens ({cfg.training.dataset})"
+    )
+    peak = device_peak_tflops(device, cfg.metrics.peak_tflops)
+    if peak is None:
+        say(f"  MFU: no known peak for this {device.type} device; set metrics.peak_tflops to report it")
+    trainer = Trainer(
+        model, optimizer, lr_scheduler, loader,
+        grad_accum_steps=plan.grad_accum_steps,
+        max_norm=cfg.training.max_norm,
+        device=device,
+        loss_group=mesh["dp_cp"].get_group() if plan.dims.dp > 1 else None,
+        figures=StepFigures(
+            tokens_per_step=plan.global_batch_size * cfg.training.seq_len,
+            world_size=world_size,
+            flops_per_token=flops_per_token(plain_model, cfg.training.seq_len),
+            peak_tflops=peak,
+        ),
+        logger=MetricsLogger(run_dir, cfg.metrics.enable_tensorboard, active=rank == 0),
+        log_freq=cfg.metrics.log_freq,
+        throughput_warmup_steps=cfg.metrics.throughput_warmup_steps,
+        autocast=autocast_for(device, model, param_dtype),
+    )
+    trainer.train(cfg.training.steps)
+    trainer.logger.close()
+    say(f"  done: {cfg.training.steps} steps; metrics in {run_dir / 'metrics.jsonl'}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--help" in argv or "-h" in argv:
+        print(help_text())
+        return 0
+    try:
+        run(parse_config(argv))
+        code = 0
+    except ConfigError as e:
+        print(f"titanlite: error: {e}", file=sys.stderr, flush=True)
+        code = 2
+    return code
+
+
+def shutdown(code: int) -> None:
+    """Leave without the abort-at-exit that DeviceMesh workers otherwise hit (CPU_DISTRIBUTED_NOTES.md)."""
+    if dist.is_initialized():
+        if code == 0:
+            dist.barrier()
+        dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    try:
+        exit_code = main()
+    except BaseException:  # a training failure: show it, then leave through the same clean exit
+        traceback.print_exc()
+        exit_code = 1
+    shutdown(exit_code)
