@@ -17,6 +17,8 @@ from tests.helpers import TINY, metrics, run_train_sh, torchrun
         (2, ["--training.local_batch_size", "2", "--training.global_batch_size", "6"], "global_batch_size=6 is not a multiple of local_batch_size x dp = 2 x 2 = 4"),
         (1, ["--model.flavor", "2B"], "model.flavor='2B' is not a gpt2 flavor; use one of: debug, 124M, 355M, 774M, 1.5B"),
         (1, ["--config", "train_configs/nope.toml"], "no such file"),
+        (1, ["--training.seq_len", "100000000"], "too few for training.seq_len=100000000"),
+        (1, ["--training.dataset", "local", "--training.dataset_path", "/nonexistent"], "dataset_path='/nonexistent' does not exist"),
     ],
 )
 def test_bad_config_exits_2_with_one_line_before_launch(tmp_path, ngpu, args, fragment):

@@ -12,13 +12,13 @@ from titanlite.errors import ConfigError
 USAGE = """usage: titanlite <command> [--config FILE] [--section.key VALUE ...]
 commands:
   train                     train in this process (./run_train.sh launches several with torchrun)
-  check --world-size N      validate the config for N processes and build its token cache
+  check --world-size N      validate the config for N processes and prepare its data
   help                      list every config key with its default and meaning"""
 
 
 def check(argv: list[str]) -> int:
     from titanlite.config import parse_config
-    from titanlite.train import build_tokens, plan_run
+    from titanlite.train import build_data, plan_run
 
     world_size, rest = 1, []
     it = iter(argv)
@@ -32,7 +32,7 @@ def check(argv: list[str]) -> int:
     try:
         cfg = parse_config(rest)
         plan = plan_run(cfg, world_size)
-        build_tokens(cfg)
+        build_data(cfg)
     except ConfigError as e:
         print(f"titanlite: error: {e}", file=sys.stderr)
         return 2

@@ -47,23 +47,22 @@ def cache_dir(cfg: JobConfig) -> Path:
     return Path(cfg.data.cache_dir or os.environ.get("TITANLITE_CACHE_DIR") or Path.home() / ".cache" / "titanlite")
 
 
-def build_tokens(cfg: JobConfig):
-    """Tokenizer and the (cached, memory-mapped) token array of the configured corpus."""
-    from titanlite.data.datasets import load_tokens
+def build_data(cfg: JobConfig):
+    """Tokenizer and the packed windows of the configured corpus (tokenised once into a memory-mapped cache)."""
+    from titanlite.data.datasets import PackedWindows, load_tokens
     from titanlite.data.tokenizer import build_tokenizer
 
     tokenizer = build_tokenizer(cfg.model.tokenizer)
     tokens = load_tokens(cfg.training.dataset, cfg.training.dataset_path or None, tokenizer, cache_dir(cfg))
-    return tokenizer, tokens
+    return tokenizer, PackedWindows(tokens, cfg.training.seq_len)
 
 
-def build_loader(cfg: JobConfig, tokens, mesh, plan: Plan, device: torch.device):
-    from titanlite.data.datasets import PackedWindows
+def build_loader(cfg: JobConfig, windows, mesh, plan: Plan, device: torch.device):
     from titanlite.data.loader import TokenLoader
 
     dp_rank = mesh["dp"].get_local_rank() if mesh is not None and "dp" in mesh else 0
     return TokenLoader(
-        PackedWindows(tokens, cfg.training.seq_len),
+        windows,
         local_batch_size=cfg.training.local_batch_size,
         grad_accum_steps=plan.grad_accum_steps,
         dp_rank=dp_rank,
@@ -125,8 +124,8 @@ def run(cfg: JobConfig) -> None:
     say = print if rank == 0 else (lambda *a, **k: None)
 
     mesh = plan.dims.build_mesh(device.type)
-    tokenizer, tokens = build_tokens(cfg)
-    loader = build_loader(cfg, tokens, mesh, plan, device)
+    tokenizer, windows = build_data(cfg)
+    loader = build_loader(cfg, windows, mesh, plan, device)
     plain_model, model = build_model(cfg, tokenizer.vocab_size, plan, mesh, device)
     optimizer = build_optimizer(model, cfg.optimizer, device.type)
     lr_scheduler = build_lr_scheduler(optimizer, cfg.lr_scheduler, cfg.training.steps)
@@ -146,7 +145,7 @@ def run(cfg: JobConfig) -> None:
     say(
         f"  layout: {plan.dims.describe()} on {world_size} {device.type} process(es); global batch "
         f"{plan.global_batch_size} = local {cfg.training.local_batch_size} x dp {plan.dims.dp} x accumulation "
-        f"{plan.grad_accum_steps}; corpus {len(tokens):,} tokens ({cfg.training.dataset})"
+        f"{plan.grad_accum_steps}; corpus {len(windows):,} windows of {cfg.training.seq_len + 1} tokens ({cfg.training.dataset})"
     )
     peak = device_peak_tflops(device, cfg.metrics.peak_tflops)
     if peak is None:

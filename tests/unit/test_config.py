@@ -117,3 +117,12 @@ def test_global_batch_sets_gradient_accumulation():
     cfg = parse_config(["--training.local_batch_size", "2", "--training.global_batch_size", "10"])
     with pytest.raises(ConfigError, match="global_batch_size=10 is not a multiple of local_batch_size x dp = 2 x 4 = 8"):
         grad_accum_steps(cfg.training, dp_degree=4)
+
+
+def test_readme_documents_every_config_key():
+    from pathlib import Path
+
+    readme = Path("README.md").read_text()
+    for section in ("job", "model", "training", "data", "optimizer", "lr_scheduler", "parallelism", "metrics"):
+        for name in type(getattr(JobConfig(), section)).__dataclass_fields__:
+            assert f"`{section}.{name}`" in readme, f"README.md does not document {section}.{name}"

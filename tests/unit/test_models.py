@@ -12,6 +12,7 @@ from titanlite.errors import ConfigError
 from titanlite.models.gpt2 import GPT2
 from titanlite.models.llama import Llama
 from titanlite.models.registry import FLAVORS, build_model, pad_vocab, param_seed
+from titanlite.parallel.parallelize import init_weights, materialize
 
 GPT2_VOCAB = 50257
 
@@ -76,21 +77,19 @@ def tied_llama_debug_on_meta():
 
 
 @pytest.mark.parametrize("make", [lambda: meta_model("gpt2", "debug", 256, 64), tied_llama_debug_on_meta])
-def test_tie_survives_to_empty(make):
+def test_tie_survives_materialize(make):
     model = make()
     assert model.output.weight is model.tok_embeddings.weight
-    model.to_empty(device="cpu")
+    materialize(model, torch.device("cpu"), seed=0)
     assert model.output.weight is model.tok_embeddings.weight
     assert model.output.weight.device.type == "cpu"
-    model.init_weights(0)
-    model.init_buffers()
     logits = model(torch.randint(0, 256, (1, 8)))
     assert torch.isfinite(logits).all()
 
 
 def test_plain_to_empty_unties_and_tie_weights_reties():
     # nn.Module.to_empty (which a wrapper might call on our model's children) makes a new Parameter
-    # per module; the models' to_empty re-ties, and tie_weights() is there for any other path.
+    # per module; materialize() therefore calls tie_weights() right after it.
     model = meta_model("gpt2", "debug", 256, 64)
     torch.nn.Module.to_empty(model, device="cpu")
     assert model.output.weight is not model.tok_embeddings.weight
@@ -109,7 +108,7 @@ def test_untied_llama_stays_untied():
 def test_forward_shape_and_causality(name):
     torch.manual_seed(0)
     model = build_model(name, "debug", 300, 64)
-    model.init_weights(0)
+    init_weights(model, 0)
     vocab = model.args.vocab_size
     assert vocab == 320
     tokens = torch.randint(0, 300, (2, 16))
@@ -132,7 +131,7 @@ def test_llama_gqa_path():
     attn = model.layers["0"].attention
     assert attn.wk.weight.shape == (args.n_kv_heads * args.head_dim, args.dim)
     assert attn.wq.weight.shape == (args.n_heads * args.head_dim, args.dim)
-    model.init_weights(1)
+    init_weights(model, 1)
     out = model(torch.randint(0, 256, (3, 20)))
     assert out.shape == (3, 20, 256)
 
@@ -141,7 +140,7 @@ def test_forward_tolerates_missing_parts():
     # A middle pipeline stage drops embeddings, final norm and output, and passes hidden states.
     for name in ("gpt2", "llama3"):
         model = build_model(name, "debug", 256, 64)
-        model.init_weights(0)
+        init_weights(model, 0)
         model.tok_embeddings = None
         model.norm = None
         model.output = None
@@ -174,14 +173,14 @@ def state(model):
 def test_init_weights_deterministic(name):
     a = build_model(name, "debug", 256, 64)
     b = build_model(name, "debug", 256, 64)
-    a.init_weights(7)
-    b.init_weights(7)
+    init_weights(a, 7)
+    init_weights(b, 7)
     sa, sb = state(a), state(b)
     assert sa.keys() == sb.keys()
     for k in sa:
         torch.testing.assert_close(sa[k], sb[k], rtol=0, atol=0)
 
-    b.init_weights(8)
+    init_weights(b, 8)
     assert not torch.equal(sa["tok_embeddings.weight"], b.state_dict()["tok_embeddings.weight"])
     assert not torch.equal(sa["layers.0.attention.wq.weight"], b.state_dict()["layers.0.attention.wq.weight"])
 
@@ -189,10 +188,11 @@ def test_init_weights_deterministic(name):
 @pytest.mark.parametrize("name", ["gpt2", "llama3"])
 def test_meta_to_empty_init_matches_direct(name):
     direct = build_model(name, "debug", 256, 64)
-    direct.init_weights(3)
+    init_weights(direct, 3)
 
     model = meta_model(name, "debug", 256, 64)
     model.to_empty(device="cpu")
+    model.tie_weights()
     model.init_buffers()
     # The trainer's path: one full float32 tensor per parameter, seeded by param_seed.
     with torch.no_grad():
@@ -211,7 +211,7 @@ def test_meta_to_empty_init_matches_direct(name):
 
 def test_init_schemes():
     gpt = build_model("gpt2", "124M", 256, 1024)
-    gpt.init_weights(0)
+    init_weights(gpt, 0)
     L = gpt.args.n_layers
     blk = gpt.layers["0"]
     assert torch.all(blk.attention.wq.bias == 0) and torch.all(blk.attention_norm.weight == 1)
@@ -221,7 +221,7 @@ def test_init_schemes():
     assert abs(gpt.pos_embeddings.weight.std().item() - 0.01) < 5e-4
 
     llama = build_model("llama3", "debug", 256, 64)
-    llama.init_weights(0)
+    init_weights(llama, 0)
     wq = llama.layers["1"].attention.wq.weight
     assert wq.abs().max().item() <= 0.04 + 1e-6
     out = llama.output.weight
@@ -262,7 +262,7 @@ def test_unknown_flavor_and_name():
 def test_overfit_one_batch(name):
     torch.manual_seed(0)
     model = build_model(name, "debug", 256, 64)
-    model.init_weights(0)
+    init_weights(model, 0)
     assert isinstance(model, GPT2 if name == "gpt2" else Llama)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     batch = torch.randint(0, 256, (4, 33), generator=torch.Generator().manual_seed(1))

@@ -124,15 +124,10 @@ class Llama(nn.Module):
     def tie_weights(self) -> None:
         """With tie_embeddings, make output.weight the very tensor tok_embeddings.weight.
 
-        Call again after anything that replaces parameters (to_empty here already does)."""
+        Call again after anything that replaces parameters, such as to_empty (which unties them)."""
         if self.args.tie_embeddings and self.tok_embeddings is not None and self.output is not None:
             self.output.weight = self.tok_embeddings.weight
 
-    def to_empty(self, *, device, recurse: bool = True):
-        # nn.Module.to_empty gives each module its own new Parameter, which silently unties them.
-        super().to_empty(device=device, recurse=recurse)
-        self.tie_weights()
-        return self
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         # A later pipeline stage receives hidden states [B, T, dim] instead of tokens [B, T].
@@ -169,15 +164,3 @@ class Llama(nn.Module):
             )
         else:
             raise KeyError(f"Llama.init_param: unknown parameter {name!r}")
-
-    @torch.no_grad()
-    def init_weights(self, seed: int = 0) -> None:
-        """Initialise a plain (unsharded) model on its own device, exactly as the trainer would."""
-        # Imported here because registry imports this module for its flavor table.
-        from titanlite.models.registry import param_seed
-
-        for name, p in self.named_parameters():
-            g = torch.Generator(device=p.device).manual_seed(param_seed(seed, name))
-            full = torch.empty(p.shape, dtype=torch.float32, device=p.device)
-            self.init_param(name, full, g)
-            p.copy_(full)

@@ -54,7 +54,7 @@ _MODELS = {"gpt2": GPT2, "llama3": Llama}
 
 def build_model(name: str, flavor: str, vocab_size: int, max_seq_len: int) -> nn.Module:
     """Build model `name` at size `flavor` on the current default device; parameters are uninitialised
-    (call model.init_weights(seed), or the trainer's sharded equivalent through model.init_param)."""
+    (titanlite.parallel.parallelize.init_weights fills it through model.init_param)."""
     if name not in FLAVORS:
         raise ConfigError(f"model.name={name!r} is not a known model; use one of: {', '.join(FLAVORS)}")
     if flavor not in FLAVORS[name]:

@@ -49,25 +49,28 @@ def wrap_ddp(model: nn.Module, dims: ParallelDims, mesh) -> nn.Module:
 
 
 def materialize(model: nn.Module, device: torch.device, seed: int) -> None:
-    """Allocate the (sharded) parameters on `device` and fill them so the full weights do not depend on the layout.
+    """Allocate the (sharded) parameters on `device`, restore tied weights and buffers, and initialise."""
+    model.to_empty(device=device)
+    model.tie_weights()  # to_empty gives each module a new Parameter, which unties shared ones
+    model.init_buffers()
+    init_weights(model, seed)
+
+
+@torch.no_grad()
+def init_weights(model: nn.Module, seed: int) -> None:
+    """Fill every parameter so the full weights do not depend on the layout.
 
     Each full parameter is generated from its own generator, seeded by the run seed and the parameter's
     name; a sharded parameter then keeps only its own slice. Seeding one stream after sharding instead
     would make the weights depend on the world size.
     """
-    model.to_empty(device=device)
-    if hasattr(model, "tie_weights"):
-        model.tie_weights()
-    if hasattr(model, "init_buffers"):
-        model.init_buffers()
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            full = torch.empty(param.shape, dtype=torch.float32, device=device)
-            generator = torch.Generator(device=device).manual_seed(param_seed(seed, name))
-            model.init_param(name, full, generator)
-            if isinstance(param, DTensor):
-                # src_data_rank=None: every rank holds the same full tensor and slices it locally, no communication.
-                local = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None).to_local()
-                param.to_local().copy_(local)
-            else:
-                param.copy_(full)
+    for name, param in model.named_parameters():
+        full = torch.empty(param.shape, dtype=torch.float32, device=param.device)
+        generator = torch.Generator(device=param.device).manual_seed(param_seed(seed, name))
+        model.init_param(name, full, generator)
+        if isinstance(param, DTensor):
+            # src_data_rank=None: every rank holds the same full tensor and slices it locally, no communication.
+            local = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None).to_local()
+            param.to_local().copy_(local)
+        else:
+            param.copy_(full)

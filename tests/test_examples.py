@@ -1,0 +1,34 @@
+"""The README's example commands do what it says (slow: full default run, GPT-2 Large on a CPU)."""
+
+import pytest
+
+from tests.helpers import TINY, losses, metrics, run_train_sh, torchrun
+
+
+@pytest.mark.slow
+def test_default_run_learns_by_a_third(tmp_path):
+    proc = run_train_sh(["--metrics.log_freq", "1"], tmp_path, timeout=600)
+    values = losses(proc, tmp_path)
+    assert len(values) == 100
+    assert values[-1] < values[0] * 2 / 3, (values[0], values[-1])
+
+
+@pytest.mark.slow
+def test_gpt2_large_runs_on_cpu_with_774m_parameters(tmp_path):
+    args = [
+        "--config", "train_configs/gpt2_large_zero2.toml", "--training.steps", "2",
+        "--training.local_batch_size", "1", "--training.global_batch_size", "1", "--training.seq_len", "64",
+    ]
+    proc = run_train_sh(args, tmp_path, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "774,090,240 parameters (774.1 M)" in proc.stdout
+    assert [r["step"] for r in metrics(tmp_path)] == [1, 2]
+
+
+def test_deterministic_runs_repeat_bitwise(tmp_path):
+    runs = []
+    for i in range(2):
+        run_dir = tmp_path / str(i)
+        proc = torchrun(1, [*TINY, "--training.steps", "3", "--training.local_batch_size", "2", "--training.deterministic"], run_dir)
+        runs.append(losses(proc, run_dir))
+    assert runs[0] == runs[1]
