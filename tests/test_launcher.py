@@ -1,9 +1,9 @@
 """The user's commands: ./run_train.sh refuses bad configs before any worker starts; a run leaves its records."""
 
 import json
-import tomllib
-
 import pytest
+
+from titanlite.config import tomllib  # tomli on Python 3.10
 
 from tests.helpers import TINY, metrics, run_train_sh, torchrun
 

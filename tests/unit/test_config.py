@@ -1,10 +1,8 @@
 """The config: TOML + command-line overrides, one-line errors naming the key, layout checks, help."""
 
-import tomllib
-
 import pytest
 
-from titanlite.config import JobConfig, field_docs, grad_accum_steps, help_text, parse_config, to_toml
+from titanlite.config import JobConfig, field_docs, grad_accum_steps, help_text, parse_config, to_toml, tomllib  # tomllib: tomli on Python 3.10
 from titanlite.errors import ConfigError
 from titanlite.parallel.dims import ParallelDims
 
