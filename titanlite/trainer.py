@@ -34,6 +34,7 @@ class Trainer:
     def __init__(self, model, optimizer, lr_scheduler, loader, *, grad_accum_steps, max_norm, device, loss_group,
                  figures: StepFigures, logger: MetricsLogger, log_freq: int, throughput_warmup_steps: int, autocast):
         self.model, self.optimizer, self.lr_scheduler, self.loader = model, optimizer, lr_scheduler, loader
+        self.params = [p for p in model.parameters() if p.requires_grad]
         self.grad_accum_steps, self.max_norm, self.device = grad_accum_steps, max_norm, device
         self.loss_group = loss_group  # process group the loss is averaged over (dp), or None
         self.figures, self.logger, self.log_freq = figures, logger, log_freq
@@ -57,7 +58,6 @@ class Trainer:
 
     def train_step(self, micro_batches) -> tuple[float, float]:
         self.model.train()
-        params = [p for p in self.model.parameters() if p.requires_grad]
         step_loss = torch.zeros((), device=self.device)
         for i, (inputs, labels) in enumerate(micro_batches):
             inputs = inputs.to(self.device, non_blocking=True)
@@ -71,7 +71,7 @@ class Trainer:
                 loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten()) / len(micro_batches)
                 loss.backward()
             step_loss += loss.detach()
-        grad_norm = clip_grad_norm_(params, self.max_norm)
+        grad_norm = clip_grad_norm_(self.params, self.max_norm)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.lr_scheduler.step()
