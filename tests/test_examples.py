@@ -17,7 +17,7 @@ def test_default_run_learns_by_a_third(tmp_path):
 def test_gpt2_large_runs_on_cpu_with_774m_parameters(tmp_path):
     args = [
         "--config", "train_configs/gpt2_large_zero2.toml", "--training.steps", "2",
-        "--training.local_batch_size", "1", "--training.global_batch_size", "1", "--training.seq_len", "64",
+        "--training.local_batch_size", "1", "--training.global_batch_size", "1", "--training.seq_len", "64", "--metrics.log_freq", "1",
     ]
     proc = run_train_sh(args, tmp_path, timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
