@@ -51,6 +51,19 @@ def losses(proc: subprocess.CompletedProcess, run_dir: Path) -> list[float]:
     return [r["loss"] for r in metrics(run_dir)]
 
 
+# Losses must match to the issue's 1e-5. Grad norms agree to ~1e-6 at step 1; after that Adam's
+# normalisation of near-zero gradients turns float32 reduction-order noise into weight differences
+# too small to move the loss (~1e-7) but visible in the norm (~3e-5 by step 5).
+LOSS_RTOL = 1e-5
+GRAD_NORM_RTOL = 1e-4
+
+
+def assert_matches(records: list[dict], reference: list[dict]) -> None:
+    """Per-step losses and grad norms of a parallel run equal the single-process run's."""
+    assert_close([r["loss"] for r in records], [r["loss"] for r in reference], LOSS_RTOL)
+    assert_close([r["grad_norm"] for r in records], [r["grad_norm"] for r in reference], GRAD_NORM_RTOL)
+
+
 def assert_close(actual: list[float], expected: list[float], rtol: float) -> None:
     assert len(actual) == len(expected), (actual, expected)
     for step, (a, e) in enumerate(zip(actual, expected), start=1):

@@ -13,10 +13,12 @@ from tests.helpers import TINY, metrics, run_train_sh, torchrun
     [
         (1, ["--training.stepz", "3"], "unknown config key 'training.stepz' (command line); did you mean 'training.steps'?"),
         (4, ["--parallelism.data_parallel_replicate_degree", "3"], "data_parallel_replicate_degree=3 does not divide the world size 4"),
-        (2, ["--parallelism.data_parallel_shard_degree", "4"], "multiply to 4 (replicate 1 x shard 4) but the world size is 2"),
+        (2, ["--parallelism.data_parallel_shard_degree", "4"], "multiply to 4 (replicate 1 x shard 4 x tp 1) but the world size is 2"),
         (2, ["--training.local_batch_size", "2", "--training.global_batch_size", "6"], "global_batch_size=6 is not a multiple of local_batch_size x dp = 2 x 2 = 4"),
         (1, ["--model.flavor", "2B"], "model.flavor='2B' is not a gpt2 flavor; use one of: debug, 124M, 355M, 774M, 1.5B"),
         (1, ["--config", "train_configs/nope.toml"], "no such file"),
+        (3, ["--parallelism.tensor_parallel_degree", "3"], "tensor_parallel_degree=3 does not divide n_heads=4"),
+        (2, ["--parallelism.tensor_parallel_degree", "2", "--parallelism.enable_async_tensor_parallel"], "needs CUDA and torch.compile"),
         (1, ["--training.seq_len", "100000000"], "too few for training.seq_len=100000000"),
         (1, ["--training.dataset", "local", "--training.dataset_path", "/nonexistent"], "dataset_path='/nonexistent' does not exist"),
     ],

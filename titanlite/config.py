@@ -123,6 +123,14 @@ class Parallelism:
     fsdp_reshard_after_forward: Literal["default", "always", "never"] = "default"
     """'always' frees gathered parameters after forward (ZeRO-3); 'never' keeps them (ZeRO-2);
     'default' is ZeRO-3 unless pipeline parallelism is on."""
+    tensor_parallel_degree: int = 1
+    """Ranks that split each layer (Megatron-style tensor parallelism, with sequence parallelism
+    between blocks). Keep it within a node: it communicates twice per layer."""
+    disable_loss_parallel: bool = False
+    """Gather the full-vocabulary logits before the loss instead of computing the loss on the
+    vocabulary shards (loss parallelism is on by default when tensor_parallel_degree > 1)."""
+    enable_async_tensor_parallel: bool = False
+    """Overlap tensor-parallel communication with compute (CUDA with torch.compile only)."""
 
 
 @dataclass
@@ -306,6 +314,7 @@ def validate_values(cfg: JobConfig) -> None:
         "training.seq_len": t.seq_len,
         "metrics.log_freq": cfg.metrics.log_freq,
         "parallelism.data_parallel_replicate_degree": p.data_parallel_replicate_degree,
+        "parallelism.tensor_parallel_degree": p.tensor_parallel_degree,
     }
     for key, value in positive.items():
         if value < 1:

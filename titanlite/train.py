@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import traceback
@@ -31,13 +32,24 @@ class Plan:
 
 def plan_run(cfg: JobConfig, world_size: int) -> Plan:
     """Every check that can be made without a process group; raises ConfigError naming the knob."""
-    from titanlite.models.registry import FLAVORS
+    from titanlite.data.tokenizer import build_tokenizer
+    from titanlite.models.registry import FLAVORS, pad_vocab
+    from titanlite.parallel.tensor_parallel import check_tp_degree
 
     dims = ParallelDims.from_config(cfg.parallelism, world_size)
     accum = grad_accum_steps(cfg.training, dims.dp)
     if cfg.model.flavor not in FLAVORS[cfg.model.name]:
         choices = ", ".join(FLAVORS[cfg.model.name])
         raise ConfigError(f"model.flavor='{cfg.model.flavor}' is not a {cfg.model.name} flavor; use one of: {choices}")
+    args = dataclasses.replace(
+        FLAVORS[cfg.model.name][cfg.model.flavor], vocab_size=pad_vocab(build_tokenizer(cfg.model.tokenizer).vocab_size)
+    )
+    check_tp_degree(dims.tp, args, cfg.training.seq_len)
+    if cfg.parallelism.enable_async_tensor_parallel:
+        raise ConfigError(
+            "parallelism.enable_async_tensor_parallel needs CUDA and torch.compile, which titanlite does not "
+            "offer yet; set it to false"
+        )
     if cfg.training.dataset == "local" and not Path(cfg.training.dataset_path).exists():
         raise ConfigError(f"training.dataset_path='{cfg.training.dataset_path}' does not exist")
     return Plan(dims, accum, cfg.training.local_batch_size * dims.dp * accum)
@@ -114,7 +126,7 @@ def set_determinism(cfg: JobConfig) -> None:
 def run(cfg: JobConfig) -> None:
     from titanlite.metrics import MetricsLogger, count_params, device_peak_tflops, flops_per_token
     from titanlite.optim import build_lr_scheduler, build_optimizer
-    from titanlite.parallel.parallelize import DTYPES
+    from titanlite.parallel.parallelize import DTYPES, loss_parallel_enabled
     from titanlite.trainer import StepFigures, Trainer, autocast_for
 
     world_size = int(os.environ.get("WORLD_SIZE", 1))
@@ -167,6 +179,7 @@ def run(cfg: JobConfig) -> None:
         log_freq=cfg.metrics.log_freq,
         throughput_warmup_steps=cfg.metrics.throughput_warmup_steps,
         autocast=autocast_for(device, model, param_dtype),
+        loss_parallel=loss_parallel_enabled(plan.dims, cfg.parallelism),
     )
     trainer.train(cfg.training.steps)
     trainer.logger.close()

@@ -14,6 +14,8 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import loss_parallel as tp_loss_parallel
 from torch.nn.parallel import DistributedDataParallel
 
 from titanlite.metrics import MetricsLogger, Throughput, peak_memory_gib, reset_peak_memory
@@ -32,7 +34,8 @@ class StepFigures:
 
 class Trainer:
     def __init__(self, model, optimizer, lr_scheduler, loader, *, grad_accum_steps, max_norm, device, loss_group,
-                 figures: StepFigures, logger: MetricsLogger, log_freq: int, throughput_warmup_steps: int, autocast):
+                 figures: StepFigures, logger: MetricsLogger, log_freq: int, throughput_warmup_steps: int, autocast,
+                 loss_parallel: bool = False):
         self.model, self.optimizer, self.lr_scheduler, self.loader = model, optimizer, lr_scheduler, loader
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.grad_accum_steps, self.max_norm, self.device = grad_accum_steps, max_norm, device
@@ -40,6 +43,9 @@ class Trainer:
         self.figures, self.logger, self.log_freq = figures, logger, log_freq
         self.throughput = Throughput(throughput_warmup_steps)
         self.autocast = autocast
+        # Under loss parallelism the logits arrive sharded by vocabulary; both the cross-entropy and its
+        # backward must run inside this context.
+        self.loss_context = tp_loss_parallel if loss_parallel else contextlib.nullcontext
         self.step = 0
 
     def train(self, total_steps: int) -> None:
@@ -65,12 +71,14 @@ class Trainer:
             with self.gradient_sync(last=i == len(micro_batches) - 1):
                 with self.autocast():
                     logits = self.model(inputs)
-                # Every window has exactly seq_len targets, so each micro-batch's token mean divided by
-                # the micro-batch count, then averaged over dp ranks (DDP/FSDP reduce by mean), is the
-                # mean over all target tokens of the global batch.
-                loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten()) / len(micro_batches)
-                loss.backward()
-            step_loss += loss.detach()
+                with self.loss_context():
+                    # Every window has exactly seq_len targets, so each micro-batch's token mean divided
+                    # by the micro-batch count, then averaged over dp ranks (DDP/FSDP reduce by mean), is
+                    # the mean over all target tokens of the global batch.
+                    loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten()) / len(micro_batches)
+                    loss.backward()
+            # Under loss parallelism the loss is a replicated DTensor; its local value is the whole loss.
+            step_loss += loss.detach().to_local() if isinstance(loss, DTensor) else loss.detach()
         grad_norm = clip_grad_norm_(self.params, self.max_norm)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)

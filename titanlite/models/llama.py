@@ -54,6 +54,9 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         bsz, seqlen, _ = x.shape
+        # The full tables come in and are cut here: under sequence parallelism the block's input
+        # holds a slice of the sequence, but attention sees the whole of it.
+        cos, sin = cos[:seqlen], sin[:seqlen]  # [T, hd/2]
         # -1 heads: under tensor parallelism the local head counts follow from the sharded weights.
         q = self.wq(x).view(bsz, seqlen, -1, self.head_dim)  # [B, T, Hq, hd]
         k = self.wk(x).view(bsz, seqlen, -1, self.head_dim)  # [B, T, Hkv, hd]
@@ -128,12 +131,10 @@ class Llama(nn.Module):
         if self.args.tie_embeddings and self.tok_embeddings is not None and self.output is not None:
             self.output.weight = self.tok_embeddings.weight
 
-
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         # A later pipeline stage receives hidden states [B, T, dim] instead of tokens [B, T].
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
-        seqlen = h.shape[1]
-        cos, sin = self.rope_cos[:seqlen], self.rope_sin[:seqlen]  # [T, hd/2]
+        cos, sin = self.rope_cos, self.rope_sin  # [max_seq_len, hd/2]; attention cuts them to length
         for layer in self.layers.values():
             h = layer(h, cos, sin)
         h = self.norm(h) if self.norm is not None else h

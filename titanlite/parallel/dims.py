@@ -26,22 +26,29 @@ class ParallelDims:
     def from_config(cls, cfg: Parallelism, world_size: int) -> ParallelDims:
         """Resolve dp_shard = -1 and check that the degrees multiply to the world size."""
         replicate, shard = cfg.data_parallel_replicate_degree, cfg.data_parallel_shard_degree
-        others = 1  # cp, tp and pp join here as later issues add them
-        if shard == -1:
-            if world_size % (replicate * others):
+        tp = cfg.tensor_parallel_degree
+        for name, degree in (("data_parallel_replicate_degree", replicate), ("tensor_parallel_degree", tp)):
+            if world_size % degree:
                 raise ConfigError(
-                    f"parallelism.data_parallel_replicate_degree={replicate} does not divide the world size "
-                    f"{world_size}; use one of {_divisors(world_size)}"
+                    f"parallelism.{name}={degree} does not divide the world size {world_size}; "
+                    f"use one of {_divisors(world_size)}"
                 )
-            shard = world_size // (replicate * others)
-        product = replicate * shard * others
+        others = replicate * tp
+        if shard == -1:
+            if world_size % others:
+                raise ConfigError(
+                    f"parallelism.data_parallel_replicate_degree x tensor_parallel_degree = {replicate} x {tp} "
+                    f"does not divide the world size {world_size}"
+                )
+            shard = world_size // others
+        product = shard * others
         if product != world_size:
             raise ConfigError(
-                f"parallelism degrees multiply to {product} (replicate {replicate} x shard {shard}) but the "
-                f"world size is {world_size}; set parallelism.data_parallel_shard_degree = -1 or make the "
-                f"product equal {world_size}"
+                f"parallelism degrees multiply to {product} (replicate {replicate} x shard {shard} x tp {tp}) "
+                f"but the world size is {world_size}; set parallelism.data_parallel_shard_degree = -1 or "
+                f"make the product equal {world_size}"
             )
-        return cls(dp_replicate=replicate, dp_shard=shard, world_size=world_size)
+        return cls(dp_replicate=replicate, dp_shard=shard, tp=tp, world_size=world_size)
 
     @property
     def degrees(self) -> dict[str, int]:
@@ -60,6 +67,10 @@ class ParallelDims:
     def ddp_enabled(self) -> bool:
         """Plain replication (DDP) only when nothing shards; replicate x shard is HSDP, done by FSDP."""
         return self.dp_replicate > 1 and self.dp_shard == 1
+
+    @property
+    def tp_enabled(self) -> bool:
+        return self.tp > 1
 
     @property
     def pp_enabled(self) -> bool:

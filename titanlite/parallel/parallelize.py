@@ -1,7 +1,7 @@
 """The one place that turns a plain model into a parallel one, in a fixed order, then materialises it.
 
 Order (ARCHITECTURE.md): tensor parallel → float8 → activation checkpointing → compile → FSDP/HSDP or DDP.
-This issue implements the data-parallel step; the others slot in before it as they land.
+Float8, activation checkpointing and compile slot in between as they land.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from titanlite.config import Parallelism, Training
 from titanlite.models.registry import param_seed
 from titanlite.parallel.data_parallel import apply_ddp, apply_fsdp
 from titanlite.parallel.dims import ParallelDims
+from titanlite.parallel.tensor_parallel import apply_tp
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
@@ -30,6 +31,8 @@ def parallelize(
     model: nn.Module, dims: ParallelDims, mesh, parallelism: Parallelism, training: Training, device: torch.device
 ) -> nn.Module:
     """Apply the parallelisms to a model still on the meta device; returns the (possibly wrapped) model."""
+    if dims.tp_enabled:
+        apply_tp(model, mesh["tp"], loss_parallel=loss_parallel_enabled(dims, parallelism))
     if dims.fsdp_enabled:
         dp_mesh = mesh[("dp_replicate", "dp_shard")] if dims.dp_replicate > 1 else mesh["dp_shard"]
         cuda = device.type == "cuda"
@@ -41,6 +44,10 @@ def parallelize(
             reshard_after_forward=reshard_after_forward(parallelism.fsdp_reshard_after_forward, dims.pp_enabled),
         )
     return model
+
+
+def loss_parallel_enabled(dims: ParallelDims, parallelism: Parallelism) -> bool:
+    return dims.tp_enabled and not parallelism.disable_loss_parallel
 
 
 def wrap_ddp(model: nn.Module, dims: ParallelDims, mesh) -> nn.Module:

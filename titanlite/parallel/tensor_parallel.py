@@ -1,0 +1,118 @@
+"""Tensor and sequence parallelism (Megatron pattern) with PyTorch's `parallelize_module` plans.
+
+Within a block, Q/K/V and the first MLP projections are split column-wise and the attention output and
+last MLP projection row-wise: two reductions per layer. Between blocks the activations are sharded
+along the sequence (sequence parallelism), so norms run on a slice of the tokens and the row-wise
+reductions become reduce-scatters. The vocabulary is split across ranks at both ends of the model.
+"""
+
+from __future__ import annotations
+
+import torch.nn as nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
+
+from titanlite.errors import ConfigError
+from titanlite.models.gpt2 import GPT2
+
+
+def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, *, loss_parallel: bool) -> None:
+    """Shard `model` (still on the meta device) over `tp_mesh` with its family's plan."""
+    plan = gpt2_plan if isinstance(model, GPT2) else llama_plan
+    parallelize_module(model, tp_mesh, ends_plan(model, loss_parallel) | plan(model))
+    # A tied embedding: the vocabulary-parallel embedding and the column-wise output projection both
+    # shard the [vocab, dim] matrix by rows (Shard(0)), so one sharded tensor serves both. Each style
+    # distributed its own copy above; point the output back at the embedding's so they stay one.
+    model.tie_weights()
+
+
+def ends_plan(model: nn.Module, loss_parallel: bool) -> dict:
+    """The embedding (vocabulary-parallel, output sharded by sequence), final norm and output projection.
+
+    Under loss parallelism the logits stay sharded by vocabulary ([B, T, vocab/tp] per rank) and the
+    cross-entropy is computed on the shards, so the full-vocabulary logits never exist on one rank.
+    """
+    plan = {
+        "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+        "norm": SequenceParallel(),
+        "output": ColwiseParallel(
+            input_layouts=Shard(1),
+            output_layouts=Shard(-1) if loss_parallel else Replicate(),
+            use_local_output=not loss_parallel,
+        ),
+    }
+    if getattr(model, "pos_embeddings", None) is not None:
+        # Positions are looked up for the whole sequence ([T] -> [T, dim]) and come out sharded on the
+        # sequence (Shard(0) of [T, dim]), matching the token embedding's [B, T/tp, dim] slice.
+        plan["pos_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(0))
+    return plan
+
+
+def gpt2_plan(model: nn.Module) -> dict:
+    return {
+        f"layers.{i}.{name}": style
+        for i in model.layers
+        for name, style in {
+            "attention_norm": SequenceParallel(),
+            "attention": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+            "attention.wq": ColwiseParallel(),
+            "attention.wk": ColwiseParallel(),
+            "attention.wv": ColwiseParallel(),
+            "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+            "ffn_norm": SequenceParallel(),
+            "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+            "feed_forward.w1": ColwiseParallel(),
+            "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
+        }.items()
+    }
+
+
+def llama_plan(model: nn.Module) -> dict:
+    return {
+        f"layers.{i}.{name}": style
+        for i in model.layers
+        for name, style in {
+            "attention_norm": SequenceParallel(),
+            # attention(x, cos, sin): gather x's sequence; the RoPE tables are plain replicated tensors.
+            "attention": PrepareModuleInput(
+                input_layouts=(Shard(1), None, None), desired_input_layouts=(Replicate(), None, None)
+            ),
+            "attention.wq": ColwiseParallel(),
+            "attention.wk": ColwiseParallel(),
+            "attention.wv": ColwiseParallel(),
+            "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+            "ffn_norm": SequenceParallel(),
+            "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+            "feed_forward.w1": ColwiseParallel(),
+            "feed_forward.w3": ColwiseParallel(),
+            "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
+        }.items()
+    }
+
+
+def check_tp_degree(tp: int, args, seq_len: int) -> None:
+    """Refuse a degree the model cannot be split by, listing the degrees that would work.
+
+    Column/row splits need tp to divide the head counts and the FFN width; the vocabulary-parallel
+    ends need it to divide the (padded) vocabulary; sequence parallelism needs it to divide seq_len.
+    """
+    if tp == 1:
+        return
+    sizes = {"n_heads": args.n_heads}
+    if hasattr(args, "n_kv_heads"):
+        sizes["n_kv_heads"] = args.n_kv_heads
+    sizes |= {"ffn_dim": getattr(args, "ffn_dim", 4 * args.dim), "vocab_size": args.vocab_size, "training.seq_len": seq_len}
+    bad = {name: size for name, size in sizes.items() if size % tp}
+    if bad:
+        valid = [d for d in range(1, min(sizes.values()) + 1) if all(size % d == 0 for size in sizes.values())]
+        what = ", ".join(f"{name}={size}" for name, size in bad.items())
+        raise ConfigError(
+            f"parallelism.tensor_parallel_degree={tp} does not divide {what}; use one of {', '.join(map(str, valid))}"
+        )
