@@ -44,6 +44,8 @@ class Model:
     """Size within the family: gpt2 {debug, 124M, 355M, 774M, 1.5B}; llama3 {debug, 1B, 3B, 8B}."""
     tokenizer: Literal["gpt2", "byte"] = "gpt2"
     """Tokenizer: the GPT-2 BPE (shipped, works offline) or raw UTF-8 bytes. Sets the vocabulary size."""
+    n_layers: int = 0
+    """Override the flavor's number of transformer layers (0 keeps the flavor's)."""
 
 
 @dataclass
@@ -131,6 +133,23 @@ class Parallelism:
     vocabulary shards (loss parallelism is on by default when tensor_parallel_degree > 1)."""
     enable_async_tensor_parallel: bool = False
     """Overlap tensor-parallel communication with compute (CUDA with torch.compile only)."""
+    pipeline_parallel_degree: int = 1
+    """Pipeline stages' ranks: the model is cut into consecutive stages, one group of layers per rank
+    (or several, for the looped and V-shaped schedules). Suits slow links between nodes."""
+    pipeline_parallel_schedule: Literal[
+        "GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"
+    ] = "1F1B"
+    """torch.distributed.pipelining schedule. GPipe and 1F1B run one stage per rank; the others run
+    several (looped: stages r, r+pp, ...; ZBVZeroBubble and DualPipeV: two stages in a V)."""
+    pipeline_parallel_microbatch_size: int = 1
+    """Sequences per pipeline micro-batch; the local batch (times gradient accumulation) is cut into
+    local_batch_size x accumulation / microbatch_size micro-batches."""
+    pipeline_parallel_layers_per_stage: int = 0
+    """Transformer layers per stage; 0 picks one stage per rank for GPipe/1F1B and two otherwise,
+    splitting the layers as evenly as possible (earlier stages take any extra layer)."""
+    pipeline_parallel_schedule_csv: str = ""
+    """A schedule written as CSV (the format of torch's _PipelineScheduleRuntime) to run instead of a
+    named one; stages are placed as for the looped schedules."""
 
 
 @dataclass
@@ -315,6 +334,8 @@ def validate_values(cfg: JobConfig) -> None:
         "metrics.log_freq": cfg.metrics.log_freq,
         "parallelism.data_parallel_replicate_degree": p.data_parallel_replicate_degree,
         "parallelism.tensor_parallel_degree": p.tensor_parallel_degree,
+        "parallelism.pipeline_parallel_degree": p.pipeline_parallel_degree,
+        "parallelism.pipeline_parallel_microbatch_size": p.pipeline_parallel_microbatch_size,
     }
     for key, value in positive.items():
         if value < 1:
@@ -326,12 +347,14 @@ def validate_values(cfg: JobConfig) -> None:
     if t.global_batch_size < 1 and t.global_batch_size != -1:
         raise ConfigError(f"training.global_batch_size={t.global_batch_size} must be at least 1, or -1 for local_batch_size x dp")
     non_negative = {
+        "model.n_layers": cfg.model.n_layers,
         "training.max_norm": t.max_norm,
         "optimizer.weight_decay": cfg.optimizer.weight_decay,
         "lr_scheduler.warmup_steps": cfg.lr_scheduler.warmup_steps,
         "data.num_workers": cfg.data.num_workers,
         "metrics.throughput_warmup_steps": cfg.metrics.throughput_warmup_steps,
         "metrics.peak_tflops": cfg.metrics.peak_tflops,
+        "parallelism.pipeline_parallel_layers_per_stage": p.pipeline_parallel_layers_per_stage,
     }
     for key, value in non_negative.items():
         if value < 0:

@@ -146,11 +146,15 @@ def format_line(r: dict) -> str:
         return "n/a" if value is None else f"{value:{spec}}{unit}"
 
     tps = "warm-up" if r["tps"] is None else f"{r['tps']:,.0f}"
-    return (
+    line = (
         f"step {r['step']:>6}  loss {r['loss']:.4f}  grad_norm {r['grad_norm']:.4f}  lr {r['lr']:.2e}  "
         f"tps {tps}  tflops {fmt(r['tflops'], '.2f')}  mfu {fmt(r['mfu_pct'], '.1f', '%')}  "
         f"mem {r['mem_peak_gib']:.2f}GiB  eta {_duration(r['eta_s'])}"
     )
+    if "pp_idle_pct" in r:
+        analytic = fmt(r["pp_bubble_analytic"], ".2f")
+        line += f"  bubble {analytic} idle/pp-rank {'/'.join(f'{v:.0f}%' for v in r['pp_idle_pct'])}"
+    return line
 
 
 def _duration(seconds: float) -> str:

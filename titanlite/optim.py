@@ -8,15 +8,18 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.tensor import DTensor
 
 from titanlite.config import LRScheduler, Optimizer
 
 
-def build_optimizer(model: nn.Module, cfg: Optimizer, device_type: str) -> torch.optim.Optimizer:
-    """AdamW with weight decay on matrices and embeddings only; built after sharding so its state is sharded too."""
-    params = [p for p in model.parameters() if p.requires_grad]
+def build_optimizer(model_parts: list[nn.Module], cfg: Optimizer, device_type: str) -> torch.optim.Optimizer:
+    """AdamW with weight decay on matrices and embeddings only; built after sharding so its state is sharded too.
+
+    model_parts: the model, or this rank's pipeline stages."""
+    params = [p for part in model_parts for p in part.parameters() if p.requires_grad]
     decay = [p for p in params if p.ndim >= 2]
     no_decay = [p for p in params if p.ndim < 2]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
@@ -54,16 +57,22 @@ def build_lr_scheduler(optimizer: torch.optim.Optimizer, cfg: LRScheduler, total
 
 
 @torch.no_grad()
-def clip_grad_norm_(params: list[nn.Parameter], max_norm: float) -> torch.Tensor:
+def clip_grad_norm_(params: list[nn.Parameter], max_norm: float, *, norm_params=None, pp_group=None) -> torch.Tensor:
     """Global L2 norm of all gradients (clipped to max_norm when > 0); returns the norm before clipping.
 
     With sharded gradients each rank holds part of each gradient: the per-tensor norms are DTensors
-    whose full value needs a reduction over the mesh, which `full_tensor()` performs.
+    whose full value needs a reduction over the mesh, which `full_tensor()` performs. Under pipeline
+    parallelism each rank holds only its stages, so the squared norms are also summed over `pp_group`.
+    `norm_params` leaves out copies that would be counted twice (a tied embedding split across stages).
     """
-    grads = [p.grad for p in params if p.grad is not None]
+    grads = [p.grad for p in (params if norm_params is None else norm_params) if p.grad is not None]
     total = torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=True)
     if isinstance(total, DTensor):
         total = total.full_tensor()
+    if pp_group is not None:
+        total = total**2
+        dist.all_reduce(total, op=dist.ReduceOp.SUM, group=pp_group)
+        total = total.sqrt()
     if max_norm > 0:
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, total, foreach=True)
     return total

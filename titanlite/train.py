@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 import traceback
@@ -19,6 +18,7 @@ import torch.distributed as dist
 from titanlite.config import JobConfig, grad_accum_steps, help_text, parse_config, to_toml
 from titanlite.errors import ConfigError
 from titanlite.parallel.dims import ParallelDims
+from titanlite.parallel.pipeline import PipelinePlan, plan_pipeline
 
 
 @dataclass
@@ -28,22 +28,20 @@ class Plan:
     dims: ParallelDims
     grad_accum_steps: int
     global_batch_size: int
+    pipeline: PipelinePlan | None
 
 
 def plan_run(cfg: JobConfig, world_size: int) -> Plan:
     """Every check that can be made without a process group; raises ConfigError naming the knob."""
     from titanlite.data.tokenizer import build_tokenizer
-    from titanlite.models.registry import FLAVORS, pad_vocab
+    from titanlite.models.registry import model_args
     from titanlite.parallel.tensor_parallel import check_tp_degree
 
     dims = ParallelDims.from_config(cfg.parallelism, world_size)
     accum = grad_accum_steps(cfg.training, dims.dp)
-    if cfg.model.flavor not in FLAVORS[cfg.model.name]:
-        choices = ", ".join(FLAVORS[cfg.model.name])
-        raise ConfigError(f"model.flavor='{cfg.model.flavor}' is not a {cfg.model.name} flavor; use one of: {choices}")
-    args = dataclasses.replace(
-        FLAVORS[cfg.model.name][cfg.model.flavor], vocab_size=pad_vocab(build_tokenizer(cfg.model.tokenizer).vocab_size)
-    )
+    m = cfg.model
+    vocab_size = build_tokenizer(m.tokenizer).vocab_size
+    args = model_args(m.name, m.flavor, vocab_size, cfg.training.seq_len, m.n_layers)
     check_tp_degree(dims.tp, args, cfg.training.seq_len)
     if cfg.parallelism.enable_async_tensor_parallel:
         raise ConfigError(
@@ -52,7 +50,8 @@ def plan_run(cfg: JobConfig, world_size: int) -> Plan:
         )
     if cfg.training.dataset == "local" and not Path(cfg.training.dataset_path).exists():
         raise ConfigError(f"training.dataset_path='{cfg.training.dataset_path}' does not exist")
-    return Plan(dims, accum, cfg.training.local_batch_size * dims.dp * accum)
+    pipeline = plan_pipeline(cfg.parallelism, args.n_layers, cfg.training.local_batch_size * accum)
+    return Plan(dims, accum, cfg.training.local_batch_size * dims.dp * accum, pipeline)
 
 
 def cache_dir(cfg: JobConfig) -> Path:
@@ -87,15 +86,41 @@ def build_loader(cfg: JobConfig, windows, mesh, plan: Plan, device: torch.device
 
 
 def build_model(cfg: JobConfig, vocab_size: int, plan: Plan, mesh, device: torch.device):
-    """Build on the meta device, apply the parallelisms, then materialise and initialise the weights."""
+    """Build on the meta device, cut into pipeline stages if asked, apply the parallelisms to each part,
+    then materialise and initialise the weights. Returns the whole meta model (for counting) and the parts."""
     from titanlite.models.registry import build_model as build_plain_model
     from titanlite.parallel.parallelize import materialize, parallelize, wrap_ddp
+    from titanlite.parallel.pipeline import split_model
 
     with torch.device("meta"):
-        model = build_plain_model(cfg.model.name, cfg.model.flavor, vocab_size, cfg.training.seq_len)
-    model = parallelize(model, plan.dims, mesh, cfg.parallelism, cfg.training, device)
-    materialize(model, device, cfg.training.seed)
-    return model, wrap_ddp(model, plan.dims, mesh)
+        model = build_plain_model(cfg.model.name, cfg.model.flavor, vocab_size, cfg.training.seq_len, cfg.model.n_layers)
+    parts = split_model(model, plan.pipeline, mesh["pp"].get_local_rank()) if plan.pipeline else [model]
+    parts = [parallelize(part, plan.dims, mesh, cfg.parallelism, cfg.training, device) for part in parts]
+    for part in parts:
+        materialize(part, device, cfg.training.seed)
+    return model, [wrap_ddp(part, plan.dims, mesh) for part in parts]
+
+
+def build_pipeline(cfg: JobConfig, plan: Plan, model, parts, mesh, device: torch.device):
+    """The schedule over this rank's stages, with the tied-embedding sync and the stage timer."""
+    from titanlite.parallel.pipeline import StageTimer, TiedEmbeddingSync, build_schedule
+    from titanlite.trainer import Pipeline, cross_entropy
+
+    pp_rank, group = mesh["pp"].get_local_rank(), mesh["pp"].get_group()
+    schedule, stages = build_schedule(
+        parts, plan.pipeline, group, pp_rank, device, cross_entropy, cfg.parallelism.pipeline_parallel_schedule_csv
+    )
+    stage_ids = plan.pipeline.stage_ids(pp_rank)
+    tied = model.args.tie_embeddings
+    return Pipeline(
+        schedule=schedule,
+        has_first=0 in stage_ids,
+        has_last=plan.pipeline.num_stages - 1 in stage_ids,
+        group=group,
+        timer=StageTimer(stages, device),
+        tied_sync=TiedEmbeddingSync(parts, plan.pipeline, mesh.root, pp_rank) if tied else None,
+        analytic_bubble=plan.pipeline.analytic_bubble(),
+    )
 
 
 def init_distributed(world_size: int) -> torch.device:
@@ -139,8 +164,9 @@ def run(cfg: JobConfig) -> None:
     mesh = plan.dims.build_mesh(device.type)
     tokenizer, windows = build_data(cfg)
     loader = build_loader(cfg, windows, mesh, plan, device)
-    plain_model, model = build_model(cfg, tokenizer.vocab_size, plan, mesh, device)
-    optimizer = build_optimizer(model, cfg.optimizer, device.type)
+    plain_model, parts = build_model(cfg, tokenizer.vocab_size, plan, mesh, device)
+    pipeline = build_pipeline(cfg, plan, plain_model, parts, mesh, device) if plan.pipeline else None
+    optimizer = build_optimizer(parts, cfg.optimizer, device.type)
     lr_scheduler = build_lr_scheduler(optimizer, cfg.lr_scheduler, cfg.training.steps)
 
     run_dir = Path(cfg.job.dump_folder) / cfg.job.name
@@ -163,8 +189,14 @@ def run(cfg: JobConfig) -> None:
     peak = device_peak_tflops(device, cfg.metrics.peak_tflops)
     if peak is None:
         say(f"  MFU: no known peak for this {device.type} device; set metrics.peak_tflops to report it")
+    if plan.pipeline:
+        pp = plan.pipeline
+        say(
+            f"  pipeline: {pp.schedule}, {pp.num_stages} stages ({pp.stages_per_rank} per rank), "
+            f"{pp.n_microbatches} micro-batches of {cfg.parallelism.pipeline_parallel_microbatch_size}; {pp.describe()}"
+        )
     trainer = Trainer(
-        model, optimizer, lr_scheduler, loader,
+        parts, optimizer, lr_scheduler, loader,
         grad_accum_steps=plan.grad_accum_steps,
         max_norm=cfg.training.max_norm,
         device=device,
@@ -178,8 +210,9 @@ def run(cfg: JobConfig) -> None:
         logger=MetricsLogger(run_dir, cfg.metrics.enable_tensorboard, active=rank == 0),
         log_freq=cfg.metrics.log_freq,
         throughput_warmup_steps=cfg.metrics.throughput_warmup_steps,
-        autocast=autocast_for(device, model, param_dtype),
+        autocast=autocast_for(device, parts[0], param_dtype),
         loss_parallel=loss_parallel_enabled(plan.dims, cfg.parallelism),
+        pipeline=pipeline,
     )
     trainer.train(cfg.training.steps)
     trainer.logger.close()

@@ -22,6 +22,11 @@ from titanlite.metrics import MetricsLogger, Throughput, peak_memory_gib, reset_
 from titanlite.optim import clip_grad_norm_
 
 
+def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean next-token loss over the tokens of one micro-batch, computed in float32."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
+
+
 @dataclass
 class StepFigures:
     """What the trainer needs to turn step times into throughput, FLOPs and MFU figures."""
@@ -32,12 +37,27 @@ class StepFigures:
     peak_tflops: float | None
 
 
+@dataclass
+class Pipeline:
+    """This rank's share of a pipeline: the schedule and what it needs around each step."""
+
+    schedule: object
+    has_first: bool  # this rank feeds the inputs
+    has_last: bool  # this rank computes the loss
+    group: object  # the pp process group
+    timer: object  # StageTimer
+    tied_sync: object | None  # TiedEmbeddingSync when a tied embedding spans stages
+    analytic_bubble: float | None
+
+
 class Trainer:
-    def __init__(self, model, optimizer, lr_scheduler, loader, *, grad_accum_steps, max_norm, device, loss_group,
-                 figures: StepFigures, logger: MetricsLogger, log_freq: int, throughput_warmup_steps: int, autocast,
-                 loss_parallel: bool = False):
-        self.model, self.optimizer, self.lr_scheduler, self.loader = model, optimizer, lr_scheduler, loader
-        self.params = [p for p in model.parameters() if p.requires_grad]
+    def __init__(self, model_parts: list[nn.Module], optimizer, lr_scheduler, loader, *, grad_accum_steps, max_norm,
+                 device, loss_group, figures: StepFigures, logger: MetricsLogger, log_freq: int,
+                 throughput_warmup_steps: int, autocast, loss_parallel: bool = False, pipeline: Pipeline | None = None):
+        self.model_parts, self.optimizer, self.lr_scheduler, self.loader = model_parts, optimizer, lr_scheduler, loader
+        self.params = [p for part in model_parts for p in part.parameters() if p.requires_grad]
+        duplicate = pipeline.tied_sync.duplicate if pipeline and pipeline.tied_sync else None
+        self.norm_params = [p for p in self.params if p is not duplicate]
         self.grad_accum_steps, self.max_norm, self.device = grad_accum_steps, max_norm, device
         self.loss_group = loss_group  # process group the loss is averaged over (dp), or None
         self.figures, self.logger, self.log_freq = figures, logger, log_freq
@@ -46,6 +66,8 @@ class Trainer:
         # Under loss parallelism the logits arrive sharded by vocabulary; both the cross-entropy and its
         # backward must run inside this context.
         self.loss_context = tp_loss_parallel if loss_parallel else contextlib.nullcontext
+        self.pipeline = pipeline
+        self.pipeline_idle = 0.0
         self.step = 0
 
     def train(self, total_steps: int) -> None:
@@ -55,46 +77,88 @@ class Trainer:
             start = time.perf_counter()
             micro_batches = [next(batches) for _ in range(self.grad_accum_steps)]
             lr = self.optimizer.param_groups[0]["lr"]
-            loss, grad_norm = self.train_step(micro_batches)
+            will_log = (self.step + 1) % self.log_freq == 0 or self.step + 1 == total_steps
+            loss, grad_norm = self.train_step(micro_batches, measure=will_log)
             self.step += 1
             elapsed = time.perf_counter() - start
             self.throughput.add(self.step, self.figures.tokens_per_step, elapsed)
-            if self.step % self.log_freq == 0 or self.step == total_steps:
+            if will_log:
                 self.log(loss, grad_norm, lr, total_steps)
 
-    def train_step(self, micro_batches) -> tuple[float, float]:
-        self.model.train()
+    def train_step(self, micro_batches, measure: bool = False) -> tuple[float, float]:
+        for part in self.model_parts:
+            part.train()
+        if self.pipeline is None:
+            step_loss = self.forward_backward(micro_batches)
+        else:
+            step_loss = self.pipelined_forward_backward(micro_batches, measure)
+            if self.pipeline.tied_sync is not None:
+                self.pipeline.tied_sync()
+        grad_norm = clip_grad_norm_(
+            self.params, self.max_norm, norm_params=self.norm_params, pp_group=self.pipeline and self.pipeline.group
+        )
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.lr_scheduler.step()
+        return self.reduce_loss(step_loss).item(), grad_norm.item()
+
+    def forward_backward(self, micro_batches) -> torch.Tensor:
+        model = self.model_parts[0]
         step_loss = torch.zeros((), device=self.device)
         for i, (inputs, labels) in enumerate(micro_batches):
             inputs = inputs.to(self.device, non_blocking=True)
             labels = labels.to(self.device, non_blocking=True)
-            with self.gradient_sync(last=i == len(micro_batches) - 1):
+            with self.gradient_sync(model, last=i == len(micro_batches) - 1):
                 with self.autocast():
-                    logits = self.model(inputs)
+                    logits = model(inputs)
                 with self.loss_context():
                     # Every window has exactly seq_len targets, so each micro-batch's token mean divided
                     # by the micro-batch count, then averaged over dp ranks (DDP/FSDP reduce by mean), is
                     # the mean over all target tokens of the global batch.
-                    loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten()) / len(micro_batches)
+                    loss = cross_entropy(logits, labels) / len(micro_batches)
                     loss.backward()
-            # Under loss parallelism the loss is a replicated DTensor; its local value is the whole loss.
-            step_loss += loss.detach().to_local() if isinstance(loss, DTensor) else loss.detach()
-        grad_norm = clip_grad_norm_(self.params, self.max_norm)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.lr_scheduler.step()
+            step_loss += local_value(loss)
+        return step_loss
+
+    def pipelined_forward_backward(self, micro_batches, measure: bool) -> torch.Tensor:
+        """One schedule step over this rank's whole share of the batch (the schedule cuts it into
+        pipeline micro-batches; accumulation micro-batches simply join the same step)."""
+        p = self.pipeline
+        inputs = torch.cat([x for x, _ in micro_batches]).to(self.device, non_blocking=True)
+        labels = torch.cat([y for _, y in micro_batches]).to(self.device, non_blocking=True)
+        losses = []
+        p.timer.enabled, p.timer.busy = measure, 0.0
+        start = time.perf_counter()
+        with self.autocast(), self.loss_context():
+            args = (inputs,) if p.has_first else ()
+            if p.has_last:
+                p.schedule.step(*args, target=labels, losses=losses)
+            else:
+                p.schedule.step(*args)
+        if measure:
+            self.pipeline_idle = 1.0 - p.timer.busy / (time.perf_counter() - start)
+        p.timer.enabled = False
+        if not p.has_last:
+            return torch.zeros((), device=self.device)
+        return torch.stack([local_value(loss) for loss in losses]).mean()
+
+    def reduce_loss(self, step_loss: torch.Tensor) -> torch.Tensor:
+        """The global mean: from the last pipeline stage to every rank, then averaged over dp."""
+        if self.pipeline is not None:
+            dist.all_reduce(step_loss, op=dist.ReduceOp.SUM, group=self.pipeline.group)
         if self.loss_group is not None:
             # gloo has no AVG reduction: sum, then divide.
             dist.all_reduce(step_loss, op=dist.ReduceOp.SUM, group=self.loss_group)
             step_loss /= dist.get_world_size(self.loss_group)
-        return step_loss.item(), grad_norm.item()
+        return step_loss
 
-    def gradient_sync(self, last: bool):
+    @staticmethod
+    def gradient_sync(model: nn.Module, last: bool):
         """Skip gradient communication on all but the last micro-batch of a step."""
-        if isinstance(self.model, DistributedDataParallel):
-            return contextlib.nullcontext() if last else self.model.no_sync()
-        if isinstance(self.model, FSDPModule):
-            self.model.set_requires_gradient_sync(last)
+        if isinstance(model, DistributedDataParallel):
+            return contextlib.nullcontext() if last else model.no_sync()
+        if isinstance(model, FSDPModule):
+            model.set_requires_gradient_sync(last)
         return contextlib.nullcontext()
 
     def log(self, loss: float, grad_norm: float, lr: float, total_steps: int) -> None:
@@ -104,20 +168,37 @@ class Trainer:
         peak = self.figures.peak_tflops
         mfu = None if tflops is None or peak is None else 100.0 * tflops / peak
         mem_peak, mem_reserved = peak_memory_gib(self.device)
-        self.logger.log(
-            {
-                "step": self.step,
-                "loss": loss,
-                "grad_norm": grad_norm,
-                "lr": lr,
-                "tps": tps,
-                "tflops": tflops,
-                "mfu_pct": mfu,
-                "mem_peak_gib": mem_peak,
-                "mem_reserved_gib": mem_reserved,
-                "eta_s": self.throughput.eta_seconds(total_steps - self.step),
-            }
-        )
+        record = {
+            "step": self.step,
+            "loss": loss,
+            "grad_norm": grad_norm,
+            "lr": lr,
+            "tps": tps,
+            "tflops": tflops,
+            "mfu_pct": mfu,
+            "mem_peak_gib": mem_peak,
+            "mem_reserved_gib": mem_reserved,
+            "eta_s": self.throughput.eta_seconds(total_steps - self.step),
+        }
+        if self.pipeline is not None:
+            record |= self.bubble_figures()
+        self.logger.log(record)
+
+    def bubble_figures(self) -> dict:
+        """The schedule's analytic bubble beside the measured idle share of each pp rank (a collective)."""
+        idle = torch.tensor([self.pipeline_idle], dtype=torch.float32, device=self.device)
+        gathered = [torch.zeros_like(idle) for _ in range(dist.get_world_size(self.pipeline.group))]
+        dist.all_gather(gathered, idle, group=self.pipeline.group)
+        return {
+            "pp_bubble_analytic": self.pipeline.analytic_bubble,
+            "pp_idle_pct": [round(100.0 * t.item(), 1) for t in gathered],
+        }
+
+
+def local_value(loss: torch.Tensor) -> torch.Tensor:
+    """A detached plain tensor; under loss parallelism the loss is a replicated DTensor."""
+    loss = loss.detach()
+    return loss.to_local() if isinstance(loss, DTensor) else loss
 
 
 def autocast_for(device: torch.device, model: nn.Module, param_dtype: torch.dtype):

@@ -17,6 +17,9 @@ class GPT2Args:
     vocab_size: int
     max_seq_len: int = 1024
     norm_eps: float = 1e-5
+    # GPT-2 always ties its output projection to the token embedding; the field lets the trainer ask
+    # every model family the same question.
+    tie_embeddings: bool = True
 
     @property
     def head_dim(self) -> int:
@@ -85,7 +88,7 @@ class GPT2(nn.Module):
         """Make output.weight the very tensor tok_embeddings.weight.
 
         Call again after anything that replaces parameters, such as to_empty (which unties them)."""
-        if self.tok_embeddings is not None and self.output is not None:
+        if self.args.tie_embeddings and self.tok_embeddings is not None and self.output is not None:
             self.output.weight = self.tok_embeddings.weight
 
 

@@ -52,9 +52,9 @@ FLAVORS: dict[str, dict[str, GPT2Args | LlamaArgs]] = {
 _MODELS = {"gpt2": GPT2, "llama3": Llama}
 
 
-def build_model(name: str, flavor: str, vocab_size: int, max_seq_len: int) -> nn.Module:
-    """Build model `name` at size `flavor` on the current default device; parameters are uninitialised
-    (titanlite.parallel.parallelize.init_weights fills it through model.init_param)."""
+def model_args(name: str, flavor: str, vocab_size: int, max_seq_len: int, n_layers: int = 0):
+    """The arguments of model `name` at size `flavor` for this tokenizer and sequence length
+    (n_layers > 0 overrides the flavor's depth)."""
     if name not in FLAVORS:
         raise ConfigError(f"model.name={name!r} is not a known model; use one of: {', '.join(FLAVORS)}")
     if flavor not in FLAVORS[name]:
@@ -65,5 +65,16 @@ def build_model(name: str, flavor: str, vocab_size: int, max_seq_len: int) -> nn
         raise ConfigError(f"training.seq_len={max_seq_len} must be positive")
     base = FLAVORS[name][flavor]
     # Positions (learned for GPT-2, RoPE tables for Llama) must cover the training sequence length.
-    args = dataclasses.replace(base, vocab_size=pad_vocab(vocab_size), max_seq_len=max(base.max_seq_len, max_seq_len))
+    return dataclasses.replace(
+        base,
+        vocab_size=pad_vocab(vocab_size),
+        max_seq_len=max(base.max_seq_len, max_seq_len),
+        n_layers=n_layers or base.n_layers,
+    )
+
+
+def build_model(name: str, flavor: str, vocab_size: int, max_seq_len: int, n_layers: int = 0) -> nn.Module:
+    """Build the model on the current default device; parameters are uninitialised
+    (titanlite.parallel.parallelize.init_weights fills it through model.init_param)."""
+    args = model_args(name, flavor, vocab_size, max_seq_len, n_layers)
     return _MODELS[name](args)

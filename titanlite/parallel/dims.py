@@ -26,29 +26,30 @@ class ParallelDims:
     def from_config(cls, cfg: Parallelism, world_size: int) -> ParallelDims:
         """Resolve dp_shard = -1 and check that the degrees multiply to the world size."""
         replicate, shard = cfg.data_parallel_replicate_degree, cfg.data_parallel_shard_degree
-        tp = cfg.tensor_parallel_degree
-        for name, degree in (("data_parallel_replicate_degree", replicate), ("tensor_parallel_degree", tp)):
+        tp, pp = cfg.tensor_parallel_degree, cfg.pipeline_parallel_degree
+        named = (("data_parallel_replicate_degree", replicate), ("tensor_parallel_degree", tp), ("pipeline_parallel_degree", pp))
+        for name, degree in named:
             if world_size % degree:
                 raise ConfigError(
                     f"parallelism.{name}={degree} does not divide the world size {world_size}; "
                     f"use one of {_divisors(world_size)}"
                 )
-        others = replicate * tp
+        others = replicate * tp * pp
         if shard == -1:
             if world_size % others:
                 raise ConfigError(
-                    f"parallelism.data_parallel_replicate_degree x tensor_parallel_degree = {replicate} x {tp} "
-                    f"does not divide the world size {world_size}"
+                    f"parallelism degrees replicate {replicate} x tp {tp} x pp {pp} = {others} do not divide "
+                    f"the world size {world_size}"
                 )
             shard = world_size // others
         product = shard * others
         if product != world_size:
             raise ConfigError(
-                f"parallelism degrees multiply to {product} (replicate {replicate} x shard {shard} x tp {tp}) "
+                f"parallelism degrees multiply to {product} (pp {pp} x replicate {replicate} x shard {shard} x tp {tp}) "
                 f"but the world size is {world_size}; set parallelism.data_parallel_shard_degree = -1 or "
                 f"make the product equal {world_size}"
             )
-        return cls(dp_replicate=replicate, dp_shard=shard, tp=tp, world_size=world_size)
+        return cls(dp_replicate=replicate, dp_shard=shard, tp=tp, pp=pp, world_size=world_size)
 
     @property
     def degrees(self) -> dict[str, int]:

@@ -73,7 +73,10 @@ def init_weights(model: nn.Module, seed: int) -> None:
     """
     for name, param in model.named_parameters():
         full = torch.empty(param.shape, dtype=torch.float32, device=param.device)
-        generator = torch.Generator(device=param.device).manual_seed(param_seed(seed, name))
+        # A pipeline's last stage holds its own copy of a tied embedding as output.weight: seed it as the
+        # embedding so both copies start equal.
+        tied_copy = name == "output.weight" and model.args.tie_embeddings
+        generator = torch.Generator(device=param.device).manual_seed(param_seed(seed, "tok_embeddings.weight" if tied_copy else name))
         model.init_param(name, full, generator)
         if isinstance(param, DTensor):
             # src_data_rank=None: every rank holds the same full tensor and slices it locally, no communication.

@@ -1,0 +1,57 @@
+"""The pipeline planner: stage counts, layer splits, placement, micro-batches, and what it refuses."""
+
+import pytest
+
+from titanlite.config import parse_config
+from titanlite.errors import ConfigError
+from titanlite.parallel.pipeline import even_split, plan_pipeline
+
+
+def plan(*args, n_layers=4, samples=8):
+    cfg = parse_config(["--parallelism.pipeline_parallel_degree", "2", *args])
+    return plan_pipeline(cfg.parallelism, n_layers, samples)
+
+
+def test_single_stage_schedules_run_one_stage_per_rank():
+    p = plan("--parallelism.pipeline_parallel_schedule", "1F1B", "--parallelism.pipeline_parallel_microbatch_size", "2")
+    assert p.layer_ranges == ((0, 2), (2, 4)) and p.n_microbatches == 4
+    assert p.stage_ids(0) == (0,) and p.stage_ids(1) == (1,)
+    assert p.analytic_bubble() == pytest.approx(1 / 4)
+
+
+def test_looped_and_v_shaped_placement():
+    looped = plan("--parallelism.pipeline_parallel_schedule", "Interleaved1F1B")
+    assert looped.num_stages == 4 and looped.stage_ids(0) == (0, 2) and looped.stage_ids(1) == (1, 3)
+    assert looped.analytic_bubble() == pytest.approx(1 / (2 * 8))
+    v = plan("--parallelism.pipeline_parallel_schedule", "ZBVZeroBubble")
+    assert v.stage_ids(0) == (0, 3) and v.stage_ids(1) == (1, 2)  # first and last stage on rank 0
+    assert v.analytic_bubble() is None
+
+
+def test_uneven_split_gives_earlier_stages_the_extra_layer():
+    assert even_split(5, 2) == [(0, 3), (3, 5)]
+    assert even_split(7, 4) == [(0, 2), (2, 4), (4, 6), (6, 7)]
+    assert plan(n_layers=5).describe() == "stage 0: layers 0-2 + embeddings; stage 1: layers 3-4 + norm, output"
+
+
+def test_layers_per_stage_sets_the_stage_count():
+    p = plan("--parallelism.pipeline_parallel_schedule", "Interleaved1F1B", "--parallelism.pipeline_parallel_layers_per_stage", "2", n_layers=8)
+    assert p.layer_ranges == ((0, 2), (2, 4), (4, 6), (6, 8))
+
+
+@pytest.mark.parametrize(
+    "args, n_layers, samples, fragment",
+    [
+        (["--parallelism.pipeline_parallel_microbatch_size", "3"], 4, 8, "microbatch_size=3 does not divide the 8 sequences"),
+        (["--parallelism.pipeline_parallel_microbatch_size", "8"], 4, 8, "gets 1 micro-batch(es) per step"),
+        (["--parallelism.pipeline_parallel_schedule", "Interleaved1F1B", "--parallelism.pipeline_parallel_microbatch_size", "8"], 4, 24, "needs a multiple of 2"),
+        (["--parallelism.pipeline_parallel_layers_per_stage", "2"], 5, 8, "gives 3 stages for 5 layers"),
+        (["--parallelism.pipeline_parallel_schedule", "Interleaved1F1B"], 3, 8, "3 layers cannot fill 4 pipeline stages"),
+        (["--parallelism.pipeline_parallel_schedule", "DualPipeV", "--parallelism.pipeline_parallel_layers_per_stage", "1"], 6, 8, "exactly two stages per rank"),
+        (["--parallelism.pipeline_parallel_schedule_csv", "missing.csv"], 4, 8, "does not exist"),
+    ],
+)
+def test_impossible_pipelines_are_refused_with_the_knob(args, n_layers, samples, fragment):
+    with pytest.raises(ConfigError, match=None) as e:
+        plan(*args, n_layers=n_layers, samples=samples)
+    assert fragment in str(e.value)

@@ -1,0 +1,251 @@
+"""Pipeline parallelism: cut the model into stages and run a `torch.distributed.pipelining` schedule.
+
+Looped schedules put stages r, r+pp, r+2pp, ... on pp rank r; the V-shaped ones (ZBVZeroBubble,
+DualPipeV) put stages r and 2pp-1-r on it, so the first and the last stage share rank 0.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.tensor import DTensor
+
+from titanlite.config import Parallelism
+from titanlite.errors import ConfigError
+
+SINGLE_STAGE = ("GPipe", "1F1B")
+V_SHAPED = ("ZBVZeroBubble", "DualPipeV")
+
+
+@dataclass(frozen=True)
+class PipelinePlan:
+    pp: int
+    schedule: str  # a schedule name, or "csv" for pipeline_parallel_schedule_csv
+    layer_ranges: tuple[tuple[int, int], ...]  # [first, end) transformer layers of each stage
+    n_microbatches: int
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.layer_ranges)
+
+    @property
+    def stages_per_rank(self) -> int:
+        return self.num_stages // self.pp
+
+    def stage_ids(self, pp_rank: int) -> tuple[int, ...]:
+        if self.schedule in V_SHAPED:
+            return (pp_rank, 2 * self.pp - 1 - pp_rank)
+        return tuple(pp_rank + i * self.pp for i in range(self.stages_per_rank))
+
+    def describe(self) -> str:
+        def stage(i: int, first: int, end: int) -> str:
+            extra = (" + embeddings" if i == 0 else "") + (" + norm, output" if i == self.num_stages - 1 else "")
+            return f"stage {i}: layers {first}-{end - 1}{extra}"
+
+        return "; ".join(stage(i, *r) for i, r in enumerate(self.layer_ranges))
+
+    def analytic_bubble(self) -> float | None:
+        """Idle time relative to compute: (p - 1) / m for GPipe and 1F1B, (p - 1) / (v m) for the looped
+        schedules with v stages per rank. Zero-bubble schedules fill the bubble with weight-gradient work,
+        so no single formula applies to them (None)."""
+        if self.schedule in SINGLE_STAGE:
+            return (self.pp - 1) / self.n_microbatches
+        if self.schedule in ("Interleaved1F1B", "LoopedBFS"):
+            return (self.pp - 1) / (self.stages_per_rank * self.n_microbatches)
+        return None
+
+
+def plan_pipeline(cfg: Parallelism, n_layers: int, samples_per_step: int) -> PipelinePlan | None:
+    """Stages, layer split and micro-batch count for this config; ConfigError where they cannot work.
+
+    samples_per_step: sequences one data-parallel rank processes per optimizer step (local batch x
+    accumulation); the schedule cuts them into micro-batches.
+    """
+    pp = cfg.pipeline_parallel_degree
+    if pp == 1:
+        return None
+    csv = cfg.pipeline_parallel_schedule_csv
+    if csv and not Path(csv).is_file():
+        raise ConfigError(f"parallelism.pipeline_parallel_schedule_csv='{csv}' does not exist")
+    name = "csv" if csv else cfg.pipeline_parallel_schedule
+    per_rank_default = 1 if name in SINGLE_STAGE else 2
+    lps = cfg.pipeline_parallel_layers_per_stage
+    num_stages = math.ceil(n_layers / lps) if lps else pp * per_rank_default
+    if num_stages % pp:
+        raise ConfigError(
+            f"pipeline_parallel_layers_per_stage={lps} gives {num_stages} stages for {n_layers} layers, not a "
+            f"multiple of pipeline_parallel_degree={pp}; choose layers_per_stage so that the stage count is one"
+        )
+    if name in SINGLE_STAGE and num_stages != pp:
+        raise ConfigError(
+            f"pipeline_parallel_schedule={name} runs one stage per rank, but the split gives {num_stages} stages "
+            f"for pp={pp}; set pipeline_parallel_layers_per_stage = 0 or {math.ceil(n_layers / pp)}, or use a looped schedule"
+        )
+    if name in V_SHAPED and num_stages != 2 * pp:
+        raise ConfigError(
+            f"pipeline_parallel_schedule={name} runs exactly two stages per rank ({2 * pp} stages), but the split "
+            f"gives {num_stages}; set pipeline_parallel_layers_per_stage = 0"
+        )
+    if n_layers < num_stages:
+        raise ConfigError(f"{n_layers} layers cannot fill {num_stages} pipeline stages; use fewer stages")
+    ranges = fixed_split(n_layers, lps) if lps else even_split(n_layers, num_stages)
+    mb = cfg.pipeline_parallel_microbatch_size
+    if samples_per_step % mb:
+        raise ConfigError(
+            f"pipeline_parallel_microbatch_size={mb} does not divide the {samples_per_step} sequences each "
+            f"pipeline reads per step (local_batch_size x accumulation)"
+        )
+    m = samples_per_step // mb
+    need = "at least" if name in SINGLE_STAGE else "a multiple of"
+    if m < pp or (name not in SINGLE_STAGE and m % pp):
+        raise ConfigError(
+            f"the pipeline gets {m} micro-batch(es) per step ({samples_per_step} sequences / microbatch_size {mb}); "
+            f"{name} on pipeline_parallel_degree={pp} needs {need} {pp}: raise training.local_batch_size or "
+            f"lower pipeline_parallel_microbatch_size"
+        )
+    return PipelinePlan(pp=pp, schedule=name, layer_ranges=tuple(ranges), n_microbatches=m)
+
+
+def even_split(n_layers: int, num_stages: int) -> list[tuple[int, int]]:
+    """As even as possible; when it cannot be even the earlier stages take one layer more (the last
+    stage already carries the output projection)."""
+    base, extra = divmod(n_layers, num_stages)
+    sizes = [base + (i < extra) for i in range(num_stages)]
+    starts = list(itertools.accumulate([0, *sizes]))
+    return list(zip(starts[:-1], starts[1:]))
+
+
+def fixed_split(n_layers: int, layers_per_stage: int) -> list[tuple[int, int]]:
+    return [(first, min(first + layers_per_stage, n_layers)) for first in range(0, n_layers, layers_per_stage)]
+
+
+def split_model(model: nn.Module, plan: PipelinePlan, pp_rank: int) -> list[nn.Module]:
+    """One module per local stage: a copy of the (meta) model without the parts the stage does not own.
+
+    Copying and deleting keeps parameter names as in the whole model, so weights initialise and
+    checkpoint identically with or without pipeline parallelism.
+    """
+    parts = []
+    for stage in plan.stage_ids(pp_rank):
+        first, end = plan.layer_ranges[stage]
+        part = copy.deepcopy(model)
+        for key in list(part.layers):
+            if not first <= int(key) < end:
+                del part.layers[key]
+        if stage != 0:
+            part.tok_embeddings = None
+            if hasattr(part, "pos_embeddings"):
+                part.pos_embeddings = None
+        if stage != plan.num_stages - 1:
+            part.norm = None
+            part.output = None
+        parts.append(part)
+    return parts
+
+
+def build_schedule(parts: list[nn.Module], plan: PipelinePlan, pp_group, pp_rank: int, device, loss_fn, csv: str):
+    from torch.distributed.pipelining import PipelineStage
+    from torch.distributed.pipelining.schedules import (
+        PipelineScheduleSingle,
+        _PipelineScheduleRuntime,
+        get_schedule_class,
+    )
+
+    stages = [
+        PipelineStage(part, stage, plan.num_stages, device, group=pp_group)
+        for part, stage in zip(parts, plan.stage_ids(pp_rank))
+    ]
+    cls = _PipelineScheduleRuntime if plan.schedule == "csv" else get_schedule_class(plan.schedule)
+    # scale_grads: each micro-batch's loss is its own token mean, so the summed gradients are divided
+    # by the micro-batch count, giving the gradient of the mean over the whole local batch.
+    if issubclass(cls, PipelineScheduleSingle):
+        schedule = cls(stages[0], n_microbatches=plan.n_microbatches, loss_fn=loss_fn, scale_grads=True)
+    else:
+        schedule = cls(stages, n_microbatches=plan.n_microbatches, loss_fn=loss_fn, scale_grads=True)
+    if plan.schedule == "csv":
+        schedule._load_csv(csv)
+    return schedule, stages
+
+
+class TiedEmbeddingSync:
+    """Keeps a tied embedding tied when its two uses live on different stages.
+
+    The first stage holds the token embedding and the last the output projection: two copies of one
+    [vocab, dim] matrix. They start equal (both are seeded by the embedding's name) and stay equal:
+    before each optimizer step their gradients are summed, which is the tied parameter's gradient, so
+    both take the same AdamW update. Megatron keeps its embedding group in sync the same way.
+    """
+
+    def __init__(self, parts: list[nn.Module], plan: PipelinePlan, root_mesh, pp_rank: int):
+        self.embedding = next((p.tok_embeddings.weight for p in parts if p.tok_embeddings is not None), None)
+        self.output = next((p.output.weight for p in parts if p.output is not None), None)
+        self.group = None
+        # Group creation is collective: every rank creates every first/last pair, keeping its own.
+        mesh = root_mesh.mesh  # ranks, pp outermost
+        for coords in itertools.product(*(range(n) for n in mesh.shape[1:])):
+            pair = sorted({int(mesh[(0, *coords)]), int(mesh[(plan.pp - 1, *coords)])})
+            group = dist.new_group(pair) if len(pair) == 2 else None
+            if dist.get_rank() in pair:
+                self.group = group
+
+    @property
+    def duplicate(self) -> nn.Parameter | None:
+        """The copy to leave out of the gradient norm (its gradient equals the embedding's)."""
+        return self.output
+
+    @torch.no_grad()
+    def __call__(self) -> None:
+        if self.embedding is not None and self.output is not None:  # both on this rank (V-shaped)
+            total = self.embedding.grad + self.output.grad
+            self.embedding.grad.copy_(total)
+            self.output.grad.copy_(total)
+            return
+        param = self.embedding if self.embedding is not None else self.output
+        if param is None:
+            return
+        grad = param.grad.to_local() if isinstance(param.grad, DTensor) else param.grad
+        dist.all_reduce(grad, op=dist.ReduceOp.SUM, group=self.group)
+
+
+class StageTimer:
+    """Busy time of this rank's stages (forward, backward and weight-gradient chunks), for the idle share.
+
+    Time spent waiting for neighbouring stages happens in the schedule, outside these calls. On CUDA the
+    timer synchronises, so it is switched on only for the steps that are logged.
+    """
+
+    def __init__(self, stages, device: torch.device):
+        self.device, self.busy, self.enabled = device, 0.0, False
+        for stage in stages:
+            for name in ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk"):
+                setattr(stage, name, self._timed(getattr(stage, name)))
+
+    def _timed(self, fn):
+        def run(*args, **kwargs):
+            if not self.enabled:
+                return fn(*args, **kwargs)
+            self._sync()
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self._sync()
+                self.busy += time.perf_counter() - start
+
+        return run
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+
+def tied_across_stages(model: nn.Module, plan: PipelinePlan | None) -> bool:
+    return plan is not None and getattr(model.args, "tie_embeddings", False)
