@@ -13,7 +13,74 @@ USAGE = """usage: titanlite <command> [--config FILE] [--section.key VALUE ...]
 commands:
   train                     train in this process (./run_train.sh launches several with torchrun)
   check --world-size N      validate the config for N processes and prepare its data
+  seed-checkpoint           write step-0/ (initial weights, model only) to the run folder, in one process
+  convert to-hf --output DIR
+                            export the run's newest checkpoint (or checkpoint.load_step) as a Hugging
+                            Face folder (config.json + model.safetensors, in checkpoint.export_dtype)
   help                      list every config key with its default and meaning"""
+
+
+def _take_option(argv: list[str], name: str) -> tuple[str | None, list[str]]:
+    """Remove `--name VALUE` / `--name=VALUE` from argv."""
+    value, rest, it = None, [], iter(argv)
+    for arg in it:
+        if arg == f"--{name}":
+            value = next(it, None)
+        elif arg.startswith(f"--{name}="):
+            value = arg.split("=", 1)[1]
+        else:
+            rest.append(arg)
+    return value, rest
+
+
+def _plain_model(cfg):
+    """The configured model, whole, on the CPU of this one process."""
+    from titanlite.data.tokenizer import build_tokenizer
+    from titanlite.models.registry import build_model
+
+    m = cfg.model
+    return build_model(m.name, m.flavor, build_tokenizer(m.tokenizer).vocab_size, cfg.training.seq_len, m.n_layers)
+
+
+def seed_checkpoint(argv: list[str]) -> int:
+    from pathlib import Path
+
+    from titanlite.checkpoint import save_model_only
+    from titanlite.config import parse_config
+    from titanlite.parallel.parallelize import init_weights
+
+    cfg = parse_config(argv)
+    model = _plain_model(cfg)
+    init_weights(model, cfg.training.seed)
+    path = save_model_only(Path(cfg.job.dump_folder) / cfg.job.name, 0, model.state_dict())
+    print(f"titanlite: wrote the seed checkpoint {path}; runs with checkpoint.enable load it on any layout")
+    return 0
+
+
+def convert(argv: list[str]) -> int:
+    from pathlib import Path
+
+    import torch
+
+    from titanlite.checkpoint import load_model_only, pick_checkpoint
+    from titanlite.config import parse_config
+    from titanlite.hf import save_hf
+
+    if not argv or argv[0] != "to-hf":
+        raise ConfigError("convert takes 'to-hf --output DIR'; to import a Hugging Face folder set checkpoint.initial_load_path")
+    output, rest = _take_option(argv[1:], "output")
+    if not output:
+        raise ConfigError("convert to-hf needs --output DIR")
+    cfg = parse_config(rest)
+    run_dir = Path(cfg.job.dump_folder) / cfg.job.name
+    path = pick_checkpoint(run_dir, cfg.checkpoint.load_step)
+    if path is None:
+        raise ConfigError(f"no complete checkpoint in {run_dir}; train with checkpoint.enable first")
+    model = _plain_model(cfg)
+    load_model_only(path, model)
+    save_hf(output, model.args, model.state_dict(), dtype=getattr(torch, cfg.checkpoint.export_dtype))
+    print(f"titanlite: exported {path} to {output} ({cfg.checkpoint.export_dtype})")
+    return 0
 
 
 def check(argv: list[str]) -> int:
@@ -48,6 +115,12 @@ def main(argv: list[str] | None = None) -> int:
     command, rest = (argv[0], argv[1:]) if argv else ("help", [])
     if command == "check":
         return check(rest)
+    if command in ("seed-checkpoint", "convert"):
+        try:
+            return (seed_checkpoint if command == "seed-checkpoint" else convert)(rest)
+        except ConfigError as e:
+            print(f"titanlite: error: {e}", file=sys.stderr)
+            return 2
     if command == "train":
         from titanlite.train import main as train_main, shutdown
 

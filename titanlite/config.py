@@ -74,6 +74,9 @@ class Training:
     """Parameter/compute dtype on CUDA (FSDP MixedPrecisionPolicy, autocast otherwise). CPU runs use float32."""
     mixed_precision_reduce: Literal["float32", "bfloat16"] = "float32"
     """Gradient reduction dtype for FSDP on CUDA."""
+    stop_after_step: int = 0
+    """End the run after this step, with a checkpoint, without changing the LR schedule that `steps`
+    sets (for jobs split into fixed-length allocations); 0 runs to `steps`."""
 
 
 @dataclass
@@ -153,6 +156,30 @@ class Parallelism:
 
 
 @dataclass
+class Checkpoint:
+    enable: bool = False
+    """Save DCP checkpoints to step-<N>/ in the run folder, and resume from the newest complete one."""
+    interval: int = 500
+    """Save every this many steps; the last step (or training.stop_after_step) is always saved."""
+    async_mode: Literal["disabled", "async", "async_with_pinned_mem"] = "disabled"
+    """'async' writes in a background thread while training goes on; 'async_with_pinned_mem' stages
+    through pinned host memory in a background process (CUDA; on CPU it behaves as 'async')."""
+    keep_latest_k: int = 0
+    """Keep only the newest k complete checkpoints (0 keeps all); the newest is never deleted."""
+    load_step: int = -1
+    """Resume from this step's checkpoint; -1 takes the newest complete one."""
+    model_only: bool = False
+    """Save only the model weights (in export_dtype) at the last step, for export or fine-tuning."""
+    export_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Weight dtype of model_only checkpoints and Hugging Face exports."""
+    exclude_from_loading: list[str] = field(default_factory=list)
+    """Parts of a checkpoint not to restore, e.g. ["optimizer", "lr_scheduler", "dataloader", "train_state"]."""
+    initial_load_path: str = ""
+    """Weights to start from when the run folder has no checkpoint: a DCP checkpoint folder (step-N)
+    or a Hugging Face folder (config.json + safetensors)."""
+
+
+@dataclass
 class Metrics:
     log_freq: int = 10
     """Log every this many steps (and always the last step)."""
@@ -173,6 +200,7 @@ class JobConfig:
     optimizer: Optimizer = field(default_factory=Optimizer)
     lr_scheduler: LRScheduler = field(default_factory=LRScheduler)
     parallelism: Parallelism = field(default_factory=Parallelism)
+    checkpoint: Checkpoint = field(default_factory=Checkpoint)
     metrics: Metrics = field(default_factory=Metrics)
 
 
@@ -211,6 +239,8 @@ def _unknown_key_error(key: str, where: str) -> ConfigError:
 
 
 def _type_name(tp: Any) -> str:
+    if typing.get_origin(tp) is list:
+        return "list of " + _type_name(typing.get_args(tp)[0])
     if typing.get_origin(tp) is Literal:
         return " | ".join(repr(a) for a in typing.get_args(tp))
     return getattr(tp, "__name__", str(tp))
@@ -218,6 +248,12 @@ def _type_name(tp: Any) -> str:
 
 def _coerce(key: str, value: Any, tp: Any, from_cli: bool) -> Any:
     """Check a TOML value's type, or convert a command-line string, for one field."""
+    if typing.get_origin(tp) is list:
+        if from_cli:
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, list):
+            raise ConfigError(f"{key}={value!r} is not a valid {_type_name(tp)}")
+        return [_coerce(key, v, typing.get_args(tp)[0], from_cli) for v in value]
     if typing.get_origin(tp) is Literal:
         choices = typing.get_args(tp)
         if value not in choices:
@@ -332,6 +368,7 @@ def validate_values(cfg: JobConfig) -> None:
         "training.local_batch_size": t.local_batch_size,
         "training.seq_len": t.seq_len,
         "metrics.log_freq": cfg.metrics.log_freq,
+        "checkpoint.interval": cfg.checkpoint.interval,
         "parallelism.data_parallel_replicate_degree": p.data_parallel_replicate_degree,
         "parallelism.tensor_parallel_degree": p.tensor_parallel_degree,
         "parallelism.pipeline_parallel_degree": p.pipeline_parallel_degree,
@@ -355,6 +392,8 @@ def validate_values(cfg: JobConfig) -> None:
         "metrics.throughput_warmup_steps": cfg.metrics.throughput_warmup_steps,
         "metrics.peak_tflops": cfg.metrics.peak_tflops,
         "parallelism.pipeline_parallel_layers_per_stage": p.pipeline_parallel_layers_per_stage,
+        "training.stop_after_step": t.stop_after_step,
+        "checkpoint.keep_latest_k": cfg.checkpoint.keep_latest_k,
     }
     for key, value in non_negative.items():
         if value < 0:
@@ -366,6 +405,14 @@ def validate_values(cfg: JobConfig) -> None:
     for key in ("beta1", "beta2"):
         if not 0 <= getattr(cfg.optimizer, key) < 1:
             raise ConfigError(f"optimizer.{key}={getattr(cfg.optimizer, key)} must be in [0, 1)")
+    if t.stop_after_step > t.steps:
+        raise ConfigError(f"training.stop_after_step={t.stop_after_step} is beyond training.steps={t.steps}")
+    if cfg.checkpoint.load_step < -1:
+        raise ConfigError(f"checkpoint.load_step={cfg.checkpoint.load_step} must be -1 (newest) or a step number")
+    parts = {"model", "optimizer", "lr_scheduler", "dataloader", "train_state", "rng"}
+    unknown = sorted(set(cfg.checkpoint.exclude_from_loading) - parts)
+    if unknown:
+        raise ConfigError(f"checkpoint.exclude_from_loading names {unknown}; use some of: {', '.join(sorted(parts))}")
     if t.dataset == "local" and not t.dataset_path:
         raise ConfigError("training.dataset='local' needs training.dataset_path (a .txt/.jsonl/.parquet file or folder)")
 
@@ -404,6 +451,8 @@ def _toml_value(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, str):
         return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     return repr(value)
 
 

@@ -84,14 +84,14 @@ def peak_memory_gib(device: torch.device) -> tuple[float, float | None]:
 class Throughput:
     """Tokens and time since the last log, counting only steps after the warm-up."""
 
-    warmup_steps: int
+    warmup_steps: int  # counted from the start of this process, so a resumed run warms up too
     tokens: int = 0
     seconds: float = 0.0
     step_seconds: list = field(default_factory=list)
 
-    def add(self, step: int, tokens: int, seconds: float) -> None:
+    def add(self, tokens: int, seconds: float) -> None:
         self.step_seconds.append(seconds)
-        if step > self.warmup_steps:
+        if len(self.step_seconds) > self.warmup_steps:
             self.tokens += tokens
             self.seconds += seconds
 

@@ -15,11 +15,32 @@ from torch.distributed.tensor import DTensor
 from titanlite.config import LRScheduler, Optimizer
 
 
-def build_optimizer(model_parts: list[nn.Module], cfg: Optimizer, device_type: str) -> torch.optim.Optimizer:
-    """AdamW with weight decay on matrices and embeddings only; built after sharding so its state is sharded too.
+class Optimizers:
+    """One AdamW per model part (the whole model, or each local pipeline stage), stepped together.
 
-    model_parts: the model, or this rank's pipeline stages."""
-    params = [p for part in model_parts for p in part.parameters() if p.requires_grad]
+    One optimizer per part keeps each part's optimizer state addressable by that part's parameter
+    names, which is what layout-independent checkpoints are keyed by."""
+
+    def __init__(self, model_parts: list[nn.Module], cfg: Optimizer, device_type: str):
+        self.model_parts = model_parts
+        self.optimizers = [build_adamw(part, cfg, device_type) for part in model_parts]
+
+    @property
+    def param_groups(self) -> list[dict]:
+        return self.optimizers[0].param_groups
+
+    def step(self) -> None:
+        for optimizer in self.optimizers:
+            optimizer.step()
+
+    def zero_grad(self) -> None:
+        for optimizer in self.optimizers:
+            optimizer.zero_grad(set_to_none=True)
+
+
+def build_adamw(model: nn.Module, cfg: Optimizer, device_type: str) -> torch.optim.Optimizer:
+    """AdamW with weight decay on matrices and embeddings only; built after sharding so its state is sharded too."""
+    params = [p for p in model.parameters() if p.requires_grad]
     decay = [p for p in params if p.ndim >= 2]
     no_decay = [p for p in params if p.ndim < 2]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
@@ -52,8 +73,24 @@ def lr_factor(step: int, cfg: LRScheduler, total_steps: int) -> float:
     return cfg.min_lr_factor + (1.0 - cfg.min_lr_factor) * shape
 
 
-def build_lr_scheduler(optimizer: torch.optim.Optimizer, cfg: LRScheduler, total_steps: int):
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, cfg, total_steps))
+class LRSchedulers:
+    """The same warm-up/decay schedule on every optimizer of an Optimizers; its state is one step count."""
+
+    def __init__(self, optimizers: Optimizers, cfg: LRScheduler, total_steps: int):
+        self.schedulers = [
+            torch.optim.lr_scheduler.LambdaLR(o, lambda step: lr_factor(step, cfg, total_steps)) for o in optimizers.optimizers
+        ]
+
+    def step(self) -> None:
+        for scheduler in self.schedulers:
+            scheduler.step()
+
+    def state_dict(self) -> dict:
+        return self.schedulers[0].state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        for scheduler in self.schedulers:
+            scheduler.load_state_dict(state)
 
 
 @torch.no_grad()

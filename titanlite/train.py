@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import traceback
@@ -123,6 +124,30 @@ def build_pipeline(cfg: JobConfig, plan: Plan, model, parts, mesh, device: torch
     )
 
 
+def build_checkpointer(cfg: JobConfig, run_dir: Path, model, parts, plan: Plan, optimizer, lr_scheduler, loader, mesh, say):
+    from titanlite.checkpoint import Checkpointer
+
+    # Under PP a tied embedding's copy lives in the last stage's part as output.weight.
+    tied_copy_parts = set()
+    if plan.pipeline and model.args.tie_embeddings:
+        tied_copy_parts = {i for i, part in enumerate(parts) if part.output is not None and part.tok_embeddings is None}
+    return Checkpointer(
+        cfg.checkpoint, run_dir, parts, optimizer, lr_scheduler, loader,
+        tied_copy_parts=tied_copy_parts,
+        final_step=cfg.training.stop_after_step or cfg.training.steps,
+        say=say,
+    )
+
+
+def keep_metrics_up_to(path: Path, step: int) -> None:
+    """A fresh run starts a fresh record; a resumed one keeps the records up to the step it resumed from
+    (later ones belong to the interrupted attempt and will be written again)."""
+    if not path.exists():
+        return
+    kept = [line for line in path.read_text().splitlines() if step and json.loads(line)["step"] <= step]
+    path.write_text("".join(line + "\n" for line in kept))
+
+
 def init_distributed(world_size: int) -> torch.device:
     if torch.cuda.is_available():
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
@@ -150,7 +175,7 @@ def set_determinism(cfg: JobConfig) -> None:
 
 def run(cfg: JobConfig) -> None:
     from titanlite.metrics import MetricsLogger, count_params, device_peak_tflops, flops_per_token
-    from titanlite.optim import build_lr_scheduler, build_optimizer
+    from titanlite.optim import LRSchedulers, Optimizers
     from titanlite.parallel.parallelize import DTYPES, loss_parallel_enabled
     from titanlite.trainer import StepFigures, Trainer, autocast_for
 
@@ -166,14 +191,18 @@ def run(cfg: JobConfig) -> None:
     loader = build_loader(cfg, windows, mesh, plan, device)
     plain_model, parts = build_model(cfg, tokenizer.vocab_size, plan, mesh, device)
     pipeline = build_pipeline(cfg, plan, plain_model, parts, mesh, device) if plan.pipeline else None
-    optimizer = build_optimizer(parts, cfg.optimizer, device.type)
-    lr_scheduler = build_lr_scheduler(optimizer, cfg.lr_scheduler, cfg.training.steps)
+    optimizer = Optimizers(parts, cfg.optimizer, device.type)
+    lr_scheduler = LRSchedulers(optimizer, cfg.lr_scheduler, cfg.training.steps)
 
     run_dir = Path(cfg.job.dump_folder) / cfg.job.name
     if rank == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.toml").write_text(to_toml(cfg))
-        (run_dir / "metrics.jsonl").unlink(missing_ok=True)  # a fresh run starts a fresh record
+    checkpointer = build_checkpointer(cfg, run_dir, plain_model, parts, plan, optimizer, lr_scheduler, loader, mesh, say)
+    train_state = {"step": 0, "tokens_seen": 0}
+    checkpointer.load(train_state)
+    if rank == 0:
+        keep_metrics_up_to(run_dir / "metrics.jsonl", train_state["step"])
     n_params = count_params(plain_model)
     param_dtype = DTYPES[cfg.training.mixed_precision_param] if device.type == "cuda" else torch.float32
     say(f"titanlite: {cfg.job.name} {cfg.job.description}".rstrip())
@@ -213,8 +242,11 @@ def run(cfg: JobConfig) -> None:
         autocast=autocast_for(device, parts[0], param_dtype),
         loss_parallel=loss_parallel_enabled(plan.dims, cfg.parallelism),
         pipeline=pipeline,
+        checkpointer=checkpointer,
     )
-    trainer.train(cfg.training.steps)
+    trainer.step, trainer.tokens_seen = train_state["step"], train_state["tokens_seen"]
+    trainer.train(cfg.training.steps, cfg.training.stop_after_step)
+    checkpointer.close()
     trainer.logger.close()
     say(f"  done: {cfg.training.steps} steps; metrics in {run_dir / 'metrics.jsonl'}")
 

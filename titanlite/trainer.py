@@ -53,7 +53,8 @@ class Pipeline:
 class Trainer:
     def __init__(self, model_parts: list[nn.Module], optimizer, lr_scheduler, loader, *, grad_accum_steps, max_norm,
                  device, loss_group, figures: StepFigures, logger: MetricsLogger, log_freq: int,
-                 throughput_warmup_steps: int, autocast, loss_parallel: bool = False, pipeline: Pipeline | None = None):
+                 throughput_warmup_steps: int, autocast, loss_parallel: bool = False, pipeline: Pipeline | None = None,
+                 checkpointer=None):
         self.model_parts, self.optimizer, self.lr_scheduler, self.loader = model_parts, optimizer, lr_scheduler, loader
         self.params = [p for part in model_parts for p in part.parameters() if p.requires_grad]
         duplicate = pipeline.tied_sync.duplicate if pipeline and pipeline.tied_sync else None
@@ -68,22 +69,33 @@ class Trainer:
         self.loss_context = tp_loss_parallel if loss_parallel else contextlib.nullcontext
         self.pipeline = pipeline
         self.pipeline_idle = 0.0
+        self.checkpointer = checkpointer
         self.step = 0
+        self.tokens_seen = 0
 
-    def train(self, total_steps: int) -> None:
+    @property
+    def train_state(self) -> dict:
+        return {"step": self.step, "tokens_seen": self.tokens_seen}
+
+    def train(self, total_steps: int, stop_after_step: int = 0) -> None:
+        """Run from the current (possibly resumed) step to `total_steps`, or stop after `stop_after_step`."""
+        last = min(stop_after_step or total_steps, total_steps)
         batches = iter(self.loader)
         reset_peak_memory(self.device)
-        while self.step < total_steps:
+        while self.step < last:
             start = time.perf_counter()
             micro_batches = [next(batches) for _ in range(self.grad_accum_steps)]
             lr = self.optimizer.param_groups[0]["lr"]
-            will_log = (self.step + 1) % self.log_freq == 0 or self.step + 1 == total_steps
+            will_log = (self.step + 1) % self.log_freq == 0 or self.step + 1 == last
             loss, grad_norm = self.train_step(micro_batches, measure=will_log)
             self.step += 1
+            self.tokens_seen += self.figures.tokens_per_step
             elapsed = time.perf_counter() - start
-            self.throughput.add(self.step, self.figures.tokens_per_step, elapsed)
+            self.throughput.add(self.figures.tokens_per_step, elapsed)
             if will_log:
-                self.log(loss, grad_norm, lr, total_steps)
+                self.log(loss, grad_norm, lr, last)
+            if self.checkpointer is not None:
+                self.checkpointer.maybe_save(self.step, self.train_state)
 
     def train_step(self, micro_batches, measure: bool = False) -> tuple[float, float]:
         for part in self.model_parts:
@@ -98,7 +110,7 @@ class Trainer:
             self.params, self.max_norm, norm_params=self.norm_params, pp_group=self.pipeline and self.pipeline.group
         )
         self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad()
         self.lr_scheduler.step()
         return self.reduce_loss(step_loss).item(), grad_norm.item()
 
