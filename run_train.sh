@@ -29,7 +29,7 @@ launch=(--nproc-per-node "$NGPU" --max-restarts "$MAX_RESTARTS")
 if [ -n "${RDZV_ENDPOINT:-}" ] || [ "$NNODES" != 1 ]; then
   launch+=(--nnodes "$NNODES" --rdzv-backend c10d --rdzv-endpoint "${RDZV_ENDPOINT:?set RDZV_ENDPOINT=host:port for multi-node}"
            --rdzv-id "${RDZV_ID:-titanlite}" --rdzv-conf last_call_timeout=1)
-  [ -z "${NODE_RANK:-}" ] || launch+=(--node-rank "$NODE_RANK")
+  # NODE_RANK is accepted but not passed: the c10d rendezvous assigns node ranks itself (and warns if given one).
 else
   launch+=(--standalone)
 fi

@@ -80,6 +80,7 @@ class Checkpointer:
         self.say = say
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.pending = None  # (future, step) of an async save in flight
+        self.saved_step = -1
         self.mode = cfg.async_mode
         if self.mode == "async_with_pinned_mem" and not torch.cuda.is_available():
             say("  checkpoint: async_with_pinned_mem needs CUDA; saving with async_mode = 'async' instead")
@@ -117,11 +118,15 @@ class Checkpointer:
 
     # ---- saving ------------------------------------------------------------------------------
 
-    def maybe_save(self, step: int, train_state: dict) -> None:
-        """Save on the interval and always at the final step (training.steps or stop_after_step)."""
+    def maybe_save(self, step: int, train_state: dict, force: bool = False) -> None:
+        """Save on the interval, always at the final step (training.steps or stop_after_step), and when
+        forced (preemption); a step already saved is not saved again."""
         if not self.cfg.enable:
             return
-        last = step == self.final_step
+        last = step == self.final_step or force
+        if force and self.saved_step == step:
+            self.wait()
+            return
         if step % self.cfg.interval and not last:
             self.poll()
             return
@@ -135,6 +140,7 @@ class Checkpointer:
 
     def save(self, step: int, state: dict, *, model_only: bool) -> None:
         self.wait()  # one save in flight at a time
+        self.saved_step = step
         final, tmp = step_dir(self.run_dir, step), self.run_dir / f"step-{step}.tmp"
         if self.rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)  # left over from a save that was interrupted

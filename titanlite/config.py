@@ -74,6 +74,8 @@ class Training:
     """Parameter/compute dtype on CUDA (FSDP MixedPrecisionPolicy, autocast otherwise). CPU runs use float32."""
     mixed_precision_reduce: Literal["float32", "bfloat16"] = "float32"
     """Gradient reduction dtype for FSDP on CUDA."""
+    skip_nonfinite_steps: bool = False
+    """On a NaN/inf loss or gradient norm, skip that step's update and go on, instead of stopping the run."""
     stop_after_step: int = 0
     """End the run after this step, with a checkpoint, without changing the LR schedule that `steps`
     sets (for jobs split into fixed-length allocations); 0 runs to `steps`."""
@@ -180,6 +182,14 @@ class Checkpoint:
 
 
 @dataclass
+class Comm:
+    init_timeout_seconds: float = 300.0
+    """Timeout of collectives until the first step ends (start-up, compilation, checkpoint loading)."""
+    train_timeout_seconds: float = 100.0
+    """Timeout of each collective after the first step: a dead or hung peer stops the job within this time."""
+
+
+@dataclass
 class Metrics:
     log_freq: int = 10
     """Log every this many steps (and always the last step)."""
@@ -201,6 +211,7 @@ class JobConfig:
     lr_scheduler: LRScheduler = field(default_factory=LRScheduler)
     parallelism: Parallelism = field(default_factory=Parallelism)
     checkpoint: Checkpoint = field(default_factory=Checkpoint)
+    comm: Comm = field(default_factory=Comm)
     metrics: Metrics = field(default_factory=Metrics)
 
 
@@ -398,6 +409,9 @@ def validate_values(cfg: JobConfig) -> None:
     for key, value in non_negative.items():
         if value < 0:
             raise ConfigError(f"{key}={value} must not be negative")
+    for key in ("init_timeout_seconds", "train_timeout_seconds"):
+        if not getattr(cfg.comm, key) > 0:
+            raise ConfigError(f"comm.{key}={getattr(cfg.comm, key)} must be positive")
     if not cfg.optimizer.lr > 0:
         raise ConfigError(f"optimizer.lr={cfg.optimizer.lr} must be positive")
     if not 0 <= cfg.lr_scheduler.min_lr_factor <= 1:

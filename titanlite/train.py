@@ -148,7 +148,7 @@ def keep_metrics_up_to(path: Path, step: int) -> None:
     path.write_text("".join(line + "\n" for line in kept))
 
 
-def init_distributed(world_size: int) -> torch.device:
+def init_distributed(world_size: int, init_timeout_seconds: float) -> torch.device:
     if torch.cuda.is_available():
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
         torch.cuda.set_device(device)
@@ -156,7 +156,7 @@ def init_distributed(world_size: int) -> torch.device:
         device = torch.device("cpu")
     if world_size > 1:
         backend = "nccl" if device.type == "cuda" else "gloo"
-        dist.init_process_group(backend, timeout=timedelta(minutes=10), device_id=device if device.type == "cuda" else None)
+        dist.init_process_group(backend, timeout=timedelta(seconds=init_timeout_seconds), device_id=device if device.type == "cuda" else None)
     return device
 
 
@@ -177,13 +177,14 @@ def run(cfg: JobConfig) -> None:
     from titanlite.metrics import MetricsLogger, count_params, device_peak_tflops, flops_per_token
     from titanlite.optim import LRSchedulers, Optimizers
     from titanlite.parallel.parallelize import DTYPES, loss_parallel_enabled
-    from titanlite.trainer import StepFigures, Trainer, autocast_for
+    from titanlite.resilience import Faults, StopOnSignal
+    from titanlite.trainer import Resilience, StepFigures, Trainer, autocast_for
 
     world_size = int(os.environ.get("WORLD_SIZE", 1))
     rank = int(os.environ.get("RANK", 0))
     plan = plan_run(cfg, world_size)
     set_determinism(cfg)
-    device = init_distributed(world_size)
+    device = init_distributed(world_size, cfg.comm.init_timeout_seconds)
     say = print if rank == 0 else (lambda *a, **k: None)
 
     mesh = plan.dims.build_mesh(device.type)
@@ -243,6 +244,12 @@ def run(cfg: JobConfig) -> None:
         loss_parallel=loss_parallel_enabled(plan.dims, cfg.parallelism),
         pipeline=pipeline,
         checkpointer=checkpointer,
+        resilience=Resilience(
+            stop=StopOnSignal(device),
+            faults=Faults(os.environ.get("TITANLITE_FAULT", ""), rank),
+            skip_nonfinite_steps=cfg.training.skip_nonfinite_steps,
+            train_timeout_seconds=cfg.comm.train_timeout_seconds,
+        ),
     )
     trainer.step, trainer.tokens_seen = train_state["step"], train_state["tokens_seen"]
     trainer.train(cfg.training.steps, cfg.training.stop_after_step)
@@ -256,12 +263,21 @@ def main(argv: list[str] | None = None) -> int:
     if "--help" in argv or "-h" in argv:
         print(help_text())
         return 0
+    from titanlite.resilience import NonFiniteLoss, Preempted
+
     try:
         run(parse_config(argv))
         code = 0
     except ConfigError as e:
         print(f"titanlite: error: {e}", file=sys.stderr, flush=True)
         code = 2
+    except NonFiniteLoss as e:
+        print(f"titanlite: error: {e}; stopping without updating the weights (the last checkpoint is intact; "
+              f"resume with a lower optimizer.lr, or set training.skip_nonfinite_steps)", file=sys.stderr, flush=True)
+        code = 3
+    except Preempted as e:
+        print(f"titanlite: {e}; run the same command to resume", flush=True)
+        code = 128 + e.signum
     return code
 
 

@@ -20,6 +20,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from titanlite.metrics import MetricsLogger, Throughput, peak_memory_gib, reset_peak_memory
 from titanlite.optim import clip_grad_norm_
+from titanlite.resilience import Faults, NonFiniteLoss, Preempted, StopOnSignal, check_finite, set_train_timeout
 
 
 def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -35,6 +36,19 @@ class StepFigures:
     world_size: int
     flops_per_token: float
     peak_tflops: float | None
+
+
+@dataclass
+class Resilience:
+    """What the loop needs to survive the cluster (titanlite/resilience.py)."""
+
+    stop: StopOnSignal | None = None
+    faults: Faults | None = None
+    skip_nonfinite_steps: bool = False
+    train_timeout_seconds: float = 0.0
+
+    def loss_scale(self, step: int) -> float:
+        return self.faults.loss_scale(step) if self.faults is not None else 1.0
 
 
 @dataclass
@@ -54,7 +68,7 @@ class Trainer:
     def __init__(self, model_parts: list[nn.Module], optimizer, lr_scheduler, loader, *, grad_accum_steps, max_norm,
                  device, loss_group, figures: StepFigures, logger: MetricsLogger, log_freq: int,
                  throughput_warmup_steps: int, autocast, loss_parallel: bool = False, pipeline: Pipeline | None = None,
-                 checkpointer=None):
+                 checkpointer=None, resilience: Resilience | None = None):
         self.model_parts, self.optimizer, self.lr_scheduler, self.loader = model_parts, optimizer, lr_scheduler, loader
         self.params = [p for part in model_parts for p in part.parameters() if p.requires_grad]
         duplicate = pipeline.tied_sync.duplicate if pipeline and pipeline.tied_sync else None
@@ -70,6 +84,7 @@ class Trainer:
         self.pipeline = pipeline
         self.pipeline_idle = 0.0
         self.checkpointer = checkpointer
+        self.resilience = resilience or Resilience()
         self.step = 0
         self.tokens_seen = 0
 
@@ -82,6 +97,7 @@ class Trainer:
         last = min(stop_after_step or total_steps, total_steps)
         batches = iter(self.loader)
         reset_peak_memory(self.device)
+        first = True
         while self.step < last:
             start = time.perf_counter()
             micro_batches = [next(batches) for _ in range(self.grad_accum_steps)]
@@ -96,6 +112,21 @@ class Trainer:
                 self.log(loss, grad_norm, lr, last)
             if self.checkpointer is not None:
                 self.checkpointer.maybe_save(self.step, self.train_state)
+            self.after_step(first)
+            first = False
+
+    def after_step(self, first: bool) -> None:
+        """Fault hooks, the tighter collective timeout once start-up is over, and preemption."""
+        r = self.resilience
+        if r.faults is not None:
+            r.faults.after_step(self.step)
+        if first and r.train_timeout_seconds:
+            set_train_timeout(r.train_timeout_seconds)
+        signum = r.stop.requested() if r.stop is not None else 0
+        if signum:
+            if self.checkpointer is not None:
+                self.checkpointer.maybe_save(self.step, self.train_state, force=True)
+            raise Preempted(signum, self.step)
 
     def train_step(self, micro_batches, measure: bool = False) -> tuple[float, float]:
         for part in self.model_parts:
@@ -106,13 +137,23 @@ class Trainer:
             step_loss = self.pipelined_forward_backward(micro_batches, measure)
             if self.pipeline.tied_sync is not None:
                 self.pipeline.tied_sync()
+        loss = self.reduce_loss(step_loss).item()
         grad_norm = clip_grad_norm_(
             self.params, self.max_norm, norm_params=self.norm_params, pp_group=self.pipeline and self.pipeline.group
-        )
+        ).item()
+        if not check_finite(loss, grad_norm):
+            # Checked before the update, so the weights (and the last checkpoint) stay good.
+            self.optimizer.zero_grad()
+            if not self.resilience.skip_nonfinite_steps:
+                raise NonFiniteLoss(f"loss {loss} / grad norm {grad_norm} at step {self.step + 1} is not finite")
+            if self.logger.active:
+                print(f"titanlite: step {self.step + 1}: loss {loss}, grad norm {grad_norm}; skipping its update", flush=True)
+            self.lr_scheduler.step()
+            return loss, grad_norm
         self.optimizer.step()
         self.optimizer.zero_grad()
         self.lr_scheduler.step()
-        return self.reduce_loss(step_loss).item(), grad_norm.item()
+        return loss, grad_norm
 
     def forward_backward(self, micro_batches) -> torch.Tensor:
         model = self.model_parts[0]
@@ -127,7 +168,8 @@ class Trainer:
                     # Every window has exactly seq_len targets, so each micro-batch's token mean divided
                     # by the micro-batch count, then averaged over dp ranks (DDP/FSDP reduce by mean), is
                     # the mean over all target tokens of the global batch.
-                    loss = cross_entropy(logits, labels) / len(micro_batches)
+                    scale = self.resilience.loss_scale(self.step + 1) / len(micro_batches)
+                    loss = cross_entropy(logits, labels) * scale
                     loss.backward()
             step_loss += local_value(loss)
         return step_loss
@@ -152,7 +194,7 @@ class Trainer:
         p.timer.enabled = False
         if not p.has_last:
             return torch.zeros((), device=self.device)
-        return torch.stack([local_value(loss) for loss in losses]).mean()
+        return torch.stack([local_value(loss) for loss in losses]).mean() * self.resilience.loss_scale(self.step + 1)
 
     def reduce_loss(self, step_loss: torch.Tensor) -> torch.Tensor:
         """The global mean: from the last pipeline stage to every rank, then averaged over dp."""

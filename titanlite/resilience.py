@@ -1,0 +1,95 @@
+"""Surviving the cluster: preemption signals, non-finite losses, collective timeouts, and the fault
+hooks the tests use to prove that a killed worker's job resumes exactly."""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import sys
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+
+class Preempted(Exception):
+    """The run stopped after a signal, with a checkpoint at the step it had reached."""
+
+    def __init__(self, signum: int, step: int):
+        super().__init__(f"stopped by {signal.Signals(signum).name} after step {step}")
+        self.signum = signum
+
+
+class NonFiniteLoss(Exception):
+    pass
+
+
+class StopOnSignal:
+    """SIGTERM/SIGINT ask the run to stop after the current step (with a checkpoint); a second one
+    leaves at once. Ranks receive signals at different moments, so they agree on the step through a
+    one-number all-reduce after every step."""
+
+    def __init__(self, device: torch.device):
+        self.signum, self.first_at = 0, 0.0
+        self.flag = torch.zeros(1, device=device)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self.handle)
+
+    def handle(self, signum, frame) -> None:
+        # Ctrl-C reaches the launcher and the workers, and the launcher then forwards a SIGTERM: a
+        # signal within a few seconds of the first is that echo, not a second request.
+        if self.signum and time.monotonic() - self.first_at < 3.0:
+            return
+        if self.signum:
+            print(f"titanlite: second {signal.Signals(signum).name}: leaving now", file=sys.stderr, flush=True)
+            os._exit(128 + signum)
+        self.signum, self.first_at = signum, time.monotonic()
+        print(f"titanlite: {signal.Signals(signum).name}: finishing this step, then saving a checkpoint", flush=True)
+
+    def requested(self) -> int:
+        """The signal number every rank agrees on (0: keep going)."""
+        self.flag.fill_(self.signum)
+        if dist.is_initialized():
+            dist.all_reduce(self.flag, op=dist.ReduceOp.MAX)
+        return int(self.flag.item())
+
+
+def check_finite(loss: float, grad_norm: float) -> bool:
+    """True when both are finite. Both are global values, identical on every rank, so every rank
+    reaches the same verdict without communicating."""
+    return math.isfinite(loss) and math.isfinite(grad_norm)
+
+
+def set_train_timeout(seconds: float) -> None:
+    """After the first step (start-up and compilation are covered by the longer init timeout), a
+    collective that waits longer than this fails, so a dead peer stops the job instead of hanging it."""
+    if not dist.is_initialized():
+        return
+    for group in list(dist.distributed_c10d._world.pg_map):
+        dist.distributed_c10d._set_pg_timeout(timedelta(seconds=seconds), group)
+
+
+class Faults:
+    """Test hooks, set by TITANLITE_FAULT (comma-separated): `kill@STEP:RANK` SIGKILLs that rank after
+    STEP on the first attempt only (so the restarted job can finish); `nan@STEP` makes that step's loss NaN."""
+
+    def __init__(self, spec: str, rank: int):
+        self.kill_step = self.nan_step = 0
+        first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+        for item in filter(None, (s.strip() for s in spec.split(","))):
+            what, _, where = item.partition("@")
+            step, _, kill_rank = where.partition(":")
+            if what == "kill" and int(kill_rank or 0) == rank and first_attempt:
+                self.kill_step = int(step)
+            elif what == "nan":
+                self.nan_step = int(step)
+
+    def after_step(self, step: int) -> None:
+        if step == self.kill_step:
+            print(f"titanlite: fault injection: killing this rank after step {step}", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def loss_scale(self, step: int) -> float:
+        return math.nan if step == self.nan_step else 1.0
