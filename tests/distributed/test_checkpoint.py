@@ -74,14 +74,18 @@ def test_resume_on_another_layout_continues_the_same_run(tmp_path, fsdp4_runs, l
     assert_close([r["loss"] for r in metrics(tmp_path)[10:]], [r["loss"] for r in metrics(straight)[10:]], 1e-5)
 
 
-def test_corrupt_checkpoint_is_skipped_for_the_previous_one(tmp_path, fsdp4_runs):
+@pytest.mark.parametrize("damage", ["truncated", "missing"])
+def test_damaged_checkpoint_is_skipped_for_the_previous_one(tmp_path, fsdp4_runs, damage):
     straight, stopped = fsdp4_runs
     dest = resume_copy(stopped, tmp_path)
     shutil.copytree(straight / "run" / "step-15", dest / "run" / "step-15")
     data = max((dest / "run" / "step-15").glob("*.distcp"), key=lambda p: p.stat().st_size)
-    os.truncate(data, data.stat().st_size // 2)  # a file cut short mid-way
+    if damage == "truncated":
+        os.truncate(data, data.stat().st_size // 2)  # a file cut short mid-way
+    else:
+        data.unlink()  # a file deleted
     proc = run("fsdp4", dest)
-    assert f"WARNING skipping {dest / 'run' / 'step-15'}: {data.name} is truncated" in proc.stdout
+    assert f"WARNING skipping {dest / 'run' / 'step-15'}: {data.name} is {damage}" in proc.stdout
     assert "resumed from" in proc.stdout and "at step 10" in proc.stdout
     assert [r["loss"] for r in metrics(dest)[10:]] == [r["loss"] for r in metrics(straight)[10:]]
 
