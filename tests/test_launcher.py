@@ -21,6 +21,8 @@ from tests.helpers import TINY, metrics, run_train_sh, torchrun
         (2, ["--parallelism.tensor_parallel_degree", "2", "--parallelism.enable_async_tensor_parallel"], "needs CUDA and torch.compile"),
         (2, ["--parallelism.pipeline_parallel_degree", "2", "--parallelism.pipeline_parallel_microbatch_size", "3"], "pipeline_parallel_microbatch_size=3 does not divide"),
         (4, ["--parallelism.pipeline_parallel_degree", "3"], "pipeline_parallel_degree=3 does not divide the world size 4"),
+        (2, ["--parallelism.tensor_parallel_degree", "2", "--compile.enable", "--activation_checkpoint.mode", "full"], "fails inside torch 2.13"),
+        (1, ["--compile.components", "model,optimizer"], "compile.components names ['optimizer']"),
         (1, ["--training.seq_len", "100000000"], "too few for training.seq_len=100000000"),
         (1, ["--training.dataset", "local", "--training.dataset_path", "/nonexistent"], "dataset_path='/nonexistent' does not exist"),
     ],

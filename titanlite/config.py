@@ -158,6 +158,27 @@ class Parallelism:
 
 
 @dataclass
+class ActivationCheckpoint:
+    mode: Literal["none", "full", "selective_layer", "selective_op"] = "none"
+    """Recompute activations in backward instead of keeping them: 'full' for every block,
+    'selective_layer' for every selective_ac_option-th block, 'selective_op' keeps matmul and attention
+    outputs and recomputes the cheap ops in between."""
+    selective_ac_option: int = 2
+    """With mode 'selective_layer': checkpoint every this many blocks (1 = every block)."""
+
+
+@dataclass
+class Compile:
+    enable: bool = False
+    """torch.compile each transformer block (fullgraph), and the loss if components names it."""
+    components: list[str] = field(default_factory=lambda: ["model", "loss"])
+    """What to compile: 'model' (per block) and/or 'loss'."""
+    backend: str = "inductor"
+    """torch.compile backend: 'inductor' generates kernels (CUDA and CPU); 'aot_eager' only traces,
+    which compiles in seconds and suits correctness checks."""
+
+
+@dataclass
 class Checkpoint:
     enable: bool = False
     """Save DCP checkpoints to step-<N>/ in the run folder, and resume from the newest complete one."""
@@ -210,6 +231,8 @@ class JobConfig:
     optimizer: Optimizer = field(default_factory=Optimizer)
     lr_scheduler: LRScheduler = field(default_factory=LRScheduler)
     parallelism: Parallelism = field(default_factory=Parallelism)
+    activation_checkpoint: ActivationCheckpoint = field(default_factory=ActivationCheckpoint)
+    compile: Compile = field(default_factory=Compile)
     checkpoint: Checkpoint = field(default_factory=Checkpoint)
     comm: Comm = field(default_factory=Comm)
     metrics: Metrics = field(default_factory=Metrics)
@@ -421,6 +444,11 @@ def validate_values(cfg: JobConfig) -> None:
             raise ConfigError(f"optimizer.{key}={getattr(cfg.optimizer, key)} must be in [0, 1)")
     if t.stop_after_step > t.steps:
         raise ConfigError(f"training.stop_after_step={t.stop_after_step} is beyond training.steps={t.steps}")
+    if cfg.activation_checkpoint.selective_ac_option < 1:
+        raise ConfigError(f"activation_checkpoint.selective_ac_option={cfg.activation_checkpoint.selective_ac_option} must be at least 1")
+    unknown = sorted(set(cfg.compile.components) - {"model", "loss"})
+    if unknown:
+        raise ConfigError(f"compile.components names {unknown}; use some of: loss, model")
     if cfg.checkpoint.load_step < -1:
         raise ConfigError(f"checkpoint.load_step={cfg.checkpoint.load_step} must be -1 (newest) or a step number")
     parts = {"model", "optimizer", "lr_scheduler", "dataloader", "train_state", "rng"}

@@ -44,6 +44,13 @@ def plan_run(cfg: JobConfig, world_size: int) -> Plan:
     vocab_size = build_tokenizer(m.tokenizer).vocab_size
     args = model_args(m.name, m.flavor, vocab_size, cfg.training.seq_len, m.n_layers)
     check_tp_degree(dims.tp, args, cfg.training.seq_len)
+    compiles_blocks = cfg.compile.enable and "model" in cfg.compile.components
+    if dims.tp_enabled and compiles_blocks and cfg.activation_checkpoint.mode != "none":
+        raise ConfigError(
+            "activation_checkpoint.mode with compile.enable under tensor parallelism fails inside torch 2.13 "
+            "(a DeviceMesh among the tensors saved for backward); set activation_checkpoint.mode = 'none' or "
+            "compile.enable = false"
+        )
     if cfg.parallelism.enable_async_tensor_parallel:
         raise ConfigError(
             "parallelism.enable_async_tensor_parallel needs CUDA and torch.compile, which titanlite does not "
@@ -96,20 +103,23 @@ def build_model(cfg: JobConfig, vocab_size: int, plan: Plan, mesh, device: torch
     with torch.device("meta"):
         model = build_plain_model(cfg.model.name, cfg.model.flavor, vocab_size, cfg.training.seq_len, cfg.model.n_layers)
     parts = split_model(model, plan.pipeline, mesh["pp"].get_local_rank()) if plan.pipeline else [model]
-    parts = [parallelize(part, plan.dims, mesh, cfg.parallelism, cfg.training, device) for part in parts]
+    parts = [
+        parallelize(part, plan.dims, mesh, cfg.parallelism, cfg.training, device, cfg.activation_checkpoint, cfg.compile)
+        for part in parts
+    ]
     for part in parts:
         materialize(part, device, cfg.training.seed)
     return model, [wrap_ddp(part, plan.dims, mesh) for part in parts]
 
 
-def build_pipeline(cfg: JobConfig, plan: Plan, model, parts, mesh, device: torch.device):
+def build_pipeline(cfg: JobConfig, plan: Plan, model, parts, mesh, device: torch.device, loss_fn):
     """The schedule over this rank's stages, with the tied-embedding sync and the stage timer."""
     from titanlite.parallel.pipeline import StageTimer, TiedEmbeddingSync, build_schedule
-    from titanlite.trainer import Pipeline, cross_entropy
+    from titanlite.trainer import Pipeline
 
     pp_rank, group = mesh["pp"].get_local_rank(), mesh["pp"].get_group()
     schedule, stages = build_schedule(
-        parts, plan.pipeline, group, pp_rank, device, cross_entropy, cfg.parallelism.pipeline_parallel_schedule_csv
+        parts, plan.pipeline, group, pp_rank, device, loss_fn, cfg.parallelism.pipeline_parallel_schedule_csv
     )
     stage_ids = plan.pipeline.stage_ids(pp_rank)
     tied = model.args.tie_embeddings
@@ -178,7 +188,8 @@ def run(cfg: JobConfig) -> None:
     from titanlite.optim import LRSchedulers, Optimizers
     from titanlite.parallel.parallelize import DTYPES, loss_parallel_enabled
     from titanlite.resilience import Faults, StopOnSignal
-    from titanlite.trainer import Resilience, StepFigures, Trainer, autocast_for
+    from titanlite.parallel.compile import compiled_loss
+    from titanlite.trainer import Resilience, StepFigures, Trainer, autocast_for, cross_entropy
 
     world_size = int(os.environ.get("WORLD_SIZE", 1))
     rank = int(os.environ.get("RANK", 0))
@@ -191,7 +202,11 @@ def run(cfg: JobConfig) -> None:
     tokenizer, windows = build_data(cfg)
     loader = build_loader(cfg, windows, mesh, plan, device)
     plain_model, parts = build_model(cfg, tokenizer.vocab_size, plan, mesh, device)
-    pipeline = build_pipeline(cfg, plan, plain_model, parts, mesh, device) if plan.pipeline else None
+    loss_parallel = loss_parallel_enabled(plan.dims, cfg.parallelism)
+    loss_fn = compiled_loss(cross_entropy, cfg.compile, loss_parallel)
+    if loss_fn is cross_entropy and cfg.compile.enable and "loss" in cfg.compile.components:
+        say("  compile: the loss stays eager under loss parallelism (torch 2.13 computes it wrongly when compiled)")
+    pipeline = build_pipeline(cfg, plan, plain_model, parts, mesh, device, loss_fn) if plan.pipeline else None
     optimizer = Optimizers(parts, cfg.optimizer, device.type)
     lr_scheduler = LRSchedulers(optimizer, cfg.lr_scheduler, cfg.training.steps)
 
@@ -241,9 +256,10 @@ def run(cfg: JobConfig) -> None:
         log_freq=cfg.metrics.log_freq,
         throughput_warmup_steps=cfg.metrics.throughput_warmup_steps,
         autocast=autocast_for(device, parts[0], param_dtype),
-        loss_parallel=loss_parallel_enabled(plan.dims, cfg.parallelism),
+        loss_parallel=loss_parallel,
         pipeline=pipeline,
         checkpointer=checkpointer,
+        loss_fn=loss_fn,
         resilience=Resilience(
             stop=StopOnSignal(device),
             faults=Faults(os.environ.get("TITANLITE_FAULT", ""), rank),

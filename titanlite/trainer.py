@@ -68,7 +68,7 @@ class Trainer:
     def __init__(self, model_parts: list[nn.Module], optimizer, lr_scheduler, loader, *, grad_accum_steps, max_norm,
                  device, loss_group, figures: StepFigures, logger: MetricsLogger, log_freq: int,
                  throughput_warmup_steps: int, autocast, loss_parallel: bool = False, pipeline: Pipeline | None = None,
-                 checkpointer=None, resilience: Resilience | None = None):
+                 checkpointer=None, resilience: Resilience | None = None, loss_fn=cross_entropy):
         self.model_parts, self.optimizer, self.lr_scheduler, self.loader = model_parts, optimizer, lr_scheduler, loader
         self.params = [p for part in model_parts for p in part.parameters() if p.requires_grad]
         duplicate = pipeline.tied_sync.duplicate if pipeline and pipeline.tied_sync else None
@@ -85,6 +85,7 @@ class Trainer:
         self.pipeline_idle = 0.0
         self.checkpointer = checkpointer
         self.resilience = resilience or Resilience()
+        self.loss_fn = loss_fn
         self.step = 0
         self.tokens_seen = 0
 
@@ -169,7 +170,7 @@ class Trainer:
                     # by the micro-batch count, then averaged over dp ranks (DDP/FSDP reduce by mean), is
                     # the mean over all target tokens of the global batch.
                     scale = self.resilience.loss_scale(self.step + 1) / len(micro_batches)
-                    loss = cross_entropy(logits, labels) * scale
+                    loss = self.loss_fn(logits, labels) * scale
                     loss.backward()
             step_loss += local_value(loss)
         return step_loss

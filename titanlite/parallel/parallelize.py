@@ -1,7 +1,7 @@
 """The one place that turns a plain model into a parallel one, in a fixed order, then materialises it.
 
 Order (ARCHITECTURE.md): tensor parallel → float8 → activation checkpointing → compile → FSDP/HSDP or DDP.
-Float8, activation checkpointing and compile slot in between as they land.
+Float8 slots in after tensor parallelism as it lands.
 """
 
 from __future__ import annotations
@@ -10,8 +10,10 @@ import torch
 import torch.nn as nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from titanlite.config import Parallelism, Training
+from titanlite.config import ActivationCheckpoint, Compile, Parallelism, Training
 from titanlite.models.registry import param_seed
+from titanlite.parallel.activation_checkpoint import apply_ac
+from titanlite.parallel.compile import apply_compile
 from titanlite.parallel.data_parallel import apply_ddp, apply_fsdp
 from titanlite.parallel.dims import ParallelDims
 from titanlite.parallel.tensor_parallel import apply_tp
@@ -28,11 +30,14 @@ def reshard_after_forward(policy: str, pp_enabled: bool) -> bool:
 
 
 def parallelize(
-    model: nn.Module, dims: ParallelDims, mesh, parallelism: Parallelism, training: Training, device: torch.device
+    model: nn.Module, dims: ParallelDims, mesh, parallelism: Parallelism, training: Training, device: torch.device,
+    ac: ActivationCheckpoint, compile_cfg: Compile,
 ) -> nn.Module:
     """Apply the parallelisms to a model still on the meta device; returns the (possibly wrapped) model."""
     if dims.tp_enabled:
         apply_tp(model, mesh["tp"], loss_parallel=loss_parallel_enabled(dims, parallelism))
+    apply_ac(model, ac)
+    apply_compile(model, compile_cfg)
     if dims.fsdp_enabled:
         dp_mesh = mesh[("dp_replicate", "dp_shard")] if dims.dp_replicate > 1 else mesh["dp_shard"]
         cuda = device.type == "cuda"
@@ -63,6 +68,14 @@ def materialize(model: nn.Module, device: torch.device, seed: int) -> None:
     init_weights(model, seed)
 
 
+def canonical_name(name: str) -> str:
+    """A parameter's name without the components activation checkpointing and compile insert, so that
+    they do not change which generator seeds it."""
+    for wrapper in ("_checkpoint_wrapped_module.", "_orig_mod."):
+        name = name.replace(wrapper, "")
+    return name
+
+
 @torch.no_grad()
 def init_weights(model: nn.Module, seed: int) -> None:
     """Fill every parameter so the full weights do not depend on the layout.
@@ -71,7 +84,8 @@ def init_weights(model: nn.Module, seed: int) -> None:
     name; a sharded parameter then keeps only its own slice. Seeding one stream after sharding instead
     would make the weights depend on the world size.
     """
-    for name, param in model.named_parameters():
+    for wrapped_name, param in model.named_parameters():
+        name = canonical_name(wrapped_name)
         full = torch.empty(param.shape, dtype=torch.float32, device=param.device)
         # A pipeline's last stage holds its own copy of a tied embedding as output.weight: seed it as the
         # embedding so both copies start equal.
