@@ -23,6 +23,8 @@ max_nodes=${NNODES##*:}  # NNODES may be elastic, min:max
 
 # Restarted workers must not reuse the dead workers' rendezvous store (CPU_DISTRIBUTED_NOTES.md).
 export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
+# CUDA allocator: growable segments fragment far less with FSDP's varying all-gather sizes (ignored on CPU).
+export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( $(nproc) / NGPU > 0 ? $(nproc) / NGPU : 1 ))}
 
 launch=(--nproc-per-node "$NGPU" --max-restarts "$MAX_RESTARTS")

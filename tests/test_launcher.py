@@ -23,6 +23,7 @@ from tests.helpers import TINY, metrics, run_train_sh, torchrun
         (4, ["--parallelism.pipeline_parallel_degree", "3"], "pipeline_parallel_degree=3 does not divide the world size 4"),
         (2, ["--parallelism.tensor_parallel_degree", "2", "--compile.enable", "--activation_checkpoint.mode", "full"], "fails inside torch 2.13"),
         (1, ["--compile.components", "model,optimizer"], "compile.components names ['optimizer']"),
+        (2, ["--training.enable_cpu_offload"], "no CUDA device here"),
         (1, ["--training.seq_len", "100000000"], "too few for training.seq_len=100000000"),
         (1, ["--training.dataset", "local", "--training.dataset_path", "/nonexistent"], "dataset_path='/nonexistent' does not exist"),
     ],
@@ -51,11 +52,12 @@ def test_run_folder_has_resolved_config_metrics_and_tensorboard(tmp_path):
     assert cfg["training"]["seq_len"] == 32 and cfg["metrics"]["enable_tensorboard"] is True
     records = metrics(tmp_path)
     assert [r["step"] for r in records] == [1, 2, 3, 4, 5]
-    for field in ("step", "loss", "grad_norm", "lr", "tps", "tflops", "mfu_pct", "mem_peak_gib", "elapsed_s"):
+    for field in ("step", "loss", "grad_norm", "lr", "tps", "tflops", "mfu_pct", "mem_peak_gib", "elapsed_s", "data_wait_pct"):
         assert all(field in r for r in records), field
     assert records[0]["tps"] is None and records[2]["tps"] > 0  # warm-up steps are not counted
     assert records[2]["mfu_pct"] is None  # no known peak for a CPU: not guessed
     assert records[-1]["mem_peak_gib"] > 0
+    assert all(0 <= r["data_wait_pct"] < 100 for r in records)
     assert list((run / "tb").glob("events.out.tfevents.*"))
     # every console line of a logged step carries the same figures
     assert "step      5  loss" in proc.stdout and "tps" in proc.stdout and "mfu n/a" in proc.stdout

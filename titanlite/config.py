@@ -74,6 +74,9 @@ class Training:
     """Parameter/compute dtype on CUDA (FSDP MixedPrecisionPolicy, autocast otherwise). CPU runs use float32."""
     mixed_precision_reduce: Literal["float32", "bfloat16"] = "float32"
     """Gradient reduction dtype for FSDP on CUDA."""
+    enable_cpu_offload: bool = False
+    """Keep FSDP's sharded parameters, gradients and optimizer state in host memory (ZeRO offload), for
+    models that do not fit even when sharded. Needs CUDA and FSDP (data_parallel_shard_degree > 1)."""
     skip_nonfinite_steps: bool = False
     """On a NaN/inf loss or gradient norm, skip that step's update and go on, instead of stopping the run."""
     stop_after_step: int = 0

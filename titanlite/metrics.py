@@ -88,8 +88,20 @@ class Throughput:
     tokens: int = 0
     seconds: float = 0.0
     step_seconds: list = field(default_factory=list)
+    data_wait: float = 0.0  # seconds spent waiting for batches since the last log
+    window: float = 0.0  # seconds of steps since the last log
+
+    def add_data_wait(self, seconds: float) -> None:
+        self.data_wait += seconds
+
+    def take_data_wait_pct(self) -> float | None:
+        """Share of step time spent waiting for the data loader since the last call (every step counts)."""
+        pct = 100.0 * self.data_wait / self.window if self.window > 0 else None
+        self.data_wait, self.window = 0.0, 0.0
+        return pct
 
     def add(self, tokens: int, seconds: float) -> None:
+        self.window += seconds
         self.step_seconds.append(seconds)
         if len(self.step_seconds) > self.warmup_steps:
             self.tokens += tokens
@@ -149,7 +161,7 @@ def format_line(r: dict) -> str:
     line = (
         f"step {r['step']:>6}  loss {r['loss']:.4f}  grad_norm {r['grad_norm']:.4f}  lr {r['lr']:.2e}  "
         f"tps {tps}  tflops {fmt(r['tflops'], '.2f')}  mfu {fmt(r['mfu_pct'], '.1f', '%')}  "
-        f"mem {r['mem_peak_gib']:.2f}GiB  eta {_duration(r['eta_s'])}"
+        f"mem {r['mem_peak_gib']:.2f}GiB  data {fmt(r.get('data_wait_pct'), '.1f', '%')}  eta {_duration(r['eta_s'])}"
     )
     if "pp_idle_pct" in r:
         analytic = fmt(r["pp_bubble_analytic"], ".2f")

@@ -51,6 +51,13 @@ def plan_run(cfg: JobConfig, world_size: int) -> Plan:
             "(a DeviceMesh among the tensors saved for backward); set activation_checkpoint.mode = 'none' or "
             "compile.enable = false"
         )
+    if cfg.training.enable_cpu_offload and not torch.cuda.is_available():
+        raise ConfigError("training.enable_cpu_offload moves FSDP shards between CUDA and host memory; there is no CUDA device here, set it to false")
+    if cfg.training.enable_cpu_offload and not dims.fsdp_enabled:
+        raise ConfigError(
+            "training.enable_cpu_offload offloads FSDP shards, but this layout has no FSDP "
+            f"(dp_shard = {dims.dp_shard}); use parallelism.data_parallel_shard_degree > 1 or set it to false"
+        )
     if cfg.parallelism.enable_async_tensor_parallel:
         raise ConfigError(
             "parallelism.enable_async_tensor_parallel needs CUDA and torch.compile, which titanlite does not "
@@ -108,7 +115,7 @@ def build_model(cfg: JobConfig, vocab_size: int, plan: Plan, mesh, device: torch
         for part in parts
     ]
     for part in parts:
-        materialize(part, device, cfg.training.seed)
+        materialize(part, device, cfg.training.seed, cpu_offload=cfg.training.enable_cpu_offload)
     return model, [wrap_ddp(part, plan.dims, mesh) for part in parts]
 
 

@@ -102,6 +102,7 @@ class Trainer:
         while self.step < last:
             start = time.perf_counter()
             micro_batches = [next(batches) for _ in range(self.grad_accum_steps)]
+            self.throughput.add_data_wait(time.perf_counter() - start)
             lr = self.optimizer.param_groups[0]["lr"]
             will_log = (self.step + 1) % self.log_freq == 0 or self.step + 1 == last
             loss, grad_norm = self.train_step(micro_batches, measure=will_log)
@@ -234,6 +235,7 @@ class Trainer:
             "mem_peak_gib": mem_peak,
             "mem_reserved_gib": mem_reserved,
             "eta_s": self.throughput.eta_seconds(total_steps - self.step),
+            "data_wait_pct": self.throughput.take_data_wait_pct(),
         }
         if self.pipeline is not None:
             record |= self.bubble_figures()

@@ -124,3 +124,20 @@ def test_readme_documents_every_config_key():
     for section in ("job", "model", "training", "data", "optimizer", "lr_scheduler", "parallelism", "metrics"):
         for name in type(getattr(JobConfig(), section)).__dataclass_fields__:
             assert f"`{section}.{name}`" in readme, f"README.md does not document {section}.{name}"
+
+
+def test_cpu_offload_needs_cuda_and_fsdp(monkeypatch):
+    import torch
+
+    from titanlite.train import plan_run
+
+    cfg = parse_config(["--training.enable_cpu_offload"])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match="no CUDA device here"):
+        plan_run(cfg, world_size=2)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    ddp = parse_config(["--training.enable_cpu_offload", "--parallelism.data_parallel_replicate_degree", "2",
+                        "--parallelism.data_parallel_shard_degree", "1"])
+    with pytest.raises(ConfigError, match="this layout has no FSDP"):
+        plan_run(ddp, world_size=2)
+    assert plan_run(cfg, world_size=2).dims.dp_shard == 2  # FSDP on a CUDA machine: accepted

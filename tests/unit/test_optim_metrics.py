@@ -63,3 +63,12 @@ def test_throughput_excludes_warmup_steps():
     t.add(1000, 1.0)
     t.add(1000, 1.0)
     assert t.take() == pytest.approx(1000.0)
+
+
+def test_data_wait_share_of_step_time():
+    t = Throughput(warmup_steps=0)
+    t.add_data_wait(0.5)
+    t.add(1000, 2.0)
+    t.add(1000, 2.0)
+    assert t.take_data_wait_pct() == pytest.approx(12.5)
+    assert t.take_data_wait_pct() is None  # reset after each log

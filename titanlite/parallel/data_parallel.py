@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
 
 def apply_fsdp(
@@ -15,14 +15,18 @@ def apply_fsdp(
     param_dtype: torch.dtype,
     reduce_dtype: torch.dtype,
     reshard_after_forward: bool,
+    cpu_offload: bool = False,
 ) -> None:
     """Shard each transformer block, then the embedding and output groups, then the root.
 
     reshard_after_forward=True frees gathered parameters after each block's forward (ZeRO-3);
     False keeps them until backward (ZeRO-2). A 2-D dp_mesh (replicate x shard) gives HSDP.
+    cpu_offload keeps the shards (and so the optimizer's state) in pinned host memory.
     """
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     shard = dict(mesh=dp_mesh, mp_policy=mp)
+    if cpu_offload:
+        shard["offload_policy"] = CPUOffloadPolicy()
     for block in model.layers.values():
         fully_shard(block, reshard_after_forward=reshard_after_forward, **shard)
     # A tied embedding is one parameter used at both ends: it must live in one FSDP unit, and only

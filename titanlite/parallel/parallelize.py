@@ -47,6 +47,7 @@ def parallelize(
             param_dtype=DTYPES[training.mixed_precision_param] if cuda else torch.float32,
             reduce_dtype=DTYPES[training.mixed_precision_reduce] if cuda else torch.float32,
             reshard_after_forward=reshard_after_forward(parallelism.fsdp_reshard_after_forward, dims.pp_enabled),
+            cpu_offload=training.enable_cpu_offload,
         )
     return model
 
@@ -60,10 +61,15 @@ def wrap_ddp(model: nn.Module, dims: ParallelDims, mesh) -> nn.Module:
     return apply_ddp(model, mesh["dp_replicate"]) if dims.ddp_enabled else model
 
 
-def materialize(model: nn.Module, device: torch.device, seed: int) -> None:
-    """Allocate the (sharded) parameters on `device`, restore tied weights and buffers, and initialise."""
-    model.to_empty(device=device)
+def materialize(model: nn.Module, device: torch.device, seed: int, cpu_offload: bool = False) -> None:
+    """Allocate the (sharded) parameters on `device` (in host memory under CPU offload, where FSDP keeps
+    them), restore tied weights and buffers, and initialise."""
+    model.to_empty(device="cpu" if cpu_offload else device)
     model.tie_weights()  # to_empty gives each module a new Parameter, which unties shared ones
+    for module in model.modules():  # buffers (RoPE tables) are used where the compute runs
+        for key, buffer in module._buffers.items():
+            if buffer is not None:
+                module._buffers[key] = buffer.to(device)
     model.init_buffers()
     init_weights(model, seed)
 
