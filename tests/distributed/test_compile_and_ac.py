@@ -32,8 +32,15 @@ def plain(tmp_path_factory):
     return run
 
 
-@pytest.mark.parametrize("layout", list(LAYOUTS))
-@pytest.mark.parametrize("mode", ["full", "selective_layer", "selective_op"])
+# Every mode on one process and full AC on every layout in the default suite; the rest marked slow.
+AC_CASES = [
+    (layout, mode) if layout == "single" or mode == "full" else pytest.param(layout, mode, marks=pytest.mark.slow)
+    for layout in LAYOUTS
+    for mode in ("full", "selective_layer", "selective_op")
+]
+
+
+@pytest.mark.parametrize("layout, mode", AC_CASES)
 def test_activation_checkpointing_is_bitwise_identical(tmp_path, plain, layout, mode):
     nproc, args = LAYOUTS[layout]
     ac = ["--activation_checkpoint.mode", mode, "--activation_checkpoint.selective_ac_option", "2"]

@@ -30,7 +30,7 @@ def uninterrupted(tmp_path_factory):
     return metrics(run_dir)
 
 
-@pytest.mark.parametrize("kill_step, resume_step", [(7, 5), (11, 10)])
+@pytest.mark.parametrize("kill_step, resume_step", [(7, 5), pytest.param(11, 10, marks=pytest.mark.slow)])
 def test_killed_worker_is_restarted_and_the_run_finishes_exactly(tmp_path, uninterrupted, kill_step, resume_step):
     proc = launch(TWELVE, tmp_path, ngpu=4, MAX_RESTARTS="2", TITANLITE_FAULT=f"kill@{kill_step}:1")
     out = proc.stdout + proc.stderr
