@@ -9,6 +9,7 @@ import json
 import resource
 import sys
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -87,7 +88,8 @@ class Throughput:
     warmup_steps: int  # counted from the start of this process, so a resumed run warms up too
     tokens: int = 0
     seconds: float = 0.0
-    step_seconds: list = field(default_factory=list)
+    steps_seen: int = 0
+    recent: deque = field(default_factory=lambda: deque(maxlen=20))  # step times for the ETA
     data_wait: float = 0.0  # seconds spent waiting for batches since the last log
     window: float = 0.0  # seconds of steps since the last log
 
@@ -102,8 +104,9 @@ class Throughput:
 
     def add(self, tokens: int, seconds: float) -> None:
         self.window += seconds
-        self.step_seconds.append(seconds)
-        if len(self.step_seconds) > self.warmup_steps:
+        self.steps_seen += 1
+        self.recent.append(seconds)
+        if self.steps_seen > self.warmup_steps:
             self.tokens += tokens
             self.seconds += seconds
 
@@ -114,8 +117,7 @@ class Throughput:
         return tps
 
     def eta_seconds(self, remaining_steps: int) -> float:
-        recent = self.step_seconds[-20:]
-        return sum(recent) / len(recent) * remaining_steps if recent else 0.0
+        return sum(self.recent) / len(self.recent) * remaining_steps if self.recent else 0.0
 
 
 class MetricsLogger:
