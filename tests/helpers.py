@@ -35,10 +35,10 @@ def torchrun(nproc: int, args: list[str], run_dir: Path, timeout: int = 300) -> 
     return subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=timeout)
 
 
-def run_train_sh(args: list[str], run_dir: Path, ngpu: int = 1, timeout: int = 300) -> subprocess.CompletedProcess:
+def run_train_sh(args: list[str], run_dir: Path, ngpu: int = 1, timeout: int = 300, **extra_env: str) -> subprocess.CompletedProcess:
     """The user's command, ./run_train.sh, with NGPU processes."""
     cmd = [str(REPO / "run_train.sh"), "--job.dump_folder", str(run_dir), "--job.name", "run", *args]
-    return subprocess.run(cmd, cwd=REPO, env=env(NGPU=str(ngpu)), capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(cmd, cwd=REPO, env=env(NGPU=str(ngpu), **extra_env), capture_output=True, text=True, timeout=timeout)
 
 
 def metrics(run_dir: Path) -> list[dict]:

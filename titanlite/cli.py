@@ -17,6 +17,9 @@ commands:
   convert to-hf --output DIR
                             export the run's newest checkpoint (or checkpoint.load_step) as a Hugging
                             Face folder (config.json + model.safetensors, in checkpoint.export_dtype)
+  bench throughput [--steps N --warmup W --repeats R --no-bare --output F.json]
+                            tokens/s, TFLOPs, MFU and peak memory of one device, beside a bare
+                            PyTorch loop on the same model (see `titanlite bench throughput --help`)
   help                      list every config key with its default and meaning"""
 
 
@@ -110,6 +113,20 @@ def check(argv: list[str]) -> int:
     return 0
 
 
+def bench(argv: list[str]) -> int:
+    from titanlite.tools import bench as tools
+
+    what, rest = (argv[0], argv[1:]) if argv else ("", [])
+    if what != "throughput":
+        print(f"titanlite: error: bench takes 'throughput', not '{what}'\n{tools.USAGE}", file=sys.stderr)
+        return 2
+    try:
+        return tools.throughput(rest)
+    except ConfigError as e:
+        print(f"titanlite: error: {e}", file=sys.stderr)
+        return 2
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     command, rest = (argv[0], argv[1:]) if argv else ("help", [])
@@ -121,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
         except ConfigError as e:
             print(f"titanlite: error: {e}", file=sys.stderr)
             return 2
+    if command == "bench":
+        return bench(rest)
     if command == "train":
         from titanlite.train import main as train_main, shutdown
 

@@ -182,6 +182,24 @@ class Compile:
 
 
 @dataclass
+class Float8:
+    enable: bool = False
+    """Run the transformer blocks' linear layers in float8 through torchao (pip install '.[float8]').
+    Faster on GPUs of compute capability 8.9+ (H100, H200, L4); on the CPU it runs for correctness only."""
+    recipe: Literal["tensorwise", "rowwise", "rowwise_with_gw_hp"] = "tensorwise"
+    """torchao's scaling recipe: 'tensorwise' (one scale per tensor, fastest, float8 FSDP all-gather),
+    'rowwise' (one scale per row, more accurate), 'rowwise_with_gw_hp' (rowwise, weight gradients in high
+    precision)."""
+    filter_fqns: list[str] = field(default_factory=lambda: ["output"])
+    """Linear layers whose name contains one of these stay in high precision (the output projection by
+    default). Layers whose dimensions (per tensor-parallel shard) are not multiples of 16 always do."""
+    emulate: bool = False
+    """Emulate float8 matmuls in high precision: for GPUs below compute capability 8.9 (no speed-up)."""
+    fsdp_float8_all_gather: bool = True
+    """Under FSDP with the tensorwise recipe, all-gather the weights in float8 (half the bytes of bf16)."""
+
+
+@dataclass
 class Checkpoint:
     enable: bool = False
     """Save DCP checkpoints to step-<N>/ in the run folder, and resume from the newest complete one."""
@@ -236,6 +254,7 @@ class JobConfig:
     parallelism: Parallelism = field(default_factory=Parallelism)
     activation_checkpoint: ActivationCheckpoint = field(default_factory=ActivationCheckpoint)
     compile: Compile = field(default_factory=Compile)
+    float8: Float8 = field(default_factory=Float8)
     checkpoint: Checkpoint = field(default_factory=Checkpoint)
     comm: Comm = field(default_factory=Comm)
     metrics: Metrics = field(default_factory=Metrics)

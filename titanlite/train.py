@@ -36,6 +36,7 @@ def plan_run(cfg: JobConfig, world_size: int) -> Plan:
     """Every check that can be made without a process group; raises ConfigError naming the knob."""
     from titanlite.data.tokenizer import build_tokenizer
     from titanlite.models.registry import model_args
+    from titanlite.parallel.float8 import check_float8
     from titanlite.parallel.tensor_parallel import check_tp_degree
 
     dims = ParallelDims.from_config(cfg.parallelism, world_size)
@@ -58,6 +59,7 @@ def plan_run(cfg: JobConfig, world_size: int) -> Plan:
             "training.enable_cpu_offload offloads FSDP shards, but this layout has no FSDP "
             f"(dp_shard = {dims.dp_shard}); use parallelism.data_parallel_shard_degree > 1 or set it to false"
         )
+    check_float8(cfg.float8)
     if cfg.parallelism.enable_async_tensor_parallel:
         raise ConfigError(
             "parallelism.enable_async_tensor_parallel needs CUDA and torch.compile, which titanlite does not "
@@ -111,7 +113,7 @@ def build_model(cfg: JobConfig, vocab_size: int, plan: Plan, mesh, device: torch
         model = build_plain_model(cfg.model.name, cfg.model.flavor, vocab_size, cfg.training.seq_len, cfg.model.n_layers)
     parts = split_model(model, plan.pipeline, mesh["pp"].get_local_rank()) if plan.pipeline else [model]
     parts = [
-        parallelize(part, plan.dims, mesh, cfg.parallelism, cfg.training, device, cfg.activation_checkpoint, cfg.compile)
+        parallelize(part, plan.dims, mesh, cfg.parallelism, cfg.training, device, cfg.activation_checkpoint, cfg.compile, cfg.float8)
         for part in parts
     ]
     for part in parts:
@@ -191,20 +193,31 @@ def set_determinism(cfg: JobConfig) -> None:
 
 
 def run(cfg: JobConfig) -> None:
-    from titanlite.metrics import MetricsLogger, count_params, device_peak_tflops, flops_per_token
-    from titanlite.optim import LRSchedulers, Optimizers
-    from titanlite.parallel.parallelize import DTYPES, loss_parallel_enabled
-    from titanlite.resilience import Faults, StopOnSignal
-    from titanlite.parallel.compile import compiled_loss
-    from titanlite.trainer import Resilience, StepFigures, Trainer, autocast_for, cross_entropy
-
     world_size = int(os.environ.get("WORLD_SIZE", 1))
     rank = int(os.environ.get("RANK", 0))
     plan = plan_run(cfg, world_size)
     set_determinism(cfg)
     device = init_distributed(world_size, cfg.comm.init_timeout_seconds)
-    say = print if rank == 0 else (lambda *a, **k: None)
+    trainer = build_trainer(cfg, plan, device, rank, world_size)
+    trainer.train(cfg.training.steps, cfg.training.stop_after_step)
+    trainer.checkpointer.close()
+    trainer.logger.close()
+    if rank == 0:
+        print(f"  done: {cfg.training.steps} steps; metrics in {Path(cfg.job.dump_folder) / cfg.job.name / 'metrics.jsonl'}")
 
+
+def build_trainer(cfg: JobConfig, plan: Plan, device: torch.device, rank: int, world_size: int):
+    """Every piece of a run, resumed from its newest checkpoint if there is one, in a Trainer ready to
+    train (also what `titanlite bench throughput` measures)."""
+    from titanlite.metrics import MetricsLogger, count_params, device_peak_tflops, flops_per_token
+    from titanlite.optim import LRSchedulers, Optimizers
+    from titanlite.parallel.parallelize import DTYPES, loss_parallel_enabled
+    from titanlite.resilience import Faults, StopOnSignal
+    from titanlite.parallel.compile import compiled_loss
+    from titanlite.parallel.float8 import Float8ScalePrecompute, describe_float8
+    from titanlite.trainer import Resilience, StepFigures, Trainer, autocast_for, cross_entropy
+
+    say = print if rank == 0 else (lambda *a, **k: None)
     mesh = plan.dims.build_mesh(device.type)
     tokenizer, windows = build_data(cfg)
     loader = build_loader(cfg, windows, mesh, plan, device)
@@ -241,6 +254,8 @@ def run(cfg: JobConfig) -> None:
     peak = device_peak_tflops(device, cfg.metrics.peak_tflops)
     if peak is None:
         say(f"  MFU: no known peak for this {device.type} device; set metrics.peak_tflops to report it")
+    if cfg.float8.enable:
+        say(describe_float8(cfg.float8, parts, device, plan.dims.fsdp_enabled))
     if plan.pipeline:
         pp = plan.pipeline
         say(
@@ -267,6 +282,7 @@ def run(cfg: JobConfig) -> None:
         pipeline=pipeline,
         checkpointer=checkpointer,
         loss_fn=loss_fn,
+        after_optimizer_step=Float8ScalePrecompute(parts, cfg.float8, plan.dims.fsdp_enabled) or None,
         resilience=Resilience(
             stop=StopOnSignal(device),
             faults=Faults(os.environ.get("TITANLITE_FAULT", ""), rank),
@@ -275,10 +291,7 @@ def run(cfg: JobConfig) -> None:
         ),
     )
     trainer.step, trainer.tokens_seen = train_state["step"], train_state["tokens_seen"]
-    trainer.train(cfg.training.steps, cfg.training.stop_after_step)
-    checkpointer.close()
-    trainer.logger.close()
-    say(f"  done: {cfg.training.steps} steps; metrics in {run_dir / 'metrics.jsonl'}")
+    return trainer
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -68,7 +68,8 @@ class Trainer:
     def __init__(self, model_parts: list[nn.Module], optimizer, lr_scheduler, loader, *, grad_accum_steps, max_norm,
                  device, loss_group, figures: StepFigures, logger: MetricsLogger, log_freq: int,
                  throughput_warmup_steps: int, autocast, loss_parallel: bool = False, pipeline: Pipeline | None = None,
-                 checkpointer=None, resilience: Resilience | None = None, loss_fn=cross_entropy):
+                 checkpointer=None, resilience: Resilience | None = None, loss_fn=cross_entropy,
+                 after_optimizer_step=None):
         self.model_parts, self.optimizer, self.lr_scheduler, self.loader = model_parts, optimizer, lr_scheduler, loader
         self.params = [p for part in model_parts for p in part.parameters() if p.requires_grad]
         duplicate = pipeline.tied_sync.duplicate if pipeline and pipeline.tied_sync else None
@@ -86,6 +87,7 @@ class Trainer:
         self.checkpointer = checkpointer
         self.resilience = resilience or Resilience()
         self.loss_fn = loss_fn
+        self.after_optimizer_step = after_optimizer_step  # e.g. float8 scales for the next all-gather
         self.step = 0
         self.tokens_seen = 0
 
@@ -153,6 +155,8 @@ class Trainer:
             self.lr_scheduler.step()
             return loss, grad_norm
         self.optimizer.step()
+        if self.after_optimizer_step is not None:
+            self.after_optimizer_step()
         self.optimizer.zero_grad()
         self.lr_scheduler.step()
         return loss, grad_norm

@@ -2,7 +2,6 @@
 two nodes, a SIGTERM leaves a checkpoint to resume from, and a NaN stops the run with the last good
 checkpoint intact. Real torchrun jobs on CPU; TITANLITE_FAULT injects the faults."""
 
-import os
 import signal
 import socket
 import subprocess

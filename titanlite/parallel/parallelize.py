@@ -1,7 +1,8 @@
 """The one place that turns a plain model into a parallel one, in a fixed order, then materialises it.
 
 Order (ARCHITECTURE.md): tensor parallel → float8 → activation checkpointing → compile → FSDP/HSDP or DDP.
-Float8 slots in after tensor parallelism as it lands.
+The float8 module swap itself runs first, because it replaces the linear modules that tensor parallelism
+registers its hooks on; the tensor-parallel plan then shards the float8 layers.
 """
 
 from __future__ import annotations
@@ -10,12 +11,13 @@ import torch
 import torch.nn as nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from titanlite.config import ActivationCheckpoint, Compile, Parallelism, Training
+from titanlite.config import ActivationCheckpoint, Compile, Float8, Parallelism, Training
 from titanlite.models.registry import param_seed
 from titanlite.parallel.activation_checkpoint import apply_ac
 from titanlite.parallel.compile import apply_compile
 from titanlite.parallel.data_parallel import apply_ddp, apply_fsdp
 from titanlite.parallel.dims import ParallelDims
+from titanlite.parallel.float8 import apply_float8
 from titanlite.parallel.tensor_parallel import apply_tp
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -31,9 +33,10 @@ def reshard_after_forward(policy: str, pp_enabled: bool) -> bool:
 
 def parallelize(
     model: nn.Module, dims: ParallelDims, mesh, parallelism: Parallelism, training: Training, device: torch.device,
-    ac: ActivationCheckpoint, compile_cfg: Compile,
+    ac: ActivationCheckpoint, compile_cfg: Compile, float8: Float8,
 ) -> nn.Module:
     """Apply the parallelisms to a model still on the meta device; returns the (possibly wrapped) model."""
+    apply_float8(model, float8, fsdp=dims.fsdp_enabled, tp=dims.tp)
     if dims.tp_enabled:
         apply_tp(model, mesh["tp"], loss_parallel=loss_parallel_enabled(dims, parallelism))
     apply_ac(model, ac)

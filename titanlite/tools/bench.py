@@ -1,0 +1,251 @@
+"""`titanlite bench throughput`: how fast titanlite trains a config on one device, and what its training
+loop costs over a bare PyTorch loop.
+
+Both loops run in the same process on the same model: built the same way (float8, activation
+checkpointing and torch.compile as configured), with the same initial weights, batch, dtype, optimizer
+implementation and gradient clipping. The bare loop is the minimum a training script needs (batch,
+forward, loss, backward, clip, step, zero_grad, loss.item()); titanlite's is `Trainer.train`, with its
+data loader, loss reduction, finite check, LR schedule, metrics and logging. The difference is what
+titanlite adds.
+
+After `--warmup` steps of each, the two loops take turns for `--repeats` rounds of `--steps` steps (the
+order alternates each round, so drift in the machine's speed hits both alike). A round's step time is
+its wall time over its steps, with the device synchronised at both ends; each loop's figure is the
+median over rounds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from titanlite.errors import ConfigError
+
+USAGE = """usage: titanlite bench throughput [--config FILE] [--steps N] [--warmup W] [--repeats R] [--no-bare]
+                                  [--output FILE.json] [--section.key VALUE ...]
+  --steps N      steps per timed round (default 5)
+  --warmup W     untimed steps of each loop first (default 3; the first compiles, if compile is on)
+  --repeats R    timed rounds of each loop; the figure is their median (default 7)
+  --no-bare      time titanlite alone (the bare loop needs a second copy of the model and optimizer)
+  --output FILE  also write the figures as JSON"""
+
+
+@dataclass
+class Options:
+    steps: int = 5
+    warmup: int = 3
+    repeats: int = 7
+    bare: bool = True
+    output: str = ""
+
+
+@dataclass
+class Figures:
+    """One loop's measurements: seconds per step in each round, and the peak memory over its rounds."""
+
+    name: str
+    round_seconds: list[float] = field(default_factory=list)
+    peak_memory_gib: float | None = None
+
+    @property
+    def step_seconds(self) -> float:
+        return statistics.median(self.round_seconds)
+
+
+def parse_options(argv: list[str]) -> tuple[Options, list[str]]:
+    opts, rest, it = Options(), [], iter(argv)
+    for arg in it:
+        name, _, inline = arg.partition("=")
+        if name in ("--steps", "--warmup", "--repeats", "--output"):
+            value = inline or next(it, "")
+            if name == "--output":
+                opts.output = value
+                continue
+            try:
+                setattr(opts, name[2:], int(value))
+            except ValueError:
+                raise ConfigError(f"bench throughput {name} takes a whole number, not '{value}'") from None
+        elif arg == "--no-bare":
+            opts.bare = False
+        else:
+            rest.append(arg)
+    if opts.steps < 1 or opts.repeats < 1 or opts.warmup < 0:
+        raise ConfigError("bench throughput needs --steps >= 1, --repeats >= 1 and --warmup >= 0")
+    return opts, rest
+
+
+class BareLoop:
+    """The minimal PyTorch training loop over the same model, data and settings."""
+
+    def __init__(self, cfg, plan, vocab_size: int, windows, device: torch.device, loss_compiled: bool):
+        from titanlite.models.registry import build_model
+        from titanlite.parallel.parallelize import DTYPES, materialize, parallelize
+        from titanlite.trainer import autocast_for
+
+        m = cfg.model
+        with torch.device("meta"):
+            model = build_model(m.name, m.flavor, vocab_size, cfg.training.seq_len, m.n_layers)
+        parallelize(model, plan.dims, None, cfg.parallelism, cfg.training, device, cfg.activation_checkpoint,
+                    cfg.compile, cfg.float8)
+        materialize(model, device, cfg.training.seed)
+        self.model, self.device, self.windows = model, device, windows
+        self.batch, self.max_norm = cfg.training.local_batch_size, cfg.training.max_norm
+        param_dtype = DTYPES[cfg.training.mixed_precision_param] if device.type == "cuda" else torch.float32
+        self.autocast = autocast_for(device, model, param_dtype)
+        o = cfg.optimizer
+        impl = o.implementation if o.implementation != "auto" else ("fused" if device.type == "cuda" else "foreach")
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps,
+                                           weight_decay=o.weight_decay, fused=impl == "fused", foreach=impl == "foreach")
+        self.loss_fn = torch.compile(bare_loss, backend=cfg.compile.backend) if loss_compiled else bare_loss
+        self.generator = torch.Generator().manual_seed(cfg.training.seed)
+
+    def train(self, steps: int) -> None:
+        self.model.train()
+        for _ in range(steps):
+            index = torch.randint(len(self.windows), (self.batch,), generator=self.generator)
+            tokens = torch.stack([self.windows[int(i)] for i in index])
+            if self.device.type == "cuda":
+                tokens = tokens.pin_memory().to(self.device, non_blocking=True)
+            with self.autocast():
+                loss = self.loss_fn(self.model(tokens[:, :-1]), tokens[:, 1:])
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_norm)
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.item()
+
+
+def bare_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
+
+
+def throughput(argv: list[str]) -> int:
+    from titanlite.config import parse_config
+    from titanlite.metrics import peak_memory_gib, reset_peak_memory
+    from titanlite.parallel.parallelize import loss_parallel_enabled
+    from titanlite.train import build_data, build_trainer, init_distributed, plan_run, set_determinism
+
+    if "--help" in argv or "-h" in argv:
+        print(USAGE)
+        return 0
+    if int(os.environ.get("WORLD_SIZE", 1)) > 1:
+        raise ConfigError("bench throughput measures one device in one process; run it without torchrun/NGPU")
+    opts, rest = parse_options(argv)
+    cfg = parse_config(rest)
+    total = 2 * (opts.warmup + opts.steps * opts.repeats)  # more than either loop runs: the LR schedule spans it
+    cfg.training.steps = total
+    cfg.checkpoint.enable = False
+    cfg.metrics.enable_tensorboard = False
+    cfg.metrics.throughput_warmup_steps = 0
+    plan = plan_run(cfg, 1)
+    set_determinism(cfg)
+    device = init_distributed(1, cfg.comm.init_timeout_seconds)
+
+    with tempfile.TemporaryDirectory(prefix="titanlite-bench-") as folder:
+        cfg.job.dump_folder = folder  # the run's metrics.jsonl and config.toml go away afterwards
+        trainer = build_trainer(cfg, plan, device, rank=0, world_size=1)
+        tokenizer, windows = build_data(cfg)
+        loops = {"titanlite": lambda n: trainer.train(trainer.step + n)}
+        if opts.bare:
+            loss_compiled = cfg.compile.enable and "loss" in cfg.compile.components and not loss_parallel_enabled(plan.dims, cfg.parallelism)
+            bare = BareLoop(cfg, plan, tokenizer.vocab_size, windows, device, loss_compiled)
+            loops["bare PyTorch"] = bare.train
+        figures = {name: Figures(name) for name in loops}
+        print(f"bench: {opts.warmup} warm-up steps, then {opts.repeats} rounds of {opts.steps} steps per loop")
+        for loop in loops.values():
+            loop(opts.warmup)
+        for r in range(opts.repeats):
+            order = list(loops) if r % 2 == 0 else list(reversed(loops))
+            for name in order:
+                reset_peak_memory(device)
+                synchronize(device)
+                start = time.perf_counter()
+                loops[name](opts.steps)
+                synchronize(device)
+                figures[name].round_seconds.append((time.perf_counter() - start) / opts.steps)
+                if device.type == "cuda":
+                    peak = peak_memory_gib(device)[0]
+                    figures[name].peak_memory_gib = max(figures[name].peak_memory_gib or 0.0, peak)
+        trainer.logger.close()
+
+    report = summarize(figures, trainer.figures, device)
+    print(format_report(report, cfg, device))
+    if opts.output:
+        with open(opts.output, "w") as f:
+            json.dump(report, f, indent=2)
+    return 0
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def summarize(figures: dict[str, Figures], step, device: torch.device) -> dict:
+    """Per loop: step time (median and range over rounds), tokens/s per device, TFLOPs, MFU, peak memory;
+    and titanlite's step time over the bare loop's. `step` is the trainer's StepFigures (tokens per step,
+    FLOPs per token by the formula in metrics.py, the device's peak)."""
+    from titanlite.metrics import peak_memory_gib
+
+    loops = {}
+    for name, fig in figures.items():
+        tps = step.tokens_per_step / fig.step_seconds
+        tflops = tps * step.flops_per_token / 1e12
+        loops[name] = {
+            "step_seconds_median": fig.step_seconds,
+            "step_seconds_min": min(fig.round_seconds),
+            "step_seconds_max": max(fig.round_seconds),
+            "round_step_seconds": fig.round_seconds,
+            "tokens_per_s_per_device": tps,
+            "tflops_per_device": tflops,
+            "mfu_pct": None if step.peak_tflops is None else 100.0 * tflops / step.peak_tflops,
+            "peak_memory_gib": fig.peak_memory_gib,
+        }
+    report = {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "tokens_per_step": step.tokens_per_step,
+        "flops_per_token": step.flops_per_token,
+        "peak_tflops": step.peak_tflops,
+        "loops": loops,
+    }
+    if device.type != "cuda":
+        report["process_peak_rss_gib"] = peak_memory_gib(device)[0]
+    if "bare PyTorch" in loops:
+        report["titanlite_over_bare"] = loops["titanlite"]["step_seconds_median"] / loops["bare PyTorch"]["step_seconds_median"]
+    return report
+
+
+def format_report(report: dict, cfg, device: torch.device) -> str:
+    def num(value, fmt):
+        return "n/a" if value is None else format(value, fmt)
+
+    lines = [
+        f"bench throughput: {cfg.model.name} {cfg.model.flavor}, batch {cfg.training.local_batch_size} x "
+        f"{cfg.training.seq_len} tokens, {report['device']}, torch {report['torch']}, "
+        f"compile {'on' if cfg.compile.enable else 'off'}, AC {cfg.activation_checkpoint.mode}, "
+        f"float8 {'on' if cfg.float8.enable else 'off'}",
+        f"{'loop':<14} {'step ms (median, min-max)':>27} {'tokens/s':>11} {'TFLOPs':>8} {'MFU':>7} {'peak mem':>9}",
+    ]
+    for name, r in report["loops"].items():
+        spread = f"{1e3 * r['step_seconds_median']:.1f} ({1e3 * r['step_seconds_min']:.1f}-{1e3 * r['step_seconds_max']:.1f})"
+        mem = "n/a" if r["peak_memory_gib"] is None else f"{r['peak_memory_gib']:.2f}GiB"
+        lines.append(
+            f"{name:<14} {spread:>27} {r['tokens_per_s_per_device']:>11,.0f} {r['tflops_per_device']:>8.3f} "
+            f"{num(r['mfu_pct'], '.1f') + ('%' if r['mfu_pct'] is not None else ''):>7} {mem:>9}"
+        )
+    if "titanlite_over_bare" in report:
+        ratio = report["titanlite_over_bare"]
+        lines.append(f"titanlite step time / bare loop step time: {ratio:.3f} ({100 * (ratio - 1):+.1f}%)")
+    if device.type != "cuda":
+        lines.append(f"peak memory: n/a per loop on CPU; the process's peak RSS was {report['process_peak_rss_gib']:.2f} GiB")
+    if report["peak_tflops"] is None:
+        lines.append("MFU: no known peak for this device; set metrics.peak_tflops to report it")
+    return "\n".join(lines)
