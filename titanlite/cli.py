@@ -20,6 +20,9 @@ commands:
   bench throughput [--steps N --warmup W --repeats R --no-bare --output F.json]
                             tokens/s, TFLOPs, MFU and peak memory of one device, beside a bare
                             PyTorch loop on the same model (see `titanlite bench throughput --help`)
+  analyze <trace folder or file> [--top N]
+                            compute / communication / idle shares, overlap and collectives of a run's
+                            torch.profiler traces (profiling.enable_profiling); writes analysis.json/.md
   help                      list every config key with its default and meaning"""
 
 
@@ -140,6 +143,14 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     if command == "bench":
         return bench(rest)
+    if command == "analyze":
+        from titanlite.tools.analyze import main as analyze_main
+
+        try:
+            return analyze_main(rest)
+        except ConfigError as e:
+            print(f"titanlite: error: {e}", file=sys.stderr)
+            return 2
     if command == "train":
         from titanlite.train import main as train_main, shutdown
 

@@ -244,6 +244,21 @@ class Metrics:
 
 
 @dataclass
+class Profiling:
+    enable_profiling: bool = False
+    """Record torch.profiler traces (one Chrome trace per rank per profiled window) into the run folder."""
+    profile_freq: int = 10
+    """Profile the last profile_active_steps steps of every profile_freq steps (after one warm-up step)."""
+    profile_active_steps: int = 1
+    """Steps recorded in each profiled window."""
+    save_traces_folder: str = "profile"
+    """Folder in the run folder for traces (iteration_<step>/rank<r>_trace.json) and memory snapshots."""
+    enable_memory_snapshot: bool = False
+    """CUDA only: record allocator history and write a snapshot pickle at each profiled window, for
+    https://pytorch.org/memory_viz (skipped with a note on CPU)."""
+
+
+@dataclass
 class JobConfig:
     job: Job = field(default_factory=Job)
     model: Model = field(default_factory=Model)
@@ -258,6 +273,7 @@ class JobConfig:
     checkpoint: Checkpoint = field(default_factory=Checkpoint)
     comm: Comm = field(default_factory=Comm)
     metrics: Metrics = field(default_factory=Metrics)
+    profiling: Profiling = field(default_factory=Profiling)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -37,6 +37,7 @@ def plan_run(cfg: JobConfig, world_size: int) -> Plan:
     from titanlite.data.tokenizer import build_tokenizer
     from titanlite.models.registry import model_args
     from titanlite.parallel.float8 import check_float8
+    from titanlite.profiling import check_profiling
     from titanlite.parallel.tensor_parallel import check_tp_degree
 
     dims = ParallelDims.from_config(cfg.parallelism, world_size)
@@ -60,6 +61,7 @@ def plan_run(cfg: JobConfig, world_size: int) -> Plan:
             f"(dp_shard = {dims.dp_shard}); use parallelism.data_parallel_shard_degree > 1 or set it to false"
         )
     check_float8(cfg.float8)
+    check_profiling(cfg.profiling)
     if cfg.parallelism.enable_async_tensor_parallel:
         raise ConfigError(
             "parallelism.enable_async_tensor_parallel needs CUDA and torch.compile, which titanlite does not "
@@ -192,12 +194,34 @@ def set_determinism(cfg: JobConfig) -> None:
     torch.backends.cudnn.allow_tf32 = not deterministic
 
 
+def keep_freed_memory_on_cpu() -> bool:
+    """On the CPU, tell glibc's malloc to keep freed memory for reuse instead of returning it to the OS.
+
+    By default every allocation above 32 MiB (the logits, the vocabulary-sized gradients) is a fresh
+    mmap that the kernel must fault in and zero page by page, on every step: on the debug model that was
+    half of each step's wall time and most of its noise. Without mmap and trimming, freed blocks are
+    reused: steps take about half the time (BENCHMARKS.md), at the cost of a resident size that stays at
+    its peak. Set TITANLITE_CPU_MALLOC=default to keep glibc's behaviour. No-op off glibc."""
+    if os.environ.get("TITANLITE_CPU_MALLOC", "") == "default" or not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        m_trim_threshold, m_mmap_max = -1, -4
+        return bool(libc.mallopt(m_mmap_max, 0)) and bool(libc.mallopt(m_trim_threshold, 2**31 - 1))
+    except (OSError, AttributeError):  # not glibc (e.g. musl)
+        return False
+
+
 def run(cfg: JobConfig) -> None:
     world_size = int(os.environ.get("WORLD_SIZE", 1))
     rank = int(os.environ.get("RANK", 0))
     plan = plan_run(cfg, world_size)
     set_determinism(cfg)
     device = init_distributed(world_size, cfg.comm.init_timeout_seconds)
+    if device.type == "cpu":
+        keep_freed_memory_on_cpu()
     trainer = build_trainer(cfg, plan, device, rank, world_size)
     trainer.train(cfg.training.steps, cfg.training.stop_after_step)
     trainer.checkpointer.close()
@@ -215,6 +239,7 @@ def build_trainer(cfg: JobConfig, plan: Plan, device: torch.device, rank: int, w
     from titanlite.resilience import Faults, StopOnSignal
     from titanlite.parallel.compile import compiled_loss
     from titanlite.parallel.float8 import Float8ScalePrecompute, describe_float8
+    from titanlite.profiling import Profiler
     from titanlite.trainer import Resilience, StepFigures, Trainer, autocast_for, cross_entropy
 
     say = print if rank == 0 else (lambda *a, **k: None)
@@ -291,6 +316,8 @@ def build_trainer(cfg: JobConfig, plan: Plan, device: torch.device, rank: int, w
         ),
     )
     trainer.step, trainer.tokens_seen = train_state["step"], train_state["tokens_seen"]
+    if cfg.profiling.enable_profiling:
+        trainer.profiler = Profiler(cfg.profiling, run_dir, rank, device, lambda: trainer.step, say)
     return trainer
 
 

@@ -69,7 +69,7 @@ class Trainer:
                  device, loss_group, figures: StepFigures, logger: MetricsLogger, log_freq: int,
                  throughput_warmup_steps: int, autocast, loss_parallel: bool = False, pipeline: Pipeline | None = None,
                  checkpointer=None, resilience: Resilience | None = None, loss_fn=cross_entropy,
-                 after_optimizer_step=None):
+                 after_optimizer_step=None, profiler=None):
         self.model_parts, self.optimizer, self.lr_scheduler, self.loader = model_parts, optimizer, lr_scheduler, loader
         self.params = [p for part in model_parts for p in part.parameters() if p.requires_grad]
         duplicate = pipeline.tied_sync.duplicate if pipeline and pipeline.tied_sync else None
@@ -88,6 +88,7 @@ class Trainer:
         self.resilience = resilience or Resilience()
         self.loss_fn = loss_fn
         self.after_optimizer_step = after_optimizer_step  # e.g. float8 scales for the next all-gather
+        self.profiler = profiler  # titanlite.profiling.Profiler, stepped after every training step
         self.step = 0
         self.tokens_seen = 0
 
@@ -101,23 +102,26 @@ class Trainer:
         batches = iter(self.loader)
         reset_peak_memory(self.device)
         first = True
-        while self.step < last:
-            start = time.perf_counter()
-            micro_batches = [next(batches) for _ in range(self.grad_accum_steps)]
-            self.throughput.add_data_wait(time.perf_counter() - start)
-            lr = self.optimizer.param_groups[0]["lr"]
-            will_log = (self.step + 1) % self.log_freq == 0 or self.step + 1 == last
-            loss, grad_norm = self.train_step(micro_batches, measure=will_log)
-            self.step += 1
-            self.tokens_seen += self.figures.tokens_per_step
-            elapsed = time.perf_counter() - start
-            self.throughput.add(self.figures.tokens_per_step, elapsed)
-            if will_log:
-                self.log(loss, grad_norm, lr, last)
-            if self.checkpointer is not None:
-                self.checkpointer.maybe_save(self.step, self.train_state)
-            self.after_step(first)
-            first = False
+        with self.profiler or contextlib.nullcontext():
+            while self.step < last:
+                start = time.perf_counter()
+                micro_batches = [next(batches) for _ in range(self.grad_accum_steps)]
+                self.throughput.add_data_wait(time.perf_counter() - start)
+                lr = self.optimizer.param_groups[0]["lr"]
+                will_log = (self.step + 1) % self.log_freq == 0 or self.step + 1 == last
+                loss, grad_norm = self.train_step(micro_batches, measure=will_log)
+                self.step += 1
+                self.tokens_seen += self.figures.tokens_per_step
+                elapsed = time.perf_counter() - start
+                self.throughput.add(self.figures.tokens_per_step, elapsed)
+                if will_log:
+                    self.log(loss, grad_norm, lr, last)
+                if self.checkpointer is not None:
+                    self.checkpointer.maybe_save(self.step, self.train_state)
+                self.after_step(first)
+                first = False
+                if self.profiler is not None:
+                    self.profiler.step()
 
     def after_step(self, first: bool) -> None:
         """Fault hooks, the tighter collective timeout once start-up is over, and preemption."""

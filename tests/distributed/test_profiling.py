@@ -1,0 +1,51 @@
+"""Profiling a real run on 2 gloo ranks, then `titanlite analyze` on its traces."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import REPO, TINY, env, torchrun
+
+pytestmark = pytest.mark.distributed
+
+PROFILE = ["--profiling.enable_profiling", "--profiling.profile_freq", "3", "--training.steps", "6"]
+
+
+def analyze(folder):
+    cmd = [sys.executable, "-m", "titanlite.cli", "analyze", str(folder)]
+    return subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("layout, args, collectives", [
+    ("fsdp", ["--training.local_batch_size", "4"], {"all-gather", "reduce-scatter"}),
+    ("ddp", ["--training.local_batch_size", "4", "--parallelism.data_parallel_replicate_degree", "2"], {"all-reduce"}),
+])
+def test_profiled_run_is_analyzed(tmp_path, layout, args, collectives):
+    proc = torchrun(2, [*TINY, *PROFILE, *args], tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    profile = tmp_path / "run" / "profile"
+    # Windows end at steps 3 and 6, one trace per rank each.
+    assert sorted(p.relative_to(profile).as_posix() for p in profile.rglob("*.json")) == [
+        "iteration_3/rank0_trace.json", "iteration_3/rank1_trace.json",
+        "iteration_6/rank0_trace.json", "iteration_6/rank1_trace.json",
+    ]
+    out = analyze(profile)
+    assert out.returncode == 0, out.stderr
+    result = json.loads((profile / "iteration_6" / "analysis.json").read_text())
+    assert set(result["ranks"]) == {"0", "1"}
+    for figures in [*result["ranks"].values(), result["average"]]:
+        assert abs(figures["compute_pct"] + figures["non_compute_pct"] + figures["idle_pct"] - 100) <= 0.5
+        assert figures["total_ms"] > 0 and figures["compute_pct"] > 0 and figures["communication_ms"] > 0
+        assert collectives <= {kind for kind, fig in figures["collectives"].items() if fig["count"] > 0}
+    if layout == "fsdp":  # DDP's gradients are bucketed into one all-reduce: no all-gather at all
+        assert "all-reduce" in result["average"]["collectives"]  # the loss and grad-norm reductions
+    else:
+        assert "all-gather" not in result["average"]["collectives"]
+    # The printed table shows the JSON's figures.
+    avg = result["average"]
+    assert f"| compute % | {result['ranks']['0']['compute_pct']:.1f} | {result['ranks']['1']['compute_pct']:.1f} | {avg['compute_pct']:.1f} |" in out.stdout
+    for kind, fig in avg["collectives"].items():
+        assert f"| {kind} | {fig['count']:g} | {fig['total_ms']:.2f} | {fig['mean_ms']:.3f} |" in out.stdout
+    assert (profile / "iteration_6" / "analysis.md").read_text() in out.stdout
