@@ -44,3 +44,50 @@ def test_bench_refuses_bad_options_in_one_line():
     assert proc.stderr.strip() == "titanlite: error: bench throughput --steps takes a whole number, not 'many'"
     proc = bench("--repeats", "0")
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1
+
+
+TINY_BENCH = ["--training.seq_len", "32", "--training.local_batch_size", "4"]
+
+
+def run_cli(*args: str, ngpu: int | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
+    extra = {"NGPU": str(ngpu)} if ngpu else {}
+    cmd = [sys.executable, "-m", "titanlite.cli", *args]
+    return subprocess.run(cmd, cwd=REPO, env=env(**extra), capture_output=True, text=True, timeout=timeout)
+
+
+def test_bench_strategies_writes_table_json_and_chart(tmp_path):
+    proc = run_cli("bench", "strategies", "--steps", "6", "--output", str(tmp_path), *TINY_BENCH, ngpu=2)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads((tmp_path / "strategies.json").read_text())
+    rows = {r["strategy"]: r for r in report["rows"]}
+    # 2 processes: no HSDP (it needs 4); TP and PP take both ranks.
+    assert list(rows) == ["single device", "DDP x 2", "ZeRO-2 x 2", "ZeRO-3 x 2", "TP 2", "PP 2"]
+    assert all("error" not in r for r in rows.values()), rows
+    assert rows["single device"]["speedup"] == 1.0 and rows["single device"]["collectives_per_step"] == {}
+    for r in rows.values():
+        assert abs(r["compute_pct"] + r["non_compute_pct"] + r["idle_pct"] - 100) <= 0.5
+        assert r["scaling_efficiency_pct"] == 100 * r["speedup"] / r["ranks"]
+        assert (tmp_path / r["run"] / "profile").is_dir()
+    assert rows["DDP x 2"]["collectives_per_step"]["all-reduce"] > 0
+    for zero in ("ZeRO-2 x 2", "ZeRO-3 x 2"):
+        assert {"all-gather", "reduce-scatter"} <= set(rows[zero]["collectives_per_step"])
+    # ZeRO-3 gathers the blocks again for backward; ZeRO-2 keeps them.
+    assert rows["ZeRO-3 x 2"]["collectives_per_step"]["all-gather"] > rows["ZeRO-2 x 2"]["collectives_per_step"]["all-gather"]
+    assert rows["PP 2"]["collectives_per_step"]["send/recv"] > 0
+    table = (tmp_path / "strategies.md").read_text()
+    assert table in proc.stdout
+    for name, r in rows.items():
+        assert f"| {name} | {r['ranks']} | {r['step_ms']:.1f} | {r['tokens_per_s']:,.0f} | {r['speedup']:.2f} |" in table
+    png = (tmp_path / "strategies.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+
+
+def test_bench_batch_sizes_stops_at_the_limit(tmp_path):
+    proc = run_cli("bench", "batch-sizes", "--steps", "3", "--max-batch-size", "4", "--output", str(tmp_path),
+                   "--training.seq_len", "32")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads((tmp_path / "batch_sizes.json").read_text())
+    assert [r["batch"] for r in report["rows"]] == [1, 2, 4]
+    assert report["stop"] == "stopped at --max-batch-size 4"
+    assert all(r["tokens_per_s"] > 0 and r["peak_memory_gib"] > 0 for r in report["rows"])
+    assert "| 4 | " in (tmp_path / "batch_sizes.md").read_text()

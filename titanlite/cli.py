@@ -20,6 +20,11 @@ commands:
   bench throughput [--steps N --warmup W --repeats R --no-bare --output F.json]
                             tokens/s, TFLOPs, MFU and peak memory of one device, beside a bare
                             PyTorch loop on the same model (see `titanlite bench throughput --help`)
+  bench strategies [--ngpu N --steps S --output DIR]
+                            single device, DDP, ZeRO-2, ZeRO-3, HSDP, TP, PP on N processes, profiled:
+                            one Markdown table and a PNG chart
+  bench batch-sizes [--steps S --max-batch-size B --output DIR]
+                            tokens/s and peak memory at local batch 1, 2, 4, ... until out of memory
   analyze <trace folder or file> [--top N]
                             compute / communication / idle shares, overlap and collectives of a run's
                             torch.profiler traces (profiling.enable_profiling); writes analysis.json/.md
@@ -119,12 +124,15 @@ def check(argv: list[str]) -> int:
 def bench(argv: list[str]) -> int:
     from titanlite.tools import bench as tools
 
+    from titanlite.tools import strategies
+
+    commands = {"throughput": tools.throughput, "strategies": strategies.strategies, "batch-sizes": strategies.batch_sizes}
     what, rest = (argv[0], argv[1:]) if argv else ("", [])
-    if what != "throughput":
-        print(f"titanlite: error: bench takes 'throughput', not '{what}'\n{tools.USAGE}", file=sys.stderr)
+    if what not in commands:
+        print(f"titanlite: error: bench takes one of {', '.join(commands)}, not '{what}'", file=sys.stderr)
         return 2
     try:
-        return tools.throughput(rest)
+        return commands[what](rest)
     except ConfigError as e:
         print(f"titanlite: error: {e}", file=sys.stderr)
         return 2

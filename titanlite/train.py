@@ -338,6 +338,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"titanlite: error: {e}; stopping without updating the weights (the last checkpoint is intact; "
               f"resume with a lower optimizer.lr, or set training.skip_nonfinite_steps)", file=sys.stderr, flush=True)
         code = 3
+    except torch.OutOfMemoryError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else "out of memory"
+        print(f"titanlite: error: out of device memory ({first[:160]}); lower training.local_batch_size, set "
+              f"activation_checkpoint.mode = 'full', or shard more (parallelism.data_parallel_shard_degree)",
+              file=sys.stderr, flush=True)
+        code = 4
     except Preempted as e:
         print(f"titanlite: {e}; run the same command to resume", flush=True)
         code = 128 + e.signum

@@ -370,8 +370,14 @@ def main(argv: list[str]) -> int:
     if len(rest) != 1:
         raise ConfigError(f"analyze takes one trace folder or file; got {len(rest)}. {USAGE}")
     folder, result = analyze(Path(rest[0]), top)
+    markdown = write_results(folder, result)
+    print(markdown + f"\nwritten: {folder / 'analysis.json'} and {folder / 'analysis.md'}")
+    return 0
+
+
+def write_results(folder: Path, result: dict) -> str:
+    """analysis.json and analysis.md beside the traces; returns the Markdown."""
     markdown = to_markdown(result)
     (folder / "analysis.json").write_text(json.dumps(result, indent=2) + "\n")
     (folder / "analysis.md").write_text(markdown)
-    print(markdown + f"\nwritten: {folder / 'analysis.json'} and {folder / 'analysis.md'}")
-    return 0
+    return markdown
