@@ -33,7 +33,7 @@ STRATEGIES_USAGE = """usage: titanlite bench strategies [--config FILE] [--ngpu 
                 (default: <job.dump_folder>/<job.name>/bench_strategies)"""
 
 BATCH_USAGE = """usage: titanlite bench batch-sizes [--config FILE] [--steps S] [--max-batch-size B] [--output DIR] [--section.key VALUE ...]
-  --steps S           steps per batch size (default 6; tokens/s covers steps 3 to S)
+  --steps S           steps per batch size (default 10; tokens/s covers steps 3 to S)
   --max-batch-size B  stop after this local batch size (default 64 on the CPU, which has no
                       out-of-memory error to stop at; 1024 on a GPU)
   --output DIR        default: <job.dump_folder>/<job.name>/bench_batch_sizes"""
@@ -266,7 +266,7 @@ def batch_sizes(argv: list[str]) -> int:
         print(BATCH_USAGE)
         return 0
     cuda = torch.cuda.is_available()
-    opts, rest = take_options(argv, {"steps": 6, "max-batch-size": 1024 if cuda else 64, "output": ""})
+    opts, rest = take_options(argv, {"steps": 10, "max-batch-size": 1024 if cuda else 64, "output": ""})
     cfg = parse_config(rest)
     steps = opts["steps"]
     if steps < 3:
