@@ -103,6 +103,7 @@ class BareLoop:
         impl = o.implementation if o.implementation != "auto" else ("fused" if device.type == "cuda" else "foreach")
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps,
                                            weight_decay=o.weight_decay, fused=impl == "fused", foreach=impl == "foreach")
+        self.foreach = impl != "for-loop"  # the clipping kernels titanlite uses (torch's default is per tensor on CPU)
         self.loss_fn = torch.compile(bare_loss, backend=cfg.compile.backend) if loss_compiled else bare_loss
         self.generator = torch.Generator().manual_seed(cfg.training.seed)
 
@@ -116,7 +117,7 @@ class BareLoop:
             with self.autocast():
                 loss = self.loss_fn(self.model(tokens[:, :-1]), tokens[:, 1:])
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_norm)
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_norm, foreach=self.foreach)
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
             loss.item()
