@@ -25,6 +25,9 @@ commands:
                             one Markdown table and a PNG chart
   bench batch-sizes [--steps S --max-batch-size B --output DIR]
                             tokens/s and peak memory at local batch 1, 2, 4, ... until out of memory
+  plan [--ngpu N --nnodes M --gpu-mem-gib G --interconnect nvlink|pcie --measure]
+                            per-rank memory and communication of every layout, on the meta device;
+                            which fit, which to use; --measure checks the estimate on a real run
   analyze <trace folder or file> [--top N]
                             compute / communication / idle shares, overlap and collectives of a run's
                             torch.profiler traces (profiling.enable_profiling); writes analysis.json/.md
@@ -151,6 +154,14 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     if command == "bench":
         return bench(rest)
+    if command == "plan":
+        from titanlite.tools.plan import plan
+
+        try:
+            return plan(rest)
+        except ConfigError as e:
+            print(f"titanlite: error: {e}", file=sys.stderr)
+            return 2
     if command == "analyze":
         from titanlite.tools.analyze import main as analyze_main
 

@@ -41,7 +41,7 @@ class Model:
     name: Literal["gpt2", "llama3"] = "gpt2"
     """Model family."""
     flavor: str = "debug"
-    """Size within the family: gpt2 {debug, 124M, 355M, 774M, 1.5B}; llama3 {debug, 1B, 3B, 8B}."""
+    """Size within the family: gpt2 {debug, 124M, 355M, 774M, 1.5B}; llama3 {debug, 1B, 3B, 8B, 70B}."""
     tokenizer: Literal["gpt2", "byte"] = "gpt2"
     """Tokenizer: the GPT-2 BPE (shipped, works offline) or raw UTF-8 bytes. Sets the vocabulary size."""
     n_layers: int = 0

@@ -223,7 +223,13 @@ def run(cfg: JobConfig) -> None:
     if device.type == "cpu":
         keep_freed_memory_on_cpu()
     trainer = build_trainer(cfg, plan, device, rank, world_size)
-    trainer.train(cfg.training.steps, cfg.training.stop_after_step)
+    measure_to = os.environ.get("TITANLITE_MEASURE_MEMORY", "")
+    if measure_to:  # `titanlite plan --measure`: tensor-level peak memory of this rank, by category
+        from titanlite.tools.plan import measure_peak
+
+        measure_peak(trainer, plan.dims.fsdp_enabled, device, Path(measure_to) / f"rank{rank}.json", cfg.training.steps)
+    else:
+        trainer.train(cfg.training.steps, cfg.training.stop_after_step)
     trainer.checkpointer.close()
     trainer.logger.close()
     if rank == 0:

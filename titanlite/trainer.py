@@ -180,6 +180,7 @@ class Trainer:
                     # the mean over all target tokens of the global batch.
                     scale = self.resilience.loss_scale(self.step + 1) / len(micro_batches)
                     loss = self.loss_fn(logits, labels) * scale
+                    del logits  # nothing in backward needs the full-vocabulary logits: free them now
                     loss.backward()
             step_loss += local_value(loss)
         return step_loss
@@ -196,7 +197,9 @@ class Trainer:
         with self.autocast(), self.loss_context():
             args = (inputs,) if p.has_first else ()
             if p.has_last:
-                p.schedule.step(*args, target=labels, losses=losses)
+                # return_outputs=False: the last stage would otherwise keep every micro-batch's logits
+                # until the step ends, only to return them merged.
+                p.schedule.step(*args, target=labels, losses=losses, return_outputs=False)
             else:
                 p.schedule.step(*args)
         if measure:

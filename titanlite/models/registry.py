@@ -46,6 +46,11 @@ FLAVORS: dict[str, dict[str, GPT2Args | LlamaArgs]] = {
             dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, ffn_dim=14336, vocab_size=0,
             max_seq_len=8192, tie_embeddings=False,
         ),
+        # Llama 3 70B (for planning on many GPUs: `titanlite plan --model.flavor 70B`).
+        "70B": LlamaArgs(
+            dim=8192, n_layers=80, n_heads=64, n_kv_heads=8, ffn_dim=28672, vocab_size=0,
+            max_seq_len=8192, tie_embeddings=False,
+        ),
     },
 }
 

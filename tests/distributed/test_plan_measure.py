@@ -1,0 +1,49 @@
+"""`titanlite plan --measure`: the estimated peak is within 15 % of the tensor-level peak measured on a
+real run, for the debug models on several layouts, with and without activation checkpointing."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import REPO, env
+
+pytestmark = pytest.mark.distributed
+
+BYTE = ["--model.tokenizer", "byte", "--training.seq_len", "512"]  # activations dominate, not the logits
+CASES = [
+    ("single", 1, []),
+    ("single_ac_full", 1, ["--activation_checkpoint.mode", "full"]),
+    ("single_byte_ac_selective_op", 1, [*BYTE, "--activation_checkpoint.mode", "selective_op"]),
+    ("zero2", 2, ["--training.local_batch_size", "4", "--parallelism.fsdp_reshard_after_forward", "never"]),
+    ("zero3_byte_ac_full", 2, [*BYTE, "--training.local_batch_size", "4", "--activation_checkpoint.mode", "full"]),
+    ("tp2", 2, ["--parallelism.tensor_parallel_degree", "2"]),
+    ("pp2", 2, ["--parallelism.pipeline_parallel_degree", "2", "--parallelism.pipeline_parallel_microbatch_size", "2"]),
+    pytest.param("zero3", 2, ["--training.local_batch_size", "4"], marks=pytest.mark.slow),
+    pytest.param("zero3_byte", 2, [*BYTE, "--training.local_batch_size", "4"], marks=pytest.mark.slow),
+    pytest.param("tp2_ac_full", 2, ["--parallelism.tensor_parallel_degree", "2", "--activation_checkpoint.mode", "full"],
+                 marks=pytest.mark.slow),
+    pytest.param("tp2_byte", 2, [*BYTE, "--parallelism.tensor_parallel_degree", "2"], marks=pytest.mark.slow),
+    pytest.param("pp2_ac_full", 2, ["--parallelism.pipeline_parallel_degree", "2",
+                                    "--parallelism.pipeline_parallel_microbatch_size", "2",
+                                    "--activation_checkpoint.mode", "full"], marks=pytest.mark.slow),
+    pytest.param("llama_zero3", 2, ["--config", "train_configs/llama3_debug.toml", "--training.local_batch_size", "4"],
+                 marks=pytest.mark.slow),
+    pytest.param("llama_tp2_byte", 2, ["--config", "train_configs/llama3_debug.toml", *BYTE,
+                                       "--parallelism.tensor_parallel_degree", "2"], marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.parametrize("name, ngpu, args", CASES)
+def test_estimate_within_15_percent_of_measured(tmp_path, name, ngpu, args):
+    out = tmp_path / "plan.json"
+    cmd = [sys.executable, "-m", "titanlite.cli", "plan", "--ngpu", str(ngpu), "--measure", *args]
+    proc = subprocess.run(cmd, cwd=REPO, env=env(TITANLITE_PLAN_JSON=str(out)), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert len(result["measured_by_rank"]) == ngpu
+    ratio = result["estimate_peak"] / result["measured_peak"]
+    print(f"{name}: estimated {result['estimate_peak'] / 2**20:.1f} MiB, measured {result['measured_peak'] / 2**20:.1f} MiB")
+    assert abs(ratio - 1) <= 0.15, f"{name}: estimate/measured = {ratio:.3f}"
+    assert f"peak: estimated {result['estimate_peak'] / 2**20:.1f}, measured {result['measured_peak'] / 2**20:.1f}" in proc.stdout

@@ -1,0 +1,750 @@
+"""`titanlite plan`: will it fit, and which layout should I use?
+
+The model is built on the meta device (no memory), its parameters are counted by name, and the tensors
+its forward saves for backward are measured by running that forward on meta tensors (so the figures
+follow the actual model code, not a rule of thumb). Per rank, for each layout:
+
+  parameters    fp32, divided by TP (split matrices and vocabulary ends; norms stay whole), by the
+                pipeline stage, and by FSDP's shard degree
+  gradients     fp32, sharded as the parameters under FSDP; whole under DDP and on one device
+  optimizer     AdamW's two fp32 moments, sharded as the parameters
+  activations   the saved tensors of one micro-batch per layer (by AC mode), in the activation dtype
+                (bf16 under mixed precision on GPUs), x the micro-batches a pipeline stage keeps in
+                flight; under TP+SP divided by TP except the two gathered norm outputs per block
+  temporary     FSDP's unsharded parameters (ZeRO-2: all of them, kept from forward to backward;
+                ZeRO-3: the largest unit twice, current and prefetched) and one unit's unsharded
+                gradients for the reduce-scatter; the loss's full-vocabulary gradients in backward
+
+Peak = parameters + optimizer + the largest of three moments: the start of backward (kept activations,
+the loss's gradients, FSDP buffers), the recomputation of a checkpointed block (kept activations and
+that block's full ones), and the end of backward (gradients, FSDP buffers).
+
+Communication per step and rank, ring algorithms ((n-1)/n of the data per all-gather/reduce-scatter,
+twice that per all-reduce): DDP all-reduces gradients; FSDP all-gathers parameters (once under ZeRO-2,
+twice under ZeRO-3) and reduce-scatters gradients; HSDP also all-reduces the shards across replicas;
+TP all-gathers and reduce-scatters [b, s, d] activations 4 times per block in forward and in backward;
+PP sends each micro-batch's activations forward and their gradients back.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import torch
+
+from titanlite.errors import ConfigError
+
+GIB = 2**30
+# Per-GPU bandwidth assumed for the time column (GB/s, one direction, what NCCL's bus bandwidth reaches).
+BANDWIDTH = {"nvlink": 360.0, "infiniband": 45.0, "pcie": 22.0}
+
+USAGE = """usage: titanlite plan [--config FILE] [--ngpu N] [--nnodes M] [--gpu-mem-gib G] [--interconnect nvlink|infiniband|pcie]
+                      [--headroom F] [--device cuda|cpu] [--measure] [--section.key VALUE ...]
+  --ngpu N          GPUs (processes) per node (default 8, or $NGPU)
+  --nnodes M        nodes (default 1)
+  --gpu-mem-gib G   memory of one device (default 80)
+  --interconnect    within a node: nvlink (default) or pcie; between nodes it is infiniband
+  --headroom F      share of memory kept free for the allocator and CUDA context (default 0.1)
+  --gpu-tflops T    peak bf16 TFLOP/s of one device, for the step-time column (default 989, H100 SXM)
+  --device          what the estimate is for: cuda (bf16 activations under mixed precision; default) or
+                    cpu (float32, as titanlite runs there); --measure on a CPU machine implies cpu
+  --measure         run 3 real steps of the config's own layout (torchrun, N x M processes) and print
+                    the estimate beside the measured tensor peak per rank (PyTorch's MemTracker, or
+                    FSDPMemTracker under FSDP)"""
+
+
+# ----------------------------------------------------------------------------------------------
+# Layouts
+
+
+@dataclass(frozen=True)
+class Layout:
+    name: str
+    dp_replicate: int = 1
+    dp_shard: int = 1
+    tp: int = 1
+    pp: int = 1
+    reshard: str = "always"  # under FSDP: 'always' (ZeRO-3) or 'never' (ZeRO-2)
+    ac: str = "none"
+
+    @property
+    def ranks(self) -> int:
+        return self.dp_replicate * self.dp_shard * self.tp * self.pp
+
+    @property
+    def fsdp(self) -> bool:
+        return self.dp_shard > 1
+
+    @property
+    def ddp(self) -> bool:
+        return self.dp_replicate > 1 and self.dp_shard == 1
+
+    def overrides(self) -> list[str]:
+        return ["--parallelism.data_parallel_replicate_degree", str(self.dp_replicate),
+                "--parallelism.data_parallel_shard_degree", str(self.dp_shard),
+                "--parallelism.tensor_parallel_degree", str(self.tp),
+                "--parallelism.pipeline_parallel_degree", str(self.pp),
+                "--parallelism.fsdp_reshard_after_forward", self.reshard,
+                "--activation_checkpoint.mode", self.ac]
+
+
+def layout_of(cfg, world: int) -> Layout:
+    """The layout a config runs on `world` ranks."""
+    from titanlite.parallel.dims import ParallelDims
+    from titanlite.parallel.parallelize import reshard_after_forward
+
+    dims = ParallelDims.from_config(cfg.parallelism, world)
+    reshard = "always" if reshard_after_forward(cfg.parallelism.fsdp_reshard_after_forward, dims.pp > 1) else "never"
+    name = describe(dims.dp_replicate, dims.dp_shard, dims.tp, dims.pp, reshard)
+    return Layout(name, dims.dp_replicate, dims.dp_shard, dims.tp, dims.pp, reshard, cfg.activation_checkpoint.mode)
+
+
+def describe(rep: int, shard: int, tp: int, pp: int, reshard: str) -> str:
+    parts = []
+    if rep > 1 and shard > 1:
+        parts.append(f"HSDP {rep}x{shard}")
+    elif rep > 1:
+        parts.append(f"DDP {rep}")
+    elif shard > 1:
+        parts.append(f"{'ZeRO-3' if reshard == 'always' else 'ZeRO-2'} {shard}")
+    if tp > 1:
+        parts.append(f"TP {tp}")
+    if pp > 1:
+        parts.append(f"PP {pp}")
+    return " x ".join(parts) or "single device"
+
+
+def candidate_layouts(ngpu: int, nnodes: int) -> list[Layout]:
+    """Single device, DDP, ZeRO-2, ZeRO-3, HSDP (replicas across nodes), TP within a node, PP across
+    nodes, and their combinations the world size allows."""
+    world = ngpu * nnodes
+    out = [Layout("single device")] if world == 1 else []
+    tps = [t for t in (2, 4, 8) if t <= ngpu and ngpu % t == 0]
+    pps = sorted({p for p in (2, 4, 8, nnodes) if p > 1 and nnodes % p == 0}) if nnodes > 1 else [1]
+    for pp in [1, *[p for p in pps if p > 1]]:
+        for tp in [1, *tps]:
+            dp = world // (pp * tp)
+            if dp * pp * tp != world or dp < 1:
+                continue
+            if dp == 1:
+                if tp > 1 or pp > 1:
+                    out.append(Layout(describe(1, 1, tp, pp, "always"), tp=tp, pp=pp))
+                continue
+            for rep, shard, reshard in [(dp, 1, "always"), (1, dp, "never"), (1, dp, "always")]:
+                out.append(Layout(describe(rep, shard, tp, pp, reshard), rep, shard, tp, pp, reshard))
+            per_node = max(1, ngpu // tp) if pp == 1 else 0
+            if nnodes > 1 and pp == 1 and per_node > 1 and dp % per_node == 0 and dp // per_node > 1:
+                rep = dp // per_node
+                out.append(Layout(describe(rep, per_node, tp, pp, "always"), rep, per_node, tp, pp, "always"))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# The model, measured on the meta device
+
+
+@dataclass
+class ModelFacts:
+    family: str
+    dim: int
+    vocab: int
+    n_layers: int
+    tie: bool
+    layer_params: list[int]                 # full parameter count per block
+    layer_tp_split: list[int]               # of those, the ones TP splits
+    ends: dict[str, tuple[int, int]]        # first/last: (params, TP-split params), outside the blocks
+    largest_unit: int                       # params of the largest FSDP unit (a block or the root)
+    act_layer: list[float] = field(default_factory=list)      # saved bytes per block, per sequence, float32
+    act_layer_sac: list[float] = field(default_factory=list)  # of those, what selective-op AC keeps
+    act_first: float = 0.0                  # saved before the first block (embeddings), per sequence
+    act_last_hidden: float = 0.0            # saved after the last block, except full-vocabulary tensors
+    act_last_vocab: float = 0.0             # saved full-vocabulary tensors (logits path), per sequence
+    flops_per_token: float = 0.0            # training FLOPs per token (metrics.flops_per_token)
+
+    @property
+    def params(self) -> int:
+        return sum(self.layer_params) + self.ends["first"][0] + self.ends["last"][0]
+
+
+TP_SPLIT = ("wq", "wk", "wv", "wo", "w1", "w2", "w3", "tok_embeddings", "pos_embeddings", "output")
+
+
+def tp_splits(name: str, shape) -> bool:
+    """Whether the tensor-parallel plan splits this parameter (row-wise biases and norms stay whole)."""
+    parts = name.split(".")
+    if not any(p in TP_SPLIT for p in parts):
+        return False
+    return not (parts[-1] == "bias" and parts[-2] in ("wo", "w2"))
+
+
+def model_facts(cfg, seq_len: int) -> ModelFacts:
+    from titanlite.data.tokenizer import build_tokenizer
+    from titanlite.models.registry import build_model
+
+    m = cfg.model
+    with torch.device("meta"):
+        model = build_model(m.name, m.flavor, build_tokenizer(m.tokenizer).vocab_size, seq_len, m.n_layers)
+    args = model.args
+    layer_params, layer_split = [], []
+    for block_name, block in model.layers.items():
+        named = list(block.named_parameters())
+        layer_params.append(sum(p.numel() for _, p in named))
+        layer_split.append(sum(p.numel() for n, p in named if tp_splits(n, p.shape)))
+    seen, ends = set(), {"first": [0, 0], "last": [0, 0]}
+    for name, p in model.named_parameters(remove_duplicate=True):
+        if name.startswith("layers.") or id(p) in seen:
+            continue
+        seen.add(id(p))
+        where = "first" if name.startswith(("tok_embeddings", "pos_embeddings")) else "last"
+        ends[where][0] += p.numel()
+        ends[where][1] += p.numel() if tp_splits(name, p.shape) else 0
+    root = ends["first"][0] + ends["last"][0]
+    from titanlite.metrics import flops_per_token
+
+    facts = ModelFacts(m.name, args.dim, args.vocab_size, args.n_layers, args.tie_embeddings, layer_params, layer_split,
+                       {k: tuple(v) for k, v in ends.items()}, max(max(layer_params), root),
+                       flops_per_token=flops_per_token(model, seq_len))
+    measure_saved_tensors(model, facts, seq_len)
+    return facts
+
+
+@contextmanager
+def flash_attention_on_meta():
+    """On meta tensors scaled_dot_product_attention falls back to the math path, which saves the
+    [heads, s, s] attention matrix; real runs use a flash kernel (CPU and CUDA), which saves the output
+    and the log-sum-exp only. Route it to the CPU flash kernel, whose meta version saves the same."""
+    import torch.nn.functional as F
+
+    original = F.scaled_dot_product_attention
+
+    def flash(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **kwargs):
+        if attn_mask is not None or dropout_p or kwargs:
+            return original(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, **kwargs)
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, is_causal, scale=scale)[0]
+
+    F.scaled_dot_product_attention = flash
+    try:
+        yield
+    finally:
+        F.scaled_dot_product_attention = original
+
+
+def measure_saved_tensors(model, facts: ModelFacts, seq_len: int) -> None:
+    """Run forward and the loss on meta tensors for one sequence and record the bytes autograd saves
+    for backward: per block, and before/after the blocks; also which of them selective-op AC keeps."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from titanlite.parallel.activation_checkpoint import _SAVE_OPS
+    from titanlite.trainer import cross_entropy
+
+    params = {p.untyped_storage()._cdata for p in model.parameters()}
+    produced_by: dict[int, object] = {}
+
+    class Producers(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, (tuple, list)) else [out]:
+                if isinstance(t, torch.Tensor):
+                    produced_by.setdefault(t.untyped_storage()._cdata, func)
+            return out
+
+    region = ["first"]
+    saved: dict[int, tuple[str, float, bool, bool]] = {}
+
+    def pack(t):
+        key = t.untyped_storage()._cdata
+        if key not in params and key not in saved:
+            vocab = t.dim() > 0 and t.shape[-1] == facts.vocab
+            saved[key] = (region[0], float(t.untyped_storage().nbytes()), produced_by.get(key) in _SAVE_OPS, vocab)
+        return t
+
+    for key, block in model.layers.items():
+        block.register_forward_pre_hook(lambda mod, inp, key=key: region.__setitem__(0, key))
+        block.register_forward_hook(lambda mod, inp, out: region.__setitem__(0, "last"))
+    tokens = torch.zeros(1, seq_len + 1, dtype=torch.long, device="meta")
+    with Producers(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), flash_attention_on_meta():
+        cross_entropy(model(tokens[:, :-1]), tokens[:, 1:])
+    keys = list(model.layers.keys())
+    facts.act_layer = [sum(b for r, b, _, _ in saved.values() if r == k) for k in keys]
+    facts.act_layer_sac = [sum(b for r, b, keep, _ in saved.values() if r == k and keep) for k in keys]
+    facts.act_first = sum(b for r, b, _, _ in saved.values() if r == "first")
+    facts.act_last_hidden = sum(b for r, b, _, v in saved.values() if r == "last" and not v)
+    facts.act_last_vocab = sum(b for r, b, _, v in saved.values() if r == "last" and v)
+
+
+# ----------------------------------------------------------------------------------------------
+# Estimates
+
+
+@dataclass
+class Setting:
+    seq_len: int
+    micro_batch: int          # sequences per forward/backward on one rank
+    microbatches: int         # per optimizer step on one rank (accumulation x pipeline micro-batches)
+    act_bytes: int            # bytes per activation element (2 under bf16 mixed precision on GPUs)
+    param_gather_bytes: int   # bytes per parameter element in FSDP's all-gather (2 under bf16)
+    loss_parallel: bool
+    schedule: str
+    stages_per_rank: int
+    selective_ac_option: int
+
+
+def stage_layers(n_layers: int, pp: int, stages_per_rank: int) -> list[list[int]]:
+    """Layers held by each pp rank (titanlite's even split, stages placed looped)."""
+    if pp == 1:
+        return [list(range(n_layers))]
+    stages = pp * stages_per_rank
+    base, extra = divmod(n_layers, stages)
+    bounds, start = [], 0
+    for i in range(stages):
+        size = base + (1 if i < extra else 0)
+        bounds.append(list(range(start, start + size)))
+        start += size
+    return [sum((bounds[r + k * pp] for k in range(stages_per_rank)), []) for r in range(pp)]
+
+
+def estimate(facts: ModelFacts, lay: Layout, s: Setting) -> dict:
+    """Per-rank memory (bytes) by component for the rank with the largest peak, and per-step
+    communication (bytes per rank) by collective."""
+    worst = None
+    stage_sets = stage_layers(facts.n_layers, lay.pp, s.stages_per_rank if lay.pp > 1 else 1)
+    for pp_rank, layers in enumerate(stage_sets):
+        first, last = pp_rank == 0, pp_rank == lay.pp - 1
+        est = estimate_rank(facts, lay, s, layers, first, last, pp_rank)
+        if worst is None or est["peak"] > worst["peak"]:
+            worst = est | {"pp_rank": pp_rank}
+    return worst
+
+
+def estimate_rank(facts, lay: Layout, s: Setting, layers: list[int], first: bool, last: bool, pp_rank: int) -> dict:
+    tp, shard = lay.tp, lay.dp_shard
+
+    def local(full: int, split: int) -> float:
+        return (full - split) + split / tp
+
+    n_params = sum(local(facts.layer_params[i], facts.layer_tp_split[i]) for i in layers)
+    if first:
+        n_params += local(*facts.ends["first"])
+    if last:
+        n_params += local(*facts.ends["last"])
+    if last and facts.tie and lay.pp > 1 and not first:
+        n_params += local(*facts.ends["first"])  # the last stage's copy of the tied embedding
+    sharded = n_params / shard
+    params = 4 * sharded
+    optimizer = 2 * 4 * sharded
+    grads = 4 * sharded if lay.fsdp else 4 * n_params
+
+    # Activations of one micro-batch on this rank, float32 as measured, then in the activation dtype.
+    scale = s.micro_batch * s.act_bytes / 4
+    hidden = s.micro_batch * s.seq_len * facts.dim * s.act_bytes  # one [b, s, d] tensor
+    per_layer = []
+    for i in layers:
+        full = facts.act_layer[i] * scale
+        if tp > 1:  # sequence parallel: all but the two gathered norm outputs are split
+            full = (full - 2 * hidden) / tp + 2 * hidden
+        per_layer.append(full)
+    recompute = 0.0
+    if lay.ac == "full":
+        kept = [hidden / tp for _ in layers]
+        recompute = max(per_layer, default=0.0)
+    elif lay.ac == "selective_layer":
+        k = max(1, s.selective_ac_option)
+        kept = [hidden / tp if j % k == 0 else a for j, a in enumerate(per_layer)]
+        recompute = max(per_layer, default=0.0)
+    elif lay.ac == "selective_op":
+        kept = [facts.act_layer_sac[i] * scale / tp + hidden / tp for i in layers]
+        recompute = max((a - k for a, k in zip(per_layer, kept)), default=0.0)
+    else:
+        kept = per_layer
+    acts = sum(kept)
+    if first:
+        acts += facts.act_first * scale / tp
+    vocab_split = tp if s.loss_parallel else 1
+    loss_grads = 0.0
+    if last:
+        acts += facts.act_last_hidden * scale / tp + facts.act_last_vocab * s.micro_batch / vocab_split
+        # Backward of the loss: the gradients of the log-probabilities and of the logits, float32
+        # (loss parallelism's sharded cross-entropy keeps a third, its softmax, through backward).
+        loss_grads = (3 if s.loss_parallel else 2) * s.micro_batch * s.seq_len * facts.vocab * 4 / vocab_split
+        if lay.pp > 1:  # a pipeline stage keeps its output (the logits) for its backward
+            loss_grads += s.micro_batch * s.seq_len * facts.vocab * s.act_bytes / vocab_split
+    in_flight = microbatches_in_flight(lay, s, pp_rank)
+    activations = acts * in_flight
+
+    fsdp_buffers = 0.0
+    if lay.fsdp:
+        unsharded = n_params * s.param_gather_bytes
+        largest = facts.largest_unit / tp * s.param_gather_bytes
+        gather = unsharded if lay.reshard == "never" else min(unsharded, 2 * largest)
+        fsdp_buffers = gather + facts.largest_unit / tp * 4  # + one unit's unsharded fp32 gradients
+        if s.microbatches > 1 and lay.pp == 1:
+            # Without gradient sync on the first micro-batches, FSDP accumulates unsharded gradients.
+            fsdp_buffers += n_params * s.param_gather_bytes
+    # Three moments: backward starts (all kept activations and the loss's gradients); a checkpointed
+    # block is recomputed (its full activations beside the kept ones, the loss's gradients gone);
+    # backward ends (all gradients).
+    start_of_backward = activations + loss_grads + fsdp_buffers
+    recomputing = activations + recompute + fsdp_buffers
+    end_of_backward = grads + fsdp_buffers
+    peak = params + optimizer + max(start_of_backward, recomputing, end_of_backward)
+    return {
+        "parameters": params, "gradients": grads, "optimizer": optimizer,
+        "activations": activations + recompute * (recomputing > start_of_backward),
+        "temporary": loss_grads + fsdp_buffers, "peak": peak, "in_flight": in_flight,
+        "comm": communication(lay, s, n_params, len(layers), facts, first, last),
+    }
+
+
+def microbatches_in_flight(lay: Layout, s: Setting, pp_rank: int) -> float:
+    """Micro-batches whose activations a pipeline rank holds at once."""
+    if lay.pp == 1:
+        return 1
+    m = s.microbatches
+    if s.schedule == "GPipe":
+        return m
+    if s.stages_per_rank == 1:  # 1F1B: rank r runs p - r forwards before its first backward
+        return min(m, lay.pp - pp_rank)
+    # Looped and V-shaped schedules: about one round of p micro-batches per local stage, in stage units.
+    return min(m, lay.pp) * (1 + (s.stages_per_rank - 1) / s.stages_per_rank)
+
+
+def communication(lay: Layout, s: Setting, n_params: float, n_layers: int, facts, first: bool, last: bool) -> dict:
+    def ring(n):
+        return (n - 1) / n
+
+    comm: dict[str, float] = {}
+    # Gradients are synchronised once per step (on the last micro-batch); FSDP gathers parameters for
+    # every micro-batch's forward (and, under ZeRO-3, its backward).
+    accum = s.microbatches if lay.pp == 1 else 1
+    if lay.ddp:
+        comm["all-reduce"] = 2 * ring(lay.dp_replicate) * 4 * n_params
+    if lay.fsdp:
+        gathers = 1 if lay.reshard == "never" else 2
+        comm["all-gather"] = gathers * accum * ring(lay.dp_shard) * n_params * s.param_gather_bytes
+        comm["reduce-scatter"] = ring(lay.dp_shard) * n_params * 4
+        if lay.dp_replicate > 1:
+            comm["all-reduce"] = 2 * ring(lay.dp_replicate) * 4 * n_params / lay.dp_shard
+    if lay.tp > 1:
+        hidden = s.micro_batch * s.seq_len * facts.dim * s.act_bytes
+        per_layer = 8 * ring(lay.tp) * hidden  # 2 all-gathers + 2 reduce-scatters, forward and backward
+        comm["tp all-gather/reduce-scatter"] = per_layer * n_layers * s.microbatches
+    if lay.pp > 1:
+        hidden = s.micro_batch * s.seq_len * facts.dim * s.act_bytes
+        sends = (0 if last else 1) + (0 if first else 1)
+        comm["send/recv"] = 2 * hidden * sends * s.microbatches
+    return comm
+
+
+def comm_seconds(lay: Layout, comm: dict, ngpu: int, nnodes: int, interconnect: str) -> float:
+    """Time to move the step's data at the assumed bandwidths: TP within a node; data parallelism within
+    a node when it fits in one, else across nodes; PP across nodes when there are several."""
+    intra, inter = BANDWIDTH[interconnect] * 1e9, BANDWIDTH["infiniband"] * 1e9
+    dp_inside = lay.dp_replicate * lay.dp_shard * lay.tp <= ngpu
+    total = 0.0
+    for kind, volume in comm.items():
+        if kind.startswith("tp"):
+            total += volume / intra
+        elif kind == "send/recv":
+            total += volume / (inter if nnodes > 1 else intra)
+        else:
+            total += volume / (intra if dp_inside or nnodes == 1 else inter)
+    return total
+
+
+def pipeline_bubbles(pp: int, microbatches: list[int]) -> list[tuple[int, int, float, float]]:
+    """(p, m, idle relative to compute (p-1)/m, share of the step idle (p-1)/(m+p-1)) for GPipe and 1F1B."""
+    return [(pp, m, (pp - 1) / m, (pp - 1) / (m + pp - 1)) for m in microbatches]
+
+
+# ----------------------------------------------------------------------------------------------
+# The command
+
+
+def setting_for(cfg, lay: Layout, world: int, device: str) -> Setting:
+    """Micro-batch size, micro-batches per step, dtypes and schedule for a layout of this config."""
+    t = cfg.training
+    dp = lay.dp_replicate * lay.dp_shard
+    global_batch = t.global_batch_size if t.global_batch_size > 0 else t.local_batch_size * dp
+    per_rank = max(1, global_batch // dp)  # sequences one dp rank handles per step
+    local = min(t.local_batch_size, per_rank)
+    bf16 = device == "cuda" and t.mixed_precision_param == "bfloat16"
+    p = cfg.parallelism
+    if lay.pp > 1:
+        mbs = p.pipeline_parallel_microbatch_size
+        microbatches = max(1, per_rank // mbs)
+        schedule = p.pipeline_parallel_schedule
+        stages = 1 if schedule in ("GPipe", "1F1B") else 2
+    else:
+        mbs, microbatches, schedule, stages = local, max(1, per_rank // local), "", 1
+    return Setting(t.seq_len, mbs, microbatches, 2 if bf16 else 4, 2 if bf16 else 4,
+                   lay.tp > 1 and not p.disable_loss_parallel, schedule, stages, cfg.activation_checkpoint.selective_ac_option)
+
+
+def plan(argv: list[str]) -> int:
+    from titanlite.config import parse_config
+
+    if "--help" in argv or "-h" in argv:
+        print(USAGE)
+        return 0
+    opts = {"ngpu": str(os.environ.get("NGPU", 8)), "nnodes": "1", "gpu-mem-gib": "80", "interconnect": "nvlink",
+            "headroom": "0.1", "device": "", "gpu-tflops": "989"}
+    rest, measure, it = [], False, iter(argv)
+    for arg in it:
+        key, _, inline = arg.partition("=")
+        if key.startswith("--") and key[2:] in opts:
+            opts[key[2:]] = inline or next(it, "")
+        elif arg == "--measure":
+            measure = True
+        else:
+            rest.append(arg)
+    try:
+        ngpu, nnodes = int(opts["ngpu"]), int(opts["nnodes"])
+        mem, headroom, tflops = float(opts["gpu-mem-gib"]), float(opts["headroom"]), float(opts["gpu-tflops"])
+    except ValueError:
+        raise ConfigError("plan: --ngpu and --nnodes take whole numbers, --gpu-mem-gib and --headroom numbers") from None
+    if ngpu < 1 or nnodes < 1 or mem <= 0 or not 0 <= headroom < 1:
+        raise ConfigError("plan: --ngpu and --nnodes must be >= 1, --gpu-mem-gib > 0, 0 <= --headroom < 1")
+    if opts["interconnect"] not in ("nvlink", "pcie", "infiniband"):
+        raise ConfigError(f"plan: --interconnect takes nvlink, pcie or infiniband, not '{opts['interconnect']}'")
+    device = opts["device"] or ("cpu" if measure and not torch.cuda.is_available() else "cuda")
+    if device not in ("cuda", "cpu"):
+        raise ConfigError(f"plan: --device takes cuda or cpu, not '{device}'")
+    cfg = parse_config(rest)
+    world = ngpu * nnodes
+    facts = model_facts(cfg, cfg.training.seq_len)
+    own = layout_of(cfg, world)
+    budget = mem * (1 - headroom) * GIB
+
+    rows = []
+    layouts = [own] + [l for l in candidate_layouts(ngpu, nnodes) if replace(l, name="") != replace(own, name="", ac=l.ac)]
+    for lay in layouts:
+        for ac in dict.fromkeys([lay.ac, "full"]) if lay is not own else [lay.ac]:
+            l2 = replace(lay, ac=ac)
+            if not layout_allowed(facts, l2, cfg):
+                continue
+            s = setting_for(cfg, l2, world, device)
+            est = estimate(facts, l2, s)
+            seconds = comm_seconds(l2, est["comm"], ngpu, nnodes, opts["interconnect"])
+            compute = compute_seconds(facts, cfg, l2, s, tflops)
+            bubble = (l2.pp - 1) / (s.microbatches * s.stages_per_rank) if l2.pp > 1 else 0.0
+            rows.append({"layout": l2, "setting": s, "est": est, "comm_s": seconds, "fits": est["peak"] <= budget,
+                         "own": lay is own, "bubble": bubble, "step_s": compute * (1 + bubble) + seconds})
+    print_plan(cfg, facts, rows, world, ngpu, nnodes, mem, headroom, device, opts["interconnect"], tflops)
+    target = os.environ.get("TITANLITE_PLAN_JSON")
+    if target and not measure:
+        Path(target).write_text(json.dumps(rows_json(rows), indent=1))
+    if measure:
+        return measure_layout(cfg, rest, own, facts, setting_for(cfg, own, world, device), world)
+    return 0
+
+
+ASSUMED_MFU = 0.4
+
+
+def rows_json(rows: list[dict]) -> dict:
+    pick, why = recommend(rows)
+    return {"rows": [{"layout": r["layout"].name, "ac": r["layout"].ac, "fits": r["fits"], "own": r["own"],
+                      "comm_bytes": r["est"]["comm"], "step_s": r["step_s"], "bubble": r["bubble"]}
+                     | {k: r["est"][k] for k in ("parameters", "gradients", "optimizer", "activations", "temporary", "peak")}
+                     for r in rows],
+            "recommended": None if pick is None else {"layout": pick["layout"].name, "ac": pick["layout"].ac, "why": why}}
+
+
+def compute_seconds(facts: ModelFacts, cfg, lay: Layout, s: Setting, tflops: float) -> float:
+    """One rank's share of the step's FLOPs at ASSUMED_MFU of `tflops`: the same for every layout
+    of the same world size, so only the bubble and communication tell layouts apart."""
+    dp = lay.dp_replicate * lay.dp_shard
+    tokens = s.micro_batch * s.microbatches * s.seq_len * dp  # the global batch
+    return facts.flops_per_token * tokens / lay.ranks / (tflops * 1e12 * ASSUMED_MFU)
+
+
+def layout_allowed(facts: ModelFacts, lay: Layout, cfg) -> bool:
+    if lay.tp > 1:
+        sizes = [facts.dim, facts.vocab, cfg.training.seq_len]
+        if any(x % lay.tp for x in sizes):
+            return False
+    return lay.pp <= facts.n_layers
+
+
+PREFERENCE = ["DDP", "ZeRO-2", "ZeRO-3", "HSDP", "single"]
+
+
+def simplicity(lay: Layout) -> tuple:
+    """Fewer dimensions first, then DDP before ZeRO-2 before ZeRO-3, and no AC before AC."""
+    dims = sum(d > 1 for d in (lay.dp_replicate * lay.dp_shard, lay.tp, lay.pp))
+    kind = 0 if lay.ddp else 1 if lay.reshard == "never" else 2
+    return (lay.ac != "none", dims, lay.tp, lay.pp, kind)
+
+
+def recommend(rows: list[dict]) -> tuple[dict | None, str]:
+    """Among the layouts that fit: the shortest estimated step (compute x (1 + bubble) + communication,
+    not overlapped), or the simplest layout within 5 % of it (fewer dimensions, DDP before ZeRO-2
+    before ZeRO-3, no activation checkpointing before some: AC's recomputation is not in the estimate)."""
+    fitting = [r for r in rows if r["fits"]]
+    if not fitting:
+        return None, "nothing fits: add GPUs or nodes, shorten training.seq_len, lower training.local_batch_size"
+    best = min(r["step_s"] for r in fitting)
+    near = [r for r in fitting if r["step_s"] <= 1.05 * best]
+    pick = min(near, key=lambda r: simplicity(r["layout"]))
+    lay, est = pick["layout"], pick["est"]
+    why = (f"fits with {est['peak'] / GIB:.1f} GiB per rank; estimated step {1e3 * pick['step_s']:.0f} ms "
+           f"({1e3 * pick['comm_s']:.0f} ms of it communication, {sum(est['comm'].values()) / 1e9:.2f} GB per rank"
+           + (f", pipeline bubble {pick['bubble']:.0%}" if lay.pp > 1 else "") + ")")
+    if lay.ac != "none":
+        why += f"; needs activation_checkpoint.mode = '{lay.ac}' to fit"
+    return pick, why
+
+
+def print_plan(cfg, facts, rows, world, ngpu, nnodes, mem, headroom, device, interconnect, tflops) -> None:
+    dtype = "bf16 activations (mixed precision)" if device == "cuda" and cfg.training.mixed_precision_param == "bfloat16" else "float32"
+    print(f"titanlite plan: {cfg.model.name} {cfg.model.flavor}, {facts.params:,} parameters ({facts.params / 1e9:.2f} B), "
+          f"seq {cfg.training.seq_len}, local batch {cfg.training.local_batch_size}; {world} device(s) = {nnodes} node(s) x "
+          f"{ngpu}, {mem:g} GiB each ({headroom:.0%} kept free), {interconnect}; {device}, fp32 weights and AdamW, {dtype}")
+    print("per rank, GiB (the rank with the largest peak); comm: GB per step per rank and its time at the assumed "
+          f"bandwidth; step: compute at {ASSUMED_MFU:.0%} MFU of {tflops:g} TFLOP/s x (1 + bubble) + comm, not overlapped")
+    head = (f"{'layout':<26} {'AC':<15} {'params':>7} {'grads':>7} {'optim':>7} {'activ':>7} {'temp':>7} {'peak':>7} "
+            f"{'fits':>4} {'comm GB':>8} {'comm ms':>8} {'bubble':>6} {'step ms':>8}")
+    print(head)
+    for r in rows:
+        e, lay = r["est"], r["layout"]
+        name = lay.name + (" (config)" if r["own"] else "")
+        print(f"{name:<26} {lay.ac:<15} {e['parameters'] / GIB:>7.2f} {e['gradients'] / GIB:>7.2f} {e['optimizer'] / GIB:>7.2f} "
+              f"{e['activations'] / GIB:>7.2f} {e['temporary'] / GIB:>7.2f} {e['peak'] / GIB:>7.2f} {'yes' if r['fits'] else 'no':>4} "
+              f"{sum(e['comm'].values()) / 1e9:>8.2f} {1e3 * r['comm_s']:>8.1f} {r['bubble']:>6.0%} {1e3 * r['step_s']:>8.0f}")
+    pick, why = recommend(rows)
+    print(f"recommended: {pick['layout'].name}, AC {pick['layout'].ac}: {why}" if pick else f"recommended: none; {why}")
+    if pick:
+        print("  run it with: " + " ".join(pick["layout"].overrides()))
+    pps = sorted({r["layout"].pp for r in rows if r["layout"].pp > 1})
+    for p in pps:
+        print(f"pipeline bubble, {p} stages (GPipe/1F1B; looped schedules with v stages per rank divide it by v):")
+        print(f"  {'micro-batches':>13} {'idle/compute (p-1)/m':>21} {'idle share (p-1)/(m+p-1)':>25}")
+        for _, m, rel, share in pipeline_bubbles(p, [p, 2 * p, 4 * p, 8 * p]):
+            print(f"  {m:>13} {rel:>21.1%} {share:>25.1%}")
+
+
+# ----------------------------------------------------------------------------------------------
+# --measure
+
+
+class LiveTensorBytes:
+    """Bytes of tensor storage alive on one device, and their peak: every tensor an operator creates is
+    counted until its storage is freed. Unlike MemTracker, it needs no module hooks, so it also follows
+    pipeline schedules (which run stage modules several times per step and call autograd.grad); it
+    does not see inside DTensor operations, so it is used for pipeline stages only."""
+
+    def __init__(self, device: torch.device):
+        self.device, self.live, self.current, self.peak = device, {}, 0, 0
+
+    def add(self, t: torch.Tensor) -> None:
+        import weakref
+
+        if not isinstance(t, torch.Tensor) or t.device != self.device or t.is_meta:
+            return
+        storage = t.untyped_storage()
+        key = storage._cdata
+        if key in self.live:
+            return
+        size = storage.nbytes()
+        self.live[key] = weakref.ref(storage, lambda _, key=key, size=size: self.remove(key, size))
+        self.current += size
+        self.peak = max(self.peak, self.current)
+
+    def remove(self, key: int, size: int) -> None:
+        if self.live.pop(key, None) is not None:
+            self.current -= size
+
+    def mode(self):
+        from torch.utils._python_dispatch import TorchDispatchMode
+        from torch.utils._pytree import tree_flatten
+
+        tracker = self
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                for t in tree_flatten(out)[0]:
+                    tracker.add(t.to_local() if hasattr(t, "to_local") else t)
+                return out
+
+        return Mode()
+
+
+def measure_peak(trainer, fsdp: bool, device: torch.device, out: Path, total_steps: int) -> None:
+    """Train to `total_steps` under a tensor-level memory tracker and write this rank's peak: PyTorch's
+    MemTracker (FSDPMemTracker under FSDP), which also sees the tensors inside DTensor operations; under
+    pipeline parallelism, whose schedules its module hooks cannot follow, LiveTensorBytes."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+    from torch.distributed.tensor import DTensor
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    optimizers = trainer.optimizer.optimizers
+    if trainer.pipeline is not None:
+        tracker = LiveTensorBytes(device)
+        existing = [p for part in trainer.model_parts for p in part.parameters()]
+        existing += [b for part in trainer.model_parts for b in part.buffers()]
+        existing += [t for opt in optimizers for state in opt.state.values() for t in state.values()]
+        for t in existing:
+            tracker.add(t.to_local() if isinstance(t, DTensor) else t)
+        with tracker.mode():
+            trainer.train(total_steps)
+        out.write_text(json.dumps({"Total": tracker.peak, "tracker": "LiveTensorBytes"}))
+
+        return
+    if fsdp and len(trainer.model_parts) == 1:
+        from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+
+        mem = FSDPMemTracker(trainer.model_parts[0], optimizers[0])
+    else:
+        mem = MemTracker()
+        mem.track_external(*trainer.model_parts, *optimizers)
+    figures: dict = {}
+    with mem:
+        while trainer.step < total_steps:  # its module statistics cover one iteration at a time
+            trainer.train(trainer.step + 1)
+            peak = mem.get_tracker_snapshot("peak")
+            step_figures = next(iter(peak.values())) if peak else {}
+            if step_figures.get("Total", 0) >= figures.get("Total", 0):
+                figures = step_figures
+            mem.reset_mod_stats()
+    out.write_text(json.dumps({getattr(k, "value", str(k)): v for k, v in figures.items()} | {"tracker": "MemTracker"}))
+
+
+def measure_layout(cfg, argv: list[str], lay: Layout, facts: ModelFacts, s: Setting, world: int) -> int:
+    import tempfile
+
+    est = estimate(facts, lay, s)
+    with tempfile.TemporaryDirectory(prefix="titanlite-plan-") as folder:
+        out = Path(folder) / "memory"
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
+               f"--log-dir={Path(folder) / 'logs'}", "-m", "titanlite.train", *argv,
+               "--training.steps", "3", "--metrics.log_freq", "3", "--checkpoint.enable", "false",
+               "--profiling.enable_profiling", "false", "--job.dump_folder", folder, "--job.name", "measure"]
+        env = {**os.environ, "TITANLITE_MEASURE_MEMORY": str(out), "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+        env.setdefault("OMP_NUM_THREADS", "1")
+        print(f"measure: 3 steps of {lay.name} on {world} process(es) ...", flush=True)
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        if proc.returncode != 0:
+            tail = [line for line in proc.stderr.splitlines() if "Error" in line or "error" in line][-1:]
+            raise ConfigError(f"plan --measure: the run failed ({tail[0] if tail else proc.returncode})")
+        measured = {int(p.stem.removeprefix("rank")): json.loads(p.read_text()) for p in out.glob("rank*.json")}
+    peak = max(m["Total"] for m in measured.values())
+    comp = ["parameters", "gradients", "optimizer", "activations", "temporary"]
+    print(f"estimate vs measured, {lay.name}, AC {lay.ac}, the rank with the largest peak (MiB):")
+    print("  estimate: " + ", ".join(f"{k} {est[k] / 2**20:.1f}" for k in comp))
+    print(f"  peak: estimated {est['peak'] / 2**20:.1f}, measured {peak / 2**20:.1f} "
+          f"({100 * (est['peak'] / peak - 1):+.1f} %; " + next(iter(measured.values()))["tracker"] + ", ranks: "
+          + ", ".join(f"{r}: {m['Total'] / 2**20:.1f}" for r, m in sorted(measured.items())) + ")")
+    result = {"layout": lay.name, "ac": lay.ac, "estimate_peak": est["peak"], "measured_peak": peak,
+              "measured_by_rank": measured, "estimate": {k: est[k] for k in comp}}
+    target = os.environ.get("TITANLITE_PLAN_JSON")
+    if target:
+        Path(target).write_text(json.dumps(result))
+    return 0
