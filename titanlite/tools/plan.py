@@ -29,7 +29,6 @@ PP sends each micro-batch's activations forward and their gradients back.
 from __future__ import annotations
 
 import json
-import math
 import os
 import subprocess
 import sys
@@ -594,8 +593,8 @@ def recommend(rows: list[dict]) -> tuple[dict | None, str]:
     near = [r for r in fitting if r["step_s"] <= 1.05 * best]
     pick = min(near, key=lambda r: simplicity(r["layout"]))
     lay, est = pick["layout"], pick["est"]
-    why = (f"fits with {est['peak'] / GIB:.1f} GiB per rank; estimated step {1e3 * pick['step_s']:.0f} ms "
-           f"({1e3 * pick['comm_s']:.0f} ms of it communication, {sum(est['comm'].values()) / 1e9:.2f} GB per rank"
+    why = (f"fits with {est['peak'] / GIB:.1f} GiB per rank; estimated step {1e3 * pick['step_s']:.1f} ms "
+           f"({1e3 * pick['comm_s']:.1f} ms of it communication, {sum(est['comm'].values()) / 1e9:.2f} GB per rank"
            + (f", pipeline bubble {pick['bubble']:.0%}" if lay.pp > 1 else "") + ")")
     if lay.ac != "none":
         why += f"; needs activation_checkpoint.mode = '{lay.ac}' to fit"
@@ -619,6 +618,10 @@ def print_plan(cfg, facts, rows, world, ngpu, nnodes, mem, headroom, device, int
               f"{e['activations'] / GIB:>7.2f} {e['temporary'] / GIB:>7.2f} {e['peak'] / GIB:>7.2f} {'yes' if r['fits'] else 'no':>4} "
               f"{sum(e['comm'].values()) / 1e9:>8.2f} {1e3 * r['comm_s']:>8.1f} {r['bubble']:>6.0%} {1e3 * r['step_s']:>8.0f}")
     pick, why = recommend(rows)
+    for label, row in (("config", next(r for r in rows if r["own"])), ("recommended", pick)):
+        if row is not None:
+            parts = ", ".join(f"{kind} {volume / 1e9:.2f} GB" for kind, volume in row["est"]["comm"].items()) or "none"
+            print(f"communication per step per rank, {label} ({row['layout'].name}): {parts}")
     print(f"recommended: {pick['layout'].name}, AC {pick['layout'].ac}: {why}" if pick else f"recommended: none; {why}")
     if pick:
         print("  run it with: " + " ".join(pick["layout"].overrides()))
@@ -739,6 +742,10 @@ def measure_layout(cfg, argv: list[str], lay: Layout, facts: ModelFacts, s: Sett
     comp = ["parameters", "gradients", "optimizer", "activations", "temporary"]
     print(f"estimate vs measured, {lay.name}, AC {lay.ac}, the rank with the largest peak (MiB):")
     print("  estimate: " + ", ".join(f"{k} {est[k] / 2**20:.1f}" for k in comp))
+    top = max(measured.values(), key=lambda m: m["Total"])
+    if top["tracker"] == "MemTracker":  # it also attributes the peak, by its own categories
+        print("  measured, by the tracker's categories: " + ", ".join(
+            f"{k} {v / 2**20:.1f}" for k, v in top.items() if k not in ("Total", "tracker") and v))
     print(f"  peak: estimated {est['peak'] / 2**20:.1f}, measured {peak / 2**20:.1f} "
           f"({100 * (est['peak'] / peak - 1):+.1f} %; " + next(iter(measured.values()))["tracker"] + ", ranks: "
           + ", ".join(f"{r}: {m['Total'] / 2**20:.1f}" for r, m in sorted(measured.items())) + ")")
