@@ -52,7 +52,8 @@ def test_gpt2_param_count(flavor, millions):
     assert abs(n - millions * 1e6) < 1e6
 
 
-@pytest.mark.parametrize("flavor,low,high", [("1B", 1.0e9, 1.1e9), ("3B", 2.9e9, 2.95e9), ("8B", 7.35e9, 7.45e9)])
+@pytest.mark.parametrize("flavor,low,high", [("1B", 1.0e9, 1.1e9), ("3B", 2.9e9, 2.95e9), ("8B", 7.35e9, 7.45e9),
+                                             ("70B", 69.2e9, 69.3e9)])
 def test_llama_param_count(flavor, low, high):
     # With the 50k GPT-2 vocabulary instead of Llama's 128k the counts are below the flavor names
     # (Llama 3 8B is 8.03 B with 128256 tokens, 7.39 B with 50304).
@@ -251,8 +252,8 @@ def test_param_seed_stable():
 def test_unknown_flavor_and_name():
     with pytest.raises(ConfigError, match="use one of: debug, 124M, 355M, 774M, 1.5B"):
         build_model("gpt2", "2B", 256, 64)
-    with pytest.raises(ConfigError, match="use one of: debug, 1B, 3B, 8B"):
-        build_model("llama3", "70B", 256, 64)
+    with pytest.raises(ConfigError, match="use one of: debug, 1B, 3B, 8B, 70B"):
+        build_model("llama3", "405B", 256, 64)
     with pytest.raises(ConfigError, match="gpt2, llama3"):
         build_model("gpt3", "debug", 256, 64)
     assert set(FLAVORS) == {"gpt2", "llama3"}
