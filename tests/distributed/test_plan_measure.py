@@ -14,7 +14,7 @@ pytestmark = pytest.mark.distributed
 BYTE = ["--model.tokenizer", "byte", "--training.seq_len", "512"]  # activations dominate, not the logits
 CASES = [
     ("single", 1, []),
-    ("single_ac_full", 1, ["--activation_checkpoint.mode", "full"]),
+    pytest.param("single_ac_full", 1, ["--activation_checkpoint.mode", "full"], marks=pytest.mark.slow),
     ("single_byte_ac_selective_op", 1, [*BYTE, "--activation_checkpoint.mode", "selective_op"]),
     ("zero2", 2, ["--training.local_batch_size", "4", "--parallelism.fsdp_reshard_after_forward", "never"]),
     ("zero3_byte_ac_full", 2, [*BYTE, "--training.local_batch_size", "4", "--activation_checkpoint.mode", "full"]),
