@@ -101,22 +101,13 @@ def check(argv: list[str]) -> int:
     from titanlite.config import parse_config
     from titanlite.train import build_data, plan_run
 
-    world_size, rest = 1, []
-    it = iter(argv)
-    for arg in it:
-        if arg == "--world-size":
-            world_size = int(next(it, "1"))
-        elif arg.startswith("--world-size="):
-            world_size = int(arg.split("=", 1)[1])
-        else:
-            rest.append(arg)
-    try:
-        cfg = parse_config(rest)
-        plan = plan_run(cfg, world_size)
-        build_data(cfg)
-    except ConfigError as e:
-        print(f"titanlite: error: {e}", file=sys.stderr)
-        return 2
+    from titanlite.tools import take_options
+
+    opts, rest = take_options(argv, {"world-size": 1}, "check")
+    world_size = opts["world-size"]
+    cfg = parse_config(rest)
+    plan = plan_run(cfg, world_size)
+    build_data(cfg)
     print(
         f"titanlite: config ok for {world_size} process(es): {plan.dims.describe()}, "
         f"global batch {plan.global_batch_size}, accumulation {plan.grad_accum_steps}"
@@ -125,48 +116,38 @@ def check(argv: list[str]) -> int:
 
 
 def bench(argv: list[str]) -> int:
-    from titanlite.tools import bench as tools
-
-    from titanlite.tools import strategies
+    from titanlite.tools import bench as tools, strategies
 
     commands = {"throughput": tools.throughput, "strategies": strategies.strategies, "batch-sizes": strategies.batch_sizes}
     what, rest = (argv[0], argv[1:]) if argv else ("", [])
     if what not in commands:
-        print(f"titanlite: error: bench takes one of {', '.join(commands)}, not '{what}'", file=sys.stderr)
-        return 2
-    try:
-        return commands[what](rest)
-    except ConfigError as e:
-        print(f"titanlite: error: {e}", file=sys.stderr)
-        return 2
+        raise ConfigError(f"bench takes one of {', '.join(commands)}, not '{what}'")
+    return commands[what](rest)
+
+
+def plan(argv: list[str]) -> int:
+    from titanlite.tools.plan import plan as run_plan
+
+    return run_plan(argv)
+
+
+def analyze(argv: list[str]) -> int:
+    from titanlite.tools.analyze import main as run_analyze
+
+    return run_analyze(argv)
+
+
+# Commands that run in this process; a ConfigError from any of them is one line and status 2.
+COMMANDS = {"check": check, "seed-checkpoint": seed_checkpoint, "convert": convert, "bench": bench, "plan": plan,
+            "analyze": analyze}
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     command, rest = (argv[0], argv[1:]) if argv else ("help", [])
-    if command == "check":
-        return check(rest)
-    if command in ("seed-checkpoint", "convert"):
+    if command in COMMANDS:
         try:
-            return (seed_checkpoint if command == "seed-checkpoint" else convert)(rest)
-        except ConfigError as e:
-            print(f"titanlite: error: {e}", file=sys.stderr)
-            return 2
-    if command == "bench":
-        return bench(rest)
-    if command == "plan":
-        from titanlite.tools.plan import plan
-
-        try:
-            return plan(rest)
-        except ConfigError as e:
-            print(f"titanlite: error: {e}", file=sys.stderr)
-            return 2
-    if command == "analyze":
-        from titanlite.tools.analyze import main as analyze_main
-
-        try:
-            return analyze_main(rest)
+            return COMMANDS[command](rest)
         except ConfigError as e:
             print(f"titanlite: error: {e}", file=sys.stderr)
             return 2

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from titanlite.errors import ConfigError
+from titanlite.tools import take_options
 
 USAGE = """usage: titanlite bench throughput [--config FILE] [--steps N] [--warmup W] [--repeats R] [--no-bare]
                                   [--output FILE.json] [--section.key VALUE ...]
@@ -35,15 +36,6 @@ USAGE = """usage: titanlite bench throughput [--config FILE] [--steps N] [--warm
   --repeats R    timed rounds of each loop; the figure is their median (default 7)
   --no-bare      time titanlite alone (the bare loop needs a second copy of the model and optimizer)
   --output FILE  also write the figures as JSON"""
-
-
-@dataclass
-class Options:
-    steps: int = 5
-    warmup: int = 3
-    repeats: int = 7
-    bare: bool = True
-    output: str = ""
 
 
 @dataclass
@@ -59,24 +51,10 @@ class Figures:
         return statistics.median(self.round_seconds)
 
 
-def parse_options(argv: list[str]) -> tuple[Options, list[str]]:
-    opts, rest, it = Options(), [], iter(argv)
-    for arg in it:
-        name, _, inline = arg.partition("=")
-        if name in ("--steps", "--warmup", "--repeats", "--output"):
-            value = inline or next(it, "")
-            if name == "--output":
-                opts.output = value
-                continue
-            try:
-                setattr(opts, name[2:], int(value))
-            except ValueError:
-                raise ConfigError(f"bench throughput {name} takes a whole number, not '{value}'") from None
-        elif arg == "--no-bare":
-            opts.bare = False
-        else:
-            rest.append(arg)
-    if opts.steps < 1 or opts.repeats < 1 or opts.warmup < 0:
+def parse_options(argv: list[str]) -> tuple[dict, list[str]]:
+    defaults = {"steps": 5, "warmup": 3, "repeats": 7, "no-bare": False, "output": ""}
+    opts, rest = take_options(argv, defaults, "bench throughput")
+    if opts["steps"] < 1 or opts["repeats"] < 1 or opts["warmup"] < 0:
         raise ConfigError("bench throughput needs --steps >= 1, --repeats >= 1 and --warmup >= 0")
     return opts, rest
 
@@ -140,7 +118,7 @@ def throughput(argv: list[str]) -> int:
         raise ConfigError("bench throughput measures one device in one process; run it without torchrun/NGPU")
     opts, rest = parse_options(argv)
     cfg = parse_config(rest)
-    total = 2 * (opts.warmup + opts.steps * opts.repeats)  # more than either loop runs: the LR schedule spans it
+    total = 2 * (opts["warmup"] + opts["steps"] * opts["repeats"])  # more than either loop runs: the LR schedule spans it
     cfg.training.steps = total
     cfg.checkpoint.enable = False
     cfg.metrics.enable_tensorboard = False
@@ -156,23 +134,23 @@ def throughput(argv: list[str]) -> int:
         trainer = build_trainer(cfg, plan, device, rank=0, world_size=1)
         tokenizer, windows = build_data(cfg)
         loops = {"titanlite": lambda n: trainer.train(trainer.step + n)}
-        if opts.bare:
+        if not opts["no-bare"]:
             loss_compiled = cfg.compile.enable and "loss" in cfg.compile.components and not loss_parallel_enabled(plan.dims, cfg.parallelism)
             bare = BareLoop(cfg, plan, tokenizer.vocab_size, windows, device, loss_compiled)
             loops["bare PyTorch"] = bare.train
         figures = {name: Figures(name) for name in loops}
-        print(f"bench: {opts.warmup} warm-up steps, then {opts.repeats} rounds of {opts.steps} steps per loop")
+        print(f"bench: {opts['warmup']} warm-up steps, then {opts['repeats']} rounds of {opts['steps']} steps per loop")
         for loop in loops.values():
-            loop(opts.warmup)
-        for r in range(opts.repeats):
+            loop(opts["warmup"])
+        for r in range(opts["repeats"]):
             order = list(loops) if r % 2 == 0 else list(reversed(loops))
             for name in order:
                 reset_peak_memory(device)
                 synchronize(device)
                 start = time.perf_counter()
-                loops[name](opts.steps)
+                loops[name](opts["steps"])
                 synchronize(device)
-                figures[name].round_seconds.append((time.perf_counter() - start) / opts.steps)
+                figures[name].round_seconds.append((time.perf_counter() - start) / opts["steps"])
                 if device.type == "cuda":
                     peak = peak_memory_gib(device)[0]
                     figures[name].peak_memory_gib = max(figures[name].peak_memory_gib or 0.0, peak)
@@ -180,8 +158,8 @@ def throughput(argv: list[str]) -> int:
 
     report = summarize(figures, trainer.figures, device)
     print(format_report(report, cfg, device))
-    if opts.output:
-        with open(opts.output, "w") as f:
+    if opts["output"]:
+        with open(opts["output"], "w") as f:
             json.dump(report, f, indent=2)
     return 0
 

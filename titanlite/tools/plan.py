@@ -39,6 +39,8 @@ from pathlib import Path
 import torch
 
 from titanlite.errors import ConfigError
+from titanlite.parallel.dims import ParallelDims
+from titanlite.tools import take_options
 
 GIB = 2**30
 # Per-GPU bandwidth assumed for the time column (GB/s, one direction, what NCCL's bus bandwidth reaches).
@@ -74,16 +76,12 @@ class Layout:
     ac: str = "none"
 
     @property
+    def dims(self) -> ParallelDims:
+        return ParallelDims(self.dp_replicate, self.dp_shard, self.ranks, tp=self.tp, pp=self.pp)
+
+    @property
     def ranks(self) -> int:
         return self.dp_replicate * self.dp_shard * self.tp * self.pp
-
-    @property
-    def fsdp(self) -> bool:
-        return self.dp_shard > 1
-
-    @property
-    def ddp(self) -> bool:
-        return self.dp_replicate > 1 and self.dp_shard == 1
 
     def overrides(self) -> list[str]:
         return ["--parallelism.data_parallel_replicate_degree", str(self.dp_replicate),
@@ -96,7 +94,6 @@ class Layout:
 
 def layout_of(cfg, world: int) -> Layout:
     """The layout a config runs on `world` ranks."""
-    from titanlite.parallel.dims import ParallelDims
     from titanlite.parallel.parallelize import reshard_after_forward
 
     dims = ParallelDims.from_config(cfg.parallelism, world)
@@ -338,7 +335,7 @@ def estimate_rank(facts, lay: Layout, s: Setting, layers: list[int], first: bool
     sharded = n_params / shard
     params = 4 * sharded
     optimizer = 2 * 4 * sharded
-    grads = 4 * sharded if lay.fsdp else 4 * n_params
+    grads = 4 * sharded if lay.dims.fsdp_enabled else 4 * n_params
 
     # Activations of one micro-batch on this rank, float32 as measured, then in the activation dtype.
     scale = s.micro_batch * s.act_bytes / 4
@@ -378,7 +375,7 @@ def estimate_rank(facts, lay: Layout, s: Setting, layers: list[int], first: bool
     activations = acts * in_flight
 
     fsdp_buffers = 0.0
-    if lay.fsdp:
+    if lay.dims.fsdp_enabled:
         unsharded = n_params * s.param_gather_bytes
         largest = facts.largest_unit / tp * s.param_gather_bytes
         gather = unsharded if lay.reshard == "never" else min(unsharded, 2 * largest)
@@ -422,9 +419,9 @@ def communication(lay: Layout, s: Setting, n_params: float, n_layers: int, facts
     # Gradients are synchronised once per step (on the last micro-batch); FSDP gathers parameters for
     # every micro-batch's forward (and, under ZeRO-3, its backward).
     accum = s.microbatches if lay.pp == 1 else 1
-    if lay.ddp:
+    if lay.dims.ddp_enabled:
         comm["all-reduce"] = 2 * ring(lay.dp_replicate) * 4 * n_params
-    if lay.fsdp:
+    if lay.dims.fsdp_enabled:
         gathers = 1 if lay.reshard == "never" else 2
         comm["all-gather"] = gathers * accum * ring(lay.dp_shard) * n_params * s.param_gather_bytes
         comm["reduce-scatter"] = ring(lay.dp_shard) * n_params * 4
@@ -469,7 +466,7 @@ def pipeline_bubbles(pp: int, microbatches: list[int]) -> list[tuple[int, int, f
 def setting_for(cfg, lay: Layout, world: int, device: str) -> Setting:
     """Micro-batch size, micro-batches per step, dtypes and schedule for a layout of this config."""
     t = cfg.training
-    dp = lay.dp_replicate * lay.dp_shard
+    dp = lay.dims.dp
     global_batch = t.global_batch_size if t.global_batch_size > 0 else t.local_batch_size * dp
     per_rank = max(1, global_batch // dp)  # sequences one dp rank handles per step
     local = min(t.local_batch_size, per_rank)
@@ -492,22 +489,11 @@ def plan(argv: list[str]) -> int:
     if "--help" in argv or "-h" in argv:
         print(USAGE)
         return 0
-    opts = {"ngpu": str(os.environ.get("NGPU", 8)), "nnodes": "1", "gpu-mem-gib": "80", "interconnect": "nvlink",
-            "headroom": "0.1", "device": "", "gpu-tflops": "989"}
-    rest, measure, it = [], False, iter(argv)
-    for arg in it:
-        key, _, inline = arg.partition("=")
-        if key.startswith("--") and key[2:] in opts:
-            opts[key[2:]] = inline or next(it, "")
-        elif arg == "--measure":
-            measure = True
-        else:
-            rest.append(arg)
-    try:
-        ngpu, nnodes = int(opts["ngpu"]), int(opts["nnodes"])
-        mem, headroom, tflops = float(opts["gpu-mem-gib"]), float(opts["headroom"]), float(opts["gpu-tflops"])
-    except ValueError:
-        raise ConfigError("plan: --ngpu and --nnodes take whole numbers, --gpu-mem-gib and --headroom numbers") from None
+    defaults = {"ngpu": int(os.environ.get("NGPU", 8)), "nnodes": 1, "gpu-mem-gib": 80.0, "interconnect": "nvlink",
+                "headroom": 0.1, "device": "", "gpu-tflops": 989.0, "measure": False}
+    opts, rest = take_options(argv, defaults, "plan:")
+    ngpu, nnodes, measure = opts["ngpu"], opts["nnodes"], opts["measure"]
+    mem, headroom, tflops = opts["gpu-mem-gib"], opts["headroom"], opts["gpu-tflops"]
     if ngpu < 1 or nnodes < 1 or mem <= 0 or not 0 <= headroom < 1:
         raise ConfigError("plan: --ngpu and --nnodes must be >= 1, --gpu-mem-gib > 0, 0 <= --headroom < 1")
     if opts["interconnect"] not in ("nvlink", "pcie", "infiniband"):
@@ -559,7 +545,7 @@ def rows_json(rows: list[dict]) -> dict:
 def compute_seconds(facts: ModelFacts, cfg, lay: Layout, s: Setting, tflops: float) -> float:
     """One rank's share of the step's FLOPs at ASSUMED_MFU of `tflops`: the same for every layout
     of the same world size, so only the bubble and communication tell layouts apart."""
-    dp = lay.dp_replicate * lay.dp_shard
+    dp = lay.dims.dp
     tokens = s.micro_batch * s.microbatches * s.seq_len * dp  # the global batch
     return facts.flops_per_token * tokens / lay.ranks / (tflops * 1e12 * ASSUMED_MFU)
 
@@ -578,7 +564,7 @@ PREFERENCE = ["DDP", "ZeRO-2", "ZeRO-3", "HSDP", "single"]
 def simplicity(lay: Layout) -> tuple:
     """Fewer dimensions first, then DDP before ZeRO-2 before ZeRO-3, and no AC before AC."""
     dims = sum(d > 1 for d in (lay.dp_replicate * lay.dp_shard, lay.tp, lay.pp))
-    kind = 0 if lay.ddp else 1 if lay.reshard == "never" else 2
+    kind = 0 if lay.dims.ddp_enabled else 1 if lay.reshard == "never" else 2
     return (lay.ac != "none", dims, lay.tp, lay.pp, kind)
 
 

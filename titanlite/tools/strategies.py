@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from titanlite.errors import ConfigError
+from titanlite.tools import take_options
 
 STRATEGIES_USAGE = """usage: titanlite bench strategies [--config FILE] [--ngpu N] [--steps S] [--output DIR] [--section.key VALUE ...]
   --ngpu N      processes per strategy (default: $NGPU, else the visible GPUs, else 4)
@@ -83,26 +84,6 @@ def strategies_for(n: int, base_args: list[str]) -> list[Strategy]:
     return usable
 
 
-def take_options(argv: list[str], names: dict[str, object]) -> tuple[dict, list[str]]:
-    """Pull `--name value` options (typed by their defaults) out of argv; the rest are config overrides."""
-    values, rest, it = dict(names), [], iter(argv)
-    for arg in it:
-        key, _, inline = arg.partition("=")
-        name = key[2:]
-        if key.startswith("--") and name in names:
-            value = inline or next(it, "")
-            default = names[name]
-            if isinstance(default, int) and not isinstance(default, bool):
-                if not value.isdigit() or int(value) < 1:
-                    raise ConfigError(f"bench {key} takes a whole number of at least 1, not '{value}'")
-                values[name] = int(value)
-            else:
-                values[name] = value
-        else:
-            rest.append(arg)
-    return values, rest
-
-
 def launch(ranks: int, args: list[str], run_root: Path, name: str, timeout: float = 3600) -> subprocess.CompletedProcess:
     """One training job: `torchrun -m titanlite.train` with `ranks` processes, run folder run_root/name."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
@@ -136,7 +117,9 @@ def strategies(argv: list[str]) -> int:
         print(STRATEGIES_USAGE)
         return 0
     default_n = int(os.environ.get("NGPU", 0)) or torch.cuda.device_count() or 4
-    opts, rest = take_options(argv, {"ngpu": default_n, "steps": 12, "output": ""})
+    opts, rest = take_options(argv, {"ngpu": default_n, "steps": 12, "output": ""}, "bench strategies")
+    if opts["ngpu"] < 1:
+        raise ConfigError("bench strategies --ngpu must be at least 1")
     cfg = parse_config(rest)
     n, steps = opts["ngpu"], opts["steps"]
     if steps < PROFILED + 4:
@@ -266,11 +249,11 @@ def batch_sizes(argv: list[str]) -> int:
         print(BATCH_USAGE)
         return 0
     cuda = torch.cuda.is_available()
-    opts, rest = take_options(argv, {"steps": 10, "max-batch-size": 1024 if cuda else 64, "output": ""})
+    opts, rest = take_options(argv, {"steps": 10, "max-batch-size": 1024 if cuda else 64, "output": ""}, "bench batch-sizes")
     cfg = parse_config(rest)
     steps = opts["steps"]
-    if steps < 3:
-        raise ConfigError("bench batch-sizes needs --steps >= 3 (2 warm-up steps, then timed ones)")
+    if steps < 3 or opts["max-batch-size"] < 1:
+        raise ConfigError("bench batch-sizes needs --steps >= 3 (2 warm-up steps, then timed ones) and --max-batch-size >= 1")
     out = Path(opts["output"] or Path(cfg.job.dump_folder) / cfg.job.name / "bench_batch_sizes")
     out.mkdir(parents=True, exist_ok=True)
     rows, batch, stop = [], 1, ""
