@@ -1,6 +1,6 @@
-"""The `titanlite` command: `train` (one process; use run_train.sh for several) and `check`.
+"""The `titanlite` command: `train` (one process; use run_train.sh for several), `check`, `prepare` and tools.
 
-`check` validates a config for a world size and prepares its token cache, before torchrun starts workers.
+`check` validates a config for a world size and prepares its token store, before torchrun starts workers.
 """
 
 from __future__ import annotations
@@ -13,6 +13,9 @@ USAGE = """usage: titanlite <command> [--config FILE] [--section.key VALUE ...]
 commands:
   train                     train in this process (./run_train.sh launches several with torchrun)
   check --world-size N      validate the config for N processes and prepare its data
+  prepare [--workers N --rebuild]
+                            tokenise the configured corpus (or mixture) into its prepared token
+                            store, with progress; an interrupted prepare continues where it stopped
   seed-checkpoint           write step-0/ (initial weights, model only) to the run folder, in one process
   convert to-hf --output DIR
                             export the run's newest checkpoint (or checkpoint.load_step) as a Hugging
@@ -23,6 +26,9 @@ commands:
   bench strategies [--ngpu N --steps S --output DIR]
                             single device, DDP, ZeRO-2, ZeRO-3, HSDP, TP, PP on N processes, profiled:
                             one Markdown table and a PNG chart
+  bench data [--mb M --output F.json]
+                            prepare speed beside raw tiktoken, prepare's peak memory and the time to
+                            open a prepared store, on a generated JSONL corpus of M MB
   bench batch-sizes [--steps S --max-batch-size B --output DIR]
                             tokens/s and peak memory at local batch 1, 2, 4, ... until out of memory
   plan [--ngpu N --nnodes M --gpu-mem-gib G --interconnect nvlink|pcie --measure]
@@ -107,7 +113,9 @@ def check(argv: list[str]) -> int:
     world_size = opts["world-size"]
     cfg = parse_config(rest)
     plan = plan_run(cfg, world_size)
-    build_data(cfg)
+    _, corpus = build_data(cfg, verify="sample", say=_say_stderr)
+    for line in corpus.describe(plan.global_batch_size * cfg.training.steps):
+        print(f"titanlite: data: {line}")
     print(
         f"titanlite: config ok for {world_size} process(es): {plan.dims.describe()}, "
         f"global batch {plan.global_batch_size}, accumulation {plan.grad_accum_steps}"
@@ -115,10 +123,21 @@ def check(argv: list[str]) -> int:
     return 0
 
 
-def bench(argv: list[str]) -> int:
-    from titanlite.tools import bench as tools, strategies
+def _say_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
-    commands = {"throughput": tools.throughput, "strategies": strategies.strategies, "batch-sizes": strategies.batch_sizes}
+
+def prepare(argv: list[str]) -> int:
+    from titanlite.tools.prepare import prepare as run_prepare
+
+    return run_prepare(argv)
+
+
+def bench(argv: list[str]) -> int:
+    from titanlite.tools import bench as tools, bench_data, strategies
+
+    commands = {"throughput": tools.throughput, "strategies": strategies.strategies, "batch-sizes": strategies.batch_sizes,
+                "data": bench_data.bench_data}
     what, rest = (argv[0], argv[1:]) if argv else ("", [])
     if what not in commands:
         raise ConfigError(f"bench takes one of {', '.join(commands)}, not '{what}'")
@@ -138,7 +157,7 @@ def analyze(argv: list[str]) -> int:
 
 
 # Commands that run in this process; a ConfigError from any of them is one line and status 2.
-COMMANDS = {"check": check, "seed-checkpoint": seed_checkpoint, "convert": convert, "bench": bench, "plan": plan,
+COMMANDS = {"check": check, "prepare": prepare, "seed-checkpoint": seed_checkpoint, "convert": convert, "bench": bench, "plan": plan,
             "analyze": analyze}
 
 

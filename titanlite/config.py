@@ -63,9 +63,14 @@ class Training:
     """Clip the global gradient norm to this value; 0 disables clipping (the norm is still logged)."""
     dataset: str = "stdlib"
     """'stdlib' (built-in corpus: the Python standard library's source, no download), 'local'
-    (files under dataset_path), or a Hugging Face hub dataset name (needs network)."""
+    (files under dataset_path), or a Hugging Face hub dataset name (streamed; needs network)."""
     dataset_path: str = ""
-    """A .txt/.jsonl/.parquet file or a folder of them; used when dataset = 'local'."""
+    """Used when dataset = 'local': a .txt/.jsonl/.parquet file or a folder of them (tokenised once into
+    a prepared store), or pre-tokenized .bin (llm.c or nanoGPT) / .npy shards (read in place)."""
+    dataset_mixture: list[str] = field(default_factory=list)
+    """Several sources with weights, each "SOURCE:WEIGHT" (SOURCE: a path as in dataset_path, 'stdlib'
+    or 'hub:NAME'), e.g. ["data/web:0.7", "data/code:0.3"]; replaces dataset and dataset_path. Samples
+    are drawn from the sources in proportion to the weights."""
     seed: int = 42
     """Seed for weight initialisation and data order; the same seed gives the same weights on any layout."""
     deterministic: bool = False
@@ -90,10 +95,22 @@ class Data:
     """DataLoader worker processes per rank (0 reads in the training process)."""
     pin_memory: bool = True
     """Pin host batches for faster, non-blocking copies to CUDA (ignored on CPU)."""
+    prefetch: int = 2
+    """Micro-batches built (and pinned, on CUDA) ahead of the step in a background thread; 0 builds each
+    one when the step asks for it."""
     shuffle: bool = True
     """Visit the packed windows in a seeded random order (per epoch) instead of corpus order."""
     cache_dir: str = ""
-    """Where tokenised corpora are cached; empty means $TITANLITE_CACHE_DIR or ~/.cache/titanlite."""
+    """Where prepared token stores live; empty means $TITANLITE_CACHE_DIR or ~/.cache/titanlite."""
+    prepare_workers: int = 0
+    """Worker processes that tokenise a corpus into its store (titanlite prepare, or the first launch);
+    0 uses every core."""
+    shard_size_mb: float = 32.0
+    """Source text per shard of a prepared store (the unit of parallel work and of resuming an
+    interrupted prepare); it takes effect when a store is built."""
+    verify_sources: bool = False
+    """Before reusing a prepared store, re-hash every byte of its sources (normally size, mtime and a
+    sampled fingerprint of each file are compared)."""
 
 
 @dataclass
@@ -461,6 +478,8 @@ def validate_values(cfg: JobConfig) -> None:
         "optimizer.weight_decay": cfg.optimizer.weight_decay,
         "lr_scheduler.warmup_steps": cfg.lr_scheduler.warmup_steps,
         "data.num_workers": cfg.data.num_workers,
+        "data.prefetch": cfg.data.prefetch,
+        "data.prepare_workers": cfg.data.prepare_workers,
         "metrics.throughput_warmup_steps": cfg.metrics.throughput_warmup_steps,
         "metrics.peak_tflops": cfg.metrics.peak_tflops,
         "parallelism.pipeline_parallel_layers_per_stage": p.pipeline_parallel_layers_per_stage,
@@ -493,8 +512,10 @@ def validate_values(cfg: JobConfig) -> None:
     unknown = sorted(set(cfg.checkpoint.exclude_from_loading) - parts)
     if unknown:
         raise ConfigError(f"checkpoint.exclude_from_loading names {unknown}; use some of: {', '.join(sorted(parts))}")
-    if t.dataset == "local" and not t.dataset_path:
-        raise ConfigError("training.dataset='local' needs training.dataset_path (a .txt/.jsonl/.parquet file or folder)")
+    if t.dataset == "local" and not t.dataset_path and not t.dataset_mixture:
+        raise ConfigError("training.dataset='local' needs training.dataset_path (a .txt/.jsonl/.parquet/.bin/.npy file or folder)")
+    if not cfg.data.shard_size_mb > 0:
+        raise ConfigError(f"data.shard_size_mb={cfg.data.shard_size_mb} must be positive")
 
 
 def grad_accum_steps(training: Training, dp_degree: int) -> int:

@@ -67,7 +67,7 @@ def plan_run(cfg: JobConfig, world_size: int) -> Plan:
             "parallelism.enable_async_tensor_parallel needs CUDA and torch.compile, which titanlite does not "
             "offer yet; set it to false"
         )
-    if cfg.training.dataset == "local" and not Path(cfg.training.dataset_path).exists():
+    if cfg.training.dataset == "local" and cfg.training.dataset_path and not Path(cfg.training.dataset_path).exists():
         raise ConfigError(f"training.dataset_path='{cfg.training.dataset_path}' does not exist")
     pipeline = plan_pipeline(cfg.parallelism, args.n_layers, cfg.training.local_batch_size * accum)
     return Plan(dims, accum, cfg.training.local_batch_size * dims.dp * accum, pipeline)
@@ -77,30 +77,40 @@ def cache_dir(cfg: JobConfig) -> Path:
     return Path(cfg.data.cache_dir or os.environ.get("TITANLITE_CACHE_DIR") or Path.home() / ".cache" / "titanlite")
 
 
-def build_data(cfg: JobConfig):
-    """Tokenizer and the packed windows of the configured corpus (tokenised once into a memory-mapped cache)."""
-    from titanlite.data.datasets import PackedWindows, load_tokens
+def build_data(cfg: JobConfig, verify: str = "stat", say=None):
+    """Tokenizer and corpus (windows and sample order) of the configured data, from prepared token stores.
+
+    Training ranks check a store's sources by size and mtime only (verify='stat': no source is read);
+    `titanlite check` and `prepare` also compare sampled fingerprints, or every byte with
+    data.verify_sources. A missing or outdated store is built first, by one process at a time."""
+    from titanlite.data.datasets import build_corpus, configured_sources
     from titanlite.data.tokenizer import build_tokenizer
 
+    t, d = cfg.training, cfg.data
     tokenizer = build_tokenizer(cfg.model.tokenizer)
-    tokens = load_tokens(cfg.training.dataset, cfg.training.dataset_path or None, tokenizer, cache_dir(cfg))
-    return tokenizer, PackedWindows(tokens, cfg.training.seq_len)
+    sources = configured_sources(t.dataset, t.dataset_path, t.dataset_mixture)
+    corpus = build_corpus(
+        sources, tokenizer, cache_dir(cfg), t.seq_len, t.seed, d.shuffle,
+        verify="full" if d.verify_sources and verify != "stat" else verify,
+        workers=d.prepare_workers, shard_bytes=int(d.shard_size_mb * 2**20), say=say,
+    )
+    return tokenizer, corpus
 
 
-def build_loader(cfg: JobConfig, windows, mesh, plan: Plan, device: torch.device):
+def build_loader(cfg: JobConfig, corpus, mesh, plan: Plan, device: torch.device):
     from titanlite.data.loader import TokenLoader
 
     dp_rank = mesh["dp"].get_local_rank() if mesh is not None and "dp" in mesh else 0
     return TokenLoader(
-        windows,
+        corpus.windows,
+        corpus.order,
         local_batch_size=cfg.training.local_batch_size,
         grad_accum_steps=plan.grad_accum_steps,
         dp_rank=dp_rank,
         dp_degree=plan.dims.dp,
-        seed=cfg.training.seed,
-        shuffle=cfg.data.shuffle,
         num_workers=cfg.data.num_workers,
-        pin_memory=cfg.data.pin_memory and device.type == "cuda",
+        prefetch=cfg.data.prefetch,
+        pin_device=device if cfg.data.pin_memory else None,
     )
 
 
@@ -250,8 +260,8 @@ def build_trainer(cfg: JobConfig, plan: Plan, device: torch.device, rank: int, w
 
     say = print if rank == 0 else (lambda *a, **k: None)
     mesh = plan.dims.build_mesh(device.type)
-    tokenizer, windows = build_data(cfg)
-    loader = build_loader(cfg, windows, mesh, plan, device)
+    tokenizer, corpus = build_data(cfg, say=say)
+    loader = build_loader(cfg, corpus, mesh, plan, device)
     plain_model, parts = build_model(cfg, tokenizer.vocab_size, plan, mesh, device)
     loss_parallel = loss_parallel_enabled(plan.dims, cfg.parallelism)
     loss_fn = compiled_loss(cross_entropy, cfg.compile, loss_parallel)
@@ -280,8 +290,10 @@ def build_trainer(cfg: JobConfig, plan: Plan, device: torch.device, rank: int, w
     say(
         f"  layout: {plan.dims.describe()} on {world_size} {device.type} process(es); global batch "
         f"{plan.global_batch_size} = local {cfg.training.local_batch_size} x dp {plan.dims.dp} x accumulation "
-        f"{plan.grad_accum_steps}; corpus {len(windows):,} windows of {cfg.training.seq_len + 1} tokens ({cfg.training.dataset})"
+        f"{plan.grad_accum_steps}; corpus {len(corpus.windows):,} windows of {cfg.training.seq_len + 1} tokens"
     )
+    for line in corpus.describe(plan.global_batch_size * cfg.training.steps):
+        say(f"  data: {line}")
     peak = device_peak_tflops(device, cfg.metrics.peak_tflops)
     if peak is None:
         say(f"  MFU: no known peak for this {device.type} device; set metrics.peak_tflops to report it")

@@ -42,6 +42,11 @@ class Tokenizer(ABC):
         """Token ids of several documents; subclasses override this when batching is faster."""
         return [self.encode(text) for text in texts]
 
+    @property
+    def fingerprint(self) -> str:
+        """What identifies this tokenizer's ids: prepared token stores are keyed on it."""
+        return self.name
+
 
 class GPT2Tokenizer(Tokenizer):
     """The GPT-2 byte-pair encoding (50257 ids, end-of-text 50256) from the bundled rank file."""
@@ -53,12 +58,17 @@ class GPT2Tokenizer(Tokenizer):
     def __init__(self) -> None:
         self._encoding = _gpt2_encoding()
 
+    def __reduce__(self):
+        # Worker processes rebuild the encoding from the shipped file rather than unpickle its tables.
+        return (GPT2Tokenizer, ())
+
     def encode(self, text: str) -> list[int]:
         # encode_ordinary treats "<|endoftext|>" in the corpus as plain text instead of raising.
         return self._encoding.encode_ordinary(text)
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        return self._encoding.encode_ordinary_batch(texts)
+        # One thread: tiktoken's batch threads do not scale here (measured); `prepare` uses processes.
+        return self._encoding.encode_ordinary_batch(texts, num_threads=1)
 
     def decode(self, ids: Iterable[int]) -> str:
         # tiktoken's Rust side only accepts Python ints, not numpy or torch scalars.

@@ -1,4 +1,4 @@
-"""Command-line tools reachable as `titanlite <tool>`: bench, analyze, plan."""
+"""Command-line tools reachable as `titanlite <tool>`: prepare, bench, analyze, plan."""
 
 from __future__ import annotations
 

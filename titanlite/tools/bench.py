@@ -132,11 +132,11 @@ def throughput(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="titanlite-bench-") as folder:
         cfg.job.dump_folder = folder  # the run's metrics.jsonl and config.toml go away afterwards
         trainer = build_trainer(cfg, plan, device, rank=0, world_size=1)
-        tokenizer, windows = build_data(cfg)
+        tokenizer, corpus = build_data(cfg)
         loops = {"titanlite": lambda n: trainer.train(trainer.step + n)}
         if not opts["no-bare"]:
             loss_compiled = cfg.compile.enable and "loss" in cfg.compile.components and not loss_parallel_enabled(plan.dims, cfg.parallelism)
-            bare = BareLoop(cfg, plan, tokenizer.vocab_size, windows, device, loss_compiled)
+            bare = BareLoop(cfg, plan, tokenizer.vocab_size, corpus.windows, device, loss_compiled)
             loops["bare PyTorch"] = bare.train
         figures = {name: Figures(name) for name in loops}
         print(f"bench: {opts['warmup']} warm-up steps, then {opts['repeats']} rounds of {opts['steps']} steps per loop")

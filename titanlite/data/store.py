@@ -1,0 +1,450 @@
+"""The prepared token store: a corpus tokenised once into shards of ids plus a small manifest, reopened by
+memory-mapping the shards, at a cost that grows with the number of shards and never with the corpus bytes.
+
+A store lives in `<cache>/store-<key>/`; the key names the tokenizer and the source, so a changed source
+is rebuilt in place (its unchanged pieces kept). Building runs in worker processes, records each finished
+shard in a journal, and so continues where an interrupted build stopped. Pre-tokenized files (llm.c /
+modded-nanogpt `.bin`, nanoGPT's raw `.bin`, `.npy`) are memory-mapped in place, checked once.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import fcntl
+import hashlib
+import json
+import multiprocessing
+import os
+import tempfile
+from collections.abc import Callable, Iterator
+from itertools import chain, islice
+from pathlib import Path
+
+import numpy as np
+
+from titanlite.data.progress import Progress
+from titanlite.data.sources import (
+    HUB_PIECE_DOCUMENTS,
+    Source,
+    SourceFile,
+    Span,
+    fingerprint,
+    full_hash,
+    hub_documents,
+    is_pretokenized,
+    plan_pieces,
+    read_batches,
+    source_files,
+)
+from titanlite.data.tokenizer import Tokenizer
+from titanlite.errors import ConfigError
+
+# Bump when the shard layout or the way documents are gathered changes, so old stores are not reused.
+STORE_FORMAT = "titanlite-store-v2"
+MANIFEST = "manifest.json"
+JOURNAL = "progress.jsonl"
+DEFAULT_SHARD_BYTES = 32 * 2**20
+# How a store checks its sources before reuse: "stat" (size and mtime), "sample" (also a sampled
+# fingerprint: a few KiB per file) or "full" (also the sha256 of every byte).
+VERIFY_MODES = ("stat", "sample", "full")
+
+LLMC_HEADER_INTS = 256
+LLMC_FORMATS = {20240520: (1, np.uint16), 20240801: (7, np.uint32)}  # magic: (version, token dtype)
+SCAN_CHUNK = 2**26
+
+
+def token_dtype(tokenizer: Tokenizer) -> type[np.unsignedinteger]:
+    """The narrowest unsigned type that holds every id of `tokenizer`."""
+    return np.uint16 if tokenizer.vocab_size <= 65535 else np.uint32
+
+
+class TokenStore:
+    """Token ids of a corpus as one logical array over memory-mapped shards. `maps` describes each
+    file-backed shard (path, dtype, byte offset, length) so pickling sends paths, not tokens."""
+
+    def __init__(self, arrays: list[np.ndarray], label: str = "", maps: list[tuple | None] | None = None,
+                 documents: int | None = None, path: Path | None = None) -> None:
+        self.arrays, self.label, self.documents, self.path = arrays, label, documents, path
+        self.maps = maps or [None] * len(arrays)
+        self.offsets = np.cumsum([0, *[len(a) for a in arrays]]).tolist()
+
+    @classmethod
+    def from_files(cls, maps: list[tuple], **kwargs) -> TokenStore:
+        arrays = [np.memmap(path, dtype=np.dtype(dtype), mode="r", offset=offset, shape=(length,))
+                  for path, dtype, offset, length in maps]
+        return cls(arrays, maps=list(maps), **kwargs)
+
+    def __len__(self) -> int:
+        return self.offsets[-1]
+
+    @property
+    def num_shards(self) -> int:
+        return len(self.arrays)
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        """Tokens [start, stop) of the whole corpus (a view when they lie in one shard)."""
+        first = bisect.bisect_right(self.offsets, start) - 1
+        pieces = []
+        while start < stop:
+            base = self.offsets[first]
+            end = min(stop, self.offsets[first + 1])
+            pieces.append(self.arrays[first][start - base : end - base])
+            start, first = end, first + 1
+        return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        if all(m is not None for m in self.maps):
+            state["arrays"] = None  # reopened from the files on the other side
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        if state["arrays"] is None:
+            state["arrays"] = TokenStore.from_files(state["maps"]).arrays
+        self.__dict__.update(state)
+
+
+# ----------------------------------------------------------------------------------------------
+# Opening
+
+
+def open_store(source: Source, tokenizer: Tokenizer, cache_dir: str | Path, *, verify: str = "stat",
+               workers: int = 0, shard_bytes: int = DEFAULT_SHARD_BYTES, say: Callable[[str], None] | None = None,
+               rebuild: bool = False) -> TokenStore:
+    """The tokens of `source`: its prepared store when that is current (checked by `verify`), else built
+    first (one builder at a time; the others wait for it). Pre-tokenized files are opened in place."""
+    if verify not in VERIFY_MODES:
+        raise ConfigError(f"verify='{verify}' is unknown; use one of: {', '.join(VERIFY_MODES)}")
+    cache_dir = Path(cache_dir)
+    files = source_files(source)
+    if source.kind == "local" and is_pretokenized(files):
+        return open_pretokenized(source, files, tokenizer, cache_dir, verify)
+    folder = store_folder(cache_dir, source, tokenizer)
+    if not rebuild:
+        store = _open_if_current(folder, source, files, verify)
+        if store is not None:
+            return store
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with _exclusive_lock(folder.with_suffix(".lock")):
+            # Another process may have finished the store while this one waited for the lock.
+            store = None if rebuild else _open_if_current(folder, source, files, verify)
+            if rebuild:
+                _clear(folder)
+            if store is None:
+                build_store(folder, source, files, tokenizer, shard_bytes, workers, say)
+                store = _open_if_current(folder, source, files, "stat")
+    except OSError as e:
+        raise ConfigError(f"cannot write the token store in {cache_dir} ({e.strerror or e}); set data.cache_dir to a writable folder") from e
+    return store
+
+
+def store_folder(cache_dir: Path, source: Source, tokenizer: Tokenizer) -> Path:
+    where = str(Path(source.location).expanduser().resolve()) if source.kind == "local" else source.location
+    key = hashlib.sha256(f"{STORE_FORMAT}\0{tokenizer.fingerprint}\0{source.kind}\0{where}".encode()).hexdigest()
+    return cache_dir / f"store-{key[:24]}"
+
+
+def read_manifest(folder: Path) -> dict | None:
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+    return manifest if manifest.get("format") == STORE_FORMAT else None
+
+
+def _open_if_current(folder: Path, source: Source, files: list[SourceFile], verify: str) -> TokenStore | None:
+    manifest = read_manifest(folder)
+    if manifest is None or (source.kind != "hub" and not _sources_match(manifest["sources"], files, verify)):
+        return None
+    itemsize = np.dtype(manifest["dtype"]).itemsize
+    maps = [(str(folder / s["file"]), manifest["dtype"], 0, s["tokens"]) for s in manifest["shards"]]
+    if any(not os.path.isfile(m[0]) or os.path.getsize(m[0]) != m[3] * itemsize for m in maps):
+        return None  # a shard was removed or cut short: rebuild it
+    return TokenStore.from_files(maps, label=source.description, documents=manifest["documents"], path=folder)
+
+
+def _sources_match(recorded: list[dict], files: list[SourceFile], verify: str) -> bool:
+    if [(r["path"], r["size"], r["mtime_ns"]) for r in recorded] != [(f.path, f.size, f.mtime_ns) for f in files]:
+        return False
+    if verify in ("sample", "full") and any(r["fingerprint"] != fingerprint(f.path, f.size) for r, f in zip(recorded, files)):
+        return False
+    return verify != "full" or all(r["sha256"] == full_hash(f.path) for r, f in zip(recorded, files))
+
+
+# ----------------------------------------------------------------------------------------------
+# Building
+
+
+def build_store(folder: Path, source: Source, files: list[SourceFile], tokenizer: Tokenizer, shard_bytes: int,
+                workers: int, say: Callable[[str], None] | None) -> dict:
+    """Tokenise `source` into `folder`, reusing every shard an earlier (possibly interrupted) build
+    finished for unchanged input, then write the manifest and drop what it no longer lists."""
+    dtype = np.dtype(token_dtype(tokenizer)).str
+    for stale in folder.glob("*.tmp"):
+        stale.unlink(missing_ok=True)
+    done = _finished_shards(folder, dtype)
+    if source.kind == "hub":
+        shards = _build_hub(folder, source.location, tokenizer, dtype, done, say)
+        recorded = []
+    else:
+        recorded = [{**f.as_record(), "fingerprint": fingerprint(f.path, f.size)} for f in files]
+        shards = _build_pieces(folder, source, files, recorded, tokenizer, dtype, shard_bytes, workers, done, say)
+        for record in recorded:
+            record["sha256"] = full_hash(record["path"])
+    documents = sum(s["documents"] for s in shards)
+    if documents == 0:
+        raise ConfigError(f"{source.label}='{source.location or source.kind}' has no documents; point it at data with some text")
+    manifest = {
+        "format": STORE_FORMAT, "tokenizer": tokenizer.fingerprint, "dtype": dtype, "source": source.description,
+        "tokens": sum(s["tokens"] for s in shards), "documents": documents, "shard_bytes": shard_bytes,
+        "sources": recorded, "shards": shards,
+    }
+    _write_atomically(folder / MANIFEST, json.dumps(manifest, indent=1).encode())
+    listed = {s["file"] for s in shards}
+    for path in folder.glob("*.bin"):
+        if path.name not in listed:
+            path.unlink(missing_ok=True)
+    (folder / JOURNAL).unlink(missing_ok=True)
+    return manifest
+
+
+def _clear(folder: Path) -> None:
+    """Forget a store's shards, so the next build tokenises everything again."""
+    for path in [folder / MANIFEST, folder / JOURNAL, *folder.glob("*.bin")]:
+        path.unlink(missing_ok=True)
+
+
+def _finished_shards(folder: Path, dtype: str) -> dict[str, dict]:
+    """Shards finished earlier (listed by the old manifest or the journal, with their file intact), by key."""
+    records = list((read_manifest(folder) or {}).get("shards", []))
+    with contextlib.suppress(OSError):
+        records += [json.loads(line) for line in (folder / JOURNAL).read_text().splitlines() if line.endswith("}")]
+    itemsize = np.dtype(dtype).itemsize
+    return {r["key"]: r for r in records if (folder / r["file"]).is_file()
+            and (folder / r["file"]).stat().st_size == r["tokens"] * itemsize}
+
+
+def _piece_key(tokenizer: Tokenizer, dtype: str, spans: list[Span], recorded: dict[str, dict]) -> str:
+    """Names a shard by everything its tokens depend on: tokenizer, byte ranges and each file's identity."""
+    parts = [STORE_FORMAT, tokenizer.fingerprint, dtype]
+    for s in spans:
+        r = recorded[s.path]
+        parts += [s.path, s.kind, str(s.start), str(s.stop), str(s.ends_document), str(r["size"]), str(r["mtime_ns"]), r["fingerprint"]]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()
+
+
+def _build_pieces(folder, source, files, recorded, tokenizer, dtype, shard_bytes, workers, done, say) -> list[dict]:
+    by_path = {r["path"]: r for r in recorded}
+    pieces = plan_pieces(files, shard_bytes, stdlib=source.kind == "stdlib")
+    keys = [_piece_key(tokenizer, dtype, spans, by_path) for spans in pieces]
+    shards = {k: done[k] for k in keys if k in done}
+    todo = [(folder, key, spans, tokenizer, dtype) for key, spans in zip(keys, pieces) if key not in shards]
+    progress = Progress(
+        source.description, total_bytes=sum(s.nbytes for spans in pieces for s in spans), say=say,
+        done_bytes=sum(shards[k]["bytes"] for k in shards),
+    )
+    if shards and todo:
+        progress.note(f"continuing: {len(shards)} of {len(pieces)} shards already built")
+    workers = min(workers or _cpu_count(), len(todo))
+    with _results(todo, workers) as results, open(folder / JOURNAL, "a") as journal:
+        for shard in results:
+            journal.write(json.dumps(shard) + "\n")
+            journal.flush()
+            shards[shard["key"]] = shard
+            progress.update(shard["bytes"], shard["tokens"], shard["documents"])
+    progress.finish()
+    return [shards[k] for k in keys]
+
+
+@contextlib.contextmanager
+def _results(todo: list[tuple], workers: int) -> Iterator[Iterator[dict]]:
+    """tokenize_piece over `todo`, in worker processes when there is more than one to run."""
+    if workers <= 1:
+        yield (tokenize_piece(task) for task in todo)
+        return
+    # The platform's default start method (fork on Linux, as DataLoader workers): spawn would re-import
+    # the caller's main module, which fails for scripts without a __main__ guard.
+    with multiprocessing.Pool(workers) as pool:
+        yield pool.imap_unordered(tokenize_piece, todo)
+
+
+def tokenize_piece(task: tuple) -> dict:
+    """Tokenise one piece into its shard file; runs in a worker process."""
+    folder, key, spans, tokenizer, dtype = task
+    return _write_shard(folder, key, read_batches(spans), tokenizer, dtype, sum(s.nbytes for s in spans))
+
+
+def _write_shard(folder: Path, key: str, batches: Iterator[list[tuple[str, bool]]], tokenizer: Tokenizer,
+                 dtype: str, nbytes: int) -> dict:
+    """Encode batches of (text, ends_document) into folder/<key>.bin; each document is followed by the
+    end-of-text id. The file appears under its name only once complete."""
+    name = f"{key[:24]}.bin"
+    tokens = documents = 0
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f"{name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as out:
+            for batch in batches:
+                ids = encode_documents(tokenizer, batch, dtype)
+                out.write(ids.tobytes())
+                tokens += len(ids)
+                documents += sum(ends for _, ends in batch)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, folder / name)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    return {"key": key, "file": name, "tokens": tokens, "documents": documents, "bytes": nbytes}
+
+
+def encode_documents(tokenizer: Tokenizer, batch: list[tuple[str, bool]], dtype: str) -> np.ndarray:
+    """Ids of the batch's texts, the end-of-text id after each one that ends a document."""
+    encoded = tokenizer.encode_batch([text for text, _ in batch])
+    for ids, (_, ends) in zip(encoded, batch):
+        if ends:
+            ids.append(tokenizer.eot_id)
+    count = sum(len(ids) for ids in encoded)
+    return np.fromiter(chain.from_iterable(encoded), dtype=np.dtype(dtype), count=count)
+
+
+def _build_hub(folder: Path, name: str, tokenizer: Tokenizer, dtype: str, done: dict[str, dict], say) -> list[dict]:
+    """Stream a hub dataset into shards of HUB_PIECE_DOCUMENTS documents; a rerun skips finished shards."""
+    shards = []
+    while (key := hashlib.sha256(f"hub\0{name}\0{tokenizer.fingerprint}\0{len(shards)}".encode()).hexdigest()) in done:
+        shards.append(done[key])
+    progress = Progress(f"hub:{name}", total_bytes=0, say=say)
+    documents = hub_documents(name, skip=sum(s["documents"] for s in shards))
+    with open(folder / JOURNAL, "a") as journal:
+        while chunk := list(islice(documents, HUB_PIECE_DOCUMENTS)):
+            key = hashlib.sha256(f"hub\0{name}\0{tokenizer.fingerprint}\0{len(shards)}".encode()).hexdigest()
+            nbytes = sum(len(text) for text in chunk)
+            batches = ([(text, True) for text in chunk[i : i + 1000]] for i in range(0, len(chunk), 1000))
+            shard = _write_shard(folder, key, batches, tokenizer, dtype, nbytes)
+            journal.write(json.dumps(shard) + "\n")
+            journal.flush()
+            shards.append(shard)
+            progress.update(nbytes, shard["tokens"], shard["documents"])
+    progress.finish()
+    return shards
+
+
+def _cpu_count() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+@contextlib.contextmanager
+def _exclusive_lock(path: Path) -> Iterator[None]:
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f"{path.name}.", suffix=".tmp")
+    with os.fdopen(fd, "wb") as out:
+        out.write(data)
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(tmp, path)
+
+
+# ----------------------------------------------------------------------------------------------
+# Pre-tokenized files
+
+
+def open_pretokenized(source: Source, files: list[SourceFile], tokenizer: Tokenizer, cache_dir: Path,
+                      verify: str = "stat") -> TokenStore:
+    """Memory-map .bin/.npy token files in place. Each is checked once (header, size, every id inside the
+    tokenizer's vocabulary) and the result cached by path, size, mtime and fingerprint."""
+    key = hashlib.sha256(f"{STORE_FORMAT}\0{tokenizer.vocab_size}\0{[f.path for f in files]}".encode()).hexdigest()
+    index_path = cache_dir / f"pretokenized-{key[:24]}.json"
+    try:
+        index = {r["path"]: r for r in json.loads(index_path.read_text())}
+    except (OSError, ValueError, TypeError, KeyError):
+        index = {}
+    records, changed = [], False
+    for f in files:
+        record = index.get(f.path)
+        if record is None or not _sources_match([record], [f], "sample" if verify == "sample" else "stat") or verify == "full":
+            record, changed = inspect_token_file(f, tokenizer), True
+        records.append(record)
+    if changed:
+        with contextlib.suppress(OSError):  # the check is only a cache: an unwritable cache costs time, not correctness
+            cache_dir.mkdir(parents=True, exist_ok=True)
+            _write_atomically(index_path, json.dumps(records).encode())
+    maps = [(r["path"], r["dtype"], r["offset"], r["count"]) for r in records]
+    return TokenStore.from_files(maps, label=source.description)
+
+
+def inspect_token_file(f: SourceFile, tokenizer: Tokenizer) -> dict:
+    """Where the ids of a .bin/.npy file lie and what type they are; ConfigError (naming the file) for a
+    bad header, a truncated file or an id outside the tokenizer's vocabulary."""
+    if f.path.lower().endswith(".npy"):
+        dtype, offset, count = _npy_layout(f.path)
+    else:
+        dtype, offset, count = _bin_layout(f)
+    if count == 0:
+        raise ConfigError(f"{f.path} holds no tokens; remove it from the corpus")
+    ids = np.memmap(f.path, dtype=dtype, mode="r", offset=offset, shape=(count,))
+    low = min(int(ids[i : i + SCAN_CHUNK].min()) for i in range(0, count, SCAN_CHUNK))
+    high = max(int(ids[i : i + SCAN_CHUNK].max()) for i in range(0, count, SCAN_CHUNK))
+    if low < 0 or high >= tokenizer.vocab_size:
+        bad = low if low < 0 else high
+        raise ConfigError(
+            f"{f.path} holds token id {bad}, outside model.tokenizer '{tokenizer.name}' (ids 0..{tokenizer.vocab_size - 1}); "
+            "tokenize it with the same tokenizer or set model.tokenizer to the one it was made with"
+        )
+    return {**f.as_record(), "fingerprint": fingerprint(f.path, f.size), "dtype": np.dtype(dtype).str,
+            "offset": offset, "count": count, "max_id": high}
+
+
+def _bin_layout(f: SourceFile) -> tuple[np.dtype, int, int]:
+    """An llm.c / modded-nanogpt shard (256 int32 header: magic, version, token count) or, without that
+    header, nanoGPT's raw uint16 array."""
+    with open(f.path, "rb") as handle:
+        header = np.frombuffer(handle.read(LLMC_HEADER_INTS * 4), dtype="<i4")
+    magic = int(header[0]) if len(header) else 0
+    if magic in LLMC_FORMATS:
+        version, dtype = LLMC_FORMATS[magic]
+        if len(header) < LLMC_HEADER_INTS or int(header[1]) != version:
+            found = int(header[1]) if len(header) > 1 else "none"
+            raise ConfigError(f"{f.path} has llm.c magic {magic} but version {found} (expected {version}); re-create the shard")
+        count, offset = int(header[2]), LLMC_HEADER_INTS * 4
+        available = (f.size - offset) // np.dtype(dtype).itemsize
+        if count > available:
+            raise ConfigError(
+                f"{f.path} is truncated: its header promises {count:,} tokens but the file holds {available:,}; "
+                "re-create or remove it"
+            )
+        return np.dtype(dtype), offset, count
+    if len(header) == LLMC_HEADER_INTS and int(header[1]) in (1, 7) and magic and not header[3:].any():
+        known = " or ".join(f"{m} ({np.dtype(d).name})" for m, (_, d) in LLMC_FORMATS.items())
+        raise ConfigError(f"{f.path} has an llm.c-style header with the unknown magic {magic} (expected {known}); re-create the shard")
+    if f.size % 2:
+        raise ConfigError(f"{f.path} has no llm.c header and an odd size, so it is not a raw uint16 token array; re-create it")
+    return np.dtype(np.uint16), 0, f.size // 2
+
+
+def _npy_layout(path: str) -> tuple[np.dtype, int, int]:
+    try:
+        array = np.load(path, mmap_mode="r")
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{path} is not a readable .npy file ({e}); re-create or remove it") from e
+    if not isinstance(array, np.memmap) or array.dtype.kind not in "iu" or not array.flags.c_contiguous:
+        raise ConfigError(f"{path} holds {array.dtype} values, not a contiguous array of integer token ids; re-create it")
+    return array.dtype, int(array.offset), int(array.size)
+
+
+def describe(store: TokenStore) -> str:
+    shards = f"{store.num_shards} shard" + ("s" if store.num_shards != 1 else "")
+    docs = f"{store.documents:,} documents, " if store.documents is not None else ""
+    return f"{store.label}: {docs}{len(store):,} tokens in {shards}"

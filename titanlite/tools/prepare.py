@@ -1,0 +1,53 @@
+"""`titanlite prepare`: tokenise the configured training data into its prepared token store, once.
+
+Training ranks then only memory-map the store's shards. Run it ahead of a job on a large corpus (the
+first `./run_train.sh` would otherwise do it before launch), or again after the sources changed.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from titanlite.tools import take_options
+
+USAGE = """usage: titanlite prepare [--config FILE] [--workers N] [--rebuild] [--section.key VALUE ...]
+  --workers N   tokenising processes (default: data.prepare_workers, 0 = every core)
+  --rebuild     tokenise everything again, even where the store looks current (e.g. a hub dataset
+                that changed upstream)
+Sources are training.dataset / dataset_path, or every entry of training.dataset_mixture. A store is
+reused when each source file's size, mtime and sampled fingerprint match (every byte, with
+--data.verify_sources)."""
+
+
+def prepare(argv: list[str]) -> int:
+    from titanlite.config import parse_config
+    from titanlite.data.datasets import configured_sources
+    from titanlite.data.store import describe, open_store
+    from titanlite.data.tokenizer import build_tokenizer
+    from titanlite.train import cache_dir
+
+    if "--help" in argv or "-h" in argv:
+        print(USAGE)
+        return 0
+    opts, rest = take_options(argv, {"workers": -1, "rebuild": False}, "prepare")
+    cfg = parse_config(rest)
+    workers = cfg.data.prepare_workers if opts["workers"] < 0 else opts["workers"]
+    tokenizer = build_tokenizer(cfg.model.tokenizer)
+    sources = configured_sources(cfg.training.dataset, cfg.training.dataset_path, cfg.training.dataset_mixture)
+    for source, _ in sources:
+        start = time.perf_counter()
+        store = open_store(
+            source, tokenizer, cache_dir(cfg),
+            verify="full" if cfg.data.verify_sources else "sample",
+            workers=workers, shard_bytes=int(cfg.data.shard_size_mb * 2**20), say=say, rebuild=opts["rebuild"],
+        )
+        where = f" in {store.path}" if store.path else " (read in place)"
+        print(f"titanlite: prepared {describe(store)}{where} ({time.perf_counter() - start:.1f} s)")
+    return 0
+
+
+def say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
