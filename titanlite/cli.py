@@ -113,7 +113,7 @@ def check(argv: list[str]) -> int:
     world_size = opts["world-size"]
     cfg = parse_config(rest)
     plan = plan_run(cfg, world_size)
-    _, corpus = build_data(cfg, verify="sample", say=_say_stderr)
+    _, corpus = build_data(cfg, verify="sample", say=lambda line: print(line, flush=True))
     for line in corpus.describe(plan.global_batch_size * cfg.training.steps):
         print(f"titanlite: data: {line}")
     print(
@@ -121,10 +121,6 @@ def check(argv: list[str]) -> int:
         f"global batch {plan.global_batch_size}, accumulation {plan.grad_accum_steps}"
     )
     return 0
-
-
-def _say_stderr(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
 
 
 def prepare(argv: list[str]) -> int:

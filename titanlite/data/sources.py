@@ -404,8 +404,16 @@ def hub_documents(name: str, skip: int = 0) -> Iterator[str]:
     if "text" not in first:
         raise ConfigError(f"training.dataset='{name}' has no 'text' column; use a dataset that has one")
     yield first["text"]
-    for row in rows:
-        yield row["text"]
+    count = 1
+    try:
+        for row in rows:
+            yield row["text"]
+            count += 1
+    except Exception as e:  # noqa: BLE001 - a broken stream, whatever the client raises
+        raise ConfigError(
+            f"the stream of training.dataset='{name}' broke after {skip + count} documents ({short_reason(e)}); "
+            "run the same command again to continue from the last finished shard"
+        ) from e
 
 
 def short_reason(error: BaseException, limit: int = 120) -> str:

@@ -127,7 +127,7 @@ def open_store(source: Source, tokenizer: Tokenizer, cache_dir: str | Path, *, v
             return store
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        with _exclusive_lock(folder.with_suffix(".lock")):
+        with _exclusive_lock(folder / ".lock"):
             # Another process may have finished the store while this one waited for the lock.
             store = None if rebuild else _open_if_current(folder, source, files, verify)
             if rebuild:
@@ -189,10 +189,9 @@ def build_store(folder: Path, source: Source, files: list[SourceFile], tokenizer
         shards = _build_hub(folder, source.location, tokenizer, dtype, done, say)
         recorded = []
     else:
-        recorded = [{**f.as_record(), "fingerprint": fingerprint(f.path, f.size)} for f in files]
+        # The full hash (about a second per GB) lets data.verify_sources tell a same-size, same-mtime edit.
+        recorded = [{**f.as_record(), "fingerprint": fingerprint(f.path, f.size), "sha256": full_hash(f.path)} for f in files]
         shards = _build_pieces(folder, source, files, recorded, tokenizer, dtype, shard_bytes, workers, done, say)
-        for record in recorded:
-            record["sha256"] = full_hash(record["path"])
     documents = sum(s["documents"] for s in shards)
     if documents == 0:
         raise ConfigError(f"{source.label}='{source.location or source.kind}' has no documents; point it at data with some text")
@@ -231,7 +230,7 @@ def _piece_key(tokenizer: Tokenizer, dtype: str, spans: list[Span], recorded: di
     parts = [STORE_FORMAT, tokenizer.fingerprint, dtype]
     for s in spans:
         r = recorded[s.path]
-        parts += [s.path, s.kind, str(s.start), str(s.stop), str(s.ends_document), str(r["size"]), str(r["mtime_ns"]), r["fingerprint"]]
+        parts += [s.path, s.kind, str(s.start), str(s.stop), str(s.ends_document), str(r["size"]), str(r["mtime_ns"]), r["sha256"]]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
 
@@ -411,7 +410,8 @@ def _bin_layout(f: SourceFile) -> tuple[np.dtype, int, int]:
     """An llm.c / modded-nanogpt shard (256 int32 header: magic, version, token count) or, without that
     header, nanoGPT's raw uint16 array."""
     with open(f.path, "rb") as handle:
-        header = np.frombuffer(handle.read(LLMC_HEADER_INTS * 4), dtype="<i4")
+        data = handle.read(LLMC_HEADER_INTS * 4)
+    header = np.frombuffer(data[: len(data) // 4 * 4], dtype="<i4")
     magic = int(header[0]) if len(header) else 0
     if magic in LLMC_FORMATS:
         version, dtype = LLMC_FORMATS[magic]

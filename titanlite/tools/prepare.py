@@ -6,7 +6,6 @@ first `./run_train.sh` would otherwise do it before launch), or again after the 
 
 from __future__ import annotations
 
-import sys
 import time
 
 from titanlite.tools import take_options
@@ -48,6 +47,6 @@ def prepare(argv: list[str]) -> int:
 
 
 def say(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
+    print(line, flush=True)
 
 
