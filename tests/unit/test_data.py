@@ -584,6 +584,16 @@ def test_mixture_shares_match_the_weights_within_2_percent_over_1000_windows():
     assert counts.max() - counts.min() <= 1, "a repeated source still visits each window once per its epoch"
 
 
+def test_every_prefix_of_a_mixture_holds_the_shares_to_one_sample():
+    weights = np.array([0.5, 0.3, 0.2])
+    order = MixtureOrder([1000, 1000, 1000], list(weights), seed=4)
+    source = order.windows(np.arange(3 * 4096)) // 1000
+    seen = np.cumsum(np.eye(3, dtype=np.int64)[source], axis=0)  # seen[j, s]: samples of s among the first j+1
+    expected = np.outer(np.arange(1, len(source) + 1), np.array(order.counts) / 4096)  # weights to 1/4096
+    assert order.counts == [2048, 1229, 819]
+    assert np.abs(seen - expected).max() <= 1.0, "so every global batch holds each share to within two samples"
+
+
 def test_mixture_order_is_seeded_and_its_weights_are_checked():
     a = MixtureOrder([10, 10], [1, 1], seed=1).windows(np.arange(100))
     np.testing.assert_array_equal(a, MixtureOrder([10, 10], [1, 1], seed=1).windows(np.arange(100)))

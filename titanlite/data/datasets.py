@@ -83,7 +83,7 @@ class Corpus:
         for store, part, weight, count in zip(self.stores, self.windows.parts, self.weights, shares):
             lines.append(
                 f"{describe(store)}; weight {weight:g}: {count / num_samples:.1%} of the run's {num_samples:,} "
-                f"samples ({count / len(part):.2f} epochs of its {len(part):,} windows)"
+                f"samples ({count / len(part):.3g} epochs of its {len(part):,} windows)"
             )
         return lines
 

@@ -15,7 +15,7 @@ from titanlite.errors import ConfigError
 MASK64 = (1 << 64) - 1
 FEISTEL_ROUNDS = 6
 # A mixture interleaves its sources in blocks of this many samples, each source taking its weight's
-# share of every block (rounded by largest remainder), in a seeded order within the block.
+# share of every block (rounded by largest remainder).
 MIXTURE_BLOCK = 4096
 
 
@@ -102,60 +102,60 @@ def mixture_counts(weights: list[float], block: int = MIXTURE_BLOCK) -> list[int
     return counts
 
 
+def interleave(counts: list[int]) -> np.ndarray:
+    """The source of each slot of a block: slot j goes to the source furthest behind its share of the
+    first j + 1 slots (Megatron's blending rule), so every prefix of a block, and so every global batch,
+    holds each source's share to within one sample."""
+    block = sum(counts)
+    wanted, assigned = np.array(counts, dtype=np.float64), np.zeros(len(counts))
+    pattern = np.empty(block, dtype=np.int64)
+    for j in range(block):
+        s = int(np.argmax(wanted * (j + 1) / block - assigned))
+        pattern[j] = s
+        assigned[s] += 1
+    return pattern
+
+
 class MixtureOrder:
-    """Global sample k of a weighted mixture: block b = k // B gives each source its share of the B
-    samples, in a seeded order within the block; a source's n-th sample reads that source's window by
-    its own EpochOrder (small sources repeat, large ones are cut short: weights, not sizes, decide).
+    """Global sample k of a weighted mixture: slot k mod B of every block of B samples belongs to the same
+    source (`interleave`), each source taking its weight's share of the block; a source's n-th sample
+    reads that source's window by its own seeded EpochOrder (small sources repeat, large ones are cut
+    short: weights, not sizes, decide).
 
     Windows are numbered across sources: source s's window w is offsets[s] + w."""
 
     def __init__(self, sizes: list[int], weights: list[float], seed: int, shuffle: bool = True,
                  block: int = MIXTURE_BLOCK) -> None:
         self.counts = mixture_counts(weights, block)
-        for size, weight, count in zip(sizes, weights, self.counts):
+        for weight, count in zip(weights, self.counts):
             if count == 0:
                 raise ConfigError(f"a mixture weight of {weight} is below 1/{block} of the total; raise it or drop the source")
-        self.block, self.seed, self.shuffle = block, seed, shuffle
+        self.block = block
         self.offsets = np.cumsum([0, *sizes[:-1]]).astype(np.int64)
         self.sources = [EpochOrder(size, _key(seed, 1 << 40, s), shuffle) for s, size in enumerate(sizes)]
-        base = np.repeat(np.arange(len(sizes), dtype=np.int64), self.counts)
-        self._base = base
-        self._cached_block, self._pattern, self._ordinal = -1, None, None
+        self.pattern = interleave(self.counts)
+        # ordinal[j]: how many earlier slots of the block belong to slot j's source.
+        self.ordinal = np.empty(block, dtype=np.int64)
+        for s in range(len(self.counts)):
+            slots = np.flatnonzero(self.pattern == s)
+            self.ordinal[slots] = np.arange(len(slots))
 
     @property
     def num_windows(self) -> int:
         return int(self.offsets[-1]) + self.sources[-1].num_windows
 
     def windows(self, samples: np.ndarray) -> np.ndarray:
-        samples = np.asarray(samples, dtype=np.int64)
-        out = np.empty_like(samples)
-        blocks, slots = np.divmod(samples, self.block)
-        for b in np.unique(blocks):
-            chosen = blocks == b
-            pattern, ordinal = self._block(int(b))
-            source, within = pattern[slots[chosen]], ordinal[slots[chosen]]
-            picked = np.empty(len(source), dtype=np.int64)
-            for s in np.unique(source):
-                mine = source == s
-                nth = int(b) * self.counts[s] + within[mine]
-                picked[mine] = self.sources[s].windows(nth) + self.offsets[s]
-            out[chosen] = picked
+        blocks, slots = np.divmod(np.asarray(samples, dtype=np.int64), self.block)
+        source = self.pattern[slots]
+        out = np.empty_like(blocks)
+        for s in np.unique(source):
+            mine = source == s
+            nth = blocks[mine] * self.counts[s] + self.ordinal[slots[mine]]
+            out[mine] = self.sources[s].windows(nth) + self.offsets[s]
         return out
 
     def shares(self, num_samples: int) -> list[int]:
         """How many of the first `num_samples` samples each source provides."""
         full, rest = divmod(num_samples, self.block)
-        pattern, _ = self._block(full)
-        partial = np.bincount(pattern[:rest], minlength=len(self.counts))
+        partial = np.bincount(self.pattern[:rest], minlength=len(self.counts))
         return [full * c + int(p) for c, p in zip(self.counts, partial)]
-
-    def _block(self, b: int) -> tuple[np.ndarray, np.ndarray]:
-        """The source of each slot of block b, and each slot's ordinal among its source's slots."""
-        if b != self._cached_block:
-            pattern = self._base[SeededPermutation(self.block, _key(self.seed, 1 << 41, b))(np.arange(self.block))]
-            ordinal = np.empty(self.block, dtype=np.int64)
-            for s in range(len(self.counts)):
-                slots = np.flatnonzero(pattern == s)
-                ordinal[slots] = np.arange(len(slots))
-            self._cached_block, self._pattern, self._ordinal = b, pattern, ordinal
-        return self._pattern, self._ordinal
