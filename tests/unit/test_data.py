@@ -202,6 +202,9 @@ def test_a_change_to_one_file_rebuilds_only_its_shards(tmp_path, monkeypatch):
     assert len(built) == 1 and built[0][2][0].path == str(data / "c.txt")
     assert list(tokens) == byte_ids("a" * 3000, "b" * 3000, "C" * 3000, "d" * 3000)
     assert len(list(cache.glob("store-*/*.bin"))) == 4, "the replaced shard's file is removed"
+    built.clear()
+    os.utime(data / "a.txt")  # touched, not changed: the store is refreshed without tokenising
+    assert list(load(data, ByteTokenizer(), cache, shard_bytes=3000, workers=1)) == list(tokens) and built == []
 
 
 def test_an_interrupted_prepare_continues_and_gives_the_same_store(tmp_path, monkeypatch):

@@ -226,11 +226,12 @@ def _finished_shards(folder: Path, dtype: str) -> dict[str, dict]:
 
 
 def _piece_key(tokenizer: Tokenizer, dtype: str, spans: list[Span], recorded: dict[str, dict]) -> str:
-    """Names a shard by everything its tokens depend on: tokenizer, byte ranges and each file's identity."""
+    """Names a shard by everything its tokens depend on: tokenizer, byte ranges and each file's content
+    (not its mtime: a touched file is hashed again, not tokenised again)."""
     parts = [STORE_FORMAT, tokenizer.fingerprint, dtype]
     for s in spans:
         r = recorded[s.path]
-        parts += [s.path, s.kind, str(s.start), str(s.stop), str(s.ends_document), str(r["size"]), str(r["mtime_ns"]), r["sha256"]]
+        parts += [s.path, s.kind, str(s.start), str(s.stop), str(s.ends_document), str(r["size"]), r["sha256"]]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
 
