@@ -297,6 +297,15 @@ def test_parquet_is_read_by_row_group_into_several_shards(tmp_path):
     assert list(store.read(0, len(store))) == byte_ids(*texts)
 
 
+def test_a_shard_of_blank_lines_holds_no_tokens_and_still_opens(tmp_path):
+    path = tmp_path / "docs.jsonl"
+    path.write_text(json.dumps({"text": "first"}) + "\n" * 5000 + json.dumps({"text": "last"}) + "\n")
+    store = open_store(local(path), ByteTokenizer(), tmp_path / "cache", shard_bytes=1000)
+    assert 0 in [len(a) for a in store.arrays]
+    assert list(store.read(0, len(store))) == byte_ids("first", "last")
+    assert list(open_store(local(path), ByteTokenizer(), tmp_path / "cache").read(0, len(store))) == byte_ids("first", "last")
+
+
 def test_a_single_local_file_is_accepted(tmp_path):
     path = tmp_path / "docs.parquet"
     pq.write_table(pa.table({"text": ["x", ""]}), path)

@@ -71,8 +71,9 @@ class TokenStore:
 
     @classmethod
     def from_files(cls, maps: list[tuple], **kwargs) -> TokenStore:
-        arrays = [np.memmap(path, dtype=np.dtype(dtype), mode="r", offset=offset, shape=(length,))
-                  for path, dtype, offset, length in maps]
+        # An empty shard (a piece of blank lines) cannot be memory-mapped, and holds nothing to map.
+        arrays = [np.memmap(path, dtype=np.dtype(dtype), mode="r", offset=offset, shape=(length,)) if length
+                  else np.empty(0, dtype=np.dtype(dtype)) for path, dtype, offset, length in maps]
         return cls(arrays, maps=list(maps), **kwargs)
 
     def __len__(self) -> int:
@@ -135,6 +136,8 @@ def open_store(source: Source, tokenizer: Tokenizer, cache_dir: str | Path, *, v
             if store is None:
                 build_store(folder, source, files, tokenizer, shard_bytes, workers, say)
                 store = _open_if_current(folder, source, files, "stat")
+            if store is None:
+                raise ConfigError(f"{source.description} changed while it was being prepared; run the command again")
     except OSError as e:
         raise ConfigError(f"cannot write the token store in {cache_dir} ({e.strerror or e}); set data.cache_dir to a writable folder") from e
     return store
