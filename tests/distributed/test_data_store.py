@@ -113,7 +113,8 @@ def bad_shard(kind: str, folder: Path) -> Path:
 BAD_SHARDS = {"npy_id_too_large": "50257", "raw_id_too_large": "60000", "truncated": "truncated", "unknown_magic": "12345"}
 
 
-@pytest.mark.parametrize("kind", BAD_SHARDS)
+# One case in the default suite; the others (each also a unit test of its message) run with --slow.
+@pytest.mark.parametrize("kind", [k if k == "truncated" else pytest.param(k, marks=pytest.mark.slow) for k in BAD_SHARDS])
 def test_bad_shard_stops_the_launch_with_one_line(tmp_path, kind):
     data = tmp_path / "data"
     data.mkdir()
@@ -186,6 +187,7 @@ def test_resume_on_a_store_mixture_on_another_layout(mixture_runs, tmp_path):
 # 5. Ranks trust a store by size and mtime; `titanlite check` also samples the content
 
 
+@pytest.mark.slow  # the in-process test_reopening_reads_neither_the_sources_nor_tokenises proves it in the default suite
 def test_ranks_reuse_the_store_without_reading_the_source(tmp_path, corpus_jsonl):
     source = tmp_path / "docs.jsonl"
     source.write_bytes(corpus_jsonl.read_bytes())
