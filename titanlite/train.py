@@ -86,15 +86,20 @@ def build_data(cfg: JobConfig, verify: str = "stat", say=None):
     from titanlite.data.datasets import build_corpus, configured_sources
     from titanlite.data.tokenizer import build_tokenizer
 
-    t, d = cfg.training, cfg.data
+    t = cfg.training
     tokenizer = build_tokenizer(cfg.model.tokenizer)
     sources = configured_sources(t.dataset, t.dataset_path, t.dataset_mixture)
-    corpus = build_corpus(
-        sources, tokenizer, cache_dir(cfg), t.seq_len, t.seed, d.shuffle,
-        verify="full" if d.verify_sources and verify != "stat" else verify,
-        workers=d.prepare_workers, shard_bytes=int(d.shard_size_mb * 2**20), say=say,
-    )
+    corpus = build_corpus(sources, tokenizer, cache_dir(cfg), t.seq_len, t.seed, cfg.data.shuffle,
+                          **store_options(cfg, verify), say=say)
     return tokenizer, corpus
+
+
+def store_options(cfg: JobConfig, verify: str) -> dict:
+    """How open_store checks and builds stores under this config: data.verify_sources turns a fingerprint
+    check into a full one (ranks keep their stat check), plus the prepare workers and shard size."""
+    d = cfg.data
+    return {"verify": "full" if d.verify_sources and verify != "stat" else verify,
+            "workers": d.prepare_workers, "shard_bytes": int(d.shard_size_mb * 2**20)}
 
 
 def build_loader(cfg: JobConfig, corpus, mesh, plan: Plan, device: torch.device):

@@ -179,10 +179,10 @@ class TokenLoader:
             start_sample=self._start_sample,
         )
         # Batches built ahead cannot skew the state: it counts only batches handed to the caller.
-        batches = iter(DataLoader(self.dataset, batch_size=self.local_batch_size, sampler=sampler, num_workers=self.num_workers))
-        if self.prefetch:
-            return BackgroundBatches(batches, self.prefetch, self.pin_device)
-        return (b.pin_memory() for b in batches) if self.pin_device is not None else batches
+        pin_here = self.pin_device is not None and not self.prefetch  # else the background thread pins
+        batches = iter(DataLoader(self.dataset, batch_size=self.local_batch_size, sampler=sampler,
+                                  num_workers=self.num_workers, pin_memory=pin_here))
+        return BackgroundBatches(batches, self.prefetch, self.pin_device) if self.prefetch else batches
 
 
 def _check_layout(local_batch_size: int, grad_accum_steps: int, dp_rank: int, dp_degree: int) -> None:

@@ -74,23 +74,20 @@ class SourceFile:
 def fingerprint(path: str, size: int) -> str:
     """sha256 of FINGERPRINT_SAMPLES blocks spread evenly over the file (first and last included)."""
     digest = hashlib.sha256(str(size).encode())
-    try:
-        with open(path, "rb") as f:
-            if size <= FINGERPRINT_SAMPLES * FINGERPRINT_BLOCK:
-                digest.update(f.read())
-            else:
-                step = (size - FINGERPRINT_BLOCK) / (FINGERPRINT_SAMPLES - 1)
-                for i in range(FINGERPRINT_SAMPLES):
-                    f.seek(int(i * step))
-                    digest.update(f.read(FINGERPRINT_BLOCK))
-    except OSError as e:
-        raise ConfigError(f"cannot read {path} ({e.strerror}); fix its permissions or remove it from the corpus") from e
+    with _open(path) as f:
+        if size <= FINGERPRINT_SAMPLES * FINGERPRINT_BLOCK:
+            digest.update(f.read())
+        else:
+            step = (size - FINGERPRINT_BLOCK) / (FINGERPRINT_SAMPLES - 1)
+            for i in range(FINGERPRINT_SAMPLES):
+                f.seek(int(i * step))
+                digest.update(f.read(FINGERPRINT_BLOCK))
     return digest.hexdigest()
 
 
 def full_hash(path: str) -> str:
     digest = hashlib.sha256()
-    with open(path, "rb") as f:
+    with _open(path) as f:
         while block := f.read(2**24):
             digest.update(block)
     return digest.hexdigest()

@@ -314,17 +314,19 @@ def encode_documents(tokenizer: Tokenizer, batch: list[tuple[str, bool]], dtype:
 
 def _build_hub(folder: Path, name: str, tokenizer: Tokenizer, dtype: str, done: dict[str, dict], say) -> list[dict]:
     """Stream a hub dataset into shards of HUB_PIECE_DOCUMENTS documents; a rerun skips finished shards."""
+    def key(index: int) -> str:
+        return hashlib.sha256(f"hub\0{name}\0{tokenizer.fingerprint}\0{HUB_PIECE_DOCUMENTS}\0{index}".encode()).hexdigest()
+
     shards = []
-    while (key := hashlib.sha256(f"hub\0{name}\0{tokenizer.fingerprint}\0{len(shards)}".encode()).hexdigest()) in done:
-        shards.append(done[key])
+    while key(len(shards)) in done:
+        shards.append(done[key(len(shards))])
     progress = Progress(f"hub:{name}", total_bytes=0, say=say)
     documents = hub_documents(name, skip=sum(s["documents"] for s in shards))
     with open(folder / JOURNAL, "a") as journal:
         while chunk := list(islice(documents, HUB_PIECE_DOCUMENTS)):
-            key = hashlib.sha256(f"hub\0{name}\0{tokenizer.fingerprint}\0{len(shards)}".encode()).hexdigest()
             nbytes = sum(len(text) for text in chunk)
             batches = ([(text, True) for text in chunk[i : i + 1000]] for i in range(0, len(chunk), 1000))
-            shard = _write_shard(folder, key, batches, tokenizer, dtype, nbytes)
+            shard = _write_shard(folder, key(len(shards)), batches, tokenizer, dtype, nbytes)
             journal.write(json.dumps(shard) + "\n")
             journal.flush()
             shards.append(shard)
@@ -376,7 +378,7 @@ def open_pretokenized(source: Source, files: list[SourceFile], tokenizer: Tokeni
     records, changed = [], False
     for f in files:
         record = index.get(f.path)
-        if record is None or not _sources_match([record], [f], "sample" if verify == "sample" else "stat") or verify == "full":
+        if verify == "full" or record is None or not _sources_match([record], [f], verify):
             record, changed = inspect_token_file(f, tokenizer), True
         records.append(record)
     if changed:

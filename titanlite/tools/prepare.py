@@ -24,23 +24,21 @@ def prepare(argv: list[str]) -> int:
     from titanlite.data.datasets import configured_sources
     from titanlite.data.store import describe, open_store
     from titanlite.data.tokenizer import build_tokenizer
-    from titanlite.train import cache_dir
+    from titanlite.train import cache_dir, store_options
 
     if "--help" in argv or "-h" in argv:
         print(USAGE)
         return 0
     opts, rest = take_options(argv, {"workers": -1, "rebuild": False}, "prepare")
     cfg = parse_config(rest)
-    workers = cfg.data.prepare_workers if opts["workers"] < 0 else opts["workers"]
+    options = store_options(cfg, "sample")
+    if opts["workers"] >= 0:
+        options["workers"] = opts["workers"]
     tokenizer = build_tokenizer(cfg.model.tokenizer)
     sources = configured_sources(cfg.training.dataset, cfg.training.dataset_path, cfg.training.dataset_mixture)
     for source, _ in sources:
         start = time.perf_counter()
-        store = open_store(
-            source, tokenizer, cache_dir(cfg),
-            verify="full" if cfg.data.verify_sources else "sample",
-            workers=workers, shard_bytes=int(cfg.data.shard_size_mb * 2**20), say=say, rebuild=opts["rebuild"],
-        )
+        store = open_store(source, tokenizer, cache_dir(cfg), **options, say=say, rebuild=opts["rebuild"])
         where = f" in {store.path}" if store.path else " (read in place)"
         print(f"titanlite: prepared {describe(store)}{where} ({time.perf_counter() - start:.1f} s)")
     return 0
