@@ -10,12 +10,18 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
-# A small, fast setting of the debug model: global batch 8 sequences of 32 tokens, logged every step.
+# A small validation corpus (13 windows of 32 GPT-2 tokens: the last global batch of 8 is padded).
+VALIDATION_TEXT = REPO / "tests" / "data" / "validation.txt"
+# A small, fast setting of the debug model: global batch 8 sequences of 32 tokens, logged every step, and
+# evaluated on VALIDATION_TEXT at steps 2, 4 and 5 (so every parity test compares validation losses too).
 TINY = [
     "--training.steps", "5",
     "--training.seq_len", "32",
     "--metrics.log_freq", "1",
     "--lr_scheduler.warmup_steps", "2",
+    "--validation.enable", "true",
+    "--validation.freq", "2",
+    "--validation.dataset_path", str(VALIDATION_TEXT),
 ]
 
 
@@ -59,9 +65,12 @@ GRAD_NORM_RTOL = 1e-4
 
 
 def assert_matches(records: list[dict], reference: list[dict]) -> None:
-    """Per-step losses and grad norms of a parallel run equal the single-process run's."""
+    """Per-step losses and grad norms of a parallel run equal the single-process run's, and so do the
+    validation losses, evaluated at the same steps."""
     assert_close([r["loss"] for r in records], [r["loss"] for r in reference], LOSS_RTOL)
     assert_close([r["grad_norm"] for r in records], [r["grad_norm"] for r in reference], GRAD_NORM_RTOL)
+    assert [r["step"] for r in records if "val_loss" in r] == [r["step"] for r in reference if "val_loss" in r]
+    assert_close([r["val_loss"] for r in records if "val_loss" in r], [r["val_loss"] for r in reference if "val_loss" in r], LOSS_RTOL)
 
 
 def assert_close(actual: list[float], expected: list[float], rtol: float) -> None:

@@ -26,6 +26,8 @@ from tests.helpers import TINY, metrics, run_train_sh, torchrun
         (2, ["--training.enable_cpu_offload"], "no CUDA device here"),
         (1, ["--training.seq_len", "100000000"], "too few for training.seq_len=100000000"),
         (1, ["--training.dataset", "local", "--training.dataset_path", "/nonexistent"], "dataset_path='/nonexistent' does not exist"),
+        (1, ["--validation.enable", "--validation.split_fraction", "0.000001"], "too few for one window of validation.seq_len=128"),
+        (2, ["--validation.enable", "--parallelism.pipeline_parallel_degree", "2", "--parallelism.pipeline_parallel_schedule", "DualPipeV"], "validation under pipeline_parallel_schedule=DualPipeV fails inside torch"),
     ],
 )
 def test_bad_config_exits_2_with_one_line_before_launch(tmp_path, ngpu, args, fragment):

@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -251,19 +252,30 @@ class Checkpointer:
 
     def load_initial(self, path: Path) -> None:
         """Start from given weights: a DCP checkpoint folder, or a Hugging Face folder (config.json)."""
-        if (path / "config.json").is_file():
-            from titanlite.hf import load_hf_into
+        load_weights(self.model_parts, path)
+        kind = "the Hugging Face folder " if (path / "config.json").is_file() else ""
+        self.say(f"  checkpoint: initial weights from {kind}{path}")
 
-            load_hf_into(self.model_parts, path)
-            self.say(f"  checkpoint: initial weights from the Hugging Face folder {path}")
-            return
-        problem = "it does not exist" if not path.is_dir() else verify(path)
-        if problem:
-            raise ConfigError(f"checkpoint.initial_load_path='{path}' cannot be loaded ({problem})")
-        state = {"model": self.model_state()}
+
+def load_weights(model_parts: list[nn.Module], path: Path, what: str = "checkpoint.initial_load_path") -> None:
+    """Model weights only, from a DCP checkpoint folder (saved on any layout) or a Hugging Face folder,
+    into this rank's (possibly sharded or pipelined) model parts."""
+    if (path / "config.json").is_file():
+        from titanlite.hf import load_hf_into
+
+        load_hf_into(model_parts, path)
+        return
+    problem = "it does not exist" if not path.is_dir() else verify(path)
+    if problem:
+        raise ConfigError(f"{what}='{path}' cannot be loaded ({problem})")
+    state = {"model": {}}
+    for part in model_parts:
+        state["model"] |= get_model_state_dict(part)
+    with warnings.catch_warnings():  # one process: DCP warns that it assumes so, which is the intent
+        warnings.filterwarnings("ignore", "torch.distributed is disabled")
         dcp.load(state, checkpoint_id=str(path), no_dist=not dist.is_initialized())
-        self.apply(state)
-        self.say(f"  checkpoint: initial weights from {path}")
+    for part in model_parts:
+        set_model_state_dict(part, state["model"], options=StateDictOptions(strict=False))
 
 
 def pick_checkpoint(run_dir: Path, load_step: int, say=print) -> Path | None:

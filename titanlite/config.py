@@ -114,6 +114,32 @@ class Data:
 
 
 @dataclass
+class Validation:
+    enable: bool = False
+    """Evaluate the loss on held-out windows every `freq` steps and at the last step (val_loss,
+    val_perplexity and val_tokens in the step's log line, metrics.jsonl and TensorBoard)."""
+    freq: int = 100
+    """Steps between evaluations; the last step is always evaluated."""
+    steps: int = -1
+    """Batches per evaluation, each local_batch_size x dp windows; -1 evaluates every validation window
+    once (the same windows on any layout)."""
+    local_batch_size: int = 0
+    """Validation windows per data-parallel rank per batch; 0 uses training.local_batch_size."""
+    seq_len: int = 0
+    """Tokens per validation window; 0 uses training.seq_len."""
+    dataset: str = ""
+    """Empty: the held-out split of the training corpus. Otherwise a separate corpus, named as
+    training.dataset names one ('stdlib', 'local' with dataset_path, or a hub name); training then holds
+    nothing out."""
+    dataset_path: str = ""
+    """A separate validation corpus, as training.dataset_path (implies dataset = 'local')."""
+    split_fraction: float = 0.01
+    """Share of each training source held out for validation: its last tokens, from the first
+    end-of-text at or after that point. Held out whether or not validation is enabled, so enabling it
+    never changes the training data; 0 holds nothing out."""
+
+
+@dataclass
 class Optimizer:
     name: Literal["AdamW"] = "AdamW"
     """Optimizer."""
@@ -281,6 +307,7 @@ class JobConfig:
     model: Model = field(default_factory=Model)
     training: Training = field(default_factory=Training)
     data: Data = field(default_factory=Data)
+    validation: Validation = field(default_factory=Validation)
     optimizer: Optimizer = field(default_factory=Optimizer)
     lr_scheduler: LRScheduler = field(default_factory=LRScheduler)
     parallelism: Parallelism = field(default_factory=Parallelism)
@@ -514,6 +541,20 @@ def validate_values(cfg: JobConfig) -> None:
         raise ConfigError(f"checkpoint.exclude_from_loading names {unknown}; use some of: {', '.join(sorted(parts))}")
     if t.dataset == "local" and not t.dataset_path and not t.dataset_mixture:
         raise ConfigError("training.dataset='local' needs training.dataset_path (a .txt/.jsonl/.parquet/.bin/.npy file or folder)")
+    v = cfg.validation
+    if v.freq < 1:
+        raise ConfigError(f"validation.freq={v.freq} must be at least 1 (steps between evaluations)")
+    if v.steps < 1 and v.steps != -1:
+        raise ConfigError(f"validation.steps={v.steps} must be at least 1, or -1 for the whole validation split")
+    for key in ("local_batch_size", "seq_len"):
+        if getattr(v, key) < 0:
+            raise ConfigError(f"validation.{key}={getattr(v, key)} must not be negative (0 uses training.{key})")
+    if not 0 <= v.split_fraction < 1:
+        raise ConfigError(f"validation.split_fraction={v.split_fraction} must be in [0, 1)")
+    if v.dataset == "local" and not v.dataset_path:
+        raise ConfigError("validation.dataset='local' needs validation.dataset_path")
+    if v.enable and not (v.dataset or v.dataset_path) and v.split_fraction == 0:
+        raise ConfigError("validation.enable needs held-out data: set validation.split_fraction > 0 or validation.dataset_path")
     if not cfg.data.shard_size_mb > 0:
         raise ConfigError(f"data.shard_size_mb={cfg.data.shard_size_mb} must be positive")
 

@@ -165,6 +165,8 @@ def format_line(r: dict) -> str:
         f"tps {tps}  tflops {fmt(r['tflops'], '.2f')}  mfu {fmt(r['mfu_pct'], '.1f', '%')}  "
         f"mem {r['mem_peak_gib']:.2f}GiB  data {fmt(r.get('data_wait_pct'), '.1f', '%')}  eta {_duration(r['eta_s'])}"
     )
+    if "val_loss" in r:
+        line += f"  val_loss {r['val_loss']:.4f}  val_ppl {r['val_perplexity']:.2f} ({r['val_seconds']:.1f}s)"
     if "pp_idle_pct" in r:
         analytic = fmt(r["pp_bubble_analytic"], ".2f")
         line += f"  bubble {analytic} idle/pp-rank {'/'.join(f'{v:.0f}%' for v in r['pp_idle_pct'])}"

@@ -32,8 +32,9 @@ class Plan:
     pipeline: PipelinePlan | None
 
 
-def plan_run(cfg: JobConfig, world_size: int) -> Plan:
-    """Every check that can be made without a process group; raises ConfigError naming the knob."""
+def plan_run(cfg: JobConfig, world_size: int, validation: bool = False) -> Plan:
+    """Every check that can be made without a process group; raises ConfigError naming the knob
+    (those of the [validation] section too when it is enabled or `validation` asks for them)."""
     from titanlite.data.tokenizer import build_tokenizer
     from titanlite.models.registry import model_args
     from titanlite.parallel.float8 import check_float8
@@ -70,7 +71,33 @@ def plan_run(cfg: JobConfig, world_size: int) -> Plan:
     if cfg.training.dataset == "local" and cfg.training.dataset_path and not Path(cfg.training.dataset_path).exists():
         raise ConfigError(f"training.dataset_path='{cfg.training.dataset_path}' does not exist")
     pipeline = plan_pipeline(cfg.parallelism, args.n_layers, cfg.training.local_batch_size * accum)
+    if cfg.validation.enable or validation:
+        check_validation(cfg, pipeline, args.max_seq_len)
     return Plan(dims, accum, cfg.training.local_batch_size * dims.dp * accum, pipeline)
+
+
+def validation_batch_size(cfg: JobConfig) -> int:
+    return cfg.validation.local_batch_size or cfg.training.local_batch_size
+
+
+def check_validation(cfg: JobConfig, pipeline: PipelinePlan | None, max_seq_len: int) -> None:
+    from titanlite.parallel.pipeline import V_SHAPED
+
+    if pipeline and pipeline.schedule in V_SHAPED:
+        raise ConfigError(
+            f"validation under pipeline_parallel_schedule={pipeline.schedule} fails inside torch's forward-only "
+            "path (schedule.eval steals backward inputs); use Interleaved1F1B or InterleavedZeroBubble, or set "
+            "validation.enable = false (`titanlite eval` can evaluate its checkpoints on another schedule)"
+        )
+    if pipeline and validation_batch_size(cfg) % pipeline.n_microbatches:
+        raise ConfigError(
+            f"validation batches of {validation_batch_size(cfg)} windows per rank cannot be cut into the pipeline's "
+            f"{pipeline.n_microbatches} micro-batches; set validation.local_batch_size to a multiple of {pipeline.n_microbatches}"
+        )
+    seq_len = cfg.validation.seq_len or cfg.training.seq_len
+    if seq_len > max_seq_len:
+        raise ConfigError(f"validation.seq_len={seq_len} is longer than the model's {max_seq_len} positions; "
+                          f"use validation.seq_len <= {max_seq_len}")
 
 
 def cache_dir(cfg: JobConfig) -> Path:
@@ -82,16 +109,36 @@ def build_data(cfg: JobConfig, verify: str = "stat", say=None):
 
     Training ranks check a store's sources by size and mtime only (verify='stat': no source is read);
     `titanlite check` and `prepare` also compare sampled fingerprints, or every byte with
-    data.verify_sources. A missing or outdated store is built first, by one process at a time."""
+    data.verify_sources. A missing or outdated store is built first, by one process at a time. Each
+    source's last validation.split_fraction is held out of training unless validation names its own corpus."""
     from titanlite.data.datasets import build_corpus, configured_sources
     from titanlite.data.tokenizer import build_tokenizer
 
     t = cfg.training
     tokenizer = build_tokenizer(cfg.model.tokenizer)
     sources = configured_sources(t.dataset, t.dataset_path, t.dataset_mixture)
-    corpus = build_corpus(sources, tokenizer, cache_dir(cfg), t.seq_len, t.seed, cfg.data.shuffle,
+    holdout = 0.0 if separate_validation(cfg) else cfg.validation.split_fraction
+    corpus = build_corpus(sources, tokenizer, cache_dir(cfg), t.seq_len, t.seed, cfg.data.shuffle, holdout=holdout,
                           **store_options(cfg, verify), say=say)
     return tokenizer, corpus
+
+
+def separate_validation(cfg: JobConfig) -> bool:
+    return bool(cfg.validation.dataset or cfg.validation.dataset_path)
+
+
+def build_validation_data(cfg: JobConfig, tokenizer, corpus, verify: str = "stat", say=None):
+    """The validation windows: the training corpus's held-out tails, or validation.dataset(_path) whole."""
+    from titanlite.data.datasets import configured_sources, validation_windows
+    from titanlite.data.store import open_store
+
+    v = cfg.validation
+    seq_len = v.seq_len or cfg.training.seq_len
+    if not separate_validation(cfg):
+        return validation_windows(corpus.stores, corpus.split, seq_len)
+    sources = configured_sources(v.dataset or "local", v.dataset_path, [], section="validation")
+    stores = [open_store(source, tokenizer, cache_dir(cfg), **store_options(cfg, verify), say=say) for source, _ in sources]
+    return validation_windows(stores, [0] * len(stores), seq_len)
 
 
 def store_options(cfg: JobConfig, verify: str) -> dict:
@@ -232,11 +279,14 @@ def keep_freed_memory_on_cpu() -> bool:
 def run(cfg: JobConfig) -> None:
     world_size = int(os.environ.get("WORLD_SIZE", 1))
     rank = int(os.environ.get("RANK", 0))
-    plan = plan_run(cfg, world_size)
+    plan = plan_run(cfg, world_size, validation=bool(os.environ.get("TITANLITE_EVAL")))
     set_determinism(cfg)
     device = init_distributed(world_size, cfg.comm.init_timeout_seconds)
     if device.type == "cpu":
         keep_freed_memory_on_cpu()
+    if os.environ.get("TITANLITE_EVAL"):  # titanlite eval
+        run_eval(cfg, plan, device, rank)
+        return
     trainer = build_trainer(cfg, plan, device, rank, world_size)
     measure_to = os.environ.get("TITANLITE_MEASURE_MEMORY", "")
     if measure_to:  # `titanlite plan --measure`: tensor-level peak memory of this rank, by category
@@ -251,28 +301,109 @@ def run(cfg: JobConfig) -> None:
         print(f"  done: {cfg.training.steps} steps; metrics in {Path(cfg.job.dump_folder) / cfg.job.name / 'metrics.jsonl'}")
 
 
-def build_trainer(cfg: JobConfig, plan: Plan, device: torch.device, rank: int, world_size: int):
-    """Every piece of a run, resumed from its newest checkpoint if there is one, in a Trainer ready to
-    train (also what `titanlite bench throughput` measures)."""
-    from titanlite.metrics import MetricsLogger, count_params, device_peak_tflops, flops_per_token
-    from titanlite.optim import LRSchedulers, Optimizers
-    from titanlite.parallel.parallelize import DTYPES, loss_parallel_enabled
-    from titanlite.resilience import Faults, StopOnSignal
-    from titanlite.parallel.compile import compiled_loss
-    from titanlite.parallel.float8 import Float8ScalePrecompute, describe_float8
-    from titanlite.profiling import Profiler
-    from titanlite.trainer import Resilience, StepFigures, Trainer, autocast_for, cross_entropy
+@dataclass
+class Setup:
+    """The model of a run on this rank, parallelised, with what a forward pass needs around it."""
 
-    say = print if rank == 0 else (lambda *a, **k: None)
-    mesh = plan.dims.build_mesh(device.type)
-    tokenizer, corpus = build_data(cfg, say=say)
-    loader = build_loader(cfg, corpus, mesh, plan, device)
-    plain_model, parts = build_model(cfg, tokenizer.vocab_size, plan, mesh, device)
+    mesh: object
+    device: torch.device
+    plain_model: torch.nn.Module  # the whole model on the meta device (for counting)
+    parts: list  # this rank's parallelised parts (one, or one per local pipeline stage)
+    loss_parallel: bool
+    loss_fn: object
+    pipeline: object  # trainer.Pipeline or None
+    param_dtype: torch.dtype
+    autocast: object
+
+
+def build_setup(cfg: JobConfig, plan: Plan, mesh, device: torch.device, vocab_size: int, say) -> Setup:
+    from titanlite.parallel.compile import compiled_loss
+    from titanlite.parallel.parallelize import DTYPES, loss_parallel_enabled
+    from titanlite.trainer import autocast_for, cross_entropy
+
+    plain_model, parts = build_model(cfg, vocab_size, plan, mesh, device)
     loss_parallel = loss_parallel_enabled(plan.dims, cfg.parallelism)
     loss_fn = compiled_loss(cross_entropy, cfg.compile, loss_parallel)
     if loss_fn is cross_entropy and cfg.compile.enable and "loss" in cfg.compile.components:
         say("  compile: the loss stays eager under loss parallelism (torch 2.13 computes it wrongly when compiled)")
     pipeline = build_pipeline(cfg, plan, plain_model, parts, mesh, device, loss_fn) if plan.pipeline else None
+    param_dtype = DTYPES[cfg.training.mixed_precision_param] if device.type == "cuda" else torch.float32
+    return Setup(mesh, device, plain_model, parts, loss_parallel, loss_fn, pipeline, param_dtype,
+                 autocast_for(device, parts[0], param_dtype))
+
+
+def build_validator(cfg: JobConfig, plan: Plan, setup: Setup, windows):
+    from titanlite.validate import Validator
+
+    mesh = setup.mesh
+    return Validator(
+        windows,
+        local_batch_size=validation_batch_size(cfg),
+        steps=cfg.validation.steps,
+        dp_rank=mesh["dp"].get_local_rank() if mesh is not None and "dp" in mesh else 0,
+        dp_degree=plan.dims.dp,
+        device=setup.device,
+        model_parts=setup.parts,
+        loss_group=mesh["dp_cp"].get_group() if plan.dims.dp > 1 else None,
+        pipeline=setup.pipeline,
+        loss_parallel=setup.loss_parallel,
+        autocast=setup.autocast,
+    )
+
+
+def describe_validation(cfg: JobConfig, windows: int, dp: int, schedule: bool = True) -> str:
+    """One line: which windows each evaluation reads, from where, and (schedule) when it runs."""
+    from titanlite.validate import num_windows
+
+    v = cfg.validation
+    if separate_validation(cfg):
+        source = f"validation.dataset_path '{v.dataset_path}'" if v.dataset_path else f"validation.dataset '{v.dataset}'"
+    else:
+        source = f"the held-out last {v.split_fraction * 100:g}% of each training source"
+    n = num_windows(windows, validation_batch_size(cfg), v.steps, dp)
+    seq_len = v.seq_len or cfg.training.seq_len
+    when = f", every {v.freq} steps and at the last" if schedule else ""
+    return (f"validation: {n:,} windows of {seq_len} tokens ({n * seq_len:,} targets) from {source}{when}; "
+            f"{validation_batch_size(cfg)} windows per rank per batch")
+
+
+def run_eval(cfg: JobConfig, plan: Plan, device: torch.device, rank: int) -> dict:
+    """`titanlite eval`'s worker: the configured layout's model with a checkpoint's weights, evaluated once."""
+    from titanlite.checkpoint import load_weights
+    from titanlite.validate import report, weights_to_load
+
+    say = print if rank == 0 else (lambda *a, **k: None)
+    mesh = plan.dims.build_mesh(device.type)
+    tokenizer, corpus = build_data(cfg, say=say)
+    windows = build_validation_data(cfg, tokenizer, corpus, say=say)
+    setup = build_setup(cfg, plan, mesh, device, tokenizer.vocab_size, say)
+    validator = build_validator(cfg, plan, setup, windows)
+    say(f"titanlite eval: {cfg.model.name} {cfg.model.flavor} on {plan.dims.describe()}; "
+        f"{describe_validation(cfg, len(windows), plan.dims.dp, schedule=False)}")
+    path = weights_to_load(cfg)
+    load_weights(setup.parts, path)
+    result = validator.run()
+    report(result, path, say)
+    return result
+
+
+def build_trainer(cfg: JobConfig, plan: Plan, device: torch.device, rank: int, world_size: int):
+    """Every piece of a run, resumed from its newest checkpoint if there is one, in a Trainer ready to
+    train (also what `titanlite bench throughput` measures)."""
+    from titanlite.metrics import MetricsLogger, count_params, device_peak_tflops, flops_per_token
+    from titanlite.optim import LRSchedulers, Optimizers
+    from titanlite.resilience import Faults, StopOnSignal
+    from titanlite.parallel.float8 import Float8ScalePrecompute, describe_float8
+    from titanlite.profiling import Profiler
+    from titanlite.trainer import Resilience, StepFigures, Trainer
+
+    say = print if rank == 0 else (lambda *a, **k: None)
+    mesh = plan.dims.build_mesh(device.type)
+    tokenizer, corpus = build_data(cfg, say=say)
+    loader = build_loader(cfg, corpus, mesh, plan, device)
+    setup = build_setup(cfg, plan, mesh, device, tokenizer.vocab_size, say)
+    plain_model, parts, pipeline = setup.plain_model, setup.parts, setup.pipeline
+    validator = build_validator(cfg, plan, setup, build_validation_data(cfg, tokenizer, corpus, say=say)) if cfg.validation.enable else None
     optimizer = Optimizers(parts, cfg.optimizer, device.type)
     lr_scheduler = LRSchedulers(optimizer, cfg.lr_scheduler, cfg.training.steps)
 
@@ -286,11 +417,10 @@ def build_trainer(cfg: JobConfig, plan: Plan, device: torch.device, rank: int, w
     if rank == 0:
         keep_metrics_up_to(run_dir / "metrics.jsonl", train_state["step"])
     n_params = count_params(plain_model)
-    param_dtype = DTYPES[cfg.training.mixed_precision_param] if device.type == "cuda" else torch.float32
     say(f"titanlite: {cfg.job.name} {cfg.job.description}".rstrip())
     say(
         f"  model {cfg.model.name} {cfg.model.flavor}: {n_params:,} parameters ({n_params / 1e6:.1f} M), "
-        f"vocab {plain_model.args.vocab_size}, seq_len {cfg.training.seq_len}, dtype {str(param_dtype).removeprefix('torch.')}"
+        f"vocab {plain_model.args.vocab_size}, seq_len {cfg.training.seq_len}, dtype {str(setup.param_dtype).removeprefix('torch.')}"
     )
     say(
         f"  layout: {plan.dims.describe()} on {world_size} {device.type} process(es); global batch "
@@ -299,6 +429,8 @@ def build_trainer(cfg: JobConfig, plan: Plan, device: torch.device, rank: int, w
     )
     for line in corpus.describe(plan.global_batch_size * cfg.training.steps):
         say(f"  data: {line}")
+    if validator is not None:
+        say(f"  {describe_validation(cfg, len(validator.windows), plan.dims.dp)}")
     peak = device_peak_tflops(device, cfg.metrics.peak_tflops)
     if peak is None:
         say(f"  MFU: no known peak for this {device.type} device; set metrics.peak_tflops to report it")
@@ -325,11 +457,13 @@ def build_trainer(cfg: JobConfig, plan: Plan, device: torch.device, rank: int, w
         logger=MetricsLogger(run_dir, cfg.metrics.enable_tensorboard, active=rank == 0),
         log_freq=cfg.metrics.log_freq,
         throughput_warmup_steps=cfg.metrics.throughput_warmup_steps,
-        autocast=autocast_for(device, parts[0], param_dtype),
-        loss_parallel=loss_parallel,
+        autocast=setup.autocast,
+        loss_parallel=setup.loss_parallel,
         pipeline=pipeline,
         checkpointer=checkpointer,
-        loss_fn=loss_fn,
+        loss_fn=setup.loss_fn,
+        validator=validator,
+        val_freq=cfg.validation.freq,
         after_optimizer_step=Float8ScalePrecompute(parts, cfg.float8, plan.dims.fsdp_enabled) or None,
         resilience=Resilience(
             stop=StopOnSignal(device),

@@ -69,7 +69,7 @@ class Trainer:
                  device, loss_group, figures: StepFigures, logger: MetricsLogger, log_freq: int,
                  throughput_warmup_steps: int, autocast, loss_parallel: bool = False, pipeline: Pipeline | None = None,
                  checkpointer=None, resilience: Resilience | None = None, loss_fn=cross_entropy,
-                 after_optimizer_step=None, profiler=None):
+                 after_optimizer_step=None, profiler=None, validator=None, val_freq: int = 0):
         self.model_parts, self.optimizer, self.lr_scheduler, self.loader = model_parts, optimizer, lr_scheduler, loader
         self.params = [p for part in model_parts for p in part.parameters() if p.requires_grad]
         duplicate = pipeline.tied_sync.duplicate if pipeline and pipeline.tied_sync else None
@@ -89,6 +89,7 @@ class Trainer:
         self.loss_fn = loss_fn
         self.after_optimizer_step = after_optimizer_step  # e.g. float8 scales for the next all-gather
         self.profiler = profiler  # titanlite.profiling.Profiler, stepped after every training step
+        self.validator, self.val_freq = validator, val_freq  # titanlite.validate.Validator, every val_freq steps
         self.step = 0
         self.tokens_seen = 0
 
@@ -108,14 +109,17 @@ class Trainer:
                 micro_batches = [next(batches) for _ in range(self.grad_accum_steps)]
                 self.throughput.add_data_wait(time.perf_counter() - start)
                 lr = self.optimizer.param_groups[0]["lr"]
-                will_log = (self.step + 1) % self.log_freq == 0 or self.step + 1 == last
+                will_eval = self.validator is not None and ((self.step + 1) % self.val_freq == 0 or self.step + 1 == last)
+                will_log = (self.step + 1) % self.log_freq == 0 or self.step + 1 == last or will_eval
                 loss, grad_norm = self.train_step(micro_batches, measure=will_log)
                 self.step += 1
                 self.tokens_seen += self.figures.tokens_per_step
                 elapsed = time.perf_counter() - start
                 self.throughput.add(self.figures.tokens_per_step, elapsed)
+                # Evaluated after the step's time is taken: evaluation is not in the training tokens/s.
+                validation = self.validator.run() if will_eval else {}
                 if will_log:
-                    self.log(loss, grad_norm, lr, last)
+                    self.log(loss, grad_norm, lr, last, validation)
                 if self.checkpointer is not None:
                     self.checkpointer.maybe_save(self.step, self.train_state)
                 self.after_step(first)
@@ -228,7 +232,7 @@ class Trainer:
             model.set_requires_gradient_sync(last)
         return contextlib.nullcontext()
 
-    def log(self, loss: float, grad_norm: float, lr: float, total_steps: int) -> None:
+    def log(self, loss: float, grad_norm: float, lr: float, total_steps: int, validation: dict | None = None) -> None:
         total_tps = self.throughput.take()
         tps = None if total_tps is None else total_tps / self.figures.world_size
         tflops = None if tps is None else tps * self.figures.flops_per_token / 1e12
@@ -248,6 +252,7 @@ class Trainer:
             "eta_s": self.throughput.eta_seconds(total_steps - self.step),
             "data_wait_pct": self.throughput.take_data_wait_pct(),
         }
+        record |= validation or {}
         if self.pipeline is not None:
             record |= self.bubble_figures()
         self.logger.log(record)

@@ -8,6 +8,7 @@ import pytest
 
 from tests.distributed.conftest import CONFIGS
 from tests.helpers import TINY, assert_matches, metrics, run_train_sh, torchrun
+from titanlite.parallel.pipeline import V_SHAPED
 
 pytestmark = pytest.mark.distributed
 
@@ -24,14 +25,20 @@ CASES = [("gpt2", s) for s in SCHEDULES] + [
 
 @pytest.mark.parametrize("model, schedule", CASES)
 def test_schedule_matches_single_device(tmp_path, reference, model, schedule):
-    # 2 ranks; GPipe/1F1B run 2 stages, the looped and V-shaped schedules 4 (2 virtual stages per rank)
+    # 2 ranks; GPipe/1F1B run 2 stages, the looped and V-shaped schedules 4 (2 virtual stages per rank).
+    # The V-shaped schedules cannot evaluate (torch's schedule.eval fails on them): they train without it.
     args = ["--config", CONFIGS[model], *TINY, *PP2, "--training.local_batch_size", "8",
             "--parallelism.pipeline_parallel_schedule", schedule]
+    if schedule in V_SHAPED:
+        args += ["--validation.enable", "false"]
     proc = torchrun(2, args, tmp_path)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     stages = 2 if schedule in ("GPipe", "1F1B") else 4
     assert f"pipeline: {schedule}, {stages} stages" in proc.stdout
-    assert_matches(metrics(tmp_path), reference(model))
+    expected = reference(model)
+    if schedule in V_SHAPED:
+        expected = [{k: v for k, v in r.items() if not k.startswith("val_")} for r in expected]
+    assert_matches(metrics(tmp_path), expected)
 
 
 def test_bubble_is_reported_beside_measured_idle(tmp_path, reference):

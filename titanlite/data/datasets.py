@@ -20,23 +20,25 @@ from titanlite.errors import ConfigError
 
 
 class PackedWindows(Dataset):
-    """Window i is tokens[i*seq_len : (i+1)*seq_len + 1] as int64.
+    """Window i is tokens[start + i*seq_len : start + (i+1)*seq_len + 1] as int64, within [start, stop).
 
     Consecutive windows share one boundary token, so inputs (window[:-1]) and labels (window[1:])
-    together predict every token of the corpus after the first exactly once per epoch.
+    together predict every token of the range after the first exactly once per epoch.
     """
 
-    def __init__(self, tokens: np.ndarray | TokenStore, seq_len: int) -> None:
+    def __init__(self, tokens: np.ndarray | TokenStore, seq_len: int, start: int = 0, stop: int | None = None,
+                 what: str = "training.seq_len") -> None:
         if seq_len < 1:
-            raise ConfigError(f"training.seq_len={seq_len} must be at least 1")
+            raise ConfigError(f"{what}={seq_len} must be at least 1")
         self.tokens = tokens if isinstance(tokens, TokenStore) else TokenStore([tokens])
-        self.seq_len = seq_len
-        self.num_windows = (len(self.tokens) - 1) // seq_len
+        self.seq_len, self.start = seq_len, start
+        self.stop = len(self.tokens) if stop is None else stop
+        self.num_windows = max(self.stop - start - 1, 0) // seq_len
         if self.num_windows < 1:
             where = f"{self.tokens.label} has" if self.tokens.label else "the corpus has"
             raise ConfigError(
-                f"{where} {len(self.tokens)} tokens, too few for training.seq_len={seq_len}; "
-                "use a larger corpus or a smaller training.seq_len"
+                f"{where} {self.stop - start} tokens, too few for {what}={seq_len}; "
+                "use a larger corpus or a smaller seq_len"
             )
 
     def __len__(self) -> int:
@@ -45,7 +47,7 @@ class PackedWindows(Dataset):
     def __getitem__(self, index: int) -> torch.Tensor:
         if not 0 <= index < self.num_windows:
             raise IndexError(f"window {index} out of range for {self.num_windows} windows")
-        start = index * self.seq_len
+        start = self.start + index * self.seq_len
         # np.array copies out of the read-only memmap, so the tensor owns writable memory.
         return torch.from_numpy(np.array(self.tokens.read(start, start + self.seq_len + 1), dtype=np.int64))
 
@@ -67,25 +69,62 @@ class MixedWindows(Dataset):
 
 @dataclass
 class Corpus:
-    """The windows of a run and how global samples map onto them (`order.windows(samples)`)."""
+    """The windows of a run and how global samples map onto them (`order.windows(samples)`).
+
+    `split` is where each store's held-out tail begins (its length when nothing is held out): training
+    windows lie before it, validation windows (validation_windows) from it on."""
 
     windows: Dataset
     order: EpochOrder | MixtureOrder
     stores: list[TokenStore]
     weights: list[float] | None = None
+    split: list[int] | None = None
 
     def describe(self, num_samples: int) -> list[str]:
         """One line per source; for a mixture, each source's share of the run's first `num_samples`."""
+        held = [""] * len(self.stores)
+        if self.split is not None:
+            held = [f"; last {len(s) - at:,} tokens held out for validation" if at < len(s) else ""
+                    for s, at in zip(self.stores, self.split)]
         if self.weights is None:
-            return [describe(self.stores[0])]
+            return [describe(self.stores[0]) + held[0]]
         shares = self.order.shares(num_samples)
         lines = []
-        for store, part, weight, count in zip(self.stores, self.windows.parts, self.weights, shares):
+        for store, part, weight, count, h in zip(self.stores, self.windows.parts, self.weights, shares, held):
             lines.append(
-                f"{describe(store)}; weight {weight:g}: {count / num_samples:.1%} of the run's {num_samples:,} "
+                f"{describe(store)}{h}; weight {weight:g}: {count / num_samples:.1%} of the run's {num_samples:,} "
                 f"samples ({count / len(part):.3g} epochs of its {len(part):,} windows)"
             )
         return lines
+
+
+def split_point(store: TokenStore, eot_id: int, fraction: float, search: int = 2**20) -> int:
+    """Where the held-out tail of `store` begins: `fraction` of its tokens from the end, moved forward to
+    the next end-of-text token (so documents are not cut where one exists within `search` tokens). The
+    tail starts at that end-of-text: its first target is the first token of a document. The point
+    depends on the tokens alone, never on the layout or the seed."""
+    n = len(store)
+    if fraction <= 0 or n == 0:
+        return n
+    nominal = n - max(1, round(fraction * n))
+    ahead = np.asarray(store.read(nominal, min(n, nominal + search)))
+    hits = np.flatnonzero(ahead == eot_id)
+    return nominal + int(hits[0]) if len(hits) else nominal
+
+
+def validation_windows(stores: list[TokenStore], starts: list[int], seq_len: int) -> Dataset:
+    """Windows over each store's tokens from `starts` on (a held-out tail, or 0 for a whole validation
+    corpus), one source after another; every window in corpus order, the same on any layout."""
+    parts = []
+    for store, start in zip(stores, starts):
+        if (len(store) - start - 1) // seq_len < 1:
+            raise ConfigError(
+                f"validation: {store.label or 'the corpus'} holds out {len(store) - start:,} tokens, too few for "
+                f"one window of validation.seq_len={seq_len}; raise validation.split_fraction, lower "
+                "validation.seq_len, or name a separate corpus with validation.dataset_path"
+            )
+        parts.append(PackedWindows(store, seq_len, start=start, what="validation.seq_len"))
+    return parts[0] if len(parts) == 1 else MixedWindows(parts)
 
 
 def parse_mixture(entries: list[str]) -> list[tuple[Source, float]]:
@@ -106,30 +145,32 @@ def parse_mixture(entries: list[str]) -> list[tuple[Source, float]]:
     return mixture
 
 
-def configured_sources(dataset: str, dataset_path: str, mixture: list[str]) -> list[tuple[Source, float]]:
-    """The run's sources with their weights, from training.dataset / dataset_path or dataset_mixture."""
+def configured_sources(dataset: str, dataset_path: str, mixture: list[str], section: str = "training") -> list[tuple[Source, float]]:
+    """The run's sources with their weights, from {section}.dataset / dataset_path or dataset_mixture."""
     if mixture:
         if dataset_path:
-            raise ConfigError("set either training.dataset_path or training.dataset_mixture, not both")
+            raise ConfigError(f"set either {section}.dataset_path or {section}.dataset_mixture, not both")
         return parse_mixture(mixture)
     if dataset != "local" and dataset_path:
-        raise ConfigError("training.dataset_path is only used with training.dataset = 'local'; unset it")
+        raise ConfigError(f"{section}.dataset_path is only used with {section}.dataset = 'local'; unset it")
     if dataset == "stdlib":
-        return [(Source("stdlib", "", "training.dataset"), 1.0)]
+        return [(Source("stdlib", "", f"{section}.dataset"), 1.0)]
     if dataset == "local":
-        return [(Source("local", dataset_path, "training.dataset_path"), 1.0)]
-    return [(Source("hub", dataset, "training.dataset"), 1.0)]
+        return [(Source("local", dataset_path, f"{section}.dataset_path"), 1.0)]
+    return [(Source("hub", dataset, f"{section}.dataset"), 1.0)]
 
 
 def build_corpus(sources: list[tuple[Source, float]], tokenizer: Tokenizer, cache_dir: str | Path, seq_len: int,
-                 seed: int, shuffle: bool = True, *, verify: str = "stat", workers: int = 0,
+                 seed: int, shuffle: bool = True, *, holdout: float = 0.0, verify: str = "stat", workers: int = 0,
                  shard_bytes: int = DEFAULT_SHARD_BYTES, say: Callable[[str], None] | None = None) -> Corpus:
-    """Open (preparing where needed) each source's store and lay the windows out in sample order."""
+    """Open (preparing where needed) each source's store, hold out the last `holdout` of each, and lay
+    the remaining windows out in sample order."""
     stores = [open_store(source, tokenizer, cache_dir, verify=verify, workers=workers, shard_bytes=shard_bytes, say=say)
               for source, _ in sources]
-    parts = [PackedWindows(store, seq_len) for store in stores]
+    split = [split_point(store, tokenizer.eot_id, holdout) for store in stores]
+    parts = [PackedWindows(store, seq_len, stop=at) for store, at in zip(stores, split)]
     if len(sources) == 1:
-        return Corpus(parts[0], EpochOrder(len(parts[0]), seed, shuffle), stores)
+        return Corpus(parts[0], EpochOrder(len(parts[0]), seed, shuffle), stores, split=split)
     weights = [weight for _, weight in sources]
     order = MixtureOrder([len(p) for p in parts], weights, seed, shuffle)
-    return Corpus(MixedWindows(parts), order, stores, weights)
+    return Corpus(MixedWindows(parts), order, stores, weights, split=split)

@@ -1,0 +1,85 @@
+"""Validation changes nothing about training, and `titanlite eval` reproduces a run's last evaluation on any layout.
+
+The validation losses of every layout equal the single-process ones in each parity test (assert_matches
+compares them: TINY evaluates at steps 2, 4 and 5).
+"""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import REPO, TINY, env, metrics, torchrun
+
+pytestmark = pytest.mark.distributed
+
+NO_VALIDATION = [*TINY, "--validation.enable", "false"]  # same data (validation.dataset_path still set)
+PP2 = ["--parallelism.pipeline_parallel_degree", "2", "--parallelism.pipeline_parallel_microbatch_size", "2",
+       "--parallelism.pipeline_parallel_schedule", "Interleaved1F1B"]
+
+
+def training_figures(records: list[dict]) -> list[tuple]:
+    return [(r["step"], r["loss"], r["grad_norm"], r["lr"]) for r in records]
+
+
+def test_training_is_bitwise_the_same_with_and_without_validation(tmp_path, reference):
+    proc = torchrun(1, [*NO_VALIDATION, "--training.local_batch_size", "8"], tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    records = metrics(tmp_path)
+    assert not any("val_loss" in r for r in records)
+    assert [r["step"] for r in reference() if "val_loss" in r] == [2, 4, 5]
+    assert training_figures(records) == training_figures(reference())
+
+
+def test_pipeline_evaluation_leaves_training_bitwise_the_same(tmp_path):
+    # The schedule switches between its eval path (forward only) and training at every evaluation.
+    runs = {}
+    for name, args in (("with", TINY), ("without", NO_VALIDATION)):
+        proc = torchrun(2, [*args, *PP2, "--training.local_batch_size", "8"], tmp_path / name)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+        runs[name] = metrics(tmp_path / name)
+    assert training_figures(runs["with"]) == training_figures(runs["without"])
+    assert [r["step"] for r in runs["with"] if "val_loss" in r] == [2, 4, 5]
+
+
+def titanlite_eval(args: list[str], run_dir) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "titanlite.cli", "eval", "--job.dump_folder", str(run_dir), "--job.name", "run", *args]
+    return subprocess.run(cmd, cwd=REPO, env=env(TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1"), capture_output=True, text=True, timeout=300)
+
+
+def test_eval_of_the_final_checkpoint_prints_the_runs_last_validation_loss(tmp_path):
+    checkpointed = [*TINY, "--training.local_batch_size", "8", "--checkpoint.enable", "true", "--checkpoint.interval", "5"]
+    proc = torchrun(1, checkpointed, tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    last = [r for r in metrics(tmp_path) if "val_loss" in r][-1]
+    assert last["step"] == 5
+
+    same = titanlite_eval([*checkpointed, "--output", str(tmp_path / "eval.json")], tmp_path)
+    assert same.returncode == 0, same.stdout[-2000:] + same.stderr[-4000:]
+    assert f"val_loss {last['val_loss']:.4f}  val_perplexity {last['val_perplexity']:.2f}" in same.stdout
+    result = json.loads((tmp_path / "eval.json").read_text())
+    assert result["val_loss"] == pytest.approx(last["val_loss"], rel=1e-6)
+    assert result["val_tokens"] == last["val_tokens"] == 13 * 32
+    assert result["checkpoint"].endswith("step-5")
+
+    # The same checkpoint on two pipeline stages (the schedule's eval path), in two torchrun workers.
+    pipelined = titanlite_eval([*checkpointed, *PP2, "--ngpu", "2", "--output", str(tmp_path / "pp.json")], tmp_path)
+    assert pipelined.returncode == 0, pipelined.stdout[-2000:] + pipelined.stderr[-4000:]
+    assert "on pp 2" in pipelined.stdout
+    assert json.loads((tmp_path / "pp.json").read_text())["val_loss"] == pytest.approx(last["val_loss"], rel=1e-5)
+
+    # Exported to a Hugging Face folder and evaluated from there, by a run folder with no checkpoint.
+    export = subprocess.run([sys.executable, "-m", "titanlite.cli", "convert", "to-hf", "--output", str(tmp_path / "hf"),
+                             "--job.dump_folder", str(tmp_path), "--job.name", "run"], cwd=REPO, env=env(), capture_output=True, text=True)
+    assert export.returncode == 0, export.stderr[-3000:]
+    from_hf = titanlite_eval([*TINY, "--job.name", "fresh", "--checkpoint.initial_load_path", str(tmp_path / "hf")], tmp_path)
+    assert from_hf.returncode == 0, from_hf.stdout[-2000:] + from_hf.stderr[-4000:]
+    assert f"val_loss {last['val_loss']:.4f}" in from_hf.stdout
+
+
+def test_eval_without_a_checkpoint_is_one_line(tmp_path):
+    proc = titanlite_eval(TINY, tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("titanlite: error: no checkpoint to evaluate in "), lines
