@@ -28,6 +28,9 @@ from torch.distributed.checkpoint.state_dict import (
 from titanlite.config import Checkpoint as CheckpointConfig
 from titanlite.errors import ConfigError
 
+# In one process DCP warns, at every save and load, that it assumes one process: that is the intent.
+warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+
 MARKER = "titanlite.json"
 OPTIM_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 # Under pipeline parallelism the last stage holds a tied embedding's copy as output.weight; its
@@ -271,9 +274,7 @@ def load_weights(model_parts: list[nn.Module], path: Path, what: str = "checkpoi
     state = {"model": {}}
     for part in model_parts:
         state["model"] |= get_model_state_dict(part)
-    with warnings.catch_warnings():  # one process: DCP warns that it assumes so, which is the intent
-        warnings.filterwarnings("ignore", "torch.distributed is disabled")
-        dcp.load(state, checkpoint_id=str(path), no_dist=not dist.is_initialized())
+    dcp.load(state, checkpoint_id=str(path), no_dist=not dist.is_initialized())
     for part in model_parts:
         set_model_state_dict(part, state["model"], options=StateDictOptions(strict=False))
 
