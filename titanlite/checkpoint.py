@@ -298,6 +298,19 @@ def pick_checkpoint(run_dir: Path, load_step: int, say=print) -> Path | None:
     return None
 
 
+def checkpoint_to_load(cfg, purpose: str) -> Path:
+    """The weights a command reads (`titanlite eval`, `generate`): checkpoint.load_step's checkpoint of the
+    run folder, or its newest usable one, else checkpoint.initial_load_path (a DCP or Hugging Face folder)."""
+    run_dir = Path(cfg.job.dump_folder) / cfg.job.name
+    path = pick_checkpoint(run_dir, cfg.checkpoint.load_step)
+    if path is not None:
+        return path
+    if cfg.checkpoint.initial_load_path:
+        return Path(cfg.checkpoint.initial_load_path)
+    raise ConfigError(f"no checkpoint to {purpose} in {run_dir}; train there with checkpoint.enable, or set "
+                      "checkpoint.initial_load_path to a DCP checkpoint or Hugging Face folder")
+
+
 def save_model_only(run_dir: Path, step: int, model_state: dict) -> Path:
     """Write a complete model-only checkpoint from one process (seed checkpoints)."""
     tmp, final = run_dir / f"step-{step}.tmp", step_dir(run_dir, step)

@@ -16,10 +16,17 @@ commands:
   prepare [--workers N --rebuild]
                             tokenise the configured corpus (or mixture) into its prepared token
                             store, with progress; an interrupted prepare continues where it stopped
+  eval [--ngpu N --output F.json]
+                            the validation loss and perplexity of the run's newest checkpoint (or
+                            checkpoint.load_step, else checkpoint.initial_load_path) on the configured
+                            layout over N processes; the same windows as the run's evaluations
   seed-checkpoint           write step-0/ (initial weights, model only) to the run folder, in one process
   convert to-hf --output DIR
                             export the run's newest checkpoint (or checkpoint.load_step) as a Hugging
                             Face folder (config.json + model.safetensors, in checkpoint.export_dtype)
+  generate --prompt TEXT [--max-new-tokens N --temperature T --top-k K --seed S --output F.json]
+                            continue TEXT with the run's newest checkpoint (or checkpoint.load_step, else
+                            checkpoint.initial_load_path) on one device: greedy at temperature 0, with a KV cache
   bench throughput [--steps N --warmup W --repeats R --no-bare --output F.json]
                             tokens/s, TFLOPs, MFU and peak memory of one device, beside a bare
                             PyTorch loop on the same model (see `titanlite bench throughput --help`)
@@ -103,19 +110,27 @@ def convert(argv: list[str]) -> int:
     return 0
 
 
+def generate(argv: list[str]) -> int:
+    from titanlite.generate import main as run_generate
+
+    return run_generate(argv)
+
+
 def check(argv: list[str]) -> int:
     from titanlite.config import parse_config
-    from titanlite.train import build_data, plan_run
-
     from titanlite.tools import take_options
+    from titanlite.train import build_data, build_validation_data, describe_validation, plan_run
 
     opts, rest = take_options(argv, {"world-size": 1}, "check")
     world_size = opts["world-size"]
     cfg = parse_config(rest)
     plan = plan_run(cfg, world_size)
-    _, corpus = build_data(cfg, verify="sample", say=lambda line: print(line, flush=True))
+    tokenizer, corpus = build_data(cfg, verify="sample", say=lambda line: print(line, flush=True))
     for line in corpus.describe(plan.global_batch_size * cfg.training.steps):
         print(f"titanlite: data: {line}")
+    if cfg.validation.enable:
+        windows = build_validation_data(cfg, tokenizer, corpus, verify="sample", say=lambda line: print(line, flush=True))
+        print(f"titanlite: {describe_validation(cfg, len(windows), plan.dims.dp)}")
     print(
         f"titanlite: config ok for {world_size} process(es): {plan.dims.describe()}, "
         f"global batch {plan.global_batch_size}, accumulation {plan.grad_accum_steps}"
@@ -146,6 +161,12 @@ def plan(argv: list[str]) -> int:
     return run_plan(argv)
 
 
+def evaluate(argv: list[str]) -> int:
+    from titanlite.validate import eval_command
+
+    return eval_command(argv)
+
+
 def analyze(argv: list[str]) -> int:
     from titanlite.tools.analyze import main as run_analyze
 
@@ -153,8 +174,8 @@ def analyze(argv: list[str]) -> int:
 
 
 # Commands that run in this process; a ConfigError from any of them is one line and status 2.
-COMMANDS = {"check": check, "prepare": prepare, "seed-checkpoint": seed_checkpoint, "convert": convert, "bench": bench, "plan": plan,
-            "analyze": analyze}
+COMMANDS = {"check": check, "eval": evaluate, "prepare": prepare, "seed-checkpoint": seed_checkpoint, "convert": convert, "generate": generate,
+            "bench": bench, "plan": plan, "analyze": analyze}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -369,8 +369,8 @@ def describe_validation(cfg: JobConfig, windows: int, dp: int, schedule: bool = 
 
 def run_eval(cfg: JobConfig, plan: Plan, device: torch.device, rank: int) -> dict:
     """`titanlite eval`'s worker: the configured layout's model with a checkpoint's weights, evaluated once."""
-    from titanlite.checkpoint import load_weights
-    from titanlite.validate import report, weights_to_load
+    from titanlite.checkpoint import checkpoint_to_load, load_weights
+    from titanlite.validate import report
 
     say = print if rank == 0 else (lambda *a, **k: None)
     mesh = plan.dims.build_mesh(device.type)
@@ -380,7 +380,7 @@ def run_eval(cfg: JobConfig, plan: Plan, device: torch.device, rank: int) -> dic
     validator = build_validator(cfg, plan, setup, windows)
     say(f"titanlite eval: {cfg.model.name} {cfg.model.flavor} on {plan.dims.describe()}; "
         f"{describe_validation(cfg, len(windows), plan.dims.dp, schedule=False)}")
-    path = weights_to_load(cfg)
+    path = checkpoint_to_load(cfg, "evaluate")
     load_weights(setup.parts, path)
     result = validator.run()
     report(result, path, say)

@@ -126,6 +126,7 @@ def local_value(loss: torch.Tensor) -> torch.Tensor:
 def eval_command(argv: list[str]) -> int:
     """`titanlite eval [--ngpu N] [--output F.json]`: checks everything it can in this process, then
     evaluates here (N = 1) or in N torchrun workers; rank 0 prints the result."""
+    from titanlite.checkpoint import checkpoint_to_load
     from titanlite.config import parse_config
     from titanlite.tools import take_options
     from titanlite.train import build_data, build_validation_data, plan_run
@@ -135,7 +136,7 @@ def eval_command(argv: list[str]) -> int:
     if opts["ngpu"] < 1:
         raise ConfigError(f"eval --ngpu {opts['ngpu']} must be at least 1")
     plan_run(cfg, opts["ngpu"], validation=True)
-    weights_to_load(cfg)
+    checkpoint_to_load(cfg, "evaluate")
     tokenizer, corpus = build_data(cfg, verify="sample", say=lambda line: print(line, flush=True))
     build_validation_data(cfg, tokenizer, corpus, verify="sample", say=lambda line: print(line, flush=True))
     env = {**os.environ, "TITANLITE_EVAL": "1", "TITANLITE_EVAL_OUTPUT": opts["output"]}
@@ -148,21 +149,6 @@ def eval_command(argv: list[str]) -> int:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={opts['ngpu']}",
            "-m", "titanlite.train", *rest]
     return subprocess.run(cmd, env=env).returncode
-
-
-def weights_to_load(cfg) -> Path:
-    """The checkpoint `titanlite eval` evaluates: checkpoint.load_step's (or the newest) of the run
-    folder, else checkpoint.initial_load_path (a DCP or Hugging Face folder)."""
-    from titanlite.checkpoint import pick_checkpoint
-
-    run_dir = Path(cfg.job.dump_folder) / cfg.job.name
-    path = pick_checkpoint(run_dir, cfg.checkpoint.load_step)
-    if path is not None:
-        return path
-    if cfg.checkpoint.initial_load_path:
-        return Path(cfg.checkpoint.initial_load_path)
-    raise ConfigError(f"no checkpoint to evaluate in {run_dir}; train with checkpoint.enable, or set "
-                      "checkpoint.initial_load_path to a checkpoint or Hugging Face folder")
 
 
 def report(result: dict, path: Path, say) -> None:

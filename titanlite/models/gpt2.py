@@ -8,6 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from titanlite.models.kv_cache import KVCache, LayerCache
+
 
 @dataclass
 class GPT2Args:
@@ -36,14 +38,17 @@ class Attention(nn.Module):
         self.wv = nn.Linear(args.dim, args.dim)
         self.wo = nn.Linear(args.dim, args.dim)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
         bsz, seqlen, _ = x.shape
         # -1 heads: under tensor parallelism the local head count follows from the sharded weight.
         q = self.wq(x).view(bsz, seqlen, -1, self.head_dim)  # [B, T, H, hd]
         k = self.wk(x).view(bsz, seqlen, -1, self.head_dim)
         v = self.wv(x).view(bsz, seqlen, -1, self.head_dim)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H, T, hd]
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if cache is None:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            out = cache.attend(q, k, v)  # over the cached positions too
         out = out.transpose(1, 2).reshape(bsz, seqlen, -1)  # [B, T, H*hd]
         return self.wo(out)
 
@@ -66,8 +71,8 @@ class TransformerBlock(nn.Module):
         self.ffn_norm = nn.LayerNorm(args.dim, eps=args.norm_eps)
         self.feed_forward = FeedForward(args.dim, 4 * args.dim)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x))
+    def forward(self, x: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), cache=cache)
         return h + self.feed_forward(self.ffn_norm(h))
 
 
@@ -95,14 +100,19 @@ class GPT2(nn.Module):
     def init_buffers(self) -> None:
         """GPT-2 has no buffers; present so the trainer treats every model alike."""
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        """Logits [B, T, vocab] of tokens [B, T] at positions 0..T-1 (training). With a cache (generation),
+        the tokens continue the cached sequence, and their keys and values are added to the cache."""
         if self.tok_embeddings is not None:
-            pos = torch.arange(tokens.shape[1], device=tokens.device)  # [T]
+            start = 0 if cache is None else cache.length
+            pos = torch.arange(start, start + tokens.shape[1], device=tokens.device)  # [T]
             h = self.tok_embeddings(tokens) + self.pos_embeddings(pos)  # [B, T, dim]
         else:
             h = tokens  # a later pipeline stage receives hidden states, not tokens
-        for layer in self.layers.values():
-            h = layer(h)
+        for name, layer in self.layers.items():
+            h = layer(h, cache=None if cache is None else cache.layer(name))
+        if cache is not None:
+            cache.advance(tokens.shape[1])
         h = self.norm(h) if self.norm is not None else h
         return self.output(h) if self.output is not None else h  # [B, T, vocab]
 

@@ -8,6 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from titanlite.models.kv_cache import KVCache, LayerCache
+
 
 @dataclass
 class LlamaArgs:
@@ -52,7 +54,9 @@ class Attention(nn.Module):
         self.wv = nn.Linear(args.dim, args.n_kv_heads * args.head_dim, bias=False)
         self.wo = nn.Linear(args.n_heads * args.head_dim, args.dim, bias=False)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: LayerCache | None = None
+    ) -> torch.Tensor:
         bsz, seqlen, _ = x.shape
         # The full tables come in and are cut here: under sequence parallelism the block's input
         # holds a slice of the sequence, but attention sees the whole of it.
@@ -62,15 +66,24 @@ class Attention(nn.Module):
         k = self.wk(x).view(bsz, seqlen, -1, self.head_dim)  # [B, T, Hkv, hd]
         v = self.wv(x).view(bsz, seqlen, -1, self.head_dim)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if cache is None:
+            out = self.causal_attention(q, k, v)
+        else:
+            # The cache keeps H_kv heads (not repeated) and attends over the cached positions too.
+            out = cache.attend(*(t.transpose(1, 2) for t in (q, k, v)))  # [B, Hq, T, hd]
+        out = out.transpose(1, 2).reshape(bsz, seqlen, -1)  # [B, T, Hq*hd]
+        return self.wo(out)
+
+    @staticmethod
+    def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Causal attention [B, Hq, T, hd] of q [B, T, Hq, hd] over k, v [B, T, Hkv, hd]."""
         # Grouped-query attention: query head j reads key/value head j // n_rep.
         n_rep = q.shape[2] // k.shape[2]
         if n_rep > 1:
             k = k.repeat_interleave(n_rep, dim=2)  # [B, T, Hq, hd]
             v = v.repeat_interleave(n_rep, dim=2)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, Hq, T, hd]
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        out = out.transpose(1, 2).reshape(bsz, seqlen, -1)  # [B, T, Hq*hd]
-        return self.wo(out)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
 class FeedForward(nn.Module):
@@ -93,8 +106,10 @@ class TransformerBlock(nn.Module):
         self.ffn_norm = nn.RMSNorm(args.dim, eps=args.norm_eps)
         self.feed_forward = FeedForward(args.dim, args.ffn_dim)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x), cos, sin)
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: LayerCache | None = None
+    ) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), cos, sin, cache=cache)
         return h + self.feed_forward(self.ffn_norm(h))
 
 
@@ -131,12 +146,18 @@ class Llama(nn.Module):
         if self.args.tie_embeddings and self.tok_embeddings is not None and self.output is not None:
             self.output.weight = self.tok_embeddings.weight
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        """Logits [B, T, vocab] of tokens [B, T] at positions 0..T-1 (training). With a cache (generation),
+        the tokens continue the cached sequence, and their keys and values are added to the cache."""
         # A later pipeline stage receives hidden states [B, T, dim] instead of tokens [B, T].
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
         cos, sin = self.rope_cos, self.rope_sin  # [max_seq_len, hd/2]; attention cuts them to length
-        for layer in self.layers.values():
-            h = layer(h, cos, sin)
+        if cache is not None:  # the new tokens' rotations start at the first uncached position
+            cos, sin = cos[cache.length:], sin[cache.length:]
+        for name, layer in self.layers.items():
+            h = layer(h, cos, sin, cache=None if cache is None else cache.layer(name))
+        if cache is not None:
+            cache.advance(tokens.shape[1])
         h = self.norm(h) if self.norm is not None else h
         return self.output(h) if self.output is not None else h  # [B, T, vocab]
 

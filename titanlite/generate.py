@@ -1,0 +1,217 @@
+"""`titanlite generate`: continue a prompt with a trained model on one device, greedy or sampled, one token
+per forward over a KV cache. The decoding policy lives here; the models only know how to use a cache."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from titanlite.errors import ConfigError
+from titanlite.models.kv_cache import KVCache
+
+OPTIONS = {"prompt": "", "max-new-tokens": 64, "temperature": 0.0, "top-k": 0, "seed": 0, "output": ""}
+
+# Why generation stopped, as --output records it.
+MAX_NEW_TOKENS, END_OF_TEXT, CONTEXT_FULL = "max-new-tokens", "end-of-text", "context-full"
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How the next token is picked: the most likely one at temperature 0, else one drawn from
+    softmax(logits / temperature) over the top_k most likely ids (0: all), by a generator seeded with seed."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    seed: int = 0
+
+    def describe(self) -> str:
+        if self.temperature == 0:
+            return "greedy"
+        top_k = f", top-k {self.top_k}" if self.top_k else ""
+        return f"sampling at temperature {self.temperature:g}{top_k}, seed {self.seed}"
+
+
+@dataclass
+class Generation:
+    new_ids: list[int]
+    stop: str  # MAX_NEW_TOKENS, END_OF_TEXT or CONTEXT_FULL
+    seconds: float
+
+    @property
+    def tokens_per_s(self) -> float:
+        return len(self.new_ids) / self.seconds if self.seconds > 0 else float("inf")
+
+
+def next_token(logits: torch.Tensor, vocab_size: int, sampling: Sampling, generator: torch.Generator) -> torch.Tensor:
+    """The next id [B] from the last position's logits [B, V].
+
+    Only ids below vocab_size (the tokenizer's) can come out: the columns past it are the padding of the
+    embedding to a multiple of 64, untrained, and no tokenizer could decode them."""
+    logits = logits[:, :vocab_size].float()
+    if sampling.temperature == 0:
+        return logits.argmax(dim=-1)
+    logits = logits / sampling.temperature
+    if sampling.top_k:
+        kth_best = torch.topk(logits, min(sampling.top_k, vocab_size), dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth_best, float("-inf"))
+    return sample(torch.softmax(logits, dim=-1), generator)
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """One id [B] per row of probs [B, V], drawn with probability probs.
+
+    argmax(p / E) with E ~ Exponential(1) is distributed as p (the Gumbel-max trick: -log E is Gumbel);
+    on the CPU it is ten times faster than torch.multinomial over GPT-2's 50257 ids, and never syncs a GPU."""
+    noise = torch.empty_like(probs).exponential_(1, generator=generator)
+    return (probs / noise).argmax(dim=-1)
+
+
+@torch.inference_mode()
+def generate(
+    model: nn.Module, prompt_ids: list[int], max_new_tokens: int, vocab_size: int,
+    sampling: Sampling = Sampling(), eot_id: int | None = None,
+) -> Generation:
+    """Continue prompt_ids by up to max_new_tokens ids, stopping early at eot_id (kept as the last id) or when
+    prompt and continuation fill the model's context (model.args.max_seq_len positions).
+
+    The prompt goes through the model once (prefill); then each new token is one forward of that token alone,
+    its attention reading the keys and values of all earlier positions from a KV cache."""
+    device = next(model.parameters()).device
+    max_len = min(model.args.max_seq_len, len(prompt_ids) + max_new_tokens)
+    cache = KVCache(max_len)
+    generator = torch.Generator(device=device).manual_seed(sampling.seed)
+    new_ids: list[int] = []
+    start = time.perf_counter()
+    tokens = torch.tensor([prompt_ids], device=device)  # [1, T]
+    while True:
+        logits = model(tokens, cache=cache)[:, -1]  # [1, V]
+        tokens = next_token(logits, vocab_size, sampling, generator)[:, None]  # [1, 1]
+        new_ids.append(int(tokens.item()))  # .item() waits for the device: the clock below is honest
+        stop = _stop_reason(new_ids, max_new_tokens, eot_id, len(prompt_ids) + len(new_ids), model.args.max_seq_len)
+        if stop:
+            return Generation(new_ids, stop, time.perf_counter() - start)
+
+
+def _stop_reason(new_ids: list[int], max_new_tokens: int, eot_id: int | None, length: int, context: int) -> str | None:
+    if eot_id is not None and new_ids[-1] == eot_id:
+        return END_OF_TEXT
+    if len(new_ids) == max_new_tokens:
+        return MAX_NEW_TOKENS
+    if length == context:  # the next token would have no position to sit at
+        return CONTEXT_FULL
+    return None
+
+
+# ---- the command ---------------------------------------------------------------------------------------
+
+
+def main(argv: list[str]) -> int:
+    from titanlite.config import parse_config
+    from titanlite.data.tokenizer import build_tokenizer
+    from titanlite.tools import take_options
+
+    opts, rest = take_options(argv, OPTIONS, "generate")
+    sampling = check_options(opts)
+    cfg = parse_config(rest)
+    tokenizer = build_tokenizer(cfg.model.tokenizer)
+    prompt_ids = tokenizer.encode(opts["prompt"])
+    eot_id = getattr(tokenizer, "eot_id", None)
+    model, source = load_model(cfg, tokenizer.vocab_size)
+    check_prompt_fits(len(prompt_ids), model.args.max_seq_len)
+    device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    model.to(device).eval()
+    print(f"titanlite: generating from {source} on {device} ({_precision(device)}), {sampling.describe()}", flush=True)
+    with _autocast(device):
+        result = generate(model, prompt_ids, opts["max-new-tokens"], tokenizer.vocab_size, sampling, eot_id)
+    text = tokenizer.decode(i for i in result.new_ids if i != eot_id)
+    print(opts["prompt"] + text)
+    print(f"titanlite: {len(result.new_ids)} new tokens in {result.seconds:.2f} s ({result.tokens_per_s:.1f} tokens/s, "
+          f"model load excluded); {_describe_stop(result.stop, opts['max-new-tokens'], model.args.max_seq_len)}")
+    if opts["output"]:
+        write_record(Path(opts["output"]), opts["prompt"], prompt_ids, result, text)
+    return 0
+
+
+def write_record(path: Path, prompt: str, prompt_ids: list[int], result: Generation, text: str) -> None:
+    """What --output F.json holds: the prompt, its ids, the new ids, their text, the speed and why it stopped."""
+    record = {"prompt": prompt, "prompt_ids": prompt_ids, "new_ids": result.new_ids, "text": text,
+              "tokens_per_s": result.tokens_per_s, "stop": result.stop}
+    path.write_text(json.dumps(record, indent=2) + "\n")
+
+
+def check_options(opts: dict) -> Sampling:
+    """The options' sampling settings, after rejecting values that cannot work (before anything is loaded)."""
+    if not opts["prompt"]:
+        raise ConfigError("generate needs a non-empty --prompt TEXT")
+    if opts["max-new-tokens"] < 1:
+        raise ConfigError(f"generate --max-new-tokens={opts['max-new-tokens']} must be at least 1")
+    if opts["temperature"] < 0:
+        raise ConfigError(f"generate --temperature={opts['temperature']:g} must be 0 (greedy) or positive")
+    if opts["top-k"] < 0:
+        raise ConfigError(f"generate --top-k={opts['top-k']} must be 0 (all ids) or positive")
+    return Sampling(opts["temperature"], opts["top-k"], opts["seed"])
+
+
+def check_prompt_fits(n_tokens: int, context: int) -> None:
+    if n_tokens >= context:
+        raise ConfigError(
+            f"generate --prompt is {n_tokens} tokens but the model's context is {context} (max_seq_len), with "
+            f"room for at least one new token; use a prompt of at most {context - 1} tokens"
+        )
+
+
+def load_model(cfg, vocab_size: int) -> tuple[nn.Module, str]:
+    """The model on the CPU with its weights, and where they came from (checkpoint.checkpoint_to_load)."""
+    from titanlite.checkpoint import checkpoint_to_load, load_weights
+    from titanlite.cli import _plain_model
+
+    path = checkpoint_to_load(cfg, "generate from")
+    if (path / "config.json").is_file():
+        return _load_hf_folder(path, vocab_size), f"the Hugging Face folder {path}"
+    model = _plain_model(cfg)  # DCP checkpoints saved on any parallel layout load into the plain model
+    load_weights([model], path)  # one line if the folder is missing or damaged
+    return model, str(path)
+
+
+def _load_hf_folder(folder: Path, vocab_size: int) -> nn.Module:
+    """A model of the folder's own shape and weights (model.name and flavor play no part). Its vocabulary is
+    taken as is, padded or not (GPT-2's 50257): it only has to cover the tokenizer's ids."""
+    from titanlite.hf import args_from_hf_config, from_hf, load_hf
+    from titanlite.models.gpt2 import GPT2
+    from titanlite.models.llama import Llama, LlamaArgs
+
+    config, hf_state = load_hf(folder)
+    args = args_from_hf_config(config)
+    if args.vocab_size < vocab_size:
+        raise ConfigError(
+            f"checkpoint.initial_load_path='{folder}' has {args.vocab_size} token ids, fewer than model.tokenizer's "
+            f"{vocab_size}; set model.tokenizer to the tokenizer the model was trained with"
+        )
+    model = Llama(args) if isinstance(args, LlamaArgs) else GPT2(args)
+    model.load_state_dict(from_hf(args, hf_state), strict=True)
+    return model
+
+
+def _precision(device: torch.device) -> str:
+    return "bfloat16 autocast" if device.type == "cuda" else "float32"
+
+
+def _autocast(device: torch.device):
+    """bfloat16 matmuls on a GPU (RoPE tables and the sampling math stay float32); plain float32 on the CPU."""
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def _describe_stop(stop: str, max_new_tokens: int, context: int) -> str:
+    if stop == END_OF_TEXT:
+        return "stopped at the end-of-text token"
+    if stop == CONTEXT_FULL:
+        return f"stopped: the context is full ({context} tokens, the model's max_seq_len)"
+    return f"stopped at --max-new-tokens {max_new_tokens}"
