@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tests.helpers import REPO, env
 
 
@@ -55,6 +57,7 @@ def run_cli(*args: str, ngpu: int | None = None, timeout: int = 600) -> subproce
     return subprocess.run(cmd, cwd=REPO, env=env(**extra), capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.slow  # ~45 s: seven profiled layouts; CI runs it
 def test_bench_strategies_writes_table_json_and_chart(tmp_path):
     proc = run_cli("bench", "strategies", "--steps", "6", "--output", str(tmp_path), *TINY_BENCH, ngpu=2)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

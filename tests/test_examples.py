@@ -1,16 +1,34 @@
 """The README's example commands do what it says (slow: full default run, GPT-2 Large on a CPU)."""
 
+import json
+import subprocess
+import sys
+
 import pytest
 
-from tests.helpers import TINY, losses, metrics, run_train_sh, torchrun
+from tests.helpers import REPO, TINY, env, losses, metrics, run_train_sh, torchrun
 
 
 @pytest.mark.slow
 def test_default_run_learns_by_a_third(tmp_path):
-    proc = run_train_sh(["--metrics.log_freq", "1"], tmp_path, timeout=600)
+    # With validation on the held-out tail of the corpus (the README's example), and a final checkpoint.
+    args = ["--metrics.log_freq", "1", "--validation.enable", "true", "--validation.freq", "25", "--checkpoint.enable", "true",
+            "--checkpoint.interval", "100"]
+    proc = run_train_sh(args, tmp_path, timeout=600)
     values = losses(proc, tmp_path)
     assert len(values) == 100
     assert values[-1] < values[0] * 2 / 3, (values[0], values[-1])
+    evaluated = [r for r in metrics(tmp_path) if "val_loss" in r]
+    assert [r["step"] for r in evaluated] == [25, 50, 75, 100]
+    val = [r["val_loss"] for r in evaluated]
+    assert all(later < earlier for earlier, later in zip(val, val[1:])), val  # the validation loss falls
+    # `titanlite eval` on the final checkpoint prints the run's last evaluation
+    cmd = [sys.executable, "-m", "titanlite.cli", "eval", "--job.dump_folder", str(tmp_path), "--job.name", "run",
+           "--output", str(tmp_path / "eval.json")]
+    ev = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=600)
+    assert ev.returncode == 0, ev.stdout[-2000:] + ev.stderr[-3000:]
+    assert f"val_loss {val[-1]:.4f}  val_perplexity {evaluated[-1]['val_perplexity']:.2f}" in ev.stdout
+    assert json.loads((tmp_path / "eval.json").read_text())["val_loss"] == pytest.approx(val[-1], rel=1e-6)
 
 
 @pytest.mark.slow

@@ -1,6 +1,8 @@
 """The user's commands: ./run_train.sh refuses bad configs before any worker starts; a run leaves its records."""
 
 import json
+import math
+
 import pytest
 
 from titanlite.config import tomllib  # tomli on Python 3.10
@@ -60,7 +62,17 @@ def test_run_folder_has_resolved_config_metrics_and_tensorboard(tmp_path):
     assert records[2]["mfu_pct"] is None  # no known peak for a CPU: not guessed
     assert records[-1]["mem_peak_gib"] > 0
     assert all(0 <= r["data_wait_pct"] < 100 for r in records)
-    assert list((run / "tb").glob("events.out.tfevents.*"))
+    # validation (TINY evaluates at steps 2, 4 and 5): in the records, the console line and TensorBoard
+    evaluated = [r for r in records if "val_loss" in r]
+    assert [r["step"] for r in evaluated] == [2, 4, 5]
+    assert all(r["val_perplexity"] == pytest.approx(math.exp(r["val_loss"])) and r["val_tokens"] == 13 * 32 for r in evaluated)
+    assert f"val_loss {evaluated[-1]['val_loss']:.4f}  val_ppl {evaluated[-1]['val_perplexity']:.2f}" in proc.stdout
+    events = list((run / "tb").glob("events.out.tfevents.*"))
+    assert events
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    scalars = EventAccumulator(str(events[0])).Reload().Tags()["scalars"]
+    assert {"loss", "val_loss", "val_perplexity", "val_tokens"} <= set(scalars)
     # every console line of a logged step carries the same figures
     assert "step      5  loss" in proc.stdout and "tps" in proc.stdout and "mfu n/a" in proc.stdout
     json.dumps(records)

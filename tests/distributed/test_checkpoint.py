@@ -74,7 +74,7 @@ def test_resume_on_another_layout_continues_the_same_run(tmp_path, fsdp4_runs, l
     assert_close([r["loss"] for r in metrics(tmp_path)[10:]], [r["loss"] for r in metrics(straight)[10:]], 1e-5)
 
 
-@pytest.mark.parametrize("damage", ["truncated", "missing"])
+@pytest.mark.parametrize("damage", ["truncated", pytest.param("missing", marks=pytest.mark.slow)])
 def test_damaged_checkpoint_is_skipped_for_the_previous_one(tmp_path, fsdp4_runs, damage):
     straight, stopped = fsdp4_runs
     dest = resume_copy(stopped, tmp_path)
@@ -105,6 +105,7 @@ def test_keep_latest_k_leaves_the_two_newest(tmp_path):
     assert sorted(p.name for p in (tmp_path / "run").iterdir() if p.name.startswith("step")) == ["step-10", "step-8"]
 
 
+@pytest.mark.slow  # ~30 s; test_killed_during_async_saves_leaves_only_loadable_checkpoints resumes from async saves too
 def test_async_save_resumes_exactly(tmp_path, fsdp4_runs):
     straight, _ = fsdp4_runs
     run("fsdp4", tmp_path, "--checkpoint.async_mode", "async", "--training.stop_after_step", "10")

@@ -15,7 +15,7 @@ BYTE = ["--model.tokenizer", "byte", "--training.seq_len", "512"]  # activations
 CASES = [
     ("single", 1, []),
     pytest.param("single_ac_full", 1, ["--activation_checkpoint.mode", "full"], marks=pytest.mark.slow),
-    ("single_byte_ac_selective_op", 1, [*BYTE, "--activation_checkpoint.mode", "selective_op"]),
+    pytest.param("single_byte_ac_selective_op", 1, [*BYTE, "--activation_checkpoint.mode", "selective_op"], marks=pytest.mark.slow),
     ("zero2", 2, ["--training.local_batch_size", "4", "--parallelism.fsdp_reshard_after_forward", "never"]),
     ("zero3_byte_ac_full", 2, [*BYTE, "--training.local_batch_size", "4", "--activation_checkpoint.mode", "full"]),
     ("tp2", 2, ["--parallelism.tensor_parallel_degree", "2"]),
