@@ -85,6 +85,7 @@ def test_bench_strategies_writes_table_json_and_chart(tmp_path):
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
 
 
+@pytest.mark.slow  # ~16 s of doubling batch sizes; CI runs it
 def test_bench_batch_sizes_stops_at_the_limit(tmp_path):
     proc = run_cli("bench", "batch-sizes", "--steps", "3", "--max-batch-size", "4", "--output", str(tmp_path),
                    "--training.seq_len", "32")

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch.distributed.tensor.parallel import loss_parallel as tp_loss_parallel
 
 from titanlite.errors import ConfigError
+from titanlite.trainer import local_value
 
 IGNORE = -100  # F.cross_entropy's default ignore_index: the label of a padding row
 
@@ -102,21 +103,16 @@ class Validator:
         p = self.pipeline
         losses: list[torch.Tensor] = []
         with self.autocast(), self.loss_context():
+            args = (inputs,) if p.has_first else ()
             if p.has_last:
-                p.schedule.eval(*((inputs,) if p.has_first else ()), target=labels, losses=losses, return_outputs=False)
+                p.schedule.eval(*args, target=labels, losses=losses, return_outputs=False)
             else:
-                p.schedule.eval(inputs) if p.has_first else p.schedule.eval()
+                p.schedule.eval(*args)
         if not p.has_last:
             return torch.zeros(2, dtype=torch.float64, device=self.device)
         counts = [(chunk != IGNORE).sum().double() for chunk in labels.tensor_split(len(losses))]
         sums = [torch.where(n > 0, local_value(loss).double() * n, 0.0) for loss, n in zip(losses, counts)]
         return torch.stack([torch.stack(sums).sum(), torch.stack(counts).sum()])
-
-
-def local_value(loss: torch.Tensor) -> torch.Tensor:
-    from titanlite.trainer import local_value as plain
-
-    return plain(loss)
 
 
 # ----------------------------------------------------------------------------------------------

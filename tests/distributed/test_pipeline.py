@@ -52,6 +52,7 @@ def test_bubble_is_reported_beside_measured_idle(tmp_path, reference):
     assert "bubble 0.25 idle/pp-rank" in proc.stdout
 
 
+@pytest.mark.slow  # two runs; tests/unit/test_pipeline_plan.py checks the uneven split itself
 def test_five_layers_on_two_stages_split_unevenly(tmp_path):
     five = [*TINY, "--training.local_batch_size", "8", "--model.n_layers", "5"]
     single = torchrun(1, five, tmp_path / "single")
