@@ -10,15 +10,19 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
-# A small validation corpus (13 windows of 32 GPT-2 tokens: the last global batch of 8 is padded).
-VALIDATION_TEXT = REPO / "tests" / "data" / "validation.txt"
-# A small, fast setting of the debug model: global batch 8 sequences of 32 tokens, logged every step, and
-# evaluated on VALIDATION_TEXT at steps 2, 4 and 5 (so every parity test compares validation losses too).
+# A small, fast setting of the debug model: global batch 8 sequences of 32 tokens, logged every step.
 TINY = [
     "--training.steps", "5",
     "--training.seq_len", "32",
     "--metrics.log_freq", "1",
     "--lr_scheduler.warmup_steps", "2",
+]
+# A small validation corpus (13 windows of 32 GPT-2 tokens: the last global batch of 8 is padded).
+VALIDATION_TEXT = REPO / "tests" / "data" / "validation.txt"
+# TINY, evaluated on VALIDATION_TEXT at steps 2, 4 and 5: what the reference runs and every layout
+# parity test use, so that each compares validation losses too.
+VALIDATED = [
+    *TINY,
     "--validation.enable", "true",
     "--validation.freq", "2",
     "--validation.dataset_path", str(VALIDATION_TEXT),

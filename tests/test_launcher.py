@@ -7,7 +7,7 @@ import pytest
 
 from titanlite.config import tomllib  # tomli on Python 3.10
 
-from tests.helpers import TINY, metrics, run_train_sh, torchrun
+from tests.helpers import TINY, VALIDATED, metrics, run_train_sh, torchrun
 
 
 @pytest.mark.parametrize(
@@ -49,7 +49,7 @@ def test_help_lists_config_keys(tmp_path):
 
 
 def test_run_folder_has_resolved_config_metrics_and_tensorboard(tmp_path):
-    proc = torchrun(1, [*TINY, "--training.local_batch_size", "2", "--metrics.enable_tensorboard"], tmp_path)
+    proc = torchrun(1, [*VALIDATED, "--training.local_batch_size", "2", "--metrics.enable_tensorboard"], tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     run = tmp_path / "run"
     cfg = tomllib.loads((run / "config.toml").read_text())
@@ -62,7 +62,7 @@ def test_run_folder_has_resolved_config_metrics_and_tensorboard(tmp_path):
     assert records[2]["mfu_pct"] is None  # no known peak for a CPU: not guessed
     assert records[-1]["mem_peak_gib"] > 0
     assert all(0 <= r["data_wait_pct"] < 100 for r in records)
-    # validation (TINY evaluates at steps 2, 4 and 5): in the records, the console line and TensorBoard
+    # validation (VALIDATED evaluates at steps 2, 4 and 5): in the records, the console line and TensorBoard
     evaluated = [r for r in records if "val_loss" in r]
     assert [r["step"] for r in evaluated] == [2, 4, 5]
     assert all(r["val_perplexity"] == pytest.approx(math.exp(r["val_loss"])) and r["val_tokens"] == 13 * 32 for r in evaluated)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from tests.helpers import TINY, metrics, torchrun
+from tests.helpers import VALIDATED, metrics, torchrun
 
 CONFIGS = {"gpt2": "train_configs/debug_model.toml", "llama3": "train_configs/llama3_debug.toml"}
 
@@ -15,7 +15,7 @@ def reference(tmp_path_factory):
     def run(model: str = "gpt2") -> list[dict]:
         if model not in cache:
             run_dir = tmp_path_factory.mktemp(f"single_{model}")
-            proc = torchrun(1, ["--config", CONFIGS[model], *TINY, "--training.local_batch_size", "8"], run_dir)
+            proc = torchrun(1, ["--config", CONFIGS[model], *VALIDATED, "--training.local_batch_size", "8"], run_dir)
             assert proc.returncode == 0, proc.stderr[-3000:]
             cache[model] = metrics(run_dir)
         return cache[model]

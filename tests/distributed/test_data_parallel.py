@@ -5,14 +5,14 @@ Global batch 8 sequences of 32 tokens in every run; only how the batch is split 
 
 import pytest
 
-from tests.helpers import TINY, assert_matches, metrics, run_train_sh, torchrun
+from tests.helpers import VALIDATED, assert_matches, metrics, run_train_sh, torchrun
 
 pytestmark = pytest.mark.distributed
 
 
 def test_zero3_via_run_train_sh_matches_single_device(tmp_path, reference):
     # NGPU=4 with the default config is FSDP over 4 ranks, resharding after forward (ZeRO-3).
-    proc = run_train_sh([*TINY, "--training.local_batch_size", "2"], tmp_path, ngpu=4)
+    proc = run_train_sh([*VALIDATED, "--training.local_batch_size", "2"], tmp_path, ngpu=4)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert "layout: dp_shard 4 on 4 cpu process(es)" in proc.stdout
     assert_matches(metrics(tmp_path), reference())
@@ -27,7 +27,7 @@ def test_zero3_via_run_train_sh_matches_single_device(tmp_path, reference):
     ],
 )
 def test_layout_matches_single_device(tmp_path, reference, name, nproc, args):
-    proc = torchrun(nproc, [*TINY, "--training.local_batch_size", "2", *args], tmp_path)
+    proc = torchrun(nproc, [*VALIDATED, "--training.local_batch_size", "2", *args], tmp_path)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert_matches(metrics(tmp_path), reference())
 
@@ -42,7 +42,7 @@ def test_layout_matches_single_device(tmp_path, reference, name, nproc, args):
 )
 def test_gradient_accumulation_matches_one_big_batch(tmp_path, reference, name, nproc, args):
     # local batch 2 with accumulation making up the global batch of 8 (4 micro-batches on 1 rank, 2 on 2 ranks)
-    proc = torchrun(nproc, [*TINY, "--training.local_batch_size", "2", "--training.global_batch_size", "8", *args], tmp_path)
+    proc = torchrun(nproc, [*VALIDATED, "--training.local_batch_size", "2", "--training.global_batch_size", "8", *args], tmp_path)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert f"accumulation {4 // nproc}" in proc.stdout
     assert_matches(metrics(tmp_path), reference())

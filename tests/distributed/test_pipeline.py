@@ -7,7 +7,7 @@ the parity below holds only because the two copies are kept in sync (without it 
 import pytest
 
 from tests.distributed.conftest import CONFIGS
-from tests.helpers import TINY, assert_matches, metrics, run_train_sh, torchrun
+from tests.helpers import VALIDATED, assert_matches, metrics, run_train_sh, torchrun
 from titanlite.parallel.pipeline import V_SHAPED
 
 pytestmark = pytest.mark.distributed
@@ -27,7 +27,7 @@ CASES = [("gpt2", s) for s in SCHEDULES] + [
 def test_schedule_matches_single_device(tmp_path, reference, model, schedule):
     # 2 ranks; GPipe/1F1B run 2 stages, the looped and V-shaped schedules 4 (2 virtual stages per rank).
     # The V-shaped schedules cannot evaluate (torch's schedule.eval fails on them): they train without it.
-    args = ["--config", CONFIGS[model], *TINY, *PP2, "--training.local_batch_size", "8",
+    args = ["--config", CONFIGS[model], *VALIDATED, *PP2, "--training.local_batch_size", "8",
             "--parallelism.pipeline_parallel_schedule", schedule]
     if schedule in V_SHAPED:
         args += ["--validation.enable", "false"]
@@ -42,7 +42,7 @@ def test_schedule_matches_single_device(tmp_path, reference, model, schedule):
 
 
 def test_bubble_is_reported_beside_measured_idle(tmp_path, reference):
-    proc = run_train_sh([*TINY, *PP2, "--training.local_batch_size", "8"], tmp_path, ngpu=2)
+    proc = run_train_sh([*VALIDATED, *PP2, "--training.local_batch_size", "8"], tmp_path, ngpu=2)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     records = metrics(tmp_path)
     assert_matches(records, reference("gpt2"))
@@ -54,7 +54,7 @@ def test_bubble_is_reported_beside_measured_idle(tmp_path, reference):
 
 @pytest.mark.slow  # two runs; tests/unit/test_pipeline_plan.py checks the uneven split itself
 def test_five_layers_on_two_stages_split_unevenly(tmp_path):
-    five = [*TINY, "--training.local_batch_size", "8", "--model.n_layers", "5"]
+    five = [*VALIDATED, "--training.local_batch_size", "8", "--model.n_layers", "5"]
     single = torchrun(1, five, tmp_path / "single")
     assert single.returncode == 0, single.stderr[-3000:]
     proc = torchrun(2, [*five, *PP2], tmp_path / "pp")
@@ -65,7 +65,7 @@ def test_five_layers_on_two_stages_split_unevenly(tmp_path):
 
 def test_custom_schedule_from_csv(tmp_path, reference):
     csv = "train_configs/schedules/looped_gpipe_pp2_v2_m4.csv"
-    args = [*TINY, *PP2, "--training.local_batch_size", "8", "--parallelism.pipeline_parallel_schedule_csv", csv]
+    args = [*VALIDATED, *PP2, "--training.local_batch_size", "8", "--parallelism.pipeline_parallel_schedule_csv", csv]
     proc = torchrun(2, args, tmp_path)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert "pipeline: csv, 4 stages (2 per rank)" in proc.stdout
@@ -76,7 +76,7 @@ def test_custom_schedule_from_csv(tmp_path, reference):
 @pytest.mark.parametrize("schedule", ["1F1B", "Interleaved1F1B"])
 def test_3d_pp2_fsdp2_tp2_on_8_ranks_matches_single_device(tmp_path, reference, schedule):
     # ~25 s each on 2 cores, mostly start-up of 8 processes
-    args = [*TINY, *PP2, "--training.local_batch_size", "4", "--parallelism.tensor_parallel_degree", "2",
+    args = [*VALIDATED, *PP2, "--training.local_batch_size", "4", "--parallelism.tensor_parallel_degree", "2",
             "--parallelism.pipeline_parallel_schedule", schedule]
     proc = run_train_sh(args, tmp_path, ngpu=8)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tests.helpers import REPO, TINY, assert_matches, env, metrics, run_train_sh
+from tests.helpers import REPO, TINY, VALIDATED, assert_matches, env, metrics, run_train_sh
 
 pytestmark = pytest.mark.distributed
 
@@ -45,7 +45,7 @@ def test_two_launchers_as_two_nodes_match_one_node(tmp_path, reference):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    args = [*TINY, "--training.local_batch_size", "2"]
+    args = [*VALIDATED, "--training.local_batch_size", "2"]
     nodes = [
         subprocess.Popen(
             [str(REPO / "run_train.sh"), "--job.dump_folder", str(tmp_path), "--job.name", "run", *args],

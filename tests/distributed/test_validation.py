@@ -1,7 +1,7 @@
 """Validation changes nothing about training, and `titanlite eval` reproduces a run's last evaluation on any layout.
 
 The validation losses of every layout equal the single-process ones in each parity test (assert_matches
-compares them: TINY evaluates at steps 2, 4 and 5).
+compares them: tests.helpers.VALIDATED evaluates at steps 2, 4 and 5).
 """
 
 import json
@@ -10,11 +10,11 @@ import sys
 
 import pytest
 
-from tests.helpers import REPO, TINY, env, metrics, torchrun
+from tests.helpers import REPO, VALIDATED, env, metrics, torchrun
 
 pytestmark = pytest.mark.distributed
 
-NO_VALIDATION = [*TINY, "--validation.enable", "false"]  # same data (validation.dataset_path still set)
+NO_VALIDATION = [*VALIDATED, "--validation.enable", "false"]  # same data (validation.dataset_path still set)
 PP2 = ["--parallelism.pipeline_parallel_degree", "2", "--parallelism.pipeline_parallel_microbatch_size", "2",
        "--parallelism.pipeline_parallel_schedule", "Interleaved1F1B"]
 
@@ -35,7 +35,7 @@ def test_training_is_bitwise_the_same_with_and_without_validation(tmp_path, refe
 def test_pipeline_evaluation_leaves_training_bitwise_the_same(tmp_path):
     # The schedule switches between its eval path (forward only) and training at every evaluation.
     runs = {}
-    for name, args in (("with", TINY), ("without", NO_VALIDATION)):
+    for name, args in (("with", VALIDATED), ("without", NO_VALIDATION)):
         proc = torchrun(2, [*args, *PP2, "--training.local_batch_size", "8"], tmp_path / name)
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
         runs[name] = metrics(tmp_path / name)
@@ -49,7 +49,7 @@ def titanlite_eval(args: list[str], run_dir) -> subprocess.CompletedProcess:
 
 
 def test_eval_of_the_final_checkpoint_prints_the_runs_last_validation_loss(tmp_path):
-    checkpointed = [*TINY, "--training.local_batch_size", "8", "--checkpoint.enable", "true", "--checkpoint.interval", "5"]
+    checkpointed = [*VALIDATED, "--training.local_batch_size", "8", "--checkpoint.enable", "true", "--checkpoint.interval", "5"]
     proc = torchrun(1, checkpointed, tmp_path)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     last = [r for r in metrics(tmp_path) if "val_loss" in r][-1]
@@ -73,13 +73,13 @@ def test_eval_of_the_final_checkpoint_prints_the_runs_last_validation_loss(tmp_p
     export = subprocess.run([sys.executable, "-m", "titanlite.cli", "convert", "to-hf", "--output", str(tmp_path / "hf"),
                              "--job.dump_folder", str(tmp_path), "--job.name", "run"], cwd=REPO, env=env(), capture_output=True, text=True)
     assert export.returncode == 0, export.stderr[-3000:]
-    from_hf = titanlite_eval([*TINY, "--job.name", "fresh", "--checkpoint.initial_load_path", str(tmp_path / "hf")], tmp_path)
+    from_hf = titanlite_eval([*VALIDATED, "--job.name", "fresh", "--checkpoint.initial_load_path", str(tmp_path / "hf")], tmp_path)
     assert from_hf.returncode == 0, from_hf.stdout[-2000:] + from_hf.stderr[-4000:]
     assert f"val_loss {last['val_loss']:.4f}" in from_hf.stdout
 
 
 def test_eval_without_a_checkpoint_is_one_line(tmp_path):
-    proc = titanlite_eval(TINY, tmp_path)
+    proc = titanlite_eval(VALIDATED, tmp_path)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("titanlite: error: no checkpoint to evaluate in "), lines
