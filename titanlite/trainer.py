@@ -63,6 +63,17 @@ class Pipeline:
     tied_sync: object | None  # TiedEmbeddingSync when a tied embedding spans stages
     analytic_bubble: float | None
 
+    def run(self, schedule_call, inputs: torch.Tensor, labels: torch.Tensor, losses: list) -> None:
+        """One schedule step (`schedule_call`: schedule.step, or schedule.eval for forward only): the first
+        stage feeds the inputs, the last computes each micro-batch's loss into `losses`."""
+        args = (inputs,) if self.has_first else ()
+        if self.has_last:
+            # return_outputs=False: the last stage would otherwise keep every micro-batch's logits
+            # until the step ends, only to return them merged.
+            schedule_call(*args, target=labels, losses=losses, return_outputs=False)
+        else:
+            schedule_call(*args)
+
 
 class Trainer:
     def __init__(self, model_parts: list[nn.Module], optimizer, lr_scheduler, loader, *, grad_accum_steps, max_norm,
@@ -199,13 +210,7 @@ class Trainer:
         p.timer.enabled, p.timer.busy = measure, 0.0
         start = time.perf_counter()
         with self.autocast(), self.loss_context():
-            args = (inputs,) if p.has_first else ()
-            if p.has_last:
-                # return_outputs=False: the last stage would otherwise keep every micro-batch's logits
-                # until the step ends, only to return them merged.
-                p.schedule.step(*args, target=labels, losses=losses, return_outputs=False)
-            else:
-                p.schedule.step(*args)
+            p.run(p.schedule.step, inputs, labels, losses)
         if measure:
             self.pipeline_idle = 1.0 - p.timer.busy / (time.perf_counter() - start)
         p.timer.enabled = False

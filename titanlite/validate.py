@@ -103,11 +103,7 @@ class Validator:
         p = self.pipeline
         losses: list[torch.Tensor] = []
         with self.autocast(), self.loss_context():
-            args = (inputs,) if p.has_first else ()
-            if p.has_last:
-                p.schedule.eval(*args, target=labels, losses=losses, return_outputs=False)
-            else:
-                p.schedule.eval(*args)
+            p.run(p.schedule.eval, inputs, labels, losses)
         if not p.has_last:
             return torch.zeros(2, dtype=torch.float64, device=self.device)
         counts = [(chunk != IGNORE).sum().double() for chunk in labels.tensor_split(len(losses))]
