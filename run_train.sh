@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Train: ./run_train.sh [--config FILE] [--section.key VALUE ...]   (default config: train_configs/debug_model.toml)
-# Environment: NGPU (processes per node; default: visible CUDA GPUs, else 1), NNODES, NODE_RANK,
+# Environment: NGPU (processes per node; default: visible CUDA GPUs, else 1; at most the visible GPUs),
+# TITANLITE_DEVICE (cpu: gloo on the CPU whatever GPUs there are; cuda; default: CUDA if visible), NNODES, NODE_RANK,
 # RDZV_ENDPOINT (host:port, multi-node), RDZV_ID, MAX_RESTARTS, LOG_RANK (e.g. 0 or 0,1: whose output to show).
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -10,16 +11,18 @@ for arg in "$@"; do
   case "$arg" in -h|--help) exec "$PY" -m titanlite.cli help ;; esac
 done
 
-if [ -z "${NGPU:-}" ]; then
-  NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+if [ -z "${NGPU:-}" ]; then  # one process per visible GPU; one on the CPU (TITANLITE_DEVICE=cpu, or no GPU)
+  NGPU=0
+  [ "${TITANLITE_DEVICE:-}" = cpu ] || NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
   [ "${NGPU:-0}" -ge 1 ] || NGPU=1
 fi
 NNODES=${NNODES:-1}
 MAX_RESTARTS=${MAX_RESTARTS:-0}
 max_nodes=${NNODES##*:}  # NNODES may be elastic, min:max
 
-# Validate the config for the world size about to launch, and build the token cache once, before any worker starts.
-"$PY" -m titanlite.cli check --world-size $((NGPU * max_nodes)) "$@" || exit $?
+# Validate the config (and NGPU against the visible GPUs, and the memory it needs) for the world size about to
+# launch, and build the token cache once, before any worker starts.
+"$PY" -m titanlite.cli check --world-size $((NGPU * max_nodes)) --nproc-per-node "$NGPU" "$@" || exit $?
 
 # Restarted workers must not reuse the dead workers' rendezvous store (CPU_DISTRIBUTED_NOTES.md).
 export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
@@ -37,4 +40,5 @@ else
 fi
 [ -z "${LOG_RANK:-}" ] || launch+=(--local-ranks-filter "$LOG_RANK" --role rank --tee 3)
 
-exec "$PY" -m torch.distributed.run "${launch[@]}" -m titanlite.train "$@"
+# torchrun (titanlite/launch.py): a failed worker's one-line reason comes last, and its exit status is ours.
+exec "$PY" -m titanlite.launch "${launch[@]}" -m titanlite.train "$@"

@@ -1,4 +1,5 @@
-"""Launch real training runs (torchrun + gloo on CPU) and read back their per-step metrics."""
+"""Launch real training runs (torchrun + gloo on CPU) and read back their per-step metrics; a failed run's
+assertion message starts with its worker's one-line reason."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+
+from titanlite.failures import reason_in
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -30,6 +33,8 @@ VALIDATED = [
 
 
 def env(**extra: str) -> dict[str, str]:
+    """The environment of a launched run: one thread per rank, this interpreter, and (from
+    tests/conftest.py) TITANLITE_DEVICE=cpu unless a gpu test passes TITANLITE_DEVICE="cuda"."""
     e = {**os.environ, "OMP_NUM_THREADS": "1", "TITANLITE_PYTHON": sys.executable, "PYTHONUNBUFFERED": "1"}
     e.update(extra)
     return e
@@ -38,7 +43,7 @@ def env(**extra: str) -> dict[str, str]:
 def torchrun(nproc: int, args: list[str], run_dir: Path, timeout: int = 300) -> subprocess.CompletedProcess:
     """One training run with `nproc` gloo ranks; the run folder is run_dir/run."""
     cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+        sys.executable, "-m", "titanlite.launch", "--standalone", f"--nproc-per-node={nproc}",
         f"--log-dir={run_dir / 'torchrun_logs'}", "-m", "titanlite.train",
         "--job.dump_folder", str(run_dir), "--job.name", "run", *args,
     ]
@@ -57,7 +62,7 @@ def metrics(run_dir: Path) -> list[dict]:
 
 
 def losses(proc: subprocess.CompletedProcess, run_dir: Path) -> list[float]:
-    assert proc.returncode == 0, f"run failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    assert proc.returncode == 0, f"run failed ({proc.returncode}): {reason_in(proc.stderr)}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
     return [r["loss"] for r in metrics(run_dir)]
 
 

@@ -83,3 +83,21 @@ def test_fresh_run_replaces_old_metrics(tmp_path):
         proc = torchrun(1, [*TINY, "--training.steps", "2", "--training.local_batch_size", "2"], tmp_path)
         assert proc.returncode == 0, proc.stderr[-3000:]
     assert [r["step"] for r in metrics(tmp_path)] == [1, 2]
+
+
+@pytest.mark.parametrize(
+    "ngpu, fault, status, rank, reason",
+    [
+        (2, "error@2:1", 1, 1, "RuntimeError: fault injection: an error after step 2 (titanlite/resilience.py:"),
+        (1, "oom@2", 4, 0, "out of device memory (fault injection: out of memory after step 2 (simulated)) at titanlite/resilience.py:"),
+    ],
+)
+def test_a_failed_worker_says_why_last_and_sets_the_exit_status(tmp_path, ngpu, fault, status, rank, reason):
+    # A worker exception on rank 1 of 2 (rank 0 then loses its peer: the launcher names the first failure)
+    # and a simulated out-of-memory error; the non-finite loss (status 3) is in test_resilience.py.
+    proc = run_train_sh(TINY, tmp_path, ngpu=ngpu, TITANLITE_FAULT=fault)
+    assert proc.returncode == status, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    log = tmp_path / "run" / "logs" / f"error-rank{rank}.log"
+    assert last.startswith(f"titanlite: error: rank {rank}: {reason}") and last.endswith(f"; traceback in {log}"), last
+    assert "Traceback (most recent call last)" in log.read_text()

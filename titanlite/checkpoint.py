@@ -26,6 +26,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from titanlite.config import Checkpoint as CheckpointConfig
+from titanlite.devices import uses_cuda
 from titanlite.errors import ConfigError
 
 # In one process DCP warns, at every save and load, that it assumes one process: that is the intent.
@@ -86,7 +87,7 @@ class Checkpointer:
         self.pending = None  # (future, step) of an async save in flight
         self.saved_step = -1
         self.mode = cfg.async_mode
-        if self.mode == "async_with_pinned_mem" and not torch.cuda.is_available():
+        if self.mode == "async_with_pinned_mem" and not uses_cuda():
             say("  checkpoint: async_with_pinned_mem needs CUDA; saving with async_mode = 'async' instead")
             self.mode = "async"
         # A background save must not share a process group with training collectives (gloo mixes them up).
@@ -116,7 +117,7 @@ class Checkpointer:
             "train_state": dict(train_state),
             "rng": {"cpu": torch.get_rng_state()},
         }
-        if torch.cuda.is_available():
+        if uses_cuda():
             state["rng"]["cuda"] = torch.cuda.get_rng_state().cpu()
         return state
 
@@ -250,7 +251,7 @@ class Checkpointer:
             self.loader.load_state_dict(state["dataloader"])
         if "rng" in state:
             torch.set_rng_state(state["rng"]["cpu"])
-            if "cuda" in state["rng"] and torch.cuda.is_available():
+            if "cuda" in state["rng"] and uses_cuda():
                 torch.cuda.set_rng_state(state["rng"]["cuda"])
 
     def load_initial(self, path: Path) -> None:

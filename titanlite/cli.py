@@ -12,7 +12,8 @@ from titanlite.errors import ConfigError
 USAGE = """usage: titanlite <command> [--config FILE] [--section.key VALUE ...]
 commands:
   train                     train in this process (./run_train.sh launches several with torchrun)
-  check --world-size N      validate the config for N processes and prepare its data
+  check --world-size N [--nproc-per-node K]
+                            validate the config for N processes (K per node) and prepare its data
   prepare [--workers N --rebuild]
                             tokenise the configured corpus (or mixture) into its prepared token
                             store, with progress; an interrupted prepare continues where it stopped
@@ -118,12 +119,15 @@ def generate(argv: list[str]) -> int:
 
 def check(argv: list[str]) -> int:
     from titanlite.config import parse_config
+    from titanlite.devices import check_local_ranks
     from titanlite.tools import take_options
     from titanlite.train import build_data, build_validation_data, describe_validation, plan_run
 
-    opts, rest = take_options(argv, {"world-size": 1}, "check")
+    opts, rest = take_options(argv, {"world-size": 1, "nproc-per-node": 0}, "check")
     world_size = opts["world-size"]
+    local_ranks = opts["nproc-per-node"] or world_size
     cfg = parse_config(rest)
+    check_local_ranks(local_ranks)
     plan = plan_run(cfg, world_size)
     tokenizer, corpus = build_data(cfg, verify="sample", say=lambda line: print(line, flush=True))
     for line in corpus.describe(plan.global_batch_size * cfg.training.steps):

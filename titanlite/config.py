@@ -81,7 +81,12 @@ class Training:
     """Gradient reduction dtype for FSDP on CUDA."""
     enable_cpu_offload: bool = False
     """Keep FSDP's sharded parameters, gradients and optimizer state in host memory (ZeRO offload), for
-    models that do not fit even when sharded. Needs CUDA and FSDP (data_parallel_shard_degree > 1)."""
+    models that do not fit on the GPUs even when sharded. Needs CUDA and FSDP: any layout with
+    data_parallel_shard_degree > 1, or one GPU (where it turns on parallelism.fsdp_single_rank)."""
+    memory_preflight: bool = True
+    """Before launch, `titanlite check` (and so run_train.sh) estimates each rank's peak memory with the
+    planner's model and refuses a layout that cannot fit the device (or, on the CPU, the available RAM
+    shared by the node's ranks); false skips the check, for those who know better."""
     skip_nonfinite_steps: bool = False
     """On a NaN/inf loss or gradient norm, skip that step's update and go on, instead of stopping the run."""
     stop_after_step: int = 0
@@ -173,6 +178,10 @@ class Parallelism:
     """Replicas (DDP alone, or the outer dimension of HSDP)."""
     data_parallel_shard_degree: int = -1
     """FSDP shards; -1 means whatever is left of the world size."""
+    fsdp_single_rank: bool = False
+    """Apply FSDP on a single device too (a one-rank mesh): its bf16 mixed precision and, with
+    training.enable_cpu_offload (which turns this on at one rank), ZeRO-Offload of the weights,
+    gradients and AdamW state to host memory. Only for a single-device run (world size 1)."""
     fsdp_reshard_after_forward: Literal["default", "always", "never"] = "default"
     """'always' frees gathered parameters after forward (ZeRO-3); 'never' keeps them (ZeRO-2);
     'default' is ZeRO-3 unless pipeline parallelism is on."""

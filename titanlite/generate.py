@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from titanlite.devices import uses_cuda
 from titanlite.errors import ConfigError
 from titanlite.models.kv_cache import KVCache
 
@@ -124,7 +125,7 @@ def main(argv: list[str]) -> int:
     eot_id = getattr(tokenizer, "eot_id", None)
     model, source = load_model(cfg, tokenizer.vocab_size)
     check_prompt_fits(len(prompt_ids), model.args.max_seq_len)
-    device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    device = torch.device("cuda", 0) if uses_cuda() else torch.device("cpu")
     model.to(device).eval()
     print(f"titanlite: generating from {source} on {device} ({_precision(device)}), {sampling.describe()}", flush=True)
     with _autocast(device):

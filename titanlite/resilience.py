@@ -73,23 +73,34 @@ def set_train_timeout(seconds: float) -> None:
 
 class Faults:
     """Test hooks, set by TITANLITE_FAULT (comma-separated): `kill@STEP:RANK` SIGKILLs that rank after
-    STEP on the first attempt only (so the restarted job can finish); `nan@STEP` makes that step's loss NaN."""
+    STEP on the first attempt only (so the restarted job can finish); `nan@STEP` makes that step's loss
+    NaN; `error@STEP:RANK` and `oom@STEP:RANK` raise a RuntimeError / torch.OutOfMemoryError on that rank
+    after STEP (RANK defaults to 0)."""
 
     def __init__(self, spec: str, rank: int):
-        self.kill_step = self.nan_step = 0
+        self.kill_step = self.nan_step = self.error_step = self.oom_step = 0
         first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
         for item in filter(None, (s.strip() for s in spec.split(","))):
             what, _, where = item.partition("@")
-            step, _, kill_rank = where.partition(":")
-            if what == "kill" and int(kill_rank or 0) == rank and first_attempt:
+            step, _, fault_rank = where.partition(":")
+            here = int(fault_rank or 0) == rank
+            if what == "kill" and here and first_attempt:
                 self.kill_step = int(step)
             elif what == "nan":
                 self.nan_step = int(step)
+            elif what == "error" and here:
+                self.error_step = int(step)
+            elif what == "oom" and here:
+                self.oom_step = int(step)
 
     def after_step(self, step: int) -> None:
         if step == self.kill_step:
             print(f"titanlite: fault injection: killing this rank after step {step}", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
+        if step == self.error_step:
+            raise RuntimeError(f"fault injection: an error after step {step}")
+        if step == self.oom_step:
+            raise torch.OutOfMemoryError(f"fault injection: out of memory after step {step} (simulated)")
 
     def loss_scale(self, step: int) -> float:
         return math.nan if step == self.nan_step else 1.0

@@ -41,7 +41,9 @@ def plan_run(cfg: JobConfig, world_size: int, validation: bool = False) -> Plan:
     from titanlite.profiling import check_profiling
     from titanlite.parallel.tensor_parallel import check_tp_degree
 
-    dims = ParallelDims.from_config(cfg.parallelism, world_size)
+    from titanlite.devices import device_type
+
+    dims = ParallelDims.from_config(cfg.parallelism, world_size, cpu_offload=cfg.training.enable_cpu_offload)
     accum = grad_accum_steps(cfg.training, dims.dp)
     m = cfg.model
     vocab_size = build_tokenizer(m.tokenizer).vocab_size
@@ -54,12 +56,12 @@ def plan_run(cfg: JobConfig, world_size: int, validation: bool = False) -> Plan:
             "(a DeviceMesh among the tensors saved for backward); set activation_checkpoint.mode = 'none' or "
             "compile.enable = false"
         )
-    if cfg.training.enable_cpu_offload and not torch.cuda.is_available():
+    if cfg.training.enable_cpu_offload and device_type() != "cuda":
         raise ConfigError("training.enable_cpu_offload moves FSDP shards between CUDA and host memory; there is no CUDA device here, set it to false")
     if cfg.training.enable_cpu_offload and not dims.fsdp_enabled:
         raise ConfigError(
             "training.enable_cpu_offload offloads FSDP shards, but this layout has no FSDP "
-            f"(dp_shard = {dims.dp_shard}); use parallelism.data_parallel_shard_degree > 1 or set it to false"
+            f"(dp_shard = {dims.dp_shard}); use parallelism.data_parallel_shard_degree > 1 (or one GPU) or set it to false"
         )
     check_float8(cfg.float8)
     check_profiling(cfg.profiling)
@@ -231,15 +233,20 @@ def keep_metrics_up_to(path: Path, step: int) -> None:
     path.write_text("".join(line + "\n" for line in kept))
 
 
-def init_distributed(world_size: int, init_timeout_seconds: float) -> torch.device:
-    if torch.cuda.is_available():
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
-        torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
+def init_distributed(world_size: int, init_timeout_seconds: float, one_rank_mesh: bool = False) -> torch.device:
+    """This rank's device (titanlite.devices) and, for several ranks, the process group: NCCL on CUDA,
+    gloo on the CPU. One rank gets an in-memory group too when its mesh has a one-rank dimension
+    (FSDP on a single device)."""
+    from titanlite.devices import local_device
+
+    device = local_device(int(os.environ.get("LOCAL_RANK", 0)))
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    device_id = device if device.type == "cuda" else None
+    timeout = timedelta(seconds=init_timeout_seconds)
     if world_size > 1:
-        backend = "nccl" if device.type == "cuda" else "gloo"
-        dist.init_process_group(backend, timeout=timedelta(seconds=init_timeout_seconds), device_id=device if device.type == "cuda" else None)
+        dist.init_process_group(backend, timeout=timeout, device_id=device_id)
+    elif one_rank_mesh and not dist.is_initialized():
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout, device_id=device_id)
     return device
 
 
@@ -281,7 +288,7 @@ def run(cfg: JobConfig) -> None:
     rank = int(os.environ.get("RANK", 0))
     plan = plan_run(cfg, world_size, validation=bool(os.environ.get("TITANLITE_EVAL")))
     set_determinism(cfg)
-    device = init_distributed(world_size, cfg.comm.init_timeout_seconds)
+    device = init_distributed(world_size, cfg.comm.init_timeout_seconds, one_rank_mesh=plan.dims.fsdp_single_rank)
     if device.type == "cpu":
         keep_freed_memory_on_cpu()
     if os.environ.get("TITANLITE_EVAL"):  # titanlite eval
@@ -479,32 +486,26 @@ def build_trainer(cfg: JobConfig, plan: Plan, device: torch.device, rank: int, w
 
 
 def main(argv: list[str] | None = None) -> int:
+    """One worker's run; its exit status says how it ended (titanlite/failures.py), and a failure is
+    one line on stderr with the traceback in the run folder."""
     argv = sys.argv[1:] if argv is None else argv
     if "--help" in argv or "-h" in argv:
         print(help_text())
         return 0
-    from titanlite.resilience import NonFiniteLoss, Preempted
+    from titanlite.failures import record
+    from titanlite.resilience import Preempted
 
+    cfg = None
     try:
-        run(parse_config(argv))
-        code = 0
-    except ConfigError as e:
-        print(f"titanlite: error: {e}", file=sys.stderr, flush=True)
-        code = 2
-    except NonFiniteLoss as e:
-        print(f"titanlite: error: {e}; stopping without updating the weights (the last checkpoint is intact; "
-              f"resume with a lower optimizer.lr, or set training.skip_nonfinite_steps)", file=sys.stderr, flush=True)
-        code = 3
-    except torch.OutOfMemoryError as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else "out of memory"
-        print(f"titanlite: error: out of device memory ({first[:160]}); lower training.local_batch_size, set "
-              f"activation_checkpoint.mode = 'full', or shard more (parallelism.data_parallel_shard_degree)",
-              file=sys.stderr, flush=True)
-        code = 4
+        cfg = parse_config(argv)
+        run(cfg)
+        return 0
     except Preempted as e:
         print(f"titanlite: {e}; run the same command to resume", flush=True)
-        code = 128 + e.signum
-    return code
+        return 128 + e.signum
+    except Exception as e:
+        run_dir = Path(cfg.job.dump_folder) / cfg.job.name if cfg is not None else None
+        return record(e, int(os.environ.get("RANK", 0)), run_dir)
 
 
 def shutdown(code: int) -> None:

@@ -120,6 +120,7 @@ def eval_command(argv: list[str]) -> int:
     evaluates here (N = 1) or in N torchrun workers; rank 0 prints the result."""
     from titanlite.checkpoint import checkpoint_to_load
     from titanlite.config import parse_config
+    from titanlite.devices import check_local_ranks
     from titanlite.tools import take_options
     from titanlite.train import build_data, build_validation_data, plan_run
 
@@ -127,6 +128,7 @@ def eval_command(argv: list[str]) -> int:
     cfg = parse_config(rest)
     if opts["ngpu"] < 1:
         raise ConfigError(f"eval --ngpu {opts['ngpu']} must be at least 1")
+    check_local_ranks(opts["ngpu"])
     plan_run(cfg, opts["ngpu"], validation=True)
     checkpoint_to_load(cfg, "evaluate")
     tokenizer, corpus = build_data(cfg, verify="sample", say=lambda line: print(line, flush=True))
@@ -138,7 +140,7 @@ def eval_command(argv: list[str]) -> int:
         os.environ.update(env)
         return worker_main(rest)
     env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={opts['ngpu']}",
+    cmd = [sys.executable, "-m", "titanlite.launch", "--standalone", f"--nproc-per-node={opts['ngpu']}",
            "-m", "titanlite.train", *rest]
     return subprocess.run(cmd, env=env).returncode
 

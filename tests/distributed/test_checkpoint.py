@@ -120,7 +120,7 @@ def test_killed_during_async_saves_leaves_only_loadable_checkpoints(tmp_path):
     # Save asynchronously after every step and kill the whole job at an arbitrary moment.
     args = [*TINY, "--training.steps", "200", "--checkpoint.enable", "--checkpoint.interval", "1",
             "--checkpoint.async_mode", "async", "--training.local_batch_size", "4"]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+    cmd = [sys.executable, "-m", "titanlite.launch", "--standalone", "--nproc-per-node=2",
            f"--log-dir={tmp_path / 'logs'}", "-m", "titanlite.train", "--job.dump_folder", str(tmp_path), "--job.name", "run", *args]
     job = subprocess.Popen(cmd, cwd=REPO, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.time() + 120

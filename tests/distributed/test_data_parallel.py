@@ -46,3 +46,11 @@ def test_gradient_accumulation_matches_one_big_batch(tmp_path, reference, name, 
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert f"accumulation {4 // nproc}" in proc.stdout
     assert_matches(metrics(tmp_path), reference())
+
+
+def test_fsdp_on_one_rank_matches_single_device(tmp_path, reference):
+    # The one-rank FSDP mesh that CPU offload uses on one GPU (here without offload: the CPU has no CUDA).
+    proc = torchrun(1, [*VALIDATED, "--training.local_batch_size", "8", "--parallelism.fsdp_single_rank"], tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert "layout: single device (FSDP on one rank) on 1 cpu process(es)" in proc.stdout
+    assert_matches(metrics(tmp_path), reference())

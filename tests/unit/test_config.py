@@ -136,6 +136,7 @@ def test_cpu_offload_needs_cuda_and_fsdp(monkeypatch):
     with pytest.raises(ConfigError, match="no CUDA device here"):
         plan_run(cfg, world_size=2)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.delenv("TITANLITE_DEVICE")  # a GPU box, as titanlite.devices sees it
     ddp = parse_config(["--training.enable_cpu_offload", "--parallelism.data_parallel_replicate_degree", "2",
                         "--parallelism.data_parallel_shard_degree", "1"])
     with pytest.raises(ConfigError, match="this layout has no FSDP"):

@@ -21,10 +21,12 @@ class ParallelDims:
     cp: int = 1
     tp: int = 1
     pp: int = 1
+    fsdp_single_rank: bool = False  # FSDP on a one-rank data-parallel mesh (a single device)
 
     @classmethod
-    def from_config(cls, cfg: Parallelism, world_size: int) -> ParallelDims:
-        """Resolve dp_shard = -1 and check that the degrees multiply to the world size."""
+    def from_config(cls, cfg: Parallelism, world_size: int, cpu_offload: bool = False) -> ParallelDims:
+        """Resolve dp_shard = -1 and check that the degrees multiply to the world size; a single device
+        gets a one-rank FSDP mesh when parallelism.fsdp_single_rank or CPU offload asks for it."""
         replicate, shard = cfg.data_parallel_replicate_degree, cfg.data_parallel_shard_degree
         tp, pp = cfg.tensor_parallel_degree, cfg.pipeline_parallel_degree
         named = (("data_parallel_replicate_degree", replicate), ("tensor_parallel_degree", tp), ("pipeline_parallel_degree", pp))
@@ -49,7 +51,13 @@ class ParallelDims:
                 f"but the world size is {world_size}; set parallelism.data_parallel_shard_degree = -1 or "
                 f"make the product equal {world_size}"
             )
-        return cls(dp_replicate=replicate, dp_shard=shard, tp=tp, pp=pp, world_size=world_size)
+        single_rank = (cfg.fsdp_single_rank or cpu_offload) and world_size == 1
+        if cfg.fsdp_single_rank and world_size > 1:
+            raise ConfigError(
+                f"parallelism.fsdp_single_rank is for a single-device run, but the world size is {world_size} "
+                "(FSDP shards over data_parallel_shard_degree there); set it to false"
+            )
+        return cls(dp_replicate=replicate, dp_shard=shard, tp=tp, pp=pp, world_size=world_size, fsdp_single_rank=single_rank)
 
     @property
     def degrees(self) -> dict[str, int]:
@@ -62,7 +70,7 @@ class ParallelDims:
 
     @property
     def fsdp_enabled(self) -> bool:
-        return self.dp_shard > 1
+        return self.dp_shard > 1 or self.fsdp_single_rank
 
     @property
     def ddp_enabled(self) -> bool:
@@ -79,13 +87,15 @@ class ParallelDims:
 
     def describe(self) -> str:
         used = [f"{name} {deg}" for name, deg in self.degrees.items() if deg > 1]
+        if self.fsdp_single_rank:
+            return "single device (FSDP on one rank)"
         return " x ".join(used) if used else "single device"
 
     def build_mesh(self, device_type: str) -> Mesh | None:
         """One DeviceMesh over the dimensions in use, plus the flattened views the trainer needs."""
         from torch.distributed.device_mesh import init_device_mesh
 
-        names = [n for n in MESH_ORDER if self.degrees[n] > 1]
+        names = [n for n in MESH_ORDER if self.degrees[n] > 1 or (n == "dp_shard" and self.fsdp_single_rank)]
         if not names:
             return None
         root = init_device_mesh(device_type, tuple(self.degrees[n] for n in names), mesh_dim_names=tuple(names))

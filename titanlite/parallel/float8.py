@@ -24,6 +24,7 @@ import torch
 import torch.nn as nn
 
 from titanlite.config import Float8
+from titanlite.devices import uses_cuda
 from titanlite.errors import ConfigError
 
 INSTALL_HINT = "pip install '.[float8]' (or pip install torchao) in the environment that runs titanlite"
@@ -62,7 +63,7 @@ def check_float8(cfg: Float8) -> None:
     if not cfg.enable:
         return
     torchao_float8()
-    if torch.cuda.is_available() and not cfg.emulate:
+    if uses_cuda() and not cfg.emulate:
         major, minor = torch.cuda.get_device_capability()
         if (major, minor) < (8, 9):
             raise ConfigError(

@@ -125,7 +125,7 @@ def throughput(argv: list[str]) -> int:
     cfg.metrics.throughput_warmup_steps = 0
     plan = plan_run(cfg, 1)
     set_determinism(cfg)
-    device = init_distributed(1, cfg.comm.init_timeout_seconds)
+    device = init_distributed(1, cfg.comm.init_timeout_seconds, one_rank_mesh=plan.dims.fsdp_single_rank)
     if device.type == "cpu":
         keep_freed_memory_on_cpu()  # as a training run does; both loops benefit alike
 

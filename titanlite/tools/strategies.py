@@ -24,7 +24,9 @@ from pathlib import Path
 
 import torch
 
+from titanlite.devices import uses_cuda
 from titanlite.errors import ConfigError
+from titanlite.failures import reason_in
 from titanlite.tools import take_options
 
 STRATEGIES_USAGE = """usage: titanlite bench strategies [--config FILE] [--ngpu N] [--steps S] [--output DIR] [--section.key VALUE ...]
@@ -85,8 +87,9 @@ def strategies_for(n: int, base_args: list[str]) -> list[Strategy]:
 
 
 def launch(ranks: int, args: list[str], run_root: Path, name: str, timeout: float = 3600) -> subprocess.CompletedProcess:
-    """One training job: `torchrun -m titanlite.train` with `ranks` processes, run folder run_root/name."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
+    """One training job: torchrun (titanlite.launch) of titanlite.train with `ranks` processes, run folder
+    run_root/name; a failure ends its stderr with the worker's one-line reason."""
+    cmd = [sys.executable, "-m", "titanlite.launch", "--standalone", f"--nproc-per-node={ranks}",
            f"--log-dir={run_root / name / 'torchrun_logs'}", "-m", "titanlite.train",
            *args, "--job.dump_folder", str(run_root), "--job.name", name]
     env = {**os.environ, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
@@ -96,8 +99,7 @@ def launch(ranks: int, args: list[str], run_root: Path, name: str, timeout: floa
 
 
 def last_error(proc: subprocess.CompletedProcess) -> str:
-    lines = [line for line in proc.stderr.splitlines() if "titanlite: error" in line or "Error" in line]
-    return (lines[-1] if lines else f"exit status {proc.returncode}").strip()[:200]
+    return f"exit status {proc.returncode}: " + reason_in(proc.stderr).removeprefix("titanlite: error: ")[:300]
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
@@ -116,7 +118,7 @@ def strategies(argv: list[str]) -> int:
     if "--help" in argv or "-h" in argv:
         print(STRATEGIES_USAGE)
         return 0
-    default_n = int(os.environ.get("NGPU", 0)) or torch.cuda.device_count() or 4
+    default_n = int(os.environ.get("NGPU", 0)) or (torch.cuda.device_count() if uses_cuda() else 4)
     opts, rest = take_options(argv, {"ngpu": default_n, "steps": 12, "output": ""}, "bench strategies")
     if opts["ngpu"] < 1:
         raise ConfigError("bench strategies --ngpu must be at least 1")
@@ -163,7 +165,7 @@ def strategies(argv: list[str]) -> int:
         if base and "error" not in r:
             r["speedup"] = r["tokens_per_s"] / base["tokens_per_s"]
             r["scaling_efficiency_pct"] = 100.0 * r["speedup"] / r["ranks"]
-    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu (gloo)"
+    device = torch.cuda.get_device_name() if uses_cuda() else "cpu (gloo)"
     header = (f"{cfg.model.name} {cfg.model.flavor}, global batch {global_batch} x {cfg.training.seq_len} tokens "
               f"(local {cfg.training.local_batch_size}), {n} processes, {device}, torch {torch.__version__}")
     report = {"setup": header, "steps": steps, "rows": rows}
@@ -248,7 +250,7 @@ def batch_sizes(argv: list[str]) -> int:
     if "--help" in argv or "-h" in argv:
         print(BATCH_USAGE)
         return 0
-    cuda = torch.cuda.is_available()
+    cuda = uses_cuda()
     opts, rest = take_options(argv, {"steps": 10, "max-batch-size": 1024 if cuda else 64, "output": ""}, "bench batch-sizes")
     cfg = parse_config(rest)
     steps = opts["steps"]
@@ -266,8 +268,7 @@ def batch_sizes(argv: list[str]) -> int:
         proc = launch(1, args, out, name)
         records = read_metrics(out / name)
         if proc.returncode != 0 or not records:
-            text = (proc.stdout + proc.stderr).lower()
-            oom = "out of memory" in text or "out of device memory" in text
+            oom = proc.returncode == 4  # a worker's torch.OutOfMemoryError (titanlite/failures.py)
             stop = f"batch {batch}: {'out of memory' if oom else last_error(proc)}"
             rows.append({"batch": batch, "error": "out of memory" if oom else last_error(proc)})
             break

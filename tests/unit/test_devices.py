@@ -1,0 +1,116 @@
+"""The device switch (TITANLITE_DEVICE), the NGPU check and the failure lines, in a simulated GPU
+environment: torch.cuda is patched to report GPUs on this CPU machine."""
+
+import json
+import time
+
+import pytest
+import torch
+
+from titanlite import devices
+from titanlite.errors import ConfigError
+
+
+@pytest.fixture
+def one_gpu(monkeypatch):
+    """A machine where torch sees one CUDA GPU (set_device is a no-op: there is no real one)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+
+
+def test_cpu_switch_pins_every_rank_to_the_cpu_on_a_gpu_box(one_gpu, monkeypatch):
+    monkeypatch.setenv("TITANLITE_DEVICE", "cpu")  # what tests/conftest.py sets for the whole suite
+    assert devices.device_type() == "cpu"
+    assert devices.local_device(1) == torch.device("cpu")
+    devices.check_local_ranks(4)  # four gloo ranks on the CPU: no GPU count applies
+
+
+def test_gpu_box_defaults_to_cuda_local_rank(one_gpu, monkeypatch):
+    monkeypatch.delenv("TITANLITE_DEVICE")
+    assert devices.device_type() == "cuda"
+    assert devices.local_device(0) == torch.device("cuda", 0)
+    devices.check_local_ranks(1)
+    with pytest.raises(ConfigError, match=r"NGPU=2 processes per node, but this machine has 1 visible CUDA GPU\(s\); "
+                                          r"set NGPU <= 1, or TITANLITE_DEVICE=cpu to run 2 gloo processes on the CPU"):
+        devices.check_local_ranks(2)
+
+
+def test_bad_switch_values_are_one_line_errors(monkeypatch):
+    monkeypatch.setenv("TITANLITE_DEVICE", "gpu")
+    with pytest.raises(ConfigError, match="TITANLITE_DEVICE='gpu' is not a device; use cpu, cuda"):
+        devices.device_type()
+    monkeypatch.setenv("TITANLITE_DEVICE", "cuda")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match="TITANLITE_DEVICE=cuda but torch sees no CUDA GPU here"):
+        devices.device_type()
+
+
+def test_check_refuses_more_ranks_than_gpus_before_anything_else(one_gpu, monkeypatch, capsys):
+    from titanlite.cli import main
+
+    monkeypatch.delenv("TITANLITE_DEVICE")
+    start = time.perf_counter()
+    assert main(["check", "--world-size", "2", "--nproc-per-node", "2"]) == 2
+    assert time.perf_counter() - start < 5  # refused before the data or the model is looked at
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("titanlite: error: NGPU=2 processes per node, but this machine has 1")
+
+
+def test_single_rank_fsdp_is_for_one_device_only():
+    from titanlite.config import parse_config
+    from titanlite.parallel.dims import ParallelDims
+
+    cfg = parse_config(["--parallelism.fsdp_single_rank"])
+    one = ParallelDims.from_config(cfg.parallelism, 1)
+    assert one.fsdp_enabled and one.dp_shard == 1 and one.describe() == "single device (FSDP on one rank)"
+    offload = ParallelDims.from_config(parse_config([]).parallelism, 1, cpu_offload=True)
+    assert offload.fsdp_enabled and offload.fsdp_single_rank
+    assert not ParallelDims.from_config(parse_config([]).parallelism, 1).fsdp_enabled
+    with pytest.raises(ConfigError, match="fsdp_single_rank is for a single-device run, but the world size is 2"):
+        ParallelDims.from_config(cfg.parallelism, 2)
+
+
+def test_cpu_offload_at_one_gpu_is_one_rank_fsdp(one_gpu, monkeypatch):
+    from titanlite.config import parse_config
+    from titanlite.train import plan_run
+
+    monkeypatch.delenv("TITANLITE_DEVICE")
+    plan = plan_run(parse_config(["--training.enable_cpu_offload"]), world_size=1)
+    assert plan.dims.fsdp_single_rank and plan.dims.fsdp_enabled
+
+
+# ----------------------------------------------------------------------------------------------
+# Failures: one line, the right exit status, the root cause first
+
+
+def raise_here(exc: BaseException) -> BaseException:
+    try:
+        raise exc
+    except BaseException as caught:
+        return caught
+
+
+def test_failure_lines_and_exit_statuses(tmp_path, capsys):
+    from titanlite.failures import explain, record
+    from titanlite.resilience import NonFiniteLoss
+
+    assert explain(raise_here(ConfigError("set x to y")))[:2] == (2, "set x to y")
+    assert explain(raise_here(NonFiniteLoss("loss nan at step 3")))[0] == 3
+    code, line, _ = explain(raise_here(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB")))
+    assert code == 4 and line.startswith("out of device memory (CUDA out of memory. Tried to allocate 2 GiB) at tests/unit/test_devices.py:")
+    code = record(raise_here(KeyError("missing")), rank=3, run_dir=tmp_path)
+    err = capsys.readouterr().err.strip().splitlines()
+    log = tmp_path / "logs" / "error-rank3.log"
+    assert code == 1 and err == [f"titanlite: error: rank 3: KeyError: 'missing' (tests/unit/test_devices.py:{raise_here.__code__.co_firstlineno + 2}); traceback in {log}"]
+    assert "Traceback (most recent call last)" in log.read_text() and "KeyError: 'missing'" in log.read_text()
+
+
+def test_the_launcher_reports_the_earliest_failure_of_the_latest_attempt(tmp_path):
+    from titanlite.failures import first_failure
+
+    assert first_failure(tmp_path) is None
+    entries = [(3, 1.0, 0, "old attempt"), (0, 12.0, 1, "peer lost"), (1, 11.0, 1, "root cause"), (2, 13.0, 1, "peer lost")]
+    for rank, t, attempt, line in entries:
+        (tmp_path / f"rank{rank}.json").write_text(json.dumps({"rank": rank, "code": 1, "line": line, "time": t, "attempt": attempt}))
+    assert first_failure(tmp_path)["line"] == "root cause"
