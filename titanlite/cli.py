@@ -120,6 +120,7 @@ def generate(argv: list[str]) -> int:
 def check(argv: list[str]) -> int:
     from titanlite.config import parse_config
     from titanlite.devices import check_local_ranks
+    from titanlite.preflight import memory_preflight
     from titanlite.tools import take_options
     from titanlite.train import build_data, build_validation_data, describe_validation, plan_run
 
@@ -132,6 +133,7 @@ def check(argv: list[str]) -> int:
     tokenizer, corpus = build_data(cfg, verify="sample", say=lambda line: print(line, flush=True))
     for line in corpus.describe(plan.global_batch_size * cfg.training.steps):
         print(f"titanlite: data: {line}")
+    memory_preflight(cfg, world_size, local_ranks, say=lambda line: print(line, flush=True))
     if cfg.validation.enable:
         windows = build_validation_data(cfg, tokenizer, corpus, verify="sample", say=lambda line: print(line, flush=True))
         print(f"titanlite: {describe_validation(cfg, len(windows), plan.dims.dp)}")

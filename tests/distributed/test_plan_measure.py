@@ -47,3 +47,13 @@ def test_estimate_within_15_percent_of_measured(tmp_path, name, ngpu, args):
     print(f"{name}: estimated {result['estimate_peak'] / 2**20:.1f} MiB, measured {result['measured_peak'] / 2**20:.1f} MiB")
     assert abs(ratio - 1) <= 0.15, f"{name}: estimate/measured = {ratio:.3f}"
     assert f"peak: estimated {result['estimate_peak'] / 2**20:.1f}, measured {result['measured_peak'] / 2**20:.1f}" in proc.stdout
+
+
+def test_a_failed_measurement_says_why_with_the_workers_status(tmp_path):
+    # A simulated out-of-memory error in the measured run: plan --measure quotes the worker's line, exits 4.
+    cmd = [sys.executable, "-m", "titanlite.cli", "plan", "--ngpu", "1", "--measure"]
+    proc = subprocess.run(cmd, cwd=REPO, env=env(TITANLITE_FAULT="oom@1"), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 4, proc.stdout[-2000:] + proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("titanlite: error: plan --measure: the measured run failed: rank 0: out of device memory "
+                           "(fault injection: out of memory after step 1 (simulated)) at titanlite/resilience.py:"), last

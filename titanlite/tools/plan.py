@@ -19,6 +19,15 @@ Peak = parameters + optimizer + the largest of three moments: the start of backw
 the loss's gradients, FSDP buffers), the recomputation of a checkpointed block (kept activations and
 that block's full ones), and the end of backward (gradients, FSDP buffers).
 
+CPU offload (training.enable_cpu_offload; at one rank FSDP on a one-rank mesh, the ZeRO-Offload case):
+FSDP keeps the sharded fp32 parameters, their gradients and both AdamW moments in host memory (`host`,
+bytes per rank: 16 per sharded parameter), and AdamW steps there. The device then holds the gathered
+parameters of the current and prefetched unit, one unit's unsharded gradients, the activations and the
+loss's temporaries: the peak above without parameters, gradients and optimizer. Left out: each
+parameter's transient fp32 copy to the device before its cast. Offloaded layouts are the last resort:
+they are considered only when no layout fits on the devices, as their host-device copies (at the PCIe
+bandwidth below, in the step time) and the CPU's optimizer step slow every step.
+
 Communication per step and rank, ring algorithms ((n-1)/n of the data per all-gather/reduce-scatter,
 twice that per all-reduce): DDP all-reduces gradients; FSDP all-gathers parameters (once under ZeRO-2,
 twice under ZeRO-3) and reduce-scatters gradients; HSDP also all-reduces the shards across replicas;
@@ -38,7 +47,9 @@ from pathlib import Path
 
 import torch
 
+from titanlite.devices import check_local_ranks, uses_cuda
 from titanlite.errors import ConfigError
+from titanlite.failures import reason_in
 from titanlite.parallel.dims import ParallelDims
 from titanlite.tools import take_options
 
@@ -74,47 +85,62 @@ class Layout:
     pp: int = 1
     reshard: str = "always"  # under FSDP: 'always' (ZeRO-3) or 'never' (ZeRO-2)
     ac: str = "none"
+    fsdp_single_rank: bool = False  # FSDP on a one-rank mesh (world 1): FSDP with dp_shard 1
+    offload: bool = False  # training.enable_cpu_offload: FSDP's state in host memory
 
     @property
     def dims(self) -> ParallelDims:
-        return ParallelDims(self.dp_replicate, self.dp_shard, self.ranks, tp=self.tp, pp=self.pp)
+        return ParallelDims(self.dp_replicate, self.dp_shard, self.ranks, tp=self.tp, pp=self.pp,
+                            fsdp_single_rank=self.fsdp_single_rank)
 
     @property
     def ranks(self) -> int:
         return self.dp_replicate * self.dp_shard * self.tp * self.pp
 
-    def overrides(self) -> list[str]:
-        return ["--parallelism.data_parallel_replicate_degree", str(self.dp_replicate),
-                "--parallelism.data_parallel_shard_degree", str(self.dp_shard),
-                "--parallelism.tensor_parallel_degree", str(self.tp),
-                "--parallelism.pipeline_parallel_degree", str(self.pp),
-                "--parallelism.fsdp_reshard_after_forward", self.reshard,
-                "--activation_checkpoint.mode", self.ac]
+    def overrides(self, every: bool = False) -> list[str]:
+        """The command-line overrides that select this layout. The FSDP-on-one-rank and offload keys come
+        only where set (CPU offload turns FSDP on one rank on by itself), or always with `every`, so that
+        two layouts' lists can be compared key by key."""
+        out = ["--parallelism.data_parallel_replicate_degree", str(self.dp_replicate),
+               "--parallelism.data_parallel_shard_degree", str(self.dp_shard),
+               "--parallelism.tensor_parallel_degree", str(self.tp),
+               "--parallelism.pipeline_parallel_degree", str(self.pp),
+               "--parallelism.fsdp_reshard_after_forward", self.reshard,
+               "--activation_checkpoint.mode", self.ac]
+        single_rank = self.fsdp_single_rank and not self.offload
+        if every or single_rank:
+            out += ["--parallelism.fsdp_single_rank", str(single_rank).lower()]
+        if every or self.offload:
+            out += ["--training.enable_cpu_offload", str(self.offload).lower()]
+        return out
 
 
 def layout_of(cfg, world: int) -> Layout:
     """The layout a config runs on `world` ranks."""
     from titanlite.parallel.parallelize import reshard_after_forward
 
-    dims = ParallelDims.from_config(cfg.parallelism, world)
+    dims = ParallelDims.from_config(cfg.parallelism, world, cpu_offload=cfg.training.enable_cpu_offload)
     reshard = "always" if reshard_after_forward(cfg.parallelism.fsdp_reshard_after_forward, dims.pp > 1) else "never"
-    name = describe(dims.dp_replicate, dims.dp_shard, dims.tp, dims.pp, reshard)
-    return Layout(name, dims.dp_replicate, dims.dp_shard, dims.tp, dims.pp, reshard, cfg.activation_checkpoint.mode)
+    offload = cfg.training.enable_cpu_offload and dims.fsdp_enabled
+    name = describe(dims.dp_replicate, dims.dp_shard, dims.tp, dims.pp, reshard, dims.fsdp_single_rank, offload)
+    return Layout(name, dims.dp_replicate, dims.dp_shard, dims.tp, dims.pp, reshard, cfg.activation_checkpoint.mode,
+                  dims.fsdp_single_rank, offload)
 
 
-def describe(rep: int, shard: int, tp: int, pp: int, reshard: str) -> str:
+def describe(rep: int, shard: int, tp: int, pp: int, reshard: str, single_rank: bool = False, offload: bool = False) -> str:
     parts = []
     if rep > 1 and shard > 1:
         parts.append(f"HSDP {rep}x{shard}")
     elif rep > 1:
         parts.append(f"DDP {rep}")
-    elif shard > 1:
+    elif shard > 1 or single_rank:  # FSDP on one rank reads as ZeRO over 1 rank
         parts.append(f"{'ZeRO-3' if reshard == 'always' else 'ZeRO-2'} {shard}")
     if tp > 1:
         parts.append(f"TP {tp}")
     if pp > 1:
         parts.append(f"PP {pp}")
-    return " x ".join(parts) or "single device"
+    name = " x ".join(parts) or "single device"
+    return name + " + CPU offload" if offload else name
 
 
 def candidate_layouts(ngpu: int, nnodes: int) -> list[Layout]:
@@ -140,6 +166,15 @@ def candidate_layouts(ngpu: int, nnodes: int) -> list[Layout]:
                 rep = dp // per_node
                 out.append(Layout(describe(rep, per_node, tp, pp, "always"), rep, per_node, tp, pp, "always"))
     return out
+
+
+def offload_layouts(ngpu: int, nnodes: int) -> list[Layout]:
+    """The FSDP layouts again with CPU offload; on one GPU, FSDP on a one-rank mesh with offload (ZeRO-Offload:
+    an 8B model on one 80 GB GPU). A last resort, for when nothing fits on the devices."""
+    if ngpu * nnodes == 1:
+        return [Layout(describe(1, 1, 1, 1, "always", True, True), fsdp_single_rank=True, offload=True)]
+    return [replace(l, name=describe(l.dp_replicate, l.dp_shard, l.tp, l.pp, l.reshard, offload=True), offload=True)
+            for l in candidate_layouts(ngpu, nnodes) if l.dp_shard > 1]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -336,6 +371,9 @@ def estimate_rank(facts, lay: Layout, s: Setting, layers: list[int], first: bool
     params = 4 * sharded
     optimizer = 2 * 4 * sharded
     grads = 4 * sharded if lay.dims.fsdp_enabled else 4 * n_params
+    host = 0.0
+    if lay.offload:  # FSDP keeps the shards, their gradients and AdamW's moments in host memory
+        host, params, grads, optimizer = params + grads + optimizer, 0.0, 0.0, 0.0
 
     # Activations of one micro-batch on this rank, float32 as measured, then in the activation dtype.
     scale = s.micro_batch * s.act_bytes / 4
@@ -393,7 +431,7 @@ def estimate_rank(facts, lay: Layout, s: Setting, layers: list[int], first: bool
     return {
         "parameters": params, "gradients": grads, "optimizer": optimizer,
         "activations": activations + recompute * (recomputing > start_of_backward),
-        "temporary": loss_grads + fsdp_buffers, "peak": peak, "in_flight": in_flight,
+        "temporary": loss_grads + fsdp_buffers, "peak": peak, "host": host, "in_flight": in_flight,
         "comm": communication(lay, s, n_params, len(layers), facts, first, last),
     }
 
@@ -421,12 +459,14 @@ def communication(lay: Layout, s: Setting, n_params: float, n_layers: int, facts
     accum = s.microbatches if lay.pp == 1 else 1
     if lay.dims.ddp_enabled:
         comm["all-reduce"] = 2 * ring(lay.dp_replicate) * 4 * n_params
-    if lay.dims.fsdp_enabled:
-        gathers = 1 if lay.reshard == "never" else 2
+    gathers = 1 if lay.reshard == "never" else 2
+    if lay.dims.fsdp_enabled and lay.dp_shard > 1:  # FSDP on one rank communicates nothing
         comm["all-gather"] = gathers * accum * ring(lay.dp_shard) * n_params * s.param_gather_bytes
         comm["reduce-scatter"] = ring(lay.dp_shard) * n_params * 4
         if lay.dp_replicate > 1:
             comm["all-reduce"] = 2 * ring(lay.dp_replicate) * 4 * n_params / lay.dp_shard
+    if lay.offload:  # fp32 shards to the device before each all-gather, their gradients back once
+        comm["host<->device"] = (gathers * accum + 1) * 4 * n_params / lay.dp_shard
     if lay.tp > 1:
         hidden = s.micro_batch * s.seq_len * facts.dim * s.act_bytes
         per_layer = 8 * ring(lay.tp) * hidden  # 2 all-gathers + 2 reduce-scatters, forward and backward
@@ -440,12 +480,15 @@ def communication(lay: Layout, s: Setting, n_params: float, n_layers: int, facts
 
 def comm_seconds(lay: Layout, comm: dict, ngpu: int, nnodes: int, interconnect: str) -> float:
     """Time to move the step's data at the assumed bandwidths: TP within a node; data parallelism within
-    a node when it fits in one, else across nodes; PP across nodes when there are several."""
+    a node when it fits in one, else across nodes; PP across nodes when there are several; CPU offload's
+    copies over PCIe."""
     intra, inter = BANDWIDTH[interconnect] * 1e9, BANDWIDTH["infiniband"] * 1e9
     dp_inside = lay.dp_replicate * lay.dp_shard * lay.tp <= ngpu
     total = 0.0
     for kind, volume in comm.items():
-        if kind.startswith("tp"):
+        if kind == "host<->device":
+            total += volume / (BANDWIDTH["pcie"] * 1e9)
+        elif kind.startswith("tp"):
             total += volume / intra
         elif kind == "send/recv":
             total += volume / (inter if nnodes > 1 else intra)
@@ -498,7 +541,7 @@ def plan(argv: list[str]) -> int:
         raise ConfigError("plan: --ngpu and --nnodes must be >= 1, --gpu-mem-gib > 0, 0 <= --headroom < 1")
     if opts["interconnect"] not in ("nvlink", "pcie", "infiniband"):
         raise ConfigError(f"plan: --interconnect takes nvlink, pcie or infiniband, not '{opts['interconnect']}'")
-    device = opts["device"] or ("cpu" if measure and not torch.cuda.is_available() else "cuda")
+    device = opts["device"] or ("cpu" if measure and not uses_cuda() else "cuda")
     if device not in ("cuda", "cpu"):
         raise ConfigError(f"plan: --device takes cuda or cpu, not '{device}'")
     cfg = parse_config(rest)
@@ -506,28 +549,53 @@ def plan(argv: list[str]) -> int:
     facts = model_facts(cfg, cfg.training.seq_len)
     own = layout_of(cfg, world)
     budget = mem * (1 - headroom) * GIB
-
-    rows = []
-    layouts = [own] + [l for l in candidate_layouts(ngpu, nnodes) if replace(l, name="") != replace(own, name="", ac=l.ac)]
-    for lay in layouts:
-        for ac in dict.fromkeys([lay.ac, "full"]) if lay is not own else [lay.ac]:
-            l2 = replace(lay, ac=ac)
-            if not layout_allowed(facts, l2, cfg):
-                continue
-            s = setting_for(cfg, l2, world, device)
-            est = estimate(facts, l2, s)
-            seconds = comm_seconds(l2, est["comm"], ngpu, nnodes, opts["interconnect"])
-            compute = compute_seconds(facts, cfg, l2, s, tflops)
-            bubble = (l2.pp - 1) / (s.microbatches * s.stages_per_rank) if l2.pp > 1 else 0.0
-            rows.append({"layout": l2, "setting": s, "est": est, "comm_s": seconds, "fits": est["peak"] <= budget,
-                         "own": lay is own, "bubble": bubble, "step_s": compute * (1 + bubble) + seconds})
+    rows = layout_rows(cfg, facts, own, ngpu, nnodes, device, lambda est: est["peak"] <= budget, opts["interconnect"], tflops)
     print_plan(cfg, facts, rows, world, ngpu, nnodes, mem, headroom, device, opts["interconnect"], tflops)
     target = os.environ.get("TITANLITE_PLAN_JSON")
     if target and not measure:
         Path(target).write_text(json.dumps(rows_json(rows), indent=1))
     if measure:
+        check_local_ranks(world)  # the measured run's ranks all run on this machine
         return measure_layout(cfg, rest, own, facts, setting_for(cfg, own, world, device), world)
     return 0
+
+
+def layout_rows(cfg, facts: ModelFacts, own: Layout, ngpu: int, nnodes: int, device: str, fits,
+                interconnect: str = "nvlink", tflops: float = 989.0) -> list[dict]:
+    """The config's own layout, then every other candidate layout without and with full AC, each estimated
+    for `device`; fits(estimate) says whether one fits. When none fits: the own layout with full AC, and
+    then, on CUDA, the offloaded FSDP layouts (the last resorts, in that order)."""
+
+    def same_as_own(lay: Layout) -> bool:
+        return replace(lay, name="", ac=own.ac) == replace(own, name="")
+
+    def rows_of(layouts: list[Layout], acs: list[str]) -> list[dict]:
+        out = []
+        for lay in layouts:
+            for ac in dict.fromkeys([lay.ac, *acs]):
+                l2 = replace(lay, ac=ac)
+                if layout_allowed(facts, l2, cfg):
+                    out.append(layout_row(cfg, facts, l2, ngpu, nnodes, device, fits, interconnect, tflops, own=l2 == own))
+        return out
+
+    rows = rows_of([own], []) + rows_of([l for l in candidate_layouts(ngpu, nnodes) if not same_as_own(l)], ["full"])
+    if not any(r["fits"] for r in rows) and own.ac != "full":
+        rows += rows_of([replace(own, ac="full")], [])
+    if device == "cuda" and not any(r["fits"] for r in rows):
+        rows += rows_of([l for l in offload_layouts(ngpu, nnodes) if not same_as_own(l)], ["full"])
+    return rows
+
+
+def layout_row(cfg, facts: ModelFacts, lay: Layout, ngpu: int, nnodes: int, device: str, fits, interconnect: str,
+               tflops: float, own: bool) -> dict:
+    """One layout's estimate, its step time at the assumed bandwidths, and whether it fits."""
+    s = setting_for(cfg, lay, ngpu * nnodes, device)
+    est = estimate(facts, lay, s)
+    seconds = comm_seconds(lay, est["comm"], ngpu, nnodes, interconnect)
+    compute = compute_seconds(facts, cfg, lay, s, tflops)
+    bubble = (lay.pp - 1) / (s.microbatches * s.stages_per_rank) if lay.pp > 1 else 0.0
+    return {"layout": lay, "setting": s, "est": est, "comm_s": seconds, "fits": fits(est), "own": own,
+            "bubble": bubble, "step_s": compute * (1 + bubble) + seconds}
 
 
 ASSUMED_MFU = 0.4
@@ -536,8 +604,9 @@ ASSUMED_MFU = 0.4
 def rows_json(rows: list[dict]) -> dict:
     pick, why = recommend(rows)
     return {"rows": [{"layout": r["layout"].name, "ac": r["layout"].ac, "fits": r["fits"], "own": r["own"],
-                      "comm_bytes": r["est"]["comm"], "step_s": r["step_s"], "bubble": r["bubble"]}
-                     | {k: r["est"][k] for k in ("parameters", "gradients", "optimizer", "activations", "temporary", "peak")}
+                      "offload": r["layout"].offload, "comm_bytes": r["est"]["comm"], "step_s": r["step_s"],
+                      "bubble": r["bubble"]}
+                     | {k: r["est"][k] for k in ("parameters", "gradients", "optimizer", "activations", "temporary", "peak", "host")}
                      for r in rows],
             "recommended": None if pick is None else {"layout": pick["layout"].name, "ac": pick["layout"].ac, "why": why}}
 
@@ -562,10 +631,10 @@ PREFERENCE = ["DDP", "ZeRO-2", "ZeRO-3", "HSDP", "single"]
 
 
 def simplicity(lay: Layout) -> tuple:
-    """Fewer dimensions first, then DDP before ZeRO-2 before ZeRO-3, and no AC before AC."""
+    """No CPU offload before offload, no AC before AC, fewer dimensions, then DDP before ZeRO-2 before ZeRO-3."""
     dims = sum(d > 1 for d in (lay.dp_replicate * lay.dp_shard, lay.tp, lay.pp))
     kind = 0 if lay.dims.ddp_enabled else 1 if lay.reshard == "never" else 2
-    return (lay.ac != "none", dims, lay.tp, lay.pp, kind)
+    return (lay.offload, lay.ac != "none", dims, lay.tp, lay.pp, kind)
 
 
 def recommend(rows: list[dict]) -> tuple[dict | None, str]:
@@ -584,24 +653,32 @@ def recommend(rows: list[dict]) -> tuple[dict | None, str]:
            + (f", pipeline bubble {pick['bubble']:.0%}" if lay.pp > 1 else "") + ")")
     if lay.ac != "none":
         why += f"; needs activation_checkpoint.mode = '{lay.ac}' to fit"
+    if lay.offload:
+        why += (f"; needs training.enable_cpu_offload = true to fit, with {est['host'] / GIB:.1f} GiB of host memory "
+                "per rank (its AdamW step runs on the CPU, not in the step time)")
     return pick, why
 
 
 def print_plan(cfg, facts, rows, world, ngpu, nnodes, mem, headroom, device, interconnect, tflops) -> None:
     dtype = "bf16 activations (mixed precision)" if device == "cuda" and cfg.training.mixed_precision_param == "bfloat16" else "float32"
+    offload = any(r["layout"].offload for r in rows)
     print(f"titanlite plan: {cfg.model.name} {cfg.model.flavor}, {facts.params:,} parameters ({facts.params / 1e9:.2f} B), "
           f"seq {cfg.training.seq_len}, local batch {cfg.training.local_batch_size}; {world} device(s) = {nnodes} node(s) x "
-          f"{ngpu}, {mem:g} GiB each ({headroom:.0%} kept free), {interconnect}; {device}, fp32 weights and AdamW, {dtype}")
+          f"{ngpu}, {mem:g} GiB each ({headroom:.0%} kept free), {interconnect}; {device}, fp32 weights and AdamW, {dtype}"
+          + ("; CPU offload keeps the FSDP shards, gradients and AdamW state in host memory (host)" if offload else ""))
     print("per rank, GiB (the rank with the largest peak); comm: GB per step per rank and its time at the assumed "
           f"bandwidth; step: compute at {ASSUMED_MFU:.0%} MFU of {tflops:g} TFLOP/s x (1 + bubble) + comm, not overlapped")
-    head = (f"{'layout':<26} {'AC':<15} {'params':>7} {'grads':>7} {'optim':>7} {'activ':>7} {'temp':>7} {'peak':>7} "
+    width = max([26] + [len(r["layout"].name + (" (config)" if r["own"] else "")) for r in rows])
+    host_head = f" {'host':>7}" if offload else ""
+    head = (f"{'layout':<{width}} {'AC':<15} {'params':>7} {'grads':>7} {'optim':>7} {'activ':>7} {'temp':>7} {'peak':>7}{host_head} "
             f"{'fits':>4} {'comm GB':>8} {'comm ms':>8} {'bubble':>6} {'step ms':>8}")
     print(head)
     for r in rows:
         e, lay = r["est"], r["layout"]
         name = lay.name + (" (config)" if r["own"] else "")
-        print(f"{name:<26} {lay.ac:<15} {e['parameters'] / GIB:>7.2f} {e['gradients'] / GIB:>7.2f} {e['optimizer'] / GIB:>7.2f} "
-              f"{e['activations'] / GIB:>7.2f} {e['temporary'] / GIB:>7.2f} {e['peak'] / GIB:>7.2f} {'yes' if r['fits'] else 'no':>4} "
+        host = f" {e['host'] / GIB:>7.2f}" if offload else ""
+        print(f"{name:<{width}} {lay.ac:<15} {e['parameters'] / GIB:>7.2f} {e['gradients'] / GIB:>7.2f} {e['optimizer'] / GIB:>7.2f} "
+              f"{e['activations'] / GIB:>7.2f} {e['temporary'] / GIB:>7.2f} {e['peak'] / GIB:>7.2f}{host} {'yes' if r['fits'] else 'no':>4} "
               f"{sum(e['comm'].values()) / 1e9:>8.2f} {1e3 * r['comm_s']:>8.1f} {r['bubble']:>6.0%} {1e3 * r['step_s']:>8.0f}")
     pick, why = recommend(rows)
     for label, row in (("config", next(r for r in rows if r["own"])), ("recommended", pick)):
@@ -707,23 +784,28 @@ def measure_peak(trainer, fsdp: bool, device: torch.device, out: Path, total_ste
 
 
 def measure_layout(cfg, argv: list[str], lay: Layout, facts: ModelFacts, s: Setting, world: int) -> int:
+    import shutil
     import tempfile
 
     est = estimate(facts, lay, s)
-    with tempfile.TemporaryDirectory(prefix="titanlite-plan-") as folder:
-        out = Path(folder) / "memory"
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
-               f"--log-dir={Path(folder) / 'logs'}", "-m", "titanlite.train", *argv,
-               "--training.steps", "3", "--metrics.log_freq", "3", "--checkpoint.enable", "false",
-               "--profiling.enable_profiling", "false", "--job.dump_folder", folder, "--job.name", "measure"]
-        env = {**os.environ, "TITANLITE_MEASURE_MEMORY": str(out), "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
-        env.setdefault("OMP_NUM_THREADS", "1")
-        print(f"measure: 3 steps of {lay.name} on {world} process(es) ...", flush=True)
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-        if proc.returncode != 0:
-            tail = [line for line in proc.stderr.splitlines() if "Error" in line or "error" in line][-1:]
-            raise ConfigError(f"plan --measure: the run failed ({tail[0] if tail else proc.returncode})")
-        measured = {int(p.stem.removeprefix("rank")): json.loads(p.read_text()) for p in out.glob("rank*.json")}
+    folder = tempfile.mkdtemp(prefix="titanlite-plan-")  # kept when the run fails: its logs explain why
+    out = Path(folder) / "memory"
+    cmd = [sys.executable, "-m", "titanlite.launch", "--standalone", f"--nproc-per-node={world}",
+           f"--log-dir={Path(folder) / 'logs'}", "-m", "titanlite.train", *argv,
+           "--training.steps", "3", "--metrics.log_freq", "3", "--checkpoint.enable", "false",
+           "--profiling.enable_profiling", "false", "--job.dump_folder", folder, "--job.name", "measure"]
+    env = {**os.environ, "TITANLITE_MEASURE_MEMORY": str(out), "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    env.setdefault("OMP_NUM_THREADS", "1")
+    print(f"measure: 3 steps of {lay.name} on {world} process(es) ...", flush=True)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:  # the worker's own line (titanlite/launch.py), and its exit status
+        reason = reason_in(proc.stderr).removeprefix("titanlite: error: ")
+        print(f"titanlite: error: plan --measure: the measured run failed: {reason} (its output: {folder})",
+              file=sys.stderr, flush=True)
+        (Path(folder) / "output.txt").write_text(proc.stdout + proc.stderr)
+        return proc.returncode
+    measured = {int(p.stem.removeprefix("rank")): json.loads(p.read_text()) for p in out.glob("rank*.json")}
+    shutil.rmtree(folder, ignore_errors=True)
     peak = max(m["Total"] for m in measured.values())
     comp = ["parameters", "gradients", "optimizer", "activations", "temporary"]
     print(f"estimate vs measured, {lay.name}, AC {lay.ac}, the rank with the largest peak (MiB):")
