@@ -1,0 +1,317 @@
+"""Real CUDA runs of ./run_train.sh (NCCL between ranks): mixed precision, compile, float8, exact resume,
+FSDP and CPU offload on one GPU, memory snapshots, `titanlite plan --measure`, the multi-GPU layouts and
+the device switch. Skipped where torch sees no GPU (tests/conftest.py).
+
+tests/conftest.py sets TITANLITE_DEVICE=cpu for the whole session, so every run here asks for CUDA in its
+own environment (`CUDA` below). Each run is the debug model for a few steps (the CPU suite's TINY
+setting: global batch 8 x 32 tokens, 5 steps, logged every step), a few seconds each on an H100; the
+compile run adds inductor's first compile (about half a minute on a cold cache). Estimated at about two
+minutes on one H100 (not yet timed on one); with two or more GPUs the four layout runs add about half a
+minute.
+"""
+
+import json
+import math
+import pickle
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tests.helpers import GRAD_NORM_RTOL, LOSS_RTOL, REPO, TINY, assert_close, env, metrics, run_train_sh
+
+pytestmark = pytest.mark.gpu
+
+CUDA = {"TITANLITE_DEVICE": "cuda"}
+SINGLE = [*TINY, "--training.local_batch_size", "8"]  # one GPU, global batch 8 x 32 tokens, 5 steps
+# Deterministic kernels and no TF32 (set_determinism in train.py): two runs that should compute the same
+# numbers do, and float32 means float32.
+DETERMINISTIC = ["--training.deterministic"]
+FP32 = ["--training.mixed_precision_param", "float32"]
+
+
+def train(run_dir, args, ngpu=1, timeout=300):
+    """./run_train.sh on CUDA with NGPU processes; the run must succeed."""
+    proc = run_train_sh(args, run_dir, ngpu=ngpu, timeout=timeout, **CUDA)
+    assert proc.returncode == 0, f"run failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    return proc
+
+
+def column(records, key):
+    return [r[key] for r in records]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """reference(precision) -> (stdout, records) of one GPU running SINGLE deterministically with
+    training.mixed_precision_param = precision ('float32' or 'bfloat16'), made once per module."""
+    cache = {}
+
+    def run(precision):
+        if precision not in cache:
+            run_dir = tmp_path_factory.mktemp(f"single_{precision}")
+            proc = train(run_dir, [*SINGLE, *DETERMINISTIC, "--training.mixed_precision_param", precision])
+            assert "layout: single device on 1 cuda process(es)" in proc.stdout, proc.stdout[-2000:]
+            cache[precision] = (proc.stdout, metrics(run_dir))
+        return cache[precision]
+
+    return run
+
+
+# 1. bf16 mixed precision against a float32 reference
+
+
+def test_bf16_tracks_float32_and_both_learn(reference):
+    fp32_out, fp32 = reference("float32")
+    bf16_out, bf16 = reference("bfloat16")
+    assert "dtype float32" in fp32_out and "dtype bfloat16" in bf16_out
+    fp32_loss, bf16_loss = column(fp32, "loss"), column(bf16, "loss")
+    assert len(fp32_loss) == len(bf16_loss) == 5
+    assert bf16_loss != fp32_loss  # bf16 autocast really ran: its rounding shows in the losses
+    for values in (fp32_loss, bf16_loss):
+        # Both learn: from ~10.58 (ln 50304 = 10.83 at init) to ~9.65 at step 5 (float32 on the CPU).
+        assert values[-1] < values[0] - 0.5, values
+    # Relative 1e-2. bf16 keeps 8 mantissa bits (relative rounding 4e-3 per value) but only the matmuls
+    # and attention run in it: weights, AdamW and the loss stay float32. The same run on the CPU with
+    # bf16 autocast moved the losses from float32's by at most 5e-5 over these 5 steps (3e-4 by step 10,
+    # growing with the steps); 1e-2 leaves a wide margin for CUDA's kernels, while an update lost to
+    # bf16 or a wrong cast moves the loss by far more.
+    assert_close(bf16_loss, fp32_loss, 1e-2)
+
+
+# 2. torch.compile on CUDA
+
+
+def test_compile_matches_eager(tmp_path, reference):
+    _, eager = reference("float32")
+    train(tmp_path, [*SINGLE, *DETERMINISTIC, *FP32, "--compile.enable"], timeout=600)
+    # Relative 1e-4, the CPU suite's bound (tests/distributed/test_compile_and_ac.py). Float32 without
+    # TF32 on both sides; inductor fuses the norms, GELU, softmax and the loss into Triton kernels with
+    # its own reduction order and math functions, about one float32 ulp (1e-7) per op. On the CPU this
+    # very comparison differs by 1e-7; 1e-4 leaves room for five AdamW steps to amplify CUDA's rounding,
+    # while a compiled graph that changes the math moves the loss by far more.
+    assert_close(column(metrics(tmp_path), "loss"), column(eager, "loss"), 1e-4)
+
+
+# 3. float8 (torchao) on compute capability 8.9+
+
+
+def float8_unavailable() -> str | None:
+    """Why float8 matmuls cannot run here, or None. Asked in a child process, so that this pytest process
+    creates no CUDA context of its own."""
+    code = (
+        "import json, torch\n"
+        "capability = list(torch.cuda.get_device_capability())\n"
+        "try:\n"
+        "    import torchao.float8\n"
+        "    torchao = 'ok'\n"
+        "except Exception as e:\n"
+        "    torchao = (f'{type(e).__name__}: {e}'.splitlines() or ['?'])[0]\n"
+        "print('FLOAT8 ' + json.dumps([capability, torchao]))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], env=env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    line = next(line for line in proc.stdout.splitlines() if line.startswith("FLOAT8 "))  # torchao may print too
+    (major, minor), torchao = json.loads(line.removeprefix("FLOAT8 "))
+    if (major, minor) < (8, 9):
+        return f"float8 matmuls need compute capability 8.9+ (H100, H200, L4); this GPU has {major}.{minor}"
+    if torchao != "ok":
+        return f"float8 needs torchao, which does not import here ({torchao}); pip install '.[float8]'"
+    return None
+
+
+def test_float8_trains_close_to_bf16(tmp_path, reference):
+    reason = float8_unavailable()
+    if reason:
+        pytest.skip(reason)
+    _, bf16 = reference("bfloat16")
+    proc = train(tmp_path, [*SINGLE, *DETERMINISTIC, "--float8.enable", "true"])
+    # 4 blocks x 6 linear layers; the output projection stays in bf16. No "no speed-up" warning: real
+    # float8 matmuls, neither the CPU path nor float8.emulate.
+    assert "float8: 24 linear layers in float8 (tensorwise)" in proc.stdout, proc.stdout[-2000:]
+    assert "gives no speed-up" not in proc.stdout
+    f8 = column(metrics(tmp_path), "loss")
+    assert len(f8) == 5 and all(math.isfinite(x) for x in f8), f8
+    assert f8 != column(bf16, "loss")  # float8 really ran: its rounding shows in the losses
+    assert f8[-1] < f8[0] - 0.5, f8  # it learns
+    # Relative 2e-2. The CPU suite holds float8 to 1 % of float32 over 10 steps (measured within 0.02 %);
+    # here the reference is bf16, itself within 1e-2 of float32 (test 1), and the float8 forward matmul
+    # accumulates in the tensor cores' fast mode; 2e-2 allows both while a wrong scale (a factor of 2 or
+    # more on a layer's output) or a broken cast still fails.
+    assert_close(f8, column(bf16, "loss"), 2e-2)
+
+
+# 4. DCP checkpoints: exact resume on CUDA
+
+
+def test_dcp_resume_is_bitwise_exact(tmp_path, reference):
+    # The CUDA default, bf16 autocast, with deterministic kernels: the uninterrupted run is the bf16
+    # reference (saving a checkpoint changes no number, which steps 1-2 below confirm).
+    _, straight = reference("bfloat16")
+    args = [*SINGLE, *DETERMINISTIC, "--checkpoint.enable", "--checkpoint.interval", "2"]
+    train(tmp_path, [*args, "--training.stop_after_step", "2"])
+    stopped = metrics(tmp_path)
+    assert column(stopped, "step") == [1, 2]
+    assert column(stopped, "loss") == column(straight, "loss")[:2]
+    assert (tmp_path / "run" / "step-2").is_dir()
+    proc = train(tmp_path, [*args, "--checkpoint.load_step", "2"])
+    assert "resumed from" in proc.stdout and "at step 2" in proc.stdout, proc.stdout[-2000:]
+    resumed = metrics(tmp_path)
+    assert column(resumed, "step") == [1, 2, 3, 4, 5]
+    # Bitwise: the weights, AdamW state, LR schedule, data position and RNG come back exactly, and the
+    # deterministic kernels compute steps 3-5 as the uninterrupted run did.
+    assert column(resumed, "loss")[2:] == column(straight, "loss")[2:]
+    assert column(resumed, "grad_norm")[2:] == column(straight, "grad_norm")[2:]
+
+
+# 5. FSDP on one GPU
+
+
+def test_fsdp_on_one_gpu_matches_plain_single_gpu(tmp_path, reference):
+    _, plain = reference("float32")
+    proc = train(tmp_path, [*SINGLE, *DETERMINISTIC, *FP32, "--parallelism.fsdp_single_rank", "true"])
+    assert "layout: single device (FSDP on one rank) on 1 cuda process(es)" in proc.stdout, proc.stdout[-2000:]
+    records = metrics(tmp_path)
+    # Losses to 1e-5 relative and grad norms to 1e-4, the layout parity bounds of the CPU suite
+    # (tests/helpers.py). Both runs do the same float32 math on the same batch: FSDP's mixed-precision
+    # policy is float32 here, its all-gather and reduce-scatter over one rank are copies, and AdamW and
+    # the gradient norm work element by element on the same values (on the CPU the two runs are bitwise
+    # equal, also for GPT-2 124M). What may differ on CUDA is the kernel cuBLAS picks for FSDP's
+    # differently aligned buffers: float32 rounding, ~1e-7, that AdamW's normalisation of near-zero
+    # gradients can lift but not to 1e-5.
+    assert_close(column(records, "loss"), column(plain, "loss"), LOSS_RTOL)
+    assert_close(column(records, "grad_norm"), column(plain, "grad_norm"), GRAD_NORM_RTOL)
+
+
+# 6. CPU offload at NGPU=1
+
+
+def test_cpu_offload_matches_fsdp_and_lowers_gpu_memory(tmp_path):
+    # GPT-2 124M: float32 weights, gradients and AdamW's two moments are 16 bytes x 124.5 M = 1.86 GiB,
+    # which offload keeps in host memory, against ~0.2 GiB of activations and logits at batch 8 x 32.
+    # At gpt2_small.toml's learning rate: the debug config's 3e-3 makes this model's loss jump around.
+    base = [*SINGLE, *DETERMINISTIC, *FP32, "--model.flavor", "124M", "--optimizer.lr", "6e-4"]
+    fsdp, offload = tmp_path / "fsdp", tmp_path / "offload"
+    train(fsdp, [*base, "--parallelism.fsdp_single_rank", "true"])
+    proc = train(offload, [*base, "--training.enable_cpu_offload", "true"])
+    assert "layout: single device (FSDP on one rank) on 1 cuda process(es)" in proc.stdout, proc.stdout[-2000:]
+    on_gpu, offloaded = metrics(fsdp), metrics(offload)
+    # Losses to 1e-5 and grad norms to 1e-4, as for any layout change (tests/helpers.py): the GPU runs the
+    # same float32 forward and backward; only the gradient norm, clipping and the AdamW update move to
+    # the CPU, whose fused AdamW kernel and norm reductions may round differently by an ulp (nvcc
+    # contracts multiply-adds; on the CPU, foreach and for-loop AdamW on this model are bitwise equal).
+    assert_close(column(offloaded, "loss"), column(on_gpu, "loss"), LOSS_RTOL)
+    assert_close(column(offloaded, "grad_norm"), column(on_gpu, "grad_norm"), GRAD_NORM_RTOL)
+    # mem_peak_gib is torch.cuda.max_memory_allocated since training started (metrics.py), so the last
+    # record holds the run's peak. Without offload the float32 parameters and AdamW's moments (1.39 GiB)
+    # stay on the GPU the whole run, the gradients (0.46 GiB) too at the end of backward; with it the GPU
+    # only adds the host-to-device copies of the unit being gathered and the prefetched one (at most
+    # 2 x 0.15 GiB, the tied-embedding root). So the peak must drop by more than 1.39 - 0.3 = 1.1 GiB
+    # (titanlite plan estimates 2.3 against 0.73 GiB); 0.9 GiB still fails if AdamW's state (0.93 GiB)
+    # or the parameters stayed on the GPU.
+    peak_gpu, peak_offload = on_gpu[-1]["mem_peak_gib"], offloaded[-1]["mem_peak_gib"]
+    print(f"peak GPU memory: {peak_gpu:.2f} GiB without offload, {peak_offload:.2f} GiB with CPU offload")
+    assert peak_offload < peak_gpu - 0.9, (peak_offload, peak_gpu)
+
+
+# 7. CUDA memory snapshot
+
+
+def test_memory_snapshot_is_a_loadable_cuda_snapshot(tmp_path):
+    # Windows of wait 1, warm-up 1, active 1 step: one ends at step 3 (checked here); the run ends during
+    # the next window's warm-up, which torch.profiler also writes, as iteration_5.
+    profile = ["--profiling.enable_profiling", "--profiling.enable_memory_snapshot",
+               "--profiling.profile_freq", "3", "--profiling.profile_active_steps", "1"]
+    proc = train(tmp_path, [*SINGLE, *profile])
+    assert "memory snapshots need CUDA" not in proc.stdout
+    window = tmp_path / "run" / "profile" / "iteration_3"
+    assert sorted(p.name for p in window.iterdir()) == ["rank0_memory_snapshot.pickle", "rank0_trace.json"]
+    with open(window / "rank0_memory_snapshot.pickle", "rb") as f:
+        snapshot = pickle.load(f)
+    segments = snapshot["segments"]
+    assert segments and all(s["total_size"] > 0 for s in segments)
+    # Live at step 3: at least the float32 parameters and AdamW's two moments, 3 x 3,485,056 x 4 bytes.
+    allocated = sum(b["size"] for s in segments for b in s["blocks"] if b["state"] == "active_allocated")
+    assert allocated >= 3 * 3_485_056 * 4, allocated
+    # The allocator's history, recorded from the first step, with the stacks that allocated.
+    trace = [entry for device in snapshot["device_traces"] for entry in device]
+    allocs = [entry for entry in trace if entry["action"] == "alloc"]
+    assert allocs and any(entry["frames"] for entry in allocs)
+
+
+# 8. titanlite plan --measure on CUDA
+
+
+def test_plan_measure_on_cuda(tmp_path):
+    out = tmp_path / "plan.json"
+    cmd = [sys.executable, "-m", "titanlite.cli", "plan", "--ngpu", "1", "--measure"]
+    proc = subprocess.run(cmd, cwd=REPO, env=env(TITANLITE_PLAN_JSON=str(out), **CUDA), capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "cuda, fp32 weights and AdamW, bf16 activations (mixed precision)" in proc.stdout  # estimated for the GPU
+    result = json.loads(out.read_text())
+    assert len(result["measured_by_rank"]) == 1
+    estimate, measured = result["estimate_peak"], result["measured_peak"]
+    assert f"peak: estimated {estimate / 2**20:.1f}, measured {measured / 2**20:.1f}" in proc.stdout
+    # Within 25 %. The CPU suite holds 15 % (tests/distributed/test_plan_measure.py; 0 % on this config
+    # in float32). The debug model's peak is the float32 loss tensors over the 50,304-word vocabulary
+    # (~590 MiB of ~640), which CUDA computes as the CPU does; bf16 autocast adds its cast weight copies
+    # and halves the other activations, a few percent. A planner counting those vocabulary tensors in
+    # bf16 would miss by 45 %.
+    ratio = estimate / measured
+    print(f"plan --measure on CUDA: estimated {estimate / 2**20:.1f} MiB, measured {measured / 2**20:.1f} MiB")
+    assert abs(ratio - 1) <= 0.25, f"estimate/measured = {ratio:.3f}"
+
+
+# 9. Several GPUs with NCCL against one GPU
+
+LAYOUTS = {
+    "ddp2": ("dp_replicate 2", ["--training.local_batch_size", "4", "--parallelism.data_parallel_replicate_degree", "2",
+                                "--parallelism.data_parallel_shard_degree", "1"]),
+    "fsdp2": ("dp_shard 2", ["--training.local_batch_size", "4"]),
+    "tp2": ("tp 2", ["--training.local_batch_size", "8", "--parallelism.tensor_parallel_degree", "2"]),
+    "pp2": ("pp 2", ["--training.local_batch_size", "8", "--parallelism.pipeline_parallel_degree", "2",
+                     "--parallelism.pipeline_parallel_microbatch_size", "2"]),
+}
+
+
+@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.device_count() < 2,
+                    reason="needs 2 CUDA GPUs for NCCL layouts; this machine has 1")
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_two_gpu_layout_matches_one_gpu(tmp_path, reference, layout):
+    described, args = LAYOUTS[layout]
+    _, single = reference("float32")
+    proc = train(tmp_path, [*TINY, *args, *DETERMINISTIC, *FP32], ngpu=2)
+    assert f"layout: {described} on 2 cuda process(es)" in proc.stdout, proc.stdout[-2000:]
+    records = metrics(tmp_path)
+    # The CPU suite's bounds (tests/helpers.py): losses to 1e-5, grad norms to 1e-4. Float32 without TF32;
+    # the ranks compute on half batches (or half layers, or half matrices) and NCCL sums two values per
+    # element, which is exact in either order, so NCCL needs no looser bound than gloo: what remains is
+    # the per-rank rounding the CPU layouts see too.
+    assert_close(column(records, "loss"), column(single, "loss"), LOSS_RTOL)
+    assert_close(column(records, "grad_norm"), column(single, "grad_norm"), GRAD_NORM_RTOL)
+
+
+# 10. The device switch on a GPU box
+
+
+def test_titanlite_device_cpu_runs_gloo_processes_on_a_gpu_box(tmp_path):
+    proc = run_train_sh([*TINY, "--training.local_batch_size", "4"], tmp_path, ngpu=2, TITANLITE_DEVICE="cpu")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    assert "layout: dp_shard 2 on 2 cpu process(es)" in proc.stdout, proc.stdout[-2000:]
+    records = metrics(tmp_path)
+    assert len(records) == 5
+    assert all(r["mem_reserved_gib"] is None for r in records)  # CPU memory figures (peak RSS), no CUDA allocator
+
+
+def test_default_device_on_a_gpu_box_is_cuda(tmp_path):
+    run_env = env(NGPU="1")
+    run_env.pop("TITANLITE_DEVICE", None)  # unset, as for a user: CUDA wherever torch sees a GPU
+    cmd = [str(REPO / "run_train.sh"), "--job.dump_folder", str(tmp_path), "--job.name", "run", *SINGLE]
+    proc = subprocess.run(cmd, cwd=REPO, env=run_env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    assert "layout: single device on 1 cuda process(es)" in proc.stdout, proc.stdout[-2000:]
+    assert "dtype bfloat16" in proc.stdout  # CUDA's default mixed precision
+    records = metrics(tmp_path)
+    assert all(r["mem_reserved_gib"] is not None and r["mem_reserved_gib"] > 0 for r in records)  # CUDA figures
