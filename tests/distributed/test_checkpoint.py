@@ -67,7 +67,8 @@ def test_resume_is_bitwise_exact(tmp_path, fsdp4_runs, layout):
     assert [r["grad_norm"] for r in resumed[10:]] == [r["grad_norm"] for r in expected[10:]]
 
 
-@pytest.mark.parametrize("layout", ["tp2", "pp2"])
+# PP x 2 is slow (CI runs it): TP x 2 already shows a checkpoint of FSDP x 4 continuing on another layout.
+@pytest.mark.parametrize("layout", ["tp2", pytest.param("pp2", marks=pytest.mark.slow)])
 def test_resume_on_another_layout_continues_the_same_run(tmp_path, fsdp4_runs, layout):
     straight, stopped = fsdp4_runs
     run(layout, resume_copy(stopped, tmp_path))
