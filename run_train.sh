@@ -13,7 +13,13 @@ done
 
 if [ -z "${NGPU:-}" ]; then  # one process per visible GPU; one on the CPU (TITANLITE_DEVICE=cpu, or no GPU)
   NGPU=0
-  [ "${TITANLITE_DEVICE:-}" = cpu ] || NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+  if [ "${TITANLITE_DEVICE:-}" != cpu ]; then
+    NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+    if [ "${NGPU:-0}" -ge 1 ] && [ -n "${CUDA_VISIBLE_DEVICES+set}" ]; then  # the GPUs left visible, if fewer
+      listed=$(tr ',' '\n' <<< "$CUDA_VISIBLE_DEVICES" | grep -c '[^[:space:]]' || true)
+      [ "$listed" -ge "$NGPU" ] || NGPU=$listed
+    fi
+  fi
   [ "${NGPU:-0}" -ge 1 ] || NGPU=1
 fi
 NNODES=${NNODES:-1}

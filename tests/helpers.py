@@ -50,10 +50,13 @@ def torchrun(nproc: int, args: list[str], run_dir: Path, timeout: int = 300) -> 
     return subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=timeout)
 
 
-def run_train_sh(args: list[str], run_dir: Path, ngpu: int = 1, timeout: int = 300, **extra_env: str) -> subprocess.CompletedProcess:
-    """The user's command, ./run_train.sh, with NGPU processes."""
+def run_train_sh(args: list[str], run_dir: Path, ngpu: int | None = 1, timeout: int = 300, **extra_env: str) -> subprocess.CompletedProcess:
+    """The user's command, ./run_train.sh, with NGPU processes (ngpu=None: NGPU unset, the launcher's default)."""
     cmd = [str(REPO / "run_train.sh"), "--job.dump_folder", str(run_dir), "--job.name", "run", *args]
-    return subprocess.run(cmd, cwd=REPO, env=env(NGPU=str(ngpu), **extra_env), capture_output=True, text=True, timeout=timeout)
+    launch_env = env(**({} if ngpu is None else {"NGPU": str(ngpu)}), **extra_env)
+    if ngpu is None:
+        launch_env.pop("NGPU", None)
+    return subprocess.run(cmd, cwd=REPO, env=launch_env, capture_output=True, text=True, timeout=timeout)
 
 
 def metrics(run_dir: Path) -> list[dict]:

@@ -2,6 +2,7 @@
 
 import json
 import math
+import os
 
 import pytest
 
@@ -101,3 +102,19 @@ def test_a_failed_worker_says_why_last_and_sets_the_exit_status(tmp_path, ngpu, 
     log = tmp_path / "run" / "logs" / f"error-rank{rank}.log"
     assert last.startswith(f"titanlite: error: rank {rank}: {reason}") and last.endswith(f"; traceback in {log}"), last
     assert "Traceback (most recent call last)" in log.read_text()
+
+
+def test_ngpu_default_in_a_simulated_gpu_environment(tmp_path):
+    # nvidia-smi lists 3 GPUs (a fake on PATH); torch still sees none, so every rank computes on the CPU.
+    fake = tmp_path / "bin" / "nvidia-smi"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\n" + "".join(f'echo "GPU {i}: NVIDIA H100 80GB HBM3 (UUID: GPU-{i})"\n' for i in range(3)))
+    fake.chmod(0o755)
+    path = f"{fake.parent}:{os.environ['PATH']}"
+    args = [*TINY, "--training.steps", "1", "--training.local_batch_size", "2"]
+    # The test suite's TITANLITE_DEVICE=cpu: one process, whatever GPUs the machine lists.
+    cpu = run_train_sh(args, tmp_path / "cpu", ngpu=None, PATH=path)
+    assert cpu.returncode == 0 and "on 1 cpu process(es)" in cpu.stdout, cpu.stderr[-3000:]
+    # The default device: one process per GPU left visible by CUDA_VISIBLE_DEVICES (2 of the 3).
+    gpus = run_train_sh(args, tmp_path / "gpus", ngpu=None, PATH=path, TITANLITE_DEVICE="", CUDA_VISIBLE_DEVICES="0,1")
+    assert gpus.returncode == 0 and "config ok for 2 process(es)" in gpus.stdout, gpus.stderr[-3000:]
