@@ -5,7 +5,8 @@
 difference: torchrun ends a failed job with its multi-line summary and status 1 whatever the worker's
 was. Here every worker records its failure (titanlite/failures.py) in a temporary folder; after a
 failure the first one's line is printed last and its status (2 config, 3 non-finite loss, 4 out of
-memory, 1 other) is this command's. A signal to the launcher ends it with 128 + the signal number.
+memory, 1 other) is this command's. A signal to the launcher ends it with 128 + the signal number;
+torchrun's own failure (a rendezvous that cannot connect) is one line and status 1.
 """
 
 from __future__ import annotations
@@ -34,8 +35,22 @@ def main(argv: list[str] | None = None) -> int:
         return report(folder, error)
     except SignalException as e:
         return 128 + int(e.sigval)
+    except Exception as e:  # torchrun itself failed (rendezvous, arguments): one line, not its traceback
+        print(f"{PREFIX}torchrun could not run the job: {chain(e)}", file=sys.stderr, flush=True)
+        return 1
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def chain(e: BaseException) -> str:
+    """'Type: message' of an exception and of the exceptions it was raised from (the rendezvous errors
+    keep their reason, e.g. a host name that does not resolve, in __cause__)."""
+    parts = []
+    while e is not None and len(parts) < 3:
+        message = " ".join(str(e).split())[:200]
+        parts.append(f"{type(e).__name__}{': ' + message if message else ''}")
+        e = e.__cause__ or e.__context__
+    return "; from ".join(parts)
 
 
 def report(folder: Path, error) -> int:

@@ -114,3 +114,22 @@ def test_the_launcher_reports_the_earliest_failure_of_the_latest_attempt(tmp_pat
     for rank, t, attempt, line in entries:
         (tmp_path / f"rank{rank}.json").write_text(json.dumps({"rank": rank, "code": 1, "line": line, "time": t, "attempt": attempt}))
     assert first_failure(tmp_path)["line"] == "root cause"
+
+
+def test_a_torchrun_failure_is_one_line(monkeypatch, capsys):
+    # e.g. RDZV_ENDPOINT naming a host that does not resolve: torchrun retries, then raises from the cause.
+    import torch.distributed.run as torchrun
+
+    from titanlite.launch import main
+
+    def fail(args):
+        try:
+            raise OSError("nosuchhost.invalid: Name or service not known")
+        except OSError as cause:
+            raise RuntimeError("The connection to the C10d store has failed. See inner exception for details.") from cause
+
+    monkeypatch.setattr(torchrun, "run", fail)
+    assert main(["--standalone", "--nproc-per-node", "1", "-m", "titanlite.train"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["titanlite: error: torchrun could not run the job: RuntimeError: The connection to the C10d store has "
+                   "failed. See inner exception for details.; from OSError: nosuchhost.invalid: Name or service not known"]
