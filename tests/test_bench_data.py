@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tests.helpers import REPO, env
 from titanlite.tools.bench_data import make_corpus
 
@@ -15,6 +17,7 @@ def bench_data(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow  # ~13 s of a benchmark tool; its bad-option checks stay in the default suite
 def test_bench_data_prints_and_writes_figures(tmp_path):
     out, keep = tmp_path / "bench.json", tmp_path / "keep"
     proc = bench_data("--mb", "2", "--repeats", "1", "--output", str(out), "--keep", str(keep))

@@ -49,7 +49,8 @@ def resume_copy(stopped, dest):
     return dest
 
 
-@pytest.mark.parametrize("layout", ["single", "fsdp4", "pp2"])
+# PP x 2 (~23 s) is slow, beside one process and FSDP x 4 in the default suite.
+@pytest.mark.parametrize("layout", ["single", "fsdp4", pytest.param("pp2", marks=pytest.mark.slow)])
 def test_resume_is_bitwise_exact(tmp_path, fsdp4_runs, layout):
     if layout == "fsdp4":
         straight, stopped = fsdp4_runs

@@ -157,6 +157,7 @@ def resume_copy(stopped: Path, dest: Path) -> Path:
     return dest
 
 
+@pytest.mark.slow  # ~45 s; exact resume stays in the default suite through test_checkpoint.py, mixtures through unit tests
 def test_resume_on_a_store_mixture_is_bitwise_exact(mixture_runs):
     straight, stopped, mixture = mixture_runs
     assert [r["step"] for r in metrics(stopped)] == list(range(1, 11))
