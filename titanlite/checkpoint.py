@@ -123,6 +123,10 @@ class Checkpointer:
 
     # ---- saving ------------------------------------------------------------------------------
 
+    def due(self, step: int) -> bool:
+        """Whether maybe_save(step) will save (without a forced save)."""
+        return self.cfg.enable and (step % self.cfg.interval == 0 or step == self.final_step)
+
     def maybe_save(self, step: int, train_state: dict, force: bool = False) -> None:
         """Save on the interval, always at the final step (training.steps or stop_after_step), and when
         forced (preemption); a step already saved is not saved again."""

@@ -88,7 +88,13 @@ class Training:
     planner's model and refuses a layout that cannot fit the device (or, on the CPU, the available RAM
     shared by the node's ranks); false skips the check, for those who know better."""
     skip_nonfinite_steps: bool = False
-    """On a NaN/inf loss or gradient norm, skip that step's update and go on, instead of stopping the run."""
+    """On a NaN/inf loss or gradient norm, skip that step's update and go on (reported at the next log or
+    checkpoint step), instead of stopping the run there. The update is skipped on the device by the
+    fused AdamW, so optimizer.implementation must be 'auto' or 'fused'."""
+    loss_chunk_tokens: int = 4096
+    """The output projection and cross-entropy are computed this many tokens at a time, with their
+    gradients, so the [batch, seq, vocab] logits never exist (titanlite/loss.py); 0 computes the whole
+    logits and applies F.cross_entropy (compiled when compile.components names 'loss')."""
     stop_after_step: int = 0
     """End the run after this step, with a checkpoint, without changing the LR schedule that `steps`
     sets (for jobs split into fixed-length allocations); 0 runs to `steps`."""
@@ -159,7 +165,8 @@ class Optimizer:
     beta2: float = 0.95
     """AdamW second-moment decay."""
     implementation: Literal["auto", "fused", "foreach", "for-loop"] = "auto"
-    """AdamW kernel: 'auto' picks fused on CUDA and foreach elsewhere."""
+    """AdamW kernel: 'auto' picks fused on CUDA (and wherever training.skip_nonfinite_steps is on) and
+    foreach elsewhere."""
 
 
 @dataclass
@@ -520,6 +527,7 @@ def validate_values(cfg: JobConfig) -> None:
         "metrics.peak_tflops": cfg.metrics.peak_tflops,
         "parallelism.pipeline_parallel_layers_per_stage": p.pipeline_parallel_layers_per_stage,
         "training.stop_after_step": t.stop_after_step,
+        "training.loss_chunk_tokens": t.loss_chunk_tokens,
         "checkpoint.keep_latest_k": cfg.checkpoint.keep_latest_k,
     }
     for key, value in non_negative.items():

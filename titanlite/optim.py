@@ -21,9 +21,10 @@ class Optimizers:
     One optimizer per part keeps each part's optimizer state addressable by that part's parameter
     names, which is what layout-independent checkpoints are keyed by."""
 
-    def __init__(self, model_parts: list[nn.Module], cfg: Optimizer, device_type: str):
+    def __init__(self, model_parts: list[nn.Module], cfg: Optimizer, device_type: str, skip_nonfinite: bool = False):
         self.model_parts = model_parts
-        self.optimizers = [build_adamw(part, cfg, device_type) for part in model_parts]
+        impl = implementation(cfg, device_type, skip_nonfinite)
+        self.optimizers = [build_adamw(part, cfg, impl) for part in model_parts]
 
     @property
     def param_groups(self) -> list[dict]:
@@ -37,16 +38,28 @@ class Optimizers:
         for optimizer in self.optimizers:
             optimizer.zero_grad(set_to_none=True)
 
+    def skip_update_if(self, bad: torch.Tensor) -> None:
+        """Make the next step() a no-op on the device where `bad` (a bool scalar tensor) is true: the
+        fused AdamW leaves weights, moments and step counts as they were. No host synchronisation."""
+        found_inf = bad.float()
+        for optimizer in self.optimizers:
+            optimizer.found_inf = found_inf
 
-def build_adamw(model: nn.Module, cfg: Optimizer, device_type: str) -> torch.optim.Optimizer:
+
+def implementation(cfg: Optimizer, device_type: str, skip_nonfinite: bool = False) -> str:
+    """'auto' is the fused kernel on CUDA, and wherever non-finite steps are skipped (only the fused
+    kernel can skip an update on the device); foreach on the CPU otherwise."""
+    if cfg.implementation != "auto":
+        return cfg.implementation
+    return "fused" if device_type == "cuda" or skip_nonfinite else "foreach"
+
+
+def build_adamw(model: nn.Module, cfg: Optimizer, impl: str) -> torch.optim.Optimizer:
     """AdamW with weight decay on matrices and embeddings only; built after sharding so its state is sharded too."""
     params = [p for p in model.parameters() if p.requires_grad]
     decay = [p for p in params if p.ndim >= 2]
     no_decay = [p for p in params if p.ndim < 2]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    impl = cfg.implementation
-    if impl == "auto":
-        impl = "fused" if device_type == "cuda" else "foreach"
     return torch.optim.AdamW(
         groups,
         lr=cfg.lr,

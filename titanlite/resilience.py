@@ -27,13 +27,19 @@ class NonFiniteLoss(Exception):
 
 
 class StopOnSignal:
-    """SIGTERM/SIGINT ask the run to stop after the current step (with a checkpoint); a second one
-    leaves at once. Ranks receive signals at different moments, so they agree on the step through a
-    one-number all-reduce after every step."""
+    """SIGTERM/SIGINT ask the run to stop after a step (with a checkpoint); a second one leaves at once.
+
+    Ranks receive signals at different moments, so they agree on the step with a one-number all-reduce.
+    It costs no step a wait: the flags live in host memory and go through a gloo group of their own,
+    without blocking; the exchange started after step s is read after step s + 1 (long finished by
+    then), so every rank learns the same verdict after the same step, one step after the signal."""
 
     def __init__(self, device: torch.device):
         self.signum, self.first_at = 0, 0.0
-        self.flag = torch.zeros(1, device=device)
+        self.group = None
+        self.pending = None  # (work, buffer) of the exchange started after the previous step
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            self.group = dist.new_group(backend="gloo")  # host tensors, off the NCCL stream
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self.handle)
 
@@ -49,17 +55,25 @@ class StopOnSignal:
         print(f"titanlite: {signal.Signals(signum).name}: finishing this step, then saving a checkpoint", flush=True)
 
     def requested(self) -> int:
-        """The signal number every rank agrees on (0: keep going)."""
-        self.flag.fill_(self.signum)
-        if dist.is_initialized():
-            dist.all_reduce(self.flag, op=dist.ReduceOp.MAX)
-        return int(self.flag.item())
+        """Called after every step: the signal every rank agrees on (0: keep going)."""
+        if self.group is None:
+            return self.signum
+        agreed = self.finish()
+        if not agreed:
+            buffer = bytearray(self.signum.to_bytes(4, "little"))
+            work = dist.all_reduce(torch.frombuffer(buffer, dtype=torch.int32), op=dist.ReduceOp.MAX,
+                                   group=self.group, async_op=True)
+            self.pending = (work, buffer)
+        return agreed
 
-
-def check_finite(loss: float, grad_norm: float) -> bool:
-    """True when both are finite. Both are global values, identical on every rank, so every rank
-    reaches the same verdict without communicating."""
-    return math.isfinite(loss) and math.isfinite(grad_norm)
+    def finish(self) -> int:
+        """Wait for the exchange in flight, if any (also before the process group goes away); its verdict."""
+        if self.pending is None:
+            return 0
+        work, buffer = self.pending
+        self.pending = None
+        work.wait()
+        return int.from_bytes(buffer, "little")
 
 
 def set_train_timeout(seconds: float) -> None:

@@ -63,6 +63,11 @@ def plan_run(cfg: JobConfig, world_size: int, validation: bool = False) -> Plan:
             "training.enable_cpu_offload offloads FSDP shards, but this layout has no FSDP "
             f"(dp_shard = {dims.dp_shard}); use parallelism.data_parallel_shard_degree > 1 (or one GPU) or set it to false"
         )
+    if cfg.training.skip_nonfinite_steps and cfg.optimizer.implementation not in ("auto", "fused"):
+        raise ConfigError(
+            "training.skip_nonfinite_steps skips a bad step's update on the device, which only the fused AdamW "
+            f"can do; set optimizer.implementation = 'fused' (or 'auto'), not '{cfg.optimizer.implementation}'"
+        )
     check_float8(cfg.float8)
     check_profiling(cfg.profiling)
     if cfg.parallelism.enable_async_tensor_parallel:
@@ -324,14 +329,17 @@ class Setup:
 
 
 def build_setup(cfg: JobConfig, plan: Plan, mesh, device: torch.device, vocab_size: int, say) -> Setup:
+    from titanlite.loss import build_loss, cross_entropy
     from titanlite.parallel.compile import compiled_loss
     from titanlite.parallel.parallelize import DTYPES, loss_parallel_enabled
-    from titanlite.trainer import autocast_for, cross_entropy
+    from titanlite.trainer import autocast_for
 
     plain_model, parts = build_model(cfg, vocab_size, plan, mesh, device)
     loss_parallel = loss_parallel_enabled(plan.dims, cfg.parallelism)
-    loss_fn = compiled_loss(cross_entropy, cfg.compile, loss_parallel)
-    if loss_fn is cross_entropy and cfg.compile.enable and "loss" in cfg.compile.components:
+    compile_loss = cfg.compile.enable and "loss" in cfg.compile.components
+    loss_fn = compiled_loss(build_loss(parts, cfg.training.loss_chunk_tokens, compile_loss, cfg.compile.backend),
+                            cfg.compile, loss_parallel)
+    if loss_fn is cross_entropy and cfg.training.loss_chunk_tokens <= 0 and cfg.compile.enable and "loss" in cfg.compile.components:
         say("  compile: the loss stays eager under loss parallelism (torch 2.13 computes it wrongly when compiled)")
     pipeline = build_pipeline(cfg, plan, plain_model, parts, mesh, device, loss_fn) if plan.pipeline else None
     param_dtype = DTYPES[cfg.training.mixed_precision_param] if device.type == "cuda" else torch.float32
@@ -355,6 +363,7 @@ def build_validator(cfg: JobConfig, plan: Plan, setup: Setup, windows):
         pipeline=setup.pipeline,
         loss_parallel=setup.loss_parallel,
         autocast=setup.autocast,
+        loss_fn=setup.loss_fn,
     )
 
 
@@ -411,7 +420,7 @@ def build_trainer(cfg: JobConfig, plan: Plan, device: torch.device, rank: int, w
     setup = build_setup(cfg, plan, mesh, device, tokenizer.vocab_size, say)
     plain_model, parts, pipeline = setup.plain_model, setup.parts, setup.pipeline
     validator = build_validator(cfg, plan, setup, build_validation_data(cfg, tokenizer, corpus, say=say)) if cfg.validation.enable else None
-    optimizer = Optimizers(parts, cfg.optimizer, device.type)
+    optimizer = Optimizers(parts, cfg.optimizer, device.type, skip_nonfinite=cfg.training.skip_nonfinite_steps)
     lr_scheduler = LRSchedulers(optimizer, cfg.lr_scheduler, cfg.training.steps)
 
     run_dir = Path(cfg.job.dump_folder) / cfg.job.name

@@ -1,31 +1,52 @@
 """The training loop, identical for every layout: fetch micro-batches, forward/backward, clip, step, log.
 
 The loss of a step is the mean over every target token of the global batch, whatever the layout.
+
+The host never waits for the device in a quiet step: the loss and gradient norm stay on the device and
+are read (one transfer for all the steps since the last read) only where they are needed: on logging
+steps, before a checkpoint, at the last step and before a preemption save. A non-finite step is found
+there: the run stops naming it, before anything is saved, or with training.skip_nonfinite_steps its
+update was already skipped on the device (the fused AdamW's found_inf), and it is reported.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-import torch.nn.functional as F
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel as tp_loss_parallel
 from torch.nn.parallel import DistributedDataParallel
 
+from titanlite.loss import cross_entropy
 from titanlite.metrics import MetricsLogger, Throughput, peak_memory_gib, reset_peak_memory
 from titanlite.optim import clip_grad_norm_
-from titanlite.resilience import Faults, NonFiniteLoss, Preempted, StopOnSignal, check_finite, set_train_timeout
+from titanlite.resilience import Faults, NonFiniteLoss, Preempted, StopOnSignal, set_train_timeout
 
 
-def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean next-token loss over the tokens of one micro-batch, computed in float32."""
-    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
+class StepRecords:
+    """Each step's (loss, grad norm) kept on the device until the host needs them, then read at once."""
+
+    def __init__(self):
+        self.pending: list[tuple[int, torch.Tensor]] = []
+
+    def add(self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor) -> None:
+        self.pending.append((step, torch.stack([loss.detach().float(), grad_norm.detach().float()])))
+
+    def read(self) -> list[tuple[int, float, float]]:
+        """(step, loss, grad norm) of every step since the last read: the one place the host waits."""
+        if not self.pending:
+            return []
+        steps = [step for step, _ in self.pending]
+        values = torch.stack([v for _, v in self.pending]).tolist()
+        self.pending = []
+        return [(step, loss, norm) for step, (loss, norm) in zip(steps, values)]
 
 
 @dataclass
@@ -103,6 +124,8 @@ class Trainer:
         self.validator, self.val_freq = validator, val_freq  # titanlite.validate.Validator, every val_freq steps
         self.step = 0
         self.tokens_seen = 0
+        self.records = StepRecords()
+        self.skipped_steps: list[int] = []  # non-finite steps skipped since the last log
 
     @property
     def train_state(self) -> dict:
@@ -116,20 +139,26 @@ class Trainer:
         first = True
         with self.profiler or contextlib.nullcontext():
             while self.step < last:
+                if self.throughput.steps_seen == self.throughput.warmup_steps > 0:
+                    synchronize(self.device)  # the counted steps start with no warm-up work still queued
                 start = time.perf_counter()
                 micro_batches = [next(batches) for _ in range(self.grad_accum_steps)]
                 self.throughput.add_data_wait(time.perf_counter() - start)
                 lr = self.optimizer.param_groups[0]["lr"]
                 will_eval = self.validator is not None and ((self.step + 1) % self.val_freq == 0 or self.step + 1 == last)
                 will_log = (self.step + 1) % self.log_freq == 0 or self.step + 1 == last or will_eval
-                loss, grad_norm = self.train_step(micro_batches, measure=will_log)
+                will_save = self.checkpointer is not None and self.checkpointer.due(self.step + 1)
+                self.train_step(micro_batches, measure=will_log)
                 self.step += 1
                 self.tokens_seen += self.figures.tokens_per_step
+                # A read waits for the device, inside this step's time: tokens/s stays the true rate.
+                records = self.read_records() if will_log or will_save else []
                 elapsed = time.perf_counter() - start
                 self.throughput.add(self.figures.tokens_per_step, elapsed)
                 # Evaluated after the step's time is taken: evaluation is not in the training tokens/s.
                 validation = self.validator.run() if will_eval else {}
                 if will_log:
+                    _, loss, grad_norm = records[-1]
                     self.log(loss, grad_norm, lr, last, validation)
                 if self.checkpointer is not None:
                     self.checkpointer.maybe_save(self.step, self.train_state)
@@ -137,6 +166,23 @@ class Trainer:
                 first = False
                 if self.profiler is not None:
                     self.profiler.step()
+        if self.resilience.stop is not None:
+            self.resilience.stop.finish()
+
+    def read_records(self) -> list[tuple[int, float, float]]:
+        """The steps since the last read, from the device. A non-finite one stops the run here, naming
+        it, before anything is saved; under skip_nonfinite_steps its update was skipped on the device
+        and it is reported instead."""
+        records = self.records.read()
+        bad = [(step, loss, norm) for step, loss, norm in records if not (math.isfinite(loss) and math.isfinite(norm))]
+        if bad and not self.resilience.skip_nonfinite_steps:
+            step, loss, norm = bad[0]
+            raise NonFiniteLoss(f"loss {loss} / grad norm {norm} at step {step} is not finite")
+        for step, loss, norm in bad:
+            self.skipped_steps.append(step)
+            if self.logger.active:
+                print(f"titanlite: step {step}: loss {loss}, grad norm {norm}; its update was skipped", flush=True)
+        return records
 
     def after_step(self, first: bool) -> None:
         """Fault hooks, the tighter collective timeout once start-up is over, and preemption."""
@@ -147,11 +193,13 @@ class Trainer:
             set_train_timeout(r.train_timeout_seconds)
         signum = r.stop.requested() if r.stop is not None else 0
         if signum:
+            self.read_records()  # never save the weights of a non-finite step
             if self.checkpointer is not None:
                 self.checkpointer.maybe_save(self.step, self.train_state, force=True)
             raise Preempted(signum, self.step)
 
-    def train_step(self, micro_batches, measure: bool = False) -> tuple[float, float]:
+    def train_step(self, micro_batches, measure: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """One optimizer step; returns the global loss and gradient norm as device tensors (not read)."""
         for part in self.model_parts:
             part.train()
         if self.pipeline is None:
@@ -160,19 +208,15 @@ class Trainer:
             step_loss = self.pipelined_forward_backward(micro_batches, measure)
             if self.pipeline.tied_sync is not None:
                 self.pipeline.tied_sync()
-        loss = self.reduce_loss(step_loss).item()
+        loss = self.reduce_loss(step_loss)
         grad_norm = clip_grad_norm_(
             self.params, self.max_norm, norm_params=self.norm_params, pp_group=self.pipeline and self.pipeline.group
-        ).item()
-        if not check_finite(loss, grad_norm):
-            # Checked before the update, so the weights (and the last checkpoint) stay good.
-            self.optimizer.zero_grad()
-            if not self.resilience.skip_nonfinite_steps:
-                raise NonFiniteLoss(f"loss {loss} / grad norm {grad_norm} at step {self.step + 1} is not finite")
-            if self.logger.active:
-                print(f"titanlite: step {self.step + 1}: loss {loss}, grad norm {grad_norm}; skipping its update", flush=True)
-            self.lr_scheduler.step()
-            return loss, grad_norm
+        )
+        self.records.add(self.step + 1, loss, grad_norm)
+        if self.resilience.skip_nonfinite_steps:
+            # Both values are global (identical on every rank), so every rank skips the same steps.
+            finite = torch.isfinite(loss) & torch.isfinite(grad_norm)
+            self.optimizer.skip_update_if(~finite)
         self.optimizer.step()
         if self.after_optimizer_step is not None:
             self.after_optimizer_step()
@@ -188,14 +232,14 @@ class Trainer:
             labels = labels.to(self.device, non_blocking=True)
             with self.gradient_sync(model, last=i == len(micro_batches) - 1):
                 with self.autocast():
-                    logits = model(inputs)
+                    output = model(inputs)  # logits, or hidden states for the chunked loss (titanlite/loss.py)
                 with self.loss_context():
                     # Every window has exactly seq_len targets, so each micro-batch's token mean divided
                     # by the micro-batch count, then averaged over dp ranks (DDP/FSDP reduce by mean), is
                     # the mean over all target tokens of the global batch.
                     scale = self.resilience.loss_scale(self.step + 1) / len(micro_batches)
-                    loss = self.loss_fn(logits, labels) * scale
-                    del logits  # nothing in backward needs the full-vocabulary logits: free them now
+                    loss = self.loss_fn(output, labels) * scale
+                    del output  # nothing in backward needs the full-vocabulary logits: free them now
                     loss.backward()
             step_loss += local_value(loss)
         return step_loss
@@ -257,6 +301,8 @@ class Trainer:
             "eta_s": self.throughput.eta_seconds(total_steps - self.step),
             "data_wait_pct": self.throughput.take_data_wait_pct(),
         }
+        if self.skipped_steps:
+            record["skipped_steps"], self.skipped_steps = self.skipped_steps, []
         record |= validation or {}
         if self.pipeline is not None:
             record |= self.bubble_figures()
@@ -271,6 +317,11 @@ class Trainer:
             "pp_bubble_analytic": self.pipeline.analytic_bubble,
             "pp_idle_pct": [round(100.0 * t.item(), 1) for t in gathered],
         }
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def local_value(loss: torch.Tensor) -> torch.Tensor:

@@ -20,13 +20,12 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.distributed.tensor.parallel import loss_parallel as tp_loss_parallel
 
 from titanlite.errors import ConfigError
+from titanlite.loss import IGNORE, cross_entropy
 from titanlite.trainer import local_value
 
-IGNORE = -100  # F.cross_entropy's default ignore_index: the label of a padding row
 
 
 def eval_batches(windows, local_batch_size: int, steps: int, dp_rank: int, dp_degree: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -55,12 +54,14 @@ class Validator:
     """Evaluates this rank's model parts on the validation windows; every rank returns the global figures."""
 
     def __init__(self, windows, *, local_batch_size: int, steps: int, dp_rank: int, dp_degree: int, device,
-                 model_parts, loss_group=None, pipeline=None, loss_parallel: bool = False, autocast=contextlib.nullcontext):
+                 model_parts, loss_group=None, pipeline=None, loss_parallel: bool = False, autocast=contextlib.nullcontext,
+                 loss_fn=None):
         self.windows, self.local_batch_size, self.steps = windows, local_batch_size, steps
         self.dp_rank, self.dp_degree, self.device = dp_rank, dp_degree, device
         self.model_parts, self.loss_group, self.pipeline = model_parts, loss_group, pipeline
         self.loss_context = tp_loss_parallel if loss_parallel else contextlib.nullcontext
         self.autocast = autocast
+        self.loss_fn = loss_fn or cross_entropy  # the training loss (token mean over non-ignored labels)
 
     @torch.no_grad()
     def run(self) -> dict:
@@ -90,11 +91,14 @@ class Validator:
         }
 
     def totals(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """The training loss function's token mean times the batch's target count: its sum (a batch of
+        padding only, whose mean is 0/0, counts nothing)."""
         with self.autocast():
-            logits = self.model_parts[0](inputs)
+            output = self.model_parts[0](inputs)
         with self.loss_context():
-            loss_sum = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE, reduction="sum")
-        return torch.stack([local_value(loss_sum).double(), (labels != IGNORE).sum().double()])
+            mean = local_value(self.loss_fn(output, labels)).double()
+        count = (labels != IGNORE).sum().double()
+        return torch.stack([torch.where(count > 0, mean * count, 0.0), count])
 
     def pipelined_totals(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """Forward only through the schedule (its eval path). Its loss function gives each micro-batch's

@@ -18,11 +18,14 @@ def apply_compile(model: nn.Module, cfg: Compile) -> None:
 
 
 def compiled_loss(loss_fn, cfg: Compile, loss_parallel: bool):
-    """The loss, compiled when compile.components names it (fusing the float32 cast, log-softmax and
-    gather keeps the full-vocabulary intermediates from being written out).
+    """The plain loss, compiled when compile.components names it (fusing the float32 cast, log-softmax
+    and gather keeps the full-vocabulary intermediates from being written out). The chunked loss stays
+    eager: its chunks already keep those intermediates small.
 
     Not under loss parallelism: in torch 2.13 a compiled cross-entropy on vocabulary-sharded logits
     does not go through loss_parallel's sharded implementation and returns a wrong (doubled) loss."""
-    if cfg.enable and "loss" in cfg.components and not loss_parallel:
+    from titanlite.loss import cross_entropy
+
+    if cfg.enable and "loss" in cfg.components and not loss_parallel and loss_fn is cross_entropy:
         return torch.compile(loss_fn, backend=cfg.backend)
     return loss_fn

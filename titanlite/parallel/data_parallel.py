@@ -7,6 +7,8 @@ import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
+from titanlite.loss import HiddenStatesHead
+
 
 def apply_fsdp(
     model: nn.Module,
@@ -39,7 +41,10 @@ def apply_fsdp(
             # The last unit's parameters are needed again right away by backward: never reshard them.
             head = [m for m in (model.norm, model.output) if m is not None]
             fully_shard(head, reshard_after_forward=False, **shard)
-    fully_shard(model, reshard_after_forward=reshard_after_forward, **shard)
+    # The chunked loss (titanlite/loss.py) reads the output weight after the model's forward: a tied
+    # one, in the root, must still be gathered then.
+    keep_root = tied and isinstance(model.output, HiddenStatesHead)
+    fully_shard(model, reshard_after_forward=reshard_after_forward and not keep_root, **shard)
 
 
 def apply_ddp(model: nn.Module, dp_mesh: DeviceMesh) -> nn.Module:

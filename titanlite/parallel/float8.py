@@ -26,6 +26,7 @@ import torch.nn as nn
 from titanlite.config import Float8
 from titanlite.devices import uses_cuda
 from titanlite.errors import ConfigError
+from titanlite.loss import HiddenStatesHead
 
 INSTALL_HINT = "pip install '.[float8]' (or pip install torchao) in the environment that runs titanlite"
 
@@ -77,7 +78,7 @@ def float8_filter(filter_fqns: list[str], tp: int):
     whose (tensor-parallel local) dimensions are not multiples of 16, which float8 matmuls require."""
 
     def convert(module: nn.Module, fqn: str) -> bool:
-        if not isinstance(module, nn.Linear) or any(part in fqn for part in filter_fqns):
+        if not isinstance(module, nn.Linear) or isinstance(module, HiddenStatesHead) or any(part in fqn for part in filter_fqns):
             return False
         out_features, in_features = module.weight.shape
         return all(size % (16 * tp) == 0 for size in (out_features, in_features))

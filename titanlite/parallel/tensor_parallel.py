@@ -20,6 +20,7 @@ from torch.distributed.tensor.parallel import (
 )
 
 from titanlite.errors import ConfigError
+from titanlite.loss import HiddenStatesHead, VocabParallelHead
 from titanlite.models.gpt2 import GPT2
 
 
@@ -48,6 +49,8 @@ def ends_plan(model: nn.Module, loss_parallel: bool) -> dict:
             use_local_output=not loss_parallel,
         ),
     }
+    if isinstance(model.output, HiddenStatesHead):  # the chunked loss splits the vocabulary itself
+        plan["output"] = VocabParallelHead()
     if getattr(model, "pos_embeddings", None) is not None:
         # Positions are looked up for the whole sequence ([T] -> [T, dim]) and come out sharded on the
         # sequence (Shard(0) of [T, dim]), matching the token embedding's [B, T/tp, dim] slice.

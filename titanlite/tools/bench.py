@@ -11,11 +11,15 @@ titanlite adds.
 After `--warmup` steps of each, the two loops take turns for `--repeats` rounds of `--steps` steps (the
 order alternates each round, so drift in the machine's speed hits both alike). A round's step time is
 its wall time over its steps, with the device synchronised at both ends; each loop's figure is the
-median over rounds.
+median over rounds. One more round of each, untimed, counts the host's reads of tensor values made
+outside torch (titanlite/tools/host_reads.py) and, on CUDA, every host-device synchronisation torch
+reports: per step, beside the times. (`Trainer.train` reads its loss at the last step of each call,
+so once per round here; a run reads it on logging and checkpoint steps only.)
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import statistics
@@ -28,6 +32,8 @@ import torch.nn.functional as F
 
 from titanlite.errors import ConfigError
 from titanlite.tools import take_options
+from titanlite.tools.host_reads import count_cuda_syncs, count_host_reads, outside_torch
+from titanlite.trainer import synchronize
 
 USAGE = """usage: titanlite bench throughput [--config FILE] [--steps N] [--warmup W] [--repeats R] [--no-bare]
                                   [--output FILE.json] [--section.key VALUE ...]
@@ -45,6 +51,8 @@ class Figures:
     name: str
     round_seconds: list[float] = field(default_factory=list)
     peak_memory_gib: float | None = None
+    host_reads_per_step: float | None = None
+    cuda_syncs_per_step: float | None = None
 
     @property
     def step_seconds(self) -> float:
@@ -65,12 +73,14 @@ class BareLoop:
     def __init__(self, cfg, plan, vocab_size: int, windows, device: torch.device, loss_compiled: bool):
         from titanlite.models.registry import build_model
         from titanlite.parallel.parallelize import DTYPES, materialize, parallelize
+        from titanlite.optim import implementation
         from titanlite.trainer import autocast_for
 
         m = cfg.model
         with torch.device("meta"):
             model = build_model(m.name, m.flavor, vocab_size, cfg.training.seq_len, m.n_layers)
-        parallelize(model, plan.dims, None, cfg.parallelism, cfg.training, device, cfg.activation_checkpoint,
+        plain_loss = dataclasses.replace(cfg.training, loss_chunk_tokens=0)  # logits and F.cross_entropy
+        parallelize(model, plan.dims, None, cfg.parallelism, plain_loss, device, cfg.activation_checkpoint,
                     cfg.compile, cfg.float8)
         materialize(model, device, cfg.training.seed)
         self.model, self.device, self.windows = model, device, windows
@@ -78,7 +88,7 @@ class BareLoop:
         param_dtype = DTYPES[cfg.training.mixed_precision_param] if device.type == "cuda" else torch.float32
         self.autocast = autocast_for(device, model, param_dtype)
         o = cfg.optimizer
-        impl = o.implementation if o.implementation != "auto" else ("fused" if device.type == "cuda" else "foreach")
+        impl = implementation(o, device.type, cfg.training.skip_nonfinite_steps)
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps,
                                            weight_decay=o.weight_decay, fused=impl == "fused", foreach=impl == "foreach")
         self.foreach = impl != "for-loop"  # the clipping kernels titanlite uses (torch's default is per tensor on CPU)
@@ -154,6 +164,12 @@ def throughput(argv: list[str]) -> int:
                 if device.type == "cuda":
                     peak = peak_memory_gib(device)[0]
                     figures[name].peak_memory_gib = max(figures[name].peak_memory_gib or 0.0, peak)
+        for name, loop in loops.items():
+            with count_host_reads(outside_torch) as reads, count_cuda_syncs(device) as syncs:
+                loop(opts["steps"])
+                synchronize(device)
+            figures[name].host_reads_per_step = len(reads) / opts["steps"]
+            figures[name].cuda_syncs_per_step = syncs[0] / opts["steps"] if device.type == "cuda" else None
         trainer.logger.close()
 
     report = summarize(figures, trainer.figures, device)
@@ -162,11 +178,6 @@ def throughput(argv: list[str]) -> int:
         with open(opts["output"], "w") as f:
             json.dump(report, f, indent=2)
     return 0
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def summarize(figures: dict[str, Figures], step, device: torch.device) -> dict:
@@ -188,6 +199,8 @@ def summarize(figures: dict[str, Figures], step, device: torch.device) -> dict:
             "tflops_per_device": tflops,
             "mfu_pct": None if step.peak_tflops is None else 100.0 * tflops / step.peak_tflops,
             "peak_memory_gib": fig.peak_memory_gib,
+            "host_reads_per_step": fig.host_reads_per_step,
+            "cuda_syncs_per_step": fig.cuda_syncs_per_step,
         }
     report = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
@@ -213,18 +226,22 @@ def format_report(report: dict, cfg, device: torch.device) -> str:
         f"{cfg.training.seq_len} tokens, {report['device']}, torch {report['torch']}, "
         f"compile {'on' if cfg.compile.enable else 'off'}, AC {cfg.activation_checkpoint.mode}, "
         f"float8 {'on' if cfg.float8.enable else 'off'}",
-        f"{'loop':<14} {'step ms (median, min-max)':>27} {'tokens/s':>11} {'TFLOPs':>8} {'MFU':>7} {'peak mem':>9}",
+        f"{'loop':<14} {'step ms (median, min-max)':>27} {'tokens/s':>11} {'TFLOPs':>8} {'MFU':>7} {'peak mem':>9} "
+        f"{'reads/step':>10} {'syncs/step':>10}",
     ]
     for name, r in report["loops"].items():
         spread = f"{1e3 * r['step_seconds_median']:.1f} ({1e3 * r['step_seconds_min']:.1f}-{1e3 * r['step_seconds_max']:.1f})"
         mem = "n/a" if r["peak_memory_gib"] is None else f"{r['peak_memory_gib']:.2f}GiB"
         lines.append(
             f"{name:<14} {spread:>27} {r['tokens_per_s_per_device']:>11,.0f} {r['tflops_per_device']:>8.3f} "
-            f"{num(r['mfu_pct'], '.1f') + ('%' if r['mfu_pct'] is not None else ''):>7} {mem:>9}"
+            f"{num(r['mfu_pct'], '.1f') + ('%' if r['mfu_pct'] is not None else ''):>7} {mem:>9} "
+            f"{num(r['host_reads_per_step'], '.2f'):>10} {num(r['cuda_syncs_per_step'], '.2f'):>10}"
         )
     if "titanlite_over_bare" in report:
         ratio = report["titanlite_over_bare"]
         lines.append(f"titanlite step time / bare loop step time: {ratio:.3f} ({100 * (ratio - 1):+.1f}%)")
+    lines.append("reads/step: tensor values read by the host outside torch; syncs/step: host-device "
+                 "synchronisations CUDA reports (n/a off CUDA)")
     if device.type != "cuda":
         lines.append(f"peak memory: n/a per loop on CPU; the process's peak RSS was {report['process_peak_rss_gib']:.2f} GiB")
     if report["peak_tflops"] is None:

@@ -1,0 +1,180 @@
+"""The training loss: the token mean of the next-token cross-entropy, in float32, in one of two ways.
+
+- plain (`training.loss_chunk_tokens = 0`): the model returns logits [B, T, vocab] and
+  `F.cross_entropy` takes them (upcast to float32; its backward makes a gradient of the same size).
+- chunked (the default): the model returns its final hidden states [B, T, dim] and the loss applies
+  the output projection itself, `loss_chunk_tokens` tokens at a time. Each chunk's float32 logits give
+  its loss and, at once, the chunk's gradients with respect to the hidden states and the projection
+  weight, and are freed: no [B, T, vocab] tensor (logits, their float32 copy, their gradient) ever
+  exists, and backward only scales the stored gradients. The matmul FLOPs are those of the plain
+  path (forward, input gradient, weight gradient); nothing is recomputed.
+
+Layouts: the projection is still called as a module (its forward passes the hidden states through,
+`HiddenStatesHead`), so FSDP gathers its weight as before and reduce-scatters its gradient; under
+tensor parallelism the weight stays split by vocabulary and the chunk's softmax is reduced over the
+TP group (three all-reduces of one number per token), as loss parallelism does with whole logits;
+a pipeline's last stage hands its hidden states to the schedule's loss function, which is this one.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+from torch.distributed.tensor.parallel import ParallelStyle
+from torch.distributed.tensor.parallel.style import distribute_module
+
+IGNORE = -100  # F.cross_entropy's default ignore_index: padded validation rows
+
+
+def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean next-token loss over the (non-ignored) tokens of one micro-batch, computed in float32."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
+
+
+class HiddenStatesHead(nn.Linear):
+    """The output projection of a model trained with the chunked loss: called as before (so FSDP's
+    hooks gather and free its weight), it returns the hidden states unchanged; the loss applies it."""
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return h
+
+
+def defer_output_projection(model: nn.Module) -> None:
+    """Make `model` (or pipeline stage) return hidden states; its output.weight keeps its name and role."""
+    if getattr(model, "output", None) is not None:
+        model.output.__class__ = HiddenStatesHead
+
+
+class VocabParallelHead(ParallelStyle):
+    """Tensor parallelism for a HiddenStatesHead: the weight split by vocabulary rows (Shard(0), as
+    ColwiseParallel splits a linear's output features); the hidden states pass through untouched."""
+
+    def _apply(self, module: nn.Module, device_mesh) -> nn.Module:
+        def shard_weight(name, mod, mesh):
+            for key, param in list(mod.named_parameters(recurse=False)):
+                mod.register_parameter(key, nn.Parameter(
+                    torch.distributed.tensor.distribute_tensor(param, mesh, [Shard(0)], src_data_rank=None)))
+
+        return distribute_module(module, device_mesh, shard_weight)
+
+
+class ChunkedCrossEntropy:
+    """loss_fn(hidden, labels) for a model whose `head` is a HiddenStatesHead: the plain loss's value
+    and gradients, `chunk_tokens` tokens at a time. `compiled`: fuse each chunk's softmax arithmetic
+    into one kernel (torch.compile), so the chunk's logits are read once."""
+
+    def __init__(self, head: nn.Module, chunk_tokens: int, compiled: bool = False, backend: str = "inductor"):
+        self.head, self.chunk_tokens = head, chunk_tokens
+        self.chunk_fn = torch.compile(softmax_cross_entropy, backend=backend, dynamic=False) if compiled else softmax_cross_entropy
+
+    def __call__(self, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        weight = self.head.weight  # FSDP's gathered weight during the step; a plain parameter otherwise
+        group, vocab_start = None, 0
+        if isinstance(weight, DTensor):  # tensor parallel: this rank's rows of the vocabulary
+            mesh = weight.device_mesh
+            if weight.placements != (Shard(0),) or mesh.mesh_dim_names != ("tp",):
+                raise RuntimeError(f"chunked loss: the output weight is {weight.placements} on {mesh} at the loss, "
+                                   "not gathered by FSDP nor split by TP alone")
+            group = mesh.get_group()
+            weight = weight.to_local()
+            vocab_start = mesh.get_local_rank() * weight.shape[0]
+            if isinstance(hidden, DTensor):
+                # All tokens on every TP rank; each rank's input gradient covers its vocabulary rows only
+                # (Partial), which the gather's backward turns into the sequence shards' sums.
+                hidden = hidden.redistribute(placements=[Replicate()]).to_local(grad_placements=[Partial()])
+        flat = hidden.flatten(0, 1)
+        compute_grads = torch.is_grad_enabled() and (flat.requires_grad or weight.requires_grad)
+        chunk_fn = self.chunk_fn if group is None else None
+        return _ChunkedCrossEntropy.apply(flat, weight, labels.flatten(), self.chunk_tokens, group, vocab_start,
+                                          compute_grads, chunk_fn)
+
+
+def softmax_cross_entropy(logits: torch.Tensor, target: torch.Tensor, keep: torch.Tensor, with_grad: bool):
+    """One chunk on one rank holding the whole vocabulary: the summed loss of its kept rows and, with
+    `with_grad`, d(sum)/d(logits) = softmax - one-hot (in the logits' dtype; ignored rows are left for
+    the caller to mask)."""
+    log_probs = torch.log_softmax(logits.float(), dim=1)
+    loss = -torch.where(keep, log_probs.gather(1, target[:, None])[:, 0], 0.0).sum()
+    if not with_grad:
+        return loss, None
+    grad = log_probs.exp_()
+    grad[torch.arange(len(target), device=target.device), target] -= 1.0
+    return loss, grad.to(logits.dtype)
+
+
+def vocab_parallel_cross_entropy(logits: torch.Tensor, local: torch.Tensor, keep: torch.Tensor, group, with_grad: bool):
+    """softmax_cross_entropy for logits split by vocabulary over `group` (`local`: each label's index
+    among this rank's rows, out of range where another rank holds it)."""
+    vocab = logits.shape[1]
+    mine = keep & (local >= 0) & (local < vocab)
+    index = local.clamp(0, vocab - 1)
+    z = logits.float()
+    peak = z.max(dim=1).values
+    dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=group)
+    sum_exp = (z - peak[:, None]).exp().sum(dim=1)
+    dist.all_reduce(sum_exp, op=dist.ReduceOp.SUM, group=group)
+    picked = torch.where(mine, z.gather(1, index[:, None])[:, 0], 0.0)
+    dist.all_reduce(picked, op=dist.ReduceOp.SUM, group=group)
+    lse = peak + sum_exp.log()
+    loss = torch.where(keep, lse - picked, 0.0).sum()
+    if not with_grad:
+        return loss, None
+    grad = (z - lse[:, None]).exp()
+    grad[torch.arange(len(local), device=local.device), index] -= mine.to(grad.dtype)
+    return loss, grad.to(logits.dtype)
+
+
+class _ChunkedCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, labels, chunk_tokens, group, vocab_start, compute_grads, chunk_fn):
+        n_tokens = hidden.shape[0]
+        valid = labels != IGNORE
+        count = valid.sum()
+        loss_sum = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        grad_hidden = torch.empty_like(hidden) if compute_grads else None
+        one_chunk = n_tokens <= chunk_tokens  # then the weight gradient needs no float32 accumulator
+        grad_weight = None
+        for start in range(0, n_tokens, chunk_tokens):
+            end = start + chunk_tokens
+            h, y, keep = hidden[start:end], labels[start:end], valid[start:end]
+            logits = h @ weight.t()  # [n, vocab (this rank's rows)], in the compute dtype
+            if group is None:
+                loss, grad = chunk_fn(logits, y.clamp(min=0), keep, compute_grads)
+            else:
+                loss, grad = vocab_parallel_cross_entropy(logits, y - vocab_start, keep, group, compute_grads)
+            del logits
+            loss_sum += loss
+            if compute_grads:
+                # Ignored rows (padding) contribute nothing: masked on the [n, dim] sides, not on [n, vocab].
+                mask = keep[:, None].to(h.dtype)
+                grad_hidden[start:end] = (grad @ weight) * mask
+                chunk_grad_weight = grad.t() @ (h * mask)
+                if one_chunk:
+                    grad_weight = chunk_grad_weight
+                elif grad_weight is None:
+                    grad_weight = chunk_grad_weight.float()
+                else:
+                    grad_weight += chunk_grad_weight
+        ctx.save_for_backward(grad_hidden, grad_weight, count)
+        ctx.weight_dtype = weight.dtype
+        return loss_sum / count
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        grad_hidden, grad_weight, count = ctx.saved_tensors
+        scale = grad_loss / count
+        return (grad_hidden * scale.to(grad_hidden.dtype), (grad_weight * scale).to(ctx.weight_dtype),
+                None, None, None, None, None, None)
+
+
+def build_loss(parts: list[nn.Module], chunk_tokens: int, compiled: bool = False, backend: str = "inductor"):
+    """The loss function for these model parts: chunked over the part that holds the output projection
+    (made to return hidden states by parallelize), else the plain cross-entropy."""
+    parts = [getattr(p, "module", p) for p in parts]  # inside DDP
+    head = next((p.output for p in parts if isinstance(getattr(p, "output", None), HiddenStatesHead)), None)
+    if chunk_tokens <= 0 or head is None:  # plain; or a pipeline rank without the last stage (never called)
+        return cross_entropy
+    return ChunkedCrossEntropy(head, chunk_tokens, compiled, backend)
