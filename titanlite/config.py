@@ -91,10 +91,11 @@ class Training:
     """On a NaN/inf loss or gradient norm, skip that step's update and go on (reported at the next log or
     checkpoint step), instead of stopping the run there. The update is skipped on the device by the
     fused AdamW, so optimizer.implementation must be 'auto' or 'fused'."""
-    loss_chunk_tokens: int = 4096
-    """The output projection and cross-entropy are computed this many tokens at a time, with their
-    gradients, so the [batch, seq, vocab] logits never exist (titanlite/loss.py); 0 computes the whole
-    logits and applies F.cross_entropy (compiled when compile.components names 'loss')."""
+    loss_chunk_tokens: int = -1
+    """N > 0: the output projection and cross-entropy are computed N tokens at a time, with their
+    gradients, so the [batch, seq, vocab] logits never exist (titanlite/loss.py). 0: whole logits and
+    F.cross_entropy (compiled when compile.components names 'loss'). -1 (auto): chunks of 4096 tokens,
+    except where torch.compile fuses the plain loss, which was faster on an H100 (and uses more memory)."""
     stop_after_step: int = 0
     """End the run after this step, with a checkpoint, without changing the LR schedule that `steps`
     sets (for jobs split into fixed-length allocations); 0 runs to `steps`."""
@@ -527,12 +528,13 @@ def validate_values(cfg: JobConfig) -> None:
         "metrics.peak_tflops": cfg.metrics.peak_tflops,
         "parallelism.pipeline_parallel_layers_per_stage": p.pipeline_parallel_layers_per_stage,
         "training.stop_after_step": t.stop_after_step,
-        "training.loss_chunk_tokens": t.loss_chunk_tokens,
         "checkpoint.keep_latest_k": cfg.checkpoint.keep_latest_k,
     }
     for key, value in non_negative.items():
         if value < 0:
             raise ConfigError(f"{key}={value} must not be negative")
+    if t.loss_chunk_tokens < -1:
+        raise ConfigError(f"training.loss_chunk_tokens={t.loss_chunk_tokens} must be -1 (auto), 0 (whole logits) or a chunk size")
     for key in ("init_timeout_seconds", "train_timeout_seconds"):
         if not getattr(cfg.comm, key) > 0:
             raise ConfigError(f"comm.{key}={getattr(cfg.comm, key)} must be positive")

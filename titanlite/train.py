@@ -329,7 +329,7 @@ class Setup:
 
 
 def build_setup(cfg: JobConfig, plan: Plan, mesh, device: torch.device, vocab_size: int, say) -> Setup:
-    from titanlite.loss import build_loss, cross_entropy
+    from titanlite.loss import build_loss, chunk_tokens, cross_entropy
     from titanlite.parallel.compile import compiled_loss
     from titanlite.parallel.parallelize import DTYPES, loss_parallel_enabled
     from titanlite.trainer import autocast_for
@@ -337,9 +337,9 @@ def build_setup(cfg: JobConfig, plan: Plan, mesh, device: torch.device, vocab_si
     plain_model, parts = build_model(cfg, vocab_size, plan, mesh, device)
     loss_parallel = loss_parallel_enabled(plan.dims, cfg.parallelism)
     compile_loss = cfg.compile.enable and "loss" in cfg.compile.components
-    loss_fn = compiled_loss(build_loss(parts, cfg.training.loss_chunk_tokens, compile_loss, cfg.compile.backend),
-                            cfg.compile, loss_parallel)
-    if loss_fn is cross_entropy and cfg.training.loss_chunk_tokens <= 0 and cfg.compile.enable and "loss" in cfg.compile.components:
+    chunks = chunk_tokens(cfg.training, cfg.compile, loss_parallel)
+    loss_fn = compiled_loss(build_loss(parts, chunks, compile_loss, cfg.compile.backend), cfg.compile, loss_parallel)
+    if loss_fn is cross_entropy and chunks == 0 and compile_loss:
         say("  compile: the loss stays eager under loss parallelism (torch 2.13 computes it wrongly when compiled)")
     pipeline = build_pipeline(cfg, plan, plain_model, parts, mesh, device, loss_fn) if plan.pipeline else None
     param_dtype = DTYPES[cfg.training.mixed_precision_param] if device.type == "cuda" else torch.float32

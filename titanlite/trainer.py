@@ -233,7 +233,7 @@ class Trainer:
             with self.gradient_sync(model, last=i == len(micro_batches) - 1):
                 with self.autocast():
                     output = model(inputs)  # logits, or hidden states for the chunked loss (titanlite/loss.py)
-                with self.loss_context():
+                with self.autocast(), self.loss_context():  # the chunked loss's projection autocasts too
                     # Every window has exactly seq_len targets, so each micro-batch's token mean divided
                     # by the micro-batch count, then averaged over dp ranks (DDP/FSDP reduce by mean), is
                     # the mean over all target tokens of the global batch.

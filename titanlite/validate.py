@@ -95,7 +95,7 @@ class Validator:
         padding only, whose mean is 0/0, counts nothing)."""
         with self.autocast():
             output = self.model_parts[0](inputs)
-        with self.loss_context():
+        with self.autocast(), self.loss_context():
             mean = local_value(self.loss_fn(output, labels)).double()
         count = (labels != IGNORE).sum().double()
         return torch.stack([torch.where(count > 0, mean * count, 0.0), count])

@@ -1,6 +1,7 @@
 """A run survives the cluster: a killed worker is restarted and resumes exactly, two launchers act as
-two nodes, a SIGTERM leaves a checkpoint to resume from, and a NaN stops the run with the last good
-checkpoint intact. Real torchrun jobs on CPU; TITANLITE_FAULT injects the faults."""
+two nodes, a SIGTERM leaves a checkpoint to resume from, a NaN stops the run before its step is saved
+(the last good checkpoint resumes it exactly), and with training.skip_nonfinite_steps a NaN step changes
+no weight or optimizer state, on every layout. Real torchrun jobs on CPU; TITANLITE_FAULT injects the faults."""
 
 import signal
 import socket
@@ -8,6 +9,8 @@ import subprocess
 import time
 
 import pytest
+import torch
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from tests.helpers import REPO, TINY, VALIDATED, assert_matches, env, metrics, run_train_sh
 
@@ -84,22 +87,101 @@ def test_sigterm_leaves_a_checkpoint_at_the_current_step_and_a_restart_continues
     assert [r["step"] for r in metrics(tmp_path)] == list(range(1, step + 3))
 
 
-def test_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path):
+# Checkpoints every step but logs every other one, so that at the NaN step 3 only the checkpoint makes the
+# host read the loss: the read that must stop the run before that checkpoint is written.
+SIX = [*TINY, "--training.steps", "6", "--training.local_batch_size", "4", "--metrics.log_freq", "2",
+       "--checkpoint.enable", "--checkpoint.interval", "1"]
+
+
+@pytest.fixture(scope="module")
+def clean_six(tmp_path_factory):
+    """The run folder of SIX on FSDP x 2, with no fault."""
+    run_dir = tmp_path_factory.mktemp("clean_six")
+    proc = launch(SIX, run_dir, ngpu=2)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return run_dir
+
+
+def test_nan_loss_stops_before_saving_it_and_a_resume_reproduces_the_clean_run(tmp_path, clean_six):
     from titanlite.checkpoint import verify
 
-    args = [*TINY, "--training.steps", "10", "--training.local_batch_size", "4", "--checkpoint.enable", "--checkpoint.interval", "2"]
-    proc = launch(args, tmp_path, ngpu=2, TITANLITE_FAULT="nan@5")
+    proc = launch(SIX, tmp_path, ngpu=2, TITANLITE_FAULT="nan@3")
     assert proc.returncode == 3, proc.stderr[-3000:]  # the workers' status, through the launcher
     last = proc.stderr.strip().splitlines()[-1]  # the launcher's last word is a worker's own line
-    assert last.startswith("titanlite: error: rank ") and "at step 5 is not finite" in last, last
-    assert sorted(p.name for p in (tmp_path / "run").glob("step-*")) == ["step-2", "step-4"]
-    assert verify(tmp_path / "run" / "step-4") is None
-    assert metrics(tmp_path)[-1]["step"] == 4
+    assert last.startswith("titanlite: error: rank ") and "at step 3 is not finite" in last, last
+    # A checkpoint is due every step, but none of the NaN step is written, not even a .tmp folder.
+    run = tmp_path / "run"
+    assert sorted(p.name for p in run.glob("step-*")) == ["step-1", "step-2"], proc.stdout[-3000:]
+    assert verify(run / "step-2") is None
+    assert [r["step"] for r in metrics(tmp_path)] == [2]
+    resumed = launch(SIX, tmp_path, ngpu=2)  # the same command, no fault: resumes from the newest checkpoint
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resumed from {run / 'step-2'} at step 2" in resumed.stdout, resumed.stdout[-3000:]
+    records, clean = metrics(tmp_path), metrics(clean_six)
+    assert [r["step"] for r in records] == [r["step"] for r in clean] == [2, 4, 6]
+    assert [r["loss"] for r in records] == [r["loss"] for r in clean]  # bitwise
+    # Every step from 3 on, not only the logged ones: its weights and optimizer state are the clean run's, bitwise.
+    scratch = tmp_path / "converted"
+    scratch.mkdir()
+    for step in range(3, 7):
+        ours = checkpoint_tensors(run / f"step-{step}", scratch / "resumed")
+        theirs = checkpoint_tensors(clean_six / "run" / f"step-{step}", scratch / "clean")
+        assert ours.keys() == theirs.keys()
+        differ = [k for k in ours if not torch_equal(ours[k], theirs[k])]
+        assert not differ, f"step {step}: {len(differ)} of {len(ours)} tensors differ from the clean run's: {differ[:10]}"
 
 
-def test_skip_nonfinite_steps_goes_on(tmp_path):
-    args = [*TINY, "--training.steps", "6", "--training.local_batch_size", "4", "--training.skip_nonfinite_steps"]
-    proc = launch(args, tmp_path, ngpu=2, TITANLITE_FAULT="nan@3")
+def checkpoint_tensors(path, scratch) -> dict:
+    """The model and optimizer tensors of a DCP checkpoint folder, by flattened name (full tensors, whatever
+    the layout that saved them)."""
+    scratch.mkdir(parents=True, exist_ok=True)
+    out = scratch / f"{path.name}.pt"
+    dcp_to_torch_save(str(path), str(out))
+    flat = {}
+
+    def walk(prefix, value):
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(f"{prefix}.{k}" if prefix else str(k), v)
+        elif isinstance(value, torch.Tensor):
+            flat[prefix] = value
+
+    state = torch.load(out, weights_only=False)
+    walk("", {k: v for k, v in state.items() if k in ("model", "optimizer")})  # not lr_scheduler, train_state, ...
+    return flat
+
+
+SKIP_LAYOUTS = [
+    pytest.param(1, [], id="single"),
+    pytest.param(2, [], id="fsdp2"),
+    pytest.param(2, ["--parallelism.tensor_parallel_degree", "2"], id="tp2", marks=pytest.mark.slow),
+    pytest.param(2, ["--parallelism.pipeline_parallel_degree", "2", "--parallelism.pipeline_parallel_schedule", "1F1B"],
+                 id="pp2_1f1b", marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.parametrize("ngpu, layout", SKIP_LAYOUTS)
+def test_skip_nonfinite_steps_leaves_the_model_and_optimizer_untouched(tmp_path, ngpu, layout):
+    args = [*TINY, "--training.local_batch_size", "4", "--training.skip_nonfinite_steps",
+            "--checkpoint.enable", "--checkpoint.interval", "1", *layout]
+    proc = launch(args, tmp_path, ngpu=ngpu, TITANLITE_FAULT="nan@3")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "step 3: loss nan" in proc.stdout and "skipping its update" in proc.stdout
-    assert [r["step"] for r in metrics(tmp_path)] == [1, 2, 3, 4, 5, 6]
+    assert "step 3: loss nan" in proc.stdout and "its update was skipped" in proc.stdout, proc.stdout[-3000:]
+    records = metrics(tmp_path)
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 5]
+    assert [r["skipped_steps"] for r in records if "skipped_steps" in r] == [[3]]
+    run, scratch = tmp_path / "run", tmp_path / "converted"
+    scratch.mkdir()
+    step2, step3, step4 = (checkpoint_tensors(run / f"step-{s}", scratch) for s in (2, 3, 4))
+    assert any(k.startswith("model.") for k in step2) and any(k.startswith("optimizer.state.") for k in step2), sorted(step2)
+    assert step3.keys() == step2.keys() == step4.keys()
+    # The bad step changed nothing but the LR schedule: weights, Adam moments and step counts as at step 2.
+    changed = [k for k in step2 if not torch_equal(step3[k], step2[k])]
+    assert not changed, f"the skipped step 3 changed {len(changed)} of {len(step2)} tensors: {changed[:10]}"
+    # The next step updates again.
+    unchanged = [k for k in step3 if torch_equal(step4[k], step3[k])]
+    assert not unchanged, f"step 4 left {len(unchanged)} of {len(step3)} tensors as at step 3: {unchanged[:10]}"
+
+
+def torch_equal(a, b) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)

@@ -12,7 +12,7 @@ import torch.nn as nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from titanlite.config import ActivationCheckpoint, Compile, Float8, Parallelism, Training
-from titanlite.loss import defer_output_projection
+from titanlite.loss import chunk_tokens, defer_output_projection
 from titanlite.models.registry import param_seed
 from titanlite.parallel.activation_checkpoint import apply_ac
 from titanlite.parallel.compile import apply_compile
@@ -37,7 +37,7 @@ def parallelize(
     ac: ActivationCheckpoint, compile_cfg: Compile, float8: Float8,
 ) -> nn.Module:
     """Apply the parallelisms to a model still on the meta device; returns the (possibly wrapped) model."""
-    if training.loss_chunk_tokens > 0:
+    if chunk_tokens(training, compile_cfg, loss_parallel_enabled(dims, parallelism)) > 0:
         defer_output_projection(model)  # the chunked loss applies the output projection (titanlite/loss.py)
     apply_float8(model, float8, fsdp=dims.fsdp_enabled, tp=dims.tp)
     if dims.tp_enabled:
