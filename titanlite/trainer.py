@@ -36,8 +36,11 @@ class StepRecords:
     def __init__(self):
         self.pending: list[tuple[int, torch.Tensor]] = []
 
-    def add(self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor) -> None:
-        self.pending.append((step, torch.stack([loss.detach().float(), grad_norm.detach().float()])))
+    def add(self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor) -> torch.Tensor:
+        """Keep the step's pair on the loss's device (under CPU offload the norm is computed on the host)."""
+        pair = torch.stack([loss.detach().float(), grad_norm.detach().float().to(loss.device, non_blocking=True)])
+        self.pending.append((step, pair))
+        return pair
 
     def read(self) -> list[tuple[int, float, float]]:
         """(step, loss, grad norm) of every step since the last read: the one place the host waits."""
@@ -212,11 +215,10 @@ class Trainer:
         grad_norm = clip_grad_norm_(
             self.params, self.max_norm, norm_params=self.norm_params, pp_group=self.pipeline and self.pipeline.group
         )
-        self.records.add(self.step + 1, loss, grad_norm)
+        pair = self.records.add(self.step + 1, loss, grad_norm)
         if self.resilience.skip_nonfinite_steps:
             # Both values are global (identical on every rank), so every rank skips the same steps.
-            finite = torch.isfinite(loss) & torch.isfinite(grad_norm)
-            self.optimizer.skip_update_if(~finite)
+            self.optimizer.skip_update_if(~torch.isfinite(pair).all())
         self.optimizer.step()
         if self.after_optimizer_step is not None:
             self.after_optimizer_step()

@@ -77,7 +77,9 @@ def materialize(model: nn.Module, device: torch.device, seed: int, cpu_offload: 
             if buffer is not None:
                 module._buffers[key] = buffer.to(device)
     model.init_buffers()
-    init_weights(model, seed)
+    # Drawn on the compute device even when the shards live in host memory: a CPU generator draws other
+    # numbers than a CUDA one from the same seed, and offload must start from the same weights.
+    init_weights(model, seed, device)
 
 
 def canonical_name(name: str) -> str:
@@ -89,7 +91,7 @@ def canonical_name(name: str) -> str:
 
 
 @torch.no_grad()
-def init_weights(model: nn.Module, seed: int) -> None:
+def init_weights(model: nn.Module, seed: int, device: torch.device | None = None) -> None:
     """Fill every parameter so the full weights do not depend on the layout.
 
     Each full parameter is generated from its own generator, seeded by the run seed and the parameter's
@@ -98,15 +100,16 @@ def init_weights(model: nn.Module, seed: int) -> None:
     """
     for wrapped_name, param in model.named_parameters():
         name = canonical_name(wrapped_name)
-        full = torch.empty(param.shape, dtype=torch.float32, device=param.device)
+        where = device if device is not None else param.device
+        full = torch.empty(param.shape, dtype=torch.float32, device=where)
         # A pipeline's last stage holds its own copy of a tied embedding as output.weight: seed it as the
         # embedding so both copies start equal.
         tied_copy = name == "output.weight" and model.args.tie_embeddings
-        generator = torch.Generator(device=param.device).manual_seed(param_seed(seed, "tok_embeddings.weight" if tied_copy else name))
+        generator = torch.Generator(device=where).manual_seed(param_seed(seed, "tok_embeddings.weight" if tied_copy else name))
         model.init_param(name, full, generator)
         if isinstance(param, DTensor):
             # src_data_rank=None: every rank holds the same full tensor and slices it locally, no communication.
             local = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None).to_local()
-            param.to_local().copy_(local)
+            param.to_local().copy_(local)  # across devices under offload
         else:
             param.copy_(full)
