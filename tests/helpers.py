@@ -89,3 +89,26 @@ def assert_close(actual: list[float], expected: list[float], rtol: float) -> Non
     assert len(actual) == len(expected), (actual, expected)
     for step, (a, e) in enumerate(zip(actual, expected), start=1):
         assert abs(a - e) <= rtol * abs(e), f"step {step}: {a} vs {e} (relative {abs(a - e) / abs(e):.2e} > {rtol})"
+
+
+def checkpoint_tensors(path, scratch) -> dict:
+    """The model and optimizer tensors of a DCP checkpoint folder, by flattened name (full tensors, whatever
+    the layout that saved them)."""
+    scratch.mkdir(parents=True, exist_ok=True)
+    out = scratch / f"{path.name}.pt"
+    import torch
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    dcp_to_torch_save(str(path), str(out))
+    flat = {}
+
+    def walk(prefix, value):
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(f"{prefix}.{k}" if prefix else str(k), v)
+        elif isinstance(value, torch.Tensor):
+            flat[prefix] = value
+
+    state = torch.load(out, weights_only=False)
+    walk("", {k: v for k, v in state.items() if k in ("model", "optimizer")})  # not lr_scheduler, train_state, ...
+    return flat

@@ -10,9 +10,8 @@ import time
 
 import pytest
 import torch
-from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-from tests.helpers import REPO, TINY, VALIDATED, assert_matches, env, metrics, run_train_sh
+from tests.helpers import REPO, TINY, VALIDATED, assert_matches, checkpoint_tensors, env, metrics, run_train_sh
 
 pytestmark = pytest.mark.distributed
 
@@ -131,24 +130,6 @@ def test_nan_loss_stops_before_saving_it_and_a_resume_reproduces_the_clean_run(t
         assert not differ, f"step {step}: {len(differ)} of {len(ours)} tensors differ from the clean run's: {differ[:10]}"
 
 
-def checkpoint_tensors(path, scratch) -> dict:
-    """The model and optimizer tensors of a DCP checkpoint folder, by flattened name (full tensors, whatever
-    the layout that saved them)."""
-    scratch.mkdir(parents=True, exist_ok=True)
-    out = scratch / f"{path.name}.pt"
-    dcp_to_torch_save(str(path), str(out))
-    flat = {}
-
-    def walk(prefix, value):
-        if isinstance(value, dict):
-            for k, v in value.items():
-                walk(f"{prefix}.{k}" if prefix else str(k), v)
-        elif isinstance(value, torch.Tensor):
-            flat[prefix] = value
-
-    state = torch.load(out, weights_only=False)
-    walk("", {k: v for k, v in state.items() if k in ("model", "optimizer")})  # not lr_scheduler, train_state, ...
-    return flat
 
 
 SKIP_LAYOUTS = [
