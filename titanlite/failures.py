@@ -35,7 +35,7 @@ def explain(exc: BaseException) -> tuple[int, str, bool]:
     if isinstance(exc, ConfigError):
         return 2, str(exc), False
     if isinstance(exc, NonFiniteLoss):
-        return 3, (f"{exc}; stopping without updating the weights (the last checkpoint is intact; "
+        return 3, (f"{exc}; stopping before any checkpoint of it is saved (the newest checkpoint predates it; "
                    "resume with a lower optimizer.lr, or set training.skip_nonfinite_steps)"), False
     if isinstance(exc, torch.OutOfMemoryError):
         first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else "out of memory"

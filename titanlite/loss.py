@@ -175,6 +175,7 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
                     grad_weight = chunk_grad_weight.float()
                 else:
                     grad_weight += chunk_grad_weight
+                del grad, chunk_grad_weight  # before the next chunk's logits: one chunk's blocks at a time
         ctx.save_for_backward(grad_hidden, grad_weight, count)
         ctx.weight_dtype = weight.dtype
         return loss_sum / count

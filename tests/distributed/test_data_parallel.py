@@ -21,7 +21,7 @@ def test_zero3_via_run_train_sh_matches_single_device(tmp_path, reference):
 @pytest.mark.parametrize(
     "name, nproc, args",
     [
-        ("zero2", 4, ["--parallelism.fsdp_reshard_after_forward", "never"]),
+        pytest.param("zero2", 4, ["--parallelism.fsdp_reshard_after_forward", "never"], marks=pytest.mark.slow),
         ("ddp", 4, ["--parallelism.data_parallel_replicate_degree", "4", "--parallelism.data_parallel_shard_degree", "1"]),
         ("hsdp", 4, ["--parallelism.data_parallel_replicate_degree", "2", "--parallelism.data_parallel_shard_degree", "2"]),
     ],
@@ -36,7 +36,7 @@ def test_layout_matches_single_device(tmp_path, reference, name, nproc, args):
     "name, nproc, args",
     [
         ("single_process", 1, []),
-        ("zero3", 2, []),
+        pytest.param("zero3", 2, [], marks=pytest.mark.slow),
         ("ddp", 2, ["--parallelism.data_parallel_replicate_degree", "2", "--parallelism.data_parallel_shard_degree", "1"]),
     ],
 )

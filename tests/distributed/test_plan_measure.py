@@ -19,8 +19,9 @@ CASES = [
     pytest.param("zero2", 2, ["--training.local_batch_size", "4", "--parallelism.fsdp_reshard_after_forward", "never"],
                  marks=pytest.mark.slow),  # FSDP's estimate stays in the default suite through zero3_byte_ac_full
     ("zero3_byte_ac_full", 2, [*BYTE, "--training.local_batch_size", "4", "--activation_checkpoint.mode", "full"]),
-    ("tp2", 2, ["--parallelism.tensor_parallel_degree", "2"]),
-    ("pp2", 2, ["--parallelism.pipeline_parallel_degree", "2", "--parallelism.pipeline_parallel_microbatch_size", "2"]),
+    pytest.param("tp2", 2, ["--parallelism.tensor_parallel_degree", "2"], marks=pytest.mark.slow),
+    pytest.param("pp2", 2, ["--parallelism.pipeline_parallel_degree", "2", "--parallelism.pipeline_parallel_microbatch_size", "2"],
+                 marks=pytest.mark.slow),
     pytest.param("zero3", 2, ["--training.local_batch_size", "4"], marks=pytest.mark.slow),
     pytest.param("zero3_byte", 2, [*BYTE, "--training.local_batch_size", "4"], marks=pytest.mark.slow),
     pytest.param("tp2_ac_full", 2, ["--parallelism.tensor_parallel_degree", "2", "--activation_checkpoint.mode", "full"],
@@ -58,3 +59,26 @@ def test_a_failed_measurement_says_why_with_the_workers_status(tmp_path):
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("titanlite: error: plan --measure: the measured run failed: rank 0: out of device memory "
                            "(fault injection: out of memory after step 1 (simulated)) at titanlite/resilience.py:"), last
+
+
+@pytest.mark.slow
+def test_chunked_loss_lowers_the_measured_peak(tmp_path):
+    # The debug model at seq 1024, batch 4: the full logits are [4096, 50304] float32 (786 MiB), beside
+    # ~80 MiB of other activations. Chunked (4096 tokens, one chunk) saves none of them for backward.
+    long = ["--config", "train_configs/debug_model.toml", "--training.seq_len", "1024", "--training.local_batch_size", "4"]
+    results = {}
+    for chunk in ("0", "-1"):
+        out = tmp_path / f"plan-{chunk}.json"
+        cmd = [sys.executable, "-m", "titanlite.cli", "plan", "--ngpu", "1", "--measure", *long,
+               "--training.loss_chunk_tokens", chunk]
+        proc = subprocess.run(cmd, cwd=REPO, env=env(TITANLITE_PLAN_JSON=str(out)), capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+        results[chunk] = result = json.loads(out.read_text())
+        ratio = result["estimate_peak"] / result["measured_peak"]
+        print(f"loss_chunk_tokens {chunk}: estimated {result['estimate_peak'] / 2**20:.1f} MiB, "
+              f"measured {result['measured_peak'] / 2**20:.1f} MiB")
+        assert abs(ratio - 1) <= 0.15, f"loss_chunk_tokens {chunk}: estimate/measured = {ratio:.3f}"
+    assert results["0"]["loss_chunk_tokens"] == 0
+    assert results["-1"]["loss_chunk_tokens"] == 4096
+    full, chunked = results["0"]["measured_peak"], results["-1"]["measured_peak"]
+    assert chunked < full - 600 * 2**20, (full / 2**20, chunked / 2**20)  # about one [4096, vocab] float32 block

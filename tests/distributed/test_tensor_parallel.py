@@ -10,15 +10,22 @@ pytestmark = pytest.mark.distributed
 TP2 = ["--parallelism.tensor_parallel_degree", "2"]
 
 
-@pytest.mark.parametrize("model", ["gpt2", "llama3"])
-@pytest.mark.parametrize(
-    "name, nproc, args",
-    [
-        ("tp2_loss_parallel", 2, ["--training.local_batch_size", "8"]),
-        ("tp2_gathered_logits", 2, ["--training.local_batch_size", "8", "--parallelism.disable_loss_parallel"]),
-        ("fsdp2_x_tp2", 4, ["--training.local_batch_size", "4"]),
-    ],
-)
+SLOW = pytest.mark.slow
+# In the default suite: TP x 2 for both models and FSDP 2 x TP 2 for GPT-2. With the chunked loss (the CPU
+# default) TP x 2 with disable_loss_parallel runs the same vocabulary-parallel loss, so it is slow (CI).
+CASES = [
+    ("tp2_loss_parallel", 2, ["--training.local_batch_size", "8"], "gpt2"),
+    ("tp2_loss_parallel", 2, ["--training.local_batch_size", "8"], "llama3"),
+    pytest.param("tp2_gathered_logits", 2, ["--training.local_batch_size", "8", "--parallelism.disable_loss_parallel"],
+                 "gpt2", marks=SLOW),
+    pytest.param("tp2_gathered_logits", 2, ["--training.local_batch_size", "8", "--parallelism.disable_loss_parallel"],
+                 "llama3", marks=SLOW),
+    ("fsdp2_x_tp2", 4, ["--training.local_batch_size", "4"], "gpt2"),
+    pytest.param("fsdp2_x_tp2", 4, ["--training.local_batch_size", "4"], "llama3", marks=SLOW),
+]
+
+
+@pytest.mark.parametrize("name, nproc, args, model", CASES)
 def test_tensor_parallel_matches_single_device(tmp_path, reference, model, name, nproc, args):
     proc = torchrun(nproc, ["--config", CONFIGS[model], *VALIDATED, *TP2, *args], tmp_path)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
