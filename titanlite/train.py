@@ -339,7 +339,9 @@ def build_setup(cfg: JobConfig, plan: Plan, mesh, device: torch.device, vocab_si
     compile_loss = cfg.compile.enable and "loss" in cfg.compile.components
     chunks = chunk_tokens(cfg.training, cfg.compile, loss_parallel)
     loss_fn = compiled_loss(build_loss(parts, chunks, compile_loss, cfg.compile.backend), cfg.compile, loss_parallel)
-    if loss_fn is cross_entropy and chunks == 0 and compile_loss:
+    if chunks:
+        say(f"  loss: cross-entropy in chunks of {chunks} tokens, no full logits (training.loss_chunk_tokens)")
+    elif loss_fn is cross_entropy and compile_loss:
         say("  compile: the loss stays eager under loss parallelism (torch 2.13 computes it wrongly when compiled)")
     pipeline = build_pipeline(cfg, plan, plain_model, parts, mesh, device, loss_fn) if plan.pipeline else None
     param_dtype = DTYPES[cfg.training.mixed_precision_param] if device.type == "cuda" else torch.float32

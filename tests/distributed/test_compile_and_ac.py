@@ -53,19 +53,23 @@ def test_activation_checkpointing_is_bitwise_identical(tmp_path, plain, layout, 
     assert [r["grad_norm"] for r in records] == [r["grad_norm"] for r in expected]
 
 
-@pytest.mark.parametrize("layout", [
-    "single",
-    pytest.param("fsdp2", marks=pytest.mark.slow),
-    pytest.param("tp2", marks=pytest.mark.slow),
-    pytest.param("pp2", marks=pytest.mark.slow),
+@pytest.mark.parametrize("layout, chunks", [
+    ("single", "-1"),
+    pytest.param("single", "48", marks=pytest.mark.slow),  # the chunked loss with its compiled chunk kernel
+    pytest.param("fsdp2", "-1", marks=pytest.mark.slow),
+    pytest.param("tp2", "-1", marks=pytest.mark.slow),
+    pytest.param("pp2", "-1", marks=pytest.mark.slow),
 ])
-def test_compile_matches_eager(tmp_path, plain, layout):
+def test_compile_matches_eager(tmp_path, plain, layout, chunks):
     # inductor on CPU; the first compile takes ~20-30 s, later ones reuse TORCHINDUCTOR_CACHE_DIR.
     # With full AC too, except under TP, where torch 2.13 cannot compile checkpointed DTensor blocks.
+    # The eager reference uses the chunked loss (auto, compile off); compiled, auto picks the fused plain
+    # loss except under TP (loss parallelism), where the loss is chunked.
     nproc, args = LAYOUTS[layout]
     ac = [] if layout == "tp2" else ["--activation_checkpoint.mode", "full"]
-    proc = torchrun(nproc, [*TINY, *args, "--compile.enable", *ac], tmp_path, timeout=600)
+    proc = torchrun(nproc, [*TINY, *args, "--compile.enable", *ac, "--training.loss_chunk_tokens", chunks], tmp_path,
+                    timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    if layout == "tp2":
-        assert "the loss stays eager under loss parallelism" in proc.stdout
+    chunked = "loss: cross-entropy in chunks of" in proc.stdout
+    assert chunked == (layout == "tp2" or chunks != "-1"), proc.stdout[-2000:]
     assert_close([r["loss"] for r in metrics(tmp_path)], [r["loss"] for r in plain(layout)], 1e-4)
