@@ -326,6 +326,7 @@ class Setup:
     pipeline: object  # trainer.Pipeline or None
     param_dtype: torch.dtype
     autocast: object
+    loss_line: str  # which loss runs, for the log
 
 
 def build_setup(cfg: JobConfig, plan: Plan, mesh, device: torch.device, vocab_size: int, say) -> Setup:
@@ -340,13 +341,15 @@ def build_setup(cfg: JobConfig, plan: Plan, mesh, device: torch.device, vocab_si
     chunks = chunk_tokens(cfg.training, cfg.compile, loss_parallel)
     loss_fn = compiled_loss(build_loss(parts, chunks, compile_loss, cfg.compile.backend), cfg.compile, loss_parallel)
     if chunks:
-        say(f"  loss: cross-entropy in chunks of {chunks} tokens, no full logits (training.loss_chunk_tokens)")
+        loss_line = f"  loss: cross-entropy in chunks of {chunks} tokens, no full logits (training.loss_chunk_tokens)"
     elif loss_fn is cross_entropy and compile_loss:
-        say("  compile: the loss stays eager under loss parallelism (torch 2.13 computes it wrongly when compiled)")
+        loss_line = "  compile: the loss stays eager under loss parallelism (torch 2.13 computes it wrongly when compiled)"
+    else:
+        loss_line = "  loss: cross-entropy on the whole logits" + (" (compiled)" if compile_loss else "")
     pipeline = build_pipeline(cfg, plan, plain_model, parts, mesh, device, loss_fn) if plan.pipeline else None
     param_dtype = DTYPES[cfg.training.mixed_precision_param] if device.type == "cuda" else torch.float32
     return Setup(mesh, device, plain_model, parts, loss_parallel, loss_fn, pipeline, param_dtype,
-                 autocast_for(device, parts[0], param_dtype))
+                 autocast_for(device, parts[0], param_dtype), loss_line)
 
 
 def build_validator(cfg: JobConfig, plan: Plan, setup: Setup, windows):
@@ -447,6 +450,7 @@ def build_trainer(cfg: JobConfig, plan: Plan, device: torch.device, rank: int, w
     )
     for line in corpus.describe(plan.global_batch_size * cfg.training.steps):
         say(f"  data: {line}")
+    say(setup.loss_line)
     if validator is not None:
         say(f"  {describe_validation(cfg, len(validator.windows), plan.dims.dp)}")
     peak = device_peak_tflops(device, cfg.metrics.peak_tflops)
