@@ -8,7 +8,7 @@ from titanlite.config import ActivationCheckpoint
 from titanlite.models.registry import build_model
 from titanlite.parallel.activation_checkpoint import apply_ac
 from titanlite.parallel.parallelize import init_weights
-from titanlite.trainer import cross_entropy
+from titanlite.loss import cross_entropy
 
 
 def peak_activation_bytes(mode: str, seq_len: int = 512) -> int:

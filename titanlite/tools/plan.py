@@ -280,7 +280,7 @@ def measure_saved_tensors(model, facts: ModelFacts, seq_len: int) -> None:
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from titanlite.parallel.activation_checkpoint import _SAVE_OPS
-    from titanlite.trainer import cross_entropy
+    from titanlite.loss import cross_entropy
 
     params = {p.untyped_storage()._cdata for p in model.parameters()}
     produced_by: dict[int, object] = {}
