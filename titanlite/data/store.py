@@ -276,23 +276,33 @@ def _results(todo: list[tuple], workers: int) -> Iterator[Iterator[dict]]:
 def tokenize_piece(task: tuple) -> dict:
     """Tokenise one piece into its shard file; runs in a worker process."""
     folder, key, spans, tokenizer, dtype = task
-    return _write_shard(folder, key, read_batches(spans), tokenizer, dtype, sum(s.nbytes for s in spans))
+    return _write_shard(folder, key, read_batches(spans), tokenizer, dtype, sum(s.nbytes for s in spans),
+                        starts_document=not _continues_document(spans[0]))
+
+
+def _continues_document(span: Span) -> bool:
+    """Whether `span` carries on a document begun in an earlier piece: only a .txt file is cut inside a
+    document (plan_pieces ends a piece at each such cut, so it is always the next piece's first span);
+    .jsonl, .parquet and stdlib spans hold whole documents."""
+    return span.kind == "txt" and span.start > 0
 
 
 def _write_shard(folder: Path, key: str, batches: Iterator[list[tuple[str, bool]]], tokenizer: Tokenizer,
-                 dtype: str, nbytes: int) -> dict:
+                 dtype: str, nbytes: int, starts_document: bool = True) -> dict:
     """Encode batches of (text, ends_document) into folder/<key>.bin; each document is followed by the
-    end-of-text id. The file appears under its name only once complete."""
+    end-of-text id (and preceded by the tokenizer's BOS id, if any). `starts_document`: whether the first
+    text begins a document. The file appears under its name only once complete."""
     name = f"{key[:24]}.bin"
     tokens = documents = 0
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=f"{name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as out:
             for batch in batches:
-                ids = encode_documents(tokenizer, batch, dtype)
+                ids = encode_documents(tokenizer, batch, dtype, starts_document)
                 out.write(ids.tobytes())
                 tokens += len(ids)
                 documents += sum(ends for _, ends in batch)
+                starts_document = batch[-1][1]
             out.flush()
             os.fsync(out.fileno())
         os.replace(tmp, folder / name)
@@ -303,13 +313,32 @@ def _write_shard(folder: Path, key: str, batches: Iterator[list[tuple[str, bool]
     return {"key": key, "file": name, "tokens": tokens, "documents": documents, "bytes": nbytes}
 
 
-def encode_documents(tokenizer: Tokenizer, batch: list[tuple[str, bool]], dtype: str) -> np.ndarray:
-    """Ids of the batch's texts, the end-of-text id after each one that ends a document. The texts come as
-    arrays (Tokenizer.encode_batch_arrays), not lists of Python ints, which cost as much as the encoding."""
+def encode_documents(tokenizer: Tokenizer, batch: list[tuple[str, bool]], dtype: str,
+                     starts_document: bool = True) -> np.ndarray:
+    """Ids of the batch's texts, the end-of-text id after each one that ends a document and, for a tokenizer
+    with a BOS id, that id before each one that begins a document: the first text when `starts_document`
+    (False: it continues a document from the previous batch or piece), and every text after one that ends a
+    document. The texts come as arrays (Tokenizer.encode_batch_arrays), not lists of Python ints, which
+    cost as much as the encoding."""
     eot = np.array([tokenizer.eot_id], dtype=np.uint32)
     encoded = tokenizer.encode_batch_arrays([text for text, _ in batch])
-    parts = [part for ids, (_, ends) in zip(encoded, batch) for part in ((ids, eot) if ends else (ids,))]
+    if tokenizer.bos_id is None:
+        parts = [part for ids, (_, ends) in zip(encoded, batch) for part in ((ids, eot) if ends else (ids,))]
+    else:
+        parts = _with_bos(encoded, batch, np.array([tokenizer.bos_id], dtype=np.uint32), eot, starts_document)
     return np.concatenate(parts).astype(dtype, copy=False) if parts else np.empty(0, dtype=dtype)
+
+
+def _with_bos(encoded: list[np.ndarray], batch: list[tuple[str, bool]], bos: np.ndarray, eot: np.ndarray,
+              starts: bool) -> list[np.ndarray]:
+    """[bos] + ids + [eot] per document, a document cut into several texts getting its BOS only once."""
+    parts = []
+    for ids, (_, ends) in zip(encoded, batch):
+        parts += [bos, ids] if starts else [ids]
+        if ends:
+            parts.append(eot)
+        starts = ends
+    return parts
 
 
 def _build_hub(folder: Path, name: str, tokenizer: Tokenizer, dtype: str, done: dict[str, dict], say) -> list[dict]:
