@@ -77,8 +77,9 @@ class Checkpointer:
     position, step and token count, and the RNG state."""
 
     def __init__(self, cfg: CheckpointConfig, run_dir: Path, model_parts: list[nn.Module], optimizers, lr_schedulers,
-                 loader, *, tied_copy_parts: set[int], final_step: int, say=print):
+                 loader, *, tied_copy_parts: set[int], final_step: int, initial_load_path: str = "", say=print):
         self.cfg, self.run_dir = cfg, run_dir
+        self.initial_load_path = initial_load_path or cfg.initial_load_path
         self.model_parts, self.optimizers, self.lr_schedulers, self.loader = model_parts, optimizers, lr_schedulers, loader
         self.tied_copy_parts = tied_copy_parts  # indices of parts holding a tied embedding's copy (PP last stage)
         self.final_step = final_step
@@ -216,8 +217,8 @@ class Checkpointer:
             path = self.pick_checkpoint()
             if path is not None:
                 return self.load_dcp(path, train_state)
-        if self.cfg.initial_load_path:
-            self.load_initial(Path(self.cfg.initial_load_path))
+        if self.initial_load_path:
+            self.load_initial(Path(self.initial_load_path))
         return False
 
     def pick_checkpoint(self) -> Path | None:
@@ -310,10 +311,18 @@ def checkpoint_to_load(cfg, purpose: str) -> Path:
     path = pick_checkpoint(run_dir, cfg.checkpoint.load_step)
     if path is not None:
         return path
-    if cfg.checkpoint.initial_load_path:
-        return Path(cfg.checkpoint.initial_load_path)
+    if initial_weights_path(cfg):
+        return Path(initial_weights_path(cfg))
     raise ConfigError(f"no checkpoint to {purpose} in {run_dir}; train there with checkpoint.enable, or set "
                       "checkpoint.initial_load_path to a DCP checkpoint or Hugging Face folder")
+
+
+def initial_weights_path(cfg) -> str:
+    """Where a run with no checkpoint of its own starts: checkpoint.initial_load_path, else, with
+    model.flavor = "hf", the Hugging Face folder model.hf_assets_path; "" for freshly initialised weights."""
+    if cfg.checkpoint.initial_load_path:
+        return cfg.checkpoint.initial_load_path
+    return cfg.model.hf_assets_path if cfg.model.flavor == "hf" else ""
 
 
 def save_model_only(run_dir: Path, step: int, model_state: dict) -> Path:

@@ -24,7 +24,8 @@ commands:
   seed-checkpoint           write step-0/ (initial weights, model only) to the run folder, in one process
   convert to-hf --output DIR
                             export the run's newest checkpoint (or checkpoint.load_step) as a Hugging
-                            Face folder (config.json + model.safetensors, in checkpoint.export_dtype)
+                            Face folder (config.json, safetensors in checkpoint.export_dtype, tokenizer files,
+                            generation_config.json) that transformers loads offline
   generate --prompt TEXT [--max-new-tokens N --temperature T --top-k K --seed S --output F.json]
                             continue TEXT with the run's newest checkpoint (or checkpoint.load_step, else
                             checkpoint.initial_load_path) on one device: greedy at temperature 0, with a KV cache
@@ -64,10 +65,10 @@ def _take_option(argv: list[str], name: str) -> tuple[str | None, list[str]]:
 def _plain_model(cfg):
     """The configured model, whole, on the CPU of this one process."""
     from titanlite.data.tokenizer import build_tokenizer
-    from titanlite.models.registry import build_model
+    from titanlite.models.registry import configured_model
 
     m = cfg.model
-    return build_model(m.name, m.flavor, build_tokenizer(m.tokenizer).vocab_size, cfg.training.seq_len, m.n_layers)
+    return configured_model(m, build_tokenizer(m.tokenizer, m.hf_assets_path).vocab_size, cfg.training.seq_len)
 
 
 def seed_checkpoint(argv: list[str]) -> int:
@@ -92,6 +93,7 @@ def convert(argv: list[str]) -> int:
 
     from titanlite.checkpoint import load_model_only, pick_checkpoint
     from titanlite.config import parse_config
+    from titanlite.data.tokenizer import build_tokenizer
     from titanlite.hf import save_hf
 
     if not argv or argv[0] != "to-hf":
@@ -106,8 +108,12 @@ def convert(argv: list[str]) -> int:
         raise ConfigError(f"no complete checkpoint in {run_dir}; train with checkpoint.enable first")
     model = _plain_model(cfg)
     load_model_only(path, model)
-    save_hf(output, model.args, model.state_dict(), dtype=getattr(torch, cfg.checkpoint.export_dtype))
-    print(f"titanlite: exported {path} to {output} ({cfg.checkpoint.export_dtype})")
+    m = cfg.model
+    tokenizer = build_tokenizer(m.tokenizer, m.hf_assets_path)
+    save_hf(output, model.args, model.state_dict(), dtype=getattr(torch, cfg.checkpoint.export_dtype),
+            tokenizer=tokenizer, max_shard_bytes=int(cfg.checkpoint.export_max_shard_gb * 2**30))
+    print(f"titanlite: exported {path} to {output} ({cfg.checkpoint.export_dtype}, tokenizer {m.tokenizer}); "
+          "AutoModelForCausalLM and AutoTokenizer load it offline")
     return 0
 
 

@@ -41,9 +41,16 @@ class Model:
     name: Literal["gpt2", "llama3"] = "gpt2"
     """Model family."""
     flavor: str = "debug"
-    """Size within the family: gpt2 {debug, 124M, 355M, 774M, 1.5B}; llama3 {debug, 1B, 3B, 8B, 70B}."""
-    tokenizer: Literal["gpt2", "byte"] = "gpt2"
-    """Tokenizer: the GPT-2 BPE (shipped, works offline) or raw UTF-8 bytes. Sets the vocabulary size."""
+    """Size within the family: gpt2 {debug, 124M, 355M, 774M, 1.5B}; llama3 {debug, 1B, 3B, 8B, 70B}; or
+    "hf": the family, shape and every field that changes the math from model.hf_assets_path's config.json,
+    its weights as the initial ones (when the run folder has no checkpoint), its tokenizer as the run's."""
+    tokenizer: Literal["gpt2", "byte", "hf"] = "gpt2"
+    """Tokenizer: "gpt2" (the GPT-2 BPE, shipped, works offline), "byte" (raw UTF-8 bytes) or "hf" (the
+    tokenizer.json of model.hf_assets_path, with its BOS/EOS ids around each document; the default with
+    flavor "hf" when the folder has one). Sets the vocabulary size of a named flavor."""
+    hf_assets_path: str = ""
+    """A Hugging Face model folder (config.json, model.safetensors or its sharded index, tokenizer.json), as
+    TorchTitan names it: read with flavor "hf" or tokenizer "hf". Nothing is downloaded."""
     n_layers: int = 0
     """Override the flavor's number of transformer layers (0 keeps the flavor's)."""
 
@@ -276,6 +283,9 @@ class Checkpoint:
     """Save only the model weights (in export_dtype) at the last step, for export or fine-tuning."""
     export_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Weight dtype of model_only checkpoints and Hugging Face exports."""
+    export_max_shard_gb: float = 5.0
+    """A Hugging Face export larger than this is split into model-0000i-of-0000n.safetensors files listed by
+    model.safetensors.index.json (as save_pretrained does)."""
     exclude_from_loading: list[str] = field(default_factory=list)
     """Parts of a checkpoint not to restore, e.g. ["optimizer", "lr_scheduler", "dataloader", "train_state"]."""
     initial_load_path: str = ""
@@ -479,17 +489,28 @@ def _is_number(s: str) -> bool:
 def parse_config(argv: list[str], default_config: str | None = DEFAULT_CONFIG) -> JobConfig:
     """Defaults < TOML file < command-line overrides; then validate the values on their own."""
     config_path, overrides = _split_overrides(argv)
+    chosen = config_path is not None
     config_path = config_path or default_config
     cfg = JobConfig()
+    # The keys a user set (their --config file's and the command line's; the default config's are defaults):
+    # with model.flavor = "hf" these must agree with the folder, the rest are taken from it.
+    explicit = set()
     if config_path:
         for section, table in load_toml(config_path).items():
             if not isinstance(table, dict):
                 raise _unknown_key_error(section, f"in {config_path}")
             for name, value in table.items():
                 _set(cfg, f"{section}.{name}", value, f"in {config_path}")
+                if chosen:
+                    explicit.add(f"{section}.{name}")
     for key, value in overrides:
         _set(cfg, key, value, "command line", from_cli=True)
+        explicit.add(key)
     validate_values(cfg)
+    if cfg.model.flavor == "hf":
+        from titanlite.hf import resolve_model_folder
+
+        resolve_model_folder(cfg.model, explicit)
     return cfg
 
 
@@ -530,6 +551,8 @@ def validate_values(cfg: JobConfig) -> None:
         "training.stop_after_step": t.stop_after_step,
         "checkpoint.keep_latest_k": cfg.checkpoint.keep_latest_k,
     }
+    if not cfg.checkpoint.export_max_shard_gb > 0:
+        raise ConfigError(f"checkpoint.export_max_shard_gb={cfg.checkpoint.export_max_shard_gb} must be positive")
     for key, value in non_negative.items():
         if value < 0:
             raise ConfigError(f"{key}={value} must not be negative")

@@ -120,8 +120,10 @@ def main(argv: list[str]) -> int:
     opts, rest = take_options(argv, OPTIONS, "generate")
     sampling = check_options(opts)
     cfg = parse_config(rest)
-    tokenizer = build_tokenizer(cfg.model.tokenizer)
-    prompt_ids = tokenizer.encode(opts["prompt"])
+    tokenizer = build_tokenizer(cfg.model.tokenizer, cfg.model.hf_assets_path)
+    # A tokenizer with a BOS id starts every training document with it (Llama 3, SmolLM): so does the prompt.
+    bos = [] if getattr(tokenizer, "bos_id", None) is None else [tokenizer.bos_id]
+    prompt_ids = bos + tokenizer.encode(opts["prompt"])
     eot_id = getattr(tokenizer, "eot_id", None)
     model, source = load_model(cfg, tokenizer.vocab_size)
     check_prompt_fits(len(prompt_ids), model.args.max_seq_len)

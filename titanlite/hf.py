@@ -1,8 +1,13 @@
 """Hugging Face interoperability: export a GPT-2 or Llama to a folder `transformers` loads, and import back.
-Weights move as plain state dicts (full tensors, not DTensor shards); only torch, json and safetensors needed."""
+
+A folder's config.json gives the model's shape and every field that changes its math (honoured, or refused
+with one line naming the field); its safetensors give the weights, read one tensor at a time, so a sharded
+layout never holds more than one full parameter; its tokenizer.json is the tokenizer (titanlite/data/tokenizer.py).
+Only torch, json and safetensors are needed (transformers only in the tests)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -10,11 +15,14 @@ import torch
 
 from titanlite.errors import ConfigError
 from titanlite.models.gpt2 import GPT2Args
-from titanlite.models.llama import LlamaArgs
+from titanlite.models.llama import Llama3RopeScaling, LlamaArgs
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
+GENERATION_CONFIG_FILE = "generation_config.json"
+# Our model family (model.name) of each supported config.json model_type.
+FAMILIES = {"gpt2": "gpt2", "llama": "llama3"}
 
 # Conv1D weights in HF's GPT-2 are stored [in, out], the transpose of nn.Linear's [out, in].
 _GPT2_TRANSPOSED = ("attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
@@ -34,21 +42,15 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def hf_config(args, dtype: torch.dtype = torch.float32) -> dict:
+def hf_config(args, dtype: torch.dtype = torch.float32, token_ids: dict | None = None) -> dict:
     """The config.json content that makes transformers build exactly this model.
 
-    vocab_size is our padded vocabulary (a multiple of 64, e.g. 50304 for GPT-2's 50257 tokens): the
-    exported embedding and output rows are the padded ones, and ids past the tokenizer's are never produced
-    by it. dtype is the dtype the weights are saved in."""
-    # The tokenizer is not known here: no special token ids rather than GPT2Config's/LlamaConfig's defaults
-    # (50256, 1/2), which may not even be in our vocabulary.
-    common = {
-        "vocab_size": args.vocab_size,
-        "tie_word_embeddings": args.tie_embeddings,
-        "bos_token_id": None,
-        "eos_token_id": None,
-        "pad_token_id": None,
-    }
+    vocab_size is the model's (for a named flavor, the tokenizer's padded to a multiple of 64, e.g. 50304
+    for GPT-2's 50257 tokens: ids past the tokenizer's are never produced by it). dtype is the dtype the
+    weights are saved in; token_ids the tokenizer's bos/eos ids (none rather than GPT2Config's/LlamaConfig's
+    defaults, which may not even be in our vocabulary)."""
+    ids = {"bos_token_id": None, "eos_token_id": None, **(token_ids or {})}
+    common = {"vocab_size": args.vocab_size, "tie_word_embeddings": args.tie_embeddings, **ids, "pad_token_id": None}
     # transformers >= 4.56 reads "dtype"; older versions read "torch_dtype".
     dtypes = {"dtype": _dtype_name(dtype), "torch_dtype": _dtype_name(dtype)}
     if _is_llama(args):
@@ -64,10 +66,10 @@ def hf_config(args, dtype: torch.dtype = torch.float32) -> dict:
             "hidden_act": "silu",
             "rms_norm_eps": args.norm_eps,
             "max_position_embeddings": args.max_seq_len,
-            # transformers 5 reads rope_parameters; 4.x reads the top-level rope_theta.
+            # transformers 5 reads rope_parameters; 4.x reads the top-level rope_theta and rope_scaling.
             "rope_theta": args.rope_theta,
-            "rope_parameters": {"rope_type": "default", "rope_theta": args.rope_theta},
-            "rope_scaling": None,
+            "rope_parameters": {"rope_theta": args.rope_theta, **_rope_scaling_to_hf(args.rope_scaling)},
+            "rope_scaling": _rope_scaling_to_hf(args.rope_scaling) if args.rope_scaling else None,
             "attention_bias": False,
             "mlp_bias": False,
             "attention_dropout": 0.0,
@@ -81,10 +83,10 @@ def hf_config(args, dtype: torch.dtype = torch.float32) -> dict:
         "n_embd": args.dim,
         "n_layer": args.n_layers,
         "n_head": args.n_heads,
-        "n_inner": 4 * args.dim,
+        "n_inner": args.ffn_dim,
         "n_positions": args.max_seq_len,
         "layer_norm_epsilon": args.norm_eps,
-        "activation_function": "gelu_new",  # the tanh approximation our FeedForward uses
+        "activation_function": _GPT2_ACTIVATION_TO_HF[args.activation],
         "attn_pdrop": 0.0,
         "embd_pdrop": 0.0,
         "resid_pdrop": 0.0,
@@ -95,6 +97,12 @@ def hf_config(args, dtype: torch.dtype = torch.float32) -> dict:
         **common,
         **dtypes,
     }
+
+
+def _rope_scaling_to_hf(scaling: Llama3RopeScaling | None) -> dict:
+    if scaling is None:
+        return {"rope_type": "default"}
+    return {"rope_type": "llama3", **dataclasses.asdict(scaling)}
 
 
 def _llama_names(args: LlamaArgs) -> dict[str, str]:
@@ -185,12 +193,42 @@ def to_hf(args, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-def _normalize_hf_keys(args, hf_state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Drop non-parameter buffers; give bare GPT2Model checkpoints (e.g. openai-community/gpt2) their prefix."""
-    sd = {k: v for k, v in hf_state_dict.items() if not k.endswith(_HF_BUFFER_SUFFIXES)}
-    if not _is_llama(args) and "transformer.wte.weight" not in sd and "wte.weight" in sd:
-        sd = {(k if k == "lm_head.weight" else "transformer." + k): v for k, v in sd.items()}
-    return sd
+def _hf_keys(args, keys) -> dict[str, str]:
+    """Our view of a folder's tensor names: non-parameter buffers dropped, and bare GPT2Model checkpoints
+    (e.g. openai-community/gpt2, saved without the "transformer." prefix) given it. Maps to the stored name."""
+    keys = [k for k in keys if not k.endswith(_HF_BUFFER_SUFFIXES)]
+    if not _is_llama(args) and "transformer.wte.weight" not in keys and "wte.weight" in keys:
+        return {(k if k == "lm_head.weight" else "transformer." + k): k for k in keys}
+    return {k: k for k in keys}
+
+
+def hf_sources(args) -> dict[str, str]:
+    """Our parameter name -> the Hugging Face tensor it is made from (GPT-2's q, k, v all come from c_attn;
+    a tied output.weight from the embedding, as it is the same tensor)."""
+    names = dict(_llama_names(args) if _is_llama(args) else _gpt2_names(args))
+    if not _is_llama(args):
+        for i in range(args.n_layers):
+            for w in ("wq", "wk", "wv"):
+                for leaf in ("weight", "bias"):
+                    names[f"layers.{i}.attention.{w}.{leaf}"] = f"transformer.h.{i}.attn.c_attn.{leaf}"
+    if args.tie_embeddings:
+        names["output.weight"] = names["tok_embeddings.weight"]
+    return names
+
+
+def from_hf_tensor(args, name: str, hf: torch.Tensor) -> torch.Tensor:
+    """Our parameter `name`'s full value from its Hugging Face tensor (hf_sources[name])."""
+    if name.endswith("attention.wq.weight") and _is_llama(args):
+        return rope_from_hf(hf, args.n_heads).contiguous()
+    if name.endswith("attention.wk.weight") and _is_llama(args):
+        return rope_from_hf(hf, args.n_kv_heads).contiguous()
+    if not _is_llama(args) and ".attention.w" in name and name.rsplit(".", 2)[-2] in ("wq", "wk", "wv"):
+        # HF fuses q, k, v into one Conv1D: weight [dim, 3*dim] (q | k | v along the output dim), bias [3*dim].
+        fused = hf.t() if name.endswith("weight") else hf
+        return fused.chunk(3, dim=0)["qkv".index(name.rsplit(".", 2)[-2][1])].contiguous()
+    if not _is_llama(args) and name.endswith(("attention.wo.weight", "feed_forward.w1.weight", "feed_forward.w2.weight")):
+        return hf.t().contiguous()  # HF's Conv1D stores these [in, out]
+    return hf
 
 
 def from_hf(args, hf_state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -198,59 +236,81 @@ def from_hf(args, hf_state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Ten
 
     A tied model's state_dict() lists the shared tensor as both tok_embeddings.weight and output.weight,
     so both keys are returned (the same tensor); HF's lm_head.weight, saved or not, is then ignored."""
-    sd = _normalize_hf_keys(args, hf_state_dict)
-    tied = args.tie_embeddings
-    used: set[str] = set()
-
-    def take(name: str) -> torch.Tensor:
-        used.add(name)
-        return _take(sd, name, "Hugging Face state dict")
-
-    out: dict[str, torch.Tensor] = {}
-    names = _llama_names(args) if _is_llama(args) else _gpt2_names(args)
-    for ours, hf in names.items():
-        if tied and ours == "output.weight":
-            continue
-        t = take(hf)
-        if ours.endswith("attention.wq.weight"):
-            t = rope_from_hf(t, args.n_heads)
-        elif ours.endswith("attention.wk.weight"):
-            t = rope_from_hf(t, args.n_kv_heads)
-        elif hf.endswith(_GPT2_TRANSPOSED):
-            t = t.t()
-        out[ours] = t.contiguous()
-    if not _is_llama(args):
-        for i in range(args.n_layers):
-            for leaf in ("weight", "bias"):
-                fused = take(f"transformer.h.{i}.attn.c_attn.{leaf}")
-                fused = fused.t() if leaf == "weight" else fused
-                for w, part in zip(("wq", "wk", "wv"), fused.chunk(3, dim=0)):
-                    out[f"layers.{i}.attention.{w}.{leaf}"] = part.contiguous()
-    if tied:
-        used.add("lm_head.weight")
+    keys = _hf_keys(args, hf_state_dict)
+    sources = hf_sources(args)
+    _check_tensor_names(args, keys, sources, "Hugging Face state dict")
+    out = {name: from_hf_tensor(args, name, hf_state_dict[keys[hf]]) for name, hf in sources.items()
+           if not (args.tie_embeddings and name == "output.weight")}
+    if args.tie_embeddings:
         out["output.weight"] = out["tok_embeddings.weight"]
-    unknown = sorted(set(sd) - used)
-    if unknown:
-        raise ConfigError(f"Hugging Face state dict has {len(unknown)} unexpected tensors, e.g. {unknown[0]!r}")
     return out
 
 
-def save_hf(folder: str | Path, args, state_dict: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32) -> None:
-    """Write config.json and model.safetensors to `folder` (created if needed), weights cast to `dtype`.
+def _check_tensor_names(args, keys: dict[str, str], sources: dict[str, str], what: str) -> None:
+    """Every tensor the model needs is there, and nothing else (a tied model's lm_head.weight may be)."""
+    needed = set(sources.values())
+    missing = sorted(needed - set(keys))
+    if missing:
+        raise ConfigError(f"{what} has no {missing[0]!r}; it does not match the model's configuration")
+    unknown = sorted(set(keys) - needed - ({"lm_head.weight"} if args.tie_embeddings else set()))
+    if unknown:
+        raise ConfigError(f"{what} has {len(unknown)} unexpected tensors, e.g. {unknown[0]!r}")
 
-    A tied model's lm_head.weight is left out, as HF's save_pretrained does: safetensors refuses tensors
-    that share memory, and transformers re-ties lm_head to the embedding on load."""
+
+def save_hf(
+    folder: str | Path, args, state_dict: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32,
+    tokenizer=None, max_shard_bytes: int = 5 * 2**30,
+) -> None:
+    """Write config.json, generation_config.json, the weights cast to `dtype` and (given a tokenizer) its
+    files to `folder` (created if needed), so that AutoModelForCausalLM and AutoTokenizer load it offline.
+
+    Weights over max_shard_bytes are split into model-0000i-of-0000n.safetensors files listed by
+    model.safetensors.index.json, as save_pretrained does. A tied model's lm_head.weight is left out, as
+    save_pretrained does: safetensors refuses tensors that share memory, and transformers re-ties it on load."""
     from safetensors.torch import save_file
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
+    token_ids = {}
+    if tokenizer is not None:
+        from titanlite.hf_tokenizer import save_tokenizer
+
+        token_ids = save_tokenizer(folder, tokenizer, args.max_seq_len)
     hf = to_hf(args, state_dict)
     if args.tie_embeddings:
         del hf["lm_head.weight"]
     # clone: no entry may share storage with another (or stay a view of the live model's parameters).
     tensors = {k: v.detach().to(device="cpu", dtype=dtype).contiguous().clone() for k, v in hf.items()}
-    save_file(tensors, str(folder / WEIGHTS_FILE), metadata={"format": "pt"})
-    (folder / CONFIG_FILE).write_text(json.dumps(hf_config(args, dtype), indent=2, sort_keys=True) + "\n")
+    for stale in [*folder.glob("model*.safetensors"), folder / INDEX_FILE]:
+        stale.unlink(missing_ok=True)  # a re-export must not leave shards of an earlier one beside its own
+    shards = _shards(tensors, max_shard_bytes)
+    if len(shards) == 1:
+        save_file(tensors, str(folder / WEIGHTS_FILE), metadata={"format": "pt"})
+    else:
+        weight_map = {}
+        for i, names in enumerate(shards, start=1):
+            file = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+            save_file({k: tensors[k] for k in names}, str(folder / file), metadata={"format": "pt"})
+            weight_map |= {k: file for k in names}
+        total = sum(t.numel() * t.element_size() for t in tensors.values())
+        index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+        (folder / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
+    (folder / CONFIG_FILE).write_text(json.dumps(hf_config(args, dtype, token_ids), indent=2, sort_keys=True) + "\n")
+    generation = {**{k: v for k, v in token_ids.items() if v is not None}, "do_sample": False}
+    (folder / GENERATION_CONFIG_FILE).write_text(json.dumps(generation, indent=2, sort_keys=True) + "\n")
+
+
+def _shards(tensors: dict[str, torch.Tensor], max_bytes: int) -> list[list[str]]:
+    """Tensor names in file order, cut into groups of at most max_bytes (a larger tensor gets its own)."""
+    shards, size = [[]], 0
+    for name, t in tensors.items():
+        nbytes = t.numel() * t.element_size()
+        if shards[-1] and size + nbytes > max_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(name)
+        size += nbytes
+    return shards
 
 
 def _weight_files(folder: Path) -> list[Path]:
@@ -277,123 +337,255 @@ def _read_json(path: Path) -> dict:
         raise ConfigError(f"cannot read {path}: {e}") from e
 
 
-def load_hf(folder: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
-    """Read a Hugging Face model folder: (config.json as a dict, every tensor of its safetensors files on CPU)."""
-    from safetensors.torch import load_file
-
+def read_config(folder: str | Path) -> dict:
+    """A Hugging Face model folder's config.json, as a dict."""
     folder = Path(folder)
     if not folder.is_dir():
         raise ConfigError(f"Hugging Face model folder {folder} does not exist")
     if not (folder / CONFIG_FILE).is_file():
         raise ConfigError(f"{folder / CONFIG_FILE} does not exist")
-    config = _read_json(folder / CONFIG_FILE)
-    state_dict: dict[str, torch.Tensor] = {}
-    for path in _weight_files(folder):
-        state_dict.update(load_file(str(path), device="cpu"))
-    return config, state_dict
+    return _read_json(folder / CONFIG_FILE)
 
 
-def _require(config: dict, key: str, ok, why: str) -> None:
-    value = config.get(key)
-    if not ok(value):
-        raise ConfigError(f"config.json {key}={value!r} is not supported: {why}")
+class WeightReader:
+    """The tensors of a folder's safetensors file(s), read one at a time (never the whole model at once)."""
+
+    def __init__(self, folder: str | Path):
+        from safetensors import safe_open
+
+        self.folder = Path(folder)
+        self.files = {}
+        self.where: dict[str, Path] = {}
+        for path in _weight_files(self.folder):
+            try:
+                handle = safe_open(str(path), framework="pt", device="cpu")
+            except Exception as e:  # safetensors raises its own error types for damaged files
+                raise ConfigError(f"cannot read {path}: {e}; the file is damaged or not safetensors") from e
+            self.files[path] = handle
+            self.where |= {key: path for key in handle.keys()}
+
+    def keys(self) -> list[str]:
+        return list(self.where)
+
+    def get(self, name: str) -> torch.Tensor:
+        return self.files[self.where[name]].get_tensor(name)
 
 
-def _gpt2_args(config: dict) -> GPT2Args:
-    dim = config["n_embd"]
-    _require(config, "activation_function", lambda v: v in ("gelu_new", "gelu_pytorch_tanh"), "need tanh GELU")
-    _require(config, "n_inner", lambda v: v in (None, 4 * dim), "the MLP must be 4 * n_embd wide")
-    _require(config, "scale_attn_by_inverse_layer_idx", lambda v: not v, "no per-layer attention scaling")
-    _require(config, "scale_attn_weights", lambda v: v in (None, True), "attention scales by 1/sqrt(head_dim)")
+def load_hf(folder: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
+    """Read a Hugging Face model folder whole: (config.json as a dict, every tensor on the CPU)."""
+    config = read_config(folder)
+    reader = WeightReader(folder)
+    return config, {key: reader.get(key) for key in reader.keys()}
+
+
+# ---- config.json -> our model arguments ------------------------------------------------------------------
+
+# HF activation names that are our GPT-2 MLP's GELUs ("gelu_fast" is the tanh formula written differently).
+_GPT2_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh", "gelu": "gelu"}
+_GPT2_ACTIVATION_TO_HF = {"gelu_tanh": "gelu_new", "gelu": "gelu"}
+# Fields of other families that a relabelled config.json may carry: each changes the math and is not built.
+_MOE_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_intermediate_size")
+
+
+def _refuse(where: str, key: str, value, why: str) -> ConfigError:
+    return ConfigError(f"{where} {key}={value!r} is not supported: {why}")
+
+
+def _check_no_unsupported(config: dict, where: str) -> None:
+    """Refuse the fields titanlite does not implement (sliding windows, NoPE layers, MoE, quantization)."""
+    if config.get("sliding_window") not in (None, 0) and config.get("use_sliding_window", True):
+        raise _refuse(where, "sliding_window", config["sliding_window"], "attention is over the whole causal context")
+    layer_types = config.get("layer_types") or []
+    if any(t != "full_attention" for t in layer_types):
+        raise _refuse(where, "layer_types", sorted(set(layer_types)), "every layer has full causal attention")
+    if any(not use for use in config.get("no_rope_layers") or []):
+        raise _refuse(where, "no_rope_layers", "[...0...]", "every layer applies RoPE (no NoPE layers)")
+    for key in _MOE_FIELDS:
+        if config.get(key):
+            raise _refuse(where, key, config[key], "titanlite has dense MLPs, no mixture of experts")
+    if config.get("quantization_config"):
+        raise _refuse(where, "quantization_config", "{...}", "titanlite reads unquantized weights only")
+
+
+def _gpt2_args(config: dict, where: str) -> GPT2Args:
+    dim, n_heads = config["n_embd"], config["n_head"]
+    activation = config.get("activation_function", "gelu_new")
+    if activation not in _GPT2_ACTIVATIONS:
+        raise _refuse(where, "activation_function", activation, f"the MLP's GELU is one of {', '.join(_GPT2_ACTIVATIONS)}")
+    if config.get("scale_attn_by_inverse_layer_idx"):
+        raise _refuse(where, "scale_attn_by_inverse_layer_idx", True, "no per-layer attention scaling")
+    if config.get("scale_attn_weights", True) is not True:
+        raise _refuse(where, "scale_attn_weights", config["scale_attn_weights"], "attention scales by 1/sqrt(head_dim)")
+    if config.get("add_cross_attention"):
+        raise _refuse(where, "add_cross_attention", True, "titanlite's GPT-2 is a decoder without cross-attention")
+    if dim % n_heads:
+        raise _refuse(where, "n_head", n_heads, f"it must divide n_embd={dim}")
     return GPT2Args(
         dim=dim,
         n_layers=config["n_layer"],
-        n_heads=config["n_head"],
+        n_heads=n_heads,
         vocab_size=config["vocab_size"],
         max_seq_len=config.get("n_positions", 1024),
         norm_eps=config.get("layer_norm_epsilon", 1e-5),
         tie_embeddings=config.get("tie_word_embeddings", True),
+        ffn_dim=config.get("n_inner") or 4 * dim,
+        activation=_GPT2_ACTIVATIONS[activation],
     )
 
 
-def _llama_rope_theta(config: dict) -> float:
-    """rope_theta from transformers 5's rope_parameters or 4.x's top level; only unscaled RoPE is supported."""
-    rope = config.get("rope_parameters") or {}
-    scaling = config.get("rope_scaling") or {}
-    rope_type = rope.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
-    if rope_type != "default":
-        raise ConfigError(f"config.json rope_type={rope_type!r} is not supported: titanlite's RoPE is unscaled")
-    return float(rope.get("rope_theta", config.get("rope_theta", 10000.0)))
+def _llama_rope(config: dict, where: str) -> tuple[float, Llama3RopeScaling | None]:
+    """rope_theta and the llama3 frequency scaling, from transformers 5's rope_parameters or 4.x's top-level
+    rope_theta and rope_scaling; other RoPE types (linear, dynamic, yarn, longrope) are refused."""
+    rope = {**(config.get("rope_scaling") or {}), **(config.get("rope_parameters") or {})}
+    rope_type = rope.get("rope_type") or rope.get("type") or "default"
+    theta = float(rope.get("rope_theta", config.get("rope_theta", 10000.0)))
+    if rope_type == "default":
+        return theta, None
+    key = "rope_parameters" if config.get("rope_parameters") else "rope_scaling"
+    if rope_type != "llama3":
+        raise ConfigError(f"{where} {key} rope_type={rope_type!r} is not supported: titanlite implements "
+                          "unscaled RoPE and Llama 3.1's 'llama3' scaling")
+    fields = [f.name for f in dataclasses.fields(Llama3RopeScaling)]
+    absent = [f for f in fields if rope.get(f) is None]
+    if absent:
+        raise ConfigError(f"{where} {key} of rope_type 'llama3' lacks {absent[0]!r}")
+    scaling = Llama3RopeScaling(**{f: rope[f] for f in fields})
+    if scaling.high_freq_factor <= scaling.low_freq_factor:
+        raise ConfigError(f"{where} {key} needs high_freq_factor > low_freq_factor, not {scaling.high_freq_factor} "
+                          f"and {scaling.low_freq_factor}")
+    return theta, scaling
 
 
-def _llama_args(config: dict) -> LlamaArgs:
+def _llama_args(config: dict, where: str) -> LlamaArgs:
     dim, n_heads = config["hidden_size"], config["num_attention_heads"]
-    _require(config, "hidden_act", lambda v: v in (None, "silu"), "the MLP is SwiGLU")
-    _require(config, "attention_bias", lambda v: not v, "attention has no biases")
-    _require(config, "mlp_bias", lambda v: not v, "the MLP has no biases")
-    _require(config, "head_dim", lambda v: v in (None, dim // n_heads), "head_dim must be hidden_size // heads")
+    n_kv_heads = config.get("num_key_value_heads") or n_heads
+    if config.get("hidden_act", "silu") != "silu":
+        raise _refuse(where, "hidden_act", config["hidden_act"], "the MLP is SwiGLU (silu)")
+    for key in ("attention_bias", "mlp_bias"):
+        if config.get(key):
+            raise _refuse(where, key, True, "titanlite's Llama has no biases")
+    if n_heads % n_kv_heads:
+        raise _refuse(where, "num_key_value_heads", n_kv_heads, f"it must divide num_attention_heads={n_heads}")
+    head_dim = config.get("head_dim") or dim // n_heads
+    if head_dim % 2:
+        raise _refuse(where, "head_dim", head_dim, "RoPE rotates pairs, so it must be even")
+    rope_theta, rope_scaling = _llama_rope(config, where)
     return LlamaArgs(
         dim=dim,
         n_layers=config["num_hidden_layers"],
         n_heads=n_heads,
-        n_kv_heads=config.get("num_key_value_heads") or n_heads,
+        n_kv_heads=n_kv_heads,
         ffn_dim=config["intermediate_size"],
         vocab_size=config["vocab_size"],
         max_seq_len=config.get("max_position_embeddings", 2048),
-        rope_theta=_llama_rope_theta(config),
+        rope_theta=rope_theta,
         norm_eps=config.get("rms_norm_eps", 1e-6),  # LlamaConfig's defaults where a key is absent
         tie_embeddings=config.get("tie_word_embeddings", False),
+        head_dim=head_dim,
+        rope_scaling=rope_scaling,
     )
 
 
-def args_from_hf_config(config: dict) -> GPT2Args | LlamaArgs:
-    """Our model arguments from a transformers config.json, flavor or not. The vocabulary is taken as is
-    (not padded), so the imported model's logits match the HF model's column for column."""
+def args_from_hf_config(config: dict, where: str = "config.json") -> GPT2Args | LlamaArgs:
+    """Our model arguments from a transformers config.json, any shape. Every field that changes the math is
+    honoured or refused with one line naming it. The vocabulary is taken as is (not padded), so the imported
+    model's logits match the HF model's column for column."""
     model_type = config.get("model_type")
+    if model_type not in FAMILIES:
+        raise ConfigError(f"{where} model_type={model_type!r} is not supported; titanlite reads 'gpt2' and 'llama'")
+    _check_no_unsupported(config, where)
     try:
-        if model_type == "gpt2":
-            return _gpt2_args(config)
-        if model_type == "llama":
-            return _llama_args(config)
+        return _gpt2_args(config, where) if model_type == "gpt2" else _llama_args(config, where)
     except KeyError as e:
-        raise ConfigError(f"config.json for model_type={model_type!r} lacks {e.args[0]!r}") from e
-    raise ConfigError(f"config.json model_type={model_type!r} is not supported; use 'gpt2' or 'llama'")
+        raise ConfigError(f"{where} for model_type={model_type!r} lacks {e.args[0]!r}") from e
+
+
+def folder_args(folder: str | Path, seq_len: int) -> GPT2Args | LlamaArgs:
+    """The model of model.flavor = "hf": the shape and math of the folder's config.json, for this run's
+    sequence length (GPT-2's learned positions cannot grow; Llama's RoPE tables are computed to cover it)."""
+    args = args_from_hf_config(read_config(folder), f"{Path(folder) / CONFIG_FILE}:")
+    if seq_len > args.max_seq_len:
+        if isinstance(args, GPT2Args):
+            raise ConfigError(f"training.seq_len={seq_len} is longer than the {args.max_seq_len} learned positions of "
+                              f"{folder} (n_positions); use training.seq_len <= {args.max_seq_len}")
+        args = dataclasses.replace(args, max_seq_len=seq_len)
+    return args
+
+
+def resolve_model_folder(model, explicit: set[str]) -> None:
+    """With model.flavor = "hf", take model.name (and model.tokenizer, when the folder has a tokenizer.json)
+    from model.hf_assets_path, in place; a key set explicitly to something else is an error, not ignored."""
+    folder = model.hf_assets_path
+    if not folder:
+        raise ConfigError("model.flavor='hf' takes the model from model.hf_assets_path; set it to a Hugging Face "
+                          "model folder (config.json, safetensors, tokenizer.json)")
+    config = read_config(folder)
+    args = args_from_hf_config(config, f"{Path(folder) / CONFIG_FILE}:")
+    family = FAMILIES[config["model_type"]]
+    has_tokenizer = (Path(folder) / "tokenizer.json").is_file()
+    wanted = {"model.name": family}
+    if has_tokenizer:
+        wanted["model.tokenizer"] = "hf"
+    if model.n_layers:
+        wanted["model.n_layers"] = args.n_layers
+    for key, value in wanted.items():
+        ours = getattr(model, key.split(".")[1])
+        if key in explicit and ours != value:
+            raise ConfigError(f"{key}={ours!r} contradicts {folder} ({key} {value!r}); leave it out or set it to "
+                              f"{value!r}, or use a named model.flavor")
+        setattr(model, key.split(".")[1], value)
+
+
+# ---- loading a folder into a run's model ------------------------------------------------------------------
+
+_MATH_FIELDS = ("dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "ffn_dim", "tie_embeddings", "rope_theta",
+                "rope_scaling", "norm_eps", "activation")
+
+
+def _check_compatible(source, target, folder) -> None:
+    """The configured model (a named flavor) must compute what the folder's does, or the load is refused."""
+    if type(source) is not type(target):
+        raise ConfigError(
+            f"checkpoint.initial_load_path='{folder}' holds a {type(source).__name__.removesuffix('Args')} model, "
+            f"but model.name builds a {type(target).__name__.removesuffix('Args')}; set model.flavor = 'hf' and "
+            f"model.hf_assets_path = '{folder}' to take the folder's model"
+        )
+    differ = [f for f in _MATH_FIELDS if hasattr(target, f) and getattr(source, f) != getattr(target, f)]
+    if isinstance(target, GPT2Args) and source.max_seq_len != target.max_seq_len:
+        differ.append("max_seq_len")
+    if source.vocab_size > target.vocab_size:
+        differ.append("vocab_size")
+    if differ:
+        have = ", ".join(f"{f}={getattr(source, f)}" for f in differ)
+        want = ", ".join(f"{f}={getattr(target, f)}" for f in differ)
+        raise ConfigError(
+            f"checkpoint.initial_load_path='{folder}' has {have}, but the configured model has {want}; set "
+            f"model.flavor = 'hf' and model.hf_assets_path = '{folder}' to take the folder's shape"
+        )
 
 
 def load_hf_into(model_parts: list, folder: str | Path) -> None:
     """Fill a (possibly sharded or pipelined) model from a Hugging Face folder, as a run's starting weights.
 
-    The folder's model must have the configured model's shape. Its vocabulary may be smaller than our
-    padded one (GPT-2: 50257 of 50304): the extra rows start at zero and are never an input token.
-    """
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+    Each parameter is read from the safetensors files, converted and sliced to this rank's shard one at a
+    time, so no rank ever holds the whole model. A named flavor's vocabulary may be larger than the
+    folder's (GPT-2: 50304 padded of 50257): the extra rows start at zero and are never an input token."""
+    from titanlite.parallel.parallelize import fill_parameters
 
-    config, hf_state = load_hf(folder)
-    source, target = args_from_hf_config(config), model_parts[0].args
-    if type(source) is not type(target):
-        raise ConfigError(
-            f"checkpoint.initial_load_path='{folder}' holds a {config.get('model_type')} model, but model.name "
-            f"builds a {type(target).__name__.removesuffix('Args')}; set model.name to match"
-        )
-    fields = [f for f in ("dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "tie_embeddings") if hasattr(target, f)]
-    differ = [f for f in fields if getattr(source, f, None) != getattr(target, f)]
-    if differ or source.vocab_size > target.vocab_size:
-        have = ", ".join(f"{f}={getattr(source, f, None)}" for f in differ + ["vocab_size"])
-        want = ", ".join(f"{f}={getattr(target, f)}" for f in differ + ["vocab_size"])
-        raise ConfigError(
-            f"checkpoint.initial_load_path='{folder}' holds a {type(source).__name__} with {have}, but the "
-            f"configured model has {want}; set model.name/flavor/tokenizer to match"
-        )
-    if isinstance(target, GPT2Args) and source.max_seq_len != target.max_seq_len:
-        raise ConfigError(
-            f"checkpoint.initial_load_path='{folder}' has {source.max_seq_len} positions but the model has "
-            f"{target.max_seq_len}; use training.seq_len <= {source.max_seq_len}"
-        )
-    state = from_hf(source, hf_state)
-    for key in ("tok_embeddings.weight", "output.weight"):
-        if key in state and state[key].shape[0] < target.vocab_size:
-            extra = state[key].new_zeros(target.vocab_size - state[key].shape[0], state[key].shape[1])
-            state[key] = torch.cat([state[key], extra])
-    # Every rank reads the same full tensors and keeps its own shard of each.
+    source, target = args_from_hf_config(read_config(folder), f"{Path(folder) / CONFIG_FILE}:"), model_parts[0].args
+    _check_compatible(source, target, folder)
+    reader = WeightReader(folder)
+    keys, sources = _hf_keys(source, reader.keys()), hf_sources(source)
+    _check_tensor_names(source, keys, sources, f"{folder}'s safetensors")
+
+    def full_value(name: str, param: torch.nn.Parameter) -> torch.Tensor:
+        value = from_hf_tensor(source, name, reader.get(keys[sources[name]])).to(param.dtype)
+        if value.shape[0] < param.shape[0] and name in ("tok_embeddings.weight", "output.weight"):
+            value = torch.cat([value, value.new_zeros(param.shape[0] - value.shape[0], *value.shape[1:])])
+        if value.shape != param.shape:
+            raise ConfigError(f"{folder}: {sources[name]!r} has shape {tuple(value.shape)}, but the model's {name} "
+                              f"is {tuple(param.shape)}")
+        return value
+
     for part in model_parts:
-        set_model_state_dict(part, state, options=StateDictOptions(full_state_dict=True, strict=False))
+        fill_parameters(part, full_value)

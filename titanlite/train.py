@@ -36,7 +36,7 @@ def plan_run(cfg: JobConfig, world_size: int, validation: bool = False) -> Plan:
     """Every check that can be made without a process group; raises ConfigError naming the knob
     (those of the [validation] section too when it is enabled or `validation` asks for them)."""
     from titanlite.data.tokenizer import build_tokenizer
-    from titanlite.models.registry import model_args
+    from titanlite.models.registry import configured_args
     from titanlite.parallel.float8 import check_float8
     from titanlite.profiling import check_profiling
     from titanlite.parallel.tensor_parallel import check_tp_degree
@@ -46,8 +46,8 @@ def plan_run(cfg: JobConfig, world_size: int, validation: bool = False) -> Plan:
     dims = ParallelDims.from_config(cfg.parallelism, world_size, cpu_offload=cfg.training.enable_cpu_offload)
     accum = grad_accum_steps(cfg.training, dims.dp)
     m = cfg.model
-    vocab_size = build_tokenizer(m.tokenizer).vocab_size
-    args = model_args(m.name, m.flavor, vocab_size, cfg.training.seq_len, m.n_layers)
+    vocab_size = build_tokenizer(m.tokenizer, m.hf_assets_path).vocab_size
+    args = configured_args(m, vocab_size, cfg.training.seq_len)
     check_tp_degree(dims.tp, args, cfg.training.seq_len)
     compiles_blocks = cfg.compile.enable and "model" in cfg.compile.components
     if dims.tp_enabled and compiles_blocks and cfg.activation_checkpoint.mode != "none":
@@ -81,6 +81,11 @@ def plan_run(cfg: JobConfig, world_size: int, validation: bool = False) -> Plan:
     if cfg.validation.enable or validation:
         check_validation(cfg, pipeline, args.max_seq_len)
     return Plan(dims, accum, cfg.training.local_batch_size * dims.dp * accum, pipeline)
+
+
+def describe_model(cfg: JobConfig) -> str:
+    m = cfg.model
+    return f"{m.name} {m.flavor}" + (f" (from {m.hf_assets_path})" if m.flavor == "hf" else "")
 
 
 def validation_batch_size(cfg: JobConfig) -> int:
@@ -122,7 +127,7 @@ def build_data(cfg: JobConfig, verify: str = "stat", say=None):
     from titanlite.data.tokenizer import build_tokenizer
 
     t = cfg.training
-    tokenizer = build_tokenizer(cfg.model.tokenizer)
+    tokenizer = build_tokenizer(cfg.model.tokenizer, cfg.model.hf_assets_path)
     sources = configured_sources(t.dataset, t.dataset_path, t.dataset_mixture)
     holdout = 0.0 if separate_validation(cfg) else cfg.validation.split_fraction
     corpus = build_corpus(sources, tokenizer, cache_dir(cfg), t.seq_len, t.seed, cfg.data.shuffle, holdout=holdout,
@@ -176,12 +181,12 @@ def build_loader(cfg: JobConfig, corpus, mesh, plan: Plan, device: torch.device)
 def build_model(cfg: JobConfig, vocab_size: int, plan: Plan, mesh, device: torch.device):
     """Build on the meta device, cut into pipeline stages if asked, apply the parallelisms to each part,
     then materialise and initialise the weights. Returns the whole meta model (for counting) and the parts."""
-    from titanlite.models.registry import build_model as build_plain_model
+    from titanlite.models.registry import configured_model
     from titanlite.parallel.parallelize import materialize, parallelize, wrap_ddp
     from titanlite.parallel.pipeline import split_model
 
     with torch.device("meta"):
-        model = build_plain_model(cfg.model.name, cfg.model.flavor, vocab_size, cfg.training.seq_len, cfg.model.n_layers)
+        model = configured_model(cfg.model, vocab_size, cfg.training.seq_len)
     parts = split_model(model, plan.pipeline, mesh["pp"].get_local_rank()) if plan.pipeline else [model]
     parts = [
         parallelize(part, plan.dims, mesh, cfg.parallelism, cfg.training, device, cfg.activation_checkpoint, cfg.compile, cfg.float8)
@@ -215,7 +220,7 @@ def build_pipeline(cfg: JobConfig, plan: Plan, model, parts, mesh, device: torch
 
 
 def build_checkpointer(cfg: JobConfig, run_dir: Path, model, parts, plan: Plan, optimizer, lr_scheduler, loader, mesh, say):
-    from titanlite.checkpoint import Checkpointer
+    from titanlite.checkpoint import Checkpointer, initial_weights_path
 
     # Under PP a tied embedding's copy lives in the last stage's part as output.weight.
     tied_copy_parts = set()
@@ -225,6 +230,7 @@ def build_checkpointer(cfg: JobConfig, run_dir: Path, model, parts, plan: Plan, 
         cfg.checkpoint, run_dir, parts, optimizer, lr_scheduler, loader,
         tied_copy_parts=tied_copy_parts,
         final_step=cfg.training.stop_after_step or cfg.training.steps,
+        initial_load_path=initial_weights_path(cfg),
         say=say,
     )
 
@@ -399,7 +405,7 @@ def run_eval(cfg: JobConfig, plan: Plan, device: torch.device, rank: int) -> dic
     windows = build_validation_data(cfg, tokenizer, corpus, say=say)
     setup = build_setup(cfg, plan, mesh, device, tokenizer.vocab_size, say)
     validator = build_validator(cfg, plan, setup, windows)
-    say(f"titanlite eval: {cfg.model.name} {cfg.model.flavor} on {plan.dims.describe()}; "
+    say(f"titanlite eval: {describe_model(cfg)} on {plan.dims.describe()}; "
         f"{describe_validation(cfg, len(windows), plan.dims.dp, schedule=False)}")
     path = checkpoint_to_load(cfg, "evaluate")
     load_weights(setup.parts, path)
@@ -440,8 +446,8 @@ def build_trainer(cfg: JobConfig, plan: Plan, device: torch.device, rank: int, w
     n_params = count_params(plain_model)
     say(f"titanlite: {cfg.job.name} {cfg.job.description}".rstrip())
     say(
-        f"  model {cfg.model.name} {cfg.model.flavor}: {n_params:,} parameters ({n_params / 1e6:.1f} M), "
-        f"vocab {plain_model.args.vocab_size}, seq_len {cfg.training.seq_len}, dtype {str(setup.param_dtype).removeprefix('torch.')}"
+        f"  model {describe_model(cfg)}: {n_params:,} parameters ({n_params / 1e6:.1f} M), "
+        f"vocab {plain_model.args.vocab_size} (tokenizer {cfg.model.tokenizer}), seq_len {cfg.training.seq_len}, dtype {str(setup.param_dtype).removeprefix('torch.')}"
     )
     say(
         f"  layout: {plan.dims.describe()} on {world_size} {device.type} process(es); global batch "

@@ -159,7 +159,7 @@ def test_unsupported_configs_raise_config_error():
     with pytest.raises(ConfigError, match="model_type='bert'"):
         args_from_hf_config({"model_type": "bert"})
     llama = hf_config(titanlite_model("llama3").args)
-    with pytest.raises(ConfigError, match="rope_type='llama3'"):
+    with pytest.raises(ConfigError, match="rope_type 'llama3' lacks 'factor'"):
         args_from_hf_config({**llama, "rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5}})
     with pytest.raises(ConfigError, match="lacks 'hidden_size'"):
         args_from_hf_config({"model_type": "llama"})

@@ -11,6 +11,10 @@ from torch import nn
 from titanlite.models.kv_cache import KVCache, LayerCache
 
 
+# Our activation names -> F.gelu's `approximate` argument.
+GELU_APPROXIMATION = {"gelu_tanh": "tanh", "gelu": "none"}
+
+
 @dataclass
 class GPT2Args:
     dim: int
@@ -19,9 +23,18 @@ class GPT2Args:
     vocab_size: int
     max_seq_len: int = 1024
     norm_eps: float = 1e-5
-    # GPT-2 always ties its output projection to the token embedding; the field lets the trainer ask
-    # every model family the same question.
+    # GPT-2 ties its output projection to the token embedding; Hugging Face folders may say otherwise.
     tie_embeddings: bool = True
+    ffn_dim: int = 0
+    """Width of the MLP's hidden layer; 0 means 4 * dim (GPT-2's, and Hugging Face's n_inner = null)."""
+    activation: str = "gelu_tanh"
+    """The MLP's GELU: "gelu_tanh" (GPT-2's tanh approximation) or "gelu" (the exact, erf-based one)."""
+
+    def __post_init__(self) -> None:
+        if not self.ffn_dim:
+            self.ffn_dim = 4 * self.dim
+        if self.activation not in GELU_APPROXIMATION:
+            raise ValueError(f"GPT2Args.activation={self.activation!r}; use one of {', '.join(GELU_APPROXIMATION)}")
 
     @property
     def head_dim(self) -> int:
@@ -54,13 +67,14 @@ class Attention(nn.Module):
 
 
 class FeedForward(nn.Module):
-    def __init__(self, dim: int, hidden_dim: int):
+    def __init__(self, dim: int, hidden_dim: int, activation: str = "gelu_tanh"):
         super().__init__()
         self.w1 = nn.Linear(dim, hidden_dim)  # up
         self.w2 = nn.Linear(hidden_dim, dim)  # down
+        self.approximate = GELU_APPROXIMATION[activation]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.gelu(self.w1(x), approximate="tanh"))
+        return self.w2(F.gelu(self.w1(x), approximate=self.approximate))
 
 
 class TransformerBlock(nn.Module):
@@ -69,7 +83,7 @@ class TransformerBlock(nn.Module):
         self.attention_norm = nn.LayerNorm(args.dim, eps=args.norm_eps)
         self.attention = Attention(args)
         self.ffn_norm = nn.LayerNorm(args.dim, eps=args.norm_eps)
-        self.feed_forward = FeedForward(args.dim, 4 * args.dim)
+        self.feed_forward = FeedForward(args.dim, args.ffn_dim, args.activation)
 
     def forward(self, x: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
         h = x + self.attention(self.attention_norm(x), cache=cache)

@@ -11,6 +11,26 @@ from torch import nn
 from titanlite.models.kv_cache import KVCache, LayerCache
 
 
+@dataclass(frozen=True)
+class Llama3RopeScaling:
+    """Llama 3.1/3.2's RoPE frequency scaling (config.json rope_scaling with rope_type "llama3"): rotations
+    slower than the original context are slowed by `factor`, fast ones are kept, and those in between are
+    blended, so the model reads long contexts without retraining its short-range positions."""
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
+
+    def apply(self, inv_freq: torch.Tensor) -> torch.Tensor:
+        wavelength = 2 * math.pi / inv_freq
+        context = self.original_max_position_embeddings
+        # 0 for wavelengths longer than context / low_freq_factor, 1 for those shorter than
+        # context / high_freq_factor, linear in context / wavelength in between.
+        blend = ((context / wavelength - self.low_freq_factor) / (self.high_freq_factor - self.low_freq_factor)).clamp(0, 1)
+        return (1 - blend) * inv_freq / self.factor + blend * inv_freq
+
+
 @dataclass
 class LlamaArgs:
     dim: int
@@ -23,15 +43,22 @@ class LlamaArgs:
     rope_theta: float = 500000.0
     norm_eps: float = 1e-5
     tie_embeddings: bool = False
+    head_dim: int = 0
+    """Width of each attention head; 0 means dim // n_heads (some models, e.g. Qwen3 shapes, use others)."""
+    rope_scaling: Llama3RopeScaling | None = None
 
-    @property
-    def head_dim(self) -> int:
-        return self.dim // self.n_heads
+    def __post_init__(self) -> None:
+        if not self.head_dim:
+            self.head_dim = self.dim // self.n_heads
 
 
-def precompute_rope(head_dim: int, seq_len: int, theta: float, device) -> tuple[torch.Tensor, torch.Tensor]:
+def precompute_rope(
+    head_dim: int, seq_len: int, theta: float, device, scaling: Llama3RopeScaling | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin of the rotation angles, each [seq_len, head_dim // 2], in float32."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
+    if scaling is not None:
+        inv_freq = scaling.apply(inv_freq)
     angles = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv_freq)
     return angles.cos(), angles.sin()
 
@@ -134,7 +161,7 @@ class Llama(nn.Module):
     def init_buffers(self) -> None:
         """Compute the RoPE tables in float32 on the device the model lives on (after to_empty too)."""
         args = self.args
-        cos, sin = precompute_rope(args.head_dim, args.max_seq_len, args.rope_theta, self.rope_cos.device)
+        cos, sin = precompute_rope(args.head_dim, args.max_seq_len, args.rope_theta, self.rope_cos.device, args.rope_scaling)
         # Re-registering (rather than copy_) keeps them float32 even if the model was cast.
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)

@@ -54,8 +54,6 @@ FLAVORS: dict[str, dict[str, GPT2Args | LlamaArgs]] = {
     },
 }
 
-_MODELS = {"gpt2": GPT2, "llama3": Llama}
-
 
 def model_args(name: str, flavor: str, vocab_size: int, max_seq_len: int, n_layers: int = 0):
     """The arguments of model `name` at size `flavor` for this tokenizer and sequence length
@@ -63,7 +61,8 @@ def model_args(name: str, flavor: str, vocab_size: int, max_seq_len: int, n_laye
     if name not in FLAVORS:
         raise ConfigError(f"model.name={name!r} is not a known model; use one of: {', '.join(FLAVORS)}")
     if flavor not in FLAVORS[name]:
-        raise ConfigError(f"model.flavor={flavor!r} is not a {name} flavor; use one of: {', '.join(FLAVORS[name])}")
+        raise ConfigError(f"model.flavor={flavor!r} is not a {name} flavor; use one of: {', '.join(FLAVORS[name])}, "
+                          "or 'hf' with model.hf_assets_path")
     if vocab_size <= 0:
         raise ConfigError(f"vocab_size={vocab_size} must be positive")
     if max_seq_len <= 0:
@@ -81,5 +80,28 @@ def model_args(name: str, flavor: str, vocab_size: int, max_seq_len: int, n_laye
 def build_model(name: str, flavor: str, vocab_size: int, max_seq_len: int, n_layers: int = 0) -> nn.Module:
     """Build the model on the current default device; parameters are uninitialised
     (titanlite.parallel.parallelize.init_weights fills it through model.init_param)."""
-    args = model_args(name, flavor, vocab_size, max_seq_len, n_layers)
-    return _MODELS[name](args)
+    return model_from_args(model_args(name, flavor, vocab_size, max_seq_len, n_layers))
+
+
+def model_from_args(args: GPT2Args | LlamaArgs) -> nn.Module:
+    return GPT2(args) if isinstance(args, GPT2Args) else Llama(args)
+
+
+def configured_args(model_cfg, vocab_size: int, seq_len: int) -> GPT2Args | LlamaArgs:
+    """The [model] section's model for a tokenizer of vocab_size ids and training.seq_len: a named flavor,
+    or with flavor "hf" the shape of the Hugging Face folder model.hf_assets_path, vocabulary unpadded."""
+    m = model_cfg
+    if m.flavor != "hf":
+        return model_args(m.name, m.flavor, vocab_size, seq_len, m.n_layers)
+    from titanlite.hf import folder_args
+
+    args = folder_args(m.hf_assets_path, seq_len)
+    if vocab_size > args.vocab_size:
+        raise ConfigError(f"model.tokenizer={m.tokenizer!r} has {vocab_size} ids but {m.hf_assets_path} embeds "
+                          f"{args.vocab_size}; use the folder's own tokenizer (leave model.tokenizer out)")
+    return args
+
+
+def configured_model(model_cfg, vocab_size: int, seq_len: int) -> nn.Module:
+    """Build configured_args's model on the current default device, parameters uninitialised."""
+    return model_from_args(configured_args(model_cfg, vocab_size, seq_len))

@@ -98,8 +98,7 @@ def init_weights(model: nn.Module, seed: int, device: torch.device | None = None
     name; a sharded parameter then keeps only its own slice. Seeding one stream after sharding instead
     would make the weights depend on the world size.
     """
-    for wrapped_name, param in model.named_parameters():
-        name = canonical_name(wrapped_name)
+    def initial_value(name: str, param: nn.Parameter) -> torch.Tensor:
         where = device if device is not None else param.device
         full = torch.empty(param.shape, dtype=torch.float32, device=where)
         # A pipeline's last stage holds its own copy of a tied embedding as output.weight: seed it as the
@@ -107,6 +106,17 @@ def init_weights(model: nn.Module, seed: int, device: torch.device | None = None
         tied_copy = name == "output.weight" and model.args.tie_embeddings
         generator = torch.Generator(device=where).manual_seed(param_seed(seed, "tok_embeddings.weight" if tied_copy else name))
         model.init_param(name, full, generator)
+        return full
+
+    fill_parameters(model, initial_value)
+
+
+@torch.no_grad()
+def fill_parameters(model: nn.Module, full_value) -> None:
+    """Set each parameter from `full_value(name, param)`, its full (unsharded) value, one at a time: a
+    sharded parameter keeps only its own slice, so no rank ever holds more than one full parameter."""
+    for wrapped_name, param in model.named_parameters():
+        full = full_value(canonical_name(wrapped_name), param)
         if isinstance(param, DTensor):
             # src_data_rank=None: every rank holds the same full tensor and slices it locally, no communication.
             local = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None).to_local()

@@ -111,7 +111,7 @@ def check_tp_degree(tp: int, args, seq_len: int) -> None:
     sizes = {"n_heads": args.n_heads}
     if hasattr(args, "n_kv_heads"):
         sizes["n_kv_heads"] = args.n_kv_heads
-    sizes |= {"ffn_dim": getattr(args, "ffn_dim", 4 * args.dim), "vocab_size": args.vocab_size, "training.seq_len": seq_len}
+    sizes |= {"ffn_dim": args.ffn_dim, "vocab_size": args.vocab_size, "training.seq_len": seq_len}
     bad = {name: size for name, size in sizes.items() if size % tp}
     if bad:
         valid = [d for d in range(1, min(sizes.values()) + 1) if all(size % d == 0 for size in sizes.values())]

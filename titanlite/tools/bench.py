@@ -71,14 +71,14 @@ class BareLoop:
     """The minimal PyTorch training loop over the same model, data and settings."""
 
     def __init__(self, cfg, plan, vocab_size: int, windows, device: torch.device, loss_compiled: bool):
-        from titanlite.models.registry import build_model
+        from titanlite.models.registry import configured_model
         from titanlite.parallel.parallelize import DTYPES, materialize, parallelize
         from titanlite.optim import implementation
         from titanlite.trainer import autocast_for
 
         m = cfg.model
         with torch.device("meta"):
-            model = build_model(m.name, m.flavor, vocab_size, cfg.training.seq_len, m.n_layers)
+            model = configured_model(m, vocab_size, cfg.training.seq_len)
         plain_loss = dataclasses.replace(cfg.training, loss_chunk_tokens=0)  # logits and F.cross_entropy
         parallelize(model, plan.dims, None, cfg.parallelism, plain_loss, device, cfg.activation_checkpoint,
                     cfg.compile, cfg.float8)

@@ -224,11 +224,11 @@ def tp_splits(name: str, shape) -> bool:
 
 def model_facts(cfg, seq_len: int) -> ModelFacts:
     from titanlite.data.tokenizer import build_tokenizer
-    from titanlite.models.registry import build_model
+    from titanlite.models.registry import configured_model
 
     m = cfg.model
     with torch.device("meta"):
-        model = build_model(m.name, m.flavor, build_tokenizer(m.tokenizer).vocab_size, seq_len, m.n_layers)
+        model = configured_model(m, build_tokenizer(m.tokenizer, m.hf_assets_path).vocab_size, seq_len)
     args = model.args
     layer_params, layer_split = [], []
     for block_name, block in model.layers.items():

@@ -34,7 +34,7 @@ def prepare(argv: list[str]) -> int:
     options = store_options(cfg, "sample")
     if opts["workers"] >= 0:
         options["workers"] = opts["workers"]
-    tokenizer = build_tokenizer(cfg.model.tokenizer)
+    tokenizer = build_tokenizer(cfg.model.tokenizer, cfg.model.hf_assets_path)
     sources = configured_sources(cfg.training.dataset, cfg.training.dataset_path, cfg.training.dataset_mixture)
     for source, _ in sources:
         start = time.perf_counter()
