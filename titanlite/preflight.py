@@ -100,7 +100,8 @@ def config_estimate(cfg, world_size: int, device: str):
 # What the planner's model facts depend on besides the model's settings: the code that defines the models
 # and measures them.
 FACTS_SOURCES = ("models/gpt2.py", "models/llama.py", "models/registry.py", "tools/plan.py",
-                 "parallel/activation_checkpoint.py", "trainer.py", "metrics.py")
+                 "parallel/activation_checkpoint.py", "trainer.py", "metrics.py", "hf.py",
+                 "parallel/tensor_parallel.py")
 
 
 def cached_model_facts(cfg):
@@ -117,6 +118,12 @@ def cached_model_facts(cfg):
 
     m = cfg.model
     key = hashlib.sha256(repr((m.name, m.flavor, m.n_layers, m.tokenizer, cfg.training.seq_len)).encode())
+    if m.flavor == "hf" or m.tokenizer == "hf":  # the shape (and vocabulary) is the folder's
+        from titanlite.data.tokenizer import build_tokenizer
+
+        key.update(repr(build_tokenizer(m.tokenizer, m.hf_assets_path).fingerprint).encode())
+        if m.flavor == "hf":
+            key.update((Path(m.hf_assets_path) / "config.json").read_bytes())
     package = Path(__file__).resolve().parent
     for name in FACTS_SOURCES:
         key.update((package / name).read_bytes())

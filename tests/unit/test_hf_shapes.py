@@ -198,3 +198,14 @@ def test_sharded_folders_load_one_tensor_at_a_time(tmp_path, monkeypatch):
     tokens = torch.randint(0, 300, (1, 48), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         assert_logits_match(model(tokens), hf(tokens).logits)
+
+
+def test_plan_offers_only_layouts_the_folders_shape_divides(tmp_path, capsys):
+    """6 heads and 2 KV heads: TP 2 is a layout, TP 4 is not (the planner asks the trainer's own check)."""
+    from titanlite.tools.plan import plan
+
+    unusual_llama().save_pretrained(tmp_path)
+    plan(["--ngpu", "4", "--model.flavor", "hf", "--model.hf_assets_path", str(tmp_path), "--model.tokenizer", "byte",
+          "--training.seq_len", "64", "--data.cache_dir", str(tmp_path / "cache")])
+    out = capsys.readouterr().out
+    assert "llama3 hf" in out and "DDP 2 x TP 2" in out and "TP 4 " not in out

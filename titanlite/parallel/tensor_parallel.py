@@ -100,6 +100,14 @@ def llama_plan(model: nn.Module) -> dict:
     }
 
 
+def tp_split_sizes(args) -> dict[str, int]:
+    """The model sizes a tensor-parallel degree must divide (with training.seq_len, for sequence parallelism)."""
+    sizes = {"n_heads": args.n_heads}
+    if hasattr(args, "n_kv_heads"):
+        sizes["n_kv_heads"] = args.n_kv_heads
+    return sizes | {"ffn_dim": args.ffn_dim, "vocab_size": args.vocab_size}
+
+
 def check_tp_degree(tp: int, args, seq_len: int) -> None:
     """Refuse a degree the model cannot be split by, listing the degrees that would work.
 
@@ -108,10 +116,7 @@ def check_tp_degree(tp: int, args, seq_len: int) -> None:
     """
     if tp == 1:
         return
-    sizes = {"n_heads": args.n_heads}
-    if hasattr(args, "n_kv_heads"):
-        sizes["n_kv_heads"] = args.n_kv_heads
-    sizes |= {"ffn_dim": args.ffn_dim, "vocab_size": args.vocab_size, "training.seq_len": seq_len}
+    sizes = {**tp_split_sizes(args), "training.seq_len": seq_len}
     bad = {name: size for name, size in sizes.items() if size % tp}
     if bad:
         valid = [d for d in range(1, min(sizes.values()) + 1) if all(size % d == 0 for size in sizes.values())]

@@ -205,6 +205,7 @@ class ModelFacts:
     act_last_hidden: float = 0.0            # saved after the last block, except full-vocabulary tensors
     act_last_vocab: float = 0.0             # saved full-vocabulary tensors (logits path), per sequence
     flops_per_token: float = 0.0            # training FLOPs per token (metrics.flops_per_token)
+    tp_sizes: dict[str, int] = field(default_factory=dict)  # what a TP degree must divide (tp_split_sizes)
 
     @property
     def params(self) -> int:
@@ -245,10 +246,11 @@ def model_facts(cfg, seq_len: int) -> ModelFacts:
         ends[where][1] += p.numel() if tp_splits(name, p.shape) else 0
     root = ends["first"][0] + ends["last"][0]
     from titanlite.metrics import flops_per_token
+    from titanlite.parallel.tensor_parallel import tp_split_sizes
 
     facts = ModelFacts(m.name, args.dim, args.vocab_size, args.n_layers, args.tie_embeddings, layer_params, layer_split,
                        {k: tuple(v) for k, v in ends.items()}, max(max(layer_params), root),
-                       flops_per_token=flops_per_token(model, seq_len))
+                       flops_per_token=flops_per_token(model, seq_len), tp_sizes=tp_split_sizes(args))
     measure_saved_tensors(model, facts, seq_len)
     return facts
 
@@ -672,10 +674,9 @@ def compute_seconds(facts: ModelFacts, cfg, lay: Layout, s: Setting, tflops: flo
 
 
 def layout_allowed(facts: ModelFacts, lay: Layout, cfg) -> bool:
-    if lay.tp > 1:
-        sizes = [facts.dim, facts.vocab, cfg.training.seq_len]
-        if any(x % lay.tp for x in sizes):
-            return False
+    # The trainer's own condition (check_tp_degree): heads, KV heads, FFN width, vocabulary and sequence length.
+    if lay.tp > 1 and any(size % lay.tp for size in [*facts.tp_sizes.values(), cfg.training.seq_len]):
+        return False
     return lay.pp <= facts.n_layers
 
 
