@@ -1,4 +1,4 @@
-"""The README's example commands do what it says (slow: full default run, GPT-2 Large on a CPU)."""
+"""Example commands of the docs (docs/running.md, shipped configs) do what they say (slow: full default run, GPT-2 Large on a CPU)."""
 
 import json
 import subprocess
@@ -43,6 +43,7 @@ def test_gpt2_large_runs_on_cpu_with_774m_parameters(tmp_path):
     assert [r["step"] for r in metrics(tmp_path)] == [1, 2]
 
 
+@pytest.mark.slow  # bitwise repeats are also what every resume test checks
 def test_deterministic_runs_repeat_bitwise(tmp_path):
     runs = []
     for i in range(2):

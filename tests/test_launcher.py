@@ -104,6 +104,7 @@ def test_a_failed_worker_says_why_last_and_sets_the_exit_status(tmp_path, ngpu, 
     assert "Traceback (most recent call last)" in log.read_text()
 
 
+@pytest.mark.slow  # run_train.sh's NGPU default; tests/unit/test_devices.py checks the NGPU rules in-process
 def test_ngpu_default_in_a_simulated_gpu_environment(tmp_path):
     # nvidia-smi lists 3 GPUs (a fake on PATH); torch still sees none, so every rank computes on the CPU.
     fake = tmp_path / "bin" / "nvidia-smi"

@@ -46,7 +46,8 @@ commands:
   analyze <trace folder or file> [--top N]
                             compute / communication / idle shares, overlap and collectives of a run's
                             torch.profiler traces (profiling.enable_profiling); writes analysis.json/.md
-  help                      list every config key with its default and meaning"""
+  help [--markdown]         list every config key with its default and meaning (--markdown: the table
+                            of docs/configuration.md)"""
 
 
 def _take_option(argv: list[str], name: str) -> tuple[str | None, list[str]]:
@@ -204,9 +205,9 @@ def main(argv: list[str] | None = None) -> int:
 
         shutdown(train_main(rest))
     if command in ("help", "--help", "-h"):
-        from titanlite.config import help_text
+        from titanlite.config import help_text, reference_markdown
 
-        print(USAGE + "\n\n" + help_text())
+        print(reference_markdown() if "--markdown" in rest else USAGE + "\n\n" + help_text())
         return 0
     print(f"titanlite: error: unknown command '{command}'\n{USAGE}", file=sys.stderr)
     return 2

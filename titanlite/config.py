@@ -28,6 +28,8 @@ DEFAULT_CONFIG = "train_configs/debug_model.toml"
 
 @dataclass
 class Job:
+    """Names the run and where its folder goes."""
+
     name: str = "debug"
     """Run name; the run folder is {dump_folder}/{name}/."""
     dump_folder: str = "checkpoints"
@@ -38,6 +40,8 @@ class Job:
 
 @dataclass
 class Model:
+    """Which model: a family and a size, or a Hugging Face folder, and the tokenizer."""
+
     name: Literal["gpt2", "llama3"] = "gpt2"
     """Model family."""
     flavor: str = "debug"
@@ -57,6 +61,8 @@ class Model:
 
 @dataclass
 class Training:
+    """The run's length, batch, sequence length, corpus, precision and loss."""
+
     steps: int = 100
     """Number of optimizer steps; the LR schedule spans them."""
     local_batch_size: int = 8
@@ -110,6 +116,8 @@ class Training:
 
 @dataclass
 class Data:
+    """How token windows are prepared and fed to the step."""
+
     num_workers: int = 0
     """DataLoader worker processes per rank (0 reads in the training process)."""
     pin_memory: bool = True
@@ -134,6 +142,8 @@ class Data:
 
 @dataclass
 class Validation:
+    """Periodic evaluation on held-out or separate text."""
+
     enable: bool = False
     """Evaluate the loss on held-out windows every `freq` steps and at the last step (val_loss,
     val_perplexity and val_tokens in the step's log line, metrics.jsonl and TensorBoard)."""
@@ -160,6 +170,8 @@ class Validation:
 
 @dataclass
 class Optimizer:
+    """AdamW and its settings."""
+
     name: Literal["AdamW"] = "AdamW"
     """Optimizer."""
     lr: float = 3e-4
@@ -179,6 +191,8 @@ class Optimizer:
 
 @dataclass
 class LRScheduler:
+    """Warm-up, then a decay to a floor."""
+
     warmup_steps: int = 10
     """Linear warm-up steps from near zero to the peak learning rate."""
     decay_type: Literal["cosine", "linear", "constant"] = "cosine"
@@ -189,6 +203,8 @@ class LRScheduler:
 
 @dataclass
 class Parallelism:
+    """The layout: data parallel (DDP, FSDP/HSDP), tensor and pipeline parallel degrees."""
+
     data_parallel_replicate_degree: int = 1
     """Replicas (DDP alone, or the outer dimension of HSDP)."""
     data_parallel_shard_degree: int = -1
@@ -229,6 +245,8 @@ class Parallelism:
 
 @dataclass
 class ActivationCheckpoint:
+    """Recompute activations in backward to save memory."""
+
     mode: Literal["none", "full", "selective_layer", "selective_op"] = "none"
     """Recompute activations in backward instead of keeping them: 'full' for every block,
     'selective_layer' for every selective_ac_option-th block, 'selective_op' keeps matmul and attention
@@ -239,6 +257,8 @@ class ActivationCheckpoint:
 
 @dataclass
 class Compile:
+    """torch.compile of the blocks and the loss."""
+
     enable: bool = False
     """torch.compile each transformer block (fullgraph), and the loss if components names it."""
     components: list[str] = field(default_factory=lambda: ["model", "loss"])
@@ -250,6 +270,8 @@ class Compile:
 
 @dataclass
 class Float8:
+    """Float8 matmuls through torchao (H100 and later)."""
+
     enable: bool = False
     """Run the transformer blocks' linear layers in float8 through torchao (pip install '.[float8]').
     Faster on GPUs of compute capability 8.9+ (H100, H200, L4); on the CPU it runs for correctness only."""
@@ -268,6 +290,8 @@ class Float8:
 
 @dataclass
 class Checkpoint:
+    """Sharded DCP checkpoints, resume, exports and the initial weights."""
+
     enable: bool = False
     """Save DCP checkpoints to step-<N>/ in the run folder, and resume from the newest complete one."""
     interval: int = 500
@@ -295,6 +319,8 @@ class Checkpoint:
 
 @dataclass
 class Comm:
+    """Collective timeouts: a dead or hung peer stops the job."""
+
     init_timeout_seconds: float = 300.0
     """Timeout of collectives until the first step ends (start-up, compilation, checkpoint loading)."""
     train_timeout_seconds: float = 100.0
@@ -303,6 +329,8 @@ class Comm:
 
 @dataclass
 class Metrics:
+    """What is logged, how often and where."""
+
     log_freq: int = 10
     """Log every this many steps (and always the last step)."""
     enable_tensorboard: bool = False
@@ -315,6 +343,8 @@ class Metrics:
 
 @dataclass
 class Profiling:
+    """torch.profiler traces of chosen steps."""
+
     enable_profiling: bool = False
     """Record torch.profiler traces (one Chrome trace per rank per profiled window) into the run folder."""
     profile_freq: int = 10
@@ -654,5 +684,34 @@ def help_text() -> str:
             default = _toml_value(getattr(getattr(defaults, section), name))
             out.append(f"  --{section}.{name}  ({_type_name(tp)}, default {default})")
             out.append(textwrap.fill(docs.get(name, ""), width=100, initial_indent="      ", subsequent_indent="      "))
+        out.append("")
+    return "\n".join(out)
+
+
+def reference_markdown() -> str:
+    """docs/configuration.md: every key with its type, default and meaning, from the dataclasses above
+    (`titanlite help --markdown`; tests/unit/test_docs.py keeps the file equal to it)."""
+    out = [
+        "# Configuration reference",
+        "",
+        "<!-- Generated from titanlite/config.py by `.venv/bin/titanlite help --markdown > docs/configuration.md`;",
+        "     do not edit by hand: tests/unit/test_docs.py fails when this file and the code differ. -->",
+        "",
+        "Every key is set in a TOML file (`[section]`, then `key = value`; `--config FILE`, default",
+        f"`{DEFAULT_CONFIG}`) or on the command line (`--section.key VALUE`, which wins over the file).",
+        "Unknown keys and wrong types stop the run with one line naming the key. The defaults below are",
+        "`config.py`'s; the shipped configs in `train_configs/` override some of them (the default file sets",
+        "`job.name = \"debug_model\"` and `optimizer.lr = 3e-3`, for example).",
+        "",
+    ]
+    defaults = JobConfig()
+    for section, cls in _sections().items():
+        out += [f"## `[{section}]`", "", inspect.getdoc(cls) or "", "", "| key | type | default | meaning |", "|---|---|---|---|"]
+        docs, types = field_docs(cls), _field_types(cls)
+        for name, tp in types.items():
+            default = _toml_value(getattr(getattr(defaults, section), name))
+            meaning = " ".join(docs.get(name, "").split())
+            cells = [f"`{section}.{name}`", _type_name(tp), f"`{default}`", meaning]
+            out.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
         out.append("")
     return "\n".join(out)

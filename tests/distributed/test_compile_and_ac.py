@@ -32,10 +32,10 @@ def plain(tmp_path_factory):
     return run
 
 
-# Full and selective_op AC on one process and full AC on FSDP x 2 and PP x 2 in the default suite; the rest
-# (TP x 2's full AC among them: it re-runs the same block wrapper under a TP plan) marked slow.
+# Full and selective_op AC on one process and full AC on FSDP x 2 in the default suite; the rest (TP x 2's
+# and PP x 2's full AC among them: they re-run the same block wrapper under a TP plan or in a stage) slow.
 AC_CASES = [
-    (layout, mode) if (layout == "single" and mode != "selective_layer") or (mode == "full" and layout != "tp2")
+    (layout, mode) if (layout == "single" and mode != "selective_layer") or (mode == "full" and layout == "fsdp2")
     else pytest.param(layout, mode, marks=pytest.mark.slow)
     for layout in LAYOUTS
     for mode in ("full", "selective_layer", "selective_op")

@@ -22,7 +22,8 @@ def fp32(tmp_path_factory):
 @pytest.mark.parametrize("layout, args, expect", [
     # Tensorwise under FSDP all-gathers the weights in float8 and precomputes their scales each step.
     ("fsdp2", ["--training.local_batch_size", "4"], "(tensorwise, FSDP all-gathers weights in float8)"),
-    ("tp2", ["--training.local_batch_size", "8", "--parallelism.tensor_parallel_degree", "2"], "(tensorwise)"),
+    pytest.param("tp2", ["--training.local_batch_size", "8", "--parallelism.tensor_parallel_degree", "2"], "(tensorwise)",
+                 marks=pytest.mark.slow),
     pytest.param("tp2_rowwise", ["--training.local_batch_size", "8", "--parallelism.tensor_parallel_degree", "2",
                                  "--float8.recipe", "rowwise"], "(rowwise)", marks=pytest.mark.slow),
 ])

@@ -117,15 +117,6 @@ def test_global_batch_sets_gradient_accumulation():
         grad_accum_steps(cfg.training, dp_degree=4)
 
 
-def test_readme_documents_every_config_key():
-    from pathlib import Path
-
-    readme = Path("README.md").read_text()
-    for section in ("job", "model", "training", "data", "optimizer", "lr_scheduler", "parallelism", "metrics"):
-        for name in type(getattr(JobConfig(), section)).__dataclass_fields__:
-            assert f"`{section}.{name}`" in readme, f"README.md does not document {section}.{name}"
-
-
 def test_cpu_offload_needs_cuda_and_fsdp(monkeypatch):
     import torch
 
