@@ -5,7 +5,7 @@ import json
 import pytest
 
 from titanlite.errors import ConfigError
-from titanlite.tools.analyze import analyze, analyze_trace, main
+from titanlite.tools.analyze import analyze, analyze_trace, main, to_markdown
 
 
 def x(name, ts, dur, tid=1, cat="cpu_op", pid=1):
@@ -108,6 +108,19 @@ def test_folder_of_ranks_is_averaged_and_written(tmp_path):
     assert avg["idle_pct"] == pytest.approx((r0["idle_pct"] + r1["idle_pct"]) / 2)
     assert avg["collectives"]["reduce-scatter"] == {"count": 1, "total_ms": pytest.approx(0.015), "mean_ms": pytest.approx(0.015)}
     assert "| idle % |" in (window / "analysis.md").read_text()
+
+
+def test_a_rank_whose_profiler_recorded_nothing_is_left_out_and_named(tmp_path):
+    """Seen in `bench strategies` on 4 CPU ranks sharing 2 cores: one rank's trace held metadata only."""
+    empty = {"traceEvents": [{"ph": "M", "name": "process_name", "pid": 1, "tid": 0, "args": {"name": "python"}}]}
+    (tmp_path / "rank0_trace.json").write_text(json.dumps(cpu_trace(0)))
+    (tmp_path / "rank1_trace.json").write_text(json.dumps(empty))
+    _, result = analyze(tmp_path)
+    assert set(result["ranks"]) == {0} and result["empty"] == ["rank1_trace.json"]
+    assert "Left out, the profiler recorded no events: rank1_trace.json" in to_markdown(result)
+    (tmp_path / "rank0_trace.json").write_text(json.dumps(empty))
+    with pytest.raises(ConfigError, match="recorded no events in any trace"):
+        analyze(tmp_path)
 
 
 def test_bad_input_is_one_clear_error(tmp_path):

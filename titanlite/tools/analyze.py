@@ -319,12 +319,20 @@ def average(per_rank: dict[int, dict]) -> dict:
 
 
 def analyze(target: Path, top: int = 10) -> tuple[Path, dict]:
+    """Analyse every rank's trace of a window. A rank whose profiler recorded no event at all (its file
+    holds only metadata: seen now and then on CPU ranks oversubscribing their cores) is left out and
+    named under "empty"; a window with no usable trace is an error."""
     folder, files = trace_files(target)
-    per_rank = {}
+    per_rank, empty = {}, []
     for i, path in enumerate(files):
         trace = load_trace(path)
+        if not any(e.get("ph") == "X" for e in trace.get("traceEvents", [])):
+            empty.append(path.name)
+            continue
         per_rank[rank_of(trace, path, i)] = analyze_trace(trace, top) | {"file": path.name}
-    result = {"folder": str(folder), "ranks": dict(sorted(per_rank.items())), "average": average(per_rank)}
+    if not per_rank:
+        raise ConfigError(f"{folder}: the profiler recorded no events in any trace ({', '.join(empty)}); profile again")
+    result = {"folder": str(folder), "ranks": dict(sorted(per_rank.items())), "average": average(per_rank), "empty": empty}
     return folder, result
 
 
@@ -339,8 +347,10 @@ def to_markdown(result: dict) -> str:
             ("non-compute %", "non_compute_pct", ".1f"), ("idle %", "idle_pct", ".1f"),
             ("communication (ms)", "communication_ms", ".1f"), ("overlap %", "overlap_pct", ".1f"),
             ("exposed communication (ms)", "exposed_communication_ms", ".1f")]
-    lines = [f"# Trace analysis: {result['folder']}", "", "| | " + " | ".join(cols) + " |",
-             "|---|" + "---:|" * len(cols)]
+    lines = [f"# Trace analysis: {result['folder']}", ""]
+    if result.get("empty"):
+        lines += [f"Left out, the profiler recorded no events: {', '.join(result['empty'])}.", ""]
+    lines += ["| | " + " | ".join(cols) + " |", "|---|" + "---:|" * len(cols)]
     for label, key, fmt in rows:
         values = [format(r[key], fmt) for r in ranks.values()] + [format(avg[key], fmt)]
         lines.append(f"| {label} | " + " | ".join(values) + " |")
