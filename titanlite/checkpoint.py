@@ -87,12 +87,15 @@ class Checkpointer:
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.pending = None  # (future, step) of an async save in flight
         self.saved_step = -1
-        self.mode = cfg.async_mode
-        if self.mode == "async_with_pinned_mem" and not uses_cuda():
-            say("  checkpoint: async_with_pinned_mem needs CUDA; saving with async_mode = 'async' instead")
-            self.mode = "async"
+        self.mode = cfg.async_mode if cfg.enable else "disabled"
         # A background save must not share a process group with training collectives (gloo mixes them up).
         self.async_group = dist.new_group(backend="gloo") if self.mode != "disabled" and dist.is_initialized() else None
+        self.stager = None
+        if self.mode == "async_with_pinned_mem":
+            self.stager = process_saver_stager(pinned=uses_cuda())
+            where = "pinned" if uses_cuda() else "shared (pinned memory needs CUDA)"
+            say(f"  checkpoint: async_with_pinned_mem: each save is copied to {where} host memory, then written "
+                "by a background process")
 
     # ---- what is saved -----------------------------------------------------------------------
 
@@ -166,7 +169,8 @@ class Checkpointer:
             kind = dcp.state_dict_saver.AsyncCheckpointerType
             response = dcp.async_save(
                 state, checkpoint_id=str(tmp), process_group=self.async_group,
-                async_checkpointer_type=kind.PROCESS if self.mode == "async_with_pinned_mem" else kind.THREAD,
+                async_checkpointer_type=kind.PROCESS if self.stager is not None else kind.THREAD,
+                async_stager=self.stager,
             )
             future = getattr(response, "upload_completion", response)
             self.pending = (future, tmp, final, meta, start)
@@ -207,6 +211,10 @@ class Checkpointer:
 
     def close(self) -> None:
         self.wait()
+        if self.stager is not None:
+            self.stager.close()  # frees the pinned (or shared) staging buffers
+            self.stager = None
+            stop_process_saver()
 
     # ---- loading -----------------------------------------------------------------------------
 
@@ -315,6 +323,40 @@ def checkpoint_to_load(cfg, purpose: str) -> Path:
         return Path(initial_weights_path(cfg))
     raise ConfigError(f"no checkpoint to {purpose} in {run_dir}; train there with checkpoint.enable, or set "
                       "checkpoint.initial_load_path to a DCP checkpoint or Hugging Face folder")
+
+
+def process_saver_stager(pinned: bool):
+    """How async_with_pinned_mem stages a save before DCP's background process writes it: into host
+    buffers that are kept from save to save, pinned on CUDA (fast device-to-host copies), shared with the
+    writing process (no pickling of tensors). The copy is made before async_save returns, so training may
+    change the weights right after; the writing runs beside the next steps."""
+    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+    return DefaultStager(StagingOptions(use_pinned_memory=pinned, use_shared_memory=True, use_async_staging=False,
+                                        use_non_blocking_copy=pinned))
+
+
+def stop_process_saver() -> None:
+    """End DCP's writing process. DCP keeps it for the trainer's lifetime and ends it only in a finaliser,
+    which titanlite's exit skips (os._exit, CPU_DISTRIBUTED_NOTES.md): left alone, it would notice its
+    parent gone and die with a traceback. Private names: if a torch version moves them, nothing is done."""
+    from torch.distributed.checkpoint import _async_process_executor as executor
+
+    process = getattr(executor, "_CHECKPOINT_PROCESS", None)
+    send, child = getattr(process, "_send", None), getattr(process, "_save_process", None)
+    if send is None or child is None or not child.is_alive():
+        return
+    send(executor._CheckpointSaveProcessControlOpts.TERMINATE)
+    child.join(timeout=30)
+    if child.is_alive():
+        child.terminate()
+    executor._CHECKPOINT_PROCESS = None
+
+
+def needs_process_group(cfg) -> bool:
+    """DCP's process-based saver (async_with_pinned_mem) sets up its writer's process group from the
+    trainer's, so even a one-process run gets a (one-rank, gloo) process group."""
+    return cfg.checkpoint.enable and cfg.checkpoint.async_mode == "async_with_pinned_mem"
 
 
 def initial_weights_path(cfg) -> str:

@@ -297,8 +297,10 @@ class Checkpoint:
     interval: int = 500
     """Save every this many steps; the last step (or training.stop_after_step) is always saved."""
     async_mode: Literal["disabled", "async", "async_with_pinned_mem"] = "disabled"
-    """'async' writes in a background thread while training goes on; 'async_with_pinned_mem' stages
-    through pinned host memory in a background process (CUDA; on CPU it behaves as 'async')."""
+    """'disabled' saves before the next step; 'async' copies the state on the training thread and writes it
+    in a background thread while training goes on; 'async_with_pinned_mem' copies it into reused pinned
+    host buffers (shared, unpinned ones on the CPU) and writes it from DCP's background process, also for
+    one process (given a one-rank process group). docs/checkpointing.md compares their costs."""
     keep_latest_k: int = 0
     """Keep only the newest k complete checkpoints (0 keeps all); the newest is never deleted."""
     load_step: int = -1

@@ -70,6 +70,7 @@ def plan_run(cfg: JobConfig, world_size: int, validation: bool = False) -> Plan:
         )
     check_float8(cfg.float8)
     check_profiling(cfg.profiling)
+    check_async_mode(cfg.checkpoint)
     if cfg.parallelism.enable_async_tensor_parallel:
         raise ConfigError(
             "parallelism.enable_async_tensor_parallel needs CUDA and torch.compile, which titanlite does not "
@@ -81,6 +82,17 @@ def plan_run(cfg: JobConfig, world_size: int, validation: bool = False) -> Plan:
     if cfg.validation.enable or validation:
         check_validation(cfg, pipeline, args.max_seq_len)
     return Plan(dims, accum, cfg.training.local_batch_size * dims.dp * accum, pipeline)
+
+
+def check_async_mode(checkpoint) -> None:
+    """async_with_pinned_mem needs DCP's stager (torch.distributed.checkpoint.staging), refused up front
+    where this torch lacks it rather than failing at the first save."""
+    if checkpoint.enable and checkpoint.async_mode == "async_with_pinned_mem":
+        try:
+            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions  # noqa: F401
+        except ImportError:
+            raise ConfigError(f"checkpoint.async_mode='async_with_pinned_mem' needs DCP's DefaultStager, which torch "
+                              f"{torch.__version__} lacks; use checkpoint.async_mode = 'async'") from None
 
 
 def describe_model(cfg: JobConfig) -> str:
@@ -247,7 +259,7 @@ def keep_metrics_up_to(path: Path, step: int) -> None:
 def init_distributed(world_size: int, init_timeout_seconds: float, one_rank_mesh: bool = False) -> torch.device:
     """This rank's device (titanlite.devices) and, for several ranks, the process group: NCCL on CUDA,
     gloo on the CPU. One rank gets an in-memory group too when its mesh has a one-rank dimension
-    (FSDP on a single device)."""
+    (FSDP on a single device) or DCP's process-based saver needs one (async_with_pinned_mem)."""
     from titanlite.devices import local_device
 
     device = local_device(int(os.environ.get("LOCAL_RANK", 0)))
@@ -299,7 +311,10 @@ def run(cfg: JobConfig) -> None:
     rank = int(os.environ.get("RANK", 0))
     plan = plan_run(cfg, world_size, validation=bool(os.environ.get("TITANLITE_EVAL")))
     set_determinism(cfg)
-    device = init_distributed(world_size, cfg.comm.init_timeout_seconds, one_rank_mesh=plan.dims.fsdp_single_rank)
+    from titanlite.checkpoint import needs_process_group
+
+    one_rank_group = plan.dims.fsdp_single_rank or needs_process_group(cfg)
+    device = init_distributed(world_size, cfg.comm.init_timeout_seconds, one_rank_mesh=one_rank_group)
     if device.type == "cpu":
         keep_freed_memory_on_cpu()
     if os.environ.get("TITANLITE_EVAL"):  # titanlite eval

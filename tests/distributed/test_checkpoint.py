@@ -116,6 +116,30 @@ def test_async_save_resumes_exactly(tmp_path, fsdp4_runs):
     assert [r["loss"] for r in metrics(tmp_path)[10:]] == [r["loss"] for r in metrics(straight)[10:]]
 
 
+# One process is the case that crashed on a GPU (no process group for DCP's process-based saver); FSDP x 4
+# (slow) reuses fsdp4_runs' uninterrupted run.
+@pytest.mark.parametrize("layout", ["single", pytest.param("fsdp4", marks=pytest.mark.slow)])
+def test_process_saver_resumes_exactly_and_leaves_no_tmp(tmp_path, fsdp4_runs, layout):
+    """async_with_pinned_mem runs DCP's process-based saver on the CPU too (shared, not pinned, memory):
+    saves every 5 steps, a stop at 10 and a resume to 20 give the uninterrupted run's losses bit for bit."""
+    mode = ["--checkpoint.async_mode", "async_with_pinned_mem"]
+    if layout == "fsdp4":
+        straight, _ = fsdp4_runs
+    else:
+        straight = tmp_path / "straight"
+        run(layout, straight)
+    first = run(layout, tmp_path, *mode, "--training.stop_after_step", "10")
+    assert "copied to shared (pinned memory needs CUDA) host memory, then written by a background process" in first.stdout
+    assert "Checkpoint background process is running" in first.stdout + first.stderr  # DCP's process saver's own log
+    assert "Traceback" not in first.stdout + first.stderr  # its writing process ended cleanly
+    assert sorted(p.name for p in (tmp_path / "run").glob("step-*")) == ["step-10", "step-5"]
+    second = run(layout, tmp_path, *mode)
+    assert "at step 10" in second.stdout
+    assert [r["loss"] for r in metrics(tmp_path)[10:]] == [r["loss"] for r in metrics(straight)[10:]]
+    assert [r["grad_norm"] for r in metrics(tmp_path)[10:]] == [r["grad_norm"] for r in metrics(straight)[10:]]
+    assert not list((tmp_path / "run").glob("*.tmp"))
+
+
 def test_killed_during_async_saves_leaves_only_loadable_checkpoints(tmp_path):
     from titanlite.checkpoint import verify
 
