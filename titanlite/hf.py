@@ -526,6 +526,11 @@ def resolve_model_folder(model, explicit: set[str]) -> None:
     wanted = {"model.name": family}
     if has_tokenizer:
         wanted["model.tokenizer"] = "hf"
+    elif family == "gpt2" and args.vocab_size in (50257, 50304):
+        wanted["model.tokenizer"] = "gpt2"  # GPT-2's own vocabulary (folders with vocab.json/merges.txt only)
+    elif "model.tokenizer" not in explicit:
+        raise ConfigError(f"{folder} has no tokenizer.json; set model.tokenizer to the tokenizer its model was trained "
+                          "with ('gpt2', 'byte', or 'hf' with model.hf_assets_path naming a folder that has one)")
     if model.n_layers:
         wanted["model.n_layers"] = args.n_layers
     for key, value in wanted.items():

@@ -209,3 +209,12 @@ def test_plan_offers_only_layouts_the_folders_shape_divides(tmp_path, capsys):
           "--training.seq_len", "64", "--data.cache_dir", str(tmp_path / "cache")])
     out = capsys.readouterr().out
     assert "llama3 hf" in out and "DDP 2 x TP 2" in out and "TP 4 " not in out
+
+
+def test_a_folder_without_tokenizer_json_needs_model_tokenizer(tmp_path):
+    """Its data must not be tokenised with a vocabulary the model never saw: a guess is refused."""
+    unusual_llama().save_pretrained(tmp_path)
+    with pytest.raises(ConfigError, match=r"has no tokenizer.json; set model.tokenizer") as e:
+        parse_config(["--model.flavor", "hf", "--model.hf_assets_path", str(tmp_path)])
+    assert "\n" not in str(e.value)
+    assert hf_cfg(tmp_path).model.tokenizer == "byte"  # set explicitly: used
