@@ -319,8 +319,8 @@ def checkpoint_to_load(cfg, purpose: str) -> Path:
     path = pick_checkpoint(run_dir, cfg.checkpoint.load_step)
     if path is not None:
         return path
-    if initial_weights_path(cfg):
-        return Path(initial_weights_path(cfg))
+    if initial := initial_weights_path(cfg):
+        return Path(initial)
     raise ConfigError(f"no checkpoint to {purpose} in {run_dir}; train there with checkpoint.enable, or set "
                       "checkpoint.initial_load_path to a DCP checkpoint or Hugging Face folder")
 

@@ -185,19 +185,17 @@ def load_model(cfg, vocab_size: int) -> tuple[nn.Module, str]:
 def _load_hf_folder(folder: Path, vocab_size: int) -> nn.Module:
     """A model of the folder's own shape and weights (model.name and flavor play no part). Its vocabulary is
     taken as is, padded or not (GPT-2's 50257): it only has to cover the tokenizer's ids."""
-    from titanlite.hf import args_from_hf_config, from_hf, load_hf
-    from titanlite.models.gpt2 import GPT2
-    from titanlite.models.llama import Llama, LlamaArgs
+    from titanlite.hf import folder_model_args, load_hf_into
+    from titanlite.models.registry import model_from_args
 
-    config, hf_state = load_hf(folder)
-    args = args_from_hf_config(config)
+    args = folder_model_args(folder)
     if args.vocab_size < vocab_size:
         raise ConfigError(
             f"checkpoint.initial_load_path='{folder}' has {args.vocab_size} token ids, fewer than model.tokenizer's "
             f"{vocab_size}; set model.tokenizer to the tokenizer the model was trained with"
         )
-    model = Llama(args) if isinstance(args, LlamaArgs) else GPT2(args)
-    model.load_state_dict(from_hf(args, hf_state), strict=True)
+    model = model_from_args(args)
+    load_hf_into([model], folder)
     return model
 
 

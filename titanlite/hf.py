@@ -500,10 +500,15 @@ def args_from_hf_config(config: dict, where: str = "config.json") -> GPT2Args | 
         raise ConfigError(f"{where} for model_type={model_type!r} lacks {e.args[0]!r}") from e
 
 
+def folder_model_args(folder: str | Path) -> GPT2Args | LlamaArgs:
+    """The model a Hugging Face folder holds, from its config.json (errors name the file)."""
+    return args_from_hf_config(read_config(folder), f"{Path(folder) / CONFIG_FILE}:")
+
+
 def folder_args(folder: str | Path, seq_len: int) -> GPT2Args | LlamaArgs:
     """The model of model.flavor = "hf": the shape and math of the folder's config.json, for this run's
     sequence length (GPT-2's learned positions cannot grow; Llama's RoPE tables are computed to cover it)."""
-    args = args_from_hf_config(read_config(folder), f"{Path(folder) / CONFIG_FILE}:")
+    args = folder_model_args(folder)
     if seq_len > args.max_seq_len:
         if isinstance(args, GPT2Args):
             raise ConfigError(f"training.seq_len={seq_len} is longer than the {args.max_seq_len} learned positions of "
@@ -519,9 +524,8 @@ def resolve_model_folder(model, explicit: set[str]) -> None:
     if not folder:
         raise ConfigError("model.flavor='hf' takes the model from model.hf_assets_path; set it to a Hugging Face "
                           "model folder (config.json, safetensors, tokenizer.json)")
-    config = read_config(folder)
-    args = args_from_hf_config(config, f"{Path(folder) / CONFIG_FILE}:")
-    family = FAMILIES[config["model_type"]]
+    args = folder_model_args(folder)
+    family = "gpt2" if isinstance(args, GPT2Args) else "llama3"
     has_tokenizer = (Path(folder) / "tokenizer.json").is_file()
     wanted = {"model.name": family}
     if has_tokenizer:
@@ -577,7 +581,7 @@ def load_hf_into(model_parts: list, folder: str | Path) -> None:
     folder's (GPT-2: 50304 padded of 50257): the extra rows start at zero and are never an input token."""
     from titanlite.parallel.parallelize import fill_parameters
 
-    source, target = args_from_hf_config(read_config(folder), f"{Path(folder) / CONFIG_FILE}:"), model_parts[0].args
+    source, target = folder_model_args(folder), model_parts[0].args
     _check_compatible(source, target, folder)
     reader = WeightReader(folder)
     keys, sources = _hf_keys(source, reader.keys()), hf_sources(source)
