@@ -8,7 +8,7 @@ cd "$(dirname "$0")"
 source scripts/setup_env.sh
 
 for arg in "$@"; do
-  case "$arg" in -h|--help) exec "$PY" -m titanlite.cli help ;; esac
+  case "$arg" in -h|--help) exec "$PY" -m titanlite.commands.cli help ;; esac
 done
 
 if [ -z "${NGPU:-}" ]; then  # one process per visible GPU; one on the CPU (TITANLITE_DEVICE=cpu, or no GPU)
@@ -28,9 +28,10 @@ max_nodes=${NNODES##*:}  # NNODES may be elastic, min:max
 
 # Validate the config (and NGPU against the visible GPUs, and the memory it needs) for the world size about to
 # launch, and build the token cache once, before any worker starts.
-"$PY" -m titanlite.cli check --world-size $((NGPU * max_nodes)) --nproc-per-node "$NGPU" "$@" || exit $?
+"$PY" -m titanlite.commands.cli check --world-size $((NGPU * max_nodes)) --nproc-per-node "$NGPU" "$@" || exit $?
 
-# Restarted workers must not reuse the dead workers' rendezvous store (CPU_DISTRIBUTED_NOTES.md).
+# Restarted workers must not reuse the dead workers' rendezvous store (torch 2.13 shares it across restarts
+# by default, and the restarted workers then fail to connect: docs/checkpointing.md).
 export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
 # CUDA allocator: growable segments fragment far less with FSDP's varying all-gather sizes (ignored on CPU).
 export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
@@ -46,5 +47,5 @@ else
 fi
 [ -z "${LOG_RANK:-}" ] || launch+=(--local-ranks-filter "$LOG_RANK" --role rank --tee 3)
 
-# torchrun (titanlite/launch.py): a failed worker's one-line reason comes last, and its exit status is ours.
-exec "$PY" -m titanlite.launch "${launch[@]}" -m titanlite.train "$@"
+# torchrun (titanlite/commands/launch.py): a failed worker's one-line reason comes last, and its exit status is ours.
+exec "$PY" -m titanlite.commands.launch "${launch[@]}" -m titanlite.commands.train "$@"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU figures of BENCHMARKS.md, on one GPU of an offline machine (docs: shared/GPU_NOTES.md set-up):
+# The GPU figures of BENCHMARKS.md, on one GPU of an offline machine (docs/testing.md, "Tests on a GPU box", says how to set one up):
 #   scripts/gpu_figures.sh throughput   bench throughput, GPT-2 124M and 774M, chunked and plain loss
 #   scripts/gpu_figures.sh runs         ./run_train.sh figures: gpt2_large_zero2 at NGPU=1, the 3B at seq 8192
 #   scripts/gpu_figures.sh loss         bench throughput of the chunked and the plain loss
@@ -17,7 +17,7 @@ $PY -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_na
 bench() {  # bench NAME ARGS...: one bench throughput, its table kept in summary.txt
   local name=$1; shift
   echo "== $name: bench throughput $*" | tee -a "$OUT/summary.txt"
-  $PY -m titanlite.cli bench throughput --compile.enable --repeats 5 --output "$OUT/$name.json" "$@" > "$OUT/$name.log" 2>&1
+  $PY -m titanlite.commands.cli bench throughput --compile.enable --repeats 5 --output "$OUT/$name.json" "$@" > "$OUT/$name.log" 2>&1
   grep -E "^(titanlite|bare|loop)" "$OUT/$name.log" | tee -a "$OUT/summary.txt" || tail -3 "$OUT/$name.log" | tee -a "$OUT/summary.txt"
 }
 

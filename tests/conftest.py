@@ -3,7 +3,7 @@ import os
 import pytest
 import torch
 
-# Every test computes on the CPU with gloo, whatever GPUs the machine has (titanlite/devices.py), so the
+# Every test computes on the CPU with gloo, whatever GPUs the machine has (titanlite/base/devices.py), so the
 # suite behaves the same on a laptop, a CPU CI box and a GPU server; tests marked `gpu` ask for CUDA
 # themselves (TITANLITE_DEVICE=cuda in their runs' environment).
 os.environ["TITANLITE_DEVICE"] = "cpu"

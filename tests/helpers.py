@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from titanlite.failures import reason_in
+from titanlite.base.failures import reason_in
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -43,8 +43,8 @@ def env(**extra: str) -> dict[str, str]:
 def torchrun(nproc: int, args: list[str], run_dir: Path, timeout: int = 300) -> subprocess.CompletedProcess:
     """One training run with `nproc` gloo ranks; the run folder is run_dir/run."""
     cmd = [
-        sys.executable, "-m", "titanlite.launch", "--standalone", f"--nproc-per-node={nproc}",
-        f"--log-dir={run_dir / 'torchrun_logs'}", "-m", "titanlite.train",
+        sys.executable, "-m", "titanlite.commands.launch", "--standalone", f"--nproc-per-node={nproc}",
+        f"--log-dir={run_dir / 'torchrun_logs'}", "-m", "titanlite.commands.train",
         "--job.dump_folder", str(run_dir), "--job.name", "run", *args,
     ]
     return subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=timeout)

@@ -12,7 +12,7 @@ from tests.helpers import REPO, env
 
 
 def bench(*args: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "titanlite.cli", "bench", "throughput", *args]
+    cmd = [sys.executable, "-m", "titanlite.commands.cli", "bench", "throughput", *args]
     return subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
 
 
@@ -53,7 +53,7 @@ TINY_BENCH = ["--training.seq_len", "32", "--training.local_batch_size", "4"]
 
 def run_cli(*args: str, ngpu: int | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
     extra = {"NGPU": str(ngpu)} if ngpu else {}
-    cmd = [sys.executable, "-m", "titanlite.cli", *args]
+    cmd = [sys.executable, "-m", "titanlite.commands.cli", *args]
     return subprocess.run(cmd, cwd=REPO, env=env(**extra), capture_output=True, text=True, timeout=timeout)
 
 

@@ -13,7 +13,7 @@ from titanlite.tools.bench_data import make_corpus
 
 
 def bench_data(*args: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "titanlite.cli", "bench", "data", *args]
+    cmd = [sys.executable, "-m", "titanlite.commands.cli", "bench", "data", *args]
     return subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
 
 

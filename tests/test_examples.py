@@ -23,7 +23,7 @@ def test_default_run_learns_by_a_third(tmp_path):
     val = [r["val_loss"] for r in evaluated]
     assert all(later < earlier for earlier, later in zip(val, val[1:])), val  # the validation loss falls
     # `titanlite eval` on the final checkpoint prints the run's last evaluation
-    cmd = [sys.executable, "-m", "titanlite.cli", "eval", "--job.dump_folder", str(tmp_path), "--job.name", "run",
+    cmd = [sys.executable, "-m", "titanlite.commands.cli", "eval", "--job.dump_folder", str(tmp_path), "--job.name", "run",
            "--output", str(tmp_path / "eval.json")]
     ev = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=600)
     assert ev.returncode == 0, ev.stdout[-2000:] + ev.stderr[-3000:]

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from titanlite.config import tomllib  # tomli on Python 3.10
+from titanlite.config.loading import tomllib  # tomli on Python 3.10
 
 from tests.helpers import TINY, VALIDATED, metrics, run_train_sh, torchrun
 
@@ -89,8 +89,8 @@ def test_fresh_run_replaces_old_metrics(tmp_path):
 @pytest.mark.parametrize(
     "ngpu, fault, status, rank, reason",
     [
-        (2, "error@2:1", 1, 1, "RuntimeError: fault injection: an error after step 2 (titanlite/resilience.py:"),
-        (1, "oom@2", 4, 0, "out of device memory (fault injection: out of memory after step 2 (simulated)) at titanlite/resilience.py:"),
+        (2, "error@2:1", 1, 1, "RuntimeError: fault injection: an error after step 2 (titanlite/components/resilience.py:"),
+        (1, "oom@2", 4, 0, "out of device memory (fault injection: out of memory after step 2 (simulated)) at titanlite/components/resilience.py:"),
     ],
 )
 def test_a_failed_worker_says_why_last_and_sets_the_exit_status(tmp_path, ngpu, fault, status, rank, reason):

@@ -14,10 +14,13 @@ from torch.distributed.tensor import DTensor
 
 
 def main(out: str, tokens_file: str, argv: list[str]) -> None:
-    from titanlite.checkpoint import initial_weights_path, load_weights
+    from titanlite.components.checkpoint import initial_weights_path, load_weights
     from titanlite.config import parse_config
     from titanlite.data.tokenizer import build_tokenizer
-    from titanlite.train import build_model, init_distributed, plan_run, shutdown
+    from titanlite.builder.model import build_model
+    from titanlite.builder.plan import plan_run
+    from titanlite.builder.runtime import init_distributed
+    from titanlite.commands.worker import shutdown
     from pathlib import Path
 
     cfg = parse_config(argv)

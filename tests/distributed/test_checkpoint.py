@@ -141,13 +141,13 @@ def test_process_saver_resumes_exactly_and_leaves_no_tmp(tmp_path, fsdp4_runs, l
 
 
 def test_killed_during_async_saves_leaves_only_loadable_checkpoints(tmp_path):
-    from titanlite.checkpoint import verify
+    from titanlite.components.checkpoint import verify
 
     # Save asynchronously after every step and kill the whole job at an arbitrary moment.
     args = [*TINY, "--training.steps", "200", "--checkpoint.enable", "--checkpoint.interval", "1",
             "--checkpoint.async_mode", "async", "--training.local_batch_size", "4"]
-    cmd = [sys.executable, "-m", "titanlite.launch", "--standalone", "--nproc-per-node=2",
-           f"--log-dir={tmp_path / 'logs'}", "-m", "titanlite.train", "--job.dump_folder", str(tmp_path), "--job.name", "run", *args]
+    cmd = [sys.executable, "-m", "titanlite.commands.launch", "--standalone", "--nproc-per-node=2",
+           f"--log-dir={tmp_path / 'logs'}", "-m", "titanlite.commands.train", "--job.dump_folder", str(tmp_path), "--job.name", "run", *args]
     job = subprocess.Popen(cmd, cwd=REPO, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.time() + 120
     while time.time() < deadline and len(list((tmp_path / "run").glob("step-*"))) < 4:
@@ -164,7 +164,7 @@ def test_killed_during_async_saves_leaves_only_loadable_checkpoints(tmp_path):
 def test_seed_checkpoint_gives_every_layout_the_same_start(tmp_path):
     # Write initial weights once (seed 7), in one process, into two run folders.
     for name in ("one", "two"):
-        seed = subprocess.run([sys.executable, "-m", "titanlite.cli", "seed-checkpoint", *TINY, "--job.dump_folder",
+        seed = subprocess.run([sys.executable, "-m", "titanlite.commands.cli", "seed-checkpoint", *TINY, "--job.dump_folder",
                                str(tmp_path / name), "--job.name", "run", "--training.seed", "7"],
                               cwd=REPO, env=env(), capture_output=True, text=True)
         assert seed.returncode == 0, seed.stderr
@@ -182,12 +182,12 @@ def test_export_to_hugging_face_matches_titanlite_logits(tmp_path, fsdp4_runs):
     transformers = pytest.importorskip("transformers", reason="transformers is an optional test dependency (pip install .[hf])")
     import torch
 
-    from titanlite.checkpoint import load_model_only
+    from titanlite.components.checkpoint import load_model_only
     from titanlite.models.registry import build_model
 
     straight, _ = fsdp4_runs
     out = tmp_path / "hf"
-    proc = subprocess.run([sys.executable, "-m", "titanlite.cli", "convert", "to-hf", "--output", str(out), *TINY,
+    proc = subprocess.run([sys.executable, "-m", "titanlite.commands.cli", "convert", "to-hf", "--output", str(out), *TINY,
                            "--job.dump_folder", str(straight), "--job.name", "run"], cwd=REPO, env=env(), capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     ours = build_model("gpt2", "debug", 50257, 32)

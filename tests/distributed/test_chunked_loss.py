@@ -1,4 +1,4 @@
-"""The chunked output projection + cross-entropy (titanlite/loss.py) against the plain loss.
+"""The chunked output projection + cross-entropy (titanlite/components/loss.py) against the plain loss.
 
 Every layout trains two steps with checkpoints after each, global batch 8 x 32 tokens, in chunks of 20
 tokens (so each micro-batch is cut unevenly, and under PP each 32-token pipeline micro-batch too); the

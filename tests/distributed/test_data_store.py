@@ -208,7 +208,7 @@ def test_ranks_reuse_the_store_without_reading_the_source(tmp_path, corpus_jsonl
     after = losses(torchrun(1, args, tmp_path / "after"), tmp_path / "after")
     assert after == before  # bitwise: the rank used the store and never read the changed text
 
-    check = subprocess.run([sys.executable, "-m", "titanlite.cli", "check", "--world-size", "1", *args],
+    check = subprocess.run([sys.executable, "-m", "titanlite.commands.cli", "check", "--world-size", "1", *args],
                            cwd=REPO, env=env(), capture_output=True, text=True, timeout=120)
     said = check.stdout + check.stderr
     assert check.returncode == 0, said[-3000:]

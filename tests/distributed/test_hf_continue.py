@@ -19,7 +19,7 @@ from tests.unit.test_hf_shapes import assert_logits_match, perturb, unusual_llam
 
 pytestmark = pytest.mark.distributed
 
-CORPUS_TEXT = (REPO / "titanlite" / "config.py").read_text() + VALIDATION_TEXT.read_text()
+CORPUS_TEXT = (REPO / "titanlite" / "config" / "sections.py").read_text() + VALIDATION_TEXT.read_text()
 
 
 def train_tokenizer(folder) -> "tokenizers.Tokenizer":
@@ -58,15 +58,15 @@ def hf_args(folder, corpus) -> list[str]:
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "titanlite.cli", *args], cwd=REPO, env=env(), capture_output=True, text=True)
+    return subprocess.run([sys.executable, "-m", "titanlite.commands.cli", *args], cwd=REPO, env=env(), capture_output=True, text=True)
 
 
 def test_train_then_export_loads_in_transformers(tmp_path, hf_folder):
-    from titanlite.checkpoint import load_model_only
+    from titanlite.components.checkpoint import load_model_only
     from titanlite.config import parse_config
     from titanlite.data.tokenizer import build_tokenizer
     from titanlite.models.registry import configured_model
-    from titanlite.train import build_data
+    from titanlite.builder.data import build_data
 
     folder, hf, tok, corpus = hf_folder
     args = hf_args(folder, corpus)

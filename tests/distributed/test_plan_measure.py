@@ -40,7 +40,7 @@ CASES = [
 @pytest.mark.parametrize("name, ngpu, args", CASES)
 def test_estimate_within_15_percent_of_measured(tmp_path, name, ngpu, args):
     out = tmp_path / "plan.json"
-    cmd = [sys.executable, "-m", "titanlite.cli", "plan", "--ngpu", str(ngpu), "--measure", *args]
+    cmd = [sys.executable, "-m", "titanlite.commands.cli", "plan", "--ngpu", str(ngpu), "--measure", *args]
     proc = subprocess.run(cmd, cwd=REPO, env=env(TITANLITE_PLAN_JSON=str(out)), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())
@@ -53,12 +53,12 @@ def test_estimate_within_15_percent_of_measured(tmp_path, name, ngpu, args):
 
 def test_a_failed_measurement_says_why_with_the_workers_status(tmp_path):
     # A simulated out-of-memory error in the measured run: plan --measure quotes the worker's line, exits 4.
-    cmd = [sys.executable, "-m", "titanlite.cli", "plan", "--ngpu", "1", "--measure"]
+    cmd = [sys.executable, "-m", "titanlite.commands.cli", "plan", "--ngpu", "1", "--measure"]
     proc = subprocess.run(cmd, cwd=REPO, env=env(TITANLITE_FAULT="oom@1"), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 4, proc.stdout[-2000:] + proc.stderr[-3000:]
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("titanlite: error: plan --measure: the measured run failed: rank 0: out of device memory "
-                           "(fault injection: out of memory after step 1 (simulated)) at titanlite/resilience.py:"), last
+                           "(fault injection: out of memory after step 1 (simulated)) at titanlite/components/resilience.py:"), last
 
 
 @pytest.mark.slow
@@ -69,7 +69,7 @@ def test_chunked_loss_lowers_the_measured_peak(tmp_path):
     results = {}
     for chunk in ("0", "-1"):
         out = tmp_path / f"plan-{chunk}.json"
-        cmd = [sys.executable, "-m", "titanlite.cli", "plan", "--ngpu", "1", "--measure", *long,
+        cmd = [sys.executable, "-m", "titanlite.commands.cli", "plan", "--ngpu", "1", "--measure", *long,
                "--training.loss_chunk_tokens", chunk]
         proc = subprocess.run(cmd, cwd=REPO, env=env(TITANLITE_PLAN_JSON=str(out)), capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]

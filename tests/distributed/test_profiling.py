@@ -14,7 +14,7 @@ PROFILE = ["--profiling.enable_profiling", "--profiling.profile_freq", "3", "--t
 
 
 def analyze(folder):
-    cmd = [sys.executable, "-m", "titanlite.cli", "analyze", str(folder)]
+    cmd = [sys.executable, "-m", "titanlite.commands.cli", "analyze", str(folder)]
     return subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=120)
 
 

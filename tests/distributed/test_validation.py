@@ -44,7 +44,7 @@ def test_pipeline_evaluation_leaves_training_bitwise_the_same(tmp_path):
 
 
 def titanlite_eval(args: list[str], run_dir) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "titanlite.cli", "eval", "--job.dump_folder", str(run_dir), "--job.name", "run", *args]
+    cmd = [sys.executable, "-m", "titanlite.commands.cli", "eval", "--job.dump_folder", str(run_dir), "--job.name", "run", *args]
     return subprocess.run(cmd, cwd=REPO, env=env(TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1"), capture_output=True, text=True, timeout=300)
 
 
@@ -70,7 +70,7 @@ def test_eval_of_the_final_checkpoint_prints_the_runs_last_validation_loss(tmp_p
     assert json.loads((tmp_path / "pp.json").read_text())["val_loss"] == pytest.approx(last["val_loss"], rel=1e-5)
 
     # Exported to a Hugging Face folder and evaluated from there, by a run folder with no checkpoint.
-    export = subprocess.run([sys.executable, "-m", "titanlite.cli", "convert", "to-hf", "--output", str(tmp_path / "hf"),
+    export = subprocess.run([sys.executable, "-m", "titanlite.commands.cli", "convert", "to-hf", "--output", str(tmp_path / "hf"),
                              "--job.dump_folder", str(tmp_path), "--job.name", "run"], cwd=REPO, env=env(), capture_output=True, text=True)
     assert export.returncode == 0, export.stderr[-3000:]
     from_hf = titanlite_eval([*VALIDATED, "--job.name", "fresh", "--checkpoint.initial_load_path", str(tmp_path / "hf")], tmp_path)

@@ -266,7 +266,7 @@ def test_memory_snapshot_is_a_loadable_cuda_snapshot(tmp_path):
 
 def test_plan_measure_on_cuda(tmp_path):
     out = tmp_path / "plan.json"
-    cmd = [sys.executable, "-m", "titanlite.cli", "plan", "--ngpu", "1", "--measure"]
+    cmd = [sys.executable, "-m", "titanlite.commands.cli", "plan", "--ngpu", "1", "--measure"]
     proc = subprocess.run(cmd, cwd=REPO, env=env(TITANLITE_PLAN_JSON=str(out), **CUDA), capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]

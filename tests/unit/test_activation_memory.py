@@ -7,8 +7,8 @@ from torch.distributed._tools.mem_tracker import MemTracker
 from titanlite.config import ActivationCheckpoint
 from titanlite.models.registry import build_model
 from titanlite.parallel.activation_checkpoint import apply_ac
-from titanlite.parallel.parallelize import init_weights
-from titanlite.loss import cross_entropy
+from titanlite.models.init import init_weights
+from titanlite.components.loss import cross_entropy
 
 
 def peak_activation_bytes(mode: str, seq_len: int = 512) -> int:

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from titanlite.errors import ConfigError
+from titanlite.base.errors import ConfigError
 from titanlite.tools.analyze import analyze, analyze_trace, main, to_markdown
 
 

@@ -2,8 +2,9 @@
 
 import pytest
 
-from titanlite.config import JobConfig, field_docs, grad_accum_steps, help_text, parse_config, to_toml, tomllib  # tomllib: tomli on Python 3.10
-from titanlite.errors import ConfigError
+from titanlite.config import JobConfig, field_docs, grad_accum_steps, help_text, parse_config, to_toml
+from titanlite.config.loading import tomllib  # tomli on Python 3.10
+from titanlite.base.errors import ConfigError
 from titanlite.parallel.dims import ParallelDims
 
 
@@ -120,14 +121,14 @@ def test_global_batch_sets_gradient_accumulation():
 def test_cpu_offload_needs_cuda_and_fsdp(monkeypatch):
     import torch
 
-    from titanlite.train import plan_run
+    from titanlite.builder.plan import plan_run
 
     cfg = parse_config(["--training.enable_cpu_offload"])
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ConfigError, match="no CUDA device here"):
         plan_run(cfg, world_size=2)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.delenv("TITANLITE_DEVICE")  # a GPU box, as titanlite.devices sees it
+    monkeypatch.delenv("TITANLITE_DEVICE")  # a GPU box, as titanlite.base.devices sees it
     ddp = parse_config(["--training.enable_cpu_offload", "--parallelism.data_parallel_replicate_degree", "2",
                         "--parallelism.data_parallel_shard_degree", "1"])
     with pytest.raises(ConfigError, match="this layout has no FSDP"):

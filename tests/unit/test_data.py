@@ -23,8 +23,8 @@ from titanlite.data.loader import GlobalBatchSampler, TokenLoader
 from titanlite.data.order import EpochOrder, MixtureOrder, SeededPermutation
 from titanlite.data.sources import Source
 from titanlite.data.store import TokenStore, open_store
-from titanlite.data.tokenizer import ByteTokenizer, GPT2Tokenizer, _gpt2_encoding, build_tokenizer
-from titanlite.errors import ConfigError
+from titanlite.data.tokenizer import ByteTokenizer, GPT2Tokenizer, gpt2_encoding, build_tokenizer
+from titanlite.base.errors import ConfigError
 
 BYTE_EOT = 256
 
@@ -48,7 +48,7 @@ def byte_ids(*docs: str) -> list[int]:
 
 def test_gpt2_tokenizer_works_offline_with_known_ids(no_network, monkeypatch, tmp_path):
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "tiktoken"))
-    _gpt2_encoding.cache_clear()  # build from the rank file inside this test, not from an earlier one
+    gpt2_encoding.cache_clear()  # build from the rank file inside this test, not from an earlier one
     tok = build_tokenizer("gpt2")
     assert isinstance(tok, GPT2Tokenizer)
     assert (tok.name, tok.vocab_size, tok.eot_id) == ("gpt2", 50257, 50256)

@@ -7,8 +7,8 @@ import time
 import pytest
 import torch
 
-from titanlite import devices
-from titanlite.errors import ConfigError
+from titanlite.base import devices
+from titanlite.base.errors import ConfigError
 
 
 @pytest.fixture
@@ -47,7 +47,7 @@ def test_bad_switch_values_are_one_line_errors(monkeypatch):
 
 
 def test_check_refuses_more_ranks_than_gpus_before_anything_else(one_gpu, monkeypatch, capsys):
-    from titanlite.cli import main
+    from titanlite.commands.cli import main
 
     monkeypatch.delenv("TITANLITE_DEVICE")
     start = time.perf_counter()
@@ -73,7 +73,7 @@ def test_single_rank_fsdp_is_for_one_device_only():
 
 def test_cpu_offload_at_one_gpu_is_one_rank_fsdp(one_gpu, monkeypatch):
     from titanlite.config import parse_config
-    from titanlite.train import plan_run
+    from titanlite.builder.plan import plan_run
 
     monkeypatch.delenv("TITANLITE_DEVICE")
     plan = plan_run(parse_config(["--training.enable_cpu_offload"]), world_size=1)
@@ -92,8 +92,8 @@ def raise_here(exc: BaseException) -> BaseException:
 
 
 def test_failure_lines_and_exit_statuses(tmp_path, capsys):
-    from titanlite.failures import explain, record
-    from titanlite.resilience import NonFiniteLoss
+    from titanlite.base.failures import explain, record
+    from titanlite.base.errors import NonFiniteLoss
 
     assert explain(raise_here(ConfigError("set x to y")))[:2] == (2, "set x to y")
     assert explain(raise_here(NonFiniteLoss("loss nan at step 3")))[0] == 3
@@ -107,7 +107,7 @@ def test_failure_lines_and_exit_statuses(tmp_path, capsys):
 
 
 def test_the_launcher_reports_the_earliest_failure_of_the_latest_attempt(tmp_path):
-    from titanlite.failures import first_failure
+    from titanlite.base.failures import first_failure
 
     assert first_failure(tmp_path) is None
     entries = [(3, 1.0, 0, "old attempt"), (0, 12.0, 1, "peer lost"), (1, 11.0, 1, "root cause"), (2, 13.0, 1, "peer lost")]
@@ -120,7 +120,7 @@ def test_a_torchrun_failure_is_one_line(monkeypatch, capsys):
     # e.g. RDZV_ENDPOINT naming a host that does not resolve: torchrun retries, then raises from the cause.
     import torch.distributed.run as torchrun
 
-    from titanlite.launch import main
+    from titanlite.commands.launch import main
 
     def fail(args):
         try:
@@ -129,7 +129,7 @@ def test_a_torchrun_failure_is_one_line(monkeypatch, capsys):
             raise RuntimeError("The connection to the C10d store has failed. See inner exception for details.") from cause
 
     monkeypatch.setattr(torchrun, "run", fail)
-    assert main(["--standalone", "--nproc-per-node", "1", "-m", "titanlite.train"]) == 1
+    assert main(["--standalone", "--nproc-per-node", "1", "-m", "titanlite.commands.train"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["titanlite: error: torchrun could not run the job: RuntimeError: The connection to the C10d store has "
                    "failed. See inner exception for details.; from OSError: nosuchhost.invalid: Name or service not known"]

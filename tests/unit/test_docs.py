@@ -1,5 +1,5 @@
 """The documentation cannot drift from the code: docs/configuration.md is exactly what `titanlite help
---markdown` prints from titanlite/config.py, and every relative link in README.md and docs/ reaches an
+--markdown` prints from titanlite/config/sections.py, and every relative link in README.md and docs/ reaches an
 existing file and heading."""
 
 import re
@@ -13,7 +13,7 @@ REGENERATE = ".venv/bin/titanlite help --markdown > docs/configuration.md"
 
 def test_configuration_reference_is_generated_from_the_code():
     on_disk = (REPO / "docs" / "configuration.md").read_text()
-    assert on_disk == reference_markdown() + "\n", f"docs/configuration.md differs from titanlite/config.py; regenerate it: {REGENERATE}"
+    assert on_disk == reference_markdown() + "\n", f"docs/configuration.md differs from titanlite/config/sections.py; regenerate it: {REGENERATE}"
 
 
 def test_configuration_reference_lists_every_key():

@@ -5,7 +5,7 @@ import torch
 import torch.nn as nn
 
 from titanlite.config import Float8, parse_config
-from titanlite.errors import ConfigError
+from titanlite.base.errors import ConfigError
 from titanlite.models.registry import build_model
 from titanlite.parallel.float8 import apply_float8, check_float8, float8_filter
 
@@ -35,7 +35,7 @@ def test_conversion_keeps_parameter_names():
 
 def test_old_gpu_needs_the_emulation_switch(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.delenv("TITANLITE_DEVICE")  # a GPU box, as titanlite.devices sees it
+    monkeypatch.delenv("TITANLITE_DEVICE")  # a GPU box, as titanlite.base.devices sees it
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (8, 0))
     with pytest.raises(ConfigError, match=r"compute capability 8.0.*set float8.emulate = true"):
         check_float8(Float8(enable=True))

@@ -7,13 +7,13 @@ import json
 import pytest
 import torch
 
-from titanlite.cli import main
+from titanlite.commands.cli import main
 from titanlite.data.tokenizer import ByteTokenizer
-from titanlite.generate import CONTEXT_FULL, END_OF_TEXT, MAX_NEW_TOKENS, Sampling, generate, next_token, sample
-from titanlite.hf import save_hf
+from titanlite.commands.generate import CONTEXT_FULL, END_OF_TEXT, MAX_NEW_TOKENS, Sampling, generate, next_token, sample
+from titanlite.components.hf_weights import save_hf
 from titanlite.models.kv_cache import KVCache
 from titanlite.models.registry import build_model
-from titanlite.parallel.parallelize import init_weights
+from titanlite.models.init import init_weights
 from tests.helpers import REPO
 
 TOK = ByteTokenizer()  # 257 ids, padded to 320 in the model

@@ -11,12 +11,13 @@ transformers = pytest.importorskip("transformers", reason="transformers is an op
 
 from safetensors.torch import load_file  # noqa: E402  (a dependency of transformers)
 
-from titanlite.errors import ConfigError  # noqa: E402
-from titanlite.hf import args_from_hf_config, from_hf, hf_config, load_hf, save_hf, to_hf  # noqa: E402
+from titanlite.base.errors import ConfigError  # noqa: E402
+from titanlite.base.hf_config import args_from_hf_config, hf_config  # noqa: E402
+from titanlite.components.hf_weights import from_hf, load_hf, save_hf, to_hf  # noqa: E402
 from titanlite.models.gpt2 import GPT2  # noqa: E402
 from titanlite.models.llama import Llama  # noqa: E402
 from titanlite.models.registry import build_model  # noqa: E402
-from titanlite.parallel.parallelize import init_weights  # noqa: E402
+from titanlite.models.init import init_weights  # noqa: E402
 
 VOCAB = 300  # padded to 320 by build_model
 ATOL = RTOL = 1e-5
@@ -74,7 +75,7 @@ def test_export_tied_file_has_no_lm_head_and_records_dtype(tmp_path):
     assert "lm_head.weight" not in weights
     assert {t.dtype for t in weights.values()} == {torch.bfloat16}
     config = json.loads((tmp_path / "config.json").read_text())
-    assert config == hf_config(model.args, torch.bfloat16)
+    assert config == hf_config(model.args, "bfloat16")
     assert config["dtype"] == "bfloat16" and config["n_positions"] == model.args.max_seq_len
 
 

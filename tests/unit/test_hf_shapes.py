@@ -10,8 +10,9 @@ import torch
 transformers = pytest.importorskip("transformers", reason="transformers is an optional test dependency (pip install .[hf])")
 
 from titanlite.config import parse_config  # noqa: E402
-from titanlite.errors import ConfigError  # noqa: E402
-from titanlite.hf import args_from_hf_config, load_hf_into, read_config, save_hf  # noqa: E402
+from titanlite.base.errors import ConfigError  # noqa: E402
+from titanlite.base.hf_config import args_from_hf_config, read_config  # noqa: E402
+from titanlite.components.hf_weights import load_hf_into, save_hf  # noqa: E402
 from titanlite.models.registry import configured_model  # noqa: E402
 
 RTOL = 1e-5
@@ -180,7 +181,7 @@ def test_an_unsupported_field_stops_check_with_exit_2(tmp_path):
     from tests.helpers import REPO, env
 
     unusual_llama(attention_bias=True).save_pretrained(tmp_path)
-    proc = subprocess.run([sys.executable, "-m", "titanlite.cli", "check", "--model.flavor", "hf",
+    proc = subprocess.run([sys.executable, "-m", "titanlite.commands.cli", "check", "--model.flavor", "hf",
                            "--model.hf_assets_path", str(tmp_path)], cwd=REPO, env=env(), capture_output=True, text=True)
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "attention_bias=True is not supported" in proc.stderr, proc.stderr

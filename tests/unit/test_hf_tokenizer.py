@@ -14,8 +14,8 @@ from titanlite.data.datasets import split_point
 from titanlite.data.sources import Source, stdlib_files
 from titanlite.data.store import encode_documents, open_store
 from titanlite.data.tokenizer import ByteTokenizer, GPT2Tokenizer, HFTokenizer, build_tokenizer
-from titanlite.errors import ConfigError
-from titanlite.hf_tokenizer import save_tokenizer
+from titanlite.base.errors import ConfigError
+from titanlite.components.hf_tokenizer import save_tokenizer
 
 tokenizers = pytest.importorskip("tokenizers")
 transformers = pytest.importorskip("transformers")

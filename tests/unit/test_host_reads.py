@@ -1,5 +1,5 @@
 """The host reads no tensor value in a quiet training step: titanlite's own code reads the losses and
-gradient norms only on logging steps (titanlite/trainer.py), and count_host_reads, the instrument that
+gradient norms only on logging steps (titanlite/engine/trainer.py), and count_host_reads, the instrument that
 shows it, counts what it should."""
 
 import json
@@ -17,7 +17,7 @@ from tests.helpers import REPO, TINY, env
 WORKER = r"""
 import json, os, sys
 os.environ["TITANLITE_DEVICE"] = "cpu"
-import titanlite, titanlite.train, titanlite.trainer
+import titanlite, titanlite.commands.train, titanlite.engine.trainer
 from titanlite.tools.host_reads import count_host_reads
 
 root = os.path.dirname(os.path.abspath(titanlite.__file__)) + os.sep
@@ -29,15 +29,15 @@ def where(filename):
 
 markers = []  # (step, number of reads before it started)
 reads = None
-train_step = titanlite.trainer.Trainer.train_step
+train_step = titanlite.engine.trainer.Trainer.train_step
 
 def marked_train_step(self, *args, **kwargs):
     markers.append((self.step + 1, len(reads.calls)))
     return train_step(self, *args, **kwargs)
 
-titanlite.trainer.Trainer.train_step = marked_train_step
+titanlite.engine.trainer.Trainer.train_step = marked_train_step
 with count_host_reads(where) as reads:
-    code = titanlite.train.main(sys.argv[2:])
+    code = titanlite.commands.train.main(sys.argv[2:])
 events, taken = [], 0
 for step, before in markers:
     events += [["read", *call] for call in reads.calls[taken:before]]

@@ -1,11 +1,11 @@
-"""The chunked output projection + cross-entropy (titanlite/loss.py) in one process: the plain loss's
+"""The chunked output projection + cross-entropy (titanlite/components/loss.py) in one process: the plain loss's
 value and gradients for any chunk size, with ignored rows, and the auto setting's choice."""
 
 import pytest
 import torch
 
 from titanlite.config import Compile, Training
-from titanlite.loss import (
+from titanlite.components.loss import (
     IGNORE,
     ChunkedCrossEntropy,
     HiddenStatesHead,

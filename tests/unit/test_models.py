@@ -8,11 +8,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from titanlite.errors import ConfigError
+from titanlite.base.errors import ConfigError
+from titanlite.base.model_args import FAMILY_OF_ARGS
 from titanlite.models.gpt2 import GPT2
+from titanlite.models.init import init_weights, param_seed
+from titanlite.models.interface import Decoder
 from titanlite.models.llama import Llama
-from titanlite.models.registry import FLAVORS, build_model, pad_vocab, param_seed
-from titanlite.parallel.parallelize import init_weights, materialize
+from titanlite.models.registry import FLAVORS, MODEL_CLASSES, build_model, pad_vocab
+from titanlite.parallel.parallelize import materialize
+from titanlite.parallel.tensor_parallel import TP_PLANS
 
 GPT2_VOCAB = 50257
 
@@ -25,6 +29,22 @@ def n_params(model: torch.nn.Module) -> int:
 def meta_model(name: str, flavor: str, vocab_size: int = GPT2_VOCAB, seq_len: int = 1024):
     with torch.device("meta"):
         return build_model(name, flavor, vocab_size, seq_len)
+
+
+@pytest.mark.parametrize("name", sorted(FLAVORS))
+def test_every_family_implements_the_model_interface(name):
+    """What parallelize(), the pipeline splitter, init, checkpoints and HF import use, on every family."""
+    model = build_model(name, "debug", 256, 32)
+    assert isinstance(model, Decoder)
+    assert isinstance(model.layers, torch.nn.ModuleDict) and list(model.layers) == [str(i) for i in range(model.args.n_layers)]
+    for attr in (*model.first_stage_modules, *model.last_stage_modules):
+        assert isinstance(getattr(model, attr), torch.nn.Module), attr
+    assert model.first_stage_modules[0] == "tok_embeddings" and model.last_stage_modules == ("norm", "output")
+    full = {name: torch.empty(p.shape) for name, p in model.named_parameters()}
+    for param_name, value in full.items():  # init_param knows every parameter by name
+        model.init_param(param_name, value, torch.Generator().manual_seed(0))
+    assert type(model) in TP_PLANS
+    assert set(MODEL_CLASSES) == set(FAMILY_OF_ARGS) and type(model) in MODEL_CLASSES.values()
 
 
 def llama_expected_params(args) -> int:

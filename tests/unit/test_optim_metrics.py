@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from titanlite.config import LRScheduler
-from titanlite.metrics import Throughput, count_params, device_peak_tflops, flops_per_token
+from titanlite.components.metrics import Throughput, count_params, device_peak_tflops, flops_per_token
 from titanlite.models.registry import build_model
-from titanlite.optim import clip_grad_norm_, lr_factor
+from titanlite.components.optim import clip_grad_norm_, lr_factor
 
 
 def test_warmup_then_cosine_to_min_factor():

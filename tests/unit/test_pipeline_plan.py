@@ -3,7 +3,7 @@
 import pytest
 
 from titanlite.config import parse_config
-from titanlite.errors import ConfigError
+from titanlite.base.errors import ConfigError
 from titanlite.parallel.pipeline import even_split, plan_pipeline
 
 

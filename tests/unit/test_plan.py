@@ -7,14 +7,14 @@ import sys
 import pytest
 
 from tests.helpers import REPO, env
-from titanlite.tools.plan import candidate_layouts, pipeline_bubbles, stage_layers
+from titanlite.builder.estimate import candidate_layouts, pipeline_bubbles, stage_layers
 
 GIB = 2**30
 
 
 def plan(tmp_path, *args):
     out = tmp_path / "plan.json"
-    cmd = [sys.executable, "-m", "titanlite.cli", "plan", *args]
+    cmd = [sys.executable, "-m", "titanlite.commands.cli", "plan", *args]
     proc = subprocess.run(cmd, cwd=REPO, env=env(TITANLITE_PLAN_JSON=str(out)), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     return proc.stdout, json.loads(out.read_text())
@@ -75,6 +75,6 @@ def test_bubble_table_and_stage_split():
 
 
 def test_bad_options_are_one_line(tmp_path):
-    cmd = [sys.executable, "-m", "titanlite.cli", "plan", "--ngpu", "two"]
+    cmd = [sys.executable, "-m", "titanlite.commands.cli", "plan", "--ngpu", "two"]
     proc = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "titanlite: error: plan:" in proc.stderr

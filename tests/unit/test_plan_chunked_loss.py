@@ -1,10 +1,11 @@
-"""`titanlite plan` and the chunked loss (titanlite/loss.py): estimates only, on the meta device (the
+"""`titanlite plan` and the chunked loss (titanlite/components/loss.py): estimates only, on the meta device (the
 measured comparison is in tests/distributed/test_plan_measure.py, marked slow)."""
 
 import pytest
 
 from titanlite.config import parse_config
-from titanlite.tools.plan import estimate, layout_of, model_facts, setting_for
+from titanlite.builder.estimate import estimate, layout_of, setting_for
+from titanlite.builder.model_facts import model_facts
 
 LONG = ["--config", "train_configs/debug_model.toml", "--training.seq_len", "1024", "--training.local_batch_size", "4"]
 

@@ -9,10 +9,11 @@ import time
 import pytest
 
 from tests.helpers import REPO, env
-from titanlite import cli, devices, preflight
+from titanlite.base import devices
+from titanlite.commands import check as preflight, cli
 from titanlite.config import parse_config
-from titanlite.errors import ConfigError
-from titanlite.preflight import GIB, Capacity, config_estimate, memory_preflight, rank_needs
+from titanlite.base.errors import ConfigError
+from titanlite.commands.check import GIB, Capacity, config_estimate, memory_preflight, rank_needs
 
 # A tiny local corpus, so that `check` spends its time on the config and not on tokenising a corpus.
 TINY_DATA = ["--training.dataset", "local", "--training.dataset_path", str(REPO / "tests" / "data" / "validation.txt"),
@@ -41,7 +42,7 @@ def debug_need(local_ranks: int = 1) -> float:
 
 
 def test_check_refuses_llama_70b_on_one_process_in_one_line():
-    cmd = [sys.executable, "-m", "titanlite.cli", "check", "--world-size", "1", *LLAMA_70B, *TINY_DATA]
+    cmd = [sys.executable, "-m", "titanlite.commands.cli", "check", "--world-size", "1", *LLAMA_70B, *TINY_DATA]
     start = time.perf_counter()
     proc = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=120)
     wall = time.perf_counter() - start

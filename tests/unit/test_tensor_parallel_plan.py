@@ -9,7 +9,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
-from titanlite.errors import ConfigError
+from titanlite.base.errors import ConfigError
 from titanlite.models.registry import FLAVORS, build_model
 from titanlite.parallel.parallelize import materialize
 from titanlite.parallel.tensor_parallel import apply_tp, check_tp_degree

@@ -8,11 +8,13 @@ import torch.nn.functional as F
 from titanlite.config import parse_config
 from titanlite.data.datasets import split_point, validation_windows
 from titanlite.data.store import TokenStore
-from titanlite.errors import ConfigError
+from titanlite.base.errors import ConfigError
 from titanlite.models.registry import build_model
-from titanlite.parallel.parallelize import init_weights
-from titanlite.train import build_data, build_validation_data, plan_run
-from titanlite.validate import IGNORE, Validator, eval_batches
+from titanlite.models.init import init_weights
+from titanlite.builder.data import build_data, build_validation_data
+from titanlite.builder.plan import plan_run
+from titanlite.engine.trainer import RankModel
+from titanlite.engine.validator import IGNORE, EvalBatches, Validator, eval_batches
 
 EOT = 9
 
@@ -85,8 +87,7 @@ def test_validation_loss_is_the_token_mean_over_all_windows():
     model = build_model("gpt2", "debug", 300, 16)
     init_weights(model, 0)
     windows = [torch.randint(0, 300, (17,)) for _ in range(11)]  # 11 windows: the last batch of 4 is padded
-    result = Validator(windows, local_batch_size=4, steps=-1, dp_rank=0, dp_degree=1, device=torch.device("cpu"),
-                       model_parts=[model]).run()
+    result = Validator(RankModel([model], torch.device("cpu")), windows, EvalBatches(local_batch_size=4)).run()
     batch = torch.stack(windows)
     with torch.no_grad():
         expected = F.cross_entropy(model(batch[:, :-1]).flatten(0, 1), batch[:, 1:].flatten()).item()

@@ -14,9 +14,9 @@ from torch.utils.data import Dataset
 
 from titanlite.data.order import EpochOrder, MixtureOrder
 from titanlite.data.sources import Source, parse_source
-from titanlite.data.store import DEFAULT_SHARD_BYTES, TokenStore, describe, open_store
+from titanlite.data.store import StoreOptions, TokenStore, describe
 from titanlite.data.tokenizer import Tokenizer
-from titanlite.errors import ConfigError
+from titanlite.base.errors import ConfigError
 
 
 class PackedWindows(Dataset):
@@ -160,13 +160,12 @@ def configured_sources(dataset: str, dataset_path: str, mixture: list[str], sect
     return [(Source("hub", dataset, f"{section}.dataset"), 1.0)]
 
 
-def build_corpus(sources: list[tuple[Source, float]], tokenizer: Tokenizer, cache_dir: str | Path, seq_len: int,
-                 seed: int, shuffle: bool = True, *, holdout: float = 0.0, verify: str = "stat", workers: int = 0,
-                 shard_bytes: int = DEFAULT_SHARD_BYTES, say: Callable[[str], None] | None = None) -> Corpus:
+def build_corpus(sources: list[tuple[Source, float]], tokenizer: Tokenizer, stores: StoreOptions, seq_len: int,
+                 seed: int, shuffle: bool = True, *, holdout: float = 0.0,
+                 say: Callable[[str], None] | None = None) -> Corpus:
     """Open (preparing where needed) each source's store, hold out the last `holdout` of each, and lay
     the remaining windows out in sample order."""
-    stores = [open_store(source, tokenizer, cache_dir, verify=verify, workers=workers, shard_bytes=shard_bytes, say=say)
-              for source, _ in sources]
+    stores = [stores.open(source, tokenizer, say=say) for source, _ in sources]
     split = [split_point(store, tokenizer.eot_id, holdout) for store in stores]
     parts = [PackedWindows(store, seq_len, stop=at) for store, at in zip(stores, split)]
     if len(sources) == 1:

@@ -13,7 +13,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from titanlite.data.order import EpochOrder, MixtureOrder
-from titanlite.errors import ConfigError
+from titanlite.base.errors import ConfigError
 
 
 class GlobalBatchSampler(Sampler[int]):

@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from titanlite.errors import ConfigError
+from titanlite.base.errors import ConfigError
 
 MASK64 = (1 << 64) - 1
 FEISTEL_ROUNDS = 6

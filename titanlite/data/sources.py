@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from titanlite.errors import ConfigError
+from titanlite.base.errors import ConfigError
 
 TEXT_SUFFIXES = (".txt", ".jsonl", ".parquet")
 TOKEN_SUFFIXES = (".bin", ".npy")
@@ -353,7 +353,7 @@ def _jsonl_text(span: Span, index: int, line: bytes) -> str:
 
 
 def _parquet_file(path: str):
-    import pyarrow as pa
+    import pyarrow as pa  # only for parquet sources (it comes with datasets)
     import pyarrow.parquet as pq
 
     try:
@@ -384,7 +384,7 @@ def hub_documents(name: str, skip: int = 0) -> Iterator[str]:
     """The "text" column of the hub dataset `name`'s train split, streamed (never loaded whole), from
     document `skip` on. Needs network."""
     try:
-        import datasets
+        import datasets  # seconds to import: only for hub sources
 
         data = datasets.load_dataset(name, split="train", streaming=True)
         if skip:

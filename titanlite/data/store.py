@@ -18,6 +18,7 @@ import multiprocessing
 import os
 import tempfile
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
 
@@ -38,7 +39,7 @@ from titanlite.data.sources import (
     source_files,
 )
 from titanlite.data.tokenizer import Tokenizer
-from titanlite.errors import ConfigError
+from titanlite.base.errors import ConfigError
 
 # Bump when the shard layout or the way documents are gathered changes, so old stores are not reused.
 STORE_FORMAT = "titanlite-store-v2"
@@ -141,6 +142,21 @@ def open_store(source: Source, tokenizer: Tokenizer, cache_dir: str | Path, *, v
     except OSError as e:
         raise ConfigError(f"cannot write the token store in {cache_dir} ({e.strerror or e}); set data.cache_dir to a writable folder") from e
     return store
+
+
+@dataclass(frozen=True)
+class StoreOptions:
+    """Where a run's prepared stores live, and how open_store checks (`verify`) and builds them."""
+
+    cache_dir: Path
+    verify: str = "stat"
+    workers: int = 0
+    shard_bytes: int = DEFAULT_SHARD_BYTES
+
+    def open(self, source: Source, tokenizer: Tokenizer, say: Callable[[str], None] | None = None,
+             rebuild: bool = False) -> TokenStore:
+        return open_store(source, tokenizer, self.cache_dir, verify=self.verify, workers=self.workers,
+                          shard_bytes=self.shard_bytes, say=say, rebuild=rebuild)
 
 
 def store_folder(cache_dir: Path, source: Source, tokenizer: Tokenizer) -> Path:

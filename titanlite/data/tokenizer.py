@@ -16,7 +16,7 @@ import numpy as np
 import tiktoken
 
 from titanlite.data.sources import short_reason
-from titanlite.errors import ConfigError
+from titanlite.base.errors import ConfigError
 
 GPT2_RANKS_PATH = Path(__file__).parent / "assets" / "gpt2.tiktoken"
 GPT2_RANKS_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
@@ -76,7 +76,7 @@ class GPT2Tokenizer(Tokenizer):
     eot_id = 50256
 
     def __init__(self) -> None:
-        self._encoding = _gpt2_encoding()
+        self._encoding = gpt2_encoding()
 
     def __reduce__(self):
         # Worker processes rebuild the encoding from the shipped file rather than unpickle its tables.
@@ -235,7 +235,7 @@ def _parse_tokenizer_json(path: Path, data: bytes):
 
 def _import_tokenizers():
     try:
-        import tokenizers
+        import tokenizers  # optional dependency (the [hf] extra)
     except ImportError as e:
         raise ConfigError("model.tokenizer='hf' needs the tokenizers package; pip install tokenizers (or use 'gpt2' / 'byte')") from e
     return tokenizers
@@ -327,17 +327,17 @@ def _hf_tokenizer(assets_path: str) -> HFTokenizer:
 
 
 @functools.lru_cache(maxsize=1)
-def _gpt2_encoding() -> tiktoken.Encoding:
+def gpt2_encoding() -> tiktoken.Encoding:
     return tiktoken.Encoding(
         name="gpt2",
         pat_str=GPT2_PAT_STR,
-        mergeable_ranks=_read_ranks(GPT2_RANKS_PATH),
+        mergeable_ranks=read_ranks(GPT2_RANKS_PATH),
         special_tokens={GPT2_EOT: GPT2Tokenizer.eot_id},
         explicit_n_vocab=GPT2Tokenizer.vocab_size,
     )
 
 
-def _read_ranks(path: Path) -> dict[bytes, int]:
+def read_ranks(path: Path) -> dict[bytes, int]:
     """Parse a .tiktoken rank file ("<base64 token> <rank>" per line).
 
     tiktoken.load.load_tiktoken_bpe is not used: even for a local path it copies the file into

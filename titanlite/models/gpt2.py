@@ -2,43 +2,17 @@
 Plain modules with no parallelism inside; the trainer shards them from outside."""
 
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from titanlite.base.model_args import GPT2Args
 from titanlite.models.kv_cache import KVCache, LayerCache
 
 
-# Our activation names -> F.gelu's `approximate` argument.
+# Our activation names (GPT2Args.activation) -> F.gelu's `approximate` argument.
 GELU_APPROXIMATION = {"gelu_tanh": "tanh", "gelu": "none"}
-
-
-@dataclass
-class GPT2Args:
-    dim: int
-    n_layers: int
-    n_heads: int
-    vocab_size: int
-    max_seq_len: int = 1024
-    norm_eps: float = 1e-5
-    # GPT-2 ties its output projection to the token embedding; Hugging Face folders may say otherwise.
-    tie_embeddings: bool = True
-    ffn_dim: int = 0
-    """Width of the MLP's hidden layer; 0 means 4 * dim (GPT-2's, and Hugging Face's n_inner = null)."""
-    activation: str = "gelu_tanh"
-    """The MLP's GELU: "gelu_tanh" (GPT-2's tanh approximation) or "gelu" (the exact, erf-based one)."""
-
-    def __post_init__(self) -> None:
-        if not self.ffn_dim:
-            self.ffn_dim = 4 * self.dim
-        if self.activation not in GELU_APPROXIMATION:
-            raise ValueError(f"GPT2Args.activation={self.activation!r}; use one of {', '.join(GELU_APPROXIMATION)}")
-
-    @property
-    def head_dim(self) -> int:
-        return self.dim // self.n_heads
 
 
 class Attention(nn.Module):
@@ -91,6 +65,11 @@ class TransformerBlock(nn.Module):
 
 
 class GPT2(nn.Module):
+    """Implements titanlite.models.interface.Decoder."""
+
+    first_stage_modules = ("tok_embeddings", "pos_embeddings")
+    last_stage_modules = ("norm", "output")
+
     def __init__(self, args: GPT2Args):
         super().__init__()
         self.args = args

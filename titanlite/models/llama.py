@@ -2,54 +2,25 @@
 Plain modules with no parallelism inside; the trainer shards them from outside."""
 
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from titanlite.base.model_args import Llama3RopeScaling, LlamaArgs
 from titanlite.models.kv_cache import KVCache, LayerCache
 
 
-@dataclass(frozen=True)
-class Llama3RopeScaling:
-    """Llama 3.1/3.2's RoPE frequency scaling (config.json rope_scaling with rope_type "llama3"): rotations
-    slower than the original context are slowed by `factor`, fast ones are kept, and those in between are
-    blended, so the model reads long contexts without retraining its short-range positions."""
-
-    factor: float
-    low_freq_factor: float
-    high_freq_factor: float
-    original_max_position_embeddings: int
-
-    def apply(self, inv_freq: torch.Tensor) -> torch.Tensor:
-        wavelength = 2 * math.pi / inv_freq
-        context = self.original_max_position_embeddings
-        # 0 for wavelengths longer than context / low_freq_factor, 1 for those shorter than
-        # context / high_freq_factor, linear in context / wavelength in between.
-        blend = ((context / wavelength - self.low_freq_factor) / (self.high_freq_factor - self.low_freq_factor)).clamp(0, 1)
-        return (1 - blend) * inv_freq / self.factor + blend * inv_freq
-
-
-@dataclass
-class LlamaArgs:
-    dim: int
-    n_layers: int
-    n_heads: int
-    n_kv_heads: int
-    ffn_dim: int
-    vocab_size: int
-    max_seq_len: int = 2048
-    rope_theta: float = 500000.0
-    norm_eps: float = 1e-5
-    tie_embeddings: bool = False
-    head_dim: int = 0
-    """Width of each attention head; 0 means dim // n_heads (some models, e.g. Qwen3 shapes, use others)."""
-    rope_scaling: Llama3RopeScaling | None = None
-
-    def __post_init__(self) -> None:
-        if not self.head_dim:
-            self.head_dim = self.dim // self.n_heads
+def scale_rope_frequencies(inv_freq: torch.Tensor, scaling: Llama3RopeScaling) -> torch.Tensor:
+    """Llama 3.1's frequency scaling (titanlite/base/model_args.py): rotations slower than the original
+    context are slowed by `factor`, fast ones kept, those in between blended."""
+    wavelength = 2 * math.pi / inv_freq
+    context = scaling.original_max_position_embeddings
+    # 0 for wavelengths longer than context / low_freq_factor, 1 for those shorter than
+    # context / high_freq_factor, linear in context / wavelength in between.
+    span = scaling.high_freq_factor - scaling.low_freq_factor
+    blend = ((context / wavelength - scaling.low_freq_factor) / span).clamp(0, 1)
+    return (1 - blend) * inv_freq / scaling.factor + blend * inv_freq
 
 
 def precompute_rope(
@@ -58,7 +29,7 @@ def precompute_rope(
     """cos and sin of the rotation angles, each [seq_len, head_dim // 2], in float32."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
     if scaling is not None:
-        inv_freq = scaling.apply(inv_freq)
+        inv_freq = scale_rope_frequencies(inv_freq, scaling)
     angles = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv_freq)
     return angles.cos(), angles.sin()
 
@@ -141,6 +112,11 @@ class TransformerBlock(nn.Module):
 
 
 class Llama(nn.Module):
+    """Implements titanlite.models.interface.Decoder."""
+
+    first_stage_modules = ("tok_embeddings",)
+    last_stage_modules = ("norm", "output")
+
     def __init__(self, args: LlamaArgs):
         super().__init__()
         self.args = args

@@ -1,19 +1,19 @@
-"""Model flavors by name, the builder the trainer calls, and the per-parameter init seed.
+"""Model flavors by name, and the model a config describes (a named flavor, or a Hugging Face folder's shape).
 Builders construct on the current default device, so the trainer can build under torch.device("meta")."""
 
+from __future__ import annotations
+
 import dataclasses
-import zlib
 
-from torch import nn
+from titanlite.base.errors import ConfigError
+from titanlite.base.hf_config import folder_args
+from titanlite.base.model_args import GPT2Args, LlamaArgs, ModelArgs
+from titanlite.models.gpt2 import GPT2
+from titanlite.models.interface import Decoder
+from titanlite.models.llama import Llama
 
-from titanlite.errors import ConfigError
-from titanlite.models.gpt2 import GPT2, GPT2Args
-from titanlite.models.llama import Llama, LlamaArgs
-
-
-def param_seed(seed: int, name: str) -> int:
-    """Seed for parameter `name`'s generator: stable across processes (unlike hash()) and layouts."""
-    return (zlib.crc32(name.encode()) ^ (seed * 1_000_003)) & ((1 << 63) - 1)
+# The module class of each family's arguments: a new family is a new module and one entry here.
+MODEL_CLASSES = {GPT2Args: GPT2, LlamaArgs: Llama}
 
 
 def pad_vocab(vocab_size: int, multiple: int = 64) -> int:
@@ -77,24 +77,22 @@ def model_args(name: str, flavor: str, vocab_size: int, max_seq_len: int, n_laye
     )
 
 
-def build_model(name: str, flavor: str, vocab_size: int, max_seq_len: int, n_layers: int = 0) -> nn.Module:
+def build_model(name: str, flavor: str, vocab_size: int, max_seq_len: int, n_layers: int = 0) -> Decoder:
     """Build the model on the current default device; parameters are uninitialised
-    (titanlite.parallel.parallelize.init_weights fills it through model.init_param)."""
+    (titanlite.models.init.init_weights fills it through model.init_param)."""
     return model_from_args(model_args(name, flavor, vocab_size, max_seq_len, n_layers))
 
 
-def model_from_args(args: GPT2Args | LlamaArgs) -> nn.Module:
-    return GPT2(args) if isinstance(args, GPT2Args) else Llama(args)
+def model_from_args(args: ModelArgs) -> Decoder:
+    return MODEL_CLASSES[type(args)](args)
 
 
-def configured_args(model_cfg, vocab_size: int, seq_len: int) -> GPT2Args | LlamaArgs:
+def configured_args(model_cfg, vocab_size: int, seq_len: int) -> ModelArgs:
     """The [model] section's model for a tokenizer of vocab_size ids and training.seq_len: a named flavor,
     or with flavor "hf" the shape of the Hugging Face folder model.hf_assets_path, vocabulary unpadded."""
     m = model_cfg
     if m.flavor != "hf":
         return model_args(m.name, m.flavor, vocab_size, seq_len, m.n_layers)
-    from titanlite.hf import folder_args
-
     args = folder_args(m.hf_assets_path, seq_len)
     if vocab_size > args.vocab_size:
         raise ConfigError(f"model.tokenizer={m.tokenizer!r} has {vocab_size} ids but {m.hf_assets_path} embeds "
@@ -102,6 +100,6 @@ def configured_args(model_cfg, vocab_size: int, seq_len: int) -> GPT2Args | Llam
     return args
 
 
-def configured_model(model_cfg, vocab_size: int, seq_len: int) -> nn.Module:
+def configured_model(model_cfg, vocab_size: int, seq_len: int) -> Decoder:
     """Build configured_args's model on the current default device, parameters uninitialised."""
     return model_from_args(configured_args(model_cfg, vocab_size, seq_len))

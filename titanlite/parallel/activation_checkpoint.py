@@ -16,7 +16,7 @@ from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint
 from titanlite.config import ActivationCheckpoint
 
 # Outputs worth keeping: recomputing them costs as much as the forward itself.
-_SAVE_OPS = {
+SAVE_OPS = {
     torch.ops.aten.mm.default,
     torch.ops.aten.addmm.default,
     torch.ops.aten.bmm.default,
@@ -42,4 +42,4 @@ def apply_ac(model: nn.Module, cfg: ActivationCheckpoint) -> None:
 
 
 def _op_policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
-    return CheckpointPolicy.MUST_SAVE if op in _SAVE_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+    return CheckpointPolicy.MUST_SAVE if op in SAVE_OPS else CheckpointPolicy.PREFER_RECOMPUTE

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from titanlite.components.loss import cross_entropy
 from titanlite.config import Compile
 
 
@@ -24,8 +25,6 @@ def compiled_loss(loss_fn, cfg: Compile, loss_parallel: bool):
 
     Not under loss parallelism: in torch 2.13 a compiled cross-entropy on vocabulary-sharded logits
     does not go through loss_parallel's sharded implementation and returns a wrong (doubled) loss."""
-    from titanlite.loss import cross_entropy
-
     if cfg.enable and "loss" in cfg.components and not loss_parallel and loss_fn is cross_entropy:
         return torch.compile(loss_fn, backend=cfg.backend)
     return loss_fn

@@ -6,8 +6,9 @@ import torch
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+from torch.nn.parallel import DistributedDataParallel
 
-from titanlite.loss import HiddenStatesHead
+from titanlite.components.loss import HiddenStatesHead
 
 
 def apply_fsdp(
@@ -41,7 +42,7 @@ def apply_fsdp(
             # The last unit's parameters are needed again right away by backward: never reshard them.
             head = [m for m in (model.norm, model.output) if m is not None]
             fully_shard(head, reshard_after_forward=False, **shard)
-    # The chunked loss (titanlite/loss.py) reads the output weight after the model's forward: a tied
+    # The chunked loss (titanlite/components/loss.py) reads the output weight after the model's forward: a tied
     # one, in the root, must still be gathered then.
     keep_root = tied and isinstance(model.output, HiddenStatesHead)
     fully_shard(model, reshard_after_forward=reshard_after_forward and not keep_root, **shard)
@@ -49,7 +50,5 @@ def apply_fsdp(
 
 def apply_ddp(model: nn.Module, dp_mesh: DeviceMesh) -> nn.Module:
     """Replicate the model over dp_mesh; gradients are all-reduced (averaged) in buckets during backward."""
-    from torch.nn.parallel import DistributedDataParallel
-
     device_ids = [torch.cuda.current_device()] if dp_mesh.device_type == "cuda" else None
     return DistributedDataParallel(model, process_group=dp_mesh.get_group(), device_ids=device_ids)

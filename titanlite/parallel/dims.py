@@ -7,8 +7,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from torch.distributed.device_mesh import init_device_mesh
+
 from titanlite.config import Parallelism
-from titanlite.errors import ConfigError
+from titanlite.base.errors import ConfigError
 
 MESH_ORDER = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 
@@ -93,8 +95,6 @@ class ParallelDims:
 
     def build_mesh(self, device_type: str) -> Mesh | None:
         """One DeviceMesh over the dimensions in use, plus the flattened views the trainer needs."""
-        from torch.distributed.device_mesh import init_device_mesh
-
         names = [n for n in MESH_ORDER if self.degrees[n] > 1 or (n == "dp_shard" and self.fsdp_single_rank)]
         if not names:
             return None

@@ -24,9 +24,9 @@ import torch
 import torch.nn as nn
 
 from titanlite.config import Float8
-from titanlite.devices import uses_cuda
-from titanlite.errors import ConfigError
-from titanlite.loss import HiddenStatesHead
+from titanlite.base.devices import uses_cuda
+from titanlite.base.errors import ConfigError
+from titanlite.components.loss import HiddenStatesHead
 
 INSTALL_HINT = "pip install '.[float8]' (or pip install torchao) in the environment that runs titanlite"
 
@@ -52,7 +52,7 @@ def torchao_float8():
         raise ConfigError(f"float8.enable needs torchao, which is not installed; {INSTALL_HINT}, or set float8.enable = false")
     try:
         with _quiet_import():
-            import torchao.float8 as float8
+            import torchao.float8 as float8  # optional dependency (the [float8] extra)
     except Exception as e:  # a torchao built for another torch fails here, not at find_spec
         raise ConfigError(f"float8.enable: torchao is installed but does not import ({type(e).__name__}: {e}); "
                           f"install a torchao release built for torch {torch.__version__}, or set float8.enable = false")

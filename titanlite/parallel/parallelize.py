@@ -1,6 +1,6 @@
 """The one place that turns a plain model into a parallel one, in a fixed order, then materialises it.
 
-Order (ARCHITECTURE.md): tensor parallel → float8 → activation checkpointing → compile → FSDP/HSDP or DDP.
+Order (docs/architecture.md): tensor parallel → float8 → activation checkpointing → compile → FSDP/HSDP or DDP.
 The float8 module swap itself runs first, because it replaces the linear modules that tensor parallelism
 registers its hooks on; the tensor-parallel plan then shards the float8 layers.
 """
@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
-from torch.distributed.tensor import DTensor, distribute_tensor
 
 from titanlite.config import ActivationCheckpoint, Compile, Float8, Parallelism, Training
-from titanlite.loss import chunk_tokens, defer_output_projection
-from titanlite.models.registry import param_seed
+from titanlite.components.loss import chunk_tokens, defer_output_projection
+from titanlite.models.init import init_weights
 from titanlite.parallel.activation_checkpoint import apply_ac
 from titanlite.parallel.compile import apply_compile
 from titanlite.parallel.data_parallel import apply_ddp, apply_fsdp
@@ -38,7 +37,7 @@ def parallelize(
 ) -> nn.Module:
     """Apply the parallelisms to a model still on the meta device; returns the (possibly wrapped) model."""
     if chunk_tokens(training, compile_cfg, loss_parallel_enabled(dims, parallelism)) > 0:
-        defer_output_projection(model)  # the chunked loss applies the output projection (titanlite/loss.py)
+        defer_output_projection(model)  # the chunked loss applies the output projection (titanlite/components/loss.py)
     apply_float8(model, float8, fsdp=dims.fsdp_enabled, tp=dims.tp)
     if dims.tp_enabled:
         apply_tp(model, mesh["tp"], loss_parallel=loss_parallel_enabled(dims, parallelism))
@@ -80,46 +79,3 @@ def materialize(model: nn.Module, device: torch.device, seed: int, cpu_offload: 
     # Drawn on the compute device even when the shards live in host memory: a CPU generator draws other
     # numbers than a CUDA one from the same seed, and offload must start from the same weights.
     init_weights(model, seed, device)
-
-
-def canonical_name(name: str) -> str:
-    """A parameter's name without the components activation checkpointing and compile insert, so that
-    they do not change which generator seeds it."""
-    for wrapper in ("_checkpoint_wrapped_module.", "_orig_mod."):
-        name = name.replace(wrapper, "")
-    return name
-
-
-@torch.no_grad()
-def init_weights(model: nn.Module, seed: int, device: torch.device | None = None) -> None:
-    """Fill every parameter so the full weights do not depend on the layout.
-
-    Each full parameter is generated from its own generator, seeded by the run seed and the parameter's
-    name; a sharded parameter then keeps only its own slice. Seeding one stream after sharding instead
-    would make the weights depend on the world size.
-    """
-    def initial_value(name: str, param: nn.Parameter) -> torch.Tensor:
-        where = device if device is not None else param.device
-        full = torch.empty(param.shape, dtype=torch.float32, device=where)
-        # A pipeline's last stage holds its own copy of a tied embedding as output.weight: seed it as the
-        # embedding so both copies start equal.
-        tied_copy = name == "output.weight" and model.args.tie_embeddings
-        generator = torch.Generator(device=where).manual_seed(param_seed(seed, "tok_embeddings.weight" if tied_copy else name))
-        model.init_param(name, full, generator)
-        return full
-
-    fill_parameters(model, initial_value)
-
-
-@torch.no_grad()
-def fill_parameters(model: nn.Module, full_value) -> None:
-    """Set each parameter from `full_value(name, param)`, its full (unsharded) value, one at a time: a
-    sharded parameter keeps only its own slice, so no rank ever holds more than one full parameter."""
-    for wrapped_name, param in model.named_parameters():
-        full = full_value(canonical_name(wrapped_name), param)
-        if isinstance(param, DTensor):
-            # src_data_rank=None: every rank holds the same full tensor and slices it locally, no communication.
-            local = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None).to_local()
-            param.to_local().copy_(local)  # across devices under offload
-        else:
-            param.copy_(full)

@@ -16,10 +16,12 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from torch.distributed.pipelining import PipelineStage
+from torch.distributed.pipelining.schedules import PipelineScheduleSingle, _PipelineScheduleRuntime, get_schedule_class
 from torch.distributed.tensor import DTensor
 
 from titanlite.config import Parallelism
-from titanlite.errors import ConfigError
+from titanlite.base.errors import ConfigError
 
 SINGLE_STAGE = ("GPipe", "1F1B")
 V_SHAPED = ("ZBVZeroBubble", "DualPipeV")
@@ -141,24 +143,16 @@ def split_model(model: nn.Module, plan: PipelinePlan, pp_rank: int) -> list[nn.M
             if not first <= int(key) < end:
                 del part.layers[key]
         if stage != 0:
-            part.tok_embeddings = None
-            if hasattr(part, "pos_embeddings"):
-                part.pos_embeddings = None
+            for name in part.first_stage_modules:
+                setattr(part, name, None)
         if stage != plan.num_stages - 1:
-            part.norm = None
-            part.output = None
+            for name in part.last_stage_modules:
+                setattr(part, name, None)
         parts.append(part)
     return parts
 
 
 def build_schedule(parts: list[nn.Module], plan: PipelinePlan, pp_group, pp_rank: int, device, loss_fn, csv: str):
-    from torch.distributed.pipelining import PipelineStage
-    from torch.distributed.pipelining.schedules import (
-        PipelineScheduleSingle,
-        _PipelineScheduleRuntime,
-        get_schedule_class,
-    )
-
     stages = [
         PipelineStage(part, stage, plan.num_stages, device, group=pp_group)
         for part, stage in zip(parts, plan.stage_ids(pp_rank))

@@ -19,15 +19,15 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from titanlite.errors import ConfigError
-from titanlite.loss import HiddenStatesHead, VocabParallelHead
+from titanlite.base.errors import ConfigError
+from titanlite.components.loss import HiddenStatesHead, VocabParallelHead
 from titanlite.models.gpt2 import GPT2
+from titanlite.models.llama import Llama
 
 
 def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, *, loss_parallel: bool) -> None:
-    """Shard `model` (still on the meta device) over `tp_mesh` with its family's plan."""
-    plan = gpt2_plan if isinstance(model, GPT2) else llama_plan
-    parallelize_module(model, tp_mesh, ends_plan(model, loss_parallel) | plan(model))
+    """Shard `model` (still on the meta device) over `tp_mesh` with its family's plan (TP_PLANS)."""
+    parallelize_module(model, tp_mesh, ends_plan(model, loss_parallel) | TP_PLANS[type(model)](model))
     # A tied embedding: the vocabulary-parallel embedding and the column-wise output projection both
     # shard the [vocab, dim] matrix by rows (Shard(0)), so one sharded tensor serves both. Each style
     # distributed its own copy above; point the output back at the embedding's so they stay one.
@@ -98,6 +98,10 @@ def llama_plan(model: nn.Module) -> dict:
             "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
         }.items()
     }
+
+
+# Each model family's plan for its blocks (the ends are alike: ends_plan).
+TP_PLANS = {GPT2: gpt2_plan, Llama: llama_plan}
 
 
 def tp_split_sizes(args) -> dict[str, int]:

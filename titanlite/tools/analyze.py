@@ -30,7 +30,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from titanlite.errors import ConfigError
+from titanlite.base.errors import ConfigError
 
 USAGE = "usage: titanlite analyze <trace folder or file> [--top N]"
 

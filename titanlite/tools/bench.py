@@ -30,10 +30,18 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from titanlite.errors import ConfigError
-from titanlite.tools import take_options
+from titanlite.base.errors import ConfigError
+from titanlite.builder.data import build_data
+from titanlite.builder.run import build_trainer
+from titanlite.builder.runtime import start_rank
+from titanlite.commands.options import take_options
+from titanlite.components.metrics import peak_memory_gib, reset_peak_memory
+from titanlite.components.optim import implementation
+from titanlite.config import parse_config
+from titanlite.engine.trainer import autocast_for, synchronize
+from titanlite.models.registry import configured_model
+from titanlite.parallel.parallelize import DTYPES, loss_parallel_enabled, materialize, parallelize
 from titanlite.tools.host_reads import count_cuda_syncs, count_host_reads, outside_torch
-from titanlite.trainer import synchronize
 
 USAGE = """usage: titanlite bench throughput [--config FILE] [--steps N] [--warmup W] [--repeats R] [--no-bare]
                                   [--output FILE.json] [--section.key VALUE ...]
@@ -71,11 +79,6 @@ class BareLoop:
     """The minimal PyTorch training loop over the same model, data and settings."""
 
     def __init__(self, cfg, plan, vocab_size: int, windows, device: torch.device, loss_compiled: bool):
-        from titanlite.models.registry import configured_model
-        from titanlite.parallel.parallelize import DTYPES, materialize, parallelize
-        from titanlite.optim import implementation
-        from titanlite.trainer import autocast_for
-
         m = cfg.model
         with torch.device("meta"):
             model = configured_model(m, vocab_size, cfg.training.seq_len)
@@ -116,11 +119,6 @@ def bare_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 
 def throughput(argv: list[str]) -> int:
-    from titanlite.config import parse_config
-    from titanlite.metrics import peak_memory_gib, reset_peak_memory
-    from titanlite.parallel.parallelize import loss_parallel_enabled
-    from titanlite.train import build_data, build_trainer, init_distributed, keep_freed_memory_on_cpu, plan_run, set_determinism
-
     if "--help" in argv or "-h" in argv:
         print(USAGE)
         return 0
@@ -133,11 +131,8 @@ def throughput(argv: list[str]) -> int:
     cfg.checkpoint.enable = False
     cfg.metrics.enable_tensorboard = False
     cfg.metrics.throughput_warmup_steps = 0
-    plan = plan_run(cfg, 1)
-    set_determinism(cfg)
-    device = init_distributed(1, cfg.comm.init_timeout_seconds, one_rank_mesh=plan.dims.fsdp_single_rank)
-    if device.type == "cpu":
-        keep_freed_memory_on_cpu()  # as a training run does; both loops benefit alike
+    # As a training run starts (on the CPU that includes its allocator setting: both loops benefit alike).
+    plan, device = start_rank(cfg, 1)
 
     with tempfile.TemporaryDirectory(prefix="titanlite-bench-") as folder:
         cfg.job.dump_folder = folder  # the run's metrics.jsonl and config.toml go away afterwards
@@ -183,9 +178,7 @@ def throughput(argv: list[str]) -> int:
 def summarize(figures: dict[str, Figures], step, device: torch.device) -> dict:
     """Per loop: step time (median and range over rounds), tokens/s per device, TFLOPs, MFU, peak memory;
     and titanlite's step time over the bare loop's. `step` is the trainer's StepFigures (tokens per step,
-    FLOPs per token by the formula in metrics.py, the device's peak)."""
-    from titanlite.metrics import peak_memory_gib
-
+    FLOPs per token by the formula in titanlite/components/metrics.py, the device's peak)."""
     loops = {}
     for name, fig in figures.items():
         tps = step.tokens_per_step / fig.step_seconds

@@ -35,8 +35,11 @@ from pathlib import Path
 
 import numpy as np
 
-from titanlite.errors import ConfigError
-from titanlite.tools import take_options
+from titanlite.base.errors import ConfigError
+from titanlite.commands.options import take_options
+from titanlite.data.sources import Source, stdlib_files
+from titanlite.data.store import open_store, read_manifest, store_folder
+from titanlite.data.tokenizer import GPT2Tokenizer, gpt2_encoding
 
 USAGE = """usage: titanlite bench data [--mb M[,M...]] [--workers N] [--repeats R] [--output FILE.json] [--keep DIR]
   --mb M,...     corpus sizes in MiB, one table row each (default 300,1000)
@@ -151,8 +154,6 @@ def make_corpus(folder: Path, mb: int) -> tuple[Path, int]:
 def word_forms() -> tuple[np.ndarray, np.ndarray]:
     """Each of the VOCAB_WORDS commonest words of the standard library's docstrings and comments in 8 forms
     (plain or capitalised; then nothing, '.', ',' or '.' and a paragraph break), and their cumulative frequency."""
-    from titanlite.data.sources import stdlib_files
-
     counts = collections.Counter()
     prose, word = re.compile(r'"""(.*?)"""|#([^\n]*)', re.S), re.compile(r"\b[a-z]{2,14}\b|\ba\b")
     for f in stdlib_files():
@@ -200,9 +201,7 @@ def read_texts(path: Path) -> list[str]:
 def raw_tokens_per_s(texts: list[str], threads: int | None = None) -> tuple[int, float]:
     """Tokens of `texts` (no end-of-text ids) and tiktoken's speed on them, in batches of BATCH_DOCS, with
     `threads` threads (None: tiktoken's default)."""
-    from titanlite.data.tokenizer import _gpt2_encoding
-
-    encoding, tokens = _gpt2_encoding(), 0
+    encoding, tokens = gpt2_encoding(), 0
     threads = {} if threads is None else {"num_threads": threads}
     start = time.perf_counter()
     for i in range(0, len(texts), BATCH_DOCS):
@@ -211,7 +210,7 @@ def raw_tokens_per_s(texts: list[str], threads: int | None = None) -> tuple[int,
 
 
 def cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "titanlite.cli", *args]
+    return [sys.executable, "-m", "titanlite.commands.cli", *args]
 
 
 def run_measured(cmd: list[str]) -> dict:
@@ -275,10 +274,6 @@ def memory_kib(pid: int) -> tuple[int, int]:
 def store_figures(corpus: Path, cache: Path) -> tuple[int, float]:
     """The tokens in the prepared store's manifest, and the median milliseconds `open_store` takes to
     open it as a start-up does (verify='stat')."""
-    from titanlite.data.sources import Source
-    from titanlite.data.store import open_store, read_manifest, store_folder
-    from titanlite.data.tokenizer import GPT2Tokenizer
-
     source, tokenizer = Source("local", str(corpus), "training.dataset_path"), GPT2Tokenizer()
     manifest = read_manifest(store_folder(cache, source, tokenizer))
     if manifest is None:

@@ -1,68 +1,42 @@
 """`titanlite plan`: will it fit, and which layout should I use?
 
-The model is built on the meta device (no memory), its parameters are counted by name, and the tensors
-its forward saves for backward are measured by running that forward on meta tensors (so the figures
-follow the actual model code, not a rule of thumb). Per rank, for each layout:
-
-  parameters    fp32, divided by TP (split matrices and vocabulary ends; norms stay whole), by the
-                pipeline stage, and by FSDP's shard degree
-  gradients     fp32, sharded as the parameters under FSDP; whole under DDP and on one device
-  optimizer     AdamW's two fp32 moments, sharded as the parameters
-  activations   the saved tensors of one micro-batch per layer (by AC mode), in the activation dtype
-                (bf16 under mixed precision on GPUs), x the micro-batches a pipeline stage keeps in
-                flight; under TP+SP divided by TP except the two gathered norm outputs per block
-  temporary     FSDP's unsharded parameters (ZeRO-2: all of them, kept from forward to backward;
-                ZeRO-3: the largest unit twice, current and prefetched) and one unit's unsharded
-                gradients for the reduce-scatter; the loss's full-vocabulary gradients in backward
-  the loss      full logits (training.loss_chunk_tokens resolved to 0): the saved full-vocabulary tensors
-                (activations) and, in backward, the float32 gradients of log-probabilities and logits
-                (temporary); chunked (N > 0, titanlite/loss.py): no full-vocabulary tensor is saved;
-                kept until backward, the gradients it computes in forward, of the hidden states [b*s, d]
-                (activation dtype) and of the output weight [vocab/tp, d] (float32 over several chunks);
-                temporary, one chunk's [N, vocab/tp] logits and float32 log-probabilities (and the
-                logits' float32 copy under bf16; the vocabulary-parallel softmax of TP holds one more)
-
-Peak = parameters + optimizer + the largest of three moments: the start of backward (kept activations,
-the loss's gradients, FSDP buffers), the recomputation of a checkpointed block (kept activations and
-that block's full ones), and the end of backward (gradients, FSDP buffers).
-
-CPU offload (training.enable_cpu_offload; at one rank FSDP on a one-rank mesh, the ZeRO-Offload case):
-FSDP keeps the sharded fp32 parameters, their gradients and both AdamW moments in host memory (`host`,
-bytes per rank: 16 per sharded parameter), and AdamW steps there. The device then holds the gathered
-parameters of the current and prefetched unit, one unit's unsharded gradients, the activations and the
-loss's temporaries: the peak above without parameters, gradients and optimizer. Left out: each
-parameter's transient fp32 copy to the device before its cast. Offloaded layouts are the last resort:
-they are considered only when no layout fits on the devices, as their host-device copies (at the PCIe
-bandwidth below, in the step time) and the CPU's optimizer step slow every step.
-
-Communication per step and rank, ring algorithms ((n-1)/n of the data per all-gather/reduce-scatter,
-twice that per all-reduce): DDP all-reduces gradients; FSDP all-gathers parameters (once under ZeRO-2,
-twice under ZeRO-3) and reduce-scatters gradients; HSDP also all-reduces the shards across replicas;
-TP all-gathers and reduce-scatters [b, s, d] activations 4 times per block in forward and in backward;
-PP sends each micro-batch's activations forward and their gradients back.
+Prints, for every candidate layout of the machine, the per-rank memory and per-step communication that the
+planner's estimator (titanlite/builder/estimate.py, which documents every figure) gives for the config, which
+layouts fit, and the one to use; `--measure` runs the config's own layout for 3 steps and prints the measured
+tensor peak per rank beside the estimate.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
-from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+import tempfile
 from pathlib import Path
 
-import torch
-
-from titanlite.devices import check_local_ranks, uses_cuda
-from titanlite.errors import ConfigError
-from titanlite.failures import reason_in
-from titanlite.parallel.dims import ParallelDims
-from titanlite.tools import take_options
-
-GIB = 2**30
-# Per-GPU bandwidth assumed for the time column (GB/s, one direction, what NCCL's bus bandwidth reaches).
-BANDWIDTH = {"nvlink": 360.0, "infiniband": 45.0, "pcie": 22.0}
+from titanlite.base.devices import check_local_ranks, uses_cuda
+from titanlite.base.errors import ConfigError
+from titanlite.base.failures import reason_in
+from titanlite.builder.estimate import (
+    ASSUMED_MFU,
+    GIB,
+    Layout,
+    Machine,
+    Setting,
+    estimate,
+    layout_of,
+    layout_rows,
+    loss_path,
+    pipeline_bubbles,
+    recommend,
+    rows_json,
+    setting_for,
+)
+from titanlite.builder.model_facts import ModelFacts, model_facts
+from titanlite.commands.options import take_options
+from titanlite.config import parse_config
 
 USAGE = """usage: titanlite plan [--config FILE] [--ngpu N] [--nnodes M] [--gpu-mem-gib G] [--interconnect nvlink|infiniband|pcie]
                       [--headroom F] [--device cuda|cpu] [--measure] [--section.key VALUE ...]
@@ -79,510 +53,7 @@ USAGE = """usage: titanlite plan [--config FILE] [--ngpu N] [--nnodes M] [--gpu-
                     FSDPMemTracker under FSDP)"""
 
 
-# ----------------------------------------------------------------------------------------------
-# Layouts
-
-
-@dataclass(frozen=True)
-class Layout:
-    name: str
-    dp_replicate: int = 1
-    dp_shard: int = 1
-    tp: int = 1
-    pp: int = 1
-    reshard: str = "always"  # under FSDP: 'always' (ZeRO-3) or 'never' (ZeRO-2)
-    ac: str = "none"
-    fsdp_single_rank: bool = False  # FSDP on a one-rank mesh (world 1): FSDP with dp_shard 1
-    offload: bool = False  # training.enable_cpu_offload: FSDP's state in host memory
-
-    @property
-    def dims(self) -> ParallelDims:
-        return ParallelDims(self.dp_replicate, self.dp_shard, self.ranks, tp=self.tp, pp=self.pp,
-                            fsdp_single_rank=self.fsdp_single_rank)
-
-    @property
-    def ranks(self) -> int:
-        return self.dp_replicate * self.dp_shard * self.tp * self.pp
-
-    def overrides(self, every: bool = False) -> list[str]:
-        """The command-line overrides that select this layout. The FSDP-on-one-rank and offload keys come
-        only where set (CPU offload turns FSDP on one rank on by itself), or always with `every`, so that
-        two layouts' lists can be compared key by key."""
-        out = ["--parallelism.data_parallel_replicate_degree", str(self.dp_replicate),
-               "--parallelism.data_parallel_shard_degree", str(self.dp_shard),
-               "--parallelism.tensor_parallel_degree", str(self.tp),
-               "--parallelism.pipeline_parallel_degree", str(self.pp),
-               "--parallelism.fsdp_reshard_after_forward", self.reshard,
-               "--activation_checkpoint.mode", self.ac]
-        single_rank = self.fsdp_single_rank and not self.offload
-        if every or single_rank:
-            out += ["--parallelism.fsdp_single_rank", str(single_rank).lower()]
-        if every or self.offload:
-            out += ["--training.enable_cpu_offload", str(self.offload).lower()]
-        return out
-
-
-def layout_of(cfg, world: int) -> Layout:
-    """The layout a config runs on `world` ranks."""
-    from titanlite.parallel.parallelize import reshard_after_forward
-
-    dims = ParallelDims.from_config(cfg.parallelism, world, cpu_offload=cfg.training.enable_cpu_offload)
-    reshard = "always" if reshard_after_forward(cfg.parallelism.fsdp_reshard_after_forward, dims.pp > 1) else "never"
-    offload = cfg.training.enable_cpu_offload and dims.fsdp_enabled
-    name = describe(dims.dp_replicate, dims.dp_shard, dims.tp, dims.pp, reshard, dims.fsdp_single_rank, offload)
-    return Layout(name, dims.dp_replicate, dims.dp_shard, dims.tp, dims.pp, reshard, cfg.activation_checkpoint.mode,
-                  dims.fsdp_single_rank, offload)
-
-
-def describe(rep: int, shard: int, tp: int, pp: int, reshard: str, single_rank: bool = False, offload: bool = False) -> str:
-    parts = []
-    if rep > 1 and shard > 1:
-        parts.append(f"HSDP {rep}x{shard}")
-    elif rep > 1:
-        parts.append(f"DDP {rep}")
-    elif shard > 1 or single_rank:  # FSDP on one rank reads as ZeRO over 1 rank
-        parts.append(f"{'ZeRO-3' if reshard == 'always' else 'ZeRO-2'} {shard}")
-    if tp > 1:
-        parts.append(f"TP {tp}")
-    if pp > 1:
-        parts.append(f"PP {pp}")
-    name = " x ".join(parts) or "single device"
-    return name + " + CPU offload" if offload else name
-
-
-def candidate_layouts(ngpu: int, nnodes: int) -> list[Layout]:
-    """Single device, DDP, ZeRO-2, ZeRO-3, HSDP (replicas across nodes), TP within a node, PP across
-    nodes, and their combinations the world size allows."""
-    world = ngpu * nnodes
-    out = [Layout("single device")] if world == 1 else []
-    tps = [t for t in (2, 4, 8) if t <= ngpu and ngpu % t == 0]
-    pps = sorted({p for p in (2, 4, 8, nnodes) if p > 1 and nnodes % p == 0}) if nnodes > 1 else [1]
-    for pp in [1, *[p for p in pps if p > 1]]:
-        for tp in [1, *tps]:
-            dp = world // (pp * tp)
-            if dp * pp * tp != world or dp < 1:
-                continue
-            if dp == 1:
-                if tp > 1 or pp > 1:
-                    out.append(Layout(describe(1, 1, tp, pp, "always"), tp=tp, pp=pp))
-                continue
-            for rep, shard, reshard in [(dp, 1, "always"), (1, dp, "never"), (1, dp, "always")]:
-                out.append(Layout(describe(rep, shard, tp, pp, reshard), rep, shard, tp, pp, reshard))
-            per_node = max(1, ngpu // tp) if pp == 1 else 0
-            if nnodes > 1 and pp == 1 and per_node > 1 and dp % per_node == 0 and dp // per_node > 1:
-                rep = dp // per_node
-                out.append(Layout(describe(rep, per_node, tp, pp, "always"), rep, per_node, tp, pp, "always"))
-    return out
-
-
-def offload_layouts(ngpu: int, nnodes: int) -> list[Layout]:
-    """The FSDP layouts again with CPU offload; on one GPU, FSDP on a one-rank mesh with offload (ZeRO-Offload:
-    an 8B model on one 80 GB GPU). A last resort, for when nothing fits on the devices."""
-    if ngpu * nnodes == 1:
-        return [Layout(describe(1, 1, 1, 1, "always", True, True), fsdp_single_rank=True, offload=True)]
-    return [replace(l, name=describe(l.dp_replicate, l.dp_shard, l.tp, l.pp, l.reshard, offload=True), offload=True)
-            for l in candidate_layouts(ngpu, nnodes) if l.dp_shard > 1]
-
-
-# ----------------------------------------------------------------------------------------------
-# The model, measured on the meta device
-
-
-@dataclass
-class ModelFacts:
-    family: str
-    dim: int
-    vocab: int
-    n_layers: int
-    tie: bool
-    layer_params: list[int]                 # full parameter count per block
-    layer_tp_split: list[int]               # of those, the ones TP splits
-    ends: dict[str, tuple[int, int]]        # first/last: (params, TP-split params), outside the blocks
-    largest_unit: int                       # params of the largest FSDP unit (a block or the root)
-    act_layer: list[float] = field(default_factory=list)      # saved bytes per block, per sequence, float32
-    act_layer_sac: list[float] = field(default_factory=list)  # of those, what selective-op AC keeps
-    act_first: float = 0.0                  # saved before the first block (embeddings), per sequence
-    act_last_hidden: float = 0.0            # saved after the last block, except full-vocabulary tensors
-    act_last_vocab: float = 0.0             # saved full-vocabulary tensors (logits path), per sequence
-    flops_per_token: float = 0.0            # training FLOPs per token (metrics.flops_per_token)
-    tp_sizes: dict[str, int] = field(default_factory=dict)  # what a TP degree must divide (tp_split_sizes)
-
-    @property
-    def params(self) -> int:
-        return sum(self.layer_params) + self.ends["first"][0] + self.ends["last"][0]
-
-
-TP_SPLIT = ("wq", "wk", "wv", "wo", "w1", "w2", "w3", "tok_embeddings", "pos_embeddings", "output")
-
-
-def tp_splits(name: str, shape) -> bool:
-    """Whether the tensor-parallel plan splits this parameter (row-wise biases and norms stay whole)."""
-    parts = name.split(".")
-    if not any(p in TP_SPLIT for p in parts):
-        return False
-    return not (parts[-1] == "bias" and parts[-2] in ("wo", "w2"))
-
-
-def model_facts(cfg, seq_len: int) -> ModelFacts:
-    from titanlite.data.tokenizer import build_tokenizer
-    from titanlite.models.registry import configured_model
-
-    m = cfg.model
-    with torch.device("meta"):
-        model = configured_model(m, build_tokenizer(m.tokenizer, m.hf_assets_path).vocab_size, seq_len)
-    args = model.args
-    layer_params, layer_split = [], []
-    for block_name, block in model.layers.items():
-        named = list(block.named_parameters())
-        layer_params.append(sum(p.numel() for _, p in named))
-        layer_split.append(sum(p.numel() for n, p in named if tp_splits(n, p.shape)))
-    seen, ends = set(), {"first": [0, 0], "last": [0, 0]}
-    for name, p in model.named_parameters(remove_duplicate=True):
-        if name.startswith("layers.") or id(p) in seen:
-            continue
-        seen.add(id(p))
-        where = "first" if name.startswith(("tok_embeddings", "pos_embeddings")) else "last"
-        ends[where][0] += p.numel()
-        ends[where][1] += p.numel() if tp_splits(name, p.shape) else 0
-    root = ends["first"][0] + ends["last"][0]
-    from titanlite.metrics import flops_per_token
-    from titanlite.parallel.tensor_parallel import tp_split_sizes
-
-    facts = ModelFacts(m.name, args.dim, args.vocab_size, args.n_layers, args.tie_embeddings, layer_params, layer_split,
-                       {k: tuple(v) for k, v in ends.items()}, max(max(layer_params), root),
-                       flops_per_token=flops_per_token(model, seq_len), tp_sizes=tp_split_sizes(args))
-    measure_saved_tensors(model, facts, seq_len)
-    return facts
-
-
-@contextmanager
-def flash_attention_on_meta():
-    """On meta tensors scaled_dot_product_attention falls back to the math path, which saves the
-    [heads, s, s] attention matrix; real runs use a flash kernel (CPU and CUDA), which saves the output
-    and the log-sum-exp only. Route it to the CPU flash kernel, whose meta version saves the same."""
-    import torch.nn.functional as F
-
-    original = F.scaled_dot_product_attention
-
-    def flash(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **kwargs):
-        if attn_mask is not None or dropout_p or kwargs:
-            return original(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, **kwargs)
-        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, is_causal, scale=scale)[0]
-
-    F.scaled_dot_product_attention = flash
-    try:
-        yield
-    finally:
-        F.scaled_dot_product_attention = original
-
-
-def measure_saved_tensors(model, facts: ModelFacts, seq_len: int) -> None:
-    """Run forward and the loss on meta tensors for one sequence and record the bytes autograd saves
-    for backward: per block, and before/after the blocks; also which of them selective-op AC keeps."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    from titanlite.parallel.activation_checkpoint import _SAVE_OPS
-    from titanlite.loss import cross_entropy
-
-    params = {p.untyped_storage()._cdata for p in model.parameters()}
-    produced_by: dict[int, object] = {}
-    region = ["first"]
-    # Selective-op AC stores every output of its save ops, also those autograd itself does not save
-    # (the attention and MLP output projections, whose outputs only feed residual adds).
-    sac_outputs: dict[int, tuple[str, float]] = {}
-    alive = []  # every output kept referenced (meta: no memory), so no storage id is reused for another
-
-    class Producers(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            for t in out if isinstance(out, (tuple, list)) else [out]:
-                if isinstance(t, torch.Tensor):
-                    alive.append(t)
-                    key = t.untyped_storage()._cdata
-                    produced_by.setdefault(key, func)
-                    if func in _SAVE_OPS:
-                        sac_outputs.setdefault(key, (region[0], float(t.untyped_storage().nbytes())))
-            return out
-
-    saved: dict[int, tuple[str, float, bool, bool]] = {}
-
-    def pack(t):
-        key = t.untyped_storage()._cdata
-        if key not in params and key not in saved:
-            vocab = t.dim() > 0 and t.shape[-1] == facts.vocab
-            saved[key] = (region[0], float(t.untyped_storage().nbytes()), produced_by.get(key) in _SAVE_OPS, vocab)
-        return t
-
-    for key, block in model.layers.items():
-        block.register_forward_pre_hook(lambda mod, inp, key=key: region.__setitem__(0, key))
-        block.register_forward_hook(lambda mod, inp, out: region.__setitem__(0, "last"))
-    tokens = torch.zeros(1, seq_len + 1, dtype=torch.long, device="meta")
-    with Producers(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), flash_attention_on_meta():
-        cross_entropy(model(tokens[:, :-1]), tokens[:, 1:])
-    keys = list(model.layers.keys())
-    facts.act_layer = [sum(b for r, b, _, _ in saved.values() if r == k) for k in keys]
-    facts.act_layer_sac = [sum(b for r, b in sac_outputs.values() if r == k) for k in keys]
-    facts.act_first = sum(b for r, b, _, _ in saved.values() if r == "first")
-    facts.act_last_hidden = sum(b for r, b, _, v in saved.values() if r == "last" and not v)
-    facts.act_last_vocab = sum(b for r, b, _, v in saved.values() if r == "last" and v)
-
-
-# ----------------------------------------------------------------------------------------------
-# Estimates
-
-
-@dataclass
-class Setting:
-    seq_len: int
-    micro_batch: int          # sequences per forward/backward on one rank
-    microbatches: int         # per optimizer step on one rank (accumulation x pipeline micro-batches)
-    act_bytes: int            # bytes per activation element (2 under bf16 mixed precision on GPUs)
-    param_gather_bytes: int   # bytes per parameter element in FSDP's all-gather (2 under bf16)
-    loss_parallel: bool
-    schedule: str
-    stages_per_rank: int
-    selective_ac_option: int
-    loss_chunk: int = 0       # titanlite.loss.chunk_tokens: tokens per chunk of the chunked loss; 0: full logits
-
-
-def stage_layers(n_layers: int, pp: int, stages_per_rank: int) -> list[list[int]]:
-    """Layers held by each pp rank (titanlite's even split, stages placed looped)."""
-    if pp == 1:
-        return [list(range(n_layers))]
-    stages = pp * stages_per_rank
-    base, extra = divmod(n_layers, stages)
-    bounds, start = [], 0
-    for i in range(stages):
-        size = base + (1 if i < extra else 0)
-        bounds.append(list(range(start, start + size)))
-        start += size
-    return [sum((bounds[r + k * pp] for k in range(stages_per_rank)), []) for r in range(pp)]
-
-
-def estimate(facts: ModelFacts, lay: Layout, s: Setting) -> dict:
-    """Per-rank memory (bytes) by component for the rank with the largest peak, and per-step
-    communication (bytes per rank) by collective."""
-    worst = None
-    stage_sets = stage_layers(facts.n_layers, lay.pp, s.stages_per_rank if lay.pp > 1 else 1)
-    for pp_rank, layers in enumerate(stage_sets):
-        first, last = pp_rank == 0, pp_rank == lay.pp - 1
-        est = estimate_rank(facts, lay, s, layers, first, last, pp_rank)
-        if worst is None or est["peak"] > worst["peak"]:
-            worst = est | {"pp_rank": pp_rank}
-    return worst
-
-
-def estimate_rank(facts, lay: Layout, s: Setting, layers: list[int], first: bool, last: bool, pp_rank: int) -> dict:
-    tp, shard = lay.tp, lay.dp_shard
-
-    def local(full: int, split: int) -> float:
-        return (full - split) + split / tp
-
-    n_params = sum(local(facts.layer_params[i], facts.layer_tp_split[i]) for i in layers)
-    if first:
-        n_params += local(*facts.ends["first"])
-    if last:
-        n_params += local(*facts.ends["last"])
-    if last and facts.tie and lay.pp > 1 and not first:
-        n_params += local(*facts.ends["first"])  # the last stage's copy of the tied embedding
-    sharded = n_params / shard
-    params = 4 * sharded
-    optimizer = 2 * 4 * sharded
-    grads = 4 * sharded if lay.dims.fsdp_enabled else 4 * n_params
-    host = 0.0
-    if lay.offload:  # FSDP keeps the shards, their gradients and AdamW's moments in host memory
-        host, params, grads, optimizer = params + grads + optimizer, 0.0, 0.0, 0.0
-
-    # Activations of one micro-batch on this rank, float32 as measured, then in the activation dtype.
-    scale = s.micro_batch * s.act_bytes / 4
-    hidden = s.micro_batch * s.seq_len * facts.dim * s.act_bytes  # one [b, s, d] tensor
-    per_layer = []
-    for i in layers:
-        full = facts.act_layer[i] * scale
-        if tp > 1:  # sequence parallel: all but the two gathered norm outputs are split
-            full = (full - 2 * hidden) / tp + 2 * hidden
-        per_layer.append(full)
-    recompute = 0.0
-    if lay.ac == "full":
-        kept = [hidden / tp for _ in layers]
-        recompute = max(per_layer, default=0.0)
-    elif lay.ac == "selective_layer":
-        k = max(1, s.selective_ac_option)
-        kept = [hidden / tp if j % k == 0 else a for j, a in enumerate(per_layer)]
-        recompute = max(per_layer, default=0.0)
-    elif lay.ac == "selective_op":
-        kept = [facts.act_layer_sac[i] * scale / tp + hidden / tp for i in layers]
-        recompute = max((a - k for a, k in zip(per_layer, kept)), default=0.0)
-    else:
-        kept = per_layer
-    acts = sum(kept)
-    if first:
-        acts += facts.act_first * scale / tp
-    vocab_split = tp if s.loss_parallel else 1
-    loss_grads = 0.0
-    if last and s.loss_chunk > 0:
-        acts += facts.act_last_hidden * scale / tp
-        kept, loss_grads = chunked_loss_bytes(facts, s, tp)
-        acts += kept
-        if lay.pp > 1:  # a pipeline stage keeps its output (the hidden states) for its backward
-            loss_grads += hidden
-    elif last:
-        acts += facts.act_last_hidden * scale / tp + facts.act_last_vocab * s.micro_batch / vocab_split
-        # Backward of the loss: the gradients of the log-probabilities and of the logits, float32
-        # (loss parallelism's sharded cross-entropy keeps a third, its softmax, through backward).
-        loss_grads = (3 if s.loss_parallel else 2) * s.micro_batch * s.seq_len * facts.vocab * 4 / vocab_split
-        if lay.pp > 1:  # a pipeline stage keeps its output (the logits) for its backward
-            loss_grads += s.micro_batch * s.seq_len * facts.vocab * s.act_bytes / vocab_split
-    in_flight = microbatches_in_flight(lay, s, pp_rank)
-    activations = acts * in_flight
-
-    fsdp_buffers = 0.0
-    if lay.dims.fsdp_enabled:
-        unsharded = n_params * s.param_gather_bytes
-        largest = facts.largest_unit / tp * s.param_gather_bytes
-        gather = unsharded if lay.reshard == "never" else min(unsharded, 2 * largest)
-        fsdp_buffers = gather + facts.largest_unit / tp * 4  # + one unit's unsharded fp32 gradients
-        if s.microbatches > 1 and lay.pp == 1:
-            # Without gradient sync on the first micro-batches, FSDP accumulates unsharded gradients.
-            fsdp_buffers += n_params * s.param_gather_bytes
-    # Three moments: backward starts (all kept activations and the loss's gradients); a checkpointed
-    # block is recomputed (its full activations beside the kept ones, the loss's gradients gone);
-    # backward ends (all gradients).
-    start_of_backward = activations + loss_grads + fsdp_buffers
-    recomputing = activations + recompute + fsdp_buffers
-    end_of_backward = grads + fsdp_buffers
-    peak = params + optimizer + max(start_of_backward, recomputing, end_of_backward)
-    return {
-        "parameters": params, "gradients": grads, "optimizer": optimizer,
-        "activations": activations + recompute * (recomputing > start_of_backward),
-        "temporary": loss_grads + fsdp_buffers, "peak": peak, "host": host, "in_flight": in_flight,
-        "comm": communication(lay, s, n_params, len(layers), facts, first, last),
-    }
-
-
-def chunked_loss_bytes(facts, s: Setting, tp: int) -> tuple[float, float]:
-    """The chunked loss (titanlite/loss.py) on one rank: (bytes kept from its forward to backward, bytes of
-    its largest transient). Kept: the gradients it computes in forward, of the hidden states [b*s, d] in
-    the activation dtype (whole under TP: the hidden states are gathered) and of the output weight
-    [vocab/tp, d] (float32 accumulated over several chunks, else the activation dtype). Transient, per
-    chunk of min(N, b*s) tokens x vocab/tp (the chunked loss always splits the vocabulary over TP): the
-    logits in the activation dtype, their float32 copy under bf16, the float32 log-probabilities; under
-    TP the vocabulary-parallel softmax holds two float32 blocks at once ((z - max).exp()) instead of one.
-    Each chunk's blocks are released before the next chunk's logits are made. With one chunk the weight's gradient comes after the chunk's transients are freed,
-    so only the larger of the two counts. Measured (float32, debug model, seq 1024, batch 4): within
-    0.1 % of the peak with one chunk of 4096, several of 1024 or 512, and under TP 2."""
-    tokens = s.micro_batch * s.seq_len
-    vocab = facts.vocab / tp
-    one_chunk = tokens <= s.loss_chunk
-    grad_hidden = tokens * facts.dim * s.act_bytes
-    grad_weight = vocab * facts.dim * (s.act_bytes if one_chunk else 4)
-    per_element = s.act_bytes + (4 if s.act_bytes < 4 else 0) + (8 if tp > 1 else 4)
-    transient = min(s.loss_chunk, tokens) * vocab * per_element
-    if one_chunk:
-        transient = max(transient - grad_weight, 0.0)
-    return grad_hidden + grad_weight, transient
-
-
-def loss_path(s: Setting) -> str:
-    return f"chunked loss, {s.loss_chunk} tokens a chunk" if s.loss_chunk > 0 else "full-logits loss"
-
-
-def microbatches_in_flight(lay: Layout, s: Setting, pp_rank: int) -> float:
-    """Micro-batches whose activations a pipeline rank holds at once."""
-    if lay.pp == 1:
-        return 1
-    m = s.microbatches
-    if s.schedule == "GPipe":
-        return m
-    if s.stages_per_rank == 1:  # 1F1B: rank r runs p - r forwards before its first backward
-        return min(m, lay.pp - pp_rank)
-    # Looped and V-shaped schedules: about one round of p micro-batches per local stage, in stage units.
-    return min(m, lay.pp) * (1 + (s.stages_per_rank - 1) / s.stages_per_rank)
-
-
-def communication(lay: Layout, s: Setting, n_params: float, n_layers: int, facts, first: bool, last: bool) -> dict:
-    def ring(n):
-        return (n - 1) / n
-
-    comm: dict[str, float] = {}
-    # Gradients are synchronised once per step (on the last micro-batch); FSDP gathers parameters for
-    # every micro-batch's forward (and, under ZeRO-3, its backward).
-    accum = s.microbatches if lay.pp == 1 else 1
-    if lay.dims.ddp_enabled:
-        comm["all-reduce"] = 2 * ring(lay.dp_replicate) * 4 * n_params
-    gathers = 1 if lay.reshard == "never" else 2
-    if lay.dims.fsdp_enabled and lay.dp_shard > 1:  # FSDP on one rank communicates nothing
-        comm["all-gather"] = gathers * accum * ring(lay.dp_shard) * n_params * s.param_gather_bytes
-        comm["reduce-scatter"] = ring(lay.dp_shard) * n_params * 4
-        if lay.dp_replicate > 1:
-            comm["all-reduce"] = 2 * ring(lay.dp_replicate) * 4 * n_params / lay.dp_shard
-    if lay.offload:  # fp32 shards to the device before each all-gather, their gradients back once
-        comm["host<->device"] = (gathers * accum + 1) * 4 * n_params / lay.dp_shard
-    if lay.tp > 1:
-        hidden = s.micro_batch * s.seq_len * facts.dim * s.act_bytes
-        per_layer = 8 * ring(lay.tp) * hidden  # 2 all-gathers + 2 reduce-scatters, forward and backward
-        comm["tp all-gather/reduce-scatter"] = per_layer * n_layers * s.microbatches
-    if lay.pp > 1:
-        hidden = s.micro_batch * s.seq_len * facts.dim * s.act_bytes
-        sends = (0 if last else 1) + (0 if first else 1)
-        comm["send/recv"] = 2 * hidden * sends * s.microbatches
-    return comm
-
-
-def comm_seconds(lay: Layout, comm: dict, ngpu: int, nnodes: int, interconnect: str) -> float:
-    """Time to move the step's data at the assumed bandwidths: TP within a node; data parallelism within
-    a node when it fits in one, else across nodes; PP across nodes when there are several; CPU offload's
-    copies over PCIe."""
-    intra, inter = BANDWIDTH[interconnect] * 1e9, BANDWIDTH["infiniband"] * 1e9
-    dp_inside = lay.dp_replicate * lay.dp_shard * lay.tp <= ngpu
-    total = 0.0
-    for kind, volume in comm.items():
-        if kind == "host<->device":
-            total += volume / (BANDWIDTH["pcie"] * 1e9)
-        elif kind.startswith("tp"):
-            total += volume / intra
-        elif kind == "send/recv":
-            total += volume / (inter if nnodes > 1 else intra)
-        else:
-            total += volume / (intra if dp_inside or nnodes == 1 else inter)
-    return total
-
-
-def pipeline_bubbles(pp: int, microbatches: list[int]) -> list[tuple[int, int, float, float]]:
-    """(p, m, idle relative to compute (p-1)/m, share of the step idle (p-1)/(m+p-1)) for GPipe and 1F1B."""
-    return [(pp, m, (pp - 1) / m, (pp - 1) / (m + pp - 1)) for m in microbatches]
-
-
-# ----------------------------------------------------------------------------------------------
-# The command
-
-
-def setting_for(cfg, lay: Layout, world: int, device: str) -> Setting:
-    """Micro-batch size, micro-batches per step, dtypes and schedule for a layout of this config."""
-    from titanlite.loss import chunk_tokens
-
-    t = cfg.training
-    dp = lay.dims.dp
-    global_batch = t.global_batch_size if t.global_batch_size > 0 else t.local_batch_size * dp
-    per_rank = max(1, global_batch // dp)  # sequences one dp rank handles per step
-    local = min(t.local_batch_size, per_rank)
-    bf16 = device == "cuda" and t.mixed_precision_param == "bfloat16"
-    p = cfg.parallelism
-    if lay.pp > 1:
-        mbs = p.pipeline_parallel_microbatch_size
-        microbatches = max(1, per_rank // mbs)
-        schedule = p.pipeline_parallel_schedule
-        stages = 1 if schedule in ("GPipe", "1F1B") else 2
-    else:
-        mbs, microbatches, schedule, stages = local, max(1, per_rank // local), "", 1
-    loss_parallel = lay.tp > 1 and not p.disable_loss_parallel  # titanlite.parallel.parallelize.loss_parallel_enabled
-    return Setting(t.seq_len, mbs, microbatches, 2 if bf16 else 4, 2 if bf16 else 4, loss_parallel, schedule, stages,
-                   cfg.activation_checkpoint.selective_ac_option, chunk_tokens(t, cfg.compile, loss_parallel))
-
-
 def plan(argv: list[str]) -> int:
-    from titanlite.config import parse_config
-
     if "--help" in argv or "-h" in argv:
         print(USAGE)
         return 0
@@ -599,12 +70,13 @@ def plan(argv: list[str]) -> int:
     if device not in ("cuda", "cpu"):
         raise ConfigError(f"plan: --device takes cuda or cpu, not '{device}'")
     cfg = parse_config(rest)
-    world = ngpu * nnodes
+    machine = Machine(ngpu, nnodes, device, opts["interconnect"], tflops)
+    world = machine.world
     facts = model_facts(cfg, cfg.training.seq_len)
     own = layout_of(cfg, world)
     budget = mem * (1 - headroom) * GIB
-    rows = layout_rows(cfg, facts, own, ngpu, nnodes, device, lambda est: est["peak"] <= budget, opts["interconnect"], tflops)
-    print_plan(cfg, facts, rows, world, ngpu, nnodes, mem, headroom, device, opts["interconnect"], tflops)
+    rows = layout_rows(cfg, facts, own, machine, lambda est: est["peak"] <= budget)
+    print_plan(cfg, facts, rows, machine, mem, headroom)
     target = os.environ.get("TITANLITE_PLAN_JSON")
     if target and not measure:
         Path(target).write_text(json.dumps(rows_json(rows), indent=1))
@@ -614,105 +86,9 @@ def plan(argv: list[str]) -> int:
     return 0
 
 
-def layout_rows(cfg, facts: ModelFacts, own: Layout, ngpu: int, nnodes: int, device: str, fits,
-                interconnect: str = "nvlink", tflops: float = 989.0) -> list[dict]:
-    """The config's own layout, then every other candidate layout without and with full AC, each estimated
-    for `device`; fits(estimate) says whether one fits. When none fits: the own layout with full AC, and
-    then, on CUDA, the offloaded FSDP layouts (the last resorts, in that order)."""
-
-    def same_as_own(lay: Layout) -> bool:
-        return replace(lay, name="", ac=own.ac) == replace(own, name="")
-
-    def rows_of(layouts: list[Layout], acs: list[str]) -> list[dict]:
-        out = []
-        for lay in layouts:
-            for ac in dict.fromkeys([lay.ac, *acs]):
-                l2 = replace(lay, ac=ac)
-                if layout_allowed(facts, l2, cfg):
-                    out.append(layout_row(cfg, facts, l2, ngpu, nnodes, device, fits, interconnect, tflops, own=l2 == own))
-        return out
-
-    rows = rows_of([own], []) + rows_of([l for l in candidate_layouts(ngpu, nnodes) if not same_as_own(l)], ["full"])
-    if not any(r["fits"] for r in rows) and own.ac != "full":
-        rows += rows_of([replace(own, ac="full")], [])
-    if device == "cuda" and not any(r["fits"] for r in rows):
-        rows += rows_of([l for l in offload_layouts(ngpu, nnodes) if not same_as_own(l)], ["full"])
-    return rows
-
-
-def layout_row(cfg, facts: ModelFacts, lay: Layout, ngpu: int, nnodes: int, device: str, fits, interconnect: str,
-               tflops: float, own: bool) -> dict:
-    """One layout's estimate, its step time at the assumed bandwidths, and whether it fits."""
-    s = setting_for(cfg, lay, ngpu * nnodes, device)
-    est = estimate(facts, lay, s)
-    seconds = comm_seconds(lay, est["comm"], ngpu, nnodes, interconnect)
-    compute = compute_seconds(facts, cfg, lay, s, tflops)
-    bubble = (lay.pp - 1) / (s.microbatches * s.stages_per_rank) if lay.pp > 1 else 0.0
-    return {"layout": lay, "setting": s, "est": est, "comm_s": seconds, "fits": fits(est), "own": own,
-            "bubble": bubble, "step_s": compute * (1 + bubble) + seconds}
-
-
-ASSUMED_MFU = 0.4
-
-
-def rows_json(rows: list[dict]) -> dict:
-    pick, why = recommend(rows)
-    return {"rows": [{"layout": r["layout"].name, "ac": r["layout"].ac, "fits": r["fits"], "own": r["own"],
-                      "offload": r["layout"].offload, "loss_chunk_tokens": r["setting"].loss_chunk, "comm_bytes": r["est"]["comm"], "step_s": r["step_s"],
-                      "bubble": r["bubble"]}
-                     | {k: r["est"][k] for k in ("parameters", "gradients", "optimizer", "activations", "temporary", "peak", "host")}
-                     for r in rows],
-            "recommended": None if pick is None else {"layout": pick["layout"].name, "ac": pick["layout"].ac, "why": why}}
-
-
-def compute_seconds(facts: ModelFacts, cfg, lay: Layout, s: Setting, tflops: float) -> float:
-    """One rank's share of the step's FLOPs at ASSUMED_MFU of `tflops`: the same for every layout
-    of the same world size, so only the bubble and communication tell layouts apart."""
-    dp = lay.dims.dp
-    tokens = s.micro_batch * s.microbatches * s.seq_len * dp  # the global batch
-    return facts.flops_per_token * tokens / lay.ranks / (tflops * 1e12 * ASSUMED_MFU)
-
-
-def layout_allowed(facts: ModelFacts, lay: Layout, cfg) -> bool:
-    # The trainer's own condition (check_tp_degree): heads, KV heads, FFN width, vocabulary and sequence length.
-    if lay.tp > 1 and any(size % lay.tp for size in [*facts.tp_sizes.values(), cfg.training.seq_len]):
-        return False
-    return lay.pp <= facts.n_layers
-
-
-PREFERENCE = ["DDP", "ZeRO-2", "ZeRO-3", "HSDP", "single"]
-
-
-def simplicity(lay: Layout) -> tuple:
-    """No CPU offload before offload, no AC before AC, fewer dimensions, then DDP before ZeRO-2 before ZeRO-3."""
-    dims = sum(d > 1 for d in (lay.dp_replicate * lay.dp_shard, lay.tp, lay.pp))
-    kind = 0 if lay.dims.ddp_enabled else 1 if lay.reshard == "never" else 2
-    return (lay.offload, lay.ac != "none", dims, lay.tp, lay.pp, kind)
-
-
-def recommend(rows: list[dict]) -> tuple[dict | None, str]:
-    """Among the layouts that fit: the shortest estimated step (compute x (1 + bubble) + communication,
-    not overlapped), or the simplest layout within 5 % of it (fewer dimensions, DDP before ZeRO-2
-    before ZeRO-3, no activation checkpointing before some: AC's recomputation is not in the estimate)."""
-    fitting = [r for r in rows if r["fits"]]
-    if not fitting:
-        return None, "nothing fits: add GPUs or nodes, shorten training.seq_len, lower training.local_batch_size"
-    best = min(r["step_s"] for r in fitting)
-    near = [r for r in fitting if r["step_s"] <= 1.05 * best]
-    pick = min(near, key=lambda r: simplicity(r["layout"]))
-    lay, est = pick["layout"], pick["est"]
-    why = (f"fits with {est['peak'] / GIB:.1f} GiB per rank; estimated step {1e3 * pick['step_s']:.1f} ms "
-           f"({1e3 * pick['comm_s']:.1f} ms of it communication, {sum(est['comm'].values()) / 1e9:.2f} GB per rank"
-           + (f", pipeline bubble {pick['bubble']:.0%}" if lay.pp > 1 else "") + ")")
-    if lay.ac != "none":
-        why += f"; needs activation_checkpoint.mode = '{lay.ac}' to fit"
-    if lay.offload:
-        why += (f"; needs training.enable_cpu_offload = true to fit, with {est['host'] / GIB:.1f} GiB of host memory "
-                "per rank (its AdamW step runs on the CPU, not in the step time)")
-    return pick, why
-
-
-def print_plan(cfg, facts, rows, world, ngpu, nnodes, mem, headroom, device, interconnect, tflops) -> None:
+def print_plan(cfg, facts: ModelFacts, rows: list[dict], machine: Machine, mem: float, headroom: float) -> None:
+    world, ngpu, nnodes, device = machine.world, machine.ngpu, machine.nnodes, machine.device
+    interconnect, tflops = machine.interconnect, machine.tflops
     dtype = "bf16 activations (mixed precision)" if device == "cuda" and cfg.training.mixed_precision_param == "bfloat16" else "float32"
     offload = any(r["layout"].offload for r in rows)
     own = next(r for r in rows if r["own"])
@@ -752,109 +128,19 @@ def print_plan(cfg, facts, rows, world, ngpu, nnodes, mem, headroom, device, int
             print(f"  {m:>13} {rel:>21.1%} {share:>25.1%}")
 
 
-# ----------------------------------------------------------------------------------------------
-# --measure
-
-
-class LiveTensorBytes:
-    """Bytes of tensor storage alive on one device, and their peak: every tensor an operator creates is
-    counted until its storage is freed. Unlike MemTracker, it needs no module hooks, so it also follows
-    pipeline schedules (which run stage modules several times per step and call autograd.grad); it
-    does not see inside DTensor operations, so it is used for pipeline stages only."""
-
-    def __init__(self, device: torch.device):
-        self.device, self.live, self.current, self.peak = device, {}, 0, 0
-
-    def add(self, t: torch.Tensor) -> None:
-        import weakref
-
-        if not isinstance(t, torch.Tensor) or t.device != self.device or t.is_meta:
-            return
-        storage = t.untyped_storage()
-        key = storage._cdata
-        if key in self.live:
-            return
-        size = storage.nbytes()
-        self.live[key] = weakref.ref(storage, lambda _, key=key, size=size: self.remove(key, size))
-        self.current += size
-        self.peak = max(self.peak, self.current)
-
-    def remove(self, key: int, size: int) -> None:
-        if self.live.pop(key, None) is not None:
-            self.current -= size
-
-    def mode(self):
-        from torch.utils._python_dispatch import TorchDispatchMode
-        from torch.utils._pytree import tree_flatten
-
-        tracker = self
-
-        class Mode(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                out = func(*args, **(kwargs or {}))
-                for t in tree_flatten(out)[0]:
-                    tracker.add(t.to_local() if hasattr(t, "to_local") else t)
-                return out
-
-        return Mode()
-
-
-def measure_peak(trainer, fsdp: bool, device: torch.device, out: Path, total_steps: int) -> None:
-    """Train to `total_steps` under a tensor-level memory tracker and write this rank's peak: PyTorch's
-    MemTracker (FSDPMemTracker under FSDP), which also sees the tensors inside DTensor operations; under
-    pipeline parallelism, whose schedules its module hooks cannot follow, LiveTensorBytes."""
-    from torch.distributed._tools.mem_tracker import MemTracker
-    from torch.distributed.tensor import DTensor
-
-    out.parent.mkdir(parents=True, exist_ok=True)
-    optimizers = trainer.optimizer.optimizers
-    if trainer.pipeline is not None:
-        tracker = LiveTensorBytes(device)
-        existing = [p for part in trainer.model_parts for p in part.parameters()]
-        existing += [b for part in trainer.model_parts for b in part.buffers()]
-        existing += [t for opt in optimizers for state in opt.state.values() for t in state.values()]
-        for t in existing:
-            tracker.add(t.to_local() if isinstance(t, DTensor) else t)
-        with tracker.mode():
-            trainer.train(total_steps)
-        out.write_text(json.dumps({"Total": tracker.peak, "tracker": "LiveTensorBytes"}))
-
-        return
-    if fsdp and len(trainer.model_parts) == 1:
-        from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
-
-        mem = FSDPMemTracker(trainer.model_parts[0], optimizers[0])
-    else:
-        mem = MemTracker()
-        mem.track_external(*trainer.model_parts, *optimizers)
-    figures: dict = {}
-    with mem:
-        while trainer.step < total_steps:  # its module statistics cover one iteration at a time
-            trainer.train(trainer.step + 1)
-            peak = mem.get_tracker_snapshot("peak")
-            step_figures = next(iter(peak.values())) if peak else {}
-            if step_figures.get("Total", 0) >= figures.get("Total", 0):
-                figures = step_figures
-            mem.reset_mod_stats()
-    out.write_text(json.dumps({getattr(k, "value", str(k)): v for k, v in figures.items()} | {"tracker": "MemTracker"}))
-
-
 def measure_layout(cfg, argv: list[str], lay: Layout, facts: ModelFacts, s: Setting, world: int) -> int:
-    import shutil
-    import tempfile
-
     est = estimate(facts, lay, s)
     folder = tempfile.mkdtemp(prefix="titanlite-plan-")  # kept when the run fails: its logs explain why
     out = Path(folder) / "memory"
-    cmd = [sys.executable, "-m", "titanlite.launch", "--standalone", f"--nproc-per-node={world}",
-           f"--log-dir={Path(folder) / 'logs'}", "-m", "titanlite.train", *argv,
+    cmd = [sys.executable, "-m", "titanlite.commands.launch", "--standalone", f"--nproc-per-node={world}",
+           f"--log-dir={Path(folder) / 'logs'}", "-m", "titanlite.commands.train", *argv,
            "--training.steps", "3", "--metrics.log_freq", "3", "--checkpoint.enable", "false",
            "--profiling.enable_profiling", "false", "--job.dump_folder", folder, "--job.name", "measure"]
     env = {**os.environ, "TITANLITE_MEASURE_MEMORY": str(out), "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
     env.setdefault("OMP_NUM_THREADS", "1")
     print(f"measure: 3 steps of {lay.name} on {world} process(es) ...", flush=True)
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    if proc.returncode != 0:  # the worker's own line (titanlite/launch.py), and its exit status
+    if proc.returncode != 0:  # the worker's own line (titanlite/commands/launch.py), and its exit status
         reason = reason_in(proc.stderr).removeprefix("titanlite: error: ")
         print(f"titanlite: error: plan --measure: the measured run failed: {reason} (its output: {folder})",
               file=sys.stderr, flush=True)

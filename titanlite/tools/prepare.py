@@ -6,9 +6,15 @@ first `./run_train.sh` would otherwise do it before launch), or again after the 
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
-from titanlite.tools import take_options
+from titanlite.builder.data import store_options
+from titanlite.commands.options import take_options
+from titanlite.config import parse_config
+from titanlite.data.datasets import configured_sources
+from titanlite.data.store import describe
+from titanlite.data.tokenizer import build_tokenizer
 
 USAGE = """usage: titanlite prepare [--config FILE] [--workers N] [--rebuild] [--section.key VALUE ...]
   --workers N   tokenising processes (default: data.prepare_workers, 0 = every core)
@@ -20,12 +26,6 @@ reused when each source file's size, mtime and sampled fingerprint match (every 
 
 
 def prepare(argv: list[str]) -> int:
-    from titanlite.config import parse_config
-    from titanlite.data.datasets import configured_sources
-    from titanlite.data.store import describe, open_store
-    from titanlite.data.tokenizer import build_tokenizer
-    from titanlite.train import cache_dir, store_options
-
     if "--help" in argv or "-h" in argv:
         print(USAGE)
         return 0
@@ -33,12 +33,12 @@ def prepare(argv: list[str]) -> int:
     cfg = parse_config(rest)
     options = store_options(cfg, "sample")
     if opts["workers"] >= 0:
-        options["workers"] = opts["workers"]
+        options = dataclasses.replace(options, workers=opts["workers"])
     tokenizer = build_tokenizer(cfg.model.tokenizer, cfg.model.hf_assets_path)
     sources = configured_sources(cfg.training.dataset, cfg.training.dataset_path, cfg.training.dataset_mixture)
     for source, _ in sources:
         start = time.perf_counter()
-        store = open_store(source, tokenizer, cache_dir(cfg), **options, say=say, rebuild=opts["rebuild"])
+        store = options.open(source, tokenizer, say=say, rebuild=opts["rebuild"])
         where = f" in {store.path}" if store.path else " (read in place)"
         print(f"titanlite: prepared {describe(store)}{where} ({time.perf_counter() - start:.1f} s)")
     return 0

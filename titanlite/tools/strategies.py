@@ -24,10 +24,13 @@ from pathlib import Path
 
 import torch
 
-from titanlite.devices import uses_cuda
-from titanlite.errors import ConfigError
-from titanlite.failures import reason_in
-from titanlite.tools import take_options
+from titanlite.base.devices import uses_cuda
+from titanlite.base.errors import ConfigError
+from titanlite.base.failures import reason_in
+from titanlite.builder.plan import plan_run
+from titanlite.commands.options import take_options
+from titanlite.config import parse_config
+from titanlite.tools.analyze import analyze, write_results
 
 STRATEGIES_USAGE = """usage: titanlite bench strategies [--config FILE] [--ngpu N] [--steps S] [--output DIR] [--section.key VALUE ...]
   --ngpu N      processes per strategy (default: $NGPU, else the visible GPUs, else 4)
@@ -42,7 +45,7 @@ BATCH_USAGE = """usage: titanlite bench batch-sizes [--config FILE] [--steps S] 
   --output DIR        default: <job.dump_folder>/<job.name>/bench_batch_sizes"""
 
 PROFILED = 2  # steps in the profiled window at the end of each job
-OOM_EXIT = 4  # titanlite.train's exit status for running out of device memory
+OOM_EXIT = 4  # a training worker's exit status for running out of device memory
 
 
 @dataclass
@@ -54,9 +57,6 @@ class Strategy:
 
 def strategies_for(n: int, base_args: list[str]) -> list[Strategy]:
     """The layouts to compare on n ranks; those the world size or the model cannot take are left out."""
-    from titanlite.config import parse_config
-    from titanlite.train import plan_run
-
     candidates = [
         Strategy("single device", 1, ["--parallelism.data_parallel_shard_degree", "1"]),
         Strategy(f"DDP x {n}", n, ["--parallelism.data_parallel_replicate_degree", str(n),
@@ -87,10 +87,10 @@ def strategies_for(n: int, base_args: list[str]) -> list[Strategy]:
 
 
 def launch(ranks: int, args: list[str], run_root: Path, name: str, timeout: float = 3600) -> subprocess.CompletedProcess:
-    """One training job: torchrun (titanlite.launch) of titanlite.train with `ranks` processes, run folder
+    """One training job: torchrun (titanlite.commands.launch) of titanlite.commands.train with `ranks` processes, run folder
     run_root/name; a failure ends its stderr with the worker's one-line reason."""
-    cmd = [sys.executable, "-m", "titanlite.launch", "--standalone", f"--nproc-per-node={ranks}",
-           f"--log-dir={run_root / name / 'torchrun_logs'}", "-m", "titanlite.train",
+    cmd = [sys.executable, "-m", "titanlite.commands.launch", "--standalone", f"--nproc-per-node={ranks}",
+           f"--log-dir={run_root / name / 'torchrun_logs'}", "-m", "titanlite.commands.train",
            *args, "--job.dump_folder", str(run_root), "--job.name", name]
     env = {**os.environ, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
     if "OMP_NUM_THREADS" not in os.environ:
@@ -112,9 +112,6 @@ def read_metrics(run_dir: Path) -> list[dict]:
 
 
 def strategies(argv: list[str]) -> int:
-    from titanlite.config import parse_config
-    from titanlite.tools.analyze import analyze, write_results
-
     if "--help" in argv or "-h" in argv:
         print(STRATEGIES_USAGE)
         return 0
@@ -213,10 +210,10 @@ def strategies_markdown(report: dict) -> str:
 def write_chart(rows: list[dict], path: Path, title: str) -> Path | None:
     """Throughput and peak memory per strategy, side by side; None (with a note) without matplotlib."""
     try:
-        import matplotlib
+        import matplotlib  # optional dependency (the [bench] extra)
 
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # after choosing the Agg backend (no display)
     except ImportError:
         print("bench: no chart: matplotlib is not installed (pip install '.[bench]')")
         return None
@@ -245,8 +242,6 @@ def write_chart(rows: list[dict], path: Path, title: str) -> Path | None:
 
 
 def batch_sizes(argv: list[str]) -> int:
-    from titanlite.config import parse_config
-
     if "--help" in argv or "-h" in argv:
         print(BATCH_USAGE)
         return 0
@@ -268,7 +263,7 @@ def batch_sizes(argv: list[str]) -> int:
         proc = launch(1, args, out, name)
         records = read_metrics(out / name)
         if proc.returncode != 0 or not records:
-            oom = proc.returncode == 4  # a worker's torch.OutOfMemoryError (titanlite/failures.py)
+            oom = proc.returncode == 4  # a worker's torch.OutOfMemoryError (titanlite/base/failures.py)
             stop = f"batch {batch}: {'out of memory' if oom else last_error(proc)}"
             rows.append({"batch": batch, "error": "out of memory" if oom else last_error(proc)})
             break

@@ -3,7 +3,7 @@
 Worker side (`record`): the exception becomes one line (rank, what failed; for an unexpected exception
 its type, message and the innermost titanlite file:line), printed to stderr; the full traceback goes to
 <run folder>/logs/error-rank<R>.log, named in that line. Under a launcher the line is also written to
-$TITANLITE_FAILURE_DIR/rank<R>.json, so the launcher (titanlite/launch.py) can print it last, after
+$TITANLITE_FAILURE_DIR/rank<R>.json, so the launcher (titanlite/commands/launch.py) can print it last, after
 torchrun's own report, and exit with the worker's status:
 
   2  bad config or input (ConfigError)     3  non-finite loss (NonFiniteLoss)
@@ -20,18 +20,17 @@ import time
 import traceback
 from pathlib import Path
 
+import torch
+
+from titanlite.base.errors import ConfigError, NonFiniteLoss
+
 FAILURE_DIR_ENV = "TITANLITE_FAILURE_DIR"
-PACKAGE_ROOT = Path(__file__).resolve().parent  # .../titanlite
+PACKAGE_ROOT = Path(__file__).resolve().parents[1]  # .../titanlite
 PREFIX = "titanlite: error: "
 
 
 def explain(exc: BaseException) -> tuple[int, str, bool]:
     """(exit status, one-line reason, whether a traceback helps)."""
-    import torch
-
-    from titanlite.errors import ConfigError
-    from titanlite.resilience import NonFiniteLoss
-
     if isinstance(exc, ConfigError):
         return 2, str(exc), False
     if isinstance(exc, NonFiniteLoss):

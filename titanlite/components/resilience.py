@@ -1,5 +1,5 @@
-"""Surviving the cluster: preemption signals, non-finite losses, collective timeouts, and the fault
-hooks the tests use to prove that a killed worker's job resumes exactly."""
+"""Surviving the cluster: preemption signals, collective timeouts, and the fault hooks the tests use to
+prove that a killed worker's job resumes exactly (the exceptions they end in are titanlite/base/errors.py's)."""
 
 from __future__ import annotations
 
@@ -12,18 +12,6 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-
-
-class Preempted(Exception):
-    """The run stopped after a signal, with a checkpoint at the step it had reached."""
-
-    def __init__(self, signum: int, step: int):
-        super().__init__(f"stopped by {signal.Signals(signum).name} after step {step}")
-        self.signum = signum
-
-
-class NonFiniteLoss(Exception):
-    pass
 
 
 class StopOnSignal:

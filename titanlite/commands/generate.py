@@ -12,9 +12,17 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from titanlite.devices import uses_cuda
-from titanlite.errors import ConfigError
+from titanlite.base.devices import uses_cuda
+from titanlite.base.errors import ConfigError
+from titanlite.base.hf_config import folder_model_args
+from titanlite.builder.model import plain_model
+from titanlite.commands.options import take_options
+from titanlite.components.checkpoint import checkpoint_to_load, load_weights
+from titanlite.components.hf_weights import load_hf_into
+from titanlite.config import parse_config
+from titanlite.data.tokenizer import build_tokenizer
 from titanlite.models.kv_cache import KVCache
+from titanlite.models.registry import model_from_args
 
 OPTIONS = {"prompt": "", "max-new-tokens": 64, "temperature": 0.0, "top-k": 0, "seed": 0, "output": ""}
 
@@ -113,10 +121,6 @@ def _stop_reason(new_ids: list[int], max_new_tokens: int, eot_id: int | None, le
 
 
 def main(argv: list[str]) -> int:
-    from titanlite.config import parse_config
-    from titanlite.data.tokenizer import build_tokenizer
-    from titanlite.tools import take_options
-
     opts, rest = take_options(argv, OPTIONS, "generate")
     sampling = check_options(opts)
     cfg = parse_config(rest)
@@ -171,13 +175,10 @@ def check_prompt_fits(n_tokens: int, context: int) -> None:
 
 def load_model(cfg, vocab_size: int) -> tuple[nn.Module, str]:
     """The model on the CPU with its weights, and where they came from (checkpoint.checkpoint_to_load)."""
-    from titanlite.checkpoint import checkpoint_to_load, load_weights
-    from titanlite.cli import _plain_model
-
     path = checkpoint_to_load(cfg, "generate from")
     if (path / "config.json").is_file():
         return _load_hf_folder(path, vocab_size), f"the Hugging Face folder {path}"
-    model = _plain_model(cfg)  # DCP checkpoints saved on any parallel layout load into the plain model
+    model = plain_model(cfg)  # DCP checkpoints saved on any parallel layout load into the plain model
     load_weights([model], path)  # one line if the folder is missing or damaged
     return model, str(path)
 
@@ -185,9 +186,6 @@ def load_model(cfg, vocab_size: int) -> tuple[nn.Module, str]:
 def _load_hf_folder(folder: Path, vocab_size: int) -> nn.Module:
     """A model of the folder's own shape and weights (model.name and flavor play no part). Its vocabulary is
     taken as is, padded or not (GPT-2's 50257): it only has to cover the tokenizer's ids."""
-    from titanlite.hf import folder_model_args, load_hf_into
-    from titanlite.models.registry import model_from_args
-
     args = folder_model_args(folder)
     if args.vocab_size < vocab_size:
         raise ConfigError(

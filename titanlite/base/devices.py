@@ -15,7 +15,7 @@ import os
 
 import torch
 
-from titanlite.errors import ConfigError
+from titanlite.base.errors import ConfigError
 
 ENV = "TITANLITE_DEVICE"
 CHOICES = ("auto", "cpu", "cuda")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -24,10 +25,11 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel as tp_loss_parallel
 from torch.nn.parallel import DistributedDataParallel
 
-from titanlite.loss import cross_entropy
-from titanlite.metrics import MetricsLogger, Throughput, peak_memory_gib, reset_peak_memory
-from titanlite.optim import clip_grad_norm_
-from titanlite.resilience import Faults, NonFiniteLoss, Preempted, StopOnSignal, set_train_timeout
+from titanlite.components.loss import cross_entropy
+from titanlite.components.metrics import MetricsLogger, Throughput, peak_memory_gib, reset_peak_memory
+from titanlite.components.optim import clip_grad_norm_
+from titanlite.base.errors import NonFiniteLoss, Preempted
+from titanlite.components.resilience import Faults, StopOnSignal, set_train_timeout
 
 
 class StepRecords:
@@ -60,11 +62,22 @@ class StepFigures:
     world_size: int
     flops_per_token: float
     peak_tflops: float | None
+    warmup_steps: int = 0  # the first steps, left out of tokens/s (metrics.throughput_warmup_steps)
+
+
+@dataclass
+class StepSettings:
+    """How each step runs, and on which steps the trainer logs and evaluates."""
+
+    grad_accum_steps: int = 1  # micro-batches per step on each rank
+    max_norm: float = 0.0  # gradient clipping (0: none; the norm is logged either way)
+    log_freq: int = 1
+    val_freq: int = 0  # evaluate every val_freq steps (and at the last) when there is a validator
 
 
 @dataclass
 class Resilience:
-    """What the loop needs to survive the cluster (titanlite/resilience.py)."""
+    """What the loop needs to survive the cluster (titanlite/components/resilience.py)."""
 
     stop: StopOnSignal | None = None
     faults: Faults | None = None
@@ -99,32 +112,44 @@ class Pipeline:
             schedule_call(*args)
 
 
+@dataclass
+class RankModel:
+    """This rank's share of the model, parallelised, and how a forward pass and its loss run on it: the same
+    for training (Trainer) and evaluation (Validator)."""
+
+    parts: list[nn.Module]  # one, or one per local pipeline stage
+    device: torch.device
+    loss_fn: Callable = cross_entropy  # the token mean of one micro-batch (titanlite/components/loss.py)
+    # Under loss parallelism the logits arrive sharded by vocabulary; both the cross-entropy and its
+    # backward must run inside torch's loss_parallel context.
+    loss_parallel: bool = False
+    autocast: Callable = contextlib.nullcontext  # bf16 autocast where FSDP does not already cast
+    pipeline: Pipeline | None = None
+    loss_group: object = None  # the process group the loss is averaged over (dp x cp), or None
+    after_optimizer_step: Callable | None = None  # e.g. float8 scales for the next all-gather
+
+    def loss_context(self):
+        return tp_loss_parallel() if self.loss_parallel else contextlib.nullcontext()
+
+
 class Trainer:
-    def __init__(self, model_parts: list[nn.Module], optimizer, lr_scheduler, loader, *, grad_accum_steps, max_norm,
-                 device, loss_group, figures: StepFigures, logger: MetricsLogger, log_freq: int,
-                 throughput_warmup_steps: int, autocast, loss_parallel: bool = False, pipeline: Pipeline | None = None,
-                 checkpointer=None, resilience: Resilience | None = None, loss_fn=cross_entropy,
-                 after_optimizer_step=None, profiler=None, validator=None, val_freq: int = 0):
-        self.model_parts, self.optimizer, self.lr_scheduler, self.loader = model_parts, optimizer, lr_scheduler, loader
-        self.params = [p for part in model_parts for p in part.parameters() if p.requires_grad]
-        duplicate = pipeline.tied_sync.duplicate if pipeline and pipeline.tied_sync else None
+    """Trains this rank's model from its current (possibly resumed) step: the same loop for every layout."""
+
+    def __init__(self, model: RankModel, optimizer, lr_scheduler, loader, *, settings: StepSettings,
+                 figures: StepFigures, logger: MetricsLogger, checkpointer=None, resilience: Resilience | None = None,
+                 validator=None):
+        self.model, self.optimizer, self.lr_scheduler, self.loader = model, optimizer, lr_scheduler, loader
+        self.model_parts, self.device, self.pipeline = model.parts, model.device, model.pipeline
+        self.params = [p for part in model.parts for p in part.parameters() if p.requires_grad]
+        duplicate = self.pipeline.tied_sync.duplicate if self.pipeline and self.pipeline.tied_sync else None
         self.norm_params = [p for p in self.params if p is not duplicate]
-        self.grad_accum_steps, self.max_norm, self.device = grad_accum_steps, max_norm, device
-        self.loss_group = loss_group  # process group the loss is averaged over (dp), or None
-        self.figures, self.logger, self.log_freq = figures, logger, log_freq
-        self.throughput = Throughput(throughput_warmup_steps)
-        self.autocast = autocast
-        # Under loss parallelism the logits arrive sharded by vocabulary; both the cross-entropy and its
-        # backward must run inside this context.
-        self.loss_context = tp_loss_parallel if loss_parallel else contextlib.nullcontext
-        self.pipeline = pipeline
+        self.settings, self.figures, self.logger = settings, figures, logger
+        self.throughput = Throughput(figures.warmup_steps)
         self.pipeline_idle = 0.0
         self.checkpointer = checkpointer
         self.resilience = resilience or Resilience()
-        self.loss_fn = loss_fn
-        self.after_optimizer_step = after_optimizer_step  # e.g. float8 scales for the next all-gather
-        self.profiler = profiler  # titanlite.profiling.Profiler, stepped after every training step
-        self.validator, self.val_freq = validator, val_freq  # titanlite.validate.Validator, every val_freq steps
+        self.validator = validator  # titanlite.engine.validator.Validator, every settings.val_freq steps
+        self.profiler = None  # titanlite.components.profiling.Profiler, stepped after every training step
         self.step = 0
         self.tokens_seen = 0
         self.records = StepRecords()
@@ -145,11 +170,11 @@ class Trainer:
                 if self.throughput.steps_seen == self.throughput.warmup_steps > 0:
                     synchronize(self.device)  # the counted steps start with no warm-up work still queued
                 start = time.perf_counter()
-                micro_batches = [next(batches) for _ in range(self.grad_accum_steps)]
+                micro_batches = [next(batches) for _ in range(self.settings.grad_accum_steps)]
                 self.throughput.add_data_wait(time.perf_counter() - start)
                 lr = self.optimizer.param_groups[0]["lr"]
-                will_eval = self.validator is not None and ((self.step + 1) % self.val_freq == 0 or self.step + 1 == last)
-                will_log = (self.step + 1) % self.log_freq == 0 or self.step + 1 == last or will_eval
+                will_eval = self.validator is not None and ((self.step + 1) % self.settings.val_freq == 0 or self.step + 1 == last)
+                will_log = (self.step + 1) % self.settings.log_freq == 0 or self.step + 1 == last or will_eval
                 will_save = self.checkpointer is not None and self.checkpointer.due(self.step + 1)
                 self.train_step(micro_batches, measure=will_log)
                 self.step += 1
@@ -213,15 +238,16 @@ class Trainer:
                 self.pipeline.tied_sync()
         loss = self.reduce_loss(step_loss)
         grad_norm = clip_grad_norm_(
-            self.params, self.max_norm, norm_params=self.norm_params, pp_group=self.pipeline and self.pipeline.group
+            self.params, self.settings.max_norm, norm_params=self.norm_params,
+            pp_group=self.pipeline and self.pipeline.group,
         )
         pair = self.records.add(self.step + 1, loss, grad_norm)
         if self.resilience.skip_nonfinite_steps:
             # Both values are global (identical on every rank), so every rank skips the same steps.
             self.optimizer.skip_update_if(~torch.isfinite(pair).all())
         self.optimizer.step()
-        if self.after_optimizer_step is not None:
-            self.after_optimizer_step()
+        if self.model.after_optimizer_step is not None:
+            self.model.after_optimizer_step()
         self.optimizer.zero_grad()
         self.lr_scheduler.step()
         return loss, grad_norm
@@ -233,14 +259,14 @@ class Trainer:
             inputs = inputs.to(self.device, non_blocking=True)
             labels = labels.to(self.device, non_blocking=True)
             with self.gradient_sync(model, last=i == len(micro_batches) - 1):
-                with self.autocast():
-                    output = model(inputs)  # logits, or hidden states for the chunked loss (titanlite/loss.py)
-                with self.autocast(), self.loss_context():  # the chunked loss's projection autocasts too
+                with self.model.autocast():
+                    output = model(inputs)  # logits, or hidden states for the chunked loss (components/loss.py)
+                with self.model.autocast(), self.model.loss_context():  # the chunked loss's projection autocasts too
                     # Every window has exactly seq_len targets, so each micro-batch's token mean divided
                     # by the micro-batch count, then averaged over dp ranks (DDP/FSDP reduce by mean), is
                     # the mean over all target tokens of the global batch.
                     scale = self.resilience.loss_scale(self.step + 1) / len(micro_batches)
-                    loss = self.loss_fn(output, labels) * scale
+                    loss = self.model.loss_fn(output, labels) * scale
                     del output  # nothing in backward needs the full-vocabulary logits: free them now
                     loss.backward()
             step_loss += local_value(loss)
@@ -255,7 +281,7 @@ class Trainer:
         losses = []
         p.timer.enabled, p.timer.busy = measure, 0.0
         start = time.perf_counter()
-        with self.autocast(), self.loss_context():
+        with self.model.autocast(), self.model.loss_context():
             p.run(p.schedule.step, inputs, labels, losses)
         if measure:
             self.pipeline_idle = 1.0 - p.timer.busy / (time.perf_counter() - start)
@@ -268,10 +294,10 @@ class Trainer:
         """The global mean: from the last pipeline stage to every rank, then averaged over dp."""
         if self.pipeline is not None:
             dist.all_reduce(step_loss, op=dist.ReduceOp.SUM, group=self.pipeline.group)
-        if self.loss_group is not None:
+        if self.model.loss_group is not None:
             # gloo has no AVG reduction: sum, then divide.
-            dist.all_reduce(step_loss, op=dist.ReduceOp.SUM, group=self.loss_group)
-            step_loss /= dist.get_world_size(self.loss_group)
+            dist.all_reduce(step_loss, op=dist.ReduceOp.SUM, group=self.model.loss_group)
+            step_loss /= dist.get_world_size(self.model.loss_group)
         return step_loss
 
     @staticmethod

@@ -1,9 +1,9 @@
 """torchrun that ends a failed job with the failing worker's own line and exit status.
 
-`python -m titanlite.launch <torchrun options> -m titanlite.train ...` (what run_train.sh, `eval --ngpu`,
+`python -m titanlite.commands.launch <torchrun options> -m titanlite.commands.train ...` (what run_train.sh, `eval --ngpu`,
 `plan --measure`, `bench strategies` and the tests run) is torchrun, run in this process, with one
 difference: torchrun ends a failed job with its multi-line summary and status 1 whatever the worker's
-was. Here every worker records its failure (titanlite/failures.py) in a temporary folder; after a
+was. Here every worker records its failure (titanlite/base/failures.py) in a temporary folder; after a
 failure the first one's line is printed last and its status (2 config, 3 non-finite loss, 4 out of
 memory, 1 other) is this command's. A signal to the launcher ends it with 128 + the signal number;
 torchrun's own failure (a rendezvous that cannot connect) is one line and status 1.
@@ -18,18 +18,18 @@ import sys
 import tempfile
 from pathlib import Path
 
-from titanlite.failures import FAILURE_DIR_ENV, PREFIX, first_failure
+from torch.distributed.elastic.multiprocessing.api import SignalException
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+import torch.distributed.run as torchrun
+
+from titanlite.base.failures import FAILURE_DIR_ENV, PREFIX, first_failure
 
 
 def main(argv: list[str] | None = None) -> int:
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import parse_args, run
-
     folder = Path(tempfile.mkdtemp(prefix="titanlite-failures-"))
     os.environ[FAILURE_DIR_ENV] = str(folder)
     try:
-        run(parse_args(sys.argv[1:] if argv is None else argv))
+        torchrun.run(torchrun.parse_args(sys.argv[1:] if argv is None else argv))
         return 0
     except ChildFailedError as error:
         return report(folder, error)

@@ -19,7 +19,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 
 from titanlite.config import Profiling
-from titanlite.errors import ConfigError
+from titanlite.base.errors import ConfigError
 
 MEMORY_HISTORY_ENTRIES = 100_000
 

@@ -26,8 +26,9 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from titanlite.config import Checkpoint as CheckpointConfig
-from titanlite.devices import uses_cuda
-from titanlite.errors import ConfigError
+from titanlite.base.devices import uses_cuda
+from titanlite.base.errors import ConfigError
+from titanlite.components.hf_weights import load_hf_into
 
 # In one process DCP warns, at every save and load, that it assumes one process: that is the intent.
 warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
@@ -278,8 +279,6 @@ def load_weights(model_parts: list[nn.Module], path: Path, what: str = "checkpoi
     """Model weights only, from a DCP checkpoint folder (saved on any layout) or a Hugging Face folder,
     into this rank's (possibly sharded or pipelined) model parts."""
     if (path / "config.json").is_file():
-        from titanlite.hf import load_hf_into
-
         load_hf_into(model_parts, path)
         return
     problem = "it does not exist" if not path.is_dir() else verify(path)
@@ -330,6 +329,7 @@ def process_saver_stager(pinned: bool):
     buffers that are kept from save to save, pinned on CUDA (fast device-to-host copies), shared with the
     writing process (no pickling of tensors). The copy is made before async_save returns, so training may
     change the weights right after; the writing runs beside the next steps."""
+    # Imported here: plan_run refuses async_with_pinned_mem up front on a torch without it (check_async_mode).
     from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
     return DefaultStager(StagingOptions(use_pinned_memory=pinned, use_shared_memory=True, use_async_staging=False,
@@ -338,8 +338,9 @@ def process_saver_stager(pinned: bool):
 
 def stop_process_saver() -> None:
     """End DCP's writing process. DCP keeps it for the trainer's lifetime and ends it only in a finaliser,
-    which titanlite's exit skips (os._exit, CPU_DISTRIBUTED_NOTES.md): left alone, it would notice its
+    which titanlite's exit skips (os._exit, titanlite/commands/worker.py's shutdown): left alone, it would notice its
     parent gone and die with a traceback. Private names: if a torch version moves them, nothing is done."""
+    # Imported here: a private module, which a torch version may move (then nothing is done).
     from torch.distributed.checkpoint import _async_process_executor as executor
 
     process = getattr(executor, "_CHECKPOINT_PROCESS", None)

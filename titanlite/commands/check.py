@@ -1,7 +1,9 @@
-"""`titanlite check`'s memory preflight: refuse a layout that cannot fit before torchrun starts any worker.
+"""`titanlite check`: everything that can be refused before torchrun starts any worker (run_train.sh runs it
+first): the config and layout (plan_run), the data (its prepared store is built here, once), and the
+memory preflight, which refuses a layout that cannot fit.
 
-The figure is `titanlite plan`'s estimate (titanlite/tools/plan.py) of the config's own layout, for the
-device this machine computes on (titanlite.devices.device_type()), so plan and check always agree. It
+The memory figure is `titanlite plan`'s estimate (titanlite/builder/estimate.py) of the config's own layout,
+for the device this machine computes on (titanlite.base.devices.device_type()), so plan and check agree. It
 counts tensors only; what a process needs besides them is added from the named constants below, and
 every printed figure is called an estimate. Each rank's need is compared with its share of a pool:
 
@@ -20,8 +22,16 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from titanlite import devices
-from titanlite.errors import ConfigError
+import torch
+
+from titanlite.base import devices
+from titanlite.base.errors import ConfigError
+from titanlite.builder.data import build_data, build_validation_data, describe_validation
+from titanlite.builder.estimate import Machine, estimate, layout_of, layout_rows, recommend, setting_for
+from titanlite.builder.model_facts import cached_model_facts
+from titanlite.builder.plan import plan_run
+from titanlite.commands.options import take_options
+from titanlite.config import parse_config
 
 GIB = 2**30
 # GPU memory a CUDA rank uses besides its tensors: the CUDA context (about 0.5 GiB on Hopper with lazy
@@ -61,8 +71,6 @@ def memory_capacity(pool: str, local_ranks: int) -> Capacity | None:
     'cpu', the node's available RAM shared by its `local_ranks` processes. None where it cannot be told.
     The one place that asks the machine, so tests can pretend to be another."""
     if pool == "cuda":
-        import torch
-
         props = torch.cuda.get_device_properties(0)
         return Capacity(props.total_memory, props.name)
     ram = available_ram()
@@ -90,59 +98,9 @@ def available_ram() -> tuple[int, str] | None:
 def config_estimate(cfg, world_size: int, device: str):
     """The planner's facts, the config's own layout and its estimate (the rank with the largest peak)
     on `device`: the row `titanlite plan --ngpu N --device DEVICE` marks '(config)'."""
-    from titanlite.tools.plan import estimate, layout_of, setting_for
-
     facts = cached_model_facts(cfg)
     own = layout_of(cfg, world_size)
     return facts, own, estimate(facts, own, setting_for(cfg, own, world_size, device))
-
-
-# What the planner's model facts depend on besides the model's settings: the code that defines the models
-# and measures them.
-FACTS_SOURCES = ("models/gpt2.py", "models/llama.py", "models/registry.py", "tools/plan.py",
-                 "parallel/activation_checkpoint.py", "trainer.py", "metrics.py", "hf.py",
-                 "parallel/tensor_parallel.py")
-
-
-def cached_model_facts(cfg):
-    """plan.model_facts, kept in the cache folder (data.cache_dir) per model shape and code version: its
-    first meta forward in a process costs about a second (torch imports its compiler stack for some meta
-    kernels), which every launch would otherwise pay again."""
-    import dataclasses
-    import hashlib
-    import json
-    from pathlib import Path
-
-    from titanlite.tools.plan import ModelFacts, model_facts
-    from titanlite.train import cache_dir
-
-    m = cfg.model
-    key = hashlib.sha256(repr((m.name, m.flavor, m.n_layers, m.tokenizer, cfg.training.seq_len)).encode())
-    if m.flavor == "hf" or m.tokenizer == "hf":  # the shape (and vocabulary) is the folder's
-        from titanlite.data.tokenizer import build_tokenizer
-
-        key.update(repr(build_tokenizer(m.tokenizer, m.hf_assets_path).fingerprint).encode())
-        if m.flavor == "hf":
-            key.update((Path(m.hf_assets_path) / "config.json").read_bytes())
-    package = Path(__file__).resolve().parent
-    for name in FACTS_SOURCES:
-        key.update((package / name).read_bytes())
-    path = cache_dir(cfg) / "plan-facts" / f"{key.hexdigest()[:24]}.json"
-    try:
-        fields = json.loads(path.read_text())
-        fields["ends"] = {k: tuple(v) for k, v in fields["ends"].items()}
-        return ModelFacts(**fields)
-    except (OSError, ValueError, TypeError, KeyError):
-        pass
-    facts = model_facts(cfg, cfg.training.seq_len)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(dataclasses.asdict(facts)))
-        tmp.replace(path)
-    except OSError:
-        pass  # a read-only cache only costs the second again
-    return facts
 
 
 def rank_needs(est: dict, device: str) -> dict[str, tuple[float, float, str]]:
@@ -208,8 +166,6 @@ def memory_preflight(cfg, world_size: int, local_ranks: int, say=print) -> None:
 def alternative(cfg, facts, own, world_size: int, local_ranks: int, device: str, capacity) -> str:
     """What the planner recommends on this machine (its local_ranks processes on each of world_size /
     local_ranks nodes), as the overrides that differ from the config; or, when no layout fits, what to change."""
-    from titanlite.tools.plan import layout_rows, recommend
-
     nnodes = max(1, world_size // local_ranks)
 
     def fits(est: dict) -> bool:  # with the headroom a run needs: the warning's share, as plan's --headroom
@@ -219,7 +175,7 @@ def alternative(cfg, facts, own, world_size: int, local_ranks: int, device: str,
                 return False
         return True
 
-    rows = layout_rows(cfg, facts, own, local_ranks, nnodes, device, fits)
+    rows = layout_rows(cfg, facts, own, Machine(local_ranks, nnodes, device), fits)
     pick, _ = recommend(rows)
     per_node = (f"{local_ranks} GPU" + "s" * (local_ranks > 1) if device == "cuda"
                 else f"{local_ranks} process" + "es" * (local_ranks > 1))
@@ -241,3 +197,26 @@ def changed_overrides(own, lay) -> list[str]:
     pairs = zip(theirs[::2], theirs[1::2], mine[1::2])
     return [f"{key} {value}" for key, value, current in pairs
             if value != current and (key != "--parallelism.fsdp_reshard_after_forward" or lay.dims.fsdp_enabled)]
+
+
+def check(argv: list[str]) -> int:
+    """`titanlite check --world-size N [--nproc-per-node K]`: validate the config for N processes (K per
+    node), prepare its data and check its memory."""
+    opts, rest = take_options(argv, {"world-size": 1, "nproc-per-node": 0}, "check")
+    world_size = opts["world-size"]
+    local_ranks = opts["nproc-per-node"] or world_size
+    cfg = parse_config(rest)
+    devices.check_local_ranks(local_ranks)
+    plan = plan_run(cfg, world_size)
+    tokenizer, corpus = build_data(cfg, verify="sample", say=lambda line: print(line, flush=True))
+    for line in corpus.describe(plan.global_batch_size * cfg.training.steps):
+        print(f"titanlite: data: {line}")
+    memory_preflight(cfg, world_size, local_ranks, say=lambda line: print(line, flush=True))
+    if cfg.validation.enable:
+        windows = build_validation_data(cfg, tokenizer, corpus, verify="sample", say=lambda line: print(line, flush=True))
+        print(f"titanlite: {describe_validation(cfg, len(windows), plan.dims.dp)}")
+    print(
+        f"titanlite: config ok for {world_size} process(es): {plan.dims.describe()}, "
+        f"global batch {plan.global_batch_size}, accumulation {plan.grad_accum_steps}"
+    )
+    return 0

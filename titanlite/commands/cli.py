@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import sys
 
-from titanlite.errors import ConfigError
+from titanlite.base.errors import ConfigError
+from titanlite.config import help_text, reference_markdown  # torch-free: cheap at start-up
 
 USAGE = """usage: titanlite <command> [--config FILE] [--section.key VALUE ...]
 commands:
@@ -50,115 +51,48 @@ commands:
                             of docs/configuration.md)"""
 
 
-def _take_option(argv: list[str], name: str) -> tuple[str | None, list[str]]:
-    """Remove `--name VALUE` / `--name=VALUE` from argv."""
-    value, rest, it = None, [], iter(argv)
-    for arg in it:
-        if arg == f"--{name}":
-            value = next(it, None)
-        elif arg.startswith(f"--{name}="):
-            value = arg.split("=", 1)[1]
-        else:
-            rest.append(arg)
-    return value, rest
-
-
-def _plain_model(cfg):
-    """The configured model, whole, on the CPU of this one process."""
-    from titanlite.data.tokenizer import build_tokenizer
-    from titanlite.models.registry import configured_model
-
-    m = cfg.model
-    return configured_model(m, build_tokenizer(m.tokenizer, m.hf_assets_path).vocab_size, cfg.training.seq_len)
-
-
-def seed_checkpoint(argv: list[str]) -> int:
-    from pathlib import Path
-
-    from titanlite.checkpoint import save_model_only
-    from titanlite.config import parse_config
-    from titanlite.parallel.parallelize import init_weights
-
-    cfg = parse_config(argv)
-    model = _plain_model(cfg)
-    init_weights(model, cfg.training.seed)
-    path = save_model_only(Path(cfg.job.dump_folder) / cfg.job.name, 0, model.state_dict())
-    print(f"titanlite: wrote the seed checkpoint {path}; runs with checkpoint.enable load it on any layout")
-    return 0
-
-
-def convert(argv: list[str]) -> int:
-    from pathlib import Path
-
-    import torch
-
-    from titanlite.checkpoint import load_model_only, pick_checkpoint
-    from titanlite.config import parse_config
-    from titanlite.data.tokenizer import build_tokenizer
-    from titanlite.hf import save_hf
-
-    if not argv or argv[0] != "to-hf":
-        raise ConfigError("convert takes 'to-hf --output DIR'; to import a Hugging Face folder set checkpoint.initial_load_path")
-    output, rest = _take_option(argv[1:], "output")
-    if not output:
-        raise ConfigError("convert to-hf needs --output DIR")
-    cfg = parse_config(rest)
-    run_dir = Path(cfg.job.dump_folder) / cfg.job.name
-    path = pick_checkpoint(run_dir, cfg.checkpoint.load_step)
-    if path is None:
-        raise ConfigError(f"no complete checkpoint in {run_dir}; train with checkpoint.enable first")
-    model = _plain_model(cfg)
-    load_model_only(path, model)
-    m = cfg.model
-    tokenizer = build_tokenizer(m.tokenizer, m.hf_assets_path)
-    save_hf(output, model.args, model.state_dict(), dtype=getattr(torch, cfg.checkpoint.export_dtype),
-            tokenizer=tokenizer, max_shard_bytes=int(cfg.checkpoint.export_max_shard_gb * 2**30))
-    print(f"titanlite: exported {path} to {output} ({cfg.checkpoint.export_dtype}, tokenizer {m.tokenizer}); "
-          "AutoModelForCausalLM and AutoTokenizer load it offline")
-    return 0
-
-
-def generate(argv: list[str]) -> int:
-    from titanlite.generate import main as run_generate
-
-    return run_generate(argv)
+# Each command imports its module when it runs, not at start-up: the modules behind them import torch and
+# its distributed stack (seconds), which `titanlite help` and a mistyped command should not pay for.
 
 
 def check(argv: list[str]) -> int:
-    from titanlite.config import parse_config
-    from titanlite.devices import check_local_ranks
-    from titanlite.preflight import memory_preflight
-    from titanlite.tools import take_options
-    from titanlite.train import build_data, build_validation_data, describe_validation, plan_run
+    from titanlite.commands.check import check as run_check  # lazy: start-up time (above)
 
-    opts, rest = take_options(argv, {"world-size": 1, "nproc-per-node": 0}, "check")
-    world_size = opts["world-size"]
-    local_ranks = opts["nproc-per-node"] or world_size
-    cfg = parse_config(rest)
-    check_local_ranks(local_ranks)
-    plan = plan_run(cfg, world_size)
-    tokenizer, corpus = build_data(cfg, verify="sample", say=lambda line: print(line, flush=True))
-    for line in corpus.describe(plan.global_batch_size * cfg.training.steps):
-        print(f"titanlite: data: {line}")
-    memory_preflight(cfg, world_size, local_ranks, say=lambda line: print(line, flush=True))
-    if cfg.validation.enable:
-        windows = build_validation_data(cfg, tokenizer, corpus, verify="sample", say=lambda line: print(line, flush=True))
-        print(f"titanlite: {describe_validation(cfg, len(windows), plan.dims.dp)}")
-    print(
-        f"titanlite: config ok for {world_size} process(es): {plan.dims.describe()}, "
-        f"global batch {plan.global_batch_size}, accumulation {plan.grad_accum_steps}"
-    )
-    return 0
+    return run_check(argv)
+
+
+def evaluate(argv: list[str]) -> int:
+    from titanlite.commands.evaluate import eval_command  # lazy: start-up time (above)
+
+    return eval_command(argv)
 
 
 def prepare(argv: list[str]) -> int:
-    from titanlite.tools.prepare import prepare as run_prepare
+    from titanlite.tools.prepare import prepare as run_prepare  # lazy: start-up time (above)
 
     return run_prepare(argv)
 
 
+def seed_checkpoint(argv: list[str]) -> int:
+    from titanlite.commands.convert import seed_checkpoint as run_seed_checkpoint  # lazy: start-up time (above)
+
+    return run_seed_checkpoint(argv)
+
+
+def convert(argv: list[str]) -> int:
+    from titanlite.commands.convert import convert as run_convert  # lazy: start-up time (above)
+
+    return run_convert(argv)
+
+
+def generate(argv: list[str]) -> int:
+    from titanlite.commands.generate import main as run_generate  # lazy: start-up time (above)
+
+    return run_generate(argv)
+
+
 def bench(argv: list[str]) -> int:
-    from titanlite.tools import bench as tools, bench_data, strategies
+    from titanlite.tools import bench as tools, bench_data, strategies  # lazy: start-up time (above)
 
     commands = {"throughput": tools.throughput, "strategies": strategies.strategies, "batch-sizes": strategies.batch_sizes,
                 "data": bench_data.bench_data}
@@ -169,21 +103,22 @@ def bench(argv: list[str]) -> int:
 
 
 def plan(argv: list[str]) -> int:
-    from titanlite.tools.plan import plan as run_plan
+    from titanlite.tools.plan import plan as run_plan  # lazy: start-up time (above)
 
     return run_plan(argv)
 
 
-def evaluate(argv: list[str]) -> int:
-    from titanlite.validate import eval_command
-
-    return eval_command(argv)
-
-
 def analyze(argv: list[str]) -> int:
-    from titanlite.tools.analyze import main as run_analyze
+    from titanlite.tools.analyze import main as run_analyze  # lazy: start-up time (above)
 
     return run_analyze(argv)
+
+
+def train(argv: list[str]) -> None:
+    from titanlite.commands.train import main as train_main  # lazy: start-up time (above)
+    from titanlite.commands.worker import shutdown  # lazy: start-up time (above)
+
+    shutdown(train_main(argv))
 
 
 # Commands that run in this process; a ConfigError from any of them is one line and status 2.
@@ -201,12 +136,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"titanlite: error: {e}", file=sys.stderr)
             return 2
     if command == "train":
-        from titanlite.train import main as train_main, shutdown
-
-        shutdown(train_main(rest))
+        train(rest)
     if command in ("help", "--help", "-h"):
-        from titanlite.config import help_text, reference_markdown
-
         print(reference_markdown() if "--markdown" in rest else USAGE + "\n\n" + help_text())
         return 0
     print(f"titanlite: error: unknown command '{command}'\n{USAGE}", file=sys.stderr)

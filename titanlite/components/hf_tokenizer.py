@@ -19,9 +19,9 @@ from titanlite.data.tokenizer import (
     GPT2Tokenizer,
     HFTokenizer,
     Tokenizer,
-    _read_ranks,
+    read_ranks,
 )
-from titanlite.errors import ConfigError
+from titanlite.base.errors import ConfigError
 
 # Copied from an "hf" tokenizer's folder when present; nothing else is (no weights, no chat templates' extras).
 HF_COPIED_FILES = (HF_TOKENIZER_FILE, HF_TOKENIZER_CONFIG, "special_tokens_map.json")
@@ -122,7 +122,7 @@ def _bpe_tokenizer_json(vocab: dict[str, int], merges: list[tuple[str, str]], sp
                         special: str, special_id: int) -> dict:
     """A byte-level BPE tokenizer.json (text split by `split_pattern` first, if given) with one special token."""
     tokenizers = _import_tokenizers()
-    from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
+    from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers  # optional: found just above
 
     backend = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=merges))
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
@@ -141,7 +141,7 @@ def gpt2_tokenizer_json() -> dict:
     """GPT-2's tokenizer.json rebuilt from the shipped tiktoken ranks (about half a second): vocabulary =
     each token's bytes in byte-level characters, merges derived from the ranks, the split pattern as
     tiktoken's (not the ByteLevel pre-tokenizer's own regex, which splits some whitespace differently)."""
-    ranks = _read_ranks(GPT2_RANKS_PATH)
+    ranks = read_ranks(GPT2_RANKS_PATH)
     symbols = byte_symbols()
     vocab = {_spelled(token, symbols): rank for token, rank in ranks.items()}
     ordered = sorted(ranks.items(), key=lambda item: item[1])
@@ -158,7 +158,7 @@ def byte_tokenizer_json() -> dict:
 
 def _import_tokenizers():
     try:
-        import tokenizers
+        import tokenizers  # optional dependency (the [hf] extra)
     except ImportError as e:
         raise ConfigError("exporting a tokenizer needs the tokenizers package; pip install tokenizers") from e
     return tokenizers

@@ -133,7 +133,7 @@ class MetricsLogger:
             return
         self.jsonl = (run_dir / "metrics.jsonl").open("a")
         if enable_tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
+            from torch.utils.tensorboard import SummaryWriter  # seconds to import: only when enabled
 
             self.tb = SummaryWriter(log_dir=str(run_dir / "tb"))
 

@@ -1,0 +1,22 @@
+"""The ways a run ends early that titanlite names: the entry points turn each into its own exit status
+(titanlite/base/failures.py): 2 for a ConfigError, 3 for a NonFiniteLoss, 128 + the signal for Preempted."""
+
+from __future__ import annotations
+
+import signal
+
+
+class ConfigError(ValueError):
+    """A bad config value, an impossible layout, or unusable input data; the message names the knob."""
+
+
+class NonFiniteLoss(Exception):
+    """A step's loss or gradient norm is NaN or infinite; the run stops before anything of it is saved."""
+
+
+class Preempted(Exception):
+    """The run stopped after a signal, with a checkpoint at the step it had reached."""
+
+    def __init__(self, signum: int, step: int):
+        super().__init__(f"stopped by {signal.Signals(signum).name} after step {step}")
+        self.signum = signum

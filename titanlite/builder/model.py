@@ -1,0 +1,99 @@
+"""A run's model on this rank: built on the meta device, cut into pipeline stages, parallelised, materialised,
+with the loss and the pipeline schedule around it (a RankModel, what the Trainer and Validator run)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+
+from titanlite.builder.plan import Plan
+from titanlite.components.loss import build_loss, chunk_tokens, cross_entropy
+from titanlite.config import JobConfig
+from titanlite.data.tokenizer import build_tokenizer
+from titanlite.engine.trainer import Pipeline, RankModel, autocast_for
+from titanlite.models.interface import Decoder
+from titanlite.models.registry import configured_model
+from titanlite.parallel.compile import compiled_loss
+from titanlite.parallel.float8 import Float8ScalePrecompute
+from titanlite.parallel.parallelize import DTYPES, loss_parallel_enabled, materialize, parallelize, wrap_ddp
+from titanlite.parallel.pipeline import StageTimer, TiedEmbeddingSync, build_schedule, split_model
+
+
+@dataclass
+class ModelSetup:
+    """The model of a run on this rank, with what the log says about it."""
+
+    plain_model: nn.Module  # the whole model on the meta device (for counting)
+    rank: RankModel  # this rank's parallelised parts and how they run
+    param_dtype: torch.dtype
+    loss_line: str  # which loss runs, for the log
+
+
+def plain_model(cfg: JobConfig) -> Decoder:
+    """The configured model, whole, on the current default device of this one process."""
+    m = cfg.model
+    return configured_model(m, build_tokenizer(m.tokenizer, m.hf_assets_path).vocab_size, cfg.training.seq_len)
+
+
+def build_model(cfg: JobConfig, vocab_size: int, plan: Plan, mesh, device: torch.device):
+    """Build on the meta device, cut into pipeline stages if asked, apply the parallelisms to each part,
+    then materialise and initialise the weights. Returns the whole meta model (for counting) and the parts."""
+    with torch.device("meta"):
+        model = configured_model(cfg.model, vocab_size, cfg.training.seq_len)
+    parts = split_model(model, plan.pipeline, mesh["pp"].get_local_rank()) if plan.pipeline else [model]
+    parts = [
+        parallelize(part, plan.dims, mesh, cfg.parallelism, cfg.training, device, cfg.activation_checkpoint, cfg.compile, cfg.float8)
+        for part in parts
+    ]
+    for part in parts:
+        materialize(part, device, cfg.training.seed, cpu_offload=cfg.training.enable_cpu_offload)
+    return model, [wrap_ddp(part, plan.dims, mesh) for part in parts]
+
+
+def build_pipeline(cfg: JobConfig, plan: Plan, model, parts, mesh, device: torch.device, loss_fn) -> Pipeline:
+    """The schedule over this rank's stages, with the tied-embedding sync and the stage timer."""
+    pp_rank, group = mesh["pp"].get_local_rank(), mesh["pp"].get_group()
+    schedule, stages = build_schedule(
+        parts, plan.pipeline, group, pp_rank, device, loss_fn, cfg.parallelism.pipeline_parallel_schedule_csv
+    )
+    stage_ids = plan.pipeline.stage_ids(pp_rank)
+    tied = model.args.tie_embeddings
+    return Pipeline(
+        schedule=schedule,
+        has_first=0 in stage_ids,
+        has_last=plan.pipeline.num_stages - 1 in stage_ids,
+        group=group,
+        timer=StageTimer(stages, device),
+        tied_sync=TiedEmbeddingSync(parts, plan.pipeline, mesh.root, pp_rank) if tied else None,
+        analytic_bubble=plan.pipeline.analytic_bubble(),
+    )
+
+
+def build_rank_model(cfg: JobConfig, plan: Plan, mesh, device: torch.device, vocab_size: int) -> ModelSetup:
+    """This rank's parallelised model with its loss (chunked or plain, compiled or not) and pipeline."""
+    plain, parts = build_model(cfg, vocab_size, plan, mesh, device)
+    loss_parallel = loss_parallel_enabled(plan.dims, cfg.parallelism)
+    compile_loss = cfg.compile.enable and "loss" in cfg.compile.components
+    chunks = chunk_tokens(cfg.training, cfg.compile, loss_parallel)
+    loss_fn = compiled_loss(build_loss(parts, chunks, compile_loss, cfg.compile.backend), cfg.compile, loss_parallel)
+    if chunks:
+        loss_line = f"  loss: cross-entropy in chunks of {chunks} tokens, no full logits (training.loss_chunk_tokens)"
+    elif loss_fn is cross_entropy and compile_loss:
+        loss_line = "  compile: the loss stays eager under loss parallelism (torch 2.13 computes it wrongly when compiled)"
+    else:
+        loss_line = "  loss: cross-entropy on the whole logits" + (" (compiled)" if compile_loss else "")
+    pipeline = build_pipeline(cfg, plan, plain, parts, mesh, device, loss_fn) if plan.pipeline else None
+    param_dtype = DTYPES[cfg.training.mixed_precision_param] if device.type == "cuda" else torch.float32
+    rank = RankModel(
+        parts=parts,
+        device=device,
+        loss_fn=loss_fn,
+        loss_parallel=loss_parallel,
+        autocast=autocast_for(device, parts[0], param_dtype),
+        pipeline=pipeline,
+        loss_group=mesh["dp_cp"].get_group() if plan.dims.dp > 1 else None,
+        after_optimizer_step=Float8ScalePrecompute(parts, cfg.float8, plan.dims.fsdp_enabled) or None,
+    )
+    return ModelSetup(plain, rank, param_dtype, loss_line)

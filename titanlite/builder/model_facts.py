@@ -1,0 +1,192 @@
+"""The planner's facts about a model, measured on the meta device (no memory): parameters per block and at
+the ends (and which of them tensor parallelism splits), FLOPs per token, and the bytes autograd saves for
+backward, per block, by running forward and the loss on meta tensors, so the figures follow the model code
+rather than a rule of thumb. `cached_model_facts` keeps them per model shape and code version.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from titanlite.builder.data import cache_dir
+from titanlite.components.loss import cross_entropy
+from titanlite.components.metrics import flops_per_token
+from titanlite.data.tokenizer import build_tokenizer
+from titanlite.models.registry import configured_model
+from titanlite.parallel.activation_checkpoint import SAVE_OPS
+from titanlite.parallel.tensor_parallel import tp_split_sizes
+
+
+@dataclass
+class ModelFacts:
+    family: str
+    dim: int
+    vocab: int
+    n_layers: int
+    tie: bool
+    layer_params: list[int]                 # full parameter count per block
+    layer_tp_split: list[int]               # of those, the ones TP splits
+    ends: dict[str, tuple[int, int]]        # first/last: (params, TP-split params), outside the blocks
+    largest_unit: int                       # params of the largest FSDP unit (a block or the root)
+    act_layer: list[float] = field(default_factory=list)      # saved bytes per block, per sequence, float32
+    act_layer_sac: list[float] = field(default_factory=list)  # of those, what selective-op AC keeps
+    act_first: float = 0.0                  # saved before the first block (embeddings), per sequence
+    act_last_hidden: float = 0.0            # saved after the last block, except full-vocabulary tensors
+    act_last_vocab: float = 0.0             # saved full-vocabulary tensors (logits path), per sequence
+    flops_per_token: float = 0.0            # training FLOPs per token (metrics.flops_per_token)
+    tp_sizes: dict[str, int] = field(default_factory=dict)  # what a TP degree must divide (tp_split_sizes)
+
+    @property
+    def params(self) -> int:
+        return sum(self.layer_params) + self.ends["first"][0] + self.ends["last"][0]
+
+
+TP_SPLIT = ("wq", "wk", "wv", "wo", "w1", "w2", "w3", "tok_embeddings", "pos_embeddings", "output")
+
+
+def tp_splits(name: str, shape) -> bool:
+    """Whether the tensor-parallel plan splits this parameter (row-wise biases and norms stay whole)."""
+    parts = name.split(".")
+    if not any(p in TP_SPLIT for p in parts):
+        return False
+    return not (parts[-1] == "bias" and parts[-2] in ("wo", "w2"))
+
+
+def model_facts(cfg, seq_len: int) -> ModelFacts:
+    """The configured model's facts at this sequence length, measured on the meta device."""
+    m = cfg.model
+    with torch.device("meta"):
+        model = configured_model(m, build_tokenizer(m.tokenizer, m.hf_assets_path).vocab_size, seq_len)
+    args = model.args
+    layer_params, layer_split = [], []
+    for block_name, block in model.layers.items():
+        named = list(block.named_parameters())
+        layer_params.append(sum(p.numel() for _, p in named))
+        layer_split.append(sum(p.numel() for n, p in named if tp_splits(n, p.shape)))
+    seen, ends = set(), {"first": [0, 0], "last": [0, 0]}
+    for name, p in model.named_parameters(remove_duplicate=True):
+        if name.startswith("layers.") or id(p) in seen:
+            continue
+        seen.add(id(p))
+        where = "first" if name.startswith(("tok_embeddings", "pos_embeddings")) else "last"
+        ends[where][0] += p.numel()
+        ends[where][1] += p.numel() if tp_splits(name, p.shape) else 0
+    root = ends["first"][0] + ends["last"][0]
+    facts = ModelFacts(m.name, args.dim, args.vocab_size, args.n_layers, args.tie_embeddings, layer_params, layer_split,
+                       {k: tuple(v) for k, v in ends.items()}, max(max(layer_params), root),
+                       flops_per_token=flops_per_token(model, seq_len), tp_sizes=tp_split_sizes(args))
+    measure_saved_tensors(model, facts, seq_len)
+    return facts
+
+
+@contextmanager
+def flash_attention_on_meta():
+    """On meta tensors scaled_dot_product_attention falls back to the math path, which saves the
+    [heads, s, s] attention matrix; real runs use a flash kernel (CPU and CUDA), which saves the output
+    and the log-sum-exp only. Route it to the CPU flash kernel, whose meta version saves the same."""
+    original = F.scaled_dot_product_attention
+
+    def flash(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **kwargs):
+        if attn_mask is not None or dropout_p or kwargs:
+            return original(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, **kwargs)
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, is_causal, scale=scale)[0]
+
+    F.scaled_dot_product_attention = flash
+    try:
+        yield
+    finally:
+        F.scaled_dot_product_attention = original
+
+
+def measure_saved_tensors(model, facts: ModelFacts, seq_len: int) -> None:
+    """Run forward and the loss on meta tensors for one sequence and record the bytes autograd saves
+    for backward: per block, and before/after the blocks; also which of them selective-op AC keeps."""
+    params = {p.untyped_storage()._cdata for p in model.parameters()}
+    produced_by: dict[int, object] = {}
+    region = ["first"]
+    # Selective-op AC stores every output of its save ops, also those autograd itself does not save
+    # (the attention and MLP output projections, whose outputs only feed residual adds).
+    sac_outputs: dict[int, tuple[str, float]] = {}
+    alive = []  # every output kept referenced (meta: no memory), so no storage id is reused for another
+
+    class Producers(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, (tuple, list)) else [out]:
+                if isinstance(t, torch.Tensor):
+                    alive.append(t)
+                    key = t.untyped_storage()._cdata
+                    produced_by.setdefault(key, func)
+                    if func in SAVE_OPS:
+                        sac_outputs.setdefault(key, (region[0], float(t.untyped_storage().nbytes())))
+            return out
+
+    saved: dict[int, tuple[str, float, bool, bool]] = {}
+
+    def pack(t):
+        key = t.untyped_storage()._cdata
+        if key not in params and key not in saved:
+            vocab = t.dim() > 0 and t.shape[-1] == facts.vocab
+            saved[key] = (region[0], float(t.untyped_storage().nbytes()), produced_by.get(key) in SAVE_OPS, vocab)
+        return t
+
+    for key, block in model.layers.items():
+        block.register_forward_pre_hook(lambda mod, inp, key=key: region.__setitem__(0, key))
+        block.register_forward_hook(lambda mod, inp, out: region.__setitem__(0, "last"))
+    tokens = torch.zeros(1, seq_len + 1, dtype=torch.long, device="meta")
+    with Producers(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), flash_attention_on_meta():
+        cross_entropy(model(tokens[:, :-1]), tokens[:, 1:])
+    keys = list(model.layers.keys())
+    facts.act_layer = [sum(b for r, b, _, _ in saved.values() if r == k) for k in keys]
+    facts.act_layer_sac = [sum(b for r, b in sac_outputs.values() if r == k) for k in keys]
+    facts.act_first = sum(b for r, b, _, _ in saved.values() if r == "first")
+    facts.act_last_hidden = sum(b for r, b, _, v in saved.values() if r == "last" and not v)
+    facts.act_last_vocab = sum(b for r, b, _, v in saved.values() if r == "last" and v)
+
+
+# What the planner's model facts depend on besides the model's settings: the code that defines the models
+# and measures them.
+FACTS_SOURCES = ("base/model_args.py", "base/hf_config.py", "models/gpt2.py", "models/llama.py",
+                 "models/registry.py", "builder/model_facts.py", "parallel/activation_checkpoint.py",
+                 "parallel/tensor_parallel.py", "components/loss.py", "components/metrics.py")
+
+
+def cached_model_facts(cfg) -> ModelFacts:
+    """model_facts, kept in the cache folder (data.cache_dir) per model shape and code version: its first
+    meta forward in a process costs about a second (torch imports its compiler stack for some meta
+    kernels), which every launch would otherwise pay again."""
+    m = cfg.model
+    key = hashlib.sha256(repr((m.name, m.flavor, m.n_layers, m.tokenizer, cfg.training.seq_len)).encode())
+    if m.flavor == "hf" or m.tokenizer == "hf":  # the shape (and vocabulary) is the folder's
+        key.update(repr(build_tokenizer(m.tokenizer, m.hf_assets_path).fingerprint).encode())
+        if m.flavor == "hf":
+            key.update((Path(m.hf_assets_path) / "config.json").read_bytes())
+    package = Path(__file__).resolve().parents[1]
+    for name in FACTS_SOURCES:
+        key.update((package / name).read_bytes())
+    path = cache_dir(cfg) / "plan-facts" / f"{key.hexdigest()[:24]}.json"
+    try:
+        fields = json.loads(path.read_text())
+        fields["ends"] = {k: tuple(v) for k, v in fields["ends"].items()}
+        return ModelFacts(**fields)
+    except (OSError, ValueError, TypeError, KeyError):
+        pass
+    facts = model_facts(cfg, cfg.training.seq_len)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(dataclasses.asdict(facts)))
+        tmp.replace(path)
+    except OSError:
+        pass  # a read-only cache only costs the second again
+    return facts

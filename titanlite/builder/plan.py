@@ -1,0 +1,112 @@
+"""A run's plan: every check that can be made from a config and a world size before any process group
+exists (`titanlite check` runs them before torchrun starts a worker; each worker runs them again)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from titanlite.base.devices import device_type
+from titanlite.base.errors import ConfigError
+from titanlite.config import JobConfig, grad_accum_steps
+from titanlite.data.tokenizer import build_tokenizer
+from titanlite.components.profiling import check_profiling
+from titanlite.models.registry import configured_args
+from titanlite.parallel.dims import ParallelDims
+from titanlite.parallel.float8 import check_float8
+from titanlite.parallel.pipeline import V_SHAPED, PipelinePlan, plan_pipeline
+from titanlite.parallel.tensor_parallel import check_tp_degree
+
+
+@dataclass
+class Plan:
+    """What validation resolves from a config and a world size, before any process group exists."""
+
+    dims: ParallelDims
+    grad_accum_steps: int
+    global_batch_size: int
+    pipeline: PipelinePlan | None
+
+
+def plan_run(cfg: JobConfig, world_size: int, validation: bool = False) -> Plan:
+    """Every check that can be made without a process group; raises ConfigError naming the knob
+    (those of the [validation] section too when it is enabled or `validation` asks for them)."""
+    dims = ParallelDims.from_config(cfg.parallelism, world_size, cpu_offload=cfg.training.enable_cpu_offload)
+    accum = grad_accum_steps(cfg.training, dims.dp)
+    m = cfg.model
+    vocab_size = build_tokenizer(m.tokenizer, m.hf_assets_path).vocab_size
+    args = configured_args(m, vocab_size, cfg.training.seq_len)
+    check_tp_degree(dims.tp, args, cfg.training.seq_len)
+    check_layout_features(cfg, dims)
+    check_float8(cfg.float8)
+    check_profiling(cfg.profiling)
+    check_async_mode(cfg.checkpoint)
+    if cfg.parallelism.enable_async_tensor_parallel:
+        raise ConfigError(
+            "parallelism.enable_async_tensor_parallel needs CUDA and torch.compile, which titanlite does not "
+            "offer yet; set it to false"
+        )
+    if cfg.training.dataset == "local" and cfg.training.dataset_path and not Path(cfg.training.dataset_path).exists():
+        raise ConfigError(f"training.dataset_path='{cfg.training.dataset_path}' does not exist")
+    pipeline = plan_pipeline(cfg.parallelism, args.n_layers, cfg.training.local_batch_size * accum)
+    if cfg.validation.enable or validation:
+        check_validation(cfg, pipeline, args.max_seq_len)
+    return Plan(dims, accum, cfg.training.local_batch_size * dims.dp * accum, pipeline)
+
+
+def check_layout_features(cfg: JobConfig, dims: ParallelDims) -> None:
+    """Features that this layout, this device or this torch cannot combine."""
+    compiles_blocks = cfg.compile.enable and "model" in cfg.compile.components
+    if dims.tp_enabled and compiles_blocks and cfg.activation_checkpoint.mode != "none":
+        raise ConfigError(
+            "activation_checkpoint.mode with compile.enable under tensor parallelism fails inside torch 2.13 "
+            "(a DeviceMesh among the tensors saved for backward); set activation_checkpoint.mode = 'none' or "
+            "compile.enable = false"
+        )
+    if cfg.training.enable_cpu_offload and device_type() != "cuda":
+        raise ConfigError("training.enable_cpu_offload moves FSDP shards between CUDA and host memory; there is no CUDA device here, set it to false")
+    if cfg.training.enable_cpu_offload and not dims.fsdp_enabled:
+        raise ConfigError(
+            "training.enable_cpu_offload offloads FSDP shards, but this layout has no FSDP "
+            f"(dp_shard = {dims.dp_shard}); use parallelism.data_parallel_shard_degree > 1 (or one GPU) or set it to false"
+        )
+    if cfg.training.skip_nonfinite_steps and cfg.optimizer.implementation not in ("auto", "fused"):
+        raise ConfigError(
+            "training.skip_nonfinite_steps skips a bad step's update on the device, which only the fused AdamW "
+            f"can do; set optimizer.implementation = 'fused' (or 'auto'), not '{cfg.optimizer.implementation}'"
+        )
+
+
+def check_async_mode(checkpoint) -> None:
+    """async_with_pinned_mem needs DCP's stager (torch.distributed.checkpoint.staging), refused up front
+    where this torch lacks it rather than failing at the first save."""
+    if checkpoint.enable and checkpoint.async_mode == "async_with_pinned_mem":
+        try:
+            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions  # noqa: F401 (a probe)
+        except ImportError:
+            raise ConfigError(f"checkpoint.async_mode='async_with_pinned_mem' needs DCP's DefaultStager, which torch "
+                              f"{torch.__version__} lacks; use checkpoint.async_mode = 'async'") from None
+
+
+def validation_batch_size(cfg: JobConfig) -> int:
+    return cfg.validation.local_batch_size or cfg.training.local_batch_size
+
+
+def check_validation(cfg: JobConfig, pipeline: PipelinePlan | None, max_seq_len: int) -> None:
+    if pipeline and pipeline.schedule in V_SHAPED:
+        raise ConfigError(
+            f"validation under pipeline_parallel_schedule={pipeline.schedule} fails inside torch's forward-only "
+            "path (schedule.eval steals backward inputs); use Interleaved1F1B or InterleavedZeroBubble, or set "
+            "validation.enable = false (`titanlite eval` can evaluate its checkpoints on another schedule)"
+        )
+    if pipeline and validation_batch_size(cfg) % pipeline.n_microbatches:
+        raise ConfigError(
+            f"validation batches of {validation_batch_size(cfg)} windows per rank cannot be cut into the pipeline's "
+            f"{pipeline.n_microbatches} micro-batches; set validation.local_batch_size to a multiple of {pipeline.n_microbatches}"
+        )
+    seq_len = cfg.validation.seq_len or cfg.training.seq_len
+    if seq_len > max_seq_len:
+        raise ConfigError(f"validation.seq_len={seq_len} is longer than the model's {max_seq_len} positions; "
+                          f"use validation.seq_len <= {max_seq_len}")

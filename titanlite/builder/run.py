@@ -1,0 +1,140 @@
+"""Every piece of a training run on this rank, resumed from its newest checkpoint if there is one, in a
+Trainer ready to train; and the start-up lines that say what runs."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from titanlite.builder.data import build_data, build_loader, build_validation_data, describe_validation, dp_rank
+from titanlite.builder.model import ModelSetup, build_rank_model
+from titanlite.builder.plan import Plan, validation_batch_size
+from titanlite.components.checkpoint import Checkpointer, initial_weights_path
+from titanlite.components.metrics import MetricsLogger, count_params, device_peak_tflops, flops_per_token
+from titanlite.components.optim import LRSchedulers, Optimizers
+from titanlite.components.profiling import Profiler
+from titanlite.components.resilience import Faults, StopOnSignal
+from titanlite.config import JobConfig, to_toml
+from titanlite.engine.trainer import Resilience, StepFigures, StepSettings, Trainer
+from titanlite.engine.validator import EvalBatches, Validator
+from titanlite.parallel.float8 import describe_float8
+
+
+def describe_model(cfg: JobConfig) -> str:
+    m = cfg.model
+    return f"{m.name} {m.flavor}" + (f" (from {m.hf_assets_path})" if m.flavor == "hf" else "")
+
+
+def build_validator(cfg: JobConfig, plan: Plan, setup: ModelSetup, mesh, windows) -> Validator:
+    batches = EvalBatches(validation_batch_size(cfg), cfg.validation.steps, dp_rank(mesh), plan.dims.dp)
+    return Validator(setup.rank, windows, batches)
+
+
+def build_checkpointer(cfg: JobConfig, run_dir: Path, setup: ModelSetup, plan: Plan, optimizer, lr_scheduler,
+                       loader, say) -> Checkpointer:
+    parts = setup.rank.parts
+    # Under PP a tied embedding's copy lives in the last stage's part as output.weight.
+    tied_copy_parts = set()
+    if plan.pipeline and setup.plain_model.args.tie_embeddings:
+        tied_copy_parts = {i for i, part in enumerate(parts) if part.output is not None and part.tok_embeddings is None}
+    return Checkpointer(
+        cfg.checkpoint, run_dir, parts, optimizer, lr_scheduler, loader,
+        tied_copy_parts=tied_copy_parts,
+        final_step=cfg.training.stop_after_step or cfg.training.steps,
+        initial_load_path=initial_weights_path(cfg),
+        say=say,
+    )
+
+
+def keep_metrics_up_to(path: Path, step: int) -> None:
+    """A fresh run starts a fresh record; a resumed one keeps the records up to the step it resumed from
+    (later ones belong to the interrupted attempt and will be written again)."""
+    if not path.exists():
+        return
+    kept = [line for line in path.read_text().splitlines() if step and json.loads(line)["step"] <= step]
+    path.write_text("".join(line + "\n" for line in kept))
+
+
+def build_trainer(cfg: JobConfig, plan: Plan, device: torch.device, rank: int, world_size: int) -> Trainer:
+    """Every piece of a run, resumed from its newest checkpoint if there is one, in a Trainer ready to
+    train (also what `titanlite bench throughput` measures)."""
+    say = print if rank == 0 else (lambda *a, **k: None)
+    mesh = plan.dims.build_mesh(device.type)
+    tokenizer, corpus = build_data(cfg, say=say)
+    loader = build_loader(cfg, corpus, mesh, plan, device)
+    setup = build_rank_model(cfg, plan, mesh, device, tokenizer.vocab_size)
+    validator = None
+    if cfg.validation.enable:
+        validator = build_validator(cfg, plan, setup, mesh, build_validation_data(cfg, tokenizer, corpus, say=say))
+    optimizer = Optimizers(setup.rank.parts, cfg.optimizer, device.type, skip_nonfinite=cfg.training.skip_nonfinite_steps)
+    lr_scheduler = LRSchedulers(optimizer, cfg.lr_scheduler, cfg.training.steps)
+
+    run_dir = Path(cfg.job.dump_folder) / cfg.job.name
+    if rank == 0:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.toml").write_text(to_toml(cfg))
+    checkpointer = build_checkpointer(cfg, run_dir, setup, plan, optimizer, lr_scheduler, loader, say)
+    train_state = {"step": 0, "tokens_seen": 0}
+    checkpointer.load(train_state)
+    if rank == 0:
+        keep_metrics_up_to(run_dir / "metrics.jsonl", train_state["step"])
+    peak = device_peak_tflops(device, cfg.metrics.peak_tflops)
+    for line in startup_lines(cfg, plan, setup, corpus, validator, peak, device, world_size):
+        say(line)
+    trainer = Trainer(
+        setup.rank, optimizer, lr_scheduler, loader,
+        settings=StepSettings(plan.grad_accum_steps, cfg.training.max_norm, cfg.metrics.log_freq, cfg.validation.freq),
+        figures=StepFigures(
+            tokens_per_step=plan.global_batch_size * cfg.training.seq_len,
+            world_size=world_size,
+            flops_per_token=flops_per_token(setup.plain_model, cfg.training.seq_len),
+            peak_tflops=peak,
+            warmup_steps=cfg.metrics.throughput_warmup_steps,
+        ),
+        logger=MetricsLogger(run_dir, cfg.metrics.enable_tensorboard, active=rank == 0),
+        checkpointer=checkpointer,
+        validator=validator,
+        resilience=Resilience(
+            stop=StopOnSignal(device),
+            faults=Faults(os.environ.get("TITANLITE_FAULT", ""), rank),
+            skip_nonfinite_steps=cfg.training.skip_nonfinite_steps,
+            train_timeout_seconds=cfg.comm.train_timeout_seconds,
+        ),
+    )
+    trainer.step, trainer.tokens_seen = train_state["step"], train_state["tokens_seen"]
+    if cfg.profiling.enable_profiling:
+        trainer.profiler = Profiler(cfg.profiling, run_dir, rank, device, lambda: trainer.step, say)
+    return trainer
+
+
+def startup_lines(cfg: JobConfig, plan: Plan, setup: ModelSetup, corpus, validator, peak, device, world_size) -> list[str]:
+    """What rank 0 prints before the first step: the model, the layout, the data, the loss, validation,
+    MFU, float8 and the pipeline."""
+    n_params = count_params(setup.plain_model)
+    lines = [
+        f"titanlite: {cfg.job.name} {cfg.job.description}".rstrip(),
+        f"  model {describe_model(cfg)}: {n_params:,} parameters ({n_params / 1e6:.1f} M), "
+        f"vocab {setup.plain_model.args.vocab_size} (tokenizer {cfg.model.tokenizer}), seq_len {cfg.training.seq_len}, "
+        f"dtype {str(setup.param_dtype).removeprefix('torch.')}",
+        f"  layout: {plan.dims.describe()} on {world_size} {device.type} process(es); global batch "
+        f"{plan.global_batch_size} = local {cfg.training.local_batch_size} x dp {plan.dims.dp} x accumulation "
+        f"{plan.grad_accum_steps}; corpus {len(corpus.windows):,} windows of {cfg.training.seq_len + 1} tokens",
+    ]
+    lines += [f"  data: {line}" for line in corpus.describe(plan.global_batch_size * cfg.training.steps)]
+    lines.append(setup.loss_line)
+    if validator is not None:
+        lines.append(f"  {describe_validation(cfg, len(validator.windows), plan.dims.dp)}")
+    if peak is None:
+        lines.append(f"  MFU: no known peak for this {device.type} device; set metrics.peak_tflops to report it")
+    if cfg.float8.enable:
+        lines.append(describe_float8(cfg.float8, setup.rank.parts, device, plan.dims.fsdp_enabled))
+    if plan.pipeline:
+        pp = plan.pipeline
+        lines.append(
+            f"  pipeline: {pp.schedule}, {pp.num_stages} stages ({pp.stages_per_rank} per rank), "
+            f"{pp.n_microbatches} micro-batches of {cfg.parallelism.pipeline_parallel_microbatch_size}; {pp.describe()}"
+        )
+    return lines

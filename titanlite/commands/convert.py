@@ -1,0 +1,49 @@
+"""Weights in and out of a run folder, in one process: `titanlite seed-checkpoint` writes step-0/ (the initial
+weights, model only), `titanlite convert to-hf` exports a checkpoint as a Hugging Face folder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from titanlite.base.errors import ConfigError
+from titanlite.builder.model import plain_model
+from titanlite.commands.options import take_options
+from titanlite.components.checkpoint import load_model_only, pick_checkpoint, save_model_only
+from titanlite.components.hf_weights import save_hf
+from titanlite.config import parse_config
+from titanlite.data.tokenizer import build_tokenizer
+from titanlite.models.init import init_weights
+
+
+def seed_checkpoint(argv: list[str]) -> int:
+    cfg = parse_config(argv)
+    model = plain_model(cfg)
+    init_weights(model, cfg.training.seed)
+    path = save_model_only(Path(cfg.job.dump_folder) / cfg.job.name, 0, model.state_dict())
+    print(f"titanlite: wrote the seed checkpoint {path}; runs with checkpoint.enable load it on any layout")
+    return 0
+
+
+def convert(argv: list[str]) -> int:
+    if not argv or argv[0] != "to-hf":
+        raise ConfigError("convert takes 'to-hf --output DIR'; to import a Hugging Face folder set checkpoint.initial_load_path")
+    opts, rest = take_options(argv[1:], {"output": ""}, "convert to-hf")
+    output = opts["output"]
+    if not output:
+        raise ConfigError("convert to-hf needs --output DIR")
+    cfg = parse_config(rest)
+    run_dir = Path(cfg.job.dump_folder) / cfg.job.name
+    path = pick_checkpoint(run_dir, cfg.checkpoint.load_step)
+    if path is None:
+        raise ConfigError(f"no complete checkpoint in {run_dir}; train with checkpoint.enable first")
+    model = plain_model(cfg)
+    load_model_only(path, model)
+    m = cfg.model
+    tokenizer = build_tokenizer(m.tokenizer, m.hf_assets_path)
+    save_hf(output, model.args, model.state_dict(), dtype=getattr(torch, cfg.checkpoint.export_dtype),
+            tokenizer=tokenizer, max_shard_bytes=int(cfg.checkpoint.export_max_shard_gb * 2**30))
+    print(f"titanlite: exported {path} to {output} ({cfg.checkpoint.export_dtype}, tokenizer {m.tokenizer}); "
+          "AutoModelForCausalLM and AutoTokenizer load it offline")
+    return 0

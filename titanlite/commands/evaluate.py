@@ -1,0 +1,87 @@
+"""`titanlite eval`: the validation loss and perplexity of a run's checkpoint on the configured layout.
+
+The command checks everything it can in its own process, then evaluates there (one process) or in N
+torchrun workers, each running this module (`-m titanlite.commands.evaluate`); rank 0 prints the result.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch.distributed as dist
+
+from titanlite.base.devices import check_local_ranks
+from titanlite.base.errors import ConfigError
+from titanlite.builder.data import build_data, build_validation_data, describe_validation
+from titanlite.builder.model import build_rank_model
+from titanlite.builder.plan import plan_run
+from titanlite.builder.run import build_validator, describe_model
+from titanlite.builder.runtime import start_rank
+from titanlite.commands.options import take_options
+from titanlite.commands.worker import exit_from, run_worker
+from titanlite.components.checkpoint import checkpoint_to_load, load_weights
+from titanlite.config import JobConfig, parse_config
+
+OPTIONS = {"ngpu": 1, "output": ""}
+
+
+def eval_command(argv: list[str]) -> int:
+    """`titanlite eval [--ngpu N] [--output F.json]`: checks everything it can in this process, then
+    evaluates here (N = 1) or in N torchrun workers; rank 0 prints the result."""
+    opts, rest = take_options(argv, OPTIONS, "eval")
+    cfg = parse_config(rest)
+    if opts["ngpu"] < 1:
+        raise ConfigError(f"eval --ngpu {opts['ngpu']} must be at least 1")
+    check_local_ranks(opts["ngpu"])
+    plan_run(cfg, opts["ngpu"], validation=True)
+    checkpoint_to_load(cfg, "evaluate")
+    tokenizer, corpus = build_data(cfg, verify="sample", say=lambda line: print(line, flush=True))
+    build_validation_data(cfg, tokenizer, corpus, verify="sample", say=lambda line: print(line, flush=True))
+    if opts["ngpu"] == 1:  # no process group: the worker runs here and returns
+        return run_worker(lambda cfg: evaluate(cfg, opts["output"]), rest)
+    env = {**os.environ, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    cmd = [sys.executable, "-m", "titanlite.commands.launch", "--standalone", f"--nproc-per-node={opts['ngpu']}",
+           "-m", "titanlite.commands.evaluate", "--output", opts["output"], *rest]
+    return subprocess.run(cmd, env=env).returncode
+
+
+def evaluate(cfg: JobConfig, output: str = "") -> dict:
+    """One worker of `titanlite eval`: the configured layout's model with a checkpoint's weights, evaluated once."""
+    world_size, rank = int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("RANK", 0))
+    plan, device = start_rank(cfg, world_size, validation=True)
+    say = print if rank == 0 else (lambda *a, **k: None)
+    mesh = plan.dims.build_mesh(device.type)
+    tokenizer, corpus = build_data(cfg, say=say)
+    windows = build_validation_data(cfg, tokenizer, corpus, say=say)
+    setup = build_rank_model(cfg, plan, mesh, device, tokenizer.vocab_size)
+    validator = build_validator(cfg, plan, setup, mesh, windows)
+    say(f"titanlite eval: {describe_model(cfg)} on {plan.dims.describe()}; "
+        f"{describe_validation(cfg, len(windows), plan.dims.dp, schedule=False)}")
+    path = checkpoint_to_load(cfg, "evaluate")
+    load_weights(setup.rank.parts, path)
+    result = validator.run()
+    report(result, path, output, say)
+    return result
+
+
+def report(result: dict, path: Path, output: str, say) -> None:
+    """Print the figures; rank 0 also writes them to `output` (--output F.json) when one is named."""
+    say(f"titanlite eval: {path}: val_loss {result['val_loss']:.4f}  val_perplexity {result['val_perplexity']:.2f}  "
+        f"val_tokens {result['val_tokens']:,}  ({result['val_seconds']:.1f}s)")
+    if output and (not dist.is_initialized() or dist.get_rank() == 0):
+        Path(output).parent.mkdir(parents=True, exist_ok=True)
+        Path(output).write_text(json.dumps({**result, "checkpoint": str(path)}, indent=2) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """A torchrun worker of `titanlite eval --ngpu N`."""
+    opts, rest = take_options(sys.argv[1:] if argv is None else argv, {"output": ""}, "eval")
+    return run_worker(lambda cfg: evaluate(cfg, opts["output"]), rest)
+
+
+if __name__ == "__main__":
+    exit_from(main)

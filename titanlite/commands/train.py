@@ -1,0 +1,47 @@
+"""A training worker, what torchrun runs on every rank (`python -m titanlite.commands.launch ... -m
+titanlite.commands.train`, through ./run_train.sh): build every piece (titanlite/builder/), then train.
+
+`titanlite check` runs the same checks in one process before torchrun starts any worker.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from titanlite.builder.run import build_trainer
+from titanlite.builder.runtime import start_rank
+from titanlite.commands.measure_memory import measure_peak
+from titanlite.commands.worker import exit_from, run_worker
+from titanlite.config import JobConfig, help_text
+
+
+def train(cfg: JobConfig) -> None:
+    world_size = int(os.environ.get("WORLD_SIZE", 1))
+    rank = int(os.environ.get("RANK", 0))
+    plan, device = start_rank(cfg, world_size)
+    trainer = build_trainer(cfg, plan, device, rank, world_size)
+    measure_to = os.environ.get("TITANLITE_MEASURE_MEMORY", "")
+    if measure_to:  # `titanlite plan --measure`: tensor-level peak memory of this rank, by category
+        measure_peak(trainer, plan.dims.fsdp_enabled, device, Path(measure_to) / f"rank{rank}.json", cfg.training.steps)
+    else:
+        trainer.train(cfg.training.steps, cfg.training.stop_after_step)
+    trainer.checkpointer.close()
+    trainer.logger.close()
+    if rank == 0:
+        print(f"  done: {cfg.training.steps} steps; metrics in {Path(cfg.job.dump_folder) / cfg.job.name / 'metrics.jsonl'}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """One worker's run; its exit status says how it ended (titanlite/base/failures.py), and a failure is
+    one line on stderr with the traceback in the run folder."""
+    argv = sys.argv[1:] if argv is None else argv
+    if "--help" in argv or "-h" in argv:
+        print(help_text())
+        return 0
+    return run_worker(train, argv)
+
+
+if __name__ == "__main__":
+    exit_from(main)

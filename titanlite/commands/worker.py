@@ -1,0 +1,55 @@
+"""What every torchrun worker (train, eval) does around its body: parse the config, report a failure as one
+line with its exit status (titanlite/base/failures.py), and leave without the abort at exit."""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+import torch.distributed as dist
+
+from titanlite.base.errors import Preempted
+from titanlite.base.failures import record
+from titanlite.config import JobConfig, parse_config
+
+
+def run_worker(body: Callable[[JobConfig], None], argv: list[str]) -> int:
+    """parse_config(argv), then body(cfg); returns the exit status, a failure being one line on stderr with
+    the traceback in the run folder."""
+    cfg = None
+    try:
+        cfg = parse_config(argv)
+        body(cfg)
+        return 0
+    except Preempted as e:
+        print(f"titanlite: {e}; run the same command to resume", flush=True)
+        return 128 + e.signum
+    except Exception as e:
+        run_dir = Path(cfg.job.dump_folder) / cfg.job.name if cfg is not None else None
+        return record(e, int(os.environ.get("RANK", 0)), run_dir)
+
+
+def shutdown(code: int) -> None:
+    """Leave without the abort at exit that DeviceMesh workers otherwise hit: torch.distributed on the CPU
+    often ends a finished worker with SIGABRT ('terminate called without an active exception') at
+    interpreter exit; a barrier, destroying the process group and os._exit after flushing avoid it."""
+    if dist.is_initialized():
+        if code == 0:
+            dist.barrier()
+        dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def exit_from(main: Callable[[], int]) -> None:
+    """The `if __name__ == "__main__"` of a worker module: run it, show any escaped failure, then shutdown."""
+    try:
+        exit_code = main()
+    except BaseException:  # a training failure: show it, then leave through the same clean exit
+        traceback.print_exc()
+        exit_code = 1
+    shutdown(exit_code)

@@ -1,0 +1,256 @@
+"""Loading a run configuration: defaults < TOML file < `--section.key` overrides, then validation of the values.
+
+Unknown keys and wrong types are rejected with one line naming the key.
+"""
+
+from __future__ import annotations
+
+import difflib
+import sys
+import typing
+from pathlib import Path
+from typing import Any, Literal
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
+
+from titanlite.base.errors import ConfigError
+from titanlite.base.hf_config import resolve_model_folder
+from titanlite.config.sections import DEFAULT_CONFIG, JobConfig, Training, field_types, section_classes, type_name
+
+
+def _all_keys() -> list[str]:
+    return [f"{s}.{k}" for s, cls in section_classes().items() for k in field_types(cls)]
+
+
+def _unknown_key_error(key: str, where: str) -> ConfigError:
+    close = difflib.get_close_matches(key, _all_keys(), n=1, cutoff=0.6)
+    hint = f"; did you mean '{close[0]}'?" if close else "; see --help for the valid keys"
+    return ConfigError(f"unknown config key '{key}' ({where}){hint}")
+
+
+def _coerce(key: str, value: Any, tp: Any, from_cli: bool) -> Any:
+    """Check a TOML value's type, or convert a command-line string, for one field."""
+    if typing.get_origin(tp) is list:
+        if from_cli:
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, list):
+            raise ConfigError(f"{key}={value!r} is not a valid {type_name(tp)}")
+        return [_coerce(key, v, typing.get_args(tp)[0], from_cli) for v in value]
+    if typing.get_origin(tp) is Literal:
+        choices = typing.get_args(tp)
+        if value not in choices:
+            allowed = ", ".join(repr(c) for c in choices)
+            raise ConfigError(f"{key}={value!r} is not allowed; use one of: {allowed}")
+        return value
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if from_cli and value.lower() in ("true", "1", "yes", "on", "false", "0", "no", "off"):
+            return value.lower() in ("true", "1", "yes", "on")
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if from_cli:
+            try:
+                return int(value)
+            except ValueError:
+                pass
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if from_cli:
+            try:
+                return float(value)
+            except ValueError:
+                pass
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+    raise ConfigError(f"{key}={value!r} is not a valid {type_name(tp)}")
+
+
+def _set(cfg: JobConfig, key: str, value: Any, where: str, from_cli: bool = False) -> None:
+    section, _, name = key.partition(".")
+    classes = section_classes()
+    if section not in classes or name not in field_types(classes[section]):
+        raise _unknown_key_error(key, where)
+    tp = field_types(classes[section])[name]
+    setattr(getattr(cfg, section), name, _coerce(key, value, tp, from_cli))
+
+
+# ----------------------------------------------------------------------------------------------
+# Loading
+
+
+def load_toml(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"--config {path}: no such file; the configs are in train_configs/")
+    try:
+        with path.open("rb") as f:
+            return tomllib.load(f)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"--config {path}: not valid TOML ({e})") from None
+
+
+def _split_overrides(argv: list[str]) -> tuple[str | None, list[tuple[str, str]]]:
+    """Split `--config FILE` and `--section.key VALUE` / `--section.key=VALUE` / `--flag` arguments."""
+    config_path, pairs, i = None, [], 0
+    while i < len(argv):
+        arg = argv[i]
+        if not arg.startswith("--"):
+            raise ConfigError(f"unexpected argument '{arg}'; overrides look like --section.key VALUE")
+        key, eq, value = arg[2:].partition("=")
+        if not eq:
+            nxt = argv[i + 1] if i + 1 < len(argv) else None
+            if nxt is None or (nxt.startswith("--") and not _is_number(nxt)):
+                value = "true"  # a bare flag, e.g. --training.deterministic
+            else:
+                value, i = nxt, i + 1
+        if key == "config":
+            config_path = value
+        elif "." not in key:
+            raise _unknown_key_error(key, "command line")
+        else:
+            pairs.append((key, value))
+        i += 1
+    return config_path, pairs
+
+
+def _is_number(s: str) -> bool:
+    try:
+        float(s)
+        return True
+    except ValueError:
+        return False
+
+
+def parse_config(argv: list[str], default_config: str | None = DEFAULT_CONFIG) -> JobConfig:
+    """Defaults < TOML file < command-line overrides; then validate the values on their own."""
+    config_path, overrides = _split_overrides(argv)
+    chosen = config_path is not None
+    config_path = config_path or default_config
+    cfg = JobConfig()
+    # The keys a user set (their --config file's and the command line's; the default config's are defaults):
+    # with model.flavor = "hf" these must agree with the folder, the rest are taken from it.
+    explicit = set()
+    if config_path:
+        for section, table in load_toml(config_path).items():
+            if not isinstance(table, dict):
+                raise _unknown_key_error(section, f"in {config_path}")
+            for name, value in table.items():
+                _set(cfg, f"{section}.{name}", value, f"in {config_path}")
+                if chosen:
+                    explicit.add(f"{section}.{name}")
+    for key, value in overrides:
+        _set(cfg, key, value, "command line", from_cli=True)
+        explicit.add(key)
+    validate_values(cfg)
+    if cfg.model.flavor == "hf":
+        resolve_model_folder(cfg.model, explicit)
+    return cfg
+
+
+def validate_values(cfg: JobConfig) -> None:
+    """Checks that need no knowledge of the world size (the layout is checked by ParallelDims)."""
+    t, p = cfg.training, cfg.parallelism
+    positive = {
+        "training.steps": t.steps,
+        "training.local_batch_size": t.local_batch_size,
+        "training.seq_len": t.seq_len,
+        "metrics.log_freq": cfg.metrics.log_freq,
+        "checkpoint.interval": cfg.checkpoint.interval,
+        "parallelism.data_parallel_replicate_degree": p.data_parallel_replicate_degree,
+        "parallelism.tensor_parallel_degree": p.tensor_parallel_degree,
+        "parallelism.pipeline_parallel_degree": p.pipeline_parallel_degree,
+        "parallelism.pipeline_parallel_microbatch_size": p.pipeline_parallel_microbatch_size,
+    }
+    for key, value in positive.items():
+        if value < 1:
+            raise ConfigError(f"{key}={value} must be at least 1")
+    if p.data_parallel_shard_degree < 1 and p.data_parallel_shard_degree != -1:
+        raise ConfigError(
+            f"parallelism.data_parallel_shard_degree={p.data_parallel_shard_degree} must be at least 1, or -1 for the rest of the world size"
+        )
+    if t.global_batch_size < 1 and t.global_batch_size != -1:
+        raise ConfigError(f"training.global_batch_size={t.global_batch_size} must be at least 1, or -1 for local_batch_size x dp")
+    non_negative = {
+        "model.n_layers": cfg.model.n_layers,
+        "training.max_norm": t.max_norm,
+        "optimizer.weight_decay": cfg.optimizer.weight_decay,
+        "lr_scheduler.warmup_steps": cfg.lr_scheduler.warmup_steps,
+        "data.num_workers": cfg.data.num_workers,
+        "data.prefetch": cfg.data.prefetch,
+        "data.prepare_workers": cfg.data.prepare_workers,
+        "metrics.throughput_warmup_steps": cfg.metrics.throughput_warmup_steps,
+        "metrics.peak_tflops": cfg.metrics.peak_tflops,
+        "parallelism.pipeline_parallel_layers_per_stage": p.pipeline_parallel_layers_per_stage,
+        "training.stop_after_step": t.stop_after_step,
+        "checkpoint.keep_latest_k": cfg.checkpoint.keep_latest_k,
+    }
+    if not cfg.checkpoint.export_max_shard_gb > 0:
+        raise ConfigError(f"checkpoint.export_max_shard_gb={cfg.checkpoint.export_max_shard_gb} must be positive")
+    for key, value in non_negative.items():
+        if value < 0:
+            raise ConfigError(f"{key}={value} must not be negative")
+    if t.loss_chunk_tokens < -1:
+        raise ConfigError(f"training.loss_chunk_tokens={t.loss_chunk_tokens} must be -1 (auto), 0 (whole logits) or a chunk size")
+    for key in ("init_timeout_seconds", "train_timeout_seconds"):
+        if not getattr(cfg.comm, key) > 0:
+            raise ConfigError(f"comm.{key}={getattr(cfg.comm, key)} must be positive")
+    if not cfg.optimizer.lr > 0:
+        raise ConfigError(f"optimizer.lr={cfg.optimizer.lr} must be positive")
+    if not 0 <= cfg.lr_scheduler.min_lr_factor <= 1:
+        raise ConfigError(f"lr_scheduler.min_lr_factor={cfg.lr_scheduler.min_lr_factor} must be between 0 and 1")
+    for key in ("beta1", "beta2"):
+        if not 0 <= getattr(cfg.optimizer, key) < 1:
+            raise ConfigError(f"optimizer.{key}={getattr(cfg.optimizer, key)} must be in [0, 1)")
+    if t.stop_after_step > t.steps:
+        raise ConfigError(f"training.stop_after_step={t.stop_after_step} is beyond training.steps={t.steps}")
+    if cfg.activation_checkpoint.selective_ac_option < 1:
+        raise ConfigError(f"activation_checkpoint.selective_ac_option={cfg.activation_checkpoint.selective_ac_option} must be at least 1")
+    unknown = sorted(set(cfg.compile.components) - {"model", "loss"})
+    if unknown:
+        raise ConfigError(f"compile.components names {unknown}; use some of: loss, model")
+    if cfg.checkpoint.load_step < -1:
+        raise ConfigError(f"checkpoint.load_step={cfg.checkpoint.load_step} must be -1 (newest) or a step number")
+    parts = {"model", "optimizer", "lr_scheduler", "dataloader", "train_state", "rng"}
+    unknown = sorted(set(cfg.checkpoint.exclude_from_loading) - parts)
+    if unknown:
+        raise ConfigError(f"checkpoint.exclude_from_loading names {unknown}; use some of: {', '.join(sorted(parts))}")
+    if t.dataset == "local" and not t.dataset_path and not t.dataset_mixture:
+        raise ConfigError("training.dataset='local' needs training.dataset_path (a .txt/.jsonl/.parquet/.bin/.npy file or folder)")
+    v = cfg.validation
+    if v.freq < 1:
+        raise ConfigError(f"validation.freq={v.freq} must be at least 1 (steps between evaluations)")
+    if v.steps < 1 and v.steps != -1:
+        raise ConfigError(f"validation.steps={v.steps} must be at least 1, or -1 for the whole validation split")
+    for key in ("local_batch_size", "seq_len"):
+        if getattr(v, key) < 0:
+            raise ConfigError(f"validation.{key}={getattr(v, key)} must not be negative (0 uses training.{key})")
+    if not 0 <= v.split_fraction < 1:
+        raise ConfigError(f"validation.split_fraction={v.split_fraction} must be in [0, 1)")
+    if v.dataset == "local" and not v.dataset_path:
+        raise ConfigError("validation.dataset='local' needs validation.dataset_path")
+    if v.enable and not (v.dataset or v.dataset_path) and v.split_fraction == 0:
+        raise ConfigError("validation.enable needs held-out data: set validation.split_fraction > 0 or validation.dataset_path")
+    if not cfg.data.shard_size_mb > 0:
+        raise ConfigError(f"data.shard_size_mb={cfg.data.shard_size_mb} must be positive")
+
+
+def grad_accum_steps(training: Training, dp_degree: int) -> int:
+    """Micro-batches per step on each rank, so that local_batch_size x dp x accumulation = global batch."""
+    per_pass = training.local_batch_size * dp_degree
+    if training.global_batch_size == -1:
+        return 1
+    if training.global_batch_size % per_pass:
+        raise ConfigError(
+            f"training.global_batch_size={training.global_batch_size} is not a multiple of "
+            f"local_batch_size x dp = {training.local_batch_size} x {dp_degree} = {per_pass}; "
+            f"use a multiple of {per_pass} or change training.local_batch_size"
+        )
+    return training.global_batch_size // per_pass
+

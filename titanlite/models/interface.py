@@ -1,0 +1,52 @@
+"""The model interface: what parallelize(), the pipeline splitter, weight init, checkpoints, the losses, the
+metrics and Hugging Face import rely on. GPT-2 and Llama implement it; a new family is a new module that
+does too (and an entry in titanlite/models/registry.py), with no parallelism inside.
+
+Parameter names are part of the contract: blocks live in `layers` keyed "0".."n_layers-1" (a pipeline stage
+keeps its own keys, so names do not depend on the layout), and each parameter's full value is made by
+`init_param` from its name alone, so the weights do not depend on the layout either.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Protocol, runtime_checkable
+
+import torch
+from torch import nn
+
+from titanlite.base.model_args import ModelArgs
+from titanlite.models.kv_cache import KVCache
+
+
+@runtime_checkable
+class Decoder(Protocol):
+    """A decoder-only language model as a plain nn.Module."""
+
+    args: ModelArgs  # its shape: dim, n_layers, n_heads, head_dim, vocab_size, max_seq_len, tie_embeddings, ...
+    tok_embeddings: nn.Embedding | None  # None on pipeline stages after the first
+    layers: nn.ModuleDict  # the transformer blocks, keyed by index; FSDP, AC and compile wrap each one
+    norm: nn.Module | None  # final norm; None on pipeline stages before the last
+    output: nn.Linear | None  # output projection; None on pipeline stages before the last
+
+    # Attributes only the first pipeline stage keeps (the embeddings), and only the last (norm, output).
+    first_stage_modules: ClassVar[tuple[str, ...]]
+    last_stage_modules: ClassVar[tuple[str, ...]]
+
+    def forward(self, tokens: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        """Logits [B, T, vocab] of tokens [B, T] (hidden states [B, T, dim] on a later pipeline stage, which
+        receives hidden states too; the chunked loss makes `output` return its input). With a cache, the
+        tokens continue the cached sequence (generation)."""
+        ...
+
+    def init_param(self, name: str, full: torch.Tensor, generator: torch.Generator) -> None:
+        """Fill `full`, the full-size value of parameter `name`, in place, drawing only from `generator`."""
+        ...
+
+    def init_buffers(self) -> None:
+        """Compute non-persistent buffers (e.g. RoPE tables) on the device the model now lives on."""
+        ...
+
+    def tie_weights(self) -> None:
+        """With tied embeddings, make output.weight the very tensor tok_embeddings.weight again (after
+        anything that replaces parameters, such as to_empty or a tensor-parallel plan)."""
+        ...
