@@ -15,10 +15,14 @@ REPO = Path(__file__).resolve().parents[1]
 
 # A small, fast setting of the debug model: global batch 8 sequences of 32 tokens, logged every step.
 TINY = [
-    "--training.steps", "5",
-    "--training.seq_len", "32",
-    "--metrics.log_freq", "1",
-    "--lr_scheduler.warmup_steps", "2",
+    "--training.steps",
+    "5",
+    "--training.seq_len",
+    "32",
+    "--metrics.log_freq",
+    "1",
+    "--lr_scheduler.warmup_steps",
+    "2",
 ]
 # A small validation corpus (13 windows of 32 GPT-2 tokens: the last global batch of 8 is padded).
 VALIDATION_TEXT = REPO / "tests" / "data" / "validation.txt"
@@ -26,9 +30,12 @@ VALIDATION_TEXT = REPO / "tests" / "data" / "validation.txt"
 # parity test use, so that each compares validation losses too.
 VALIDATED = [
     *TINY,
-    "--validation.enable", "true",
-    "--validation.freq", "2",
-    "--validation.dataset_path", str(VALIDATION_TEXT),
+    "--validation.enable",
+    "true",
+    "--validation.freq",
+    "2",
+    "--validation.dataset_path",
+    str(VALIDATION_TEXT),
 ]
 
 
@@ -43,14 +50,26 @@ def env(**extra: str) -> dict[str, str]:
 def torchrun(nproc: int, args: list[str], run_dir: Path, timeout: int = 300) -> subprocess.CompletedProcess:
     """One training run with `nproc` gloo ranks; the run folder is run_dir/run."""
     cmd = [
-        sys.executable, "-m", "titanlite.commands.launch", "--standalone", f"--nproc-per-node={nproc}",
-        f"--log-dir={run_dir / 'torchrun_logs'}", "-m", "titanlite.commands.train",
-        "--job.dump_folder", str(run_dir), "--job.name", "run", *args,
+        sys.executable,
+        "-m",
+        "titanlite.commands.launch",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        f"--log-dir={run_dir / 'torchrun_logs'}",
+        "-m",
+        "titanlite.commands.train",
+        "--job.dump_folder",
+        str(run_dir),
+        "--job.name",
+        "run",
+        *args,
     ]
     return subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=timeout)
 
 
-def run_train_sh(args: list[str], run_dir: Path, ngpu: int | None = 1, timeout: int = 300, **extra_env: str) -> subprocess.CompletedProcess:
+def run_train_sh(
+    args: list[str], run_dir: Path, ngpu: int | None = 1, timeout: int = 300, **extra_env: str
+) -> subprocess.CompletedProcess:
     """The user's command, ./run_train.sh, with NGPU processes (ngpu=None: NGPU unset, the launcher's default)."""
     cmd = [str(REPO / "run_train.sh"), "--job.dump_folder", str(run_dir), "--job.name", "run", *args]
     launch_env = env(**({} if ngpu is None else {"NGPU": str(ngpu)}), **extra_env)
@@ -65,7 +84,9 @@ def metrics(run_dir: Path) -> list[dict]:
 
 
 def losses(proc: subprocess.CompletedProcess, run_dir: Path) -> list[float]:
-    assert proc.returncode == 0, f"run failed ({proc.returncode}): {reason_in(proc.stderr)}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    assert proc.returncode == 0, (
+        f"run failed ({proc.returncode}): {reason_in(proc.stderr)}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    )
     return [r["loss"] for r in metrics(run_dir)]
 
 
@@ -82,7 +103,11 @@ def assert_matches(records: list[dict], reference: list[dict]) -> None:
     assert_close([r["loss"] for r in records], [r["loss"] for r in reference], LOSS_RTOL)
     assert_close([r["grad_norm"] for r in records], [r["grad_norm"] for r in reference], GRAD_NORM_RTOL)
     assert [r["step"] for r in records if "val_loss" in r] == [r["step"] for r in reference if "val_loss" in r]
-    assert_close([r["val_loss"] for r in records if "val_loss" in r], [r["val_loss"] for r in reference if "val_loss" in r], LOSS_RTOL)
+    assert_close(
+        [r["val_loss"] for r in records if "val_loss" in r],
+        [r["val_loss"] for r in reference if "val_loss" in r],
+        LOSS_RTOL,
+    )
 
 
 def assert_close(actual: list[float], expected: list[float], rtol: float) -> None:

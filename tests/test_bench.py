@@ -18,8 +18,20 @@ def bench(*args: str) -> subprocess.CompletedProcess:
 
 def test_bench_prints_and_writes_both_loops(tmp_path):
     out = tmp_path / "bench.json"
-    proc = bench("--steps", "2", "--repeats", "3", "--warmup", "1", "--output", str(out),
-                 "--training.seq_len", "32", "--metrics.peak_tflops", "1.5")
+    proc = bench(
+        "--steps",
+        "2",
+        "--repeats",
+        "3",
+        "--warmup",
+        "1",
+        "--output",
+        str(out),
+        "--training.seq_len",
+        "32",
+        "--metrics.peak_tflops",
+        "1.5",
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "bench: 1 warm-up steps, then 3 rounds of 2 steps per loop" in proc.stdout
     report = json.loads(out.read_text())
@@ -33,7 +45,9 @@ def test_bench_prints_and_writes_both_loops(tmp_path):
         assert r["tokens_per_s_per_device"] == report["tokens_per_step"] / r["step_seconds_median"]
         assert abs(r["tflops_per_device"] - r["tokens_per_s_per_device"] * report["flops_per_token"] / 1e12) < 1e-12
         assert abs(r["mfu_pct"] - 100 * r["tflops_per_device"] / 1.5) < 1e-9
-        assert f"{r['tokens_per_s_per_device']:,.0f}" in next(l for l in proc.stdout.splitlines() if l.startswith(f"{name:<14} "))
+        assert f"{r['tokens_per_s_per_device']:,.0f}" in next(
+            line for line in proc.stdout.splitlines() if line.startswith(f"{name:<14} ")
+        )
     ratio = loops["titanlite"]["step_seconds_median"] / loops["bare PyTorch"]["step_seconds_median"]
     assert report["titanlite_over_bare"] == ratio
     assert f"titanlite step time / bare loop step time: {ratio:.3f}" in proc.stdout
@@ -75,20 +89,35 @@ def test_bench_strategies_writes_table_json_and_chart(tmp_path):
     for zero in ("ZeRO-2 x 2", "ZeRO-3 x 2"):
         assert {"all-gather", "reduce-scatter"} <= set(rows[zero]["collectives_per_step"])
     # ZeRO-3 gathers the blocks again for backward; ZeRO-2 keeps them.
-    assert rows["ZeRO-3 x 2"]["collectives_per_step"]["all-gather"] > rows["ZeRO-2 x 2"]["collectives_per_step"]["all-gather"]
+    assert (
+        rows["ZeRO-3 x 2"]["collectives_per_step"]["all-gather"]
+        > rows["ZeRO-2 x 2"]["collectives_per_step"]["all-gather"]
+    )
     assert rows["PP 2"]["collectives_per_step"]["send/recv"] > 0
     table = (tmp_path / "strategies.md").read_text()
     assert table in proc.stdout
     for name, r in rows.items():
-        assert f"| {name} | {r['ranks']} | {r['step_ms']:.1f} | {r['tokens_per_s']:,.0f} | {r['speedup']:.2f} |" in table
+        assert (
+            f"| {name} | {r['ranks']} | {r['step_ms']:.1f} | {r['tokens_per_s']:,.0f} | {r['speedup']:.2f} |" in table
+        )
     png = (tmp_path / "strategies.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
 
 
 @pytest.mark.slow  # ~16 s of doubling batch sizes; CI runs it
 def test_bench_batch_sizes_stops_at_the_limit(tmp_path):
-    proc = run_cli("bench", "batch-sizes", "--steps", "3", "--max-batch-size", "4", "--output", str(tmp_path),
-                   "--training.seq_len", "32")
+    proc = run_cli(
+        "bench",
+        "batch-sizes",
+        "--steps",
+        "3",
+        "--max-batch-size",
+        "4",
+        "--output",
+        str(tmp_path),
+        "--training.seq_len",
+        "32",
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((tmp_path / "batch_sizes.json").read_text())
     assert [r["batch"] for r in report["rows"]] == [1, 2, 4]

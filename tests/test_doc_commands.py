@@ -22,7 +22,7 @@ PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 def marked_blocks() -> list:
     blocks = []
     for page in PAGES:
-        for i, match in enumerate(BLOCK.finditer(page.read_text())):
+        for match in BLOCK.finditer(page.read_text()):
             line = page.read_text()[: match.start()].count("\n") + 1
             block_id = f"{page.stem}:{line}"
             marks = [pytest.mark.slow] if match.group(1) else []
@@ -39,6 +39,10 @@ def test_the_docs_mark_blocks_to_test():
 @pytest.mark.parametrize("page,line,block", marked_blocks())
 def test_documented_block_runs(tmp_path, page: Path, line: int, block: str):
     script = block.replace("/tmp/", f"{tmp_path}/")
-    proc = subprocess.run(["bash", "-e", "-c", script], cwd=REPO, env=env(), capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        ["bash", "-e", "-c", script], cwd=REPO, env=env(), capture_output=True, text=True, timeout=600
+    )
     where = f"{page.relative_to(REPO)}:{line}"
-    assert proc.returncode == 0, f"the block at {where} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+    assert proc.returncode == 0, (
+        f"the block at {where} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+    )

@@ -1,4 +1,5 @@
-"""Example commands of the docs (docs/running.md, shipped configs) do what they say (slow: full default run, GPT-2 Large on a CPU)."""
+"""Example commands of the docs (docs/running.md, shipped configs) do what they say (slow: full default run, GPT-2 "
+"Large on a CPU)."""
 
 import json
 import subprocess
@@ -12,8 +13,18 @@ from tests.helpers import REPO, TINY, env, losses, metrics, run_train_sh, torchr
 @pytest.mark.slow
 def test_default_run_learns_by_a_third(tmp_path):
     # With validation on the held-out tail of the corpus (the README's example), and a final checkpoint.
-    args = ["--metrics.log_freq", "1", "--validation.enable", "true", "--validation.freq", "25", "--checkpoint.enable", "true",
-            "--checkpoint.interval", "100"]
+    args = [
+        "--metrics.log_freq",
+        "1",
+        "--validation.enable",
+        "true",
+        "--validation.freq",
+        "25",
+        "--checkpoint.enable",
+        "true",
+        "--checkpoint.interval",
+        "100",
+    ]
     proc = run_train_sh(args, tmp_path, timeout=600)
     values = losses(proc, tmp_path)
     assert len(values) == 100
@@ -23,8 +34,18 @@ def test_default_run_learns_by_a_third(tmp_path):
     val = [r["val_loss"] for r in evaluated]
     assert all(later < earlier for earlier, later in zip(val, val[1:])), val  # the validation loss falls
     # `titanlite eval` on the final checkpoint prints the run's last evaluation
-    cmd = [sys.executable, "-m", "titanlite.commands.cli", "eval", "--job.dump_folder", str(tmp_path), "--job.name", "run",
-           "--output", str(tmp_path / "eval.json")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "titanlite.commands.cli",
+        "eval",
+        "--job.dump_folder",
+        str(tmp_path),
+        "--job.name",
+        "run",
+        "--output",
+        str(tmp_path / "eval.json"),
+    ]
     ev = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=600)
     assert ev.returncode == 0, ev.stdout[-2000:] + ev.stderr[-3000:]
     assert f"val_loss {val[-1]:.4f}  val_perplexity {evaluated[-1]['val_perplexity']:.2f}" in ev.stdout
@@ -34,8 +55,18 @@ def test_default_run_learns_by_a_third(tmp_path):
 @pytest.mark.slow
 def test_gpt2_large_runs_on_cpu_with_774m_parameters(tmp_path):
     args = [
-        "--config", "train_configs/gpt2_large_zero2.toml", "--training.steps", "2",
-        "--training.local_batch_size", "1", "--training.global_batch_size", "1", "--training.seq_len", "64", "--metrics.log_freq", "1",
+        "--config",
+        "train_configs/gpt2_large_zero2.toml",
+        "--training.steps",
+        "2",
+        "--training.local_batch_size",
+        "1",
+        "--training.global_batch_size",
+        "1",
+        "--training.seq_len",
+        "64",
+        "--metrics.log_freq",
+        "1",
     ]
     proc = run_train_sh(args, tmp_path, timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
@@ -48,6 +79,8 @@ def test_deterministic_runs_repeat_bitwise(tmp_path):
     runs = []
     for i in range(2):
         run_dir = tmp_path / str(i)
-        proc = torchrun(1, [*TINY, "--training.steps", "3", "--training.local_batch_size", "2", "--training.deterministic"], run_dir)
+        proc = torchrun(
+            1, [*TINY, "--training.steps", "3", "--training.local_batch_size", "2", "--training.deterministic"], run_dir
+        )
         runs.append(losses(proc, run_dir))
     assert runs[0] == runs[1]

@@ -6,31 +6,84 @@ import os
 
 import pytest
 
-from titanlite.config.loading import tomllib  # tomli on Python 3.10
-
 from tests.helpers import TINY, VALIDATED, metrics, run_train_sh, torchrun
+from titanlite.config.loading import tomllib  # tomli on Python 3.10
 
 
 @pytest.mark.parametrize(
     "ngpu, args, fragment",
     [
-        (1, ["--training.stepz", "3"], "unknown config key 'training.stepz' (command line); did you mean 'training.steps'?"),
-        (4, ["--parallelism.data_parallel_replicate_degree", "3"], "data_parallel_replicate_degree=3 does not divide the world size 4"),
-        (2, ["--parallelism.data_parallel_shard_degree", "4"], "multiply to 4 (pp 1 x replicate 1 x shard 4 x tp 1) but the world size is 2"),
-        (2, ["--training.local_batch_size", "2", "--training.global_batch_size", "6"], "global_batch_size=6 is not a multiple of local_batch_size x dp = 2 x 2 = 4"),
-        (1, ["--model.flavor", "2B"], "model.flavor='2B' is not a gpt2 flavor; use one of: debug, 124M, 355M, 774M, 1.5B"),
+        (
+            1,
+            ["--training.stepz", "3"],
+            "unknown config key 'training.stepz' (command line); did you mean 'training.steps'?",
+        ),
+        (
+            4,
+            ["--parallelism.data_parallel_replicate_degree", "3"],
+            "data_parallel_replicate_degree=3 does not divide the world size 4",
+        ),
+        (
+            2,
+            ["--parallelism.data_parallel_shard_degree", "4"],
+            "multiply to 4 (pp 1 x replicate 1 x shard 4 x tp 1) but the world size is 2",
+        ),
+        (
+            2,
+            ["--training.local_batch_size", "2", "--training.global_batch_size", "6"],
+            "global_batch_size=6 is not a multiple of local_batch_size x dp = 2 x 2 = 4",
+        ),
+        (
+            1,
+            ["--model.flavor", "2B"],
+            "model.flavor='2B' is not a gpt2 flavor; use one of: debug, 124M, 355M, 774M, 1.5B",
+        ),
         (1, ["--config", "train_configs/nope.toml"], "no such file"),
         (3, ["--parallelism.tensor_parallel_degree", "3"], "tensor_parallel_degree=3 does not divide n_heads=4"),
-        (2, ["--parallelism.tensor_parallel_degree", "2", "--parallelism.enable_async_tensor_parallel"], "needs CUDA and torch.compile"),
-        (2, ["--parallelism.pipeline_parallel_degree", "2", "--parallelism.pipeline_parallel_microbatch_size", "3"], "pipeline_parallel_microbatch_size=3 does not divide"),
-        (4, ["--parallelism.pipeline_parallel_degree", "3"], "pipeline_parallel_degree=3 does not divide the world size 4"),
-        (2, ["--parallelism.tensor_parallel_degree", "2", "--compile.enable", "--activation_checkpoint.mode", "full"], "fails inside torch 2.13"),
+        (
+            2,
+            ["--parallelism.tensor_parallel_degree", "2", "--parallelism.enable_async_tensor_parallel"],
+            "needs CUDA and torch.compile",
+        ),
+        (
+            2,
+            ["--parallelism.pipeline_parallel_degree", "2", "--parallelism.pipeline_parallel_microbatch_size", "3"],
+            "pipeline_parallel_microbatch_size=3 does not divide",
+        ),
+        (
+            4,
+            ["--parallelism.pipeline_parallel_degree", "3"],
+            "pipeline_parallel_degree=3 does not divide the world size 4",
+        ),
+        (
+            2,
+            ["--parallelism.tensor_parallel_degree", "2", "--compile.enable", "--activation_checkpoint.mode", "full"],
+            "fails inside torch 2.13",
+        ),
         (1, ["--compile.components", "model,optimizer"], "compile.components names ['optimizer']"),
         (2, ["--training.enable_cpu_offload"], "no CUDA device here"),
         (1, ["--training.seq_len", "100000000"], "too few for training.seq_len=100000000"),
-        (1, ["--training.dataset", "local", "--training.dataset_path", "/nonexistent"], "dataset_path='/nonexistent' does not exist"),
-        (1, ["--validation.enable", "--validation.split_fraction", "0.000001"], "too few for one window of validation.seq_len=128"),
-        (2, ["--validation.enable", "--parallelism.pipeline_parallel_degree", "2", "--parallelism.pipeline_parallel_schedule", "DualPipeV"], "validation under pipeline_parallel_schedule=DualPipeV fails inside torch"),
+        (
+            1,
+            ["--training.dataset", "local", "--training.dataset_path", "/nonexistent"],
+            "dataset_path='/nonexistent' does not exist",
+        ),
+        (
+            1,
+            ["--validation.enable", "--validation.split_fraction", "0.000001"],
+            "too few for one window of validation.seq_len=128",
+        ),
+        (
+            2,
+            [
+                "--validation.enable",
+                "--parallelism.pipeline_parallel_degree",
+                "2",
+                "--parallelism.pipeline_parallel_schedule",
+                "DualPipeV",
+            ],
+            "validation under pipeline_parallel_schedule=DualPipeV fails inside torch",
+        ),
     ],
 )
 def test_bad_config_exits_2_with_one_line_before_launch(tmp_path, ngpu, args, fragment):
@@ -57,7 +110,18 @@ def test_run_folder_has_resolved_config_metrics_and_tensorboard(tmp_path):
     assert cfg["training"]["seq_len"] == 32 and cfg["metrics"]["enable_tensorboard"] is True
     records = metrics(tmp_path)
     assert [r["step"] for r in records] == [1, 2, 3, 4, 5]
-    for field in ("step", "loss", "grad_norm", "lr", "tps", "tflops", "mfu_pct", "mem_peak_gib", "elapsed_s", "data_wait_pct"):
+    for field in (
+        "step",
+        "loss",
+        "grad_norm",
+        "lr",
+        "tps",
+        "tflops",
+        "mfu_pct",
+        "mem_peak_gib",
+        "elapsed_s",
+        "data_wait_pct",
+    ):
         assert all(field in r for r in records), field
     assert records[0]["tps"] is None and records[2]["tps"] > 0  # warm-up steps are not counted
     assert records[2]["mfu_pct"] is None  # no known peak for a CPU: not guessed
@@ -66,7 +130,9 @@ def test_run_folder_has_resolved_config_metrics_and_tensorboard(tmp_path):
     # validation (VALIDATED evaluates at steps 2, 4 and 5): in the records, the console line and TensorBoard
     evaluated = [r for r in records if "val_loss" in r]
     assert [r["step"] for r in evaluated] == [2, 4, 5]
-    assert all(r["val_perplexity"] == pytest.approx(math.exp(r["val_loss"])) and r["val_tokens"] == 13 * 32 for r in evaluated)
+    assert all(
+        r["val_perplexity"] == pytest.approx(math.exp(r["val_loss"])) and r["val_tokens"] == 13 * 32 for r in evaluated
+    )
     assert f"val_loss {evaluated[-1]['val_loss']:.4f}  val_ppl {evaluated[-1]['val_perplexity']:.2f}" in proc.stdout
     events = list((run / "tb").glob("events.out.tfevents.*"))
     assert events
@@ -89,8 +155,21 @@ def test_fresh_run_replaces_old_metrics(tmp_path):
 @pytest.mark.parametrize(
     "ngpu, fault, status, rank, reason",
     [
-        (2, "error@2:1", 1, 1, "RuntimeError: fault injection: an error after step 2 (titanlite/components/resilience.py:"),
-        (1, "oom@2", 4, 0, "out of device memory (fault injection: out of memory after step 2 (simulated)) at titanlite/components/resilience.py:"),
+        (
+            2,
+            "error@2:1",
+            1,
+            1,
+            "RuntimeError: fault injection: an error after step 2 (titanlite/components/resilience.py:",
+        ),
+        (
+            1,
+            "oom@2",
+            4,
+            0,
+            "out of device memory (fault injection: out of memory after step 2 (simulated)) at "
+            "titanlite/components/resilience.py:",
+        ),
     ],
 )
 def test_a_failed_worker_says_why_last_and_sets_the_exit_status(tmp_path, ngpu, fault, status, rank, reason):
@@ -109,7 +188,9 @@ def test_ngpu_default_in_a_simulated_gpu_environment(tmp_path):
     # nvidia-smi lists 3 GPUs (a fake on PATH); torch still sees none, so every rank computes on the CPU.
     fake = tmp_path / "bin" / "nvidia-smi"
     fake.parent.mkdir()
-    fake.write_text("#!/bin/sh\n" + "".join(f'echo "GPU {i}: NVIDIA H100 80GB HBM3 (UUID: GPU-{i})"\n' for i in range(3)))
+    fake.write_text(
+        "#!/bin/sh\n" + "".join(f'echo "GPU {i}: NVIDIA H100 80GB HBM3 (UUID: GPU-{i})"\n' for i in range(3))
+    )
     fake.chmod(0o755)
     path = f"{fake.parent}:{os.environ['PATH']}"
     args = [*TINY, "--training.steps", "1", "--training.local_batch_size", "2"]

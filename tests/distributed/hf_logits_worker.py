@@ -14,14 +14,15 @@ from torch.distributed.tensor import DTensor
 
 
 def main(out: str, tokens_file: str, argv: list[str]) -> None:
-    from titanlite.components.checkpoint import initial_weights_path, load_weights
-    from titanlite.config import parse_config
-    from titanlite.data.tokenizer import build_tokenizer
+    from pathlib import Path
+
     from titanlite.builder.model import build_model
     from titanlite.builder.plan import plan_run
     from titanlite.builder.runtime import init_distributed
     from titanlite.commands.worker import shutdown
-    from pathlib import Path
+    from titanlite.components.checkpoint import initial_weights_path, load_weights
+    from titanlite.config import parse_config
+    from titanlite.data.tokenizer import build_tokenizer
 
     cfg = parse_config(argv)
     world_size = int(os.environ.get("WORLD_SIZE", 1))

@@ -19,8 +19,17 @@ TWENTY = [*TINY, "--training.steps", "20", "--checkpoint.enable", "--checkpoint.
 LAYOUTS = {
     "single": (1, ["--training.local_batch_size", "8"]),
     "fsdp4": (4, ["--training.local_batch_size", "2"]),
-    "pp2": (2, ["--training.local_batch_size", "8", "--parallelism.pipeline_parallel_degree", "2",
-                "--parallelism.pipeline_parallel_microbatch_size", "2"]),
+    "pp2": (
+        2,
+        [
+            "--training.local_batch_size",
+            "8",
+            "--parallelism.pipeline_parallel_degree",
+            "2",
+            "--parallelism.pipeline_parallel_microbatch_size",
+            "2",
+        ],
+    ),
     "tp2": (2, ["--training.local_batch_size", "8", "--parallelism.tensor_parallel_degree", "2"]),
 }
 
@@ -129,7 +138,9 @@ def test_process_saver_resumes_exactly_and_leaves_no_tmp(tmp_path, fsdp4_runs, l
         straight = tmp_path / "straight"
         run(layout, straight)
     first = run(layout, tmp_path, *mode, "--training.stop_after_step", "10")
-    assert "copied to shared (pinned memory needs CUDA) host memory, then written by a background process" in first.stdout
+    assert (
+        "copied to shared (pinned memory needs CUDA) host memory, then written by a background process" in first.stdout
+    )
     assert "Checkpoint background process is running" in first.stdout + first.stderr  # DCP's process saver's own log
     assert "Traceback" not in first.stdout + first.stderr  # its writing process ended cleanly
     assert sorted(p.name for p in (tmp_path / "run").glob("step-*")) == ["step-10", "step-5"]
@@ -144,11 +155,36 @@ def test_killed_during_async_saves_leaves_only_loadable_checkpoints(tmp_path):
     from titanlite.components.checkpoint import verify
 
     # Save asynchronously after every step and kill the whole job at an arbitrary moment.
-    args = [*TINY, "--training.steps", "200", "--checkpoint.enable", "--checkpoint.interval", "1",
-            "--checkpoint.async_mode", "async", "--training.local_batch_size", "4"]
-    cmd = [sys.executable, "-m", "titanlite.commands.launch", "--standalone", "--nproc-per-node=2",
-           f"--log-dir={tmp_path / 'logs'}", "-m", "titanlite.commands.train", "--job.dump_folder", str(tmp_path), "--job.name", "run", *args]
-    job = subprocess.Popen(cmd, cwd=REPO, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    args = [
+        *TINY,
+        "--training.steps",
+        "200",
+        "--checkpoint.enable",
+        "--checkpoint.interval",
+        "1",
+        "--checkpoint.async_mode",
+        "async",
+        "--training.local_batch_size",
+        "4",
+    ]
+    cmd = [
+        sys.executable,
+        "-m",
+        "titanlite.commands.launch",
+        "--standalone",
+        "--nproc-per-node=2",
+        f"--log-dir={tmp_path / 'logs'}",
+        "-m",
+        "titanlite.commands.train",
+        "--job.dump_folder",
+        str(tmp_path),
+        "--job.name",
+        "run",
+        *args,
+    ]
+    job = subprocess.Popen(
+        cmd, cwd=REPO, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+    )
     deadline = time.time() + 120
     while time.time() < deadline and len(list((tmp_path / "run").glob("step-*"))) < 4:
         time.sleep(0.2)
@@ -157,16 +193,42 @@ def test_killed_during_async_saves_leaves_only_loadable_checkpoints(tmp_path):
     complete = [p for p in (tmp_path / "run").glob("step-*") if not p.name.endswith(".tmp")]
     assert complete, "no checkpoint completed before the kill"
     assert all(verify(p) is None for p in complete)
-    proc = torchrun(2, [*args, "--training.steps", "200", "--training.stop_after_step", str(max(int(p.name[5:]) for p in complete) + 1)], tmp_path)
+    proc = torchrun(
+        2,
+        [
+            *args,
+            "--training.steps",
+            "200",
+            "--training.stop_after_step",
+            str(max(int(p.name[5:]) for p in complete) + 1),
+        ],
+        tmp_path,
+    )
     assert proc.returncode == 0 and "resumed from" in proc.stdout, proc.stderr[-3000:]
 
 
 def test_seed_checkpoint_gives_every_layout_the_same_start(tmp_path):
     # Write initial weights once (seed 7), in one process, into two run folders.
     for name in ("one", "two"):
-        seed = subprocess.run([sys.executable, "-m", "titanlite.commands.cli", "seed-checkpoint", *TINY, "--job.dump_folder",
-                               str(tmp_path / name), "--job.name", "run", "--training.seed", "7"],
-                              cwd=REPO, env=env(), capture_output=True, text=True)
+        seed = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "titanlite.commands.cli",
+                "seed-checkpoint",
+                *TINY,
+                "--job.dump_folder",
+                str(tmp_path / name),
+                "--job.name",
+                "run",
+                "--training.seed",
+                "7",
+            ],
+            cwd=REPO,
+            env=env(),
+            capture_output=True,
+            text=True,
+        )
         assert seed.returncode == 0, seed.stderr
     common = [*TINY, "--training.steps", "3", "--checkpoint.enable", "--checkpoint.interval", "100"]
     one = torchrun(1, [*common, "--training.local_batch_size", "8"], tmp_path / "one")
@@ -179,7 +241,9 @@ def test_seed_checkpoint_gives_every_layout_the_same_start(tmp_path):
 
 
 def test_export_to_hugging_face_matches_titanlite_logits(tmp_path, fsdp4_runs):
-    transformers = pytest.importorskip("transformers", reason="transformers is an optional test dependency (pip install .[hf])")
+    transformers = pytest.importorskip(
+        "transformers", reason="transformers is an optional test dependency (pip install .[hf])"
+    )
     import torch
 
     from titanlite.components.checkpoint import load_model_only
@@ -187,8 +251,26 @@ def test_export_to_hugging_face_matches_titanlite_logits(tmp_path, fsdp4_runs):
 
     straight, _ = fsdp4_runs
     out = tmp_path / "hf"
-    proc = subprocess.run([sys.executable, "-m", "titanlite.commands.cli", "convert", "to-hf", "--output", str(out), *TINY,
-                           "--job.dump_folder", str(straight), "--job.name", "run"], cwd=REPO, env=env(), capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "titanlite.commands.cli",
+            "convert",
+            "to-hf",
+            "--output",
+            str(out),
+            *TINY,
+            "--job.dump_folder",
+            str(straight),
+            "--job.name",
+            "run",
+        ],
+        cwd=REPO,
+        env=env(),
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stderr
     ours = build_model("gpt2", "debug", 50257, 32)
     load_model_only(straight / "run" / "step-20", ours)

@@ -20,8 +20,17 @@ LAYOUTS = {
     "single": (1, ["--training.local_batch_size", "8"]),
     "fsdp2": (2, ["--training.local_batch_size", "4"]),
     "tp2": (2, ["--training.local_batch_size", "8", "--parallelism.tensor_parallel_degree", "2"]),
-    "pp2": (2, ["--training.local_batch_size", "8", "--parallelism.pipeline_parallel_degree", "2",
-                "--parallelism.pipeline_parallel_schedule", "1F1B"]),
+    "pp2": (
+        2,
+        [
+            "--training.local_batch_size",
+            "8",
+            "--parallelism.pipeline_parallel_degree",
+            "2",
+            "--parallelism.pipeline_parallel_schedule",
+            "1F1B",
+        ],
+    ),
 }
 RTOL = 1e-5
 
@@ -63,6 +72,9 @@ def test_chunked_loss_matches_the_plain_loss(tmp_path, plain, layout):
     # turns noise into +-lr), so it has nothing to compare.
     # The weights after the step get the layout tests' 1e-4: AdamW's first step divides each gradient by
     # its magnitude, so elements whose gradient is near rounding move by a relative ulp-sized amount.
-    bad = {name: f"{e:.1e}" for name, e in errors.items()
-           if e > (RTOL if name.startswith("optimizer.") else GRAD_NORM_RTOL) and "attention.wk.bias" not in name}
+    bad = {
+        name: f"{e:.1e}"
+        for name, e in errors.items()
+        if e > (RTOL if name.startswith("optimizer.") else GRAD_NORM_RTOL) and "attention.wk.bias" not in name
+    }
     assert not bad, bad

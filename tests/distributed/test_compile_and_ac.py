@@ -10,8 +10,17 @@ LAYOUTS = {
     "single": (1, ["--training.local_batch_size", "8"]),
     "fsdp2": (2, ["--training.local_batch_size", "4"]),
     "tp2": (2, ["--training.local_batch_size", "8", "--parallelism.tensor_parallel_degree", "2"]),
-    "pp2": (2, ["--training.local_batch_size", "8", "--parallelism.pipeline_parallel_degree", "2",
-                "--parallelism.pipeline_parallel_microbatch_size", "2"]),
+    "pp2": (
+        2,
+        [
+            "--training.local_batch_size",
+            "8",
+            "--parallelism.pipeline_parallel_degree",
+            "2",
+            "--parallelism.pipeline_parallel_microbatch_size",
+            "2",
+        ],
+    ),
 }
 
 
@@ -35,7 +44,8 @@ def plain(tmp_path_factory):
 # Full and selective_op AC on one process and full AC on FSDP x 2 in the default suite; the rest (TP x 2's
 # and PP x 2's full AC among them: they re-run the same block wrapper under a TP plan or in a stage) slow.
 AC_CASES = [
-    (layout, mode) if (layout == "single" and mode != "selective_layer") or (mode == "full" and layout == "fsdp2")
+    (layout, mode)
+    if (layout == "single" and mode != "selective_layer") or (mode == "full" and layout == "fsdp2")
     else pytest.param(layout, mode, marks=pytest.mark.slow)
     for layout in LAYOUTS
     for mode in ("full", "selective_layer", "selective_op")
@@ -53,13 +63,16 @@ def test_activation_checkpointing_is_bitwise_identical(tmp_path, plain, layout, 
     assert [r["grad_norm"] for r in records] == [r["grad_norm"] for r in expected]
 
 
-@pytest.mark.parametrize("layout, chunks", [
-    ("single", "-1"),
-    pytest.param("single", "48", marks=pytest.mark.slow),  # the chunked loss with its compiled chunk kernel
-    pytest.param("fsdp2", "-1", marks=pytest.mark.slow),
-    pytest.param("tp2", "-1", marks=pytest.mark.slow),
-    pytest.param("pp2", "-1", marks=pytest.mark.slow),
-])
+@pytest.mark.parametrize(
+    "layout, chunks",
+    [
+        ("single", "-1"),
+        pytest.param("single", "48", marks=pytest.mark.slow),  # the chunked loss with its compiled chunk kernel
+        pytest.param("fsdp2", "-1", marks=pytest.mark.slow),
+        pytest.param("tp2", "-1", marks=pytest.mark.slow),
+        pytest.param("pp2", "-1", marks=pytest.mark.slow),
+    ],
+)
 def test_compile_matches_eager(tmp_path, plain, layout, chunks):
     # inductor on CPU; the first compile takes ~20-30 s, later ones reuse TORCHINDUCTOR_CACHE_DIR.
     # With full AC too, except under TP, where torch 2.13 cannot compile checkpointed DTensor blocks.
@@ -67,8 +80,9 @@ def test_compile_matches_eager(tmp_path, plain, layout, chunks):
     # loss except under TP (loss parallelism), where the loss is chunked.
     nproc, args = LAYOUTS[layout]
     ac = [] if layout == "tp2" else ["--activation_checkpoint.mode", "full"]
-    proc = torchrun(nproc, [*TINY, *args, "--compile.enable", *ac, "--training.loss_chunk_tokens", chunks], tmp_path,
-                    timeout=600)
+    proc = torchrun(
+        nproc, [*TINY, *args, "--compile.enable", *ac, "--training.loss_chunk_tokens", chunks], tmp_path, timeout=600
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     chunked = "loss: cross-entropy in chunks of" in proc.stdout
     assert chunked == (layout == "tp2" or chunks != "-1"), proc.stdout[-2000:]

@@ -22,8 +22,16 @@ def test_zero3_via_run_train_sh_matches_single_device(tmp_path, reference):
     "name, nproc, args",
     [
         pytest.param("zero2", 4, ["--parallelism.fsdp_reshard_after_forward", "never"], marks=pytest.mark.slow),
-        ("ddp", 4, ["--parallelism.data_parallel_replicate_degree", "4", "--parallelism.data_parallel_shard_degree", "1"]),
-        ("hsdp", 4, ["--parallelism.data_parallel_replicate_degree", "2", "--parallelism.data_parallel_shard_degree", "2"]),
+        (
+            "ddp",
+            4,
+            ["--parallelism.data_parallel_replicate_degree", "4", "--parallelism.data_parallel_shard_degree", "1"],
+        ),
+        (
+            "hsdp",
+            4,
+            ["--parallelism.data_parallel_replicate_degree", "2", "--parallelism.data_parallel_shard_degree", "2"],
+        ),
     ],
 )
 def test_layout_matches_single_device(tmp_path, reference, name, nproc, args):
@@ -37,12 +45,18 @@ def test_layout_matches_single_device(tmp_path, reference, name, nproc, args):
     [
         ("single_process", 1, []),
         pytest.param("zero3", 2, [], marks=pytest.mark.slow),
-        ("ddp", 2, ["--parallelism.data_parallel_replicate_degree", "2", "--parallelism.data_parallel_shard_degree", "1"]),
+        (
+            "ddp",
+            2,
+            ["--parallelism.data_parallel_replicate_degree", "2", "--parallelism.data_parallel_shard_degree", "1"],
+        ),
     ],
 )
 def test_gradient_accumulation_matches_one_big_batch(tmp_path, reference, name, nproc, args):
     # local batch 2 with accumulation making up the global batch of 8 (4 micro-batches on 1 rank, 2 on 2 ranks)
-    proc = torchrun(nproc, [*VALIDATED, "--training.local_batch_size", "2", "--training.global_batch_size", "8", *args], tmp_path)
+    proc = torchrun(
+        nproc, [*VALIDATED, "--training.local_batch_size", "2", "--training.global_batch_size", "8", *args], tmp_path
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert f"accumulation {4 // nproc}" in proc.stdout
     assert_matches(metrics(tmp_path), reference())

@@ -80,7 +80,9 @@ def test_pretokenized_formats_give_bitwise_identical_losses(tmp_path):
     def train(name: str) -> list[float]:
         path, count = paths[name]
         proc = torchrun(1, [*TINY, *SINGLE, *local(path)], tmp_path / name)
-        assert f"data: {path}: {len(ids):,} tokens in {count} shard" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-3000:]
+        assert f"data: {path}: {len(ids):,} tokens in {count} shard" in proc.stdout, (
+            proc.stdout[-2000:] + proc.stderr[-3000:]
+        )
         return losses(proc, tmp_path / name)
 
     with ThreadPoolExecutor(3) as pool:  # independent one-process runs: side by side to save wall time
@@ -110,11 +112,18 @@ def bad_shard(kind: str, folder: Path) -> Path:
 
 
 # what the error line must say besides the file's path
-BAD_SHARDS = {"npy_id_too_large": "50257", "raw_id_too_large": "60000", "truncated": "truncated", "unknown_magic": "12345"}
+BAD_SHARDS = {
+    "npy_id_too_large": "50257",
+    "raw_id_too_large": "60000",
+    "truncated": "truncated",
+    "unknown_magic": "12345",
+}
 
 
 # One case in the default suite; the others (each also a unit test of its message) run with --slow.
-@pytest.mark.parametrize("kind", [k if k == "truncated" else pytest.param(k, marks=pytest.mark.slow) for k in BAD_SHARDS])
+@pytest.mark.parametrize(
+    "kind", [k if k == "truncated" else pytest.param(k, marks=pytest.mark.slow) for k in BAD_SHARDS]
+)
 def test_bad_shard_stops_the_launch_with_one_line(tmp_path, kind):
     data = tmp_path / "data"
     data.mkdir()
@@ -139,7 +148,9 @@ def mixture_runs(tmp_path_factory, corpus_jsonl):
     straight, stopped = tmp_path_factory.mktemp("straight"), tmp_path_factory.mktemp("stopped")
     for run_dir, extra in ((straight, []), (stopped, ["--training.stop_after_step", "10"])):
         proc = fsdp4(run_dir, mixture, *extra)
-        assert f"data: {corpus_jsonl}: " in proc.stdout and "data: the standard-library corpus: " in proc.stdout, proc.stdout[-3000:]
+        assert f"data: {corpus_jsonl}: " in proc.stdout and "data: the standard-library corpus: " in proc.stdout, (
+            proc.stdout[-3000:]
+        )
     return straight, stopped, mixture
 
 
@@ -157,7 +168,8 @@ def resume_copy(stopped: Path, dest: Path) -> Path:
     return dest
 
 
-@pytest.mark.slow  # ~45 s; exact resume stays in the default suite through test_checkpoint.py, mixtures through unit tests
+# ~45 s; exact resume stays in the default suite through test_checkpoint.py, mixtures through unit tests
+@pytest.mark.slow
 def test_resume_on_a_store_mixture_is_bitwise_exact(mixture_runs):
     straight, stopped, mixture = mixture_runs
     assert [r["step"] for r in metrics(stopped)] == list(range(1, 11))
@@ -188,7 +200,8 @@ def test_resume_on_a_store_mixture_on_another_layout(mixture_runs, tmp_path):
 # 5. Ranks trust a store by size and mtime; `titanlite check` also samples the content
 
 
-@pytest.mark.slow  # the in-process test_reopening_reads_neither_the_sources_nor_tokenises proves it in the default suite
+# the in-process test_reopening_reads_neither_the_sources_nor_tokenises proves it in the default suite
+@pytest.mark.slow
 def test_ranks_reuse_the_store_without_reading_the_source(tmp_path, corpus_jsonl):
     source = tmp_path / "docs.jsonl"
     source.write_bytes(corpus_jsonl.read_bytes())
@@ -208,8 +221,14 @@ def test_ranks_reuse_the_store_without_reading_the_source(tmp_path, corpus_jsonl
     after = losses(torchrun(1, args, tmp_path / "after"), tmp_path / "after")
     assert after == before  # bitwise: the rank used the store and never read the changed text
 
-    check = subprocess.run([sys.executable, "-m", "titanlite.commands.cli", "check", "--world-size", "1", *args],
-                           cwd=REPO, env=env(), capture_output=True, text=True, timeout=120)
+    check = subprocess.run(
+        [sys.executable, "-m", "titanlite.commands.cli", "check", "--world-size", "1", *args],
+        cwd=REPO,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     said = check.stdout + check.stderr
     assert check.returncode == 0, said[-3000:]
     assert f"prepare {source}:" in said, said[-3000:]  # it noticed and re-tokenised

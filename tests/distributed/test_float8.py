@@ -19,14 +19,32 @@ def fp32(tmp_path_factory):
     return [r["loss"] for r in metrics(run_dir)]
 
 
-@pytest.mark.parametrize("layout, args, expect", [
-    # Tensorwise under FSDP all-gathers the weights in float8 and precomputes their scales each step.
-    ("fsdp2", ["--training.local_batch_size", "4"], "(tensorwise, FSDP all-gathers weights in float8)"),
-    pytest.param("tp2", ["--training.local_batch_size", "8", "--parallelism.tensor_parallel_degree", "2"], "(tensorwise)",
-                 marks=pytest.mark.slow),
-    pytest.param("tp2_rowwise", ["--training.local_batch_size", "8", "--parallelism.tensor_parallel_degree", "2",
-                                 "--float8.recipe", "rowwise"], "(rowwise)", marks=pytest.mark.slow),
-])
+@pytest.mark.parametrize(
+    "layout, args, expect",
+    [
+        # Tensorwise under FSDP all-gathers the weights in float8 and precomputes their scales each step.
+        ("fsdp2", ["--training.local_batch_size", "4"], "(tensorwise, FSDP all-gathers weights in float8)"),
+        pytest.param(
+            "tp2",
+            ["--training.local_batch_size", "8", "--parallelism.tensor_parallel_degree", "2"],
+            "(tensorwise)",
+            marks=pytest.mark.slow,
+        ),
+        pytest.param(
+            "tp2_rowwise",
+            [
+                "--training.local_batch_size",
+                "8",
+                "--parallelism.tensor_parallel_degree",
+                "2",
+                "--float8.recipe",
+                "rowwise",
+            ],
+            "(rowwise)",
+            marks=pytest.mark.slow,
+        ),
+    ],
+)
 def test_float8_tracks_float32(tmp_path, fp32, layout, args, expect):
     proc = torchrun(2, [*TEN_STEPS, *args, *FLOAT8], tmp_path)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]

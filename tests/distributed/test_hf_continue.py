@@ -11,7 +11,9 @@ import sys
 import pytest
 import torch
 
-transformers = pytest.importorskip("transformers", reason="transformers is an optional test dependency (pip install .[hf])")
+transformers = pytest.importorskip(
+    "transformers", reason="transformers is an optional test dependency (pip install .[hf])"
+)
 tokenizers = pytest.importorskip("tokenizers")
 
 from tests.helpers import REPO, VALIDATION_TEXT, env, metrics, torchrun  # noqa: E402
@@ -29,12 +31,17 @@ def train_tokenizer(folder) -> "tokenizers.Tokenizer":
     tok = tokenizers.Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<s>", "</s>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=["<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator([CORPUS_TEXT], trainer)
     tok.save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text(json.dumps(
-        {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>"}))
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps({"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>"})
+    )
     return tok
 
 
@@ -44,7 +51,9 @@ def hf_folder(tmp_path_factory):
     folder = tmp_path_factory.mktemp("hf_model")
     tok = train_tokenizer(folder)
     vocab = tok.get_vocab_size()
-    hf = perturb(unusual_llama(vocab_size=vocab, bos_token_id=tok.token_to_id("<s>"), eos_token_id=tok.token_to_id("</s>")))
+    hf = perturb(
+        unusual_llama(vocab_size=vocab, bos_token_id=tok.token_to_id("<s>"), eos_token_id=tok.token_to_id("</s>"))
+    )
     hf.save_pretrained(folder, max_shard_size="100KB")
     corpus = tmp_path_factory.mktemp("corpus") / "corpus.txt"
     corpus.write_text(CORPUS_TEXT)
@@ -52,26 +61,55 @@ def hf_folder(tmp_path_factory):
 
 
 def hf_args(folder, corpus) -> list[str]:
-    return ["--model.flavor", "hf", "--model.hf_assets_path", str(folder), "--training.dataset", "local",
-            "--training.dataset_path", str(corpus), "--training.seq_len", "48", "--training.local_batch_size", "2",
-            "--optimizer.lr", "1e-3"]
+    return [
+        "--model.flavor",
+        "hf",
+        "--model.hf_assets_path",
+        str(folder),
+        "--training.dataset",
+        "local",
+        "--training.dataset_path",
+        str(corpus),
+        "--training.seq_len",
+        "48",
+        "--training.local_batch_size",
+        "2",
+        "--optimizer.lr",
+        "1e-3",
+    ]
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "titanlite.commands.cli", *args], cwd=REPO, env=env(), capture_output=True, text=True)
+    return subprocess.run(
+        [sys.executable, "-m", "titanlite.commands.cli", *args], cwd=REPO, env=env(), capture_output=True, text=True
+    )
 
 
 def test_train_then_export_loads_in_transformers(tmp_path, hf_folder):
+    from titanlite.builder.data import build_data
     from titanlite.components.checkpoint import load_model_only
     from titanlite.config import parse_config
     from titanlite.data.tokenizer import build_tokenizer
     from titanlite.models.registry import configured_model
-    from titanlite.builder.data import build_data
 
     folder, hf, tok, corpus = hf_folder
     args = hf_args(folder, corpus)
-    proc = torchrun(2, [*args, "--training.steps", "3", "--metrics.log_freq", "1", "--checkpoint.enable",
-                        "--checkpoint.interval", "3", "--parallelism.data_parallel_shard_degree", "2"], tmp_path)
+    proc = torchrun(
+        2,
+        [
+            *args,
+            "--training.steps",
+            "3",
+            "--metrics.log_freq",
+            "1",
+            "--checkpoint.enable",
+            "--checkpoint.interval",
+            "3",
+            "--parallelism.data_parallel_shard_degree",
+            "2",
+        ],
+        tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"(from {folder})" in proc.stdout and f"initial weights from the Hugging Face folder {folder}" in proc.stdout
     assert f"vocab {tok.get_vocab_size()} (tokenizer hf)" in proc.stdout
@@ -106,13 +144,24 @@ def test_train_then_export_loads_in_transformers(tmp_path, hf_folder):
 def test_generate_continues_as_transformers_does(tmp_path, hf_folder):
     folder, hf, tok, corpus = hf_folder
     record = tmp_path / "gen.json"
-    proc = cli("generate", "--prompt", "def parse_config(", "--max-new-tokens", "12", "--output", str(record),
-               *hf_args(folder, corpus), "--job.dump_folder", str(tmp_path))
+    proc = cli(
+        "generate",
+        "--prompt",
+        "def parse_config(",
+        "--max-new-tokens",
+        "12",
+        "--output",
+        str(record),
+        *hf_args(folder, corpus),
+        "--job.dump_folder",
+        str(tmp_path),
+    )
     assert proc.returncode == 0, proc.stderr
     result = json.loads(record.read_text())
     bos, eos = tok.token_to_id("<s>"), tok.token_to_id("</s>")
     assert result["prompt_ids"] == [bos, *tok.encode("def parse_config(").ids]
     with torch.no_grad():
-        expected = hf.generate(torch.tensor([result["prompt_ids"]]), max_new_tokens=12, do_sample=False,
-                               eos_token_id=eos, pad_token_id=eos)
-    assert result["new_ids"] == expected[0, len(result["prompt_ids"]):].tolist()
+        expected = hf.generate(
+            torch.tensor([result["prompt_ids"]]), max_new_tokens=12, do_sample=False, eos_token_id=eos, pad_token_id=eos
+        )
+    assert result["new_ids"] == expected[0, len(result["prompt_ids"]) :].tolist()

@@ -27,11 +27,28 @@ CASES = [
 def layout_logits(tmp_path, folder, tokens: torch.Tensor, layout: str) -> torch.Tensor:
     torch.save(tokens, tmp_path / "tokens.pt")
     out = tmp_path / "logits.pt"
-    cmd = [sys.executable, "-m", "titanlite.commands.launch", "--standalone", "--nproc-per-node=2",
-           f"--log-dir={tmp_path / 'logs'}", str(REPO / "tests" / "distributed" / "hf_logits_worker.py"),
-           str(out), str(tmp_path / "tokens.pt"), "--model.flavor", "hf", "--model.hf_assets_path", str(folder),
-           "--model.tokenizer", "byte", "--training.seq_len", str(tokens.shape[1]),
-           "--training.loss_chunk_tokens", "0", *LAYOUTS[layout]]
+    cmd = [
+        sys.executable,
+        "-m",
+        "titanlite.commands.launch",
+        "--standalone",
+        "--nproc-per-node=2",
+        f"--log-dir={tmp_path / 'logs'}",
+        str(REPO / "tests" / "distributed" / "hf_logits_worker.py"),
+        str(out),
+        str(tmp_path / "tokens.pt"),
+        "--model.flavor",
+        "hf",
+        "--model.hf_assets_path",
+        str(folder),
+        "--model.tokenizer",
+        "byte",
+        "--training.seq_len",
+        str(tokens.shape[1]),
+        "--training.loss_chunk_tokens",
+        "0",
+        *LAYOUTS[layout],
+    ]
     proc = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return torch.load(out)

@@ -18,8 +18,12 @@ PP2 = ["--parallelism.pipeline_parallel_degree", "2", "--parallelism.pipeline_pa
 
 # Four schedules for GPT-2 in the default suite (the V-shaped ones and LoopedBFS are slow, run by CI); for
 # Llama two of them there and the rest marked slow.
-CASES = [("gpt2", s) if s in ("GPipe", "1F1B", "Interleaved1F1B", "InterleavedZeroBubble")
-         else pytest.param("gpt2", s, marks=pytest.mark.slow) for s in SCHEDULES] + [
+CASES = [
+    ("gpt2", s)
+    if s in ("GPipe", "1F1B", "Interleaved1F1B", "InterleavedZeroBubble")
+    else pytest.param("gpt2", s, marks=pytest.mark.slow)
+    for s in SCHEDULES
+] + [
     ("llama3", s) if s in ("1F1B", "Interleaved1F1B") else pytest.param("llama3", s, marks=pytest.mark.slow)
     for s in SCHEDULES
 ]
@@ -29,8 +33,16 @@ CASES = [("gpt2", s) if s in ("GPipe", "1F1B", "Interleaved1F1B", "InterleavedZe
 def test_schedule_matches_single_device(tmp_path, reference, model, schedule):
     # 2 ranks; GPipe/1F1B run 2 stages, the looped and V-shaped schedules 4 (2 virtual stages per rank).
     # The V-shaped schedules cannot evaluate (torch's schedule.eval fails on them): they train without it.
-    args = ["--config", CONFIGS[model], *VALIDATED, *PP2, "--training.local_batch_size", "8",
-            "--parallelism.pipeline_parallel_schedule", schedule]
+    args = [
+        "--config",
+        CONFIGS[model],
+        *VALIDATED,
+        *PP2,
+        "--training.local_batch_size",
+        "8",
+        "--parallelism.pipeline_parallel_schedule",
+        schedule,
+    ]
     if schedule in V_SHAPED:
         args += ["--validation.enable", "false"]
     proc = torchrun(2, args, tmp_path)
@@ -78,8 +90,16 @@ def test_custom_schedule_from_csv(tmp_path, reference):
 @pytest.mark.parametrize("schedule", ["1F1B", "Interleaved1F1B"])
 def test_3d_pp2_fsdp2_tp2_on_8_ranks_matches_single_device(tmp_path, reference, schedule):
     # ~25 s each on 2 cores, mostly start-up of 8 processes
-    args = [*VALIDATED, *PP2, "--training.local_batch_size", "4", "--parallelism.tensor_parallel_degree", "2",
-            "--parallelism.pipeline_parallel_schedule", schedule]
+    args = [
+        *VALIDATED,
+        *PP2,
+        "--training.local_batch_size",
+        "4",
+        "--parallelism.tensor_parallel_degree",
+        "2",
+        "--parallelism.pipeline_parallel_schedule",
+        schedule,
+    ]
     proc = run_train_sh(args, tmp_path, ngpu=8)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert "layout: pp 2 x dp_shard 2 x tp 2 on 8 cpu" in proc.stdout

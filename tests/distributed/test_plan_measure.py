@@ -15,25 +15,60 @@ BYTE = ["--model.tokenizer", "byte", "--training.seq_len", "512"]  # activations
 CASES = [
     ("single", 1, []),
     pytest.param("single_ac_full", 1, ["--activation_checkpoint.mode", "full"], marks=pytest.mark.slow),
-    pytest.param("single_byte_ac_selective_op", 1, [*BYTE, "--activation_checkpoint.mode", "selective_op"], marks=pytest.mark.slow),
-    pytest.param("zero2", 2, ["--training.local_batch_size", "4", "--parallelism.fsdp_reshard_after_forward", "never"],
-                 marks=pytest.mark.slow),  # FSDP's estimate stays in the default suite through zero3_byte_ac_full
+    pytest.param(
+        "single_byte_ac_selective_op",
+        1,
+        [*BYTE, "--activation_checkpoint.mode", "selective_op"],
+        marks=pytest.mark.slow,
+    ),
+    pytest.param(
+        "zero2",
+        2,
+        ["--training.local_batch_size", "4", "--parallelism.fsdp_reshard_after_forward", "never"],
+        marks=pytest.mark.slow,
+    ),  # FSDP's estimate stays in the default suite through zero3_byte_ac_full
     ("zero3_byte_ac_full", 2, [*BYTE, "--training.local_batch_size", "4", "--activation_checkpoint.mode", "full"]),
     pytest.param("tp2", 2, ["--parallelism.tensor_parallel_degree", "2"], marks=pytest.mark.slow),
-    pytest.param("pp2", 2, ["--parallelism.pipeline_parallel_degree", "2", "--parallelism.pipeline_parallel_microbatch_size", "2"],
-                 marks=pytest.mark.slow),
+    pytest.param(
+        "pp2",
+        2,
+        ["--parallelism.pipeline_parallel_degree", "2", "--parallelism.pipeline_parallel_microbatch_size", "2"],
+        marks=pytest.mark.slow,
+    ),
     pytest.param("zero3", 2, ["--training.local_batch_size", "4"], marks=pytest.mark.slow),
     pytest.param("zero3_byte", 2, [*BYTE, "--training.local_batch_size", "4"], marks=pytest.mark.slow),
-    pytest.param("tp2_ac_full", 2, ["--parallelism.tensor_parallel_degree", "2", "--activation_checkpoint.mode", "full"],
-                 marks=pytest.mark.slow),
+    pytest.param(
+        "tp2_ac_full",
+        2,
+        ["--parallelism.tensor_parallel_degree", "2", "--activation_checkpoint.mode", "full"],
+        marks=pytest.mark.slow,
+    ),
     pytest.param("tp2_byte", 2, [*BYTE, "--parallelism.tensor_parallel_degree", "2"], marks=pytest.mark.slow),
-    pytest.param("pp2_ac_full", 2, ["--parallelism.pipeline_parallel_degree", "2",
-                                    "--parallelism.pipeline_parallel_microbatch_size", "2",
-                                    "--activation_checkpoint.mode", "full"], marks=pytest.mark.slow),
-    pytest.param("llama_zero3", 2, ["--config", "train_configs/llama3_debug.toml", "--training.local_batch_size", "4"],
-                 marks=pytest.mark.slow),
-    pytest.param("llama_tp2_byte", 2, ["--config", "train_configs/llama3_debug.toml", *BYTE,
-                                       "--parallelism.tensor_parallel_degree", "2"], marks=pytest.mark.slow),
+    pytest.param(
+        "pp2_ac_full",
+        2,
+        [
+            "--parallelism.pipeline_parallel_degree",
+            "2",
+            "--parallelism.pipeline_parallel_microbatch_size",
+            "2",
+            "--activation_checkpoint.mode",
+            "full",
+        ],
+        marks=pytest.mark.slow,
+    ),
+    pytest.param(
+        "llama_zero3",
+        2,
+        ["--config", "train_configs/llama3_debug.toml", "--training.local_batch_size", "4"],
+        marks=pytest.mark.slow,
+    ),
+    pytest.param(
+        "llama_tp2_byte",
+        2,
+        ["--config", "train_configs/llama3_debug.toml", *BYTE, "--parallelism.tensor_parallel_degree", "2"],
+        marks=pytest.mark.slow,
+    ),
 ]
 
 
@@ -41,14 +76,22 @@ CASES = [
 def test_estimate_within_15_percent_of_measured(tmp_path, name, ngpu, args):
     out = tmp_path / "plan.json"
     cmd = [sys.executable, "-m", "titanlite.commands.cli", "plan", "--ngpu", str(ngpu), "--measure", *args]
-    proc = subprocess.run(cmd, cwd=REPO, env=env(TITANLITE_PLAN_JSON=str(out)), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        cmd, cwd=REPO, env=env(TITANLITE_PLAN_JSON=str(out)), capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert len(result["measured_by_rank"]) == ngpu
     ratio = result["estimate_peak"] / result["measured_peak"]
-    print(f"{name}: estimated {result['estimate_peak'] / 2**20:.1f} MiB, measured {result['measured_peak'] / 2**20:.1f} MiB")
+    print(
+        f"{name}: estimated {result['estimate_peak'] / 2**20:.1f} MiB, measured {result['measured_peak'] / 2**20:.1f} "
+        "MiB"
+    )
     assert abs(ratio - 1) <= 0.15, f"{name}: estimate/measured = {ratio:.3f}"
-    assert f"peak: estimated {result['estimate_peak'] / 2**20:.1f}, measured {result['measured_peak'] / 2**20:.1f}" in proc.stdout
+    assert (
+        f"peak: estimated {result['estimate_peak'] / 2**20:.1f}, measured {result['measured_peak'] / 2**20:.1f}"
+        in proc.stdout
+    )
 
 
 def test_a_failed_measurement_says_why_with_the_workers_status(tmp_path):
@@ -57,26 +100,49 @@ def test_a_failed_measurement_says_why_with_the_workers_status(tmp_path):
     proc = subprocess.run(cmd, cwd=REPO, env=env(TITANLITE_FAULT="oom@1"), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 4, proc.stdout[-2000:] + proc.stderr[-3000:]
     last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("titanlite: error: plan --measure: the measured run failed: rank 0: out of device memory "
-                           "(fault injection: out of memory after step 1 (simulated)) at titanlite/components/resilience.py:"), last
+    assert last.startswith(
+        "titanlite: error: plan --measure: the measured run failed: rank 0: out of device memory "
+        "(fault injection: out of memory after step 1 (simulated)) at titanlite/components/resilience.py:"
+    ), last
 
 
 @pytest.mark.slow
 def test_chunked_loss_lowers_the_measured_peak(tmp_path):
     # The debug model at seq 1024, batch 4: the full logits are [4096, 50304] float32 (786 MiB), beside
     # ~80 MiB of other activations. Chunked (4096 tokens, one chunk) saves none of them for backward.
-    long = ["--config", "train_configs/debug_model.toml", "--training.seq_len", "1024", "--training.local_batch_size", "4"]
+    long = [
+        "--config",
+        "train_configs/debug_model.toml",
+        "--training.seq_len",
+        "1024",
+        "--training.local_batch_size",
+        "4",
+    ]
     results = {}
     for chunk in ("0", "-1"):
         out = tmp_path / f"plan-{chunk}.json"
-        cmd = [sys.executable, "-m", "titanlite.commands.cli", "plan", "--ngpu", "1", "--measure", *long,
-               "--training.loss_chunk_tokens", chunk]
-        proc = subprocess.run(cmd, cwd=REPO, env=env(TITANLITE_PLAN_JSON=str(out)), capture_output=True, text=True, timeout=300)
+        cmd = [
+            sys.executable,
+            "-m",
+            "titanlite.commands.cli",
+            "plan",
+            "--ngpu",
+            "1",
+            "--measure",
+            *long,
+            "--training.loss_chunk_tokens",
+            chunk,
+        ]
+        proc = subprocess.run(
+            cmd, cwd=REPO, env=env(TITANLITE_PLAN_JSON=str(out)), capture_output=True, text=True, timeout=300
+        )
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
         results[chunk] = result = json.loads(out.read_text())
         ratio = result["estimate_peak"] / result["measured_peak"]
-        print(f"loss_chunk_tokens {chunk}: estimated {result['estimate_peak'] / 2**20:.1f} MiB, "
-              f"measured {result['measured_peak'] / 2**20:.1f} MiB")
+        print(
+            f"loss_chunk_tokens {chunk}: estimated {result['estimate_peak'] / 2**20:.1f} MiB, "
+            f"measured {result['measured_peak'] / 2**20:.1f} MiB"
+        )
         assert abs(ratio - 1) <= 0.15, f"loss_chunk_tokens {chunk}: estimate/measured = {ratio:.3f}"
     assert results["0"]["loss_chunk_tokens"] == 0
     assert results["-1"]["loss_chunk_tokens"] == 4096

@@ -18,18 +18,27 @@ def analyze(folder):
     return subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=120)
 
 
-@pytest.mark.parametrize("layout, args, collectives", [
-    ("fsdp", ["--training.local_batch_size", "4"], {"all-gather", "reduce-scatter"}),
-    ("ddp", ["--training.local_batch_size", "4", "--parallelism.data_parallel_replicate_degree", "2"], {"all-reduce"}),
-])
+@pytest.mark.parametrize(
+    "layout, args, collectives",
+    [
+        ("fsdp", ["--training.local_batch_size", "4"], {"all-gather", "reduce-scatter"}),
+        (
+            "ddp",
+            ["--training.local_batch_size", "4", "--parallelism.data_parallel_replicate_degree", "2"],
+            {"all-reduce"},
+        ),
+    ],
+)
 def test_profiled_run_is_analyzed(tmp_path, layout, args, collectives):
     proc = torchrun(2, [*TINY, *PROFILE, *args], tmp_path)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     profile = tmp_path / "run" / "profile"
     # Windows end at steps 3 and 6, one trace per rank each.
     assert sorted(p.relative_to(profile).as_posix() for p in profile.rglob("*.json")) == [
-        "iteration_3/rank0_trace.json", "iteration_3/rank1_trace.json",
-        "iteration_6/rank0_trace.json", "iteration_6/rank1_trace.json",
+        "iteration_3/rank0_trace.json",
+        "iteration_3/rank1_trace.json",
+        "iteration_6/rank0_trace.json",
+        "iteration_6/rank1_trace.json",
     ]
     out = analyze(profile)
     assert out.returncode == 0, out.stderr
@@ -45,7 +54,10 @@ def test_profiled_run_is_analyzed(tmp_path, layout, args, collectives):
         assert "all-gather" not in result["average"]["collectives"]
     # The printed table shows the JSON's figures.
     avg = result["average"]
-    assert f"| compute % | {result['ranks']['0']['compute_pct']:.1f} | {result['ranks']['1']['compute_pct']:.1f} | {avg['compute_pct']:.1f} |" in out.stdout
+    assert (
+        f"| compute % | {result['ranks']['0']['compute_pct']:.1f} | {result['ranks']['1']['compute_pct']:.1f} | "
+        f"{avg['compute_pct']:.1f} |" in out.stdout
+    )
     for kind, fig in avg["collectives"].items():
         assert f"| {kind} | {fig['count']:g} | {fig['total_ms']:.2f} | {fig['mean_ms']:.3f} |" in out.stdout
     assert (profile / "iteration_6" / "analysis.md").read_text() in out.stdout

@@ -15,12 +15,23 @@ from tests.helpers import REPO, TINY, VALIDATED, assert_matches, checkpoint_tens
 
 pytestmark = pytest.mark.distributed
 
-TWELVE = [*TINY, "--training.steps", "12", "--training.local_batch_size", "2", "--checkpoint.enable", "--checkpoint.interval", "5"]
+TWELVE = [
+    *TINY,
+    "--training.steps",
+    "12",
+    "--training.local_batch_size",
+    "2",
+    "--checkpoint.enable",
+    "--checkpoint.interval",
+    "5",
+]
 
 
 def launch(args, run_dir, ngpu, timeout=300, **extra_env):
     cmd = [str(REPO / "run_train.sh"), "--job.dump_folder", str(run_dir), "--job.name", "run", *args]
-    return subprocess.run(cmd, cwd=REPO, env=env(NGPU=str(ngpu), **extra_env), capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        cmd, cwd=REPO, env=env(NGPU=str(ngpu), **extra_env), capture_output=True, text=True, timeout=timeout
+    )
 
 
 @pytest.fixture(scope="module")
@@ -51,8 +62,11 @@ def test_two_launchers_as_two_nodes_match_one_node(tmp_path, reference):
     nodes = [
         subprocess.Popen(
             [str(REPO / "run_train.sh"), "--job.dump_folder", str(tmp_path), "--job.name", "run", *args],
-            cwd=REPO, env=env(NGPU="2", NNODES="2", NODE_RANK=str(rank), RDZV_ENDPOINT=f"127.0.0.1:{port}", RDZV_ID="two-nodes"),
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            cwd=REPO,
+            env=env(NGPU="2", NNODES="2", NODE_RANK=str(rank), RDZV_ENDPOINT=f"127.0.0.1:{port}", RDZV_ID="two-nodes"),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
         )
         for rank in (0, 1)
     ]
@@ -63,10 +77,20 @@ def test_two_launchers_as_two_nodes_match_one_node(tmp_path, reference):
 
 
 def test_sigterm_leaves_a_checkpoint_at_the_current_step_and_a_restart_continues(tmp_path):
-    args = [*TINY, "--training.steps", "500", "--training.local_batch_size", "2", "--checkpoint.enable",
-            "--checkpoint.interval", "1000"]
+    args = [
+        *TINY,
+        "--training.steps",
+        "500",
+        "--training.local_batch_size",
+        "2",
+        "--checkpoint.enable",
+        "--checkpoint.interval",
+        "1000",
+    ]
     cmd = [str(REPO / "run_train.sh"), "--job.dump_folder", str(tmp_path), "--job.name", "run", *args]
-    job = subprocess.Popen(cmd, cwd=REPO, env=env(NGPU="2"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    job = subprocess.Popen(
+        cmd, cwd=REPO, env=env(NGPU="2"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     deadline = time.time() + 120
     while time.time() < deadline and not (tmp_path / "run" / "metrics.jsonl").exists():
         time.sleep(0.2)
@@ -88,8 +112,18 @@ def test_sigterm_leaves_a_checkpoint_at_the_current_step_and_a_restart_continues
 
 # Checkpoints every step but logs every other one, so that at the NaN step 3 only the checkpoint makes the
 # host read the loss: the read that must stop the run before that checkpoint is written.
-SIX = [*TINY, "--training.steps", "6", "--training.local_batch_size", "4", "--metrics.log_freq", "2",
-       "--checkpoint.enable", "--checkpoint.interval", "1"]
+SIX = [
+    *TINY,
+    "--training.steps",
+    "6",
+    "--training.local_batch_size",
+    "4",
+    "--metrics.log_freq",
+    "2",
+    "--checkpoint.enable",
+    "--checkpoint.interval",
+    "1",
+]
 
 
 @pytest.fixture(scope="module")
@@ -127,24 +161,36 @@ def test_nan_loss_stops_before_saving_it_and_a_resume_reproduces_the_clean_run(t
         theirs = checkpoint_tensors(clean_six / "run" / f"step-{step}", scratch / "clean")
         assert ours.keys() == theirs.keys()
         differ = [k for k in ours if not torch_equal(ours[k], theirs[k])]
-        assert not differ, f"step {step}: {len(differ)} of {len(ours)} tensors differ from the clean run's: {differ[:10]}"
-
-
+        assert not differ, (
+            f"step {step}: {len(differ)} of {len(ours)} tensors differ from the clean run's: {differ[:10]}"
+        )
 
 
 SKIP_LAYOUTS = [
     pytest.param(1, [], id="single"),
     pytest.param(2, [], id="fsdp2"),
     pytest.param(2, ["--parallelism.tensor_parallel_degree", "2"], id="tp2", marks=pytest.mark.slow),
-    pytest.param(2, ["--parallelism.pipeline_parallel_degree", "2", "--parallelism.pipeline_parallel_schedule", "1F1B"],
-                 id="pp2_1f1b", marks=pytest.mark.slow),
+    pytest.param(
+        2,
+        ["--parallelism.pipeline_parallel_degree", "2", "--parallelism.pipeline_parallel_schedule", "1F1B"],
+        id="pp2_1f1b",
+        marks=pytest.mark.slow,
+    ),
 ]
 
 
 @pytest.mark.parametrize("ngpu, layout", SKIP_LAYOUTS)
 def test_skip_nonfinite_steps_leaves_the_model_and_optimizer_untouched(tmp_path, ngpu, layout):
-    args = [*TINY, "--training.local_batch_size", "4", "--training.skip_nonfinite_steps",
-            "--checkpoint.enable", "--checkpoint.interval", "1", *layout]
+    args = [
+        *TINY,
+        "--training.local_batch_size",
+        "4",
+        "--training.skip_nonfinite_steps",
+        "--checkpoint.enable",
+        "--checkpoint.interval",
+        "1",
+        *layout,
+    ]
     proc = launch(args, tmp_path, ngpu=ngpu, TITANLITE_FAULT="nan@3")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "step 3: loss nan" in proc.stdout and "its update was skipped" in proc.stdout, proc.stdout[-3000:]
@@ -154,7 +200,9 @@ def test_skip_nonfinite_steps_leaves_the_model_and_optimizer_untouched(tmp_path,
     run, scratch = tmp_path / "run", tmp_path / "converted"
     scratch.mkdir()
     step2, step3, step4 = (checkpoint_tensors(run / f"step-{s}", scratch) for s in (2, 3, 4))
-    assert any(k.startswith("model.") for k in step2) and any(k.startswith("optimizer.state.") for k in step2), sorted(step2)
+    assert any(k.startswith("model.") for k in step2) and any(k.startswith("optimizer.state.") for k in step2), sorted(
+        step2
+    )
     assert step3.keys() == step2.keys() == step4.keys()
     # The bad step changed nothing but the LR schedule: weights, Adam moments and step counts as at step 2.
     changed = [k for k in step2 if not torch_equal(step3[k], step2[k])]

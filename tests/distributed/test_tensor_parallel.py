@@ -16,10 +16,20 @@ SLOW = pytest.mark.slow
 CASES = [
     ("tp2_loss_parallel", 2, ["--training.local_batch_size", "8"], "gpt2"),
     ("tp2_loss_parallel", 2, ["--training.local_batch_size", "8"], "llama3"),
-    pytest.param("tp2_gathered_logits", 2, ["--training.local_batch_size", "8", "--parallelism.disable_loss_parallel"],
-                 "gpt2", marks=SLOW),
-    pytest.param("tp2_gathered_logits", 2, ["--training.local_batch_size", "8", "--parallelism.disable_loss_parallel"],
-                 "llama3", marks=SLOW),
+    pytest.param(
+        "tp2_gathered_logits",
+        2,
+        ["--training.local_batch_size", "8", "--parallelism.disable_loss_parallel"],
+        "gpt2",
+        marks=SLOW,
+    ),
+    pytest.param(
+        "tp2_gathered_logits",
+        2,
+        ["--training.local_batch_size", "8", "--parallelism.disable_loss_parallel"],
+        "llama3",
+        marks=SLOW,
+    ),
     ("fsdp2_x_tp2", 4, ["--training.local_batch_size", "4"], "gpt2"),
     pytest.param("fsdp2_x_tp2", 4, ["--training.local_batch_size", "4"], "llama3", marks=SLOW),
 ]

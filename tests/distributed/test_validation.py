@@ -15,8 +15,14 @@ from tests.helpers import REPO, VALIDATED, env, metrics, torchrun
 pytestmark = pytest.mark.distributed
 
 NO_VALIDATION = [*VALIDATED, "--validation.enable", "false"]  # same data (validation.dataset_path still set)
-PP2 = ["--parallelism.pipeline_parallel_degree", "2", "--parallelism.pipeline_parallel_microbatch_size", "2",
-       "--parallelism.pipeline_parallel_schedule", "Interleaved1F1B"]
+PP2 = [
+    "--parallelism.pipeline_parallel_degree",
+    "2",
+    "--parallelism.pipeline_parallel_microbatch_size",
+    "2",
+    "--parallelism.pipeline_parallel_schedule",
+    "Interleaved1F1B",
+]
 
 
 def training_figures(records: list[dict]) -> list[tuple]:
@@ -44,12 +50,32 @@ def test_pipeline_evaluation_leaves_training_bitwise_the_same(tmp_path):
 
 
 def titanlite_eval(args: list[str], run_dir) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "titanlite.commands.cli", "eval", "--job.dump_folder", str(run_dir), "--job.name", "run", *args]
-    return subprocess.run(cmd, cwd=REPO, env=env(TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1"), capture_output=True, text=True, timeout=300)
+    cmd = [
+        sys.executable,
+        "-m",
+        "titanlite.commands.cli",
+        "eval",
+        "--job.dump_folder",
+        str(run_dir),
+        "--job.name",
+        "run",
+        *args,
+    ]
+    return subprocess.run(
+        cmd, cwd=REPO, env=env(TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1"), capture_output=True, text=True, timeout=300
+    )
 
 
 def test_eval_of_the_final_checkpoint_prints_the_runs_last_validation_loss(tmp_path):
-    checkpointed = [*VALIDATED, "--training.local_batch_size", "8", "--checkpoint.enable", "true", "--checkpoint.interval", "5"]
+    checkpointed = [
+        *VALIDATED,
+        "--training.local_batch_size",
+        "8",
+        "--checkpoint.enable",
+        "true",
+        "--checkpoint.interval",
+        "5",
+    ]
     proc = torchrun(1, checkpointed, tmp_path)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     last = [r for r in metrics(tmp_path) if "val_loss" in r][-1]
@@ -70,10 +96,29 @@ def test_eval_of_the_final_checkpoint_prints_the_runs_last_validation_loss(tmp_p
     assert json.loads((tmp_path / "pp.json").read_text())["val_loss"] == pytest.approx(last["val_loss"], rel=1e-5)
 
     # Exported to a Hugging Face folder and evaluated from there, by a run folder with no checkpoint.
-    export = subprocess.run([sys.executable, "-m", "titanlite.commands.cli", "convert", "to-hf", "--output", str(tmp_path / "hf"),
-                             "--job.dump_folder", str(tmp_path), "--job.name", "run"], cwd=REPO, env=env(), capture_output=True, text=True)
+    export = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "titanlite.commands.cli",
+            "convert",
+            "to-hf",
+            "--output",
+            str(tmp_path / "hf"),
+            "--job.dump_folder",
+            str(tmp_path),
+            "--job.name",
+            "run",
+        ],
+        cwd=REPO,
+        env=env(),
+        capture_output=True,
+        text=True,
+    )
     assert export.returncode == 0, export.stderr[-3000:]
-    from_hf = titanlite_eval([*VALIDATED, "--job.name", "fresh", "--checkpoint.initial_load_path", str(tmp_path / "hf")], tmp_path)
+    from_hf = titanlite_eval(
+        [*VALIDATED, "--job.name", "fresh", "--checkpoint.initial_load_path", str(tmp_path / "hf")], tmp_path
+    )
     assert from_hf.returncode == 0, from_hf.stdout[-2000:] + from_hf.stderr[-4000:]
     assert f"val_loss {last['val_loss']:.4f}" in from_hf.stdout
 

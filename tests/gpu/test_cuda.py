@@ -168,8 +168,17 @@ def test_dcp_resume_is_bitwise_exact(tmp_path, reference):
 def test_async_with_pinned_mem_saves_and_resumes_bitwise(tmp_path):
     """DCP's process-based saver from pinned host memory on one GPU (it crashed at the first save, with no
     process group): saves every 5 steps, a stop at 10, a resume to 20 equal the uninterrupted run bitwise."""
-    args = [*TINY, "--training.local_batch_size", "8", *DETERMINISTIC, "--training.steps", "20",
-            "--checkpoint.enable", "--checkpoint.interval", "5"]
+    args = [
+        *TINY,
+        "--training.local_batch_size",
+        "8",
+        *DETERMINISTIC,
+        "--training.steps",
+        "20",
+        "--checkpoint.enable",
+        "--checkpoint.interval",
+        "5",
+    ]
     train(tmp_path / "straight", args)
     mode = ["--checkpoint.async_mode", "async_with_pinned_mem"]
     first = train(tmp_path / "async", [*args, *mode, "--training.stop_after_step", "10"])
@@ -242,8 +251,14 @@ def test_cpu_offload_matches_fsdp_and_lowers_gpu_memory(tmp_path):
 def test_memory_snapshot_is_a_loadable_cuda_snapshot(tmp_path):
     # Windows of wait 1, warm-up 1, active 1 step: one ends at step 3 (checked here); the run ends during
     # the next window's warm-up, which torch.profiler also writes, as iteration_5.
-    profile = ["--profiling.enable_profiling", "--profiling.enable_memory_snapshot",
-               "--profiling.profile_freq", "3", "--profiling.profile_active_steps", "1"]
+    profile = [
+        "--profiling.enable_profiling",
+        "--profiling.enable_memory_snapshot",
+        "--profiling.profile_freq",
+        "3",
+        "--profiling.profile_active_steps",
+        "1",
+    ]
     proc = train(tmp_path, [*SINGLE, *profile])
     assert "memory snapshots need CUDA" not in proc.stdout
     window = tmp_path / "run" / "profile" / "iteration_3"
@@ -267,8 +282,9 @@ def test_memory_snapshot_is_a_loadable_cuda_snapshot(tmp_path):
 def test_plan_measure_on_cuda(tmp_path):
     out = tmp_path / "plan.json"
     cmd = [sys.executable, "-m", "titanlite.commands.cli", "plan", "--ngpu", "1", "--measure"]
-    proc = subprocess.run(cmd, cwd=REPO, env=env(TITANLITE_PLAN_JSON=str(out), **CUDA), capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        cmd, cwd=REPO, env=env(TITANLITE_PLAN_JSON=str(out), **CUDA), capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "cuda, fp32 weights and AdamW, bf16 activations (mixed precision)" in proc.stdout  # estimated for the GPU
     result = json.loads(out.read_text())
@@ -288,17 +304,37 @@ def test_plan_measure_on_cuda(tmp_path):
 # 9. Several GPUs with NCCL against one GPU
 
 LAYOUTS = {
-    "ddp2": ("dp_replicate 2", ["--training.local_batch_size", "4", "--parallelism.data_parallel_replicate_degree", "2",
-                                "--parallelism.data_parallel_shard_degree", "1"]),
+    "ddp2": (
+        "dp_replicate 2",
+        [
+            "--training.local_batch_size",
+            "4",
+            "--parallelism.data_parallel_replicate_degree",
+            "2",
+            "--parallelism.data_parallel_shard_degree",
+            "1",
+        ],
+    ),
     "fsdp2": ("dp_shard 2", ["--training.local_batch_size", "4"]),
     "tp2": ("tp 2", ["--training.local_batch_size", "8", "--parallelism.tensor_parallel_degree", "2"]),
-    "pp2": ("pp 2", ["--training.local_batch_size", "8", "--parallelism.pipeline_parallel_degree", "2",
-                     "--parallelism.pipeline_parallel_microbatch_size", "2"]),
+    "pp2": (
+        "pp 2",
+        [
+            "--training.local_batch_size",
+            "8",
+            "--parallelism.pipeline_parallel_degree",
+            "2",
+            "--parallelism.pipeline_parallel_microbatch_size",
+            "2",
+        ],
+    ),
 }
 
 
-@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.device_count() < 2,
-                    reason="needs 2 CUDA GPUs for NCCL layouts; this machine has 1")
+@pytest.mark.skipif(
+    torch.cuda.is_available() and torch.cuda.device_count() < 2,
+    reason="needs 2 CUDA GPUs for NCCL layouts; this machine has 1",
+)
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_two_gpu_layout_matches_one_gpu(tmp_path, reference, layout):
     described, args = LAYOUTS[layout]

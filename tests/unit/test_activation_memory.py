@@ -4,11 +4,11 @@ measured on real tensors with PyTorch's MemTracker."""
 import torch
 from torch.distributed._tools.mem_tracker import MemTracker
 
+from titanlite.components.loss import cross_entropy
 from titanlite.config import ActivationCheckpoint
+from titanlite.models.init import init_weights
 from titanlite.models.registry import build_model
 from titanlite.parallel.activation_checkpoint import apply_ac
-from titanlite.models.init import init_weights
-from titanlite.components.loss import cross_entropy
 
 
 def peak_activation_bytes(mode: str, seq_len: int = 512) -> int:
@@ -25,5 +25,8 @@ def peak_activation_bytes(mode: str, seq_len: int = 512) -> int:
 
 def test_full_ac_lowers_peak_activation_memory():
     none, full = peak_activation_bytes("none"), peak_activation_bytes("full")
-    print(f"peak activation memory, gpt2 debug, batch 8 x 512: none {none / 2**20:.1f} MiB, full AC {full / 2**20:.1f} MiB")
+    print(
+        f"peak activation memory, gpt2 debug, batch 8 x 512: none {none / 2**20:.1f} MiB, full AC {full / 2**20:.1f} "
+        "MiB"
+    )
     assert full < 0.6 * none

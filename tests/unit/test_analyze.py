@@ -17,20 +17,23 @@ def cpu_trace(rank=0, shift=0.0):
     # on thread 1 only enqueue; gloo runs the collectives on thread 2 in issue order: an all-gather at
     # 30-70 and a reduce-scatter (run by gloo as an all-reduce) at 80-90 (+ shift).
     note = dict(cat="user_annotation")
-    return {"distributedInfo": {"rank": rank}, "traceEvents": [
-        x("ProfilerStep#3", 0, 100, **note),
-        x("aten::mm", 0, 40),
-        x("aten::add", 50, 10),
-        x("aten::mul", 52, 3),
-        x("FSDP::all_gather", 28, 4, **note),  # groups operators: neither compute nor communication
-        x("c10d::_allgather_base_", 29, 1),
-        x("gloo:all_gather", 30, 40, tid=2, **note),
-        x("c10d::_reduce_scatter_base_", 79, 1),
-        x("gloo:all_reduce", 80, 10 + shift, tid=2, **note),
-        x("_c10d_functional::wait_tensor", 92, 2),  # a wait is not compute
-        x("aten::empty", 120, 5),  # outside the step: ignored
-        {"ph": "i", "name": "instant", "ts": 1, "pid": 1, "tid": 1},
-    ]}
+    return {
+        "distributedInfo": {"rank": rank},
+        "traceEvents": [
+            x("ProfilerStep#3", 0, 100, **note),
+            x("aten::mm", 0, 40),
+            x("aten::add", 50, 10),
+            x("aten::mul", 52, 3),
+            x("FSDP::all_gather", 28, 4, **note),  # groups operators: neither compute nor communication
+            x("c10d::_allgather_base_", 29, 1),
+            x("gloo:all_gather", 30, 40, tid=2, **note),
+            x("c10d::_reduce_scatter_base_", 79, 1),
+            x("gloo:all_reduce", 80, 10 + shift, tid=2, **note),
+            x("_c10d_functional::wait_tensor", 92, 2),  # a wait is not compute
+            x("aten::empty", 120, 5),  # outside the step: ignored
+            {"ph": "i", "name": "instant", "ts": 1, "pid": 1, "tid": 1},
+        ],
+    }
 
 
 def test_cpu_trace_figures():
@@ -52,14 +55,22 @@ def test_cpu_trace_figures():
         "reduce-scatter": {"count": 1, "total_ms": pytest.approx(0.010), "mean_ms": pytest.approx(0.010)},
     }
     top = {op["name"]: op["ms"] for op in r["top_operators"]}
-    assert top == {"aten::mm": pytest.approx(0.039), "aten::add": pytest.approx(0.007), "aten::mul": pytest.approx(0.003)}
+    assert top == {
+        "aten::mm": pytest.approx(0.039),
+        "aten::add": pytest.approx(0.007),
+        "aten::mul": pytest.approx(0.003),
+    }
 
 
 def test_cpu_trace_without_overlap():
-    trace = {"traceEvents": [
-        x("ProfilerStep#1", 0, 100), x("aten::mm", 0, 50),
-        x("c10d::allreduce_", 59, 1), x("gloo:all_reduce", 60, 30, tid=7),
-    ]}
+    trace = {
+        "traceEvents": [
+            x("ProfilerStep#1", 0, 100),
+            x("aten::mm", 0, 50),
+            x("c10d::allreduce_", 59, 1),
+            x("gloo:all_reduce", 60, 30, tid=7),
+        ]
+    }
     r = analyze_trace(trace)
     assert (r["compute_pct"], r["non_compute_pct"], r["idle_pct"]) == pytest.approx((50, 31, 19))
     assert r["overlap_pct"] == 0
@@ -69,26 +80,34 @@ def test_cpu_trace_without_overlap():
 
 def test_gpu_trace_figures():
     k = dict(cat="kernel", pid=0)
-    trace = {"traceEvents": [
-        x("ProfilerStep#1", -50, 200),  # CPU side: ignored when there are kernels
-        x("sm90_xmma_gemm_bf16", 0, 50, tid=7, **k),
-        x("ncclDevKernel_AllGather_RING_LL", 40, 40, tid=20, **k),
-        x("Memcpy HtoD (Pageable -> Device)", 85, 5, tid=7, cat="gpu_memcpy", pid=0),
-        x("vectorized_elementwise_kernel", 90, 10, tid=7, **k),
-        x("sm90_xmma_gemm_bf16", 95, 5, tid=8, **k),
-    ]}
+    trace = {
+        "traceEvents": [
+            x("ProfilerStep#1", -50, 200),  # CPU side: ignored when there are kernels
+            x("sm90_xmma_gemm_bf16", 0, 50, tid=7, **k),
+            x("ncclDevKernel_AllGather_RING_LL", 40, 40, tid=20, **k),
+            x("Memcpy HtoD (Pageable -> Device)", 85, 5, tid=7, cat="gpu_memcpy", pid=0),
+            x("vectorized_elementwise_kernel", 90, 10, tid=7, **k),
+            x("sm90_xmma_gemm_bf16", 95, 5, tid=8, **k),
+        ]
+    }
     r = analyze_trace(trace)
     assert r["mode"] == "gpu"
     assert r["total_ms"] == pytest.approx(0.100)
-    assert r["compute_pct"] == pytest.approx(60)          # [0,50] + [90,100]
+    assert r["compute_pct"] == pytest.approx(60)  # [0,50] + [90,100]
     assert r["communication_ms"] == pytest.approx(0.040)
-    assert r["overlap_pct"] == pytest.approx(25)          # [40,50] of [40,80]
+    assert r["overlap_pct"] == pytest.approx(25)  # [40,50] of [40,80]
     assert r["exposed_communication_ms"] == pytest.approx(0.030)
     assert r["other_non_compute_ms"] == pytest.approx(0.005)
     assert r["non_compute_pct"] == pytest.approx(35)
-    assert r["idle_pct"] == pytest.approx(5)              # [80,85]
-    assert r["collectives"] == {"all-gather": {"count": 1, "total_ms": pytest.approx(0.04), "mean_ms": pytest.approx(0.04)}}
-    assert r["top_operators"][0] == {"name": "sm90_xmma_gemm_bf16", "ms": pytest.approx(0.055), "pct_of_total": pytest.approx(55)}
+    assert r["idle_pct"] == pytest.approx(5)  # [80,85]
+    assert r["collectives"] == {
+        "all-gather": {"count": 1, "total_ms": pytest.approx(0.04), "mean_ms": pytest.approx(0.04)}
+    }
+    assert r["top_operators"][0] == {
+        "name": "sm90_xmma_gemm_bf16",
+        "ms": pytest.approx(0.055),
+        "pct_of_total": pytest.approx(55),
+    }
 
 
 def test_folder_of_ranks_is_averaged_and_written(tmp_path):
@@ -106,7 +125,11 @@ def test_folder_of_ranks_is_averaged_and_written(tmp_path):
     # Rank 1's reduce-scatter runs 80-100: 10 us more communication, 10 us less idle.
     assert r1["idle_ms"] == pytest.approx(r0["idle_ms"] - 0.010)
     assert avg["idle_pct"] == pytest.approx((r0["idle_pct"] + r1["idle_pct"]) / 2)
-    assert avg["collectives"]["reduce-scatter"] == {"count": 1, "total_ms": pytest.approx(0.015), "mean_ms": pytest.approx(0.015)}
+    assert avg["collectives"]["reduce-scatter"] == {
+        "count": 1,
+        "total_ms": pytest.approx(0.015),
+        "mean_ms": pytest.approx(0.015),
+    }
     assert "| idle % |" in (window / "analysis.md").read_text()
 
 
@@ -136,17 +159,21 @@ def test_bad_input_is_one_clear_error(tmp_path):
 def test_collective_inside_an_operator_is_not_compute():
     # A DTensor redistribution inside an autograd node: the node runs 0-100, its all-reduce 40-70 and
     # the wait for it 70-80 are nested in it. Only 0-40 and 80-100 are compute.
-    trace = {"traceEvents": [
-        x("ProfilerStep#1", 0, 100, cat="user_annotation"),
-        x("autograd::engine::evaluate_function: MmBackward0", 0, 100),
-        x("_c10d_functional::all_reduce", 40, 30),
-        x("c10d::allreduce_", 41, 28),  # nested in the functional collective: the same collective
-        x("gloo:all_reduce", 45, 30, tid=2, cat="user_annotation"),
-        x("_c10d_functional::wait_tensor", 70, 10),
-    ]}
+    trace = {
+        "traceEvents": [
+            x("ProfilerStep#1", 0, 100, cat="user_annotation"),
+            x("autograd::engine::evaluate_function: MmBackward0", 0, 100),
+            x("_c10d_functional::all_reduce", 40, 30),
+            x("c10d::allreduce_", 41, 28),  # nested in the functional collective: the same collective
+            x("gloo:all_reduce", 45, 30, tid=2, cat="user_annotation"),
+            x("_c10d_functional::wait_tensor", 70, 10),
+        ]
+    }
     r = analyze_trace(trace)
     assert r["compute_ms"] == pytest.approx(0.060)
     assert r["communication_ms"] == pytest.approx(0.035)  # [40,75]
     assert r["overlap_pct"] == 0
     assert r["idle_ms"] == pytest.approx(0.005)  # the wait after gloo finished: [75,80]
-    assert r["collectives"] == {"all-reduce": {"count": 1, "total_ms": pytest.approx(0.030), "mean_ms": pytest.approx(0.030)}}
+    assert r["collectives"] == {
+        "all-reduce": {"count": 1, "total_ms": pytest.approx(0.030), "mean_ms": pytest.approx(0.030)}
+    }

@@ -2,15 +2,15 @@
 
 import pytest
 
+from titanlite.base.errors import ConfigError
 from titanlite.config import JobConfig, field_docs, grad_accum_steps, help_text, parse_config, to_toml
 from titanlite.config.loading import tomllib  # tomli on Python 3.10
-from titanlite.base.errors import ConfigError
 from titanlite.parallel.dims import ParallelDims
 
 
 def test_cli_overrides_toml_which_overrides_defaults(tmp_path):
     toml = tmp_path / "c.toml"
-    toml.write_text('[training]\nsteps = 7\nseq_len = 64\n[optimizer]\nlr = 1e-3\n')
+    toml.write_text("[training]\nsteps = 7\nseq_len = 64\n[optimizer]\nlr = 1e-3\n")
     cfg = parse_config(["--config", str(toml), "--training.steps", "9", "--optimizer.lr=2e-3"])
     assert cfg.training.steps == 9  # CLI beats TOML
     assert cfg.training.seq_len == 64  # TOML beats default
@@ -94,7 +94,12 @@ def test_help_lists_every_field_with_its_docstring():
     [(1, -1, 4, (1, 4)), (4, 1, 4, (4, 1)), (2, 2, 4, (2, 2)), (2, -1, 8, (2, 4)), (1, -1, 1, (1, 1))],
 )
 def test_parallel_dims_resolve(replicate, shard, world, expect):
-    cfg = parse_config([f"--parallelism.data_parallel_replicate_degree={replicate}", f"--parallelism.data_parallel_shard_degree={shard}"])
+    cfg = parse_config(
+        [
+            f"--parallelism.data_parallel_replicate_degree={replicate}",
+            f"--parallelism.data_parallel_shard_degree={shard}",
+        ]
+    )
     dims = ParallelDims.from_config(cfg.parallelism, world)
     assert (dims.dp_replicate, dims.dp_shard) == expect
     assert dims.dp == world
@@ -102,7 +107,9 @@ def test_parallel_dims_resolve(replicate, shard, world, expect):
 
 def test_degrees_that_do_not_match_the_world_size_name_the_knob():
     cfg = parse_config(["--parallelism.data_parallel_replicate_degree", "3"])
-    with pytest.raises(ConfigError, match="data_parallel_replicate_degree=3 does not divide the world size 4; use one of 1, 2, 4"):
+    with pytest.raises(
+        ConfigError, match="data_parallel_replicate_degree=3 does not divide the world size 4; use one of 1, 2, 4"
+    ):
         ParallelDims.from_config(cfg.parallelism, 4)
     cfg = parse_config(["--parallelism.data_parallel_shard_degree", "3"])
     with pytest.raises(ConfigError, match="multiply to 3 .* world size is 4"):
@@ -114,7 +121,9 @@ def test_global_batch_sets_gradient_accumulation():
     assert grad_accum_steps(cfg.training, dp_degree=2) == 4
     assert grad_accum_steps(parse_config([]).training, dp_degree=4) == 1  # -1: local x dp
     cfg = parse_config(["--training.local_batch_size", "2", "--training.global_batch_size", "10"])
-    with pytest.raises(ConfigError, match="global_batch_size=10 is not a multiple of local_batch_size x dp = 2 x 4 = 8"):
+    with pytest.raises(
+        ConfigError, match="global_batch_size=10 is not a multiple of local_batch_size x dp = 2 x 4 = 8"
+    ):
         grad_accum_steps(cfg.training, dp_degree=4)
 
 
@@ -129,8 +138,15 @@ def test_cpu_offload_needs_cuda_and_fsdp(monkeypatch):
         plan_run(cfg, world_size=2)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.delenv("TITANLITE_DEVICE")  # a GPU box, as titanlite.base.devices sees it
-    ddp = parse_config(["--training.enable_cpu_offload", "--parallelism.data_parallel_replicate_degree", "2",
-                        "--parallelism.data_parallel_shard_degree", "1"])
+    ddp = parse_config(
+        [
+            "--training.enable_cpu_offload",
+            "--parallelism.data_parallel_replicate_degree",
+            "2",
+            "--parallelism.data_parallel_shard_degree",
+            "1",
+        ]
+    )
     with pytest.raises(ConfigError, match="this layout has no FSDP"):
         plan_run(ddp, world_size=2)
     assert plan_run(cfg, world_size=2).dims.dp_shard == 2  # FSDP on a CUDA machine: accepted

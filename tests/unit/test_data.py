@@ -18,13 +18,13 @@ import torch
 
 import titanlite.data.sources as sources_module
 import titanlite.data.store as store_module
+from titanlite.base.errors import ConfigError
 from titanlite.data.datasets import MixedWindows, PackedWindows, configured_sources, parse_mixture
-from titanlite.data.loader import GlobalBatchSampler, TokenLoader
+from titanlite.data.loader import TokenLoader
 from titanlite.data.order import EpochOrder, MixtureOrder, SeededPermutation
 from titanlite.data.sources import Source
 from titanlite.data.store import TokenStore, open_store
-from titanlite.data.tokenizer import ByteTokenizer, GPT2Tokenizer, gpt2_encoding, build_tokenizer
-from titanlite.base.errors import ConfigError
+from titanlite.data.tokenizer import ByteTokenizer, GPT2Tokenizer, build_tokenizer, gpt2_encoding
 
 BYTE_EOT = 256
 
@@ -86,7 +86,11 @@ def test_unknown_tokenizer_is_a_config_error_listing_the_choices():
 
 def load(location: str, tokenizer, cache, **kwargs) -> np.ndarray:
     """Every token of a source ('stdlib' or a local path) as one array, through its store."""
-    source = Source("stdlib", "", "training.dataset") if location == "stdlib" else Source("local", str(location), "training.dataset_path")
+    source = (
+        Source("stdlib", "", "training.dataset")
+        if location == "stdlib"
+        else Source("local", str(location), "training.dataset_path")
+    )
     store = open_store(source, tokenizer, cache, **kwargs)
     return store.read(0, len(store))
 
@@ -303,7 +307,9 @@ def test_a_shard_of_blank_lines_holds_no_tokens_and_still_opens(tmp_path):
     store = open_store(local(path), ByteTokenizer(), tmp_path / "cache", shard_bytes=1000)
     assert 0 in [len(a) for a in store.arrays]
     assert list(store.read(0, len(store))) == byte_ids("first", "last")
-    assert list(open_store(local(path), ByteTokenizer(), tmp_path / "cache").read(0, len(store))) == byte_ids("first", "last")
+    assert list(open_store(local(path), ByteTokenizer(), tmp_path / "cache").read(0, len(store))) == byte_ids(
+        "first", "last"
+    )
 
 
 def test_a_single_local_file_is_accepted(tmp_path):
@@ -424,7 +430,11 @@ def test_hub_datasets_stream_into_shards_and_resume_after_a_break(tmp_path, monk
     monkeypatch.setattr(sources_module, "HUB_PIECE_DOCUMENTS", 50)
     monkeypatch.setattr(store_module, "HUB_PIECE_DOCUMENTS", 50)
     source = Source("hub", "someone/corpus", "training.dataset")
-    with pytest.raises(ConfigError, match=r"stream of training.dataset='someone/corpus' broke after 130 documents \(stream broke\); run the same command again"):
+    with pytest.raises(
+        ConfigError,
+        match=r"stream of training.dataset='someone/corpus' broke after 130 documents \(stream broke\); "
+        r"run the same command again",
+    ):
         open_store(source, ByteTokenizer(), tmp_path / "cache")
     store = open_store(source, ByteTokenizer(), tmp_path / "cache")
     assert streams[1].skipped == 100, "the second attempt skips the two finished shards"
@@ -496,7 +506,9 @@ def test_llmc_shards_raw_nanogpt_bins_and_npy_are_read_in_place(tmp_path):
     for path, files in [(shards, ["train_000.bin", "train_001.bin"]), (raw, ["train.bin"]), (npy, ["train.npy"])]:
         store = open_store(local(path), gpt2, tmp_path / "cache")
         np.testing.assert_array_equal(store.read(0, len(store)), ids)
-        assert [os.path.basename(a.filename) for a in store.arrays] == files, "memory-mapped from the user's files, not copied"
+        assert [os.path.basename(a.filename) for a in store.arrays] == files, (
+            "memory-mapped from the user's files, not copied"
+        )
     assert not list((tmp_path / "cache").glob("store-*")), "no store is built for pre-tokenized files"
 
 
@@ -526,17 +538,36 @@ def test_token_files_are_checked_once_and_rechecked_when_they_change(tmp_path, m
 @pytest.mark.parametrize(
     ("make", "message"),
     [
-        (lambda p: np.save(p.with_suffix(".npy"), np.array([1, 50257], dtype=np.uint16)), "holds token id 50257, outside model.tokenizer 'gpt2'"),
+        (
+            lambda p: np.save(p.with_suffix(".npy"), np.array([1, 50257], dtype=np.uint16)),
+            "holds token id 50257, outside model.tokenizer 'gpt2'",
+        ),
         (lambda p: np.array([3, 60000], dtype=np.uint16).tofile(p), "holds token id 60000"),
-        (lambda p: write_llmc(p, [1, 2, 3], count=10), "is truncated: its header promises 10 tokens but the file holds 3"),
+        (
+            lambda p: write_llmc(p, [1, 2, 3], count=10),
+            "is truncated: its header promises 10 tokens but the file holds 3",
+        ),
         (lambda p: write_llmc(p, [1, 2, 3], magic=12345), "llm.c-style header with the unknown magic 12345"),
         (lambda p: write_llmc(p, [1, 2, 3], version=2), "has llm.c magic 20240520 but version 2"),
         (lambda p: p.write_bytes(b"\x01\x02\x03"), "odd size"),
-        (lambda p: np.save(p.with_suffix(".npy"), np.ones(4, dtype=np.float32)), "not a contiguous array of integer token ids"),
+        (
+            lambda p: np.save(p.with_suffix(".npy"), np.ones(4, dtype=np.float32)),
+            "not a contiguous array of integer token ids",
+        ),
         (lambda p: p.with_suffix(".npy").write_bytes(b"not numpy"), "not a readable .npy file"),
         (lambda p: write_llmc(p, []), "holds no tokens"),
     ],
-    ids=["id-out-of-vocab-npy", "id-out-of-vocab-raw", "truncated", "wrong-magic", "wrong-version", "odd-size", "float-npy", "bad-npy", "empty"],
+    ids=[
+        "id-out-of-vocab-npy",
+        "id-out-of-vocab-raw",
+        "truncated",
+        "wrong-magic",
+        "wrong-version",
+        "odd-size",
+        "float-npy",
+        "bad-npy",
+        "empty",
+    ],
 )
 def test_bad_token_files_are_one_line_config_errors_naming_the_file(tmp_path, make, message):
     folder = tmp_path / "shards"
@@ -568,7 +599,9 @@ def test_each_epoch_visits_every_window_once_in_a_seeded_order():
     for epoch in epochs:
         assert sorted(epoch) == list(range(NUM_WINDOWS))
     assert epochs[0] != epochs[1]
-    assert epochs == EpochOrder(NUM_WINDOWS, seed=7).windows(np.arange(2 * NUM_WINDOWS)).reshape(2, NUM_WINDOWS).tolist()
+    assert (
+        epochs == EpochOrder(NUM_WINDOWS, seed=7).windows(np.arange(2 * NUM_WINDOWS)).reshape(2, NUM_WINDOWS).tolist()
+    )
     assert epochs[0] != EpochOrder(NUM_WINDOWS, seed=8).windows(np.arange(NUM_WINDOWS)).tolist()
     plain = EpochOrder(NUM_WINDOWS, seed=7, shuffle=False)
     assert plain.windows(np.arange(NUM_WINDOWS + 3)).tolist() == [*range(NUM_WINDOWS), 0, 1, 2]
@@ -622,7 +655,11 @@ def test_bad_mixture_entries_are_config_errors(entry):
 
 def test_mixture_entries_name_paths_stdlib_or_hub_datasets():
     mixture = parse_mixture(["data/web:0.7", "stdlib:0.2", "hub:someone/corpus:0.1"])
-    assert [(s.kind, s.location, w) for s, w in mixture] == [("local", "data/web", 0.7), ("stdlib", "", 0.2), ("hub", "someone/corpus", 0.1)]
+    assert [(s.kind, s.location, w) for s, w in mixture] == [
+        ("local", "data/web", 0.7),
+        ("stdlib", "", 0.2),
+        ("hub", "someone/corpus", 0.1),
+    ]
 
 
 # Loader
@@ -735,7 +772,10 @@ def test_batches_built_ahead_in_the_background_are_the_same_batches(windows):
 @pytest.fixture
 def mixture():
     """Three sources of 7, 20 and 3 windows, weighted 0.5 / 0.3 / 0.2; source s's tokens count up from 1000 s."""
-    parts = [PackedWindows((1000 * s + np.arange(n * SEQ_LEN + 1)).astype(np.uint16), seq_len=SEQ_LEN) for s, n in enumerate([7, 20, 3])]
+    parts = [
+        PackedWindows((1000 * s + np.arange(n * SEQ_LEN + 1)).astype(np.uint16), seq_len=SEQ_LEN)
+        for s, n in enumerate([7, 20, 3])
+    ]
     return MixedWindows(parts), MixtureOrder([7, 20, 3], [0.5, 0.3, 0.2], seed=5)
 
 

@@ -31,8 +31,11 @@ def test_gpu_box_defaults_to_cuda_local_rank(one_gpu, monkeypatch):
     assert devices.device_type() == "cuda"
     assert devices.local_device(0) == torch.device("cuda", 0)
     devices.check_local_ranks(1)
-    with pytest.raises(ConfigError, match=r"NGPU=2 processes per node, but this machine has 1 visible CUDA GPU\(s\); "
-                                          r"set NGPU <= 1, or TITANLITE_DEVICE=cpu to run 2 gloo processes on the CPU"):
+    with pytest.raises(
+        ConfigError,
+        match=r"NGPU=2 processes per node, but this machine has 1 visible CUDA GPU\(s\); "
+        r"set NGPU <= 1, or TITANLITE_DEVICE=cpu to run 2 gloo processes on the CPU",
+    ):
         devices.check_local_ranks(2)
 
 
@@ -72,8 +75,8 @@ def test_single_rank_fsdp_is_for_one_device_only():
 
 
 def test_cpu_offload_at_one_gpu_is_one_rank_fsdp(one_gpu, monkeypatch):
-    from titanlite.config import parse_config
     from titanlite.builder.plan import plan_run
+    from titanlite.config import parse_config
 
     monkeypatch.delenv("TITANLITE_DEVICE")
     plan = plan_run(parse_config(["--training.enable_cpu_offload"]), world_size=1)
@@ -92,17 +95,22 @@ def raise_here(exc: BaseException) -> BaseException:
 
 
 def test_failure_lines_and_exit_statuses(tmp_path, capsys):
-    from titanlite.base.failures import explain, record
     from titanlite.base.errors import NonFiniteLoss
+    from titanlite.base.failures import explain, record
 
     assert explain(raise_here(ConfigError("set x to y")))[:2] == (2, "set x to y")
     assert explain(raise_here(NonFiniteLoss("loss nan at step 3")))[0] == 3
     code, line, _ = explain(raise_here(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB")))
-    assert code == 4 and line.startswith("out of device memory (CUDA out of memory. Tried to allocate 2 GiB) at tests/unit/test_devices.py:")
+    assert code == 4 and line.startswith(
+        "out of device memory (CUDA out of memory. Tried to allocate 2 GiB) at tests/unit/test_devices.py:"
+    )
     code = record(raise_here(KeyError("missing")), rank=3, run_dir=tmp_path)
     err = capsys.readouterr().err.strip().splitlines()
     log = tmp_path / "logs" / "error-rank3.log"
-    assert code == 1 and err == [f"titanlite: error: rank 3: KeyError: 'missing' (tests/unit/test_devices.py:{raise_here.__code__.co_firstlineno + 2}); traceback in {log}"]
+    assert code == 1 and err == [
+        "titanlite: error: rank 3: KeyError: 'missing' "
+        f"(tests/unit/test_devices.py:{raise_here.__code__.co_firstlineno + 2}); traceback in {log}"
+    ]
     assert "Traceback (most recent call last)" in log.read_text() and "KeyError: 'missing'" in log.read_text()
 
 
@@ -110,9 +118,16 @@ def test_the_launcher_reports_the_earliest_failure_of_the_latest_attempt(tmp_pat
     from titanlite.base.failures import first_failure
 
     assert first_failure(tmp_path) is None
-    entries = [(3, 1.0, 0, "old attempt"), (0, 12.0, 1, "peer lost"), (1, 11.0, 1, "root cause"), (2, 13.0, 1, "peer lost")]
+    entries = [
+        (3, 1.0, 0, "old attempt"),
+        (0, 12.0, 1, "peer lost"),
+        (1, 11.0, 1, "root cause"),
+        (2, 13.0, 1, "peer lost"),
+    ]
     for rank, t, attempt, line in entries:
-        (tmp_path / f"rank{rank}.json").write_text(json.dumps({"rank": rank, "code": 1, "line": line, "time": t, "attempt": attempt}))
+        (tmp_path / f"rank{rank}.json").write_text(
+            json.dumps({"rank": rank, "code": 1, "line": line, "time": t, "attempt": attempt})
+        )
     assert first_failure(tmp_path)["line"] == "root cause"
 
 
@@ -126,10 +141,14 @@ def test_a_torchrun_failure_is_one_line(monkeypatch, capsys):
         try:
             raise OSError("nosuchhost.invalid: Name or service not known")
         except OSError as cause:
-            raise RuntimeError("The connection to the C10d store has failed. See inner exception for details.") from cause
+            raise RuntimeError(
+                "The connection to the C10d store has failed. See inner exception for details."
+            ) from cause
 
     monkeypatch.setattr(torchrun, "run", fail)
     assert main(["--standalone", "--nproc-per-node", "1", "-m", "titanlite.commands.train"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["titanlite: error: torchrun could not run the job: RuntimeError: The connection to the C10d store has "
-                   "failed. See inner exception for details.; from OSError: nosuchhost.invalid: Name or service not known"]
+    assert err == [
+        "titanlite: error: torchrun could not run the job: RuntimeError: The connection to the C10d store has "
+        "failed. See inner exception for details.; from OSError: nosuchhost.invalid: Name or service not known"
+    ]

@@ -13,7 +13,9 @@ REGENERATE = ".venv/bin/titanlite help --markdown > docs/configuration.md"
 
 def test_configuration_reference_is_generated_from_the_code():
     on_disk = (REPO / "docs" / "configuration.md").read_text()
-    assert on_disk == reference_markdown() + "\n", f"docs/configuration.md differs from titanlite/config/sections.py; regenerate it: {REGENERATE}"
+    assert on_disk == reference_markdown() + "\n", (
+        f"docs/configuration.md differs from titanlite/config/sections.py; regenerate it: {REGENERATE}"
+    )
 
 
 def test_configuration_reference_lists_every_key():

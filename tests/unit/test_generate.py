@@ -7,14 +7,22 @@ import json
 import pytest
 import torch
 
+from tests.helpers import REPO
 from titanlite.commands.cli import main
-from titanlite.data.tokenizer import ByteTokenizer
-from titanlite.commands.generate import CONTEXT_FULL, END_OF_TEXT, MAX_NEW_TOKENS, Sampling, generate, next_token, sample
+from titanlite.commands.generate import (
+    CONTEXT_FULL,
+    END_OF_TEXT,
+    MAX_NEW_TOKENS,
+    Sampling,
+    generate,
+    next_token,
+    sample,
+)
 from titanlite.components.hf_weights import save_hf
+from titanlite.data.tokenizer import ByteTokenizer
+from titanlite.models.init import init_weights
 from titanlite.models.kv_cache import KVCache
 from titanlite.models.registry import build_model
-from titanlite.models.init import init_weights
-from tests.helpers import REPO
 
 TOK = ByteTokenizer()  # 257 ids, padded to 320 in the model
 SEQ_LEN = 64
@@ -41,8 +49,8 @@ def test_cached_decoding_matches_full_forward_logits(name):
     with torch.inference_mode():
         full = model(tokens)
         for size in chunks:
-            logits = model(tokens[:, start:start + size], cache=cache)
-            torch.testing.assert_close(logits, full[:, start:start + size], atol=1e-5, rtol=1e-5)
+            logits = model(tokens[:, start : start + size], cache=cache)
+            torch.testing.assert_close(logits, full[:, start : start + size], atol=1e-5, rtol=1e-5)
             start += size
     assert cache.length == start == 20
 
@@ -59,7 +67,7 @@ def test_cache_refuses_positions_past_its_length():
 
 def test_padded_vocab_ids_are_never_picked():
     logits = torch.zeros(3, 320)
-    logits[:, TOK.vocab_size:] = 100.0  # the padding columns would win if they were allowed
+    logits[:, TOK.vocab_size :] = 100.0  # the padding columns would win if they were allowed
     logits[:, 7] = 1.0
     gen = torch.Generator().manual_seed(0)
     assert next_token(logits, TOK.vocab_size, Sampling(), gen).tolist() == [7, 7, 7]
@@ -136,18 +144,31 @@ def test_greedy_matches_transformers_generate(tmp_path, name, noise):
         ours = generate(model, ids, 16, TOK.vocab_size, eot_id=TOK.eot_id).new_ids
         with torch.no_grad():
             out = hf.generate(
-                torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long), max_new_tokens=16,
-                do_sample=False, suppress_tokens=padding, eos_token_id=TOK.eot_id, pad_token_id=TOK.eot_id,
+                torch.tensor([ids]),
+                attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                max_new_tokens=16,
+                do_sample=False,
+                suppress_tokens=padding,
+                eos_token_id=TOK.eot_id,
+                pad_token_id=TOK.eot_id,
             )
-        assert ours == out[0, len(ids):].tolist(), prompt
+        assert ours == out[0, len(ids) :].tolist(), prompt
 
 
 # ---- the command ----------------------------------------------------------------------------------------
 
 
 def config_args(dump_folder) -> list[str]:
-    return ["--config", str(REPO / "train_configs/debug_model.toml"), "--job.dump_folder", str(dump_folder),
-            "--model.tokenizer", "byte", "--training.seq_len", str(SEQ_LEN)]
+    return [
+        "--config",
+        str(REPO / "train_configs/debug_model.toml"),
+        "--job.dump_folder",
+        str(dump_folder),
+        "--model.tokenizer",
+        "byte",
+        "--training.seq_len",
+        str(SEQ_LEN),
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -166,7 +187,16 @@ def seed_42_greedy(prompt: str, n: int) -> list[int]:
 def test_generate_from_run_checkpoint_prints_and_writes_json(seeded_run, tmp_path, capsys):
     capsys.readouterr()
     out_json = tmp_path / "out.json"
-    args = ["generate", *config_args(seeded_run), "--prompt", PROMPTS[0], "--max-new-tokens", "10", "--output", str(out_json)]
+    args = [
+        "generate",
+        *config_args(seeded_run),
+        "--prompt",
+        PROMPTS[0],
+        "--max-new-tokens",
+        "10",
+        "--output",
+        str(out_json),
+    ]
     assert main(args) == 0
     stdout = capsys.readouterr().out
     record = json.loads(out_json.read_text())
@@ -184,8 +214,18 @@ def test_generate_from_initial_load_path_hf_or_dcp(seeded_run, tmp_path, capsys)
     expected = seed_42_greedy(PROMPTS[2], 6)
     for initial in (hf_folder, seeded_run / "debug_model" / "step-0"):
         out_json = tmp_path / "out.json"
-        args = ["generate", *config_args(tmp_path / "empty"), "--checkpoint.initial_load_path", str(initial),
-                "--prompt", PROMPTS[2], "--max-new-tokens", "6", "--output", str(out_json)]
+        args = [
+            "generate",
+            *config_args(tmp_path / "empty"),
+            "--checkpoint.initial_load_path",
+            str(initial),
+            "--prompt",
+            PROMPTS[2],
+            "--max-new-tokens",
+            "6",
+            "--output",
+            str(out_json),
+        ]
         assert main(args) == 0
         assert json.loads(out_json.read_text())["new_ids"] == expected, initial
         assert str(initial) in capsys.readouterr().out
@@ -200,8 +240,10 @@ BAD_INPUTS = {
     "negative top-k": (["--prompt", "a", "--top-k", "-2"], "--top-k=-2 must be"),
     "not a number": (["--prompt", "a", "--max-new-tokens", "many"], "takes a whole number"),
     "no checkpoint": (["--prompt", "a", "--job.name", "never_trained"], "checkpoint.initial_load_path"),
-    "initial_load_path missing": (["--prompt", "a", "--job.name", "never_trained", "--checkpoint.initial_load_path",
-                                   "/nonexistent/step-3"], "cannot be loaded (it does not exist)"),
+    "initial_load_path missing": (
+        ["--prompt", "a", "--job.name", "never_trained", "--checkpoint.initial_load_path", "/nonexistent/step-3"],
+        "cannot be loaded (it does not exist)",
+    ),
 }
 
 

@@ -7,7 +7,9 @@ import json
 import pytest
 import torch
 
-transformers = pytest.importorskip("transformers", reason="transformers is an optional test dependency (pip install .[hf])")
+transformers = pytest.importorskip(
+    "transformers", reason="transformers is an optional test dependency (pip install .[hf])"
+)
 
 from safetensors.torch import load_file  # noqa: E402  (a dependency of transformers)
 
@@ -15,9 +17,9 @@ from titanlite.base.errors import ConfigError  # noqa: E402
 from titanlite.base.hf_config import args_from_hf_config, hf_config  # noqa: E402
 from titanlite.components.hf_weights import from_hf, load_hf, save_hf, to_hf  # noqa: E402
 from titanlite.models.gpt2 import GPT2  # noqa: E402
+from titanlite.models.init import init_weights  # noqa: E402
 from titanlite.models.llama import Llama  # noqa: E402
 from titanlite.models.registry import build_model  # noqa: E402
-from titanlite.models.init import init_weights  # noqa: E402
 
 VOCAB = 300  # padded to 320 by build_model
 ATOL = RTOL = 1e-5
@@ -81,8 +83,15 @@ def test_export_tied_file_has_no_lm_head_and_records_dtype(tmp_path):
 
 def hf_gpt2(seed: int):
     config = transformers.GPT2Config(
-        n_embd=48, n_layer=2, n_head=4, n_positions=40, vocab_size=VOCAB,
-        attn_pdrop=0.0, embd_pdrop=0.0, resid_pdrop=0.0, layer_norm_epsilon=1e-5,
+        n_embd=48,
+        n_layer=2,
+        n_head=4,
+        n_positions=40,
+        vocab_size=VOCAB,
+        attn_pdrop=0.0,
+        embd_pdrop=0.0,
+        resid_pdrop=0.0,
+        layer_norm_epsilon=1e-5,
     )
     torch.manual_seed(seed)
     return transformers.GPT2LMHeadModel(config)
@@ -90,9 +99,16 @@ def hf_gpt2(seed: int):
 
 def hf_llama(seed: int, n_kv_heads: int, tie: bool):
     config = transformers.LlamaConfig(
-        hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=n_kv_heads, vocab_size=VOCAB, max_position_embeddings=64,
-        rope_theta=10000.0, rms_norm_eps=1e-6, tie_word_embeddings=tie,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=n_kv_heads,
+        vocab_size=VOCAB,
+        max_position_embeddings=64,
+        rope_theta=10000.0,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=tie,
     )
     torch.manual_seed(seed)
     return transformers.LlamaForCausalLM(config)

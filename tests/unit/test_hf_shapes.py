@@ -7,12 +7,14 @@ import json
 import pytest
 import torch
 
-transformers = pytest.importorskip("transformers", reason="transformers is an optional test dependency (pip install .[hf])")
+transformers = pytest.importorskip(
+    "transformers", reason="transformers is an optional test dependency (pip install .[hf])"
+)
 
-from titanlite.config import parse_config  # noqa: E402
 from titanlite.base.errors import ConfigError  # noqa: E402
 from titanlite.base.hf_config import args_from_hf_config, read_config  # noqa: E402
 from titanlite.components.hf_weights import load_hf_into, save_hf  # noqa: E402
+from titanlite.config import parse_config  # noqa: E402
 from titanlite.models.registry import configured_model  # noqa: E402
 
 RTOL = 1e-5
@@ -22,11 +24,24 @@ def unusual_llama(**overrides) -> "transformers.LlamaForCausalLM":
     """GQA, untied, head_dim != hidden / heads, rope_theta 10000, rms_norm_eps 1e-6 and llama3 RoPE scaling
     whose original context (16) is shorter than the test's sequences, so every branch of it is used."""
     config = dict(
-        hidden_size=96, intermediate_size=200, num_hidden_layers=3, num_attention_heads=6, num_key_value_heads=2,
-        head_dim=24, vocab_size=300, max_position_embeddings=64, rope_theta=10000.0, rms_norm_eps=1e-6,
+        hidden_size=96,
+        intermediate_size=200,
+        num_hidden_layers=3,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        head_dim=24,
+        vocab_size=300,
+        max_position_embeddings=64,
+        rope_theta=10000.0,
+        rms_norm_eps=1e-6,
         tie_word_embeddings=False,
-        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                      "original_max_position_embeddings": 16},
+        rope_scaling={
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 16,
+        },
     )
     torch.manual_seed(0)
     return transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**config, **overrides})).eval()
@@ -34,8 +49,19 @@ def unusual_llama(**overrides) -> "transformers.LlamaForCausalLM":
 
 def unusual_gpt2(**overrides) -> "transformers.GPT2LMHeadModel":
     """256 learned positions, an MLP of 100 (not 4 x 48), exact GELU, layer_norm_epsilon 1e-6."""
-    config = dict(n_embd=48, n_layer=2, n_head=4, n_positions=256, n_inner=100, activation_function="gelu",
-                  layer_norm_epsilon=1e-6, vocab_size=300, attn_pdrop=0.0, embd_pdrop=0.0, resid_pdrop=0.0)
+    config = dict(
+        n_embd=48,
+        n_layer=2,
+        n_head=4,
+        n_positions=256,
+        n_inner=100,
+        activation_function="gelu",
+        layer_norm_epsilon=1e-6,
+        vocab_size=300,
+        attn_pdrop=0.0,
+        embd_pdrop=0.0,
+        resid_pdrop=0.0,
+    )
     torch.manual_seed(1)
     return transformers.GPT2LMHeadModel(transformers.GPT2Config(**{**config, **overrides})).eval()
 
@@ -51,7 +77,9 @@ def perturb(model: torch.nn.Module) -> torch.nn.Module:
 
 def hf_cfg(folder, *extra: str):
     # model.tokenizer byte: these folders have no tokenizer.json, and byte's 257 ids fit their 300.
-    return parse_config(["--model.flavor", "hf", "--model.hf_assets_path", str(folder), "--model.tokenizer", "byte", *extra])
+    return parse_config(
+        ["--model.flavor", "hf", "--model.hf_assets_path", str(folder), "--model.tokenizer", "byte", *extra]
+    )
 
 
 def imported(folder, seq_len: int = 32) -> torch.nn.Module:
@@ -66,7 +94,9 @@ def imported(folder, seq_len: int = 32) -> torch.nn.Module:
 def assert_logits_match(ours: torch.Tensor, theirs: torch.Tensor) -> None:
     scale = theirs.abs().max().item()
     diff = (ours - theirs).abs().max().item()
-    assert diff <= RTOL * scale, f"max logit difference {diff:.3g} is more than {RTOL:g} of the largest logit {scale:.3g}"
+    assert diff <= RTOL * scale, (
+        f"max logit difference {diff:.3g} is more than {RTOL:g} of the largest logit {scale:.3g}"
+    )
 
 
 @pytest.mark.parametrize("make", [unusual_llama, unusual_gpt2], ids=["llama", "gpt2"])
@@ -113,7 +143,13 @@ def test_the_folder_names_the_family_and_its_math(tmp_path):
     cfg = hf_cfg(tmp_path)
     assert cfg.model.name == "llama3"  # the default config's gpt2 is not the user's choice: taken from the folder
     args = configured_model(cfg.model, 257, 32).args
-    assert (args.head_dim, args.rope_theta, args.norm_eps, args.tie_embeddings, args.vocab_size) == (24, 10000.0, 1e-6, False, 300)
+    assert (args.head_dim, args.rope_theta, args.norm_eps, args.tie_embeddings, args.vocab_size) == (
+        24,
+        10000.0,
+        1e-6,
+        False,
+        300,
+    )
     assert args.rope_scaling.factor == 8.0
 
 
@@ -127,8 +163,15 @@ def test_explicit_keys_that_contradict_the_folder_are_refused(tmp_path, key, val
 
 def test_a_named_flavor_refuses_a_folder_whose_math_differs(tmp_path):
     """rope_theta 10000 into the llama3 debug flavor (500000) used to load silently, 11 % off."""
-    unusual_llama(hidden_size=64, intermediate_size=192, num_attention_heads=4, head_dim=16, num_hidden_layers=4,
-                  rope_scaling=None, rms_norm_eps=1e-5).save_pretrained(tmp_path)
+    unusual_llama(
+        hidden_size=64,
+        intermediate_size=192,
+        num_attention_heads=4,
+        head_dim=16,
+        num_hidden_layers=4,
+        rope_scaling=None,
+        rms_norm_eps=1e-5,
+    ).save_pretrained(tmp_path)
     cfg = parse_config(["--model.name", "llama3", "--model.tokenizer", "byte"])
     model = configured_model(cfg.model, 257, 32)
     with pytest.raises(ConfigError, match=r"rope_theta=10000.0.*model.flavor = 'hf'"):
@@ -181,8 +224,22 @@ def test_an_unsupported_field_stops_check_with_exit_2(tmp_path):
     from tests.helpers import REPO, env
 
     unusual_llama(attention_bias=True).save_pretrained(tmp_path)
-    proc = subprocess.run([sys.executable, "-m", "titanlite.commands.cli", "check", "--model.flavor", "hf",
-                           "--model.hf_assets_path", str(tmp_path)], cwd=REPO, env=env(), capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "titanlite.commands.cli",
+            "check",
+            "--model.flavor",
+            "hf",
+            "--model.hf_assets_path",
+            str(tmp_path),
+        ],
+        cwd=REPO,
+        env=env(),
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "attention_bias=True is not supported" in proc.stderr, proc.stderr
 
@@ -206,8 +263,22 @@ def test_plan_offers_only_layouts_the_folders_shape_divides(tmp_path, capsys):
     from titanlite.tools.plan import plan
 
     unusual_llama().save_pretrained(tmp_path)
-    plan(["--ngpu", "4", "--model.flavor", "hf", "--model.hf_assets_path", str(tmp_path), "--model.tokenizer", "byte",
-          "--training.seq_len", "64", "--data.cache_dir", str(tmp_path / "cache")])
+    plan(
+        [
+            "--ngpu",
+            "4",
+            "--model.flavor",
+            "hf",
+            "--model.hf_assets_path",
+            str(tmp_path),
+            "--model.tokenizer",
+            "byte",
+            "--training.seq_len",
+            "64",
+            "--data.cache_dir",
+            str(tmp_path / "cache"),
+        ]
+    )
     out = capsys.readouterr().out
     assert "llama3 hf" in out and "DDP 2 x TP 2" in out and "TP 4 " not in out
 

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from titanlite.base.errors import ConfigError
+from titanlite.components.hf_tokenizer import save_tokenizer
 from titanlite.data.datasets import split_point
 from titanlite.data.sources import Source, stdlib_files
 from titanlite.data.store import encode_documents, open_store
 from titanlite.data.tokenizer import ByteTokenizer, GPT2Tokenizer, HFTokenizer, build_tokenizer
-from titanlite.base.errors import ConfigError
-from titanlite.components.hf_tokenizer import save_tokenizer
 
 tokenizers = pytest.importorskip("tokenizers")
 transformers = pytest.importorskip("transformers")
@@ -29,8 +29,10 @@ TEXT = (
     "Ünïcode café naïve 日本語のテキスト 😀🎉👍🏽  \u3000 z\n"
     "trailing spaces   "
 )
-TRAINING_TEXTS = [f"The quick brown fox {i} jumps over the lazy dog.\n\tdef f(x): return x * {i}  \nÜnïcode 日本 😀"
-                  for i in range(200)]
+TRAINING_TEXTS = [
+    f"The quick brown fox {i} jumps over the lazy dog.\n\tdef f(x): return x * {i}  \nÜnïcode 日本 😀"
+    for i in range(200)
+]
 
 
 @pytest.fixture(autouse=True)
@@ -50,8 +52,9 @@ def train_tokenizer(folder: Path, vocab_size: int = 400, config: dict | None = N
     backend = tokenizers.Tokenizer(models.BPE())
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<s>", "</s>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=["<s>", "</s>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
     backend.train_from_iterator(TRAINING_TEXTS, trainer)
     folder.mkdir(parents=True, exist_ok=True)
     backend.save(str(folder / "tokenizer.json"))
@@ -97,7 +100,9 @@ def test_gpt2_export_encodes_and_decodes_exactly_like_titanlite(gpt2_export):
     # Read back as model.tokenizer = 'hf', the export is the GPT-2 tokenizer again (no BOS: it is the EOS).
     back = HFTokenizer(folder)
     assert (back.vocab_size, back.eot_id, back.bos_id) == (50257, 50256, None)
-    assert back.encode_batch(texts) == ours.encode_batch(texts) and back.encode("a<|endoftext|>b") == ours.encode("a<|endoftext|>b")
+    assert back.encode_batch(texts) == ours.encode_batch(texts) and back.encode("a<|endoftext|>b") == ours.encode(
+        "a<|endoftext|>b"
+    )
 
 
 def test_gpt2_export_treats_end_of_text_as_special_unless_asked_not_to(gpt2_export):

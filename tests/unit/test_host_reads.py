@@ -8,8 +8,8 @@ import sys
 
 import torch
 
-from titanlite.tools.host_reads import count_host_reads
 from tests.helpers import REPO, TINY, env
+from titanlite.tools.host_reads import count_host_reads
 
 # A training worker in its own process (the trainer installs SIGTERM/SIGINT handlers): every host read
 # made directly from titanlite's code (its data pipeline and tools aside), with a marker as each step
@@ -70,29 +70,54 @@ def reads_by_step(events: list) -> dict[int, list[tuple]]:
 
 def test_quiet_steps_read_nothing_from_the_device(tmp_path):
     out = tmp_path / "events.json"
-    args = [*TINY, "--training.steps", "40", "--metrics.log_freq", "20", "--training.local_batch_size", "2",
-            "--job.dump_folder", str(tmp_path), "--job.name", "run"]
-    proc = subprocess.run([sys.executable, "-c", WORKER, str(out), *args], cwd=REPO, env=env(TITANLITE_DEVICE="cpu"),
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0 and out.exists(), f"run failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    args = [
+        *TINY,
+        "--training.steps",
+        "40",
+        "--metrics.log_freq",
+        "20",
+        "--training.local_batch_size",
+        "2",
+        "--job.dump_folder",
+        str(tmp_path),
+        "--job.name",
+        "run",
+    ]
+    proc = subprocess.run(
+        [sys.executable, "-c", WORKER, str(out), *args],
+        cwd=REPO,
+        env=env(TITANLITE_DEVICE="cpu"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0 and out.exists(), (
+        f"run failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    )
     events = json.loads(out.read_text())["events"]
     assert [e[1] for e in events if e[0] == "step"] == list(range(1, 41))
     by_step = reads_by_step(events)
     quiet = {step: calls for step, calls in by_step.items() if step not in (0, 20, 40)}
     assert not quiet, "host reads in quiet steps (step: [(method, file, line)]):\n" + "\n".join(
-        f"  step {step}: {calls}" for step, calls in sorted(quiet.items()))
+        f"  step {step}: {calls}" for step, calls in sorted(quiet.items())
+    )
     # The logging steps do read (the losses and grad norms since the last log): the instrument sees them.
     assert by_step.get(20) and by_step.get(40), f"no host read on the logging steps 20 and 40: {by_step}"
 
 
 def test_count_host_reads_counts_each_way_of_reading_and_restores_the_methods():
-    originals = {name: getattr(torch.Tensor, name) for name in ("item", "tolist", "__float__", "__int__", "__bool__", "cpu", "numpy")}
+    originals = {
+        name: getattr(torch.Tensor, name)
+        for name in ("item", "tolist", "__float__", "__int__", "__bool__", "cpu", "numpy")
+    }
     t = torch.tensor(3.0)
     with count_host_reads(lambda f: f == __file__) as reads:
         line = sys._getframe().f_lineno + 1
         values = [t.item(), float(t), int(t), bool(t), t.tolist(), t.cpu(), t.numpy()]
         torch.ones(3).sum()  # no read
-    assert [m for m, _, _ in reads.calls] == ["item", "__float__", "__int__", "__bool__", "tolist", "cpu", "numpy"], reads.calls
+    assert [m for m, _, _ in reads.calls] == ["item", "__float__", "__int__", "__bool__", "tolist", "cpu", "numpy"], (
+        reads.calls
+    )
     assert len(reads) == 7
     assert all(f == __file__ and n == line for _, f, n in reads.calls), reads.calls
     assert values[:5] == [3.0, 3.0, 3, True, 3.0]

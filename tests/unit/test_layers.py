@@ -84,8 +84,11 @@ def layer_of(module: str) -> tuple[int, str] | None:
 def layer_violations(root: Path) -> list[str]:
     """One line per problem: a module in no declared layer, an import from a higher layer, a function-level
     import where it is not allowed or without its reason."""
-    problems = [f"{path.relative_to(root)}: in no layer of titanlite.LAYERS"
-                for module, path in modules(root).items() if module != PACKAGE and layer_of(module) is None]
+    problems = [
+        f"{path.relative_to(root)}: in no layer of titanlite.LAYERS"
+        for module, path in modules(root).items()
+        if module != PACKAGE and layer_of(module) is None
+    ]
     for imp in imports(root):
         mine, theirs = layer_of(imp.module), layer_of(imp.target)
         if imp.module == PACKAGE or theirs is None and imp.target != PACKAGE:
@@ -94,7 +97,7 @@ def layer_violations(root: Path) -> list[str]:
             problems.append(f"{imp.where()}  (layer {mine[0]}, {mine[1]}, imports layer {theirs[0]}, {theirs[1]})")
         if imp.in_function and (imp.module not in LAZY_MODULES or "# lazy:" not in imp.text):
             problems.append(f"{imp.where()}  (a function-level import: move it to the top of the module)")
-    return problems
+    return list(dict.fromkeys(problems))  # one line per import statement, whatever it names
 
 
 def cycles(root: Path) -> list[str]:
@@ -108,8 +111,9 @@ def cycles(root: Path) -> list[str]:
         chain = _path_back(edges, start)
         if chain is not None and frozenset(i.module for i in chain) not in seen_sets:
             seen_sets.add(frozenset(i.module for i in chain))
-            found.append(" -> ".join(i.module for i in chain) + f" -> {start}\n    "
-                         + "\n    ".join(i.where() for i in chain))
+            found.append(
+                " -> ".join(i.module for i in chain) + f" -> {start}\n    " + "\n    ".join(i.where() for i in chain)
+            )
     return found
 
 
@@ -169,7 +173,10 @@ def test_the_checker_finds_a_planted_upward_import(tmp_path):
     root = planted(tmp_path, "models/gpt2.py", "from titanlite.engine.trainer import Trainer")
     problems = layer_violations(root)
     assert len(problems) == 1, problems
-    assert problems[0].startswith("titanlite/models/gpt2.py:") and "from titanlite.engine.trainer import Trainer" in problems[0]
+    assert (
+        problems[0].startswith("titanlite/models/gpt2.py:")
+        and "from titanlite.engine.trainer import Trainer" in problems[0]
+    )
     assert "(layer 2, models, imports layer 4, engine)" in problems[0]
     assert not layer_violations(REPO)
 
@@ -177,10 +184,14 @@ def test_the_checker_finds_a_planted_upward_import(tmp_path):
 def test_the_checker_finds_a_planted_cycle_and_a_function_level_import(tmp_path):
     root = planted(tmp_path, "base/errors.py", "from titanlite.base.failures import record")
     found = cycles(root)
-    assert len(found) == 1 and "titanlite.base.errors -> titanlite.base.failures -> titanlite.base.errors" in found[0], found
+    assert (
+        len(found) == 1 and "titanlite.base.errors -> titanlite.base.failures -> titanlite.base.errors" in found[0]
+    ), found
     assert "titanlite/base/errors.py:" in found[0] and "titanlite/base/failures.py:" in found[0]
 
     path = root / PACKAGE / "engine" / "validator.py"
-    path.write_text(path.read_text() + "\n\ndef late():\n    from titanlite.components.loss import IGNORE\n    return IGNORE\n")
+    path.write_text(
+        path.read_text() + "\n\ndef late():\n    from titanlite.components.loss import IGNORE\n    return IGNORE\n"
+    )
     problems = layer_violations(root)
     assert any("validator.py" in p and "a function-level import" in p for p in problems), problems

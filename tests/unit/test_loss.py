@@ -4,7 +4,6 @@ value and gradients for any chunk size, with ignored rows, and the auto setting'
 import pytest
 import torch
 
-from titanlite.config import Compile, Training
 from titanlite.components.loss import (
     IGNORE,
     ChunkedCrossEntropy,
@@ -14,6 +13,7 @@ from titanlite.components.loss import (
     fused_softmax_cross_entropy,
     softmax_cross_entropy,
 )
+from titanlite.config import Compile, Training
 
 
 def plain_and_chunked(chunk: int, ignored_rows: int = 0):
@@ -23,7 +23,10 @@ def plain_and_chunked(chunk: int, ignored_rows: int = 0):
     labels = torch.randint(0, 301, (3, 17))
     labels.view(-1)[:ignored_rows] = IGNORE
     results = []
-    for loss_fn in (lambda h: cross_entropy(head(h), labels), lambda h: ChunkedCrossEntropy(head, chunk)(head(h), labels)):
+    for loss_fn in (
+        lambda h: cross_entropy(head(h), labels),
+        lambda h: ChunkedCrossEntropy(head, chunk)(head(h), labels),
+    ):
         if len(results):
             head.__class__ = HiddenStatesHead
         hidden.grad = head.weight.grad = None
@@ -59,7 +62,10 @@ def test_the_compile_friendly_chunk_computes_the_same():
     logits, target = torch.randn(9, 40), torch.randint(0, 40, (9,))
     keep = torch.ones(9, dtype=torch.bool)
     keep[4] = False
-    (a, grad_a), (b, grad_b) = softmax_cross_entropy(logits, target, keep, True), fused_softmax_cross_entropy(logits, target, keep, True)
+    (a, grad_a), (b, grad_b) = (
+        softmax_cross_entropy(logits, target, keep, True),
+        fused_softmax_cross_entropy(logits, target, keep, True),
+    )
     assert torch.allclose(a, b) and torch.allclose(grad_a, grad_b)
 
 
@@ -67,7 +73,9 @@ def test_auto_chunks_unless_compile_fuses_the_plain_loss():
     auto = Training()
     assert auto.loss_chunk_tokens == -1
     assert chunk_tokens(auto, Compile(enable=False), loss_parallel=False) == 4096
-    assert chunk_tokens(auto, Compile(enable=True), loss_parallel=False) == (0 if "loss" in Compile().components else 4096)
+    assert chunk_tokens(auto, Compile(enable=True), loss_parallel=False) == (
+        0 if "loss" in Compile().components else 4096
+    )
     assert chunk_tokens(auto, Compile(enable=True), loss_parallel=True) == 4096  # the plain loss stays eager there
     assert chunk_tokens(Training(loss_chunk_tokens=0), Compile(enable=False), loss_parallel=False) == 0
     assert chunk_tokens(Training(loss_chunk_tokens=512), Compile(enable=True), loss_parallel=False) == 512

@@ -36,7 +36,9 @@ def test_every_family_implements_the_model_interface(name):
     """What parallelize(), the pipeline splitter, init, checkpoints and HF import use, on every family."""
     model = build_model(name, "debug", 256, 32)
     assert isinstance(model, Decoder)
-    assert isinstance(model.layers, torch.nn.ModuleDict) and list(model.layers) == [str(i) for i in range(model.args.n_layers)]
+    assert isinstance(model.layers, torch.nn.ModuleDict) and list(model.layers) == [
+        str(i) for i in range(model.args.n_layers)
+    ]
     for attr in (*model.first_stage_modules, *model.last_stage_modules):
         assert isinstance(getattr(model, attr), torch.nn.Module), attr
     assert model.first_stage_modules[0] == "tok_embeddings" and model.last_stage_modules == ("norm", "output")
@@ -72,8 +74,9 @@ def test_gpt2_param_count(flavor, millions):
     assert abs(n - millions * 1e6) < 1e6
 
 
-@pytest.mark.parametrize("flavor,low,high", [("1B", 1.0e9, 1.1e9), ("3B", 2.9e9, 2.95e9), ("8B", 7.35e9, 7.45e9),
-                                             ("70B", 69.2e9, 69.3e9)])
+@pytest.mark.parametrize(
+    "flavor,low,high", [("1B", 1.0e9, 1.1e9), ("3B", 2.9e9, 2.95e9), ("8B", 7.35e9, 7.45e9), ("70B", 69.2e9, 69.3e9)]
+)
 def test_llama_param_count(flavor, low, high):
     # With the 50k GPT-2 vocabulary instead of Llama's 128k the counts are below the flavor names
     # (Llama 3 8B is 8.03 B with 128256 tokens, 7.39 B with 50304).

@@ -5,10 +5,10 @@ import math
 import pytest
 import torch
 
-from titanlite.config import LRScheduler
 from titanlite.components.metrics import Throughput, count_params, device_peak_tflops, flops_per_token
-from titanlite.models.registry import build_model
 from titanlite.components.optim import clip_grad_norm_, lr_factor
+from titanlite.config import LRScheduler
+from titanlite.models.registry import build_model
 
 
 def test_warmup_then_cosine_to_min_factor():

@@ -2,8 +2,8 @@
 
 import pytest
 
-from titanlite.config import parse_config
 from titanlite.base.errors import ConfigError
+from titanlite.config import parse_config
 from titanlite.parallel.pipeline import even_split, plan_pipeline
 
 
@@ -35,19 +35,55 @@ def test_uneven_split_gives_earlier_stages_the_extra_layer():
 
 
 def test_layers_per_stage_sets_the_stage_count():
-    p = plan("--parallelism.pipeline_parallel_schedule", "Interleaved1F1B", "--parallelism.pipeline_parallel_layers_per_stage", "2", n_layers=8)
+    p = plan(
+        "--parallelism.pipeline_parallel_schedule",
+        "Interleaved1F1B",
+        "--parallelism.pipeline_parallel_layers_per_stage",
+        "2",
+        n_layers=8,
+    )
     assert p.layer_ranges == ((0, 2), (2, 4), (4, 6), (6, 8))
 
 
 @pytest.mark.parametrize(
     "args, n_layers, samples, fragment",
     [
-        (["--parallelism.pipeline_parallel_microbatch_size", "3"], 4, 8, "microbatch_size=3 does not divide the 8 sequences"),
+        (
+            ["--parallelism.pipeline_parallel_microbatch_size", "3"],
+            4,
+            8,
+            "microbatch_size=3 does not divide the 8 sequences",
+        ),
         (["--parallelism.pipeline_parallel_microbatch_size", "8"], 4, 8, "gets 1 micro-batch(es) per step"),
-        (["--parallelism.pipeline_parallel_schedule", "Interleaved1F1B", "--parallelism.pipeline_parallel_microbatch_size", "8"], 4, 24, "needs a multiple of 2"),
+        (
+            [
+                "--parallelism.pipeline_parallel_schedule",
+                "Interleaved1F1B",
+                "--parallelism.pipeline_parallel_microbatch_size",
+                "8",
+            ],
+            4,
+            24,
+            "needs a multiple of 2",
+        ),
         (["--parallelism.pipeline_parallel_layers_per_stage", "2"], 5, 8, "gives 3 stages for 5 layers"),
-        (["--parallelism.pipeline_parallel_schedule", "Interleaved1F1B"], 3, 8, "3 layers cannot fill 4 pipeline stages"),
-        (["--parallelism.pipeline_parallel_schedule", "DualPipeV", "--parallelism.pipeline_parallel_layers_per_stage", "1"], 6, 8, "exactly two stages per rank"),
+        (
+            ["--parallelism.pipeline_parallel_schedule", "Interleaved1F1B"],
+            3,
+            8,
+            "3 layers cannot fill 4 pipeline stages",
+        ),
+        (
+            [
+                "--parallelism.pipeline_parallel_schedule",
+                "DualPipeV",
+                "--parallelism.pipeline_parallel_layers_per_stage",
+                "1",
+            ],
+            6,
+            8,
+            "exactly two stages per rank",
+        ),
         (["--parallelism.pipeline_parallel_schedule_csv", "missing.csv"], 4, 8, "does not exist"),
     ],
 )

@@ -15,13 +15,17 @@ GIB = 2**30
 def plan(tmp_path, *args):
     out = tmp_path / "plan.json"
     cmd = [sys.executable, "-m", "titanlite.commands.cli", "plan", *args]
-    proc = subprocess.run(cmd, cwd=REPO, env=env(TITANLITE_PLAN_JSON=str(out)), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        cmd, cwd=REPO, env=env(TITANLITE_PLAN_JSON=str(out)), capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     return proc.stdout, json.loads(out.read_text())
 
 
 def test_gpt2_large_on_two_gpus_matches_the_arithmetic(tmp_path):
-    stdout, result = plan(tmp_path, "--config", "train_configs/gpt2_large_zero2.toml", "--ngpu", "2", "--gpu-mem-gib", "80")
+    stdout, result = plan(
+        tmp_path, "--config", "train_configs/gpt2_large_zero2.toml", "--ngpu", "2", "--gpu-mem-gib", "80"
+    )
     n = 774_090_240  # GPT-2 Large with the padded GPT-2 vocabulary, tied embeddings
     assert f"{n:,} parameters" in stdout
     rows = {(r["layout"], r["ac"]): r for r in result["rows"]}
@@ -35,7 +39,10 @@ def test_gpt2_large_on_two_gpus_matches_the_arithmetic(tmp_path):
     # Communication per rank and step (ring, 2 ranks): DDP all-reduces fp32 gradients once; ZeRO-2
     # all-gathers bf16 weights for each of 2 micro-batches and reduce-scatters fp32 gradients once.
     assert ddp["comm_bytes"] == {"all-reduce": pytest.approx(2 * 0.5 * 4 * n)}
-    assert zero2["comm_bytes"] == {"all-gather": pytest.approx(2 * 0.5 * 2 * n), "reduce-scatter": pytest.approx(0.5 * 4 * n)}
+    assert zero2["comm_bytes"] == {
+        "all-gather": pytest.approx(2 * 0.5 * 2 * n),
+        "reduce-scatter": pytest.approx(0.5 * 4 * n),
+    }
     assert zero3["comm_bytes"]["all-gather"] == pytest.approx(2 * zero2["comm_bytes"]["all-gather"])
     assert all(r["fits"] for r in (ddp, zero2, zero3))
     assert result["recommended"]["layout"] in {r["layout"] for r in result["rows"]}
@@ -44,13 +51,35 @@ def test_gpt2_large_on_two_gpus_matches_the_arithmetic(tmp_path):
 
 def test_big_models_on_many_gpus_say_what_fits(tmp_path):
     # Meta device only: runs in seconds on a laptop.
-    _, r8 = plan(tmp_path, "--config", "train_configs/smollm3_3b_zero2.toml", "--model.flavor", "8B", "--ngpu", "8",
-                 "--training.local_batch_size", "1")
+    _, r8 = plan(
+        tmp_path,
+        "--config",
+        "train_configs/smollm3_3b_zero2.toml",
+        "--model.flavor",
+        "8B",
+        "--ngpu",
+        "8",
+        "--training.local_batch_size",
+        "1",
+    )
     fits = {(r["layout"], r["ac"]): r["fits"] for r in r8["rows"]}
     assert not fits[("DDP 8", "none")]  # 8 B parameters x 16 bytes = 128 GB before activations
     assert fits[("ZeRO-3 8", "full")]
-    _, r70 = plan(tmp_path, "--config", "train_configs/smollm3_3b_zero2.toml", "--model.flavor", "70B", "--ngpu", "8",
-                  "--nnodes", "8", "--training.local_batch_size", "1", "--training.global_batch_size", "64")
+    _, r70 = plan(
+        tmp_path,
+        "--config",
+        "train_configs/smollm3_3b_zero2.toml",
+        "--model.flavor",
+        "70B",
+        "--ngpu",
+        "8",
+        "--nnodes",
+        "8",
+        "--training.local_batch_size",
+        "1",
+        "--training.global_batch_size",
+        "64",
+    )
     fits = {(r["layout"], r["ac"]): r["fits"] for r in r70["rows"]}
     assert not fits[("DDP 64", "none")] and fits[("ZeRO-3 64", "full")]
     assert any(name.startswith("HSDP") for name, _ in fits) and any("PP 8" in name for name, _ in fits)
@@ -58,11 +87,19 @@ def test_big_models_on_many_gpus_say_what_fits(tmp_path):
 
 
 def test_layouts_use_tp_within_and_pp_across_nodes():
-    names = {l.name for l in candidate_layouts(8, 2)}
-    assert {"DDP 16", "ZeRO-2 16", "ZeRO-3 16", "HSDP 2x8", "ZeRO-3 8 x TP 2", "ZeRO-3 2 x TP 8", "ZeRO-3 8 x PP 2",
-            "TP 8 x PP 2"} <= names
-    assert all(l.tp <= 8 and l.ranks == 16 for l in candidate_layouts(8, 2))
-    assert {l.name for l in candidate_layouts(1, 1)} == {"single device"}
+    names = {lay.name for lay in candidate_layouts(8, 2)}
+    assert {
+        "DDP 16",
+        "ZeRO-2 16",
+        "ZeRO-3 16",
+        "HSDP 2x8",
+        "ZeRO-3 8 x TP 2",
+        "ZeRO-3 2 x TP 8",
+        "ZeRO-3 8 x PP 2",
+        "TP 8 x PP 2",
+    } <= names
+    assert all(lay.tp <= 8 and lay.ranks == 16 for lay in candidate_layouts(8, 2))
+    assert {lay.name for lay in candidate_layouts(1, 1)} == {"single device"}
 
 
 def test_bubble_table_and_stage_split():

@@ -3,9 +3,9 @@ measured comparison is in tests/distributed/test_plan_measure.py, marked slow)."
 
 import pytest
 
-from titanlite.config import parse_config
 from titanlite.builder.estimate import estimate, layout_of, setting_for
 from titanlite.builder.model_facts import model_facts
+from titanlite.config import parse_config
 
 LONG = ["--config", "train_configs/debug_model.toml", "--training.seq_len", "1024", "--training.local_batch_size", "4"]
 

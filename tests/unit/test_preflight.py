@@ -10,17 +10,35 @@ import pytest
 
 from tests.helpers import REPO, env
 from titanlite.base import devices
-from titanlite.commands import check as preflight, cli
-from titanlite.config import parse_config
 from titanlite.base.errors import ConfigError
+from titanlite.commands import check as preflight
+from titanlite.commands import cli
 from titanlite.commands.check import GIB, Capacity, config_estimate, memory_preflight, rank_needs
+from titanlite.config import parse_config
 
 # A tiny local corpus, so that `check` spends its time on the config and not on tokenising a corpus.
-TINY_DATA = ["--training.dataset", "local", "--training.dataset_path", str(REPO / "tests" / "data" / "validation.txt"),
-             "--training.seq_len", "32", "--training.local_batch_size", "1"]
+TINY_DATA = [
+    "--training.dataset",
+    "local",
+    "--training.dataset_path",
+    str(REPO / "tests" / "data" / "validation.txt"),
+    "--training.seq_len",
+    "32",
+    "--training.local_batch_size",
+    "1",
+]
 LLAMA_70B = ["--model.name", "llama3", "--model.flavor", "70B"]
 # Llama 3 8B at a short sequence: 7.4 B parameters x 16 bytes = 110 GiB of weights, gradients and AdamW state.
-LLAMA_8B = ["--model.name", "llama3", "--model.flavor", "8B", "--training.seq_len", "128", "--training.local_batch_size", "1"]
+LLAMA_8B = [
+    "--model.name",
+    "llama3",
+    "--model.flavor",
+    "8B",
+    "--training.seq_len",
+    "128",
+    "--training.local_batch_size",
+    "1",
+]
 
 
 def pretend(monkeypatch, device: str, gpu_gib: float = 80.0, ram_gib: float = 512.0) -> None:
@@ -48,7 +66,9 @@ def test_check_refuses_llama_70b_on_one_process_in_one_line():
     wall = time.perf_counter() - start
     assert proc.returncode == 2, proc.stdout + proc.stderr
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("titanlite: error: memory: llama3 70B on single device needs about "), lines
+    assert len(lines) == 1 and lines[0].startswith(
+        "titanlite: error: memory: llama3 70B on single device needs about "
+    ), lines
     # 69.3 B parameters x 16 bytes alone are 1032 GiB: the estimate, and the RAM it was compared with
     figure = float(lines[0].split("needs about ")[1].split(" GiB per rank")[0])
     assert 1032 < figure < 1100, lines[0]
@@ -131,10 +151,16 @@ def test_llama_8b_on_one_80_gib_gpu_is_told_to_offload(monkeypatch):
     assert "recommends ZeRO-3 1 + CPU offload" in message and "--training.enable_cpu_offload true" in message
     lines: list[str] = []
     memory_preflight(parse_config([*LLAMA_8B, "--training.enable_cpu_offload"]), 1, 1, say=lines.append)
-    assert len(lines) == 1 and lines[0].startswith("titanlite: memory: about ") and "GiB of host memory per rank" in lines[0]
+    assert (
+        len(lines) == 1
+        and lines[0].startswith("titanlite: memory: about ")
+        and "GiB of host memory per rank" in lines[0]
+    )
     # the offloaded state must fit in the node's RAM too: 8 ranks x 14 GiB do not fit in 64 GiB
     pretend(monkeypatch, "cuda", gpu_gib=80, ram_gib=64)
-    with pytest.raises(ConfigError, match=r"GiB of host memory per rank .*more than 64.0 GiB of available RAM shared by 8"):
+    with pytest.raises(
+        ConfigError, match=r"GiB of host memory per rank .*more than 64.0 GiB of available RAM shared by 8"
+    ):
         memory_preflight(parse_config([*LLAMA_8B, "--training.enable_cpu_offload"]), 8, 8)
 
 

@@ -5,16 +5,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from titanlite.base.errors import ConfigError
+from titanlite.builder.data import build_data, build_validation_data
+from titanlite.builder.plan import plan_run
 from titanlite.config import parse_config
 from titanlite.data.datasets import split_point, validation_windows
 from titanlite.data.store import TokenStore
-from titanlite.base.errors import ConfigError
-from titanlite.models.registry import build_model
-from titanlite.models.init import init_weights
-from titanlite.builder.data import build_data, build_validation_data
-from titanlite.builder.plan import plan_run
 from titanlite.engine.trainer import RankModel
 from titanlite.engine.validator import IGNORE, EvalBatches, Validator, eval_batches
+from titanlite.models.init import init_weights
+from titanlite.models.registry import build_model
 
 EOT = 9
 
@@ -120,7 +120,16 @@ def test_bad_validation_settings_are_one_line(args, fragment):
 
 
 def test_pipeline_needs_validation_batches_it_can_cut_into_micro_batches():
-    cfg = parse_config(["--validation.enable", "--validation.local_batch_size", "6", "--parallelism.pipeline_parallel_degree", "2",
-                        "--parallelism.pipeline_parallel_microbatch_size", "2"])
+    cfg = parse_config(
+        [
+            "--validation.enable",
+            "--validation.local_batch_size",
+            "6",
+            "--parallelism.pipeline_parallel_degree",
+            "2",
+            "--parallelism.pipeline_parallel_microbatch_size",
+            "2",
+        ]
+    )
     with pytest.raises(ConfigError, match="set validation.local_batch_size to a multiple of 4"):
         plan_run(cfg, 2)

@@ -25,12 +25,16 @@ def device_type() -> str:
     """'cuda' or 'cpu', as TITANLITE_DEVICE and the visible GPUs decide."""
     value = os.environ.get(ENV, "").strip().lower() or "auto"
     if value not in CHOICES:
-        raise ConfigError(f"{ENV}='{value}' is not a device; use cpu, cuda, or leave it unset (CUDA where a GPU is visible)")
+        raise ConfigError(
+            f"{ENV}='{value}' is not a device; use cpu, cuda, or leave it unset (CUDA where a GPU is visible)"
+        )
     if value == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if value == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"{ENV}=cuda but torch sees no CUDA GPU here (torch {torch.__version__}, "
-                          f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}); unset it to run on the CPU")
+        raise ConfigError(
+            f"{ENV}=cuda but torch sees no CUDA GPU here (torch {torch.__version__}, "
+            f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}); unset it to run on the CPU"
+        )
     return value
 
 

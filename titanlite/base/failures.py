@@ -34,13 +34,25 @@ def explain(exc: BaseException) -> tuple[int, str, bool]:
     if isinstance(exc, ConfigError):
         return 2, str(exc), False
     if isinstance(exc, NonFiniteLoss):
-        return 3, (f"{exc}; stopping before any checkpoint of it is saved (the newest checkpoint predates it; "
-                   "resume with a lower optimizer.lr, or set training.skip_nonfinite_steps)"), False
+        return (
+            3,
+            (
+                f"{exc}; stopping before any checkpoint of it is saved (the newest checkpoint predates it; "
+                "resume with a lower optimizer.lr, or set training.skip_nonfinite_steps)"
+            ),
+            False,
+        )
     if isinstance(exc, torch.OutOfMemoryError):
         first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else "out of memory"
-        return 4, (f"out of device memory ({first}) at {where(exc)}; lower training.local_batch_size, set "
-                   "activation_checkpoint.mode = 'full', shard more (parallelism.data_parallel_shard_degree) "
-                   "or offload (training.enable_cpu_offload)"), True
+        return (
+            4,
+            (
+                f"out of device memory ({first}) at {where(exc)}; lower training.local_batch_size, set "
+                "activation_checkpoint.mode = 'full', shard more (parallelism.data_parallel_shard_degree) "
+                "or offload (training.enable_cpu_offload)"
+            ),
+            True,
+        )
     message = " ".join(str(exc).split())[:300]
     return 1, f"{type(exc).__name__}{': ' + message if message else ''} ({where(exc)})", True
 
@@ -85,8 +97,10 @@ def write_traceback(exc: BaseException, rank: int, run_dir: Path | None) -> Path
     try:
         log = run_dir / "logs" / f"error-rank{rank}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
-        header = (f"rank {rank} on {socket.gethostname()}, pid {os.getpid()}, attempt "
-                  f"{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}, {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+        header = (
+            f"rank {rank} on {socket.gethostname()}, pid {os.getpid()}, attempt "
+            f"{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}, {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
+        )
         log.write_text(header + "".join(traceback.format_exception(exc)))
         return log
     except OSError:

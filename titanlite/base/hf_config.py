@@ -110,7 +110,12 @@ def read_config(folder: str | Path) -> dict:
 # ---- config.json -> our model arguments ------------------------------------------------------------------
 
 # HF activation names that are our GPT-2 MLP's GELUs ("gelu_fast" is the tanh formula written differently).
-_GPT2_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh", "gelu": "gelu"}
+_GPT2_ACTIVATIONS = {
+    "gelu_new": "gelu_tanh",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "gelu_fast": "gelu_tanh",
+    "gelu": "gelu",
+}
 _GPT2_ACTIVATION_TO_HF = {"gelu_tanh": "gelu_new", "gelu": "gelu"}
 # Fields of other families that a relabelled config.json may carry: each changes the math and is not built.
 _MOE_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_intermediate_size")
@@ -140,7 +145,9 @@ def _gpt2_args(config: dict, where: str) -> GPT2Args:
     dim, n_heads = config["n_embd"], config["n_head"]
     activation = config.get("activation_function", "gelu_new")
     if activation not in _GPT2_ACTIVATIONS:
-        raise _refuse(where, "activation_function", activation, f"the MLP's GELU is one of {', '.join(_GPT2_ACTIVATIONS)}")
+        raise _refuse(
+            where, "activation_function", activation, f"the MLP's GELU is one of {', '.join(_GPT2_ACTIVATIONS)}"
+        )
     if config.get("scale_attn_by_inverse_layer_idx"):
         raise _refuse(where, "scale_attn_by_inverse_layer_idx", True, "no per-layer attention scaling")
     if config.get("scale_attn_weights", True) is not True:
@@ -172,16 +179,20 @@ def _llama_rope(config: dict, where: str) -> tuple[float, Llama3RopeScaling | No
         return theta, None
     key = "rope_parameters" if config.get("rope_parameters") else "rope_scaling"
     if rope_type != "llama3":
-        raise ConfigError(f"{where} {key} rope_type={rope_type!r} is not supported: titanlite implements "
-                          "unscaled RoPE and Llama 3.1's 'llama3' scaling")
+        raise ConfigError(
+            f"{where} {key} rope_type={rope_type!r} is not supported: titanlite implements "
+            "unscaled RoPE and Llama 3.1's 'llama3' scaling"
+        )
     fields = [f.name for f in dataclasses.fields(Llama3RopeScaling)]
     absent = [f for f in fields if rope.get(f) is None]
     if absent:
         raise ConfigError(f"{where} {key} of rope_type 'llama3' lacks {absent[0]!r}")
     scaling = Llama3RopeScaling(**{f: rope[f] for f in fields})
     if scaling.high_freq_factor <= scaling.low_freq_factor:
-        raise ConfigError(f"{where} {key} needs high_freq_factor > low_freq_factor, not {scaling.high_freq_factor} "
-                          f"and {scaling.low_freq_factor}")
+        raise ConfigError(
+            f"{where} {key} needs high_freq_factor > low_freq_factor, not {scaling.high_freq_factor} "
+            f"and {scaling.low_freq_factor}"
+        )
     return theta, scaling
 
 
@@ -240,8 +251,10 @@ def folder_args(folder: str | Path, seq_len: int) -> GPT2Args | LlamaArgs:
     args = folder_model_args(folder)
     if seq_len > args.max_seq_len:
         if isinstance(args, GPT2Args):
-            raise ConfigError(f"training.seq_len={seq_len} is longer than the {args.max_seq_len} learned positions of "
-                              f"{folder} (n_positions); use training.seq_len <= {args.max_seq_len}")
+            raise ConfigError(
+                f"training.seq_len={seq_len} is longer than the {args.max_seq_len} learned positions of "
+                f"{folder} (n_positions); use training.seq_len <= {args.max_seq_len}"
+            )
         args = dataclasses.replace(args, max_seq_len=seq_len)
     return args
 
@@ -251,8 +264,10 @@ def resolve_model_folder(model, explicit: set[str]) -> None:
     from model.hf_assets_path, in place; a key set explicitly to something else is an error, not ignored."""
     folder = model.hf_assets_path
     if not folder:
-        raise ConfigError("model.flavor='hf' takes the model from model.hf_assets_path; set it to a Hugging Face "
-                          "model folder (config.json, safetensors, tokenizer.json)")
+        raise ConfigError(
+            "model.flavor='hf' takes the model from model.hf_assets_path; set it to a Hugging Face "
+            "model folder (config.json, safetensors, tokenizer.json)"
+        )
     args = folder_model_args(folder)
     family = FAMILY_OF_ARGS[type(args)]
     has_tokenizer = (Path(folder) / "tokenizer.json").is_file()
@@ -262,13 +277,17 @@ def resolve_model_folder(model, explicit: set[str]) -> None:
     elif family == "gpt2" and args.vocab_size in (50257, 50304):
         wanted["model.tokenizer"] = "gpt2"  # GPT-2's own vocabulary (folders with vocab.json/merges.txt only)
     elif "model.tokenizer" not in explicit:
-        raise ConfigError(f"{folder} has no tokenizer.json; set model.tokenizer to the tokenizer its model was trained "
-                          "with ('gpt2', 'byte', or 'hf' with model.hf_assets_path naming a folder that has one)")
+        raise ConfigError(
+            f"{folder} has no tokenizer.json; set model.tokenizer to the tokenizer its model was trained "
+            "with ('gpt2', 'byte', or 'hf' with model.hf_assets_path naming a folder that has one)"
+        )
     if model.n_layers:
         wanted["model.n_layers"] = args.n_layers
     for key, value in wanted.items():
         ours = getattr(model, key.split(".")[1])
         if key in explicit and ours != value:
-            raise ConfigError(f"{key}={ours!r} contradicts {folder} ({key} {value!r}); leave it out or set it to "
-                              f"{value!r}, or use a named model.flavor")
+            raise ConfigError(
+                f"{key}={ours!r} contradicts {folder} ({key} {value!r}); leave it out or set it to "
+                f"{value!r}, or use a named model.flavor"
+            )
         setattr(model, key.split(".")[1], value)

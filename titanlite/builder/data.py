@@ -25,8 +25,12 @@ def store_options(cfg: JobConfig, verify: str) -> StoreOptions:
     """How open_store checks and builds stores under this config: data.verify_sources turns a fingerprint
     check into a full one (ranks keep their stat check), plus the prepare workers and shard size."""
     d = cfg.data
-    return StoreOptions(cache_dir(cfg), verify="full" if d.verify_sources and verify != "stat" else verify,
-                        workers=d.prepare_workers, shard_bytes=int(d.shard_size_mb * 2**20))
+    return StoreOptions(
+        cache_dir(cfg),
+        verify="full" if d.verify_sources and verify != "stat" else verify,
+        workers=d.prepare_workers,
+        shard_bytes=int(d.shard_size_mb * 2**20),
+    )
 
 
 def build_data(cfg: JobConfig, verify: str = "stat", say=None):
@@ -40,8 +44,9 @@ def build_data(cfg: JobConfig, verify: str = "stat", say=None):
     tokenizer = build_tokenizer(cfg.model.tokenizer, cfg.model.hf_assets_path)
     sources = configured_sources(t.dataset, t.dataset_path, t.dataset_mixture)
     holdout = 0.0 if separate_validation(cfg) else cfg.validation.split_fraction
-    corpus = build_corpus(sources, tokenizer, store_options(cfg, verify), t.seq_len, t.seed, cfg.data.shuffle,
-                          holdout=holdout, say=say)
+    corpus = build_corpus(
+        sources, tokenizer, store_options(cfg, verify), t.seq_len, t.seed, cfg.data.shuffle, holdout=holdout, say=say
+    )
     return tokenizer, corpus
 
 
@@ -84,11 +89,15 @@ def describe_validation(cfg: JobConfig, windows: int, dp: int, schedule: bool = 
     """One line: which windows each evaluation reads, from where, and (schedule) when it runs."""
     v = cfg.validation
     if separate_validation(cfg):
-        source = f"validation.dataset_path '{v.dataset_path}'" if v.dataset_path else f"validation.dataset '{v.dataset}'"
+        source = (
+            f"validation.dataset_path '{v.dataset_path}'" if v.dataset_path else f"validation.dataset '{v.dataset}'"
+        )
     else:
         source = f"the held-out last {v.split_fraction * 100:g}% of each training source"
     n = num_windows(windows, validation_batch_size(cfg), v.steps, dp)
     seq_len = v.seq_len or cfg.training.seq_len
     when = f", every {v.freq} steps and at the last" if schedule else ""
-    return (f"validation: {n:,} windows of {seq_len} tokens ({n * seq_len:,} targets) from {source}{when}; "
-            f"{validation_batch_size(cfg)} windows per rank per batch")
+    return (
+        f"validation: {n:,} windows of {seq_len} tokens ({n * seq_len:,} targets) from {source}{when}; "
+        f"{validation_batch_size(cfg)} windows per rank per batch"
+    )

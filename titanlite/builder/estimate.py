@@ -40,7 +40,6 @@ TP all-gathers and reduce-scatters [b, s, d] activations 4 times per block in fo
 PP sends each micro-batch's activations forward and their gradients back.
 """
 
-
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -88,8 +87,9 @@ class Layout:
 
     @property
     def dims(self) -> ParallelDims:
-        return ParallelDims(self.dp_replicate, self.dp_shard, self.ranks, tp=self.tp, pp=self.pp,
-                            fsdp_single_rank=self.fsdp_single_rank)
+        return ParallelDims(
+            self.dp_replicate, self.dp_shard, self.ranks, tp=self.tp, pp=self.pp, fsdp_single_rank=self.fsdp_single_rank
+        )
 
     @property
     def ranks(self) -> int:
@@ -99,12 +99,20 @@ class Layout:
         """The command-line overrides that select this layout. The FSDP-on-one-rank and offload keys come
         only where set (CPU offload turns FSDP on one rank on by itself), or always with `every`, so that
         two layouts' lists can be compared key by key."""
-        out = ["--parallelism.data_parallel_replicate_degree", str(self.dp_replicate),
-               "--parallelism.data_parallel_shard_degree", str(self.dp_shard),
-               "--parallelism.tensor_parallel_degree", str(self.tp),
-               "--parallelism.pipeline_parallel_degree", str(self.pp),
-               "--parallelism.fsdp_reshard_after_forward", self.reshard,
-               "--activation_checkpoint.mode", self.ac]
+        out = [
+            "--parallelism.data_parallel_replicate_degree",
+            str(self.dp_replicate),
+            "--parallelism.data_parallel_shard_degree",
+            str(self.dp_shard),
+            "--parallelism.tensor_parallel_degree",
+            str(self.tp),
+            "--parallelism.pipeline_parallel_degree",
+            str(self.pp),
+            "--parallelism.fsdp_reshard_after_forward",
+            self.reshard,
+            "--activation_checkpoint.mode",
+            self.ac,
+        ]
         single_rank = self.fsdp_single_rank and not self.offload
         if every or single_rank:
             out += ["--parallelism.fsdp_single_rank", str(single_rank).lower()]
@@ -119,11 +127,22 @@ def layout_of(cfg, world: int) -> Layout:
     reshard = "always" if reshard_after_forward(cfg.parallelism.fsdp_reshard_after_forward, dims.pp > 1) else "never"
     offload = cfg.training.enable_cpu_offload and dims.fsdp_enabled
     name = describe(dims.dp_replicate, dims.dp_shard, dims.tp, dims.pp, reshard, dims.fsdp_single_rank, offload)
-    return Layout(name, dims.dp_replicate, dims.dp_shard, dims.tp, dims.pp, reshard, cfg.activation_checkpoint.mode,
-                  dims.fsdp_single_rank, offload)
+    return Layout(
+        name,
+        dims.dp_replicate,
+        dims.dp_shard,
+        dims.tp,
+        dims.pp,
+        reshard,
+        cfg.activation_checkpoint.mode,
+        dims.fsdp_single_rank,
+        offload,
+    )
 
 
-def describe(rep: int, shard: int, tp: int, pp: int, reshard: str, single_rank: bool = False, offload: bool = False) -> str:
+def describe(
+    rep: int, shard: int, tp: int, pp: int, reshard: str, single_rank: bool = False, offload: bool = False
+) -> str:
     parts = []
     if rep > 1 and shard > 1:
         parts.append(f"HSDP {rep}x{shard}")
@@ -169,8 +188,13 @@ def offload_layouts(ngpu: int, nnodes: int) -> list[Layout]:
     an 8B model on one 80 GB GPU). A last resort, for when nothing fits on the devices."""
     if ngpu * nnodes == 1:
         return [Layout(describe(1, 1, 1, 1, "always", True, True), fsdp_single_rank=True, offload=True)]
-    return [replace(l, name=describe(l.dp_replicate, l.dp_shard, l.tp, l.pp, l.reshard, offload=True), offload=True)
-            for l in candidate_layouts(ngpu, nnodes) if l.dp_shard > 1]
+    return [
+        replace(
+            lay, name=describe(lay.dp_replicate, lay.dp_shard, lay.tp, lay.pp, lay.reshard, offload=True), offload=True
+        )
+        for lay in candidate_layouts(ngpu, nnodes)
+        if lay.dp_shard > 1
+    ]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -180,15 +204,15 @@ def offload_layouts(ngpu: int, nnodes: int) -> list[Layout]:
 @dataclass
 class Setting:
     seq_len: int
-    micro_batch: int          # sequences per forward/backward on one rank
-    microbatches: int         # per optimizer step on one rank (accumulation x pipeline micro-batches)
-    act_bytes: int            # bytes per activation element (2 under bf16 mixed precision on GPUs)
-    param_gather_bytes: int   # bytes per parameter element in FSDP's all-gather (2 under bf16)
+    micro_batch: int  # sequences per forward/backward on one rank
+    microbatches: int  # per optimizer step on one rank (accumulation x pipeline micro-batches)
+    act_bytes: int  # bytes per activation element (2 under bf16 mixed precision on GPUs)
+    param_gather_bytes: int  # bytes per parameter element in FSDP's all-gather (2 under bf16)
     loss_parallel: bool
     schedule: str
     stages_per_rank: int
     selective_ac_option: int
-    loss_chunk: int = 0       # titanlite.components.loss.chunk_tokens: tokens per chunk of the chunked loss; 0: full logits
+    loss_chunk: int = 0  # titanlite.components.loss.chunk_tokens: tokens per chunk of the chunked loss; 0: full logits
 
 
 def stage_layers(n_layers: int, pp: int, stages_per_rank: int) -> list[list[int]]:
@@ -299,9 +323,14 @@ def estimate_rank(facts, lay: Layout, s: Setting, layers: list[int], first: bool
     end_of_backward = grads + fsdp_buffers
     peak = params + optimizer + max(start_of_backward, recomputing, end_of_backward)
     return {
-        "parameters": params, "gradients": grads, "optimizer": optimizer,
+        "parameters": params,
+        "gradients": grads,
+        "optimizer": optimizer,
         "activations": activations + recompute * (recomputing > start_of_backward),
-        "temporary": loss_grads + fsdp_buffers, "peak": peak, "host": host, "in_flight": in_flight,
+        "temporary": loss_grads + fsdp_buffers,
+        "peak": peak,
+        "host": host,
+        "in_flight": in_flight,
         "comm": communication(lay, s, n_params, len(layers), facts, first, last),
     }
 
@@ -314,9 +343,10 @@ def chunked_loss_bytes(facts, s: Setting, tp: int) -> tuple[float, float]:
     chunk of min(N, b*s) tokens x vocab/tp (the chunked loss always splits the vocabulary over TP): the
     logits in the activation dtype, their float32 copy under bf16, the float32 log-probabilities; under
     TP the vocabulary-parallel softmax holds two float32 blocks at once ((z - max).exp()) instead of one.
-    Each chunk's blocks are released before the next chunk's logits are made. With one chunk the weight's gradient comes after the chunk's transients are freed,
-    so only the larger of the two counts. Measured (float32, debug model, seq 1024, batch 4): within
-    0.1 % of the peak with one chunk of 4096, several of 1024 or 512, and under TP 2."""
+    Each chunk's blocks are released before the next chunk's logits are made. With one chunk the weight's
+    gradient comes after the chunk's transients are freed, so only the larger of the two counts. Measured
+    (float32, debug model, seq 1024, batch 4): within 0.1 % of the peak with one chunk of 4096, several of
+    1024 or 512, and under TP 2."""
     tokens = s.micro_batch * s.seq_len
     vocab = facts.vocab / tp
     one_chunk = tokens <= s.loss_chunk
@@ -416,8 +446,18 @@ def setting_for(cfg, lay: Layout, world: int, device: str) -> Setting:
     else:
         mbs, microbatches, schedule, stages = local, max(1, per_rank // local), "", 1
     loss_parallel = lay.tp > 1 and not p.disable_loss_parallel  # titanlite.parallel.parallelize.loss_parallel_enabled
-    return Setting(t.seq_len, mbs, microbatches, 2 if bf16 else 4, 2 if bf16 else 4, loss_parallel, schedule, stages,
-                   cfg.activation_checkpoint.selective_ac_option, chunk_tokens(t, cfg.compile, loss_parallel))
+    return Setting(
+        t.seq_len,
+        mbs,
+        microbatches,
+        2 if bf16 else 4,
+        2 if bf16 else 4,
+        loss_parallel,
+        schedule,
+        stages,
+        cfg.activation_checkpoint.selective_ac_option,
+        chunk_tokens(t, cfg.compile, loss_parallel),
+    )
 
 
 def layout_rows(cfg, facts: ModelFacts, own: Layout, machine: Machine, fits) -> list[dict]:
@@ -442,7 +482,9 @@ def layout_rows(cfg, facts: ModelFacts, own: Layout, machine: Machine, fits) -> 
     if not any(r["fits"] for r in rows) and own.ac != "full":
         rows += rows_of([replace(own, ac="full")], [])
     if machine.device == "cuda" and not any(r["fits"] for r in rows):
-        rows += rows_of([lay for lay in offload_layouts(machine.ngpu, machine.nnodes) if not same_as_own(lay)], ["full"])
+        rows += rows_of(
+            [lay for lay in offload_layouts(machine.ngpu, machine.nnodes) if not same_as_own(lay)], ["full"]
+        )
     return rows
 
 
@@ -453,8 +495,16 @@ def layout_row(cfg, facts: ModelFacts, lay: Layout, machine: Machine, fits, own:
     seconds = comm_seconds(lay, est["comm"], machine.ngpu, machine.nnodes, machine.interconnect)
     compute = compute_seconds(facts, cfg, lay, s, machine.tflops)
     bubble = (lay.pp - 1) / (s.microbatches * s.stages_per_rank) if lay.pp > 1 else 0.0
-    return {"layout": lay, "setting": s, "est": est, "comm_s": seconds, "fits": fits(est), "own": own,
-            "bubble": bubble, "step_s": compute * (1 + bubble) + seconds}
+    return {
+        "layout": lay,
+        "setting": s,
+        "est": est,
+        "comm_s": seconds,
+        "fits": fits(est),
+        "own": own,
+        "bubble": bubble,
+        "step_s": compute * (1 + bubble) + seconds,
+    }
 
 
 ASSUMED_MFU = 0.4
@@ -462,12 +512,27 @@ ASSUMED_MFU = 0.4
 
 def rows_json(rows: list[dict]) -> dict:
     pick, why = recommend(rows)
-    return {"rows": [{"layout": r["layout"].name, "ac": r["layout"].ac, "fits": r["fits"], "own": r["own"],
-                      "offload": r["layout"].offload, "loss_chunk_tokens": r["setting"].loss_chunk, "comm_bytes": r["est"]["comm"], "step_s": r["step_s"],
-                      "bubble": r["bubble"]}
-                     | {k: r["est"][k] for k in ("parameters", "gradients", "optimizer", "activations", "temporary", "peak", "host")}
-                     for r in rows],
-            "recommended": None if pick is None else {"layout": pick["layout"].name, "ac": pick["layout"].ac, "why": why}}
+    return {
+        "rows": [
+            {
+                "layout": r["layout"].name,
+                "ac": r["layout"].ac,
+                "fits": r["fits"],
+                "own": r["own"],
+                "offload": r["layout"].offload,
+                "loss_chunk_tokens": r["setting"].loss_chunk,
+                "comm_bytes": r["est"]["comm"],
+                "step_s": r["step_s"],
+                "bubble": r["bubble"],
+            }
+            | {
+                k: r["est"][k]
+                for k in ("parameters", "gradients", "optimizer", "activations", "temporary", "peak", "host")
+            }
+            for r in rows
+        ],
+        "recommended": None if pick is None else {"layout": pick["layout"].name, "ac": pick["layout"].ac, "why": why},
+    }
 
 
 def compute_seconds(facts: ModelFacts, cfg, lay: Layout, s: Setting, tflops: float) -> float:
@@ -506,12 +571,17 @@ def recommend(rows: list[dict]) -> tuple[dict | None, str]:
     near = [r for r in fitting if r["step_s"] <= 1.05 * best]
     pick = min(near, key=lambda r: simplicity(r["layout"]))
     lay, est = pick["layout"], pick["est"]
-    why = (f"fits with {est['peak'] / GIB:.1f} GiB per rank; estimated step {1e3 * pick['step_s']:.1f} ms "
-           f"({1e3 * pick['comm_s']:.1f} ms of it communication, {sum(est['comm'].values()) / 1e9:.2f} GB per rank"
-           + (f", pipeline bubble {pick['bubble']:.0%}" if lay.pp > 1 else "") + ")")
+    why = (
+        f"fits with {est['peak'] / GIB:.1f} GiB per rank; estimated step {1e3 * pick['step_s']:.1f} ms "
+        f"({1e3 * pick['comm_s']:.1f} ms of it communication, {sum(est['comm'].values()) / 1e9:.2f} GB per rank"
+        + (f", pipeline bubble {pick['bubble']:.0%}" if lay.pp > 1 else "")
+        + ")"
+    )
     if lay.ac != "none":
         why += f"; needs activation_checkpoint.mode = '{lay.ac}' to fit"
     if lay.offload:
-        why += (f"; needs training.enable_cpu_offload = true to fit, with {est['host'] / GIB:.1f} GiB of host memory "
-                "per rank (its AdamW step runs on the CPU, not in the step time)")
+        why += (
+            f"; needs training.enable_cpu_offload = true to fit, with {est['host'] / GIB:.1f} GiB of host memory "
+            "per rank (its AdamW step runs on the CPU, not in the step time)"
+        )
     return pick, why

@@ -44,7 +44,17 @@ def build_model(cfg: JobConfig, vocab_size: int, plan: Plan, mesh, device: torch
         model = configured_model(cfg.model, vocab_size, cfg.training.seq_len)
     parts = split_model(model, plan.pipeline, mesh["pp"].get_local_rank()) if plan.pipeline else [model]
     parts = [
-        parallelize(part, plan.dims, mesh, cfg.parallelism, cfg.training, device, cfg.activation_checkpoint, cfg.compile, cfg.float8)
+        parallelize(
+            part,
+            plan.dims,
+            mesh,
+            cfg.parallelism,
+            cfg.training,
+            device,
+            cfg.activation_checkpoint,
+            cfg.compile,
+            cfg.float8,
+        )
         for part in parts
     ]
     for part in parts:
@@ -81,7 +91,9 @@ def build_rank_model(cfg: JobConfig, plan: Plan, mesh, device: torch.device, voc
     if chunks:
         loss_line = f"  loss: cross-entropy in chunks of {chunks} tokens, no full logits (training.loss_chunk_tokens)"
     elif loss_fn is cross_entropy and compile_loss:
-        loss_line = "  compile: the loss stays eager under loss parallelism (torch 2.13 computes it wrongly when compiled)"
+        loss_line = (
+            "  compile: the loss stays eager under loss parallelism (torch 2.13 computes it wrongly when compiled)"
+        )
     else:
         loss_line = "  loss: cross-entropy on the whole logits" + (" (compiled)" if compile_loss else "")
     pipeline = build_pipeline(cfg, plan, plain, parts, mesh, device, loss_fn) if plan.pipeline else None

@@ -34,16 +34,16 @@ class ModelFacts:
     vocab: int
     n_layers: int
     tie: bool
-    layer_params: list[int]                 # full parameter count per block
-    layer_tp_split: list[int]               # of those, the ones TP splits
-    ends: dict[str, tuple[int, int]]        # first/last: (params, TP-split params), outside the blocks
-    largest_unit: int                       # params of the largest FSDP unit (a block or the root)
-    act_layer: list[float] = field(default_factory=list)      # saved bytes per block, per sequence, float32
+    layer_params: list[int]  # full parameter count per block
+    layer_tp_split: list[int]  # of those, the ones TP splits
+    ends: dict[str, tuple[int, int]]  # first/last: (params, TP-split params), outside the blocks
+    largest_unit: int  # params of the largest FSDP unit (a block or the root)
+    act_layer: list[float] = field(default_factory=list)  # saved bytes per block, per sequence, float32
     act_layer_sac: list[float] = field(default_factory=list)  # of those, what selective-op AC keeps
-    act_first: float = 0.0                  # saved before the first block (embeddings), per sequence
-    act_last_hidden: float = 0.0            # saved after the last block, except full-vocabulary tensors
-    act_last_vocab: float = 0.0             # saved full-vocabulary tensors (logits path), per sequence
-    flops_per_token: float = 0.0            # training FLOPs per token (metrics.flops_per_token)
+    act_first: float = 0.0  # saved before the first block (embeddings), per sequence
+    act_last_hidden: float = 0.0  # saved after the last block, except full-vocabulary tensors
+    act_last_vocab: float = 0.0  # saved full-vocabulary tensors (logits path), per sequence
+    flops_per_token: float = 0.0  # training FLOPs per token (metrics.flops_per_token)
     tp_sizes: dict[str, int] = field(default_factory=dict)  # what a TP degree must divide (tp_split_sizes)
 
     @property
@@ -69,7 +69,7 @@ def model_facts(cfg, seq_len: int) -> ModelFacts:
         model = configured_model(m, build_tokenizer(m.tokenizer, m.hf_assets_path).vocab_size, seq_len)
     args = model.args
     layer_params, layer_split = [], []
-    for block_name, block in model.layers.items():
+    for block in model.layers.values():
         named = list(block.named_parameters())
         layer_params.append(sum(p.numel() for _, p in named))
         layer_split.append(sum(p.numel() for n, p in named if tp_splits(n, p.shape)))
@@ -82,9 +82,19 @@ def model_facts(cfg, seq_len: int) -> ModelFacts:
         ends[where][0] += p.numel()
         ends[where][1] += p.numel() if tp_splits(name, p.shape) else 0
     root = ends["first"][0] + ends["last"][0]
-    facts = ModelFacts(m.name, args.dim, args.vocab_size, args.n_layers, args.tie_embeddings, layer_params, layer_split,
-                       {k: tuple(v) for k, v in ends.items()}, max(max(layer_params), root),
-                       flops_per_token=flops_per_token(model, seq_len), tp_sizes=tp_split_sizes(args))
+    facts = ModelFacts(
+        m.name,
+        args.dim,
+        args.vocab_size,
+        args.n_layers,
+        args.tie_embeddings,
+        layer_params,
+        layer_split,
+        {k: tuple(v) for k, v in ends.items()},
+        max(max(layer_params), root),
+        flops_per_token=flops_per_token(model, seq_len),
+        tp_sizes=tp_split_sizes(args),
+    )
     measure_saved_tensors(model, facts, seq_len)
     return facts
 
@@ -98,7 +108,9 @@ def flash_attention_on_meta():
 
     def flash(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **kwargs):
         if attn_mask is not None or dropout_p or kwargs:
-            return original(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, **kwargs)
+            return original(
+                q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, **kwargs
+            )
         return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, is_causal, scale=scale)[0]
 
     F.scaled_dot_product_attention = flash
@@ -156,9 +168,18 @@ def measure_saved_tensors(model, facts: ModelFacts, seq_len: int) -> None:
 
 # What the planner's model facts depend on besides the model's settings: the code that defines the models
 # and measures them.
-FACTS_SOURCES = ("base/model_args.py", "base/hf_config.py", "models/gpt2.py", "models/llama.py",
-                 "models/registry.py", "builder/model_facts.py", "parallel/activation_checkpoint.py",
-                 "parallel/tensor_parallel.py", "components/loss.py", "components/metrics.py")
+FACTS_SOURCES = (
+    "base/model_args.py",
+    "base/hf_config.py",
+    "models/gpt2.py",
+    "models/llama.py",
+    "models/registry.py",
+    "builder/model_facts.py",
+    "parallel/activation_checkpoint.py",
+    "parallel/tensor_parallel.py",
+    "components/loss.py",
+    "components/metrics.py",
+)
 
 
 def cached_model_facts(cfg) -> ModelFacts:

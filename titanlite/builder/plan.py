@@ -10,9 +10,9 @@ import torch
 
 from titanlite.base.devices import device_type
 from titanlite.base.errors import ConfigError
+from titanlite.components.profiling import check_profiling
 from titanlite.config import JobConfig, grad_accum_steps
 from titanlite.data.tokenizer import build_tokenizer
-from titanlite.components.profiling import check_profiling
 from titanlite.models.registry import configured_args
 from titanlite.parallel.dims import ParallelDims
 from titanlite.parallel.float8 import check_float8
@@ -66,11 +66,15 @@ def check_layout_features(cfg: JobConfig, dims: ParallelDims) -> None:
             "compile.enable = false"
         )
     if cfg.training.enable_cpu_offload and device_type() != "cuda":
-        raise ConfigError("training.enable_cpu_offload moves FSDP shards between CUDA and host memory; there is no CUDA device here, set it to false")
+        raise ConfigError(
+            "training.enable_cpu_offload moves FSDP shards between CUDA and host memory; there is no CUDA device "
+            "here, set it to false"
+        )
     if cfg.training.enable_cpu_offload and not dims.fsdp_enabled:
         raise ConfigError(
             "training.enable_cpu_offload offloads FSDP shards, but this layout has no FSDP "
-            f"(dp_shard = {dims.dp_shard}); use parallelism.data_parallel_shard_degree > 1 (or one GPU) or set it to false"
+            f"(dp_shard = {dims.dp_shard}); use parallelism.data_parallel_shard_degree > 1 (or one GPU) or set it to "
+            "false"
         )
     if cfg.training.skip_nonfinite_steps and cfg.optimizer.implementation not in ("auto", "fused"):
         raise ConfigError(
@@ -86,8 +90,10 @@ def check_async_mode(checkpoint) -> None:
         try:
             from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions  # noqa: F401 (a probe)
         except ImportError:
-            raise ConfigError(f"checkpoint.async_mode='async_with_pinned_mem' needs DCP's DefaultStager, which torch "
-                              f"{torch.__version__} lacks; use checkpoint.async_mode = 'async'") from None
+            raise ConfigError(
+                f"checkpoint.async_mode='async_with_pinned_mem' needs DCP's DefaultStager, which torch "
+                f"{torch.__version__} lacks; use checkpoint.async_mode = 'async'"
+            ) from None
 
 
 def validation_batch_size(cfg: JobConfig) -> int:
@@ -104,9 +110,12 @@ def check_validation(cfg: JobConfig, pipeline: PipelinePlan | None, max_seq_len:
     if pipeline and validation_batch_size(cfg) % pipeline.n_microbatches:
         raise ConfigError(
             f"validation batches of {validation_batch_size(cfg)} windows per rank cannot be cut into the pipeline's "
-            f"{pipeline.n_microbatches} micro-batches; set validation.local_batch_size to a multiple of {pipeline.n_microbatches}"
+            f"{pipeline.n_microbatches} micro-batches; set validation.local_batch_size to a multiple of "
+            f"{pipeline.n_microbatches}"
         )
     seq_len = cfg.validation.seq_len or cfg.training.seq_len
     if seq_len > max_seq_len:
-        raise ConfigError(f"validation.seq_len={seq_len} is longer than the model's {max_seq_len} positions; "
-                          f"use validation.seq_len <= {max_seq_len}")
+        raise ConfigError(
+            f"validation.seq_len={seq_len} is longer than the model's {max_seq_len} positions; "
+            f"use validation.seq_len <= {max_seq_len}"
+        )

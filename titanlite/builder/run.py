@@ -33,15 +33,21 @@ def build_validator(cfg: JobConfig, plan: Plan, setup: ModelSetup, mesh, windows
     return Validator(setup.rank, windows, batches)
 
 
-def build_checkpointer(cfg: JobConfig, run_dir: Path, setup: ModelSetup, plan: Plan, optimizer, lr_scheduler,
-                       loader, say) -> Checkpointer:
+def build_checkpointer(
+    cfg: JobConfig, run_dir: Path, setup: ModelSetup, plan: Plan, optimizer, lr_scheduler, loader, say
+) -> Checkpointer:
     parts = setup.rank.parts
     # Under PP a tied embedding's copy lives in the last stage's part as output.weight.
     tied_copy_parts = set()
     if plan.pipeline and setup.plain_model.args.tie_embeddings:
         tied_copy_parts = {i for i, part in enumerate(parts) if part.output is not None and part.tok_embeddings is None}
     return Checkpointer(
-        cfg.checkpoint, run_dir, parts, optimizer, lr_scheduler, loader,
+        cfg.checkpoint,
+        run_dir,
+        parts,
+        optimizer,
+        lr_scheduler,
+        loader,
         tied_copy_parts=tied_copy_parts,
         final_step=cfg.training.stop_after_step or cfg.training.steps,
         initial_load_path=initial_weights_path(cfg),
@@ -69,7 +75,9 @@ def build_trainer(cfg: JobConfig, plan: Plan, device: torch.device, rank: int, w
     validator = None
     if cfg.validation.enable:
         validator = build_validator(cfg, plan, setup, mesh, build_validation_data(cfg, tokenizer, corpus, say=say))
-    optimizer = Optimizers(setup.rank.parts, cfg.optimizer, device.type, skip_nonfinite=cfg.training.skip_nonfinite_steps)
+    optimizer = Optimizers(
+        setup.rank.parts, cfg.optimizer, device.type, skip_nonfinite=cfg.training.skip_nonfinite_steps
+    )
     lr_scheduler = LRSchedulers(optimizer, cfg.lr_scheduler, cfg.training.steps)
 
     run_dir = Path(cfg.job.dump_folder) / cfg.job.name
@@ -85,7 +93,10 @@ def build_trainer(cfg: JobConfig, plan: Plan, device: torch.device, rank: int, w
     for line in startup_lines(cfg, plan, setup, corpus, validator, peak, device, world_size):
         say(line)
     trainer = Trainer(
-        setup.rank, optimizer, lr_scheduler, loader,
+        setup.rank,
+        optimizer,
+        lr_scheduler,
+        loader,
         settings=StepSettings(plan.grad_accum_steps, cfg.training.max_norm, cfg.metrics.log_freq, cfg.validation.freq),
         figures=StepFigures(
             tokens_per_step=plan.global_batch_size * cfg.training.seq_len,
@@ -110,7 +121,9 @@ def build_trainer(cfg: JobConfig, plan: Plan, device: torch.device, rank: int, w
     return trainer
 
 
-def startup_lines(cfg: JobConfig, plan: Plan, setup: ModelSetup, corpus, validator, peak, device, world_size) -> list[str]:
+def startup_lines(
+    cfg: JobConfig, plan: Plan, setup: ModelSetup, corpus, validator, peak, device, world_size
+) -> list[str]:
     """What rank 0 prints before the first step: the model, the layout, the data, the loss, validation,
     MFU, float8 and the pipeline."""
     n_params = count_params(setup.plain_model)

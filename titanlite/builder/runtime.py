@@ -38,7 +38,9 @@ def init_distributed(world_size: int, init_timeout_seconds: float, one_rank_mesh
     if world_size > 1:
         dist.init_process_group(backend, timeout=timeout, device_id=device_id)
     elif one_rank_mesh and not dist.is_initialized():
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout, device_id=device_id)
+        dist.init_process_group(
+            backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout, device_id=device_id
+        )
     return device
 
 

@@ -121,8 +121,10 @@ def gib(n: float, pool: str, device: str) -> str:
 
 def describe_need(need: tuple[float, float, str], pool: str, device: str) -> str:
     total, tensors, rest = need
-    return (f"about {gib(total, pool, device)} per rank (estimate: {tensors / GIB:.1f} GiB of tensors + "
-            f"{(total - tensors) / GIB:.1f} GiB {rest})")
+    return (
+        f"about {gib(total, pool, device)} per rank (estimate: {tensors / GIB:.1f} GiB of tensors + "
+        f"{(total - tensors) / GIB:.1f} GiB {rest})"
+    )
 
 
 def memory_preflight(cfg, world_size: int, local_ranks: int, say=print) -> None:
@@ -153,12 +155,18 @@ def memory_preflight(cfg, world_size: int, local_ranks: int, say=print) -> None:
             near.append(f"{describe_need(need, pool, device)} is {need[0] / cap.per_rank:.0%} of {cap.describe()}")
     if over:
         advice = alternative(cfg, facts, own, world_size, local_ranks, device, capacity)
-        raise ConfigError(f"memory: {cfg.model.name} {cfg.model.flavor} on {own.name} needs " + "; and ".join(over)
-                          + f"; {advice}; or {SKIP}")
+        raise ConfigError(
+            f"memory: {cfg.model.name} {cfg.model.flavor} on {own.name} needs "
+            + "; and ".join(over)
+            + f"; {advice}; or {SKIP}"
+        )
     if near:
-        say(f"titanlite: warning: memory: {cfg.model.name} {cfg.model.flavor} on {own.name}: " + "; and ".join(near)
+        say(
+            f"titanlite: warning: memory: {cfg.model.name} {cfg.model.flavor} on {own.name}: "
+            + "; and ".join(near)
             + "; the allocator's fragmentation may not fit in the rest (activation_checkpoint.mode full or a lower "
-            "training.local_batch_size leaves more room)")
+            "training.local_batch_size leaves more room)"
+        )
         return
     say("titanlite: memory: " + "; ".join(parts))
 
@@ -177,17 +185,24 @@ def alternative(cfg, facts, own, world_size: int, local_ranks: int, device: str,
 
     rows = layout_rows(cfg, facts, own, Machine(local_ranks, nnodes, device), fits)
     pick, _ = recommend(rows)
-    per_node = (f"{local_ranks} GPU" + "s" * (local_ranks > 1) if device == "cuda"
-                else f"{local_ranks} process" + "es" * (local_ranks > 1))
+    per_node = (
+        f"{local_ranks} GPU" + "s" * (local_ranks > 1)
+        if device == "cuda"
+        else f"{local_ranks} process" + "es" * (local_ranks > 1)
+    )
     machine = per_node + (f" x {nnodes} nodes" if nnodes > 1 else "")
     if pick is None:
         tried = "activation checkpointing or CPU offload" if device == "cuda" else "activation checkpointing"
-        return (f"no layout of {machine} fits, even with {tried}: use more nodes, a smaller model.flavor, "
-                "a shorter training.seq_len or a lower training.local_batch_size")
+        return (
+            f"no layout of {machine} fits, even with {tried}: use more nodes, a smaller model.flavor, "
+            "a shorter training.seq_len or a lower training.local_batch_size"
+        )
     lay = pick["layout"]
     figures = " and ".join(gib(need[0], pool, device) for pool, need in rank_needs(pick["est"], device).items())
-    return (f"for {machine} the planner recommends {lay.name}, AC {lay.ac} (about {figures} per rank, estimated): "
-            + " ".join(changed_overrides(own, lay)))
+    return (
+        f"for {machine} the planner recommends {lay.name}, AC {lay.ac} (about {figures} per rank, estimated): "
+        + " ".join(changed_overrides(own, lay))
+    )
 
 
 def changed_overrides(own, lay) -> list[str]:
@@ -195,8 +210,11 @@ def changed_overrides(own, lay) -> list[str]:
     resharding only where `lay` has FSDP: elsewhere it changes nothing)."""
     mine, theirs = own.overrides(every=True), lay.overrides(every=True)
     pairs = zip(theirs[::2], theirs[1::2], mine[1::2])
-    return [f"{key} {value}" for key, value, current in pairs
-            if value != current and (key != "--parallelism.fsdp_reshard_after_forward" or lay.dims.fsdp_enabled)]
+    return [
+        f"{key} {value}"
+        for key, value, current in pairs
+        if value != current and (key != "--parallelism.fsdp_reshard_after_forward" or lay.dims.fsdp_enabled)
+    ]
 
 
 def check(argv: list[str]) -> int:
@@ -213,7 +231,9 @@ def check(argv: list[str]) -> int:
         print(f"titanlite: data: {line}")
     memory_preflight(cfg, world_size, local_ranks, say=lambda line: print(line, flush=True))
     if cfg.validation.enable:
-        windows = build_validation_data(cfg, tokenizer, corpus, verify="sample", say=lambda line: print(line, flush=True))
+        windows = build_validation_data(
+            cfg, tokenizer, corpus, verify="sample", say=lambda line: print(line, flush=True)
+        )
         print(f"titanlite: {describe_validation(cfg, len(windows), plan.dims.dp)}")
     print(
         f"titanlite: config ok for {world_size} process(es): {plan.dims.describe()}, "

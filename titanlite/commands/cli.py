@@ -92,10 +92,15 @@ def generate(argv: list[str]) -> int:
 
 
 def bench(argv: list[str]) -> int:
-    from titanlite.tools import bench as tools, bench_data, strategies  # lazy: start-up time (above)
+    from titanlite.tools import bench as tools  # lazy: start-up time (above)
+    from titanlite.tools import bench_data, strategies  # lazy: start-up time (above)
 
-    commands = {"throughput": tools.throughput, "strategies": strategies.strategies, "batch-sizes": strategies.batch_sizes,
-                "data": bench_data.bench_data}
+    commands = {
+        "throughput": tools.throughput,
+        "strategies": strategies.strategies,
+        "batch-sizes": strategies.batch_sizes,
+        "data": bench_data.bench_data,
+    }
     what, rest = (argv[0], argv[1:]) if argv else ("", [])
     if what not in commands:
         raise ConfigError(f"bench takes one of {', '.join(commands)}, not '{what}'")
@@ -122,8 +127,17 @@ def train(argv: list[str]) -> None:
 
 
 # Commands that run in this process; a ConfigError from any of them is one line and status 2.
-COMMANDS = {"check": check, "eval": evaluate, "prepare": prepare, "seed-checkpoint": seed_checkpoint, "convert": convert, "generate": generate,
-            "bench": bench, "plan": plan, "analyze": analyze}
+COMMANDS = {
+    "check": check,
+    "eval": evaluate,
+    "prepare": prepare,
+    "seed-checkpoint": seed_checkpoint,
+    "convert": convert,
+    "generate": generate,
+    "bench": bench,
+    "plan": plan,
+    "analyze": analyze,
+}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -28,7 +28,9 @@ def seed_checkpoint(argv: list[str]) -> int:
 
 def convert(argv: list[str]) -> int:
     if not argv or argv[0] != "to-hf":
-        raise ConfigError("convert takes 'to-hf --output DIR'; to import a Hugging Face folder set checkpoint.initial_load_path")
+        raise ConfigError(
+            "convert takes 'to-hf --output DIR'; to import a Hugging Face folder set checkpoint.initial_load_path"
+        )
     opts, rest = take_options(argv[1:], {"output": ""}, "convert to-hf")
     output = opts["output"]
     if not output:
@@ -42,8 +44,16 @@ def convert(argv: list[str]) -> int:
     load_model_only(path, model)
     m = cfg.model
     tokenizer = build_tokenizer(m.tokenizer, m.hf_assets_path)
-    save_hf(output, model.args, model.state_dict(), dtype=getattr(torch, cfg.checkpoint.export_dtype),
-            tokenizer=tokenizer, max_shard_bytes=int(cfg.checkpoint.export_max_shard_gb * 2**30))
-    print(f"titanlite: exported {path} to {output} ({cfg.checkpoint.export_dtype}, tokenizer {m.tokenizer}); "
-          "AutoModelForCausalLM and AutoTokenizer load it offline")
+    save_hf(
+        output,
+        model.args,
+        model.state_dict(),
+        dtype=getattr(torch, cfg.checkpoint.export_dtype),
+        tokenizer=tokenizer,
+        max_shard_bytes=int(cfg.checkpoint.export_max_shard_gb * 2**30),
+    )
+    print(
+        f"titanlite: exported {path} to {output} ({cfg.checkpoint.export_dtype}, tokenizer {m.tokenizer}); "
+        "AutoModelForCausalLM and AutoTokenizer load it offline"
+    )
     return 0

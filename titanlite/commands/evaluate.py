@@ -44,8 +44,18 @@ def eval_command(argv: list[str]) -> int:
     if opts["ngpu"] == 1:  # no process group: the worker runs here and returns
         return run_worker(lambda cfg: evaluate(cfg, opts["output"]), rest)
     env = {**os.environ, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
-    cmd = [sys.executable, "-m", "titanlite.commands.launch", "--standalone", f"--nproc-per-node={opts['ngpu']}",
-           "-m", "titanlite.commands.evaluate", "--output", opts["output"], *rest]
+    cmd = [
+        sys.executable,
+        "-m",
+        "titanlite.commands.launch",
+        "--standalone",
+        f"--nproc-per-node={opts['ngpu']}",
+        "-m",
+        "titanlite.commands.evaluate",
+        "--output",
+        opts["output"],
+        *rest,
+    ]
     return subprocess.run(cmd, env=env).returncode
 
 
@@ -59,8 +69,10 @@ def evaluate(cfg: JobConfig, output: str = "") -> dict:
     windows = build_validation_data(cfg, tokenizer, corpus, say=say)
     setup = build_rank_model(cfg, plan, mesh, device, tokenizer.vocab_size)
     validator = build_validator(cfg, plan, setup, mesh, windows)
-    say(f"titanlite eval: {describe_model(cfg)} on {plan.dims.describe()}; "
-        f"{describe_validation(cfg, len(windows), plan.dims.dp, schedule=False)}")
+    say(
+        f"titanlite eval: {describe_model(cfg)} on {plan.dims.describe()}; "
+        f"{describe_validation(cfg, len(windows), plan.dims.dp, schedule=False)}"
+    )
     path = checkpoint_to_load(cfg, "evaluate")
     load_weights(setup.rank.parts, path)
     result = validator.run()
@@ -70,8 +82,10 @@ def evaluate(cfg: JobConfig, output: str = "") -> dict:
 
 def report(result: dict, path: Path, output: str, say) -> None:
     """Print the figures; rank 0 also writes them to `output` (--output F.json) when one is named."""
-    say(f"titanlite eval: {path}: val_loss {result['val_loss']:.4f}  val_perplexity {result['val_perplexity']:.2f}  "
-        f"val_tokens {result['val_tokens']:,}  ({result['val_seconds']:.1f}s)")
+    say(
+        f"titanlite eval: {path}: val_loss {result['val_loss']:.4f}  val_perplexity {result['val_perplexity']:.2f}  "
+        f"val_tokens {result['val_tokens']:,}  ({result['val_seconds']:.1f}s)"
+    )
     if output and (not dist.is_initialized() or dist.get_rank() == 0):
         Path(output).parent.mkdir(parents=True, exist_ok=True)
         Path(output).write_text(json.dumps({**result, "checkpoint": str(path)}, indent=2) + "\n")

@@ -83,8 +83,12 @@ def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
 
 @torch.inference_mode()
 def generate(
-    model: nn.Module, prompt_ids: list[int], max_new_tokens: int, vocab_size: int,
-    sampling: Sampling = Sampling(), eot_id: int | None = None,
+    model: nn.Module,
+    prompt_ids: list[int],
+    max_new_tokens: int,
+    vocab_size: int,
+    sampling: Sampling = Sampling(),
+    eot_id: int | None = None,
 ) -> Generation:
     """Continue prompt_ids by up to max_new_tokens ids, stopping early at eot_id (kept as the last id) or when
     prompt and continuation fill the model's context (model.args.max_seq_len positions).
@@ -138,8 +142,10 @@ def main(argv: list[str]) -> int:
         result = generate(model, prompt_ids, opts["max-new-tokens"], tokenizer.vocab_size, sampling, eot_id)
     text = tokenizer.decode(i for i in result.new_ids if i != eot_id)
     print(opts["prompt"] + text)
-    print(f"titanlite: {len(result.new_ids)} new tokens in {result.seconds:.2f} s ({result.tokens_per_s:.1f} tokens/s, "
-          f"model load excluded); {_describe_stop(result.stop, opts['max-new-tokens'], model.args.max_seq_len)}")
+    print(
+        f"titanlite: {len(result.new_ids)} new tokens in {result.seconds:.2f} s ({result.tokens_per_s:.1f} tokens/s, "
+        f"model load excluded); {_describe_stop(result.stop, opts['max-new-tokens'], model.args.max_seq_len)}"
+    )
     if opts["output"]:
         write_record(Path(opts["output"]), opts["prompt"], prompt_ids, result, text)
     return 0
@@ -147,8 +153,14 @@ def main(argv: list[str]) -> int:
 
 def write_record(path: Path, prompt: str, prompt_ids: list[int], result: Generation, text: str) -> None:
     """What --output F.json holds: the prompt, its ids, the new ids, their text, the speed and why it stopped."""
-    record = {"prompt": prompt, "prompt_ids": prompt_ids, "new_ids": result.new_ids, "text": text,
-              "tokens_per_s": result.tokens_per_s, "stop": result.stop}
+    record = {
+        "prompt": prompt,
+        "prompt_ids": prompt_ids,
+        "new_ids": result.new_ids,
+        "text": text,
+        "tokens_per_s": result.tokens_per_s,
+        "stop": result.stop,
+    }
     path.write_text(json.dumps(record, indent=2) + "\n")
 
 

@@ -1,7 +1,7 @@
 """torchrun that ends a failed job with the failing worker's own line and exit status.
 
-`python -m titanlite.commands.launch <torchrun options> -m titanlite.commands.train ...` (what run_train.sh, `eval --ngpu`,
-`plan --measure`, `bench strategies` and the tests run) is torchrun, run in this process, with one
+`python -m titanlite.commands.launch <torchrun options> -m titanlite.commands.train ...` (what run_train.sh,
+`eval --ngpu`, `plan --measure`, `bench strategies` and the tests run) is torchrun, run in this process, with one
 difference: torchrun ends a failed job with its multi-line summary and status 1 whatever the worker's
 was. Here every worker records its failure (titanlite/base/failures.py) in a temporary folder; after a
 failure the first one's line is printed last and its status (2 config, 3 non-finite loss, 4 out of
@@ -18,9 +18,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+import torch.distributed.run as torchrun
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-import torch.distributed.run as torchrun
 
 from titanlite.base.failures import FAILURE_DIR_ENV, PREFIX, first_failure
 
@@ -63,11 +63,18 @@ def report(folder: Path, error) -> int:
     code = failure.exitcode
     if code < 0:
         name = signal.Signals(-code).name if -code in signal.valid_signals() else f"signal {-code}"
-        print(f"{PREFIX}rank {rank}: killed by {name} without a reason (a kill, or the kernel's out-of-memory "
-              f"killer: see `dmesg`); torchrun's log above has its last output", file=sys.stderr, flush=True)
+        print(
+            f"{PREFIX}rank {rank}: killed by {name} without a reason (a kill, or the kernel's out-of-memory "
+            f"killer: see `dmesg`); torchrun's log above has its last output",
+            file=sys.stderr,
+            flush=True,
+        )
         return 128 - code
-    print(f"{PREFIX}rank {rank}: exited with status {code} before titanlite could say why (see its output above)",
-          file=sys.stderr, flush=True)
+    print(
+        f"{PREFIX}rank {rank}: exited with status {code} before titanlite could say why (see its output above)",
+        file=sys.stderr,
+        flush=True,
+    )
     return code or 1
 
 

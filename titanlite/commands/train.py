@@ -30,7 +30,10 @@ def train(cfg: JobConfig) -> None:
     trainer.checkpointer.close()
     trainer.logger.close()
     if rank == 0:
-        print(f"  done: {cfg.training.steps} steps; metrics in {Path(cfg.job.dump_folder) / cfg.job.name / 'metrics.jsonl'}")
+        print(
+            f"  done: {cfg.training.steps} steps; metrics in "
+            f"{Path(cfg.job.dump_folder) / cfg.job.name / 'metrics.jsonl'}"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,10 +25,10 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from titanlite.config import Checkpoint as CheckpointConfig
 from titanlite.base.devices import uses_cuda
 from titanlite.base.errors import ConfigError
 from titanlite.components.hf_weights import load_hf_into
+from titanlite.config import Checkpoint as CheckpointConfig
 
 # In one process DCP warns, at every save and load, that it assumes one process: that is the intent.
 warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
@@ -77,11 +77,28 @@ class Checkpointer:
     """Saves and restores everything an exact continuation needs: model, optimizer, LR schedule, data
     position, step and token count, and the RNG state."""
 
-    def __init__(self, cfg: CheckpointConfig, run_dir: Path, model_parts: list[nn.Module], optimizers, lr_schedulers,
-                 loader, *, tied_copy_parts: set[int], final_step: int, initial_load_path: str = "", say=print):
+    def __init__(
+        self,
+        cfg: CheckpointConfig,
+        run_dir: Path,
+        model_parts: list[nn.Module],
+        optimizers,
+        lr_schedulers,
+        loader,
+        *,
+        tied_copy_parts: set[int],
+        final_step: int,
+        initial_load_path: str = "",
+        say=print,
+    ):
         self.cfg, self.run_dir = cfg, run_dir
         self.initial_load_path = initial_load_path or cfg.initial_load_path
-        self.model_parts, self.optimizers, self.lr_schedulers, self.loader = model_parts, optimizers, lr_schedulers, loader
+        self.model_parts, self.optimizers, self.lr_schedulers, self.loader = (
+            model_parts,
+            optimizers,
+            lr_schedulers,
+            loader,
+        )
         self.tied_copy_parts = tied_copy_parts  # indices of parts holding a tied embedding's copy (PP last stage)
         self.final_step = final_step
         self.say = say
@@ -95,8 +112,10 @@ class Checkpointer:
         if self.mode == "async_with_pinned_mem":
             self.stager = process_saver_stager(pinned=uses_cuda())
             where = "pinned" if uses_cuda() else "shared (pinned memory needs CUDA)"
-            say(f"  checkpoint: async_with_pinned_mem: each save is copied to {where} host memory, then written "
-                "by a background process")
+            say(
+                f"  checkpoint: async_with_pinned_mem: each save is copied to {where} host memory, then written "
+                "by a background process"
+            )
 
     # ---- what is saved -----------------------------------------------------------------------
 
@@ -161,7 +180,11 @@ class Checkpointer:
             tmp.mkdir(parents=True)
         if dist.is_initialized():
             dist.barrier()
-        meta = {"step": step, "model_only": model_only, "world_size": dist.get_world_size() if dist.is_initialized() else 1}
+        meta = {
+            "step": step,
+            "model_only": model_only,
+            "world_size": dist.get_world_size() if dist.is_initialized() else 1,
+        }
         start = time.perf_counter()
         if self.mode == "disabled":
             dcp.save(state, checkpoint_id=str(tmp), no_dist=not dist.is_initialized())
@@ -169,7 +192,9 @@ class Checkpointer:
         else:
             kind = dcp.state_dict_saver.AsyncCheckpointerType
             response = dcp.async_save(
-                state, checkpoint_id=str(tmp), process_group=self.async_group,
+                state,
+                checkpoint_id=str(tmp),
+                process_group=self.async_group,
                 async_checkpointer_type=kind.PROCESS if self.stager is not None else kind.THREAD,
                 async_stager=self.stager,
             )
@@ -247,7 +272,10 @@ class Checkpointer:
         self.apply(state)
         if "train_state" in state:
             train_state.update(state["train_state"])
-        self.say(f"  checkpoint: resumed from {path}" + (" (model weights only)" if meta["model_only"] else f" at step {meta['step']}"))
+        self.say(
+            f"  checkpoint: resumed from {path}"
+            + (" (model weights only)" if meta["model_only"] else f" at step {meta['step']}")
+        )
         return "train_state" in state
 
     def apply(self, state: dict) -> None:
@@ -257,7 +285,11 @@ class Checkpointer:
                 set_model_state_dict(part, state["model"], options=StateDictOptions(strict=False))
         if "optimizer" in state:
             for i, (part, optimizer) in enumerate(zip(self.model_parts, self.optimizers.optimizers)):
-                part_state = rename_tied(state["optimizer"], TIED_NAME, TIED_COPY) if i in self.tied_copy_parts else state["optimizer"]
+                part_state = (
+                    rename_tied(state["optimizer"], TIED_NAME, TIED_COPY)
+                    if i in self.tied_copy_parts
+                    else state["optimizer"]
+                )
                 set_optimizer_state_dict(part, optimizer, part_state, options=OPTIM_OPTIONS)
         if "lr_scheduler" in state:
             self.lr_schedulers.load_state_dict(state["lr_scheduler"])
@@ -320,8 +352,10 @@ def checkpoint_to_load(cfg, purpose: str) -> Path:
         return path
     if initial := initial_weights_path(cfg):
         return Path(initial)
-    raise ConfigError(f"no checkpoint to {purpose} in {run_dir}; train there with checkpoint.enable, or set "
-                      "checkpoint.initial_load_path to a DCP checkpoint or Hugging Face folder")
+    raise ConfigError(
+        f"no checkpoint to {purpose} in {run_dir}; train there with checkpoint.enable, or set "
+        "checkpoint.initial_load_path to a DCP checkpoint or Hugging Face folder"
+    )
 
 
 def process_saver_stager(pinned: bool):
@@ -332,8 +366,11 @@ def process_saver_stager(pinned: bool):
     # Imported here: plan_run refuses async_with_pinned_mem up front on a torch without it (check_async_mode).
     from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
-    return DefaultStager(StagingOptions(use_pinned_memory=pinned, use_shared_memory=True, use_async_staging=False,
-                                        use_non_blocking_copy=pinned))
+    return DefaultStager(
+        StagingOptions(
+            use_pinned_memory=pinned, use_shared_memory=True, use_async_staging=False, use_non_blocking_copy=pinned
+        )
+    )
 
 
 def stop_process_saver() -> None:
@@ -392,6 +429,6 @@ def rename_tied(state: dict, old: str, new: str) -> dict:
     for key, value in state.items():
         for prefix in ("state.", "param_groups."):
             if key.startswith(prefix + old + "."):
-                key = prefix + new + key[len(prefix + old):]
+                key = prefix + new + key[len(prefix + old) :]
         renamed[key] = value
     return renamed

@@ -9,6 +9,7 @@ import json
 import shutil
 from pathlib import Path
 
+from titanlite.base.errors import ConfigError
 from titanlite.data.tokenizer import (
     GPT2_EOT,
     GPT2_PAT_STR,
@@ -21,7 +22,6 @@ from titanlite.data.tokenizer import (
     Tokenizer,
     read_ranks,
 )
-from titanlite.base.errors import ConfigError
 
 # Copied from an "hf" tokenizer's folder when present; nothing else is (no weights, no chat templates' extras).
 HF_COPIED_FILES = (HF_TOKENIZER_FILE, HF_TOKENIZER_CONFIG, "special_tokens_map.json")
@@ -58,18 +58,26 @@ def _save_hf(folder: Path, tokenizer: HFTokenizer, model_max_length: int) -> dic
     backend = tokenizer.backend
     if not (tokenizer.folder / HF_TOKENIZER_CONFIG).is_file():
         bos = None if tokenizer.declared_bos_id is None else backend.id_to_token(tokenizer.declared_bos_id)
-        _write_config(folder, bos, backend.id_to_token(tokenizer.eot_id), model_max_length, add_bos=tokenizer.bos_id is not None)
+        _write_config(
+            folder, bos, backend.id_to_token(tokenizer.eot_id), model_max_length, add_bos=tokenizer.bos_id is not None
+        )
     return {"bos_token_id": tokenizer.declared_bos_id, "eos_token_id": tokenizer.eot_id}
 
 
-def _write_config(folder: Path, bos: str | None, eos: str, model_max_length: int, unk: str | None = None,
-                  add_bos: bool = False) -> None:
+def _write_config(
+    folder: Path, bos: str | None, eos: str, model_max_length: int, unk: str | None = None, add_bos: bool = False
+) -> None:
     """A minimal tokenizer_config.json. add_bos_token records whether titanlite put the BOS before each document
     (HFTokenizer reads the folder back the same way); transformers 5's generic tokenizer class ignores it and
     adds only what tokenizer.json's post-processor adds (here nothing, as titanlite's encode)."""
     config = {
-        "tokenizer_class": TOKENIZER_CLASS, "bos_token": bos, "eos_token": eos, "unk_token": unk,
-        "add_bos_token": add_bos, "add_eos_token": False, "model_max_length": model_max_length,
+        "tokenizer_class": TOKENIZER_CLASS,
+        "bos_token": bos,
+        "eos_token": eos,
+        "unk_token": unk,
+        "add_bos_token": add_bos,
+        "add_eos_token": False,
+        "model_max_length": model_max_length,
         "clean_up_tokenization_spaces": False,
     }
     _write_json(folder / HF_TOKENIZER_CONFIG, {key: value for key, value in config.items() if value is not None})
@@ -118,8 +126,9 @@ def _merge_parts(token: bytes, rank: int, ranks: dict[bytes, int]) -> tuple[byte
     return parts[0], parts[1]
 
 
-def _bpe_tokenizer_json(vocab: dict[str, int], merges: list[tuple[str, str]], split_pattern: str | None,
-                        special: str, special_id: int) -> dict:
+def _bpe_tokenizer_json(
+    vocab: dict[str, int], merges: list[tuple[str, str]], split_pattern: str | None, special: str, special_id: int
+) -> dict:
     """A byte-level BPE tokenizer.json (text split by `split_pattern` first, if given) with one special token."""
     tokenizers = _import_tokenizers()
     from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers  # optional: found just above
@@ -129,11 +138,16 @@ def _bpe_tokenizer_json(vocab: dict[str, int], merges: list[tuple[str, str]], sp
     if split_pattern is None:
         backend.pre_tokenizer = byte_level
     else:
-        backend.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(split_pattern), behavior="isolated"), byte_level])
+        backend.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Split(Regex(split_pattern), behavior="isolated"), byte_level]
+        )
     backend.decoder = decoders.ByteLevel()
     backend.add_special_tokens([AddedToken(special, special=True, normalized=False)])
     if backend.token_to_id(special) != special_id:
-        raise ConfigError(f"building the tokenizer.json put {special} at id {backend.token_to_id(special)}, not {special_id}; report this")
+        raise ConfigError(
+            f"building the tokenizer.json put {special} at id {backend.token_to_id(special)}, not {special_id}; "
+            "report this"
+        )
     return json.loads(backend.to_str())
 
 
@@ -145,8 +159,11 @@ def gpt2_tokenizer_json() -> dict:
     symbols = byte_symbols()
     vocab = {_spelled(token, symbols): rank for token, rank in ranks.items()}
     ordered = sorted(ranks.items(), key=lambda item: item[1])
-    merges = [tuple(_spelled(part, symbols) for part in _merge_parts(token, rank, ranks))
-              for token, rank in ordered if len(token) > 1]
+    merges = [
+        tuple(_spelled(part, symbols) for part in _merge_parts(token, rank, ranks))
+        for token, rank in ordered
+        if len(token) > 1
+    ]
     return _bpe_tokenizer_json(vocab, merges, GPT2_PAT_STR, GPT2_EOT, GPT2Tokenizer.eot_id)
 
 

@@ -151,7 +151,9 @@ def from_hf_tensor(args, name: str, hf: torch.Tensor) -> torch.Tensor:
         # HF fuses q, k, v into one Conv1D: weight [dim, 3*dim] (q | k | v along the output dim), bias [3*dim].
         fused = hf.t() if name.endswith("weight") else hf
         return fused.chunk(3, dim=0)["qkv".index(name.rsplit(".", 2)[-2][1])].contiguous()
-    if not is_llama(args) and name.endswith(("attention.wo.weight", "feed_forward.w1.weight", "feed_forward.w2.weight")):
+    if not is_llama(args) and name.endswith(
+        ("attention.wo.weight", "feed_forward.w1.weight", "feed_forward.w2.weight")
+    ):
         return hf.t().contiguous()  # HF's Conv1D stores these [in, out]
     return hf
 
@@ -164,8 +166,11 @@ def from_hf(args, hf_state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Ten
     keys = _hf_keys(args, hf_state_dict)
     sources = hf_sources(args)
     _check_tensor_names(args, keys, sources, "Hugging Face state dict")
-    out = {name: from_hf_tensor(args, name, hf_state_dict[keys[hf]]) for name, hf in sources.items()
-           if not (args.tie_embeddings and name == "output.weight")}
+    out = {
+        name: from_hf_tensor(args, name, hf_state_dict[keys[hf]])
+        for name, hf in sources.items()
+        if not (args.tie_embeddings and name == "output.weight")
+    }
     if args.tie_embeddings:
         out["output.weight"] = out["tok_embeddings.weight"]
     return out
@@ -183,8 +188,12 @@ def _check_tensor_names(args, keys: dict[str, str], sources: dict[str, str], wha
 
 
 def save_hf(
-    folder: str | Path, args, state_dict: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32,
-    tokenizer=None, max_shard_bytes: int = 5 * 2**30,
+    folder: str | Path,
+    args,
+    state_dict: dict[str, torch.Tensor],
+    dtype: torch.dtype = torch.float32,
+    tokenizer=None,
+    max_shard_bytes: int = 5 * 2**30,
 ) -> None:
     """Write config.json, generation_config.json, the weights cast to `dtype` and (given a tokenizer) its
     files to `folder` (created if needed), so that AutoModelForCausalLM and AutoTokenizer load it offline.
@@ -214,11 +223,13 @@ def save_hf(
         for i, names in enumerate(shards, start=1):
             file = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
             save_file({k: tensors[k] for k in names}, str(folder / file), metadata={"format": "pt"})
-            weight_map |= {k: file for k in names}
+            weight_map |= dict.fromkeys(names, file)
         total = sum(t.numel() * t.element_size() for t in tensors.values())
         index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
         (folder / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
-    (folder / CONFIG_FILE).write_text(json.dumps(hf_config(args, _dtype_name(dtype), token_ids), indent=2, sort_keys=True) + "\n")
+    (folder / CONFIG_FILE).write_text(
+        json.dumps(hf_config(args, _dtype_name(dtype), token_ids), indent=2, sort_keys=True) + "\n"
+    )
     generation = {**{k: v for k, v in token_ids.items() if v is not None}, "do_sample": False}
     (folder / GENERATION_CONFIG_FILE).write_text(json.dumps(generation, indent=2, sort_keys=True) + "\n")
 
@@ -268,7 +279,7 @@ class WeightReader:
             except Exception as e:  # safetensors raises its own error types for damaged files
                 raise ConfigError(f"cannot read {path}: {e}; the file is damaged or not safetensors") from e
             self.files[path] = handle
-            self.where |= {key: path for key in handle.keys()}
+            self.where |= dict.fromkeys(handle.keys(), path)
 
     def keys(self) -> list[str]:
         return list(self.where)
@@ -286,8 +297,19 @@ def load_hf(folder: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
 
 # ---- loading a folder into a run's model ------------------------------------------------------------------
 
-_MATH_FIELDS = ("dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "ffn_dim", "tie_embeddings", "rope_theta",
-                "rope_scaling", "norm_eps", "activation")
+_MATH_FIELDS = (
+    "dim",
+    "n_layers",
+    "n_heads",
+    "n_kv_heads",
+    "head_dim",
+    "ffn_dim",
+    "tie_embeddings",
+    "rope_theta",
+    "rope_scaling",
+    "norm_eps",
+    "activation",
+)
 
 
 def _check_compatible(source, target, folder) -> None:
@@ -329,8 +351,10 @@ def load_hf_into(model_parts: list, folder: str | Path) -> None:
         if value.shape[0] < param.shape[0] and name in ("tok_embeddings.weight", "output.weight"):
             value = torch.cat([value, value.new_zeros(param.shape[0] - value.shape[0], *value.shape[1:])])
         if value.shape != param.shape:
-            raise ConfigError(f"{folder}: {sources[name]!r} has shape {tuple(value.shape)}, but the model's {name} "
-                              f"is {tuple(param.shape)}")
+            raise ConfigError(
+                f"{folder}: {sources[name]!r} has shape {tuple(value.shape)}, but the model's {name} "
+                f"is {tuple(param.shape)}"
+            )
         return value
 
     for part in model_parts:

@@ -55,7 +55,9 @@ class VocabParallelHead(ParallelStyle):
     def _apply(self, module: nn.Module, device_mesh) -> nn.Module:
         def shard_weight(name, mod, mesh):
             for key, param in list(mod.named_parameters(recurse=False)):
-                mod.register_parameter(key, nn.Parameter(distribute_tensor(param, mesh, [Shard(0)], src_data_rank=None)))
+                mod.register_parameter(
+                    key, nn.Parameter(distribute_tensor(param, mesh, [Shard(0)], src_data_rank=None))
+                )
 
         return distribute_module(module, device_mesh, shard_weight)
 
@@ -67,8 +69,11 @@ class ChunkedCrossEntropy:
 
     def __init__(self, head: nn.Module, chunk_tokens: int, compiled: bool = False, backend: str = "inductor"):
         self.head, self.chunk_tokens = head, chunk_tokens
-        self.chunk_fn = (torch.compile(fused_softmax_cross_entropy, backend=backend, dynamic=False) if compiled
-                         else softmax_cross_entropy)
+        self.chunk_fn = (
+            torch.compile(fused_softmax_cross_entropy, backend=backend, dynamic=False)
+            if compiled
+            else softmax_cross_entropy
+        )
 
     def __call__(self, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         weight = self.head.weight  # FSDP's gathered weight during the step; a plain parameter otherwise
@@ -76,8 +81,10 @@ class ChunkedCrossEntropy:
         if isinstance(weight, DTensor):  # tensor parallel: this rank's rows of the vocabulary
             mesh = weight.device_mesh
             if weight.placements != (Shard(0),) or mesh.mesh_dim_names != ("tp",):
-                raise RuntimeError(f"chunked loss: the output weight is {weight.placements} on {mesh} at the loss, "
-                                   "not gathered by FSDP nor split by TP alone")
+                raise RuntimeError(
+                    f"chunked loss: the output weight is {weight.placements} on {mesh} at the loss, "
+                    "not gathered by FSDP nor split by TP alone"
+                )
             group = mesh.get_group()
             weight = weight.to_local()
             vocab_start = mesh.get_local_rank() * weight.shape[0]
@@ -92,8 +99,9 @@ class ChunkedCrossEntropy:
             flat, weight = flat.to(dtype), weight.to(dtype)
         compute_grads = torch.is_grad_enabled() and (flat.requires_grad or weight.requires_grad)
         chunk_fn = self.chunk_fn if group is None else None
-        return _ChunkedCrossEntropy.apply(flat, weight, labels.flatten(), self.chunk_tokens, group, vocab_start,
-                                          compute_grads, chunk_fn)
+        return _ChunkedCrossEntropy.apply(
+            flat, weight, labels.flatten(), self.chunk_tokens, group, vocab_start, compute_grads, chunk_fn
+        )
 
 
 def kept_log_loss(logits: torch.Tensor, target: torch.Tensor, keep: torch.Tensor):
@@ -187,8 +195,16 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
     def backward(ctx, grad_loss):
         grad_hidden, grad_weight, count = ctx.saved_tensors
         scale = grad_loss / count
-        return (grad_hidden * scale.to(grad_hidden.dtype), (grad_weight * scale).to(ctx.weight_dtype),
-                None, None, None, None, None, None)
+        return (
+            grad_hidden * scale.to(grad_hidden.dtype),
+            (grad_weight * scale).to(ctx.weight_dtype),
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+        )
 
 
 DEFAULT_CHUNK_TOKENS = 4096

@@ -176,4 +176,8 @@ def format_line(r: dict) -> str:
 
 def _duration(seconds: float) -> str:
     seconds = int(seconds)
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m{seconds % 60:02d}s" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
+    return (
+        f"{seconds // 3600}h{seconds % 3600 // 60:02d}m{seconds % 60:02d}s"
+        if seconds >= 3600
+        else f"{seconds // 60}m{seconds % 60:02d}s"
+    )

@@ -91,7 +91,8 @@ class LRSchedulers:
 
     def __init__(self, optimizers: Optimizers, cfg: LRScheduler, total_steps: int):
         self.schedulers = [
-            torch.optim.lr_scheduler.LambdaLR(o, lambda step: lr_factor(step, cfg, total_steps)) for o in optimizers.optimizers
+            torch.optim.lr_scheduler.LambdaLR(o, lambda step: lr_factor(step, cfg, total_steps))
+            for o in optimizers.optimizers
         ]
 
     def step(self) -> None:

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import pickle
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 
-from titanlite.config import Profiling
 from titanlite.base.errors import ConfigError
+from titanlite.config import Profiling
 
 MEMORY_HISTORY_ENTRIES = 100_000
 
@@ -39,7 +39,9 @@ def check_profiling(cfg: Profiling) -> None:
 class Profiler:
     """Context manager around the training loop; call step() after every training step."""
 
-    def __init__(self, cfg: Profiling, run_dir: Path, rank: int, device: torch.device, current_step: Callable[[], int], say=print):
+    def __init__(
+        self, cfg: Profiling, run_dir: Path, rank: int, device: torch.device, current_step: Callable[[], int], say=print
+    ):
         self.folder = run_dir / cfg.save_traces_folder
         self.rank, self.device, self.current_step, self.say = rank, device, current_step, say
         self.snapshots = cfg.enable_memory_snapshot and device.type == "cuda"
@@ -51,8 +53,11 @@ class Profiler:
         warnings.filterwarnings("ignore", message="Profiler clears events at the end of each cycle")
         self.profiler = profile(
             activities=activities,
-            schedule=schedule(wait=cfg.profile_freq - cfg.profile_active_steps - warmup, warmup=warmup,
-                              active=cfg.profile_active_steps),
+            schedule=schedule(
+                wait=cfg.profile_freq - cfg.profile_active_steps - warmup,
+                warmup=warmup,
+                active=cfg.profile_active_steps,
+            ),
             on_trace_ready=self.write,
         )
 

@@ -49,8 +49,9 @@ class StopOnSignal:
         agreed = self.finish()
         if not agreed:
             buffer = bytearray(self.signum.to_bytes(4, "little"))
-            work = dist.all_reduce(torch.frombuffer(buffer, dtype=torch.int32), op=dist.ReduceOp.MAX,
-                                   group=self.group, async_op=True)
+            work = dist.all_reduce(
+                torch.frombuffer(buffer, dtype=torch.int32), op=dist.ReduceOp.MAX, group=self.group, async_op=True
+            )
             self.pending = (work, buffer)
         return agreed
 

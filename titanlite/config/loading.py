@@ -173,10 +173,13 @@ def validate_values(cfg: JobConfig) -> None:
             raise ConfigError(f"{key}={value} must be at least 1")
     if p.data_parallel_shard_degree < 1 and p.data_parallel_shard_degree != -1:
         raise ConfigError(
-            f"parallelism.data_parallel_shard_degree={p.data_parallel_shard_degree} must be at least 1, or -1 for the rest of the world size"
+            f"parallelism.data_parallel_shard_degree={p.data_parallel_shard_degree} must be at least 1, or -1 for the "
+            "rest of the world size"
         )
     if t.global_batch_size < 1 and t.global_batch_size != -1:
-        raise ConfigError(f"training.global_batch_size={t.global_batch_size} must be at least 1, or -1 for local_batch_size x dp")
+        raise ConfigError(
+            f"training.global_batch_size={t.global_batch_size} must be at least 1, or -1 for local_batch_size x dp"
+        )
     non_negative = {
         "model.n_layers": cfg.model.n_layers,
         "training.max_norm": t.max_norm,
@@ -197,7 +200,9 @@ def validate_values(cfg: JobConfig) -> None:
         if value < 0:
             raise ConfigError(f"{key}={value} must not be negative")
     if t.loss_chunk_tokens < -1:
-        raise ConfigError(f"training.loss_chunk_tokens={t.loss_chunk_tokens} must be -1 (auto), 0 (whole logits) or a chunk size")
+        raise ConfigError(
+            f"training.loss_chunk_tokens={t.loss_chunk_tokens} must be -1 (auto), 0 (whole logits) or a chunk size"
+        )
     for key in ("init_timeout_seconds", "train_timeout_seconds"):
         if not getattr(cfg.comm, key) > 0:
             raise ConfigError(f"comm.{key}={getattr(cfg.comm, key)} must be positive")
@@ -211,7 +216,10 @@ def validate_values(cfg: JobConfig) -> None:
     if t.stop_after_step > t.steps:
         raise ConfigError(f"training.stop_after_step={t.stop_after_step} is beyond training.steps={t.steps}")
     if cfg.activation_checkpoint.selective_ac_option < 1:
-        raise ConfigError(f"activation_checkpoint.selective_ac_option={cfg.activation_checkpoint.selective_ac_option} must be at least 1")
+        raise ConfigError(
+            f"activation_checkpoint.selective_ac_option={cfg.activation_checkpoint.selective_ac_option} must be at "
+            "least 1"
+        )
     unknown = sorted(set(cfg.compile.components) - {"model", "loss"})
     if unknown:
         raise ConfigError(f"compile.components names {unknown}; use some of: loss, model")
@@ -222,7 +230,9 @@ def validate_values(cfg: JobConfig) -> None:
     if unknown:
         raise ConfigError(f"checkpoint.exclude_from_loading names {unknown}; use some of: {', '.join(sorted(parts))}")
     if t.dataset == "local" and not t.dataset_path and not t.dataset_mixture:
-        raise ConfigError("training.dataset='local' needs training.dataset_path (a .txt/.jsonl/.parquet/.bin/.npy file or folder)")
+        raise ConfigError(
+            "training.dataset='local' needs training.dataset_path (a .txt/.jsonl/.parquet/.bin/.npy file or folder)"
+        )
     v = cfg.validation
     if v.freq < 1:
         raise ConfigError(f"validation.freq={v.freq} must be at least 1 (steps between evaluations)")
@@ -236,7 +246,9 @@ def validate_values(cfg: JobConfig) -> None:
     if v.dataset == "local" and not v.dataset_path:
         raise ConfigError("validation.dataset='local' needs validation.dataset_path")
     if v.enable and not (v.dataset or v.dataset_path) and v.split_fraction == 0:
-        raise ConfigError("validation.enable needs held-out data: set validation.split_fraction > 0 or validation.dataset_path")
+        raise ConfigError(
+            "validation.enable needs held-out data: set validation.split_fraction > 0 or validation.dataset_path"
+        )
     if not cfg.data.shard_size_mb > 0:
         raise ConfigError(f"data.shard_size_mb={cfg.data.shard_size_mb} must be positive")
 
@@ -253,4 +265,3 @@ def grad_accum_steps(training: Training, dp_degree: int) -> int:
             f"use a multiple of {per_pass} or change training.local_batch_size"
         )
     return training.global_batch_size // per_pass
-

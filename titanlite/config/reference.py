@@ -44,7 +44,9 @@ def help_text() -> str:
         for name, tp in types.items():
             default = _toml_value(getattr(getattr(defaults, section), name))
             out.append(f"  --{section}.{name}  ({type_name(tp)}, default {default})")
-            out.append(textwrap.fill(docs.get(name, ""), width=100, initial_indent="      ", subsequent_indent="      "))
+            out.append(
+                textwrap.fill(docs.get(name, ""), width=100, initial_indent="      ", subsequent_indent="      ")
+            )
         out.append("")
     return "\n".join(out)
 
@@ -55,19 +57,28 @@ def reference_markdown() -> str:
     out = [
         "# Configuration reference",
         "",
-        "<!-- Generated from titanlite/config/sections.py by `.venv/bin/titanlite help --markdown > docs/configuration.md`;",
+        "<!-- Generated from titanlite/config/sections.py by `.venv/bin/titanlite help --markdown > "
+        "docs/configuration.md`;",
         "     do not edit by hand: tests/unit/test_docs.py fails when this file and the code differ. -->",
         "",
         "Every key is set in a TOML file (`[section]`, then `key = value`; `--config FILE`, default",
         f"`{DEFAULT_CONFIG}`) or on the command line (`--section.key VALUE`, which wins over the file).",
         "Unknown keys and wrong types stop the run with one line naming the key. The defaults below are",
-        "`titanlite/config/sections.py`'s; the shipped configs in `train_configs/` override some of them (the default file sets",
-        "`job.name = \"debug_model\"` and `optimizer.lr = 3e-3`, for example).",
+        "`titanlite/config/sections.py`'s; the shipped configs in `train_configs/` override some of them (the default "
+        "file sets",
+        '`job.name = "debug_model"` and `optimizer.lr = 3e-3`, for example).',
         "",
     ]
     defaults = JobConfig()
     for section, cls in section_classes().items():
-        out += [f"## `[{section}]`", "", inspect.getdoc(cls) or "", "", "| key | type | default | meaning |", "|---|---|---|---|"]
+        out += [
+            f"## `[{section}]`",
+            "",
+            inspect.getdoc(cls) or "",
+            "",
+            "| key | type | default | meaning |",
+            "|---|---|---|---|",
+        ]
         docs, types = field_docs(cls), field_types(cls)
         for name, tp in types.items():
             default = _toml_value(getattr(getattr(defaults, section), name))

@@ -6,17 +6,16 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from titanlite.base.errors import ConfigError
 from titanlite.data.order import EpochOrder, MixtureOrder
 from titanlite.data.sources import Source, parse_source
 from titanlite.data.store import StoreOptions, TokenStore, describe
 from titanlite.data.tokenizer import Tokenizer
-from titanlite.base.errors import ConfigError
 
 
 class PackedWindows(Dataset):
@@ -26,8 +25,14 @@ class PackedWindows(Dataset):
     together predict every token of the range after the first exactly once per epoch.
     """
 
-    def __init__(self, tokens: np.ndarray | TokenStore, seq_len: int, start: int = 0, stop: int | None = None,
-                 what: str = "training.seq_len") -> None:
+    def __init__(
+        self,
+        tokens: np.ndarray | TokenStore,
+        seq_len: int,
+        start: int = 0,
+        stop: int | None = None,
+        what: str = "training.seq_len",
+    ) -> None:
         if seq_len < 1:
             raise ConfigError(f"{what}={seq_len} must be at least 1")
         self.tokens = tokens if isinstance(tokens, TokenStore) else TokenStore([tokens])
@@ -84,8 +89,10 @@ class Corpus:
         """One line per source; for a mixture, each source's share of the run's first `num_samples`."""
         held = [""] * len(self.stores)
         if self.split is not None:
-            held = [f"; last {len(s) - at:,} tokens held out for validation" if at < len(s) else ""
-                    for s, at in zip(self.stores, self.split)]
+            held = [
+                f"; last {len(s) - at:,} tokens held out for validation" if at < len(s) else ""
+                for s, at in zip(self.stores, self.split)
+            ]
         if self.weights is None:
             return [describe(self.stores[0]) + held[0]]
         shares = self.order.shares(num_samples)
@@ -139,13 +146,15 @@ def parse_mixture(entries: list[str]) -> list[tuple[Source, float]]:
         if not location or not value > 0:
             raise ConfigError(
                 f"training.dataset_mixture entry '{entry}' is not SOURCE:WEIGHT with a positive weight "
-                "(e.g. \"data/web:0.7\", \"stdlib:0.3\")"
+                '(e.g. "data/web:0.7", "stdlib:0.3")'
             )
         mixture.append((parse_source(location, "training.dataset_mixture"), value))
     return mixture
 
 
-def configured_sources(dataset: str, dataset_path: str, mixture: list[str], section: str = "training") -> list[tuple[Source, float]]:
+def configured_sources(
+    dataset: str, dataset_path: str, mixture: list[str], section: str = "training"
+) -> list[tuple[Source, float]]:
     """The run's sources with their weights, from {section}.dataset / dataset_path or dataset_mixture."""
     if mixture:
         if dataset_path:
@@ -160,9 +169,17 @@ def configured_sources(dataset: str, dataset_path: str, mixture: list[str], sect
     return [(Source("hub", dataset, f"{section}.dataset"), 1.0)]
 
 
-def build_corpus(sources: list[tuple[Source, float]], tokenizer: Tokenizer, stores: StoreOptions, seq_len: int,
-                 seed: int, shuffle: bool = True, *, holdout: float = 0.0,
-                 say: Callable[[str], None] | None = None) -> Corpus:
+def build_corpus(
+    sources: list[tuple[Source, float]],
+    tokenizer: Tokenizer,
+    stores: StoreOptions,
+    seq_len: int,
+    seed: int,
+    shuffle: bool = True,
+    *,
+    holdout: float = 0.0,
+    say: Callable[[str], None] | None = None,
+) -> Corpus:
     """Open (preparing where needed) each source's store, hold out the last `holdout` of each, and lay
     the remaining windows out in sample order."""
     stores = [stores.open(source, tokenizer, say=say) for source, _ in sources]

@@ -12,8 +12,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from titanlite.data.order import EpochOrder, MixtureOrder
 from titanlite.base.errors import ConfigError
+from titanlite.data.order import EpochOrder, MixtureOrder
 
 
 class GlobalBatchSampler(Sampler[int]):
@@ -63,7 +63,9 @@ class BackgroundBatches:
     def __init__(self, source: Iterator[torch.Tensor], depth: int, pin_device: torch.device | None = None) -> None:
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._fill, args=(source, pin_device), daemon=True, name="titanlite-batches")
+        self._thread = threading.Thread(
+            target=self._fill, args=(source, pin_device), daemon=True, name="titanlite-batches"
+        )
         self._thread.start()
 
     def _fill(self, source: Iterator[torch.Tensor], pin_device: torch.device | None) -> None:
@@ -180,8 +182,15 @@ class TokenLoader:
         )
         # Batches built ahead cannot skew the state: it counts only batches handed to the caller.
         pin_here = self.pin_device is not None and not self.prefetch  # else the background thread pins
-        batches = iter(DataLoader(self.dataset, batch_size=self.local_batch_size, sampler=sampler,
-                                  num_workers=self.num_workers, pin_memory=pin_here))
+        batches = iter(
+            DataLoader(
+                self.dataset,
+                batch_size=self.local_batch_size,
+                sampler=sampler,
+                num_workers=self.num_workers,
+                pin_memory=pin_here,
+            )
+        )
         return BackgroundBatches(batches, self.prefetch, self.pin_device) if self.prefetch else batches
 
 

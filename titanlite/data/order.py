@@ -124,12 +124,15 @@ class MixtureOrder:
 
     Windows are numbered across sources: source s's window w is offsets[s] + w."""
 
-    def __init__(self, sizes: list[int], weights: list[float], seed: int, shuffle: bool = True,
-                 block: int = MIXTURE_BLOCK) -> None:
+    def __init__(
+        self, sizes: list[int], weights: list[float], seed: int, shuffle: bool = True, block: int = MIXTURE_BLOCK
+    ) -> None:
         self.counts = mixture_counts(weights, block)
         for weight, count in zip(weights, self.counts):
             if count == 0:
-                raise ConfigError(f"a mixture weight of {weight} is below 1/{block} of the total; raise it or drop the source")
+                raise ConfigError(
+                    f"a mixture weight of {weight} is below 1/{block} of the total; raise it or drop the source"
+                )
         self.block = block
         self.offsets = np.cumsum([0, *sizes[:-1]]).astype(np.int64)
         self.sources = [EpochOrder(size, _key(seed, 1 << 40, s), shuffle) for s, size in enumerate(sizes)]

@@ -48,8 +48,10 @@ class Progress:
         read = (self.done_bytes + self.bytes) / 2**20
         total = f"/{self.total_bytes / 2**20:,.0f}" if self.total_bytes else ""
         speed = self.tokens / elapsed
-        text = (f"prepare {self.label}: {self.documents:,} documents, {read:,.0f}{total} MB, "
-                f"{self.tokens / 1e6:,.1f} M tokens, {speed / 1e6:.2f} M tokens/s")
+        text = (
+            f"prepare {self.label}: {self.documents:,} documents, {read:,.0f}{total} MB, "
+            f"{self.tokens / 1e6:,.1f} M tokens, {speed / 1e6:.2f} M tokens/s"
+        )
         if final:
             return text + f", {elapsed:.1f} s"
         if self.total_bytes and self.bytes:

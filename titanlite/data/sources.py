@@ -44,7 +44,9 @@ class Source:
 
     @property
     def description(self) -> str:
-        return {"stdlib": "the standard-library corpus", "local": self.location, "hub": f"hub:{self.location}"}[self.kind]
+        return {"stdlib": "the standard-library corpus", "local": self.location, "hub": f"hub:{self.location}"}[
+            self.kind
+        ]
 
 
 def parse_source(text: str, label: str) -> Source:
@@ -291,7 +293,9 @@ def _decode(data: bytes, path: str, offset: int) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise ConfigError(f"{path} is not UTF-8 text (bad byte at offset {offset + e.start}); convert it or remove it") from e
+        raise ConfigError(
+            f"{path} is not UTF-8 text (bad byte at offset {offset + e.start}); convert it or remove it"
+        ) from e
 
 
 def _txt_fragments(span: Span) -> Iterator[tuple[str, bool]]:
@@ -346,9 +350,13 @@ def _jsonl_text(span: Span, index: int, line: bytes) -> str:
         record = json.loads(line)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         reason = e.msg if isinstance(e, json.JSONDecodeError) else "not UTF-8"
-        raise ConfigError(f"{path} line {_line_number(span, index)} is not valid JSON ({reason}); fix or remove that line") from e
+        raise ConfigError(
+            f"{path} line {_line_number(span, index)} is not valid JSON ({reason}); fix or remove that line"
+        ) from e
     if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-        raise ConfigError(f'{path} line {_line_number(span, index)} has no "text" string; give every line a "text" field')
+        raise ConfigError(
+            f'{path} line {_line_number(span, index)} has no "text" string; give every line a "text" field'
+        )
     return record["text"]
 
 
@@ -362,17 +370,24 @@ def _parquet_file(path: str):
         raise ConfigError(f"{path} is not a readable parquet file ({short_reason(e)}); fix or remove it") from e
     names = pf.schema_arrow.names
     if "text" not in names:
-        raise ConfigError(f"{path} has no 'text' column (columns: {', '.join(names)}); store the documents in a 'text' column")
+        raise ConfigError(
+            f"{path} has no 'text' column (columns: {', '.join(names)}); store the documents in a 'text' column"
+        )
     return pf
 
 
 def _parquet_texts(span: Span) -> Iterator[str]:
     """The 'text' values of a parquet span's row groups, a record batch at a time."""
-    for batch in _parquet_file(span.path).iter_batches(batch_size=1024, row_groups=range(span.start, span.stop), columns=["text"]):
+    for batch in _parquet_file(span.path).iter_batches(
+        batch_size=1024, row_groups=range(span.start, span.stop), columns=["text"]
+    ):
         for text in batch.column(0).to_pylist():
             if not isinstance(text, str):
                 kind = type(text).__name__
-                raise ConfigError(f"{span.path} has a non-string 'text' value ({kind}) in row group {span.start} or later; make every 'text' a string")
+                raise ConfigError(
+                    f"{span.path} has a non-string 'text' value ({kind}) in row group {span.start} or later; make "
+                    "every 'text' a string"
+                )
             yield text
 
 
@@ -391,7 +406,7 @@ def hub_documents(name: str, skip: int = 0) -> Iterator[str]:
             data = data.skip(skip)
         rows = iter(data)
         first = next(rows, None)
-    except Exception as e:  # noqa: BLE001 - the hub client raises many unrelated types
+    except Exception as e:
         raise ConfigError(
             f"training.dataset='{name}' could not be loaded from the Hugging Face hub ({short_reason(e)}); "
             "use training.dataset = 'stdlib' or 'local' with training.dataset_path"
@@ -406,7 +421,7 @@ def hub_documents(name: str, skip: int = 0) -> Iterator[str]:
         for row in rows:
             yield row["text"]
             count += 1
-    except Exception as e:  # noqa: BLE001 - a broken stream, whatever the client raises
+    except Exception as e:
         raise ConfigError(
             f"the stream of training.dataset='{name}' broke after {skip + count} documents ({short_reason(e)}); "
             "run the same command again to continue from the last finished shard"

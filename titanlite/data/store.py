@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from titanlite.base.errors import ConfigError
 from titanlite.data.progress import Progress
 from titanlite.data.sources import (
     HUB_PIECE_DOCUMENTS,
@@ -39,7 +40,6 @@ from titanlite.data.sources import (
     source_files,
 )
 from titanlite.data.tokenizer import Tokenizer
-from titanlite.base.errors import ConfigError
 
 # Bump when the shard layout or the way documents are gathered changes, so old stores are not reused.
 STORE_FORMAT = "titanlite-store-v2"
@@ -64,8 +64,14 @@ class TokenStore:
     """Token ids of a corpus as one logical array over memory-mapped shards. `maps` describes each
     file-backed shard (path, dtype, byte offset, length) so pickling sends paths, not tokens."""
 
-    def __init__(self, arrays: list[np.ndarray], label: str = "", maps: list[tuple | None] | None = None,
-                 documents: int | None = None, path: Path | None = None) -> None:
+    def __init__(
+        self,
+        arrays: list[np.ndarray],
+        label: str = "",
+        maps: list[tuple | None] | None = None,
+        documents: int | None = None,
+        path: Path | None = None,
+    ) -> None:
         self.arrays, self.label, self.documents, self.path = arrays, label, documents, path
         self.maps = maps or [None] * len(arrays)
         self.offsets = np.cumsum([0, *[len(a) for a in arrays]]).tolist()
@@ -73,8 +79,12 @@ class TokenStore:
     @classmethod
     def from_files(cls, maps: list[tuple], **kwargs) -> TokenStore:
         # An empty shard (a piece of blank lines) cannot be memory-mapped, and holds nothing to map.
-        arrays = [np.memmap(path, dtype=np.dtype(dtype), mode="r", offset=offset, shape=(length,)) if length
-                  else np.empty(0, dtype=np.dtype(dtype)) for path, dtype, offset, length in maps]
+        arrays = [
+            np.memmap(path, dtype=np.dtype(dtype), mode="r", offset=offset, shape=(length,))
+            if length
+            else np.empty(0, dtype=np.dtype(dtype))
+            for path, dtype, offset, length in maps
+        ]
         return cls(arrays, maps=list(maps), **kwargs)
 
     def __len__(self) -> int:
@@ -111,9 +121,17 @@ class TokenStore:
 # Opening
 
 
-def open_store(source: Source, tokenizer: Tokenizer, cache_dir: str | Path, *, verify: str = "stat",
-               workers: int = 0, shard_bytes: int = DEFAULT_SHARD_BYTES, say: Callable[[str], None] | None = None,
-               rebuild: bool = False) -> TokenStore:
+def open_store(
+    source: Source,
+    tokenizer: Tokenizer,
+    cache_dir: str | Path,
+    *,
+    verify: str = "stat",
+    workers: int = 0,
+    shard_bytes: int = DEFAULT_SHARD_BYTES,
+    say: Callable[[str], None] | None = None,
+    rebuild: bool = False,
+) -> TokenStore:
     """The tokens of `source`: its prepared store when that is current (checked by `verify`), else built
     first (one builder at a time; the others wait for it). Pre-tokenized files are opened in place."""
     if verify not in VERIFY_MODES:
@@ -140,7 +158,9 @@ def open_store(source: Source, tokenizer: Tokenizer, cache_dir: str | Path, *, v
             if store is None:
                 raise ConfigError(f"{source.description} changed while it was being prepared; run the command again")
     except OSError as e:
-        raise ConfigError(f"cannot write the token store in {cache_dir} ({e.strerror or e}); set data.cache_dir to a writable folder") from e
+        raise ConfigError(
+            f"cannot write the token store in {cache_dir} ({e.strerror or e}); set data.cache_dir to a writable folder"
+        ) from e
     return store
 
 
@@ -153,10 +173,19 @@ class StoreOptions:
     workers: int = 0
     shard_bytes: int = DEFAULT_SHARD_BYTES
 
-    def open(self, source: Source, tokenizer: Tokenizer, say: Callable[[str], None] | None = None,
-             rebuild: bool = False) -> TokenStore:
-        return open_store(source, tokenizer, self.cache_dir, verify=self.verify, workers=self.workers,
-                          shard_bytes=self.shard_bytes, say=say, rebuild=rebuild)
+    def open(
+        self, source: Source, tokenizer: Tokenizer, say: Callable[[str], None] | None = None, rebuild: bool = False
+    ) -> TokenStore:
+        return open_store(
+            source,
+            tokenizer,
+            self.cache_dir,
+            verify=self.verify,
+            workers=self.workers,
+            shard_bytes=self.shard_bytes,
+            say=say,
+            rebuild=rebuild,
+        )
 
 
 def store_folder(cache_dir: Path, source: Source, tokenizer: Tokenizer) -> Path:
@@ -187,7 +216,9 @@ def _open_if_current(folder: Path, source: Source, files: list[SourceFile], veri
 def _sources_match(recorded: list[dict], files: list[SourceFile], verify: str) -> bool:
     if [(r["path"], r["size"], r["mtime_ns"]) for r in recorded] != [(f.path, f.size, f.mtime_ns) for f in files]:
         return False
-    if verify in ("sample", "full") and any(r["fingerprint"] != fingerprint(f.path, f.size) for r, f in zip(recorded, files)):
+    if verify in ("sample", "full") and any(
+        r["fingerprint"] != fingerprint(f.path, f.size) for r, f in zip(recorded, files)
+    ):
         return False
     return verify != "full" or all(r["sha256"] == full_hash(f.path) for r, f in zip(recorded, files))
 
@@ -196,8 +227,15 @@ def _sources_match(recorded: list[dict], files: list[SourceFile], verify: str) -
 # Building
 
 
-def build_store(folder: Path, source: Source, files: list[SourceFile], tokenizer: Tokenizer, shard_bytes: int,
-                workers: int, say: Callable[[str], None] | None) -> dict:
+def build_store(
+    folder: Path,
+    source: Source,
+    files: list[SourceFile],
+    tokenizer: Tokenizer,
+    shard_bytes: int,
+    workers: int,
+    say: Callable[[str], None] | None,
+) -> dict:
     """Tokenise `source` into `folder`, reusing every shard an earlier (possibly interrupted) build
     finished for unchanged input, then write the manifest and drop what it no longer lists."""
     dtype = np.dtype(token_dtype(tokenizer)).str
@@ -209,15 +247,25 @@ def build_store(folder: Path, source: Source, files: list[SourceFile], tokenizer
         recorded = []
     else:
         # The full hash (about a second per GB) lets data.verify_sources tell a same-size, same-mtime edit.
-        recorded = [{**f.as_record(), "fingerprint": fingerprint(f.path, f.size), "sha256": full_hash(f.path)} for f in files]
+        recorded = [
+            {**f.as_record(), "fingerprint": fingerprint(f.path, f.size), "sha256": full_hash(f.path)} for f in files
+        ]
         shards = _build_pieces(folder, source, files, recorded, tokenizer, dtype, shard_bytes, workers, done, say)
     documents = sum(s["documents"] for s in shards)
     if documents == 0:
-        raise ConfigError(f"{source.label}='{source.location or source.kind}' has no documents; point it at data with some text")
+        raise ConfigError(
+            f"{source.label}='{source.location or source.kind}' has no documents; point it at data with some text"
+        )
     manifest = {
-        "format": STORE_FORMAT, "tokenizer": tokenizer.fingerprint, "dtype": dtype, "source": source.description,
-        "tokens": sum(s["tokens"] for s in shards), "documents": documents, "shard_bytes": shard_bytes,
-        "sources": recorded, "shards": shards,
+        "format": STORE_FORMAT,
+        "tokenizer": tokenizer.fingerprint,
+        "dtype": dtype,
+        "source": source.description,
+        "tokens": sum(s["tokens"] for s in shards),
+        "documents": documents,
+        "shard_bytes": shard_bytes,
+        "sources": recorded,
+        "shards": shards,
     }
     _write_atomically(folder / MANIFEST, json.dumps(manifest, indent=1).encode())
     listed = {s["file"] for s in shards}
@@ -240,8 +288,11 @@ def _finished_shards(folder: Path, dtype: str) -> dict[str, dict]:
     with contextlib.suppress(OSError):
         records += [json.loads(line) for line in (folder / JOURNAL).read_text().splitlines() if line.endswith("}")]
     itemsize = np.dtype(dtype).itemsize
-    return {r["key"]: r for r in records if (folder / r["file"]).is_file()
-            and (folder / r["file"]).stat().st_size == r["tokens"] * itemsize}
+    return {
+        r["key"]: r
+        for r in records
+        if (folder / r["file"]).is_file() and (folder / r["file"]).stat().st_size == r["tokens"] * itemsize
+    }
 
 
 def _piece_key(tokenizer: Tokenizer, dtype: str, spans: list[Span], recorded: dict[str, dict]) -> str:
@@ -261,7 +312,9 @@ def _build_pieces(folder, source, files, recorded, tokenizer, dtype, shard_bytes
     shards = {k: done[k] for k in keys if k in done}
     todo = [(folder, key, spans, tokenizer, dtype) for key, spans in zip(keys, pieces) if key not in shards]
     progress = Progress(
-        source.description, total_bytes=sum(s.nbytes for spans in pieces for s in spans), say=say,
+        source.description,
+        total_bytes=sum(s.nbytes for spans in pieces for s in spans),
+        say=say,
         done_bytes=sum(shards[k]["bytes"] for k in shards),
     )
     if shards and todo:
@@ -292,8 +345,15 @@ def _results(todo: list[tuple], workers: int) -> Iterator[Iterator[dict]]:
 def tokenize_piece(task: tuple) -> dict:
     """Tokenise one piece into its shard file; runs in a worker process."""
     folder, key, spans, tokenizer, dtype = task
-    return _write_shard(folder, key, read_batches(spans), tokenizer, dtype, sum(s.nbytes for s in spans),
-                        starts_document=not _continues_document(spans[0]))
+    return _write_shard(
+        folder,
+        key,
+        read_batches(spans),
+        tokenizer,
+        dtype,
+        sum(s.nbytes for s in spans),
+        starts_document=not _continues_document(spans[0]),
+    )
 
 
 def _continues_document(span: Span) -> bool:
@@ -303,8 +363,15 @@ def _continues_document(span: Span) -> bool:
     return span.kind == "txt" and span.start > 0
 
 
-def _write_shard(folder: Path, key: str, batches: Iterator[list[tuple[str, bool]]], tokenizer: Tokenizer,
-                 dtype: str, nbytes: int, starts_document: bool = True) -> dict:
+def _write_shard(
+    folder: Path,
+    key: str,
+    batches: Iterator[list[tuple[str, bool]]],
+    tokenizer: Tokenizer,
+    dtype: str,
+    nbytes: int,
+    starts_document: bool = True,
+) -> dict:
     """Encode batches of (text, ends_document) into folder/<key>.bin; each document is followed by the
     end-of-text id (and preceded by the tokenizer's BOS id, if any). `starts_document`: whether the first
     text begins a document. The file appears under its name only once complete."""
@@ -329,8 +396,9 @@ def _write_shard(folder: Path, key: str, batches: Iterator[list[tuple[str, bool]
     return {"key": key, "file": name, "tokens": tokens, "documents": documents, "bytes": nbytes}
 
 
-def encode_documents(tokenizer: Tokenizer, batch: list[tuple[str, bool]], dtype: str,
-                     starts_document: bool = True) -> np.ndarray:
+def encode_documents(
+    tokenizer: Tokenizer, batch: list[tuple[str, bool]], dtype: str, starts_document: bool = True
+) -> np.ndarray:
     """Ids of the batch's texts, the end-of-text id after each one that ends a document and, for a tokenizer
     with a BOS id, that id before each one that begins a document: the first text when `starts_document`
     (False: it continues a document from the previous batch or piece), and every text after one that ends a
@@ -345,8 +413,9 @@ def encode_documents(tokenizer: Tokenizer, batch: list[tuple[str, bool]], dtype:
     return np.concatenate(parts).astype(dtype, copy=False) if parts else np.empty(0, dtype=dtype)
 
 
-def _with_bos(encoded: list[np.ndarray], batch: list[tuple[str, bool]], bos: np.ndarray, eot: np.ndarray,
-              starts: bool) -> list[np.ndarray]:
+def _with_bos(
+    encoded: list[np.ndarray], batch: list[tuple[str, bool]], bos: np.ndarray, eot: np.ndarray, starts: bool
+) -> list[np.ndarray]:
     """[bos] + ids + [eot] per document, a document cut into several texts getting its BOS only once."""
     parts = []
     for ids, (_, ends) in zip(encoded, batch):
@@ -359,8 +428,11 @@ def _with_bos(encoded: list[np.ndarray], batch: list[tuple[str, bool]], bos: np.
 
 def _build_hub(folder: Path, name: str, tokenizer: Tokenizer, dtype: str, done: dict[str, dict], say) -> list[dict]:
     """Stream a hub dataset into shards of HUB_PIECE_DOCUMENTS documents; a rerun skips finished shards."""
+
     def key(index: int) -> str:
-        return hashlib.sha256(f"hub\0{name}\0{tokenizer.fingerprint}\0{HUB_PIECE_DOCUMENTS}\0{index}".encode()).hexdigest()
+        return hashlib.sha256(
+            f"hub\0{name}\0{tokenizer.fingerprint}\0{HUB_PIECE_DOCUMENTS}\0{index}".encode()
+        ).hexdigest()
 
     shards = []
     while key(len(shards)) in done:
@@ -410,8 +482,9 @@ def _write_atomically(path: Path, data: bytes) -> None:
 # Pre-tokenized files
 
 
-def open_pretokenized(source: Source, files: list[SourceFile], tokenizer: Tokenizer, cache_dir: Path,
-                      verify: str = "stat") -> TokenStore:
+def open_pretokenized(
+    source: Source, files: list[SourceFile], tokenizer: Tokenizer, cache_dir: Path, verify: str = "stat"
+) -> TokenStore:
     """Memory-map .bin/.npy token files in place. Each is checked once (header, size, every id inside the
     tokenizer's vocabulary) and the result cached by path, size, mtime and fingerprint."""
     key = hashlib.sha256(f"{STORE_FORMAT}\0{tokenizer.vocab_size}\0{[f.path for f in files]}".encode()).hexdigest()
@@ -449,11 +522,18 @@ def inspect_token_file(f: SourceFile, tokenizer: Tokenizer) -> dict:
     if low < 0 or high >= tokenizer.vocab_size:
         bad = low if low < 0 else high
         raise ConfigError(
-            f"{f.path} holds token id {bad}, outside model.tokenizer '{tokenizer.name}' (ids 0..{tokenizer.vocab_size - 1}); "
+            f"{f.path} holds token id {bad}, outside model.tokenizer '{tokenizer.name}' (ids "
+            f"0..{tokenizer.vocab_size - 1}); "
             "tokenize it with the same tokenizer or set model.tokenizer to the one it was made with"
         )
-    return {**f.as_record(), "fingerprint": fingerprint(f.path, f.size), "dtype": np.dtype(dtype).str,
-            "offset": offset, "count": count, "max_id": high}
+    return {
+        **f.as_record(),
+        "fingerprint": fingerprint(f.path, f.size),
+        "dtype": np.dtype(dtype).str,
+        "offset": offset,
+        "count": count,
+        "max_id": high,
+    }
 
 
 def _bin_layout(f: SourceFile) -> tuple[np.dtype, int, int]:
@@ -467,7 +547,9 @@ def _bin_layout(f: SourceFile) -> tuple[np.dtype, int, int]:
         version, dtype = LLMC_FORMATS[magic]
         if len(header) < LLMC_HEADER_INTS or int(header[1]) != version:
             found = int(header[1]) if len(header) > 1 else "none"
-            raise ConfigError(f"{f.path} has llm.c magic {magic} but version {found} (expected {version}); re-create the shard")
+            raise ConfigError(
+                f"{f.path} has llm.c magic {magic} but version {found} (expected {version}); re-create the shard"
+            )
         count, offset = int(header[2]), LLMC_HEADER_INTS * 4
         available = (f.size - offset) // np.dtype(dtype).itemsize
         if count > available:
@@ -478,9 +560,13 @@ def _bin_layout(f: SourceFile) -> tuple[np.dtype, int, int]:
         return np.dtype(dtype), offset, count
     if len(header) == LLMC_HEADER_INTS and int(header[1]) in (1, 7) and magic and not header[3:].any():
         known = " or ".join(f"{m} ({np.dtype(d).name})" for m, (_, d) in LLMC_FORMATS.items())
-        raise ConfigError(f"{f.path} has an llm.c-style header with the unknown magic {magic} (expected {known}); re-create the shard")
+        raise ConfigError(
+            f"{f.path} has an llm.c-style header with the unknown magic {magic} (expected {known}); re-create the shard"
+        )
     if f.size % 2:
-        raise ConfigError(f"{f.path} has no llm.c header and an odd size, so it is not a raw uint16 token array; re-create it")
+        raise ConfigError(
+            f"{f.path} has no llm.c header and an odd size, so it is not a raw uint16 token array; re-create it"
+        )
     return np.dtype(np.uint16), 0, f.size // 2
 
 
@@ -490,7 +576,9 @@ def _npy_layout(path: str) -> tuple[np.dtype, int, int]:
     except (OSError, ValueError) as e:
         raise ConfigError(f"{path} is not a readable .npy file ({e}); re-create or remove it") from e
     if not isinstance(array, np.memmap) or array.dtype.kind not in "iu" or not array.flags.c_contiguous:
-        raise ConfigError(f"{path} holds {array.dtype} values, not a contiguous array of integer token ids; re-create it")
+        raise ConfigError(
+            f"{path} holds {array.dtype} values, not a contiguous array of integer token ids; re-create it"
+        )
     return array.dtype, int(array.offset), int(array.size)
 
 

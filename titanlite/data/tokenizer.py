@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import tiktoken
 
-from titanlite.data.sources import short_reason
 from titanlite.base.errors import ConfigError
+from titanlite.data.sources import short_reason
 
 GPT2_RANKS_PATH = Path(__file__).parent / "assets" / "gpt2.tiktoken"
 GPT2_RANKS_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
@@ -32,7 +32,10 @@ HF_TOKENIZER_CONFIG = "tokenizer_config.json"
 HF_ID_FILES = ("generation_config.json", "config.json")
 # End-of-sequence tokens recognised by name when no config file names one, in this order.
 HF_EOS_NAMES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|im_end|>")
-HF_ASSETS_HINT = "model.tokenizer='hf' reads tokenizer.json from model.hf_assets_path; set model.hf_assets_path to a folder that has one"
+HF_ASSETS_HINT = (
+    "model.tokenizer='hf' reads tokenizer.json from model.hf_assets_path; "
+    "set model.hf_assets_path to a folder that has one"
+)
 
 
 class Tokenizer(ABC):
@@ -150,8 +153,10 @@ class HFTokenizer(Tokenizer):
 
     def __reduce__(self):
         # Worker processes of `prepare` re-read the folder rather than unpickle the Rust tables.
-        return (_unpickle_hf, (str(self.folder), self._fingerprint, self.vocab_size, self.eot_id, self.bos_id,
-                               self.declared_bos_id))
+        return (
+            _unpickle_hf,
+            (str(self.folder), self._fingerprint, self.vocab_size, self.eot_id, self.bos_id, self.declared_bos_id),
+        )
 
     @property
     def fingerprint(self) -> str:
@@ -163,7 +168,9 @@ class HFTokenizer(Tokenizer):
         if self._backend is None:
             fresh = HFTokenizer(self.folder)
             if fresh.fingerprint != self._fingerprint:
-                raise ConfigError(f"{self.folder / HF_TOKENIZER_FILE} or its config files changed while in use; run the command again")
+                raise ConfigError(
+                    f"{self.folder / HF_TOKENIZER_FILE} or its config files changed while in use; run the command again"
+                )
             self._backend = fresh._backend
         return self._backend
 
@@ -193,14 +200,20 @@ class HFTokenizer(Tokenizer):
         return self.backend.decode([int(i) for i in ids], skip_special_tokens=False)
 
 
-def _unpickle_hf(folder: str, fingerprint: str, vocab_size: int, eot_id: int, bos_id: int | None,
-                 declared_bos_id: int | None) -> HFTokenizer:
+def _unpickle_hf(
+    folder: str, fingerprint: str, vocab_size: int, eot_id: int, bos_id: int | None, declared_bos_id: int | None
+) -> HFTokenizer:
     """An HFTokenizer whose folder is read at first use, not here: an error raised while a multiprocessing.Pool
     worker unpickles its task kills the worker and loses the task (the pool then waits forever), whereas
     an error at first use fails that task and reaches the caller."""
     tokenizer = HFTokenizer.__new__(HFTokenizer)
     tokenizer.folder, tokenizer._fingerprint, tokenizer._backend = Path(folder), fingerprint, None
-    tokenizer.vocab_size, tokenizer.eot_id, tokenizer.bos_id, tokenizer.declared_bos_id = vocab_size, eot_id, bos_id, declared_bos_id
+    tokenizer.vocab_size, tokenizer.eot_id, tokenizer.bos_id, tokenizer.declared_bos_id = (
+        vocab_size,
+        eot_id,
+        bos_id,
+        declared_bos_id,
+    )
     return tokenizer
 
 
@@ -212,7 +225,9 @@ def _read_tokenizer_json(path: Path) -> bytes:
     try:
         return path.read_bytes()
     except OSError as e:
-        raise ConfigError(f"cannot read {path} ({e.strerror}); set model.hf_assets_path to a folder with a readable tokenizer.json") from e
+        raise ConfigError(
+            f"cannot read {path} ({e.strerror}); set model.hf_assets_path to a folder with a readable tokenizer.json"
+        ) from e
 
 
 _PARSED: dict[str, object] = {}
@@ -225,8 +240,10 @@ def _parse_tokenizer_json(path: Path, data: bytes):
         tokenizers = _import_tokenizers()
         try:
             backend = tokenizers.Tokenizer.from_str(data.decode("utf-8"))
-        except Exception as e:  # noqa: BLE001 - the library raises a bare Exception for any bad file
-            raise ConfigError(f"{path} is not a tokenizer.json the tokenizers library can read ({short_reason(e)}); replace it") from e
+        except Exception as e:
+            raise ConfigError(
+                f"{path} is not a tokenizer.json the tokenizers library can read ({short_reason(e)}); replace it"
+            ) from e
         # Special-token text inside the corpus ("</s>" in a web page) stays text, as GPT2Tokenizer.encode does.
         backend.encode_special_tokens = True
         _PARSED[digest] = backend
@@ -237,7 +254,9 @@ def _import_tokenizers():
     try:
         import tokenizers  # optional dependency (the [hf] extra)
     except ImportError as e:
-        raise ConfigError("model.tokenizer='hf' needs the tokenizers package; pip install tokenizers (or use 'gpt2' / 'byte')") from e
+        raise ConfigError(
+            "model.tokenizer='hf' needs the tokenizers package; pip install tokenizers (or use 'gpt2' / 'byte')"
+        ) from e
     return tokenizers
 
 
@@ -268,14 +287,19 @@ def _configured_id(folder: Path, backend, config: dict, key: str) -> int | None:
     if text is not None:
         found = backend.token_to_id(text)
         if found is None:
-            raise ConfigError(f"{folder / HF_TOKENIZER_CONFIG} names {key}_token {text!r}, which tokenizer.json lacks; fix {key}_token")
+            raise ConfigError(
+                f"{folder / HF_TOKENIZER_CONFIG} names {key}_token {text!r}, which tokenizer.json lacks; fix "
+                f"{key}_token"
+            )
         return found
     for name in HF_ID_FILES:
         value = (_read_json_object(folder / name) or {}).get(f"{key}_token_id")
         value = value[0] if isinstance(value, list) and value else value
         if isinstance(value, int) and not isinstance(value, bool):
             if not 0 <= value < backend.get_vocab_size(with_added_tokens=True):
-                raise ConfigError(f"{folder / name} gives {key}_token_id={value}, outside tokenizer.json's ids; fix {key}_token_id")
+                raise ConfigError(
+                    f"{folder / name} gives {key}_token_id={value}, outside tokenizer.json's ids; fix {key}_token_id"
+                )
             return value
     return None
 

@@ -25,10 +25,10 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel as tp_loss_parallel
 from torch.nn.parallel import DistributedDataParallel
 
+from titanlite.base.errors import NonFiniteLoss, Preempted
 from titanlite.components.loss import cross_entropy
 from titanlite.components.metrics import MetricsLogger, Throughput, peak_memory_gib, reset_peak_memory
 from titanlite.components.optim import clip_grad_norm_
-from titanlite.base.errors import NonFiniteLoss, Preempted
 from titanlite.components.resilience import Faults, StopOnSignal, set_train_timeout
 
 
@@ -135,9 +135,20 @@ class RankModel:
 class Trainer:
     """Trains this rank's model from its current (possibly resumed) step: the same loop for every layout."""
 
-    def __init__(self, model: RankModel, optimizer, lr_scheduler, loader, *, settings: StepSettings,
-                 figures: StepFigures, logger: MetricsLogger, checkpointer=None, resilience: Resilience | None = None,
-                 validator=None):
+    def __init__(
+        self,
+        model: RankModel,
+        optimizer,
+        lr_scheduler,
+        loader,
+        *,
+        settings: StepSettings,
+        figures: StepFigures,
+        logger: MetricsLogger,
+        checkpointer=None,
+        resilience: Resilience | None = None,
+        validator=None,
+    ):
         self.model, self.optimizer, self.lr_scheduler, self.loader = model, optimizer, lr_scheduler, loader
         self.model_parts, self.device, self.pipeline = model.parts, model.device, model.pipeline
         self.params = [p for part in model.parts for p in part.parameters() if p.requires_grad]
@@ -173,7 +184,9 @@ class Trainer:
                 micro_batches = [next(batches) for _ in range(self.settings.grad_accum_steps)]
                 self.throughput.add_data_wait(time.perf_counter() - start)
                 lr = self.optimizer.param_groups[0]["lr"]
-                will_eval = self.validator is not None and ((self.step + 1) % self.settings.val_freq == 0 or self.step + 1 == last)
+                will_eval = self.validator is not None and (
+                    (self.step + 1) % self.settings.val_freq == 0 or self.step + 1 == last
+                )
                 will_log = (self.step + 1) % self.settings.log_freq == 0 or self.step + 1 == last or will_eval
                 will_save = self.checkpointer is not None and self.checkpointer.due(self.step + 1)
                 self.train_step(micro_batches, measure=will_log)
@@ -238,7 +251,9 @@ class Trainer:
                 self.pipeline.tied_sync()
         loss = self.reduce_loss(step_loss)
         grad_norm = clip_grad_norm_(
-            self.params, self.settings.max_norm, norm_params=self.norm_params,
+            self.params,
+            self.settings.max_norm,
+            norm_params=self.norm_params,
             pp_group=self.pipeline and self.pipeline.group,
         )
         pair = self.records.add(self.step + 1, loss, grad_norm)

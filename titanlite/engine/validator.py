@@ -20,7 +20,9 @@ from titanlite.components.loss import IGNORE
 from titanlite.engine.trainer import RankModel, local_value
 
 
-def eval_batches(windows, local_batch_size: int, steps: int, dp_rank: int, dp_degree: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+def eval_batches(
+    windows, local_batch_size: int, steps: int, dp_rank: int, dp_degree: int
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """This rank's (inputs, labels) of each validation batch: rank r reads rows r*local ... (r+1)*local - 1
     of each global batch of local x dp windows. Rows past the evaluated windows are padding (inputs 0,
     labels IGNORE), so every rank runs the same number of batches, as FSDP, TP and PP need."""

@@ -10,7 +10,6 @@ from torch import nn
 from titanlite.base.model_args import GPT2Args
 from titanlite.models.kv_cache import KVCache, LayerCache
 
-
 # Our activation names (GPT2Args.activation) -> F.gelu's `approximate` argument.
 GELU_APPROXIMATION = {"gelu_tanh": "tanh", "gelu": "none"}
 
@@ -88,7 +87,6 @@ class GPT2(nn.Module):
         Call again after anything that replaces parameters, such as to_empty (which unties them)."""
         if self.args.tie_embeddings and self.tok_embeddings is not None and self.output is not None:
             self.output.weight = self.tok_embeddings.weight
-
 
     def init_buffers(self) -> None:
         """GPT-2 has no buffers; present so the trainer treats every model alike."""

@@ -65,7 +65,9 @@ class LayerCache:
         if start == 0 or t == 1:
             # A prefill is the usual lower triangle; a single new token is the newest position and sees all.
             return F.scaled_dot_product_attention(q, k, v, is_causal=t > 1, enable_gqa=gqa)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=shifted_causal_mask(start, t, q.device), enable_gqa=gqa)
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=shifted_causal_mask(start, t, q.device), enable_gqa=gqa
+        )
 
 
 def shifted_causal_mask(start: int, t: int, device: torch.device) -> torch.Tensor:

@@ -137,7 +137,9 @@ class Llama(nn.Module):
     def init_buffers(self) -> None:
         """Compute the RoPE tables in float32 on the device the model lives on (after to_empty too)."""
         args = self.args
-        cos, sin = precompute_rope(args.head_dim, args.max_seq_len, args.rope_theta, self.rope_cos.device, args.rope_scaling)
+        cos, sin = precompute_rope(
+            args.head_dim, args.max_seq_len, args.rope_theta, self.rope_cos.device, args.rope_scaling
+        )
         # Re-registering (rather than copy_) keeps them float32 even if the model was cast.
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
@@ -156,7 +158,7 @@ class Llama(nn.Module):
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
         cos, sin = self.rope_cos, self.rope_sin  # [max_seq_len, hd/2]; attention cuts them to length
         if cache is not None:  # the new tokens' rotations start at the first uncached position
-            cos, sin = cos[cache.length:], sin[cache.length:]
+            cos, sin = cos[cache.length :], sin[cache.length :]
         for name, layer in self.layers.items():
             h = layer(h, cos, sin, cache=None if cache is None else cache.layer(name))
         if cache is not None:

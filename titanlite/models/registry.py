@@ -34,22 +34,46 @@ FLAVORS: dict[str, dict[str, GPT2Args | LlamaArgs]] = {
         "debug": LlamaArgs(dim=64, n_layers=4, n_heads=4, n_kv_heads=2, ffn_dim=192, vocab_size=0),
         # Llama 3.2 1B.
         "1B": LlamaArgs(
-            dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, ffn_dim=8192, vocab_size=0,
-            max_seq_len=8192, tie_embeddings=True,
+            dim=2048,
+            n_layers=16,
+            n_heads=32,
+            n_kv_heads=8,
+            ffn_dim=8192,
+            vocab_size=0,
+            max_seq_len=8192,
+            tie_embeddings=True,
         ),
         # The SmolLM3-3B shape.
         "3B": LlamaArgs(
-            dim=2048, n_layers=36, n_heads=16, n_kv_heads=4, ffn_dim=11008, vocab_size=0,
-            max_seq_len=8192, tie_embeddings=True,
+            dim=2048,
+            n_layers=36,
+            n_heads=16,
+            n_kv_heads=4,
+            ffn_dim=11008,
+            vocab_size=0,
+            max_seq_len=8192,
+            tie_embeddings=True,
         ),
         "8B": LlamaArgs(
-            dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, ffn_dim=14336, vocab_size=0,
-            max_seq_len=8192, tie_embeddings=False,
+            dim=4096,
+            n_layers=32,
+            n_heads=32,
+            n_kv_heads=8,
+            ffn_dim=14336,
+            vocab_size=0,
+            max_seq_len=8192,
+            tie_embeddings=False,
         ),
         # Llama 3 70B (for planning on many GPUs: `titanlite plan --model.flavor 70B`).
         "70B": LlamaArgs(
-            dim=8192, n_layers=80, n_heads=64, n_kv_heads=8, ffn_dim=28672, vocab_size=0,
-            max_seq_len=8192, tie_embeddings=False,
+            dim=8192,
+            n_layers=80,
+            n_heads=64,
+            n_kv_heads=8,
+            ffn_dim=28672,
+            vocab_size=0,
+            max_seq_len=8192,
+            tie_embeddings=False,
         ),
     },
 }
@@ -61,8 +85,10 @@ def model_args(name: str, flavor: str, vocab_size: int, max_seq_len: int, n_laye
     if name not in FLAVORS:
         raise ConfigError(f"model.name={name!r} is not a known model; use one of: {', '.join(FLAVORS)}")
     if flavor not in FLAVORS[name]:
-        raise ConfigError(f"model.flavor={flavor!r} is not a {name} flavor; use one of: {', '.join(FLAVORS[name])}, "
-                          "or 'hf' with model.hf_assets_path")
+        raise ConfigError(
+            f"model.flavor={flavor!r} is not a {name} flavor; use one of: {', '.join(FLAVORS[name])}, "
+            "or 'hf' with model.hf_assets_path"
+        )
     if vocab_size <= 0:
         raise ConfigError(f"vocab_size={vocab_size} must be positive")
     if max_seq_len <= 0:
@@ -95,8 +121,10 @@ def configured_args(model_cfg, vocab_size: int, seq_len: int) -> ModelArgs:
         return model_args(m.name, m.flavor, vocab_size, seq_len, m.n_layers)
     args = folder_args(m.hf_assets_path, seq_len)
     if vocab_size > args.vocab_size:
-        raise ConfigError(f"model.tokenizer={m.tokenizer!r} has {vocab_size} ids but {m.hf_assets_path} embeds "
-                          f"{args.vocab_size}; use the folder's own tokenizer (leave model.tokenizer out)")
+        raise ConfigError(
+            f"model.tokenizer={m.tokenizer!r} has {vocab_size} ids but {m.hf_assets_path} embeds "
+            f"{args.vocab_size}; use the folder's own tokenizer (leave model.tokenizer out)"
+        )
     return args
 
 

@@ -34,8 +34,9 @@ def apply_ac(model: nn.Module, cfg: ActivationCheckpoint) -> None:
         if cfg.mode == "selective_layer" and i % cfg.selective_ac_option:
             continue
         if cfg.mode == "selective_op":
-            wrapped = checkpoint_wrapper(block, context_fn=partial(create_selective_checkpoint_contexts, _op_policy),
-                                         preserve_rng_state=False)
+            wrapped = checkpoint_wrapper(
+                block, context_fn=partial(create_selective_checkpoint_contexts, _op_policy), preserve_rng_state=False
+            )
         else:
             wrapped = checkpoint_wrapper(block, preserve_rng_state=False)  # no dropout: no RNG to replay
         model.layers.register_module(key, wrapped)

@@ -34,7 +34,11 @@ def apply_fsdp(
         fully_shard(block, reshard_after_forward=reshard_after_forward, **shard)
     # A tied embedding is one parameter used at both ends: it must live in one FSDP unit, and only
     # the root spans both uses, so tied weights stay with the root.
-    tied = model.output is not None and model.tok_embeddings is not None and model.output.weight is model.tok_embeddings.weight
+    tied = (
+        model.output is not None
+        and model.tok_embeddings is not None
+        and model.output.weight is model.tok_embeddings.weight
+    )
     if not tied:
         if model.tok_embeddings is not None:
             fully_shard(model.tok_embeddings, reshard_after_forward=reshard_after_forward, **shard)

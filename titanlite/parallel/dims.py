@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 from torch.distributed.device_mesh import init_device_mesh
 
-from titanlite.config import Parallelism
 from titanlite.base.errors import ConfigError
+from titanlite.config import Parallelism
 
 MESH_ORDER = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 
@@ -31,7 +31,11 @@ class ParallelDims:
         gets a one-rank FSDP mesh when parallelism.fsdp_single_rank or CPU offload asks for it."""
         replicate, shard = cfg.data_parallel_replicate_degree, cfg.data_parallel_shard_degree
         tp, pp = cfg.tensor_parallel_degree, cfg.pipeline_parallel_degree
-        named = (("data_parallel_replicate_degree", replicate), ("tensor_parallel_degree", tp), ("pipeline_parallel_degree", pp))
+        named = (
+            ("data_parallel_replicate_degree", replicate),
+            ("tensor_parallel_degree", tp),
+            ("pipeline_parallel_degree", pp),
+        )
         for name, degree in named:
             if world_size % degree:
                 raise ConfigError(
@@ -49,7 +53,8 @@ class ParallelDims:
         product = shard * others
         if product != world_size:
             raise ConfigError(
-                f"parallelism degrees multiply to {product} (pp {pp} x replicate {replicate} x shard {shard} x tp {tp}) "
+                f"parallelism degrees multiply to {product} (pp {pp} x replicate {replicate} x shard {shard} x tp "
+                f"{tp}) "
                 f"but the world size is {world_size}; set parallelism.data_parallel_shard_degree = -1 or "
                 f"make the product equal {world_size}"
             )
@@ -59,11 +64,19 @@ class ParallelDims:
                 f"parallelism.fsdp_single_rank is for a single-device run, but the world size is {world_size} "
                 "(FSDP shards over data_parallel_shard_degree there); set it to false"
             )
-        return cls(dp_replicate=replicate, dp_shard=shard, tp=tp, pp=pp, world_size=world_size, fsdp_single_rank=single_rank)
+        return cls(
+            dp_replicate=replicate, dp_shard=shard, tp=tp, pp=pp, world_size=world_size, fsdp_single_rank=single_rank
+        )
 
     @property
     def degrees(self) -> dict[str, int]:
-        return {"pp": self.pp, "dp_replicate": self.dp_replicate, "dp_shard": self.dp_shard, "cp": self.cp, "tp": self.tp}
+        return {
+            "pp": self.pp,
+            "dp_replicate": self.dp_replicate,
+            "dp_shard": self.dp_shard,
+            "cp": self.cp,
+            "tp": self.tp,
+        }
 
     @property
     def dp(self) -> int:
@@ -101,7 +114,11 @@ class ParallelDims:
         root = init_device_mesh(device_type, tuple(self.degrees[n] for n in names), mesh_dim_names=tuple(names))
         # dp: which rank reads which data; dp_shard_cp: what FSDP shards over; dp_cp: what the loss averages over.
         views = {}
-        for view, parts in (("dp", ("dp_replicate", "dp_shard")), ("dp_shard_cp", ("dp_shard", "cp")), ("dp_cp", ("dp_replicate", "dp_shard", "cp"))):
+        for view, parts in (
+            ("dp", ("dp_replicate", "dp_shard")),
+            ("dp_shard_cp", ("dp_shard", "cp")),
+            ("dp_cp", ("dp_replicate", "dp_shard", "cp")),
+        ):
             used = tuple(n for n in parts if n in names)
             if used:
                 views[view] = root[used]._flatten(view)

@@ -23,10 +23,10 @@ from contextlib import contextmanager
 import torch
 import torch.nn as nn
 
-from titanlite.config import Float8
 from titanlite.base.devices import uses_cuda
 from titanlite.base.errors import ConfigError
 from titanlite.components.loss import HiddenStatesHead
+from titanlite.config import Float8
 
 INSTALL_HINT = "pip install '.[float8]' (or pip install torchao) in the environment that runs titanlite"
 
@@ -49,13 +49,17 @@ def _quiet_import():
 def torchao_float8():
     """The torchao.float8 module, or a ConfigError saying how to install it."""
     if importlib.util.find_spec("torchao") is None:
-        raise ConfigError(f"float8.enable needs torchao, which is not installed; {INSTALL_HINT}, or set float8.enable = false")
+        raise ConfigError(
+            f"float8.enable needs torchao, which is not installed; {INSTALL_HINT}, or set float8.enable = false"
+        )
     try:
         with _quiet_import():
             import torchao.float8 as float8  # optional dependency (the [float8] extra)
     except Exception as e:  # a torchao built for another torch fails here, not at find_spec
-        raise ConfigError(f"float8.enable: torchao is installed but does not import ({type(e).__name__}: {e}); "
-                          f"install a torchao release built for torch {torch.__version__}, or set float8.enable = false")
+        raise ConfigError(
+            f"float8.enable: torchao is installed but does not import ({type(e).__name__}: {e}); "
+            f"install a torchao release built for torch {torch.__version__}, or set float8.enable = false"
+        ) from None
     return float8
 
 
@@ -69,7 +73,8 @@ def check_float8(cfg: Float8) -> None:
         if (major, minor) < (8, 9):
             raise ConfigError(
                 f"float8.enable: this GPU (compute capability {major}.{minor}) has no float8 matmuls (they need 8.9+: "
-                "H100, H200, L4, RTX 40xx); set float8.emulate = true to run float8 numerics in high precision (no speed-up)"
+                "H100, H200, L4, RTX 40xx); set float8.emulate = true to run float8 numerics in high precision (no "
+                "speed-up)"
             )
 
 
@@ -78,7 +83,11 @@ def float8_filter(filter_fqns: list[str], tp: int):
     whose (tensor-parallel local) dimensions are not multiples of 16, which float8 matmuls require."""
 
     def convert(module: nn.Module, fqn: str) -> bool:
-        if not isinstance(module, nn.Linear) or isinstance(module, HiddenStatesHead) or any(part in fqn for part in filter_fqns):
+        if (
+            not isinstance(module, nn.Linear)
+            or isinstance(module, HiddenStatesHead)
+            or any(part in fqn for part in filter_fqns)
+        ):
             return False
         out_features, in_features = module.weight.shape
         return all(size % (16 * tp) == 0 for size in (out_features, in_features))

@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from titanlite.config import ActivationCheckpoint, Compile, Float8, Parallelism, Training
 from titanlite.components.loss import chunk_tokens, defer_output_projection
+from titanlite.config import ActivationCheckpoint, Compile, Float8, Parallelism, Training
 from titanlite.models.init import init_weights
 from titanlite.parallel.activation_checkpoint import apply_ac
 from titanlite.parallel.compile import apply_compile
@@ -32,8 +32,15 @@ def reshard_after_forward(policy: str, pp_enabled: bool) -> bool:
 
 
 def parallelize(
-    model: nn.Module, dims: ParallelDims, mesh, parallelism: Parallelism, training: Training, device: torch.device,
-    ac: ActivationCheckpoint, compile_cfg: Compile, float8: Float8,
+    model: nn.Module,
+    dims: ParallelDims,
+    mesh,
+    parallelism: Parallelism,
+    training: Training,
+    device: torch.device,
+    ac: ActivationCheckpoint,
+    compile_cfg: Compile,
+    float8: Float8,
 ) -> nn.Module:
     """Apply the parallelisms to a model still on the meta device; returns the (possibly wrapped) model."""
     if chunk_tokens(training, compile_cfg, loss_parallel_enabled(dims, parallelism)) > 0:

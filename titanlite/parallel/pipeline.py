@@ -20,8 +20,8 @@ from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.schedules import PipelineScheduleSingle, _PipelineScheduleRuntime, get_schedule_class
 from torch.distributed.tensor import DTensor
 
-from titanlite.config import Parallelism
 from titanlite.base.errors import ConfigError
+from titanlite.config import Parallelism
 
 SINGLE_STAGE = ("GPipe", "1F1B")
 V_SHAPED = ("ZBVZeroBubble", "DualPipeV")
@@ -89,7 +89,8 @@ def plan_pipeline(cfg: Parallelism, n_layers: int, samples_per_step: int) -> Pip
     if name in SINGLE_STAGE and num_stages != pp:
         raise ConfigError(
             f"pipeline_parallel_schedule={name} runs one stage per rank, but the split gives {num_stages} stages "
-            f"for pp={pp}; set pipeline_parallel_layers_per_stage = 0 or {math.ceil(n_layers / pp)}, or use a looped schedule"
+            f"for pp={pp}; set pipeline_parallel_layers_per_stage = 0 or {math.ceil(n_layers / pp)}, or use a looped "
+            "schedule"
         )
     if name in V_SHAPED and num_stages != 2 * pp:
         raise ConfigError(

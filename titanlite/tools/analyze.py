@@ -140,7 +140,9 @@ def trace_files(target: Path) -> tuple[Path, list[Path]]:
     windows = sorted(target.glob("iteration_*"), key=lambda p: int(re.sub(r"\D", "", p.name) or 0))
     if windows:
         return trace_files(windows[-1])
-    raise ConfigError(f"{target}: no *.json traces here or in iteration_*/ subfolders; profile with profiling.enable_profiling")
+    raise ConfigError(
+        f"{target}: no *.json traces here or in iteration_*/ subfolders; profile with profiling.enable_profiling"
+    )
 
 
 def rank_of(trace: dict, path: Path, fallback: int) -> int:
@@ -166,8 +168,16 @@ def classify(trace: dict) -> dict:
         other = [ev(e) for e in device if e.get("cat") != "kernel"]
         everything = kernels + other
         window = [(min(e.start for e in everything), max(e.end for e in everything))]
-        return {"mode": "gpu", "compute": compute, "comm": comm, "collectives": comm, "other": other,
-                "window": window, "top": compute, "not_compute": []}
+        return {
+            "mode": "gpu",
+            "compute": compute,
+            "comm": comm,
+            "collectives": comm,
+            "other": other,
+            "window": window,
+            "top": compute,
+            "not_compute": [],
+        }
 
     steps = [ev(e) for e in events if e["name"].startswith("ProfilerStep#")]
     if not steps:
@@ -181,10 +191,19 @@ def classify(trace: dict) -> dict:
     gloo = [ev(e) for e in events if e["name"].startswith("gloo:")]
     issued = [e for e in ops if is_cpu_collective(e.name)]
     waits = [e for e in ops if "wait" in e.name.lower()]
-    compute = [e for e in ops if e.tid == main_thread and not is_cpu_collective(e.name) and "wait" not in e.name.lower()]
-    return {"mode": "cpu", "compute": compute, "comm": issued + gloo, "collectives": cpu_collectives(issued, gloo),
-            "other": [], "window": window, "top": compute + [e for e in issued + waits if e.tid == main_thread],
-            "not_compute": [e for e in issued + waits if e.tid == main_thread]}
+    compute = [
+        e for e in ops if e.tid == main_thread and not is_cpu_collective(e.name) and "wait" not in e.name.lower()
+    ]
+    return {
+        "mode": "cpu",
+        "compute": compute,
+        "comm": issued + gloo,
+        "collectives": cpu_collectives(issued, gloo),
+        "other": [],
+        "window": window,
+        "top": compute + [e for e in issued + waits if e.tid == main_thread],
+        "not_compute": [e for e in issued + waits if e.tid == main_thread],
+    }
 
 
 def is_cpu_collective(name: str) -> bool:
@@ -301,8 +320,20 @@ def pct(part: float, whole: float) -> float:
     return 100.0 * part / whole if whole > 0 else 0.0
 
 
-AVERAGED = ["total_ms", "compute_ms", "non_compute_ms", "idle_ms", "communication_ms", "other_non_compute_ms",
-            "compute_pct", "non_compute_pct", "idle_pct", "communication_pct", "overlap_pct", "exposed_communication_ms"]
+AVERAGED = [
+    "total_ms",
+    "compute_ms",
+    "non_compute_ms",
+    "idle_ms",
+    "communication_ms",
+    "other_non_compute_ms",
+    "compute_pct",
+    "non_compute_pct",
+    "idle_pct",
+    "communication_pct",
+    "overlap_pct",
+    "exposed_communication_ms",
+]
 
 
 def average(per_rank: dict[int, dict]) -> dict:
@@ -332,7 +363,12 @@ def analyze(target: Path, top: int = 10) -> tuple[Path, dict]:
         per_rank[rank_of(trace, path, i)] = analyze_trace(trace, top) | {"file": path.name}
     if not per_rank:
         raise ConfigError(f"{folder}: the profiler recorded no events in any trace ({', '.join(empty)}); profile again")
-    result = {"folder": str(folder), "ranks": dict(sorted(per_rank.items())), "average": average(per_rank), "empty": empty}
+    result = {
+        "folder": str(folder),
+        "ranks": dict(sorted(per_rank.items())),
+        "average": average(per_rank),
+        "empty": empty,
+    }
     return folder, result
 
 
@@ -343,10 +379,15 @@ def analyze(target: Path, top: int = 10) -> tuple[Path, dict]:
 def to_markdown(result: dict) -> str:
     ranks, avg = result["ranks"], result["average"]
     cols = [*(f"rank {r}" for r in ranks), "average"]
-    rows = [("total (ms)", "total_ms", ".1f"), ("compute %", "compute_pct", ".1f"),
-            ("non-compute %", "non_compute_pct", ".1f"), ("idle %", "idle_pct", ".1f"),
-            ("communication (ms)", "communication_ms", ".1f"), ("overlap %", "overlap_pct", ".1f"),
-            ("exposed communication (ms)", "exposed_communication_ms", ".1f")]
+    rows = [
+        ("total (ms)", "total_ms", ".1f"),
+        ("compute %", "compute_pct", ".1f"),
+        ("non-compute %", "non_compute_pct", ".1f"),
+        ("idle %", "idle_pct", ".1f"),
+        ("communication (ms)", "communication_ms", ".1f"),
+        ("overlap %", "overlap_pct", ".1f"),
+        ("exposed communication (ms)", "exposed_communication_ms", ".1f"),
+    ]
     lines = [f"# Trace analysis: {result['folder']}", ""]
     if result.get("empty"):
         lines += [f"Left out, the profiler recorded no events: {', '.join(result['empty'])}.", ""]
@@ -354,11 +395,23 @@ def to_markdown(result: dict) -> str:
     for label, key, fmt in rows:
         values = [format(r[key], fmt) for r in ranks.values()] + [format(avg[key], fmt)]
         lines.append(f"| {label} | " + " | ".join(values) + " |")
-    lines += ["", "## Collectives (average over ranks)", "", "| kind | count | total (ms) | mean (ms) |", "|---|---:|---:|---:|"]
+    lines += [
+        "",
+        "## Collectives (average over ranks)",
+        "",
+        "| kind | count | total (ms) | mean (ms) |",
+        "|---|---:|---:|---:|",
+    ]
     for kind, fig in avg["collectives"].items():
         lines.append(f"| {kind} | {fig['count']:g} | {fig['total_ms']:.2f} | {fig['mean_ms']:.3f} |")
     first = next(iter(ranks))
-    lines += ["", f"## Top operators (rank {first}, self time)", "", "| operator | ms | % of total |", "|---|---:|---:|"]
+    lines += [
+        "",
+        f"## Top operators (rank {first}, self time)",
+        "",
+        "| operator | ms | % of total |",
+        "|---|---:|---:|",
+    ]
     for op in ranks[first]["top_operators"]:
         lines.append(f"| `{op['name'][:80]}` | {op['ms']:.2f} | {op['pct_of_total']:.1f} |")
     return "\n".join(lines) + "\n"

@@ -83,8 +83,17 @@ class BareLoop:
         with torch.device("meta"):
             model = configured_model(m, vocab_size, cfg.training.seq_len)
         plain_loss = dataclasses.replace(cfg.training, loss_chunk_tokens=0)  # logits and F.cross_entropy
-        parallelize(model, plan.dims, None, cfg.parallelism, plain_loss, device, cfg.activation_checkpoint,
-                    cfg.compile, cfg.float8)
+        parallelize(
+            model,
+            plan.dims,
+            None,
+            cfg.parallelism,
+            plain_loss,
+            device,
+            cfg.activation_checkpoint,
+            cfg.compile,
+            cfg.float8,
+        )
         materialize(model, device, cfg.training.seed)
         self.model, self.device, self.windows = model, device, windows
         self.batch, self.max_norm = cfg.training.local_batch_size, cfg.training.max_norm
@@ -92,8 +101,15 @@ class BareLoop:
         self.autocast = autocast_for(device, model, param_dtype)
         o = cfg.optimizer
         impl = implementation(o, device.type, cfg.training.skip_nonfinite_steps)
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps,
-                                           weight_decay=o.weight_decay, fused=impl == "fused", foreach=impl == "foreach")
+        self.optimizer = torch.optim.AdamW(
+            model.parameters(),
+            lr=o.lr,
+            betas=(o.beta1, o.beta2),
+            eps=o.eps,
+            weight_decay=o.weight_decay,
+            fused=impl == "fused",
+            foreach=impl == "foreach",
+        )
         self.foreach = impl != "for-loop"  # the clipping kernels titanlite uses (torch's default is per tensor on CPU)
         self.loss_fn = torch.compile(bare_loss, backend=cfg.compile.backend) if loss_compiled else bare_loss
         self.generator = torch.Generator().manual_seed(cfg.training.seed)
@@ -126,7 +142,9 @@ def throughput(argv: list[str]) -> int:
         raise ConfigError("bench throughput measures one device in one process; run it without torchrun/NGPU")
     opts, rest = parse_options(argv)
     cfg = parse_config(rest)
-    total = 2 * (opts["warmup"] + opts["steps"] * opts["repeats"])  # more than either loop runs: the LR schedule spans it
+    total = 2 * (
+        opts["warmup"] + opts["steps"] * opts["repeats"]
+    )  # more than either loop runs: the LR schedule spans it
     cfg.training.steps = total
     cfg.checkpoint.enable = False
     cfg.metrics.enable_tensorboard = False
@@ -140,7 +158,11 @@ def throughput(argv: list[str]) -> int:
         tokenizer, corpus = build_data(cfg)
         loops = {"titanlite": lambda n: trainer.train(trainer.step + n)}
         if not opts["no-bare"]:
-            loss_compiled = cfg.compile.enable and "loss" in cfg.compile.components and not loss_parallel_enabled(plan.dims, cfg.parallelism)
+            loss_compiled = (
+                cfg.compile.enable
+                and "loss" in cfg.compile.components
+                and not loss_parallel_enabled(plan.dims, cfg.parallelism)
+            )
             bare = BareLoop(cfg, plan, tokenizer.vocab_size, corpus.windows, device, loss_compiled)
             loops["bare PyTorch"] = bare.train
         figures = {name: Figures(name) for name in loops}
@@ -206,7 +228,9 @@ def summarize(figures: dict[str, Figures], step, device: torch.device) -> dict:
     if device.type != "cuda":
         report["process_peak_rss_gib"] = peak_memory_gib(device)[0]
     if "bare PyTorch" in loops:
-        report["titanlite_over_bare"] = loops["titanlite"]["step_seconds_median"] / loops["bare PyTorch"]["step_seconds_median"]
+        report["titanlite_over_bare"] = (
+            loops["titanlite"]["step_seconds_median"] / loops["bare PyTorch"]["step_seconds_median"]
+        )
     return report
 
 
@@ -223,7 +247,8 @@ def format_report(report: dict, cfg, device: torch.device) -> str:
         f"{'reads/step':>10} {'syncs/step':>10}",
     ]
     for name, r in report["loops"].items():
-        spread = f"{1e3 * r['step_seconds_median']:.1f} ({1e3 * r['step_seconds_min']:.1f}-{1e3 * r['step_seconds_max']:.1f})"
+        low, high = 1e3 * r["step_seconds_min"], 1e3 * r["step_seconds_max"]
+        spread = f"{1e3 * r['step_seconds_median']:.1f} ({low:.1f}-{high:.1f})"
         mem = "n/a" if r["peak_memory_gib"] is None else f"{r['peak_memory_gib']:.2f}GiB"
         lines.append(
             f"{name:<14} {spread:>27} {r['tokens_per_s_per_device']:>11,.0f} {r['tflops_per_device']:>8.3f} "
@@ -233,10 +258,14 @@ def format_report(report: dict, cfg, device: torch.device) -> str:
     if "titanlite_over_bare" in report:
         ratio = report["titanlite_over_bare"]
         lines.append(f"titanlite step time / bare loop step time: {ratio:.3f} ({100 * (ratio - 1):+.1f}%)")
-    lines.append("reads/step: tensor values read by the host outside torch; syncs/step: host-device "
-                 "synchronisations CUDA reports (n/a off CUDA)")
+    lines.append(
+        "reads/step: tensor values read by the host outside torch; syncs/step: host-device "
+        "synchronisations CUDA reports (n/a off CUDA)"
+    )
     if device.type != "cuda":
-        lines.append(f"peak memory: n/a per loop on CPU; the process's peak RSS was {report['process_peak_rss_gib']:.2f} GiB")
+        lines.append(
+            f"peak memory: n/a per loop on CPU; the process's peak RSS was {report['process_peak_rss_gib']:.2f} GiB"
+        )
     if report["peak_tflops"] is None:
         lines.append("MFU: no known peak for this device; set metrics.peak_tflops to report it")
     return "\n".join(lines)

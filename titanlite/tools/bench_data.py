@@ -62,7 +62,9 @@ def bench_data(argv: list[str]) -> int:
     if "--help" in argv or "-h" in argv:
         print(USAGE)
         return 0
-    opts, rest = take_options(argv, {"mb": "300,1000", "workers": -1, "repeats": 3, "output": "", "keep": ""}, "bench data")
+    opts, rest = take_options(
+        argv, {"mb": "300,1000", "workers": -1, "repeats": 3, "output": "", "keep": ""}, "bench data"
+    )
     if rest:
         raise ConfigError(f"bench data does not take '{rest[0]}'; see `titanlite bench data --help`")
     sizes = parse_sizes(opts["mb"])
@@ -75,8 +77,13 @@ def bench_data(argv: list[str]) -> int:
     finally:
         if not opts["keep"]:
             shutil.rmtree(folder, ignore_errors=True)
-    report = {"python": sys.version.split()[0], "cpus": len(os.sched_getaffinity(0)), "workers": opts["workers"],
-              "rows": rows, "targets": targets(rows)}
+    report = {
+        "python": sys.version.split()[0],
+        "cpus": len(os.sched_getaffinity(0)),
+        "workers": opts["workers"],
+        "rows": rows,
+        "targets": targets(rows),
+    }
     print(format_report(report))
     if opts["output"]:
         Path(opts["output"]).write_text(json.dumps(report, indent=2) + "\n")
@@ -89,7 +96,9 @@ def parse_sizes(text: str) -> list[int]:
     except ValueError:
         sizes = []
     if not sizes or min(sizes) < 1:
-        raise ConfigError(f"bench data --mb takes sizes in MiB (whole numbers >= 1, comma-separated, e.g. 300,1000), not '{text}'")
+        raise ConfigError(
+            f"bench data --mb takes sizes in MiB (whole numbers >= 1, comma-separated, e.g. 300,1000), not '{text}'"
+        )
     return sizes
 
 
@@ -105,24 +114,40 @@ def bench_size(mb: int, folder: Path, workers: int, repeats: int) -> dict:
     prep = run_measured(cli("prepare", *data, *(["--workers", str(workers)] if workers >= 0 else [])))
     raw_after, cores_after = raw_tokens_per_s(texts)[1], raw_tokens_per_s(texts, cores)[1]
     del texts
-    say(f"{mb} MiB: raw {raw_before:,.0f} then {raw_after:,.0f} tokens/s ({cores} threads: {cores_before:,.0f} then "
-        f"{cores_after:,.0f}); prepare {prep['seconds']:.1f} s")
+    say(
+        f"{mb} MiB: raw {raw_before:,.0f} then {raw_after:,.0f} tokens/s ({cores} threads: {cores_before:,.0f} then "
+        f"{cores_after:,.0f}); prepare {prep['seconds']:.1f} s"
+    )
     local, stdlib = cli("check", *data), cli("check", "--data.cache_dir", str(cache))
     run_measured(stdlib)  # prepares the built-in corpus's store, untimed
-    local_s, stdlib_s = zip(*[(run_measured(local)["seconds"], run_measured(stdlib)["seconds"]) for _ in range(repeats)])
+    local_s, stdlib_s = zip(
+        *[(run_measured(local)["seconds"], run_measured(stdlib)["seconds"]) for _ in range(repeats)]
+    )
     tokens, open_ms = store_figures(corpus, cache)
     raw_rate, cores_rate = (raw_before + raw_after) / 2, (cores_before + cores_after) / 2
     return {
-        "mib": mb, "bytes": corpus.stat().st_size, "documents": documents, "tokens": tokens, "raw_tokens": raw_tokens,
-        "tokens_match": tokens == raw_tokens + documents, "raw_tokens_per_s": raw_rate,
-        "raw_tokens_per_s_before": raw_before, "raw_tokens_per_s_after": raw_after,
-        "raw_core_threads_tokens_per_s": cores_rate, "raw_core_threads_tokens_per_s_before": cores_before,
+        "mib": mb,
+        "bytes": corpus.stat().st_size,
+        "documents": documents,
+        "tokens": tokens,
+        "raw_tokens": raw_tokens,
+        "tokens_match": tokens == raw_tokens + documents,
+        "raw_tokens_per_s": raw_rate,
+        "raw_tokens_per_s_before": raw_before,
+        "raw_tokens_per_s_after": raw_after,
+        "raw_core_threads_tokens_per_s": cores_rate,
+        "raw_core_threads_tokens_per_s_before": cores_before,
         "raw_core_threads_tokens_per_s_after": cores_after,
-        "prepare_seconds": prep["seconds"], "prepare_tokens_per_s": tokens / prep["seconds"],
-        "ratio": tokens / prep["seconds"] / raw_rate, "ratio_core_threads": tokens / prep["seconds"] / cores_rate,
+        "prepare_seconds": prep["seconds"],
+        "prepare_tokens_per_s": tokens / prep["seconds"],
+        "ratio": tokens / prep["seconds"] / raw_rate,
+        "ratio_core_threads": tokens / prep["seconds"] / cores_rate,
         **{k: v for k, v in prep.items() if k != "seconds"},
-        "startup_seconds": statistics.median(local_s), "stdlib_startup_seconds": statistics.median(stdlib_s),
-        "startup_runs": list(local_s), "stdlib_startup_runs": list(stdlib_s), "open_store_ms": open_ms,
+        "startup_seconds": statistics.median(local_s),
+        "stdlib_startup_seconds": statistics.median(stdlib_s),
+        "startup_runs": list(local_s),
+        "stdlib_startup_runs": list(stdlib_s),
+        "open_store_ms": open_ms,
     }
 
 
@@ -230,8 +255,12 @@ def run_measured(cmd: list[str]) -> dict:
             log.seek(0)
             last = (log.read().strip().splitlines() or ["no output"])[-1]
             raise ConfigError(f"`titanlite {' '.join(cmd[3:])}` failed (exit {proc.returncode}): {last}")
-    return {"seconds": seconds, "peak_tree_rss_mib": peaks[0] / 1024, "peak_process_rss_mib": peaks[1] / 1024,
-            "peak_process_hwm_mib": peaks[2] / 1024}
+    return {
+        "seconds": seconds,
+        "peak_tree_rss_mib": peaks[0] / 1024,
+        "peak_process_rss_mib": peaks[1] / 1024,
+        "peak_process_hwm_mib": peaks[2] / 1024,
+    }
 
 
 def sample_tree(root: int, peaks: list[int], stop: threading.Event) -> None:
@@ -294,21 +323,25 @@ def targets(rows: list[dict]) -> dict[str, bool | None]:
     small, large = min(rows, key=lambda r: r["mib"]), max(rows, key=lambda r: r["mib"])
     return {
         f"prepare tokens/s >= {MIN_RATIO} x raw tiktoken (default threads)": all(r["ratio"] >= MIN_RATIO for r in rows),
-        f"(stricter) prepare tokens/s >= {MIN_RATIO} x raw tiktoken with one thread per core":
-            all(r["ratio_core_threads"] >= MIN_RATIO for r in rows),
+        f"(stricter) prepare tokens/s >= {MIN_RATIO} x raw tiktoken with one thread per core": all(
+            r["ratio_core_threads"] >= MIN_RATIO for r in rows
+        ),
         "prepare tokens = raw tokens + one end-of-text per document": all(r["tokens_match"] for r in rows),
-        f"start-up within {MAX_STARTUP_EXCESS_S} s of the built-in corpus's":
-            all(r["startup_seconds"] - r["stdlib_startup_seconds"] <= MAX_STARTUP_EXCESS_S for r in rows),
+        f"start-up within {MAX_STARTUP_EXCESS_S} s of the built-in corpus's": all(
+            r["startup_seconds"] - r["stdlib_startup_seconds"] <= MAX_STARTUP_EXCESS_S for r in rows
+        ),
         f"prepare peak tree RSS <= {MAX_PEAK_MIB} MiB": all(r["peak_tree_rss_mib"] <= MAX_PEAK_MIB for r in rows),
-        f"peak tree RSS not growing with the corpus (largest size <= {MAX_PEAK_GROWTH} x smallest)":
-            None if small is large else large["peak_tree_rss_mib"] <= MAX_PEAK_GROWTH * small["peak_tree_rss_mib"],
+        f"peak tree RSS not growing with the corpus (largest size <= {MAX_PEAK_GROWTH} x smallest)": None
+        if small is large
+        else large["peak_tree_rss_mib"] <= MAX_PEAK_GROWTH * small["peak_tree_rss_mib"],
     }
 
 
 def format_report(report: dict) -> str:
     workers = "default" if report["workers"] < 0 else report["workers"]
     lines = [
-        f"bench data: Python {report['python']}, {report['cpus']} CPUs, prepare --workers {workers}", "",
+        f"bench data: Python {report['python']}, {report['cpus']} CPUs, prepare --workers {workers}",
+        "",
         f"| MiB | documents | tokens | raw tok/s (default; {report['cpus']} threads) | prepare tok/s | ratio (default; "
         f"{report['cpus']} threads) | prepare wall s | peak tree RSS MiB | "
         "peak process VmHWM MiB | start-up s (stdlib s) | open_store ms |",
@@ -319,10 +352,15 @@ def format_report(report: dict) -> str:
             f"| {r['mib']:,} | {r['documents']:,} | {r['tokens']:,} | {r['raw_tokens_per_s']:,.0f}; "
             f"{r['raw_core_threads_tokens_per_s']:,.0f} | {r['prepare_tokens_per_s']:,.0f} | {r['ratio']:.2f}; "
             f"{r['ratio_core_threads']:.2f} | {r['prepare_seconds']:.1f} | {r['peak_tree_rss_mib']:,.0f} | "
-            f"{r['peak_process_hwm_mib']:,.0f} | {r['startup_seconds']:.2f} ({r['stdlib_startup_seconds']:.2f}) | {r['open_store_ms']:.1f} |"
+            f"{r['peak_process_hwm_mib']:,.0f} | {r['startup_seconds']:.2f} ({r['stdlib_startup_seconds']:.2f}) | "
+            f"{r['open_store_ms']:.1f} |"
         )
     lines.append("")
     lines += [f"{'n/a ' if ok is None else 'PASS' if ok else 'MISS'}  {name}" for name, ok in report["targets"].items()]
-    lines += [f"token mismatch at {r['mib']} MiB: prepare {r['tokens']:,}, raw {r['raw_tokens']:,} + {r['documents']:,} documents"
-              for r in report["rows"] if not r["tokens_match"]]
+    lines += [
+        f"token mismatch at {r['mib']} MiB: prepare {r['tokens']:,}, raw {r['raw_tokens']:,} + {r['documents']:,} "
+        "documents"
+        for r in report["rows"]
+        if not r["tokens_match"]
+    ]
     return "\n".join(lines)

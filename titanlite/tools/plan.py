@@ -38,8 +38,9 @@ from titanlite.builder.model_facts import ModelFacts, model_facts
 from titanlite.commands.options import take_options
 from titanlite.config import parse_config
 
-USAGE = """usage: titanlite plan [--config FILE] [--ngpu N] [--nnodes M] [--gpu-mem-gib G] [--interconnect nvlink|infiniband|pcie]
-                      [--headroom F] [--device cuda|cpu] [--measure] [--section.key VALUE ...]
+USAGE = """usage: titanlite plan [--config FILE] [--ngpu N] [--nnodes M] [--gpu-mem-gib G]
+                      [--interconnect nvlink|infiniband|pcie] [--headroom F] [--device cuda|cpu] [--measure]
+                      [--section.key VALUE ...]
   --ngpu N          GPUs (processes) per node (default 8, or $NGPU)
   --nnodes M        nodes (default 1)
   --gpu-mem-gib G   memory of one device (default 80)
@@ -57,8 +58,16 @@ def plan(argv: list[str]) -> int:
     if "--help" in argv or "-h" in argv:
         print(USAGE)
         return 0
-    defaults = {"ngpu": int(os.environ.get("NGPU", 8)), "nnodes": 1, "gpu-mem-gib": 80.0, "interconnect": "nvlink",
-                "headroom": 0.1, "device": "", "gpu-tflops": 989.0, "measure": False}
+    defaults = {
+        "ngpu": int(os.environ.get("NGPU", 8)),
+        "nnodes": 1,
+        "gpu-mem-gib": 80.0,
+        "interconnect": "nvlink",
+        "headroom": 0.1,
+        "device": "",
+        "gpu-tflops": 989.0,
+        "measure": False,
+    }
     opts, rest = take_options(argv, defaults, "plan:")
     ngpu, nnodes, measure = opts["ngpu"], opts["nnodes"], opts["measure"]
     mem, headroom, tflops = opts["gpu-mem-gib"], opts["headroom"], opts["gpu-tflops"]
@@ -89,29 +98,48 @@ def plan(argv: list[str]) -> int:
 def print_plan(cfg, facts: ModelFacts, rows: list[dict], machine: Machine, mem: float, headroom: float) -> None:
     world, ngpu, nnodes, device = machine.world, machine.ngpu, machine.nnodes, machine.device
     interconnect, tflops = machine.interconnect, machine.tflops
-    dtype = "bf16 activations (mixed precision)" if device == "cuda" and cfg.training.mixed_precision_param == "bfloat16" else "float32"
+    dtype = (
+        "bf16 activations (mixed precision)"
+        if device == "cuda" and cfg.training.mixed_precision_param == "bfloat16"
+        else "float32"
+    )
     offload = any(r["layout"].offload for r in rows)
     own = next(r for r in rows if r["own"])
     losses = {loss_path(r["setting"]) for r in rows if r is not own} - {loss_path(own["setting"])}
     loss = loss_path(own["setting"]) + (f" (layouts with TP: {', '.join(sorted(losses))})" if losses else "")
-    print(f"titanlite plan: {cfg.model.name} {cfg.model.flavor}, {facts.params:,} parameters ({facts.params / 1e9:.2f} B), "
-          f"seq {cfg.training.seq_len}, local batch {cfg.training.local_batch_size}; {world} device(s) = {nnodes} node(s) x "
-          f"{ngpu}, {mem:g} GiB each ({headroom:.0%} kept free), {interconnect}; {device}, fp32 weights and AdamW, {dtype}; {loss}"
-          + ("; CPU offload keeps the FSDP shards, gradients and AdamW state in host memory (host)" if offload else ""))
-    print("per rank, GiB (the rank with the largest peak); comm: GB per step per rank and its time at the assumed "
-          f"bandwidth; step: compute at {ASSUMED_MFU:.0%} MFU of {tflops:g} TFLOP/s x (1 + bubble) + comm, not overlapped")
+    print(
+        f"titanlite plan: {cfg.model.name} {cfg.model.flavor}, {facts.params:,} parameters ({facts.params / 1e9:.2f} "
+        "B), "
+        f"seq {cfg.training.seq_len}, local batch {cfg.training.local_batch_size}; {world} device(s) = {nnodes} "
+        "node(s) x "
+        f"{ngpu}, {mem:g} GiB each ({headroom:.0%} kept free), {interconnect}; {device}, fp32 weights and AdamW, "
+        f"{dtype}; {loss}"
+        + ("; CPU offload keeps the FSDP shards, gradients and AdamW state in host memory (host)" if offload else "")
+    )
+    print(
+        "per rank, GiB (the rank with the largest peak); comm: GB per step per rank and its time at the assumed "
+        f"bandwidth; step: compute at {ASSUMED_MFU:.0%} MFU of {tflops:g} TFLOP/s x (1 + bubble) + comm, not overlapped"
+    )
     width = max([26] + [len(r["layout"].name + (" (config)" if r["own"] else "")) for r in rows])
     host_head = f" {'host':>7}" if offload else ""
-    head = (f"{'layout':<{width}} {'AC':<15} {'params':>7} {'grads':>7} {'optim':>7} {'activ':>7} {'temp':>7} {'peak':>7}{host_head} "
-            f"{'fits':>4} {'comm GB':>8} {'comm ms':>8} {'bubble':>6} {'step ms':>8}")
+    head = (
+        f"{'layout':<{width}} {'AC':<15} {'params':>7} {'grads':>7} {'optim':>7} {'activ':>7} {'temp':>7} "
+        f"{'peak':>7}{host_head} "
+        f"{'fits':>4} {'comm GB':>8} {'comm ms':>8} {'bubble':>6} {'step ms':>8}"
+    )
     print(head)
     for r in rows:
         e, lay = r["est"], r["layout"]
         name = lay.name + (" (config)" if r["own"] else "")
         host = f" {e['host'] / GIB:>7.2f}" if offload else ""
-        print(f"{name:<{width}} {lay.ac:<15} {e['parameters'] / GIB:>7.2f} {e['gradients'] / GIB:>7.2f} {e['optimizer'] / GIB:>7.2f} "
-              f"{e['activations'] / GIB:>7.2f} {e['temporary'] / GIB:>7.2f} {e['peak'] / GIB:>7.2f}{host} {'yes' if r['fits'] else 'no':>4} "
-              f"{sum(e['comm'].values()) / 1e9:>8.2f} {1e3 * r['comm_s']:>8.1f} {r['bubble']:>6.0%} {1e3 * r['step_s']:>8.0f}")
+        print(
+            f"{name:<{width}} {lay.ac:<15} {e['parameters'] / GIB:>7.2f} {e['gradients'] / GIB:>7.2f} "
+            f"{e['optimizer'] / GIB:>7.2f} "
+            f"{e['activations'] / GIB:>7.2f} {e['temporary'] / GIB:>7.2f} {e['peak'] / GIB:>7.2f}{host} "
+            f"{'yes' if r['fits'] else 'no':>4} "
+            f"{sum(e['comm'].values()) / 1e9:>8.2f} {1e3 * r['comm_s']:>8.1f} {r['bubble']:>6.0%} "
+            f"{1e3 * r['step_s']:>8.0f}"
+        )
     pick, why = recommend(rows)
     for label, row in (("config", next(r for r in rows if r["own"])), ("recommended", pick)):
         if row is not None:
@@ -132,18 +160,40 @@ def measure_layout(cfg, argv: list[str], lay: Layout, facts: ModelFacts, s: Sett
     est = estimate(facts, lay, s)
     folder = tempfile.mkdtemp(prefix="titanlite-plan-")  # kept when the run fails: its logs explain why
     out = Path(folder) / "memory"
-    cmd = [sys.executable, "-m", "titanlite.commands.launch", "--standalone", f"--nproc-per-node={world}",
-           f"--log-dir={Path(folder) / 'logs'}", "-m", "titanlite.commands.train", *argv,
-           "--training.steps", "3", "--metrics.log_freq", "3", "--checkpoint.enable", "false",
-           "--profiling.enable_profiling", "false", "--job.dump_folder", folder, "--job.name", "measure"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "titanlite.commands.launch",
+        "--standalone",
+        f"--nproc-per-node={world}",
+        f"--log-dir={Path(folder) / 'logs'}",
+        "-m",
+        "titanlite.commands.train",
+        *argv,
+        "--training.steps",
+        "3",
+        "--metrics.log_freq",
+        "3",
+        "--checkpoint.enable",
+        "false",
+        "--profiling.enable_profiling",
+        "false",
+        "--job.dump_folder",
+        folder,
+        "--job.name",
+        "measure",
+    ]
     env = {**os.environ, "TITANLITE_MEASURE_MEMORY": str(out), "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
     env.setdefault("OMP_NUM_THREADS", "1")
     print(f"measure: 3 steps of {lay.name} on {world} process(es) ...", flush=True)
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if proc.returncode != 0:  # the worker's own line (titanlite/commands/launch.py), and its exit status
         reason = reason_in(proc.stderr).removeprefix("titanlite: error: ")
-        print(f"titanlite: error: plan --measure: the measured run failed: {reason} (its output: {folder})",
-              file=sys.stderr, flush=True)
+        print(
+            f"titanlite: error: plan --measure: the measured run failed: {reason} (its output: {folder})",
+            file=sys.stderr,
+            flush=True,
+        )
         (Path(folder) / "output.txt").write_text(proc.stdout + proc.stderr)
         return proc.returncode
     measured = {int(p.stem.removeprefix("rank")): json.loads(p.read_text()) for p in out.glob("rank*.json")}
@@ -154,13 +204,27 @@ def measure_layout(cfg, argv: list[str], lay: Layout, facts: ModelFacts, s: Sett
     print("  estimate: " + ", ".join(f"{k} {est[k] / 2**20:.1f}" for k in comp))
     top = max(measured.values(), key=lambda m: m["Total"])
     if top["tracker"] == "MemTracker":  # it also attributes the peak, by its own categories
-        print("  measured, by the tracker's categories: " + ", ".join(
-            f"{k} {v / 2**20:.1f}" for k, v in top.items() if k not in ("Total", "tracker") and v))
-    print(f"  peak: estimated {est['peak'] / 2**20:.1f}, measured {peak / 2**20:.1f} "
-          f"({100 * (est['peak'] / peak - 1):+.1f} %; " + next(iter(measured.values()))["tracker"] + ", ranks: "
-          + ", ".join(f"{r}: {m['Total'] / 2**20:.1f}" for r, m in sorted(measured.items())) + ")")
-    result = {"layout": lay.name, "ac": lay.ac, "loss_chunk_tokens": s.loss_chunk, "estimate_peak": est["peak"], "measured_peak": peak,
-              "measured_by_rank": measured, "estimate": {k: est[k] for k in comp}}
+        print(
+            "  measured, by the tracker's categories: "
+            + ", ".join(f"{k} {v / 2**20:.1f}" for k, v in top.items() if k not in ("Total", "tracker") and v)
+        )
+    print(
+        f"  peak: estimated {est['peak'] / 2**20:.1f}, measured {peak / 2**20:.1f} "
+        f"({100 * (est['peak'] / peak - 1):+.1f} %; "
+        + next(iter(measured.values()))["tracker"]
+        + ", ranks: "
+        + ", ".join(f"{r}: {m['Total'] / 2**20:.1f}" for r, m in sorted(measured.items()))
+        + ")"
+    )
+    result = {
+        "layout": lay.name,
+        "ac": lay.ac,
+        "loss_chunk_tokens": s.loss_chunk,
+        "estimate_peak": est["peak"],
+        "measured_peak": peak,
+        "measured_by_rank": measured,
+        "estimate": {k: est[k] for k in comp},
+    }
     target = os.environ.get("TITANLITE_PLAN_JSON")
     if target:
         Path(target).write_text(json.dumps(result))

@@ -46,5 +46,3 @@ def prepare(argv: list[str]) -> int:
 
 def say(line: str) -> None:
     print(line, flush=True)
-
-

@@ -32,13 +32,15 @@ from titanlite.commands.options import take_options
 from titanlite.config import parse_config
 from titanlite.tools.analyze import analyze, write_results
 
-STRATEGIES_USAGE = """usage: titanlite bench strategies [--config FILE] [--ngpu N] [--steps S] [--output DIR] [--section.key VALUE ...]
+STRATEGIES_USAGE = """usage: titanlite bench strategies [--config FILE] [--ngpu N] [--steps S] [--output DIR]
+                                  [--section.key VALUE ...]
   --ngpu N      processes per strategy (default: $NGPU, else the visible GPUs, else 4)
   --steps S     steps per job (default 12; the last 2 are profiled, tokens/s covers steps 3 to S-3)
   --output DIR  where the table, chart, JSON and each job's run folder go
                 (default: <job.dump_folder>/<job.name>/bench_strategies)"""
 
-BATCH_USAGE = """usage: titanlite bench batch-sizes [--config FILE] [--steps S] [--max-batch-size B] [--output DIR] [--section.key VALUE ...]
+BATCH_USAGE = """usage: titanlite bench batch-sizes [--config FILE] [--steps S] [--max-batch-size B] [--output DIR]
+                                   [--section.key VALUE ...]
   --steps S           steps per batch size (default 10; tokens/s covers steps 3 to S)
   --max-batch-size B  stop after this local batch size (default 64 on the CPU, which has no
                       out-of-memory error to stop at; 1024 on a GPU)
@@ -59,23 +61,52 @@ def strategies_for(n: int, base_args: list[str]) -> list[Strategy]:
     """The layouts to compare on n ranks; those the world size or the model cannot take are left out."""
     candidates = [
         Strategy("single device", 1, ["--parallelism.data_parallel_shard_degree", "1"]),
-        Strategy(f"DDP x {n}", n, ["--parallelism.data_parallel_replicate_degree", str(n),
-                                    "--parallelism.data_parallel_shard_degree", "1"]),
-        Strategy(f"ZeRO-2 x {n}", n, ["--parallelism.data_parallel_shard_degree", str(n),
-                                       "--parallelism.fsdp_reshard_after_forward", "never"]),
-        Strategy(f"ZeRO-3 x {n}", n, ["--parallelism.data_parallel_shard_degree", str(n),
-                                       "--parallelism.fsdp_reshard_after_forward", "always"]),
+        Strategy(
+            f"DDP x {n}",
+            n,
+            ["--parallelism.data_parallel_replicate_degree", str(n), "--parallelism.data_parallel_shard_degree", "1"],
+        ),
+        Strategy(
+            f"ZeRO-2 x {n}",
+            n,
+            ["--parallelism.data_parallel_shard_degree", str(n), "--parallelism.fsdp_reshard_after_forward", "never"],
+        ),
+        Strategy(
+            f"ZeRO-3 x {n}",
+            n,
+            ["--parallelism.data_parallel_shard_degree", str(n), "--parallelism.fsdp_reshard_after_forward", "always"],
+        ),
     ]
     if n >= 4 and n % 2 == 0:
-        candidates.append(Strategy(f"HSDP 2 x {n // 2}", n, ["--parallelism.data_parallel_replicate_degree", "2",
-                                                             "--parallelism.data_parallel_shard_degree", str(n // 2)]))
+        candidates.append(
+            Strategy(
+                f"HSDP 2 x {n // 2}",
+                n,
+                [
+                    "--parallelism.data_parallel_replicate_degree",
+                    "2",
+                    "--parallelism.data_parallel_shard_degree",
+                    str(n // 2),
+                ],
+            )
+        )
     if n % 2 == 0:
         dp = n // 2
         fsdp = f" x FSDP {dp}" if dp > 1 else ""
-        candidates.append(Strategy(f"TP 2{fsdp}", n, ["--parallelism.tensor_parallel_degree", "2",
-                                                       "--parallelism.data_parallel_shard_degree", str(dp)]))
-        candidates.append(Strategy(f"PP 2{fsdp}", n, ["--parallelism.pipeline_parallel_degree", "2",
-                                                       "--parallelism.data_parallel_shard_degree", str(dp)]))
+        candidates.append(
+            Strategy(
+                f"TP 2{fsdp}",
+                n,
+                ["--parallelism.tensor_parallel_degree", "2", "--parallelism.data_parallel_shard_degree", str(dp)],
+            )
+        )
+        candidates.append(
+            Strategy(
+                f"PP 2{fsdp}",
+                n,
+                ["--parallelism.pipeline_parallel_degree", "2", "--parallelism.data_parallel_shard_degree", str(dp)],
+            )
+        )
     usable = []
     for s in candidates:
         try:
@@ -86,12 +117,26 @@ def strategies_for(n: int, base_args: list[str]) -> list[Strategy]:
     return usable
 
 
-def launch(ranks: int, args: list[str], run_root: Path, name: str, timeout: float = 3600) -> subprocess.CompletedProcess:
-    """One training job: torchrun (titanlite.commands.launch) of titanlite.commands.train with `ranks` processes, run folder
-    run_root/name; a failure ends its stderr with the worker's one-line reason."""
-    cmd = [sys.executable, "-m", "titanlite.commands.launch", "--standalone", f"--nproc-per-node={ranks}",
-           f"--log-dir={run_root / name / 'torchrun_logs'}", "-m", "titanlite.commands.train",
-           *args, "--job.dump_folder", str(run_root), "--job.name", name]
+def launch(
+    ranks: int, args: list[str], run_root: Path, name: str, timeout: float = 3600
+) -> subprocess.CompletedProcess:
+    """One training job: torchrun (titanlite.commands.launch) of titanlite.commands.train with `ranks` processes,
+    run folder run_root/name; a failure ends its stderr with the worker's one-line reason."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "titanlite.commands.launch",
+        "--standalone",
+        f"--nproc-per-node={ranks}",
+        f"--log-dir={run_root / name / 'torchrun_logs'}",
+        "-m",
+        "titanlite.commands.train",
+        *args,
+        "--job.dump_folder",
+        str(run_root),
+        "--job.name",
+        name,
+    ]
     env = {**os.environ, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
     if "OMP_NUM_THREADS" not in os.environ:
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // ranks))
@@ -122,16 +167,33 @@ def strategies(argv: list[str]) -> int:
     cfg = parse_config(rest)
     n, steps = opts["ngpu"], opts["steps"]
     if steps < PROFILED + 4:
-        raise ConfigError(f"bench strategies needs --steps >= {PROFILED + 4} (2 warm-up, some timed, {PROFILED} profiled)")
+        raise ConfigError(
+            f"bench strategies needs --steps >= {PROFILED + 4} (2 warm-up, some timed, {PROFILED} profiled)"
+        )
     out = Path(opts["output"] or Path(cfg.job.dump_folder) / cfg.job.name / "bench_strategies")
     out.mkdir(parents=True, exist_ok=True)
     global_batch = cfg.training.local_batch_size * n
-    common = [*rest,
-              "--training.steps", str(steps), "--training.global_batch_size", str(global_batch),
-              "--metrics.log_freq", str(steps - PROFILED - 1), "--metrics.throughput_warmup_steps", "2",
-              "--checkpoint.enable", "false",
-              "--profiling.enable_profiling", "true", "--profiling.profile_freq", str(steps),
-              "--profiling.profile_active_steps", str(PROFILED), "--profiling.save_traces_folder", "profile"]
+    common = [
+        *rest,
+        "--training.steps",
+        str(steps),
+        "--training.global_batch_size",
+        str(global_batch),
+        "--metrics.log_freq",
+        str(steps - PROFILED - 1),
+        "--metrics.throughput_warmup_steps",
+        "2",
+        "--checkpoint.enable",
+        "false",
+        "--profiling.enable_profiling",
+        "true",
+        "--profiling.profile_freq",
+        str(steps),
+        "--profiling.profile_active_steps",
+        str(PROFILED),
+        "--profiling.save_traces_folder",
+        "profile",
+    ]
     rows = []
     for s in strategies_for(n, common):
         print(f"bench: {s.name} on {s.ranks} process(es) ...", flush=True)
@@ -146,9 +208,13 @@ def strategies(argv: list[str]) -> int:
             rows.append(row)
             continue
         t = timed[0]
-        row |= {"tokens_per_s": t["tps"] * s.ranks, "tokens_per_s_per_device": t["tps"],
-                "step_ms": 1e3 * global_batch * cfg.training.seq_len / (t["tps"] * s.ranks),
-                "peak_memory_gib_rank0": t["mem_peak_gib"], "mfu_pct": t["mfu_pct"]}
+        row |= {
+            "tokens_per_s": t["tps"] * s.ranks,
+            "tokens_per_s_per_device": t["tps"],
+            "step_ms": 1e3 * global_batch * cfg.training.seq_len / (t["tps"] * s.ranks),
+            "peak_memory_gib_rank0": t["mem_peak_gib"],
+            "mfu_pct": t["mfu_pct"],
+        }
         folder, result = analyze(out / name / "profile")
         write_results(folder, result)
         avg = result["average"]
@@ -163,8 +229,10 @@ def strategies(argv: list[str]) -> int:
             r["speedup"] = r["tokens_per_s"] / base["tokens_per_s"]
             r["scaling_efficiency_pct"] = 100.0 * r["speedup"] / r["ranks"]
     device = torch.cuda.get_device_name() if uses_cuda() else "cpu (gloo)"
-    header = (f"{cfg.model.name} {cfg.model.flavor}, global batch {global_batch} x {cfg.training.seq_len} tokens "
-              f"(local {cfg.training.local_batch_size}), {n} processes, {device}, torch {torch.__version__}")
+    header = (
+        f"{cfg.model.name} {cfg.model.flavor}, global batch {global_batch} x {cfg.training.seq_len} tokens "
+        f"(local {cfg.training.local_batch_size}), {n} processes, {device}, torch {torch.__version__}"
+    )
     report = {"setup": header, "steps": steps, "rows": rows}
     (out / "strategies.json").write_text(json.dumps(report, indent=2) + "\n")
     table = strategies_markdown(report)
@@ -176,8 +244,15 @@ def strategies(argv: list[str]) -> int:
 
 
 def _collective_summary(counts: dict) -> str:
-    short = {"all-gather": "AG", "reduce-scatter": "RS", "all-reduce": "AR", "send/recv": "P2P", "broadcast": "BC",
-             "all-to-all": "A2A", "barrier": "BAR"}
+    short = {
+        "all-gather": "AG",
+        "reduce-scatter": "RS",
+        "all-reduce": "AR",
+        "send/recv": "P2P",
+        "broadcast": "BC",
+        "all-to-all": "A2A",
+        "barrier": "BAR",
+    }
     return ", ".join(f"{short.get(k, k)} {v:g}" for k, v in counts.items()) or "none"
 
 
@@ -185,14 +260,18 @@ def strategies_markdown(report: dict) -> str:
     def f(value, fmt):
         return "" if value is None else format(value, fmt)
 
-    lines = [f"# Strategies: {report['setup']}", "",
-             "Tokens/s: all ranks, steps 3 to S-3 (before the profiled steps). Memory: rank 0's peak "
-             "(CUDA max allocated; on the CPU the process's peak RSS). Shares, overlap, exposed communication "
-             f"and collectives: `titanlite analyze` on the last {PROFILED} (profiled) steps, averaged over ranks; "
-             "exposed communication and collective counts are per step.", "",
-             "| strategy | ranks | step (ms) | tokens/s | speed-up | scaling eff. | peak mem (GiB) | compute % "
-             "| non-compute % | idle % | overlap % | exposed comm / step (ms) | collectives / step |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    lines = [
+        f"# Strategies: {report['setup']}",
+        "",
+        "Tokens/s: all ranks, steps 3 to S-3 (before the profiled steps). Memory: rank 0's peak "
+        "(CUDA max allocated; on the CPU the process's peak RSS). Shares, overlap, exposed communication "
+        f"and collectives: `titanlite analyze` on the last {PROFILED} (profiled) steps, averaged over ranks; "
+        "exposed communication and collective counts are per step.",
+        "",
+        "| strategy | ranks | step (ms) | tokens/s | speed-up | scaling eff. | peak mem (GiB) | compute % "
+        "| non-compute % | idle % | overlap % | exposed comm / step (ms) | collectives / step |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
     for r in report["rows"]:
         if "error" in r:
             lines.append(f"| {r['strategy']} | {r['ranks']} | failed: {r['error']} |" + " |" * 10)
@@ -246,20 +325,36 @@ def batch_sizes(argv: list[str]) -> int:
         print(BATCH_USAGE)
         return 0
     cuda = uses_cuda()
-    opts, rest = take_options(argv, {"steps": 10, "max-batch-size": 1024 if cuda else 64, "output": ""}, "bench batch-sizes")
+    opts, rest = take_options(
+        argv, {"steps": 10, "max-batch-size": 1024 if cuda else 64, "output": ""}, "bench batch-sizes"
+    )
     cfg = parse_config(rest)
     steps = opts["steps"]
     if steps < 3 or opts["max-batch-size"] < 1:
-        raise ConfigError("bench batch-sizes needs --steps >= 3 (2 warm-up steps, then timed ones) and --max-batch-size >= 1")
+        raise ConfigError(
+            "bench batch-sizes needs --steps >= 3 (2 warm-up steps, then timed ones) and --max-batch-size >= 1"
+        )
     out = Path(opts["output"] or Path(cfg.job.dump_folder) / cfg.job.name / "bench_batch_sizes")
     out.mkdir(parents=True, exist_ok=True)
     rows, batch, stop = [], 1, ""
     while batch <= opts["max-batch-size"]:
         print(f"bench: local batch {batch} ...", flush=True)
         name = f"batch{batch}"
-        args = [*rest, "--training.local_batch_size", str(batch), "--training.global_batch_size", str(batch),
-                "--training.steps", str(steps), "--metrics.log_freq", str(steps), "--checkpoint.enable", "false",
-                "--parallelism.data_parallel_shard_degree", "1"]
+        args = [
+            *rest,
+            "--training.local_batch_size",
+            str(batch),
+            "--training.global_batch_size",
+            str(batch),
+            "--training.steps",
+            str(steps),
+            "--metrics.log_freq",
+            str(steps),
+            "--checkpoint.enable",
+            "false",
+            "--parallelism.data_parallel_shard_degree",
+            "1",
+        ]
         proc = launch(1, args, out, name)
         records = read_metrics(out / name)
         if proc.returncode != 0 or not records:
@@ -268,8 +363,16 @@ def batch_sizes(argv: list[str]) -> int:
             rows.append({"batch": batch, "error": "out of memory" if oom else last_error(proc)})
             break
         r = records[-1]
-        rows.append({"batch": batch, "tokens_per_s": r["tps"], "tflops": r["tflops"], "mfu_pct": r["mfu_pct"],
-                     "peak_memory_gib": r["mem_peak_gib"], "reserved_memory_gib": r["mem_reserved_gib"]})
+        rows.append(
+            {
+                "batch": batch,
+                "tokens_per_s": r["tps"],
+                "tflops": r["tflops"],
+                "mfu_pct": r["mfu_pct"],
+                "peak_memory_gib": r["mem_peak_gib"],
+                "reserved_memory_gib": r["mem_reserved_gib"],
+            }
+        )
         batch *= 2
     if not stop:
         stop = f"stopped at --max-batch-size {opts['max-batch-size']}"
@@ -277,14 +380,20 @@ def batch_sizes(argv: list[str]) -> int:
     header = f"{cfg.model.name} {cfg.model.flavor}, seq {cfg.training.seq_len}, one {device}, torch {torch.__version__}"
     report = {"setup": header, "rows": rows, "stop": stop}
     (out / "batch_sizes.json").write_text(json.dumps(report, indent=2) + "\n")
-    lines = [f"# Batch sizes: {header}", "", "| local batch | tokens/s | TFLOPs | MFU | peak memory (GiB) |",
-             "|---:|---:|---:|---:|---:|"]
+    lines = [
+        f"# Batch sizes: {header}",
+        "",
+        "| local batch | tokens/s | TFLOPs | MFU | peak memory (GiB) |",
+        "|---:|---:|---:|---:|---:|",
+    ]
     for r in rows:
         if "error" in r:
             lines.append(f"| {r['batch']} | {r['error']} | | | |")
         else:
             mfu = "n/a" if r["mfu_pct"] is None else f"{r['mfu_pct']:.1f}%"
-            lines.append(f"| {r['batch']} | {r['tokens_per_s']:,.0f} | {r['tflops']:.2f} | {mfu} | {r['peak_memory_gib']:.2f} |")
+            lines.append(
+                f"| {r['batch']} | {r['tokens_per_s']:,.0f} | {r['tflops']:.2f} | {mfu} | {r['peak_memory_gib']:.2f} |"
+            )
     lines += ["", f"End: {stop}."]
     table = "\n".join(lines) + "\n"
     (out / "batch_sizes.md").write_text(table)
