@@ -24,6 +24,10 @@ if [ -z "${NGPU:-}" ]; then  # one process per visible GPU; one on the CPU (TITA
 fi
 NNODES=${NNODES:-1}
 MAX_RESTARTS=${MAX_RESTARTS:-0}
+refuse() { echo "titanlite: error: $1" >&2; exit 2; }
+[[ "$NGPU" =~ ^[1-9][0-9]*$ ]] || refuse "NGPU='$NGPU' is not a number of processes per node; set NGPU to 1 or more (e.g. NGPU=2)"
+[[ "$NNODES" =~ ^[1-9][0-9]*(:[1-9][0-9]*)?$ ]] || refuse "NNODES='$NNODES' is not a node count; set NNODES to N or MIN:MAX (e.g. NNODES=2)"
+[[ "$MAX_RESTARTS" =~ ^[0-9]+$ ]] || refuse "MAX_RESTARTS='$MAX_RESTARTS' is not a number of restarts; set MAX_RESTARTS to 0 or more"
 max_nodes=${NNODES##*:}  # NNODES may be elastic, min:max
 
 # Validate the config (and NGPU against the visible GPUs, and the memory it needs) for the world size about to

@@ -152,7 +152,7 @@ def test_process_saver_resumes_exactly_and_leaves_no_tmp(tmp_path, fsdp4_runs, l
 
 
 def test_killed_during_async_saves_leaves_only_loadable_checkpoints(tmp_path):
-    from titanlite.components.checkpoint import verify
+    from titanlite.components.checkpoint_files import verify
 
     # Save asynchronously after every step and kill the whole job at an arbitrary moment.
     args = [

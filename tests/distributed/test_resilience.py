@@ -136,7 +136,7 @@ def clean_six(tmp_path_factory):
 
 
 def test_nan_loss_stops_before_saving_it_and_a_resume_reproduces_the_clean_run(tmp_path, clean_six):
-    from titanlite.components.checkpoint import verify
+    from titanlite.components.checkpoint_files import verify
 
     proc = launch(SIX, tmp_path, ngpu=2, TITANLITE_FAULT="nan@3")
     assert proc.returncode == 3, proc.stderr[-3000:]  # the workers' status, through the launcher

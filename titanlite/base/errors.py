@@ -15,8 +15,14 @@ class NonFiniteLoss(Exception):
 
 
 class Preempted(Exception):
-    """The run stopped after a signal, with a checkpoint at the step it had reached."""
+    """The run stopped after a signal, with a checkpoint at the step it had reached when checkpoints are on."""
 
-    def __init__(self, signum: int, step: int):
-        super().__init__(f"stopped by {signal.Signals(signum).name} after step {step}")
+    def __init__(self, signum: int, step: int, saved: bool):
+        name = signal.Signals(signum).name
+        if saved:
+            super().__init__(
+                f"stopped by {name} after step {step}, with a checkpoint of it; run the same command to resume"
+            )
+        else:
+            super().__init__(f"stopped by {name} after step {step}; nothing was saved (checkpoint.enable is false)")
         self.signum = signum

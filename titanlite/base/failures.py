@@ -7,13 +7,16 @@ $TITANLITE_FAILURE_DIR/rank<R>.json, so the launcher (titanlite/commands/launch.
 torchrun's own report, and exit with the worker's status:
 
   2  bad config or input (ConfigError)     3  non-finite loss (NonFiniteLoss)
-  4  out of memory (torch.OutOfMemoryError) 1  anything else
+  4  out of memory (torch.OutOfMemoryError) 128 + N  stopped by signal N (Preempted)
+  1  anything else, a full disk and DCP's own failures (CheckpointException) among them, each in one line
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import shutil
 import socket
 import sys
 import time
@@ -21,18 +24,32 @@ import traceback
 from pathlib import Path
 
 import torch
+from torch.distributed.checkpoint.api import CheckpointException
 
-from titanlite.base.errors import ConfigError, NonFiniteLoss
+from titanlite.base.errors import ConfigError, NonFiniteLoss, Preempted
 
 FAILURE_DIR_ENV = "TITANLITE_FAILURE_DIR"
+# What a rank's collective raises when a peer process has died: gloo's closed or reset connections, NCCL's
+# report of a remote process gone. Such a failure follows from another rank's; the launcher blames that one.
+PEER_LOST = (
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "Broken pipe",
+    "remote process exited",
+    "Connection refused",
+)
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]  # .../titanlite
 PREFIX = "titanlite: error: "
 
 
-def explain(exc: BaseException) -> tuple[int, str, bool]:
+def explain(exc: BaseException, run_dir: Path | None = None) -> tuple[int, str, bool]:
     """(exit status, one-line reason, whether a traceback helps)."""
     if isinstance(exc, ConfigError):
         return 2, str(exc), False
+    if isinstance(exc, Preempted):
+        return 128 + exc.signum, str(exc), False
+    if disk_full(exc):
+        return 1, f"{no_space(run_dir)} ({where(exc)})", True
     if isinstance(exc, NonFiniteLoss):
         return (
             3,
@@ -53,8 +70,52 @@ def explain(exc: BaseException) -> tuple[int, str, bool]:
             ),
             True,
         )
+    if isinstance(exc, CheckpointException):  # its str() is every rank's whole traceback
+        rank, (inner, _) = min(exc.failures.items())
+        message = " ".join(str(inner).split())[:300]
+        return (
+            1,
+            f"checkpoint: {type(inner).__name__}{': ' + message if message else ''} on rank {rank} ({where(exc)})",
+            True,
+        )
     message = " ".join(str(exc).split())[:300]
     return 1, f"{type(exc).__name__}{': ' + message if message else ''} ({where(exc)})", True
+
+
+def causes(exc: BaseException) -> list[BaseException]:
+    """The exception, those it was raised from, and (for DCP's CheckpointException) each rank's own error."""
+    out, todo = [], [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or any(e is seen for seen in out):
+            continue
+        out.append(e)
+        todo += [e.__cause__, e.__context__]
+        if isinstance(e, CheckpointException):
+            todo += [inner for inner, _ in e.failures.values()]
+    return out
+
+
+def disk_full(exc: BaseException) -> bool:
+    """Whether a failure comes from a full disk: ENOSPC, or torch's stream writer's 'unexpected pos', which is how
+    a short write of torch.save shows (that is what DCP raises when a checkpoint fills the disk)."""
+    for e in causes(exc):
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if "No space left on device" in str(e) or "unexpected pos" in str(e):
+            return True
+    return False
+
+
+def no_space(run_dir: Path | None) -> str:
+    """'the disk holding FOLDER is full (N MiB free of M)' and what to do, for the run folder's disk."""
+    folder = run_dir if run_dir is not None else Path.cwd()
+    probe = next((p for p in (folder, *folder.parents) if p.exists()), Path("/"))
+    usage = shutil.disk_usage(probe)
+    return (
+        f"the disk holding {folder} is full ({usage.free / 2**20:,.0f} MiB free of {usage.total / 2**20:,.0f}); "
+        "free space there, or set job.dump_folder to a disk with room"
+    )
 
 
 def where(exc: BaseException) -> str:
@@ -72,19 +133,29 @@ def where(exc: BaseException) -> str:
 def record(exc: BaseException, rank: int, run_dir: Path | None) -> int:
     """Report a worker's failure: one line on stderr (and for the launcher), the traceback in a log file
     of the run folder. Returns the exit status."""
-    code, reason, with_traceback = explain(exc)
+    code, reason, with_traceback = explain(exc, run_dir)
     line = f"{PREFIX}rank {rank}: {reason}"
     if with_traceback:
         log = write_traceback(exc, rank, run_dir)
-        line += f"; traceback in {log}" if log else ""
-        if not log:  # no run folder to put it in: the traceback goes to stderr, before the line
+        if log:
+            line += f"; traceback in {log}"
+        elif run_dir is not None and disk_full(exc):  # the log could not be written either: say so, once
+            line += f"; no traceback log (no room in {run_dir})"
+        else:  # no run folder to put it in: the traceback goes to stderr, before the line
             traceback.print_exception(exc)
     sys.stderr.write(line + "\n")  # one write: ranks share the stream
     sys.stderr.flush()
     folder = os.environ.get(FAILURE_DIR_ENV)
     if folder:
         attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
-        entry = {"rank": rank, "code": code, "line": line, "time": time.time(), "attempt": attempt}
+        entry = {
+            "rank": rank,
+            "code": code,
+            "line": line,
+            "time": time.time(),
+            "attempt": attempt,
+            "peer_lost": peer_lost(exc),
+        }
         target = Path(folder) / f"rank{rank}.json"
         target.with_suffix(".tmp").write_text(json.dumps(entry))
         target.with_suffix(".tmp").replace(target)
@@ -107,19 +178,29 @@ def write_traceback(exc: BaseException, rank: int, run_dir: Path | None) -> Path
         return None
 
 
-def first_failure(folder: Path) -> dict | None:
-    """The root cause among the recorded failures: the earliest of the latest attempt (the others are
-    usually peers that lost it, seconds later)."""
+def peer_lost(exc: BaseException) -> bool:
+    """Whether a failure is a collective's reaction to a peer process that died (PEER_LOST)."""
+    return any(symptom in str(e) for e in causes(exc) for symptom in PEER_LOST)
+
+
+def latest_failures(folder: Path) -> list[dict]:
+    """The recorded failures of the latest restart attempt, earliest first."""
     entries = []
     for path in folder.glob("rank*.json"):
         try:
             entries.append(json.loads(path.read_text()))
         except (OSError, ValueError):
             continue
-    if not entries:
-        return None
-    latest = max(e["attempt"] for e in entries)
-    return min((e for e in entries if e["attempt"] == latest), key=lambda e: e["time"])
+    latest = max((e["attempt"] for e in entries), default=0)
+    return sorted((e for e in entries if e["attempt"] == latest), key=lambda e: e["time"])
+
+
+def first_failure(folder: Path) -> dict | None:
+    """The root cause among the recorded failures: the earliest of the latest attempt that is not a peer's
+    reaction to another rank's death (the others are usually peers that lost it, seconds later)."""
+    entries = latest_failures(folder)
+    own = [e for e in entries if not e.get("peer_lost")]
+    return (own or entries or [None])[0]
 
 
 def reason_in(output: str) -> str:

@@ -30,9 +30,13 @@ class Plan:
     pipeline: PipelinePlan | None
 
 
-def plan_run(cfg: JobConfig, world_size: int, validation: bool = False) -> Plan:
-    """Every check that can be made without a process group; raises ConfigError naming the knob
-    (those of the [validation] section too when it is enabled or `validation` asks for them)."""
+def plan_run(cfg: JobConfig, world_size: int, evaluation: bool = False) -> Plan:
+    """Every check that can be made without a process group; raises ConfigError naming the knob. `evaluation`:
+    the plan of `titanlite eval`, whose [validation] keys are checked whether validation.enable is on or not,
+    and which reads checkpoints without training (checkpoint.load_step needs no checkpoint.enable)."""
+    check_run_folder(cfg)
+    if not evaluation:
+        check_resume_keys(cfg.checkpoint)
     dims = ParallelDims.from_config(cfg.parallelism, world_size, cpu_offload=cfg.training.enable_cpu_offload)
     accum = grad_accum_steps(cfg.training, dims.dp)
     m = cfg.model
@@ -51,9 +55,32 @@ def plan_run(cfg: JobConfig, world_size: int, validation: bool = False) -> Plan:
     if cfg.training.dataset == "local" and cfg.training.dataset_path and not Path(cfg.training.dataset_path).exists():
         raise ConfigError(f"training.dataset_path='{cfg.training.dataset_path}' does not exist")
     pipeline = plan_pipeline(cfg.parallelism, args.n_layers, cfg.training.local_batch_size * accum)
-    if cfg.validation.enable or validation:
+    if cfg.validation.enable or evaluation:
         check_validation(cfg, pipeline, args.max_seq_len)
     return Plan(dims, accum, cfg.training.local_batch_size * dims.dp * accum, pipeline)
+
+
+def check_run_folder(cfg: JobConfig) -> None:
+    """The run folder {job.dump_folder}/{job.name} can be a folder: nothing on its path is a file."""
+    run_dir = Path(cfg.job.dump_folder) / cfg.job.name
+    for path in (*reversed(run_dir.parents), run_dir):
+        if path.exists() and not path.is_dir():
+            key = "job.name" if path == run_dir else "job.dump_folder"
+            raise ConfigError(f"{path} is a file, so the run folder {run_dir} cannot be made; set {key} to a folder")
+
+
+def check_resume_keys(checkpoint) -> None:
+    """Checkpoint keys that a training run would otherwise ignore."""
+    if checkpoint.load_step != -1 and not checkpoint.enable:
+        raise ConfigError(
+            f"checkpoint.load_step={checkpoint.load_step} resumes from a checkpoint, but checkpoint.enable is false "
+            "(nothing would be loaded and the run would start over); set checkpoint.enable = true"
+        )
+    if checkpoint.start_from_scratch and checkpoint.load_step != -1:
+        raise ConfigError(
+            f"checkpoint.start_from_scratch loads no checkpoint, but checkpoint.load_step={checkpoint.load_step} "
+            "names one; keep one of the two"
+        )
 
 
 def check_layout_features(cfg: JobConfig, dims: ParallelDims) -> None:

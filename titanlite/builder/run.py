@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -12,7 +13,7 @@ import torch
 from titanlite.builder.data import build_data, build_loader, build_validation_data, describe_validation, dp_rank
 from titanlite.builder.model import ModelSetup, build_rank_model
 from titanlite.builder.plan import Plan, validation_batch_size
-from titanlite.components.checkpoint import Checkpointer, initial_weights_path
+from titanlite.components.checkpoint import Checkpointer
 from titanlite.components.metrics import MetricsLogger, count_params, device_peak_tflops, flops_per_token
 from titanlite.components.optim import LRSchedulers, Optimizers
 from titanlite.components.profiling import Profiler
@@ -20,6 +21,7 @@ from titanlite.components.resilience import Faults, StopOnSignal
 from titanlite.config import JobConfig, to_toml
 from titanlite.engine.trainer import Resilience, StepFigures, StepSettings, Trainer
 from titanlite.engine.validator import EvalBatches, Validator
+from titanlite.models.registry import configured_args
 from titanlite.parallel.float8 import describe_float8
 
 
@@ -34,7 +36,7 @@ def build_validator(cfg: JobConfig, plan: Plan, setup: ModelSetup, mesh, windows
 
 
 def build_checkpointer(
-    cfg: JobConfig, run_dir: Path, setup: ModelSetup, plan: Plan, optimizer, lr_scheduler, loader, say
+    cfg: JobConfig, run_dir: Path, setup: ModelSetup, plan: Plan, optimizer, lr_scheduler, loader, facts: dict, say
 ) -> Checkpointer:
     parts = setup.rank.parts
     # Under PP a tied embedding's copy lives in the last stage's part as output.weight.
@@ -42,17 +44,15 @@ def build_checkpointer(
     if plan.pipeline and setup.plain_model.args.tie_embeddings:
         tied_copy_parts = {i for i, part in enumerate(parts) if part.output is not None and part.tok_embeddings is None}
     return Checkpointer(
-        cfg.checkpoint,
-        run_dir,
-        parts,
-        optimizer,
-        lr_scheduler,
-        loader,
-        tied_copy_parts=tied_copy_parts,
-        final_step=cfg.training.stop_after_step or cfg.training.steps,
-        initial_load_path=initial_weights_path(cfg),
-        say=say,
+        cfg, run_dir, parts, optimizer, lr_scheduler, loader, tied_copy_parts=tied_copy_parts, facts=facts, say=say
     )
+
+
+def run_facts(cfg: JobConfig, tokenizer, corpus) -> dict:
+    """What a checkpoint records beside the config, for a resume to be checked against: the model's shape, the
+    tokenizer's fingerprint and the training corpus's window count (sources changed behind the same keys)."""
+    args = configured_args(cfg.model, tokenizer.vocab_size, cfg.training.seq_len)
+    return {"model": asdict(args), "tokenizer": tokenizer.fingerprint, "windows": len(corpus.windows)}
 
 
 def keep_metrics_up_to(path: Path, step: int) -> None:
@@ -84,7 +84,8 @@ def build_trainer(cfg: JobConfig, plan: Plan, device: torch.device, rank: int, w
     if rank == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.toml").write_text(to_toml(cfg))
-    checkpointer = build_checkpointer(cfg, run_dir, setup, plan, optimizer, lr_scheduler, loader, say)
+    facts = run_facts(cfg, tokenizer, corpus)
+    checkpointer = build_checkpointer(cfg, run_dir, setup, plan, optimizer, lr_scheduler, loader, facts, say)
     train_state = {"step": 0, "tokens_seen": 0}
     checkpointer.load(train_state)
     if rank == 0:

@@ -16,9 +16,9 @@ from titanlite.components.checkpoint import needs_process_group
 from titanlite.config import JobConfig
 
 
-def start_rank(cfg: JobConfig, world_size: int, validation: bool = False) -> tuple[Plan, torch.device]:
+def start_rank(cfg: JobConfig, world_size: int, evaluation: bool = False) -> tuple[Plan, torch.device]:
     """This process's plan (every check first), seeds, device and process group, in that order."""
-    plan = plan_run(cfg, world_size, validation=validation)
+    plan = plan_run(cfg, world_size, evaluation=evaluation)
     set_determinism(cfg)
     one_rank_group = plan.dims.fsdp_single_rank or needs_process_group(cfg)
     device = init_distributed(world_size, cfg.comm.init_timeout_seconds, one_rank_mesh=one_rank_group)

@@ -30,7 +30,9 @@ from titanlite.builder.data import build_data, build_validation_data, describe_v
 from titanlite.builder.estimate import Machine, estimate, layout_of, layout_rows, recommend, setting_for
 from titanlite.builder.model_facts import cached_model_facts
 from titanlite.builder.plan import plan_run
+from titanlite.builder.run import run_facts
 from titanlite.commands.options import take_options
+from titanlite.components.checkpoint import check_resume
 from titanlite.config import parse_config
 
 GIB = 2**30
@@ -223,6 +225,8 @@ def check(argv: list[str]) -> int:
     opts, rest = take_options(argv, {"world-size": 1, "nproc-per-node": 0}, "check")
     world_size = opts["world-size"]
     local_ranks = opts["nproc-per-node"] or world_size
+    if world_size < 1 or local_ranks < 1:
+        raise ConfigError(f"check --world-size {world_size} --nproc-per-node {local_ranks}: both must be at least 1")
     cfg = parse_config(rest)
     devices.check_local_ranks(local_ranks)
     plan = plan_run(cfg, world_size)
@@ -230,6 +234,9 @@ def check(argv: list[str]) -> int:
     for line in corpus.describe(plan.global_batch_size * cfg.training.steps):
         print(f"titanlite: data: {line}")
     memory_preflight(cfg, world_size, local_ranks, say=lambda line: print(line, flush=True))
+    check_resume(
+        cfg, run_facts(cfg, tokenizer, corpus), say=lambda line: print(f"titanlite: {line.strip()}", flush=True)
+    )
     if cfg.validation.enable:
         windows = build_validation_data(
             cfg, tokenizer, corpus, verify="sample", say=lambda line: print(line, flush=True)

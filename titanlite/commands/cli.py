@@ -5,10 +5,12 @@
 
 from __future__ import annotations
 
+import os
 import sys
+from pathlib import Path
 
 from titanlite.base.errors import ConfigError
-from titanlite.config import help_text, reference_markdown  # torch-free: cheap at start-up
+from titanlite.config import help_text, parse_config, reference_markdown  # torch-free: cheap at start-up
 
 USAGE = """usage: titanlite <command> [--config FILE] [--section.key VALUE ...]
 commands:
@@ -122,8 +124,14 @@ def analyze(argv: list[str]) -> int:
 def train(argv: list[str]) -> None:
     from titanlite.commands.train import main as train_main  # lazy: start-up time (above)
     from titanlite.commands.worker import shutdown  # lazy: start-up time (above)
+    from titanlite.components import run_lock  # lazy: start-up time (above)
 
-    shutdown(train_main(argv))
+    cfg = parse_config(argv) if "--help" not in argv and "-h" not in argv else None
+    lock = run_lock.acquire(Path(cfg.job.dump_folder) / cfg.job.name, f"titanlite train {os.getpid()}") if cfg else None
+    code = train_main(argv)
+    if lock is not None:
+        lock.release()
+    shutdown(code)
 
 
 # Commands that run in this process; a ConfigError from any of them is one line and status 2.
@@ -150,7 +158,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"titanlite: error: {e}", file=sys.stderr)
             return 2
     if command == "train":
-        train(rest)
+        try:
+            train(rest)
+        except ConfigError as e:
+            print(f"titanlite: error: {e}", file=sys.stderr)
+            return 2
     if command in ("help", "--help", "-h"):
         print(reference_markdown() if "--markdown" in rest else USAGE + "\n\n" + help_text())
         return 0

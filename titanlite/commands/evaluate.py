@@ -37,8 +37,8 @@ def eval_command(argv: list[str]) -> int:
     if opts["ngpu"] < 1:
         raise ConfigError(f"eval --ngpu {opts['ngpu']} must be at least 1")
     check_local_ranks(opts["ngpu"])
-    plan_run(cfg, opts["ngpu"], validation=True)
-    checkpoint_to_load(cfg, "evaluate")
+    plan_run(cfg, opts["ngpu"], evaluation=True)
+    checkpoint_to_load(cfg, "evaluate", contents=False)  # its workers verify the contents, sharing the work
     tokenizer, corpus = build_data(cfg, verify="sample", say=lambda line: print(line, flush=True))
     build_validation_data(cfg, tokenizer, corpus, verify="sample", say=lambda line: print(line, flush=True))
     if opts["ngpu"] == 1:  # no process group: the worker runs here and returns
@@ -62,7 +62,7 @@ def eval_command(argv: list[str]) -> int:
 def evaluate(cfg: JobConfig, output: str = "") -> dict:
     """One worker of `titanlite eval`: the configured layout's model with a checkpoint's weights, evaluated once."""
     world_size, rank = int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("RANK", 0))
-    plan, device = start_rank(cfg, world_size, validation=True)
+    plan, device = start_rank(cfg, world_size, evaluation=True)
     say = print if rank == 0 else (lambda *a, **k: None)
     mesh = plan.dims.build_mesh(device.type)
     tokenizer, corpus = build_data(cfg, say=say)

@@ -7,6 +7,10 @@ was. Here every worker records its failure (titanlite/base/failures.py) in a tem
 failure the first one's line is printed last and its status (2 config, 3 non-finite loss, 4 out of
 memory, 1 other) is this command's. A signal to the launcher ends it with 128 + the signal number;
 torchrun's own failure (a rendezvous that cannot connect) is one line and status 1.
+
+A training job (`-m titanlite.commands.train`) holds its run folder's lock (titanlite/components/run_lock.py)
+from before the first worker starts until the last one ends, elastic restarts included: a second launch on
+the same folder is one line and status 2.
 """
 
 from __future__ import annotations
@@ -22,14 +26,55 @@ import torch.distributed.run as torchrun
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-from titanlite.base.failures import FAILURE_DIR_ENV, PREFIX, first_failure
+from titanlite.base.errors import ConfigError
+from titanlite.base.failures import FAILURE_DIR_ENV, PREFIX, first_failure, latest_failures
+from titanlite.components import run_lock
+from titanlite.config import parse_config
+
+TRAIN_MODULE = "titanlite.commands.train"
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        lock = lock_run_folder(argv)
+    except ConfigError as e:
+        print(f"{PREFIX}{e}", file=sys.stderr, flush=True)
+        return 2
+    try:
+        return run(argv)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def lock_run_folder(argv: list[str]) -> run_lock.RunLock | None:
+    """The run folder's lock for a training job, shared by the launchers of one multi-node job; None for
+    other modules (eval reads a run folder, it does not write one)."""
+    if "-m" not in argv or argv[argv.index("-m") + 1 : argv.index("-m") + 2] != [TRAIN_MODULE]:
+        return None
+    cfg = parse_config(argv[argv.index("-m") + 2 :])
+    return run_lock.acquire(Path(cfg.job.dump_folder) / cfg.job.name, job_id(argv), say=print)
+
+
+def job_id(argv: list[str]) -> str:
+    """The rendezvous of a multi-node job (the same on each of its nodes), else one of this launcher alone."""
+    options = {}
+    for i, arg in enumerate(argv):
+        if arg == "-m":
+            break
+        key, eq, value = arg.partition("=")
+        options[key.replace("_", "-")] = value if eq else (argv[i + 1] if i + 1 < len(argv) else "")
+    if "--rdzv-endpoint" in options and "--standalone" not in options:
+        return f"rendezvous {options.get('--rdzv-id', 'none')} at {options['--rdzv-endpoint']}"
+    return f"launcher {os.getpid()}"
+
+
+def run(argv: list[str]) -> int:
     folder = Path(tempfile.mkdtemp(prefix="titanlite-failures-"))
     os.environ[FAILURE_DIR_ENV] = str(folder)
     try:
-        torchrun.run(torchrun.parse_args(sys.argv[1:] if argv is None else argv))
+        torchrun.run(torchrun.parse_args(argv))
         return 0
     except ChildFailedError as error:
         return report(folder, error)
@@ -54,12 +99,22 @@ def chain(e: BaseException) -> str:
 
 
 def report(folder: Path, error) -> int:
-    """Print the root cause last; returns the exit status for it."""
+    """Print the root cause last; returns the exit status for it. A rank's own failure comes first; then a rank
+    killed without a word (its peers' collectives then fail with a lost connection, which is not the cause);
+    then whatever was recorded; then torchrun's view of the first exit."""
     first = first_failure(folder)
-    if first is not None:
+    if first is not None and not first.get("peer_lost"):
         print(first["line"], file=sys.stderr, flush=True)
         return first["code"]
-    rank, failure = error.get_first_failure()  # no worker said why: it was killed, or died in C
+    recorded = {e["rank"] for e in latest_failures(folder)}
+    killed = {r: f for r, f in error.failures.items() if f.exitcode < 0 and r not in recorded}
+    if first is not None and not killed:
+        print(first["line"], file=sys.stderr, flush=True)
+        return first["code"]
+    if killed:  # the earliest death the agent saw; SIGTERM last, as the agent sends it when it stops the others
+        rank, failure = min(killed.items(), key=lambda i: (i[1].exitcode == -signal.SIGTERM, i[1].timestamp, i[0]))
+    else:  # no worker said why: it was killed, or died in C
+        rank, failure = error.get_first_failure()
     code = failure.exitcode
     if code < 0:
         name = signal.Signals(-code).name if -code in signal.valid_signals() else f"signal {-code}"

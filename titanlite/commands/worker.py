@@ -10,8 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch.distributed as dist
+from torch.distributed.checkpoint.api import CheckpointException
 
-from titanlite.base.errors import Preempted
 from titanlite.base.failures import record
 from titanlite.config import JobConfig, parse_config
 
@@ -24,10 +24,7 @@ def run_worker(body: Callable[[JobConfig], None], argv: list[str]) -> int:
         cfg = parse_config(argv)
         body(cfg)
         return 0
-    except Preempted as e:
-        print(f"titanlite: {e}; run the same command to resume", flush=True)
-        return 128 + e.signum
-    except Exception as e:
+    except (Exception, CheckpointException) as e:  # DCP's CheckpointException is a BaseException
         run_dir = Path(cfg.job.dump_folder) / cfg.job.name if cfg is not None else None
         return record(e, int(os.environ.get("RANK", 0)), run_dir)
 

@@ -1,7 +1,10 @@
-"""Sharded DCP checkpoints: atomic, verified before loading, resumable on any layout, optionally async.
+"""Sharded DCP checkpoints: atomic, checksummed, verified before loading, resumable on any layout, optionally async.
 
 A checkpoint is written to step-<N>.tmp/ and renamed to step-<N>/ only once every rank's data, DCP's
-metadata and our titanlite.json are on disk, so a folder named step-<N> is complete by construction.
+metadata, the checksum of every file and our titanlite.json are on disk, so a folder named step-<N> is
+complete by construction (titanlite/components/checkpoint_files.py). It records the config it was saved
+under, so a resume can say what changed and refuse what would make the saved state wrong
+(titanlite/components/resume.py).
 """
 
 from __future__ import annotations
@@ -11,12 +14,16 @@ import os
 import shutil
 import time
 import warnings
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 import torch.nn as nn
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -27,59 +34,37 @@ from torch.distributed.checkpoint.state_dict import (
 
 from titanlite.base.devices import uses_cuda
 from titanlite.base.errors import ConfigError
+from titanlite.components.checkpoint_files import (
+    MARKER,
+    agreed_problem,
+    complete_steps,
+    merge_checksums,
+    pick_checkpoint,
+    read_marker,
+    step_dir,
+    write_rank_checksums,
+)
 from titanlite.components.hf_weights import load_hf_into
-from titanlite.config import Checkpoint as CheckpointConfig
+from titanlite.components.resume import flat_config, resume_changes
+from titanlite.config import JobConfig
 
 # In one process DCP warns, at every save and load, that it assumes one process: that is the intent.
 warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
 
-MARKER = "titanlite.json"
 OPTIM_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 # Under pipeline parallelism the last stage holds a tied embedding's copy as output.weight; its
 # optimizer state is saved and loaded under the embedding's name, the name it has without PP.
 TIED_COPY, TIED_NAME = "output.weight", "tok_embeddings.weight"
 
 
-def step_dir(run_dir: Path, step: int) -> Path:
-    return run_dir / f"step-{step}"
-
-
-def complete_steps(run_dir: Path) -> list[int]:
-    """Steps with a complete (renamed) checkpoint folder, newest first."""
-    steps = []
-    for path in run_dir.glob("step-*"):
-        suffix = path.name.removeprefix("step-")
-        if path.is_dir() and suffix.isdigit():
-            steps.append(int(suffix))
-    return sorted(steps, reverse=True)
-
-
-def verify(path: Path) -> str | None:
-    """Why the checkpoint at `path` cannot be loaded, or None when every file it needs is there in full."""
-    try:
-        json.loads((path / MARKER).read_text())
-        metadata = dcp.FileSystemReader(str(path)).read_metadata()
-    except Exception as e:  # a missing or unreadable marker or .metadata: the folder is not usable
-        return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'unreadable'}"
-    needed: dict[str, int] = {}
-    for info in metadata.storage_data.values():
-        needed[info.relative_path] = max(needed.get(info.relative_path, 0), info.offset + info.length)
-    for name, size in sorted(needed.items()):
-        file = path / name
-        if not file.is_file():
-            return f"{name} is missing"
-        if file.stat().st_size < size:
-            return f"{name} is truncated ({file.stat().st_size} of {size} bytes)"
-    return None
-
-
 class Checkpointer:
     """Saves and restores everything an exact continuation needs: model, optimizer, LR schedule, data
-    position, step and token count, and the RNG state."""
+    position, step and token count, and the RNG state; with them the config and the run's facts (the
+    model's shape, the tokenizer, the corpus size) that a resume is checked against."""
 
     def __init__(
         self,
-        cfg: CheckpointConfig,
+        job: JobConfig,
         run_dir: Path,
         model_parts: list[nn.Module],
         optimizers,
@@ -87,12 +72,11 @@ class Checkpointer:
         loader,
         *,
         tied_copy_parts: set[int],
-        final_step: int,
-        initial_load_path: str = "",
+        facts: dict,
         say=print,
     ):
-        self.cfg, self.run_dir = cfg, run_dir
-        self.initial_load_path = initial_load_path or cfg.initial_load_path
+        self.job, self.cfg, self.run_dir, self.facts = job, job.checkpoint, run_dir, facts
+        self.initial_load_path = initial_weights_path(job)
         self.model_parts, self.optimizers, self.lr_schedulers, self.loader = (
             model_parts,
             optimizers,
@@ -100,14 +84,17 @@ class Checkpointer:
             loader,
         )
         self.tied_copy_parts = tied_copy_parts  # indices of parts holding a tied embedding's copy (PP last stage)
-        self.final_step = final_step
+        self.final_step = job.training.stop_after_step or job.training.steps
         self.say = say
         self.rank = dist.get_rank() if dist.is_initialized() else 0
-        self.pending = None  # (future, step) of an async save in flight
+        self.world_size = dist.get_world_size() if dist.is_initialized() else 1
+        self.pending = None  # (future, tmp, final, meta, start) of an async save in flight
         self.saved_step = -1
-        self.mode = cfg.async_mode if cfg.enable else "disabled"
+        self.mode = self.cfg.async_mode if self.cfg.enable else "disabled"
         # A background save must not share a process group with training collectives (gloo mixes them up).
         self.async_group = dist.new_group(backend="gloo") if self.mode != "disabled" and dist.is_initialized() else None
+        # Hashes this rank's files once its part of an async save is written, off the training thread.
+        self.hasher = ThreadPoolExecutor(max_workers=1) if self.mode != "disabled" else None
         self.stager = None
         if self.mode == "async_with_pinned_mem":
             self.stager = process_saver_stager(pinned=uses_cuda())
@@ -151,18 +138,18 @@ class Checkpointer:
         """Whether maybe_save(step) will save (without a forced save)."""
         return self.cfg.enable and (step % self.cfg.interval == 0 or step == self.final_step)
 
-    def maybe_save(self, step: int, train_state: dict, force: bool = False) -> None:
+    def maybe_save(self, step: int, train_state: dict, force: bool = False) -> bool:
         """Save on the interval, always at the final step (training.steps or stop_after_step), and when
-        forced (preemption); a step already saved is not saved again."""
+        forced (preemption); a step already saved is not saved again. Returns whether step is saved now."""
         if not self.cfg.enable:
-            return
+            return False
         last = step == self.final_step or force
         if force and self.saved_step == step:
             self.wait()
-            return
+            return True
         if step % self.cfg.interval and not last:
             self.poll()
-            return
+            return False
         if last and self.cfg.model_only:
             dtype = getattr(torch, self.cfg.export_dtype)
             self.save(step, {"model": {k: v.to(dtype) for k, v in self.model_state().items()}}, model_only=True)
@@ -170,6 +157,7 @@ class Checkpointer:
             self.save(step, self.full_state(train_state), model_only=False)
         if last:
             self.wait()
+        return True
 
     def save(self, step: int, state: dict, *, model_only: bool) -> None:
         self.wait()  # one save in flight at a time
@@ -183,12 +171,16 @@ class Checkpointer:
         meta = {
             "step": step,
             "model_only": model_only,
-            "world_size": dist.get_world_size() if dist.is_initialized() else 1,
+            "world_size": self.world_size,
+            "config": flat_config(self.job),
+            "facts": self.facts,
         }
         start = time.perf_counter()
         if self.mode == "disabled":
-            dcp.save(state, checkpoint_id=str(tmp), no_dist=not dist.is_initialized())
-            self.finalize(tmp, final, meta, time.perf_counter() - start)
+            with self.discarded_on_failure(tmp):
+                dcp.save(state, checkpoint_id=str(tmp), no_dist=not dist.is_initialized())
+                write_rank_checksums(tmp, self.rank)
+                self.finalize(tmp, final, meta, time.perf_counter() - start)
         else:
             kind = dcp.state_dict_saver.AsyncCheckpointerType
             response = dcp.async_save(
@@ -198,8 +190,14 @@ class Checkpointer:
                 async_checkpointer_type=kind.PROCESS if self.stager is not None else kind.THREAD,
                 async_stager=self.stager,
             )
-            future = getattr(response, "upload_completion", response)
-            self.pending = (future, tmp, final, meta, start)
+            written = getattr(response, "upload_completion", response)
+            done = self.hasher.submit(self.checksum_when_written, written, tmp)
+            self.pending = (done, tmp, final, meta, start)
+
+    def checksum_when_written(self, written: Future, tmp: Path) -> None:
+        """In the background: wait for this rank's part of an async save, then hash its files."""
+        written.result()
+        write_rank_checksums(tmp, self.rank)
 
     def poll(self) -> None:
         """Finish an async save that has completed, without waiting for one that has not."""
@@ -211,16 +209,28 @@ class Checkpointer:
             return
         future, tmp, final, meta, start = self.pending
         self.pending = None
-        future.result()
-        self.finalize(tmp, final, meta, time.perf_counter() - start)
+        with self.discarded_on_failure(tmp):
+            future.result()
+            self.finalize(tmp, final, meta, time.perf_counter() - start)
+
+    @contextmanager
+    def discarded_on_failure(self, tmp: Path) -> Iterator[None]:
+        """A save that fails (a full disk, a DCP error) leaves no partial step-<N>.tmp/ behind to fill the disk:
+        rank 0 removes it, then the failure goes on."""
+        try:
+            yield
+        except BaseException:
+            if self.rank == 0:
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise
 
     def finalize(self, tmp: Path, final: Path, meta: dict, seconds: float) -> None:
-        """Mark the checkpoint complete (marker, then an atomic rename) and apply the retention policy.
-
-        DCP's save returns on the coordinator only after every rank's data and the metadata are
-        written, so rank 0 may mark it complete then."""
+        """Mark the checkpoint complete (every rank's checksums merged, the marker, then an atomic rename) and
+        apply the retention policy. Each rank leaves its checksums once its part is written; rank 0 waits for
+        them, so the marker only goes on a checkpoint whose every file is written and hashed."""
         if self.rank != 0:
             return
+        merge_checksums(tmp, self.world_size)
         (tmp / MARKER).write_text(json.dumps(meta))
         if final.exists():
             shutil.rmtree(final)
@@ -237,6 +247,8 @@ class Checkpointer:
 
     def close(self) -> None:
         self.wait()
+        if self.hasher is not None:
+            self.hasher.shutdown()
         if self.stager is not None:
             self.stager.close()  # frees the pinned (or shared) staging buffers
             self.stager = None
@@ -247,28 +259,31 @@ class Checkpointer:
     def load(self, train_state: dict) -> bool:
         """Restore the newest usable checkpoint of the run folder (or checkpoint.load_step); else the
         initial weights of checkpoint.initial_load_path. Returns True when training state was restored."""
-        if self.cfg.enable:
-            path = self.pick_checkpoint()
+        if self.cfg.enable and self.cfg.start_from_scratch:
+            ignored = complete_steps(self.run_dir)
+            if ignored:
+                self.say(
+                    f"  checkpoint: starting from scratch (checkpoint.start_from_scratch); the run folder's "
+                    f"step-{', step-'.join(map(str, ignored))} are not loaded, and saves at their steps replace them"
+                )
+        elif self.cfg.enable:
+            path = pick_checkpoint(self.run_dir, self.cfg.load_step, self.say, distributed=True)
             if path is not None:
                 return self.load_dcp(path, train_state)
         if self.initial_load_path:
             self.load_initial(Path(self.initial_load_path))
         return False
 
-    def pick_checkpoint(self) -> Path | None:
-        return pick_checkpoint(self.run_dir, self.cfg.load_step, self.say)
-
     def load_dcp(self, path: Path, train_state: dict) -> bool:
-        meta = json.loads((path / MARKER).read_text())
-        excluded = set(self.cfg.exclude_from_loading)
-        if meta["model_only"]:
-            excluded |= {"optimizer", "lr_scheduler", "dataloader", "train_state", "rng"}
+        meta = read_marker(path)
+        excluded = excluded_parts(self.cfg, meta)
+        self.check_resume(path, meta, excluded)
         state = self.full_state(train_state)
         state = {key: value for key, value in state.items() if key not in excluded}
         available = set(dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata)
         if "rng" in state:  # only the devices the checkpoint has RNG states for
             state["rng"] = {d: t for d, t in state["rng"].items() if f"rng.{d}" in available}
-        dcp.load(state, checkpoint_id=str(path), no_dist=not dist.is_initialized())
+        dcp_load(state, path)
         self.apply(state)
         if "train_state" in state:
             train_state.update(state["train_state"])
@@ -278,8 +293,19 @@ class Checkpointer:
         )
         return "train_state" in state
 
+    def check_resume(self, path: Path, meta: dict, excluded: set[str]) -> None:
+        """Refuse what would make the saved state wrong; say what else changed since the save."""
+        changes = changes_since(path, meta, self.job, self.facts, excluded, self.say)
+        if changes:
+            self.say(
+                f"  resume: changed since {path.name}, in effect from step {meta['step'] + 1}: " + ", ".join(changes)
+            )
+
     def apply(self, state: dict) -> None:
-        """Hand loaded values to their owners (DCP filled the tensors in place; this sets the rest)."""
+        """Hand loaded values to their owners (DCP filled the tensors in place; this sets the rest). The
+        optimizer's and the schedule's settings stay the config's: only their state is the checkpoint's."""
+        settings = self.optimizers.settings()
+        peak_lrs = self.lr_schedulers.peak_lrs()
         if "model" in state:
             for part in self.model_parts:
                 set_model_state_dict(part, state["model"], options=StateDictOptions(strict=False))
@@ -291,8 +317,10 @@ class Checkpointer:
                     else state["optimizer"]
                 )
                 set_optimizer_state_dict(part, optimizer, part_state, options=OPTIM_OPTIONS)
+            self.optimizers.restore_settings(settings)
         if "lr_scheduler" in state:
             self.lr_schedulers.load_state_dict(state["lr_scheduler"])
+        self.lr_schedulers.resume(peak_lrs)
         if "dataloader" in state:
             self.loader.load_state_dict(state["dataloader"])
         if "rng" in state:
@@ -307,47 +335,77 @@ class Checkpointer:
         self.say(f"  checkpoint: initial weights from {kind}{path}")
 
 
+def excluded_parts(cfg, meta: dict) -> set[str]:
+    """The parts of a checkpoint a load leaves out: checkpoint.exclude_from_loading's, and all but the model of a
+    model-only checkpoint."""
+    excluded = set(cfg.exclude_from_loading)
+    if meta["model_only"]:
+        excluded |= {"optimizer", "lr_scheduler", "dataloader", "train_state", "rng"}
+    return excluded
+
+
+def changes_since(path: Path, meta: dict, job: JobConfig, facts: dict, excluded: set[str], say=print) -> list[str]:
+    """resume_changes against the config a checkpoint was saved under (checkpoints saved without one cannot be
+    checked: said once)."""
+    if "config" not in meta:
+        say(
+            f"  checkpoint: {path} was saved without its config (by an earlier titanlite): changed settings cannot "
+            "be checked against it"
+        )
+        return []
+    return resume_changes(meta["config"], meta.get("facts", {}), job, facts, excluded, path.name)
+
+
+def check_resume(job: JobConfig, facts: dict, say=print) -> None:
+    """Before launch (`titanlite check`): the checkpoint a run would resume from exists and is complete, and its
+    config allows this one; its files' checksums are left to the workers, who share that work."""
+    c = job.checkpoint
+    if not c.enable or c.start_from_scratch:
+        return
+    path = pick_checkpoint(Path(job.job.dump_folder) / job.job.name, c.load_step, say, contents=False)
+    if path is not None:
+        meta = read_marker(path)
+        changes_since(path, meta, job, facts, excluded_parts(c, meta), say)
+
+
+def dcp_load(state: dict, path: Path) -> None:
+    """dcp.load, with its failures (a CheckpointException, which is a BaseException) as one ConfigError line."""
+    try:
+        dcp.load(state, checkpoint_id=str(path), no_dist=not dist.is_initialized())
+    except CheckpointException as e:
+        raise ConfigError(f"{path} cannot be loaded into this run: {checkpoint_failure(e)}") from None
+
+
+def checkpoint_failure(e: CheckpointException) -> str:
+    """The first rank's underlying error of a DCP failure, as 'Type: first line'."""
+    rank, (inner, _) = min(e.failures.items())
+    message = str(inner).strip().splitlines()[0][:300] if str(inner).strip() else ""
+    return f"{type(inner).__name__}{': ' + message if message else ''} (rank {rank})"
+
+
 def load_weights(model_parts: list[nn.Module], path: Path, what: str = "checkpoint.initial_load_path") -> None:
     """Model weights only, from a DCP checkpoint folder (saved on any layout) or a Hugging Face folder,
     into this rank's (possibly sharded or pipelined) model parts."""
     if (path / "config.json").is_file():
         load_hf_into(model_parts, path)
         return
-    problem = "it does not exist" if not path.is_dir() else verify(path)
+    problem = "it does not exist" if not path.is_dir() else agreed_problem(path, distributed=True)
     if problem:
         raise ConfigError(f"{what}='{path}' cannot be loaded ({problem})")
     state = {"model": {}}
     for part in model_parts:
         state["model"] |= get_model_state_dict(part)
-    dcp.load(state, checkpoint_id=str(path), no_dist=not dist.is_initialized())
+    dcp_load(state, path)
     for part in model_parts:
         set_model_state_dict(part, state["model"], options=StateDictOptions(strict=False))
 
 
-def pick_checkpoint(run_dir: Path, load_step: int, say=print) -> Path | None:
-    """checkpoint.load_step's folder (an error if it is not usable), or the newest usable one, skipping
-    (with a warning naming it) any whose files are missing or truncated; None when there is none."""
-    steps = complete_steps(run_dir)
-    if load_step != -1:
-        path = step_dir(run_dir, load_step)
-        problem = "it does not exist" if load_step not in steps else verify(path)
-        if problem:
-            raise ConfigError(f"checkpoint.load_step={load_step}: cannot load {path} ({problem})")
-        return path
-    for step in steps:
-        path = step_dir(run_dir, step)
-        problem = verify(path)
-        if problem is None:
-            return path
-        say(f"  checkpoint: WARNING skipping {path}: {problem}")
-    return None
-
-
-def checkpoint_to_load(cfg, purpose: str) -> Path:
+def checkpoint_to_load(cfg, purpose: str, contents: bool = True) -> Path:
     """The weights a command reads (`titanlite eval`, `generate`): checkpoint.load_step's checkpoint of the
-    run folder, or its newest usable one, else checkpoint.initial_load_path (a DCP or Hugging Face folder)."""
+    run folder, or its newest usable one, else checkpoint.initial_load_path (a DCP or Hugging Face folder).
+    Its files' checksums are checked too (`contents`), shared by the ranks of a process group."""
     run_dir = Path(cfg.job.dump_folder) / cfg.job.name
-    path = pick_checkpoint(run_dir, cfg.checkpoint.load_step)
+    path = pick_checkpoint(run_dir, cfg.checkpoint.load_step, distributed=True, contents=contents)
     if path is not None:
         return path
     if initial := initial_weights_path(cfg):
@@ -410,6 +468,8 @@ def save_model_only(run_dir: Path, step: int, model_state: dict) -> Path:
     tmp, final = run_dir / f"step-{step}.tmp", step_dir(run_dir, step)
     shutil.rmtree(tmp, ignore_errors=True)
     dcp.save({"model": model_state}, checkpoint_id=str(tmp), no_dist=True)
+    write_rank_checksums(tmp, 0)
+    merge_checksums(tmp, 1)
     (tmp / MARKER).write_text(json.dumps({"step": step, "model_only": True, "world_size": 1}))
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
@@ -419,7 +479,7 @@ def save_model_only(run_dir: Path, step: int, model_state: dict) -> Path:
 def load_model_only(path: Path, model: nn.Module) -> None:
     """Load a checkpoint's model weights into a plain model in one process (exports)."""
     state = {"model": get_model_state_dict(model)}
-    dcp.load(state, checkpoint_id=str(path), no_dist=True)
+    dcp_load(state, path)
     set_model_state_dict(model, state["model"])
 
 

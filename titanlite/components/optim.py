@@ -38,6 +38,20 @@ class Optimizers:
         for optimizer in self.optimizers:
             optimizer.zero_grad(set_to_none=True)
 
+    def settings(self) -> list[list[dict]]:
+        """Every param group's settings but its parameters and learning rate (which the schedule sets): what
+        the config built, to be restored over a checkpoint's (restore_settings)."""
+        return [
+            [{k: v for k, v in g.items() if k not in ("params", "lr")} for g in o.param_groups] for o in self.optimizers
+        ]
+
+    def restore_settings(self, settings: list[list[dict]]) -> None:
+        """After loading a checkpoint's optimizer state, whose param groups carry the settings it was saved with
+        (weight decay, betas, eps, kernel), put back those of this run's config."""
+        for optimizer, groups in zip(self.optimizers, settings):
+            for group, values in zip(optimizer.param_groups, groups):
+                group.update(values)
+
     def skip_update_if(self, bad: torch.Tensor) -> None:
         """Make the next step() a no-op on the device where `bad` (a bool scalar tensor) is true: the
         fused AdamW leaves weights, moments and step counts as they were. No host synchronisation."""
@@ -105,6 +119,21 @@ class LRSchedulers:
     def load_state_dict(self, state: dict) -> None:
         for scheduler in self.schedulers:
             scheduler.load_state_dict(state)
+
+    def peak_lrs(self) -> list[list[float]]:
+        """Each schedule's base (peak) learning rates: the config's optimizer.lr."""
+        return [list(scheduler.base_lrs) for scheduler in self.schedulers]
+
+    def resume(self, peak_lrs: list[list[float]]) -> None:
+        """After a checkpoint's schedule state (its step count) is loaded, keep this run's peak LR and schedule
+        (warm-up, decay, length) and set every group's LR for the current step now: a changed optimizer.lr or
+        lr_scheduler setting takes effect from the first resumed step, not one step later."""
+        for scheduler, peaks in zip(self.schedulers, peak_lrs):
+            scheduler.base_lrs = list(peaks)
+            lrs = [peak * factor(scheduler.last_epoch) for peak, factor in zip(peaks, scheduler.lr_lambdas)]
+            for group, lr in zip(scheduler.optimizer.param_groups, lrs):
+                group["lr"] = lr
+            scheduler._last_lr = lrs
 
 
 @torch.no_grad()

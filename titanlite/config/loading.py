@@ -6,6 +6,7 @@ Unknown keys and wrong types are rejected with one line naming the key.
 from __future__ import annotations
 
 import difflib
+import math
 import sys
 import typing
 from pathlib import Path
@@ -156,6 +157,11 @@ def parse_config(argv: list[str], default_config: str | None = DEFAULT_CONFIG) -
 
 def validate_values(cfg: JobConfig) -> None:
     """Checks that need no knowledge of the world size (the layout is checked by ParallelDims)."""
+    for section, cls in section_classes().items():
+        for name, tp in field_types(cls).items():
+            value = getattr(getattr(cfg, section), name)
+            if tp is float and not math.isfinite(value):
+                raise ConfigError(f"{section}.{name}={value} is not a finite number")
     t, p = cfg.training, cfg.parallelism
     positive = {
         "training.steps": t.steps,

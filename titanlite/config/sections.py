@@ -304,6 +304,10 @@ class Checkpoint:
     model.safetensors.index.json (as save_pretrained does)."""
     exclude_from_loading: list[str] = field(default_factory=list)
     """Parts of a checkpoint not to restore, e.g. ["optimizer", "lr_scheduler", "dataloader", "train_state"]."""
+    start_from_scratch: bool = False
+    """Train from step 0 although the run folder holds checkpoints: they are not loaded (start-up lists them),
+    and saves at their steps replace them. Without it, a run folder whose checkpoints are all unusable is an
+    error, not a silent restart."""
     initial_load_path: str = ""
     """Weights to start from when the run folder has no checkpoint: a DCP checkpoint folder (step-N)
     or a Hugging Face folder (config.json + safetensors)."""

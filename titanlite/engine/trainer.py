@@ -235,9 +235,10 @@ class Trainer:
         signum = r.stop.requested() if r.stop is not None else 0
         if signum:
             self.read_records()  # never save the weights of a non-finite step
-            if self.checkpointer is not None:
-                self.checkpointer.maybe_save(self.step, self.train_state, force=True)
-            raise Preempted(signum, self.step)
+            saved = self.checkpointer is not None and self.checkpointer.maybe_save(
+                self.step, self.train_state, force=True
+            )
+            raise Preempted(signum, self.step, saved)
 
     def train_step(self, micro_batches, measure: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """One optimizer step; returns the global loss and gradient norm as device tensors (not read)."""

@@ -1,0 +1,344 @@
+"""Checkpoints and run folders that can be trusted: on resume the config is the source of truth (a new LR takes
+effect at once; changes that would make the saved state wrong are refused, naming the key), one job per run
+folder, checksums that find a changed byte and fall back to the older intact checkpoint, DCP failures and a
+full disk as one line, no silent restart, and the rank that died is the one named."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.helpers import REPO, TINY, env, metrics, run_train_sh
+from titanlite.base.failures import reason_in
+from titanlite.components.optim import lr_factor
+from titanlite.config import LRScheduler
+
+pytestmark = pytest.mark.distributed
+
+# One process, 10 steps of 2 windows of 32 tokens, a checkpoint every 5 steps, every step logged.
+TEN = [
+    *TINY,
+    "--training.steps",
+    "10",
+    "--training.local_batch_size",
+    "2",
+    "--checkpoint.enable",
+    "--checkpoint.interval",
+    "5",
+]
+
+
+@pytest.fixture(scope="module")
+def ten(tmp_path_factory):
+    """A finished run folder of TEN (step-5 and step-10), never changed: tests copy it."""
+    run_dir = tmp_path_factory.mktemp("ten")
+    proc = run_train_sh(TEN, run_dir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return run_dir
+
+
+def copy_of(ten, dest, steps=(5, 10)):
+    """A copy of the TEN run folder holding the given checkpoints and the records up to the newest of them."""
+    (dest / "run").mkdir(parents=True)
+    for step in steps:
+        shutil.copytree(ten / "run" / f"step-{step}", dest / "run" / f"step-{step}")
+    records = [r for r in metrics(ten) if r["step"] <= max(steps)]
+    (dest / "run" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return dest
+
+
+def last_line(proc) -> str:
+    return reason_in(proc.stderr)
+
+
+def damage(file, at=None):
+    """Overwrite 16 bytes of `file`, in its middle or `at` an offset: the same size, so only a checksum can tell."""
+    with open(file, "r+b") as f:
+        f.seek(os.path.getsize(file) // 2 if at is None else at)
+        f.write(bytes(range(16)))
+
+
+# ---- the config is the source of truth on resume ---------------------------------------------------------
+
+
+def test_a_new_lr_and_warmup_take_effect_from_the_first_resumed_step(tmp_path, ten):
+    run = copy_of(ten, tmp_path, steps=(5,))
+    proc = run_train_sh([*TEN, "--optimizer.lr", "1e-4", "--lr_scheduler.warmup_steps", "7"], run)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "resume: changed since step-5, in effect from step 6: " in proc.stdout
+    assert "lr_scheduler.warmup_steps 2 -> 7" in proc.stdout and "optimizer.lr 0.003 -> 0.0001" in proc.stdout
+    schedule = LRScheduler(warmup_steps=7)
+    resumed = [r for r in metrics(run) if r["step"] > 5]
+    assert [r["step"] for r in resumed] == [6, 7, 8, 9, 10]
+    for r in resumed:  # the LR of step s is the new peak times the new schedule at s (0-based s - 1)
+        assert r["lr"] == pytest.approx(1e-4 * lr_factor(r["step"] - 1, schedule, 10), rel=1e-6), r
+
+
+def test_resuming_with_a_lower_lr_gets_past_the_non_finite_step(tmp_path):
+    args = [
+        *TINY,
+        "--training.steps",
+        "8",
+        "--training.local_batch_size",
+        "2",
+        "--training.max_norm",
+        "0",
+        "--checkpoint.enable",
+        "--checkpoint.interval",
+        "2",
+    ]
+    diverged = run_train_sh([*args, "--optimizer.lr", "100"], tmp_path)
+    assert diverged.returncode == 3, diverged.stderr[-3000:]
+    assert "is not finite" in last_line(diverged) and "resume with a lower optimizer.lr" in last_line(diverged)
+    assert sorted(p.name for p in (tmp_path / "run").glob("step-*")) == ["step-2"]
+    resumed = run_train_sh([*args, "--optimizer.lr", "3e-3"], tmp_path)  # what the advice says
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "optimizer.lr 100.0 -> 0.003" in resumed.stdout
+    records = [r for r in metrics(tmp_path) if r["step"] > 2]
+    assert [r["step"] for r in records] == list(range(3, 9)) and all(r["lr"] <= 3e-3 for r in records)
+
+
+@pytest.mark.parametrize(
+    "change, key",
+    [
+        (["--training.seq_len", "64"], "training.seq_len=64 differs from the 32"),
+        (["--training.seed", "7"], "training.seed=7 differs from the 42"),
+        (
+            ["--training.dataset", "local", "--training.dataset_path", str(REPO / "tests" / "data" / "validation.txt")],
+            "training.dataset='local' differs from the 'stdlib'",
+        ),
+        (["--data.shuffle", "false"], "data.shuffle=False differs from the True"),
+        (["--validation.split_fraction", "0.05"], "validation.split_fraction=0.05 differs from the 0.01"),
+        (["--model.n_layers", "2"], "model.n_layers=2 differs from the 0"),
+        (["--model.tokenizer", "byte"], "model.tokenizer='byte' differs from the 'gpt2'"),
+        (["--config", "train_configs/llama3_debug.toml"], "model.name='llama3' differs from the 'gpt2'"),
+    ],
+    ids=["seq_len", "seed", "dataset", "shuffle", "split", "n_layers", "tokenizer", "family"],
+)
+def test_a_change_that_would_make_the_saved_state_wrong_is_refused_before_launch(ten, change, key, capsys):
+    from titanlite.commands.cli import main
+
+    assert main(["check", *TEN, "--job.dump_folder", str(ten), "--job.name", "run", *change]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and key in err[0] and "that step-10 was saved with" in err[0], err
+
+
+def test_leaving_the_dataloader_out_allows_a_data_change(ten, capsys):
+    from titanlite.commands.cli import main
+
+    args = ["check", *TEN, "--job.dump_folder", str(ten), "--job.name", "run", "--training.seq_len", "64"]
+    assert main([*args, "--checkpoint.exclude_from_loading", "dataloader"]) == 0, capsys.readouterr().err
+    assert main([*args, "--checkpoint.exclude_from_loading", "dataloader", "--model.n_layers", "2"]) == 2
+    assert "model.n_layers=2" in capsys.readouterr().err
+
+
+# ---- one job per run folder ------------------------------------------------------------------------------
+
+
+def test_a_second_launch_on_a_busy_run_folder_exits_2_and_the_first_finishes_exactly(tmp_path, ten):
+    args = [*TEN, "--job.dump_folder", str(tmp_path), "--job.name", "run"]
+    first = subprocess.Popen(
+        [str(REPO / "run_train.sh"), *args],
+        cwd=REPO,
+        env=env(NGPU="1"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.time() + 120
+    while not (tmp_path / "run" / ".lock").exists() and first.poll() is None and time.time() < deadline:
+        time.sleep(0.1)
+    launcher = [
+        sys.executable,
+        "-m",
+        "titanlite.commands.launch",
+        "--standalone",
+        "--nproc-per-node",
+        "1",
+        f"--log-dir={tmp_path / 'logs'}",
+        "-m",
+        "titanlite.commands.train",
+    ]
+    second = subprocess.run([*launcher, *args], cwd=REPO, env=env(), capture_output=True, text=True, timeout=120)
+    out, err = first.communicate(timeout=300)
+    assert second.returncode == 2, second.stderr[-3000:]
+    assert (
+        second.stderr.strip()
+        .splitlines()[-1]
+        .startswith(f"titanlite: error: the run folder {tmp_path / 'run'} is in use by another job (pid ")
+    )
+    assert first.returncode == 0, err[-3000:]
+    assert [r["loss"] for r in metrics(tmp_path)] == [r["loss"] for r in metrics(ten)]  # bitwise
+    assert not (tmp_path / "run" / ".lock").exists()  # released at the end
+
+
+def test_a_lock_left_by_a_dead_launcher_is_taken_over_with_a_note(tmp_path):
+    from titanlite.components import run_lock
+
+    folder = tmp_path / "run"
+    folder.mkdir()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    holder = {"host": os.uname().nodename, "pid": int(dead.stdout), "job": "launcher x", "started": "earlier"}
+    (folder / ".lock").write_text(json.dumps(holder))
+    notes = []
+    lock = run_lock.acquire(folder, "launcher y", say=notes.append)
+    assert lock.mine and notes and "left by a job that is gone" in notes[0]
+    with pytest.raises(Exception, match="is in use by another job"):
+        run_lock.acquire(folder, "launcher z")
+    assert run_lock.acquire(folder, "launcher y").mine is False  # the same job's other launcher shares it
+    lock.release()
+    assert not (folder / ".lock").exists()
+
+
+# ---- checksums -------------------------------------------------------------------------------------------
+
+
+def test_a_same_size_corruption_is_found_and_the_older_checkpoint_resumes_exactly(tmp_path, ten):
+    corrupted = copy_of(ten, tmp_path / "corrupted")
+    damage(next((corrupted / "run" / "step-10").glob("*.distcp")))
+    args = [*TEN, "--training.steps", "12"]
+    explicit = run_train_sh([*args, "--checkpoint.load_step", "10"], corrupted)
+    assert explicit.returncode == 2 and "does not match its checksum" in last_line(explicit), explicit.stderr[-3000:]
+    proc = run_train_sh(args, corrupted)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    step10 = corrupted / "run" / "step-10"
+    assert f"WARNING skipping {step10}: __0_0.distcp does not match its checksum" in proc.stdout
+    assert f"resumed from {corrupted / 'run' / 'step-5'} at step 5" in proc.stdout
+    direct = copy_of(ten, tmp_path / "direct", steps=(5,))
+    straight = run_train_sh([*args, "--checkpoint.load_step", "5"], direct)
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    assert [r["loss"] for r in metrics(corrupted)] == [r["loss"] for r in metrics(direct)]  # bitwise, steps 1-12
+
+
+def test_no_usable_checkpoint_is_exit_2_listing_each_unless_told_to_start_from_scratch(tmp_path, ten):
+    run = copy_of(ten, tmp_path)
+    for step in (5, 10):  # truncated: found before launch
+        distcp = next((run / "run" / f"step-{step}").glob("*.distcp"))
+        os.truncate(distcp, distcp.stat().st_size // 2)
+    proc = run_train_sh(TEN, run)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    line = last_line(proc)
+    assert f"no usable checkpoint in {run / 'run'}: step-10: __0_0.distcp is truncated" in line, line
+    assert "step-5: __0_0.distcp is truncated" in line and "checkpoint.start_from_scratch = true" in line
+    assert metrics(run)  # nothing was overwritten
+    fresh = run_train_sh([*TEN, "--checkpoint.start_from_scratch"], run)
+    assert fresh.returncode == 0, fresh.stderr[-3000:]
+    assert "starting from scratch (checkpoint.start_from_scratch); the run folder's step-10, step-5 are not loaded" in (
+        fresh.stdout
+    )
+    assert [r["loss"] for r in metrics(run)] == [r["loss"] for r in metrics(ten)]
+
+
+# ---- failures as one line --------------------------------------------------------------------------------
+
+
+def test_a_dcp_error_on_a_checkpoint_without_checksums_is_one_line(tmp_path, ten):
+    run = copy_of(ten, tmp_path, steps=(10,))
+    (run / "run" / "step-10" / "checksums.json").unlink()  # as saved by an earlier titanlite
+    damage(next((run / "run" / "step-10").glob("*.distcp")), at=0)  # the header of its first record
+    proc = run_train_sh([*TEN, "--training.steps", "12"], run)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    line = last_line(proc)
+    assert line.startswith(f"titanlite: error: rank 0: {run / 'run' / 'step-10'} cannot be loaded into this run: "), (
+        line
+    )
+
+
+def mount_tmpfs_command(folder, megabytes):
+    """A command prefix that runs what follows with a tmpfs of `megabytes` MiB at `folder` (a private mount
+    namespace, as root or through a user namespace); None where neither is allowed here."""
+    for prefix in (["unshare", "-m"], ["unshare", "-rm"]):
+        probe = subprocess.run([*prefix, "sh", "-c", f"mount -t tmpfs -o size=1m tmpfs {folder}"], capture_output=True)
+        if probe.returncode == 0:
+            return [*prefix, "sh", "-c", f'mount -t tmpfs -o size={megabytes}m tmpfs {folder} && exec "$@"', "tmpfs"]
+    return None
+
+
+def test_a_full_disk_is_one_line_naming_the_folder(tmp_path):
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    wrap = mount_tmpfs_command(disk, 30)  # the config, metrics and logs fit; the first checkpoint does not
+    if wrap is None:
+        pytest.skip("no way to mount a small tmpfs here (needs root or user namespaces)")
+    cmd = [*wrap, str(REPO / "run_train.sh"), *TEN, "--job.dump_folder", str(disk), "--job.name", "run"]
+    proc = subprocess.run(cmd, cwd=REPO, env=env(NGPU="1"), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    assert last_line(proc).startswith(f"titanlite: error: rank 0: the disk holding {disk / 'run'} is full ("), (
+        proc.stderr
+    )
+
+
+def test_the_killed_rank_is_the_one_named(tmp_path):
+    args = [*TINY, "--training.steps", "6", "--training.local_batch_size", "2"]
+    proc = run_train_sh(args, tmp_path, ngpu=2, TITANLITE_FAULT="kill@3:1")
+    assert proc.returncode == 128 + signal.SIGKILL, proc.stderr[-3000:]
+    assert last_line(proc).startswith("titanlite: error: rank 1: killed by SIGKILL"), proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("checkpoints", [True, False], ids=["checkpointed", "no-checkpoints"])
+def test_a_sigterm_to_a_worker_is_its_own_line_and_status(tmp_path, checkpoints):
+    args = [*TINY, "--training.steps", "400", "--training.local_batch_size", "2"]
+    args += ["--checkpoint.enable", "--checkpoint.interval", "1000"] if checkpoints else []
+    cmd = [str(REPO / "run_train.sh"), "--job.dump_folder", str(tmp_path), "--job.name", "run", *args]
+    job = subprocess.Popen(cmd, cwd=REPO, env=env(NGPU="1"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not (tmp_path / "run" / "metrics.jsonl").exists():
+        time.sleep(0.2)
+    while time.time() < deadline and len(metrics(tmp_path)) < 3:
+        time.sleep(0.2)
+    # run_train.sh execs the launcher, whose child is the worker
+    workers = subprocess.run(["pgrep", "-P", str(job.pid)], capture_output=True, text=True).stdout.split()
+    assert len(workers) == 1, workers
+    os.kill(int(workers[0]), signal.SIGTERM)  # to the worker, not the launcher
+    out, err = job.communicate(timeout=120)
+    assert job.returncode == 128 + signal.SIGTERM, err[-3000:]
+    line = reason_in(err)
+    assert line.startswith("titanlite: error: rank 0: stopped by SIGTERM after step "), err[-3000:]
+    if checkpoints:
+        assert line.endswith("with a checkpoint of it; run the same command to resume"), line
+    else:
+        assert line.endswith("nothing was saved (checkpoint.enable is false)"), line
+
+
+# ---- bad inputs ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "ngpu, args, fragment",
+    [
+        ("0", [], "NGPU='0' is not a number of processes per node"),
+        ("-1", [], "NGPU='-1' is not a number of processes per node"),
+        ("abc", [], "NGPU='abc' is not a number of processes per node"),
+        ("1", ["--optimizer.lr", "inf"], "optimizer.lr=inf is not a finite number"),
+        (
+            "1",
+            ["--checkpoint.load_step", "7"],
+            "checkpoint.load_step=7 resumes from a checkpoint, but checkpoint.enable",
+        ),
+    ],
+    ids=["ngpu0", "ngpu-1", "ngpu-abc", "lr-inf", "load_step-without-enable"],
+)
+def test_bad_launch_inputs_are_one_line_and_exit_2(tmp_path, ngpu, args, fragment):
+    cmd = [str(REPO / "run_train.sh"), "--job.dump_folder", str(tmp_path), "--job.name", "run", *TINY, *args]
+    proc = subprocess.run(cmd, cwd=REPO, env=env(NGPU=ngpu), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines()[-1].startswith(f"titanlite: error: {fragment}"), proc.stderr[-3000:]
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_a_dump_folder_that_is_a_file_is_one_line(tmp_path, capsys):
+    from titanlite.commands.cli import main
+
+    (tmp_path / "file").write_text("not a folder")
+    assert main(["check", *TINY, "--job.dump_folder", str(tmp_path / "file")]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"titanlite: error: {tmp_path / 'file'} is a file, so the run folder {tmp_path / 'file' / 'debug_model'} "
+        "cannot be made; set job.dump_folder to a folder"
+    )

@@ -1,0 +1,110 @@
+"""One job per run folder: a lock file, {run folder}/.lock, that the launcher holds for the whole job (elastic
+restarts included), so that a second launch on the same folder stops with one line instead of interleaving
+its checkpoints and metrics with the first's.
+
+The lock names its holder: host, pid, job and start time. The launchers of one multi-node job (the same
+rendezvous id and endpoint) share it; the one that made it removes it at the end. A lock whose holder is gone
+(same host, no such process: a launcher killed with SIGKILL) is taken over with a note. One on another host
+cannot be checked from here: the error says how to remove it when no job runs there.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from titanlite.base.errors import ConfigError
+
+LOCK_FILE = ".lock"
+
+
+@dataclass
+class RunLock:
+    path: Path
+    holder: dict
+    mine: bool  # made by this process, so removed by it
+
+    def release(self) -> None:
+        if self.mine and read_holder(self.path) == self.holder:
+            self.path.unlink(missing_ok=True)
+
+
+def acquire(run_dir: Path, job: str, say: Callable[[str], None] = print) -> RunLock:
+    """Take the run folder's lock for `job` (launchers of one multi-node job pass the same id and share it),
+    making the folder if needed; ConfigError when another job holds it."""
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(
+            f"cannot make the run folder {run_dir} ({e.strerror or e}); set job.dump_folder to a writable folder"
+        ) from None
+    me = {"host": socket.gethostname(), "pid": os.getpid(), "job": job, "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+    path = run_dir / LOCK_FILE
+    with _serialised(run_dir):  # one launcher of this host at a time reads, takes over and makes the lock
+        while True:
+            try:
+                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                holder = read_holder(path, wait=1.0)
+                if holder.get("job") == job:
+                    return RunLock(path, holder, mine=False)
+                if holder.get("host") == me["host"] and not _alive(holder.get("pid")):
+                    say(
+                        f"titanlite: note: {path} was left by a job that is gone (pid {holder.get('pid')}, started "
+                        f"{holder.get('started', '?')}); taking it over"
+                    )
+                    path.unlink(missing_ok=True)
+                    continue
+                raise ConfigError(busy(run_dir, holder, me["host"])) from None
+            with os.fdopen(fd, "w") as f:
+                f.write(json.dumps(me))
+            return RunLock(path, me, mine=True)
+
+
+def busy(run_dir: Path, holder: dict, host: str) -> str:
+    who = f"pid {holder.get('pid', '?')} on {holder.get('host', '?')}, since {holder.get('started', '?')}"
+    remedy = "wait for it to end, or set job.name or job.dump_folder to another folder"
+    if holder.get("host") != host:
+        remedy += f" (if no job runs there any more, delete {run_dir / LOCK_FILE})"
+    return f"the run folder {run_dir} is in use by another job ({who}); {remedy}"
+
+
+def read_holder(path: Path, wait: float = 0.0) -> dict:
+    """The lock's holder, {} when unreadable; waits up to `wait` s for a lock being written to be complete."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError):
+            if time.monotonic() >= deadline:
+                return {}
+            time.sleep(0.05)
+
+
+def _alive(pid) -> bool:
+    if not isinstance(pid, int) or pid <= 0:
+        return True  # cannot tell: treat as held
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
+@contextmanager
+def _serialised(run_dir: Path) -> Iterator[None]:
+    fd = os.open(run_dir, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the flock
