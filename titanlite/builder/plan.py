@@ -54,6 +54,11 @@ def plan_run(cfg: JobConfig, world_size: int, evaluation: bool = False) -> Plan:
         )
     if cfg.training.dataset == "local" and cfg.training.dataset_path and not Path(cfg.training.dataset_path).exists():
         raise ConfigError(f"training.dataset_path='{cfg.training.dataset_path}' does not exist")
+    if cfg.checkpoint.initial_load_path and not Path(cfg.checkpoint.initial_load_path).is_dir():
+        raise ConfigError(
+            f"checkpoint.initial_load_path='{cfg.checkpoint.initial_load_path}' is not a folder; name a "
+            "DCP checkpoint folder (step-N) or a Hugging Face model folder"
+        )
     pipeline = plan_pipeline(cfg.parallelism, args.n_layers, cfg.training.local_batch_size * accum)
     if cfg.validation.enable or evaluation:
         check_validation(cfg, pipeline, args.max_seq_len)

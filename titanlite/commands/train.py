@@ -13,7 +13,7 @@ from pathlib import Path
 from titanlite.builder.run import build_trainer
 from titanlite.builder.runtime import start_rank
 from titanlite.commands.measure_memory import measure_peak
-from titanlite.commands.worker import exit_from, run_worker
+from titanlite.commands.worker import die_with_launcher, exit_from, run_worker
 from titanlite.config import JobConfig, help_text
 
 
@@ -43,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     if "--help" in argv or "-h" in argv:
         print(help_text())
         return 0
+    die_with_launcher()
     return run_worker(train, argv)
 
 

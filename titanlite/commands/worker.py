@@ -3,7 +3,9 @@ line with its exit status (titanlite/base/failures.py), and leave without the ab
 
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
 import sys
 import traceback
 from collections.abc import Callable
@@ -27,6 +29,21 @@ def run_worker(body: Callable[[JobConfig], None], argv: list[str]) -> int:
     except (Exception, CheckpointException) as e:  # DCP's CheckpointException is a BaseException
         run_dir = Path(cfg.job.dump_folder) / cfg.job.name if cfg is not None else None
         return record(e, int(os.environ.get("RANK", 0)), run_dir)
+
+
+def die_with_launcher() -> None:
+    """Under torchrun, end this worker at once if its launcher dies (SIGKILLed, or its node lost): an orphaned
+    worker would otherwise train on beside the job that a new launch starts in the same run folder (Linux only;
+    the launcher's lock is the only guard elsewhere)."""
+    if not sys.platform.startswith("linux") or "TORCHELASTIC_RUN_ID" not in os.environ:
+        return
+    try:
+        pr_set_pdeathsig = 1
+        ctypes.CDLL("libc.so.6").prctl(pr_set_pdeathsig, signal.SIGKILL)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() == 1:  # the launcher died before the call above
+        os._exit(128 + signal.SIGKILL)
 
 
 def shutdown(code: int) -> None:

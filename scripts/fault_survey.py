@@ -1,0 +1,450 @@
+"""Fault-injection survey: what a demanding user does to a run, and whether titanlite survives it.
+
+    .venv/bin/python scripts/fault_survey.py [--only NAME,...] [--output survey.json]
+
+Faults: kills, signals, damaged checkpoints, a full disk, a busy run folder, divergence, changed settings on
+resume. A fault is survived when the run ends as it should (exit status, one last line) and, where it goes on,
+its losses equal an uninterrupted run's bit for bit (nothing lost beyond the last checkpoint).
+Bad inputs: each must end in one `titanlite: error:` line, exit 2, no traceback, nothing written.
+Every case runs ./run_train.sh for real (CPU, gloo, the debug model at seq 32); about 30 minutes on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+BASE = [
+    "--training.seq_len",
+    "32",
+    "--metrics.log_freq",
+    "1",
+    "--lr_scheduler.warmup_steps",
+    "2",
+    "--training.steps",
+    "12",
+    "--checkpoint.enable",
+    "--checkpoint.interval",
+    "4",
+]
+LAYOUTS = {1: ["--training.local_batch_size", "8"], 2: ["--training.local_batch_size", "4"]}
+
+
+class Survey:
+    def __init__(self, root: Path):
+        self.root, self.rows, self.references = root, [], {}
+
+    def env(self, **extra) -> dict:
+        e = {**os.environ, "TITANLITE_DEVICE": "cpu", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+        e.pop("TITANLITE_FAULT", None)
+        return {**e, **extra}
+
+    def folder(self, name: str) -> Path:
+        path = self.root / name
+        shutil.rmtree(path, ignore_errors=True)
+        path.mkdir(parents=True)
+        return path
+
+    def args(self, folder: Path, ngpu: int = 1, *extra: str) -> list[str]:
+        return [
+            str(REPO / "run_train.sh"),
+            "--job.dump_folder",
+            str(folder),
+            "--job.name",
+            "run",
+            *BASE,
+            *LAYOUTS[ngpu],
+            *extra,
+        ]
+
+    def run(self, folder: Path, ngpu: int = 1, *extra: str, timeout: int = 600, **env) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            self.args(folder, ngpu, *extra),
+            cwd=REPO,
+            env=self.env(NGPU=str(ngpu), **env),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+    def start(self, folder: Path, ngpu: int = 1, *extra: str, **env) -> subprocess.Popen:
+        return subprocess.Popen(
+            self.args(folder, ngpu, *extra),
+            cwd=REPO,
+            env=self.env(NGPU=str(ngpu), **env),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    def losses(self, folder: Path) -> list[float]:
+        path = folder / "run" / "metrics.jsonl"
+        return [json.loads(line)["loss"] for line in path.read_text().splitlines()] if path.exists() else []
+
+    def reference(self, ngpu: int) -> list[float]:
+        if ngpu not in self.references:
+            folder = self.folder(f"reference{ngpu}")
+            proc = self.run(folder, ngpu)
+            assert proc.returncode == 0, proc.stderr[-2000:]
+            self.references[ngpu] = self.losses(folder)
+        return self.references[ngpu]
+
+    def exact(self, folder: Path, ngpu: int) -> tuple[bool, str]:
+        ours, ref = self.losses(folder), self.reference(ngpu)
+        return ours == ref, "losses equal the uninterrupted run's" if ours == ref else f"losses differ: {ours} vs {ref}"
+
+    def record(self, kind: str, name: str, ok: bool, detail: str) -> None:
+        self.rows.append({"kind": kind, "name": name, "ok": ok, "detail": detail})
+        print(f"{'ok  ' if ok else 'FAIL'} {kind:<9} {name:<44} {detail[:150]}", flush=True)
+
+
+def last_line(proc) -> str:
+    lines = [line for line in (proc.stderr or "").splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+def wait_for_steps(folder: Path, steps: int, job: subprocess.Popen, seconds: float = 180) -> None:
+    deadline = time.time() + seconds
+    path = folder / "run" / "metrics.jsonl"
+    while time.time() < deadline and job.poll() is None:
+        if path.exists() and len(path.read_text().splitlines()) >= steps:
+            return
+        time.sleep(0.1)
+
+
+def launcher_and_workers(job: subprocess.Popen) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(job.pid)], capture_output=True, text=True).stdout.split()
+    return [int(pid) for pid in out]
+
+
+# ---- faults ----------------------------------------------------------------------------------------------
+
+
+def fault_kill_restart(s: Survey, name: str, ngpu: int, spec: str) -> None:
+    folder = s.folder(name)
+    proc = s.run(folder, ngpu, MAX_RESTARTS="1", TITANLITE_FAULT=spec)
+    ok, detail = s.exact(folder, ngpu)
+    s.record("fault", name, proc.returncode == 0 and ok, f"exit {proc.returncode}; {detail}")
+
+
+def fault_signal_then_rerun(s: Survey, name: str, sig: int, to_worker: bool) -> None:
+    folder = s.folder(name)
+    job = s.start(folder, 2)
+    wait_for_steps(folder, 5, job)
+    target = launcher_and_workers(job)[-1] if to_worker else job.pid
+    os.kill(target, sig)
+    job.communicate(timeout=300)
+    first = job.returncode
+    proc = s.run(folder, 2)
+    ok, detail = s.exact(folder, 2)
+    s.record(
+        "fault",
+        name,
+        first == 128 + sig and proc.returncode == 0 and ok,
+        f"exit {first} then {proc.returncode}; {detail}",
+    )
+
+
+def fault_kill_launcher(s: Survey) -> None:
+    folder = s.folder("SIGKILL the launcher, rerun")
+    job = s.start(folder, 2)
+    wait_for_steps(folder, 6, job)
+    workers = launcher_and_workers(job)
+    os.kill(job.pid, signal.SIGKILL)
+    job.communicate(timeout=60)
+    time.sleep(2)
+    orphans = [pid for pid in workers if Path(f"/proc/{pid}").exists()]
+    proc = s.run(folder, 2)
+    ok, detail = s.exact(folder, 2)
+    took_over = "taking it over" in proc.stdout
+    s.record(
+        "fault",
+        "SIGKILL the launcher, rerun",
+        not orphans and took_over and proc.returncode == 0 and ok,
+        f"orphaned workers {orphans}; lock taken over {took_over}; exit {proc.returncode}; {detail}",
+    )
+
+
+def damaged_newest(s: Survey, name: str, damage) -> None:
+    """Train to step 8, damage step-8, rerun to 12: must fall back to step-4 and end with the exact losses."""
+    folder = s.folder(name)
+    first = s.run(folder, 1, "--training.stop_after_step", "8")
+    damage(folder / "run" / "step-8")
+    proc = s.run(folder, 1)
+    fell_back = f"resumed from {folder / 'run' / 'step-4'} at step 4" in proc.stdout
+    ok, detail = s.exact(folder, 1)
+    s.record(
+        "fault",
+        name,
+        first.returncode == 0 and proc.returncode == 0 and fell_back and ok,
+        f"fell back to step-4: {fell_back}; exit {proc.returncode}; {detail}",
+    )
+
+
+def overwrite(path: Path, at: int | None = None, data: bytes = bytes(range(16))) -> None:
+    with open(path, "r+b") as f:
+        f.seek(os.path.getsize(path) // 2 if at is None else at)
+        f.write(data)
+
+
+def fault_all_damaged(s: Survey) -> None:
+    folder = s.folder("every checkpoint damaged")
+    s.run(folder, 1, "--training.stop_after_step", "8")
+    for step in (4, 8):
+        overwrite(next((folder / "run" / f"step-{step}").glob("*.distcp")))
+    before = s.losses(folder)
+    proc = s.run(folder, 1)
+    refused = proc.returncode == 2 and "no usable checkpoint" in last_line(proc) and s.losses(folder) == before
+    fresh = s.run(folder, 1, "--checkpoint.start_from_scratch")
+    ok, detail = s.exact(folder, 1)
+    s.record(
+        "fault",
+        "every checkpoint damaged",
+        refused and fresh.returncode == 0 and ok,
+        f"refused with exit 2 and nothing overwritten: {refused}; start_from_scratch: {detail}",
+    )
+
+
+def fault_full_disk(s: Survey) -> None:
+    folder = s.folder("full disk")
+    disk = folder / "disk"
+    disk.mkdir()
+    mount = f'mount -t tmpfs -o size=30m tmpfs {disk} && exec "$@"'
+    cmd = ["unshare", "-m", "sh", "-c", mount, "tmpfs", *s.args(disk, 1)]
+    proc = subprocess.run(cmd, cwd=REPO, env=s.env(NGPU="1"), capture_output=True, text=True, timeout=600)
+    line = last_line(proc)
+    ok = proc.returncode == 1 and "is full" in line and "Traceback" not in proc.stderr
+    s.record("fault", "full disk during a save", ok, f"exit {proc.returncode}: {line}")
+
+
+def fault_busy_folder(s: Survey) -> None:
+    folder = s.folder("second launch on a busy folder")
+    first = s.start(folder, 1)
+    deadline = time.time() + 120
+    while not (folder / "run" / ".lock").exists() and time.time() < deadline and first.poll() is None:
+        time.sleep(0.1)
+    second = s.run(folder, 1)
+    first.communicate(timeout=600)
+    ok, detail = s.exact(folder, 1)
+    refused = second.returncode == 2 and "is in use by another job" in last_line(second)
+    s.record(
+        "fault",
+        "second launch on a busy folder",
+        refused and first.returncode == 0 and ok,
+        f"second refused: {refused}; first: {detail}",
+    )
+
+
+def fault_nan(s: Survey) -> None:
+    folder = s.folder("NaN loss, rerun")
+    proc = s.run(folder, 2, TITANLITE_FAULT="nan@7")
+    again = s.run(folder, 2)
+    ok, detail = s.exact(folder, 2)
+    s.record(
+        "fault",
+        "NaN loss at step 7, rerun",
+        proc.returncode == 3 and again.returncode == 0 and ok,
+        f"exit {proc.returncode} then {again.returncode}; {detail}",
+    )
+
+
+def fault_divergence(s: Survey) -> None:
+    folder = s.folder("divergence, lower LR")
+    proc = s.run(folder, 1, "--optimizer.lr", "100", "--training.max_norm", "0")
+    again = s.run(folder, 1, "--optimizer.lr", "3e-3", "--training.max_norm", "0")
+    ok = proc.returncode == 3 and again.returncode == 0 and "optimizer.lr 100.0 -> 0.003" in again.stdout
+    s.record("fault", "divergence, resume with a lower LR", ok, f"exit {proc.returncode} then {again.returncode}")
+
+
+def fault_killed_rank_named(s: Survey) -> None:
+    folder = s.folder("killed rank named")
+    proc = s.run(folder, 2, TITANLITE_FAULT="kill@5:1")
+    again = s.run(folder, 2)
+    ok, detail = s.exact(folder, 2)
+    named = last_line(proc).startswith("titanlite: error: rank 1: killed by SIGKILL")
+    s.record(
+        "fault",
+        "rank 1 SIGKILLed without restarts",
+        named and again.returncode == 0 and ok,
+        f"named: {named} ({last_line(proc)[:80]}); rerun: {detail}",
+    )
+
+
+def fault_changed_lr(s: Survey) -> None:
+    folder = s.folder("changed LR on resume")
+    s.run(folder, 1, "--training.stop_after_step", "4")
+    proc = s.run(folder, 1, "--optimizer.lr", "1e-4")
+    records = [json.loads(line) for line in (folder / "run" / "metrics.jsonl").read_text().splitlines()]
+    lr5 = next(r["lr"] for r in records if r["step"] == 5)
+    s.record(
+        "fault",
+        "resume with a new optimizer.lr",
+        proc.returncode == 0 and lr5 < 1e-4 + 1e-12,
+        f"lr at step 5: {lr5:.3g}",
+    )
+
+
+def fault_refused_change(s: Survey, name: str, *change: str) -> None:
+    folder = s.folder(name)
+    s.run(folder, 1, "--training.stop_after_step", "4")
+    before = sorted(p.name for p in (folder / "run").iterdir())
+    proc = s.run(folder, 1, *change)
+    after = sorted(p.name for p in (folder / "run").iterdir())
+    s.record("fault", name, proc.returncode == 2 and before == after, last_line(proc)[:150])
+
+
+def faults(s: Survey) -> None:
+    fault_kill_restart(s, "SIGKILL rank 1 after step 6, restart", 2, "kill@6:1")
+    fault_kill_restart(s, "SIGKILL rank 0 after step 9, restart", 2, "kill@9:0")
+    fault_kill_restart(s, "SIGKILL the only rank after step 5, restart", 1, "kill@5:0")
+    fault_signal_then_rerun(s, "SIGTERM to the launcher, rerun", signal.SIGTERM, to_worker=False)
+    fault_signal_then_rerun(s, "SIGINT to the launcher, rerun", signal.SIGINT, to_worker=False)
+    fault_signal_then_rerun(s, "SIGTERM to a worker, rerun", signal.SIGTERM, to_worker=True)
+    fault_kill_launcher(s)
+    damaged_newest(s, "newest .distcp truncated", lambda p: os.truncate(next(p.glob("*.distcp")), 100))
+    damaged_newest(s, "newest .distcp: 16 bytes overwritten", lambda p: overwrite(next(p.glob("*.distcp"))))
+    damaged_newest(s, "newest: first record header overwritten", lambda p: overwrite(next(p.glob("*.distcp")), at=0))
+    damaged_newest(s, "newest .metadata overwritten", lambda p: overwrite(p / ".metadata", at=0))
+    damaged_newest(s, "newest marker deleted", lambda p: (p / "titanlite.json").unlink())
+    damaged_newest(
+        s,
+        "newest checksums.json deleted + bytes changed",
+        lambda p: ((p / "checksums.json").unlink(), overwrite(next(p.glob("*.distcp")), at=0)),
+    )
+    fault_all_damaged(s)
+    fault_full_disk(s)
+    fault_busy_folder(s)
+    fault_nan(s)
+    fault_divergence(s)
+    fault_killed_rank_named(s)
+    fault_changed_lr(s)
+    fault_refused_change(s, "resume with another training.seq_len", "--training.seq_len", "64")
+    fault_refused_change(s, "resume with another training.seed", "--training.seed", "3")
+    fault_refused_change(s, "resume with another model.n_layers", "--model.n_layers", "2")
+    fault_refused_change(s, "resume with another family", "--config", "train_configs/llama3_debug.toml")
+    fault_refused_change(s, "resume with another tokenizer", "--model.tokenizer", "byte")
+    fault_refused_change(
+        s,
+        "resume with another dataset",
+        "--training.dataset",
+        "local",
+        "--training.dataset_path",
+        str(REPO / "tests" / "data" / "validation.txt"),
+    )
+    fault_refused_change(s, "load_step naming a missing checkpoint", "--checkpoint.load_step", "7")
+
+
+# ---- bad inputs ------------------------------------------------------------------------------------------
+
+BAD_ENV = [
+    ("NGPU", "0"),
+    ("NGPU", "-1"),
+    ("NGPU", "abc"),
+    ("NNODES", "x"),
+    ("MAX_RESTARTS", "-1"),
+    ("TITANLITE_DEVICE", "gpu"),
+    ("TITANLITE_DEVICE", "cuda"),
+]
+BAD_ARGS = [
+    ["--training.stepz", "3"],
+    ["--nosection", "1"],
+    ["--optimizer.lr", "inf"],
+    ["--optimizer.lr", "nan"],
+    ["--optimizer.lr", "-1"],
+    ["--optimizer.lr", "abc"],
+    ["--training.seq_len", "0"],
+    ["--training.local_batch_size", "-2"],
+    ["--training.steps", "0"],
+    ["--metrics.log_freq", "0"],
+    ["--checkpoint.load_step", "7"],
+    ["--checkpoint.load_step", "-5"],
+    ["--config", "train_configs/nope.toml"],
+    ["--model.flavor", "bogus"],
+    ["--model.name", "bert"],
+    ["--training.dataset", "local"],
+    ["--training.dataset", "local", "--training.dataset_path", "/nonexistent/data.jsonl"],
+    ["--checkpoint.exclude_from_loading", "bogus"],
+    ["--lr_scheduler.min_lr_factor", "2"],
+    ["--optimizer.beta1", "1"],
+    ["--model.flavor", "hf", "--model.hf_assets_path", "/nonexistent"],
+    ["--training.global_batch_size", "7"],
+    ["--validation.enable", "--validation.split_fraction", "0"],
+    ["--data.shard_size_mb", "0"],
+    ["--compile.components", "bogus"],
+    ["--activation_checkpoint.mode", "bogus"],
+    ["--profiling.enable_profiling", "--profiling.profile_freq", "1"],
+    ["--checkpoint.async_mode", "bogus"],
+    ["--training.mixed_precision_param", "fp8"],
+    ["--checkpoint.keep_latest_k", "-1"],
+    ["--parallelism.data_parallel_shard_degree", "0"],
+    ["--parallelism.tensor_parallel_degree", "3"],
+    ["--parallelism.pipeline_parallel_degree", "3"],
+    ["--validation.enable", "--validation.seq_len", "100000"],
+    ["--checkpoint.initial_load_path", "/nonexistent/step-3"],
+    ["--training.enable_cpu_offload"],
+    ["--checkpoint.enable", "--checkpoint.start_from_scratch", "--checkpoint.load_step", "3"],
+    ["--training.stop_after_step", "50"],
+    ["--comm.init_timeout_seconds", "0"],
+    ["--training.loss_chunk_tokens", "-7"],
+    ["--validation.freq", "0"],
+    ["--data.num_workers", "-1"],
+]
+
+
+def bad_inputs(s: Survey) -> None:
+    for key, value in BAD_ENV:
+        case(s, f"{key}={value}", [], **{key: value})
+    for args in BAD_ARGS:
+        case(s, " ".join(args), args)
+    file_folder = s.root / "a_file"
+    file_folder.write_text("not a folder")
+    case(s, "job.dump_folder naming a file", ["--job.dump_folder", str(file_folder)])
+
+
+def case(s: Survey, name: str, args: list[str], **env) -> None:
+    folder = s.folder("bad")
+    ngpu = env.pop("NGPU", "1")
+    cmd = [str(REPO / "run_train.sh"), "--job.dump_folder", str(folder), "--job.name", "run", *BASE, *args]
+    proc = subprocess.run(cmd, cwd=REPO, env=s.env(NGPU=ngpu, **env), capture_output=True, text=True, timeout=300)
+    line = last_line(proc)
+    ok = (
+        proc.returncode == 2
+        and line.startswith("titanlite: error: ")
+        and "Traceback" not in proc.stderr
+        and not (folder / "run" / "metrics.jsonl").exists()
+    )
+    s.record("bad input", name, ok, f"exit {proc.returncode}: {line}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--output", default="")
+    parser.add_argument("--part", choices=["all", "faults", "inputs"], default="all")
+    opts = parser.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="titanlite-survey-"))
+    survey = Survey(root)
+    if opts.part in ("all", "faults"):
+        faults(survey)
+    if opts.part in ("all", "inputs"):
+        bad_inputs(survey)
+    for kind in ("fault", "bad input"):
+        rows = [r for r in survey.rows if r["kind"] == kind]
+        if rows:
+            print(f"{kind}s: {sum(r['ok'] for r in rows)} of {len(rows)} handled")
+    if opts.output:
+        Path(opts.output).write_text(json.dumps(survey.rows, indent=1))
+    shutil.rmtree(root, ignore_errors=True)
+    return 0 if all(r["ok"] for r in survey.rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
