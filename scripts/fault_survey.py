@@ -218,8 +218,8 @@ def fault_full_disk(s: Survey) -> None:
     folder = s.folder("full disk")
     disk = folder / "disk"
     disk.mkdir()
-    mount = f'mount -t tmpfs -o size=30m tmpfs {disk} && exec "$@"'
-    cmd = ["unshare", "-m", "sh", "-c", mount, "tmpfs", *s.args(disk, 1)]
+    mount = 'mount -t tmpfs -o size=30m tmpfs "$0" && exec "$@"'
+    cmd = ["unshare", "-m", "sh", "-c", mount, str(disk), *s.args(disk, 1)]
     proc = subprocess.run(cmd, cwd=REPO, env=s.env(NGPU="1"), capture_output=True, text=True, timeout=600)
     line = last_line(proc)
     ok = proc.returncode == 1 and "is full" in line and "Traceback" not in proc.stderr
@@ -259,8 +259,9 @@ def fault_nan(s: Survey) -> None:
 
 def fault_divergence(s: Survey) -> None:
     folder = s.folder("divergence, lower LR")
-    proc = s.run(folder, 1, "--optimizer.lr", "100", "--training.max_norm", "0")
-    again = s.run(folder, 1, "--optimizer.lr", "3e-3", "--training.max_norm", "0")
+    every2 = ["--training.max_norm", "0", "--checkpoint.interval", "2"]  # a checkpoint before it diverges at step 4
+    proc = s.run(folder, 1, "--optimizer.lr", "100", *every2)
+    again = s.run(folder, 1, "--optimizer.lr", "3e-3", *every2)
     ok = proc.returncode == 3 and again.returncode == 0 and "optimizer.lr 100.0 -> 0.003" in again.stdout
     s.record("fault", "divergence, resume with a lower LR", ok, f"exit {proc.returncode} then {again.returncode}")
 

@@ -267,9 +267,15 @@ class Checkpointer:
                     f"step-{', step-'.join(map(str, ignored))} are not loaded, and saves at their steps replace them"
                 )
         elif self.cfg.enable:
-            path = pick_checkpoint(self.run_dir, self.cfg.load_step, self.say, distributed=True)
-            if path is not None:
-                return self.load_dcp(path, train_state)
+            failed: dict[int, str] = {}  # checkpoints whose files verified but DCP could not load
+            while path := pick_checkpoint(self.run_dir, self.cfg.load_step, self.say, distributed=True, known=failed):
+                try:
+                    return self.load_dcp(path, train_state)
+                except UnloadableCheckpoint as e:
+                    if self.cfg.load_step != -1:  # the one asked for: no other will do
+                        raise
+                    self.say(f"  checkpoint: WARNING skipping {path}: {e.reason}")
+                    failed[int(path.name.removeprefix("step-"))] = e.reason
         if self.initial_load_path:
             self.load_initial(Path(self.initial_load_path))
         return False
@@ -368,12 +374,22 @@ def check_resume(job: JobConfig, facts: dict, say=print) -> None:
         changes_since(path, meta, job, facts, excluded_parts(c, meta), say)
 
 
+class UnloadableCheckpoint(ConfigError):
+    """DCP could not load a checkpoint whose files looked whole (one saved without checksums, or of another model)."""
+
+    def __init__(self, path: Path, reason: str):
+        super().__init__(f"{path} cannot be loaded into this run: {reason}")
+        self.reason = reason
+
+
 def dcp_load(state: dict, path: Path) -> None:
-    """dcp.load, with its failures (a CheckpointException, which is a BaseException) as one ConfigError line."""
+    """dcp.load, with its failures (a CheckpointException, which is a BaseException) as one ConfigError line. A
+    failure is collective: every rank raises it, so every rank goes on to the same older checkpoint. Tensors it
+    filled in part are all filled again by the next load."""
     try:
         dcp.load(state, checkpoint_id=str(path), no_dist=not dist.is_initialized())
     except CheckpointException as e:
-        raise ConfigError(f"{path} cannot be loaded into this run: {checkpoint_failure(e)}") from None
+        raise UnloadableCheckpoint(path, checkpoint_failure(e)) from None
 
 
 def checkpoint_failure(e: CheckpointException) -> str:

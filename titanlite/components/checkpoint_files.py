@@ -161,12 +161,13 @@ def pick_checkpoint(
     *,
     distributed: bool = False,
     contents: bool = True,
+    known: dict[int, str] | None = None,
 ) -> Path | None:
     """checkpoint.load_step's folder (an error if it is not usable), or the newest usable one, skipping (with a
     warning naming it and why) any that is incomplete or damaged; None when the folder has no checkpoint.
     Checkpoints exist but none is usable: an error listing each and why (the run would otherwise start over
-    from step 0 without a word)."""
-    steps = complete_steps(run_dir)
+    from step 0 without a word). `known`: steps already found unusable (a load that failed), with why."""
+    steps, known = complete_steps(run_dir), known or {}
     if load_step != -1:
         path = step_dir(run_dir, load_step)
         problem = "it does not exist" if load_step not in steps else agreed_problem(path, distributed, contents)
@@ -176,10 +177,11 @@ def pick_checkpoint(
     skipped = []
     for step in steps:
         path = step_dir(run_dir, step)
-        problem = agreed_problem(path, distributed, contents)
+        problem = known.get(step) or agreed_problem(path, distributed, contents)
         if problem is None:
             return path
-        say(f"  checkpoint: WARNING skipping {path}: {problem}")
+        if step not in known:
+            say(f"  checkpoint: WARNING skipping {path}: {problem}")
         skipped.append(f"step-{step}: {problem}")
     if skipped:
         raise ConfigError(
