@@ -222,7 +222,7 @@ def fault_full_disk(s: Survey) -> None:
     cmd = ["unshare", "-m", "sh", "-c", mount, str(disk), *s.args(disk, 1)]
     proc = subprocess.run(cmd, cwd=REPO, env=s.env(NGPU="1"), capture_output=True, text=True, timeout=600)
     line = last_line(proc)
-    ok = proc.returncode == 1 and "is full" in line and "Traceback" not in proc.stderr
+    ok = proc.returncode == 1 and "ran out of space" in line and "Traceback" not in proc.stderr
     s.record("fault", "full disk during a save", ok, f"exit {proc.returncode}: {line}")
 
 

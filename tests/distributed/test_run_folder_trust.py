@@ -275,9 +275,9 @@ def test_a_full_disk_is_one_line_naming_the_folder(tmp_path):
     proc = subprocess.run(cmd, cwd=REPO, env=env(NGPU="1"), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
-    assert last_line(proc).startswith(f"titanlite: error: rank 0: the disk holding {disk / 'run'} is full ("), (
-        proc.stderr
-    )
+    assert last_line(proc).startswith(
+        f"titanlite: error: rank 0: the disk holding {disk / 'run'} ran out of space ("
+    ), proc.stderr
 
 
 def test_the_killed_rank_is_the_one_named(tmp_path):

@@ -108,12 +108,14 @@ def disk_full(exc: BaseException) -> bool:
 
 
 def no_space(run_dir: Path | None) -> str:
-    """'the disk holding FOLDER is full (N MiB free of M)' and what to do, for the run folder's disk."""
+    """'the disk holding FOLDER ran out of space' and what to do. The free space is the disk's now, after a failed
+    save removed its partial folder, so it is said as such."""
     folder = run_dir if run_dir is not None else Path.cwd()
     probe = next((p for p in (folder, *folder.parents) if p.exists()), Path("/"))
     usage = shutil.disk_usage(probe)
     return (
-        f"the disk holding {folder} is full ({usage.free / 2**20:,.0f} MiB free of {usage.total / 2**20:,.0f}); "
+        f"the disk holding {folder} ran out of space ({usage.free / 2**20:,.0f} of {usage.total / 2**20:,.0f} MiB "
+        "free now); "
         "free space there, or set job.dump_folder to a disk with room"
     )
 
