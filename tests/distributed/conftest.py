@@ -4,7 +4,11 @@ import pytest
 
 from tests.helpers import VALIDATED, metrics, torchrun
 
-CONFIGS = {"gpt2": "train_configs/debug_model.toml", "llama3": "train_configs/llama3_debug.toml"}
+CONFIGS = {
+    "gpt2": "train_configs/debug_model.toml",
+    "llama3": "train_configs/llama3_debug.toml",
+    "qwen3": "train_configs/qwen3_debug.toml",
+}
 
 
 @pytest.fixture(scope="session")

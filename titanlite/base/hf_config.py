@@ -12,11 +12,12 @@ import json
 from pathlib import Path
 
 from titanlite.base.errors import ConfigError
-from titanlite.base.model_args import FAMILY_OF_ARGS, GPT2Args, Llama3RopeScaling, LlamaArgs
+from titanlite.base.hf_decoder import FAMILY_OF_TYPE, decoder_args, decoder_config, refuse
+from titanlite.base.model_args import GPT2Args, LlamaArgs, family_of
 
 CONFIG_FILE = "config.json"
 # Our model family (model.name) of each supported config.json model_type.
-FAMILIES = {"gpt2": "gpt2", "llama": "llama3"}
+FAMILIES = {"gpt2": "gpt2", **FAMILY_OF_TYPE}
 
 
 def is_llama(args) -> bool:
@@ -39,29 +40,7 @@ def hf_config(args, dtype: str = "float32", token_ids: dict | None = None) -> di
     # transformers >= 4.56 reads "dtype"; older versions read "torch_dtype".
     dtypes = {"dtype": dtype, "torch_dtype": dtype}
     if is_llama(args):
-        return {
-            "architectures": ["LlamaForCausalLM"],
-            "model_type": "llama",
-            "hidden_size": args.dim,
-            "intermediate_size": args.ffn_dim,
-            "num_hidden_layers": args.n_layers,
-            "num_attention_heads": args.n_heads,
-            "num_key_value_heads": args.n_kv_heads,
-            "head_dim": args.head_dim,
-            "hidden_act": "silu",
-            "rms_norm_eps": args.norm_eps,
-            "max_position_embeddings": args.max_seq_len,
-            # transformers 5 reads rope_parameters; 4.x reads the top-level rope_theta and rope_scaling.
-            "rope_theta": args.rope_theta,
-            "rope_parameters": {"rope_theta": args.rope_theta, **_rope_scaling_to_hf(args.rope_scaling)},
-            "rope_scaling": _rope_scaling_to_hf(args.rope_scaling) if args.rope_scaling else None,
-            "attention_bias": False,
-            "mlp_bias": False,
-            "attention_dropout": 0.0,
-            "pretraining_tp": 1,
-            **common,
-            **dtypes,
-        }
+        return {**decoder_config(args), **common, **dtypes}
     return {
         "architectures": ["GPT2LMHeadModel"],
         "model_type": "gpt2",
@@ -82,12 +61,6 @@ def hf_config(args, dtype: str = "float32", token_ids: dict | None = None) -> di
         **common,
         **dtypes,
     }
-
-
-def _rope_scaling_to_hf(scaling: Llama3RopeScaling | None) -> dict:
-    if scaling is None:
-        return {"rope_type": "default"}
-    return {"rope_type": "llama3", **dataclasses.asdict(scaling)}
 
 
 def read_json(path: Path) -> dict:
@@ -121,41 +94,30 @@ _GPT2_ACTIVATION_TO_HF = {"gelu_tanh": "gelu_new", "gelu": "gelu"}
 _MOE_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_intermediate_size")
 
 
-def _refuse(where: str, key: str, value, why: str) -> ConfigError:
-    return ConfigError(f"{where} {key}={value!r} is not supported: {why}")
-
-
 def _check_no_unsupported(config: dict, where: str) -> None:
-    """Refuse the fields titanlite does not implement (sliding windows, NoPE layers, MoE, quantization)."""
-    if config.get("sliding_window") not in (None, 0) and config.get("use_sliding_window", True):
-        raise _refuse(where, "sliding_window", config["sliding_window"], "attention is over the whole causal context")
-    layer_types = config.get("layer_types") or []
-    if any(t != "full_attention" for t in layer_types):
-        raise _refuse(where, "layer_types", sorted(set(layer_types)), "every layer has full causal attention")
-    if any(not use for use in config.get("no_rope_layers") or []):
-        raise _refuse(where, "no_rope_layers", "[...0...]", "every layer applies RoPE (no NoPE layers)")
+    """Refuse the fields titanlite does not implement in any family (MoE, quantization)."""
     for key in _MOE_FIELDS:
         if config.get(key):
-            raise _refuse(where, key, config[key], "titanlite has dense MLPs, no mixture of experts")
+            raise refuse(where, key, config[key], "titanlite has dense MLPs, no mixture of experts")
     if config.get("quantization_config"):
-        raise _refuse(where, "quantization_config", "{...}", "titanlite reads unquantized weights only")
+        raise refuse(where, "quantization_config", "{...}", "titanlite reads unquantized weights only")
 
 
 def _gpt2_args(config: dict, where: str) -> GPT2Args:
     dim, n_heads = config["n_embd"], config["n_head"]
     activation = config.get("activation_function", "gelu_new")
     if activation not in _GPT2_ACTIVATIONS:
-        raise _refuse(
+        raise refuse(
             where, "activation_function", activation, f"the MLP's GELU is one of {', '.join(_GPT2_ACTIVATIONS)}"
         )
     if config.get("scale_attn_by_inverse_layer_idx"):
-        raise _refuse(where, "scale_attn_by_inverse_layer_idx", True, "no per-layer attention scaling")
+        raise refuse(where, "scale_attn_by_inverse_layer_idx", True, "no per-layer attention scaling")
     if config.get("scale_attn_weights", True) is not True:
-        raise _refuse(where, "scale_attn_weights", config["scale_attn_weights"], "attention scales by 1/sqrt(head_dim)")
+        raise refuse(where, "scale_attn_weights", config["scale_attn_weights"], "attention scales by 1/sqrt(head_dim)")
     if config.get("add_cross_attention"):
-        raise _refuse(where, "add_cross_attention", True, "titanlite's GPT-2 is a decoder without cross-attention")
+        raise refuse(where, "add_cross_attention", True, "titanlite's GPT-2 is a decoder without cross-attention")
     if dim % n_heads:
-        raise _refuse(where, "n_head", n_heads, f"it must divide n_embd={dim}")
+        raise refuse(where, "n_head", n_heads, f"it must divide n_embd={dim}")
     return GPT2Args(
         dim=dim,
         n_layers=config["n_layer"],
@@ -169,73 +131,17 @@ def _gpt2_args(config: dict, where: str) -> GPT2Args:
     )
 
 
-def _llama_rope(config: dict, where: str) -> tuple[float, Llama3RopeScaling | None]:
-    """rope_theta and the llama3 frequency scaling, from transformers 5's rope_parameters or 4.x's top-level
-    rope_theta and rope_scaling; other RoPE types (linear, dynamic, yarn, longrope) are refused."""
-    rope = {**(config.get("rope_scaling") or {}), **(config.get("rope_parameters") or {})}
-    rope_type = rope.get("rope_type") or rope.get("type") or "default"
-    theta = float(rope.get("rope_theta", config.get("rope_theta", 10000.0)))
-    if rope_type == "default":
-        return theta, None
-    key = "rope_parameters" if config.get("rope_parameters") else "rope_scaling"
-    if rope_type != "llama3":
-        raise ConfigError(
-            f"{where} {key} rope_type={rope_type!r} is not supported: titanlite implements "
-            "unscaled RoPE and Llama 3.1's 'llama3' scaling"
-        )
-    fields = [f.name for f in dataclasses.fields(Llama3RopeScaling)]
-    absent = [f for f in fields if rope.get(f) is None]
-    if absent:
-        raise ConfigError(f"{where} {key} of rope_type 'llama3' lacks {absent[0]!r}")
-    scaling = Llama3RopeScaling(**{f: rope[f] for f in fields})
-    if scaling.high_freq_factor <= scaling.low_freq_factor:
-        raise ConfigError(
-            f"{where} {key} needs high_freq_factor > low_freq_factor, not {scaling.high_freq_factor} "
-            f"and {scaling.low_freq_factor}"
-        )
-    return theta, scaling
-
-
-def _llama_args(config: dict, where: str) -> LlamaArgs:
-    dim, n_heads = config["hidden_size"], config["num_attention_heads"]
-    n_kv_heads = config.get("num_key_value_heads") or n_heads
-    if config.get("hidden_act", "silu") != "silu":
-        raise _refuse(where, "hidden_act", config["hidden_act"], "the MLP is SwiGLU (silu)")
-    for key in ("attention_bias", "mlp_bias"):
-        if config.get(key):
-            raise _refuse(where, key, True, "titanlite's Llama has no biases")
-    if n_heads % n_kv_heads:
-        raise _refuse(where, "num_key_value_heads", n_kv_heads, f"it must divide num_attention_heads={n_heads}")
-    head_dim = config.get("head_dim") or dim // n_heads
-    if head_dim % 2:
-        raise _refuse(where, "head_dim", head_dim, "RoPE rotates pairs, so it must be even")
-    rope_theta, rope_scaling = _llama_rope(config, where)
-    return LlamaArgs(
-        dim=dim,
-        n_layers=config["num_hidden_layers"],
-        n_heads=n_heads,
-        n_kv_heads=n_kv_heads,
-        ffn_dim=config["intermediate_size"],
-        vocab_size=config["vocab_size"],
-        max_seq_len=config.get("max_position_embeddings", 2048),
-        rope_theta=rope_theta,
-        norm_eps=config.get("rms_norm_eps", 1e-6),  # LlamaConfig's defaults where a key is absent
-        tie_embeddings=config.get("tie_word_embeddings", False),
-        head_dim=head_dim,
-        rope_scaling=rope_scaling,
-    )
-
-
 def args_from_hf_config(config: dict, where: str = "config.json") -> GPT2Args | LlamaArgs:
     """Our model arguments from a transformers config.json, any shape. Every field that changes the math is
     honoured or refused with one line naming it. The vocabulary is taken as is (not padded), so the imported
     model's logits match the HF model's column for column."""
     model_type = config.get("model_type")
     if model_type not in FAMILIES:
-        raise ConfigError(f"{where} model_type={model_type!r} is not supported; titanlite reads 'gpt2' and 'llama'")
+        known = ", ".join(repr(t) for t in FAMILIES)
+        raise ConfigError(f"{where} model_type={model_type!r} is not supported; titanlite reads {known}")
     _check_no_unsupported(config, where)
     try:
-        return _gpt2_args(config, where) if model_type == "gpt2" else _llama_args(config, where)
+        return _gpt2_args(config, where) if model_type == "gpt2" else decoder_args(config, where)
     except KeyError as e:
         raise ConfigError(f"{where} for model_type={model_type!r} lacks {e.args[0]!r}") from e
 
@@ -255,6 +161,12 @@ def folder_args(folder: str | Path, seq_len: int) -> GPT2Args | LlamaArgs:
                 f"training.seq_len={seq_len} is longer than the {args.max_seq_len} learned positions of "
                 f"{folder} (n_positions); use training.seq_len <= {args.max_seq_len}"
             )
+        if args.sliding_window:
+            raise ConfigError(
+                f"training.seq_len={seq_len} is longer than the sliding_window={args.sliding_window} of {folder}: "
+                "titanlite attends to the whole context, which equals the window's attention only within it; use "
+                f"training.seq_len <= {args.sliding_window}"
+            )
         args = dataclasses.replace(args, max_seq_len=seq_len)
     return args
 
@@ -269,7 +181,7 @@ def resolve_model_folder(model, explicit: set[str]) -> None:
             "model folder (config.json, safetensors, tokenizer.json)"
         )
     args = folder_model_args(folder)
-    family = FAMILY_OF_ARGS[type(args)]
+    family = family_of(args)
     has_tokenizer = (Path(folder) / "tokenizer.json").is_file()
     wanted = {"model.name": family}
     if has_tokenizer:

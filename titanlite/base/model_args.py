@@ -48,8 +48,23 @@ class Llama3RopeScaling:
     original_max_position_embeddings: int
 
 
+# The families built by the Llama decoder: model.name -> the Hugging Face model_type it reads and writes.
+DECODER_FAMILIES = {
+    "llama3": "llama",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "smollm3": "smollm3",
+    "mistral": "mistral",
+    "olmo2": "olmo2",
+}
+QK_NORMS = ("none", "head", "full")
+NORM_POSITIONS = ("pre", "post")
+
+
 @dataclass
 class LlamaArgs:
+    """The decoder of Llama 3 and the families that change it by a switch (titanlite/models/llama.py)."""
+
     dim: int
     n_layers: int
     n_heads: int
@@ -61,15 +76,44 @@ class LlamaArgs:
     norm_eps: float = 1e-5
     tie_embeddings: bool = False
     head_dim: int = 0
-    """Width of each attention head; 0 means dim // n_heads (some models, e.g. Qwen3 shapes, use others)."""
+    """Width of each attention head; 0 means dim // n_heads (Qwen3 and Mistral set it: 128)."""
     rope_scaling: Llama3RopeScaling | None = None
+    family: str = "llama3"
+    """The model.name this shape belongs to: which Hugging Face model_type an export writes (DECODER_FAMILIES)."""
+    qkv_bias: bool = False
+    """Biases on the query, key and value projections (Qwen2; and every family's attention_bias)."""
+    out_bias: bool = False
+    """A bias on the attention's output projection (attention_bias of Llama, Qwen3, SmolLM3, OLMo2)."""
+    mlp_bias: bool = False
+    """Biases on the three projections of the SwiGLU feed-forward (Llama's mlp_bias)."""
+    qk_norm: str = "none"
+    """RMSNorm of queries and keys before RoPE: "head" normalises each head on its own, with one weight of
+    head_dim shared by the heads (Qwen3); "full" each token's whole query and key projection (OLMo2)."""
+    norm_position: str = "pre"
+    """"pre": each sublayer normalises its input (Llama); "post": each normalises its output, before the
+    residual add, and the blocks have no input norms (OLMo2)."""
+    nope_layers: tuple[int, ...] = ()
+    """Layers that apply no rotary position embedding (SmolLM3's NoPE layers: every 4th)."""
+    sliding_window: int = 0
+    """A Hugging Face model's attention window (Mistral, Qwen), kept for its export; titanlite attends to the
+    whole context, which max_seq_len then keeps within the window, where both are the same."""
 
     def __post_init__(self) -> None:
         if not self.head_dim:
             self.head_dim = self.dim // self.n_heads
+        self.nope_layers = tuple(self.nope_layers)
+        for name, value, allowed in (
+            ("family", self.family, tuple(DECODER_FAMILIES)),
+            ("qk_norm", self.qk_norm, QK_NORMS),
+            ("norm_position", self.norm_position, NORM_POSITIONS),
+        ):
+            if value not in allowed:
+                raise ValueError(f"LlamaArgs.{name}={value!r}; use one of {', '.join(allowed)}")
 
 
 ModelArgs = GPT2Args | LlamaArgs
 
-# Our model family (model.name) of each kind of arguments.
-FAMILY_OF_ARGS = {GPT2Args: "gpt2", LlamaArgs: "llama3"}
+
+def family_of(args: ModelArgs) -> str:
+    """The model.name of a model's arguments."""
+    return "gpt2" if isinstance(args, GPT2Args) else args.family

@@ -106,7 +106,8 @@ def flash_attention_on_meta():
     and the log-sum-exp only. Route it to the CPU flash kernel, whose meta version saves the same."""
     original = F.scaled_dot_product_attention
 
-    def flash(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **kwargs):
+    def flash(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False, **kwargs):
+        # The flash kernels read grouped keys and values as they are (enable_gqa): no per-head copy is saved.
         if attn_mask is not None or dropout_p or kwargs:
             return original(
                 q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, **kwargs

@@ -31,21 +31,50 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 
 def _llama_names(args: LlamaArgs) -> dict[str, str]:
-    """Our parameter name -> HF LlamaForCausalLM name (output.weight included even when tied)."""
+    """Our parameter name -> the HF name in the family's ForCausalLM (output.weight included even when tied).
+    Every decoder family names its tensors as Llama does; OLMo2's post-norms are post_attention_layernorm and
+    post_feedforward_layernorm (where Llama's post_attention_layernorm is the pre-FFN norm)."""
     names = {
         "tok_embeddings.weight": "model.embed_tokens.weight",
         "norm.weight": "model.norm.weight",
         "output.weight": "lm_head.weight",
     }
+    if args.norm_position == "pre":
+        norms = ("input_layernorm", "post_attention_layernorm")
+    else:
+        norms = ("post_attention_layernorm", "post_feedforward_layernorm")
+    projections = [
+        ("wq", "q_proj", args.qkv_bias),
+        ("wk", "k_proj", args.qkv_bias),
+        ("wv", "v_proj", args.qkv_bias),
+        ("wo", "o_proj", args.out_bias),
+    ]
+    mlp = [("w1", "gate_proj"), ("w3", "up_proj"), ("w2", "down_proj")]
     for i in range(args.n_layers):
         ours, hf = f"layers.{i}.", f"model.layers.{i}."
-        names[ours + "attention_norm.weight"] = hf + "input_layernorm.weight"
-        names[ours + "ffn_norm.weight"] = hf + "post_attention_layernorm.weight"
-        for w, proj in (("wq", "q_proj"), ("wk", "k_proj"), ("wv", "v_proj"), ("wo", "o_proj")):
-            names[f"{ours}attention.{w}.weight"] = f"{hf}self_attn.{proj}.weight"
-        for w, proj in (("w1", "gate_proj"), ("w3", "up_proj"), ("w2", "down_proj")):
-            names[f"{ours}feed_forward.{w}.weight"] = f"{hf}mlp.{proj}.weight"
+        names[ours + "attention_norm.weight"] = f"{hf}{norms[0]}.weight"
+        names[ours + "ffn_norm.weight"] = f"{hf}{norms[1]}.weight"
+        for w, proj, bias in projections:
+            for leaf in ("weight", "bias") if bias else ("weight",):
+                names[f"{ours}attention.{w}.{leaf}"] = f"{hf}self_attn.{proj}.{leaf}"
+        if args.qk_norm != "none":
+            for norm in ("q_norm", "k_norm"):
+                names[f"{ours}attention.{norm}.weight"] = f"{hf}self_attn.{norm}.weight"
+        for w, proj in mlp:
+            for leaf in ("weight", "bias") if args.mlp_bias else ("weight",):
+                names[f"{ours}feed_forward.{w}.{leaf}"] = f"{hf}mlp.{proj}.{leaf}"
     return names
+
+
+def rope_heads(args: LlamaArgs, name: str) -> int | None:
+    """How many heads a q/k tensor's rows hold, for the RoPE reordering between our layout and HF's (None: not
+    a tensor RoPE reads): the projections' weights and biases, and the Q/K norms' weights, per head or whole."""
+    kind = name.rsplit(".", 2)[-2]
+    if kind in ("wq", "wk"):
+        return args.n_heads if kind == "wq" else args.n_kv_heads
+    if kind in ("q_norm", "k_norm"):
+        return 1 if args.qk_norm == "head" else (args.n_heads if kind == "q_norm" else args.n_kv_heads)
+    return None
 
 
 def _gpt2_names(args: GPT2Args) -> dict[str, str]:
@@ -69,20 +98,21 @@ def _gpt2_names(args: GPT2Args) -> dict[str, str]:
 
 
 def rope_to_hf(w: torch.Tensor, n_heads: int) -> torch.Tensor:
-    """Reorder each head's rows of a q/k projection from adjacent RoPE pairs (2i, 2i+1) to halves (i, i+hd/2).
+    """Reorder each head's rows of a q/k projection (its weight [out, in], or a bias or norm weight [out]) from
+    adjacent RoPE pairs (2i, 2i+1) to halves (i, i+hd/2).
 
     HF row a*hd/2 + i of a head is our row 2i + a, so HF's rotate_half rotates the same pairs by the same
     angles; q and k get the same reordering, so their dot products, and the logits, do not change."""
-    out_dim, in_dim = w.shape
-    hd = out_dim // n_heads
-    return w.view(n_heads, hd // 2, 2, in_dim).transpose(1, 2).reshape(out_dim, in_dim)
+    rows = w.view(w.shape[0], -1)
+    hd = rows.shape[0] // n_heads
+    return rows.view(n_heads, hd // 2, 2, -1).transpose(1, 2).reshape(w.shape)
 
 
 def rope_from_hf(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     """The inverse of rope_to_hf: halves (i, i+hd/2) back to adjacent pairs (2i, 2i+1)."""
-    out_dim, in_dim = w.shape
-    hd = out_dim // n_heads
-    return w.view(n_heads, 2, hd // 2, in_dim).transpose(1, 2).reshape(out_dim, in_dim)
+    rows = w.view(w.shape[0], -1)
+    hd = rows.shape[0] // n_heads
+    return rows.view(n_heads, 2, hd // 2, -1).transpose(1, 2).reshape(w.shape)
 
 
 def _take(sd: dict, name: str, what: str) -> torch.Tensor:
@@ -100,11 +130,8 @@ def to_hf(args, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     if is_llama(args):
         for ours, hf in _llama_names(args).items():
             t = _take(sd, "tok_embeddings.weight" if tied and ours == "output.weight" else ours, "state dict")
-            if ours.endswith("attention.wq.weight"):
-                t = rope_to_hf(t, args.n_heads)
-            elif ours.endswith("attention.wk.weight"):
-                t = rope_to_hf(t, args.n_kv_heads)
-            out[hf] = t
+            heads = rope_heads(args, ours)
+            out[hf] = t if heads is None else rope_to_hf(t, heads)
         return out
     for ours, hf in _gpt2_names(args).items():
         t = _take(sd, "tok_embeddings.weight" if tied and ours == "output.weight" else ours, "state dict")
@@ -143,10 +170,9 @@ def hf_sources(args) -> dict[str, str]:
 
 def from_hf_tensor(args, name: str, hf: torch.Tensor) -> torch.Tensor:
     """Our parameter `name`'s full value from its Hugging Face tensor (hf_sources[name])."""
-    if name.endswith("attention.wq.weight") and is_llama(args):
-        return rope_from_hf(hf, args.n_heads).contiguous()
-    if name.endswith("attention.wk.weight") and is_llama(args):
-        return rope_from_hf(hf, args.n_kv_heads).contiguous()
+    if is_llama(args):
+        heads = rope_heads(args, name)
+        return hf if heads is None else rope_from_hf(hf, heads).contiguous()
     if not is_llama(args) and ".attention.w" in name and name.rsplit(".", 2)[-2] in ("wq", "wk", "wv"):
         # HF fuses q, k, v into one Conv1D: weight [dim, 3*dim] (q | k | v along the output dim), bias [3*dim].
         fused = hf.t() if name.endswith("weight") else hf
@@ -309,6 +335,12 @@ _MATH_FIELDS = (
     "rope_scaling",
     "norm_eps",
     "activation",
+    "qkv_bias",
+    "out_bias",
+    "mlp_bias",
+    "qk_norm",
+    "norm_position",
+    "nope_layers",
 )
 
 

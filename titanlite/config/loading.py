@@ -18,6 +18,7 @@ else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
 from titanlite.base.errors import ConfigError
+from titanlite.base.flavors import FLAVORS, families_of_flavor
 from titanlite.base.hf_config import resolve_model_folder
 from titanlite.config.sections import DEFAULT_CONFIG, JobConfig, Training, field_types, section_classes, type_name
 
@@ -152,7 +153,25 @@ def parse_config(argv: list[str], default_config: str | None = DEFAULT_CONFIG) -
     validate_values(cfg)
     if cfg.model.flavor == "hf":
         resolve_model_folder(cfg.model, explicit)
+    else:
+        resolve_flavor_family(cfg.model, explicit)
     return cfg
+
+
+def resolve_flavor_family(model, explicit: set[str]) -> None:
+    """A flavor that only one family has (smollm3_3b, qwen3_8b, ...) takes that family when model.name was not set
+    by the user (the default config's gpt2 is a default); one that contradicts an explicit model.name is refused."""
+    if model.flavor in FLAVORS.get(model.name, {}):
+        return
+    families = families_of_flavor(model.flavor)
+    if len(families) != 1:
+        return  # unknown, or several families have it: the registry says which flavors there are
+    if "model.name" in explicit:
+        raise ConfigError(
+            f"model.flavor={model.flavor!r} is a {families[0]} flavor, not a {model.name} one; set "
+            f"model.name = '{families[0]}' or leave it out"
+        )
+    model.name = families[0]
 
 
 def validate_values(cfg: JobConfig) -> None:

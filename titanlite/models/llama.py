@@ -1,4 +1,6 @@
-"""Llama 3: RoPE, RMSNorm, SwiGLU feed-forward, grouped-query attention, no biases.
+"""The Llama decoder: RoPE, RMSNorm, SwiGLU feed-forward, grouped-query attention; and, by switches of its
+arguments (titanlite/base/model_args.py), the families built like it: Q/K/V biases (Qwen2), per-head Q/K norms
+(Qwen3), NoPE layers (SmolLM3), post-norm blocks with whole-projection Q/K norms (OLMo2), Mistral as it is.
 Plain modules with no parallelism inside; the trainer shards them from outside."""
 
 import math
@@ -43,70 +45,84 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class Attention(nn.Module):
-    def __init__(self, args: LlamaArgs):
+    def __init__(self, args: LlamaArgs, use_rope: bool = True):
         super().__init__()
-        self.head_dim = args.head_dim
+        self.head_dim, self.use_rope = args.head_dim, use_rope
+        q_width, kv_width = args.n_heads * args.head_dim, args.n_kv_heads * args.head_dim
         # Separate projections (not one fused qkv) so tensor parallelism can shard each column-wise.
-        self.wq = nn.Linear(args.dim, args.n_heads * args.head_dim, bias=False)
-        self.wk = nn.Linear(args.dim, args.n_kv_heads * args.head_dim, bias=False)
-        self.wv = nn.Linear(args.dim, args.n_kv_heads * args.head_dim, bias=False)
-        self.wo = nn.Linear(args.n_heads * args.head_dim, args.dim, bias=False)
+        self.wq = nn.Linear(args.dim, q_width, bias=args.qkv_bias)
+        self.wk = nn.Linear(args.dim, kv_width, bias=args.qkv_bias)
+        self.wv = nn.Linear(args.dim, kv_width, bias=args.qkv_bias)
+        self.wo = nn.Linear(q_width, args.dim, bias=args.out_bias)
+        self.qk_norm = args.qk_norm
+        if args.qk_norm != "none":  # "head": one weight per head dimension; "full": per projection channel
+            per_head = args.qk_norm == "head"
+            self.q_norm = nn.RMSNorm(args.head_dim if per_head else q_width, eps=args.norm_eps)
+            self.k_norm = nn.RMSNorm(args.head_dim if per_head else kv_width, eps=args.norm_eps)
 
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: LayerCache | None = None
     ) -> torch.Tensor:
         bsz, seqlen, _ = x.shape
-        # The full tables come in and are cut here: under sequence parallelism the block's input
-        # holds a slice of the sequence, but attention sees the whole of it.
-        cos, sin = cos[:seqlen], sin[:seqlen]  # [T, hd/2]
+        q, k, v = self.wq(x), self.wk(x), self.wv(x)  # [B, T, H*hd]
+        if self.qk_norm == "full":
+            q, k = self.q_norm(q), self.k_norm(k)
         # -1 heads: under tensor parallelism the local head counts follow from the sharded weights.
-        q = self.wq(x).view(bsz, seqlen, -1, self.head_dim)  # [B, T, Hq, hd]
-        k = self.wk(x).view(bsz, seqlen, -1, self.head_dim)  # [B, T, Hkv, hd]
-        v = self.wv(x).view(bsz, seqlen, -1, self.head_dim)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q = q.view(bsz, seqlen, -1, self.head_dim)  # [B, T, Hq, hd]
+        k = k.view(bsz, seqlen, -1, self.head_dim)  # [B, T, Hkv, hd]
+        v = v.view(bsz, seqlen, -1, self.head_dim)
+        if self.qk_norm == "head":
+            q, k = self.q_norm(q), self.k_norm(k)
+        if self.use_rope:
+            # The full tables come in and are cut here: under sequence parallelism the block's input
+            # holds a slice of the sequence, but attention sees the whole of it.
+            cos, sin = cos[:seqlen], sin[:seqlen]  # [T, hd/2]
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H, T, hd]
         if cache is None:
-            out = self.causal_attention(q, k, v)
-        else:
-            # The cache keeps H_kv heads (not repeated) and attends over the cached positions too.
-            out = cache.attend(*(t.transpose(1, 2) for t in (q, k, v)))  # [B, Hq, T, hd]
+            out = causal_attention(q, k, v)
+        else:  # the cache keeps H_kv heads and attends over the cached positions too
+            out = cache.attend(q, k, v)  # [B, Hq, T, hd]
         out = out.transpose(1, 2).reshape(bsz, seqlen, -1)  # [B, T, Hq*hd]
         return self.wo(out)
 
-    @staticmethod
-    def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """Causal attention [B, Hq, T, hd] of q [B, T, Hq, hd] over k, v [B, T, Hkv, hd]."""
-        # Grouped-query attention: query head j reads key/value head j // n_rep.
-        n_rep = q.shape[2] // k.shape[2]
-        if n_rep > 1:
-            k = k.repeat_interleave(n_rep, dim=2)  # [B, T, Hq, hd]
-            v = v.repeat_interleave(n_rep, dim=2)
-        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, Hq, T, hd]
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal attention [B, Hq, T, hd] of q [B, Hq, T, hd] over k, v [B, Hkv, T, hd]: grouped-query attention
+    (query head j reads key/value head j // (Hq / Hkv)) inside the kernel, without copying K and V per head."""
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=q.shape[1] != k.shape[1])
 
 
 class FeedForward(nn.Module):
-    def __init__(self, dim: int, hidden_dim: int):
+    def __init__(self, dim: int, hidden_dim: int, bias: bool = False):
         super().__init__()
-        self.w1 = nn.Linear(dim, hidden_dim, bias=False)  # gate
-        self.w2 = nn.Linear(hidden_dim, dim, bias=False)  # down
-        self.w3 = nn.Linear(dim, hidden_dim, bias=False)  # up
+        self.w1 = nn.Linear(dim, hidden_dim, bias=bias)  # gate
+        self.w2 = nn.Linear(hidden_dim, dim, bias=bias)  # down
+        self.w3 = nn.Linear(dim, hidden_dim, bias=bias)  # up
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
 
 class TransformerBlock(nn.Module):
-    def __init__(self, args: LlamaArgs):
+    """Pre-norm (each sublayer normalises its input), or post-norm (each normalises its output before the
+    residual add: OLMo2); `attention_norm` and `ffn_norm` are the two norms either way."""
+
+    def __init__(self, args: LlamaArgs, layer: int = 0):
         super().__init__()
+        self.post_norm = args.norm_position == "post"
         # nn.RMSNorm runs torch.nn.functional.rms_norm, a fused kernel where the backend has one.
         self.attention_norm = nn.RMSNorm(args.dim, eps=args.norm_eps)
-        self.attention = Attention(args)
+        self.attention = Attention(args, use_rope=layer not in args.nope_layers)
         self.ffn_norm = nn.RMSNorm(args.dim, eps=args.norm_eps)
-        self.feed_forward = FeedForward(args.dim, args.ffn_dim)
+        self.feed_forward = FeedForward(args.dim, args.ffn_dim, bias=args.mlp_bias)
 
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: LayerCache | None = None
     ) -> torch.Tensor:
+        if self.post_norm:
+            h = x + self.attention_norm(self.attention(x, cos, sin, cache=cache))
+            return h + self.ffn_norm(self.feed_forward(h))
         h = x + self.attention(self.attention_norm(x), cos, sin, cache=cache)
         return h + self.feed_forward(self.ffn_norm(h))
 
@@ -123,7 +139,7 @@ class Llama(nn.Module):
         self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
         # A ModuleDict keyed by layer index keeps parameter names stable when a pipeline stage
         # deletes the layers it does not own.
-        self.layers = nn.ModuleDict({str(i): TransformerBlock(args) for i in range(args.n_layers)})
+        self.layers = nn.ModuleDict({str(i): TransformerBlock(args, i) for i in range(args.n_layers)})
         self.norm = nn.RMSNorm(args.dim, eps=args.norm_eps)
         self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
         self.tie_weights()
@@ -174,9 +190,11 @@ class Llama(nn.Module):
         std = 0.02
         # Residual projections are scaled down so the residual stream's variance does not grow with depth.
         residual_std = std / math.sqrt(2 * self.args.n_layers)
-        if leaf != "weight":
+        if leaf == "bias" and parent in ("wq", "wk", "wv", "wo", "w1", "w2", "w3"):
+            nn.init.zeros_(full)
+        elif leaf != "weight":
             raise KeyError(f"Llama.init_param: unknown parameter {name!r}")
-        if parent in ("attention_norm", "ffn_norm", "norm"):
+        elif parent in ("attention_norm", "ffn_norm", "norm", "q_norm", "k_norm"):
             nn.init.ones_(full)
         elif parent == "tok_embeddings" or (parent == "output" and self.args.tie_embeddings):
             nn.init.normal_(full, mean=0.0, std=std, generator=generator)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from titanlite.base.errors import ConfigError
+from titanlite.base.flavors import FLAVORS
 from titanlite.base.hf_config import folder_args
 from titanlite.base.model_args import GPT2Args, LlamaArgs, ModelArgs
 from titanlite.models.gpt2 import GPT2
@@ -19,64 +20,6 @@ MODEL_CLASSES = {GPT2Args: GPT2, LlamaArgs: Llama}
 def pad_vocab(vocab_size: int, multiple: int = 64) -> int:
     """Round the vocabulary up to a multiple of 64: fewer odd matmul shapes on GPUs."""
     return -(-vocab_size // multiple) * multiple
-
-
-# vocab_size here is a placeholder; build_model sets it from the tokenizer.
-FLAVORS: dict[str, dict[str, GPT2Args | LlamaArgs]] = {
-    "gpt2": {
-        "debug": GPT2Args(dim=64, n_layers=4, n_heads=4, vocab_size=0),
-        "124M": GPT2Args(dim=768, n_layers=12, n_heads=12, vocab_size=0),
-        "355M": GPT2Args(dim=1024, n_layers=24, n_heads=16, vocab_size=0),
-        "774M": GPT2Args(dim=1280, n_layers=36, n_heads=20, vocab_size=0),
-        "1.5B": GPT2Args(dim=1600, n_layers=48, n_heads=25, vocab_size=0),
-    },
-    "llama3": {
-        "debug": LlamaArgs(dim=64, n_layers=4, n_heads=4, n_kv_heads=2, ffn_dim=192, vocab_size=0),
-        # Llama 3.2 1B.
-        "1B": LlamaArgs(
-            dim=2048,
-            n_layers=16,
-            n_heads=32,
-            n_kv_heads=8,
-            ffn_dim=8192,
-            vocab_size=0,
-            max_seq_len=8192,
-            tie_embeddings=True,
-        ),
-        # The SmolLM3-3B shape.
-        "3B": LlamaArgs(
-            dim=2048,
-            n_layers=36,
-            n_heads=16,
-            n_kv_heads=4,
-            ffn_dim=11008,
-            vocab_size=0,
-            max_seq_len=8192,
-            tie_embeddings=True,
-        ),
-        "8B": LlamaArgs(
-            dim=4096,
-            n_layers=32,
-            n_heads=32,
-            n_kv_heads=8,
-            ffn_dim=14336,
-            vocab_size=0,
-            max_seq_len=8192,
-            tie_embeddings=False,
-        ),
-        # Llama 3 70B (for planning on many GPUs: `titanlite plan --model.flavor 70B`).
-        "70B": LlamaArgs(
-            dim=8192,
-            n_layers=80,
-            n_heads=64,
-            n_kv_heads=8,
-            ffn_dim=28672,
-            vocab_size=0,
-            max_seq_len=8192,
-            tie_embeddings=False,
-        ),
-    },
-}
 
 
 def model_args(name: str, flavor: str, vocab_size: int, max_seq_len: int, n_layers: int = 0):
@@ -94,12 +37,23 @@ def model_args(name: str, flavor: str, vocab_size: int, max_seq_len: int, n_laye
     if max_seq_len <= 0:
         raise ConfigError(f"training.seq_len={max_seq_len} must be positive")
     base = FLAVORS[name][flavor]
+    if base.vocab_size and vocab_size > base.vocab_size:
+        raise ConfigError(
+            f"model.flavor={flavor!r} embeds {base.vocab_size} token ids, fewer than the tokenizer's {vocab_size}; "
+            "use the model's own tokenizer (model.tokenizer = 'hf' with its folder), or one with fewer ids"
+        )
+    depth = {}
+    if n_layers:
+        depth["n_layers"] = n_layers
+        if isinstance(base, LlamaArgs) and base.nope_layers:  # keep the NoPE pattern for the new depth
+            interval = base.nope_layers[0] + 1
+            depth["nope_layers"] = tuple(i for i in range(n_layers) if (i + 1) % interval == 0)
     # Positions (learned for GPT-2, RoPE tables for Llama) must cover the training sequence length.
     return dataclasses.replace(
         base,
-        vocab_size=pad_vocab(vocab_size),
+        vocab_size=base.vocab_size or pad_vocab(vocab_size),
         max_seq_len=max(base.max_seq_len, max_seq_len),
-        n_layers=n_layers or base.n_layers,
+        **depth,
     )
 
 

@@ -78,10 +78,21 @@ def gpt2_plan(model: nn.Module) -> dict:
 
 
 def llama_plan(model: nn.Module) -> dict:
+    """Biases shard with their column-wise weights (and stay whole after the row-wise ones). Per-head Q/K norms
+    (Qwen3) see this rank's heads: their weight is replicated and its gradient, a partial sum per rank, is
+    summed over TP (SequenceParallel over the heads' dimension). Post-norm blocks (OLMo2) normalise the
+    sequence-sharded outputs of the sublayers, with the same SequenceParallel norms."""
+    per_head_norms = {}
+    if model.args.qk_norm == "head":
+        per_head_norms = {
+            f"attention.{norm}": SequenceParallel(sequence_dim=2, use_local_output=True)
+            for norm in ("q_norm", "k_norm")
+        }
     return {
         f"layers.{i}.{name}": style
         for i in model.layers
         for name, style in {
+            **per_head_norms,
             "attention_norm": SequenceParallel(),
             # attention(x, cos, sin): gather x's sequence; the RoPE tables are plain replicated tensors.
             "attention": PrepareModuleInput(
@@ -104,11 +115,20 @@ def llama_plan(model: nn.Module) -> dict:
 TP_PLANS = {GPT2: gpt2_plan, Llama: llama_plan}
 
 
+# What a model that cannot be split at all gives as the size a TP degree must divide (only 1 does).
+UNSPLITTABLE = {
+    "qk_norm": "model qk_norm 'full' (OLMo2: a norm over each token's whole query and key, which "
+    "tensor parallelism splits over ranks)"
+}
+
+
 def tp_split_sizes(args) -> dict[str, int]:
     """The model sizes a tensor-parallel degree must divide (with training.seq_len, for sequence parallelism)."""
     sizes = {"n_heads": args.n_heads}
     if hasattr(args, "n_kv_heads"):
         sizes["n_kv_heads"] = args.n_kv_heads
+    if getattr(args, "qk_norm", "none") == "full":
+        sizes["qk_norm"] = 1
     return sizes | {"ffn_dim": args.ffn_dim, "vocab_size": args.vocab_size}
 
 
@@ -121,6 +141,9 @@ def check_tp_degree(tp: int, args, seq_len: int) -> None:
     if tp == 1:
         return
     sizes = {**tp_split_sizes(args), "training.seq_len": seq_len}
+    for key, why in UNSPLITTABLE.items():
+        if key in sizes:
+            raise ConfigError(f"parallelism.tensor_parallel_degree={tp} cannot split the {why}; use 1")
     bad = {name: size for name, size in sizes.items() if size % tp}
     if bad:
         valid = [d for d in range(1, min(sizes.values()) + 1) if all(size % d == 0 for size in sizes.values())]

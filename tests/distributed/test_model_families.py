@@ -1,0 +1,71 @@
+"""The Llama decoder's families on real layouts (gloo, fp32): Qwen3 (per-head Q/K norms, head_dim 32 of dim 64 /
+4 heads) trains with the single-process losses, grad norms and validation losses on FSDP x 2, TP x 2 and PP x 2;
+Hugging Face folders of each family import with transformers' logits on FSDP x 2 and TP x 2."""
+
+import pytest
+import torch
+
+from tests.distributed.conftest import CONFIGS
+from tests.distributed.test_hf_layouts import layout_logits
+from tests.helpers import VALIDATED, assert_matches, metrics, torchrun
+
+pytestmark = pytest.mark.distributed
+
+LAYOUTS = {
+    "fsdp2": (2, ["--training.local_batch_size", "4"]),
+    "tp2": (
+        2,
+        [
+            "--training.local_batch_size",
+            "8",
+            "--parallelism.tensor_parallel_degree",
+            "2",
+            "--parallelism.data_parallel_shard_degree",
+            "1",
+        ],
+    ),
+    "pp2": (
+        2,
+        [
+            "--training.local_batch_size",
+            "8",
+            "--parallelism.pipeline_parallel_degree",
+            "2",
+            "--parallelism.data_parallel_shard_degree",
+            "1",
+        ],
+    ),
+}
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_qwen3_on_a_layout_matches_one_process(tmp_path, reference, layout):
+    nproc, args = LAYOUTS[layout]
+    proc = torchrun(nproc, ["--config", CONFIGS["qwen3"], *VALIDATED, *args], tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert "model qwen3 debug" in proc.stdout
+    assert_matches(metrics(tmp_path), reference("qwen3"))
+
+
+SLOW = pytest.mark.slow
+CASES = [
+    pytest.param("qwen3", "tp2", id="qwen3-tp2"),
+    pytest.param("olmo2", "fsdp2", id="olmo2-fsdp2"),
+    pytest.param("qwen3", "fsdp2", id="qwen3-fsdp2", marks=SLOW),
+    pytest.param("qwen2", "tp2", id="qwen2-tp2", marks=SLOW),
+    pytest.param("smollm3", "tp2", id="smollm3-tp2", marks=SLOW),
+    pytest.param("mistral", "fsdp2", id="mistral-fsdp2", marks=SLOW),
+    pytest.param("qwen3-tied-bias", "tp2", id="qwen3-tied-bias-tp2", marks=SLOW),
+]
+
+
+@pytest.mark.parametrize("case, layout", CASES)
+def test_a_family_imports_on_a_layout_with_transformers_logits(tmp_path, case, layout):
+    from tests.unit.test_hf_families import VOCAB, assert_logits_match, random_model
+
+    hf = random_model(case)
+    hf.save_pretrained(tmp_path / "hf", max_shard_size="100KB")  # sharded: read tensor by tensor on each rank
+    tokens = torch.randint(0, VOCAB, (2, 48), generator=torch.Generator().manual_seed(4))
+    ours = layout_logits(tmp_path, tmp_path / "hf", tokens, layout)
+    with torch.no_grad():
+        assert_logits_match(ours, hf(tokens).logits)

@@ -1,0 +1,274 @@
+"""The families the Llama decoder builds by switches (Qwen2/2.5, Qwen3, SmolLM3, Mistral, OLMo2, and Llama's own
+biases) against `transformers` itself: random models of unusual shapes (GQA, head_dim != hidden / heads, tied
+and untied) import with transformers' logits to 1e-5 (fp32), both RoPE forms of config.json; greedy generation
+equals transformers'; a few training steps, then an export that transformers loads as the same class, with our
+logits; what is not implemented is refused in one line; the published shapes count transformers' parameters."""
+
+import dataclasses
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+transformers = pytest.importorskip(
+    "transformers", reason="transformers is an optional test dependency (pip install .[hf])"
+)
+
+from tests.helpers import REPO, env  # noqa: E402
+from titanlite.base.errors import ConfigError  # noqa: E402
+from titanlite.base.flavors import FLAVORS  # noqa: E402
+from titanlite.base.hf_config import args_from_hf_config, folder_args, hf_config  # noqa: E402
+from titanlite.commands.generate import generate  # noqa: E402
+from titanlite.components.hf_weights import load_hf_into, save_hf  # noqa: E402
+from titanlite.config import parse_config  # noqa: E402
+from titanlite.models.init import init_weights  # noqa: E402
+from titanlite.models.registry import configured_model, model_from_args  # noqa: E402
+from titanlite.parallel.tensor_parallel import check_tp_degree  # noqa: E402
+
+RTOL = 1e-5
+VOCAB = 300
+# GQA (6 query heads, 2 key/value heads) and head_dim 24, not 96 / 6 = 16; untied; 4 layers.
+SHAPE = dict(
+    hidden_size=96,
+    intermediate_size=200,
+    num_hidden_layers=4,
+    num_attention_heads=6,
+    num_key_value_heads=2,
+    head_dim=24,
+    vocab_size=VOCAB,
+    max_position_embeddings=128,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=False,
+    pad_token_id=None,
+    bos_token_id=None,
+    eos_token_id=None,
+)
+FAMILIES = {
+    "qwen2": lambda: transformers.Qwen2Config(**{k: v for k, v in SHAPE.items() if k != "head_dim"}),
+    "qwen3": lambda: transformers.Qwen3Config(**SHAPE),
+    "qwen3-tied-bias": lambda: transformers.Qwen3Config(**{**SHAPE, "tie_word_embeddings": True}, attention_bias=True),
+    "smollm3": lambda: transformers.SmolLM3Config(**SHAPE, no_rope_layer_interval=2),
+    "mistral": lambda: transformers.MistralConfig(**SHAPE, sliding_window=None),
+    "olmo2": lambda: transformers.Olmo2Config(**{**SHAPE, "num_key_value_heads": 6}),
+    "llama-biases": lambda: transformers.LlamaConfig(**SHAPE, attention_bias=True, mlp_bias=True),
+}
+CLASSES = {
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "smollm3": "SmolLM3ForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "olmo2": "Olmo2ForCausalLM",
+    "llama3": "LlamaForCausalLM",
+}
+
+
+def random_model(case: str):
+    """A transformers model of the case's family, its weights moved off their init (norms and biases too)."""
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(FAMILIES[case]())
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    return model.eval()
+
+
+def imported(folder, seq_len: int = 64):
+    """The folder's model built and filled as a run does (model.flavor = "hf"), on the CPU."""
+    cfg = parse_config(
+        [
+            "--model.flavor",
+            "hf",
+            "--model.hf_assets_path",
+            str(folder),
+            "--model.tokenizer",
+            "byte",
+            "--training.seq_len",
+            str(seq_len),
+        ]
+    )
+    model = configured_model(cfg.model, 257, seq_len)
+    load_hf_into([model], folder)
+    return model.eval()
+
+
+def assert_logits_match(ours: torch.Tensor, theirs: torch.Tensor) -> None:
+    scale = theirs.abs().max()
+    assert (ours - theirs).abs().max() <= RTOL * scale, ((ours - theirs).abs().max() / scale).item()
+
+
+@pytest.mark.parametrize("case", FAMILIES)
+def test_a_family_imports_with_transformers_logits(tmp_path, case):
+    hf = random_model(case)
+    hf.save_pretrained(tmp_path)
+    ours = imported(tmp_path)
+    tokens = torch.randint(0, VOCAB, (2, 48), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert_logits_match(ours(tokens), hf(tokens).logits)
+
+
+@pytest.mark.parametrize("case", ["qwen3", "smollm3"])
+def test_the_older_top_level_rope_form_reads_the_same(tmp_path, case):
+    """transformers 4.x folders keep rope_theta (and rope_scaling) at the top level, not in rope_parameters."""
+    hf = random_model(case)
+    hf.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    theta = config["rope_parameters"]["rope_theta"]
+    config.pop("rope_parameters")
+    (tmp_path / "config.json").write_text(json.dumps({**config, "rope_theta": theta, "rope_scaling": None}))
+    assert args_from_hf_config(config | {"rope_theta": theta}).rope_theta == theta
+    tokens = torch.randint(0, VOCAB, (1, 40), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        assert_logits_match(imported(tmp_path)(tokens), hf(tokens).logits)
+
+
+@pytest.mark.parametrize("case", ["qwen2", "qwen3", "smollm3", "olmo2"])
+def test_greedy_generation_equals_transformers(tmp_path, case):
+    hf = random_model(case)
+    hf.save_pretrained(tmp_path)
+    ours = imported(tmp_path)
+    prompt = [5, 17, 42, 7, 99]
+    result = generate(ours, prompt, max_new_tokens=12, vocab_size=VOCAB)
+    with torch.no_grad():
+        theirs = hf.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, pad_token_id=0)
+    assert result.new_ids == theirs[0, len(prompt) :].tolist()
+
+
+@pytest.mark.parametrize("family", ["llama3", "qwen2", "qwen3", "smollm3", "olmo2", "mistral"])
+def test_a_trained_model_exports_as_its_own_class_with_our_logits(tmp_path, family):
+    args = dataclasses.replace(FLAVORS[family]["debug"], vocab_size=320, max_seq_len=64)
+    ours = model_from_args(args)
+    init_weights(ours, 0)
+    optimizer = torch.optim.AdamW(ours.parameters(), lr=1e-2)
+    tokens = torch.randint(0, 320, (4, 33), generator=torch.Generator().manual_seed(3))
+    for _ in range(3):  # a few steps, so the norms and biases leave their initial ones and zeros
+        logits = ours(tokens[:, :-1])
+        torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten()).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    ours.eval()
+    save_hf(tmp_path, args, ours.state_dict())
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert type(hf).__name__ == CLASSES[family]
+    assert json.loads((tmp_path / "config.json").read_text())["model_type"] == hf.config.model_type
+    with torch.no_grad():
+        assert_logits_match(ours(tokens), hf(tokens).logits)
+    assert args_from_hf_config(hf.config.to_dict()) == dataclasses.replace(args, vocab_size=320)
+
+
+REFUSED = {
+    "model_type='gemma'": lambda c: {**c, "model_type": "gemma"},
+    "mlp_bias=True": lambda c: {**c, "mlp_bias": True},
+    "rope_type='yarn'": lambda c: {**c, "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}},
+    "layer_types=['chunked_attention']": lambda c: {**c, "layer_types": ["chunked_attention"] * 4},
+    "num_experts=8": lambda c: {**c, "num_experts": 8},
+}
+
+
+@pytest.mark.parametrize("field", REFUSED)
+def test_what_titanlite_does_not_implement_is_refused_in_one_line(field):
+    config = REFUSED[field](random_model("qwen3").config.to_dict())
+    with pytest.raises(ConfigError, match=field.replace("[", r"\[")) as e:
+        args_from_hf_config(config)
+    assert "\n" not in str(e.value)
+
+
+def test_a_sliding_window_shorter_than_the_sequence_is_refused_naming_it(tmp_path):
+    config = transformers.MistralConfig(**SHAPE, sliding_window=32)
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
+    assert folder_args(tmp_path, 32).max_seq_len == 32  # within the window: full attention is the same
+    with pytest.raises(ConfigError, match="training.seq_len=48 is longer than the sliding_window=32 of"):
+        folder_args(tmp_path, 48)
+
+
+def test_olmo2s_whole_projection_norm_refuses_tensor_parallelism():
+    with pytest.raises(ConfigError, match="tensor_parallel_degree=2 cannot split the model qk_norm 'full'"):
+        check_tp_degree(2, FLAVORS["olmo2"]["debug"], 32)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "titanlite.commands.cli",
+            "check",
+            "--world-size",
+            "2",
+            "--model.name",
+            "olmo2",
+            "--parallelism.tensor_parallel_degree",
+            "2",
+        ],
+        cwd=REPO,
+        env=env(),
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "cannot split the model qk_norm 'full'" in proc.stderr
+
+
+def test_a_switch_its_family_cannot_express_is_not_exported(tmp_path):
+    args = dataclasses.replace(FLAVORS["qwen2"]["debug"], vocab_size=320, qk_norm="head")
+    with pytest.raises(ConfigError, match="a qwen2 config.json cannot express qk_norm='head'"):
+        hf_config(args)
+
+
+PUBLISHED = [
+    (family, flavor)
+    for family, flavors in FLAVORS.items()
+    for flavor in flavors
+    if family not in ("gpt2", "llama3") and flavor != "debug"
+]
+
+
+@pytest.mark.parametrize("family, flavor", PUBLISHED)
+def test_a_published_shape_counts_transformers_parameters(family, flavor):
+    """Built from our config.json of the flavor, transformers' model (on the meta device) has our parameters."""
+    with torch.device("meta"):
+        ours = model_from_args(FLAVORS[family][flavor])
+        config = transformers.AutoConfig.for_model(**hf_config(FLAVORS[family][flavor]))
+        theirs = transformers.AutoModelForCausalLM.from_config(config)
+    assert type(theirs).__name__ == CLASSES[family]
+    count = lambda m: sum(p.numel() for p in {id(p): p for p in m.parameters()}.values())  # noqa: E731
+    assert count(ours) == count(theirs), (count(ours), count(theirs))
+
+
+def test_plan_of_smollm3_3b_counts_transformers_parameters():
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "titanlite.commands.cli",
+            "plan",
+            "--model.flavor",
+            "smollm3_3b",
+            "--ngpu",
+            "4",
+            "--training.seq_len",
+            "8192",
+        ],
+        cwd=REPO,
+        env=env(),
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr
+    config = transformers.SmolLM3Config(
+        vocab_size=128256,
+        hidden_size=2048,
+        intermediate_size=11008,
+        num_hidden_layers=36,
+        num_attention_heads=16,
+        num_key_value_heads=4,
+        tie_word_embeddings=True,
+    )
+    with torch.device("meta"):
+        expected = sum(p.numel() for p in transformers.SmolLM3ForCausalLM(config).parameters())
+    assert f"titanlite plan: smollm3 smollm3_3b, {expected:,} parameters" in proc.stdout, proc.stdout[:400]
+    assert "recommended:" in proc.stdout and "ZeRO-3 4 (config)" in proc.stdout
+
+
+def test_a_flavor_only_one_family_has_selects_it():
+    assert parse_config(["--model.flavor", "qwen3_8b"]).model.name == "qwen3"
+    with pytest.raises(ConfigError, match="model.flavor='qwen3_8b' is a qwen3 flavor, not a gpt2 one"):
+        parse_config(["--model.name", "gpt2", "--model.flavor", "qwen3_8b"])
