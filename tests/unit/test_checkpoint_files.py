@@ -120,3 +120,17 @@ def test_a_resume_takes_optimizer_changes_and_refuses_data_and_model_ones():
         resume_changes(flat_config(base), facts, base, {**facts, "tokenizer": "u"}, set(), "step-5")
     fresh_weights = {"model", "optimizer"}
     assert resume_changes(flat_config(base), facts, base, {**facts, "tokenizer": "u"}, fresh_weights, "s") == []
+
+
+def test_the_run_facts_a_checkpoint_records_compare_equal_after_its_json():
+    """Tuples in the model's arguments (SmolLM3's NoPE layers) come back from JSON as lists: the facts a run
+    compares with a checkpoint's must be in that form already, or every resume would be refused."""
+    from types import SimpleNamespace
+
+    from titanlite.builder.run import run_facts
+
+    cfg = parse_config(["--config", "train_configs/qwen3_debug.toml", "--model.name", "smollm3"])
+    facts = run_facts(cfg, SimpleNamespace(vocab_size=50257, fingerprint="t"), SimpleNamespace(windows=[0] * 7))
+    assert facts["model"]["nope_layers"] == [3]
+    assert json.loads(json.dumps(facts)) == facts
+    assert resume_changes(flat_config(cfg), json.loads(json.dumps(facts)), cfg, facts, set(), "step-5") == []

@@ -52,7 +52,8 @@ def run_facts(cfg: JobConfig, tokenizer, corpus) -> dict:
     """What a checkpoint records beside the config, for a resume to be checked against: the model's shape, the
     tokenizer's fingerprint and the training corpus's window count (sources changed behind the same keys)."""
     args = configured_args(cfg.model, tokenizer.vocab_size, cfg.training.seq_len)
-    return {"model": asdict(args), "tokenizer": tokenizer.fingerprint, "windows": len(corpus.windows)}
+    facts = {"model": asdict(args), "tokenizer": tokenizer.fingerprint, "windows": len(corpus.windows)}
+    return json.loads(json.dumps(facts))  # as a checkpoint's JSON gives them back (tuples become lists)
 
 
 def keep_metrics_up_to(path: Path, step: int) -> None:
