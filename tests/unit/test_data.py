@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+import titanlite.data.readers as readers_module
 import titanlite.data.sources as sources_module
 import titanlite.data.store as store_module
 from titanlite.base.errors import ConfigError
@@ -120,7 +121,9 @@ def test_a_store_is_shards_of_ids_plus_a_manifest_and_reopens_by_memory_map(tmp_
     assert manifest["dtype"] == "<u2" and manifest["tokenizer"] == "byte" and manifest["documents"] == 40
     assert store.num_shards == len(manifest["shards"]) > 3, "a large file is cut into several shards"
     assert sum(s["tokens"] for s in manifest["shards"]) == len(store) == manifest["tokens"]
-    assert [r["path"] for r in manifest["sources"]] == [str(data / "docs.jsonl")]
+    assert manifest["files"] == 1 and manifest["listing"], "the listing's fingerprint: what ranks compare"
+    sources = json.loads((store.path / "sources.json").read_text())  # per file: what check compares
+    assert [r["path"] for r in sources] == [str(data / "docs.jsonl")] and sources[0]["sha256"]
     assert all(isinstance(a, np.memmap) and not a.flags.writeable for a in store.arrays)
     assert list(store.read(0, len(store))) == byte_ids(*docs)
     assert not list(store.path.glob("*.tmp")) and not (store.path / "progress.jsonl").exists()
@@ -254,7 +257,7 @@ def test_worker_processes_build_the_same_store_as_one_process(tmp_path):
 
 
 def test_a_huge_txt_is_cut_where_tokenisation_is_unaffected(tmp_path, monkeypatch):
-    monkeypatch.setattr(sources_module, "BATCH_CHARS", 1000)  # fragments of a piece, too
+    monkeypatch.setattr(readers_module, "BATCH_CHARS", 1000)  # fragments of a piece, too
     text = "".join(f"Line {i}: some words,  spaces and\ttabs.\n\n  indented {i % 7}\n" for i in range(2000))
     corpus = tmp_path / "big.txt"
     corpus.write_text(text)
@@ -287,7 +290,7 @@ def test_local_txt_jsonl_and_parquet_in_a_folder_load_in_path_order(tmp_path):
     lines = [json.dumps({"text": "line one"}), "", json.dumps({"text": "two", "id": 2})]
     (data / "b.jsonl").write_text("\n".join(lines) + "\n")
     pq.write_table(pa.table({"text": ["row0", "row1 ☃"], "n": [0, 1]}), data / "sub" / "c.parquet")
-    (data / "ignored.csv").write_text("not,a,corpus")
+    (data / ".hidden.txt").write_text("hidden files are never corpus")
     tokens = load(data, ByteTokenizer(), tmp_path / "cache")
     assert list(tokens) == byte_ids("plain\r\ntext é", "line one", "two", "row0", "row1 ☃")
 
@@ -382,7 +385,7 @@ def test_dataset_keys_that_contradict_each_other_are_config_errors(tmp_path):
 def test_unreachable_hub_dataset_is_a_one_line_config_error(tmp_path, monkeypatch):
     import datasets as hf_datasets
 
-    def offline(name, split, streaming=False):
+    def offline(name, subset=None, split="train", streaming=False, **options):
         raise ConnectionError(f"Couldn't reach '{name}' on the Hub (LocalEntryNotFoundError)\nlong details")
 
     monkeypatch.setattr(hf_datasets, "load_dataset", offline)
@@ -391,7 +394,9 @@ def test_unreachable_hub_dataset_is_a_one_line_config_error(tmp_path, monkeypatc
     message = str(info.value)
     assert message.startswith("training.dataset='someone/corpus' could not be loaded from the Hugging Face hub (")
     assert "(Couldn't reach 'someone/corpus' on the Hub (LocalEntryNotFoundError));" in message
-    assert message.endswith("use training.dataset = 'stdlib' or 'local' with training.dataset_path")
+    assert message.endswith(
+        "check training.dataset and its keys, or use dataset = 'stdlib' or 'local' with dataset_path"
+    )
     assert "\n" not in message
     assert not list((tmp_path / "cache").glob("store-*/*.bin")) and not list((tmp_path / "cache").glob("store-*/*.tmp"))
 
@@ -421,8 +426,9 @@ def test_hub_datasets_stream_into_shards_and_resume_after_a_break(tmp_path, monk
     texts = [f"hub doc {i}" for i in range(250)]
     streams = []
 
-    def load_dataset(name, split, streaming=False):
+    def load_dataset(name, subset=None, split="train", streaming=False, **options):
         assert streaming, "hub datasets are streamed, never loaded whole"
+        assert subset is None and split == "train" and options == {"data_files": None, "data_dir": None}
         streams.append(FakeStream(texts, fail_after=None if streams else 130))
         return streams[-1]
 

@@ -190,7 +190,9 @@ def test_store_of_a_cut_text_file_and_jsonl_has_one_bos_per_document(trained, tm
     expected = [i for doc in [long_text, *docs] for i in [tok.bos_id, *tok.encode(doc), tok.eot_id]]
     assert store.read(0, len(store)).tolist() == expected
     # The held-out tail starts at an end-of-sequence; the next document's BOS belongs to the tail.
-    at = split_point(store, tok.eot_id, 0.5)
+    first_eos = len(tok.encode(long_text)) + 1  # after the BOS and the long text
+    at = split_point(store, tok.eot_id, (len(store) - first_eos + 5) / len(store))  # 5 tokens before it
+    assert at == first_eos
     assert store.read(at, at + 2).tolist() == [tok.eot_id, tok.bos_id]
 
 

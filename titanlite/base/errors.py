@@ -26,3 +26,10 @@ class Preempted(Exception):
         else:
             super().__init__(f"stopped by {name} after step {step}; nothing was saved (checkpoint.enable is false)")
         self.signum = signum
+
+
+def short_reason(error: BaseException, limit: int = 120) -> str:
+    """An exception's first line, shortened, for a one-line message that quotes what a library said."""
+    lines = str(error).strip().splitlines()
+    reason = lines[0] if lines else type(error).__name__
+    return reason if len(reason) <= limit else reason[: limit - 3] + "..."

@@ -3,6 +3,7 @@ the validation windows, and this rank's loader."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from titanlite.builder.plan import Plan, validation_batch_size
 from titanlite.config import JobConfig
 from titanlite.data.datasets import build_corpus, configured_sources, validation_windows
 from titanlite.data.loader import TokenLoader
+from titanlite.data.sources import Source
 from titanlite.data.store import StoreOptions
 from titanlite.data.tokenizer import build_tokenizer
 from titanlite.engine.validator import num_windows
@@ -33,16 +35,46 @@ def store_options(cfg: JobConfig, verify: str) -> StoreOptions:
     )
 
 
+def training_sources(cfg: JobConfig) -> list[tuple[Source, float]]:
+    t = cfg.training
+    options = dict(
+        text_field=t.dataset_text_field,
+        split=t.dataset_split,
+        subset=t.dataset_subset,
+        data_files=tuple(t.dataset_data_files),
+        data_dir=t.dataset_data_dir,
+        skip_unsupported=cfg.data.skip_unsupported_files,
+    )
+    return configured_sources(t.dataset, t.dataset_path, t.dataset_mixture, **options)
+
+
+def validation_sources(cfg: JobConfig, corpus) -> list[tuple[Source, float]]:
+    """A separate validation corpus, or the validation files of the training sources that held some back (a
+    pre-tokenised folder's val.bin and the like)."""
+    v = cfg.validation
+    if separate_validation(cfg):
+        options = dict(
+            text_field=v.dataset_text_field or cfg.training.dataset_text_field,
+            split=v.dataset_split,
+            subset=v.dataset_subset,
+            skip_unsupported=cfg.data.skip_unsupported_files,
+        )
+        return configured_sources(v.dataset or "local", v.dataset_path, [], section="validation", **options)
+    pairs = zip(training_sources(cfg), corpus.stores)
+    return [(dataclasses.replace(source, split="validation"), w) for (source, w), store in pairs if store.held_files]
+
+
 def build_data(cfg: JobConfig, verify: str = "stat", say=None):
     """Tokenizer and corpus (windows and sample order) of the configured data, from prepared token stores.
 
-    Training ranks check a store's sources by size and mtime only (verify='stat': no source is read);
-    `titanlite check` and `prepare` also compare sampled fingerprints, or every byte with
+    Training ranks check a store's sources by their folder listing, and size and mtime (verify='stat': no
+    source is read); `titanlite check` and `prepare` also compare sampled fingerprints, or every byte with
     data.verify_sources. A missing or outdated store is built first, by one process at a time. Each
-    source's last validation.split_fraction is held out of training unless validation names its own corpus."""
+    source's last validation.split_fraction is held out of training unless validation names its own corpus
+    or the source has its own validation files."""
     t = cfg.training
     tokenizer = build_tokenizer(cfg.model.tokenizer, cfg.model.hf_assets_path)
-    sources = configured_sources(t.dataset, t.dataset_path, t.dataset_mixture)
+    sources = training_sources(cfg)
     holdout = 0.0 if separate_validation(cfg) else cfg.validation.split_fraction
     corpus = build_corpus(
         sources, tokenizer, store_options(cfg, verify), t.seq_len, t.seed, cfg.data.shuffle, holdout=holdout, say=say
@@ -55,15 +87,18 @@ def separate_validation(cfg: JobConfig) -> bool:
 
 
 def build_validation_data(cfg: JobConfig, tokenizer, corpus, verify: str = "stat", say=None):
-    """The validation windows: the training corpus's held-out tails, or validation.dataset(_path) whole."""
+    """The validation windows: validation.dataset(_path) whole, the training sources' validation files, and
+    the held-out tails of the training sources that have none."""
     v = cfg.validation
     seq_len = v.seq_len or cfg.training.seq_len
-    if not separate_validation(cfg):
-        return validation_windows(corpus.stores, corpus.split, seq_len)
-    sources = configured_sources(v.dataset or "local", v.dataset_path, [], section="validation")
     options = store_options(cfg, verify)
-    stores = [options.open(source, tokenizer, say=say) for source, _ in sources]
-    return validation_windows(stores, [0] * len(stores), seq_len)
+    own = validation_sources(cfg, corpus)
+    stores = [options.open(source, tokenizer, say=say) for source, _ in own]
+    starts = [0] * len(stores)
+    if not separate_validation(cfg):
+        tails = [(store, at) for store, at in zip(corpus.stores, corpus.split) if at < len(store)]
+        stores, starts = stores + [s for s, _ in tails], starts + [at for _, at in tails]
+    return validation_windows(stores, starts, seq_len)
 
 
 def build_loader(cfg: JobConfig, corpus, mesh, plan: Plan, device: torch.device) -> TokenLoader:
@@ -85,13 +120,17 @@ def dp_rank(mesh) -> int:
     return mesh["dp"].get_local_rank() if mesh is not None and "dp" in mesh else 0
 
 
-def describe_validation(cfg: JobConfig, windows: int, dp: int, schedule: bool = True) -> str:
+def describe_validation(cfg: JobConfig, corpus, windows: int, dp: int, schedule: bool = True) -> str:
     """One line: which windows each evaluation reads, from where, and (schedule) when it runs."""
     v = cfg.validation
     if separate_validation(cfg):
         source = (
             f"validation.dataset_path '{v.dataset_path}'" if v.dataset_path else f"validation.dataset '{v.dataset}'"
         )
+    elif any(store.held_files for store in corpus.stores):
+        source = "the training folders' validation files"
+        if not all(store.held_files for store in corpus.stores):
+            source += f" and the held-out last {v.split_fraction * 100:g}% of the other training sources"
     else:
         source = f"the held-out last {v.split_fraction * 100:g}% of each training source"
     n = num_windows(windows, validation_batch_size(cfg), v.steps, dp)

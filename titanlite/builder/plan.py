@@ -52,8 +52,6 @@ def plan_run(cfg: JobConfig, world_size: int, evaluation: bool = False) -> Plan:
             "parallelism.enable_async_tensor_parallel needs CUDA and torch.compile, which titanlite does not "
             "offer yet; set it to false"
         )
-    if cfg.training.dataset == "local" and cfg.training.dataset_path and not Path(cfg.training.dataset_path).exists():
-        raise ConfigError(f"training.dataset_path='{cfg.training.dataset_path}' does not exist")
     if cfg.checkpoint.initial_load_path and not Path(cfg.checkpoint.initial_load_path).is_dir():
         raise ConfigError(
             f"checkpoint.initial_load_path='{cfg.checkpoint.initial_load_path}' is not a folder; name a "

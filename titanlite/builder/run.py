@@ -130,7 +130,7 @@ def startup_lines(
     MFU, float8 and the pipeline."""
     n_params = count_params(setup.plain_model)
     lines = [
-        f"titanlite: {cfg.job.name} {cfg.job.description}".rstrip(),
+        f"titanlite: {cfg.job.name} {cfg.job.description} on {', '.join(s.label for s in corpus.stores)}",
         f"  model {describe_model(cfg)}: {n_params:,} parameters ({n_params / 1e6:.1f} M), "
         f"vocab {setup.plain_model.args.vocab_size} (tokenizer {cfg.model.tokenizer}), seq_len {cfg.training.seq_len}, "
         f"dtype {str(setup.param_dtype).removeprefix('torch.')}",
@@ -141,7 +141,7 @@ def startup_lines(
     lines += [f"  data: {line}" for line in corpus.describe(plan.global_batch_size * cfg.training.steps)]
     lines.append(setup.loss_line)
     if validator is not None:
-        lines.append(f"  {describe_validation(cfg, len(validator.windows), plan.dims.dp)}")
+        lines.append(f"  {describe_validation(cfg, corpus, len(validator.windows), plan.dims.dp)}")
     if peak is None:
         lines.append(f"  MFU: no known peak for this {device.type} device; set metrics.peak_tflops to report it")
     if cfg.float8.enable:

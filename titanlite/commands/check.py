@@ -241,7 +241,7 @@ def check(argv: list[str]) -> int:
         windows = build_validation_data(
             cfg, tokenizer, corpus, verify="sample", say=lambda line: print(line, flush=True)
         )
-        print(f"titanlite: {describe_validation(cfg, len(windows), plan.dims.dp)}")
+        print(f"titanlite: {describe_validation(cfg, corpus, len(windows), plan.dims.dp)}")
     print(
         f"titanlite: config ok for {world_size} process(es): {plan.dims.describe()}, "
         f"global batch {plan.global_batch_size}, accumulation {plan.grad_accum_steps}"

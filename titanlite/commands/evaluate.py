@@ -71,7 +71,7 @@ def evaluate(cfg: JobConfig, output: str = "") -> dict:
     validator = build_validator(cfg, plan, setup, mesh, windows)
     say(
         f"titanlite eval: {describe_model(cfg)} on {plan.dims.describe()}; "
-        f"{describe_validation(cfg, len(windows), plan.dims.dp, schedule=False)}"
+        f"{describe_validation(cfg, corpus, len(windows), plan.dims.dp, schedule=False)}"
     )
     path = checkpoint_to_load(cfg, "evaluate")
     load_weights(setup.rank.parts, path)

@@ -255,9 +255,10 @@ def validate_values(cfg: JobConfig) -> None:
     if unknown:
         raise ConfigError(f"checkpoint.exclude_from_loading names {unknown}; use some of: {', '.join(sorted(parts))}")
     if t.dataset == "local" and not t.dataset_path and not t.dataset_mixture:
-        raise ConfigError(
-            "training.dataset='local' needs training.dataset_path (a .txt/.jsonl/.parquet/.bin/.npy file or folder)"
-        )
+        raise ConfigError("training.dataset='local' needs training.dataset_path (a file, folder or glob of a corpus)")
+    if not t.dataset_text_field:
+        raise ConfigError("training.dataset_text_field is empty; name the field that holds the text (e.g. 'text')")
+    check_hub_keys(t, "training", hub=not t.dataset_mixture and t.dataset not in ("stdlib", "local"))
     v = cfg.validation
     if v.freq < 1:
         raise ConfigError(f"validation.freq={v.freq} must be at least 1 (steps between evaluations)")
@@ -274,6 +275,7 @@ def validate_values(cfg: JobConfig) -> None:
         raise ConfigError(
             "validation.enable needs held-out data: set validation.split_fraction > 0 or validation.dataset_path"
         )
+    check_hub_keys(v, "validation", hub=bool(v.dataset) and v.dataset not in ("stdlib", "local"))
     if not cfg.data.shard_size_mb > 0:
         raise ConfigError(f"data.shard_size_mb={cfg.data.shard_size_mb} must be positive")
 
@@ -290,3 +292,18 @@ def grad_accum_steps(training: Training, dp_degree: int) -> int:
             f"use a multiple of {per_pass} or change training.local_batch_size"
         )
     return training.global_batch_size // per_pass
+
+
+def check_hub_keys(section, name: str, hub: bool) -> None:
+    """A split must be named; the keys that only a hub dataset reads are refused elsewhere, not ignored."""
+    if not section.dataset_split:
+        raise ConfigError(f"{name}.dataset_split is empty; name a split (e.g. 'train', 'validation')")
+    if hub:
+        return
+    for key in ("dataset_subset", "dataset_data_files", "dataset_data_dir"):
+        if getattr(section, key, None):
+            mixture = name == "training" and section.dataset_mixture
+            raise ConfigError(
+                f"{name}.{key} applies only to a hub dataset ({name}.dataset = 'NAME'); unset it"
+                + (" (a mixture's sources take no hub keys)" if mixture else "")
+            )

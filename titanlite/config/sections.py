@@ -71,8 +71,22 @@ class Training:
     """'stdlib' (built-in corpus: the Python standard library's source, no download), 'local'
     (files under dataset_path), or a Hugging Face hub dataset name (streamed; needs network)."""
     dataset_path: str = ""
-    """Used when dataset = 'local': a .txt/.jsonl/.parquet file or a folder of them (tokenised once into
-    a prepared store), or pre-tokenized .bin (llm.c or nanoGPT) / .npy shards (read in place)."""
+    """Used when dataset = 'local': a file, a folder or a glob (e.g. "data/fineweb_train_*.bin"). Text
+    (tokenised once into a prepared store): .txt, .jsonl/.json (JSON lines), each also as .gz/.zst/.bz2/.xz,
+    .parquet, .arrow, or a `datasets` save_to_disk folder. Tokens (read in place): llm.c or nanoGPT .bin,
+    .npy, or a Megatron indexed dataset (its path prefix, or the .bin beside its .idx)."""
+    dataset_text_field: str = "text"
+    """The JSON field or column that holds each document's text (e.g. "content" for The Stack), for local
+    JSON lines, parquet and arrow files and hub datasets alike."""
+    dataset_subset: str = ""
+    """A hub dataset's subset (its config name, `datasets`' `name`), e.g. "sample-10BT" for
+    HuggingFaceFW/fineweb-edu."""
+    dataset_split: str = "train"
+    """The split to train on: of a hub dataset, or of a `datasets` DatasetDict folder."""
+    dataset_data_files: list[str] = field(default_factory=list)
+    """A hub dataset's data files to read (`datasets`' `data_files`), e.g. ["data/CC-MAIN-2024-10/*"]."""
+    dataset_data_dir: str = ""
+    """A hub dataset's folder to read (`datasets`' `data_dir`)."""
     dataset_mixture: list[str] = field(default_factory=list)
     """Several sources with weights, each "SOURCE:WEIGHT" (SOURCE: a path as in dataset_path, 'stdlib'
     or 'hub:NAME'), e.g. ["data/web:0.7", "data/code:0.3"]; replaces dataset and dataset_path. Samples
@@ -131,6 +145,10 @@ class Data:
     verify_sources: bool = False
     """Before reusing a prepared store, re-hash every byte of its sources (normally size, mtime and a
     sampled fingerprint of each file are compared)."""
+    skip_unsupported_files: bool = False
+    """A local folder or glob holding files titanlite does not read (say README.md or urls.txt.gz's
+    neighbours of another format) is refused, naming them; true leaves them out, and the start-up's data
+    line names them. Hidden files (.name) are always left out."""
 
 
 @dataclass
@@ -155,10 +173,19 @@ class Validation:
     nothing out."""
     dataset_path: str = ""
     """A separate validation corpus, as training.dataset_path (implies dataset = 'local')."""
+    dataset_split: str = "validation"
+    """The split of a separate validation corpus: of a hub dataset or a `datasets` DatasetDict folder (a
+    pre-tokenised folder gives its files named for validation, or all of them if it has none)."""
+    dataset_subset: str = ""
+    """A hub validation dataset's subset (config name)."""
+    dataset_text_field: str = ""
+    """The field or column of a separate validation corpus that holds the text; empty: as training's."""
     split_fraction: float = 0.01
-    """Share of each training source held out for validation: its last tokens, from the first
-    end-of-text at or after that point. Held out whether or not validation is enabled, so enabling it
-    never changes the training data; 0 holds nothing out."""
+    """Share of each training source held out for validation: its last tokens, from the end-of-text
+    nearest that point (within half the share either way; else inside a document). Held out whether or not
+    validation is enabled, so enabling it never changes the training data; 0 holds nothing out. A
+    pre-tokenised folder with files named for validation (val.bin, fineweb_val_*.bin) holds none out: those
+    files are its validation set."""
 
 
 @dataclass

@@ -106,22 +106,29 @@ class Corpus:
 
 
 def split_point(store: TokenStore, eot_id: int, fraction: float, search: int = 2**20) -> int:
-    """Where the held-out tail of `store` begins: `fraction` of its tokens from the end, moved forward to
-    the next end-of-text token (so documents are not cut where one exists within `search` tokens). The
-    tail starts at that end-of-text: its first target is the first token of a document. The point
-    depends on the tokens alone, never on the layout or the seed."""
+    """Where the held-out tail of `store` begins: `fraction` of its tokens from the end, moved to the nearest
+    end-of-text within half that share (forward first, then back; at most `search` tokens), so documents
+    are not cut where one is near; with none near (a long last document), inside that document, never
+    holding out a sliver. At an end-of-text, the tail's first target is the first token of a document. The
+    point depends on the tokens alone, never on the layout or the seed."""
     n = len(store)
     if fraction <= 0 or n == 0:
         return n
-    nominal = n - max(1, round(fraction * n))
-    ahead = np.asarray(store.read(nominal, min(n, nominal + search)))
-    hits = np.flatnonzero(ahead == eot_id)
-    return nominal + int(hits[0]) if len(hits) else nominal
+    held = max(1, round(fraction * n))
+    nominal, reach = n - held, min(search, held // 2)
+    ahead = np.flatnonzero(np.asarray(store.read(nominal, min(n, nominal + reach + 1))) == eot_id)
+    if len(ahead):
+        return nominal + int(ahead[0])
+    first = max(0, nominal - reach)
+    behind = np.flatnonzero(np.asarray(store.read(first, nominal)) == eot_id) if nominal > first else []
+    return first + int(behind[-1]) if len(behind) else nominal
 
 
 def validation_windows(stores: list[TokenStore], starts: list[int], seq_len: int) -> Dataset:
     """Windows over each store's tokens from `starts` on (a held-out tail, or 0 for a whole validation
     corpus), one source after another; every window in corpus order, the same on any layout."""
+    if not stores:
+        raise ConfigError("validation has no data: set validation.split_fraction > 0 or validation.dataset_path")
     parts = []
     for store, start in zip(stores, starts):
         if (len(store) - start - 1) // seq_len < 1:
@@ -134,7 +141,7 @@ def validation_windows(stores: list[TokenStore], starts: list[int], seq_len: int
     return parts[0] if len(parts) == 1 else MixedWindows(parts)
 
 
-def parse_mixture(entries: list[str]) -> list[tuple[Source, float]]:
+def parse_mixture(entries: list[str], **options) -> list[tuple[Source, float]]:
     """training.dataset_mixture entries "SOURCE:WEIGHT", SOURCE being a path, 'stdlib' or 'hub:NAME'."""
     mixture = []
     for entry in entries:
@@ -148,25 +155,26 @@ def parse_mixture(entries: list[str]) -> list[tuple[Source, float]]:
                 f"training.dataset_mixture entry '{entry}' is not SOURCE:WEIGHT with a positive weight "
                 '(e.g. "data/web:0.7", "stdlib:0.3")'
             )
-        mixture.append((parse_source(location, "training.dataset_mixture"), value))
+        mixture.append((parse_source(location, "training.dataset_mixture", **options), value))
     return mixture
 
 
 def configured_sources(
-    dataset: str, dataset_path: str, mixture: list[str], section: str = "training"
+    dataset: str, dataset_path: str, mixture: list[str], section: str = "training", **options
 ) -> list[tuple[Source, float]]:
-    """The run's sources with their weights, from {section}.dataset / dataset_path or dataset_mixture."""
+    """The run's sources with their weights, from {section}.dataset / dataset_path or dataset_mixture;
+    `options`: Source's (text_field, split, subset, data_files, data_dir, skip_unsupported)."""
     if mixture:
         if dataset_path:
             raise ConfigError(f"set either {section}.dataset_path or {section}.dataset_mixture, not both")
-        return parse_mixture(mixture)
+        return parse_mixture(mixture, **options)
     if dataset != "local" and dataset_path:
         raise ConfigError(f"{section}.dataset_path is only used with {section}.dataset = 'local'; unset it")
     if dataset == "stdlib":
         return [(Source("stdlib", "", f"{section}.dataset"), 1.0)]
     if dataset == "local":
-        return [(Source("local", dataset_path, f"{section}.dataset_path"), 1.0)]
-    return [(Source("hub", dataset, f"{section}.dataset"), 1.0)]
+        return [(Source("local", dataset_path, f"{section}.dataset_path", **options), 1.0)]
+    return [(Source("hub", dataset, f"{section}.dataset", **options), 1.0)]
 
 
 def build_corpus(
@@ -180,10 +188,10 @@ def build_corpus(
     holdout: float = 0.0,
     say: Callable[[str], None] | None = None,
 ) -> Corpus:
-    """Open (preparing where needed) each source's store, hold out the last `holdout` of each, and lay
-    the remaining windows out in sample order."""
+    """Open (preparing where needed) each source's store, hold out the last `holdout` of each but of those
+    that hold back validation files of their own, and lay the remaining windows out in sample order."""
     stores = [stores.open(source, tokenizer, say=say) for source, _ in sources]
-    split = [split_point(store, tokenizer.eot_id, holdout) for store in stores]
+    split = [split_point(store, tokenizer.eot_id, 0.0 if store.held_files else holdout) for store in stores]
     parts = [PackedWindows(store, seq_len, stop=at) for store, at in zip(stores, split)]
     if len(sources) == 1:
         return Corpus(parts[0], EpochOrder(len(parts[0]), seed, shuffle), stores, split=split)

@@ -7,19 +7,33 @@ the file's size), so a store can tell that its sources changed without reading t
 
 from __future__ import annotations
 
+import glob
 import hashlib
-import json
 import os
+import re
 import sysconfig
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from titanlite.base.errors import ConfigError
+from titanlite.base.errors import ConfigError, short_reason
+from titanlite.data.arrow_files import saved_dataset_files
 
-TEXT_SUFFIXES = (".txt", ".jsonl", ".parquet")
-TOKEN_SUFFIXES = (".bin", ".npy")
-LOCAL_HINT = "a .txt, .jsonl, .parquet, .bin or .npy file, or a folder of them"
+TEXT_KINDS = {".txt": "txt", ".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet", ".arrow": "arrow"}
+TOKEN_KINDS = {".bin": "bin", ".npy": "npy"}
+CODECS = {".gz": "gz", ".zst": "zst", ".zstd": "zst", ".bz2": "bz2", ".xz": "xz"}
+STREAM_KINDS = ("txt", "jsonl")  # the kinds a compressed file may hold
+LOCAL_HINT = (
+    "a .txt, .jsonl/.json (JSON lines), .parquet or .arrow file (text; .txt and JSON lines also as .gz, .zst, "
+    ".bz2 or .xz), a .bin/.npy token file or Megatron prefix, a datasets save_to_disk folder, a folder of "
+    "such files or a glob"
+)
+# The files of a pre-tokenised folder whose names say they are for validation (nanoGPT's val.bin, llm.c's
+# fineweb_val_000000.bin, ...): kept out of training and offered as its validation set.
+VALIDATION_NAME = re.compile(r"(?:^|[^a-z])(?:val|valid|validation)(?:[^a-z]|$)")
+# Above this many files, a training rank trusts a store whose watched folders are unchanged, without listing
+# them or a stat per file (titanlite check, which every launch runs first, lists and compares each file).
+STAT_EACH_FILE_UP_TO = 1000
 
 # About 8 MiB of source code tokenises in a few seconds yet is plenty for smoke-test training.
 STDLIB_BYTE_BUDGET = 8 * 2**20
@@ -27,35 +41,63 @@ STDLIB_SKIP_DIRS = frozenset({"site-packages", "dist-packages", "test", "tests",
 
 FINGERPRINT_SAMPLES = 16
 FINGERPRINT_BLOCK = 4096
-# Text is handed to the tokenizer in batches of about this many characters, which bounds a reader's memory.
-BATCH_CHARS = 2**20
 # Hub datasets are streamed in pieces of this many documents.
 HUB_PIECE_DOCUMENTS = 20_000
 
 
 @dataclass(frozen=True)
 class Source:
-    """One corpus: kind 'stdlib', 'local' (a file or folder) or 'hub' (a dataset name); `label` names
-    the config key that chose it, for messages."""
+    """One corpus: kind 'stdlib', 'local' (a file, folder, glob or Megatron prefix) or 'hub' (a dataset name);
+    `label` names the config key that chose it, for messages. The options say which part and field of it:
+    `text_field` (JSON field or column), `split` (a hub or datasets split; for a pre-tokenised folder with
+    validation files, 'train' leaves them out and any other split takes only them), and for hub datasets
+    `subset` (config name), `data_files`, `data_dir`. `skip_unsupported`: leave out files titanlite does not read."""
 
     kind: str
     location: str = ""
     label: str = ""
+    text_field: str = "text"
+    split: str = "train"
+    subset: str = ""
+    data_files: tuple[str, ...] = ()
+    data_dir: str = ""
+    skip_unsupported: bool = False
 
     @property
     def description(self) -> str:
-        return {"stdlib": "the standard-library corpus", "local": self.location, "hub": f"hub:{self.location}"}[
-            self.kind
-        ]
+        if self.kind == "stdlib":
+            return "the standard-library corpus"
+        if self.kind == "local":
+            return self.location
+        parts = [f"hub:{self.location}"] + [self.subset] * bool(self.subset) + [f"split {self.split}"]
+        return " ".join(parts)
+
+    def options_key(self) -> str:
+        """What, beyond kind and location, changes this source's tokens ('' when all are the defaults)."""
+        options = (self.text_field, self.split, self.subset, self.data_files, self.data_dir)
+        return "" if options == ("text", "train", "", (), "") else repr(options)
 
 
-def parse_source(text: str, label: str) -> Source:
-    """'stdlib', 'hub:NAME', or a local path (file or folder)."""
+def parse_source(text: str, label: str, **options) -> Source:
+    """'stdlib', 'hub:NAME', or a local path (file, folder, glob or Megatron prefix)."""
     if text == "stdlib":
         return Source("stdlib", "", label)
     if text.startswith("hub:"):
-        return Source("hub", text[4:], label)
-    return Source("local", text, label)
+        return Source("hub", text[4:], label, **options)
+    return Source("local", text, label, **options)
+
+
+def classify(name: str) -> tuple[str, str] | None:
+    """(kind, codec) of a file name: ('jsonl', 'zst') for a.jsonl.zst, ('bin', '') for a token file; None for
+    a file titanlite does not read."""
+    stem, suffix = os.path.splitext(name.lower())
+    codec = CODECS.get(suffix, "")
+    if codec:
+        stem, suffix = os.path.splitext(stem)
+    kind = TEXT_KINDS.get(suffix) or TOKEN_KINDS.get(suffix)
+    if kind is None or (codec and kind not in STREAM_KINDS):
+        return None
+    return kind, codec
 
 
 @dataclass(frozen=True)
@@ -63,11 +105,14 @@ class SourceFile:
     path: str
     size: int
     mtime_ns: int
+    kind: str = "txt"
+    codec: str = ""
 
     @classmethod
-    def stat(cls, path: Path) -> SourceFile:
-        info = path.stat()
-        return cls(str(path), info.st_size, info.st_mtime_ns)
+    def stat(cls, path: Path | str, kind: str | None = None) -> SourceFile:
+        info = os.stat(path)
+        found = (kind, "") if kind else classify(str(path)) or ("txt", "")
+        return cls(str(path), info.st_size, info.st_mtime_ns, *found)
 
     def as_record(self) -> dict:
         return {"path": self.path, "size": self.size, "mtime_ns": self.mtime_ns}
@@ -76,7 +121,7 @@ class SourceFile:
 def fingerprint(path: str, size: int) -> str:
     """sha256 of FINGERPRINT_SAMPLES blocks spread evenly over the file (first and last included)."""
     digest = hashlib.sha256(str(size).encode())
-    with _open(path) as f:
+    with open_file(path) as f:
         if size <= FINGERPRINT_SAMPLES * FINGERPRINT_BLOCK:
             digest.update(f.read())
         else:
@@ -89,7 +134,7 @@ def fingerprint(path: str, size: int) -> str:
 
 def full_hash(path: str) -> str:
     digest = hashlib.sha256()
-    with _open(path) as f:
+    with open_file(path) as f:
         while block := f.read(2**24):
             digest.update(block)
     return digest.hexdigest()
@@ -99,12 +144,78 @@ def full_hash(path: str) -> str:
 # Listing files
 
 
+@dataclass(frozen=True)
+class Listing:
+    """The files of a source in corpus order, found from directory listings alone (no stat per file), with
+    `fingerprint` naming that listing (watch_fingerprint); `left_out`: unsupported files skipped on request,
+    `held`: validation files of a pre-tokenised folder kept out of this split."""
+
+    paths: tuple[str, ...]
+    kinds: tuple[tuple[str, str], ...]
+    fingerprint: str
+    left_out: tuple[str, ...] = ()
+    held: tuple[str, ...] = ()
+    watched: tuple[str, ...] = ()  # the folders walked (or the lone file): what `fingerprint` is made of
+
+    def record(self) -> dict:
+        """What a store keeps of its listing, so that a training rank can trust it without listing again."""
+        return {
+            "fingerprint": self.fingerprint,
+            "watched": list(self.watched),
+            "files": len(self.paths),
+            "held": len(self.held),
+            "summary": self.summary(),
+        }
+
+    @property
+    def pretokenized(self) -> bool:
+        return bool(self.kinds) and self.kinds[0][0] in TOKEN_KINDS.values()
+
+    def files(self) -> list[SourceFile]:
+        """Each file with its size and mtime (one stat per file)."""
+        return [
+            SourceFile.stat(p, kind) if codec == "" else _stat_coded(p, kind, codec)
+            for p, (kind, codec) in zip(self.paths, self.kinds)
+        ]
+
+    def summary(self) -> str:
+        """'3 files: 2 .jsonl.gz, 1 .txt; left out: ...' for the start-up's data line ('' for one plain file)."""
+        counts: dict[str, int] = {}
+        for path, (_, codec) in zip(self.paths, self.kinds):
+            stem, suffix = os.path.splitext(path.lower())
+            name = os.path.splitext(stem)[1] + suffix if codec else suffix
+            counts[name] = counts.get(name, 0) + 1
+        parts = (
+            []
+            if len(self.paths) == 1
+            else [
+                f"{len(self.paths):,} files: "
+                + ", ".join(f"{n:,} {name}" for name, n in sorted(counts.items(), key=lambda item: -item[1]))
+            ]
+        )
+        if self.held:
+            parts.append(f"{len(self.held):,} validation file(s) kept out of training ({_names(self.held)})")
+        if self.left_out:
+            parts.append(f"{len(self.left_out):,} unsupported file(s) left out ({_names(self.left_out)})")
+        return "; ".join(parts)
+
+
+def _stat_coded(path: str, kind: str, codec: str) -> SourceFile:
+    info = os.stat(path)
+    return SourceFile(path, info.st_size, info.st_mtime_ns, kind, codec)
+
+
+def _names(paths: tuple[str, ...] | list[str], most: int = 3) -> str:
+    shown = ", ".join(os.path.basename(p) for p in paths[:most])
+    return shown + (f" and {len(paths) - most:,} more" if len(paths) > most else "")
+
+
 def source_files(source: Source) -> list[SourceFile]:
-    """The files that make up `source`, in corpus order, from directory listings and stat alone."""
+    """The files that make up `source`, in corpus order, each with its size and mtime."""
     if source.kind == "stdlib":
         return stdlib_files()
     if source.kind == "local":
-        return [SourceFile.stat(p) for p in local_files(source)]
+        return local_listing(source).files()
     return []
 
 
@@ -118,7 +229,7 @@ def stdlib_files() -> list[SourceFile]:
         relative += [Path(folder, name).relative_to(root).as_posix() for name in names if name.endswith(".py")]
     files, gathered = [], 0
     for rel in sorted(relative):
-        entry = SourceFile.stat(root / rel)
+        entry = SourceFile.stat(root / rel, "stdlib")
         files.append(entry)
         gathered += entry.size
         if gathered >= STDLIB_BYTE_BUDGET:
@@ -126,309 +237,173 @@ def stdlib_files() -> list[SourceFile]:
     return files
 
 
-def local_files(source: Source) -> list[Path]:
-    """The usable files at a local source: the file itself, or a folder's files sorted by path, all of
-    them text or all of them pre-tokenized."""
+def local_listing(source: Source) -> Listing:
+    """The usable files at a local source, all of them text or all of them token files: the file itself, a
+    Megatron prefix's .bin, a datasets save_to_disk folder's arrow files (of source.split), or the files of
+    a folder (sorted by path; hidden ones skipped) or of a glob (sorted). A Megatron .idx goes with its .bin."""
+    where = f"{source.label}='{source.location}'"
     if not source.location:
         raise ConfigError(f"{source.label} is empty; give {LOCAL_HINT}")
     root = Path(source.location).expanduser()
-    suffixes = TEXT_SUFFIXES + TOKEN_SUFFIXES
-    if root.is_file():
-        if root.suffix.lower() not in suffixes:
-            raise ConfigError(f"{source.label}='{source.location}' has an unsupported suffix; use {LOCAL_HINT}")
-        return [root]
-    if not root.is_dir():
-        raise ConfigError(f"{source.label}='{source.location}' does not exist; use {LOCAL_HINT}")
-    relative = []
-    for folder, _, names in os.walk(root):
-        usable = [name for name in names if Path(name).suffix.lower() in suffixes]
-        relative += [Path(folder, name).relative_to(root).as_posix() for name in usable]
-    files = [root / rel for rel in sorted(relative)]
-    if not files:
-        raise ConfigError(f"{source.label}='{source.location}' holds no usable files; use {LOCAL_HINT}")
-    tokenized = {f.suffix.lower() in TOKEN_SUFFIXES for f in files}
-    if len(tokenized) > 1:
+    if glob.has_magic(source.location):
+        paths = sorted(p for p in glob.glob(str(root), recursive=True) if os.path.isfile(p))
+        if not paths:
+            raise ConfigError(f"{where} matches no file; fix the pattern")
+        folders = sorted({os.path.dirname(p) for p in paths})
+    elif root.is_file():
+        if classify(root.name) is None:
+            raise ConfigError(f"{where} has an unsupported suffix; use {LOCAL_HINT}")
+        paths, folders = [str(root)], []
+    elif not root.exists() and os.path.isfile(f"{root}.bin") and os.path.isfile(f"{root}.idx"):
+        paths, folders = [f"{root}.bin"], []  # a Megatron prefix
+    elif not root.is_dir():
+        raise ConfigError(f"{where} does not exist; use {LOCAL_HINT}")
+    elif (saved := saved_dataset_files(root, source.split, _split_key(source))) is not None:
+        paths, folders = [str(p) for p in saved], [str(root)]
+    else:
+        paths, folders = _walk(root)
+    return _listing(source, paths, folders)
+
+
+def _walk(root: Path) -> tuple[list[str], list[str]]:
+    """A folder's files (sorted by path) and its folders, hidden ones (.name) left out. Plain strings, not
+    Path objects: this runs on every rank, over every file."""
+    found, folders = [], []
+    for folder, subfolders, names in os.walk(root):
+        subfolders[:] = [name for name in subfolders if not name.startswith(".")]
+        folders.append(folder)
+        found += [os.path.join(folder, name) for name in names if not name.startswith(".")]
+    return sorted(found), folders
+
+
+def _listing(source: Source, paths: list[str], folders: list[str]) -> Listing:
+    where = f"{source.label}='{source.location}'"
+    bins = {p[:-4] for p in paths if p.endswith(".bin")}
+    usable, kinds, unsupported = [], [], []
+    for path in paths:
+        if path.endswith(".idx") and path[:-4] in bins:
+            continue  # a Megatron index, read with its .bin
+        kind = classify(os.path.basename(path))
+        if kind is None:
+            unsupported.append(path)
+        else:
+            usable.append(path)
+            kinds.append(kind)
+    if unsupported and not source.skip_unsupported:
         raise ConfigError(
-            f"{source.label}='{source.location}' mixes text files with pre-tokenized .bin/.npy shards; "
+            f"{where} holds {len(unsupported):,} file(s) titanlite does not read ({_names(unsupported)}); remove "
+            "them, or set data.skip_unsupported_files = true to leave them out"
+        )
+    if not usable:
+        raise ConfigError(f"{where} holds no usable files; use {LOCAL_HINT}")
+    if len({kind in TOKEN_KINDS.values() for kind, _ in kinds}) > 1:
+        raise ConfigError(
+            f"{where} mixes text files with pre-tokenized .bin/.npy shards; "
             "put them in separate folders (a mixture can combine both)"
         )
-    return files
+    held: list[str] = []
+    if kinds[0][0] in TOKEN_KINDS.values() and len(usable) > 1:
+        usable, kinds, held = _split_validation_files(source, usable, kinds)
+    watched = tuple(folders) or tuple(usable)
+    fingerprint = watch_fingerprint(watched, source.skip_unsupported)
+    return Listing(tuple(usable), tuple(kinds), fingerprint, tuple(unsupported), tuple(held), watched)
 
 
-def is_pretokenized(files: list[SourceFile]) -> bool:
-    return bool(files) and Path(files[0].path).suffix.lower() in TOKEN_SUFFIXES
-
-
-# ----------------------------------------------------------------------------------------------
-# Cutting text files into pieces
-
-
-@dataclass(frozen=True)
-class Span:
-    """Part of one file: bytes [start, stop) of a .txt/.jsonl/.py file, or row groups [start, stop) of a
-    .parquet file (`nbytes`: their uncompressed size). `ends_document`: a .txt span that reaches its
-    file's end (the end-of-text id follows)."""
-
-    path: str
-    kind: str
-    start: int
-    stop: int
-    nbytes: int
-    ends_document: bool = True
-
-
-def file_kind(path: str, stdlib: bool) -> str:
-    return "stdlib" if stdlib else Path(path).suffix.lower().lstrip(".")
-
-
-def plan_pieces(files: list[SourceFile], piece_bytes: int, stdlib: bool = False) -> list[list[Span]]:
-    """Consecutive spans grouped into pieces of about `piece_bytes` source bytes: a large file is cut
-    into several pieces, small files share one. Each piece becomes one shard of the store."""
-    pieces, current, current_bytes = [], [], 0
-    for entry in files:
-        for span in _file_spans(entry, file_kind(entry.path, stdlib), piece_bytes):
-            current.append(span)
-            current_bytes += span.nbytes
-            if current_bytes >= piece_bytes:
-                pieces.append(current)
-                current, current_bytes = [], 0
-    if current:
-        pieces.append(current)
-    return pieces
-
-
-def _file_spans(entry: SourceFile, kind: str, piece_bytes: int) -> Iterator[Span]:
-    if kind == "parquet":
-        yield from _parquet_spans(entry.path, piece_bytes)
-        return
-    if kind == "stdlib" or entry.size <= piece_bytes:
-        yield Span(entry.path, kind, 0, entry.size, entry.size)
-        return
-    start = 0
-    with _open(entry.path) as f:
-        while start < entry.size:
-            stop = _next_cut(f, start + piece_bytes, entry.size, kind)
-            yield Span(entry.path, kind, start, stop, stop - start, ends_document=kind != "txt" or stop == entry.size)
-            start = stop
-
-
-def _next_cut(f, target: int, size: int, kind: str) -> int:
-    """The first safe cut at or after byte `target` (the file's size if there is none): after a line
-    break for .jsonl; for .txt, after a line break between two non-space bytes, where the GPT-2 split
-    pattern cuts too, so the pieces tokenise like the whole file."""
-    if target >= size:
-        return size
-    f.seek(target - 1)
-    data = f.read(2**20 + 2)
-    cut = _safe_cut(data, kind)  # data[0] precedes the target, so a cut lands at or after it
-    return size if cut is None else min(size, target - 1 + cut)
-
-
-def _safe_cut(data: bytes, kind: str, begin: int = 1) -> int | None:
-    """Offset just after the first safe line break at or after `begin` in `data`, or None."""
-    if kind == "jsonl":
-        pos = data.find(b"\n", max(begin - 1, 0))
-        return None if pos < 0 else pos + 1
-    pos = data.find(b"\n", max(begin, 1))
-    while 0 <= pos < len(data) - 1:
-        if not data[pos - 1 : pos].isspace() and not data[pos + 1 : pos + 2].isspace():
-            return pos + 1
-        pos = data.find(b"\n", pos + 1)
-    return None
-
-
-def _parquet_spans(path: str, piece_bytes: int) -> Iterator[Span]:
-    meta = _parquet_file(path).metadata
-    start, nbytes = 0, 0
-    for group in range(meta.num_row_groups):
-        nbytes += meta.row_group(group).total_byte_size
-        if nbytes >= piece_bytes or group == meta.num_row_groups - 1:
-            yield Span(path, "parquet", start, group + 1, nbytes)
-            start, nbytes = group + 1, 0
-
-
-# ----------------------------------------------------------------------------------------------
-# Reading pieces
-
-
-def read_batches(spans: list[Span]) -> Iterator[list[tuple[str, bool]]]:
-    """The pieces' documents as batches of (text, ends_document), about BATCH_CHARS characters each."""
-    batch, chars = [], 0
-    for span in spans:
-        for text, ends in _read_span(span):
-            batch.append((text, ends))
-            chars += len(text)
-            if chars >= BATCH_CHARS:
-                yield batch
-                batch, chars = [], 0
-    if batch:
-        yield batch
-
-
-def _read_span(span: Span) -> Iterator[tuple[str, bool]]:
-    if span.kind == "jsonl":
-        for index, line in _jsonl_lines(span):
-            yield _jsonl_text(span, index, line), True
-    elif span.kind == "parquet":
-        for text in _parquet_texts(span):
-            yield text, True
-    elif span.kind == "stdlib":
+def watch_fingerprint(watched: tuple[str, ...] | list[str], skip_unsupported: bool) -> str | None:
+    """What says a listing is unchanged without listing again: the mtime of each folder it walked (which
+    changes when a file is added to, removed from or renamed in it), or the size and mtime of a lone file.
+    None when one of them is gone."""
+    digest = hashlib.sha256(f"{skip_unsupported}".encode())
+    for path in watched:
         try:
-            yield Path(span.path).read_bytes().decode("utf-8"), True
-        except (OSError, UnicodeDecodeError):
-            return
-    else:
-        yield from _txt_fragments(span)
+            info = os.stat(path)
+        except OSError:
+            return None
+        digest.update(f"\0{path}\0{info.st_mtime_ns}\0{info.st_size if not os.path.isdir(path) else 0}".encode())
+    return digest.hexdigest()
 
 
-def _open(path: str):
+def _split_validation_files(source: Source, paths: list[str], kinds: list) -> tuple[list, list, list]:
+    """Training (split 'train') takes a pre-tokenised folder's files but those named for validation; any
+    other split takes only those. A folder without such files is all training data, whatever the split."""
+    root = source.location
+    is_val = [bool(VALIDATION_NAME.search(os.path.relpath(p, root).lower())) for p in paths]
+    if not any(is_val):
+        return paths, kinds, []
+    want = source.split != "train"
+    chosen = [(p, k) for p, k, v in zip(paths, kinds, is_val) if v == want]
+    other = [p for p, v in zip(paths, is_val) if v != want]
+    if not chosen:
+        raise ConfigError(
+            f"{source.label}='{source.location}' holds only validation files ({_names(other)}); name the "
+            "training files instead"
+        )
+    return [p for p, _ in chosen], [k for _, k in chosen], other
+
+
+def _split_key(source: Source) -> str:
+    return source.label.rpartition(".")[0] + ".dataset_split"
+
+
+def open_file(path: str):
     try:
         return open(path, "rb")
     except OSError as e:
         raise ConfigError(f"cannot read {path} ({e.strerror}); fix its permissions or remove it from the corpus") from e
 
 
-def _decode(data: bytes, path: str, offset: int) -> str:
-    # Decoding bytes (not text mode) keeps the text byte for byte: no newline translation.
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ConfigError(
-            f"{path} is not UTF-8 text (bad byte at offset {offset + e.start}); convert it or remove it"
-        ) from e
-
-
-def _txt_fragments(span: Span) -> Iterator[tuple[str, bool]]:
-    """A .txt span in fragments of about BATCH_CHARS bytes, cut where tokenisation is unaffected (or, in
-    text with no such place for 4 x BATCH_CHARS bytes, at a character boundary)."""
-    with _open(span.path) as f:
-        f.seek(span.start)
-        pos, carry = span.start, b""  # carry: read, not yet yielded; it starts at byte pos - len(carry)
-        while pos < span.stop:
-            block = f.read(min(BATCH_CHARS, span.stop - pos))
-            if not block:
-                break
-            pos += len(block)
-            data = carry + block
-            cut = _safe_cut(data, "txt", len(data) // 2) if pos < span.stop else None
-            if cut is None and len(data) >= 4 * BATCH_CHARS:
-                cut = next(i for i in range(len(data) - 1, 0, -1) if data[i] & 0xC0 != 0x80)
-            if cut is None:
-                carry = data
-                continue
-            yield _decode(data[:cut], span.path, pos - len(data)), False
-            carry = data[cut:]
-        if carry:
-            yield _decode(carry, span.path, pos - len(carry)), span.ends_document
-
-
-def _jsonl_lines(span: Span) -> Iterator[tuple[int, bytes]]:
-    """Non-blank lines of a .jsonl byte range, each with its index within the span (1-based)."""
-    with _open(span.path) as f:
-        f.seek(span.start)
-        pos, index = span.start, 0
-        while pos < span.stop:
-            line = f.readline()
-            if not line:
-                break
-            pos += len(line)
-            index += 1
-            if line.strip():
-                yield index, line
-
-
-def _line_number(span: Span, index: int) -> int:
-    """1-based line number of the index-th line of `span` (reads the file up to the span: errors only)."""
-    with open(span.path, "rb") as f:
-        before = f.read(span.start).count(b"\n")
-    return before + index
-
-
-def _jsonl_text(span: Span, index: int, line: bytes) -> str:
-    path = span.path
-    try:
-        record = json.loads(line)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        reason = e.msg if isinstance(e, json.JSONDecodeError) else "not UTF-8"
-        raise ConfigError(
-            f"{path} line {_line_number(span, index)} is not valid JSON ({reason}); fix or remove that line"
-        ) from e
-    if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-        raise ConfigError(
-            f'{path} line {_line_number(span, index)} has no "text" string; give every line a "text" field'
-        )
-    return record["text"]
-
-
-def _parquet_file(path: str):
-    import pyarrow as pa  # only for parquet sources (it comes with datasets)
-    import pyarrow.parquet as pq
-
-    try:
-        pf = pq.ParquetFile(path)
-    except (OSError, pa.ArrowException) as e:
-        raise ConfigError(f"{path} is not a readable parquet file ({short_reason(e)}); fix or remove it") from e
-    names = pf.schema_arrow.names
-    if "text" not in names:
-        raise ConfigError(
-            f"{path} has no 'text' column (columns: {', '.join(names)}); store the documents in a 'text' column"
-        )
-    return pf
-
-
-def _parquet_texts(span: Span) -> Iterator[str]:
-    """The 'text' values of a parquet span's row groups, a record batch at a time."""
-    for batch in _parquet_file(span.path).iter_batches(
-        batch_size=1024, row_groups=range(span.start, span.stop), columns=["text"]
-    ):
-        for text in batch.column(0).to_pylist():
-            if not isinstance(text, str):
-                kind = type(text).__name__
-                raise ConfigError(
-                    f"{span.path} has a non-string 'text' value ({kind}) in row group {span.start} or later; make "
-                    "every 'text' a string"
-                )
-            yield text
-
-
 # ----------------------------------------------------------------------------------------------
 # Hub datasets
 
 
-def hub_documents(name: str, skip: int = 0) -> Iterator[str]:
-    """The "text" column of the hub dataset `name`'s train split, streamed (never loaded whole), from
-    document `skip` on. Needs network."""
+def hub_documents(source: Source, skip: int = 0) -> Iterator[str]:
+    """The text field of a hub dataset's split (subset, data_files and data_dir as the source names them),
+    streamed (never loaded whole), from document `skip` on. Needs network (or a local dataset folder)."""
+    where = f"{source.label}='{source.location}'"
+    section = source.label.rpartition(".")[0]
+    options = {"data_files": list(source.data_files) or None, "data_dir": source.data_dir or None}
     try:
         import datasets  # seconds to import: only for hub sources
 
-        data = datasets.load_dataset(name, split="train", streaming=True)
+        data = datasets.load_dataset(
+            source.location, source.subset or None, split=source.split, streaming=True, **options
+        )
         if skip:
             data = data.skip(skip)
         rows = iter(data)
         first = next(rows, None)
     except Exception as e:
         raise ConfigError(
-            f"training.dataset='{name}' could not be loaded from the Hugging Face hub ({short_reason(e)}); "
-            "use training.dataset = 'stdlib' or 'local' with training.dataset_path"
+            f"{where} could not be loaded from the Hugging Face hub ({short_reason(e)}); {_hub_advice(e, section)}"
         ) from e
     if first is None:
         return
-    if "text" not in first:
-        raise ConfigError(f"training.dataset='{name}' has no 'text' column; use a dataset that has one")
-    yield first["text"]
+    field = source.text_field
+    if not isinstance(first.get(field), str):
+        raise ConfigError(
+            f"{where} has no '{field}' text column (columns: {', '.join(first)}); set "
+            "training.dataset_text_field to the column that holds the text"
+        )
+    yield first[field]
     count = 1
     try:
         for row in rows:
-            yield row["text"]
+            yield row[field]
             count += 1
     except Exception as e:
         raise ConfigError(
-            f"the stream of training.dataset='{name}' broke after {skip + count} documents ({short_reason(e)}); "
+            f"the stream of {where} broke after {skip + count} documents ({short_reason(e)}); "
             "run the same command again to continue from the last finished shard"
         ) from e
 
 
-def short_reason(error: BaseException, limit: int = 120) -> str:
-    lines = str(error).strip().splitlines()
-    reason = lines[0] if lines else type(error).__name__
-    return reason if len(reason) <= limit else reason[: limit - 3] + "..."
+def _hub_advice(error: Exception, section: str) -> str:
+    """Which key to set, with the choices `datasets` named."""
+    text = str(error)
+    choices = re.search(r"(?:configs|splits): (\[[^\]]*\])", text)
+    among = f" (one of {choices.group(1)})" if choices else ""
+    if "Config name is missing" in text or "BuilderConfig" in text:
+        return f"set {section}.dataset_subset{among}"
+    if "split" in text.lower():
+        return f"set {section}.dataset_split{among}"
+    return f"check {section}.dataset and its keys, or use dataset = 'stdlib' or 'local' with dataset_path"

@@ -26,33 +26,32 @@ import numpy as np
 
 from titanlite.base.errors import ConfigError
 from titanlite.data.progress import Progress
+from titanlite.data.readers import Span, plan_pieces, read_batches
 from titanlite.data.sources import (
     HUB_PIECE_DOCUMENTS,
+    STAT_EACH_FILE_UP_TO,
+    Listing,
     Source,
     SourceFile,
-    Span,
     fingerprint,
     full_hash,
     hub_documents,
-    is_pretokenized,
-    plan_pieces,
-    read_batches,
-    source_files,
+    local_listing,
+    stdlib_files,
+    watch_fingerprint,
 )
+from titanlite.data.token_files import inspect_token_file
 from titanlite.data.tokenizer import Tokenizer
 
 # Bump when the shard layout or the way documents are gathered changes, so old stores are not reused.
-STORE_FORMAT = "titanlite-store-v2"
+STORE_FORMAT = "titanlite-store-v3"
 MANIFEST = "manifest.json"
+SOURCES = "sources.json"  # each source file's size, mtime and hashes: read by check and prepare, not by ranks
 JOURNAL = "progress.jsonl"
 DEFAULT_SHARD_BYTES = 32 * 2**20
 # How a store checks its sources before reuse: "stat" (size and mtime), "sample" (also a sampled
 # fingerprint: a few KiB per file) or "full" (also the sha256 of every byte).
 VERIFY_MODES = ("stat", "sample", "full")
-
-LLMC_HEADER_INTS = 256
-LLMC_FORMATS = {20240520: (1, np.uint16), 20240801: (7, np.uint32)}  # magic: (version, token dtype)
-SCAN_CHUNK = 2**26
 
 
 def token_dtype(tokenizer: Tokenizer) -> type[np.unsignedinteger]:
@@ -71,8 +70,12 @@ class TokenStore:
         maps: list[tuple | None] | None = None,
         documents: int | None = None,
         path: Path | None = None,
+        summary: str = "",
+        held_files: int = 0,
     ) -> None:
         self.arrays, self.label, self.documents, self.path = arrays, label, documents, path
+        self.summary = summary  # what the start-up's data line says of its files, beyond the label
+        self.held_files = held_files  # validation files its source held back (a pre-tokenised folder's val.bin)
         self.maps = maps or [None] * len(arrays)
         self.offsets = np.cumsum([0, *[len(a) for a in arrays]]).tolist()
 
@@ -137,24 +140,29 @@ def open_store(
     if verify not in VERIFY_MODES:
         raise ConfigError(f"verify='{verify}' is unknown; use one of: {', '.join(VERIFY_MODES)}")
     cache_dir = Path(cache_dir)
-    files = source_files(source)
-    if source.kind == "local" and is_pretokenized(files):
-        return open_pretokenized(source, files, tokenizer, cache_dir, verify)
     folder = store_folder(cache_dir, source, tokenizer)
+    if source.kind == "local" and verify == "stat" and not rebuild:
+        store = _open_trusted(folder, source)
+        if store is not None:
+            return store
+    listing = local_listing(source) if source.kind == "local" else None
+    if listing is not None and listing.pretokenized:
+        return open_pretokenized(source, listing, tokenizer, folder, verify)
     if not rebuild:
-        store = _open_if_current(folder, source, files, verify)
+        store = _open_if_current(folder, source, listing, verify)
         if store is not None:
             return store
     try:
         folder.mkdir(parents=True, exist_ok=True)
         with _exclusive_lock(folder / ".lock"):
             # Another process may have finished the store while this one waited for the lock.
-            store = None if rebuild else _open_if_current(folder, source, files, verify)
+            store = None if rebuild else _open_if_current(folder, source, listing, verify)
             if rebuild:
                 _clear(folder)
             if store is None:
-                build_store(folder, source, files, tokenizer, shard_bytes, workers, say)
-                store = _open_if_current(folder, source, files, "stat")
+                files = stdlib_files() if source.kind == "stdlib" else listing.files() if listing else []
+                build_store(folder, source, files, tokenizer, shard_bytes, workers, say, listing)
+                store = _open_if_current(folder, source, listing, "sample")
             if store is None:
                 raise ConfigError(f"{source.description} changed while it was being prepared; run the command again")
     except OSError as e:
@@ -190,7 +198,10 @@ class StoreOptions:
 
 def store_folder(cache_dir: Path, source: Source, tokenizer: Tokenizer) -> Path:
     where = str(Path(source.location).expanduser().resolve()) if source.kind == "local" else source.location
-    key = hashlib.sha256(f"{STORE_FORMAT}\0{tokenizer.fingerprint}\0{source.kind}\0{where}".encode()).hexdigest()
+    parts = [STORE_FORMAT, tokenizer.fingerprint, source.kind, where] + [source.options_key()] * bool(
+        source.options_key()
+    )
+    key = hashlib.sha256("\0".join(parts).encode()).hexdigest()
     return cache_dir / f"store-{key[:24]}"
 
 
@@ -202,15 +213,54 @@ def read_manifest(folder: Path) -> dict | None:
     return manifest if manifest.get("format") == STORE_FORMAT else None
 
 
-def _open_if_current(folder: Path, source: Source, files: list[SourceFile], verify: str) -> TokenStore | None:
+def _open_trusted(folder: Path, source: Source) -> TokenStore | None:
+    """A training rank's way in to a source of many files: its store (or its token files' index) as recorded,
+    when the folders its listing walked are unchanged; no listing, no stat per file."""
     manifest = read_manifest(folder)
-    if manifest is None or (source.kind != "hub" and not _sources_match(manifest["sources"], files, verify)):
+    if manifest is not None and _trusts(manifest.get("listing"), source):
+        return _store_from_manifest(folder, manifest, source, manifest["listing"]["summary"])
+    index = _read_index(_index_path(folder))
+    if index is not None and _trusts(index.get("listing"), source):
+        return _pretokenized_store(source, index["files"], index["listing"])
+    return None
+
+
+def _trusts(record: dict | None, source: Source) -> bool:
+    return (
+        isinstance(record, dict)
+        and record["files"] > STAT_EACH_FILE_UP_TO
+        and watch_fingerprint(record["watched"], source.skip_unsupported) == record["fingerprint"]
+    )
+
+
+def _open_if_current(folder: Path, source: Source, listing: Listing | None, verify: str) -> TokenStore | None:
+    manifest = read_manifest(folder)
+    if manifest is None or not _sources_current(folder, source, listing, verify):
         return None
+    return _store_from_manifest(folder, manifest, source, listing.summary() if listing else "")
+
+
+def _store_from_manifest(folder: Path, manifest: dict, source: Source, summary: str) -> TokenStore | None:
     itemsize = np.dtype(manifest["dtype"]).itemsize
     maps = [(str(folder / s["file"]), manifest["dtype"], 0, s["tokens"]) for s in manifest["shards"]]
     if any(not os.path.isfile(m[0]) or os.path.getsize(m[0]) != m[3] * itemsize for m in maps):
         return None  # a shard was removed or cut short: rebuild it
-    return TokenStore.from_files(maps, label=source.description, documents=manifest["documents"], path=folder)
+    return TokenStore.from_files(
+        maps, label=source.description, documents=manifest["documents"], path=folder, summary=summary
+    )
+
+
+def _sources_current(folder: Path, source: Source, listing: Listing | None, verify: str) -> bool:
+    """Whether the store's sources are as recorded, file by file: size and mtime, plus the sampled
+    fingerprint or the full hash."""
+    if source.kind == "hub":
+        return True
+    try:
+        recorded = json.loads((folder / SOURCES).read_text())
+    except (OSError, ValueError):
+        return False
+    files = listing.files() if listing is not None else stdlib_files()
+    return _sources_match(recorded, files, verify)
 
 
 def _sources_match(recorded: list[dict], files: list[SourceFile], verify: str) -> bool:
@@ -235,6 +285,7 @@ def build_store(
     shard_bytes: int,
     workers: int,
     say: Callable[[str], None] | None,
+    listing: Listing | None = None,
 ) -> dict:
     """Tokenise `source` into `folder`, reusing every shard an earlier (possibly interrupted) build
     finished for unchanged input, then write the manifest and drop what it no longer lists."""
@@ -243,7 +294,7 @@ def build_store(
         stale.unlink(missing_ok=True)
     done = _finished_shards(folder, dtype)
     if source.kind == "hub":
-        shards = _build_hub(folder, source.location, tokenizer, dtype, done, say)
+        shards = _build_hub(folder, source, tokenizer, dtype, done, say)
         recorded = []
     else:
         # The full hash (about a second per GB) lets data.verify_sources tell a same-size, same-mtime edit.
@@ -264,9 +315,11 @@ def build_store(
         "tokens": sum(s["tokens"] for s in shards),
         "documents": documents,
         "shard_bytes": shard_bytes,
-        "sources": recorded,
+        "files": len(recorded),
+        "listing": listing.record() if listing else None,
         "shards": shards,
     }
+    _write_atomically(folder / SOURCES, json.dumps(recorded).encode())
     _write_atomically(folder / MANIFEST, json.dumps(manifest, indent=1).encode())
     listed = {s["file"] for s in shards}
     for path in folder.glob("*.bin"):
@@ -278,7 +331,7 @@ def build_store(
 
 def _clear(folder: Path) -> None:
     """Forget a store's shards, so the next build tokenises everything again."""
-    for path in [folder / MANIFEST, folder / JOURNAL, *folder.glob("*.bin")]:
+    for path in [folder / MANIFEST, folder / SOURCES, folder / JOURNAL, *folder.glob("*.bin")]:
         path.unlink(missing_ok=True)
 
 
@@ -302,12 +355,13 @@ def _piece_key(tokenizer: Tokenizer, dtype: str, spans: list[Span], recorded: di
     for s in spans:
         r = recorded[s.path]
         parts += [s.path, s.kind, str(s.start), str(s.stop), str(s.ends_document), str(r["size"]), r["sha256"]]
+        parts += [s.field] * (s.field != "text")
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
 
 def _build_pieces(folder, source, files, recorded, tokenizer, dtype, shard_bytes, workers, done, say) -> list[dict]:
     by_path = {r["path"]: r for r in recorded}
-    pieces = plan_pieces(files, shard_bytes, stdlib=source.kind == "stdlib")
+    pieces = plan_pieces(files, shard_bytes, field=source.text_field)
     keys = [_piece_key(tokenizer, dtype, spans, by_path) for spans in pieces]
     shards = {k: done[k] for k in keys if k in done}
     todo = [(folder, key, spans, tokenizer, dtype) for key, spans in zip(keys, pieces) if key not in shards]
@@ -426,19 +480,21 @@ def _with_bos(
     return parts
 
 
-def _build_hub(folder: Path, name: str, tokenizer: Tokenizer, dtype: str, done: dict[str, dict], say) -> list[dict]:
+def _build_hub(
+    folder: Path, source: Source, tokenizer: Tokenizer, dtype: str, done: dict[str, dict], say
+) -> list[dict]:
     """Stream a hub dataset into shards of HUB_PIECE_DOCUMENTS documents; a rerun skips finished shards."""
+    name = source.location
 
     def key(index: int) -> str:
-        return hashlib.sha256(
-            f"hub\0{name}\0{tokenizer.fingerprint}\0{HUB_PIECE_DOCUMENTS}\0{index}".encode()
-        ).hexdigest()
+        parts = ["hub", name, source.options_key(), tokenizer.fingerprint, str(HUB_PIECE_DOCUMENTS), str(index)]
+        return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
     shards = []
     while key(len(shards)) in done:
         shards.append(done[key(len(shards))])
-    progress = Progress(f"hub:{name}", total_bytes=0, say=say)
-    documents = hub_documents(name, skip=sum(s["documents"] for s in shards))
+    progress = Progress(source.description, total_bytes=0, say=say)
+    documents = hub_documents(source, skip=sum(s["documents"] for s in shards))
     with open(folder / JOURNAL, "a") as journal:
         while chunk := list(islice(documents, HUB_PIECE_DOCUMENTS)):
             nbytes = sum(len(text) for text in chunk)
@@ -483,106 +539,61 @@ def _write_atomically(path: Path, data: bytes) -> None:
 
 
 def open_pretokenized(
-    source: Source, files: list[SourceFile], tokenizer: Tokenizer, cache_dir: Path, verify: str = "stat"
+    source: Source, listing: Listing, tokenizer: Tokenizer, folder: Path, verify: str = "stat"
 ) -> TokenStore:
-    """Memory-map .bin/.npy token files in place. Each is checked once (header, size, every id inside the
-    tokenizer's vocabulary) and the result cached by path, size, mtime and fingerprint."""
-    key = hashlib.sha256(f"{STORE_FORMAT}\0{tokenizer.vocab_size}\0{[f.path for f in files]}".encode()).hexdigest()
-    index_path = cache_dir / f"pretokenized-{key[:24]}.json"
-    try:
-        index = {r["path"]: r for r in json.loads(index_path.read_text())}
-    except (OSError, ValueError, TypeError, KeyError):
-        index = {}
-    records, changed = [], False
-    for f in files:
-        record = index.get(f.path)
-        if verify == "full" or record is None or not _sources_match([record], [f], verify):
-            record, changed = inspect_token_file(f, tokenizer), True
-        records.append(record)
-    if changed:
+    """Memory-map .bin/.npy token files (and Megatron .bin/.idx pairs) in place. Each is checked once
+    (header, size, every id inside the tokenizer's vocabulary) and the result cached, beside the store
+    `folder` a text source would have, by path, size, mtime and fingerprint."""
+    index_path = _index_path(folder)
+    cached = _read_index(index_path) or {"files": []}
+    by_path = {r["path"]: r for r in cached["files"]}
+    records = [_checked_token_file(f, by_path.get(f.path), tokenizer, verify) for f in listing.files()]
+    index = {"listing": listing.record(), "files": records}
+    if index != cached:
         with contextlib.suppress(OSError):  # the check is only a cache: an unwritable cache costs time, not correctness
-            cache_dir.mkdir(parents=True, exist_ok=True)
-            _write_atomically(index_path, json.dumps(records).encode())
-    maps = [(r["path"], r["dtype"], r["offset"], r["count"]) for r in records]
-    return TokenStore.from_files(maps, label=source.description)
+            index_path.parent.mkdir(parents=True, exist_ok=True)
+            _write_atomically(index_path, json.dumps(index).encode())
+    return _pretokenized_store(source, records, listing.record())
 
 
-def inspect_token_file(f: SourceFile, tokenizer: Tokenizer) -> dict:
-    """Where the ids of a .bin/.npy file lie and what type they are; ConfigError (naming the file) for a
-    bad header, a truncated file or an id outside the tokenizer's vocabulary."""
-    if f.path.lower().endswith(".npy"):
-        dtype, offset, count = _npy_layout(f.path)
-    else:
-        dtype, offset, count = _bin_layout(f)
-    if count == 0:
-        raise ConfigError(f"{f.path} holds no tokens; remove it from the corpus")
-    ids = np.memmap(f.path, dtype=dtype, mode="r", offset=offset, shape=(count,))
-    low = min(int(ids[i : i + SCAN_CHUNK].min()) for i in range(0, count, SCAN_CHUNK))
-    high = max(int(ids[i : i + SCAN_CHUNK].max()) for i in range(0, count, SCAN_CHUNK))
-    if low < 0 or high >= tokenizer.vocab_size:
-        bad = low if low < 0 else high
-        raise ConfigError(
-            f"{f.path} holds token id {bad}, outside model.tokenizer '{tokenizer.name}' (ids "
-            f"0..{tokenizer.vocab_size - 1}); "
-            "tokenize it with the same tokenizer or set model.tokenizer to the one it was made with"
-        )
-    return {
-        **f.as_record(),
-        "fingerprint": fingerprint(f.path, f.size),
-        "dtype": np.dtype(dtype).str,
-        "offset": offset,
-        "count": count,
-        "max_id": high,
-    }
+def _index_path(folder: Path) -> Path:
+    return folder.parent / f"pretokenized-{folder.name.removeprefix('store-')}.json"
 
 
-def _bin_layout(f: SourceFile) -> tuple[np.dtype, int, int]:
-    """An llm.c / modded-nanogpt shard (256 int32 header: magic, version, token count) or, without that
-    header, nanoGPT's raw uint16 array."""
-    with open(f.path, "rb") as handle:
-        data = handle.read(LLMC_HEADER_INTS * 4)
-    header = np.frombuffer(data[: len(data) // 4 * 4], dtype="<i4")
-    magic = int(header[0]) if len(header) else 0
-    if magic in LLMC_FORMATS:
-        version, dtype = LLMC_FORMATS[magic]
-        if len(header) < LLMC_HEADER_INTS or int(header[1]) != version:
-            found = int(header[1]) if len(header) > 1 else "none"
-            raise ConfigError(
-                f"{f.path} has llm.c magic {magic} but version {found} (expected {version}); re-create the shard"
-            )
-        count, offset = int(header[2]), LLMC_HEADER_INTS * 4
-        available = (f.size - offset) // np.dtype(dtype).itemsize
-        if count > available:
-            raise ConfigError(
-                f"{f.path} is truncated: its header promises {count:,} tokens but the file holds {available:,}; "
-                "re-create or remove it"
-            )
-        return np.dtype(dtype), offset, count
-    if len(header) == LLMC_HEADER_INTS and int(header[1]) in (1, 7) and magic and not header[3:].any():
-        known = " or ".join(f"{m} ({np.dtype(d).name})" for m, (_, d) in LLMC_FORMATS.items())
-        raise ConfigError(
-            f"{f.path} has an llm.c-style header with the unknown magic {magic} (expected {known}); re-create the shard"
-        )
-    if f.size % 2:
-        raise ConfigError(
-            f"{f.path} has no llm.c header and an odd size, so it is not a raw uint16 token array; re-create it"
-        )
-    return np.dtype(np.uint16), 0, f.size // 2
-
-
-def _npy_layout(path: str) -> tuple[np.dtype, int, int]:
+def _read_index(path: Path) -> dict | None:
     try:
-        array = np.load(path, mmap_mode="r")
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"{path} is not a readable .npy file ({e}); re-create or remove it") from e
-    if not isinstance(array, np.memmap) or array.dtype.kind not in "iu" or not array.flags.c_contiguous:
-        raise ConfigError(
-            f"{path} holds {array.dtype} values, not a contiguous array of integer token ids; re-create it"
+        index = json.loads(path.read_text())
+        return index if isinstance(index, dict) and isinstance(index.get("files"), list) else None
+    except (OSError, ValueError):
+        return None
+
+
+def _pretokenized_store(source: Source, records: list[dict], listing: dict) -> TokenStore:
+    maps = [(r["path"], r["dtype"], r["offset"], r["count"]) for r in records]
+    summary = listing["summary"]
+    documents = [r.get("documents") for r in records]
+    if any(r.get("ends_with_eot") is False for r in records):
+        summary += ("; " if summary else "") + (
+            "its Megatron documents are not followed by the end-of-text id (made without --append-eod), so "
+            "windows run them together"
         )
-    return array.dtype, int(array.offset), int(array.size)
+    return TokenStore.from_files(
+        maps,
+        label=source.description,
+        documents=None if None in documents else sum(documents),
+        summary=summary,
+        held_files=listing["held"],
+    )
+
+
+def _checked_token_file(f: SourceFile, record: dict | None, tokenizer: Tokenizer, verify: str) -> dict:
+    if verify == "full" or record is None or not _sources_match([record], [f], verify):
+        return inspect_token_file(f, tokenizer)
+    return record
 
 
 def describe(store: TokenStore) -> str:
     shards = f"{store.num_shards} shard" + ("s" if store.num_shards != 1 else "")
     docs = f"{store.documents:,} documents, " if store.documents is not None else ""
-    return f"{store.label}: {docs}{len(store):,} tokens in {shards}"
+    summary = f" ({store.summary})" if store.summary else ""
+    return f"{store.label}{summary}: {docs}{len(store):,} tokens in {shards}"

@@ -15,8 +15,7 @@ from pathlib import Path
 import numpy as np
 import tiktoken
 
-from titanlite.base.errors import ConfigError
-from titanlite.data.sources import short_reason
+from titanlite.base.errors import ConfigError, short_reason
 
 GPT2_RANKS_PATH = Path(__file__).parent / "assets" / "gpt2.tiktoken"
 GPT2_RANKS_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"

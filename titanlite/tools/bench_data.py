@@ -41,8 +41,11 @@ from titanlite.data.sources import Source, stdlib_files
 from titanlite.data.store import open_store, read_manifest, store_folder
 from titanlite.data.tokenizer import GPT2Tokenizer, gpt2_encoding
 
-USAGE = """usage: titanlite bench data [--mb M[,M...]] [--workers N] [--repeats R] [--output FILE.json] [--keep DIR]
+USAGE = """usage: titanlite bench data [--mb M[,M...]] [--zst] [--files N[,N...]] [--workers N] [--repeats R]
+                            [--output FILE.json] [--keep DIR]
   --mb M,...     corpus sizes in MiB, one table row each (default 300,1000)
+  --zst          also prepare each corpus as 8 .jsonl.zst shards (a compressed dump's layout), same documents
+  --files N,...  also time a training rank's and check's start-up on folders of N one-document .jsonl files
   --workers N    passed to `titanlite prepare --workers` (default: prepare's own, every core)
   --repeats R    start-ups timed per corpus; the median is reported (default 3)
   --output FILE  also write the figures as JSON
@@ -52,7 +55,7 @@ USAGE = """usage: titanlite bench data [--mb M[,M...]] [--workers N] [--repeats 
 SEED = 20240601
 GENERATOR = "titanlite-bench-data-v1"  # bump when the generated text changes, so kept corpora are remade
 WORDS_PER_DOC, VOCAB_WORDS, DOCS_PER_CHUNK = (200, 4000), 5000, 64
-BATCH_DOCS, OPEN_REPEATS = 1000, 7
+BATCH_DOCS, OPEN_REPEATS, ZST_SHARDS = 1000, 7, 8
 SAMPLE_SECONDS, SCAN_SECONDS = 0.02, 0.25
 # The prepared-store issue's targets.
 MIN_RATIO, MAX_STARTUP_EXCESS_S, MAX_PEAK_MIB, MAX_PEAK_GROWTH = 0.8, 1.5, 1024, 1.10
@@ -62,18 +65,22 @@ def bench_data(argv: list[str]) -> int:
     if "--help" in argv or "-h" in argv:
         print(USAGE)
         return 0
-    opts, rest = take_options(
-        argv, {"mb": "300,1000", "workers": -1, "repeats": 3, "output": "", "keep": ""}, "bench data"
-    )
+    defaults = {"mb": "300,1000", "zst": False, "files": "", "workers": -1, "repeats": 3, "output": "", "keep": ""}
+    opts, rest = take_options(argv, defaults, "bench data")
     if rest:
         raise ConfigError(f"bench data does not take '{rest[0]}'; see `titanlite bench data --help`")
     sizes = parse_sizes(opts["mb"])
+    file_counts = parse_sizes(opts["files"], "--files", "file counts") if opts["files"] else []
     if opts["repeats"] < 1:
         raise ConfigError(f"bench data --repeats must be at least 1, not {opts['repeats']}")
     folder = Path(opts["keep"] or tempfile.mkdtemp(prefix="titanlite-bench-data-")).resolve()
     folder.mkdir(parents=True, exist_ok=True)
     try:
         rows = [bench_size(mb, folder, opts["workers"], opts["repeats"]) for mb in sizes]
+        if opts["zst"]:
+            for row in rows:
+                row.update(bench_compressed(row, folder, opts["workers"]))
+        many = [bench_many_files(n, folder) for n in file_counts]
     finally:
         if not opts["keep"]:
             shutil.rmtree(folder, ignore_errors=True)
@@ -82,6 +89,7 @@ def bench_data(argv: list[str]) -> int:
         "cpus": len(os.sched_getaffinity(0)),
         "workers": opts["workers"],
         "rows": rows,
+        "many_files": many,
         "targets": targets(rows),
     }
     print(format_report(report))
@@ -90,14 +98,14 @@ def bench_data(argv: list[str]) -> int:
     return 0
 
 
-def parse_sizes(text: str) -> list[int]:
+def parse_sizes(text: str, option: str = "--mb", what: str = "sizes in MiB") -> list[int]:
     try:
         sizes = [int(part) for part in text.split(",")]
     except ValueError:
         sizes = []
     if not sizes or min(sizes) < 1:
         raise ConfigError(
-            f"bench data --mb takes sizes in MiB (whole numbers >= 1, comma-separated, e.g. 300,1000), not '{text}'"
+            f"bench data {option} takes {what} (whole numbers >= 1, comma-separated, e.g. 300,1000), not '{text}'"
         )
     return sizes
 
@@ -315,6 +323,91 @@ def store_figures(corpus: Path, cache: Path) -> tuple[int, float]:
     return manifest["tokens"], statistics.median(times)
 
 
+def bench_compressed(row: dict, folder: Path, workers: int) -> dict:
+    """The row's documents as ZST_SHARDS .jsonl.zst files in corpus order, prepared into a fresh cache: the
+    time, and whether the store holds exactly the plain corpus's tokens."""
+    corpus = folder / f"corpus-{row['mib']}mib.jsonl"
+    shards = folder / f"corpus-{row['mib']}mib-zst"
+    if not (shards / ".done").exists():
+        write_zst_shards(corpus, shards)
+    cache = folder / f"cache-{row['mib']}-zst"
+    shutil.rmtree(cache, ignore_errors=True)
+    data = ["--training.dataset", "local", "--training.dataset_path", str(shards), "--data.cache_dir", str(cache)]
+    prep = run_measured(cli("prepare", *data, *(["--workers", str(workers)] if workers >= 0 else [])))
+    tokenizer = GPT2Tokenizer()
+    zst = open_store(Source("local", str(shards), "training.dataset_path"), tokenizer, cache)
+    plain = open_store(Source("local", str(corpus), "training.dataset_path"), tokenizer, folder / f"cache-{row['mib']}")
+    same = len(zst) == len(plain) and all(
+        np.array_equal(zst.read(i, min(i + 2**24, len(zst))), plain.read(i, min(i + 2**24, len(zst))))
+        for i in range(0, len(zst), 2**24)
+    )
+    rate = len(zst) / prep["seconds"]
+    say(f"{row['mib']} MiB as .jsonl.zst: prepare {prep['seconds']:.1f} s ({rate:,.0f} tokens/s)")
+    return {
+        "zst_bytes": sum(p.stat().st_size for p in shards.glob("*.zst")),
+        "zst_prepare_seconds": prep["seconds"],
+        "zst_prepare_tokens_per_s": rate,
+        "zst_ratio": rate / row["raw_tokens_per_s"],
+        "zst_same_tokens": same,
+        "zst_peak_tree_rss_mib": prep["peak_tree_rss_mib"],
+    }
+
+
+def write_zst_shards(corpus: Path, shards: Path) -> None:
+    import zstandard  # a declared dependency; only this measurement writes .zst
+
+    shards.mkdir(parents=True, exist_ok=True)
+    per_shard = -(-corpus.stat().st_size // ZST_SHARDS)
+    with open(corpus, "rb") as source:
+        for index in range(ZST_SHARDS):
+            with open(shards / f"part-{index:05d}.jsonl.zst", "wb") as raw:
+                writer = zstandard.ZstdCompressor(level=3).stream_writer(raw)
+                written = 0
+                while written < per_shard and (line := source.readline()):
+                    writer.write(line)
+                    written += len(line)
+                writer.close()
+    (shards / ".done").touch()  # hidden: not part of the corpus
+
+
+def bench_many_files(count: int, folder: Path) -> dict:
+    """A folder of `count` one-document .jsonl files (1,000 to a subfolder), prepared; then the median
+    time of open_store as a training rank opens it (verify='stat': the listing, no stat per file above
+    STAT_EACH_FILE_UP_TO files) and as `check` does (verify='sample': a stat and a sampled read per file)."""
+    root = folder / f"files-{count}"
+    if not (root / ".done").exists():
+        for i in range(count):
+            path = root / f"{i // 1000:05d}" / f"{i:07d}.jsonl"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps({"text": f"Document {i}: a short text of a few words."}) + "\n")
+        (root / ".done").touch()  # hidden: not part of the corpus
+    cache = folder / f"cache-files-{count}"
+    shutil.rmtree(cache, ignore_errors=True)
+    data = ["--training.dataset", "local", "--training.dataset_path", str(root), "--data.cache_dir", str(cache)]
+    prep = run_measured(cli("prepare", *data))
+    source, tokenizer = Source("local", str(root), "training.dataset_path"), GPT2Tokenizer()
+    rank_ms, check_ms = (timed_open(source, tokenizer, cache, verify) for verify in ("stat", "sample"))
+    store = store_folder(cache, source, tokenizer)
+    say(f"{count:,} files: prepare {prep['seconds']:.1f} s, rank open {rank_ms:.1f} ms, check open {check_ms:.1f} ms")
+    return {
+        "files": count,
+        "prepare_seconds": prep["seconds"],
+        "rank_open_ms": rank_ms,
+        "check_open_ms": check_ms,
+        "manifest_kib": (store / "manifest.json").stat().st_size / 1024,
+        "sources_kib": (store / "sources.json").stat().st_size / 1024,
+    }
+
+
+def timed_open(source: Source, tokenizer, cache: Path, verify: str) -> float:
+    times = []
+    for _ in range(OPEN_REPEATS):
+        start = time.perf_counter()
+        open_store(source, tokenizer, cache, verify=verify)
+        times.append(1e3 * (time.perf_counter() - start))
+    return statistics.median(times)
+
+
 # ----------------------------------------------------------------------------------------------
 # Report
 
@@ -355,6 +448,30 @@ def format_report(report: dict) -> str:
             f"{r['peak_process_hwm_mib']:,.0f} | {r['startup_seconds']:.2f} ({r['stdlib_startup_seconds']:.2f}) | "
             f"{r['open_store_ms']:.1f} |"
         )
+    if "zst_prepare_seconds" in report["rows"][0]:
+        lines += [
+            "",
+            "| MiB | .jsonl.zst MiB (8 shards) | prepare tok/s | ratio to raw (default threads) | "
+            "prepare wall s | peak tree RSS MiB | same tokens as .jsonl |",
+            "|---:|---:|---:|---:|---:|---:|---|",
+        ]
+        lines += [
+            f"| {r['mib']:,} | {r['zst_bytes'] / 2**20:,.0f} | {r['zst_prepare_tokens_per_s']:,.0f} | "
+            f"{r['zst_ratio']:.2f} | {r['zst_prepare_seconds']:.1f} | {r['zst_peak_tree_rss_mib']:,.0f} | "
+            f"{'yes' if r['zst_same_tokens'] else 'NO'} |"
+            for r in report["rows"]
+        ]
+    if report["many_files"]:
+        lines += [
+            "",
+            "| files | prepare s | rank open_store ms | check open_store ms | manifest KiB | sources.json KiB |",
+            "|---:|---:|---:|---:|---:|---:|",
+        ]
+        lines += [
+            f"| {m['files']:,} | {m['prepare_seconds']:.1f} | {m['rank_open_ms']:.1f} | {m['check_open_ms']:.1f} | "
+            f"{m['manifest_kib']:.1f} | {m['sources_kib']:,.0f} |"
+            for m in report["many_files"]
+        ]
     lines.append("")
     lines += [f"{'n/a ' if ok is None else 'PASS' if ok else 'MISS'}  {name}" for name, ok in report["targets"].items()]
     lines += [

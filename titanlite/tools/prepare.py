@@ -9,10 +9,9 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from titanlite.builder.data import store_options
+from titanlite.builder.data import store_options, training_sources
 from titanlite.commands.options import take_options
 from titanlite.config import parse_config
-from titanlite.data.datasets import configured_sources
 from titanlite.data.store import describe
 from titanlite.data.tokenizer import build_tokenizer
 
@@ -35,7 +34,7 @@ def prepare(argv: list[str]) -> int:
     if opts["workers"] >= 0:
         options = dataclasses.replace(options, workers=opts["workers"])
     tokenizer = build_tokenizer(cfg.model.tokenizer, cfg.model.hf_assets_path)
-    sources = configured_sources(cfg.training.dataset, cfg.training.dataset_path, cfg.training.dataset_mixture)
+    sources = training_sources(cfg)
     for source, _ in sources:
         start = time.perf_counter()
         store = options.open(source, tokenizer, say=say, rebuild=opts["rebuild"])

@@ -1,0 +1,77 @@
+"""Training on the corpora users bring, through ./run_train.sh: a zstandard-compressed JSON-lines dump trains with
+the losses of the same text as plain .jsonl, the start-up names the real source, and a nanoGPT folder validates
+on its val.bin instead of training on it."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import zstandard
+
+from tests.helpers import TINY, losses, metrics, run_train_sh
+
+# A corpus of about 10,000 GPT-2 tokens: enough windows of 32 for 5 steps of 8 and a held-out split.
+TEXTS = [f"Document {i}. " + " ".join(f"word{(i * 7 + j) % 97}" for j in range(40)) for i in range(120)]
+
+
+def test_a_zstandard_dump_trains_like_the_plain_jsonl_and_the_banner_names_it(tmp_path):
+    data = "".join(json.dumps({"text": t}) + "\n" for t in TEXTS).encode()
+    (tmp_path / "plain.jsonl").write_bytes(data)
+    (tmp_path / "dump.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(data))
+    runs = {}
+    for name in ("plain.jsonl", "dump.jsonl.zst"):
+        run_dir = tmp_path / name.replace(".", "_")
+        args = [*TINY, "--training.dataset", "local", "--training.dataset_path", str(tmp_path / name)]
+        proc = run_train_sh(args, run_dir)
+        runs[name] = losses(proc, run_dir)
+        assert f"titanlite: run tiny GPT-2 on {tmp_path / name}\n" in proc.stdout, proc.stdout[:2000]
+    assert runs["dump.jsonl.zst"] == runs["plain.jsonl"] and len(runs["plain.jsonl"]) == 5
+
+
+def test_a_nanogpt_folder_validates_on_val_bin_and_never_trains_on_it(tmp_path):
+    folder = tmp_path / "nanogpt"
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    rng.integers(0, 50257, 4000, dtype=np.uint16).tofile(folder / "train.bin")
+    rng.integers(0, 50257, 700, dtype=np.uint16).tofile(folder / "val.bin")
+    args = [
+        *TINY,
+        "--training.dataset",
+        "local",
+        "--training.dataset_path",
+        str(folder),
+        "--validation.enable",
+        "--validation.freq",
+        "5",
+    ]
+    proc = run_train_sh(args, tmp_path / "run")
+    assert len(losses(proc, tmp_path / "run")) == 5
+    assert "(1 validation file(s) kept out of training (val.bin)): 4,000 tokens in 1 shard" in proc.stdout
+    assert "validation: 21 windows of 32 tokens (672 targets) from the training folders' validation files" in (
+        proc.stdout
+    )
+    assert [r["step"] for r in metrics(tmp_path / "run") if "val_loss" in r] == [5]
+
+
+def test_a_dump_folder_names_every_file_it_reads_and_refuses_one_it_cannot(tmp_path):
+    import gzip
+
+    folder = tmp_path / "dump"
+    folder.mkdir()
+    for i in range(2):
+        part = "".join(json.dumps({"text": t}) + "\n" for t in TEXTS[i * 60 : (i + 1) * 60]).encode()
+        (folder / f"part-{i}.jsonl.gz").write_bytes(gzip.compress(part))
+    (folder / "urls.txt").write_text("https://example.org/a\n")
+    args = [*TINY, "--training.dataset", "local", "--training.dataset_path", str(folder)]
+    proc = run_train_sh(args, tmp_path / "ok")
+    assert len(losses(proc, tmp_path / "ok")) == 5
+    assert f"data: {folder} (3 files: 2 .jsonl.gz, 1 .txt): 121 documents" in proc.stdout, proc.stdout[:3000]
+    (folder / "README.md").write_text("# the dump\n")
+    proc = run_train_sh(args, tmp_path / "refused")
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"titanlite: error: training.dataset_path='{folder}' holds 1 file(s) titanlite does not read (README.md); "
+        "remove them, or set data.skip_unsupported_files = true to leave them out"
+    )
+    assert "Traceback" not in proc.stderr
