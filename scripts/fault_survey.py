@@ -1,6 +1,6 @@
 """Fault-injection survey: what a demanding user does to a run, and whether titanlite survives it.
 
-    .venv/bin/python scripts/fault_survey.py [--only NAME,...] [--output survey.json]
+    .venv/bin/python scripts/fault_survey.py [--part all|faults|inputs] [--output survey.json]
 
 Faults: kills, signals, damaged checkpoints, a full disk, a busy run folder, divergence, changed settings on
 resume. A fault is survived when the run ends as it should (exit status, one last line) and, where it goes on,

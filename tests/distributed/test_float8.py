@@ -43,6 +43,12 @@ def fp32(tmp_path_factory):
             "(rowwise)",
             marks=pytest.mark.slow,
         ),
+        pytest.param(
+            "cp2",
+            ["--training.local_batch_size", "8", "--parallelism.context_parallel_degree", "2"],
+            "(tensorwise, FSDP all-gathers weights in float8)",  # FSDP shards over the cp ranks
+            marks=pytest.mark.slow,
+        ),
     ],
 )
 def test_float8_tracks_float32(tmp_path, fp32, layout, args, expect):

@@ -7,7 +7,8 @@ import sys
 import pytest
 
 from tests.helpers import REPO, env
-from titanlite.builder.estimate import candidate_layouts, pipeline_bubbles, stage_layers
+from titanlite.builder.estimate import pipeline_bubbles, stage_layers
+from titanlite.builder.layouts import candidate_layouts
 
 GIB = 2**30
 
@@ -119,3 +120,44 @@ def test_bad_options_are_one_line(tmp_path):
     cmd = [sys.executable, "-m", "titanlite.commands.cli", "plan", "--ngpu", "two"]
     proc = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "titanlite: error: plan:" in proc.stderr
+
+
+def test_long_sequences_get_context_parallel_layouts_whose_activations_fall_with_the_degree(tmp_path):
+    """At 32,768 tokens the plan offers CP within the node; a rank's activations fall with the CP degree (its
+    share of each sequence), less the keys and values it gathers and the mask it keeps; FSDP shards over
+    dp_shard x cp."""
+    assert not [lay for lay in candidate_layouts(8, 1, seq_len=4096) if lay.cp > 1], "short sequences: no CP"
+    names = {lay.name for lay in candidate_layouts(8, 1, seq_len=32768) if lay.cp > 1}
+    assert {"CP 8 (ZeRO-2)", "CP 8 (ZeRO-3)", "ZeRO-3 2 x CP 4", "ZeRO-3 2 x CP 2 x TP 2"} <= names
+    args = ["--config", "train_configs/llama3_debug.toml", "--model.flavor", "8B", "--ngpu", "8"]
+    _, result = plan(tmp_path, *args, "--training.seq_len", "32768", "--training.local_batch_size", "1")
+    rows = {(r["layout"], r["ac"]): r for r in result["rows"]}
+    zero3, cp2, cp4 = (
+        rows[("ZeRO-3 8", "none")],
+        rows[("ZeRO-3 4 x CP 2", "none")],
+        rows[("ZeRO-3 2 x CP 4", "none")],
+    )
+    assert zero3["activations"] > cp2["activations"] > cp4["activations"]
+    assert zero3["parameters"] == cp2["parameters"] == cp4["parameters"], "FSDP over 8 ranks in each"
+    assert (
+        "cp all-gather/reduce-scatter" in cp2["comm_bytes"]
+        and "cp all-gather/reduce-scatter" not in zero3["comm_bytes"]
+    )
+
+
+CP_REFUSED = [
+    (3, ["--parallelism.context_parallel_degree", "3"], "context_parallel_degree=3 does not cut training.seq_len=128"),
+    (4, ["--parallelism.context_parallel_degree", "2", "--parallelism.pipeline_parallel_degree", "2"],
+     "parallelism.context_parallel_degree > 1 with pipeline parallelism is not supported yet"),
+    (4, ["--parallelism.context_parallel_degree", "0"], "context_parallel_degree=0 must be at least 1"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("world, args, message", CP_REFUSED)
+def test_impossible_context_parallel_layouts_are_one_line_before_launch(world, args, message):
+    proc = subprocess.run(
+        [sys.executable, "-m", "titanlite.commands.cli", "check", "--world-size", str(world), *args],
+        cwd=REPO, env=env(), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.count("\n") == 1 and message in proc.stderr, proc.stderr

@@ -3,7 +3,8 @@ measured comparison is in tests/distributed/test_plan_measure.py, marked slow)."
 
 import pytest
 
-from titanlite.builder.estimate import estimate, layout_of, setting_for
+from titanlite.builder.estimate import estimate, setting_for
+from titanlite.builder.layouts import layout_of
 from titanlite.builder.model_facts import model_facts
 from titanlite.config import parse_config
 

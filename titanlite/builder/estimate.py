@@ -37,17 +37,22 @@ Communication per step and rank, ring algorithms ((n-1)/n of the data per all-ga
 twice that per all-reduce): DDP all-reduces gradients; FSDP all-gathers parameters (once under ZeRO-2,
 twice under ZeRO-3) and reduce-scatters gradients; HSDP also all-reduces the shards across replicas;
 TP all-gathers and reduce-scatters [b, s, d] activations 4 times per block in forward and in backward;
-PP sends each micro-batch's activations forward and their gradients back.
+CP all-gathers each block's keys and values in forward (and in AC's recomputation) and reduce-scatters their
+gradients in backward; PP sends each micro-batch's activations forward and their gradients back.
+
+Context parallelism (CP degree c): a rank holds seq_len / c tokens of each sequence, so the activations are
+those of a sequence of seq_len / c tokens, plus, per block, the keys and values gathered from the other
+ranks (2 x (c - 1) / c x [b, seq_len, kv_width / tp]) and the attention mask it is run with (see
+attention_mask_bytes; block-causal masks on one device too); FSDP shards over dp_shard x c.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from titanlite.builder.layouts import Layout, candidate_layouts, offload_layouts
 from titanlite.builder.model_facts import ModelFacts
 from titanlite.components.loss import chunk_tokens
-from titanlite.parallel.dims import ParallelDims
-from titanlite.parallel.parallelize import reshard_after_forward
 
 GIB = 2**30
 # Per-GPU bandwidth assumed for the time column (GB/s, one direction, what NCCL's bus bandwidth reaches).
@@ -70,134 +75,6 @@ class Machine:
 
 
 # ----------------------------------------------------------------------------------------------
-# Layouts
-
-
-@dataclass(frozen=True)
-class Layout:
-    name: str
-    dp_replicate: int = 1
-    dp_shard: int = 1
-    tp: int = 1
-    pp: int = 1
-    reshard: str = "always"  # under FSDP: 'always' (ZeRO-3) or 'never' (ZeRO-2)
-    ac: str = "none"
-    fsdp_single_rank: bool = False  # FSDP on a one-rank mesh (world 1): FSDP with dp_shard 1
-    offload: bool = False  # training.enable_cpu_offload: FSDP's state in host memory
-
-    @property
-    def dims(self) -> ParallelDims:
-        return ParallelDims(
-            self.dp_replicate, self.dp_shard, self.ranks, tp=self.tp, pp=self.pp, fsdp_single_rank=self.fsdp_single_rank
-        )
-
-    @property
-    def ranks(self) -> int:
-        return self.dp_replicate * self.dp_shard * self.tp * self.pp
-
-    def overrides(self, every: bool = False) -> list[str]:
-        """The command-line overrides that select this layout. The FSDP-on-one-rank and offload keys come
-        only where set (CPU offload turns FSDP on one rank on by itself), or always with `every`, so that
-        two layouts' lists can be compared key by key."""
-        out = [
-            "--parallelism.data_parallel_replicate_degree",
-            str(self.dp_replicate),
-            "--parallelism.data_parallel_shard_degree",
-            str(self.dp_shard),
-            "--parallelism.tensor_parallel_degree",
-            str(self.tp),
-            "--parallelism.pipeline_parallel_degree",
-            str(self.pp),
-            "--parallelism.fsdp_reshard_after_forward",
-            self.reshard,
-            "--activation_checkpoint.mode",
-            self.ac,
-        ]
-        single_rank = self.fsdp_single_rank and not self.offload
-        if every or single_rank:
-            out += ["--parallelism.fsdp_single_rank", str(single_rank).lower()]
-        if every or self.offload:
-            out += ["--training.enable_cpu_offload", str(self.offload).lower()]
-        return out
-
-
-def layout_of(cfg, world: int) -> Layout:
-    """The layout a config runs on `world` ranks."""
-    dims = ParallelDims.from_config(cfg.parallelism, world, cpu_offload=cfg.training.enable_cpu_offload)
-    reshard = "always" if reshard_after_forward(cfg.parallelism.fsdp_reshard_after_forward, dims.pp > 1) else "never"
-    offload = cfg.training.enable_cpu_offload and dims.fsdp_enabled
-    name = describe(dims.dp_replicate, dims.dp_shard, dims.tp, dims.pp, reshard, dims.fsdp_single_rank, offload)
-    return Layout(
-        name,
-        dims.dp_replicate,
-        dims.dp_shard,
-        dims.tp,
-        dims.pp,
-        reshard,
-        cfg.activation_checkpoint.mode,
-        dims.fsdp_single_rank,
-        offload,
-    )
-
-
-def describe(
-    rep: int, shard: int, tp: int, pp: int, reshard: str, single_rank: bool = False, offload: bool = False
-) -> str:
-    parts = []
-    if rep > 1 and shard > 1:
-        parts.append(f"HSDP {rep}x{shard}")
-    elif rep > 1:
-        parts.append(f"DDP {rep}")
-    elif shard > 1 or single_rank:  # FSDP on one rank reads as ZeRO over 1 rank
-        parts.append(f"{'ZeRO-3' if reshard == 'always' else 'ZeRO-2'} {shard}")
-    if tp > 1:
-        parts.append(f"TP {tp}")
-    if pp > 1:
-        parts.append(f"PP {pp}")
-    name = " x ".join(parts) or "single device"
-    return name + " + CPU offload" if offload else name
-
-
-def candidate_layouts(ngpu: int, nnodes: int) -> list[Layout]:
-    """Single device, DDP, ZeRO-2, ZeRO-3, HSDP (replicas across nodes), TP within a node, PP across
-    nodes, and their combinations the world size allows."""
-    world = ngpu * nnodes
-    out = [Layout("single device")] if world == 1 else []
-    tps = [t for t in (2, 4, 8) if t <= ngpu and ngpu % t == 0]
-    pps = sorted({p for p in (2, 4, 8, nnodes) if p > 1 and nnodes % p == 0}) if nnodes > 1 else [1]
-    for pp in [1, *[p for p in pps if p > 1]]:
-        for tp in [1, *tps]:
-            dp = world // (pp * tp)
-            if dp * pp * tp != world or dp < 1:
-                continue
-            if dp == 1:
-                if tp > 1 or pp > 1:
-                    out.append(Layout(describe(1, 1, tp, pp, "always"), tp=tp, pp=pp))
-                continue
-            for rep, shard, reshard in [(dp, 1, "always"), (1, dp, "never"), (1, dp, "always")]:
-                out.append(Layout(describe(rep, shard, tp, pp, reshard), rep, shard, tp, pp, reshard))
-            per_node = max(1, ngpu // tp) if pp == 1 else 0
-            if nnodes > 1 and pp == 1 and per_node > 1 and dp % per_node == 0 and dp // per_node > 1:
-                rep = dp // per_node
-                out.append(Layout(describe(rep, per_node, tp, pp, "always"), rep, per_node, tp, pp, "always"))
-    return out
-
-
-def offload_layouts(ngpu: int, nnodes: int) -> list[Layout]:
-    """The FSDP layouts again with CPU offload; on one GPU, FSDP on a one-rank mesh with offload (ZeRO-Offload:
-    an 8B model on one 80 GB GPU). A last resort, for when nothing fits on the devices."""
-    if ngpu * nnodes == 1:
-        return [Layout(describe(1, 1, 1, 1, "always", True, True), fsdp_single_rank=True, offload=True)]
-    return [
-        replace(
-            lay, name=describe(lay.dp_replicate, lay.dp_shard, lay.tp, lay.pp, lay.reshard, offload=True), offload=True
-        )
-        for lay in candidate_layouts(ngpu, nnodes)
-        if lay.dp_shard > 1
-    ]
-
-
-# ----------------------------------------------------------------------------------------------
 # Estimates
 
 
@@ -213,6 +90,7 @@ class Setting:
     stages_per_rank: int
     selective_ac_option: int
     loss_chunk: int = 0  # titanlite.components.loss.chunk_tokens: tokens per chunk of the chunked loss; 0: full logits
+    block_causal: bool = False  # model.attn_mask_type: documents masked from each other
 
 
 def stage_layers(n_layers: int, pp: int, stages_per_rank: int) -> list[list[int]]:
@@ -243,7 +121,8 @@ def estimate(facts: ModelFacts, lay: Layout, s: Setting) -> dict:
 
 
 def estimate_rank(facts, lay: Layout, s: Setting, layers: list[int], first: bool, last: bool, pp_rank: int) -> dict:
-    tp, shard = lay.tp, lay.dp_shard
+    tp, shard, cp = lay.tp, lay.dp_shard * lay.cp, lay.cp
+    s = replace(s, seq_len=s.seq_len // cp)  # a context-parallel rank holds seq_len / cp tokens of each sequence
 
     def local(full: int, split: int) -> float:
         return (full - split) + split / tp
@@ -263,15 +142,18 @@ def estimate_rank(facts, lay: Layout, s: Setting, layers: list[int], first: bool
     if lay.offload:  # FSDP keeps the shards, their gradients and AdamW's moments in host memory
         host, params, grads, optimizer = params + grads + optimizer, 0.0, 0.0, 0.0
 
-    # Activations of one micro-batch on this rank, float32 as measured, then in the activation dtype.
-    scale = s.micro_batch * s.act_bytes / 4
+    # Activations of one micro-batch on this rank, float32 as measured (per whole sequence: / cp for a
+    # context-parallel rank's share), then in the activation dtype.
+    scale = s.micro_batch * s.act_bytes / 4 / cp
     hidden = s.micro_batch * s.seq_len * facts.dim * s.act_bytes  # one [b, s, d] tensor
+    # Context parallelism: each block's attention keeps the keys and values gathered from the other ranks.
+    gathered_kv = 2 * s.micro_batch * s.seq_len * (cp - 1) * facts.kv_width / tp * s.act_bytes
     per_layer = []
     for i in layers:
         full = facts.act_layer[i] * scale
         if tp > 1:  # sequence parallel: all but the two gathered norm outputs are split
             full = (full - 2 * hidden) / tp + 2 * hidden
-        per_layer.append(full)
+        per_layer.append(full + gathered_kv + attention_mask_bytes(s, cp))
     recompute = 0.0
     if lay.ac == "full":
         kept = [hidden / tp for _ in layers]
@@ -335,6 +217,15 @@ def estimate_rank(facts, lay: Layout, s: Setting, layers: list[int], first: bool
     }
 
 
+def attention_mask_bytes(s: Setting, cp: int) -> float:
+    """An explicit attention mask, kept per block for backward in the activation dtype: [local tokens, all
+    tokens] under context parallelism (shared by the micro-batch's sequences), [b, tokens, tokens] with
+    block-causal documents. Plain causal attention on whole sequences needs none. `s.seq_len`: local tokens."""
+    if cp == 1 and not s.block_causal:
+        return 0.0
+    return (s.micro_batch if s.block_causal else 1) * s.seq_len * s.seq_len * cp * s.act_bytes
+
+
 def chunked_loss_bytes(facts, s: Setting, tp: int) -> tuple[float, float]:
     """The chunked loss (titanlite/components/loss.py) on one rank: (bytes kept from its forward to backward, bytes of
     its largest transient). Kept: the gradients it computes in forward, of the hidden states [b*s, d] in
@@ -387,17 +278,22 @@ def communication(lay: Layout, s: Setting, n_params: float, n_layers: int, facts
     if lay.dims.ddp_enabled:
         comm["all-reduce"] = 2 * ring(lay.dp_replicate) * 4 * n_params
     gathers = 1 if lay.reshard == "never" else 2
-    if lay.dims.fsdp_enabled and lay.dp_shard > 1:  # FSDP on one rank communicates nothing
-        comm["all-gather"] = gathers * accum * ring(lay.dp_shard) * n_params * s.param_gather_bytes
-        comm["reduce-scatter"] = ring(lay.dp_shard) * n_params * 4
+    shard = lay.dp_shard * lay.cp  # FSDP shards over the data-parallel shards and the context-parallel ranks
+    if lay.dims.fsdp_enabled and shard > 1:  # FSDP on one rank communicates nothing
+        comm["all-gather"] = gathers * accum * ring(shard) * n_params * s.param_gather_bytes
+        comm["reduce-scatter"] = ring(shard) * n_params * 4
         if lay.dp_replicate > 1:
-            comm["all-reduce"] = 2 * ring(lay.dp_replicate) * 4 * n_params / lay.dp_shard
+            comm["all-reduce"] = 2 * ring(lay.dp_replicate) * 4 * n_params / shard
     if lay.offload:  # fp32 shards to the device before each all-gather, their gradients back once
         comm["host<->device"] = (gathers * accum + 1) * 4 * n_params / lay.dp_shard
     if lay.tp > 1:
         hidden = s.micro_batch * s.seq_len * facts.dim * s.act_bytes
         per_layer = 8 * ring(lay.tp) * hidden  # 2 all-gathers + 2 reduce-scatters, forward and backward
         comm["tp all-gather/reduce-scatter"] = per_layer * n_layers * s.microbatches
+    if lay.cp > 1:  # K and V gathered in forward (again when AC recomputes), their gradients reduce-scattered
+        kv = 2 * s.micro_batch * s.seq_len * lay.cp * facts.kv_width / lay.tp * s.act_bytes  # whole sequence
+        passes = 3 if lay.ac in ("full", "selective_layer") else 2
+        comm["cp all-gather/reduce-scatter"] = passes * ring(lay.cp) * kv * n_layers * s.microbatches
     if lay.pp > 1:
         hidden = s.micro_batch * s.seq_len * facts.dim * s.act_bytes
         sends = (0 if last else 1) + (0 if first else 1)
@@ -410,12 +306,12 @@ def comm_seconds(lay: Layout, comm: dict, ngpu: int, nnodes: int, interconnect: 
     a node when it fits in one, else across nodes; PP across nodes when there are several; CPU offload's
     copies over PCIe."""
     intra, inter = BANDWIDTH[interconnect] * 1e9, BANDWIDTH["infiniband"] * 1e9
-    dp_inside = lay.dp_replicate * lay.dp_shard * lay.tp <= ngpu
+    dp_inside = lay.dp_replicate * lay.dp_shard * lay.cp * lay.tp <= ngpu
     total = 0.0
     for kind, volume in comm.items():
         if kind == "host<->device":
             total += volume / (BANDWIDTH["pcie"] * 1e9)
-        elif kind.startswith("tp"):
+        elif kind.startswith(("tp", "cp")):
             total += volume / intra
         elif kind == "send/recv":
             total += volume / (inter if nnodes > 1 else intra)
@@ -457,6 +353,7 @@ def setting_for(cfg, lay: Layout, world: int, device: str) -> Setting:
         stages,
         cfg.activation_checkpoint.selective_ac_option,
         chunk_tokens(t, cfg.compile, loss_parallel),
+        cfg.model.attn_mask_type == "block_causal",
     )
 
 
@@ -477,7 +374,8 @@ def layout_rows(cfg, facts: ModelFacts, own: Layout, machine: Machine, fits) -> 
                     out.append(layout_row(cfg, facts, l2, machine, fits, own=l2 == own))
         return out
 
-    others = [lay for lay in candidate_layouts(machine.ngpu, machine.nnodes) if not same_as_own(lay)]
+    layouts = candidate_layouts(machine.ngpu, machine.nnodes, cfg.training.seq_len)
+    others = [lay for lay in layouts if not same_as_own(lay)]
     rows = rows_of([own], []) + rows_of(others, ["full"])
     if not any(r["fits"] for r in rows) and own.ac != "full":
         rows += rows_of([replace(own, ac="full")], [])
@@ -547,6 +445,8 @@ def layout_allowed(facts: ModelFacts, lay: Layout, cfg) -> bool:
     # The trainer's own condition (check_tp_degree): heads, KV heads, FFN width, vocabulary and sequence length.
     if lay.tp > 1 and any(size % lay.tp for size in [*facts.tp_sizes.values(), cfg.training.seq_len]):
         return False
+    if lay.cp > 1 and (cfg.training.seq_len % (2 * lay.cp) or lay.pp > 1):  # check_cp_degree; no PP with CP yet
+        return False
     return lay.pp <= facts.n_layers
 
 
@@ -555,7 +455,7 @@ PREFERENCE = ["DDP", "ZeRO-2", "ZeRO-3", "HSDP", "single"]
 
 def simplicity(lay: Layout) -> tuple:
     """No CPU offload before offload, no AC before AC, fewer dimensions, then DDP before ZeRO-2 before ZeRO-3."""
-    dims = sum(d > 1 for d in (lay.dp_replicate * lay.dp_shard, lay.tp, lay.pp))
+    dims = sum(d > 1 for d in (lay.dp_replicate * lay.dp_shard, lay.cp, lay.tp, lay.pp))
     kind = 0 if lay.dims.ddp_enabled else 1 if lay.reshard == "never" else 2
     return (lay.offload, lay.ac != "none", dims, lay.tp, lay.pp, kind)
 

@@ -16,6 +16,7 @@ from titanlite.engine.trainer import Pipeline, RankModel, autocast_for
 from titanlite.models.interface import Decoder
 from titanlite.models.registry import configured_model
 from titanlite.parallel.compile import compiled_loss
+from titanlite.parallel.context_parallel import SequenceSplit
 from titanlite.parallel.float8 import Float8ScalePrecompute
 from titanlite.parallel.parallelize import DTYPES, loss_parallel_enabled, materialize, parallelize, wrap_ddp
 from titanlite.parallel.pipeline import StageTimer, TiedEmbeddingSync, build_schedule, split_model
@@ -81,6 +82,14 @@ def build_pipeline(cfg: JobConfig, plan: Plan, model, parts, mesh, device: torch
     )
 
 
+def sequence_split(cfg: JobConfig, plan: Plan, mesh) -> SequenceSplit:
+    """How this rank cuts each batch's sequences (context parallelism) and finds its documents (block-causal)."""
+    block_causal = cfg.model.attn_mask_type == "block_causal"
+    eot = build_tokenizer(cfg.model.tokenizer, cfg.model.hf_assets_path).eot_id if block_causal else None
+    cp_rank = mesh["cp"].get_local_rank() if plan.dims.cp_enabled else 0
+    return SequenceSplit(plan.dims.cp, cp_rank, eot)
+
+
 def build_rank_model(cfg: JobConfig, plan: Plan, mesh, device: torch.device, vocab_size: int) -> ModelSetup:
     """This rank's parallelised model with its loss (chunked or plain, compiled or not) and pipeline."""
     plain, parts = build_model(cfg, vocab_size, plan, mesh, device)
@@ -105,7 +114,8 @@ def build_rank_model(cfg: JobConfig, plan: Plan, mesh, device: torch.device, voc
         loss_parallel=loss_parallel,
         autocast=autocast_for(device, parts[0], param_dtype),
         pipeline=pipeline,
-        loss_group=mesh["dp_cp"].get_group() if plan.dims.dp > 1 else None,
+        loss_group=mesh["dp_cp"].get_group() if plan.dims.dp * plan.dims.cp > 1 else None,
+        split=sequence_split(cfg, plan, mesh),
         after_optimizer_step=Float8ScalePrecompute(parts, cfg.float8, plan.dims.fsdp_enabled) or None,
     )
     return ModelSetup(plain, rank, param_dtype, loss_line)

@@ -45,6 +45,7 @@ class ModelFacts:
     act_last_vocab: float = 0.0  # saved full-vocabulary tensors (logits path), per sequence
     flops_per_token: float = 0.0  # training FLOPs per token (metrics.flops_per_token)
     tp_sizes: dict[str, int] = field(default_factory=dict)  # what a TP degree must divide (tp_split_sizes)
+    kv_width: int = 0  # key (and value) channels per token: KV heads x head_dim (what context parallelism gathers)
 
     @property
     def params(self) -> int:
@@ -94,6 +95,7 @@ def model_facts(cfg, seq_len: int) -> ModelFacts:
         max(max(layer_params), root),
         flops_per_token=flops_per_token(model, seq_len),
         tp_sizes=tp_split_sizes(args),
+        kv_width=getattr(args, "n_kv_heads", args.n_heads) * args.head_dim,
     )
     measure_saved_tensors(model, facts, seq_len)
     return facts

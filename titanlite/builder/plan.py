@@ -14,6 +14,7 @@ from titanlite.components.profiling import check_profiling
 from titanlite.config import JobConfig, grad_accum_steps
 from titanlite.data.tokenizer import build_tokenizer
 from titanlite.models.registry import configured_args
+from titanlite.parallel.context_parallel import check_cp_degree
 from titanlite.parallel.dims import ParallelDims
 from titanlite.parallel.float8 import check_float8
 from titanlite.parallel.pipeline import V_SHAPED, PipelinePlan, plan_pipeline
@@ -105,6 +106,15 @@ def check_layout_features(cfg: JobConfig, dims: ParallelDims) -> None:
             "training.enable_cpu_offload offloads FSDP shards, but this layout has no FSDP "
             f"(dp_shard = {dims.dp_shard}); use parallelism.data_parallel_shard_degree > 1 (or one GPU) or set it to "
             "false"
+        )
+    check_cp_degree(dims.cp, cfg.training.seq_len)
+    if dims.cp_enabled and cfg.validation.enable:
+        check_cp_degree(dims.cp, cfg.validation.seq_len or cfg.training.seq_len, "validation.seq_len")
+    if dims.pp_enabled and (dims.cp_enabled or cfg.model.attn_mask_type != "causal"):
+        what = "parallelism.context_parallel_degree > 1" if dims.cp_enabled else "model.attn_mask_type='block_causal'"
+        raise ConfigError(
+            f"{what} with pipeline parallelism is not supported yet (the later stages would need each token's "
+            "position and document); set parallelism.pipeline_parallel_degree = 1"
         )
     if cfg.training.skip_nonfinite_steps and cfg.optimizer.implementation not in ("auto", "fused"):
         raise ConfigError(

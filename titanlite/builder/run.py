@@ -140,6 +140,8 @@ def startup_lines(
     ]
     lines += [f"  data: {line}" for line in corpus.describe(plan.global_batch_size * cfg.training.steps)]
     lines.append(setup.loss_line)
+    if plan.dims.cp_enabled or cfg.model.attn_mask_type != "causal":
+        lines.append(describe_attention(cfg, plan.dims.cp))
     if validator is not None:
         lines.append(f"  {describe_validation(cfg, corpus, len(validator.windows), plan.dims.dp)}")
     if peak is None:
@@ -153,3 +155,16 @@ def startup_lines(
             f"{pp.n_microbatches} micro-batches of {cfg.parallelism.pipeline_parallel_microbatch_size}; {pp.describe()}"
         )
     return lines
+
+
+def describe_attention(cfg: JobConfig, cp: int) -> str:
+    """The attention mask, and how context parallelism splits each sequence."""
+    mask = "block-causal (a token sees earlier tokens of its own document only)"
+    line = "  attention: " + (mask if cfg.model.attn_mask_type == "block_causal" else "causal")
+    if cp > 1:
+        chunk = cfg.training.seq_len // (2 * cp)
+        line += (
+            f"; context parallel {cp}: each rank holds 2 chunks of {chunk} tokens of every "
+            f"{cfg.training.seq_len}-token sequence (balanced), keys and values gathered over the cp group"
+        )
+    return line

@@ -21,17 +21,20 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from titanlite.base import devices
 from titanlite.base.errors import ConfigError
 from titanlite.builder.data import build_data, build_validation_data, describe_validation
-from titanlite.builder.estimate import Machine, estimate, layout_of, layout_rows, recommend, setting_for
+from titanlite.builder.estimate import Machine, estimate, layout_rows, recommend, setting_for
+from titanlite.builder.layouts import layout_of
 from titanlite.builder.model_facts import cached_model_facts
 from titanlite.builder.plan import plan_run
 from titanlite.builder.run import run_facts
 from titanlite.commands.options import take_options
+from titanlite.components import run_lock
 from titanlite.components.checkpoint import check_resume
 from titanlite.config import parse_config
 
@@ -228,6 +231,8 @@ def check(argv: list[str]) -> int:
     if world_size < 1 or local_ranks < 1:
         raise ConfigError(f"check --world-size {world_size} --nproc-per-node {local_ranks}: both must be at least 1")
     cfg = parse_config(rest)
+    if world_size == local_ranks:  # one node: a second launch on a busy run folder stops here, at once
+        run_lock.check_free(Path(cfg.job.dump_folder) / cfg.job.name)
     devices.check_local_ranks(local_ranks)
     plan = plan_run(cfg, world_size)
     tokenizer, corpus = build_data(cfg, verify="sample", say=lambda line: print(line, flush=True))

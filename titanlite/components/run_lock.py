@@ -68,6 +68,16 @@ def acquire(run_dir: Path, job: str, say: Callable[[str], None] = print) -> RunL
             return RunLock(path, me, mine=True)
 
 
+def check_free(run_dir: Path) -> None:
+    """ConfigError when a live job of this host holds the run folder: what `titanlite check` asks before a
+    one-node launch, so that a second launch stops in its first second rather than after its own checks (by
+    when the first job may be gone). Multi-node launchers share the lock, so only they take it."""
+    path = run_dir / LOCK_FILE
+    holder = read_holder(path, wait=1.0) if path.exists() else {}
+    if holder and holder.get("host") == socket.gethostname() and _alive(holder.get("pid")):
+        raise ConfigError(busy(run_dir, holder, holder["host"]))
+
+
 def busy(run_dir: Path, holder: dict, host: str) -> str:
     who = f"pid {holder.get('pid', '?')} on {holder.get('host', '?')}, since {holder.get('started', '?')}"
     remedy = "wait for it to end, or set job.name or job.dump_folder to another folder"

@@ -50,6 +50,10 @@ class Model:
     TorchTitan names it: read with flavor "hf" or tokenizer "hf". Nothing is downloaded."""
     n_layers: int = 0
     """Override the flavor's number of transformer layers (0 keeps the flavor's)."""
+    attn_mask_type: Literal["causal", "block_causal"] = "causal"
+    """Attention mask, as TorchTitan names it: "causal" lets a token attend to every earlier token of its
+    window; "block_causal" only to earlier tokens of its own document (documents end at the tokenizer's
+    end-of-text id, which the data path puts after each one), as Llama 3 was trained."""
 
 
 @dataclass
@@ -223,7 +227,7 @@ class LRScheduler:
 
 @dataclass
 class Parallelism:
-    """The layout: data parallel (DDP, FSDP/HSDP), tensor and pipeline parallel degrees."""
+    """The layout: data parallel (DDP, FSDP/HSDP), context, tensor and pipeline parallel degrees."""
 
     data_parallel_replicate_degree: int = 1
     """Replicas (DDP alone, or the outer dimension of HSDP)."""
@@ -236,6 +240,10 @@ class Parallelism:
     fsdp_reshard_after_forward: Literal["default", "always", "never"] = "default"
     """'always' frees gathered parameters after forward (ZeRO-3); 'never' keeps them (ZeRO-2);
     'default' is ZeRO-3 unless pipeline parallelism is on."""
+    context_parallel_degree: int = 1
+    """Ranks that split each sequence (context parallelism, for long sequences): each holds 2 of 2 x degree
+    chunks of every sequence, and attention gathers the other ranks' keys and values. FSDP shards over
+    data_parallel_shard_degree x this degree. training.seq_len must divide into 2 x degree chunks."""
     tensor_parallel_degree: int = 1
     """Ranks that split each layer (Megatron-style tensor parallelism, with sequence parallelism
     between blocks). Keep it within a node: it communicates twice per layer."""

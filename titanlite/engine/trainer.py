@@ -127,6 +127,19 @@ class RankModel:
     pipeline: Pipeline | None = None
     loss_group: object = None  # the process group the loss is averaged over (dp x cp), or None
     after_optimizer_step: Callable | None = None  # e.g. float8 scales for the next all-gather
+    # This rank's share of each batch's sequences and how attention sees them (context parallelism,
+    # block-causal masks): (inputs, labels) -> (inputs, labels, Sequence or None).
+    split: Callable | None = None
+
+    def forward(self, inputs: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The output (logits, or hidden states for the chunked loss) of this rank's share of the batch, and
+        the labels that go with it. For the single-part (not pipelined) model."""
+        sequence = None
+        if self.split is not None:
+            inputs, labels, sequence = self.split(inputs, labels)
+        extra = {} if sequence is None else {"sequence": sequence}
+        with self.autocast():
+            return self.parts[0](inputs, **extra), labels
 
     def loss_context(self):
         return tp_loss_parallel() if self.loss_parallel else contextlib.nullcontext()
@@ -275,12 +288,12 @@ class Trainer:
             inputs = inputs.to(self.device, non_blocking=True)
             labels = labels.to(self.device, non_blocking=True)
             with self.gradient_sync(model, last=i == len(micro_batches) - 1):
-                with self.model.autocast():
-                    output = model(inputs)  # logits, or hidden states for the chunked loss (components/loss.py)
+                output, labels = self.model.forward(inputs, labels)  # logits, or hidden states (components/loss.py)
                 with self.model.autocast(), self.model.loss_context():  # the chunked loss's projection autocasts too
-                    # Every window has exactly seq_len targets, so each micro-batch's token mean divided
-                    # by the micro-batch count, then averaged over dp ranks (DDP/FSDP reduce by mean), is
-                    # the mean over all target tokens of the global batch.
+                    # Every window has exactly seq_len targets (seq_len / cp on each context-parallel rank),
+                    # so each micro-batch's token mean divided by the micro-batch count, then averaged over
+                    # dp x cp ranks (DDP/FSDP reduce by mean), is the mean over all target tokens of the
+                    # global batch.
                     scale = self.resilience.loss_scale(self.step + 1) / len(micro_batches)
                     loss = self.model.loss_fn(output, labels) * scale
                     del output  # nothing in backward needs the full-vocabulary logits: free them now

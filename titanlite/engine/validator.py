@@ -96,8 +96,7 @@ class Validator:
     def totals(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """The training loss function's token mean times the batch's target count: its sum (a batch of
         padding only, whose mean is 0/0, counts nothing)."""
-        with self.model.autocast():
-            output = self.model.parts[0](inputs)
+        output, labels = self.model.forward(inputs, labels)
         with self.model.autocast(), self.model.loss_context():
             mean = local_value(self.model.loss_fn(output, labels)).double()
         count = (labels != IGNORE).sum().double()

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from titanlite.base.model_args import GPT2Args
+from titanlite.models.attention import CoreAttention, Sequence
 from titanlite.models.kv_cache import KVCache, LayerCache
 
 # Our activation names (GPT2Args.activation) -> F.gelu's `approximate` argument.
@@ -23,8 +24,11 @@ class Attention(nn.Module):
         self.wk = nn.Linear(args.dim, args.dim)
         self.wv = nn.Linear(args.dim, args.dim)
         self.wo = nn.Linear(args.dim, args.dim)
+        self.core = CoreAttention()  # context parallelism swaps it for one that gathers the other ranks' keys
 
-    def forward(self, x: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cache: LayerCache | None = None, sequence: Sequence | None = None
+    ) -> torch.Tensor:
         bsz, seqlen, _ = x.shape
         # -1 heads: under tensor parallelism the local head count follows from the sharded weight.
         q = self.wq(x).view(bsz, seqlen, -1, self.head_dim)  # [B, T, H, hd]
@@ -32,7 +36,7 @@ class Attention(nn.Module):
         v = self.wv(x).view(bsz, seqlen, -1, self.head_dim)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H, T, hd]
         if cache is None:
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            out = self.core(q, k, v, sequence)
         else:
             out = cache.attend(q, k, v)  # over the cached positions too
         out = out.transpose(1, 2).reshape(bsz, seqlen, -1)  # [B, T, H*hd]
@@ -58,8 +62,10 @@ class TransformerBlock(nn.Module):
         self.ffn_norm = nn.LayerNorm(args.dim, eps=args.norm_eps)
         self.feed_forward = FeedForward(args.dim, args.ffn_dim, args.activation)
 
-    def forward(self, x: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x), cache=cache)
+    def forward(
+        self, x: torch.Tensor, cache: LayerCache | None = None, sequence: Sequence | None = None
+    ) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), cache=cache, sequence=sequence)
         return h + self.feed_forward(self.ffn_norm(h))
 
 
@@ -91,17 +97,22 @@ class GPT2(nn.Module):
     def init_buffers(self) -> None:
         """GPT-2 has no buffers; present so the trainer treats every model alike."""
 
-    def forward(self, tokens: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
-        """Logits [B, T, vocab] of tokens [B, T] at positions 0..T-1 (training). With a cache (generation),
-        the tokens continue the cached sequence, and their keys and values are added to the cache."""
+    def forward(
+        self, tokens: torch.Tensor, cache: KVCache | None = None, sequence: Sequence | None = None
+    ) -> torch.Tensor:
+        """Logits [B, T, vocab] of tokens [B, T] at positions 0..T-1 (training), or at `sequence.positions`,
+        attending as `sequence` says (titanlite/models/attention.py). With a cache (generation), the tokens
+        continue the cached sequence, and their keys and values are added to the cache."""
         if self.tok_embeddings is not None:
             start = 0 if cache is None else cache.length
             pos = torch.arange(start, start + tokens.shape[1], device=tokens.device)  # [T]
+            if cache is None and sequence is not None and sequence.positions is not None:
+                pos = sequence.positions
             h = self.tok_embeddings(tokens) + self.pos_embeddings(pos)  # [B, T, dim]
         else:
             h = tokens  # a later pipeline stage receives hidden states, not tokens
         for name, layer in self.layers.items():
-            h = layer(h, cache=None if cache is None else cache.layer(name))
+            h = layer(h, cache=None if cache is None else cache.layer(name), sequence=sequence)
         if cache is not None:
             cache.advance(tokens.shape[1])
         h = self.norm(h) if self.norm is not None else h

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from titanlite.base.model_args import ModelArgs
+from titanlite.models.attention import Sequence
 from titanlite.models.kv_cache import KVCache
 
 
@@ -32,10 +33,14 @@ class Decoder(Protocol):
     first_stage_modules: ClassVar[tuple[str, ...]]
     last_stage_modules: ClassVar[tuple[str, ...]]
 
-    def forward(self, tokens: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+    def forward(
+        self, tokens: torch.Tensor, cache: KVCache | None = None, sequence: Sequence | None = None
+    ) -> torch.Tensor:
         """Logits [B, T, vocab] of tokens [B, T] (hidden states [B, T, dim] on a later pipeline stage, which
         receives hidden states too; the chunked loss makes `output` return its input). With a cache, the
-        tokens continue the cached sequence (generation)."""
+        tokens continue the cached sequence (generation). `sequence`: the tokens' positions and documents
+        (titanlite/models/attention.py), for block-causal masks and context parallelism; each block's
+        attention runs through its `core` module (a CoreAttention), which context parallelism swaps."""
         ...
 
     def init_param(self, name: str, full: torch.Tensor, generator: torch.Generator) -> None:

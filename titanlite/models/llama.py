@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from titanlite.base.model_args import Llama3RopeScaling, LlamaArgs
+from titanlite.models.attention import CoreAttention, Sequence
 from titanlite.models.kv_cache import KVCache, LayerCache
 
 
@@ -59,9 +60,15 @@ class Attention(nn.Module):
             per_head = args.qk_norm == "head"
             self.q_norm = nn.RMSNorm(args.head_dim if per_head else q_width, eps=args.norm_eps)
             self.k_norm = nn.RMSNorm(args.head_dim if per_head else kv_width, eps=args.norm_eps)
+        self.core = CoreAttention()  # context parallelism swaps it for one that gathers the other ranks' keys
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: LayerCache | None = None
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache: LayerCache | None = None,
+        sequence: Sequence | None = None,
     ) -> torch.Tensor:
         bsz, seqlen, _ = x.shape
         q, k, v = self.wq(x), self.wk(x), self.wv(x)  # [B, T, H*hd]
@@ -80,17 +87,11 @@ class Attention(nn.Module):
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H, T, hd]
         if cache is None:
-            out = causal_attention(q, k, v)
+            out = self.core(q, k, v, sequence)
         else:  # the cache keeps H_kv heads and attends over the cached positions too
             out = cache.attend(q, k, v)  # [B, Hq, T, hd]
         out = out.transpose(1, 2).reshape(bsz, seqlen, -1)  # [B, T, Hq*hd]
         return self.wo(out)
-
-
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Causal attention [B, Hq, T, hd] of q [B, Hq, T, hd] over k, v [B, Hkv, T, hd]: grouped-query attention
-    (query head j reads key/value head j // (Hq / Hkv)) inside the kernel, without copying K and V per head."""
-    return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=q.shape[1] != k.shape[1])
 
 
 class FeedForward(nn.Module):
@@ -118,12 +119,17 @@ class TransformerBlock(nn.Module):
         self.feed_forward = FeedForward(args.dim, args.ffn_dim, bias=args.mlp_bias)
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: LayerCache | None = None
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache: LayerCache | None = None,
+        sequence: Sequence | None = None,
     ) -> torch.Tensor:
         if self.post_norm:
-            h = x + self.attention_norm(self.attention(x, cos, sin, cache=cache))
+            h = x + self.attention_norm(self.attention(x, cos, sin, cache=cache, sequence=sequence))
             return h + self.ffn_norm(self.feed_forward(h))
-        h = x + self.attention(self.attention_norm(x), cos, sin, cache=cache)
+        h = x + self.attention(self.attention_norm(x), cos, sin, cache=cache, sequence=sequence)
         return h + self.feed_forward(self.ffn_norm(h))
 
 
@@ -167,16 +173,21 @@ class Llama(nn.Module):
         if self.args.tie_embeddings and self.tok_embeddings is not None and self.output is not None:
             self.output.weight = self.tok_embeddings.weight
 
-    def forward(self, tokens: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
-        """Logits [B, T, vocab] of tokens [B, T] at positions 0..T-1 (training). With a cache (generation),
-        the tokens continue the cached sequence, and their keys and values are added to the cache."""
+    def forward(
+        self, tokens: torch.Tensor, cache: KVCache | None = None, sequence: Sequence | None = None
+    ) -> torch.Tensor:
+        """Logits [B, T, vocab] of tokens [B, T] at positions 0..T-1 (training), or at `sequence.positions`,
+        attending as `sequence` says (titanlite/models/attention.py). With a cache (generation), the tokens
+        continue the cached sequence, and their keys and values are added to the cache."""
         # A later pipeline stage receives hidden states [B, T, dim] instead of tokens [B, T].
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
         cos, sin = self.rope_cos, self.rope_sin  # [max_seq_len, hd/2]; attention cuts them to length
         if cache is not None:  # the new tokens' rotations start at the first uncached position
             cos, sin = cos[cache.length :], sin[cache.length :]
+        elif sequence is not None and sequence.positions is not None:
+            cos, sin = cos[sequence.positions], sin[sequence.positions]
         for name, layer in self.layers.items():
-            h = layer(h, cos, sin, cache=None if cache is None else cache.layer(name))
+            h = layer(h, cos, sin, cache=None if cache is None else cache.layer(name), sequence=sequence)
         if cache is not None:
             cache.advance(tokens.shape[1])
         h = self.norm(h) if self.norm is not None else h

@@ -30,31 +30,35 @@ class ParallelDims:
         """Resolve dp_shard = -1 and check that the degrees multiply to the world size; a single device
         gets a one-rank FSDP mesh when parallelism.fsdp_single_rank or CPU offload asks for it."""
         replicate, shard = cfg.data_parallel_replicate_degree, cfg.data_parallel_shard_degree
-        tp, pp = cfg.tensor_parallel_degree, cfg.pipeline_parallel_degree
+        tp, pp, cp = cfg.tensor_parallel_degree, cfg.pipeline_parallel_degree, cfg.context_parallel_degree
         named = (
             ("data_parallel_replicate_degree", replicate),
+            ("context_parallel_degree", cp),
             ("tensor_parallel_degree", tp),
             ("pipeline_parallel_degree", pp),
         )
+        for name, degree in named:
+            if degree < 1:
+                raise ConfigError(f"parallelism.{name}={degree} must be at least 1")
         for name, degree in named:
             if world_size % degree:
                 raise ConfigError(
                     f"parallelism.{name}={degree} does not divide the world size {world_size}; "
                     f"use one of {_divisors(world_size)}"
                 )
-        others = replicate * tp * pp
+        others = replicate * cp * tp * pp
         if shard == -1:
             if world_size % others:
                 raise ConfigError(
-                    f"parallelism degrees replicate {replicate} x tp {tp} x pp {pp} = {others} do not divide "
-                    f"the world size {world_size}"
+                    f"parallelism degrees replicate {replicate} x cp {cp} x tp {tp} x pp {pp} = {others} do not "
+                    f"divide the world size {world_size}"
                 )
             shard = world_size // others
         product = shard * others
         if product != world_size:
             raise ConfigError(
-                f"parallelism degrees multiply to {product} (pp {pp} x replicate {replicate} x shard {shard} x tp "
-                f"{tp}) "
+                f"parallelism degrees multiply to {product} (pp {pp} x replicate {replicate} x shard {shard} x cp "
+                f"{cp} x tp {tp}) "
                 f"but the world size is {world_size}; set parallelism.data_parallel_shard_degree = -1 or "
                 f"make the product equal {world_size}"
             )
@@ -65,7 +69,13 @@ class ParallelDims:
                 "(FSDP shards over data_parallel_shard_degree there); set it to false"
             )
         return cls(
-            dp_replicate=replicate, dp_shard=shard, tp=tp, pp=pp, world_size=world_size, fsdp_single_rank=single_rank
+            dp_replicate=replicate,
+            dp_shard=shard,
+            cp=cp,
+            tp=tp,
+            pp=pp,
+            world_size=world_size,
+            fsdp_single_rank=single_rank,
         )
 
     @property
@@ -85,12 +95,18 @@ class ParallelDims:
 
     @property
     def fsdp_enabled(self) -> bool:
-        return self.dp_shard > 1 or self.fsdp_single_rank
+        """FSDP shards over dp_shard x cp: context-parallel ranks hold the same parameters, so they shard
+        them (and average their gradients) like data-parallel ones."""
+        return self.dp_shard > 1 or self.cp > 1 or self.fsdp_single_rank
 
     @property
     def ddp_enabled(self) -> bool:
         """Plain replication (DDP) only when nothing shards; replicate x shard is HSDP, done by FSDP."""
-        return self.dp_replicate > 1 and self.dp_shard == 1
+        return self.dp_replicate > 1 and self.dp_shard == 1 and self.cp == 1
+
+    @property
+    def cp_enabled(self) -> bool:
+        return self.cp > 1
 
     @property
     def tp_enabled(self) -> bool:

@@ -1,6 +1,7 @@
 """The one place that turns a plain model into a parallel one, in a fixed order, then materialises it.
 
-Order (docs/architecture.md): tensor parallel → float8 → activation checkpointing → compile → FSDP/HSDP or DDP.
+Order (docs/architecture.md): tensor parallel → context parallel → float8 → activation checkpointing → compile →
+FSDP/HSDP (over data-parallel shards x context-parallel ranks) or DDP.
 The float8 module swap itself runs first, because it replaces the linear modules that tensor parallelism
 registers its hooks on; the tensor-parallel plan then shards the float8 layers.
 """
@@ -15,6 +16,7 @@ from titanlite.config import ActivationCheckpoint, Compile, Float8, Parallelism,
 from titanlite.models.init import init_weights
 from titanlite.parallel.activation_checkpoint import apply_ac
 from titanlite.parallel.compile import apply_compile
+from titanlite.parallel.context_parallel import apply_cp
 from titanlite.parallel.data_parallel import apply_ddp, apply_fsdp
 from titanlite.parallel.dims import ParallelDims
 from titanlite.parallel.float8 import apply_float8
@@ -48,10 +50,12 @@ def parallelize(
     apply_float8(model, float8, fsdp=dims.fsdp_enabled, tp=dims.tp)
     if dims.tp_enabled:
         apply_tp(model, mesh["tp"], loss_parallel=loss_parallel_enabled(dims, parallelism))
+    if dims.cp_enabled:
+        apply_cp(model, mesh["cp"])
     apply_ac(model, ac)
     apply_compile(model, compile_cfg)
     if dims.fsdp_enabled:
-        dp_mesh = mesh[("dp_replicate", "dp_shard")] if dims.dp_replicate > 1 else mesh["dp_shard"]
+        dp_mesh = mesh[("dp_replicate", "dp_shard_cp")] if dims.dp_replicate > 1 else mesh["dp_shard_cp"]
         cuda = device.type == "cuda"
         apply_fsdp(
             model,

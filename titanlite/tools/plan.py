@@ -22,11 +22,9 @@ from titanlite.base.failures import reason_in
 from titanlite.builder.estimate import (
     ASSUMED_MFU,
     GIB,
-    Layout,
     Machine,
     Setting,
     estimate,
-    layout_of,
     layout_rows,
     loss_path,
     pipeline_bubbles,
@@ -34,6 +32,7 @@ from titanlite.builder.estimate import (
     rows_json,
     setting_for,
 )
+from titanlite.builder.layouts import Layout, layout_of
 from titanlite.builder.model_facts import ModelFacts, model_facts
 from titanlite.commands.options import take_options
 from titanlite.config import parse_config

@@ -1,0 +1,93 @@
+"""Block-causal attention and the positions context parallelism hands a rank: a window of several documents
+under the block-causal mask gives each document the logits it has alone; a rank's balanced share of a sequence,
+with its true positions and the gathered keys, gives that share of the whole sequence's logits."""
+
+import pytest
+import torch
+
+from titanlite.base.errors import ConfigError
+from titanlite.models.attention import Sequence, attention_mask, document_ids
+from titanlite.models.init import init_weights
+from titanlite.models.registry import build_model
+from titanlite.parallel.context_parallel import (
+    SequenceSplit,
+    balanced_positions,
+    check_cp_degree,
+    gathered_positions,
+)
+
+EOT = 99
+
+
+def model(name: str):
+    torch.manual_seed(0)
+    m = build_model(name, "debug", 100, 64)
+    init_weights(m, seed=3, device=torch.device("cpu"))
+    return m.eval()
+
+
+def window_of_documents() -> tuple[torch.Tensor, list[torch.Tensor]]:
+    docs = [torch.randint(0, 99, (n,), generator=torch.Generator().manual_seed(n)) for n in (9, 14, 4, 21)]
+    docs = [torch.cat([d, torch.tensor([EOT])]) for d in docs]  # each document ends with the end-of-text id
+    return torch.cat(docs)[None], docs
+
+
+def test_document_ids_count_the_end_of_text_ids_before_each_token():
+    tokens = torch.tensor([[5, EOT, 6, 7, EOT, EOT, 8]])
+    assert document_ids(tokens, EOT).tolist() == [[0, 0, 1, 1, 1, 2, 3]]
+
+
+def test_block_causal_gives_each_document_its_own_logits_on_llama():
+    """With RoPE, attention depends on relative positions only: a document inside the window, masked from
+    the others, has the logits it has alone at positions 0.. (GPT-2's learned positions do not allow this)."""
+    llama = model("llama3")
+    tokens, docs = window_of_documents()
+    with torch.no_grad():
+        together = llama(tokens, sequence=Sequence(documents=document_ids(tokens, EOT)))[0]
+        causal = llama(tokens)[0]
+        alone = torch.cat([llama(d[None])[0] for d in docs])
+    torch.testing.assert_close(together, alone, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(causal[10:], alone[10:], atol=1e-3), "plain causal lets documents see each other"
+
+
+def test_the_mask_sees_earlier_tokens_of_the_same_document_only():
+    documents = torch.tensor([[0, 0, 1, 1]])
+    mask = attention_mask(Sequence(documents=documents), 4, 4, torch.device("cpu"))[0, 0].int().tolist()
+    assert mask == [[1, 0, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0], [0, 0, 1, 1]]
+
+
+def test_balanced_chunks_give_every_rank_the_same_causal_work():
+    assert balanced_positions(16, 2, 0).tolist() == [0, 1, 2, 3, 12, 13, 14, 15]
+    assert balanced_positions(16, 2, 1).tolist() == [4, 5, 6, 7, 8, 9, 10, 11]
+    assert sorted(gathered_positions(16, 4).tolist()) == list(range(16))
+    work = [int(balanced_positions(64, 4, r).add(1).sum()) for r in range(4)]  # keys seen under a causal mask
+    assert len(set(work)) == 1
+
+
+@pytest.mark.parametrize("name", ["llama3", "gpt2"])
+@pytest.mark.parametrize("eot", [None, EOT])
+def test_each_ranks_share_in_the_gathered_order_with_true_positions_gives_the_same_logits(name, eot):
+    """A rank keeps its balanced share of inputs and labels; the keys it attends over arrive in the gathered
+    order (rank 0's share, then rank 1's, ...). With true positions (RoPE or learned) and the mask built from
+    them, the sequence laid out in that order gives, token for token, the logits of the natural order."""
+    m = model(name)
+    tokens, _ = window_of_documents()
+    tokens = tokens[:, :48]
+    labels = tokens.roll(-1, 1)
+    with torch.no_grad():
+        documents = {"sequence": Sequence(documents=document_ids(tokens, eot))} if eot is not None else {}
+        whole = m(tokens, **documents)[0]
+        for rank in range(3):
+            inputs, mine, sequence = SequenceSplit(cp=3, rank=rank, eot_id=eot)(tokens, labels)
+            positions = balanced_positions(48, 3, rank)
+            assert torch.equal(inputs[0], tokens[0, positions]) and torch.equal(mine[0], labels[0, positions])
+            assert torch.equal(sequence.positions, positions)
+            order = sequence.key_positions
+            laid_out = m(tokens[:, order], sequence=Sequence(positions=order, documents=sequence.key_documents))[0]
+            torch.testing.assert_close(laid_out, whole[order], rtol=1e-5, atol=1e-5)
+
+
+def test_a_cp_degree_must_cut_the_sequence_into_equal_chunks():
+    check_cp_degree(4, 32)
+    with pytest.raises(ConfigError, match=r"context_parallel_degree=3 does not cut training.seq_len=32 into 6 equal"):
+        check_cp_degree(3, 32)

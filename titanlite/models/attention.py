@@ -1,0 +1,69 @@
+"""Causal self-attention and the positions it needs: which tokens a query may see (earlier ones, and with a
+block-causal mask only those of its own document), and where each token stands in its sequence.
+
+`Sequence` describes the tokens a forward pass holds: by default positions 0..T-1 of whole sequences, plain
+causal. Context parallelism (titanlite/parallel/context_parallel.py) hands a rank part of each sequence and
+gathers the keys and values of the rest; it does so by swapping each block's `CoreAttention` for its own,
+and by the positions it gives here. The model itself knows nothing of it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+ATTENTION_MASKS = ("causal", "block_causal")
+
+
+@dataclass
+class Sequence:
+    """Where the forward pass's tokens stand. `positions` [T]: each query token's position in its sequence
+    (None: 0..T-1); `documents` [B, T]: each query token's document index (None: one document, plain causal).
+    `key_positions` [S] and `key_documents` [B, S]: the same for the keys attention sees, when they are not
+    the queries' own (context parallelism gathers them from the other ranks)."""
+
+    positions: torch.Tensor | None = None
+    documents: torch.Tensor | None = None
+    key_positions: torch.Tensor | None = None
+    key_documents: torch.Tensor | None = None
+
+    @property
+    def plain(self) -> bool:
+        """Whole sequences from position 0, one document each: the fused causal kernel applies."""
+        return self.positions is None and self.documents is None and self.key_positions is None
+
+
+def document_ids(tokens: torch.Tensor, eot_id: int) -> torch.Tensor:
+    """[B, T] index of each token's document: the end-of-text id closes a document (it belongs to the one it
+    ends), so a token's document is the count of end-of-text ids before it."""
+    ends = (tokens == eot_id).to(torch.int32)
+    return torch.cumsum(ends, dim=1) - ends
+
+
+class CoreAttention(nn.Module):
+    """Attention of queries q [B, Hq, T, hd] over keys and values [B, Hkv, S, hd] with the mask `sequence`
+    describes; grouped-query attention (query head j reads key/value head j // (Hq / Hkv)) inside the kernel,
+    without copying K and V per head."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sequence: Sequence | None) -> torch.Tensor:
+        gqa = q.shape[1] != k.shape[1]
+        if sequence is None or sequence.plain:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+        mask = attention_mask(sequence, q.shape[2], k.shape[2], q.device)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+
+
+def attention_mask(sequence: Sequence, queries: int, keys: int, device: torch.device) -> torch.Tensor:
+    """[B or 1, 1, T, S] bool, True where a query may attend: keys at or before its position, and, with
+    documents, only those of its own document."""
+    q_pos = sequence.positions if sequence.positions is not None else torch.arange(queries, device=device)
+    k_pos = sequence.key_positions if sequence.key_positions is not None else q_pos
+    mask = k_pos[None, :] <= q_pos[:, None]  # [T, S]
+    if sequence.documents is None:
+        return mask[None, None]
+    k_doc = sequence.key_documents if sequence.key_documents is not None else sequence.documents
+    same = sequence.documents[:, :, None] == k_doc[:, None, :]  # [B, T, S]
+    return (mask[None] & same)[:, None]
