@@ -60,13 +60,14 @@ def block_reference(tmp_path_factory, short_documents):
     return run
 
 
+# In the default suite: CP x 2 causal (GPT-2) and block-causal (Llama); the 4-rank layouts run with the slow tests.
 CASES = [
     ("cp2", 2, cp(2), "gpt2", "causal", "cp 2"),
     ("cp2", 2, cp(2), "llama3", "block_causal", "cp 2"),
     pytest.param("cp4", 4, cp(4), "llama3", "causal", "cp 4", marks=SLOW),
-    ("cp4", 4, cp(4), "llama3", "block_causal", "cp 4"),
+    pytest.param("cp4", 4, cp(4), "llama3", "block_causal", "cp 4", marks=SLOW),
     pytest.param("fsdp2_x_cp2", 4, cp(2, shard=2, local=4), "gpt2", "causal", "dp_shard 2 x cp 2", marks=SLOW),
-    ("fsdp2_x_cp2", 4, cp(2, shard=2, local=4), "llama3", "block_causal", "dp_shard 2 x cp 2"),
+    pytest.param("fsdp2_x_cp2", 4, cp(2, shard=2, local=4), "llama3", "block_causal", "dp_shard 2 x cp 2", marks=SLOW),
     pytest.param("cp2_x_tp2", 4, cp(2, tp=2), "llama3", "causal", "cp 2 x tp 2", marks=SLOW),
     pytest.param("cp2_x_tp2", 4, cp(2, tp=2), "llama3", "block_causal", "cp 2 x tp 2", marks=SLOW),
     pytest.param(

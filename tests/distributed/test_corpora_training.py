@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 import zstandard
 
 from tests.helpers import TINY, losses, metrics, run_train_sh
@@ -29,6 +30,7 @@ def test_a_zstandard_dump_trains_like_the_plain_jsonl_and_the_banner_names_it(tm
     assert runs["dump.jsonl.zst"] == runs["plain.jsonl"] and len(runs["plain.jsonl"]) == 5
 
 
+@pytest.mark.slow  # tests/unit/test_corpora.py checks the same split without a run
 def test_a_nanogpt_folder_validates_on_val_bin_and_never_trains_on_it(tmp_path):
     folder = tmp_path / "nanogpt"
     folder.mkdir()
