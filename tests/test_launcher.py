@@ -26,7 +26,7 @@ from titanlite.config.loading import tomllib  # tomli on Python 3.10
         (
             2,
             ["--parallelism.data_parallel_shard_degree", "4"],
-            "multiply to 4 (pp 1 x replicate 1 x shard 4 x tp 1) but the world size is 2",
+            "multiply to 4 (pp 1 x replicate 1 x shard 4 x cp 1 x tp 1) but the world size is 2",
         ),
         (
             2,
