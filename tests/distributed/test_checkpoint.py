@@ -127,7 +127,8 @@ def test_async_save_resumes_exactly(tmp_path, fsdp4_runs):
 
 # One process is the case that crashed on a GPU (no process group for DCP's process-based saver); FSDP x 4
 # (slow) reuses fsdp4_runs' uninterrupted run.
-@pytest.mark.parametrize("layout", ["single", pytest.param("fsdp4", marks=pytest.mark.slow)])
+@pytest.mark.slow  # both layouts: the default suite keeps under 15 minutes; CI runs them
+@pytest.mark.parametrize("layout", ["single", "fsdp4"])
 def test_process_saver_resumes_exactly_and_leaves_no_tmp(tmp_path, fsdp4_runs, layout):
     """async_with_pinned_mem runs DCP's process-based saver on the CPU too (shared, not pinned, memory):
     saves every 5 steps, a stop at 10 and a resume to 20 give the uninterrupted run's losses bit for bit."""
@@ -207,6 +208,7 @@ def test_killed_during_async_saves_leaves_only_loadable_checkpoints(tmp_path):
     assert proc.returncode == 0 and "resumed from" in proc.stdout, proc.stderr[-3000:]
 
 
+@pytest.mark.slow  # about 20 s; CI runs it
 def test_seed_checkpoint_gives_every_layout_the_same_start(tmp_path):
     # Write initial weights once (seed 7), in one process, into two run folders.
     for name in ("one", "two"):

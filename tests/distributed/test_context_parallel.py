@@ -60,9 +60,9 @@ def block_reference(tmp_path_factory, short_documents):
     return run
 
 
-# In the default suite: CP x 2 causal (GPT-2) and block-causal (Llama); the 4-rank layouts run with the slow tests.
+# In the default suite: CP x 2 block-causal (Llama); the others run with the slow tests (CI).
 CASES = [
-    ("cp2", 2, cp(2), "gpt2", "causal", "cp 2"),
+    pytest.param("cp2", 2, cp(2), "gpt2", "causal", "cp 2", marks=SLOW),
     ("cp2", 2, cp(2), "llama3", "block_causal", "cp 2"),
     pytest.param("cp4", 4, cp(4), "llama3", "causal", "cp 4", marks=SLOW),
     pytest.param("cp4", 4, cp(4), "llama3", "block_causal", "cp 4", marks=SLOW),
@@ -95,6 +95,7 @@ def test_context_parallel_matches_single_device(
     assert_matches(metrics(tmp_path), expected)
 
 
+@SLOW
 def test_block_causal_attention_keeps_documents_apart(block_reference):
     """On windows of short documents, masking the other documents changes the losses (and their values)."""
     causal = [r["loss"] for r in block_reference("llama3", "causal")]
@@ -108,7 +109,7 @@ RESUME = ["--config", CONFIGS["llama3"], *VALIDATED, "--checkpoint.enable", "--c
 @pytest.mark.parametrize(
     "name, nproc, layout",
     [
-        ("single", 1, ["--training.local_batch_size", "8"]),
+        pytest.param("single", 1, ["--training.local_batch_size", "8"], marks=SLOW),
         pytest.param("fsdp2", 2, ["--training.local_batch_size", "4"], marks=SLOW),
     ],
 )

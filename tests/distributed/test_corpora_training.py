@@ -16,6 +16,7 @@ from tests.helpers import TINY, losses, metrics, run_train_sh
 TEXTS = [f"Document {i}. " + " ".join(f"word{(i * 7 + j) % 97}" for j in range(40)) for i in range(120)]
 
 
+@pytest.mark.slow  # two runs; tests/unit/test_corpora.py checks the same tokens without training
 def test_a_zstandard_dump_trains_like_the_plain_jsonl_and_the_banner_names_it(tmp_path):
     data = "".join(json.dumps({"text": t}) + "\n" for t in TEXTS).encode()
     (tmp_path / "plain.jsonl").write_bytes(data)

@@ -54,6 +54,7 @@ def test_killed_worker_is_restarted_and_the_run_finishes_exactly(tmp_path, unint
     assert [r["loss"] for r in records[kill_step:]] == [r["loss"] for r in uninterrupted[kill_step:]]  # bitwise
 
 
+@pytest.mark.slow  # about 13 s; CI runs it
 def test_two_launchers_as_two_nodes_match_one_node(tmp_path, reference):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -79,6 +79,7 @@ def test_a_new_lr_and_warmup_take_effect_from_the_first_resumed_step(tmp_path, t
         assert r["lr"] == pytest.approx(1e-4 * lr_factor(r["step"] - 1, schedule, 10), rel=1e-6), r
 
 
+@pytest.mark.slow  # about 16 s; CI runs it (the LR test beside it stays in the default suite)
 def test_resuming_with_a_lower_lr_gets_past_the_non_finite_step(tmp_path):
     args = [
         *TINY,
