@@ -1,5 +1,5 @@
-"""Where corpus text comes from, read in bounded pieces: the built-in standard-library corpus, local
-.txt/.jsonl/.parquet files, pre-tokenized .bin/.npy shards, and Hugging Face hub datasets (streamed).
+"""Where corpus text comes from: the built-in standard-library corpus, local files, folders, globs and Megatron
+prefixes (listed here, read by titanlite/data/readers.py), and Hugging Face hub datasets (streamed).
 
 A source's files are identified by path, size, mtime and a sampled fingerprint (a few KiB read, whatever
 the file's size), so a store can tell that its sources changed without reading them.
