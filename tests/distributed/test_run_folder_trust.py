@@ -348,3 +348,14 @@ def test_a_dump_folder_that_is_a_file_is_one_line(tmp_path, capsys):
         f"titanlite: error: {tmp_path / 'file'} is a file, so the run folder {tmp_path / 'file' / 'debug_model'} "
         "cannot be made; set job.dump_folder to a folder"
     )
+
+
+def test_a_native_crash_names_the_rank_and_prints_its_python_stack(tmp_path):
+    """A rank that dies in C (SIGSEGV) is named, and faulthandler printed where its Python code was."""
+    args = [*TINY, "--training.steps", "6", "--training.local_batch_size", "2"]
+    proc = run_train_sh(args, tmp_path, ngpu=2, TITANLITE_FAULT="segv@3:1")
+    assert proc.returncode == 128 + signal.SIGSEGV, proc.stderr[-3000:]
+    assert last_line(proc).startswith("titanlite: error: rank 1: crashed in native code (SIGSEGV)"), proc.stderr
+    output = proc.stdout + proc.stderr
+    assert "Fatal Python error: Segmentation fault" in output
+    assert "in after_step" in output  # the stack names the function that crashed

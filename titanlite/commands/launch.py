@@ -87,6 +87,10 @@ def run(argv: list[str]) -> int:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+# Signals a worker's own native code raises; faulthandler (titanlite/commands/worker.py) prints its stacks.
+NATIVE_CRASHES = {signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL, signal.SIGABRT}
+
+
 def chain(e: BaseException) -> str:
     """'Type: message' of an exception and of the exceptions it was raised from (the rendezvous errors
     keep their reason, e.g. a host name that does not resolve, in __cause__)."""
@@ -118,12 +122,17 @@ def report(folder: Path, error) -> int:
     code = failure.exitcode
     if code < 0:
         name = signal.Signals(-code).name if -code in signal.valid_signals() else f"signal {-code}"
-        print(
-            f"{PREFIX}rank {rank}: killed by {name} without a reason (a kill, or the kernel's out-of-memory "
-            f"killer: see `dmesg`); torchrun's log above has its last output",
-            file=sys.stderr,
-            flush=True,
-        )
+        if -code in NATIVE_CRASHES:
+            why = (
+                f"crashed in native code ({name}): its Python stacks at the crash follow 'Fatal Python error' "
+                "in the output above"
+            )
+        else:
+            why = (
+                f"killed by {name} without a reason (a kill, or the kernel's out-of-memory killer: see `dmesg`); "
+                "torchrun's log above has its last output"
+            )
+        print(f"{PREFIX}rank {rank}: {why}", file=sys.stderr, flush=True)
         return 128 - code
     print(
         f"{PREFIX}rank {rank}: exited with status {code} before titanlite could say why (see its output above)",

@@ -4,6 +4,7 @@ line with its exit status (titanlite/base/failures.py), and leave without the ab
 from __future__ import annotations
 
 import ctypes
+import faulthandler
 import os
 import signal
 import sys
@@ -20,7 +21,9 @@ from titanlite.config import JobConfig, parse_config
 
 def run_worker(body: Callable[[JobConfig], None], argv: list[str]) -> int:
     """parse_config(argv), then body(cfg); returns the exit status, a failure being one line on stderr with
-    the traceback in the run folder."""
+    the traceback in the run folder. A crash in native code (SIGSEGV, SIGABRT, ...) prints every thread's
+    Python stack on stderr first (faulthandler), so the launcher's line can point at it."""
+    faulthandler.enable(all_threads=True)
     cfg = None
     try:
         cfg = parse_config(argv)

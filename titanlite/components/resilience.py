@@ -3,6 +3,7 @@ prove that a killed worker's job resumes exactly (the exceptions they end in are
 
 from __future__ import annotations
 
+import ctypes
 import math
 import os
 import signal
@@ -78,10 +79,10 @@ class Faults:
     """Test hooks, set by TITANLITE_FAULT (comma-separated): `kill@STEP:RANK` SIGKILLs that rank after
     STEP on the first attempt only (so the restarted job can finish); `nan@STEP` makes that step's loss
     NaN; `error@STEP:RANK` and `oom@STEP:RANK` raise a RuntimeError / torch.OutOfMemoryError on that rank
-    after STEP (RANK defaults to 0)."""
+    after STEP; `segv@STEP:RANK` crashes that rank in native code (a null read) after STEP (RANK defaults to 0)."""
 
     def __init__(self, spec: str, rank: int):
-        self.kill_step = self.nan_step = self.error_step = self.oom_step = 0
+        self.kill_step = self.nan_step = self.error_step = self.oom_step = self.segv_step = 0
         first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
         for item in filter(None, (s.strip() for s in spec.split(","))):
             what, _, where = item.partition("@")
@@ -95,6 +96,8 @@ class Faults:
                 self.error_step = int(step)
             elif what == "oom" and here:
                 self.oom_step = int(step)
+            elif what == "segv" and here:
+                self.segv_step = int(step)
 
     def after_step(self, step: int) -> None:
         if step == self.kill_step:
@@ -104,6 +107,9 @@ class Faults:
             raise RuntimeError(f"fault injection: an error after step {step}")
         if step == self.oom_step:
             raise torch.OutOfMemoryError(f"fault injection: out of memory after step {step} (simulated)")
+        if step == self.segv_step:
+            print(f"titanlite: fault injection: a null read in native code after step {step}", flush=True)
+            ctypes.string_at(0)
 
     def loss_scale(self, step: int) -> float:
         return math.nan if step == self.nan_step else 1.0

@@ -10,6 +10,7 @@ mask) through `Sequence` (titanlite/models/attention.py).
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 import torch.distributed._functional_collectives as functional
 from torch import nn
 
@@ -68,13 +69,35 @@ class SequenceSplit:
         return inputs[:, positions], labels[:, positions], sequence
 
 
+class _GatherFirstDim(torch.autograd.Function):
+    """All-gather along dim 0 over `group` with plain blocking c10d calls; backward reduce-scatters the
+    gradient (sums every rank's gradient of each part into its owner). The eager path: the same two
+    collectives FSDP issues, with no asynchronous tensor wrapper in the autograd graph."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group) -> torch.Tensor:
+        ctx.group = group
+        out = x.new_empty((x.shape[0] * dist.get_world_size(group), *x.shape[1:]))
+        dist.all_gather_into_tensor(out, x, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        grad = grad.contiguous()
+        out = grad.new_empty((grad.shape[0] // dist.get_world_size(ctx.group), *grad.shape[1:]))
+        dist.reduce_scatter_tensor(out, grad, op=dist.ReduceOp.SUM, group=ctx.group)
+        return out, None
+
+
 def gather_sequence(x: torch.Tensor, group, dim: int) -> torch.Tensor:
     """All-gather `x` along `dim` over the cp group (rank 0's part first). Its backward sums every rank's
-    gradient of each part into the rank that owns it (a reduce-scatter). A functional collective, so that
-    torch.compile traces it, with activation checkpointing too; gathered along the first dimension, the one
-    every torch from 2.11 supports."""
+    gradient of each part into the rank that owns it (a reduce-scatter). Under torch.compile a functional
+    collective, which it traces (with activation checkpointing too); in eager mode blocking c10d calls.
+    Gathered along the first dimension, the one every torch from 2.11 supports."""
     moved = x.movedim(dim, 0).contiguous()
-    return _all_gather_autograd(moved, 0, group).movedim(0, dim)
+    if torch.compiler.is_compiling():
+        return _all_gather_autograd(moved, 0, group).movedim(0, dim)
+    return _GatherFirstDim.apply(moved, group).movedim(0, dim)
 
 
 class ContextParallelAttention(CoreAttention):
@@ -85,8 +108,8 @@ class ContextParallelAttention(CoreAttention):
         self.group = group
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sequence: Sequence | None) -> torch.Tensor:
-        k, v = gather_sequence(k, self.group, 2), gather_sequence(v, self.group, 2)  # [B, Hkv, S, hd]
-        return super().forward(q, k, v, sequence)
+        kv = gather_sequence(torch.stack([k, v]), self.group, 3)  # one collective for both: [2, B, Hkv, S, hd]
+        return super().forward(q, kv[0], kv[1], sequence)
 
 
 def apply_cp(model: nn.Module, cp_mesh) -> None:
