@@ -13,6 +13,7 @@ pytestmark = pytest.mark.distributed
 
 SLOW = pytest.mark.slow
 BLOCK = ["--model.attn_mask_type", "block_causal"]
+PP2 = ["--parallelism.pipeline_parallel_degree", "2", "--parallelism.pipeline_parallel_microbatch_size", "2"]
 
 
 def cp(degree: int, shard: int = 1, tp: int = 1, local: int = 8) -> list[str]:
@@ -70,6 +71,9 @@ CASES = [
     pytest.param("fsdp2_x_cp2", 4, cp(2, shard=2, local=4), "llama3", "block_causal", "dp_shard 2 x cp 2", marks=SLOW),
     pytest.param("cp2_x_tp2", 4, cp(2, tp=2), "llama3", "causal", "cp 2 x tp 2", marks=SLOW),
     pytest.param("cp2_x_tp2", 4, cp(2, tp=2), "llama3", "block_causal", "cp 2 x tp 2", marks=SLOW),
+    pytest.param("pp2_x_cp2", 4, [*cp(2), *PP2], "gpt2", "causal", "pp 2 x cp 2", marks=SLOW),
+    pytest.param("pp2_x_cp2", 4, [*cp(2), *PP2], "llama3", "block_causal", "pp 2 x cp 2", marks=SLOW),
+    pytest.param("pp2", 2, PP2, "llama3", "block_causal", "pp 2", marks=SLOW),
     pytest.param(
         "cp2_compile_ac",
         2,

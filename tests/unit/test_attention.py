@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from titanlite.base.errors import ConfigError
-from titanlite.models.attention import Sequence, attention_mask, document_ids
+from titanlite.models.attention import Sequence, additive_mask, attention_mask, document_ids
 from titanlite.models.init import init_weights
 from titanlite.models.registry import build_model
 from titanlite.parallel.context_parallel import (
@@ -91,3 +91,26 @@ def test_a_cp_degree_must_cut_the_sequence_into_equal_chunks():
     check_cp_degree(4, 32)
     with pytest.raises(ConfigError, match=r"context_parallel_degree=3 does not cut training.seq_len=32 into 6 equal"):
         check_cp_degree(3, 32)
+
+
+def test_a_sequence_cut_into_micro_batches_gives_each_its_own_rows_of_the_mask():
+    """What a pipeline schedule does to the batch-major Sequence: cut along dim 0, rebuilt per micro-batch."""
+    tokens = torch.tensor([[5, 0, 7, 8, 0, 9, 9, 9], [1, 2, 3, 0, 4, 0, 6, 7], [0, 0, 3, 3, 3, 3, 0, 1], [9] * 8])
+    _, _, whole = SequenceSplit(cp=2, rank=1, eot_id=0)(tokens, tokens)
+    fields = whole.batch_major(batch=4)
+    assert set(fields) == {"positions", "documents", "key_positions", "key_documents"}
+    full = attention_mask(whole, 4, 8, tokens.device)
+    for first in (0, 2):
+        part = Sequence.from_batch_major(**{name: value[first : first + 2] for name, value in fields.items()})
+        assert torch.equal(attention_mask(part, 4, 8, tokens.device), full[first : first + 2])
+    assert Sequence.from_batch_major() is None
+
+
+def test_one_additive_mask_serves_every_block_that_keeps_it_and_is_freed_with_them():
+    sequence = Sequence(documents=torch.tensor([[0, 0, 1, 1]]))
+    first = additive_mask(sequence, 4, 4, torch.float32, "cpu")
+    assert additive_mask(sequence, 4, 4, torch.float32, "cpu") is first
+    allowed = attention_mask(sequence, 4, 4, "cpu")
+    assert torch.equal(first == 0, allowed) and torch.isneginf(first[~allowed]).all()
+    del first  # no block keeps it (activation checkpointing): the next one builds its own
+    assert sequence.masks.get((4, 4, torch.float32)) is None

@@ -147,8 +147,6 @@ def test_long_sequences_get_context_parallel_layouts_whose_activations_fall_with
 
 CP_REFUSED = [
     (3, ["--parallelism.context_parallel_degree", "3"], "context_parallel_degree=3 does not cut training.seq_len=128"),
-    (4, ["--parallelism.context_parallel_degree", "2", "--parallelism.pipeline_parallel_degree", "2"],
-     "parallelism.context_parallel_degree > 1 with pipeline parallelism is not supported yet"),
     (4, ["--parallelism.context_parallel_degree", "0"], "context_parallel_degree=0 must be at least 1"),
 ]  # fmt: skip
 

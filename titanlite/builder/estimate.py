@@ -42,7 +42,7 @@ gradients in backward; PP sends each micro-batch's activations forward and their
 
 Context parallelism (CP degree c): a rank holds seq_len / c tokens of each sequence, so the activations are
 those of a sequence of seq_len / c tokens, plus, per block, the keys and values gathered from the other
-ranks (2 x (c - 1) / c x [b, seq_len, kv_width / tp]) and the attention mask it is run with (see
+ranks (2 x (c - 1) / c x [b, seq_len, kv_width / tp]), and one attention mask for all blocks (see
 attention_mask_bytes; block-causal masks on one device too); FSDP shards over dp_shard x c.
 """
 
@@ -91,6 +91,7 @@ class Setting:
     selective_ac_option: int
     loss_chunk: int = 0  # titanlite.components.loss.chunk_tokens: tokens per chunk of the chunked loss; 0: full logits
     block_causal: bool = False  # model.attn_mask_type: documents masked from each other
+    compiled: bool = False  # compile.enable: the attention mask is built in each block's graph, not shared
 
 
 def stage_layers(n_layers: int, pp: int, stages_per_rank: int) -> list[list[int]]:
@@ -153,7 +154,7 @@ def estimate_rank(facts, lay: Layout, s: Setting, layers: list[int], first: bool
         full = facts.act_layer[i] * scale
         if tp > 1:  # sequence parallel: all but the two gathered norm outputs are split
             full = (full - 2 * hidden) / tp + 2 * hidden
-        per_layer.append(full + gathered_kv + attention_mask_bytes(s, cp))
+        per_layer.append(full + gathered_kv + (attention_mask_bytes(s, cp) if s.compiled else 0.0))
     recompute = 0.0
     if lay.ac == "full":
         kept = [hidden / tp for _ in layers]
@@ -168,6 +169,11 @@ def estimate_rank(facts, lay: Layout, s: Setting, layers: list[int], first: bool
     else:
         kept = per_layer
     acts = sum(kept)
+    if layers and not s.compiled:  # one mask, shared by the blocks that keep it for backward
+        if lay.ac == "full":  # none keeps it: each block builds its own in forward and in recomputation
+            recompute += attention_mask_bytes(s, cp)
+        else:
+            acts += attention_mask_bytes(s, cp)
     if first:
         acts += facts.act_first * scale / tp
     vocab_split = tp if s.loss_parallel else 1
@@ -218,9 +224,10 @@ def estimate_rank(facts, lay: Layout, s: Setting, layers: list[int], first: bool
 
 
 def attention_mask_bytes(s: Setting, cp: int) -> float:
-    """An explicit attention mask, kept per block for backward in the activation dtype: [local tokens, all
+    """The explicit attention mask, in the activation dtype, which SDPA keeps for backward: [local tokens, all
     tokens] under context parallelism (shared by the micro-batch's sequences), [b, tokens, tokens] with
-    block-causal documents. Plain causal attention on whole sequences needs none. `s.seq_len`: local tokens."""
+    block-causal documents. Built once per forward pass and shared by every block (one per block when
+    compiled). Plain causal attention on whole sequences needs none. `s.seq_len`: local tokens."""
     if cp == 1 and not s.block_causal:
         return 0.0
     return (s.micro_batch if s.block_causal else 1) * s.seq_len * s.seq_len * cp * s.act_bytes
@@ -354,6 +361,7 @@ def setting_for(cfg, lay: Layout, world: int, device: str) -> Setting:
         cfg.activation_checkpoint.selective_ac_option,
         chunk_tokens(t, cfg.compile, loss_parallel),
         cfg.model.attn_mask_type == "block_causal",
+        cfg.compile.enable,
     )
 
 
@@ -445,7 +453,7 @@ def layout_allowed(facts: ModelFacts, lay: Layout, cfg) -> bool:
     # The trainer's own condition (check_tp_degree): heads, KV heads, FFN width, vocabulary and sequence length.
     if lay.tp > 1 and any(size % lay.tp for size in [*facts.tp_sizes.values(), cfg.training.seq_len]):
         return False
-    if lay.cp > 1 and (cfg.training.seq_len % (2 * lay.cp) or lay.pp > 1):  # check_cp_degree; no PP with CP yet
+    if lay.cp > 1 and cfg.training.seq_len % (2 * lay.cp):  # check_cp_degree
         return False
     return lay.pp <= facts.n_layers
 

@@ -110,12 +110,6 @@ def check_layout_features(cfg: JobConfig, dims: ParallelDims) -> None:
     check_cp_degree(dims.cp, cfg.training.seq_len)
     if dims.cp_enabled and cfg.validation.enable:
         check_cp_degree(dims.cp, cfg.validation.seq_len or cfg.training.seq_len, "validation.seq_len")
-    if dims.pp_enabled and (dims.cp_enabled or cfg.model.attn_mask_type != "causal"):
-        what = "parallelism.context_parallel_degree > 1" if dims.cp_enabled else "model.attn_mask_type='block_causal'"
-        raise ConfigError(
-            f"{what} with pipeline parallelism is not supported yet (the later stages would need each token's "
-            "position and document); set parallelism.pipeline_parallel_degree = 1"
-        )
     if cfg.training.skip_nonfinite_steps and cfg.optimizer.implementation not in ("auto", "fused"):
         raise ConfigError(
             "training.skip_nonfinite_steps skips a bad step's update on the device, which only the fused AdamW "

@@ -100,16 +100,17 @@ class Pipeline:
     tied_sync: object | None  # TiedEmbeddingSync when a tied embedding spans stages
     analytic_bubble: float | None
 
-    def run(self, schedule_call, inputs: torch.Tensor, labels: torch.Tensor, losses: list) -> None:
+    def run(self, schedule_call, inputs: torch.Tensor, labels: torch.Tensor, losses: list, sequence: dict) -> None:
         """One schedule step (`schedule_call`: schedule.step, or schedule.eval for forward only): the first
-        stage feeds the inputs, the last computes each micro-batch's loss into `losses`."""
+        stage feeds the inputs, the last computes each micro-batch's loss into `losses`; every stage takes
+        `sequence` (RankModel.pipeline_split), cut into the same micro-batches."""
         args = (inputs,) if self.has_first else ()
         if self.has_last:
             # return_outputs=False: the last stage would otherwise keep every micro-batch's logits
             # until the step ends, only to return them merged.
-            schedule_call(*args, target=labels, losses=losses, return_outputs=False)
+            schedule_call(*args, target=labels, losses=losses, return_outputs=False, **sequence)
         else:
-            schedule_call(*args)
+            schedule_call(*args, **sequence)
 
 
 @dataclass
@@ -140,6 +141,14 @@ class RankModel:
         extra = {} if sequence is None else {"sequence": sequence}
         with self.autocast():
             return self.parts[0](inputs, **extra), labels
+
+    def pipeline_split(self, inputs: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict]:
+        """`split` for a pipeline step over the whole local batch: this rank's inputs and labels, and the
+        Sequence as the keyword tensors every stage takes (titanlite.parallel.pipeline.SequenceStage)."""
+        sequence = None
+        if self.split is not None:
+            inputs, labels, sequence = self.split(inputs, labels)
+        return inputs, labels, {} if sequence is None else sequence.batch_major(inputs.shape[0])
 
     def loss_context(self):
         return tp_loss_parallel() if self.loss_parallel else contextlib.nullcontext()
@@ -307,11 +316,12 @@ class Trainer:
         p = self.pipeline
         inputs = torch.cat([x for x, _ in micro_batches]).to(self.device, non_blocking=True)
         labels = torch.cat([y for _, y in micro_batches]).to(self.device, non_blocking=True)
+        inputs, labels, sequence = self.model.pipeline_split(inputs, labels)
         losses = []
         p.timer.enabled, p.timer.busy = measure, 0.0
         start = time.perf_counter()
         with self.model.autocast(), self.model.loss_context():
-            p.run(p.schedule.step, inputs, labels, losses)
+            p.run(p.schedule.step, inputs, labels, losses, sequence)
         if measure:
             self.pipeline_idle = 1.0 - p.timer.busy / (time.perf_counter() - start)
         p.timer.enabled = False

@@ -107,9 +107,10 @@ class Validator:
         token mean; times the micro-batch's target count, that is its sum (padding-only micro-batches,
         whose mean is 0/0, count nothing)."""
         p = self.pipeline
+        inputs, labels, sequence = self.model.pipeline_split(inputs, labels)
         losses: list[torch.Tensor] = []
         with self.model.autocast(), self.model.loss_context():
-            p.run(p.schedule.eval, inputs, labels, losses)
+            p.run(p.schedule.eval, inputs, labels, losses, sequence)
         if not p.has_last:
             return torch.zeros(2, dtype=torch.float64, device=self.device)
         counts = [(chunk != IGNORE).sum().double() for chunk in labels.tensor_split(len(losses))]

@@ -9,13 +9,32 @@ and by the positions it gives here. The model itself knows nothing of it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import weakref
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 ATTENTION_MASKS = ("causal", "block_causal")
+
+
+class MaskCache:
+    """The masks built for one Sequence, by (queries, keys, dtype), held weakly: a mask lives as long as a
+    block keeps it for its backward, so without activation checkpointing every block shares one, and with
+    it each block builds its own and frees it. A plain holder, not a dict: FSDP's forward hooks rebuild a
+    Sequence for every block and copy the containers they find in it, but hand this on as it is."""
+
+    def __init__(self):
+        self.by_shape: dict[tuple, weakref.ref] = {}
+
+    def get(self, key: tuple) -> torch.Tensor | None:
+        ref = self.by_shape.get(key)
+        return None if ref is None else ref()
+
+    def put(self, key: tuple, mask: torch.Tensor) -> torch.Tensor:
+        self.by_shape[key] = weakref.ref(mask)
+        return mask
 
 
 @dataclass
@@ -29,6 +48,32 @@ class Sequence:
     documents: torch.Tensor | None = None
     key_positions: torch.Tensor | None = None
     key_documents: torch.Tensor | None = None
+
+    # The additive masks built from these (additive_mask): blocks that keep one for their backward share
+    # it (SDPA would convert a bool mask, and keep the copy, once per block).
+    masks: MaskCache = field(default_factory=lambda: MaskCache(), repr=False, compare=False)
+
+    def batch_major(self, batch: int) -> dict[str, torch.Tensor]:
+        """The set fields as [batch, ...] tensors (positions repeated per sequence, as views), so that cutting
+        every one along dim 0 cuts the batch: how a pipeline schedule hands them to its micro-batches."""
+        fields = {
+            "positions": self.positions,
+            "documents": self.documents,
+            "key_positions": self.key_positions,
+            "key_documents": self.key_documents,
+        }
+        return {
+            name: value.expand(batch, -1) if name.endswith("positions") else value
+            for name, value in fields.items()
+            if value is not None
+        }
+
+    @classmethod
+    def from_batch_major(cls, **fields: torch.Tensor) -> Sequence | None:
+        """The Sequence `batch_major` gave these fields for (any slice of the batch); None without fields."""
+        if not fields:
+            return None
+        return cls(**{name: value[0] if name.endswith("positions") else value for name, value in fields.items()})
 
     @property
     def plain(self) -> bool:
@@ -52,8 +97,22 @@ class CoreAttention(nn.Module):
         gqa = q.shape[1] != k.shape[1]
         if sequence is None or sequence.plain:
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
-        mask = attention_mask(sequence, q.shape[2], k.shape[2], q.device)
+        mask = additive_mask(sequence, q.shape[2], k.shape[2], q.dtype, q.device)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+
+
+def additive_mask(sequence: Sequence, queries: int, keys: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """attention_mask as the float SDPA adds to the scores (0 where a query may attend, -inf elsewhere),
+    shared by every block that keeps it (MaskCache); under torch.compile built in each block's graph."""
+    key = (queries, keys, dtype)
+    compiling = torch.compiler.is_compiling()
+    mask = None if compiling else sequence.masks.get(key)
+    if mask is None:
+        allowed = attention_mask(sequence, queries, keys, device)
+        mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, float("-inf"))
+        if not compiling:
+            sequence.masks.put(key, mask)
+    return mask
 
 
 def attention_mask(sequence: Sequence, queries: int, keys: int, device: torch.device) -> torch.Tensor:

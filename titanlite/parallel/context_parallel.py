@@ -19,6 +19,9 @@ from titanlite.models.attention import CoreAttention, Sequence, document_ids
 
 # torch 2.13 renamed the autograd all-gather; either gathers on gloo and NCCL, and compiles.
 _all_gather_autograd = getattr(functional, "all_gather_single_autograd", None) or functional.all_gather_tensor_autograd
+# torch 2.13 renamed the c10d ones too (the old names warn there); same arguments.
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 def check_cp_degree(cp: int, seq_len: int, what: str = "training.seq_len") -> None:
@@ -78,14 +81,14 @@ class _GatherFirstDim(torch.autograd.Function):
     def forward(ctx, x: torch.Tensor, group) -> torch.Tensor:
         ctx.group = group
         out = x.new_empty((x.shape[0] * dist.get_world_size(group), *x.shape[1:]))
-        dist.all_gather_into_tensor(out, x, group=group)
+        _all_gather(out, x, group=group)
         return out
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         grad = grad.contiguous()
         out = grad.new_empty((grad.shape[0] // dist.get_world_size(ctx.group), *grad.shape[1:]))
-        dist.reduce_scatter_tensor(out, grad, op=dist.ReduceOp.SUM, group=ctx.group)
+        _reduce_scatter(out, grad, op=dist.ReduceOp.SUM, group=ctx.group)
         return out, None
 
 
@@ -95,6 +98,8 @@ def gather_sequence(x: torch.Tensor, group, dim: int) -> torch.Tensor:
     collective, which it traces (with activation checkpointing too); in eager mode blocking c10d calls.
     Gathered along the first dimension, the one every torch from 2.11 supports."""
     moved = x.movedim(dim, 0).contiguous()
+    if moved.is_meta:  # a pipeline stage inferring its shapes on the meta device: no data to gather
+        return moved.new_empty((moved.shape[0] * dist.get_world_size(group), *moved.shape[1:])).movedim(0, dim)
     if torch.compiler.is_compiling():
         return _all_gather_autograd(moved, 0, group).movedim(0, dim)
     return _GatherFirstDim.apply(moved, group).movedim(0, dim)

@@ -22,6 +22,7 @@ from torch.distributed.tensor import DTensor
 
 from titanlite.base.errors import ConfigError
 from titanlite.config import Parallelism
+from titanlite.models.attention import Sequence
 
 SINGLE_STAGE = ("GPipe", "1F1B")
 V_SHAPED = ("ZBVZeroBubble", "DualPipeV")
@@ -153,7 +154,28 @@ def split_model(model: nn.Module, plan: PipelinePlan, pp_rank: int) -> list[nn.M
     return parts
 
 
-def build_schedule(parts: list[nn.Module], plan: PipelinePlan, pp_group, pp_rank: int, device, loss_fn, csv: str):
+# The keyword tensors of Sequence.batch_major.
+SEQUENCE_FIELDS = ("positions", "documents", "key_positions", "key_documents")
+
+
+def sequence_from_keywords(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """A stage part's forward pre-hook: the schedule cuts keyword tensors into micro-batches along dim 0
+    and hands them to every stage, so the batch's Sequence (context parallelism, block-causal masks)
+    travels in its batch-major form (Sequence.batch_major) and is rebuilt here, for the part's forward."""
+    fields = {name: kwargs.pop(name) for name in SEQUENCE_FIELDS if name in kwargs}
+    if fields:
+        kwargs["sequence"] = Sequence.from_batch_major(**fields)
+    return args, kwargs
+
+
+def build_schedule(
+    parts: list[nn.Module], plan: PipelinePlan, pp_group, pp_rank: int, device, loss_fn, csv: str, sequence: bool
+):
+    """The schedule over this rank's stages. `sequence`: each stage takes the batch's Sequence as keyword
+    tensors (sequence_from_keywords); the stage module stays the part itself, so the schedule still drives
+    FSDP's and DDP's gradient sync."""
+    for part in parts if sequence else []:
+        part.register_forward_pre_hook(sequence_from_keywords, with_kwargs=True)
     stages = [
         PipelineStage(part, stage, plan.num_stages, device, group=pp_group)
         for part, stage in zip(parts, plan.stage_ids(pp_rank))
