@@ -133,16 +133,22 @@ def test_folder_of_ranks_is_averaged_and_written(tmp_path):
     assert "| idle % |" in (window / "analysis.md").read_text()
 
 
-def test_a_rank_whose_profiler_recorded_nothing_is_left_out_and_named(tmp_path):
-    """Seen in `bench strategies` on 4 CPU ranks sharing 2 cores: one rank's trace held metadata only."""
-    empty = {"traceEvents": [{"ph": "M", "name": "process_name", "pid": 1, "tid": 0, "args": {"name": "python"}}]}
+@pytest.mark.parametrize("stray", [False, True], ids=["metadata-only", "a-stray-collective"])
+def test_a_rank_whose_profiler_recorded_nothing_is_left_out_and_named(tmp_path, stray):
+    """Seen in `bench strategies` on CPU ranks sharing 2 cores: one rank's trace held metadata only, or
+    metadata and one gloo all_reduce of a collective's thread, but no operator of the training thread."""
+    events = [{"ph": "M", "name": "process_name", "pid": 1, "tid": 0, "args": {"name": "python"}}]
+    if stray:
+        events.append({"ph": "X", "cat": "user_annotation", "name": "gloo:all_reduce", "pid": 1, "tid": 9,
+                       "ts": 100.0, "dur": 6.0})  # fmt: skip
+    empty = {"traceEvents": events}
     (tmp_path / "rank0_trace.json").write_text(json.dumps(cpu_trace(0)))
     (tmp_path / "rank1_trace.json").write_text(json.dumps(empty))
     _, result = analyze(tmp_path)
     assert set(result["ranks"]) == {0} and result["empty"] == ["rank1_trace.json"]
-    assert "Left out, the profiler recorded no events: rank1_trace.json" in to_markdown(result)
+    assert "Left out, the profiler recorded no training step: rank1_trace.json" in to_markdown(result)
     (tmp_path / "rank0_trace.json").write_text(json.dumps(empty))
-    with pytest.raises(ConfigError, match="recorded no events in any trace"):
+    with pytest.raises(ConfigError, match="recorded no training step in any trace"):
         analyze(tmp_path)
 
 

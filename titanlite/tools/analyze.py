@@ -336,6 +336,15 @@ AVERAGED = [
 ]
 
 
+def recorded_steps(trace: dict) -> bool:
+    """Whether a trace holds what analyze_trace reads: GPU kernels, or the CPU's ProfilerStep spans."""
+    return any(
+        e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") or str(e.get("name", "")).startswith("ProfilerStep#")
+        for e in trace.get("traceEvents", [])
+        if e.get("ph") == "X"
+    )
+
+
 def average(per_rank: dict[int, dict]) -> dict:
     n = len(per_rank)
     out = {key: sum(r[key] for r in per_rank.values()) / n for key in AVERAGED}
@@ -350,19 +359,22 @@ def average(per_rank: dict[int, dict]) -> dict:
 
 
 def analyze(target: Path, top: int = 10) -> tuple[Path, dict]:
-    """Analyse every rank's trace of a window. A rank whose profiler recorded no event at all (its file
-    holds only metadata: seen now and then on CPU ranks oversubscribing their cores) is left out and
-    named under "empty"; a window with no usable trace is an error."""
+    """Analyse every rank's trace of a window. A rank whose profiler recorded nothing of its training
+    thread (its file holds only metadata, or a stray event of a collective's thread but no ProfilerStep:
+    seen now and then on CPU ranks oversubscribing their cores) is left out and named under "empty"; a
+    window with no usable trace is an error."""
     folder, files = trace_files(target)
     per_rank, empty = {}, []
     for i, path in enumerate(files):
         trace = load_trace(path)
-        if not any(e.get("ph") == "X" for e in trace.get("traceEvents", [])):
+        if not recorded_steps(trace):
             empty.append(path.name)
             continue
         per_rank[rank_of(trace, path, i)] = analyze_trace(trace, top) | {"file": path.name}
     if not per_rank:
-        raise ConfigError(f"{folder}: the profiler recorded no events in any trace ({', '.join(empty)}); profile again")
+        raise ConfigError(
+            f"{folder}: the profiler recorded no training step in any trace ({', '.join(empty)}); profile again"
+        )
     result = {
         "folder": str(folder),
         "ranks": dict(sorted(per_rank.items())),
@@ -390,7 +402,7 @@ def to_markdown(result: dict) -> str:
     ]
     lines = [f"# Trace analysis: {result['folder']}", ""]
     if result.get("empty"):
-        lines += [f"Left out, the profiler recorded no events: {', '.join(result['empty'])}.", ""]
+        lines += [f"Left out, the profiler recorded no training step: {', '.join(result['empty'])}.", ""]
     lines += ["| | " + " | ".join(cols) + " |", "|---|" + "---:|" * len(cols)]
     for label, key, fmt in rows:
         values = [format(r[key], fmt) for r in ranks.values()] + [format(avg[key], fmt)]

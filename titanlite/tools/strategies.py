@@ -217,6 +217,10 @@ def strategies(argv: list[str]) -> int:
         }
         folder, result = analyze(out / name / "profile")
         write_results(folder, result)
+        if result["empty"]:  # the shares below then average the other ranks
+            row["traces_left_out"] = result["empty"]
+            print(f"bench: {s.name}: the profiler recorded no training step in {', '.join(result['empty'])}; "
+                  "its time shares average the other ranks", flush=True)  # fmt: skip
         avg = result["average"]
         row |= {key: avg[key] for key in ("compute_pct", "non_compute_pct", "idle_pct", "overlap_pct")}
         # Per profiled step (the profiler itself slows these steps; the shares are what compare).
