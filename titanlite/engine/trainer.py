@@ -144,7 +144,7 @@ class RankModel:
 
     def pipeline_split(self, inputs: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict]:
         """`split` for a pipeline step over the whole local batch: this rank's inputs and labels, and the
-        Sequence as the keyword tensors every stage takes (titanlite.parallel.pipeline.SequenceStage)."""
+        Sequence as the keyword tensors every stage takes (titanlite.parallel.pipeline.sequence_from_keywords)."""
         sequence = None
         if self.split is not None:
             inputs, labels, sequence = self.split(inputs, labels)

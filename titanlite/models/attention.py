@@ -49,6 +49,8 @@ class Sequence:
     key_positions: torch.Tensor | None = None
     key_documents: torch.Tensor | None = None
 
+    TENSORS = ("positions", "documents", "key_positions", "key_documents")  # the fields above (not a field)
+
     # The additive masks built from these (additive_mask): blocks that keep one for their backward share
     # it (SDPA would convert a bool mask, and keep the copy, once per block).
     masks: MaskCache = field(default_factory=lambda: MaskCache(), repr=False, compare=False)
@@ -56,12 +58,7 @@ class Sequence:
     def batch_major(self, batch: int) -> dict[str, torch.Tensor]:
         """The set fields as [batch, ...] tensors (positions repeated per sequence, as views), so that cutting
         every one along dim 0 cuts the batch: how a pipeline schedule hands them to its micro-batches."""
-        fields = {
-            "positions": self.positions,
-            "documents": self.documents,
-            "key_positions": self.key_positions,
-            "key_documents": self.key_documents,
-        }
+        fields = {name: getattr(self, name) for name in self.TENSORS}
         return {
             name: value.expand(batch, -1) if name.endswith("positions") else value
             for name, value in fields.items()

@@ -154,15 +154,11 @@ def split_model(model: nn.Module, plan: PipelinePlan, pp_rank: int) -> list[nn.M
     return parts
 
 
-# The keyword tensors of Sequence.batch_major.
-SEQUENCE_FIELDS = ("positions", "documents", "key_positions", "key_documents")
-
-
 def sequence_from_keywords(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     """A stage part's forward pre-hook: the schedule cuts keyword tensors into micro-batches along dim 0
     and hands them to every stage, so the batch's Sequence (context parallelism, block-causal masks)
     travels in its batch-major form (Sequence.batch_major) and is rebuilt here, for the part's forward."""
-    fields = {name: kwargs.pop(name) for name in SEQUENCE_FIELDS if name in kwargs}
+    fields = {name: kwargs.pop(name) for name in Sequence.TENSORS if name in kwargs}
     if fields:
         kwargs["sequence"] = Sequence.from_batch_major(**fields)
     return args, kwargs
