@@ -164,13 +164,11 @@ def sequence_from_keywords(module: nn.Module, args: tuple, kwargs: dict) -> tupl
     return args, kwargs
 
 
-def build_schedule(
-    parts: list[nn.Module], plan: PipelinePlan, pp_group, pp_rank: int, device, loss_fn, csv: str, sequence: bool
-):
-    """The schedule over this rank's stages. `sequence`: each stage takes the batch's Sequence as keyword
-    tensors (sequence_from_keywords); the stage module stays the part itself, so the schedule still drives
-    FSDP's and DDP's gradient sync."""
-    for part in parts if sequence else []:
+def build_schedule(parts: list[nn.Module], plan: PipelinePlan, pp_group, pp_rank: int, device, loss_fn, csv: str):
+    """The schedule over this rank's stages. Each stage takes the batch's Sequence, when there is one, as
+    keyword tensors (sequence_from_keywords); the stage module stays the part itself, so the schedule still
+    drives FSDP's and DDP's gradient sync."""
+    for part in parts:
         part.register_forward_pre_hook(sequence_from_keywords, with_kwargs=True)
     stages = [
         PipelineStage(part, stage, plan.num_stages, device, group=pp_group)
