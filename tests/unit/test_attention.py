@@ -4,9 +4,10 @@ with its true positions and the gathered keys, gives that share of the whole seq
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from titanlite.base.errors import ConfigError
-from titanlite.models.attention import Sequence, additive_mask, attention_mask, document_ids
+from titanlite.models.attention import CoreAttention, Sequence, additive_mask, attention_mask, document_ids
 from titanlite.models.init import init_weights
 from titanlite.models.registry import build_model
 from titanlite.parallel.context_parallel import (
@@ -30,6 +31,32 @@ def window_of_documents() -> tuple[torch.Tensor, list[torch.Tensor]]:
     docs = [torch.randint(0, 99, (n,), generator=torch.Generator().manual_seed(n)) for n in (9, 14, 4, 21)]
     docs = [torch.cat([d, torch.tensor([EOT])]) for d in docs]  # each document ends with the end-of-text id
     return torch.cat(docs)[None], docs
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["causal", "block-causal"])
+def test_grouped_query_attention_inside_sdpa_equals_repeating_keys_and_values(masked):
+    """enable_gqa (query head j reads key/value head j // 4) gives the outputs and gradients of the path it
+    replaced: keys and values repeated per query head (repeat_interleave), then plain SDPA."""
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 8, 96, 16, generator=g, requires_grad=True)
+    k, v = (torch.randn(2, 2, 96, 16, generator=g, requires_grad=True) for _ in range(2))
+    documents = torch.randint(0, 3, (2, 96), generator=g).sort(dim=1).values
+    sequence = Sequence(documents=documents) if masked else None
+    ours = CoreAttention()(q, k, v, sequence)
+    (ours * torch.linspace(-1, 1, 16)).sum().backward()
+    grads = [t.grad.clone() for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    k_rep, v_rep = k.repeat_interleave(4, dim=1), v.repeat_interleave(4, dim=1)
+    if masked:
+        mask = additive_mask(Sequence(documents=documents), 96, 96, q.dtype, q.device)
+        old = F.scaled_dot_product_attention(q, k_rep, v_rep, attn_mask=mask)
+    else:
+        old = F.scaled_dot_product_attention(q, k_rep, v_rep, is_causal=True)
+    (old * torch.linspace(-1, 1, 16)).sum().backward()
+    torch.testing.assert_close(ours, old, rtol=1e-6, atol=1e-6)
+    for new, before in zip(grads, (q.grad, k.grad, v.grad)):
+        torch.testing.assert_close(new, before, rtol=1e-5, atol=1e-5)
 
 
 def test_document_ids_count_the_end_of_text_ids_before_each_token():

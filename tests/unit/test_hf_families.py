@@ -123,7 +123,7 @@ def test_the_older_top_level_rope_form_reads_the_same(tmp_path, case):
         assert_logits_match(imported(tmp_path)(tokens), hf(tokens).logits)
 
 
-@pytest.mark.parametrize("case", ["qwen2", "qwen3", "smollm3", "olmo2"])
+@pytest.mark.parametrize("case", FAMILIES)
 def test_greedy_generation_equals_transformers(tmp_path, case):
     hf = random_model(case)
     hf.save_pretrained(tmp_path)
@@ -133,6 +133,28 @@ def test_greedy_generation_equals_transformers(tmp_path, case):
     with torch.no_grad():
         theirs = hf.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, pad_token_id=0)
     assert result.new_ids == theirs[0, len(prompt) :].tolist()
+
+
+@pytest.mark.parametrize("case", ["qwen3", "smollm3"])
+def test_the_generate_command_continues_like_transformers(tmp_path, case, monkeypatch):
+    """`titanlite generate` itself on the folder. The command picks among the tokenizer's ids only, so the
+    model's vocabulary here is the byte tokenizer's 257 ids, where transformers' argmax picks among the same."""
+    monkeypatch.setitem(SHAPE, "vocab_size", 257)
+    hf = random_model(case)
+    hf.save_pretrained(tmp_path / "hf")
+    out = tmp_path / "out.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "titanlite.commands.cli", "generate", "--prompt", "Hello, world",
+         "--max-new-tokens", "12", "--model.flavor", "hf", "--model.hf_assets_path", str(tmp_path / "hf"),
+         "--model.tokenizer", "byte", "--output", str(out)],
+        cwd=REPO, env=env(), capture_output=True, text=True,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    record = json.loads(out.read_text())
+    with torch.no_grad():
+        theirs = hf.generate(torch.tensor([record["prompt_ids"]]), max_new_tokens=12, do_sample=False, pad_token_id=0)
+    assert record["stop"] == "max-new-tokens"
+    assert record["new_ids"] == theirs[0, len(record["prompt_ids"]) :].tolist()
 
 
 @pytest.mark.parametrize("family", ["llama3", "qwen2", "qwen3", "smollm3", "olmo2", "mistral"])
