@@ -1,16 +1,22 @@
-"""Training on the corpora users bring, through ./run_train.sh: a zstandard-compressed JSON-lines dump trains with
-the losses of the same text as plain .jsonl, the start-up names the real source, and a nanoGPT folder validates
-on its val.bin instead of training on it."""
+"""Training on the corpora users bring, through ./run_train.sh: a zstandard-compressed JSON-lines dump, and the same
+text as .jsonl.gz, parquet, a `datasets` save_to_disk folder, one of its .arrow files and Megatron int32 .bin/.idx,
+train with the losses of the same text as plain .jsonl, the start-up names the real source, and a nanoGPT folder
+validates on its val.bin instead of training on it."""
 
 from __future__ import annotations
 
+import gzip
 import json
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import zstandard
 
 from tests.helpers import TINY, losses, metrics, run_train_sh
+from tests.unit.test_corpora import megatron_files
+from titanlite.data.tokenizer import GPT2Tokenizer
 
 # A corpus of about 10,000 GPT-2 tokens: enough windows of 32 for 5 steps of 8 and a held-out split.
 TEXTS = [f"Document {i}. " + " ".join(f"word{(i * 7 + j) % 97}" for j in range(40)) for i in range(120)]
@@ -29,6 +35,49 @@ def test_a_zstandard_dump_trains_like_the_plain_jsonl_and_the_banner_names_it(tm
         runs[name] = losses(proc, run_dir)
         assert f"titanlite: run tiny GPT-2 on {tmp_path / name}\n" in proc.stdout, proc.stdout[:2000]
     assert runs["dump.jsonl.zst"] == runs["plain.jsonl"] and len(runs["plain.jsonl"]) == 5
+
+
+def write_format(kind: str, folder) -> tuple[str, list[str]]:
+    """TEXTS written as `kind` by the library that produces it; returns the dataset_path and the keys it needs."""
+    if kind == "jsonl.gz":
+        path = folder / "dump.jsonl.gz"
+        path.write_bytes(gzip.compress("".join(json.dumps({"text": t}) + "\n" for t in TEXTS).encode()))
+        return str(path), []
+    content = ["--training.dataset_text_field", "content"]
+    if kind == "parquet":
+        path = folder / "stack.parquet"
+        pq.write_table(pa.table({"content": TEXTS, "n": list(range(len(TEXTS)))}), path, row_group_size=25)
+        return str(path), content
+    if kind in ("datasets", "arrow"):
+        import datasets
+
+        datasets.Dataset.from_dict({"content": TEXTS}).save_to_disk(str(folder / "saved"))
+        arrow = sorted((folder / "saved").glob("*.arrow"))
+        return str(folder / "saved" if kind == "datasets" else arrow[0]), content
+    # Megatron, int32 ids (the builder's default): the GPT-2 ids of each text and its end-of-text, as
+    # megatron-core's preprocess_data.py --append-eod writes them
+    gpt2 = GPT2Tokenizer()
+    documents = [[*gpt2.encode(t), gpt2.eot_id] for t in TEXTS]
+    megatron_files(folder / "corpus_text_document", documents, np.int32, 4)
+    return str(folder / "corpus_text_document"), []
+
+
+@pytest.fixture(scope="module")
+def plain_losses(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("plain")
+    (folder / "plain.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS))
+    args = [*TINY, "--training.dataset", "local", "--training.dataset_path", str(folder / "plain.jsonl")]
+    return losses(run_train_sh(args, folder / "run"), folder / "run")
+
+
+@pytest.mark.slow  # one run each; tests/unit/test_corpora.py checks the same tokens without training
+@pytest.mark.parametrize("kind", ["jsonl.gz", "parquet", "datasets", "arrow", "megatron"])
+def test_each_format_trains_like_the_plain_jsonl(tmp_path, plain_losses, kind):
+    path, keys = write_format(kind, tmp_path)
+    args = [*TINY, "--training.dataset", "local", "--training.dataset_path", path, *keys]
+    proc = run_train_sh(args, tmp_path / "run")
+    assert losses(proc, tmp_path / "run") == plain_losses and len(plain_losses) == 5
+    assert f"titanlite: run tiny GPT-2 on {path}\n" in proc.stdout, proc.stdout[:2000]
 
 
 @pytest.mark.slow  # tests/unit/test_corpora.py checks the same split without a run
@@ -58,8 +107,6 @@ def test_a_nanogpt_folder_validates_on_val_bin_and_never_trains_on_it(tmp_path):
 
 
 def test_a_dump_folder_names_every_file_it_reads_and_refuses_one_it_cannot(tmp_path):
-    import gzip
-
     folder = tmp_path / "dump"
     folder.mkdir()
     for i in range(2):
