@@ -10,6 +10,7 @@ import torch.distributed.checkpoint as dcp
 
 from titanlite.base.errors import ConfigError
 from titanlite.components import checkpoint_files
+from titanlite.components.checkpoint import process_saver_stager, stager_closed
 from titanlite.components.checkpoint_files import (
     CHECKSUMS,
     MARKER,
@@ -134,3 +135,17 @@ def test_the_run_facts_a_checkpoint_records_compare_equal_after_its_json():
     assert facts["model"]["nope_layers"] == [3]
     assert json.loads(json.dumps(facts)) == facts
     assert resume_changes(flat_config(cfg), json.loads(json.dumps(facts)), cfg, facts, set(), "step-5") == []
+
+
+def test_a_stager_closed_by_dcp_is_noticed_so_the_next_save_gets_a_fresh_one():
+    """torch 2.11 closes a DefaultStager's inner stager after every stage; the next async_with_pinned_mem save
+    then failed on an H100 with "KeyError: <class 'type'>". The checkpointer replaces a closed stager."""
+    stager = process_saver_stager(pinned=False)
+    state = {"w": torch.arange(4.0), "meta": {"step": 3}}
+    assert not stager_closed(stager)
+    assert torch.equal(stager.stage(state)["w"], state["w"])
+    stager._state_dict_stager.close()  # what torch 2.11's DefaultStager does at the end of every stage
+    assert stager_closed(stager)
+    fresh = process_saver_stager(pinned=False)
+    assert not stager_closed(fresh)
+    assert fresh.stage(state)["meta"] == {"step": 3}

@@ -190,6 +190,8 @@ class Checkpointer:
                 async_checkpointer_type=kind.PROCESS if self.stager is not None else kind.THREAD,
                 async_stager=self.stager,
             )
+            if self.stager is not None and stager_closed(self.stager):
+                self.stager = process_saver_stager(pinned=uses_cuda())
             written = getattr(response, "upload_completion", response)
             done = self.hasher.submit(self.checksum_when_written, written, tmp)
             self.pending = (done, tmp, final, meta, start)
@@ -445,6 +447,16 @@ def process_saver_stager(pinned: bool):
             use_pinned_memory=pinned, use_shared_memory=True, use_async_staging=False, use_non_blocking_copy=pinned
         )
     )
+
+
+def stager_closed(stager) -> bool:
+    """Whether DCP closed the stager while staging. Some torch releases (2.11 among them) close a DefaultStager's
+    inner stager at the end of every stage, which empties its copy table: the next save then fails inside
+    async_save with "KeyError: <class 'type'>". Such a stager is replaced before the next save (its pinned
+    buffers were released by that close anyway). Private attributes, read defensively: where a torch version
+    lacks them, the stager counts as closed and is replaced, which is always safe."""
+    inner = getattr(stager, "_state_dict_stager", None)
+    return not getattr(inner, "_deepcopy_dispatch", None)
 
 
 def stop_process_saver() -> None:
