@@ -39,6 +39,11 @@ def test_negative_numbers_are_values_not_flags():
         (["--optimizer.lr", "0"], "optimizer.lr=0.0 must be positive"),
         (["--config", "missing.toml"], "no such file"),
         (["--training.dataset", "local"], "needs training.dataset_path"),
+        (["--compile.mode", "fast"], "compile.mode='fast' is not allowed; use one of: 'default', 'reduce-overhead'"),
+        (
+            ["--compile.mode", "reduce-overhead", "--compile.backend", "aot_eager"],
+            "compile.mode='reduce-overhead' is an inductor mode, but compile.backend='aot_eager'",
+        ),
     ],
 )
 def test_bad_values_fail_with_one_line_naming_the_key(argv, fragment):
@@ -150,3 +155,15 @@ def test_cpu_offload_needs_cuda_and_fsdp(monkeypatch):
     with pytest.raises(ConfigError, match="this layout has no FSDP"):
         plan_run(ddp, world_size=2)
     assert plan_run(cfg, world_size=2).dims.dp_shard == 2  # FSDP on a CUDA machine: accepted
+
+
+def test_cuda_graphs_are_refused_where_they_overwrite_what_backward_needs():
+    from titanlite.builder.plan import plan_run
+
+    graphs = ["--compile.enable", "--compile.mode", "reduce-overhead", "--training.local_batch_size", "2"]
+    assert plan_run(parse_config(graphs), world_size=1).grad_accum_steps == 1  # one forward per step: accepted
+    with pytest.raises(ConfigError, match="reduce-overhead' with 2 gradient accumulation steps") as e:
+        plan_run(parse_config([*graphs, "--training.global_batch_size", "4"]), world_size=1)
+    assert "\n" not in str(e.value)
+    with pytest.raises(ConfigError, match="under pipeline parallelism"):
+        plan_run(parse_config([*graphs, "--parallelism.pipeline_parallel_degree", "2"]), world_size=2)

@@ -45,6 +45,7 @@ def plan_run(cfg: JobConfig, world_size: int, evaluation: bool = False) -> Plan:
     args = configured_args(m, vocab_size, cfg.training.seq_len)
     check_tp_degree(dims.tp, args, cfg.training.seq_len)
     check_layout_features(cfg, dims)
+    check_compile_mode(cfg, dims, accum)
     check_float8(cfg.float8)
     check_profiling(cfg.profiling)
     check_async_mode(cfg.checkpoint)
@@ -84,6 +85,26 @@ def check_resume_keys(checkpoint) -> None:
         raise ConfigError(
             f"checkpoint.start_from_scratch loads no checkpoint, but checkpoint.load_step={checkpoint.load_step} "
             "names one; keep one of the two"
+        )
+
+
+def check_compile_mode(cfg: JobConfig, dims: ParallelDims, accum: int) -> None:
+    """compile.mode 'reduce-overhead' (CUDA graphs per block) only where it was measured to work: one forward
+    and backward per step. With gradient accumulation on an H100 (torch 2.11) a block's saved output was
+    overwritten by the next replay before backward read it; pipeline schedules run several micro-batches per
+    step in the same way."""
+    if not (cfg.compile.enable and cfg.compile.mode == "reduce-overhead"):
+        return
+    if accum > 1:
+        raise ConfigError(
+            f"compile.mode='reduce-overhead' with {accum} gradient accumulation steps fails (a CUDA graph overwrites "
+            "outputs that backward still needs); set training.global_batch_size = local_batch_size x data-parallel "
+            "degree, or compile.mode = 'default'"
+        )
+    if dims.pp_enabled:
+        raise ConfigError(
+            "compile.mode='reduce-overhead' under pipeline parallelism replays CUDA graphs over several micro-batches "
+            "per step, which overwrites outputs that backward still needs; set compile.mode = 'default'"
         )
 
 

@@ -248,6 +248,11 @@ def validate_values(cfg: JobConfig) -> None:
     unknown = sorted(set(cfg.compile.components) - {"model", "loss"})
     if unknown:
         raise ConfigError(f"compile.components names {unknown}; use some of: loss, model")
+    if cfg.compile.mode != "default" and cfg.compile.backend != "inductor":
+        raise ConfigError(
+            f"compile.mode='{cfg.compile.mode}' is an inductor mode, but compile.backend='{cfg.compile.backend}'; "
+            "set compile.backend = 'inductor' or compile.mode = 'default'"
+        )
     if cfg.checkpoint.load_step < -1:
         raise ConfigError(f"checkpoint.load_step={cfg.checkpoint.load_step} must be -1 (newest) or a step number")
     parts = {"model", "optimizer", "lr_scheduler", "dataloader", "train_state", "rng"}

@@ -294,6 +294,11 @@ class Compile:
     backend: str = "inductor"
     """torch.compile backend: 'inductor' generates kernels (CUDA and CPU); 'aot_eager' only traces,
     which compiles in seconds and suits correctness checks."""
+    mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "default"
+    """Inductor's mode for the blocks and the plain loss: 'reduce-overhead' replays each compiled block as a
+    CUDA graph (fewer kernel launches; CUDA only; refused with gradient accumulation or pipeline parallelism),
+    'max-autotune' also benchmarks matmul and kernel configurations while compiling (minutes longer); needs
+    backend 'inductor'."""
 
 
 @dataclass

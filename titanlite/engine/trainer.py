@@ -294,6 +294,9 @@ class Trainer:
         model = self.model_parts[0]
         step_loss = torch.zeros((), device=self.device)
         for i, (inputs, labels) in enumerate(micro_batches):
+            # Under compile.mode 'reduce-overhead' each micro-batch starts a new round of CUDA-graph replays, so
+            # the graphs may reuse the last one's buffers (a counter increment otherwise).
+            torch.compiler.cudagraph_mark_step_begin()
             inputs = inputs.to(self.device, non_blocking=True)
             labels = labels.to(self.device, non_blocking=True)
             with self.gradient_sync(model, last=i == len(micro_batches) - 1):

@@ -15,7 +15,7 @@ def apply_compile(model: nn.Module, cfg: Compile) -> None:
     if not (cfg.enable and "model" in cfg.components):
         return
     for key, block in list(model.layers.items()):
-        model.layers.register_module(key, torch.compile(block, backend=cfg.backend, fullgraph=True))
+        model.layers.register_module(key, torch.compile(block, fullgraph=True, **compile_options(cfg)))
 
 
 def compiled_loss(loss_fn, cfg: Compile, loss_parallel: bool):
@@ -26,5 +26,12 @@ def compiled_loss(loss_fn, cfg: Compile, loss_parallel: bool):
     Not under loss parallelism: in torch 2.13 a compiled cross-entropy on vocabulary-sharded logits
     does not go through loss_parallel's sharded implementation and returns a wrong (doubled) loss."""
     if cfg.enable and "loss" in cfg.components and not loss_parallel and loss_fn is cross_entropy:
-        return torch.compile(loss_fn, backend=cfg.backend)
+        return torch.compile(loss_fn, **compile_options(cfg))
     return loss_fn
+
+
+def compile_options(cfg: Compile) -> dict:
+    """torch.compile's backend and, for inductor, its mode (compile.mode; checked in config loading)."""
+    if cfg.mode == "default":
+        return {"backend": cfg.backend}
+    return {"backend": cfg.backend, "mode": cfg.mode}
