@@ -5,7 +5,7 @@ import json
 import pytest
 
 from titanlite.base.errors import ConfigError
-from titanlite.tools.analyze import analyze, analyze_trace, main, to_markdown
+from titanlite.tools.analyze import analyze, analyze_trace, kernel_class, main, to_markdown
 
 
 def x(name, ts, dur, tid=1, cat="cpu_op", pid=1):
@@ -108,6 +108,26 @@ def test_gpu_trace_figures():
         "ms": pytest.approx(0.055),
         "pct_of_total": pytest.approx(55),
     }
+    assert list(r["kernel_classes"]) == ["matmul", "other kernels"]  # the NCCL kernel is not compute
+    assert r["kernel_classes"]["matmul"] == {
+        "ms": pytest.approx(0.055),
+        "pct_of_kernels": pytest.approx(100 * 55 / 65),
+        "pct_of_total": pytest.approx(55),
+    }
+
+
+def test_gpu_kernels_fall_into_classes():
+    names = {
+        "nvjet_tst_128x256_64x4_1x2_h_bz_coopA_TNN": "matmul",
+        "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64": "matmul",
+        "cutlass3x_sm90_tensorop_gemm_f8_f8_f32": "matmul",
+        "pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel": "attention",
+        "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16": "attention",
+        "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<FusedAdamMathFunctor>": "optimizer",
+        "triton_per_fused__to_copy_add_mean_mul_pow_rsqrt_0": "compiled (inductor/Triton)",
+        "void at::native::vectorized_elementwise_kernel<4, CUDAFunctor_add<float>>": "other kernels",
+    }
+    assert {name: kernel_class(name) for name in names} == names
 
 
 def test_folder_of_ranks_is_averaged_and_written(tmp_path):

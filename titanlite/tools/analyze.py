@@ -290,6 +290,7 @@ def analyze_trace(trace: dict, top: int = 10) -> dict:
     skip = {e.name for e in c["not_compute"]}  # self times include them so that their parents' exclude them
     durations = {name: t for name, t in durations.items() if name not in skip}
     ranked = sorted(durations.items(), key=lambda kv: -kv[1])[:top]
+    classes = kernel_classes(durations, total) if c["mode"] != "cpu" else {}
     return {
         "mode": c["mode"],
         "total_ms": total * ms,
@@ -306,6 +307,54 @@ def analyze_trace(trace: dict, top: int = 10) -> dict:
         "exposed_communication_ms": exposed * ms,
         "collectives": dict(sorted(collectives.items())),
         "top_operators": [{"name": name, "ms": t * ms, "pct_of_total": pct(t, total)} for name, t in ranked],
+        "kernel_classes": classes,
+    }
+
+
+# GPU kernel classes, first match wins (lower-case name fragments). Attention comes before matmul: flash and
+# cuDNN attention kernels hold "gemm"-like fragments in some releases.
+KERNEL_CLASSES = [
+    ("attention", ("flash", "fmha", "sdpa", "attention", "attn")),
+    # cuBLAS/CUTLASS kernels, and inductor's Triton matmul templates (max-autotune) before other Triton kernels
+    (
+        "matmul",
+        (
+            "gemm",
+            "nvjet",
+            "cutlass",
+            "xmma",
+            "cublas",
+            "sm90_",
+            "sm80_",
+            "matmul",
+            "triton_tem_fused_mm",
+            "triton_tem_fused_addmm",
+            "triton_tem_fused_bmm",
+        ),
+    ),
+    ("optimizer", ("multi_tensor_apply", "adam")),
+    ("compiled (inductor/Triton)", ("triton_",)),
+]
+
+
+def kernel_class(name: str) -> str:
+    lower = name.lower()
+    for label, fragments in KERNEL_CLASSES:
+        if any(f in lower for f in fragments):
+            return label
+    return "other kernels"
+
+
+def kernel_classes(durations: dict[str, float], total: float) -> dict[str, dict]:
+    """Summed kernel time per class (ms, % of all kernel time, % of the window). Summed, not unioned:
+    kernels on concurrent streams count in full, so the shares are of kernel time, not of the window."""
+    sums: dict[str, float] = defaultdict(float)
+    for name, t in durations.items():
+        sums[kernel_class(name)] += t
+    kernel_total = sum(sums.values())
+    return {
+        label: {"ms": t * 1e-3, "pct_of_kernels": pct(t, kernel_total), "pct_of_total": pct(t, total)}
+        for label, t in sorted(sums.items(), key=lambda kv: -kv[1])
     }
 
 
@@ -426,6 +475,17 @@ def to_markdown(result: dict) -> str:
     ]
     for op in ranks[first]["top_operators"]:
         lines.append(f"| `{op['name'][:80]}` | {op['ms']:.2f} | {op['pct_of_total']:.1f} |")
+    classes = ranks[first].get("kernel_classes")
+    if classes:
+        lines += [
+            "",
+            f"## GPU kernel time by class (rank {first}; summed kernel durations)",
+            "",
+            "| class | ms | % of kernel time | % of total |",
+            "|---|---:|---:|---:|",
+        ]
+        for label, fig in classes.items():
+            lines.append(f"| {label} | {fig['ms']:.2f} | {fig['pct_of_kernels']:.1f} | {fig['pct_of_total']:.1f} |")
     return "\n".join(lines) + "\n"
 
 
