@@ -5,6 +5,11 @@
 #   scripts/gpu_figures.sh loss         bench throughput of the chunked and the plain loss
 #   scripts/gpu_figures.sh runs-short   gpt2_large_zero2 and the 3B with selective AC only
 #   scripts/gpu_figures.sh tests        the gpu-marked tests (./run_tests.sh -m gpu)
+#   scripts/gpu_figures.sh traces       a profiled, analysed window of gpt2_large_zero2 and of SmolLM3-3B at seq 8192
+#   scripts/gpu_figures.sh levers       each speed lever on and off in one sitting (compile mode, AdamW kernel,
+#                                       micro-batch against accumulation, float8 recipe); levers-small: the
+#                                       GPT-2 124M ones only, levers-large: the 774M and 3B ones only
+#   scripts/gpu_figures.sh generate     titanlite generate against transformers' generate (scripts/bench_generate.py)
 # Each writes its outputs under $OUT (default /tmp/gpu_figures) and prints a summary last.
 set -u
 cd "$(dirname "$0")/.."
@@ -17,18 +22,64 @@ $PY -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_na
 bench() {  # bench NAME ARGS...: one bench throughput, its table kept in summary.txt
   local name=$1; shift
   echo "== $name: bench throughput $*" | tee -a "$OUT/summary.txt"
-  $PY -m titanlite.commands.cli bench throughput --compile.enable --repeats 5 --output "$OUT/$name.json" "$@" > "$OUT/$name.log" 2>&1
+  timeout 300 $PY -m titanlite.commands.cli bench throughput --compile.enable --repeats 5 --output "$OUT/$name.json" "$@" > "$OUT/$name.log" 2>&1
   grep -E "^(titanlite|bare|loop)" "$OUT/$name.log" | tee -a "$OUT/summary.txt" || tail -3 "$OUT/$name.log" | tee -a "$OUT/summary.txt"
 }
 
 train() {  # train NAME ARGS...: ./run_train.sh, its last logged step kept in summary.txt
   local name=$1; shift
   echo "== $name: ./run_train.sh $*" | tee -a "$OUT/summary.txt"
-  NGPU=1 ./run_train.sh --job.dump_folder "$OUT/runs" --job.name "$name" "$@" > "$OUT/$name.log" 2>&1
+  NGPU=1 timeout 300 ./run_train.sh --job.dump_folder "$OUT/runs" --job.name "$name" "$@" > "$OUT/$name.log" 2>&1
   grep -E "^step " "$OUT/$name.log" | tail -1 | tee -a "$OUT/summary.txt" || tail -3 "$OUT/$name.log" | tee -a "$OUT/summary.txt"
 }
 
+trace() {  # trace NAME ARGS...: a short run profiled at its last two steps, then titanlite analyze of that window
+  local name=$1; shift
+  echo "== $name: profiled ./run_train.sh $*" | tee -a "$OUT/summary.txt"
+  NGPU=1 timeout 300 ./run_train.sh --job.dump_folder "$OUT/runs" --job.name "$name" --profiling.enable_profiling \
+    --profiling.profile_active_steps 2 "$@" > "$OUT/$name.log" 2>&1
+  $PY -m titanlite.commands.cli analyze "$OUT/runs/$name/profile" --top 15 > "$OUT/$name.analysis.md" 2>&1
+  grep -E "^\| (total|compute|idle|matmul|attention|optimizer|compiled|other kernels)" "$OUT/$name.analysis.md" \
+    | tee -a "$OUT/summary.txt" || tail -3 "$OUT/$name.analysis.md" | tee -a "$OUT/summary.txt"
+}
+
+large=(--config train_configs/gpt2_large_zero2.toml --compile.enable)
+smol=(--config train_configs/smollm3_3b_zero2.toml --compile.enable --metrics.log_freq 5)
 case "${1:-throughput}" in
+  traces)
+    trace trace_774m "${large[@]}" --training.steps 8 --profiling.profile_freq 8
+    trace trace_3b_selective "${smol[@]}" --activation_checkpoint.mode selective_op --training.steps 6 \
+      --profiling.profile_freq 6
+    ;;
+  levers-small|levers-large|levers)  # each pair back to back: bench throughput for GPT-2 124M, ./run_train.sh after
+    small=(--config train_configs/gpt2_small.toml --no-bare)
+    [ "$1" = levers-large ] || {
+    bench 124m_b16_default "${small[@]}"
+    bench 124m_b16_reduce_overhead "${small[@]}" --compile.mode reduce-overhead
+    bench 124m_b16_foreach "${small[@]}" --optimizer.implementation foreach
+    bench 124m_b64_default "${small[@]}" --training.local_batch_size 64
+    bench 124m_b64_reduce_overhead "${small[@]}" --training.local_batch_size 64 --compile.mode reduce-overhead
+    }
+    [ "$1" = levers-small ] && { cat "$OUT/summary.txt"; exit 0; }
+    train 774m_b8x4 "${large[@]}" --training.steps 30
+    train 774m_b16x2 "${large[@]}" --training.steps 30 --training.local_batch_size 16
+    train 774m_b32x1_selective "${large[@]}" --training.steps 30 --training.local_batch_size 32 \
+      --activation_checkpoint.mode selective_op
+    train 774m_b8x4_reduce_overhead "${large[@]}" --training.steps 30 --compile.mode reduce-overhead
+    train 3b_selective "${smol[@]}" --activation_checkpoint.mode selective_op --training.steps 20
+    train 3b_full "${smol[@]}" --activation_checkpoint.mode full --training.steps 20
+    if $PY -c "import torchao" 2>/dev/null; then
+      train 3b_full_float8_tensorwise "${smol[@]}" --activation_checkpoint.mode full --float8.enable --training.steps 20
+      train 3b_full_float8_rowwise "${smol[@]}" --activation_checkpoint.mode full --float8.enable \
+        --float8.recipe rowwise --training.steps 20
+      train 3b_selective_float8_tensorwise "${smol[@]}" --activation_checkpoint.mode selective_op --float8.enable \
+        --training.steps 20
+    fi
+    ;;
+  generate)
+    PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" $PY scripts/bench_generate.py --output "$OUT/generate.json" 2>&1 | tee "$OUT/generate.log" | tail -8 \
+      | tee -a "$OUT/summary.txt"
+    ;;
   throughput)
     small=(--config train_configs/gpt2_small.toml)
     large=(--config train_configs/gpt2_large_zero2.toml --training.global_batch_size -1)

@@ -1,0 +1,128 @@
+"""Generation speed on one GPU: titanlite's decode loop (titanlite generate) against transformers' generate on
+the same random model, batch 1, greedy, in one process.
+
+    python3 scripts/bench_generate.py [--shape llama3.2-1b] [--new-tokens 256] [--repeats 3]
+
+The model is a random Llama of the named shape made with transformers and saved with save_pretrained; titanlite
+reads that folder as `--model.flavor hf` does. Each variant runs once to warm up (kernels, cuBLAS handles), then
+--repeats times; the median is printed. Tokens/s counts the new tokens over the whole call, prefill included,
+as `titanlite generate` prints it. Variants:
+  transformers   LlamaForCausalLM.generate, bfloat16 weights, its default (dynamic) cache
+  titanlite      titanlite.commands.generate.generate as the command runs it (bf16 weights under bf16 autocast)
+  titanlite fp32 the same with float32 weights under bf16 autocast (the command before it cast its weights)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from titanlite.base.hf_config import folder_model_args
+from titanlite.commands.generate import generate, inference_weights
+from titanlite.components.hf_weights import load_hf_into
+from titanlite.models.registry import model_from_args
+
+SHAPES = {  # published config.json fields of each model (its weights are random here)
+    "llama3.2-1b": dict(
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_hidden_layers=16,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=64,
+        vocab_size=128256,
+        max_position_embeddings=131072,
+        rope_theta=500000.0,
+        rope_scaling={
+            "rope_type": "llama3",
+            "factor": 32.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+    ),
+}
+
+
+def timed(fn, repeats: int) -> tuple[float, list[int]]:
+    fn()  # warm-up
+    times, ids = [], []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        ids = fn()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), ids
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shape", default="llama3.2-1b", choices=sorted(SHAPES))
+    parser.add_argument("--new-tokens", type=int, default=256)
+    parser.add_argument("--prompt-tokens", type=int, default=16)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--output", default="")
+    a = parser.parse_args()
+    device = torch.device("cuda", 0)
+    torch.manual_seed(0)
+    prompt = torch.randint(0, 50000, (1, a.prompt_tokens)).tolist()[0]
+    results = {}
+    with tempfile.TemporaryDirectory() as folder:
+        config = LlamaConfig(**SHAPES[a.shape], bos_token_id=None, eos_token_id=None, pad_token_id=None)
+        LlamaForCausalLM(config).save_pretrained(folder)
+        held = {"hf": LlamaForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).to(device).eval()}
+        inputs = torch.tensor([prompt], device=device)
+
+        def hf_generate():
+            out = held["hf"].generate(
+                inputs, max_new_tokens=a.new_tokens, min_new_tokens=a.new_tokens, do_sample=False, pad_token_id=0
+            )
+            return out[0, len(prompt) :].tolist()
+
+        with torch.inference_mode():
+            results["transformers"] = timed(hf_generate, a.repeats)
+        held.clear()
+        torch.cuda.empty_cache()
+
+        args = folder_model_args(Path(folder))
+        for label, cast in (("titanlite", True), ("titanlite fp32 weights", False)):
+            model = model_from_args(args)
+            load_hf_into([model], Path(folder))
+            model.to(device).eval()
+            if cast:
+                inference_weights(model, device)
+
+            def ours(model=model):
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    return generate(model, prompt, a.new_tokens, args.vocab_size).new_ids
+
+            results[label] = timed(ours, a.repeats)
+            del model
+            torch.cuda.empty_cache()
+
+    reference = results["transformers"][1]
+    rows = []
+    device_name = torch.cuda.get_device_name()
+    print(f"{a.shape}, batch 1, greedy, {a.prompt_tokens}-token prompt, {a.new_tokens} new tokens, {device_name}")
+    print("| variant | s | tokens/s | same greedy ids as transformers |")
+    print("|---|---:|---:|---:|")
+    for label, (seconds, ids) in results.items():
+        same = next((i for i, (x, y) in enumerate(zip(ids, reference)) if x != y), len(ids))
+        rows.append({"variant": label, "seconds": seconds, "tokens_per_s": a.new_tokens / seconds, "same_prefix": same})
+        print(f"| {label} | {seconds:.3f} | {a.new_tokens / seconds:.1f} | first {same} of {len(ids)} |")
+    if a.output:
+        Path(a.output).write_text(json.dumps(rows, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
