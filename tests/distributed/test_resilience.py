@@ -136,6 +136,7 @@ def clean_six(tmp_path_factory):
     return run_dir
 
 
+@pytest.mark.slow  # about 22 s; CI runs it (test_run_folder_trust.py's non-finite resume is its twin)
 def test_nan_loss_stops_before_saving_it_and_a_resume_reproduces_the_clean_run(tmp_path, clean_six):
     from titanlite.components.checkpoint_files import verify
 

@@ -199,6 +199,7 @@ def test_a_lock_left_by_a_dead_launcher_is_taken_over_with_a_note(tmp_path):
 # ---- checksums -------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # about 25 s; CI runs it (scripts/fault_survey.py repeats it by hand)
 def test_a_same_size_corruption_is_found_and_the_older_checkpoint_resumes_exactly(tmp_path, ten):
     corrupted = copy_of(ten, tmp_path / "corrupted")
     damage(next((corrupted / "run" / "step-10").glob("*.distcp")))
@@ -238,6 +239,7 @@ def test_no_usable_checkpoint_is_exit_2_listing_each_unless_told_to_start_from_s
 # ---- failures as one line --------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # about 15 s; CI runs it (test_checkpoint.py's damaged-checkpoint tests stay in the default suite)
 def test_a_checkpoint_dcp_cannot_read_is_skipped_for_the_older_one_or_one_line(tmp_path, ten):
     """Saved without checksums (by an earlier titanlite), its first record's header damaged: only DCP can tell."""
     run = copy_of(ten, tmp_path)

@@ -66,6 +66,7 @@ def titanlite_eval(args: list[str], run_dir) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow  # about 23 s; CI runs it
 def test_eval_of_the_final_checkpoint_prints_the_runs_last_validation_loss(tmp_path):
     checkpointed = [
         *VALIDATED,

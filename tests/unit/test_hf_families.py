@@ -135,7 +135,7 @@ def test_greedy_generation_equals_transformers(tmp_path, case):
     assert result.new_ids == theirs[0, len(prompt) :].tolist()
 
 
-@pytest.mark.parametrize("case", ["qwen3", "smollm3"])
+@pytest.mark.parametrize("case", ["qwen3", pytest.param("smollm3", marks=pytest.mark.slow)])
 def test_the_generate_command_continues_like_transformers(tmp_path, case, monkeypatch):
     """`titanlite generate` itself on the folder. The command picks among the tokenizer's ids only, so the
     model's vocabulary here is the byte tokenizer's 257 ids, where transformers' argmax picks among the same."""
