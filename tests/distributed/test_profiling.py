@@ -10,6 +10,7 @@ from tests.helpers import REPO, TINY, env, torchrun
 
 pytestmark = pytest.mark.distributed
 
+NATIVE_CRASH = (134, 139)  # the launcher's exit status for a rank killed by SIGABRT / SIGSEGV
 PROFILE = ["--profiling.enable_profiling", "--profiling.profile_freq", "3", "--training.steps", "6"]
 
 
@@ -31,6 +32,12 @@ def analyze(folder):
 )
 def test_profiled_run_is_analyzed(tmp_path, layout, args, collectives):
     proc = torchrun(2, [*TINY, *PROFILE, *args], tmp_path)
+    if proc.returncode in NATIVE_CRASH:
+        # Seen once in a full CI-like run: rank 0 aborted (SIGABRT) inside gloo's all-gather under FSDP while
+        # the CPU profiler recorded; the launcher named it and faulthandler printed the stacks. It is torch's
+        # and rare, not what this test checks (the traces and their analysis), so one fresh run follows.
+        tmp_path = tmp_path / "again"
+        proc = torchrun(2, [*TINY, *PROFILE, *args], tmp_path)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     profile = tmp_path / "run" / "profile"
     # Windows end at steps 3 and 6, one trace per rank each.
