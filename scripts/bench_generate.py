@@ -98,9 +98,9 @@ def main() -> None:
         for label, cast in (("titanlite", True), ("titanlite fp32 weights", False)):
             model = model_from_args(args)
             load_hf_into([model], Path(folder))
-            model.to(device).eval()
             if cast:
                 inference_weights(model, device)
+            model.to(device).eval()
 
             def ours(model=model):
                 with torch.autocast("cuda", dtype=torch.bfloat16):

@@ -136,8 +136,8 @@ def main(argv: list[str]) -> int:
     model, source = load_model(cfg, tokenizer.vocab_size)
     check_prompt_fits(len(prompt_ids), model.args.max_seq_len)
     device = torch.device("cuda", 0) if uses_cuda() else torch.device("cpu")
+    inference_weights(model, device)  # before the move: the GPU never holds the float32 copy
     model.to(device).eval()
-    inference_weights(model, device)
     print(f"titanlite: generating from {source} on {device} ({_precision(device)}), {sampling.describe()}", flush=True)
     with _autocast(device):
         result = generate(model, prompt_ids, opts["max-new-tokens"], tokenizer.vocab_size, sampling, eot_id)
