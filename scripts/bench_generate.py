@@ -15,6 +15,7 @@ as `titanlite generate` prints it. Variants:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import tempfile
@@ -24,33 +25,29 @@ from pathlib import Path
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from titanlite.base.hf_config import folder_model_args
+from titanlite.base.flavors import FLAVORS
+from titanlite.base.hf_config import folder_model_args, hf_config
+from titanlite.base.model_args import Llama3RopeScaling
 from titanlite.commands.generate import generate, inference_weights
 from titanlite.components.hf_weights import load_hf_into
 from titanlite.models.registry import model_from_args
 
-SHAPES = {  # published config.json fields of each model (its weights are random here)
-    "llama3.2-1b": dict(
-        hidden_size=2048,
-        intermediate_size=8192,
-        num_hidden_layers=16,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        head_dim=64,
+
+def shape(name: str) -> LlamaConfig:
+    """The transformers config of a named shape, from titanlite's own flavor (hf_config writes what convert
+    to-hf writes), with the published vocabulary, context and RoPE scaling of the model it stands for."""
+    if name != "llama3.2-1b":
+        raise ValueError(f"unknown shape {name!r}; known: {SHAPES}")
+    args = dataclasses.replace(
+        FLAVORS["llama3"]["1B"],
         vocab_size=128256,
-        max_position_embeddings=131072,
-        rope_theta=500000.0,
-        rope_scaling={
-            "rope_type": "llama3",
-            "factor": 32.0,
-            "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 8192,
-        },
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=True,
-    ),
-}
+        max_seq_len=131072,
+        rope_scaling=Llama3RopeScaling(32.0, 1.0, 4.0, 8192),
+    )
+    return LlamaConfig.from_dict(hf_config(args))
+
+
+SHAPES = ["llama3.2-1b"]
 
 
 def timed(fn, repeats: int) -> tuple[float, list[int]]:
@@ -67,7 +64,7 @@ def timed(fn, repeats: int) -> tuple[float, list[int]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--shape", default="llama3.2-1b", choices=sorted(SHAPES))
+    parser.add_argument("--shape", default="llama3.2-1b", choices=SHAPES)
     parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--prompt-tokens", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3)
@@ -78,8 +75,7 @@ def main() -> None:
     prompt = torch.randint(0, 50000, (1, a.prompt_tokens)).tolist()[0]
     results = {}
     with tempfile.TemporaryDirectory() as folder:
-        config = LlamaConfig(**SHAPES[a.shape], bos_token_id=None, eos_token_id=None, pad_token_id=None)
-        LlamaForCausalLM(config).save_pretrained(folder)
+        LlamaForCausalLM(shape(a.shape)).save_pretrained(folder)
         held = {"hf": LlamaForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).to(device).eval()}
         inputs = torch.tensor([prompt], device=device)
 
