@@ -4,6 +4,9 @@ import math
 
 import pytest
 import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
 from titanlite.components.metrics import Throughput, count_params, device_peak_tflops, flops_per_token
 from titanlite.components.optim import clip_grad_norm_, lr_factor
@@ -36,6 +39,25 @@ def test_clip_grad_norm_returns_the_norm_before_clipping_and_clips():
     norm = clip_grad_norm_(p, max_norm=1.0)
     assert norm.item() == pytest.approx(5.0)
     assert torch.cat([q.grad for q in p]).norm().item() == pytest.approx(1.0, rel=1e-5)
+
+
+def test_partial_gradients_are_summed_then_clipped_like_the_rest(tmp_path):
+    """A sequence-parallel norm's gradient is Partial(sum); torch 2.11's in-place foreach multiply left such a
+    gradient unscaled, so TP runs drifted from one process. Clipping sums it first: every gradient is clipped."""
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("tp",))
+        norm = torch.nn.Parameter(DTensor.from_local(torch.ones(2), mesh, [Replicate()]))
+        proj = torch.nn.Parameter(DTensor.from_local(torch.ones(4), mesh, [Shard(0)]))
+        norm.grad = DTensor.from_local(torch.tensor([3.0, 0.0]), mesh, [Partial()])
+        proj.grad = DTensor.from_local(torch.tensor([0.0, 4.0, 0.0, 0.0]), mesh, [Shard(0)])
+        total = clip_grad_norm_([norm, proj], max_norm=1.0)
+        assert total.item() == pytest.approx(5.0)
+        assert norm.grad.placements == (Replicate(),)
+        assert norm.grad.full_tensor().tolist() == pytest.approx([0.6, 0.0], rel=1e-5)
+        assert proj.grad.full_tensor().tolist() == pytest.approx([0.0, 0.8, 0.0, 0.0], rel=1e-5)
+    finally:
+        dist.destroy_process_group()
 
 
 def test_flops_per_token_formula_for_gpt2_124m():

@@ -1,6 +1,8 @@
 """Optimizer (AdamW), learning-rate schedule (warm-up then cosine/linear decay) and gradient clipping.
 
 Clipping works on plain and DTensor (sharded) gradients alike: the norm is taken over the full model.
+Partial gradients (a replicated weight used on sharded activations, like sequence-parallel norms) are summed
+first, so every later step sees the weight's own placement.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import math
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Replicate
 
 from titanlite.config import LRScheduler, Optimizer
 
@@ -145,6 +147,7 @@ def clip_grad_norm_(params: list[nn.Parameter], max_norm: float, *, norm_params=
     parallelism each rank holds only its stages, so the squared norms are also summed over `pp_group`.
     `norm_params` leaves out copies that would be counted twice (a tied embedding split across stages).
     """
+    reduce_partial_grads(params)
     grads = [p.grad for p in (params if norm_params is None else norm_params) if p.grad is not None]
     total = torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=True)
     if isinstance(total, DTensor):
@@ -156,3 +159,37 @@ def clip_grad_norm_(params: list[nn.Parameter], max_norm: float, *, norm_params=
     if max_norm > 0:
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, total, foreach=True)
     return total
+
+
+@torch.no_grad()
+def reduce_partial_grads(params: list[nn.Parameter]) -> None:
+    """Sum each pending partial gradient over its mesh dimension, one all-reduce per dimension for all of them.
+
+    A weight replicated over tensor parallelism but applied to sequence- or head-sharded activations (the
+    SequenceParallel norms, Qwen3's per-head Q/K norms) gets a Partial(sum) gradient: each rank holds its
+    tokens' share. Left partial, later in-place ops depend on the torch release: on torch 2.11 clipping's
+    in-place `_foreach_mul_` left those gradients unscaled, so unclipped (TP x 2 drifted from one
+    process from step 3); AdamW then all-reduced them twice per step. Summed here they are plain replicated
+    gradients like every other.
+    """
+    pending: dict[tuple, list[nn.Parameter]] = {}
+    for p in params:
+        grad = p.grad
+        if isinstance(grad, DTensor) and any(placement.is_partial() for placement in grad.placements):
+            pending.setdefault((grad.device_mesh, grad.placements), []).append(p)
+    for (mesh, placements), group in pending.items():
+        locals_ = [p.grad.to_local() for p in group]
+        flat = torch.cat([t.reshape(-1) for t in locals_])
+        settled = list(placements)
+        for dim, placement in enumerate(placements):
+            if placement.is_partial():
+                if placement.reduce_op not in ("sum", "avg"):
+                    raise NotImplementedError(f"a gradient with {placement}: only sum and avg partials are reduced")
+                dist.all_reduce(flat, group=mesh.get_group(dim))  # gloo has no AVG: sum, then divide
+                if placement.reduce_op == "avg":
+                    flat /= mesh.size(dim)
+                settled[dim] = Replicate()
+        for p, summed in zip(group, flat.split([t.numel() for t in locals_])):
+            p.grad = DTensor.from_local(
+                summed.view_as(p.grad.to_local()), mesh, settled, shape=p.grad.shape, stride=p.grad.stride()
+            )
