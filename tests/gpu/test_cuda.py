@@ -372,3 +372,28 @@ def test_default_device_on_a_gpu_box_is_cuda(tmp_path):
     assert "dtype bfloat16" in proc.stdout  # CUDA's default mixed precision
     records = metrics(tmp_path)
     assert all(r["mem_reserved_gib"] is not None and r["mem_reserved_gib"] > 0 for r in records)  # CUDA figures
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama3"])
+def test_cuda_graph_decoding_matches_eager_decoding(name):
+    """The graphed decode (static cache, one captured step replayed) gives the eager decode's greedy ids and,
+    step by step, the full forward's logits. float32 (TF32 off), a random debug model, a 12-token prompt."""
+    from titanlite.commands.generate import GraphedDecoder, generate
+    from titanlite.models.init import init_weights
+    from titanlite.models.registry import build_model
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    model = build_model(name, "debug", 320, 64)
+    init_weights(model, 0)
+    model = model.cuda().eval()
+    prompt = torch.randint(0, 257, (12,), generator=torch.Generator().manual_seed(0)).tolist()
+    eager = generate(model, prompt, 40, 257, cuda_graph=False)
+    graphed = generate(model, prompt, 40, 257, cuda_graph=True)
+    assert graphed.new_ids == eager.new_ids
+    tokens = torch.tensor([prompt + eager.new_ids], device="cuda")
+    with torch.inference_mode():
+        full = model(tokens)[0]
+        decode = GraphedDecoder(model, tokens.shape[1], torch.device("cuda"))
+        logits = [decode(tokens[:, :12])[0].clone()]
+        logits += [decode(tokens[:, i : i + 1])[0].clone() for i in range(12, tokens.shape[1] - 1)]
+    torch.testing.assert_close(torch.stack(logits), full[11:-1], atol=1e-4, rtol=1e-4)

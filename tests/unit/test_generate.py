@@ -21,7 +21,7 @@ from titanlite.commands.generate import (
 from titanlite.components.hf_weights import save_hf
 from titanlite.data.tokenizer import ByteTokenizer
 from titanlite.models.init import init_weights
-from titanlite.models.kv_cache import KVCache
+from titanlite.models.kv_cache import KVCache, StaticKVCache
 from titanlite.models.registry import build_model
 
 TOK = ByteTokenizer()  # 257 ids, padded to 320 in the model
@@ -39,13 +39,19 @@ def debug_model(name: str, seed: int = 0) -> torch.nn.Module:
 # ---- the KV cache ---------------------------------------------------------------------------------------
 
 
+CACHES = {"host": lambda n: KVCache(max_len=n), "static": lambda n: StaticKVCache(n, torch.device("cpu"))}
+
+
+@pytest.mark.parametrize("kind", CACHES)
 @pytest.mark.parametrize("name", MODELS)
-def test_cached_decoding_matches_full_forward_logits(name):
+def test_cached_decoding_matches_full_forward_logits(name, kind):
+    """Both caches: the host-counted one, and the static one (device-side position, masked whole-buffer
+    attention) that CUDA-graph decoding replays."""
     model = debug_model(name)
     tokens = torch.randint(0, TOK.vocab_size, (2, 20), generator=torch.Generator().manual_seed(0))
     # A prefill, single-token steps, a several-token chunk after the cache (the shifted causal mask), more steps.
     chunks = [8, 1, 1, 1, 1, 5, 1, 1, 1]
-    cache, start = KVCache(max_len=20), 0
+    cache, start = CACHES[kind](20), 0
     with torch.inference_mode():
         full = model(tokens)
         for size in chunks:
@@ -53,6 +59,11 @@ def test_cached_decoding_matches_full_forward_logits(name):
             torch.testing.assert_close(logits, full[:, start : start + size], atol=1e-5, rtol=1e-5)
             start += size
     assert cache.length == start == 20
+
+
+def test_cuda_graph_decoding_needs_a_cuda_device():
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        generate(debug_model("gpt2"), [1, 2], 4, TOK.vocab_size, cuda_graph=True)
 
 
 def test_cache_refuses_positions_past_its_length():

@@ -104,9 +104,10 @@ class GPT2(nn.Module):
         attending as `sequence` says (titanlite/models/attention.py). With a cache (generation), the tokens
         continue the cached sequence, and their keys and values are added to the cache."""
         if self.tok_embeddings is not None:
-            start = 0 if cache is None else cache.length
-            pos = torch.arange(start, start + tokens.shape[1], device=tokens.device)  # [T]
-            if cache is None and sequence is not None and sequence.positions is not None:
+            pos = torch.arange(tokens.shape[1], device=tokens.device)  # [T]
+            if cache is not None:  # the first uncached positions
+                pos = cache.positions(tokens.shape[1], tokens.device)
+            elif sequence is not None and sequence.positions is not None:
                 pos = sequence.positions
             h = self.tok_embeddings(tokens) + self.pos_embeddings(pos)  # [B, T, dim]
         else:

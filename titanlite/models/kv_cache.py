@@ -1,5 +1,9 @@
 """A key/value cache for incremental decoding: each layer keeps the keys and values of the positions seen
-so far, so a new token costs one attention over the cache rather than a forward over the whole sequence."""
+so far, so a new token costs one attention over the cache rather than a forward over the whole sequence.
+
+KVCache counts positions on the host and attends over the filled part; StaticKVCache keeps the count on the
+device and always attends over its whole buffer under a mask, so a decode step has the same shapes and the
+same kernels at every position and can be captured once as a CUDA graph and replayed."""
 
 from __future__ import annotations
 
@@ -27,6 +31,10 @@ class KVCache:
         """The part of the cache that the model's layer `name` (its key in model.layers) reads and writes."""
         return LayerCache(self, name)
 
+    def positions(self, t: int, device: torch.device) -> torch.Tensor:
+        """The positions [t] of t new tokens: the first uncached ones (the model's rotations and embeddings)."""
+        return torch.arange(self.length, self.length + t, device=device)
+
     def store(self, name: str, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write k, v [B, H_kv, T, hd] at positions length..length+T-1 of layer `name`; return the keys and
         values of all positions so far, [B, H_kv, length+T, hd] (views of the buffers, not copies)."""
@@ -45,6 +53,63 @@ class KVCache:
         """Count n new positions as cached; the model calls this after its last layer has stored them."""
         self.length += n
 
+    def attend(self, name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """LayerCache.attend for layer `name`."""
+        start = self.length
+        k, v = self.store(name, k, v)
+        gqa = q.shape[1] != k.shape[1]
+        t = q.shape[2]
+        if start == 0 or t == 1:
+            # A prefill is the usual lower triangle; a single new token is the newest position and sees all.
+            return F.scaled_dot_product_attention(q, k, v, is_causal=t > 1, enable_gqa=gqa)
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=shifted_causal_mask(start, t, q.device), enable_gqa=gqa
+        )
+
+
+class StaticKVCache(KVCache):
+    """A KVCache whose count of cached positions is a device tensor (`position`), written and read by kernels.
+
+    Keys and values go to their positions by index (index_copy_), attention reads all max_len positions with a
+    mask of those at or before each query's, and advance() adds to `position` in place: no host value changes
+    between decode steps, so one step captured as a CUDA graph is right at every position when replayed. The
+    caller keeps the positions under max_len (an index past the buffer is a device error, not a host check)."""
+
+    def __init__(self, max_len: int, device: torch.device):  # KVCache's host-side `length` is a property here
+        self.max_len = max_len
+        self.keys: dict[str, torch.Tensor] = {}
+        self.values: dict[str, torch.Tensor] = {}
+        self.position = torch.zeros((), dtype=torch.long, device=device)  # positions cached so far
+        self.key_positions = torch.arange(max_len, device=device)  # [max_len]
+
+    @property
+    def length(self) -> int:
+        """The count on the host (reads the device); not for code that a CUDA graph replays."""
+        return int(self.position.item())
+
+    def positions(self, t: int, device: torch.device) -> torch.Tensor:
+        return self.position + torch.arange(t, device=device)
+
+    def store(self, name: str, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write k, v [B, H_kv, T, hd] at positions position..position+T-1; return the whole buffers."""
+        if name not in self.keys:
+            shape = (k.shape[0], k.shape[1], self.max_len, k.shape[3])
+            self.keys[name] = k.new_zeros(shape)  # zeros: the masked positions are read, never used
+            self.values[name] = v.new_zeros(shape)
+        where = self.positions(k.shape[2], k.device)
+        self.keys[name].index_copy_(2, where, k)
+        self.values[name].index_copy_(2, where, v)
+        return self.keys[name], self.values[name]
+
+    def advance(self, n: int) -> None:
+        self.position += n
+
+    def attend(self, name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        query_positions = self.positions(q.shape[2], q.device)  # before store(): its writes do not move it
+        k, v = self.store(name, k, v)
+        mask = self.key_positions[None, :] <= query_positions[:, None]  # [T, max_len]
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=q.shape[1] != k.shape[1])
+
 
 @dataclass(frozen=True)
 class LayerCache:
@@ -58,16 +123,7 @@ class LayerCache:
 
         q is [B, Hq, T, hd], k and v [B, H_kv, T, hd]; with fewer key/value heads than query heads (Llama's
         grouped-query attention) query head j reads key/value head j // (Hq / H_kv), as in the model."""
-        start = self.cache.length
-        k, v = self.cache.store(self.name, k, v)
-        gqa = q.shape[1] != k.shape[1]
-        t = q.shape[2]
-        if start == 0 or t == 1:
-            # A prefill is the usual lower triangle; a single new token is the newest position and sees all.
-            return F.scaled_dot_product_attention(q, k, v, is_causal=t > 1, enable_gqa=gqa)
-        return F.scaled_dot_product_attention(
-            q, k, v, attn_mask=shifted_causal_mask(start, t, q.device), enable_gqa=gqa
-        )
+        return self.cache.attend(self.name, q, k, v)
 
 
 def shifted_causal_mask(start: int, t: int, device: torch.device) -> torch.Tensor:

@@ -183,7 +183,8 @@ class Llama(nn.Module):
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
         cos, sin = self.rope_cos, self.rope_sin  # [max_seq_len, hd/2]; attention cuts them to length
         if cache is not None:  # the new tokens' rotations start at the first uncached position
-            cos, sin = cos[cache.length :], sin[cache.length :]
+            positions = cache.positions(tokens.shape[1], h.device)
+            cos, sin = cos[positions], sin[positions]
         elif sequence is not None and sequence.positions is not None:
             cos, sin = cos[sequence.positions], sin[sequence.positions]
         for name, layer in self.layers.items():
