@@ -8,8 +8,10 @@ reads that folder as `--model.flavor hf` does. Each variant runs once to warm up
 --repeats times; the median is printed. Tokens/s counts the new tokens over the whole call, prefill included,
 as `titanlite generate` prints it. Variants:
   transformers   LlamaForCausalLM.generate, bfloat16 weights, its default (dynamic) cache
-  titanlite      titanlite.commands.generate.generate as the command runs it (bf16 weights under bf16 autocast)
-  titanlite fp32 the same with float32 weights under bf16 autocast (the command before it cast its weights)
+  titanlite      titanlite.commands.generate.generate as the command runs it (bf16 weights under bf16 autocast,
+                 each single-token step a CUDA graph replay; the capture is inside the timed call)
+  titanlite eager the same with each step's kernels launched one by one (generate --eager)
+  titanlite fp32 the eager decode with float32 weights under bf16 autocast (the command before it cast its weights)
 """
 
 from __future__ import annotations
@@ -91,16 +93,20 @@ def main() -> None:
         torch.cuda.empty_cache()
 
         args = folder_model_args(Path(folder))
-        for label, cast in (("titanlite", True), ("titanlite fp32 weights", False)):
+        for label, cast, graphed in (
+            ("titanlite", True, True),
+            ("titanlite eager", True, False),
+            ("titanlite fp32 weights, eager", False, False),
+        ):
             model = model_from_args(args)
             load_hf_into([model], Path(folder))
             if cast:
                 inference_weights(model, device)
             model.to(device).eval()
 
-            def ours(model=model):
-                with torch.autocast("cuda", dtype=torch.bfloat16):
-                    return generate(model, prompt, a.new_tokens, args.vocab_size).new_ids
+            def ours(model=model, graphed=graphed):
+                with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False):
+                    return generate(model, prompt, a.new_tokens, args.vocab_size, cuda_graph=graphed).new_ids
 
             results[label] = timed(ours, a.repeats)
             del model

@@ -10,6 +10,12 @@
 #                                       micro-batch against accumulation, float8 recipe); levers-small: the
 #                                       GPT-2 124M ones only, levers-large: the 774M and 3B ones only
 #   scripts/gpu_figures.sh generate     titanlite generate against transformers' generate (scripts/bench_generate.py)
+#   scripts/gpu_figures.sh loss-kernels the loss alone: plain, chunked and a fused linear + cross-entropy (scripts/bench_loss.py)
+#   scripts/gpu_figures.sh float8-layers the 3B at seq 8192, full AC: bf16, then float8 with more linears left in bf16
+#   scripts/gpu_figures.sh autotune     GPT-2 124M (batch 64) and the 774M (16 x 2): compile mode default against
+#                                       max-autotune-no-cudagraphs
+#   scripts/gpu_figures.sh suite        the correctness runs: ./run_tests.sh -m gpu beside the CPU suite
+#                                       (./run_tests.sh -n 12) on this machine's torch
 # Each writes its outputs under $OUT (default /tmp/gpu_figures) and prints a summary last.
 set -u
 cd "$(dirname "$0")/.."
@@ -79,6 +85,32 @@ case "${1:-throughput}" in
   generate)
     PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" $PY scripts/bench_generate.py --output "$OUT/generate.json" 2>&1 | tee "$OUT/generate.log" | tail -8 \
       | tee -a "$OUT/summary.txt"
+    ;;
+  loss-kernels)
+    PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" $PY scripts/bench_loss.py --output "$OUT/loss_kernels.json" 2>&1 \
+      | tee "$OUT/loss_kernels.log" | grep -E "^\||not measured" | tee -a "$OUT/summary.txt"
+    ;;
+  float8-layers)  # which linears pay in float8: all blocks' (the default), then attention's or the MLP's left in bf16
+    full=("${smol[@]}" --activation_checkpoint.mode full --training.steps 15)
+    train 3b_full_bf16 "${full[@]}"
+    train 3b_full_float8 "${full[@]}" --float8.enable
+    train 3b_full_float8_mlp_only "${full[@]}" --float8.enable --float8.filter_fqns output,attention
+    train 3b_full_float8_no_kv "${full[@]}" --float8.enable --float8.filter_fqns output,wk,wv
+    ;;
+  autotune)
+    bench 124m_b64_default --config train_configs/gpt2_small.toml --no-bare --training.local_batch_size 64
+    bench 124m_b64_max_autotune --config train_configs/gpt2_small.toml --no-bare --training.local_batch_size 64 \
+      --compile.mode max-autotune-no-cudagraphs
+    train 774m_b16x2 "${large[@]}" --training.steps 30 --training.local_batch_size 16
+    train 774m_b16x2_max_autotune "${large[@]}" --training.steps 30 --training.local_batch_size 16 \
+      --compile.mode max-autotune-no-cudagraphs
+    ;;
+  suite)  # both at once: the CPU suite pins itself to the CPU (gloo), the gpu tests use the GPU
+    (./run_tests.sh -n 12 -q -p no:cacheprovider > "$OUT/cpu_suite.log" 2>&1; echo "exit $?" >> "$OUT/cpu_suite.log") &
+    ./run_tests.sh -m gpu -q -p no:cacheprovider > "$OUT/gpu_tests.log" 2>&1; echo "exit $?" >> "$OUT/gpu_tests.log"
+    wait
+    { echo "== ./run_tests.sh -m gpu"; tail -4 "$OUT/gpu_tests.log"; echo "== ./run_tests.sh -n 12"
+      tail -4 "$OUT/cpu_suite.log"; } | tee -a "$OUT/summary.txt"
     ;;
   throughput)
     small=(--config train_configs/gpt2_small.toml)
