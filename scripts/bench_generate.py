@@ -9,8 +9,9 @@ reads that folder as `--model.flavor hf` does. Each variant runs once to warm up
 as `titanlite generate` prints it. Variants:
   transformers   LlamaForCausalLM.generate, bfloat16 weights, its default (dynamic) cache
   titanlite      titanlite.commands.generate.generate as the command runs it (bf16 weights under bf16 autocast,
-                 each single-token step a CUDA graph replay; the capture is inside the timed call)
-  titanlite eager the same with each step's kernels launched one by one (generate --eager)
+                 each step's kernels launched one by one)
+  titanlite graphed the same with each single-token step a CUDA graph replay (generate --cuda-graph; the
+                 capture is inside the timed call)
   titanlite fp32 the eager decode with float32 weights under bf16 autocast (the command before it cast its weights)
 """
 
@@ -94,8 +95,8 @@ def main() -> None:
 
         args = folder_model_args(Path(folder))
         for label, cast, graphed in (
-            ("titanlite", True, True),
-            ("titanlite eager", True, False),
+            ("titanlite", True, False),
+            ("titanlite graphed", True, True),
             ("titanlite fp32 weights, eager", False, False),
         ):
             model = model_from_args(args)

@@ -250,6 +250,7 @@ BAD_INPUTS = {
     "negative temperature": (["--prompt", "a", "--temperature", "-1"], "--temperature=-1 must be"),
     "negative top-k": (["--prompt", "a", "--top-k", "-2"], "--top-k=-2 must be"),
     "not a number": (["--prompt", "a", "--max-new-tokens", "many"], "takes a whole number"),
+    "cuda graphs on the CPU": (["--prompt", "a", "--cuda-graph"], "--cuda-graph needs a CUDA GPU"),
     "no checkpoint": (["--prompt", "a", "--job.name", "never_trained"], "checkpoint.initial_load_path"),
     "initial_load_path missing": (
         ["--prompt", "a", "--job.name", "never_trained", "--checkpoint.initial_load_path", "/nonexistent/step-3"],

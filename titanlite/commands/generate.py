@@ -1,8 +1,9 @@
 """`titanlite generate`: continue a prompt with a trained model on one device, greedy or sampled, one token
 per forward over a KV cache. The decoding policy lives here; the models only know how to use a cache.
 
-On a GPU each single-token step is one CUDA graph replay: at batch 1 a step is hundreds of small kernels, and
-launching them one by one from Python, not the GPU, set the pace (about 15 ms a token for a 1B Llama)."""
+`--cuda-graph` (GPU only) replays each single-token step as one CUDA graph: at batch 1 a step is hundreds of
+small kernels, and launching them one by one from Python, not the GPU, set the pace (about 15 ms a token for a
+1B Llama on an H100). It stays opt-in until it has been measured on a GPU."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ OPTIONS = {
     "top-k": 0,
     "seed": 0,
     "output": "",
-    "eager": False,  # on a GPU: launch each decode step's kernels one by one instead of replaying a CUDA graph
+    "cuda-graph": False,  # on a GPU: replay each decode step as one CUDA graph instead of launching its kernels
 }
 
 # Why generation stopped, as --output records it.
@@ -149,22 +150,21 @@ def generate(
     vocab_size: int,
     sampling: Sampling = Sampling(),
     eot_id: int | None = None,
-    cuda_graph: bool | None = None,
+    cuda_graph: bool = False,
 ) -> Generation:
     """Continue prompt_ids by up to max_new_tokens ids, stopping early at eot_id (kept as the last id) or when
     prompt and continuation fill the model's context (model.args.max_seq_len positions).
 
     The prompt goes through the model once (prefill); then each new token is one forward of that token alone,
-    its attention reading the keys and values of all earlier positions from a KV cache. `cuda_graph` (default:
-    on a CUDA device) replays those single-token forwards as one CUDA graph (GraphedDecoder); its capture is
-    inside the timed call."""
+    its attention reading the keys and values of all earlier positions from a KV cache. `cuda_graph` (a CUDA
+    device only) replays those single-token forwards as one CUDA graph (GraphedDecoder); its capture is inside
+    the timed call."""
     device = next(model.parameters()).device
     max_len = min(model.args.max_seq_len, len(prompt_ids) + max_new_tokens)
     generator = torch.Generator(device=device).manual_seed(sampling.seed)
     new_ids: list[int] = []
     start = time.perf_counter()
-    graphed = device.type == "cuda" if cuda_graph is None else cuda_graph
-    decode = GraphedDecoder(model, max_len, device) if graphed else Decoder(model, max_len)
+    decode = GraphedDecoder(model, max_len, device) if cuda_graph else Decoder(model, max_len)
     tokens = torch.tensor([prompt_ids], device=device)  # [1, T]
     while True:
         logits = decode(tokens)  # [1, V]
@@ -197,12 +197,14 @@ def main(argv: list[str]) -> int:
     bos = [] if getattr(tokenizer, "bos_id", None) is None else [tokenizer.bos_id]
     prompt_ids = bos + tokenizer.encode(opts["prompt"])
     eot_id = getattr(tokenizer, "eot_id", None)
+    device = torch.device("cuda", 0) if uses_cuda() else torch.device("cpu")
+    if opts["cuda-graph"] and device.type != "cuda":
+        raise ConfigError(f"generate --cuda-graph needs a CUDA GPU, and this run is on {device}; leave it out")
     model, source = load_model(cfg, tokenizer.vocab_size)
     check_prompt_fits(len(prompt_ids), model.args.max_seq_len)
-    device = torch.device("cuda", 0) if uses_cuda() else torch.device("cpu")
     inference_weights(model, device)  # before the move: the GPU never holds the float32 copy
     model.to(device).eval()
-    graphed = device.type == "cuda" and not opts["eager"]
+    graphed = opts["cuda-graph"]
     how = f"{_precision(device)}{', CUDA graphs' if graphed else ''}"
     print(f"titanlite: generating from {source} on {device} ({how}), {sampling.describe()}", flush=True)
     with _autocast(device):
