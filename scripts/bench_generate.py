@@ -28,12 +28,11 @@ from pathlib import Path
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from titanlite.base.flavors import FLAVORS
-from titanlite.base.hf_config import folder_model_args, hf_config
-from titanlite.base.model_args import Llama3RopeScaling
 from titanlite.commands.generate import generate, inference_weights
 from titanlite.components.hf_weights import load_hf_into
-from titanlite.models.registry import model_from_args
+from titanlite.models.common.build import model_from_args
+from titanlite.models.hf_config import folder_model_args, hf_config
+from titanlite.models.llama3.args import FLAVORS, Llama3RopeScaling
 
 
 def shape(name: str) -> LlamaConfig:
@@ -42,7 +41,7 @@ def shape(name: str) -> LlamaConfig:
     if name != "llama3.2-1b":
         raise ValueError(f"unknown shape {name!r}; known: {SHAPES}")
     args = dataclasses.replace(
-        FLAVORS["llama3"]["1B"],
+        FLAVORS["1B"],
         vocab_size=128256,
         max_seq_len=131072,
         rope_scaling=Llama3RopeScaling(32.0, 1.0, 4.0, 8192),

@@ -7,18 +7,25 @@ docs/architecture.md explains each layer.
 
 __version__ = "0.1.0"
 
-# (layer, subpackage, what it holds), bottom to top.
+# (layer, where, what it holds), bottom to top. `where` is a dotted path under titanlite/ in which "*" stands for
+# any one name (a model family's folder); a module takes the layer of the longest `where` that contains it, so a
+# family's folder spans layers: its spec, arguments and config.json at 0, its module at 2, its plan at 3.
 LAYERS = (
     (
         0,
         "base",
-        "errors and exit statuses, devices, model arguments, a Hugging Face config.json both ways; no torch needed "
-        "but in devices and failures",
+        "errors and exit statuses, devices, reading a Hugging Face config.json; no torch needed but in devices and "
+        "failures",
     ),
+    (0, "models", "the ModelSpec, the registry of families, config.json of any family both ways; torch-free"),
+    (0, "models.*", "a family's spec, arguments and sizes, its config.json both ways; torch-free"),
     (1, "config", "the run configuration: sections, loading and validation, reference text"),
-    (2, "models", "GPT-2 and Llama as plain modules, the model interface, weight init, flavors"),
+    (2, "models.common", "blocks every family may use: the model interface, attention, KV cache, weight init, build"),
+    (2, "models.*.model", "a family's plain module, no parallelism inside"),
+    (2, "models.*.weights", "a family's Hugging Face weight names and layouts"),
     (2, "data", "tokenizers, sources, the prepared token store, sample order, the loader"),
     (3, "parallel", "one apply_* per parallelism, parallelize() in its order, the mesh, pipeline schedules"),
+    (3, "models.*.parallelize", "a family's tensor-parallel plan for its blocks"),
     (
         3,
         "components",

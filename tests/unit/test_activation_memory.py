@@ -6,8 +6,8 @@ from torch.distributed._tools.mem_tracker import MemTracker
 
 from titanlite.components.loss import cross_entropy
 from titanlite.config import ActivationCheckpoint
-from titanlite.models.init import init_weights
-from titanlite.models.registry import build_model
+from titanlite.models.common.build import build_model
+from titanlite.models.common.init import init_weights
 from titanlite.parallel.activation_checkpoint import apply_ac
 
 

@@ -7,9 +7,9 @@ import torch
 import torch.nn.functional as F
 
 from titanlite.base.errors import ConfigError
-from titanlite.models.attention import CoreAttention, Sequence, additive_mask, attention_mask, document_ids
-from titanlite.models.init import init_weights
-from titanlite.models.registry import build_model
+from titanlite.models.common.attention import CoreAttention, Sequence, additive_mask, attention_mask, document_ids
+from titanlite.models.common.build import build_model
+from titanlite.models.common.init import init_weights
 from titanlite.parallel.context_parallel import (
     SequenceSplit,
     balanced_positions,

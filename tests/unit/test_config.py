@@ -34,7 +34,7 @@ def test_negative_numbers_are_values_not_flags():
         (["--training.stepz", "3"], "did you mean 'training.steps'"),
         (["--optimizer.learning_rate", "1"], "unknown config key 'optimizer.learning_rate'"),
         (["--training.steps", "three"], "training.steps='three' is not a valid int"),
-        (["--model.name", "bert"], "model.name='bert' is not allowed; use one of: 'gpt2', 'llama3'"),
+        (["--model.name", "bert"], "model.name='bert' is not a known model; use one of: gpt2, llama3"),
         (["--training.seq_len", "0"], "training.seq_len=0 must be at least 1"),
         (["--optimizer.lr", "0"], "optimizer.lr=0.0 must be positive"),
         (["--config", "missing.toml"], "no such file"),

@@ -20,9 +20,9 @@ from titanlite.commands.generate import (
 )
 from titanlite.components.hf_weights import save_hf
 from titanlite.data.tokenizer import ByteTokenizer
-from titanlite.models.init import init_weights
-from titanlite.models.kv_cache import KVCache, StaticKVCache
-from titanlite.models.registry import build_model
+from titanlite.models.common.build import build_model
+from titanlite.models.common.init import init_weights
+from titanlite.models.common.kv_cache import KVCache, StaticKVCache
 
 TOK = ByteTokenizer()  # 257 ids, padded to 320 in the model
 SEQ_LEN = 64

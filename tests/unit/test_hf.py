@@ -14,12 +14,12 @@ transformers = pytest.importorskip(
 from safetensors.torch import load_file  # noqa: E402  (a dependency of transformers)
 
 from titanlite.base.errors import ConfigError  # noqa: E402
-from titanlite.base.hf_config import args_from_hf_config, hf_config  # noqa: E402
 from titanlite.components.hf_weights import from_hf, load_hf, save_hf, to_hf  # noqa: E402
-from titanlite.models.gpt2 import GPT2  # noqa: E402
-from titanlite.models.init import init_weights  # noqa: E402
-from titanlite.models.llama import Llama  # noqa: E402
-from titanlite.models.registry import build_model  # noqa: E402
+from titanlite.models.common.build import build_model  # noqa: E402
+from titanlite.models.common.init import init_weights  # noqa: E402
+from titanlite.models.gpt2.model import GPT2  # noqa: E402
+from titanlite.models.hf_config import args_from_hf_config, hf_config  # noqa: E402
+from titanlite.models.llama3.model import Llama  # noqa: E402
 
 VOCAB = 300  # padded to 320 by build_model
 ATOL = RTOL = 1e-5

@@ -18,15 +18,16 @@ transformers = pytest.importorskip(
 
 from tests.helpers import REPO, env  # noqa: E402
 from titanlite.base.errors import ConfigError  # noqa: E402
-from titanlite.base.flavors import FLAVORS  # noqa: E402
-from titanlite.base.hf_config import args_from_hf_config, folder_args, hf_config  # noqa: E402
 from titanlite.commands.generate import generate  # noqa: E402
 from titanlite.components.hf_weights import load_hf_into, save_hf  # noqa: E402
 from titanlite.config import parse_config  # noqa: E402
-from titanlite.models.init import init_weights  # noqa: E402
-from titanlite.models.registry import configured_model, model_from_args  # noqa: E402
+from titanlite.models.common.build import configured_model, model_from_args  # noqa: E402
+from titanlite.models.common.init import init_weights  # noqa: E402
+from titanlite.models.hf_config import args_from_hf_config, folder_args, hf_config  # noqa: E402
+from titanlite.models.registry import names, spec_named  # noqa: E402
 from titanlite.parallel.tensor_parallel import check_tp_degree  # noqa: E402
 
+FLAVORS = {name: spec_named(name).flavors for name in names()}  # every family's sizes, by model.name
 RTOL = 1e-5
 VOCAB = 300
 # GQA (6 query heads, 2 key/value heads) and head_dim 24, not 96 / 6 = 16; untied; 4 layers.

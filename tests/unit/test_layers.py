@@ -74,11 +74,16 @@ def _walk(tree: ast.AST, in_function: bool = False):
 
 
 def layer_of(module: str) -> tuple[int, str] | None:
-    """(layer, subpackage) of a module, from titanlite.LAYERS; None for the package root or an undeclared one."""
-    for layer, sub, _ in titanlite.LAYERS:
-        if module == f"{PACKAGE}.{sub}" or module.startswith(f"{PACKAGE}.{sub}."):
-            return layer, sub
-    return None
+    """(layer, where) of a module, from titanlite.LAYERS: the longest `where` that contains it ("*" is any one
+    name); None for the package root or an undeclared module."""
+    parts = module.split(".")[1:]
+    found = None
+    for layer, where, _ in titanlite.LAYERS:
+        pattern = where.split(".")
+        inside = len(parts) >= len(pattern) and all(p in ("*", n) for p, n in zip(pattern, parts))
+        if module.startswith(PACKAGE + ".") and inside and (found is None or len(pattern) > len(found[1].split("."))):
+            found = (layer, where)
+    return found
 
 
 def layer_violations(root: Path) -> list[str]:
@@ -170,14 +175,14 @@ def planted(tmp_path: Path, file: str, line: str) -> Path:
 
 
 def test_the_checker_finds_a_planted_upward_import(tmp_path):
-    root = planted(tmp_path, "models/gpt2.py", "from titanlite.engine.trainer import Trainer")
+    root = planted(tmp_path, "models/gpt2/model.py", "from titanlite.engine.trainer import Trainer")
     problems = layer_violations(root)
     assert len(problems) == 1, problems
     assert (
-        problems[0].startswith("titanlite/models/gpt2.py:")
+        problems[0].startswith("titanlite/models/gpt2/model.py:")
         and "from titanlite.engine.trainer import Trainer" in problems[0]
     )
-    assert "(layer 2, models, imports layer 4, engine)" in problems[0]
+    assert "(layer 2, models.*.model, imports layer 4, engine)" in problems[0]
     assert not layer_violations(REPO)
 
 

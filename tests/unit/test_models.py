@@ -9,16 +9,19 @@ import torch
 import torch.nn.functional as F
 
 from titanlite.base.errors import ConfigError
-from titanlite.base.model_args import GPT2Args, LlamaArgs
-from titanlite.models.gpt2 import GPT2
-from titanlite.models.init import init_weights, param_seed
-from titanlite.models.interface import Decoder
-from titanlite.models.llama import Llama
-from titanlite.models.registry import FLAVORS, MODEL_CLASSES, build_model, pad_vocab
+from titanlite.models.common.build import build_model
+from titanlite.models.common.init import init_weights, param_seed
+from titanlite.models.common.interface import Decoder
+from titanlite.models.gpt2.args import GPT2Args
+from titanlite.models.gpt2.model import GPT2
+from titanlite.models.llama3.args import LlamaArgs
+from titanlite.models.llama3.model import Llama
+from titanlite.models.registry import names, pad_vocab, spec_named, spec_of
 from titanlite.parallel.parallelize import materialize
-from titanlite.parallel.tensor_parallel import TP_PLANS
 
 GPT2_VOCAB = 50257
+
+FLAVORS = {name: spec_named(name).flavors for name in names()}  # every family's sizes, by model.name
 
 
 def n_params(model: torch.nn.Module) -> int:
@@ -45,8 +48,9 @@ def test_every_family_implements_the_model_interface(name):
     full = {name: torch.empty(p.shape) for name, p in model.named_parameters()}
     for param_name, value in full.items():  # init_param knows every parameter by name
         model.init_param(param_name, value, torch.Generator().manual_seed(0))
-    assert type(model) in TP_PLANS
-    assert set(MODEL_CLASSES) == {GPT2Args, LlamaArgs} and type(model) in MODEL_CLASSES.values()
+    spec = spec_of(model.args)  # the family's spec names this module, its plan and its weight names
+    assert spec.load(spec.model) is type(model) and callable(spec.load(spec.tp_plan))
+    assert isinstance(model.args, spec.args_type) and spec.args_type in (GPT2Args, LlamaArgs)
 
 
 def llama_expected_params(args) -> int:

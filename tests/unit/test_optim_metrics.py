@@ -11,7 +11,7 @@ from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 from titanlite.components.metrics import Throughput, count_params, device_peak_tflops, flops_per_token
 from titanlite.components.optim import clip_grad_norm_, lr_factor
 from titanlite.config import LRScheduler
-from titanlite.models.registry import build_model
+from titanlite.models.common.build import build_model
 
 
 def test_warmup_then_cosine_to_min_factor():

@@ -10,7 +10,8 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from titanlite.base.errors import ConfigError
-from titanlite.models.registry import FLAVORS, build_model
+from titanlite.models.common.build import build_model
+from titanlite.models.registry import spec_named
 from titanlite.parallel.parallelize import materialize
 from titanlite.parallel.tensor_parallel import apply_tp, check_tp_degree
 
@@ -65,10 +66,10 @@ def test_every_parameter_is_a_dtensor_with_the_megatron_placements(tp_mesh, name
 
 
 def test_tp_degree_that_does_not_divide_the_heads_names_the_valid_degrees():
-    args = dataclasses.replace(FLAVORS["gpt2"]["debug"], vocab_size=50304)  # 4 heads
+    args = dataclasses.replace(spec_named("gpt2").flavors["debug"], vocab_size=50304)  # 4 heads
     with pytest.raises(ConfigError, match=r"tensor_parallel_degree=3 does not divide n_heads=4.*; use one of 1, 2, 4$"):
         check_tp_degree(3, args, seq_len=128)
-    llama = dataclasses.replace(FLAVORS["llama3"]["debug"], vocab_size=50304)  # 4 heads, 2 KV heads
+    llama = dataclasses.replace(spec_named("llama3").flavors["debug"], vocab_size=50304)  # 4 heads, 2 KV heads
     with pytest.raises(ConfigError, match=r"does not divide n_kv_heads=2.*use one of 1, 2$"):
         check_tp_degree(4, llama, seq_len=128)
     check_tp_degree(2, llama, seq_len=128)

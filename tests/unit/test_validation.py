@@ -13,8 +13,8 @@ from titanlite.data.datasets import split_point, validation_windows
 from titanlite.data.store import TokenStore
 from titanlite.engine.trainer import RankModel
 from titanlite.engine.validator import IGNORE, EvalBatches, Validator, eval_batches
-from titanlite.models.init import init_weights
-from titanlite.models.registry import build_model
+from titanlite.models.common.build import build_model
+from titanlite.models.common.init import init_weights
 
 EOT = 9
 

@@ -13,8 +13,8 @@ from titanlite.components.loss import build_loss, chunk_tokens, cross_entropy
 from titanlite.config import JobConfig
 from titanlite.data.tokenizer import build_tokenizer
 from titanlite.engine.trainer import Pipeline, RankModel, autocast_for
-from titanlite.models.interface import Decoder
-from titanlite.models.registry import configured_model
+from titanlite.models.common.build import configured_model
+from titanlite.models.common.interface import Decoder
 from titanlite.parallel.compile import compiled_loss
 from titanlite.parallel.context_parallel import SequenceSplit
 from titanlite.parallel.float8 import Float8ScalePrecompute

@@ -22,7 +22,7 @@ from titanlite.builder.data import cache_dir
 from titanlite.components.loss import cross_entropy
 from titanlite.components.metrics import flops_per_token
 from titanlite.data.tokenizer import build_tokenizer
-from titanlite.models.registry import configured_model
+from titanlite.models.common.build import configured_model
 from titanlite.parallel.activation_checkpoint import SAVE_OPS
 from titanlite.parallel.tensor_parallel import tp_split_sizes
 
@@ -172,11 +172,8 @@ def measure_saved_tensors(model, facts: ModelFacts, seq_len: int) -> None:
 # What the planner's model facts depend on besides the model's settings: the code that defines the models
 # and measures them.
 FACTS_SOURCES = (
-    "base/model_args.py",
+    "models",  # every family's folder, the registry and the shared blocks
     "base/hf_config.py",
-    "models/gpt2.py",
-    "models/llama.py",
-    "models/registry.py",
     "builder/model_facts.py",
     "parallel/activation_checkpoint.py",
     "parallel/tensor_parallel.py",
@@ -197,7 +194,9 @@ def cached_model_facts(cfg) -> ModelFacts:
             key.update((Path(m.hf_assets_path) / "config.json").read_bytes())
     package = Path(__file__).resolve().parents[1]
     for name in FACTS_SOURCES:
-        key.update((package / name).read_bytes())
+        files = sorted((package / name).rglob("*.py")) if (package / name).is_dir() else [package / name]
+        for path in files:
+            key.update(path.read_bytes())
     path = cache_dir(cfg) / "plan-facts" / f"{key.hexdigest()[:24]}.json"
     try:
         fields = json.loads(path.read_text())

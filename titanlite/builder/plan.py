@@ -13,7 +13,7 @@ from titanlite.base.errors import ConfigError
 from titanlite.components.profiling import check_profiling
 from titanlite.config import JobConfig, grad_accum_steps
 from titanlite.data.tokenizer import build_tokenizer
-from titanlite.models.registry import configured_args
+from titanlite.models.common.build import configured_args
 from titanlite.parallel.context_parallel import check_cp_degree
 from titanlite.parallel.dims import ParallelDims
 from titanlite.parallel.float8 import check_float8

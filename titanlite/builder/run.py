@@ -21,7 +21,7 @@ from titanlite.components.resilience import Faults, StopOnSignal
 from titanlite.config import JobConfig, to_toml
 from titanlite.engine.trainer import Resilience, StepFigures, StepSettings, Trainer
 from titanlite.engine.validator import EvalBatches, Validator
-from titanlite.models.registry import configured_args
+from titanlite.models.common.build import configured_args
 from titanlite.parallel.float8 import describe_float8
 
 

@@ -14,7 +14,7 @@ from titanlite.components.checkpoint import load_model_only, pick_checkpoint, sa
 from titanlite.components.hf_weights import save_hf
 from titanlite.config import parse_config
 from titanlite.data.tokenizer import build_tokenizer
-from titanlite.models.init import init_weights
+from titanlite.models.common.init import init_weights
 
 
 def seed_checkpoint(argv: list[str]) -> int:

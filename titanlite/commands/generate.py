@@ -18,15 +18,15 @@ from torch import nn
 
 from titanlite.base.devices import uses_cuda
 from titanlite.base.errors import ConfigError
-from titanlite.base.hf_config import folder_model_args
 from titanlite.builder.model import plain_model
 from titanlite.commands.options import take_options
 from titanlite.components.checkpoint import checkpoint_to_load, load_weights
 from titanlite.components.hf_weights import load_hf_into
 from titanlite.config import parse_config
 from titanlite.data.tokenizer import build_tokenizer
-from titanlite.models.kv_cache import KVCache, StaticKVCache
-from titanlite.models.registry import model_from_args
+from titanlite.models.common.build import model_from_args
+from titanlite.models.common.kv_cache import KVCache, StaticKVCache
+from titanlite.models.hf_config import folder_model_args
 
 OPTIONS = {
     "prompt": "",

@@ -1,7 +1,8 @@
 """Hugging Face weights: our state dict to a folder `transformers` loads (config.json, safetensors, tokenizer
 files), and a folder's safetensors into a run's model, read one tensor at a time, so a sharded layout never
-holds more than one full parameter. The config.json side is titanlite/base/hf_config.py's; safetensors is
-imported where it is used (an optional dependency: pip install '.[hf]')."""
+holds more than one full parameter. A family's weight names and layouts are its folder's (its spec's
+hf_weights), config.json is titanlite/models/hf_config.py's; safetensors is imported where it is used (an
+optional dependency: pip install '.[hf]')."""
 
 from __future__ import annotations
 
@@ -11,18 +12,17 @@ from pathlib import Path
 import torch
 
 from titanlite.base.errors import ConfigError
-from titanlite.base.hf_config import CONFIG_FILE, folder_model_args, hf_config, is_llama, read_config, read_json
-from titanlite.base.model_args import GPT2Args, LlamaArgs
+from titanlite.base.hf_config import CONFIG_FILE, read_config, read_json
 from titanlite.components.hf_tokenizer import save_tokenizer
-from titanlite.models.init import fill_parameters
+from titanlite.models.common.init import fill_parameters
+from titanlite.models.hf_config import folder_model_args, hf_config
+from titanlite.models.registry import spec_of
 
 WEIGHTS_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 GENERATION_CONFIG_FILE = "generation_config.json"
 
-# Conv1D weights in HF's GPT-2 are stored [in, out], the transpose of nn.Linear's [out, in].
-_GPT2_TRANSPOSED = ("attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
-# Non-parameter entries some HF checkpoints carry (old GPT-2 causal-mask buffers, old Llama RoPE tables).
+# Non-parameter entries some HF checkpoints carry (old causal-mask buffers, old RoPE tables).
 _HF_BUFFER_SUFFIXES = (".attn.bias", ".attn.masked_bias", ".rotary_emb.inv_freq")
 
 
@@ -30,89 +30,10 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def _llama_names(args: LlamaArgs) -> dict[str, str]:
-    """Our parameter name -> the HF name in the family's ForCausalLM (output.weight included even when tied).
-    Every decoder family names its tensors as Llama does; OLMo2's post-norms are post_attention_layernorm and
-    post_feedforward_layernorm (where Llama's post_attention_layernorm is the pre-FFN norm)."""
-    names = {
-        "tok_embeddings.weight": "model.embed_tokens.weight",
-        "norm.weight": "model.norm.weight",
-        "output.weight": "lm_head.weight",
-    }
-    if args.norm_position == "pre":
-        norms = ("input_layernorm", "post_attention_layernorm")
-    else:
-        norms = ("post_attention_layernorm", "post_feedforward_layernorm")
-    projections = [
-        ("wq", "q_proj", args.qkv_bias),
-        ("wk", "k_proj", args.qkv_bias),
-        ("wv", "v_proj", args.qkv_bias),
-        ("wo", "o_proj", args.out_bias),
-    ]
-    mlp = [("w1", "gate_proj"), ("w3", "up_proj"), ("w2", "down_proj")]
-    for i in range(args.n_layers):
-        ours, hf = f"layers.{i}.", f"model.layers.{i}."
-        names[ours + "attention_norm.weight"] = f"{hf}{norms[0]}.weight"
-        names[ours + "ffn_norm.weight"] = f"{hf}{norms[1]}.weight"
-        for w, proj, bias in projections:
-            for leaf in ("weight", "bias") if bias else ("weight",):
-                names[f"{ours}attention.{w}.{leaf}"] = f"{hf}self_attn.{proj}.{leaf}"
-        if args.qk_norm != "none":
-            for norm in ("q_norm", "k_norm"):
-                names[f"{ours}attention.{norm}.weight"] = f"{hf}self_attn.{norm}.weight"
-        for w, proj in mlp:
-            for leaf in ("weight", "bias") if args.mlp_bias else ("weight",):
-                names[f"{ours}feed_forward.{w}.{leaf}"] = f"{hf}mlp.{proj}.{leaf}"
-    return names
-
-
-def rope_heads(args: LlamaArgs, name: str) -> int | None:
-    """How many heads a q/k tensor's rows hold, for the RoPE reordering between our layout and HF's (None: not
-    a tensor RoPE reads): the projections' weights and biases, and the Q/K norms' weights, per head or whole."""
-    kind = name.rsplit(".", 2)[-2]
-    if kind in ("wq", "wk"):
-        return args.n_heads if kind == "wq" else args.n_kv_heads
-    if kind in ("q_norm", "k_norm"):
-        return 1 if args.qk_norm == "head" else (args.n_heads if kind == "q_norm" else args.n_kv_heads)
-    return None
-
-
-def _gpt2_names(args: GPT2Args) -> dict[str, str]:
-    """Our parameter name -> HF GPT2LMHeadModel name, for every parameter but the fused q/k/v."""
-    names = {
-        "tok_embeddings.weight": "transformer.wte.weight",
-        "pos_embeddings.weight": "transformer.wpe.weight",
-        "norm.weight": "transformer.ln_f.weight",
-        "norm.bias": "transformer.ln_f.bias",
-        "output.weight": "lm_head.weight",
-    }
-    for i in range(args.n_layers):
-        ours, hf = f"layers.{i}.", f"transformer.h.{i}."
-        for leaf in ("weight", "bias"):
-            names[f"{ours}attention_norm.{leaf}"] = f"{hf}ln_1.{leaf}"
-            names[f"{ours}ffn_norm.{leaf}"] = f"{hf}ln_2.{leaf}"
-            names[f"{ours}attention.wo.{leaf}"] = f"{hf}attn.c_proj.{leaf}"
-            names[f"{ours}feed_forward.w1.{leaf}"] = f"{hf}mlp.c_fc.{leaf}"
-            names[f"{ours}feed_forward.w2.{leaf}"] = f"{hf}mlp.c_proj.{leaf}"
-    return names
-
-
-def rope_to_hf(w: torch.Tensor, n_heads: int) -> torch.Tensor:
-    """Reorder each head's rows of a q/k projection (its weight [out, in], or a bias or norm weight [out]) from
-    adjacent RoPE pairs (2i, 2i+1) to halves (i, i+hd/2).
-
-    HF row a*hd/2 + i of a head is our row 2i + a, so HF's rotate_half rotates the same pairs by the same
-    angles; q and k get the same reordering, so their dot products, and the logits, do not change."""
-    rows = w.view(w.shape[0], -1)
-    hd = rows.shape[0] // n_heads
-    return rows.view(n_heads, hd // 2, 2, -1).transpose(1, 2).reshape(w.shape)
-
-
-def rope_from_hf(w: torch.Tensor, n_heads: int) -> torch.Tensor:
-    """The inverse of rope_to_hf: halves (i, i+hd/2) back to adjacent pairs (2i, 2i+1)."""
-    rows = w.view(w.shape[0], -1)
-    hd = rows.shape[0] // n_heads
-    return rows.view(n_heads, 2, hd // 2, -1).transpose(1, 2).reshape(w.shape)
+def _names(args):
+    """The family's weight-name module (its spec's hf_weights): hf_sources, hf_keys, to_hf, from_hf_tensor."""
+    spec = spec_of(args)
+    return spec.load(spec.hf_weights)
 
 
 def _take(sd: dict, name: str, what: str) -> torch.Tensor:
@@ -124,45 +45,23 @@ def _take(sd: dict, name: str, what: str) -> torch.Tensor:
 def to_hf(args, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Our state dict -> HF names and layouts. lm_head.weight is always present (equal to the embedding
     when tied, as in HF's own state_dict()); save_hf drops it for tied models."""
-    sd = state_dict
     tied = args.tie_embeddings
-    out: dict[str, torch.Tensor] = {}
-    if is_llama(args):
-        for ours, hf in _llama_names(args).items():
-            t = _take(sd, "tok_embeddings.weight" if tied and ours == "output.weight" else ours, "state dict")
-            heads = rope_heads(args, ours)
-            out[hf] = t if heads is None else rope_to_hf(t, heads)
-        return out
-    for ours, hf in _gpt2_names(args).items():
-        t = _take(sd, "tok_embeddings.weight" if tied and ours == "output.weight" else ours, "state dict")
-        out[hf] = t.t() if hf.endswith(_GPT2_TRANSPOSED) else t
-    for i in range(args.n_layers):
-        # HF fuses q, k, v into one Conv1D: weight [dim, 3*dim] (q | k | v along the output dim), bias [3*dim].
-        for leaf in ("weight", "bias"):
-            parts = [_take(sd, f"layers.{i}.attention.{w}.{leaf}", "state dict") for w in ("wq", "wk", "wv")]
-            fused = torch.cat(parts, dim=0)
-            out[f"transformer.h.{i}.attn.c_attn.{leaf}"] = fused.t() if leaf == "weight" else fused
-    return out
+
+    def take(name: str) -> torch.Tensor:
+        return _take(state_dict, "tok_embeddings.weight" if tied and name == "output.weight" else name, "state dict")
+
+    return _names(args).to_hf(args, state_dict, take)
 
 
 def _hf_keys(args, keys) -> dict[str, str]:
-    """Our view of a folder's tensor names: non-parameter buffers dropped, and bare GPT2Model checkpoints
-    (e.g. openai-community/gpt2, saved without the "transformer." prefix) given it. Maps to the stored name."""
-    keys = [k for k in keys if not k.endswith(_HF_BUFFER_SUFFIXES)]
-    if not is_llama(args) and "transformer.wte.weight" not in keys and "wte.weight" in keys:
-        return {(k if k == "lm_head.weight" else "transformer." + k): k for k in keys}
-    return {k: k for k in keys}
+    """Our view of a folder's tensor names (non-parameter buffers dropped), mapped to the stored name."""
+    return _names(args).hf_keys(args, [k for k in keys if not k.endswith(_HF_BUFFER_SUFFIXES)])
 
 
 def hf_sources(args) -> dict[str, str]:
-    """Our parameter name -> the Hugging Face tensor it is made from (GPT-2's q, k, v all come from c_attn;
-    a tied output.weight from the embedding, as it is the same tensor)."""
-    names = dict(_llama_names(args) if is_llama(args) else _gpt2_names(args))
-    if not is_llama(args):
-        for i in range(args.n_layers):
-            for w in ("wq", "wk", "wv"):
-                for leaf in ("weight", "bias"):
-                    names[f"layers.{i}.attention.{w}.{leaf}"] = f"transformer.h.{i}.attn.c_attn.{leaf}"
+    """Our parameter name -> the Hugging Face tensor it is made from (a tied output.weight from the embedding,
+    as it is the same tensor)."""
+    names = dict(_names(args).hf_sources(args))
     if args.tie_embeddings:
         names["output.weight"] = names["tok_embeddings.weight"]
     return names
@@ -170,18 +69,7 @@ def hf_sources(args) -> dict[str, str]:
 
 def from_hf_tensor(args, name: str, hf: torch.Tensor) -> torch.Tensor:
     """Our parameter `name`'s full value from its Hugging Face tensor (hf_sources[name])."""
-    if is_llama(args):
-        heads = rope_heads(args, name)
-        return hf if heads is None else rope_from_hf(hf, heads).contiguous()
-    if not is_llama(args) and ".attention.w" in name and name.rsplit(".", 2)[-2] in ("wq", "wk", "wv"):
-        # HF fuses q, k, v into one Conv1D: weight [dim, 3*dim] (q | k | v along the output dim), bias [3*dim].
-        fused = hf.t() if name.endswith("weight") else hf
-        return fused.chunk(3, dim=0)["qkv".index(name.rsplit(".", 2)[-2][1])].contiguous()
-    if not is_llama(args) and name.endswith(
-        ("attention.wo.weight", "feed_forward.w1.weight", "feed_forward.w2.weight")
-    ):
-        return hf.t().contiguous()  # HF's Conv1D stores these [in, out]
-    return hf
+    return _names(args).from_hf_tensor(args, name, hf)
 
 
 def from_hf(args, hf_state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -353,7 +241,7 @@ def _check_compatible(source, target, folder) -> None:
             f"model.hf_assets_path = '{folder}' to take the folder's model"
         )
     differ = [f for f in _MATH_FIELDS if hasattr(target, f) and getattr(source, f) != getattr(target, f)]
-    if isinstance(target, GPT2Args) and source.max_seq_len != target.max_seq_len:
+    if spec_of(target).learned_positions and source.max_seq_len != target.max_seq_len:
         differ.append("max_seq_len")
     if source.vocab_size > target.vocab_size:
         differ.append("vocab_size")

@@ -166,7 +166,7 @@ def reduce_partial_grads(params: list[nn.Parameter]) -> None:
     """Sum each pending partial gradient over its mesh dimension, one all-reduce per dimension for all of them.
 
     A weight replicated over tensor parallelism but applied to sequence- or head-sharded activations (the
-    SequenceParallel norms, Qwen3's per-head Q/K norms) gets a Partial(sum) gradient: each rank holds its
+    SequenceParallel norms, per-head Q/K norms) gets a Partial(sum) gradient: each rank holds its
     tokens' share. Left partial, later in-place ops depend on the torch release: on torch 2.11 clipping's
     in-place `_foreach_mul_` left those gradients unscaled, so unclipped (TP x 2 drifted from one
     process from step 3); AdamW then all-reduced them twice per step. Summed here they are plain replicated

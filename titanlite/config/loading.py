@@ -18,9 +18,9 @@ else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
 from titanlite.base.errors import ConfigError
-from titanlite.base.flavors import FLAVORS, families_of_flavor
-from titanlite.base.hf_config import resolve_model_folder
 from titanlite.config.sections import DEFAULT_CONFIG, JobConfig, Training, field_types, section_classes, type_name
+from titanlite.models.hf_config import resolve_model_folder
+from titanlite.models.registry import families_of_flavor, import_custom, spec_named
 
 
 def _all_keys() -> list[str]:
@@ -151,6 +151,7 @@ def parse_config(argv: list[str], default_config: str | None = DEFAULT_CONFIG) -
         _set(cfg, key, value, "command line", from_cli=True)
         explicit.add(key)
     validate_values(cfg)
+    import_custom(cfg.model.custom_import)
     if cfg.model.flavor == "hf":
         resolve_model_folder(cfg.model, explicit)
     else:
@@ -159,9 +160,9 @@ def parse_config(argv: list[str], default_config: str | None = DEFAULT_CONFIG) -
 
 
 def resolve_flavor_family(model, explicit: set[str]) -> None:
-    """A flavor that only one family has (smollm3_3b, qwen3_8b, ...) takes that family when model.name was not set
+    """A flavor that only one family has (most published sizes) takes that family when model.name was not set
     by the user (the default config's gpt2 is a default); one that contradicts an explicit model.name is refused."""
-    if model.flavor in FLAVORS.get(model.name, {}):
+    if model.flavor in spec_named(model.name).flavors:
         return
     families = families_of_flavor(model.flavor)
     if len(families) != 1:

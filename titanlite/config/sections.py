@@ -32,14 +32,16 @@ class Job:
 class Model:
     """Which model: a family and a size, or a Hugging Face folder, and the tokenizer."""
 
-    name: Literal["gpt2", "llama3", "smollm3", "qwen2", "qwen3", "olmo2", "mistral"] = "gpt2"
-    """Model family (docs/models.md): GPT-2, or the Llama decoder with a family's switches."""
+    name: str = "gpt2"
+    """Model family: a registered spec (titanlite/models/registry.py; docs/models.md lists the families and
+    their flavors). An unknown name is refused with the list of known ones."""
+    custom_import: str = ""
+    """A Python module imported before the model is resolved, which registers families defined outside
+    titanlite (titanlite.models.registry.register; docs/models.md, "Adding a family")."""
     flavor: str = "debug"
-    """Size within the family: gpt2 {debug, 124M, 355M, 774M, 1.5B}; llama3 {debug, 1B, 3B, 8B, 70B}; smollm3
-    {debug, smollm3_3b}; qwen2 {debug, qwen2.5_0.5b, qwen2.5_1.5b, qwen2.5_7b}; qwen3 {debug, qwen3_0.6b,
-    qwen3_1.7b, qwen3_4b, qwen3_8b}; olmo2 {debug, olmo2_1b, olmo2_7b}; mistral {debug, mistral_7b}. A flavor
-    only one family has selects that family when model.name is not set. Or "hf": the family, shape and every
-    field that changes the math from model.hf_assets_path's config.json, its weights as the initial ones
+    """Size within the family: one of its flavors (docs/models.md; an unknown one is refused with the family's
+    list). A flavor only one family has selects that family when model.name is not set. Or "hf": the family,
+    shape and every field that changes the math from model.hf_assets_path's config.json, its weights as the initial ones
     (when the run folder has no checkpoint), its tokenizer as the run's."""
     tokenizer: Literal["gpt2", "byte", "hf"] = "gpt2"
     """Tokenizer: "gpt2" (the GPT-2 BPE, shipped, works offline), "byte" (raw UTF-8 bytes) or "hf" (the

@@ -4,7 +4,7 @@ any mask composes with it, and it runs on gloo as on NCCL; docs/parallelism.md s
 
 Load balance: a sequence is cut into 2 x cp chunks and rank r holds chunks r and 2cp-1-r, so under a causal
 mask every rank attends over the same number of keys. Each token keeps its true position (for RoPE and the
-mask) through `Sequence` (titanlite/models/attention.py).
+mask) through `Sequence` (titanlite/models/common/attention.py).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch.distributed._functional_collectives as functional
 from torch import nn
 
 from titanlite.base.errors import ConfigError
-from titanlite.models.attention import CoreAttention, Sequence, document_ids
+from titanlite.models.common.attention import CoreAttention, Sequence, document_ids
 
 # torch 2.13 renamed the autograd all-gather; either gathers on gloo and NCCL, and compiles.
 _all_gather_autograd = getattr(functional, "all_gather_single_autograd", None) or functional.all_gather_tensor_autograd

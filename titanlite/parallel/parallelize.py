@@ -13,7 +13,7 @@ import torch.nn as nn
 
 from titanlite.components.loss import chunk_tokens, defer_output_projection
 from titanlite.config import ActivationCheckpoint, Compile, Float8, Parallelism, Training
-from titanlite.models.init import init_weights
+from titanlite.models.common.init import init_weights
 from titanlite.parallel.activation_checkpoint import apply_ac
 from titanlite.parallel.compile import apply_compile
 from titanlite.parallel.context_parallel import apply_cp

@@ -22,7 +22,7 @@ from torch.distributed.tensor import DTensor
 
 from titanlite.base.errors import ConfigError
 from titanlite.config import Parallelism
-from titanlite.models.attention import Sequence
+from titanlite.models.common.attention import Sequence
 
 SINGLE_STAGE = ("GPipe", "1F1B")
 V_SHAPED = ("ZBVZeroBubble", "DualPipeV")

@@ -11,23 +11,18 @@ from __future__ import annotations
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate, Shard
-from torch.distributed.tensor.parallel import (
-    ColwiseParallel,
-    PrepareModuleInput,
-    RowwiseParallel,
-    SequenceParallel,
-    parallelize_module,
-)
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel, parallelize_module
 
 from titanlite.base.errors import ConfigError
 from titanlite.components.loss import HiddenStatesHead, VocabParallelHead
-from titanlite.models.gpt2 import GPT2
-from titanlite.models.llama import Llama
+from titanlite.models.registry import spec_of
 
 
 def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, *, loss_parallel: bool) -> None:
-    """Shard `model` (still on the meta device) over `tp_mesh` with its family's plan (TP_PLANS)."""
-    parallelize_module(model, tp_mesh, ends_plan(model, loss_parallel) | TP_PLANS[type(model)](model))
+    """Shard `model` (still on the meta device) over `tp_mesh` with its family's plan for the blocks (its spec's
+    tp_plan) and the shared plan for the ends."""
+    spec = spec_of(model.args)
+    parallelize_module(model, tp_mesh, ends_plan(model, loss_parallel) | spec.load(spec.tp_plan)(model))
     # A tied embedding: the vocabulary-parallel embedding and the column-wise output projection both
     # shard the [vocab, dim] matrix by rows (Shard(0)), so one sharded tensor serves both. Each style
     # distributed its own copy above; point the output back at the embedding's so they stay one.
@@ -58,78 +53,9 @@ def ends_plan(model: nn.Module, loss_parallel: bool) -> dict:
     return plan
 
 
-def gpt2_plan(model: nn.Module) -> dict:
-    return {
-        f"layers.{i}.{name}": style
-        for i in model.layers
-        for name, style in {
-            "attention_norm": SequenceParallel(),
-            "attention": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
-            "attention.wq": ColwiseParallel(),
-            "attention.wk": ColwiseParallel(),
-            "attention.wv": ColwiseParallel(),
-            "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
-            "ffn_norm": SequenceParallel(),
-            "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
-            "feed_forward.w1": ColwiseParallel(),
-            "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
-        }.items()
-    }
-
-
-def llama_plan(model: nn.Module) -> dict:
-    """Biases shard with their column-wise weights (and stay whole after the row-wise ones). Per-head Q/K norms
-    (Qwen3) see this rank's heads: their weight is replicated and its gradient, a partial sum per rank, is
-    summed over TP (SequenceParallel over the heads' dimension). Post-norm blocks (OLMo2) normalise the
-    sequence-sharded outputs of the sublayers, with the same SequenceParallel norms."""
-    per_head_norms = {}
-    if model.args.qk_norm == "head":
-        per_head_norms = {
-            f"attention.{norm}": SequenceParallel(sequence_dim=2, use_local_output=True)
-            for norm in ("q_norm", "k_norm")
-        }
-    return {
-        f"layers.{i}.{name}": style
-        for i in model.layers
-        for name, style in {
-            **per_head_norms,
-            "attention_norm": SequenceParallel(),
-            # attention(x, cos, sin): gather x's sequence; the RoPE tables are plain replicated tensors.
-            "attention": PrepareModuleInput(
-                input_layouts=(Shard(1), None, None), desired_input_layouts=(Replicate(), None, None)
-            ),
-            "attention.wq": ColwiseParallel(),
-            "attention.wk": ColwiseParallel(),
-            "attention.wv": ColwiseParallel(),
-            "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
-            "ffn_norm": SequenceParallel(),
-            "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
-            "feed_forward.w1": ColwiseParallel(),
-            "feed_forward.w3": ColwiseParallel(),
-            "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
-        }.items()
-    }
-
-
-# Each model family's plan for its blocks (the ends are alike: ends_plan).
-TP_PLANS = {GPT2: gpt2_plan, Llama: llama_plan}
-
-
-# What a model that cannot be split at all gives as the size a TP degree must divide (only 1 does).
-UNSPLITTABLE = {
-    "qk_norm": "model qk_norm 'full' (OLMo2: a norm over each token's whole query and key, which "
-    "tensor parallelism splits over ranks)"
-}
-
-
 def tp_split_sizes(args) -> dict[str, int]:
     """The model sizes a tensor-parallel degree must divide (with training.seq_len, for sequence parallelism)."""
-    sizes = {"n_heads": args.n_heads}
-    if hasattr(args, "n_kv_heads"):
-        sizes["n_kv_heads"] = args.n_kv_heads
-    if getattr(args, "qk_norm", "none") == "full":
-        sizes["qk_norm"] = 1
-    return sizes | {"ffn_dim": args.ffn_dim, "vocab_size": args.vocab_size}
+    return spec_of(args).tp_split_sizes(args)
 
 
 def check_tp_degree(tp: int, args, seq_len: int) -> None:
@@ -140,10 +66,10 @@ def check_tp_degree(tp: int, args, seq_len: int) -> None:
     """
     if tp == 1:
         return
+    why = spec_of(args).tp_refusal(args)
+    if why:
+        raise ConfigError(f"parallelism.tensor_parallel_degree={tp} cannot split the {why}; use 1")
     sizes = {**tp_split_sizes(args), "training.seq_len": seq_len}
-    for key, why in UNSPLITTABLE.items():
-        if key in sizes:
-            raise ConfigError(f"parallelism.tensor_parallel_degree={tp} cannot split the {why}; use 1")
     bad = {name: size for name, size in sizes.items() if size % tp}
     if bad:
         valid = [d for d in range(1, min(sizes.values()) + 1) if all(size % d == 0 for size in sizes.values())]

@@ -39,7 +39,7 @@ from titanlite.components.metrics import peak_memory_gib, reset_peak_memory
 from titanlite.components.optim import implementation
 from titanlite.config import parse_config
 from titanlite.engine.trainer import autocast_for, synchronize
-from titanlite.models.registry import configured_model
+from titanlite.models.common.build import configured_model
 from titanlite.parallel.parallelize import DTYPES, loss_parallel_enabled, materialize, parallelize
 from titanlite.tools.host_reads import count_cuda_syncs, count_host_reads, outside_torch
 

@@ -1,6 +1,6 @@
 """The Llama decoder: RoPE, RMSNorm, SwiGLU feed-forward, grouped-query attention; and, by switches of its
-arguments (titanlite/base/model_args.py), the families built like it: Q/K/V biases (Qwen2), per-head Q/K norms
-(Qwen3), NoPE layers (SmolLM3), post-norm blocks with whole-projection Q/K norms (OLMo2), Mistral as it is.
+arguments (titanlite/models/llama3/args.py), the families built like it (each sets them in its own folder):
+Q/K/V biases, per-head or whole-projection Q/K norms, NoPE layers, post-norm blocks.
 Plain modules with no parallelism inside; the trainer shards them from outside."""
 
 import math
@@ -9,13 +9,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from titanlite.base.model_args import Llama3RopeScaling, LlamaArgs
-from titanlite.models.attention import CoreAttention, Sequence
-from titanlite.models.kv_cache import KVCache, LayerCache
+from titanlite.models.common.attention import CoreAttention, Sequence
+from titanlite.models.common.kv_cache import KVCache, LayerCache
+from titanlite.models.llama3.args import Llama3RopeScaling, LlamaArgs
 
 
 def scale_rope_frequencies(inv_freq: torch.Tensor, scaling: Llama3RopeScaling) -> torch.Tensor:
-    """Llama 3.1's frequency scaling (titanlite/base/model_args.py): rotations slower than the original
+    """Llama 3.1's frequency scaling (titanlite/models/llama3/args.py): rotations slower than the original
     context are slowed by `factor`, fast ones kept, those in between blended."""
     wavelength = 2 * math.pi / inv_freq
     context = scaling.original_max_position_embeddings
@@ -107,7 +107,7 @@ class FeedForward(nn.Module):
 
 class TransformerBlock(nn.Module):
     """Pre-norm (each sublayer normalises its input), or post-norm (each normalises its output before the
-    residual add: OLMo2); `attention_norm` and `ffn_norm` are the two norms either way."""
+    residual add); `attention_norm` and `ffn_norm` are the two norms either way."""
 
     def __init__(self, args: LlamaArgs, layer: int = 0):
         super().__init__()
@@ -134,7 +134,7 @@ class TransformerBlock(nn.Module):
 
 
 class Llama(nn.Module):
-    """Implements titanlite.models.interface.Decoder."""
+    """Implements titanlite.models.common.interface.Decoder."""
 
     first_stage_modules = ("tok_embeddings",)
     last_stage_modules = ("norm", "output")
@@ -177,7 +177,7 @@ class Llama(nn.Module):
         self, tokens: torch.Tensor, cache: KVCache | None = None, sequence: Sequence | None = None
     ) -> torch.Tensor:
         """Logits [B, T, vocab] of tokens [B, T] at positions 0..T-1 (training), or at `sequence.positions`,
-        attending as `sequence` says (titanlite/models/attention.py). With a cache (generation), the tokens
+        attending as `sequence` says (titanlite/models/common/attention.py). With a cache (generation), the tokens
         continue the cached sequence, and their keys and values are added to the cache."""
         # A later pipeline stage receives hidden states [B, T, dim] instead of tokens [B, T].
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens

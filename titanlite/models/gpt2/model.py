@@ -7,9 +7,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from titanlite.base.model_args import GPT2Args
-from titanlite.models.attention import CoreAttention, Sequence
-from titanlite.models.kv_cache import KVCache, LayerCache
+from titanlite.models.common.attention import CoreAttention, Sequence
+from titanlite.models.common.kv_cache import KVCache, LayerCache
+from titanlite.models.gpt2.args import GPT2Args
 
 # Our activation names (GPT2Args.activation) -> F.gelu's `approximate` argument.
 GELU_APPROXIMATION = {"gelu_tanh": "tanh", "gelu": "none"}
@@ -70,7 +70,7 @@ class TransformerBlock(nn.Module):
 
 
 class GPT2(nn.Module):
-    """Implements titanlite.models.interface.Decoder."""
+    """Implements titanlite.models.common.interface.Decoder."""
 
     first_stage_modules = ("tok_embeddings", "pos_embeddings")
     last_stage_modules = ("norm", "output")
@@ -101,7 +101,7 @@ class GPT2(nn.Module):
         self, tokens: torch.Tensor, cache: KVCache | None = None, sequence: Sequence | None = None
     ) -> torch.Tensor:
         """Logits [B, T, vocab] of tokens [B, T] at positions 0..T-1 (training), or at `sequence.positions`,
-        attending as `sequence` says (titanlite/models/attention.py). With a cache (generation), the tokens
+        attending as `sequence` says (titanlite/models/common/attention.py). With a cache (generation), the tokens
         continue the cached sequence, and their keys and values are added to the cache."""
         if self.tok_embeddings is not None:
             pos = torch.arange(tokens.shape[1], device=tokens.device)  # [T]

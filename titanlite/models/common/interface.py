@@ -1,6 +1,6 @@
 """The model interface: what parallelize(), the pipeline splitter, weight init, checkpoints, the losses, the
-metrics and Hugging Face import rely on. GPT-2 and Llama implement it; a new family is a new module that
-does too (and an entry in titanlite/models/registry.py), with no parallelism inside.
+metrics and Hugging Face import rely on. Each family's module (its folder's model.py, named by its spec)
+implements it, with no parallelism inside.
 
 Parameter names are part of the contract: blocks live in `layers` keyed "0".."n_layers-1" (a pipeline stage
 keeps its own keys, so names do not depend on the layout), and each parameter's full value is made by
@@ -9,21 +9,21 @@ keeps its own keys, so names do not depend on the layout), and each parameter's 
 
 from __future__ import annotations
 
-from typing import ClassVar, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import torch
 from torch import nn
 
-from titanlite.base.model_args import ModelArgs
-from titanlite.models.attention import Sequence
-from titanlite.models.kv_cache import KVCache
+from titanlite.models.common.attention import Sequence
+from titanlite.models.common.kv_cache import KVCache
 
 
 @runtime_checkable
 class Decoder(Protocol):
     """A decoder-only language model as a plain nn.Module."""
 
-    args: ModelArgs  # its shape: dim, n_layers, n_heads, head_dim, vocab_size, max_seq_len, tie_embeddings, ...
+    # Its family's arguments (ModelSpec.args_type): dim, n_layers, n_heads, head_dim, vocab_size, max_seq_len, ...
+    args: Any
     tok_embeddings: nn.Embedding | None  # None on pipeline stages after the first
     layers: nn.ModuleDict  # the transformer blocks, keyed by index; FSDP, AC and compile wrap each one
     norm: nn.Module | None  # final norm; None on pipeline stages before the last
@@ -39,7 +39,7 @@ class Decoder(Protocol):
         """Logits [B, T, vocab] of tokens [B, T] (hidden states [B, T, dim] on a later pipeline stage, which
         receives hidden states too; the chunked loss makes `output` return its input). With a cache, the
         tokens continue the cached sequence (generation). `sequence`: the tokens' positions and documents
-        (titanlite/models/attention.py), for block-causal masks and context parallelism; each block's
+        (titanlite/models/common/attention.py), for block-causal masks and context parallelism; each block's
         attention runs through its `core` module (a CoreAttention), which context parallelism swaps."""
         ...
 

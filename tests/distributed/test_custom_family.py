@@ -1,0 +1,63 @@
+"""A model family defined entirely under tests/ (tests/families/relu2: its spec, module and TP plan, registered
+through model.custom_import) trains on FSDP x 2 and TP x 2 with one process's losses, also across a resume from
+its checkpoint, and `titanlite plan` estimates it: adding a family needs no edit in titanlite/."""
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import REPO, TINY, assert_matches, env, metrics, torchrun
+
+pytestmark = pytest.mark.distributed
+
+FAMILY = ["--model.custom_import", "tests.families.relu2", "--model.name", "relu2", "--model.flavor", "debug"]
+LAYOUTS = {
+    "single": (1, ["--training.local_batch_size", "8"]),
+    "fsdp2": (2, ["--training.local_batch_size", "4"]),
+    "tp2": (
+        2,
+        [
+            "--training.local_batch_size",
+            "8",
+            "--parallelism.tensor_parallel_degree",
+            "2",
+            "--parallelism.data_parallel_shard_degree",
+            "1",
+        ],
+    ),
+}
+
+
+def run(layout: str, run_dir, *extra: str):
+    nproc, args = LAYOUTS[layout]
+    proc = torchrun(nproc, [*FAMILY, *TINY, *args, *extra], run_dir)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert "model relu2 debug" in proc.stdout, proc.stdout[-2000:]
+    return proc
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("relu2_single")
+    run("single", run_dir)
+    return metrics(run_dir)
+
+
+def test_a_family_defined_outside_titanlite_trains_on_fsdp_and_tp_and_resumes(tmp_path, single):
+    run("fsdp2", tmp_path / "fsdp2", "--checkpoint.enable", "--training.stop_after_step", "3")
+    proc = run("fsdp2", tmp_path / "fsdp2", "--checkpoint.enable")
+    assert "resumed from" in proc.stdout and "at step 3" in proc.stdout
+    resumed = metrics(tmp_path / "fsdp2")
+    assert [r["step"] for r in resumed] == [1, 2, 3, 4, 5]
+    assert_matches(resumed, single)
+    run("tp2", tmp_path / "tp2")
+    assert_matches(metrics(tmp_path / "tp2"), single)
+
+
+def test_plan_estimates_a_family_defined_outside_titanlite():
+    cmd = [sys.executable, "-m", "titanlite.commands.cli", "plan", *FAMILY, "--ngpu", "2"]
+    proc = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "titanlite plan: relu2 debug, 6,603,200 parameters" in proc.stdout
+    assert "TP 2 " in proc.stdout and "recommended:" in proc.stdout

@@ -1,0 +1,21 @@
+"""relu2's tensor-parallel plan for its blocks, from PyTorch's parallel styles (the ends are titanlite's)."""
+
+from __future__ import annotations
+
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel
+
+
+def tp_plan(model) -> dict:
+    gather = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+    block = {
+        "attention_norm": SequenceParallel(),
+        "attention": gather,
+        **{f"attention.{w}": ColwiseParallel() for w in ("wq", "wk", "wv")},
+        "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+        "ffn_norm": SequenceParallel(),
+        "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+        "feed_forward.w1": ColwiseParallel(),
+        "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
+    }
+    return {f"layers.{i}.{name}": style for i in model.layers for name, style in block.items()}

@@ -1,0 +1,1 @@
+"""Blocks every family may use: the model interface, attention cores, the KV cache, weight init, building."""

@@ -1,0 +1,101 @@
+"""A Hugging Face folder's config.json into our model arguments and back, for any registered family: the
+family is the one whose spec reads the model_type. Torch-free: the configuration resolves model.flavor = "hf"
+through it. Weights and tokenizer files are titanlite/components/hf_weights.py's and hf_tokenizer.py's."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from titanlite.base.errors import ConfigError
+from titanlite.base.hf_config import CONFIG_FILE, check_no_unsupported, read_config
+from titanlite.models.registry import spec_of, spec_of_model_type
+
+
+def hf_config(args, dtype: str = "float32", token_ids: dict | None = None) -> dict:
+    """The config.json content that makes transformers build exactly this model.
+
+    vocab_size is the model's (for a named flavor, the tokenizer's padded to a multiple of 64, e.g. 50304
+    for GPT-2's 50257 tokens: ids past the tokenizer's are never produced by it). dtype is the dtype the
+    weights are saved in; token_ids the tokenizer's bos/eos ids (none rather than transformers' config
+    defaults, which may not even be in our vocabulary)."""
+    spec = spec_of(args)
+    if spec.hf is None:
+        raise ConfigError(f"model.name={spec.name!r} has no Hugging Face config.json to export as")
+    ids = {"bos_token_id": None, "eos_token_id": None, **(token_ids or {})}
+    common = {"vocab_size": args.vocab_size, "tie_word_embeddings": args.tie_embeddings, **ids, "pad_token_id": None}
+    # transformers >= 4.56 reads "dtype"; older versions read "torch_dtype".
+    return {**spec.hf.write(args), **common, "dtype": dtype, "torch_dtype": dtype}
+
+
+def args_from_hf_config(config: dict, where: str = "config.json"):
+    """Our model arguments from a transformers config.json, any registered family. Every field that changes the
+    math is honoured or refused with one line naming it. The vocabulary is taken as is (not padded), so the
+    imported model's logits match the HF model's column for column."""
+    model_type = config.get("model_type")
+    spec = spec_of_model_type(model_type, where)
+    check_no_unsupported(config, where)
+    try:
+        return spec.hf.read(config, where)
+    except KeyError as e:
+        raise ConfigError(f"{where} for model_type={model_type!r} lacks {e.args[0]!r}") from e
+
+
+def folder_model_args(folder: str | Path):
+    """The model a Hugging Face folder holds, from its config.json (errors name the file)."""
+    return args_from_hf_config(read_config(folder), f"{Path(folder) / CONFIG_FILE}:")
+
+
+def folder_args(folder: str | Path, seq_len: int):
+    """The model of model.flavor = "hf": the shape and math of the folder's config.json, for this run's
+    sequence length (learned positions cannot grow; RoPE tables are computed to cover it)."""
+    args = folder_model_args(folder)
+    if seq_len > args.max_seq_len:
+        if spec_of(args).learned_positions:
+            raise ConfigError(
+                f"training.seq_len={seq_len} is longer than the {args.max_seq_len} learned positions of "
+                f"{folder} (n_positions); use training.seq_len <= {args.max_seq_len}"
+            )
+        if getattr(args, "sliding_window", 0):
+            raise ConfigError(
+                f"training.seq_len={seq_len} is longer than the sliding_window={args.sliding_window} of {folder}: "
+                "titanlite attends to the whole context, which equals the window's attention only within it; use "
+                f"training.seq_len <= {args.sliding_window}"
+            )
+        args = dataclasses.replace(args, max_seq_len=seq_len)
+    return args
+
+
+def resolve_model_folder(model, explicit: set[str]) -> None:
+    """With model.flavor = "hf", take model.name (and model.tokenizer, when the folder has a tokenizer.json)
+    from model.hf_assets_path, in place; a key set explicitly to something else is an error, not ignored."""
+    folder = model.hf_assets_path
+    if not folder:
+        raise ConfigError(
+            "model.flavor='hf' takes the model from model.hf_assets_path; set it to a Hugging Face "
+            "model folder (config.json, safetensors, tokenizer.json)"
+        )
+    args = folder_model_args(folder)
+    spec = spec_of(args)
+    has_tokenizer = (Path(folder) / "tokenizer.json").is_file()
+    wanted = {"model.name": spec.name}
+    builtin = spec.hf.tokenizer(args)
+    if has_tokenizer:
+        wanted["model.tokenizer"] = "hf"
+    elif builtin is not None:
+        wanted["model.tokenizer"] = builtin
+    elif "model.tokenizer" not in explicit:
+        raise ConfigError(
+            f"{folder} has no tokenizer.json; set model.tokenizer to the tokenizer its model was trained "
+            "with ('gpt2', 'byte', or 'hf' with model.hf_assets_path naming a folder that has one)"
+        )
+    if model.n_layers:
+        wanted["model.n_layers"] = args.n_layers
+    for key, value in wanted.items():
+        ours = getattr(model, key.split(".")[1])
+        if key in explicit and ours != value:
+            raise ConfigError(
+                f"{key}={ours!r} contradicts {folder} ({key} {value!r}); leave it out or set it to "
+                f"{value!r}, or use a named model.flavor"
+            )
+        setattr(model, key.split(".")[1], value)

@@ -1,0 +1,96 @@
+"""The Llama decoder's weights under Hugging Face's names (every decoder family names its tensors as Llama
+does), and the RoPE row order: ours rotates adjacent pairs, Hugging Face's halves of each head."""
+
+from __future__ import annotations
+
+import torch
+
+from titanlite.models.llama3.args import LlamaArgs
+
+
+def hf_names(args: LlamaArgs) -> dict[str, str]:
+    """Our parameter name -> the HF name in the family's ForCausalLM (output.weight included even when tied).
+    Post-norm blocks store their norms as post_attention_layernorm and post_feedforward_layernorm (where a
+    pre-norm block's post_attention_layernorm is the pre-FFN norm)."""
+    names = {
+        "tok_embeddings.weight": "model.embed_tokens.weight",
+        "norm.weight": "model.norm.weight",
+        "output.weight": "lm_head.weight",
+    }
+    if args.norm_position == "pre":
+        norms = ("input_layernorm", "post_attention_layernorm")
+    else:
+        norms = ("post_attention_layernorm", "post_feedforward_layernorm")
+    projections = [
+        ("wq", "q_proj", args.qkv_bias),
+        ("wk", "k_proj", args.qkv_bias),
+        ("wv", "v_proj", args.qkv_bias),
+        ("wo", "o_proj", args.out_bias),
+    ]
+    mlp = [("w1", "gate_proj"), ("w3", "up_proj"), ("w2", "down_proj")]
+    for i in range(args.n_layers):
+        ours, hf = f"layers.{i}.", f"model.layers.{i}."
+        names[ours + "attention_norm.weight"] = f"{hf}{norms[0]}.weight"
+        names[ours + "ffn_norm.weight"] = f"{hf}{norms[1]}.weight"
+        for w, proj, bias in projections:
+            for leaf in ("weight", "bias") if bias else ("weight",):
+                names[f"{ours}attention.{w}.{leaf}"] = f"{hf}self_attn.{proj}.{leaf}"
+        if args.qk_norm != "none":
+            for norm in ("q_norm", "k_norm"):
+                names[f"{ours}attention.{norm}.weight"] = f"{hf}self_attn.{norm}.weight"
+        for w, proj in mlp:
+            for leaf in ("weight", "bias") if args.mlp_bias else ("weight",):
+                names[f"{ours}feed_forward.{w}.{leaf}"] = f"{hf}mlp.{proj}.{leaf}"
+    return names
+
+
+def hf_keys(args: LlamaArgs, keys: list[str]) -> dict[str, str]:
+    return {k: k for k in keys}
+
+
+def hf_sources(args: LlamaArgs) -> dict[str, str]:
+    return hf_names(args)
+
+
+def rope_heads(args: LlamaArgs, name: str) -> int | None:
+    """How many heads a q/k tensor's rows hold, for the RoPE reordering between our layout and HF's (None: not
+    a tensor RoPE reads): the projections' weights and biases, and the Q/K norms' weights, per head or whole."""
+    kind = name.rsplit(".", 2)[-2]
+    if kind in ("wq", "wk"):
+        return args.n_heads if kind == "wq" else args.n_kv_heads
+    if kind in ("q_norm", "k_norm"):
+        return 1 if args.qk_norm == "head" else (args.n_heads if kind == "q_norm" else args.n_kv_heads)
+    return None
+
+
+def rope_to_hf(w: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """Reorder each head's rows of a q/k projection (its weight [out, in], or a bias or norm weight [out]) from
+    adjacent RoPE pairs (2i, 2i+1) to halves (i, i+hd/2).
+
+    HF row a*hd/2 + i of a head is our row 2i + a, so HF's rotate_half rotates the same pairs by the same
+    angles; q and k get the same reordering, so their dot products, and the logits, do not change."""
+    rows = w.view(w.shape[0], -1)
+    hd = rows.shape[0] // n_heads
+    return rows.view(n_heads, hd // 2, 2, -1).transpose(1, 2).reshape(w.shape)
+
+
+def rope_from_hf(w: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """The inverse of rope_to_hf: halves (i, i+hd/2) back to adjacent pairs (2i, 2i+1)."""
+    rows = w.view(w.shape[0], -1)
+    hd = rows.shape[0] // n_heads
+    return rows.view(n_heads, 2, hd // 2, -1).transpose(1, 2).reshape(w.shape)
+
+
+def to_hf(args: LlamaArgs, sd: dict[str, torch.Tensor], take) -> dict[str, torch.Tensor]:
+    """Our state dict -> HF names and layouts (lm_head.weight always present); `take(name)` reads sd."""
+    out = {}
+    for ours, hf in hf_names(args).items():
+        heads = rope_heads(args, ours)
+        out[hf] = take(ours) if heads is None else rope_to_hf(take(ours), heads)
+    return out
+
+
+def from_hf_tensor(args: LlamaArgs, name: str, hf: torch.Tensor) -> torch.Tensor:
+    """Our parameter `name`'s full value from its HF tensor (hf_sources[name])."""
+    heads = rope_heads(args, name)
+    return hf if heads is None else rope_from_hf(hf, heads).contiguous()

@@ -1,0 +1,50 @@
+"""OLMo2: the Llama decoder with post-norm blocks (each sublayer's output normalised before the residual add)
+and an RMSNorm over each token's whole query and key projection. Its sizes, its config.json and its spec;
+tensor parallelism cannot split the whole-projection norm (ModelSpec.tp_refusal says so in one line)."""
+
+from __future__ import annotations
+
+from titanlite.models.llama3 import decoder_spec
+from titanlite.models.llama3.args import LlamaArgs, debug
+from titanlite.models.llama3.hf_config import DecoderConfig, Expressible, attention_biases, no_mlp_bias
+
+
+def _olmo2(dim, n_layers, n_heads, ffn_dim) -> LlamaArgs:
+    return LlamaArgs(
+        dim=dim,
+        n_layers=n_layers,
+        n_heads=n_heads,
+        n_kv_heads=n_heads,
+        ffn_dim=ffn_dim,
+        vocab_size=100352,
+        max_seq_len=4096,
+        rope_theta=500000.0,
+        norm_eps=1e-6,
+        family="olmo2",
+        qk_norm="full",
+        norm_position="post",
+    )
+
+
+FLAVORS = {
+    "debug": debug("olmo2", n_kv_heads=4, qk_norm="full", norm_position="post"),
+    "olmo2_1b": _olmo2(2048, 16, 16, 8192),
+    "olmo2_7b": _olmo2(4096, 32, 32, 11008),
+}
+
+
+def switches(config: dict, n_layers: int, where: str) -> dict:
+    no_mlp_bias("olmo2", config, where)
+    return attention_biases(config, n_layers, where) | {"qk_norm": "full", "norm_position": "post"}
+
+
+HF = DecoderConfig(
+    family="olmo2",
+    model_type="olmo2",
+    architecture="Olmo2ForCausalLM",
+    expressible=Expressible(mlp_bias=False, qk_norm="full", norm_position="post"),
+    switches=switches,
+)
+SPEC = decoder_spec(
+    "olmo2", FLAVORS, HF, "OLMo2: the Llama decoder with post-norm blocks and whole-projection Q/K norms"
+)

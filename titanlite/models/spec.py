@@ -1,0 +1,60 @@
+"""What a model family tells the rest of titanlite: its ModelSpec. Torch-free, like each family's arguments, so
+the configuration, `titanlite help` and the launcher's checks read specs without importing torch."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class HFConfig:
+    """A family's Hugging Face config.json, both ways: `read(config, where)` gives its arguments (every field
+    that changes the math honoured, or refused with one line naming it), `write(args)` the family's own fields
+    (model_type and architectures included). `tokenizer(args)`: the built-in tokenizer a folder without a
+    tokenizer.json uses (None: the user must name one)."""
+
+    model_type: str
+    read: Callable[[dict, str], Any]
+    write: Callable[[Any], dict]
+    tokenizer: Callable[[Any], str | None] = lambda args: None
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One model family (model.name). Its torch halves are named by "module:attribute" and imported on first
+    use (`load`), so a spec, and the registry of them, stay importable without torch:
+
+    - `model`: the nn.Module class, built as cls(args) (titanlite/models/common/interface.py's Decoder);
+    - `tp_plan`: fn(model) -> {module name: ParallelStyle} for the blocks (the ends are shared);
+    - `hf_weights`: a module with hf_sources, hf_keys, to_hf and from_hf_tensor (components/hf_weights.py).
+
+    `tp_split_sizes(args)`: the sizes a tensor-parallel degree must divide; `tp_refusal`: why this family
+    cannot be split by tensor parallelism at all (None: it can). `with_depth(args, n_layers)`: the arguments at
+    another depth (model.n_layers). `args_type`: the family's arguments dataclass."""
+
+    name: str
+    args_type: type
+    flavors: dict[str, Any]
+    model: str
+    tp_plan: str
+    hf_weights: str
+    tp_split_sizes: Callable[[Any], dict[str, int]]
+    hf: HFConfig | None = None
+    tp_refusal: Callable[[Any], str | None] = lambda args: None
+    with_depth: Callable[[Any, int], dict] = lambda args, n_layers: {"n_layers": n_layers}
+    learned_positions: bool = False
+    """Position embeddings learned for max_seq_len positions: a longer sequence, or a folder of another context
+    length, is another model (RoPE tables are computed for any length)."""
+    description: str = ""
+    _loaded: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def load(self, ref: str) -> Any:
+        """The object a "module:attribute" reference names (a module alone without the colon), imported once."""
+        if ref not in self._loaded:
+            module, _, attribute = ref.partition(":")
+            found = importlib.import_module(module)
+            self._loaded[ref] = getattr(found, attribute) if attribute else found
+        return self._loaded[ref]
