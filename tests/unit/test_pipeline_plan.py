@@ -3,7 +3,9 @@
 import pytest
 
 from titanlite.base.errors import ConfigError
-from titanlite.config import parse_config
+from titanlite.components import loss
+from titanlite.config import Compile, Training, parse_config
+from titanlite.parallel import pipeline
 from titanlite.parallel.pipeline import even_split, plan_pipeline
 
 
@@ -19,7 +21,8 @@ def test_single_stage_schedules_run_one_stage_per_rank():
     assert p.analytic_bubble() == pytest.approx(1 / 4)
 
 
-def test_looped_and_v_shaped_placement():
+def test_looped_and_v_shaped_placement(monkeypatch):
+    monkeypatch.setattr(pipeline, "V_SHAPED_RUN", True)  # placement is the same on every torch
     looped = plan("--parallelism.pipeline_parallel_schedule", "Interleaved1F1B")
     assert looped.num_stages == 4 and looped.stage_ids(0) == (0, 2) and looped.stage_ids(1) == (1, 3)
     assert looped.analytic_bubble() == pytest.approx(1 / (2 * 8))
@@ -91,3 +94,23 @@ def test_impossible_pipelines_are_refused_with_the_knob(args, n_layers, samples,
     with pytest.raises(ConfigError, match=None) as e:
         plan(*args, n_layers=n_layers, samples=samples)
     assert fragment in str(e.value)
+
+
+def test_v_shaped_schedules_are_refused_in_one_line_where_torch_cannot_run_them(monkeypatch):
+    """torch 2.11 fails at a V-shaped schedule's first point-to-point exchange between one rank's two stages."""
+    monkeypatch.setattr(pipeline, "V_SHAPED_RUN", False)
+    for name in pipeline.V_SHAPED:
+        with pytest.raises(ConfigError, match=f"pipeline_parallel_schedule={name} needs torch 2.12 or later"):
+            plan("--parallelism.pipeline_parallel_schedule", name)
+
+
+def test_split_backward_schedules_take_the_plain_loss_where_torch_cannot_split_the_chunked_one(monkeypatch):
+    """torch 2.11's weight-gradient half of a zero-bubble schedule fails on the chunked loss's autograd.Function:
+    auto (-1) resolves to the plain loss there, an explicit chunk size is refused in one line."""
+    monkeypatch.setattr(loss, "SPLIT_BACKWARD_TAKES_FUNCTIONS", False)
+    assert loss.chunk_tokens(Training(), Compile(), False, "InterleavedZeroBubble") == 0
+    assert loss.chunk_tokens(Training(), Compile(), False, "Interleaved1F1B") == loss.DEFAULT_CHUNK_TOKENS
+    with pytest.raises(
+        ConfigError, match="loss_chunk_tokens=512 with pipeline_parallel_schedule=InterleavedZeroBubble"
+    ):
+        loss.chunk_tokens(Training(loss_chunk_tokens=512), Compile(), False, "InterleavedZeroBubble")

@@ -359,7 +359,7 @@ def setting_for(cfg, lay: Layout, world: int, device: str) -> Setting:
         schedule,
         stages,
         cfg.activation_checkpoint.selective_ac_option,
-        chunk_tokens(t, cfg.compile, loss_parallel),
+        chunk_tokens(t, cfg.compile, loss_parallel, schedule),
         cfg.model.attn_mask_type == "block_causal",
         cfg.compile.enable,
     )

@@ -9,7 +9,7 @@ import torch
 import torch.nn as nn
 
 from titanlite.builder.plan import Plan
-from titanlite.components.loss import build_loss, chunk_tokens, cross_entropy
+from titanlite.components.loss import build_loss, chunk_tokens, cross_entropy, schedule_of
 from titanlite.config import JobConfig
 from titanlite.data.tokenizer import build_tokenizer
 from titanlite.engine.trainer import Pipeline, RankModel, autocast_for
@@ -94,7 +94,7 @@ def build_rank_model(cfg: JobConfig, plan: Plan, mesh, device: torch.device, voc
     plain, parts = build_model(cfg, vocab_size, plan, mesh, device)
     loss_parallel = loss_parallel_enabled(plan.dims, cfg.parallelism)
     compile_loss = cfg.compile.enable and "loss" in cfg.compile.components
-    chunks = chunk_tokens(cfg.training, cfg.compile, loss_parallel)
+    chunks = chunk_tokens(cfg.training, cfg.compile, loss_parallel, schedule_of(cfg.parallelism))
     loss_fn = compiled_loss(build_loss(parts, chunks, compile_loss, cfg.compile.backend), cfg.compile, loss_parallel)
     if chunks:
         loss_line = f"  loss: cross-entropy in chunks of {chunks} tokens, no full logits (training.loss_chunk_tokens)"

@@ -26,6 +26,8 @@ from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distrib
 from torch.distributed.tensor.parallel import ParallelStyle
 from torch.distributed.tensor.parallel.style import distribute_module
 
+from titanlite.base.errors import ConfigError
+
 IGNORE = -100  # F.cross_entropy's default ignore_index: padded validation rows
 
 
@@ -210,15 +212,37 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
 DEFAULT_CHUNK_TOKENS = 4096
 
 
-def chunk_tokens(training, compile_cfg, loss_parallel: bool) -> int:
+# Pipeline schedules that split backward into input and weight gradients (a CSV schedule may). On torch 2.11
+# the weight half fails on a custom autograd.Function's output ("Attribute '_input_metadata' is invalid"), which
+# the chunked loss is; 2.13 takes it.
+SPLIT_BACKWARD_SCHEDULES = ("InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV", "csv")
+SPLIT_BACKWARD_TAKES_FUNCTIONS = torch.__version__ >= "2.12"
+
+
+def schedule_of(parallelism) -> str:
+    """The pipeline schedule a [parallelism] section runs: "" without pipeline parallelism, "csv" for a file."""
+    if parallelism.pipeline_parallel_degree == 1:
+        return ""
+    return "csv" if parallelism.pipeline_parallel_schedule_csv else parallelism.pipeline_parallel_schedule
+
+
+def chunk_tokens(training, compile_cfg, loss_parallel: bool, schedule: str = "") -> int:
     """training.loss_chunk_tokens resolved: -1 (auto) chunks unless torch.compile fuses the plain loss
     (compile.enable with 'loss' in compile.components, and no loss parallelism, which stays eager): then
     the plain loss measured faster on an H100 (GPT-2 124M batch 16: 38.2 against 46.9 ms a step), at the
-    cost of the [B, T, vocab] logits in memory (1.6 GiB more at that size). 0: plain; N: chunks of N."""
+    cost of the [B, T, vocab] logits in memory (1.6 GiB more at that size). 0: plain; N: chunks of N.
+    `schedule`: the pipeline schedule, if any; on torch 2.11 a split-backward one takes the plain loss."""
+    old_split = schedule in SPLIT_BACKWARD_SCHEDULES and not SPLIT_BACKWARD_TAKES_FUNCTIONS
+    if old_split and training.loss_chunk_tokens > 0:
+        raise ConfigError(
+            f"training.loss_chunk_tokens={training.loss_chunk_tokens} with pipeline_parallel_schedule={schedule} "
+            f"needs torch 2.12 or later (torch {torch.__version__} cannot split the chunked loss's backward); set "
+            "training.loss_chunk_tokens = 0 or -1, or use another schedule"
+        )
     if training.loss_chunk_tokens >= 0:
         return training.loss_chunk_tokens
     fused_plain = compile_cfg.enable and "loss" in compile_cfg.components and not loss_parallel
-    return 0 if fused_plain else DEFAULT_CHUNK_TOKENS
+    return 0 if fused_plain or old_split else DEFAULT_CHUNK_TOKENS
 
 
 def build_loss(parts: list[nn.Module], chunk_tokens: int, compiled: bool = False, backend: str = "inductor"):

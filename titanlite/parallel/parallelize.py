@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from titanlite.components.loss import chunk_tokens, defer_output_projection
+from titanlite.components.loss import chunk_tokens, defer_output_projection, schedule_of
 from titanlite.config import ActivationCheckpoint, Compile, Float8, Parallelism, Training
 from titanlite.models.common.init import init_weights
 from titanlite.parallel.activation_checkpoint import apply_ac
@@ -45,7 +45,7 @@ def parallelize(
     float8: Float8,
 ) -> nn.Module:
     """Apply the parallelisms to a model still on the meta device; returns the (possibly wrapped) model."""
-    if chunk_tokens(training, compile_cfg, loss_parallel_enabled(dims, parallelism)) > 0:
+    if chunk_tokens(training, compile_cfg, loss_parallel_enabled(dims, parallelism), schedule_of(parallelism)) > 0:
         defer_output_projection(model)  # the chunked loss applies the output projection (titanlite/components/loss.py)
     apply_float8(model, float8, fsdp=dims.fsdp_enabled, tp=dims.tp)
     if dims.tp_enabled:

@@ -26,6 +26,9 @@ from titanlite.models.common.attention import Sequence
 
 SINGLE_STAGE = ("GPipe", "1F1B")
 V_SHAPED = ("ZBVZeroBubble", "DualPipeV")
+# torch 2.11 starts a V-shaped schedule by exchanging shapes point to point between every pair of adjacent
+# stages, the two on one rank included, which gloo refuses ("Pair is not connected"); 2.13 runs them.
+V_SHAPED_RUN = torch.__version__ >= "2.12"
 
 
 @dataclass(frozen=True)
@@ -114,6 +117,12 @@ def plan_pipeline(cfg: Parallelism, n_layers: int, samples_per_step: int) -> Pip
             f"the pipeline gets {m} micro-batch(es) per step ({samples_per_step} sequences / microbatch_size {mb}); "
             f"{name} on pipeline_parallel_degree={pp} needs {need} {pp}: raise training.local_batch_size or "
             f"lower pipeline_parallel_microbatch_size"
+        )
+    if name in V_SHAPED and not V_SHAPED_RUN:
+        raise ConfigError(
+            f"pipeline_parallel_schedule={name} needs torch 2.12 or later: torch {torch.__version__}'s pipelining "
+            "sends between the two stages of one rank point to point, which fails; use Interleaved1F1B or "
+            "InterleavedZeroBubble, or upgrade torch"
         )
     return PipelinePlan(pp=pp, schedule=name, layer_ranges=tuple(ranges), n_microbatches=m)
 
