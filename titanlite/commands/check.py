@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from titanlite.base import devices
+from titanlite.base.command_line import take_options
 from titanlite.base.errors import ConfigError
 from titanlite.builder.data import build_data, build_validation_data, describe_validation
 from titanlite.builder.estimate import Machine, estimate, layout_rows, recommend, setting_for
@@ -33,7 +34,6 @@ from titanlite.builder.layouts import layout_of
 from titanlite.builder.model_facts import cached_model_facts
 from titanlite.builder.plan import plan_run
 from titanlite.builder.run import run_facts
-from titanlite.commands.options import take_options
 from titanlite.components import run_lock
 from titanlite.components.checkpoint import check_resume
 from titanlite.config import parse_config

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from titanlite.base.command_line import take_options
 from titanlite.base.devices import check_local_ranks
 from titanlite.base.errors import ConfigError
 from titanlite.builder.data import build_data, build_validation_data, describe_validation
@@ -21,7 +22,6 @@ from titanlite.builder.model import build_rank_model
 from titanlite.builder.plan import plan_run
 from titanlite.builder.run import build_validator, describe_model
 from titanlite.builder.runtime import start_rank
-from titanlite.commands.options import take_options
 from titanlite.commands.worker import exit_from, run_worker
 from titanlite.components.checkpoint import checkpoint_to_load, load_weights
 from titanlite.config import JobConfig, parse_config

@@ -35,8 +35,8 @@ from pathlib import Path
 
 import numpy as np
 
+from titanlite.base.command_line import CLI, take_options
 from titanlite.base.errors import ConfigError
-from titanlite.commands.options import take_options
 from titanlite.data.sources import Source, stdlib_files
 from titanlite.data.store import open_store, read_manifest, store_folder
 from titanlite.data.tokenizer import GPT2Tokenizer, gpt2_encoding
@@ -243,7 +243,7 @@ def raw_tokens_per_s(texts: list[str], threads: int | None = None) -> tuple[int,
 
 
 def cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "titanlite.commands.cli", *args]
+    return [sys.executable, "-m", CLI, *args]
 
 
 def run_measured(cmd: list[str]) -> dict:

@@ -9,8 +9,8 @@ from __future__ import annotations
 import dataclasses
 import time
 
+from titanlite.base.command_line import take_options
 from titanlite.builder.data import store_options, training_sources
-from titanlite.commands.options import take_options
 from titanlite.config import parse_config
 from titanlite.data.store import describe
 from titanlite.data.tokenizer import build_tokenizer
