@@ -7,6 +7,7 @@ torchrun workers, each running this module (`-m titanlite.commands.evaluate`); r
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -28,6 +29,8 @@ from titanlite.config import JobConfig, parse_config
 
 OPTIONS = {"ngpu": 1, "output": ""}
 
+logger = logging.getLogger(__spec__.name)  # not __name__: under `python -m` this module is __main__
+
 
 def eval_command(argv: list[str]) -> int:
     """`titanlite eval [--ngpu N] [--output F.json]`: checks everything it can in this process, then
@@ -39,8 +42,8 @@ def eval_command(argv: list[str]) -> int:
     check_local_ranks(opts["ngpu"])
     plan_run(cfg, opts["ngpu"], evaluation=True)
     checkpoint_to_load(cfg, "evaluate", contents=False)  # its workers verify the contents, sharing the work
-    tokenizer, corpus = build_data(cfg, verify="sample", say=lambda line: print(line, flush=True))
-    build_validation_data(cfg, tokenizer, corpus, verify="sample", say=lambda line: print(line, flush=True))
+    tokenizer, corpus = build_data(cfg, verify="sample")
+    build_validation_data(cfg, tokenizer, corpus, verify="sample")
     if opts["ngpu"] == 1:  # no process group: the worker runs here and returns
         return run_worker(lambda cfg: evaluate(cfg, opts["output"]), rest)
     env = {**os.environ, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
@@ -61,28 +64,26 @@ def eval_command(argv: list[str]) -> int:
 
 def evaluate(cfg: JobConfig, output: str = "") -> dict:
     """One worker of `titanlite eval`: the configured layout's model with a checkpoint's weights, evaluated once."""
-    world_size, rank = int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("RANK", 0))
-    plan, device = start_rank(cfg, world_size, evaluation=True)
-    say = print if rank == 0 else (lambda *a, **k: None)
+    plan, device = start_rank(cfg, int(os.environ.get("WORLD_SIZE", 1)), evaluation=True)
     mesh = plan.dims.build_mesh(device.type)
-    tokenizer, corpus = build_data(cfg, say=say)
-    windows = build_validation_data(cfg, tokenizer, corpus, say=say)
+    tokenizer, corpus = build_data(cfg)
+    windows = build_validation_data(cfg, tokenizer, corpus)
     setup = build_rank_model(cfg, plan, mesh, device, tokenizer.vocab_size)
     validator = build_validator(cfg, plan, setup, mesh, windows)
-    say(
+    logger.info(
         f"titanlite eval: {describe_model(cfg)} on {plan.dims.describe()}; "
         f"{describe_validation(cfg, corpus, len(windows), plan.dims.dp, schedule=False)}"
     )
     path = checkpoint_to_load(cfg, "evaluate")
     load_weights(setup.rank.parts, path)
     result = validator.run()
-    report(result, path, output, say)
+    report(result, path, output)
     return result
 
 
-def report(result: dict, path: Path, output: str, say) -> None:
+def report(result: dict, path: Path, output: str) -> None:
     """Print the figures; rank 0 also writes them to `output` (--output F.json) when one is named."""
-    say(
+    logger.info(
         f"titanlite eval: {path}: val_loss {result['val_loss']:.4f}  val_perplexity {result['val_perplexity']:.2f}  "
         f"val_tokens {result['val_tokens']:,}  ({result['val_seconds']:.1f}s)"
     )

@@ -26,6 +26,7 @@ import torch.distributed.run as torchrun
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
+from titanlite.base import logs
 from titanlite.base.command_line import TRAIN_WORKER
 from titanlite.base.errors import ConfigError
 from titanlite.base.failures import FAILURE_DIR_ENV, PREFIX, first_failure, latest_failures
@@ -35,6 +36,7 @@ from titanlite.config import parse_config
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    logs.set_up()
     try:
         lock = lock_run_folder(argv)
     except ConfigError as e:
@@ -53,7 +55,7 @@ def lock_run_folder(argv: list[str]) -> run_lock.RunLock | None:
     if "-m" not in argv or argv[argv.index("-m") + 1 : argv.index("-m") + 2] != [TRAIN_WORKER]:
         return None
     cfg = parse_config(argv[argv.index("-m") + 2 :])
-    return run_lock.acquire(Path(cfg.job.dump_folder) / cfg.job.name, job_id(argv), say=print)
+    return run_lock.acquire(Path(cfg.job.dump_folder) / cfg.job.name, job_id(argv))
 
 
 def job_id(argv: list[str]) -> str:
