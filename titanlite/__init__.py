@@ -12,8 +12,8 @@ LAYERS = (
     (
         0,
         "base",
-        "errors and exit statuses, devices, command-line options, model arguments, a Hugging Face config.json both "
-        "ways; no torch needed but in devices and failures",
+        "errors and exit statuses, devices, command-line options, logging set-up, model arguments, a Hugging Face "
+        "config.json both ways; no torch needed but in devices and failures",
     ),
     (1, "config", "the run configuration: sections, loading and validation, reference text"),
     (2, "models", "GPT-2 and Llama as plain modules, the model interface, weight init, flavors"),
