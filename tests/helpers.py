@@ -47,6 +47,12 @@ def env(**extra: str) -> dict[str, str]:
     return e
 
 
+def logged(caplog) -> list[str]:
+    """The lines titanlite's loggers gave since caplog.clear(), as its entry points print them (titanlite/base/logs.py);
+    the test calls caplog.set_level(logging.INFO, logger="titanlite") first."""
+    return [r.getMessage() for r in caplog.records if r.name.startswith("titanlite.")]
+
+
 def torchrun(nproc: int, args: list[str], run_dir: Path, timeout: int = 300) -> subprocess.CompletedProcess:
     """One training run with `nproc` gloo ranks; the run folder is run_dir/run."""
     cmd = [

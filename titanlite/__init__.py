@@ -14,8 +14,8 @@ LAYERS = (
     (
         0,
         "base",
-        "errors and exit statuses, devices, reading a Hugging Face config.json; no torch needed but in devices and "
-        "failures",
+        "errors and exit statuses, devices, command-line options, logging set-up, reading a Hugging Face "
+        "config.json; no torch needed but in devices and failures",
     ),
     (0, "models", "the ModelSpec, the registry of families, config.json of any family both ways; torch-free"),
     (0, "models.*", "a family's spec, arguments and sizes, its config.json both ways; torch-free"),

@@ -4,6 +4,7 @@ folder, checksums that find a changed byte and fall back to the older intact che
 full disk as one line, no silent restart, and the rank that died is the one named."""
 
 import json
+import logging
 import os
 import shutil
 import signal
@@ -13,7 +14,7 @@ import time
 
 import pytest
 
-from tests.helpers import REPO, TINY, env, metrics, run_train_sh
+from tests.helpers import REPO, TINY, env, logged, metrics, run_train_sh
 from titanlite.base.failures import reason_in
 from titanlite.components.optim import lr_factor
 from titanlite.config import LRScheduler
@@ -178,7 +179,7 @@ def test_a_second_launch_on_a_busy_run_folder_exits_2_and_the_first_finishes_exa
     assert not (tmp_path / "run" / ".lock").exists()  # released at the end
 
 
-def test_a_lock_left_by_a_dead_launcher_is_taken_over_with_a_note(tmp_path):
+def test_a_lock_left_by_a_dead_launcher_is_taken_over_with_a_note(tmp_path, caplog):
     from titanlite.components import run_lock
 
     folder = tmp_path / "run"
@@ -186,8 +187,9 @@ def test_a_lock_left_by_a_dead_launcher_is_taken_over_with_a_note(tmp_path):
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     holder = {"host": os.uname().nodename, "pid": int(dead.stdout), "job": "launcher x", "started": "earlier"}
     (folder / ".lock").write_text(json.dumps(holder))
-    notes = []
-    lock = run_lock.acquire(folder, "launcher y", say=notes.append)
+    caplog.set_level(logging.INFO, logger="titanlite")
+    lock = run_lock.acquire(folder, "launcher y")
+    notes = logged(caplog)
     assert lock.mine and notes and "left by a job that is gone" in notes[0]
     with pytest.raises(Exception, match="is in use by another job"):
         run_lock.acquire(folder, "launcher z")

@@ -2,12 +2,14 @@
 byte or an unreadable folder found; what a resume may change against the saved config."""
 
 import json
+import logging
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
+from tests.helpers import logged
 from titanlite.base.errors import ConfigError
 from titanlite.components import checkpoint_files
 from titanlite.components.checkpoint import process_saver_stager, stager_closed
@@ -55,14 +57,15 @@ def test_a_changed_byte_is_found_by_exactly_one_share(tmp_path):
     assert verify(folder, contents=False) is None  # the size check alone cannot see it
 
 
-def test_pick_skips_a_damaged_checkpoint_and_refuses_when_none_is_usable(tmp_path):
+def test_pick_skips_a_damaged_checkpoint_and_refuses_when_none_is_usable(tmp_path, caplog):
     saved(tmp_path, 5)
     newest = saved(tmp_path, 10)
     data = bytearray((newest / "__0_0.distcp").read_bytes())
     data[-5] ^= 0xFF
     (newest / "__0_0.distcp").write_bytes(bytes(data))
-    warnings = []
-    assert pick_checkpoint(tmp_path, -1, warnings.append) == tmp_path / "step-5"
+    caplog.set_level(logging.INFO, logger="titanlite")
+    assert pick_checkpoint(tmp_path, -1) == tmp_path / "step-5"
+    warnings = logged(caplog)
     assert "skipping" in warnings[0] and "step-10" in warnings[0]
     with pytest.raises(ConfigError, match="checkpoint.load_step=10: cannot load .* does not match its checksum"):
         pick_checkpoint(tmp_path, 10)
@@ -72,7 +75,7 @@ def test_pick_skips_a_damaged_checkpoint_and_refuses_when_none_is_usable(tmp_pat
         match=r"no usable checkpoint in .*: step-10: .*; step-5: FileNotFoundError.*"
         r"checkpoint.start_from_scratch = true",
     ):
-        pick_checkpoint(tmp_path, -1, lambda line: None)
+        pick_checkpoint(tmp_path, -1)
 
 
 def test_an_unreadable_checkpoint_is_listed_not_trained_over(tmp_path, monkeypatch):
@@ -83,7 +86,7 @@ def test_an_unreadable_checkpoint_is_listed_not_trained_over(tmp_path, monkeypat
 
     monkeypatch.setattr(checkpoint_files, "read_marker", denied)  # what chmod 000 does to a non-root user
     with pytest.raises(ConfigError, match="no usable checkpoint .* step-5: PermissionError: .*Permission denied"):
-        pick_checkpoint(tmp_path, -1, lambda line: None)
+        pick_checkpoint(tmp_path, -1)
 
 
 def test_a_resume_takes_optimizer_changes_and_refuses_data_and_model_ones():

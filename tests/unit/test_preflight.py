@@ -2,13 +2,14 @@
 `titanlite plan`, knows CPU offload, and steps aside when training.memory_preflight is false."""
 
 import json
+import logging
 import subprocess
 import sys
 import time
 
 import pytest
 
-from tests.helpers import REPO, env
+from tests.helpers import REPO, env, logged
 from titanlite.base import devices
 from titanlite.base.errors import ConfigError
 from titanlite.commands import check as preflight
@@ -80,7 +81,7 @@ def test_check_refuses_llama_70b_on_one_process_in_one_line():
 
 def test_the_preflight_of_llama_70b_takes_under_two_seconds(monkeypatch):
     pretend(monkeypatch, "cpu", ram_gib=64)
-    memory_preflight(parse_config([]), 1, 1, say=lambda line: None)  # imports and first-call costs, paid once
+    memory_preflight(parse_config([]), 1, 1)  # imports and first-call costs, paid once
     start = time.perf_counter()
     with pytest.raises(ConfigError, match="llama3 70B"):
         memory_preflight(parse_config(LLAMA_70B), 1, 1)
@@ -88,8 +89,9 @@ def test_the_preflight_of_llama_70b_takes_under_two_seconds(monkeypatch):
 
 
 @pytest.mark.parametrize("local_ranks", [1, 2])
-def test_debug_model_warns_near_the_limit_and_is_refused_over_it(monkeypatch, local_ranks):
+def test_debug_model_warns_near_the_limit_and_is_refused_over_it(monkeypatch, caplog, local_ranks):
     monkeypatch.setattr(devices, "device_type", lambda: "cpu")
+    caplog.set_level(logging.INFO, logger="titanlite")
     need = debug_need(local_ranks)
     cfg = parse_config([])
 
@@ -97,9 +99,9 @@ def test_debug_model_warns_near_the_limit_and_is_refused_over_it(monkeypatch, lo
         """The preflight's lines when this node's RAM is `need / share` per process."""
         ram = local_ranks * need / share
         monkeypatch.setattr(preflight, "memory_capacity", lambda pool, n: Capacity(ram, "available RAM", n))
-        lines: list[str] = []
-        memory_preflight(cfg, local_ranks, local_ranks, say=lines.append)
-        return lines
+        caplog.clear()
+        memory_preflight(cfg, local_ranks, local_ranks)
+        return logged(caplog)
 
     well_below = run_with(0.5)
     shared = f" shared by {local_ranks} processes" if local_ranks > 1 else ""
@@ -142,15 +144,17 @@ def test_cpu_offload_moves_the_state_to_host_memory():
     assert single.name == "ZeRO-3 1" and fsdp["peak"] > whole["peak"] and fsdp["host"] == 0
 
 
-def test_llama_8b_on_one_80_gib_gpu_is_told_to_offload(monkeypatch):
+def test_llama_8b_on_one_80_gib_gpu_is_told_to_offload(monkeypatch, caplog):
     pretend(monkeypatch, "cuda", gpu_gib=80, ram_gib=512)
     with pytest.raises(ConfigError) as refused:
         memory_preflight(parse_config(LLAMA_8B), 1, 1)
     message = str(refused.value)
     assert "\n" not in message and "more than 80.0 GiB of NVIDIA H100 80GB HBM3" in message
     assert "recommends ZeRO-3 1 + CPU offload" in message and "--training.enable_cpu_offload true" in message
-    lines: list[str] = []
-    memory_preflight(parse_config([*LLAMA_8B, "--training.enable_cpu_offload"]), 1, 1, say=lines.append)
+    caplog.set_level(logging.INFO, logger="titanlite")
+    caplog.clear()
+    memory_preflight(parse_config([*LLAMA_8B, "--training.enable_cpu_offload"]), 1, 1)
+    lines = logged(caplog)
     assert (
         len(lines) == 1
         and lines[0].startswith("titanlite: memory: about ")
@@ -175,14 +179,14 @@ def test_plan_shows_offload_for_the_configs_own_layout(capsys):
     assert f"{16 * 7_391_678_464 / GIB:.2f}" in row.split()
 
 
-def test_memory_preflight_false_skips_it(monkeypatch, capsys):
+def test_memory_preflight_false_skips_it(monkeypatch, capsys, caplog):
     def fail(*args, **kwargs):
         raise AssertionError("the preflight ran")
 
     monkeypatch.setattr(preflight, "config_estimate", fail)
-    lines: list[str] = []
-    memory_preflight(parse_config([*LLAMA_70B, "--training.memory_preflight", "false"]), 1, 1, say=lines.append)
-    assert lines == []
+    caplog.set_level(logging.INFO, logger="titanlite")
+    memory_preflight(parse_config([*LLAMA_70B, "--training.memory_preflight", "false"]), 1, 1)
+    assert logged(caplog) == []
     # and `check` launches a config that cannot fit when told so
     assert cli.main(["check", "--world-size", "1", *LLAMA_70B, *TINY_DATA, "--training.memory_preflight", "false"]) == 0
     out = capsys.readouterr().out

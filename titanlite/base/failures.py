@@ -145,7 +145,8 @@ def record(exc: BaseException, rank: int, run_dir: Path | None) -> int:
             line += f"; no traceback log (no room in {run_dir})"
         else:  # no run folder to put it in: the traceback goes to stderr, before the line
             traceback.print_exception(exc)
-    sys.stderr.write(line + "\n")  # one write: ranks share the stream
+    # One write (ranks share the stream), and not through logging: the line must appear whatever its set-up.
+    sys.stderr.write(line + "\n")
     sys.stderr.flush()
     folder = os.environ.get(FAILURE_DIR_ENV)
     if folder:

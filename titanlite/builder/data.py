@@ -64,7 +64,7 @@ def validation_sources(cfg: JobConfig, corpus) -> list[tuple[Source, float]]:
     return [(dataclasses.replace(source, split="validation"), w) for (source, w), store in pairs if store.held_files]
 
 
-def build_data(cfg: JobConfig, verify: str = "stat", say=None):
+def build_data(cfg: JobConfig, verify: str = "stat"):
     """Tokenizer and corpus (windows and sample order) of the configured data, from prepared token stores.
 
     Training ranks check a store's sources by their folder listing, and size and mtime (verify='stat': no
@@ -77,7 +77,7 @@ def build_data(cfg: JobConfig, verify: str = "stat", say=None):
     sources = training_sources(cfg)
     holdout = 0.0 if separate_validation(cfg) else cfg.validation.split_fraction
     corpus = build_corpus(
-        sources, tokenizer, store_options(cfg, verify), t.seq_len, t.seed, cfg.data.shuffle, holdout=holdout, say=say
+        sources, tokenizer, store_options(cfg, verify), t.seq_len, t.seed, cfg.data.shuffle, holdout=holdout
     )
     return tokenizer, corpus
 
@@ -86,14 +86,14 @@ def separate_validation(cfg: JobConfig) -> bool:
     return bool(cfg.validation.dataset or cfg.validation.dataset_path)
 
 
-def build_validation_data(cfg: JobConfig, tokenizer, corpus, verify: str = "stat", say=None):
+def build_validation_data(cfg: JobConfig, tokenizer, corpus, verify: str = "stat"):
     """The validation windows: validation.dataset(_path) whole, the training sources' validation files, and
     the held-out tails of the training sources that have none."""
     v = cfg.validation
     seq_len = v.seq_len or cfg.training.seq_len
     options = store_options(cfg, verify)
     own = validation_sources(cfg, corpus)
-    stores = [options.open(source, tokenizer, say=say) for source, _ in own]
+    stores = [options.open(source, tokenizer) for source, _ in own]
     starts = [0] * len(stores)
     if not separate_validation(cfg):
         tails = [(store, at) for store, at in zip(corpus.stores, corpus.split) if at < len(store)]

@@ -4,6 +4,7 @@ Trainer ready to train; and the start-up lines that say what runs."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 from dataclasses import asdict
 from pathlib import Path
@@ -24,6 +25,8 @@ from titanlite.engine.validator import EvalBatches, Validator
 from titanlite.models.common.build import configured_args
 from titanlite.parallel.float8 import describe_float8
 
+logger = logging.getLogger(__name__)
+
 
 def describe_model(cfg: JobConfig) -> str:
     m = cfg.model
@@ -36,7 +39,7 @@ def build_validator(cfg: JobConfig, plan: Plan, setup: ModelSetup, mesh, windows
 
 
 def build_checkpointer(
-    cfg: JobConfig, run_dir: Path, setup: ModelSetup, plan: Plan, optimizer, lr_scheduler, loader, facts: dict, say
+    cfg: JobConfig, run_dir: Path, setup: ModelSetup, plan: Plan, optimizer, lr_scheduler, loader, facts: dict
 ) -> Checkpointer:
     parts = setup.rank.parts
     # Under PP a tied embedding's copy lives in the last stage's part as output.weight.
@@ -44,7 +47,7 @@ def build_checkpointer(
     if plan.pipeline and setup.plain_model.args.tie_embeddings:
         tied_copy_parts = {i for i, part in enumerate(parts) if part.output is not None and part.tok_embeddings is None}
     return Checkpointer(
-        cfg, run_dir, parts, optimizer, lr_scheduler, loader, tied_copy_parts=tied_copy_parts, facts=facts, say=say
+        cfg, run_dir, parts, optimizer, lr_scheduler, loader, tied_copy_parts=tied_copy_parts, facts=facts
     )
 
 
@@ -68,14 +71,13 @@ def keep_metrics_up_to(path: Path, step: int) -> None:
 def build_trainer(cfg: JobConfig, plan: Plan, device: torch.device, rank: int, world_size: int) -> Trainer:
     """Every piece of a run, resumed from its newest checkpoint if there is one, in a Trainer ready to
     train (also what `titanlite bench throughput` measures)."""
-    say = print if rank == 0 else (lambda *a, **k: None)
     mesh = plan.dims.build_mesh(device.type)
-    tokenizer, corpus = build_data(cfg, say=say)
+    tokenizer, corpus = build_data(cfg)
     loader = build_loader(cfg, corpus, mesh, plan, device)
     setup = build_rank_model(cfg, plan, mesh, device, tokenizer.vocab_size)
     validator = None
     if cfg.validation.enable:
-        validator = build_validator(cfg, plan, setup, mesh, build_validation_data(cfg, tokenizer, corpus, say=say))
+        validator = build_validator(cfg, plan, setup, mesh, build_validation_data(cfg, tokenizer, corpus))
     optimizer = Optimizers(
         setup.rank.parts, cfg.optimizer, device.type, skip_nonfinite=cfg.training.skip_nonfinite_steps
     )
@@ -86,14 +88,14 @@ def build_trainer(cfg: JobConfig, plan: Plan, device: torch.device, rank: int, w
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.toml").write_text(to_toml(cfg))
     facts = run_facts(cfg, tokenizer, corpus)
-    checkpointer = build_checkpointer(cfg, run_dir, setup, plan, optimizer, lr_scheduler, loader, facts, say)
+    checkpointer = build_checkpointer(cfg, run_dir, setup, plan, optimizer, lr_scheduler, loader, facts)
     train_state = {"step": 0, "tokens_seen": 0}
     checkpointer.load(train_state)
     if rank == 0:
         keep_metrics_up_to(run_dir / "metrics.jsonl", train_state["step"])
     peak = device_peak_tflops(device, cfg.metrics.peak_tflops)
     for line in startup_lines(cfg, plan, setup, corpus, validator, peak, device, world_size):
-        say(line)
+        logger.info(line)
     trainer = Trainer(
         setup.rank,
         optimizer,
@@ -119,7 +121,7 @@ def build_trainer(cfg: JobConfig, plan: Plan, device: torch.device, rank: int, w
     )
     trainer.step, trainer.tokens_seen = train_state["step"], train_state["tokens_seen"]
     if cfg.profiling.enable_profiling:
-        trainer.profiler = Profiler(cfg.profiling, run_dir, rank, device, lambda: trainer.step, say)
+        trainer.profiler = Profiler(cfg.profiling, run_dir, rank, device, lambda: trainer.step)
     return trainer
 
 

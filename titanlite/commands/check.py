@@ -19,13 +19,15 @@ every printed figure is called an estimate. Each rank's need is compared with it
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from titanlite.base import devices
+from titanlite.base import devices, logs
+from titanlite.base.command_line import take_options
 from titanlite.base.errors import ConfigError
 from titanlite.builder.data import build_data, build_validation_data, describe_validation
 from titanlite.builder.estimate import Machine, estimate, layout_rows, recommend, setting_for
@@ -33,7 +35,6 @@ from titanlite.builder.layouts import layout_of
 from titanlite.builder.model_facts import cached_model_facts
 from titanlite.builder.plan import plan_run
 from titanlite.builder.run import run_facts
-from titanlite.commands.options import take_options
 from titanlite.components import run_lock
 from titanlite.components.checkpoint import check_resume
 from titanlite.config import parse_config
@@ -52,6 +53,8 @@ PROCESS_RUNTIME_BYTES = GIB // 2
 # own error need the rest. `titanlite plan --headroom 0.1` keeps the same share free.
 WARN_SHARE = 0.9
 SKIP = "skip this check with --training.memory_preflight false"
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -132,7 +135,7 @@ def describe_need(need: tuple[float, float, str], pool: str, device: str) -> str
     )
 
 
-def memory_preflight(cfg, world_size: int, local_ranks: int, say=print) -> None:
+def memory_preflight(cfg, world_size: int, local_ranks: int) -> None:
     """Compare the planner's estimate of each rank's peak with its memory: raise ConfigError when it does
     not fit, warn when it is within 10 % of it, else say the figures. Off with training.memory_preflight."""
     if not cfg.training.memory_preflight:
@@ -166,14 +169,14 @@ def memory_preflight(cfg, world_size: int, local_ranks: int, say=print) -> None:
             + f"; {advice}; or {SKIP}"
         )
     if near:
-        say(
+        logger.warning(
             f"titanlite: warning: memory: {cfg.model.name} {cfg.model.flavor} on {own.name}: "
             + "; and ".join(near)
             + "; the allocator's fragmentation may not fit in the rest (activation_checkpoint.mode full or a lower "
             "training.local_batch_size leaves more room)"
         )
         return
-    say("titanlite: memory: " + "; ".join(parts))
+    logger.info("titanlite: memory: " + "; ".join(parts))
 
 
 def alternative(cfg, facts, own, world_size: int, local_ranks: int, device: str, capacity) -> str:
@@ -235,19 +238,16 @@ def check(argv: list[str]) -> int:
         run_lock.check_free(Path(cfg.job.dump_folder) / cfg.job.name)
     devices.check_local_ranks(local_ranks)
     plan = plan_run(cfg, world_size)
-    tokenizer, corpus = build_data(cfg, verify="sample", say=lambda line: print(line, flush=True))
+    tokenizer, corpus = build_data(cfg, verify="sample")
     for line in corpus.describe(plan.global_batch_size * cfg.training.steps):
-        print(f"titanlite: data: {line}")
-    memory_preflight(cfg, world_size, local_ranks, say=lambda line: print(line, flush=True))
-    check_resume(
-        cfg, run_facts(cfg, tokenizer, corpus), say=lambda line: print(f"titanlite: {line.strip()}", flush=True)
-    )
+        logger.info(f"titanlite: data: {line}")
+    memory_preflight(cfg, world_size, local_ranks)
+    with logs.restyled(lambda line: f"titanlite: {line.strip()}"):  # a run's '  checkpoint: ...', in the check's voice
+        check_resume(cfg, run_facts(cfg, tokenizer, corpus))
     if cfg.validation.enable:
-        windows = build_validation_data(
-            cfg, tokenizer, corpus, verify="sample", say=lambda line: print(line, flush=True)
-        )
-        print(f"titanlite: {describe_validation(cfg, corpus, len(windows), plan.dims.dp)}")
-    print(
+        windows = build_validation_data(cfg, tokenizer, corpus, verify="sample")
+        logger.info(f"titanlite: {describe_validation(cfg, corpus, len(windows), plan.dims.dp)}")
+    logger.info(
         f"titanlite: config ok for {world_size} process(es): {plan.dims.describe()}, "
         f"global batch {plan.global_batch_size}, accumulation {plan.grad_accum_steps}"
     )

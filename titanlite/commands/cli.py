@@ -9,6 +9,7 @@ import os
 import sys
 from pathlib import Path
 
+from titanlite.base import logs
 from titanlite.base.errors import ConfigError
 from titanlite.config import help_text, parse_config, reference_markdown  # torch-free: cheap at start-up
 
@@ -150,6 +151,7 @@ COMMANDS = {
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    logs.set_up()
     command, rest = (argv[0], argv[1:]) if argv else ("help", [])
     if command in COMMANDS:
         try:

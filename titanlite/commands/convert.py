@@ -7,9 +7,9 @@ from pathlib import Path
 
 import torch
 
+from titanlite.base.command_line import take_options
 from titanlite.base.errors import ConfigError
 from titanlite.builder.model import plain_model
-from titanlite.commands.options import take_options
 from titanlite.components.checkpoint import load_model_only, pick_checkpoint, save_model_only
 from titanlite.components.hf_weights import save_hf
 from titanlite.config import parse_config

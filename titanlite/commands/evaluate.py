@@ -7,6 +7,7 @@ torchrun workers, each running this module (`-m titanlite.commands.evaluate`); r
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from titanlite.base.command_line import take_options
 from titanlite.base.devices import check_local_ranks
 from titanlite.base.errors import ConfigError
 from titanlite.builder.data import build_data, build_validation_data, describe_validation
@@ -21,12 +23,13 @@ from titanlite.builder.model import build_rank_model
 from titanlite.builder.plan import plan_run
 from titanlite.builder.run import build_validator, describe_model
 from titanlite.builder.runtime import start_rank
-from titanlite.commands.options import take_options
 from titanlite.commands.worker import exit_from, run_worker
 from titanlite.components.checkpoint import checkpoint_to_load, load_weights
 from titanlite.config import JobConfig, parse_config
 
 OPTIONS = {"ngpu": 1, "output": ""}
+
+logger = logging.getLogger(__spec__.name)  # not __name__: under `python -m` this module is __main__
 
 
 def eval_command(argv: list[str]) -> int:
@@ -39,8 +42,8 @@ def eval_command(argv: list[str]) -> int:
     check_local_ranks(opts["ngpu"])
     plan_run(cfg, opts["ngpu"], evaluation=True)
     checkpoint_to_load(cfg, "evaluate", contents=False)  # its workers verify the contents, sharing the work
-    tokenizer, corpus = build_data(cfg, verify="sample", say=lambda line: print(line, flush=True))
-    build_validation_data(cfg, tokenizer, corpus, verify="sample", say=lambda line: print(line, flush=True))
+    tokenizer, corpus = build_data(cfg, verify="sample")
+    build_validation_data(cfg, tokenizer, corpus, verify="sample")
     if opts["ngpu"] == 1:  # no process group: the worker runs here and returns
         return run_worker(lambda cfg: evaluate(cfg, opts["output"]), rest)
     env = {**os.environ, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
@@ -61,28 +64,26 @@ def eval_command(argv: list[str]) -> int:
 
 def evaluate(cfg: JobConfig, output: str = "") -> dict:
     """One worker of `titanlite eval`: the configured layout's model with a checkpoint's weights, evaluated once."""
-    world_size, rank = int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("RANK", 0))
-    plan, device = start_rank(cfg, world_size, evaluation=True)
-    say = print if rank == 0 else (lambda *a, **k: None)
+    plan, device = start_rank(cfg, int(os.environ.get("WORLD_SIZE", 1)), evaluation=True)
     mesh = plan.dims.build_mesh(device.type)
-    tokenizer, corpus = build_data(cfg, say=say)
-    windows = build_validation_data(cfg, tokenizer, corpus, say=say)
+    tokenizer, corpus = build_data(cfg)
+    windows = build_validation_data(cfg, tokenizer, corpus)
     setup = build_rank_model(cfg, plan, mesh, device, tokenizer.vocab_size)
     validator = build_validator(cfg, plan, setup, mesh, windows)
-    say(
+    logger.info(
         f"titanlite eval: {describe_model(cfg)} on {plan.dims.describe()}; "
         f"{describe_validation(cfg, corpus, len(windows), plan.dims.dp, schedule=False)}"
     )
     path = checkpoint_to_load(cfg, "evaluate")
     load_weights(setup.rank.parts, path)
     result = validator.run()
-    report(result, path, output, say)
+    report(result, path, output)
     return result
 
 
-def report(result: dict, path: Path, output: str, say) -> None:
+def report(result: dict, path: Path, output: str) -> None:
     """Print the figures; rank 0 also writes them to `output` (--output F.json) when one is named."""
-    say(
+    logger.info(
         f"titanlite eval: {path}: val_loss {result['val_loss']:.4f}  val_perplexity {result['val_perplexity']:.2f}  "
         f"val_tokens {result['val_tokens']:,}  ({result['val_seconds']:.1f}s)"
     )

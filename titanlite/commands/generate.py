@@ -16,10 +16,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from titanlite.base.command_line import take_options
 from titanlite.base.devices import uses_cuda
 from titanlite.base.errors import ConfigError
 from titanlite.builder.model import plain_model
-from titanlite.commands.options import take_options
 from titanlite.components.checkpoint import checkpoint_to_load, load_weights
 from titanlite.components.hf_weights import load_hf_into
 from titanlite.config import parse_config

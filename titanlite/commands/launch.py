@@ -26,16 +26,17 @@ import torch.distributed.run as torchrun
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
+from titanlite.base import logs
+from titanlite.base.command_line import TRAIN_WORKER
 from titanlite.base.errors import ConfigError
 from titanlite.base.failures import FAILURE_DIR_ENV, PREFIX, first_failure, latest_failures
 from titanlite.components import run_lock
 from titanlite.config import parse_config
 
-TRAIN_MODULE = "titanlite.commands.train"
-
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    logs.set_up()
     try:
         lock = lock_run_folder(argv)
     except ConfigError as e:
@@ -51,10 +52,10 @@ def main(argv: list[str] | None = None) -> int:
 def lock_run_folder(argv: list[str]) -> run_lock.RunLock | None:
     """The run folder's lock for a training job, shared by the launchers of one multi-node job; None for
     other modules (eval reads a run folder, it does not write one)."""
-    if "-m" not in argv or argv[argv.index("-m") + 1 : argv.index("-m") + 2] != [TRAIN_MODULE]:
+    if "-m" not in argv or argv[argv.index("-m") + 1 : argv.index("-m") + 2] != [TRAIN_WORKER]:
         return None
     cfg = parse_config(argv[argv.index("-m") + 2 :])
-    return run_lock.acquire(Path(cfg.job.dump_folder) / cfg.job.name, job_id(argv), say=print)
+    return run_lock.acquire(Path(cfg.job.dump_folder) / cfg.job.name, job_id(argv))
 
 
 def job_id(argv: list[str]) -> str:

@@ -6,6 +6,7 @@ titanlite.commands.train`, through ./run_train.sh): build every piece (titanlite
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from pathlib import Path
@@ -15,6 +16,8 @@ from titanlite.builder.runtime import start_rank
 from titanlite.commands.measure_memory import measure_peak
 from titanlite.commands.worker import die_with_launcher, exit_from, run_worker
 from titanlite.config import JobConfig, help_text
+
+logger = logging.getLogger(__spec__.name)  # not __name__: under `python -m` this module is __main__
 
 
 def train(cfg: JobConfig) -> None:
@@ -29,11 +32,9 @@ def train(cfg: JobConfig) -> None:
         trainer.train(cfg.training.steps, cfg.training.stop_after_step)
     trainer.checkpointer.close()
     trainer.logger.close()
-    if rank == 0:
-        print(
-            f"  done: {cfg.training.steps} steps; metrics in "
-            f"{Path(cfg.job.dump_folder) / cfg.job.name / 'metrics.jsonl'}"
-        )
+    logger.info(
+        f"  done: {cfg.training.steps} steps; metrics in {Path(cfg.job.dump_folder) / cfg.job.name / 'metrics.jsonl'}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 
+from titanlite.base import logs
 from titanlite.base.failures import record
 from titanlite.config import JobConfig, parse_config
 
@@ -24,6 +25,7 @@ def run_worker(body: Callable[[JobConfig], None], argv: list[str]) -> int:
     the traceback in the run folder. A crash in native code (SIGSEGV, SIGABRT, ...) prints every thread's
     Python stack on stderr first (faulthandler), so the launcher's line can point at it."""
     faulthandler.enable(all_threads=True)
+    logs.set_up(int(os.environ.get("RANK", 0)))
     cfg = None
     try:
         cfg = parse_config(argv)

@@ -10,6 +10,7 @@ under, so a resume can say what changed and refuse what would make the saved sta
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import time
@@ -48,6 +49,8 @@ from titanlite.components.hf_weights import load_hf_into
 from titanlite.components.resume import flat_config, resume_changes
 from titanlite.config import JobConfig
 
+logger = logging.getLogger(__name__)
+
 # In one process DCP warns, at every save and load, that it assumes one process: that is the intent.
 warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
 
@@ -73,7 +76,6 @@ class Checkpointer:
         *,
         tied_copy_parts: set[int],
         facts: dict,
-        say=print,
     ):
         self.job, self.cfg, self.run_dir, self.facts = job, job.checkpoint, run_dir, facts
         self.initial_load_path = initial_weights_path(job)
@@ -85,7 +87,6 @@ class Checkpointer:
         )
         self.tied_copy_parts = tied_copy_parts  # indices of parts holding a tied embedding's copy (PP last stage)
         self.final_step = job.training.stop_after_step or job.training.steps
-        self.say = say
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.world_size = dist.get_world_size() if dist.is_initialized() else 1
         self.pending = None  # (future, tmp, final, meta, start) of an async save in flight
@@ -99,7 +100,7 @@ class Checkpointer:
         if self.mode == "async_with_pinned_mem":
             self.stager = process_saver_stager(pinned=uses_cuda())
             where = "pinned" if uses_cuda() else "shared (pinned memory needs CUDA)"
-            say(
+            logger.info(
                 f"  checkpoint: async_with_pinned_mem: each save is copied to {where} host memory, then written "
                 "by a background process"
             )
@@ -237,7 +238,7 @@ class Checkpointer:
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
-        self.say(f"  checkpoint: saved {final} in {seconds:.1f}s")
+        logger.info(f"  checkpoint: saved {final} in {seconds:.1f}s")
         self.apply_retention()
 
     def apply_retention(self) -> None:
@@ -264,19 +265,19 @@ class Checkpointer:
         if self.cfg.enable and self.cfg.start_from_scratch:
             ignored = complete_steps(self.run_dir)
             if ignored:
-                self.say(
+                logger.info(
                     f"  checkpoint: starting from scratch (checkpoint.start_from_scratch); the run folder's "
                     f"step-{', step-'.join(map(str, ignored))} are not loaded, and saves at their steps replace them"
                 )
         elif self.cfg.enable:
             failed: dict[int, str] = {}  # checkpoints whose files verified but DCP could not load
-            while path := pick_checkpoint(self.run_dir, self.cfg.load_step, self.say, distributed=True, known=failed):
+            while path := pick_checkpoint(self.run_dir, self.cfg.load_step, distributed=True, known=failed):
                 try:
                     return self.load_dcp(path, train_state)
                 except UnloadableCheckpoint as e:
                     if self.cfg.load_step != -1:  # the one asked for: no other will do
                         raise
-                    self.say(f"  checkpoint: WARNING skipping {path}: {e.reason}")
+                    logger.warning(f"  checkpoint: WARNING skipping {path}: {e.reason}")
                     failed[int(path.name.removeprefix("step-"))] = e.reason
         if self.initial_load_path:
             self.load_initial(Path(self.initial_load_path))
@@ -295,7 +296,7 @@ class Checkpointer:
         self.apply(state)
         if "train_state" in state:
             train_state.update(state["train_state"])
-        self.say(
+        logger.info(
             f"  checkpoint: resumed from {path}"
             + (" (model weights only)" if meta["model_only"] else f" at step {meta['step']}")
         )
@@ -303,9 +304,9 @@ class Checkpointer:
 
     def check_resume(self, path: Path, meta: dict, excluded: set[str]) -> None:
         """Refuse what would make the saved state wrong; say what else changed since the save."""
-        changes = changes_since(path, meta, self.job, self.facts, excluded, self.say)
+        changes = changes_since(path, meta, self.job, self.facts, excluded)
         if changes:
-            self.say(
+            logger.info(
                 f"  resume: changed since {path.name}, in effect from step {meta['step'] + 1}: " + ", ".join(changes)
             )
 
@@ -340,7 +341,7 @@ class Checkpointer:
         """Start from given weights: a DCP checkpoint folder, or a Hugging Face folder (config.json)."""
         load_weights(self.model_parts, path)
         kind = "the Hugging Face folder " if (path / "config.json").is_file() else ""
-        self.say(f"  checkpoint: initial weights from {kind}{path}")
+        logger.info(f"  checkpoint: initial weights from {kind}{path}")
 
 
 def excluded_parts(cfg, meta: dict) -> set[str]:
@@ -352,11 +353,11 @@ def excluded_parts(cfg, meta: dict) -> set[str]:
     return excluded
 
 
-def changes_since(path: Path, meta: dict, job: JobConfig, facts: dict, excluded: set[str], say=print) -> list[str]:
+def changes_since(path: Path, meta: dict, job: JobConfig, facts: dict, excluded: set[str]) -> list[str]:
     """resume_changes against the config a checkpoint was saved under (checkpoints saved without one cannot be
     checked: said once)."""
     if "config" not in meta:
-        say(
+        logger.warning(
             f"  checkpoint: {path} was saved without its config (by an earlier titanlite): changed settings cannot "
             "be checked against it"
         )
@@ -364,16 +365,16 @@ def changes_since(path: Path, meta: dict, job: JobConfig, facts: dict, excluded:
     return resume_changes(meta["config"], meta.get("facts", {}), job, facts, excluded, path.name)
 
 
-def check_resume(job: JobConfig, facts: dict, say=print) -> None:
+def check_resume(job: JobConfig, facts: dict) -> None:
     """Before launch (`titanlite check`): the checkpoint a run would resume from exists and is complete, and its
     config allows this one; its files' checksums are left to the workers, who share that work."""
     c = job.checkpoint
     if not c.enable or c.start_from_scratch:
         return
-    path = pick_checkpoint(Path(job.job.dump_folder) / job.job.name, c.load_step, say, contents=False)
+    path = pick_checkpoint(Path(job.job.dump_folder) / job.job.name, c.load_step, contents=False)
     if path is not None:
         meta = read_marker(path)
-        changes_since(path, meta, job, facts, excluded_parts(c, meta), say)
+        changes_since(path, meta, job, facts, excluded_parts(c, meta))
 
 
 class UnloadableCheckpoint(ConfigError):

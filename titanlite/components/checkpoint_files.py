@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import torch.distributed as dist
@@ -28,6 +28,8 @@ METADATA = ".metadata"
 RANK_CHECKSUMS = ".checksums-rank{rank}.json"
 # How long rank 0 waits for another rank's checksums once its own part of a save is written.
 CHECKSUM_WAIT_SECONDS = 600.0
+
+logger = logging.getLogger(__name__)
 
 
 def step_dir(run_dir: Path, step: int) -> Path:
@@ -157,7 +159,6 @@ def agreed_problem(path: Path, distributed: bool, contents: bool = True) -> str 
 def pick_checkpoint(
     run_dir: Path,
     load_step: int,
-    say: Callable[[str], None] = print,
     *,
     distributed: bool = False,
     contents: bool = True,
@@ -181,7 +182,7 @@ def pick_checkpoint(
         if problem is None:
             return path
         if step not in known:
-            say(f"  checkpoint: WARNING skipping {path}: {problem}")
+            logger.warning(f"  checkpoint: WARNING skipping {path}: {problem}")
         skipped.append(f"step-{step}: {problem}")
     if skipped:
         raise ConfigError(

@@ -6,6 +6,7 @@ One console line per log step; the same figures go to metrics.jsonl and, when en
 from __future__ import annotations
 
 import json
+import logging
 import resource
 import sys
 import time
@@ -15,6 +16,8 @@ from pathlib import Path
 
 import torch
 import torch.nn as nn
+
+logger = logging.getLogger(__name__)
 
 # Dense bf16 tensor-core peak of one device, in TFLOP/s (vendor data sheets, without sparsity).
 # Matched against torch.cuda.get_device_name(); the first matching entry wins, so specific names come first.
@@ -141,7 +144,7 @@ class MetricsLogger:
         if not self.active:
             return
         record = {**record, "elapsed_s": round(time.perf_counter() - self.start, 3)}
-        print(format_line(record), flush=True)
+        logger.info(format_line(record))
         self.jsonl.write(json.dumps(record) + "\n")
         self.jsonl.flush()
         if self.tb is not None:

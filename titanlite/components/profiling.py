@@ -10,6 +10,7 @@ the allocator's history is recorded from the first step and a snapshot is writte
 
 from __future__ import annotations
 
+import logging
 import pickle
 import warnings
 from collections.abc import Callable
@@ -22,6 +23,8 @@ from titanlite.base.errors import ConfigError
 from titanlite.config import Profiling
 
 MEMORY_HISTORY_ENTRIES = 100_000
+
+logger = logging.getLogger(__name__)
 
 
 def check_profiling(cfg: Profiling) -> None:
@@ -39,14 +42,12 @@ def check_profiling(cfg: Profiling) -> None:
 class Profiler:
     """Context manager around the training loop; call step() after every training step."""
 
-    def __init__(
-        self, cfg: Profiling, run_dir: Path, rank: int, device: torch.device, current_step: Callable[[], int], say=print
-    ):
+    def __init__(self, cfg: Profiling, run_dir: Path, rank: int, device: torch.device, current_step: Callable[[], int]):
         self.folder = run_dir / cfg.save_traces_folder
-        self.rank, self.device, self.current_step, self.say = rank, device, current_step, say
+        self.rank, self.device, self.current_step = rank, device, current_step
         self.snapshots = cfg.enable_memory_snapshot and device.type == "cuda"
         if cfg.enable_memory_snapshot and not self.snapshots:
-            say("  profiling: memory snapshots need CUDA; this run records traces only")
+            logger.warning("  profiling: memory snapshots need CUDA; this run records traces only")
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
         warmup = 1
         # torch warns that each window's events are cleared after it is written, which is the intent.
@@ -82,5 +83,4 @@ class Profiler:
         if self.snapshots:
             with open(window / f"rank{self.rank}_memory_snapshot.pickle", "wb") as f:
                 pickle.dump(torch.cuda.memory._snapshot(), f)
-        if self.rank == 0:
-            self.say(f"  profiling: wrote {window}")
+        logger.info(f"  profiling: wrote {window}")

@@ -4,15 +4,19 @@ prove that a killed worker's job resumes exactly (the exceptions they end in are
 from __future__ import annotations
 
 import ctypes
+import logging
 import math
 import os
 import signal
-import sys
 import time
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+
+from titanlite.base.logs import EVERY_RANK
+
+logger = logging.getLogger(__name__)
 
 
 class StopOnSignal:
@@ -38,10 +42,12 @@ class StopOnSignal:
         if self.signum and time.monotonic() - self.first_at < 3.0:
             return
         if self.signum:
-            print(f"titanlite: second {signal.Signals(signum).name}: leaving now", file=sys.stderr, flush=True)
+            logger.error(f"titanlite: second {signal.Signals(signum).name}: leaving now", extra=EVERY_RANK)
             os._exit(128 + signum)
         self.signum, self.first_at = signum, time.monotonic()
-        print(f"titanlite: {signal.Signals(signum).name}: finishing this step, then saving a checkpoint", flush=True)
+        logger.warning(
+            f"titanlite: {signal.Signals(signum).name}: finishing this step, then saving a checkpoint", extra=EVERY_RANK
+        )
 
     def requested(self) -> int:
         """Called after every step: the signal every rank agrees on (0: keep going)."""
@@ -101,14 +107,16 @@ class Faults:
 
     def after_step(self, step: int) -> None:
         if step == self.kill_step:
-            print(f"titanlite: fault injection: killing this rank after step {step}", flush=True)
+            logger.warning(f"titanlite: fault injection: killing this rank after step {step}", extra=EVERY_RANK)
             os.kill(os.getpid(), signal.SIGKILL)
         if step == self.error_step:
             raise RuntimeError(f"fault injection: an error after step {step}")
         if step == self.oom_step:
             raise torch.OutOfMemoryError(f"fault injection: out of memory after step {step} (simulated)")
         if step == self.segv_step:
-            print(f"titanlite: fault injection: a null read in native code after step {step}", flush=True)
+            logger.warning(
+                f"titanlite: fault injection: a null read in native code after step {step}", extra=EVERY_RANK
+            )
             ctypes.string_at(0)
 
     def loss_scale(self, step: int) -> float:

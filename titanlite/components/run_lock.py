@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,8 @@ from pathlib import Path
 from titanlite.base.errors import ConfigError
 
 LOCK_FILE = ".lock"
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -36,7 +39,7 @@ class RunLock:
             self.path.unlink(missing_ok=True)
 
 
-def acquire(run_dir: Path, job: str, say: Callable[[str], None] = print) -> RunLock:
+def acquire(run_dir: Path, job: str) -> RunLock:
     """Take the run folder's lock for `job` (launchers of one multi-node job pass the same id and share it),
     making the folder if needed; ConfigError when another job holds it."""
     try:
@@ -56,7 +59,7 @@ def acquire(run_dir: Path, job: str, say: Callable[[str], None] = print) -> RunL
                 if holder.get("job") == job:
                     return RunLock(path, holder, mine=False)
                 if holder.get("host") == me["host"] and not _alive(holder.get("pid")):
-                    say(
+                    logger.warning(
                         f"titanlite: note: {path} was left by a job that is gone (pid {holder.get('pid')}, started "
                         f"{holder.get('started', '?')}); taking it over"
                     )

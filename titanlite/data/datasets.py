@@ -4,7 +4,6 @@ order in which global samples visit them (`Corpus`: what the loader needs from t
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -186,11 +185,10 @@ def build_corpus(
     shuffle: bool = True,
     *,
     holdout: float = 0.0,
-    say: Callable[[str], None] | None = None,
 ) -> Corpus:
     """Open (preparing where needed) each source's store, hold out the last `holdout` of each but of those
     that hold back validation files of their own, and lay the remaining windows out in sample order."""
-    stores = [stores.open(source, tokenizer, say=say) for source, _ in sources]
+    stores = [stores.open(source, tokenizer) for source, _ in sources]
     split = [split_point(store, tokenizer.eot_id, 0.0 if store.held_files else holdout) for store in stores]
     parts = [PackedWindows(store, seq_len, stop=at) for store, at in zip(stores, split)]
     if len(sources) == 1:

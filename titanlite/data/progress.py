@@ -2,46 +2,46 @@
 
 from __future__ import annotations
 
-import sys
+import logging
 import time
-from collections.abc import Callable
+
+from titanlite.base.logs import StatusLine
 
 LOG_EVERY_SECONDS = 15.0
 
+logger = logging.getLogger(__name__)
+
 
 class Progress:
-    """Documents, MB read, tokens/s and ETA of one build. `say` prints a line (None: stay quiet); on a
-    terminal the bar is redrawn in place on stderr instead."""
+    """Documents, MB read, tokens/s and ETA of one build, as a line every LOG_EVERY_SECONDS; on a terminal the
+    bar is redrawn in place on stderr instead."""
 
-    def __init__(self, label: str, total_bytes: int, say: Callable[[str], None] | None, done_bytes: int = 0) -> None:
-        self.label, self.total_bytes, self.say = label, total_bytes, say
+    def __init__(self, label: str, total_bytes: int, done_bytes: int = 0) -> None:
+        self.label, self.total_bytes = label, total_bytes
         self.done_bytes = done_bytes  # counted as read, but not in the speed
         self.bytes = self.tokens = self.documents = 0
         self.start = self.last_line = time.perf_counter()
-        self.live = say is not None and sys.stderr.isatty()
+        self.bar = StatusLine()
 
     def note(self, text: str) -> None:
-        if self.say is not None:
-            self.say(f"  prepare {self.label}: {text}")
+        logger.info(f"  prepare {self.label}: {text}")
 
     def update(self, nbytes: int, tokens: int, documents: int) -> None:
         self.bytes += nbytes
         self.tokens += tokens
         self.documents += documents
         now = time.perf_counter()
-        if self.live:
-            sys.stderr.write("\r" + self.line() + "\033[K")
-            sys.stderr.flush()
-        elif self.say is not None and now - self.last_line >= LOG_EVERY_SECONDS:
-            self.say("  " + self.line())
+        if self.bar.live:
+            self.bar.show(self.line())
+        elif now - self.last_line >= LOG_EVERY_SECONDS:
+            logger.info("  " + self.line())
             self.last_line = now
 
     def finish(self) -> None:
-        if self.live:
-            sys.stderr.write("\r\033[K")
-            sys.stderr.flush()
-        if self.say is not None and self.bytes:
-            self.say("  " + self.line(final=True))
+        if self.bar.live:
+            self.bar.clear()
+        if self.bytes:
+            logger.info("  " + self.line(final=True))
 
     def line(self, final: bool = False) -> str:
         elapsed = max(time.perf_counter() - self.start, 1e-9)

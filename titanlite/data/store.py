@@ -17,7 +17,7 @@ import json
 import multiprocessing
 import os
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
@@ -132,7 +132,6 @@ def open_store(
     verify: str = "stat",
     workers: int = 0,
     shard_bytes: int = DEFAULT_SHARD_BYTES,
-    say: Callable[[str], None] | None = None,
     rebuild: bool = False,
 ) -> TokenStore:
     """The tokens of `source`: its prepared store when that is current (checked by `verify`), else built
@@ -161,7 +160,7 @@ def open_store(
                 _clear(folder)
             if store is None:
                 files = stdlib_files() if source.kind == "stdlib" else listing.files() if listing else []
-                build_store(folder, source, files, tokenizer, shard_bytes, workers, say, listing)
+                build_store(folder, source, files, tokenizer, shard_bytes, workers, listing)
                 store = _open_if_current(folder, source, listing, "sample")
             if store is None:
                 raise ConfigError(f"{source.description} changed while it was being prepared; run the command again")
@@ -181,9 +180,7 @@ class StoreOptions:
     workers: int = 0
     shard_bytes: int = DEFAULT_SHARD_BYTES
 
-    def open(
-        self, source: Source, tokenizer: Tokenizer, say: Callable[[str], None] | None = None, rebuild: bool = False
-    ) -> TokenStore:
+    def open(self, source: Source, tokenizer: Tokenizer, rebuild: bool = False) -> TokenStore:
         return open_store(
             source,
             tokenizer,
@@ -191,7 +188,6 @@ class StoreOptions:
             verify=self.verify,
             workers=self.workers,
             shard_bytes=self.shard_bytes,
-            say=say,
             rebuild=rebuild,
         )
 
@@ -284,7 +280,6 @@ def build_store(
     tokenizer: Tokenizer,
     shard_bytes: int,
     workers: int,
-    say: Callable[[str], None] | None,
     listing: Listing | None = None,
 ) -> dict:
     """Tokenise `source` into `folder`, reusing every shard an earlier (possibly interrupted) build
@@ -294,14 +289,14 @@ def build_store(
         stale.unlink(missing_ok=True)
     done = _finished_shards(folder, dtype)
     if source.kind == "hub":
-        shards = _build_hub(folder, source, tokenizer, dtype, done, say)
+        shards = _build_hub(folder, source, tokenizer, dtype, done)
         recorded = []
     else:
         # The full hash (about a second per GB) lets data.verify_sources tell a same-size, same-mtime edit.
         recorded = [
             {**f.as_record(), "fingerprint": fingerprint(f.path, f.size), "sha256": full_hash(f.path)} for f in files
         ]
-        shards = _build_pieces(folder, source, files, recorded, tokenizer, dtype, shard_bytes, workers, done, say)
+        shards = _build_pieces(folder, source, files, recorded, tokenizer, dtype, shard_bytes, workers, done)
     documents = sum(s["documents"] for s in shards)
     if documents == 0:
         raise ConfigError(
@@ -359,7 +354,7 @@ def _piece_key(tokenizer: Tokenizer, dtype: str, spans: list[Span], recorded: di
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
 
-def _build_pieces(folder, source, files, recorded, tokenizer, dtype, shard_bytes, workers, done, say) -> list[dict]:
+def _build_pieces(folder, source, files, recorded, tokenizer, dtype, shard_bytes, workers, done) -> list[dict]:
     by_path = {r["path"]: r for r in recorded}
     pieces = plan_pieces(files, shard_bytes, field=source.text_field)
     keys = [_piece_key(tokenizer, dtype, spans, by_path) for spans in pieces]
@@ -368,7 +363,6 @@ def _build_pieces(folder, source, files, recorded, tokenizer, dtype, shard_bytes
     progress = Progress(
         source.description,
         total_bytes=sum(s.nbytes for spans in pieces for s in spans),
-        say=say,
         done_bytes=sum(shards[k]["bytes"] for k in shards),
     )
     if shards and todo:
@@ -480,9 +474,7 @@ def _with_bos(
     return parts
 
 
-def _build_hub(
-    folder: Path, source: Source, tokenizer: Tokenizer, dtype: str, done: dict[str, dict], say
-) -> list[dict]:
+def _build_hub(folder: Path, source: Source, tokenizer: Tokenizer, dtype: str, done: dict[str, dict]) -> list[dict]:
     """Stream a hub dataset into shards of HUB_PIECE_DOCUMENTS documents; a rerun skips finished shards."""
     name = source.location
 
@@ -493,7 +485,7 @@ def _build_hub(
     shards = []
     while key(len(shards)) in done:
         shards.append(done[key(len(shards))])
-    progress = Progress(source.description, total_bytes=0, say=say)
+    progress = Progress(source.description, total_bytes=0)
     documents = hub_documents(source, skip=sum(s["documents"] for s in shards))
     with open(folder / JOURNAL, "a") as journal:
         while chunk := list(islice(documents, HUB_PIECE_DOCUMENTS)):

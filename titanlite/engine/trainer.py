@@ -12,6 +12,7 @@ update was already skipped on the device (the fused AdamW's found_inf), and it i
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import time
 from collections.abc import Callable
@@ -30,6 +31,8 @@ from titanlite.components.loss import cross_entropy
 from titanlite.components.metrics import MetricsLogger, Throughput, peak_memory_gib, reset_peak_memory
 from titanlite.components.optim import clip_grad_norm_
 from titanlite.components.resilience import Faults, StopOnSignal, set_train_timeout
+
+logger = logging.getLogger(__name__)
 
 
 class StepRecords:
@@ -243,8 +246,7 @@ class Trainer:
             raise NonFiniteLoss(f"loss {loss} / grad norm {norm} at step {step} is not finite")
         for step, loss, norm in bad:
             self.skipped_steps.append(step)
-            if self.logger.active:
-                print(f"titanlite: step {step}: loss {loss}, grad norm {norm}; its update was skipped", flush=True)
+            logger.warning(f"titanlite: step {step}: loss {loss}, grad norm {norm}; its update was skipped")
         return records
 
     def after_step(self, first: bool) -> None:

@@ -30,11 +30,11 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from titanlite.base.command_line import take_options
 from titanlite.base.errors import ConfigError
 from titanlite.builder.data import build_data
 from titanlite.builder.run import build_trainer
 from titanlite.builder.runtime import start_rank
-from titanlite.commands.options import take_options
 from titanlite.components.metrics import peak_memory_gib, reset_peak_memory
 from titanlite.components.optim import implementation
 from titanlite.config import parse_config

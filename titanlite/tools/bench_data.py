@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import json
+import logging
 import os
 import re
 import shutil
@@ -35,8 +36,9 @@ from pathlib import Path
 
 import numpy as np
 
+from titanlite.base.command_line import CLI, take_options
 from titanlite.base.errors import ConfigError
-from titanlite.commands.options import take_options
+from titanlite.base.logs import STDERR
 from titanlite.data.sources import Source, stdlib_files
 from titanlite.data.store import open_store, read_manifest, store_folder
 from titanlite.data.tokenizer import GPT2Tokenizer, gpt2_encoding
@@ -57,6 +59,8 @@ GENERATOR = "titanlite-bench-data-v1"  # bump when the generated text changes, s
 WORDS_PER_DOC, VOCAB_WORDS, DOCS_PER_CHUNK = (200, 4000), 5000, 64
 BATCH_DOCS, OPEN_REPEATS, ZST_SHARDS = 1000, 7, 8
 SAMPLE_SECONDS, SCAN_SECONDS = 0.02, 0.25
+logger = logging.getLogger(__name__)
+
 # The prepared-store issue's targets.
 MIN_RATIO, MAX_STARTUP_EXCESS_S, MAX_PEAK_MIB, MAX_PEAK_GROWTH = 0.8, 1.5, 1024, 1.10
 
@@ -122,7 +126,7 @@ def bench_size(mb: int, folder: Path, workers: int, repeats: int) -> dict:
     prep = run_measured(cli("prepare", *data, *(["--workers", str(workers)] if workers >= 0 else [])))
     raw_after, cores_after = raw_tokens_per_s(texts)[1], raw_tokens_per_s(texts, cores)[1]
     del texts
-    say(
+    note(
         f"{mb} MiB: raw {raw_before:,.0f} then {raw_after:,.0f} tokens/s ({cores} threads: {cores_before:,.0f} then "
         f"{cores_after:,.0f}); prepare {prep['seconds']:.1f} s"
     )
@@ -159,8 +163,8 @@ def bench_size(mb: int, folder: Path, workers: int, repeats: int) -> dict:
     }
 
 
-def say(line: str) -> None:
-    print(f"bench data: {line}", file=sys.stderr, flush=True)
+def note(line: str) -> None:
+    logger.info(f"bench data: {line}", extra=STDERR)  # stdout is the report's
 
 
 # ----------------------------------------------------------------------------------------------
@@ -179,7 +183,7 @@ def make_corpus(folder: Path, mb: int) -> tuple[Path, int]:
         pass
     start = time.perf_counter()
     nbytes, documents = write_corpus(path, mb * 2**20)
-    say(f"generated {nbytes / 2**20:,.0f} MiB, {documents:,} documents, in {time.perf_counter() - start:.1f} s")
+    note(f"generated {nbytes / 2**20:,.0f} MiB, {documents:,} documents, in {time.perf_counter() - start:.1f} s")
     record_path.write_text(json.dumps({**want, "bytes": nbytes, "documents": documents}))
     return path, documents
 
@@ -243,7 +247,7 @@ def raw_tokens_per_s(texts: list[str], threads: int | None = None) -> tuple[int,
 
 
 def cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "titanlite.commands.cli", *args]
+    return [sys.executable, "-m", CLI, *args]
 
 
 def run_measured(cmd: list[str]) -> dict:
@@ -342,7 +346,7 @@ def bench_compressed(row: dict, folder: Path, workers: int) -> dict:
         for i in range(0, len(zst), 2**24)
     )
     rate = len(zst) / prep["seconds"]
-    say(f"{row['mib']} MiB as .jsonl.zst: prepare {prep['seconds']:.1f} s ({rate:,.0f} tokens/s)")
+    note(f"{row['mib']} MiB as .jsonl.zst: prepare {prep['seconds']:.1f} s ({rate:,.0f} tokens/s)")
     return {
         "zst_bytes": sum(p.stat().st_size for p in shards.glob("*.zst")),
         "zst_prepare_seconds": prep["seconds"],
@@ -388,7 +392,7 @@ def bench_many_files(count: int, folder: Path) -> dict:
     source, tokenizer = Source("local", str(root), "training.dataset_path"), GPT2Tokenizer()
     rank_ms, check_ms = (timed_open(source, tokenizer, cache, verify) for verify in ("stat", "sample"))
     store = store_folder(cache, source, tokenizer)
-    say(f"{count:,} files: prepare {prep['seconds']:.1f} s, rank open {rank_ms:.1f} ms, check open {check_ms:.1f} ms")
+    note(f"{count:,} files: prepare {prep['seconds']:.1f} s, rank open {rank_ms:.1f} ms, check open {check_ms:.1f} ms")
     return {
         "files": count,
         "prepare_seconds": prep["seconds"],

@@ -16,6 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from titanlite.base.command_line import LAUNCHER, TRAIN_WORKER, take_options
 from titanlite.base.devices import check_local_ranks, uses_cuda
 from titanlite.base.errors import ConfigError
 from titanlite.base.failures import reason_in
@@ -34,7 +35,6 @@ from titanlite.builder.estimate import (
 )
 from titanlite.builder.layouts import Layout, layout_of
 from titanlite.builder.model_facts import ModelFacts, model_facts
-from titanlite.commands.options import take_options
 from titanlite.config import parse_config
 
 USAGE = """usage: titanlite plan [--config FILE] [--ngpu N] [--nnodes M] [--gpu-mem-gib G]
@@ -162,12 +162,12 @@ def measure_layout(cfg, argv: list[str], lay: Layout, facts: ModelFacts, s: Sett
     cmd = [
         sys.executable,
         "-m",
-        "titanlite.commands.launch",
+        LAUNCHER,
         "--standalone",
         f"--nproc-per-node={world}",
         f"--log-dir={Path(folder) / 'logs'}",
         "-m",
-        "titanlite.commands.train",
+        TRAIN_WORKER,
         *argv,
         "--training.steps",
         "3",
@@ -186,7 +186,7 @@ def measure_layout(cfg, argv: list[str], lay: Layout, facts: ModelFacts, s: Sett
     env.setdefault("OMP_NUM_THREADS", "1")
     print(f"measure: 3 steps of {lay.name} on {world} process(es) ...", flush=True)
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    if proc.returncode != 0:  # the worker's own line (titanlite/commands/launch.py), and its exit status
+    if proc.returncode != 0:  # the worker's own line (the launcher's last), and its exit status
         reason = reason_in(proc.stderr).removeprefix("titanlite: error: ")
         print(
             f"titanlite: error: plan --measure: the measured run failed: {reason} (its output: {folder})",

@@ -7,10 +7,11 @@ first `./run_train.sh` would otherwise do it before launch), or again after the 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 
+from titanlite.base.command_line import take_options
 from titanlite.builder.data import store_options, training_sources
-from titanlite.commands.options import take_options
 from titanlite.config import parse_config
 from titanlite.data.store import describe
 from titanlite.data.tokenizer import build_tokenizer
@@ -22,6 +23,8 @@ USAGE = """usage: titanlite prepare [--config FILE] [--workers N] [--rebuild] [-
 Sources are training.dataset / dataset_path, or every entry of training.dataset_mixture. A store is
 reused when each source file's size, mtime and sampled fingerprint match (every byte, with
 --data.verify_sources)."""
+
+logger = logging.getLogger(__name__)
 
 
 def prepare(argv: list[str]) -> int:
@@ -37,11 +40,7 @@ def prepare(argv: list[str]) -> int:
     sources = training_sources(cfg)
     for source, _ in sources:
         start = time.perf_counter()
-        store = options.open(source, tokenizer, say=say, rebuild=opts["rebuild"])
+        store = options.open(source, tokenizer, rebuild=opts["rebuild"])
         where = f" in {store.path}" if store.path else " (read in place)"
-        print(f"titanlite: prepared {describe(store)}{where} ({time.perf_counter() - start:.1f} s)")
+        logger.info(f"titanlite: prepared {describe(store)}{where} ({time.perf_counter() - start:.1f} s)")
     return 0
-
-
-def say(line: str) -> None:
-    print(line, flush=True)

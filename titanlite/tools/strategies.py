@@ -24,11 +24,11 @@ from pathlib import Path
 
 import torch
 
+from titanlite.base.command_line import LAUNCHER, TRAIN_WORKER, take_options
 from titanlite.base.devices import uses_cuda
 from titanlite.base.errors import ConfigError
 from titanlite.base.failures import reason_in
 from titanlite.builder.plan import plan_run
-from titanlite.commands.options import take_options
 from titanlite.config import parse_config
 from titanlite.tools.analyze import analyze, write_results
 
@@ -120,17 +120,17 @@ def strategies_for(n: int, base_args: list[str]) -> list[Strategy]:
 def launch(
     ranks: int, args: list[str], run_root: Path, name: str, timeout: float = 3600
 ) -> subprocess.CompletedProcess:
-    """One training job: torchrun (titanlite.commands.launch) of titanlite.commands.train with `ranks` processes,
+    """One training job: torchrun (LAUNCHER) of TRAIN_WORKER with `ranks` processes,
     run folder run_root/name; a failure ends its stderr with the worker's one-line reason."""
     cmd = [
         sys.executable,
         "-m",
-        "titanlite.commands.launch",
+        LAUNCHER,
         "--standalone",
         f"--nproc-per-node={ranks}",
         f"--log-dir={run_root / name / 'torchrun_logs'}",
         "-m",
-        "titanlite.commands.train",
+        TRAIN_WORKER,
         *args,
         "--job.dump_folder",
         str(run_root),

@@ -1,8 +1,14 @@
-"""Options of the commands: `--name value` pairs taken out of argv before the rest is parsed as config overrides."""
+"""The command line below the entry points: a command's own `--name value` options, taken out of argv before the
+rest is parsed as config overrides, and the entry points' module names, for the tools that start them as processes."""
 
 from __future__ import annotations
 
 from titanlite.base.errors import ConfigError
+
+# `python -m` names of the entry points (titanlite/commands/) that tools start as processes.
+CLI = "titanlite.commands.cli"
+LAUNCHER = "titanlite.commands.launch"  # torchrun with one-line failures; takes `-m WORKER` and its arguments
+TRAIN_WORKER = "titanlite.commands.train"
 
 
 def take_options(argv: list[str], defaults: dict[str, object], command: str) -> tuple[dict, list[str]]:
