@@ -7,26 +7,13 @@ import sys
 
 import pytest
 
+from tests.distributed.test_model_families import LAYOUTS as FAMILY_LAYOUTS
 from tests.helpers import REPO, TINY, assert_matches, env, metrics, torchrun
 
 pytestmark = pytest.mark.distributed
 
 FAMILY = ["--model.custom_import", "tests.families.relu2", "--model.name", "relu2", "--model.flavor", "debug"]
-LAYOUTS = {
-    "single": (1, ["--training.local_batch_size", "8"]),
-    "fsdp2": (2, ["--training.local_batch_size", "4"]),
-    "tp2": (
-        2,
-        [
-            "--training.local_batch_size",
-            "8",
-            "--parallelism.tensor_parallel_degree",
-            "2",
-            "--parallelism.data_parallel_shard_degree",
-            "1",
-        ],
-    ),
-}
+LAYOUTS = {"single": (1, ["--training.local_batch_size", "8"]), **FAMILY_LAYOUTS}
 
 
 def run(layout: str, run_dir, *extra: str):

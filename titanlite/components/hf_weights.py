@@ -33,6 +33,8 @@ def _dtype_name(dtype: torch.dtype) -> str:
 def _names(args):
     """The family's weight-name module (its spec's hf_weights): hf_sources, hf_keys, to_hf, from_hf_tensor."""
     spec = spec_of(args)
+    if not spec.hf_weights:
+        raise ConfigError(f"model.name={spec.name!r} has no Hugging Face weight names to import or export")
     return spec.load(spec.hf_weights)
 
 

@@ -161,6 +161,9 @@ def clip_grad_norm_(params: list[nn.Parameter], max_norm: float, *, norm_params=
     return total
 
 
+_PARTIAL_OPS = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+
+
 @torch.no_grad()
 def reduce_partial_grads(params: list[nn.Parameter]) -> None:
     """Sum each pending partial gradient over its mesh dimension, one all-reduce per dimension for all of them.
@@ -183,9 +186,9 @@ def reduce_partial_grads(params: list[nn.Parameter]) -> None:
         settled = list(placements)
         for dim, placement in enumerate(placements):
             if placement.is_partial():
-                if placement.reduce_op not in ("sum", "avg"):
-                    raise NotImplementedError(f"a gradient with {placement}: only sum and avg partials are reduced")
-                dist.all_reduce(flat, group=mesh.get_group(dim))  # gloo has no AVG: sum, then divide
+                # gloo has no AVG: sum, then divide. DTensor's other partials are max and min.
+                op = _PARTIAL_OPS[placement.reduce_op]
+                dist.all_reduce(flat, op=op, group=mesh.get_group(dim))
                 if placement.reduce_op == "avg":
                     flat /= mesh.size(dim)
                 settled[dim] = Replicate()

@@ -40,7 +40,7 @@ class ModelSpec:
     flavors: dict[str, Any]
     model: str
     tp_plan: str
-    hf_weights: str
+    hf_weights: str  # "" for a family with no Hugging Face counterpart
     tp_split_sizes: Callable[[Any], dict[str, int]]
     hf: HFConfig | None = None
     tp_refusal: Callable[[Any], str | None] = lambda args: None

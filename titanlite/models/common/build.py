@@ -17,7 +17,8 @@ def build_model(name: str, flavor: str, vocab_size: int, max_seq_len: int, n_lay
 
 def model_from_args(args) -> Decoder:
     """The family's module (its spec's `model`) built from its arguments."""
-    return spec_of(args).load(spec_of(args).model)(args)
+    spec = spec_of(args)
+    return spec.load(spec.model)(args)
 
 
 def configured_args(model_cfg, vocab_size: int, seq_len: int):
