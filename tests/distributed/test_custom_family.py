@@ -31,6 +31,7 @@ def single(tmp_path_factory):
     return metrics(run_dir)
 
 
+@pytest.mark.slow  # five runs: CI runs it; the plan test below stays in the default suite
 def test_a_family_defined_outside_titanlite_trains_on_fsdp_and_tp_and_resumes(tmp_path, single):
     run("fsdp2", tmp_path / "fsdp2", "--checkpoint.enable", "--training.stop_after_step", "3")
     proc = run("fsdp2", tmp_path / "fsdp2", "--checkpoint.enable")

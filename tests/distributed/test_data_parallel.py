@@ -43,7 +43,7 @@ def test_layout_matches_single_device(tmp_path, reference, name, nproc, args):
 @pytest.mark.parametrize(
     "name, nproc, args",
     [
-        ("single_process", 1, []),
+        pytest.param("single_process", 1, [], marks=pytest.mark.slow),  # DDP x 2 stays in the default suite
         pytest.param("zero3", 2, [], marks=pytest.mark.slow),
         (
             "ddp",

@@ -16,13 +16,13 @@ SCHEDULES = ["GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBu
 PP2 = ["--parallelism.pipeline_parallel_degree", "2", "--parallelism.pipeline_parallel_microbatch_size", "2"]
 
 
-# Four schedules for GPT-2 in the default suite (the V-shaped ones and LoopedBFS are slow, run by CI); for
+# Three schedules for GPT-2 in the default suite (the V-shaped ones and LoopedBFS are slow, run by CI); for
 # Llama two of them there and the rest marked slow.
 # On torch 2.11 the V-shaped schedules are refused before launch (tests/unit/test_pipeline_plan.py).
 OLD_TORCH = pytest.mark.skipif(not V_SHAPED_RUN, reason="V-shaped schedules are refused on this torch (2.11)")
 CASES = [
     ("gpt2", s)
-    if s in ("GPipe", "1F1B", "Interleaved1F1B", "InterleavedZeroBubble")
+    if s in ("1F1B", "Interleaved1F1B", "InterleavedZeroBubble")
     else pytest.param("gpt2", s, marks=[pytest.mark.slow, *([OLD_TORCH] if s in V_SHAPED else [])])
     for s in SCHEDULES
 ] + [
