@@ -45,7 +45,7 @@ def plain(tmp_path_factory):
 # and PP x 2's full AC among them: they re-run the same block wrapper under a TP plan or in a stage) slow.
 AC_CASES = [
     (layout, mode)
-    if (layout == "single" and mode != "selective_layer") or (mode == "full" and layout == "fsdp2")
+    if mode == "full" and layout in ("single", "fsdp2")  # the rest are slow (CI runs them)
     else pytest.param(layout, mode, marks=pytest.mark.slow)
     for layout in LAYOUTS
     for mode in ("full", "selective_layer", "selective_op")

@@ -19,7 +19,7 @@ LAYOUTS = {
 CASES = [
     pytest.param("llama", "fsdp2", id="llama-fsdp2"),
     pytest.param("llama", "tp2", id="llama-tp2"),
-    pytest.param("gpt2", "fsdp2", id="gpt2-fsdp2"),
+    pytest.param("gpt2", "fsdp2", id="gpt2-fsdp2", marks=pytest.mark.slow),  # llama-fsdp2 and gpt2-tp2 stay
     pytest.param("gpt2", "tp2", id="gpt2-tp2"),
 ]
 

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.distributed
 
 BYTE = ["--model.tokenizer", "byte", "--training.seq_len", "512"]  # activations dominate, not the logits
 CASES = [
-    ("single", 1, []),
+    pytest.param("single", 1, [], marks=pytest.mark.slow),  # ZeRO-3 with the byte tokenizer and full AC stays
     pytest.param("single_ac_full", 1, ["--activation_checkpoint.mode", "full"], marks=pytest.mark.slow),
     pytest.param(
         "single_byte_ac_selective_op",
