@@ -141,6 +141,7 @@ def test_train_then_export_loads_in_transformers(tmp_path, hf_folder):
     assert build_tokenizer("hf", str(out)).fingerprint == tokenizer.fingerprint  # the same tokenizer, re-read
 
 
+@pytest.mark.slow  # tests/unit/test_generate.py checks greedy ids against transformers in the default suite
 def test_generate_continues_as_transformers_does(tmp_path, hf_folder):
     folder, hf, tok, corpus = hf_folder
     record = tmp_path / "gen.json"

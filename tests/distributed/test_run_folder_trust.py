@@ -109,13 +109,18 @@ def test_resuming_with_a_lower_lr_gets_past_the_non_finite_step(tmp_path):
     "change, key",
     [
         (["--training.seq_len", "64"], "training.seq_len=64 differs from the 32"),
-        (["--training.seed", "7"], "training.seed=7 differs from the 42"),
+        # seed, shuffle and split are slow (CI runs them): seq_len, dataset and the model's keys stay.
+        pytest.param(["--training.seed", "7"], "training.seed=7 differs from the 42", marks=pytest.mark.slow),
         (
             ["--training.dataset", "local", "--training.dataset_path", str(REPO / "tests" / "data" / "validation.txt")],
             "training.dataset='local' differs from the 'stdlib'",
         ),
-        (["--data.shuffle", "false"], "data.shuffle=False differs from the True"),
-        (["--validation.split_fraction", "0.05"], "validation.split_fraction=0.05 differs from the 0.01"),
+        pytest.param(["--data.shuffle", "false"], "data.shuffle=False differs from the True", marks=pytest.mark.slow),
+        pytest.param(
+            ["--validation.split_fraction", "0.05"],
+            "validation.split_fraction=0.05 differs from the 0.01",
+            marks=pytest.mark.slow,
+        ),
         (["--model.n_layers", "2"], "model.n_layers=2 differs from the 0"),
         (["--model.tokenizer", "byte"], "model.tokenizer='byte' differs from the 'gpt2'"),
         (["--config", "train_configs/llama3_debug.toml"], "model.name='llama3' differs from the 'gpt2'"),
