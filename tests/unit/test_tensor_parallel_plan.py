@@ -28,7 +28,7 @@ def tp_mesh():
 def tp_model(name, mesh, loss_parallel):
     with torch.device("meta"):
         model = build_model(name, "debug", VOCAB, SEQ)
-    apply_tp(model, mesh, loss_parallel=loss_parallel)
+    apply_tp(model, mesh, loss_parallel=loss_parallel, chunked_loss=False)
     materialize(model, torch.device("cpu"), seed=0)
     return model
 

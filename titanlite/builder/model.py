@@ -63,8 +63,11 @@ def build_model(cfg: JobConfig, vocab_size: int, plan: Plan, mesh, device: torch
     return model, [wrap_ddp(part, plan.dims, mesh) for part in parts]
 
 
-def build_pipeline(cfg: JobConfig, plan: Plan, model, parts, mesh, device: torch.device, loss_fn) -> Pipeline:
-    """The schedule over this rank's stages, with the tied-embedding sync and the stage timer."""
+def build_pipeline(
+    cfg: JobConfig, plan: Plan, model, parts, mesh, device: torch.device, loss_fn, logits: bool
+) -> Pipeline:
+    """The schedule over this rank's stages, with the tied-embedding sync and the stage timer. `logits`: what
+    the last stage returns for loss_fn (False: hidden states, for the chunked loss)."""
     pp_rank, group = mesh["pp"].get_local_rank(), mesh["pp"].get_group()
     csv = cfg.parallelism.pipeline_parallel_schedule_csv
     schedule, stages = build_schedule(parts, plan.pipeline, group, pp_rank, device, loss_fn, csv)
@@ -78,6 +81,7 @@ def build_pipeline(cfg: JobConfig, plan: Plan, model, parts, mesh, device: torch
         timer=StageTimer(stages, device),
         tied_sync=TiedEmbeddingSync(parts, plan.pipeline, mesh.root, pp_rank) if tied else None,
         analytic_bubble=plan.pipeline.analytic_bubble(),
+        logits=logits,
     )
 
 
@@ -104,12 +108,13 @@ def build_rank_model(cfg: JobConfig, plan: Plan, mesh, device: torch.device, voc
         )
     else:
         loss_line = "  loss: cross-entropy on the whole logits" + (" (compiled)" if compile_loss else "")
-    pipeline = build_pipeline(cfg, plan, plain, parts, mesh, device, loss_fn) if plan.pipeline else None
+    pipeline = build_pipeline(cfg, plan, plain, parts, mesh, device, loss_fn, not chunks) if plan.pipeline else None
     param_dtype = DTYPES[cfg.training.mixed_precision_param] if device.type == "cuda" else torch.float32
     rank = RankModel(
         parts=parts,
         device=device,
         loss_fn=loss_fn,
+        logits=not chunks,
         loss_parallel=loss_parallel,
         autocast=autocast_for(device, parts[0], param_dtype),
         pipeline=pipeline,

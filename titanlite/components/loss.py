@@ -9,8 +9,10 @@
   exists, and backward only scales the stored gradients. The matmul FLOPs are those of the plain
   path (forward, input gradient, weight gradient); nothing is recomputed.
 
-Layouts: the projection is still called as a module (its forward passes the hidden states through,
-`HiddenStatesHead`), so FSDP gathers its weight as before and reduce-scatters its gradient; under
+The model says which it returns by an argument, never by the config: `model(tokens, logits=False)` gives the
+hidden states, and the loss takes them with the model's head (`model.output`, models/common/head.py).
+Layouts: the model still calls its head in forward (`output(h, project=False)` passes h through), so FSDP
+gathers its weight as before and reduce-scatters its gradient; under
 tensor parallelism the weight stays split by vocabulary and the chunk's softmax is reduced over the
 TP group (three all-reduces of one number per token), as loss parallelism does with whole logits;
 a pipeline's last stage hands its hidden states to the schedule's loss function, which is this one.
@@ -22,9 +24,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
-from torch.distributed.tensor.parallel import ParallelStyle
-from torch.distributed.tensor.parallel.style import distribute_module
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
 from titanlite.base.errors import ConfigError
 
@@ -36,36 +36,9 @@ def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
 
 
-class HiddenStatesHead(nn.Linear):
-    """The output projection of a model trained with the chunked loss: called as before (so FSDP's
-    hooks gather and free its weight), it returns the hidden states unchanged; the loss applies it."""
-
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return h
-
-
-def defer_output_projection(model: nn.Module) -> None:
-    """Make `model` (or pipeline stage) return hidden states; its output.weight keeps its name and role."""
-    if getattr(model, "output", None) is not None:
-        model.output.__class__ = HiddenStatesHead
-
-
-class VocabParallelHead(ParallelStyle):
-    """Tensor parallelism for a HiddenStatesHead: the weight split by vocabulary rows (Shard(0), as
-    ColwiseParallel splits a linear's output features); the hidden states pass through untouched."""
-
-    def _apply(self, module: nn.Module, device_mesh) -> nn.Module:
-        def shard_weight(name, mod, mesh):
-            for key, param in list(mod.named_parameters(recurse=False)):
-                mod.register_parameter(
-                    key, nn.Parameter(distribute_tensor(param, mesh, [Shard(0)], src_data_rank=None))
-                )
-
-        return distribute_module(module, device_mesh, shard_weight)
-
-
 class ChunkedCrossEntropy:
-    """loss_fn(hidden, labels) for a model whose `head` is a HiddenStatesHead: the plain loss's value
+    """loss_fn(hidden, labels) with the model's output `head`, for hidden states from `model(..., logits=False)`: the
+    plain loss's value
     and gradients, `chunk_tokens` tokens at a time. `compiled`: fuse each chunk's softmax arithmetic
     into one kernel (torch.compile), so the chunk's logits are read once."""
 
@@ -246,10 +219,10 @@ def chunk_tokens(training, compile_cfg, loss_parallel: bool, schedule: str = "")
 
 
 def build_loss(parts: list[nn.Module], chunk_tokens: int, compiled: bool = False, backend: str = "inductor"):
-    """The loss function for these model parts: chunked over the part that holds the output projection
-    (made to return hidden states by parallelize), else the plain cross-entropy."""
+    """The loss function for these model parts: chunked with the head of the part that holds it (the model then
+    runs with logits=False), else the plain cross-entropy of logits."""
     parts = [getattr(p, "module", p) for p in parts]  # inside DDP
-    head = next((p.output for p in parts if isinstance(getattr(p, "output", None), HiddenStatesHead)), None)
+    head = next((p.output for p in parts if getattr(p, "output", None) is not None), None)
     if chunk_tokens <= 0 or head is None:  # plain; or a pipeline rank without the last stage (never called)
         return cross_entropy
     return ChunkedCrossEntropy(head, chunk_tokens, compiled, backend)

@@ -102,18 +102,19 @@ class Pipeline:
     timer: object  # StageTimer
     tied_sync: object | None  # TiedEmbeddingSync when a tied embedding spans stages
     analytic_bubble: float | None
+    logits: bool = True  # what the last stage returns: logits, or (False) hidden states for the chunked loss
 
     def run(self, schedule_call, inputs: torch.Tensor, labels: torch.Tensor, losses: list, sequence: dict) -> None:
         """One schedule step (`schedule_call`: schedule.step, or schedule.eval for forward only): the first
         stage feeds the inputs, the last computes each micro-batch's loss into `losses`; every stage takes
-        `sequence` (RankModel.pipeline_split), cut into the same micro-batches."""
+        `sequence` (RankModel.pipeline_split), cut into the same micro-batches, and `logits`."""
         args = (inputs,) if self.has_first else ()
         if self.has_last:
             # return_outputs=False: the last stage would otherwise keep every micro-batch's logits
             # until the step ends, only to return them merged.
-            schedule_call(*args, target=labels, losses=losses, return_outputs=False, **sequence)
+            schedule_call(*args, target=labels, losses=losses, return_outputs=False, logits=self.logits, **sequence)
         else:
-            schedule_call(*args, **sequence)
+            schedule_call(*args, logits=self.logits, **sequence)
 
 
 @dataclass
@@ -124,6 +125,9 @@ class RankModel:
     parts: list[nn.Module]  # one, or one per local pipeline stage
     device: torch.device
     loss_fn: Callable = cross_entropy  # the token mean of one micro-batch (titanlite/components/loss.py)
+    # What the model returns for loss_fn: logits, or (False) its final hidden states, which the chunked loss takes
+    # with the model's head.
+    logits: bool = True
     # Under loss parallelism the logits arrive sharded by vocabulary; both the cross-entropy and its
     # backward must run inside torch's loss_parallel context.
     loss_parallel: bool = False
@@ -143,7 +147,7 @@ class RankModel:
             inputs, labels, sequence = self.split(inputs, labels)
         extra = {} if sequence is None else {"sequence": sequence}
         with self.autocast():
-            return self.parts[0](inputs, **extra), labels
+            return self.parts[0](inputs, logits=self.logits, **extra), labels
 
     def pipeline_split(self, inputs: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict]:
         """`split` for a pipeline step over the whole local batch: this rank's inputs and labels, and the

@@ -8,8 +8,6 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
-from titanlite.components.loss import HiddenStatesHead
-
 
 def apply_fsdp(
     model: nn.Module,
@@ -19,12 +17,14 @@ def apply_fsdp(
     reduce_dtype: torch.dtype,
     reshard_after_forward: bool,
     cpu_offload: bool = False,
+    loss_reads_head: bool = False,
 ) -> None:
     """Shard each transformer block, then the embedding and output groups, then the root.
 
     reshard_after_forward=True frees gathered parameters after each block's forward (ZeRO-3);
     False keeps them until backward (ZeRO-2). A 2-D dp_mesh (replicate x shard) gives HSDP.
     cpu_offload keeps the shards (and so the optimizer's state) in pinned host memory.
+    loss_reads_head: the loss reads the output weight after the model's forward (the chunked loss).
     """
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     shard = dict(mesh=dp_mesh, mp_policy=mp)
@@ -48,7 +48,7 @@ def apply_fsdp(
             fully_shard(head, reshard_after_forward=False, **shard)
     # The chunked loss (titanlite/components/loss.py) reads the output weight after the model's forward: a tied
     # one, in the root, must still be gathered then.
-    keep_root = tied and isinstance(model.output, HiddenStatesHead)
+    keep_root = tied and loss_reads_head
     fully_shard(model, reshard_after_forward=reshard_after_forward and not keep_root, **shard)
 
 

@@ -25,8 +25,8 @@ import torch.nn as nn
 
 from titanlite.base.devices import uses_cuda
 from titanlite.base.errors import ConfigError
-from titanlite.components.loss import HiddenStatesHead
 from titanlite.config import Float8
+from titanlite.models.common.head import OutputHead
 
 INSTALL_HINT = "pip install '.[float8]' (or pip install torchao) in the environment that runs titanlite"
 
@@ -85,7 +85,7 @@ def float8_filter(filter_fqns: list[str], tp: int):
     def convert(module: nn.Module, fqn: str) -> bool:
         if (
             not isinstance(module, nn.Linear)
-            or isinstance(module, HiddenStatesHead)
+            or isinstance(module, OutputHead)  # the losses apply it in high precision (chunked: its weight)
             or any(part in fqn for part in filter_fqns)
         ):
             return False

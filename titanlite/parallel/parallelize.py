@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from titanlite.components.loss import chunk_tokens, defer_output_projection, schedule_of
+from titanlite.components.loss import chunk_tokens, schedule_of
 from titanlite.config import ActivationCheckpoint, Compile, Float8, Parallelism, Training
 from titanlite.models.common.init import init_weights
 from titanlite.parallel.activation_checkpoint import apply_ac
@@ -45,11 +45,13 @@ def parallelize(
     float8: Float8,
 ) -> nn.Module:
     """Apply the parallelisms to a model still on the meta device; returns the (possibly wrapped) model."""
-    if chunk_tokens(training, compile_cfg, loss_parallel_enabled(dims, parallelism), schedule_of(parallelism)) > 0:
-        defer_output_projection(model)  # the chunked loss applies the output projection (titanlite/components/loss.py)
+    loss_parallel = loss_parallel_enabled(dims, parallelism)
+    # The chunked loss takes the hidden states and the head (titanlite/components/loss.py): TP splits the head for it
+    # and FSDP keeps a tied head gathered until the loss has read it.
+    chunked_loss = chunk_tokens(training, compile_cfg, loss_parallel, schedule_of(parallelism)) > 0
     apply_float8(model, float8, fsdp=dims.fsdp_enabled, tp=dims.tp)
     if dims.tp_enabled:
-        apply_tp(model, mesh["tp"], loss_parallel=loss_parallel_enabled(dims, parallelism))
+        apply_tp(model, mesh["tp"], loss_parallel=loss_parallel, chunked_loss=chunked_loss)
     if dims.cp_enabled:
         apply_cp(model, mesh["cp"])
     apply_ac(model, ac)
@@ -64,6 +66,7 @@ def parallelize(
             reduce_dtype=DTYPES[training.mixed_precision_reduce] if cuda else torch.float32,
             reshard_after_forward=reshard_after_forward(parallelism.fsdp_reshard_after_forward, dims.pp_enabled),
             cpu_offload=training.enable_cpu_offload,
+            loss_reads_head=chunked_loss,
         )
     return model
 

@@ -10,26 +10,33 @@ from __future__ import annotations
 
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import Replicate, Shard
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel, parallelize_module
+from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    ParallelStyle,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
+from torch.distributed.tensor.parallel.style import distribute_module
 
 from titanlite.base.errors import ConfigError
-from titanlite.components.loss import HiddenStatesHead, VocabParallelHead
 from titanlite.models.registry import spec_of
 
 
-def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, *, loss_parallel: bool) -> None:
+def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, *, loss_parallel: bool, chunked_loss: bool) -> None:
     """Shard `model` (still on the meta device) over `tp_mesh` with its family's plan for the blocks (its spec's
-    tp_plan) and the shared plan for the ends."""
+    tp_plan) and the shared plan for the ends. `chunked_loss`: the loss takes the hidden states and the head."""
     spec = spec_of(model.args)
-    parallelize_module(model, tp_mesh, ends_plan(model, loss_parallel) | spec.load(spec.tp_plan)(model))
+    ends = ends_plan(model, loss_parallel, chunked_loss)
+    parallelize_module(model, tp_mesh, ends | spec.load(spec.tp_plan)(model))
     # A tied embedding: the vocabulary-parallel embedding and the column-wise output projection both
     # shard the [vocab, dim] matrix by rows (Shard(0)), so one sharded tensor serves both. Each style
     # distributed its own copy above; point the output back at the embedding's so they stay one.
     model.tie_weights()
 
 
-def ends_plan(model: nn.Module, loss_parallel: bool) -> dict:
+def ends_plan(model: nn.Module, loss_parallel: bool, chunked_loss: bool) -> dict:
     """The embedding (vocabulary-parallel, output sharded by sequence), final norm and output projection.
 
     Under loss parallelism the logits stay sharded by vocabulary ([B, T, vocab/tp] per rank) and the
@@ -44,13 +51,28 @@ def ends_plan(model: nn.Module, loss_parallel: bool) -> dict:
             use_local_output=not loss_parallel,
         ),
     }
-    if isinstance(model.output, HiddenStatesHead):  # the chunked loss splits the vocabulary itself
+    if chunked_loss:  # the model returns hidden states; the chunked loss splits the vocabulary itself
         plan["output"] = VocabParallelHead()
     if getattr(model, "pos_embeddings", None) is not None:
         # Positions are looked up for the whole sequence ([T] -> [T, dim]) and come out sharded on the
         # sequence (Shard(0) of [T, dim]), matching the token embedding's [B, T/tp, dim] slice.
         plan["pos_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(0))
     return plan
+
+
+class VocabParallelHead(ParallelStyle):
+    """Tensor parallelism for the head of a model trained with the chunked loss: the weight split by vocabulary
+    rows (Shard(0), as ColwiseParallel splits a linear's output features); the hidden states pass through
+    untouched (the model returns them, logits=False) and the loss computes each rank's share of the vocabulary."""
+
+    def _apply(self, module: nn.Module, device_mesh) -> nn.Module:
+        def shard_weight(name, mod, mesh):
+            for key, param in list(mod.named_parameters(recurse=False)):
+                mod.register_parameter(
+                    key, nn.Parameter(distribute_tensor(param, mesh, [Shard(0)], src_data_rank=None))
+                )
+
+        return distribute_module(module, device_mesh, shard_weight)
 
 
 def tp_split_sizes(args) -> dict[str, int]:

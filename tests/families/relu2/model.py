@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from titanlite.models.common.attention import CoreAttention
+from titanlite.models.common.head import OutputHead
 
 
 class Attention(nn.Module):
@@ -57,7 +58,7 @@ class Relu2(nn.Module):
         self.pos_embeddings = nn.Embedding(args.max_seq_len, args.dim)
         self.layers = nn.ModuleDict({str(i): Block(args) for i in range(args.n_layers)})
         self.norm = nn.RMSNorm(args.dim, eps=args.norm_eps)
-        self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
+        self.output = OutputHead(args.dim, args.vocab_size)
 
     def tie_weights(self) -> None:
         """Untied: nothing to re-tie."""
@@ -65,7 +66,7 @@ class Relu2(nn.Module):
     def init_buffers(self) -> None:
         """No buffers."""
 
-    def forward(self, tokens, cache=None, sequence=None):
+    def forward(self, tokens, cache=None, sequence=None, *, logits=True):
         if self.tok_embeddings is not None:
             pos = torch.arange(tokens.shape[1], device=tokens.device)
             if cache is not None:
@@ -80,7 +81,7 @@ class Relu2(nn.Module):
         if cache is not None:
             cache.advance(tokens.shape[1])
         h = self.norm(h) if self.norm is not None else h
-        return self.output(h) if self.output is not None else h
+        return self.output(h, project=logits) if self.output is not None else h
 
     def init_param(self, name: str, full: torch.Tensor, generator: torch.Generator) -> None:
         parent = name.rpartition(".")[0].rpartition(".")[2]

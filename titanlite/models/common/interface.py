@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from titanlite.models.common.attention import Sequence
+from titanlite.models.common.head import OutputHead
 from titanlite.models.common.kv_cache import KVCache
 
 
@@ -27,18 +28,26 @@ class Decoder(Protocol):
     tok_embeddings: nn.Embedding | None  # None on pipeline stages after the first
     layers: nn.ModuleDict  # the transformer blocks, keyed by index; FSDP, AC and compile wrap each one
     norm: nn.Module | None  # final norm; None on pipeline stages before the last
-    output: nn.Linear | None  # output projection; None on pipeline stages before the last
+    output: OutputHead | None  # the head: output(h) logits, output(h, project=False) h; None before the last stage
 
     # Attributes only the first pipeline stage keeps (the embeddings), and only the last (norm, output).
     first_stage_modules: ClassVar[tuple[str, ...]]
     last_stage_modules: ClassVar[tuple[str, ...]]
 
     def forward(
-        self, tokens: torch.Tensor, cache: KVCache | None = None, sequence: Sequence | None = None
+        self,
+        tokens: torch.Tensor,
+        cache: KVCache | None = None,
+        sequence: Sequence | None = None,
+        *,
+        logits: bool = True,
     ) -> torch.Tensor:
-        """Logits [B, T, vocab] of tokens [B, T] (hidden states [B, T, dim] on a later pipeline stage, which
-        receives hidden states too; the chunked loss makes `output` return its input). With a cache, the
-        tokens continue the cached sequence (generation). `sequence`: the tokens' positions and documents
+        """Logits [B, T, vocab] of tokens [B, T]; with logits=False, the final hidden states [B, T, dim] (after
+        the final norm), which the training losses take together with `output` (titanlite/components/loss.py).
+        Either way the last stage calls `output` (as `output(h, project=logits)`), so FSDP and tensor
+        parallelism see the same module calls. A later pipeline stage receives hidden states instead of tokens
+        and returns hidden states unless it holds `output`. With a cache, the tokens continue the cached
+        sequence (generation). `sequence`: the tokens' positions and documents
         (titanlite/models/common/attention.py), for block-causal masks and context parallelism; each block's
         attention runs through its `core` module (a CoreAttention), which context parallelism swaps."""
         ...

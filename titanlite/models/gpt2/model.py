@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from titanlite.models.common.attention import CoreAttention, Sequence
+from titanlite.models.common.head import OutputHead
 from titanlite.models.common.kv_cache import KVCache, LayerCache
 from titanlite.models.gpt2.args import GPT2Args
 
@@ -84,7 +85,7 @@ class GPT2(nn.Module):
         # deletes the layers it does not own.
         self.layers = nn.ModuleDict({str(i): TransformerBlock(args) for i in range(args.n_layers)})
         self.norm = nn.LayerNorm(args.dim, eps=args.norm_eps)
-        self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
+        self.output = OutputHead(args.dim, args.vocab_size)
         self.tie_weights()
 
     def tie_weights(self) -> None:
@@ -98,11 +99,17 @@ class GPT2(nn.Module):
         """GPT-2 has no buffers; present so the trainer treats every model alike."""
 
     def forward(
-        self, tokens: torch.Tensor, cache: KVCache | None = None, sequence: Sequence | None = None
+        self,
+        tokens: torch.Tensor,
+        cache: KVCache | None = None,
+        sequence: Sequence | None = None,
+        *,
+        logits: bool = True,
     ) -> torch.Tensor:
         """Logits [B, T, vocab] of tokens [B, T] at positions 0..T-1 (training), or at `sequence.positions`,
         attending as `sequence` says (titanlite/models/common/attention.py). With a cache (generation), the tokens
-        continue the cached sequence, and their keys and values are added to the cache."""
+        continue the cached sequence, and their keys and values are added to the cache. logits=False: the final
+        hidden states [B, T, dim] instead, for a loss that applies `output` itself."""
         if self.tok_embeddings is not None:
             pos = torch.arange(tokens.shape[1], device=tokens.device)  # [T]
             if cache is not None:  # the first uncached positions
@@ -117,7 +124,7 @@ class GPT2(nn.Module):
         if cache is not None:
             cache.advance(tokens.shape[1])
         h = self.norm(h) if self.norm is not None else h
-        return self.output(h) if self.output is not None else h  # [B, T, vocab]
+        return self.output(h, project=logits) if self.output is not None else h  # [B, T, vocab], or [B, T, dim]
 
     def init_param(self, name: str, full: torch.Tensor, generator: torch.Generator) -> None:
         """Fill `full` (the full-size value of parameter `name`) in place, using only `generator`."""

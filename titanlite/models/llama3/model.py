@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from titanlite.models.common.attention import CoreAttention, Sequence
+from titanlite.models.common.head import OutputHead
 from titanlite.models.common.kv_cache import KVCache, LayerCache
 from titanlite.models.llama3.args import Llama3RopeScaling, LlamaArgs
 
@@ -147,7 +148,7 @@ class Llama(nn.Module):
         # deletes the layers it does not own.
         self.layers = nn.ModuleDict({str(i): TransformerBlock(args, i) for i in range(args.n_layers)})
         self.norm = nn.RMSNorm(args.dim, eps=args.norm_eps)
-        self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
+        self.output = OutputHead(args.dim, args.vocab_size)
         self.tie_weights()
         # RoPE tables [max_seq_len, head_dim // 2]; non-persistent because they follow from args,
         # so checkpoints need not carry them. Registered empty here to fix their device.
@@ -174,11 +175,17 @@ class Llama(nn.Module):
             self.output.weight = self.tok_embeddings.weight
 
     def forward(
-        self, tokens: torch.Tensor, cache: KVCache | None = None, sequence: Sequence | None = None
+        self,
+        tokens: torch.Tensor,
+        cache: KVCache | None = None,
+        sequence: Sequence | None = None,
+        *,
+        logits: bool = True,
     ) -> torch.Tensor:
         """Logits [B, T, vocab] of tokens [B, T] at positions 0..T-1 (training), or at `sequence.positions`,
         attending as `sequence` says (titanlite/models/common/attention.py). With a cache (generation), the tokens
-        continue the cached sequence, and their keys and values are added to the cache."""
+        continue the cached sequence, and their keys and values are added to the cache. logits=False: the final
+        hidden states [B, T, dim] instead, for a loss that applies `output` itself."""
         # A later pipeline stage receives hidden states [B, T, dim] instead of tokens [B, T].
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
         cos, sin = self.rope_cos, self.rope_sin  # [max_seq_len, hd/2]; attention cuts them to length
@@ -192,7 +199,7 @@ class Llama(nn.Module):
         if cache is not None:
             cache.advance(tokens.shape[1])
         h = self.norm(h) if self.norm is not None else h
-        return self.output(h) if self.output is not None else h  # [B, T, vocab]
+        return self.output(h, project=logits) if self.output is not None else h  # [B, T, vocab], or [B, T, dim]
 
     def init_param(self, name: str, full: torch.Tensor, generator: torch.Generator) -> None:
         """Fill `full` (the full-size value of parameter `name`) in place, using only `generator`."""
