@@ -1,5 +1,6 @@
 """Launch real training runs (torchrun + gloo on CPU) and read back their per-step metrics; a failed run's
-assertion message starts with its worker's one-line reason."""
+assertion message starts with its worker's one-line reason. `run_ranks` runs one function on a few gloo
+processes, for a check of collectives that needs no training run."""
 
 from __future__ import annotations
 
@@ -7,6 +8,9 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
+from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 
 from titanlite.base.failures import reason_in
@@ -143,3 +147,32 @@ def checkpoint_tensors(path, scratch) -> dict:
     state = torch.load(out, weights_only=False)
     walk("", {k: v for k, v in state.items() if k in ("model", "optimizer")})  # not lr_scheduler, train_state, ...
     return flat
+
+
+def run_ranks(worker: Callable[[int], None], nprocs: int = 2) -> None:
+    """Run `worker(rank)` on `nprocs` processes joined in one gloo process group (the default group), one
+    thread each; an exception on any rank fails the caller with that rank's traceback (the others are
+    stopped). `worker` must be a module-level function: the spawned processes import it. About 3 s for two
+    ranks, most of it importing torch."""
+    import torch.multiprocessing as mp  # torch only where a test runs ranks: the launch helpers above need none
+
+    with tempfile.TemporaryDirectory() as folder:
+        mp.spawn(_run_rank, args=(worker, nprocs, f"{folder}/store"), nprocs=nprocs)
+
+
+def _run_rank(rank: int, worker: Callable[[int], None], nprocs: int, store: str) -> None:
+    import torch  # in the spawned process
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method=f"file://{store}", rank=rank, world_size=nprocs, timeout=timedelta(seconds=60)
+    )
+    worker(rank)
+    dist.barrier()
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # A process that built a DeviceMesh may abort at interpreter exit after finishing correctly
+    # (terminate called without an active exception); leaving at once avoids it.
+    os._exit(0)

@@ -1,17 +1,32 @@
 """Block-causal attention and the positions context parallelism hands a rank: a window of several documents
 under the block-causal mask gives each document the logits it has alone; a rank's balanced share of a sequence,
-with its true positions and the gathered keys, gives that share of the whole sequence's logits."""
+with its true positions and the gathered keys, gives that share of the whole sequence's logits. Attention cores
+are chosen by name, and context parallelism wraps whichever a block has."""
 
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
 
+from tests.helpers import run_ranks
 from titanlite.base.errors import ConfigError
-from titanlite.models.common.attention import CoreAttention, Sequence, additive_mask, attention_mask, document_ids
+from titanlite.models.common.attention import (
+    ATTENTION_CORES,
+    CoreAttention,
+    SDPAttention,
+    Sequence,
+    additive_mask,
+    attention_mask,
+    build_core,
+    document_ids,
+)
 from titanlite.models.common.build import build_model
 from titanlite.models.common.init import init_weights
 from titanlite.parallel.context_parallel import (
+    ContextParallelCore,
     SequenceSplit,
+    apply_cp,
     balanced_positions,
     check_cp_degree,
     gathered_positions,
@@ -42,7 +57,7 @@ def test_grouped_query_attention_inside_sdpa_equals_repeating_keys_and_values(ma
     k, v = (torch.randn(2, 2, 96, 16, generator=g, requires_grad=True) for _ in range(2))
     documents = torch.randint(0, 3, (2, 96), generator=g).sort(dim=1).values
     sequence = Sequence(documents=documents) if masked else None
-    ours = CoreAttention()(q, k, v, sequence)
+    ours = build_core("sdpa")(q, k, v, sequence)
     (ours * torch.linspace(-1, 1, 16)).sum().backward()
     grads = [t.grad.clone() for t in (q, k, v)]
     for t in (q, k, v):
@@ -141,3 +156,73 @@ def test_one_additive_mask_serves_every_block_that_keeps_it_and_is_freed_with_th
     assert torch.equal(first == 0, allowed) and torch.isneginf(first[~allowed]).all()
     del first  # no block keeps it (activation checkpointing): the next one builds its own
     assert sequence.masks.get((4, 4, torch.float32)) is None
+
+
+class HalfScale(CoreAttention):
+    """A test-only second core: softmax(q k^T / 2) under the sequence's mask, not SDPA's default scale."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sequence: Sequence | None) -> torch.Tensor:
+        mask = additive_mask(sequence or Sequence(), q.shape[2], k.shape[2], q.dtype, q.device)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.5)
+
+
+def test_a_core_is_chosen_by_name_and_an_unknown_name_is_refused_naming_the_known_ones(monkeypatch):
+    assert type(build_core("sdpa")) is SDPAttention
+    assert all(type(block.attention.core) is SDPAttention for block in model("llama3").layers.values())
+    monkeypatch.setitem(ATTENTION_CORES, "half_scale", HalfScale)
+    assert type(build_core("half_scale")) is HalfScale
+    with pytest.raises(ConfigError, match=r"^attention core 'flex' is not a known one; use one of: sdpa, half_scale$"):
+        build_core("flex")
+
+
+def local_qkv(rank: int) -> list[torch.Tensor]:
+    """Rank `rank`'s queries, keys and values [B, H, T/cp, hd] (any rank can make any rank's)."""
+    g = torch.Generator().manual_seed(rank)
+    return [torch.randn(2, 2, 4, 8, generator=g) for _ in range(3)]
+
+
+TOKENS = torch.tensor([[5, 0, 7, 8, 0, 9, 9, 9], [1, 2, 3, 0, 4, 0, 6, 7]])  # 0 ends a document
+
+
+def cp_wraps_a_registered_core(rank: int) -> None:
+    """One rank of test_context_parallelism_wraps_whatever_core_a_block_has."""
+    ATTENTION_CORES["half_scale"] = HalfScale  # this spawned process only
+    cp_mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("cp",))
+    block = nn.Module()
+    block.core = build_core("half_scale")
+    apply_cp(block, cp_mesh)
+    assert type(block.core) is ContextParallelCore and type(block.core.inner) is HalfScale
+
+    q, k, v = (t.requires_grad_() for t in local_qkv(rank))
+    weights = torch.linspace(-1, 1, 8)
+    sequence = SequenceSplit(cp=2, rank=rank, eot_id=0)(TOKENS, TOKENS)[2]
+    (block.core(q, k, v, sequence) * weights).sum().backward()
+
+    # One process: the inner core over every rank's keys and values (gathered order: rank 0's, then rank 1's),
+    # each rank's queries with their Sequence; the gradient of a rank's keys sums every rank's use of them.
+    parts = [[t.requires_grad_() for t in local_qkv(r)] for r in range(2)]
+    keys, values = (torch.cat([part[i] for part in parts], dim=2) for i in (1, 2))
+    expected = []
+    for r, (q_r, _, _) in enumerate(parts):
+        out = HalfScale()(q_r, keys, values, SequenceSplit(cp=2, rank=r, eot_id=0)(TOKENS, TOKENS)[2])
+        (out * weights).sum().backward(retain_graph=True)
+        expected.append(out.detach())
+    torch.testing.assert_close(block.core(q, k, v, sequence), expected[rank], rtol=0, atol=0)
+    for mine, whole in zip((q, k, v), parts[rank]):
+        torch.testing.assert_close(mine.grad, whole.grad, rtol=1e-6, atol=1e-7)
+
+    # A family's blocks: every core wrapped, the state dict's names unchanged (cores hold no parameters).
+    with torch.device("meta"):
+        llama = build_model("llama3", "debug", 100, 64)
+    names = list(llama.state_dict())
+    apply_cp(llama, cp_mesh)
+    assert list(llama.state_dict()) == names
+    assert all(type(block.attention.core.inner) is SDPAttention for block in llama.layers.values())
+
+
+@pytest.mark.distributed
+def test_context_parallelism_wraps_whatever_core_a_block_has():
+    """A block whose core is a test-only one, built by name: apply_cp wraps it, and on 2 gloo processes the
+    inner core attends over the keys and values of both ranks (outputs equal to one process's, gradients
+    summed into their owners); a family's blocks are wrapped likewise, their state dict unchanged."""
+    run_ranks(cp_wraps_a_registered_core)

@@ -1,4 +1,4 @@
-"""LR schedule shape, gradient clipping, the FLOP formula and the peak table."""
+"""LR schedule shape, gradient clipping (on one mesh and across meshes), the FLOP formula and the peak table."""
 
 import math
 
@@ -6,8 +6,9 @@ import pytest
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 
+from tests.helpers import run_ranks
 from titanlite.components.metrics import Throughput, count_params, device_peak_tflops, flops_per_token
 from titanlite.components.optim import clip_grad_norm_, lr_factor
 from titanlite.config import LRScheduler
@@ -94,3 +95,39 @@ def test_data_wait_share_of_step_time():
     t.add(1000, 2.0)
     assert t.take_data_wait_pct() == pytest.approx(12.5)
     assert t.take_data_wait_pct() is None  # reset after each log
+
+
+def clip_over_two_meshes(rank: int) -> None:
+    """One rank of test_clipping_takes_the_norm_over_gradients_on_different_meshes."""
+    g = torch.Generator().manual_seed(0)  # the same full gradients on both ranks
+    full = [torch.randn(8, 3, generator=g), torch.randn(4, 2, generator=g), torch.randn(5, generator=g)]
+    shard = init_device_mesh("cpu", (2,), mesh_dim_names=("dp_shard",))
+    experts = init_device_mesh("cpu", (1, 2), mesh_dim_names=("ep_replicate", "ep"))
+    grads = [
+        distribute_tensor(full[0], shard, [Shard(0)]),
+        distribute_tensor(full[1], experts, [Replicate(), Shard(0)]),
+        full[2].clone(),  # a plain (replicated) gradient beside them
+    ]
+    params = [torch.nn.Parameter(torch.zeros_like(grad)) for grad in grads]
+    for p, grad in zip(params, grads):
+        p.grad = grad
+    expected = torch.cat([f.flatten() for f in full]).norm()
+
+    # One mesh: torch's own norm over all of them, bit for bit.
+    assert torch.equal(clip_grad_norm_(params[:1], 0.0), torch.nn.utils.get_total_norm(grads[:1]).full_tensor())
+    total = clip_grad_norm_(params, max_norm=1.0)
+    assert not isinstance(total, DTensor)
+    torch.testing.assert_close(total, expected, rtol=1e-6, atol=0)
+    scale = 1.0 / (expected + 1e-6)  # clip_grads_with_norm_'s factor, the same on every mesh
+    clipped = [p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad for p in params]
+    for after, before in zip(clipped, full):
+        torch.testing.assert_close(after, before * scale, rtol=1e-6, atol=0)
+    assert torch.cat([c.flatten() for c in clipped]).norm().item() == pytest.approx(1.0, rel=1e-5)
+
+
+@pytest.mark.distributed
+def test_clipping_takes_the_norm_over_gradients_on_different_meshes():
+    """Experts' gradients live on their own mesh: gradients sharded over a 1-D mesh of both ranks, over a 2-D
+    mesh with other dimension names, and a plain tensor give the norm of all the full gradients put together
+    (2 gloo processes), and clipping scales every one of them by the same factor."""
+    run_ranks(clip_over_two_meshes)

@@ -1,8 +1,9 @@
 """Optimizer (AdamW), learning-rate schedule (warm-up then cosine/linear decay) and gradient clipping.
 
-Clipping works on plain and DTensor (sharded) gradients alike: the norm is taken over the full model.
-Partial gradients (a replicated weight used on sharded activations, like sequence-parallel norms) are summed
-first, so every later step sees the weight's own placement.
+Clipping works on plain and DTensor (sharded) gradients alike, on one mesh or on several (expert parameters
+on their own mesh): the norm is taken over the full model. Partial gradients (a replicated weight used on
+sharded activations, like sequence-parallel norms) are summed first, so every later step sees the weight's
+own placement.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import math
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate
 
 from titanlite.config import LRScheduler, Optimizer
@@ -139,26 +141,64 @@ class LRSchedulers:
 
 
 @torch.no_grad()
-def clip_grad_norm_(params: list[nn.Parameter], max_norm: float, *, norm_params=None, pp_group=None) -> torch.Tensor:
+def clip_grad_norm_(
+    params: list[nn.Parameter],
+    max_norm: float,
+    *,
+    norm_params: list[nn.Parameter] | None = None,
+    pp_group: dist.ProcessGroup | None = None,
+) -> torch.Tensor:
     """Global L2 norm of all gradients (clipped to max_norm when > 0); returns the norm before clipping.
 
     With sharded gradients each rank holds part of each gradient: the per-tensor norms are DTensors
-    whose full value needs a reduction over the mesh, which `full_tensor()` performs. Under pipeline
-    parallelism each rank holds only its stages, so the squared norms are also summed over `pp_group`.
-    `norm_params` leaves out copies that would be counted twice (a tied embedding split across stages).
+    whose full value needs a reduction over the mesh, which `full_tensor()` performs (total_grad_norm, mesh
+    by mesh). Under pipeline parallelism each rank holds only its stages, so the squared norms are also summed
+    over `pp_group`. `norm_params` leaves out copies that would be counted twice (a tied embedding split across
+    stages).
     """
     reduce_partial_grads(params)
-    grads = [p.grad for p in (params if norm_params is None else norm_params) if p.grad is not None]
-    total = torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=True)
-    if isinstance(total, DTensor):
-        total = total.full_tensor()
+    total = total_grad_norm([p for p in (params if norm_params is None else norm_params) if p.grad is not None])
     if pp_group is not None:
         total = total**2
         dist.all_reduce(total, op=dist.ReduceOp.SUM, group=pp_group)
         total = total.sqrt()
     if max_norm > 0:
-        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total, foreach=True)
+        by_mesh = by_grad_mesh([p for p in params if p.grad is not None])
+        # DTensor refuses one foreach multiply over several meshes: each mesh's gradients take the same factor.
+        for group in [params] if len(by_mesh) <= 1 else by_mesh.values():
+            torch.nn.utils.clip_grads_with_norm_(group, max_norm, total, foreach=True)
     return total
+
+
+def total_grad_norm(params: list[nn.Parameter]) -> torch.Tensor:
+    """The L2 norm of the gradients of `params` as one vector: a plain tensor, the same on every rank.
+
+    DTensor takes a norm over one mesh only (and never over DTensors and plain tensors together), so with
+    several meshes (expert parameters on their own) each mesh's gradients give one norm, made full over that
+    mesh, and these combine in float32 as torch combines per-tensor norms. On one mesh (every layout without
+    experts) it is torch's own computation over all of them, so the norm stays bitwise what it was."""
+    by_mesh = by_grad_mesh(params)
+    if len(by_mesh) <= 1:
+        return full_value(torch.nn.utils.get_total_norm([p.grad for p in params], norm_type=2.0, foreach=True))
+    norms = [
+        full_value(torch.nn.utils.get_total_norm([p.grad for p in group], norm_type=2.0, foreach=True))
+        for group in by_mesh.values()
+    ]
+    return torch.linalg.vector_norm(torch.stack([n.to(norms[0].device, torch.float32) for n in norms]), 2.0)
+
+
+def full_value(norm: torch.Tensor) -> torch.Tensor:
+    """A norm computed over DTensors reduced to its full value (a plain tensor); a plain tensor as it is."""
+    return norm.full_tensor() if isinstance(norm, DTensor) else norm
+
+
+def by_grad_mesh(params: list[nn.Parameter]) -> dict[DeviceMesh | None, list[nn.Parameter]]:
+    """`params` (each with a gradient) by their gradient's mesh, in first-seen order; plain gradients under None.
+    Placements may differ within a mesh (TP's Shard(0), Shard(1), Replicate): DTensor's norm takes them together."""
+    groups: dict[DeviceMesh | None, list[nn.Parameter]] = {}
+    for p in params:
+        groups.setdefault(p.grad.device_mesh if isinstance(p.grad, DTensor) else None, []).append(p)
+    return groups
 
 
 _PARTIAL_OPS = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}

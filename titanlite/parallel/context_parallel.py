@@ -1,6 +1,7 @@
 """Context parallelism (apply_cp): the ranks of the cp mesh dimension split every sequence, and attention
 gathers the keys and values of the other ranks' tokens (Llama 3's method: cheap with grouped-query attention,
 any mask composes with it, and it runs on gloo as on NCCL; docs/parallelism.md says why not ring attention).
+It wraps each block's attention core, whichever it is (titanlite/models/common/attention.py ATTENTION_CORES).
 
 Load balance: a sequence is cut into 2 x cp chunks and rank r holds chunks r and 2cp-1-r, so under a causal
 mask every rank attends over the same number of keys. Each token keeps its true position (for RoPE and the
@@ -13,6 +14,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as functional
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
 
 from titanlite.base.errors import ConfigError
 from titanlite.models.common.attention import CoreAttention, Sequence, document_ids
@@ -105,21 +107,26 @@ def gather_sequence(x: torch.Tensor, group, dim: int) -> torch.Tensor:
     return _GatherFirstDim.apply(moved, group).movedim(0, dim)
 
 
-class ContextParallelAttention(CoreAttention):
-    """CoreAttention over the keys and values of the whole sequence, gathered from the cp group."""
+class ContextParallelCore(CoreAttention):
+    """Wraps a block's attention core (`inner`, any registered one): gathers the keys and values of the whole
+    sequence from the cp group, then lets the inner core attend over them. The `Sequence` passes through as it
+    is: SequenceSplit already gave it the queries' positions and the gathered keys' (key_positions), so the
+    inner core builds the mask of this rank's queries against every key. Only CoreAttention's contract is
+    inherited; the attention itself is the inner core's."""
 
-    def __init__(self, group):
+    def __init__(self, inner: CoreAttention, group: dist.ProcessGroup):
         super().__init__()
+        self.inner = inner
         self.group = group
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sequence: Sequence | None) -> torch.Tensor:
         kv = gather_sequence(torch.stack([k, v]), self.group, 3)  # one collective for both: [2, B, Hkv, S, hd]
-        return super().forward(q, kv[0], kv[1], sequence)
+        return self.inner(q, kv[0], kv[1], sequence)
 
 
-def apply_cp(model: nn.Module, cp_mesh) -> None:
-    """Swap every block's CoreAttention for one that gathers keys and values over `cp_mesh`."""
+def apply_cp(model: nn.Module, cp_mesh: DeviceMesh) -> None:
+    """Wrap every block's attention core (its `core`) in one that gathers keys and values over `cp_mesh`."""
     group = cp_mesh.get_group()
-    for module in model.modules():
-        if isinstance(getattr(module, "core", None), CoreAttention):
-            module.core = ContextParallelAttention(group)
+    blocks = [module for module in model.modules() if isinstance(getattr(module, "core", None), CoreAttention)]
+    for block in blocks:
+        block.core = ContextParallelCore(block.core, group)

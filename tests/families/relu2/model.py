@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from titanlite.models.common.attention import CoreAttention
+from titanlite.models.common.attention import build_core
 from titanlite.models.common.head import OutputHead
 
 
@@ -15,7 +15,7 @@ class Attention(nn.Module):
         super().__init__()
         self.head_dim = args.head_dim
         self.wq, self.wk, self.wv, self.wo = (nn.Linear(args.dim, args.dim, bias=False) for _ in range(4))
-        self.core = CoreAttention()
+        self.core = build_core("sdpa")
 
     def forward(self, x, cache=None, sequence=None):
         bsz, seqlen, _ = x.shape

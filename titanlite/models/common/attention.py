@@ -2,9 +2,10 @@
 block-causal mask only those of its own document), and where each token stands in its sequence.
 
 `Sequence` describes the tokens a forward pass holds: by default positions 0..T-1 of whole sequences, plain
-causal. Context parallelism (titanlite/parallel/context_parallel.py) hands a rank part of each sequence and
-gathers the keys and values of the rest; it does so by swapping each block's `CoreAttention` for its own,
-and by the positions it gives here. The model itself knows nothing of it.
+causal. Each block's attention runs through a core chosen by name (`build_core`, `ATTENTION_CORES`). Context
+parallelism (titanlite/parallel/context_parallel.py) hands a rank part of each sequence and gathers the keys and
+values of the rest; it does so by wrapping each block's core, whichever it is, and by the positions it gives
+here. The model itself knows nothing of it.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from titanlite.base.errors import ConfigError
 
 ATTENTION_MASKS = ("causal", "block_causal")
 
@@ -86,9 +89,19 @@ def document_ids(tokens: torch.Tensor, eot_id: int) -> torch.Tensor:
 
 
 class CoreAttention(nn.Module):
-    """Attention of queries q [B, Hq, T, hd] over keys and values [B, Hkv, S, hd] with the mask `sequence`
-    describes; grouped-query attention (query head j reads key/value head j // (Hq / Hkv)) inside the kernel,
-    without copying K and V per head."""
+    """What every attention core is: attention of queries q [B, Hq, T, hd] over keys and values
+    [B, Hkv, S, hd] (Hq a multiple of Hkv: grouped-query attention) with the mask `sequence` describes (None:
+    whole sequences, plain causal), giving [B, Hq, T, hd]. A core has no parameters or buffers, so choosing
+    another, or wrapping one (context parallelism), leaves a model's state dict as it is."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sequence: Sequence | None) -> torch.Tensor:
+        raise NotImplementedError(f"{type(self).__name__} is an attention core without a forward")
+
+
+class SDPAttention(CoreAttention):
+    """scaled_dot_product_attention: the fused causal kernel for plain sequences, an additive mask otherwise;
+    grouped-query attention (query head j reads key/value head j // (Hq / Hkv)) inside the kernel, without
+    copying K and V per head."""
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sequence: Sequence | None) -> torch.Tensor:
         gqa = q.shape[1] != k.shape[1]
@@ -96,6 +109,17 @@ class CoreAttention(nn.Module):
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
         mask = additive_mask(sequence, q.shape[2], k.shape[2], q.dtype, q.device)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+
+
+# The attention cores by name: what a family's blocks build (build_core).
+ATTENTION_CORES: dict[str, type[CoreAttention]] = {"sdpa": SDPAttention}
+
+
+def build_core(name: str) -> CoreAttention:
+    """A new attention core of the kind registered as `name` in ATTENTION_CORES."""
+    if name not in ATTENTION_CORES:
+        raise ConfigError(f"attention core {name!r} is not a known one; use one of: {', '.join(ATTENTION_CORES)}")
+    return ATTENTION_CORES[name]()
 
 
 def additive_mask(sequence: Sequence, queries: int, keys: int, dtype: torch.dtype, device) -> torch.Tensor:

@@ -49,7 +49,8 @@ class Decoder(Protocol):
         and returns hidden states unless it holds `output`. With a cache, the tokens continue the cached
         sequence (generation). `sequence`: the tokens' positions and documents
         (titanlite/models/common/attention.py), for block-causal masks and context parallelism; each block's
-        attention runs through its `core` module (a CoreAttention), which context parallelism swaps."""
+        attention runs through its `core` module (a CoreAttention, built by name: build_core), which context
+        parallelism wraps."""
         ...
 
     def init_param(self, name: str, full: torch.Tensor, generator: torch.Generator) -> None:

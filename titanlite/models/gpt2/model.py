@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from titanlite.models.common.attention import CoreAttention, Sequence
+from titanlite.models.common.attention import Sequence, build_core
 from titanlite.models.common.head import OutputHead
 from titanlite.models.common.kv_cache import KVCache, LayerCache
 from titanlite.models.gpt2.args import GPT2Args
@@ -25,7 +25,7 @@ class Attention(nn.Module):
         self.wk = nn.Linear(args.dim, args.dim)
         self.wv = nn.Linear(args.dim, args.dim)
         self.wo = nn.Linear(args.dim, args.dim)
-        self.core = CoreAttention()  # context parallelism swaps it for one that gathers the other ranks' keys
+        self.core = build_core("sdpa")  # context parallelism wraps it to gather the other ranks' keys
 
     def forward(
         self, x: torch.Tensor, cache: LayerCache | None = None, sequence: Sequence | None = None

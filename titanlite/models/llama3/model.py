@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from titanlite.models.common.attention import CoreAttention, Sequence
+from titanlite.models.common.attention import Sequence, build_core
 from titanlite.models.common.head import OutputHead
 from titanlite.models.common.kv_cache import KVCache, LayerCache
 from titanlite.models.llama3.args import Llama3RopeScaling, LlamaArgs
@@ -61,7 +61,7 @@ class Attention(nn.Module):
             per_head = args.qk_norm == "head"
             self.q_norm = nn.RMSNorm(args.head_dim if per_head else q_width, eps=args.norm_eps)
             self.k_norm = nn.RMSNorm(args.head_dim if per_head else kv_width, eps=args.norm_eps)
-        self.core = CoreAttention()  # context parallelism swaps it for one that gathers the other ranks' keys
+        self.core = build_core("sdpa")  # context parallelism wraps it to gather the other ranks' keys
 
     def forward(
         self,
