@@ -25,14 +25,13 @@ class Layout:
 
     @property
     def dims(self) -> ParallelDims:
-        return ParallelDims(
-            self.dp_replicate,
-            self.dp_shard,
-            self.ranks,
+        return ParallelDims.of(
+            self.fsdp_single_rank,
+            dp_replicate=self.dp_replicate,
+            dp_shard=self.dp_shard,
             cp=self.cp,
             tp=self.tp,
             pp=self.pp,
-            fsdp_single_rank=self.fsdp_single_rank,
         )
 
     @property
