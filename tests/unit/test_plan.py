@@ -8,7 +8,8 @@ import pytest
 
 from tests.helpers import REPO, env
 from titanlite.builder.estimate import pipeline_bubbles, stage_layers
-from titanlite.builder.layouts import candidate_layouts
+from titanlite.builder.layouts import candidate_layouts, layout_of, offload_layouts
+from titanlite.config import parse_config
 
 GIB = 2**30
 
@@ -103,8 +104,15 @@ def test_layouts_use_tp_within_and_pp_across_nodes():
         "ZeRO-3 8 x PP 2",
         "TP 8 x PP 2",
     } <= names
-    assert all(lay.tp <= 8 and lay.ranks == 16 for lay in candidate_layouts(8, 2))
+    assert all(lay.dims.tp <= 8 and lay.dims.world_size == 16 for lay in candidate_layouts(8, 2))
     assert {lay.name for lay in candidate_layouts(1, 1)} == {"single device"}
+
+
+@pytest.mark.parametrize("ngpu, nnodes", [(1, 1), (8, 1), (8, 2)])
+def test_the_overrides_the_planner_prints_select_its_layout(ngpu, nnodes):
+    """`run it with: ...` gives back the layout that was weighed: the degrees' keys come from the mesh's table."""
+    for lay in candidate_layouts(ngpu, nnodes, seq_len=32768) + offload_layouts(ngpu, nnodes):
+        assert layout_of(parse_config(lay.overrides()), ngpu * nnodes) == lay, lay.name
 
 
 def test_bubble_table_and_stage_split():
@@ -126,8 +134,8 @@ def test_long_sequences_get_context_parallel_layouts_whose_activations_fall_with
     """At 32,768 tokens the plan offers CP within the node; a rank's activations fall with the CP degree (its
     share of each sequence), less the keys and values it gathers and the mask it keeps; FSDP shards over
     dp_shard x cp."""
-    assert not [lay for lay in candidate_layouts(8, 1, seq_len=4096) if lay.cp > 1], "short sequences: no CP"
-    names = {lay.name for lay in candidate_layouts(8, 1, seq_len=32768) if lay.cp > 1}
+    assert not [lay for lay in candidate_layouts(8, 1, seq_len=4096) if lay.dims.cp > 1], "short sequences: no CP"
+    names = {lay.name for lay in candidate_layouts(8, 1, seq_len=32768) if lay.dims.cp > 1}
     assert {"CP 8 (ZeRO-2)", "CP 8 (ZeRO-3)", "ZeRO-3 2 x CP 4", "ZeRO-3 2 x CP 2 x TP 2"} <= names
     args = ["--config", "train_configs/llama3_debug.toml", "--model.flavor", "8B", "--ngpu", "8"]
     _, result = plan(tmp_path, *args, "--training.seq_len", "32768", "--training.local_batch_size", "1")

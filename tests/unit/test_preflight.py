@@ -133,7 +133,7 @@ def test_plan_and_check_agree_on_the_estimate(tmp_path, monkeypatch, capsys):
 def test_cpu_offload_moves_the_state_to_host_memory():
     facts, on_device, whole = config_estimate(parse_config(LLAMA_8B), 1, "cuda")
     _, offloaded, est = config_estimate(parse_config([*LLAMA_8B, "--training.enable_cpu_offload"]), 1, "cuda")
-    assert offloaded.offload and offloaded.dims.fsdp_enabled and offloaded.dp_shard == 1
+    assert offloaded.offload and offloaded.dims.fsdp_enabled and offloaded.dims.dp_shard == 1
     assert not on_device.offload and whole["host"] == 0
     # fp32 parameters, gradients and both AdamW moments: 16 bytes per parameter, on the host
     assert est["host"] == 16 * facts.params

@@ -53,6 +53,7 @@ from dataclasses import dataclass, replace
 from titanlite.builder.layouts import Layout, candidate_layouts, offload_layouts
 from titanlite.builder.model_facts import ModelFacts
 from titanlite.components.loss import chunk_tokens
+from titanlite.parallel.parallelize import loss_parallel_enabled
 
 GIB = 2**30
 # Per-GPU bandwidth assumed for the time column (GB/s, one direction, what NCCL's bus bandwidth reaches).
@@ -112,9 +113,9 @@ def estimate(facts: ModelFacts, lay: Layout, s: Setting) -> dict:
     """Per-rank memory (bytes) by component for the rank with the largest peak, and per-step
     communication (bytes per rank) by collective."""
     worst = None
-    stage_sets = stage_layers(facts.n_layers, lay.pp, s.stages_per_rank if lay.pp > 1 else 1)
+    stage_sets = stage_layers(facts.n_layers, lay.dims.pp, s.stages_per_rank if lay.dims.pp > 1 else 1)
     for pp_rank, layers in enumerate(stage_sets):
-        first, last = pp_rank == 0, pp_rank == lay.pp - 1
+        first, last = pp_rank == 0, pp_rank == lay.dims.pp - 1
         est = estimate_rank(facts, lay, s, layers, first, last, pp_rank)
         if worst is None or est["peak"] > worst["peak"]:
             worst = est | {"pp_rank": pp_rank}
@@ -122,7 +123,7 @@ def estimate(facts: ModelFacts, lay: Layout, s: Setting) -> dict:
 
 
 def estimate_rank(facts, lay: Layout, s: Setting, layers: list[int], first: bool, last: bool, pp_rank: int) -> dict:
-    tp, shard, cp = lay.tp, lay.dp_shard * lay.cp, lay.cp
+    tp, shard, cp = lay.dims.tp, lay.dims.view_degree("dp_shard_cp"), lay.dims.cp
     s = replace(s, seq_len=s.seq_len // cp)  # a context-parallel rank holds seq_len / cp tokens of each sequence
 
     def local(full: int, split: int) -> float:
@@ -133,7 +134,7 @@ def estimate_rank(facts, lay: Layout, s: Setting, layers: list[int], first: bool
         n_params += local(*facts.ends["first"])
     if last:
         n_params += local(*facts.ends["last"])
-    if last and facts.tie and lay.pp > 1 and not first:
+    if last and facts.tie and lay.dims.pp > 1 and not first:
         n_params += local(*facts.ends["first"])  # the last stage's copy of the tied embedding
     sharded = n_params / shard
     params = 4 * sharded
@@ -182,14 +183,14 @@ def estimate_rank(facts, lay: Layout, s: Setting, layers: list[int], first: bool
         acts += facts.act_last_hidden * scale / tp
         kept, loss_grads = chunked_loss_bytes(facts, s, tp)
         acts += kept
-        if lay.pp > 1:  # a pipeline stage keeps its output (the hidden states) for its backward
+        if lay.dims.pp > 1:  # a pipeline stage keeps its output (the hidden states) for its backward
             loss_grads += hidden
     elif last:
         acts += facts.act_last_hidden * scale / tp + facts.act_last_vocab * s.micro_batch / vocab_split
         # Backward of the loss: the gradients of the log-probabilities and of the logits, float32
         # (loss parallelism's sharded cross-entropy keeps a third, its softmax, through backward).
         loss_grads = (3 if s.loss_parallel else 2) * s.micro_batch * s.seq_len * facts.vocab * 4 / vocab_split
-        if lay.pp > 1:  # a pipeline stage keeps its output (the logits) for its backward
+        if lay.dims.pp > 1:  # a pipeline stage keeps its output (the logits) for its backward
             loss_grads += s.micro_batch * s.seq_len * facts.vocab * s.act_bytes / vocab_split
     in_flight = microbatches_in_flight(lay, s, pp_rank)
     activations = acts * in_flight
@@ -200,7 +201,7 @@ def estimate_rank(facts, lay: Layout, s: Setting, layers: list[int], first: bool
         largest = facts.largest_unit / tp * s.param_gather_bytes
         gather = unsharded if lay.reshard == "never" else min(unsharded, 2 * largest)
         fsdp_buffers = gather + facts.largest_unit / tp * 4  # + one unit's unsharded fp32 gradients
-        if s.microbatches > 1 and lay.pp == 1:
+        if s.microbatches > 1 and lay.dims.pp == 1:
             # Without gradient sync on the first micro-batches, FSDP accumulates unsharded gradients.
             fsdp_buffers += n_params * s.param_gather_bytes
     # Three moments: backward starts (all kept activations and the loss's gradients); a checkpointed
@@ -263,15 +264,15 @@ def loss_path(s: Setting) -> str:
 
 def microbatches_in_flight(lay: Layout, s: Setting, pp_rank: int) -> float:
     """Micro-batches whose activations a pipeline rank holds at once."""
-    if lay.pp == 1:
+    if lay.dims.pp == 1:
         return 1
     m = s.microbatches
     if s.schedule == "GPipe":
         return m
     if s.stages_per_rank == 1:  # 1F1B: rank r runs p - r forwards before its first backward
-        return min(m, lay.pp - pp_rank)
+        return min(m, lay.dims.pp - pp_rank)
     # Looped and V-shaped schedules: about one round of p micro-batches per local stage, in stage units.
-    return min(m, lay.pp) * (1 + (s.stages_per_rank - 1) / s.stages_per_rank)
+    return min(m, lay.dims.pp) * (1 + (s.stages_per_rank - 1) / s.stages_per_rank)
 
 
 def communication(lay: Layout, s: Setting, n_params: float, n_layers: int, facts, first: bool, last: bool) -> dict:
@@ -281,27 +282,27 @@ def communication(lay: Layout, s: Setting, n_params: float, n_layers: int, facts
     comm: dict[str, float] = {}
     # Gradients are synchronised once per step (on the last micro-batch); FSDP gathers parameters for
     # every micro-batch's forward (and, under ZeRO-3, its backward).
-    accum = s.microbatches if lay.pp == 1 else 1
+    accum = s.microbatches if lay.dims.pp == 1 else 1
     if lay.dims.ddp_enabled:
-        comm["all-reduce"] = 2 * ring(lay.dp_replicate) * 4 * n_params
+        comm["all-reduce"] = 2 * ring(lay.dims.dp_replicate) * 4 * n_params
     gathers = 1 if lay.reshard == "never" else 2
-    shard = lay.dp_shard * lay.cp  # FSDP shards over the data-parallel shards and the context-parallel ranks
+    shard = lay.dims.view_degree("dp_shard_cp")  # FSDP shards over the data-parallel shards and the cp ranks
     if lay.dims.fsdp_enabled and shard > 1:  # FSDP on one rank communicates nothing
         comm["all-gather"] = gathers * accum * ring(shard) * n_params * s.param_gather_bytes
         comm["reduce-scatter"] = ring(shard) * n_params * 4
-        if lay.dp_replicate > 1:
-            comm["all-reduce"] = 2 * ring(lay.dp_replicate) * 4 * n_params / shard
+        if lay.dims.dp_replicate > 1:
+            comm["all-reduce"] = 2 * ring(lay.dims.dp_replicate) * 4 * n_params / shard
     if lay.offload:  # fp32 shards to the device before each all-gather, their gradients back once
-        comm["host<->device"] = (gathers * accum + 1) * 4 * n_params / lay.dp_shard
-    if lay.tp > 1:
+        comm["host<->device"] = (gathers * accum + 1) * 4 * n_params / lay.dims.dp_shard
+    if lay.dims.tp > 1:
         hidden = s.micro_batch * s.seq_len * facts.dim * s.act_bytes
-        per_layer = 8 * ring(lay.tp) * hidden  # 2 all-gathers + 2 reduce-scatters, forward and backward
+        per_layer = 8 * ring(lay.dims.tp) * hidden  # 2 all-gathers + 2 reduce-scatters, forward and backward
         comm["tp all-gather/reduce-scatter"] = per_layer * n_layers * s.microbatches
-    if lay.cp > 1:  # K and V gathered in forward (again when AC recomputes), their gradients reduce-scattered
-        kv = 2 * s.micro_batch * s.seq_len * lay.cp * facts.kv_width / lay.tp * s.act_bytes  # whole sequence
+    if lay.dims.cp > 1:  # K and V gathered in forward (again when AC recomputes), their gradients reduce-scattered
+        kv = 2 * s.micro_batch * s.seq_len * lay.dims.cp * facts.kv_width / lay.dims.tp * s.act_bytes  # whole sequence
         passes = 3 if lay.ac in ("full", "selective_layer") else 2
-        comm["cp all-gather/reduce-scatter"] = passes * ring(lay.cp) * kv * n_layers * s.microbatches
-    if lay.pp > 1:
+        comm["cp all-gather/reduce-scatter"] = passes * ring(lay.dims.cp) * kv * n_layers * s.microbatches
+    if lay.dims.pp > 1:
         hidden = s.micro_batch * s.seq_len * facts.dim * s.act_bytes
         sends = (0 if last else 1) + (0 if first else 1)
         comm["send/recv"] = 2 * hidden * sends * s.microbatches
@@ -313,7 +314,7 @@ def comm_seconds(lay: Layout, comm: dict, ngpu: int, nnodes: int, interconnect: 
     a node when it fits in one, else across nodes; PP across nodes when there are several; CPU offload's
     copies over PCIe."""
     intra, inter = BANDWIDTH[interconnect] * 1e9, BANDWIDTH["infiniband"] * 1e9
-    dp_inside = lay.dp_replicate * lay.dp_shard * lay.cp * lay.tp <= ngpu
+    dp_inside = lay.dims.dp_replicate * lay.dims.dp_shard * lay.dims.cp * lay.dims.tp <= ngpu
     total = 0.0
     for kind, volume in comm.items():
         if kind == "host<->device":
@@ -341,14 +342,14 @@ def setting_for(cfg, lay: Layout, world: int, device: str) -> Setting:
     local = min(t.local_batch_size, per_rank)
     bf16 = device == "cuda" and t.mixed_precision_param == "bfloat16"
     p = cfg.parallelism
-    if lay.pp > 1:
+    if lay.dims.pp > 1:
         mbs = p.pipeline_parallel_microbatch_size
         microbatches = max(1, per_rank // mbs)
         schedule = p.pipeline_parallel_schedule
         stages = 1 if schedule in ("GPipe", "1F1B") else 2
     else:
         mbs, microbatches, schedule, stages = local, max(1, per_rank // local), "", 1
-    loss_parallel = lay.tp > 1 and not p.disable_loss_parallel  # titanlite.parallel.parallelize.loss_parallel_enabled
+    loss_parallel = loss_parallel_enabled(lay.dims, p)
     return Setting(
         t.seq_len,
         mbs,
@@ -371,7 +372,7 @@ def layout_rows(cfg, facts: ModelFacts, own: Layout, machine: Machine, fits) -> 
     then, on CUDA, the offloaded FSDP layouts (the last resorts, in that order)."""
 
     def same_as_own(lay: Layout) -> bool:
-        return replace(lay, name="", ac=own.ac) == replace(own, name="")
+        return replace(lay, ac=own.ac) == own
 
     def rows_of(layouts: list[Layout], acs: list[str]) -> list[dict]:
         out = []
@@ -400,7 +401,7 @@ def layout_row(cfg, facts: ModelFacts, lay: Layout, machine: Machine, fits, own:
     est = estimate(facts, lay, s)
     seconds = comm_seconds(lay, est["comm"], machine.ngpu, machine.nnodes, machine.interconnect)
     compute = compute_seconds(facts, cfg, lay, s, machine.tflops)
-    bubble = (lay.pp - 1) / (s.microbatches * s.stages_per_rank) if lay.pp > 1 else 0.0
+    bubble = (lay.dims.pp - 1) / (s.microbatches * s.stages_per_rank) if lay.dims.pp > 1 else 0.0
     return {
         "layout": lay,
         "setting": s,
@@ -446,16 +447,16 @@ def compute_seconds(facts: ModelFacts, cfg, lay: Layout, s: Setting, tflops: flo
     of the same world size, so only the bubble and communication tell layouts apart."""
     dp = lay.dims.dp
     tokens = s.micro_batch * s.microbatches * s.seq_len * dp  # the global batch
-    return facts.flops_per_token * tokens / lay.ranks / (tflops * 1e12 * ASSUMED_MFU)
+    return facts.flops_per_token * tokens / lay.dims.world_size / (tflops * 1e12 * ASSUMED_MFU)
 
 
 def layout_allowed(facts: ModelFacts, lay: Layout, cfg) -> bool:
     # The trainer's own condition (check_tp_degree): heads, KV heads, FFN width, vocabulary and sequence length.
-    if lay.tp > 1 and any(size % lay.tp for size in [*facts.tp_sizes.values(), cfg.training.seq_len]):
+    if lay.dims.tp > 1 and any(size % lay.dims.tp for size in [*facts.tp_sizes.values(), cfg.training.seq_len]):
         return False
-    if lay.cp > 1 and cfg.training.seq_len % (2 * lay.cp):  # check_cp_degree
+    if lay.dims.cp > 1 and cfg.training.seq_len % (2 * lay.dims.cp):  # check_cp_degree
         return False
-    return lay.pp <= facts.n_layers
+    return lay.dims.pp <= facts.n_layers
 
 
 PREFERENCE = ["DDP", "ZeRO-2", "ZeRO-3", "HSDP", "single"]
@@ -463,9 +464,9 @@ PREFERENCE = ["DDP", "ZeRO-2", "ZeRO-3", "HSDP", "single"]
 
 def simplicity(lay: Layout) -> tuple:
     """No CPU offload before offload, no AC before AC, fewer dimensions, then DDP before ZeRO-2 before ZeRO-3."""
-    dims = sum(d > 1 for d in (lay.dp_replicate * lay.dp_shard, lay.cp, lay.tp, lay.pp))
+    used = sum(d > 1 for d in (lay.dims.dp, lay.dims.cp, lay.dims.tp, lay.dims.pp))
     kind = 0 if lay.dims.ddp_enabled else 1 if lay.reshard == "never" else 2
-    return (lay.offload, lay.ac != "none", dims, lay.tp, lay.pp, kind)
+    return (lay.offload, lay.ac != "none", used, lay.dims.tp, lay.dims.pp, kind)
 
 
 def recommend(rows: list[dict]) -> tuple[dict | None, str]:
@@ -482,7 +483,7 @@ def recommend(rows: list[dict]) -> tuple[dict | None, str]:
     why = (
         f"fits with {est['peak'] / GIB:.1f} GiB per rank; estimated step {1e3 * pick['step_s']:.1f} ms "
         f"({1e3 * pick['comm_s']:.1f} ms of it communication, {sum(est['comm'].values()) / 1e9:.2f} GB per rank"
-        + (f", pipeline bubble {pick['bubble']:.0%}" if lay.pp > 1 else "")
+        + (f", pipeline bubble {pick['bubble']:.0%}" if lay.dims.pp > 1 else "")
         + ")"
     )
     if lay.ac != "none":

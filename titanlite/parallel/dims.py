@@ -1,65 +1,116 @@
 """Parallel degrees → one DeviceMesh with named dimensions, checked before any process group exists.
 
-Dimensions, outermost first: pp, dp_replicate, dp_shard, cp, tp; degrees of 1 are left out of the mesh.
+MESH_DIMS is the one description of the layout: the checks, the mesh and its flattened views, and the
+planner's layouts and their command-line overrides all derive from it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
 
 from torch.distributed.device_mesh import init_device_mesh
 
 from titanlite.base.errors import ConfigError
 from titanlite.config import Parallelism
 
-MESH_ORDER = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+
+@dataclass(frozen=True)
+class MeshDim:
+    """One dimension of the mesh: its name (mesh["tp"], dims.tp), its degree's key in [parallelism] (declared,
+    with its help text, in titanlite/config/sections.py), the word the degree checks' messages use for it, and
+    what its ranks are for: the flattened views (VIEWS) they belong to."""
+
+    name: str
+    key: str
+    label: str
+    views: tuple[str, ...] = ()
+    rest: bool = False  # its degree may be -1: whatever the other degrees leave of the world size
+
+
+# Flattened views over several dimensions: dp, which rank reads which data; dp_shard_cp, what FSDP shards over;
+# dp_cp, what the loss is averaged over.
+VIEWS = ("dp", "dp_shard_cp", "dp_cp")
+
+# Outermost first; degrees of 1 are left out of the mesh. Adding a dimension: its key in sections.py, one entry
+# here, then the apply_* that uses mesh[name] (docs/architecture.md).
+MESH_DIMS = (
+    MeshDim("pp", "pipeline_parallel_degree", "pp"),
+    MeshDim("dp_replicate", "data_parallel_replicate_degree", "replicate", ("dp", "dp_cp")),
+    MeshDim("dp_shard", "data_parallel_shard_degree", "shard", ("dp", "dp_shard_cp", "dp_cp"), rest=True),
+    MeshDim("cp", "context_parallel_degree", "cp", ("dp_shard_cp", "dp_cp")),
+    MeshDim("tp", "tensor_parallel_degree", "tp"),
+)
+MESH_ORDER = tuple(dim.name for dim in MESH_DIMS)
+REST = next(dim for dim in MESH_DIMS if dim.rest)
+
+
+def _in_config_order(dims: tuple[MeshDim, ...]) -> tuple[MeshDim, ...]:
+    """The dimensions in the order [parallelism] declares their keys: the order overrides and checks name them."""
+    keys = [f.name for f in fields(Parallelism)]
+    undeclared = [dim.key for dim in dims if dim.key not in keys]
+    if undeclared:
+        raise TypeError(f"parallelism declares no {undeclared}: add the key to titanlite/config/sections.py")
+    return tuple(sorted(dims, key=lambda dim: keys.index(dim.key)))
+
+
+CONFIG_ORDER = _in_config_order(MESH_DIMS)
 
 
 @dataclass(frozen=True)
 class ParallelDims:
-    dp_replicate: int
-    dp_shard: int
-    world_size: int
-    cp: int = 1
-    tp: int = 1
-    pp: int = 1
+    """The degree of every dimension, in MESH_DIMS' order; `dims.tp`, `dims.dp_shard` read one by its name."""
+
+    sizes: tuple[int, ...]
     fsdp_single_rank: bool = False  # FSDP on a one-rank data-parallel mesh (a single device)
+
+    def __post_init__(self) -> None:
+        if len(self.sizes) != len(MESH_DIMS):
+            raise ValueError(f"ParallelDims needs one degree per dimension {MESH_ORDER}, not {self.sizes}")
+
+    def __getattr__(self, name: str) -> int:
+        # Reached only where ordinary lookup fails: a dimension's degree, by its name in MESH_DIMS.
+        if name in MESH_ORDER:
+            return self.sizes[MESH_ORDER.index(name)]
+        raise AttributeError(f"'ParallelDims' object has no attribute '{name}'")
+
+    @classmethod
+    def of(cls, fsdp_single_rank: bool = False, **degrees: int) -> ParallelDims:
+        """The layout with these degrees, by dimension name (1 for the others): `ParallelDims.of(dp_shard=4, tp=2)`."""
+        unknown = sorted(set(degrees) - set(MESH_ORDER))
+        if unknown:
+            raise TypeError(f"no mesh dimension {unknown}; the dimensions are {MESH_ORDER}")
+        return cls(tuple(degrees.get(name, 1) for name in MESH_ORDER), fsdp_single_rank)
 
     @classmethod
     def from_config(cls, cfg: Parallelism, world_size: int, cpu_offload: bool = False) -> ParallelDims:
-        """Resolve dp_shard = -1 and check that the degrees multiply to the world size; a single device
+        """Resolve the degree of -1 and check that the degrees multiply to the world size; a single device
         gets a one-rank FSDP mesh when parallelism.fsdp_single_rank or CPU offload asks for it."""
-        replicate, shard = cfg.data_parallel_replicate_degree, cfg.data_parallel_shard_degree
-        tp, pp, cp = cfg.tensor_parallel_degree, cfg.pipeline_parallel_degree, cfg.context_parallel_degree
-        named = (
-            ("data_parallel_replicate_degree", replicate),
-            ("context_parallel_degree", cp),
-            ("tensor_parallel_degree", tp),
-            ("pipeline_parallel_degree", pp),
-        )
-        for name, degree in named:
-            if degree < 1:
-                raise ConfigError(f"parallelism.{name}={degree} must be at least 1")
-        for name, degree in named:
-            if world_size % degree:
+        degrees: dict[str, int] = {dim.name: getattr(cfg, dim.key) for dim in MESH_DIMS}
+        given = [dim for dim in CONFIG_ORDER if not dim.rest]
+        for dim in given:
+            if degrees[dim.name] < 1:
+                raise ConfigError(f"parallelism.{dim.key}={degrees[dim.name]} must be at least 1")
+        for dim in given:
+            if world_size % degrees[dim.name]:
                 raise ConfigError(
-                    f"parallelism.{name}={degree} does not divide the world size {world_size}; "
+                    f"parallelism.{dim.key}={degrees[dim.name]} does not divide the world size {world_size}; "
                     f"use one of {_divisors(world_size)}"
                 )
-        others = replicate * cp * tp * pp
-        if shard == -1:
+        others = math.prod(degrees[dim.name] for dim in given)
+        if degrees[REST.name] == -1:
             if world_size % others:
                 raise ConfigError(
-                    f"parallelism degrees replicate {replicate} x cp {cp} x tp {tp} x pp {pp} = {others} do not "
-                    f"divide the world size {world_size}"
+                    f"parallelism degrees {_factors(given, degrees)} = {others} do not divide the world size "
+                    f"{world_size}"
                 )
-            shard = world_size // others
-        product = shard * others
+            degrees[REST.name] = world_size // others
+        product = math.prod(degrees.values())
         if product != world_size:
             raise ConfigError(
-                f"parallelism degrees multiply to {product} (pp {pp} x replicate {replicate} x shard {shard} x cp "
-                f"{cp} x tp {tp}) "
-                f"but the world size is {world_size}; set parallelism.data_parallel_shard_degree = -1 or "
+                f"parallelism degrees multiply to {product} ({_factors(MESH_DIMS, degrees)}) "
+                f"but the world size is {world_size}; set parallelism.{REST.key} = -1 or "
                 f"make the product equal {world_size}"
             )
         single_rank = (cfg.fsdp_single_rank or cpu_offload) and world_size == 1
@@ -68,41 +119,36 @@ class ParallelDims:
                 f"parallelism.fsdp_single_rank is for a single-device run, but the world size is {world_size} "
                 "(FSDP shards over data_parallel_shard_degree there); set it to false"
             )
-        return cls(
-            dp_replicate=replicate,
-            dp_shard=shard,
-            cp=cp,
-            tp=tp,
-            pp=pp,
-            world_size=world_size,
-            fsdp_single_rank=single_rank,
-        )
+        return cls.of(fsdp_single_rank=single_rank, **degrees)
 
     @property
     def degrees(self) -> dict[str, int]:
-        return {
-            "pp": self.pp,
-            "dp_replicate": self.dp_replicate,
-            "dp_shard": self.dp_shard,
-            "cp": self.cp,
-            "tp": self.tp,
-        }
+        """Each dimension's degree by its name, outermost first."""
+        return dict(zip(MESH_ORDER, self.sizes))
+
+    @property
+    def world_size(self) -> int:
+        return math.prod(self.sizes)
+
+    def view_degree(self, view: str) -> int:
+        """The ranks in a flattened view (VIEWS): the product of its dimensions' degrees."""
+        return math.prod(size for dim, size in zip(MESH_DIMS, self.sizes) if view in dim.views)
 
     @property
     def dp(self) -> int:
         """Data-parallel degree: how many different slices of each global batch are read."""
-        return self.dp_replicate * self.dp_shard
+        return self.view_degree("dp")
 
     @property
     def fsdp_enabled(self) -> bool:
         """FSDP shards over dp_shard x cp: context-parallel ranks hold the same parameters, so they shard
         them (and average their gradients) like data-parallel ones."""
-        return self.dp_shard > 1 or self.cp > 1 or self.fsdp_single_rank
+        return self.view_degree("dp_shard_cp") > 1 or self.fsdp_single_rank
 
     @property
     def ddp_enabled(self) -> bool:
         """Plain replication (DDP) only when nothing shards; replicate x shard is HSDP, done by FSDP."""
-        return self.dp_replicate > 1 and self.dp_shard == 1 and self.cp == 1
+        return self.dp_replicate > 1 and self.view_degree("dp_shard_cp") == 1
 
     @property
     def cp_enabled(self) -> bool:
@@ -122,20 +168,19 @@ class ParallelDims:
             return "single device (FSDP on one rank)"
         return " x ".join(used) if used else "single device"
 
+    def overrides(self) -> list[str]:
+        """The command-line overrides that select these degrees, in the order [parallelism] declares them."""
+        return [arg for dim in CONFIG_ORDER for arg in (f"--parallelism.{dim.key}", str(self.degrees[dim.name]))]
+
     def build_mesh(self, device_type: str) -> Mesh | None:
         """One DeviceMesh over the dimensions in use, plus the flattened views the trainer needs."""
         names = [n for n in MESH_ORDER if self.degrees[n] > 1 or (n == "dp_shard" and self.fsdp_single_rank)]
         if not names:
             return None
         root = init_device_mesh(device_type, tuple(self.degrees[n] for n in names), mesh_dim_names=tuple(names))
-        # dp: which rank reads which data; dp_shard_cp: what FSDP shards over; dp_cp: what the loss averages over.
         views = {}
-        for view, parts in (
-            ("dp", ("dp_replicate", "dp_shard")),
-            ("dp_shard_cp", ("dp_shard", "cp")),
-            ("dp_cp", ("dp_replicate", "dp_shard", "cp")),
-        ):
-            used = tuple(n for n in parts if n in names)
+        for view in VIEWS:
+            used = tuple(dim.name for dim in MESH_DIMS if view in dim.views and dim.name in names)
             if used:
                 views[view] = root[used]._flatten(view)
         return Mesh(root, views)
@@ -153,6 +198,11 @@ class Mesh:
 
     def __contains__(self, name: str) -> bool:
         return name in self.views or name in (self.root.mesh_dim_names or ())
+
+
+def _factors(dims: Sequence[MeshDim], degrees: dict[str, int]) -> str:
+    """'pp 1 x replicate 2 x shard 4': the degrees as the checks' messages name them."""
+    return " x ".join(f"{dim.label} {degrees[dim.name]}" for dim in dims)
 
 
 def _divisors(n: int) -> str:

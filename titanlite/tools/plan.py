@@ -147,7 +147,7 @@ def print_plan(cfg, facts: ModelFacts, rows: list[dict], machine: Machine, mem: 
     print(f"recommended: {pick['layout'].name}, AC {pick['layout'].ac}: {why}" if pick else f"recommended: none; {why}")
     if pick:
         print("  run it with: " + " ".join(pick["layout"].overrides()))
-    pps = sorted({r["layout"].pp for r in rows if r["layout"].pp > 1})
+    pps = sorted({r["layout"].dims.pp for r in rows if r["layout"].dims.pp > 1})
     for p in pps:
         print(f"pipeline bubble, {p} stages (GPipe/1F1B; looped schedules with v stages per rank divide it by v):")
         print(f"  {'micro-batches':>13} {'idle/compute (p-1)/m':>21} {'idle share (p-1)/(m+p-1)':>25}")
