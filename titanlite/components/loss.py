@@ -177,7 +177,7 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
                 loss, grad = vocab_parallel_cross_entropy(logits, y - vocab_start, keep, group, compute_grads)
             del logits
             loss_sum += loss
-            if compute_grads:
+            if grad_hidden is not None:  # compute_grads
                 # Ignored rows (padding) contribute nothing: masked on the [n, dim] sides, not on [n, vocab].
                 mask = keep[:, None].to(h.dtype)
                 grad_hidden[start:end] = (grad @ weight) * mask
@@ -249,7 +249,8 @@ def build_loss(parts: list[nn.Module], chunk_tokens: int, compiled: bool = False
     """The loss function for these model parts: chunked over the part that holds the output projection
     (made to return hidden states by parallelize), else the plain cross-entropy."""
     parts = [getattr(p, "module", p) for p in parts]  # inside DDP
-    head = next((p.output for p in parts if isinstance(getattr(p, "output", None), HiddenStatesHead)), None)
+    outputs = (getattr(p, "output", None) for p in parts)
+    head = next((output for output in outputs if isinstance(output, HiddenStatesHead)), None)
     if chunk_tokens <= 0 or head is None:  # plain; or a pipeline rank without the last stage (never called)
         return cross_entropy
     return ChunkedCrossEntropy(head, chunk_tokens, compiled, backend)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
@@ -9,10 +11,11 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully
 from torch.nn.parallel import DistributedDataParallel
 
 from titanlite.components.loss import HiddenStatesHead
+from titanlite.models.common.interface import DecoderModule
 
 
 def apply_fsdp(
-    model: nn.Module,
+    model: DecoderModule,
     dp_mesh: DeviceMesh,
     *,
     param_dtype: torch.dtype,
@@ -27,7 +30,7 @@ def apply_fsdp(
     cpu_offload keeps the shards (and so the optimizer's state) in pinned host memory.
     """
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
-    shard = dict(mesh=dp_mesh, mp_policy=mp)
+    shard: dict[str, Any] = dict(mesh=dp_mesh, mp_policy=mp)
     if cpu_offload:
         shard["offload_policy"] = CPUOffloadPolicy()
     for block in model.layers.values():

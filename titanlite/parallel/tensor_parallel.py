@@ -8,17 +8,17 @@ reductions become reduce-scatters. The vocabulary is split across ranks at both 
 
 from __future__ import annotations
 
-import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel, parallelize_module
 
 from titanlite.base.errors import ConfigError
 from titanlite.components.loss import HiddenStatesHead, VocabParallelHead
+from titanlite.models.common.interface import DecoderModule
 from titanlite.models.registry import spec_of
 
 
-def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, *, loss_parallel: bool) -> None:
+def apply_tp(model: DecoderModule, tp_mesh: DeviceMesh, *, loss_parallel: bool) -> None:
     """Shard `model` (still on the meta device) over `tp_mesh` with its family's plan for the blocks (its spec's
     tp_plan) and the shared plan for the ends."""
     spec = spec_of(model.args)
@@ -29,7 +29,7 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, *, loss_parallel: bool) -> N
     model.tie_weights()
 
 
-def ends_plan(model: nn.Module, loss_parallel: bool) -> dict:
+def ends_plan(model: DecoderModule, loss_parallel: bool) -> dict:
     """The embedding (vocabulary-parallel, output sharded by sequence), final norm and output projection.
 
     Under loss parallelism the logits stay sharded by vocabulary ([B, T, vocab/tp] per rank) and the

@@ -57,7 +57,6 @@ class Decoder(Protocol):
         ...
 
 
-
 if TYPE_CHECKING:
 
     class DecoderModule(nn.Module, Decoder):
