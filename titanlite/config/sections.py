@@ -425,10 +425,13 @@ class JobConfig:
 def field_docs(cls: type) -> dict[str, str]:
     """The docstring under each field of a dataclass (Python keeps none at run time, so read the source)."""
     tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
-    body = tree.body[0].body
+    node = tree.body[0]
+    assert isinstance(node, ast.ClassDef)  # the source of a class
+    body = node.body
     docs = {}
     for node, nxt in zip(body, body[1:]):
         if isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
+            assert isinstance(node.target, ast.Name)  # a dataclass field
             docs[node.target.id] = " ".join(str(nxt.value.value).split())
     return docs
 
