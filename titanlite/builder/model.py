@@ -64,6 +64,7 @@ def build_model(cfg: JobConfig, vocab_size: int, plan: Plan, mesh, device: torch
 
 def build_pipeline(cfg: JobConfig, plan: Plan, model, parts, mesh, device: torch.device, loss_fn) -> Pipeline:
     """The schedule over this rank's stages, with the tied-embedding sync and the stage timer."""
+    assert plan.pipeline is not None  # built only under pipeline parallelism
     pp_rank, group = mesh["pp"].get_local_rank(), mesh["pp"].get_group()
     csv = cfg.parallelism.pipeline_parallel_schedule_csv
     schedule, stages = build_schedule(parts, plan.pipeline, group, pp_rank, device, loss_fn, csv)

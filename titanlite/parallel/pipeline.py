@@ -17,7 +17,12 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.pipelining import PipelineStage
-from torch.distributed.pipelining.schedules import PipelineScheduleSingle, _PipelineScheduleRuntime, get_schedule_class
+from torch.distributed.pipelining.schedules import (
+    PipelineScheduleMulti,
+    PipelineScheduleSingle,
+    _PipelineScheduleRuntime,
+    get_schedule_class,
+)
 from torch.distributed.tensor import DTensor
 
 from titanlite.base.errors import ConfigError
@@ -174,7 +179,9 @@ def sequence_from_keywords(module: nn.Module, args: tuple, kwargs: dict) -> tupl
     return args, kwargs
 
 
-def build_schedule(parts: list[nn.Module], plan: PipelinePlan, pp_group, pp_rank: int, device, loss_fn, csv: str):
+def build_schedule(
+    parts: list[nn.Module], plan: PipelinePlan, pp_group, pp_rank: int, device, loss_fn, csv: str
+) -> tuple[PipelineScheduleSingle | PipelineScheduleMulti, list[PipelineStage]]:
     """The schedule over this rank's stages. Each stage takes the batch's Sequence, when there is one, as
     keyword tensors (sequence_from_keywords); the stage module stays the part itself, so the schedule still
     drives FSDP's and DDP's gradient sync."""
