@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from titanlite.base.errors import ConfigError
 from titanlite.config import Parallelism
@@ -145,7 +145,7 @@ class ParallelDims:
 class Mesh:
     """The root DeviceMesh and its flattened views; `mesh["dp"]` or `mesh[("dp_replicate", "dp_shard")]`."""
 
-    root: object
+    root: DeviceMesh
     views: dict
 
     def __getitem__(self, names):
