@@ -32,6 +32,7 @@ from titanlite.base.errors import NonFiniteLoss, Preempted
 from titanlite.components.loss import cross_entropy
 from titanlite.components.metrics import MetricsLogger, Throughput, peak_memory_gib, reset_peak_memory
 from titanlite.components.optim import clip_grad_norm_
+from titanlite.components.profiling import Profiler
 from titanlite.components.resilience import Faults, StopOnSignal, set_train_timeout
 from titanlite.parallel.pipeline import StageTimer, TiedEmbeddingSync
 
@@ -188,7 +189,7 @@ class Trainer:
         self.checkpointer = checkpointer
         self.resilience = resilience or Resilience()
         self.validator = validator  # titanlite.engine.validator.Validator, every settings.val_freq steps
-        self.profiler = None  # titanlite.components.profiling.Profiler, stepped after every training step
+        self.profiler: Profiler | None = None  # stepped after every training step
         self.step = 0
         self.tokens_seen = 0
         self.records = StepRecords()
