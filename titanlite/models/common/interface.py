@@ -62,8 +62,8 @@ if TYPE_CHECKING:
     class DecoderModule(nn.Module, Decoder):
         """What a built model is to the type checker: an nn.Module that implements Decoder (Python has no
         intersection types, and a Protocol cannot derive from nn.Module). No class derives from it: the
-        builders return their spec's class as one, and each family's model.py assigns its class to a
-        `type[Decoder]`, which is where mypy checks the family against the protocol."""
+        builders return their spec's class as one (spec.load is untyped), so each family's model.py returns an
+        instance of its class as a Decoder under TYPE_CHECKING: there mypy checks the family against the protocol."""
 
 else:
     DecoderModule = nn.Module  # at run time a built model is the nn.Module it is
