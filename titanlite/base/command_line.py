@@ -3,6 +3,8 @@ rest is parsed as config overrides, and the entry points' module names, for the 
 
 from __future__ import annotations
 
+from typing import Any
+
 from titanlite.base.errors import ConfigError
 
 # `python -m` names of the entry points (titanlite/commands/) that tools start as processes.
@@ -11,7 +13,7 @@ LAUNCHER = "titanlite.commands.launch"  # torchrun with one-line failures; takes
 TRAIN_WORKER = "titanlite.commands.train"
 
 
-def take_options(argv: list[str], defaults: dict[str, object], command: str) -> tuple[dict, list[str]]:
+def take_options(argv: list[str], defaults: dict[str, Any], command: str) -> tuple[dict, list[str]]:
     """Pull a tool's `--name value` options out of argv, typed by their defaults (a bool default is a
     flag that takes no value); the rest of argv is config overrides. `command` prefixes errors."""
     values, rest, it = dict(defaults), [], iter(argv)

@@ -84,7 +84,8 @@ def explain(exc: BaseException, run_dir: Path | None = None) -> tuple[int, str, 
 
 def causes(exc: BaseException) -> list[BaseException]:
     """The exception, those it was raised from, and (for DCP's CheckpointException) each rank's own error."""
-    out, todo = [], [exc]
+    out: list[BaseException] = []
+    todo: list[BaseException | None] = [exc]
     while todo:
         e = todo.pop()
         if e is None or any(e is seen for seen in out):
@@ -124,9 +125,10 @@ def where(exc: BaseException) -> str:
     """The innermost frame of the traceback inside titanlite (else the innermost one), as file:line."""
     frames = traceback.extract_tb(exc.__traceback__)
     ours = [f for f in frames if Path(f.filename).resolve().is_relative_to(PACKAGE_ROOT)]
-    frame = (ours or frames or [None])[-1]
-    if frame is None:
+    found = ours or frames
+    if not found:
         return "no traceback"
+    frame = found[-1]
     path = Path(frame.filename).resolve()
     shown = path.relative_to(PACKAGE_ROOT.parent) if path.is_relative_to(PACKAGE_ROOT.parent) else path
     return f"{shown}:{frame.lineno}"
@@ -203,7 +205,8 @@ def first_failure(folder: Path) -> dict | None:
     reaction to another rank's death (the others are usually peers that lost it, seconds later)."""
     entries = latest_failures(folder)
     own = [e for e in entries if not e.get("peer_lost")]
-    return (own or entries or [None])[0]
+    found = own or entries
+    return found[0] if found else None
 
 
 def reason_in(output: str) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -37,7 +38,7 @@ def store_options(cfg: JobConfig, verify: str) -> StoreOptions:
 
 def training_sources(cfg: JobConfig) -> list[tuple[Source, float]]:
     t = cfg.training
-    options = dict(
+    options: dict[str, Any] = dict(
         text_field=t.dataset_text_field,
         split=t.dataset_split,
         subset=t.dataset_subset,

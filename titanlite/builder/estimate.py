@@ -119,6 +119,7 @@ def estimate(facts: ModelFacts, lay: Layout, s: Setting) -> dict:
         est = estimate_rank(facts, lay, s, layers, first, last, pp_rank)
         if worst is None or est["peak"] > worst["peak"]:
             worst = est | {"pp_rank": pp_rank}
+    assert worst is not None  # pp >= 1 stages
     return worst
 
 
@@ -181,8 +182,8 @@ def estimate_rank(facts, lay: Layout, s: Setting, layers: list[int], first: bool
     loss_grads = 0.0
     if last and s.loss_chunk > 0:
         acts += facts.act_last_hidden * scale / tp
-        kept, loss_grads = chunked_loss_bytes(facts, s, tp)
-        acts += kept
+        chunk_kept, loss_grads = chunked_loss_bytes(facts, s, tp)
+        acts += chunk_kept
         if lay.dims.pp > 1:  # a pipeline stage keeps its output (the hidden states) for its backward
             loss_grads += hidden
     elif last:

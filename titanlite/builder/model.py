@@ -6,7 +6,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn as nn
 
 from titanlite.builder.plan import Plan
 from titanlite.components.loss import build_loss, chunk_tokens, cross_entropy, schedule_of
@@ -14,7 +13,7 @@ from titanlite.config import JobConfig
 from titanlite.data.tokenizer import build_tokenizer
 from titanlite.engine.trainer import Pipeline, RankModel, autocast_for
 from titanlite.models.common.build import configured_model
-from titanlite.models.common.interface import Decoder
+from titanlite.models.common.interface import DecoderModule
 from titanlite.parallel.compile import compiled_loss
 from titanlite.parallel.context_parallel import SequenceSplit
 from titanlite.parallel.float8 import Float8ScalePrecompute
@@ -26,13 +25,13 @@ from titanlite.parallel.pipeline import StageTimer, TiedEmbeddingSync, build_sch
 class ModelSetup:
     """The model of a run on this rank, with what the log says about it."""
 
-    plain_model: nn.Module  # the whole model on the meta device (for counting)
+    plain_model: DecoderModule  # the whole model on the meta device (for counting)
     rank: RankModel  # this rank's parallelised parts and how they run
     param_dtype: torch.dtype
     loss_line: str  # which loss runs, for the log
 
 
-def plain_model(cfg: JobConfig) -> Decoder:
+def plain_model(cfg: JobConfig) -> DecoderModule:
     """The configured model, whole, on the current default device of this one process."""
     m = cfg.model
     return configured_model(m, build_tokenizer(m.tokenizer, m.hf_assets_path).vocab_size, cfg.training.seq_len)
@@ -68,6 +67,7 @@ def build_pipeline(
 ) -> Pipeline:
     """The schedule over this rank's stages, with the tied-embedding sync and the stage timer. `logits`: what
     the last stage returns for loss_fn (False: hidden states, for the chunked loss)."""
+    assert plan.pipeline is not None  # built only under pipeline parallelism
     pp_rank, group = mesh["pp"].get_local_rank(), mesh["pp"].get_group()
     csv = cfg.parallelism.pipeline_parallel_schedule_csv
     schedule, stages = build_schedule(parts, plan.pipeline, group, pp_rank, device, loss_fn, csv)

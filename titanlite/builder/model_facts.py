@@ -91,7 +91,7 @@ def model_facts(cfg, seq_len: int) -> ModelFacts:
         args.tie_embeddings,
         layer_params,
         layer_split,
-        {k: tuple(v) for k, v in ends.items()},
+        {k: (v[0], v[1]) for k, v in ends.items()},
         max(max(layer_params), root),
         flops_per_token=flops_per_token(model, seq_len),
         tp_sizes=tp_split_sizes(args),
@@ -108,13 +108,16 @@ def flash_attention_on_meta():
     and the log-sum-exp only. Route it to the CPU flash kernel, whose meta version saves the same."""
     original = F.scaled_dot_product_attention
 
-    def flash(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False, **kwargs):
+    def flash(
+        query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False, **kwargs
+    ):
         # The flash kernels read grouped keys and values as they are (enable_gqa): no per-head copy is saved.
         if attn_mask is not None or dropout_p or kwargs:
             return original(
-                q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, **kwargs
+                query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, **kwargs
             )
-        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, is_causal, scale=scale)[0]
+        flash_cpu = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+        return flash_cpu(query, key, value, 0.0, is_causal, scale=scale)[0]
 
     F.scaled_dot_product_attention = flash
     try:

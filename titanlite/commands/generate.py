@@ -25,6 +25,7 @@ from titanlite.components.hf_weights import load_hf_into
 from titanlite.config import parse_config
 from titanlite.data.tokenizer import build_tokenizer
 from titanlite.models.common.build import model_from_args
+from titanlite.models.common.interface import DecoderModule
 from titanlite.models.common.kv_cache import KVCache, StaticKVCache
 from titanlite.models.hf_config import folder_model_args
 
@@ -115,19 +116,20 @@ class GraphedDecoder(Decoder):
     def __init__(self, model: nn.Module, max_len: int, device: torch.device):
         if device.type != "cuda":
             raise ValueError(f"CUDA graph decoding needs a CUDA device, not {device}")
-        self.model, self.cache = model, StaticKVCache(max_len, device)
+        self.model = model
+        self.cache: StaticKVCache = StaticKVCache(max_len, device)
         self.graph: torch.cuda.CUDAGraph | None = None
 
     def __call__(self, tokens: torch.Tensor) -> torch.Tensor:
         if tokens.shape[1] != 1:
             return super().__call__(tokens)
         if self.graph is None:
-            self._capture(tokens)
+            self.graph = self._capture(tokens)
         self.tokens.copy_(tokens)
         self.graph.replay()
         return self.logits
 
-    def _capture(self, tokens: torch.Tensor) -> None:
+    def _capture(self, tokens: torch.Tensor) -> torch.cuda.CUDAGraph:
         self.tokens = tokens.clone()
         position = self.cache.position.clone()
         side = torch.cuda.Stream()
@@ -137,14 +139,15 @@ class GraphedDecoder(Decoder):
                 self.model(self.tokens, cache=self.cache)
                 self.cache.position.copy_(position)
         torch.cuda.current_stream().wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):  # recorded, not run: the position moves at each replay
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):  # recorded, not run: the position moves at each replay
             self.logits = self.model(self.tokens, cache=self.cache)[:, -1]
+        return graph
 
 
 @torch.inference_mode()
 def generate(
-    model: nn.Module,
+    model: DecoderModule,
     prompt_ids: list[int],
     max_new_tokens: int,
     vocab_size: int,
@@ -194,7 +197,7 @@ def main(argv: list[str]) -> int:
     cfg = parse_config(rest)
     tokenizer = build_tokenizer(cfg.model.tokenizer, cfg.model.hf_assets_path)
     # A tokenizer with a BOS id starts every training document with it (Llama 3, SmolLM): so does the prompt.
-    bos = [] if getattr(tokenizer, "bos_id", None) is None else [tokenizer.bos_id]
+    bos = [] if tokenizer.bos_id is None else [tokenizer.bos_id]
     prompt_ids = bos + tokenizer.encode(opts["prompt"])
     eot_id = getattr(tokenizer, "eot_id", None)
     device = torch.device("cuda", 0) if uses_cuda() else torch.device("cpu")
@@ -254,7 +257,7 @@ def check_prompt_fits(n_tokens: int, context: int) -> None:
         )
 
 
-def load_model(cfg, vocab_size: int) -> tuple[nn.Module, str]:
+def load_model(cfg, vocab_size: int) -> tuple[DecoderModule, str]:
     """The model on the CPU with its weights, and where they came from (checkpoint.checkpoint_to_load)."""
     path = checkpoint_to_load(cfg, "generate from")
     if (path / "config.json").is_file():
@@ -264,7 +267,7 @@ def load_model(cfg, vocab_size: int) -> tuple[nn.Module, str]:
     return model, str(path)
 
 
-def _load_hf_folder(folder: Path, vocab_size: int) -> nn.Module:
+def _load_hf_folder(folder: Path, vocab_size: int) -> DecoderModule:
     """A model of the folder's own shape and weights (model.name and flavor play no part). Its vocabulary is
     taken as is, padded or not (GPT-2's 50257): it only has to cover the tokenizer's ids."""
     args = folder_model_args(folder)

@@ -92,10 +92,10 @@ def run(argv: list[str]) -> int:
 NATIVE_CRASHES = {signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL, signal.SIGABRT}
 
 
-def chain(e: BaseException) -> str:
+def chain(e: BaseException | None) -> str:
     """'Type: message' of an exception and of the exceptions it was raised from (the rendezvous errors
     keep their reason, e.g. a host name that does not resolve, in __cause__)."""
-    parts = []
+    parts: list[str] = []
     while e is not None and len(parts) < 3:
         message = " ".join(str(e).split())[:200]
         parts.append(f"{type(e).__name__}{': ' + message if message else ''}")

@@ -22,7 +22,8 @@ class LiveTensorBytes:
     does not see inside DTensor operations, so it is used for pipeline stages only."""
 
     def __init__(self, device: torch.device):
-        self.device, self.live, self.current, self.peak = device, {}, 0, 0
+        self.device, self.current, self.peak = device, 0, 0
+        self.live: dict[int, weakref.ref] = {}  # storage -> a reference whose callback forgets it
 
     def add(self, t: torch.Tensor) -> None:
         if not isinstance(t, torch.Tensor) or t.device != self.device or t.is_meta:
@@ -32,7 +33,7 @@ class LiveTensorBytes:
         if key in self.live:
             return
         size = storage.nbytes()
-        self.live[key] = weakref.ref(storage, lambda _, key=key, size=size: self.remove(key, size))
+        self.live[key] = weakref.ref(storage, lambda _: self.remove(key, size))
         self.current += size
         self.peak = max(self.peak, self.current)
 
@@ -71,6 +72,7 @@ def measure_peak(trainer, fsdp: bool, device: torch.device, out: Path, total_ste
         out.write_text(json.dumps({"Total": tracker.peak, "tracker": "LiveTensorBytes"}))
 
         return
+    mem: MemTracker
     if fsdp and len(trainer.model_parts) == 1:
         mem = FSDPMemTracker(trainer.model_parts[0], optimizers[0])
     else:

@@ -20,7 +20,7 @@ from titanlite.base.failures import record
 from titanlite.config import JobConfig, parse_config
 
 
-def run_worker(body: Callable[[JobConfig], None], argv: list[str]) -> int:
+def run_worker(body: Callable[[JobConfig], object], argv: list[str]) -> int:
     """parse_config(argv), then body(cfg); returns the exit status, a failure being one line on stderr with
     the traceback in the run folder. A crash in native code (SIGSEGV, SIGABRT, ...) prints every thread's
     Python stack on stderr first (faulthandler), so the launcher's line can point at it."""

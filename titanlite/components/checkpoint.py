@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -89,7 +90,8 @@ class Checkpointer:
         self.final_step = job.training.stop_after_step or job.training.steps
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.world_size = dist.get_world_size() if dist.is_initialized() else 1
-        self.pending = None  # (future, tmp, final, meta, start) of an async save in flight
+        # (future, tmp, final, meta, start) of an async save in flight
+        self.pending: tuple[Future, Path, Path, dict, float] | None = None
         self.saved_step = -1
         self.mode = self.cfg.async_mode if self.cfg.enable else "disabled"
         # A background save must not share a process group with training collectives (gloo mixes them up).
@@ -108,13 +110,13 @@ class Checkpointer:
     # ---- what is saved -----------------------------------------------------------------------
 
     def model_state(self) -> dict:
-        state = {}
+        state: dict[str, Any] = {}
         for part in self.model_parts:
             state |= get_model_state_dict(part)
         return state
 
     def optimizer_state(self) -> dict:
-        state = {}
+        state: dict[str, Any] = {}
         for i, (part, optimizer) in enumerate(zip(self.model_parts, self.optimizers.optimizers)):
             part_state = get_optimizer_state_dict(part, optimizer, options=OPTIM_OPTIONS)
             state |= rename_tied(part_state, TIED_COPY, TIED_NAME) if i in self.tied_copy_parts else part_state
@@ -193,7 +195,9 @@ class Checkpointer:
             )
             if self.stager is not None and stager_closed(self.stager):
                 self.stager = process_saver_stager(pinned=uses_cuda())
-            written = getattr(response, "upload_completion", response)
+            # The upload's Future, from an AsyncSaveResponse or the Future async_save returned.
+            written = cast(Future, getattr(response, "upload_completion", response))
+            assert self.hasher is not None  # made when saves are async
             done = self.hasher.submit(self.checksum_when_written, written, tmp)
             self.pending = (done, tmp, final, meta, start)
 
@@ -411,7 +415,7 @@ def load_weights(model_parts: list[nn.Module], path: Path, what: str = "checkpoi
     problem = "it does not exist" if not path.is_dir() else agreed_problem(path, distributed=True)
     if problem:
         raise ConfigError(f"{what}='{path}' cannot be loaded ({problem})")
-    state = {"model": {}}
+    state: dict[str, dict] = {"model": {}}
     for part in model_parts:
         state["model"] |= get_model_state_dict(part)
     dcp_load(state, path)

@@ -159,11 +159,8 @@ def gpt2_tokenizer_json() -> dict:
     symbols = byte_symbols()
     vocab = {_spelled(token, symbols): rank for token, rank in ranks.items()}
     ordered = sorted(ranks.items(), key=lambda item: item[1])
-    merges = [
-        tuple(_spelled(part, symbols) for part in _merge_parts(token, rank, ranks))
-        for token, rank in ordered
-        if len(token) > 1
-    ]
+    pairs = (_merge_parts(token, rank, ranks) for token, rank in ordered if len(token) > 1)
+    merges = [(_spelled(first, symbols), _spelled(second, symbols)) for first, second in pairs]
     return _bpe_tokenizer_json(vocab, merges, GPT2_PAT_STR, GPT2_EOT, GPT2Tokenizer.eot_id)
 
 

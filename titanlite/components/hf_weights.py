@@ -135,7 +135,7 @@ def save_hf(
     if len(shards) == 1:
         save_file(tensors, str(folder / WEIGHTS_FILE), metadata={"format": "pt"})
     else:
-        weight_map = {}
+        weight_map: dict[str, str] = {}
         for i, names in enumerate(shards, start=1):
             file = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
             save_file({k: tensors[k] for k in names}, str(folder / file), metadata={"format": "pt"})
@@ -152,7 +152,8 @@ def save_hf(
 
 def _shards(tensors: dict[str, torch.Tensor], max_bytes: int) -> list[list[str]]:
     """Tensor names in file order, cut into groups of at most max_bytes (a larger tensor gets its own)."""
-    shards, size = [[]], 0
+    shards: list[list[str]] = [[]]
+    size = 0
     for name, t in tensors.items():
         nbytes = t.numel() * t.element_size()
         if shards[-1] and size + nbytes > max_bytes:

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
 from titanlite.base.errors import ConfigError
+from titanlite.models.common.head import OutputHead
 
 IGNORE = -100  # F.cross_entropy's default ignore_index: padded validation rows
 
@@ -42,7 +43,7 @@ class ChunkedCrossEntropy:
     and gradients, `chunk_tokens` tokens at a time. `compiled`: fuse each chunk's softmax arithmetic
     into one kernel (torch.compile), so the chunk's logits are read once."""
 
-    def __init__(self, head: nn.Module, chunk_tokens: int, compiled: bool = False, backend: str = "inductor"):
+    def __init__(self, head: OutputHead, chunk_tokens: int, compiled: bool = False, backend: str = "inductor"):
         self.head, self.chunk_tokens = head, chunk_tokens
         self.chunk_fn = (
             torch.compile(fused_softmax_cross_entropy, backend=backend, dynamic=False)
@@ -150,7 +151,7 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
                 loss, grad = vocab_parallel_cross_entropy(logits, y - vocab_start, keep, group, compute_grads)
             del logits
             loss_sum += loss
-            if compute_grads:
+            if grad_hidden is not None:  # compute_grads
                 # Ignored rows (padding) contribute nothing: masked on the [n, dim] sides, not on [n, vocab].
                 mask = keep[:, None].to(h.dtype)
                 grad_hidden[start:end] = (grad @ weight) * mask
@@ -222,7 +223,8 @@ def build_loss(parts: list[nn.Module], chunk_tokens: int, compiled: bool = False
     """The loss function for these model parts: chunked with the head of the part that holds it (the model then
     runs with logits=False), else the plain cross-entropy of logits."""
     parts = [getattr(p, "module", p) for p in parts]  # inside DDP
-    head = next((p.output for p in parts if getattr(p, "output", None) is not None), None)
+    heads = [head for head in (getattr(p, "output", None) for p in parts) if isinstance(head, OutputHead)]
+    head = heads[0] if heads else None
     if chunk_tokens <= 0 or head is None:  # plain; or a pipeline rank without the last stage (never called)
         return cross_entropy
     return ChunkedCrossEntropy(head, chunk_tokens, compiled, backend)

@@ -17,6 +17,8 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
+from titanlite.models.common.interface import DecoderModule
+
 logger = logging.getLogger(__name__)
 
 # Dense bf16 tensor-core peak of one device, in TFLOP/s (vendor data sheets, without sparsity).
@@ -41,7 +43,7 @@ def count_params(model: nn.Module) -> int:
     return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
 
 
-def flops_per_token(model: nn.Module, seq_len: int) -> float:
+def flops_per_token(model: DecoderModule, seq_len: int) -> float:
     """Training FLOPs per token (forward + backward), the formula of PaLM (Chowdhery et al., 2022, app. B):
 
         6 * N  +  12 * L * d * T
@@ -141,7 +143,7 @@ class MetricsLogger:
             self.tb = SummaryWriter(log_dir=str(run_dir / "tb"))
 
     def log(self, record: dict) -> None:
-        if not self.active:
+        if self.jsonl is None:  # not active
             return
         record = {**record, "elapsed_s": round(time.perf_counter() - self.start, 3)}
         logger.info(format_line(record))

@@ -61,7 +61,7 @@ class Optimizers:
         fused AdamW leaves weights, moments and step counts as they were. No host synchronisation."""
         found_inf = bad.float()
         for optimizer in self.optimizers:
-            optimizer.found_inf = found_inf
+            optimizer.found_inf = found_inf  # type: ignore[attr-defined]  # Adam.step reads it by getattr; not in the stubs
 
 
 def implementation(cfg: Optimizer, device_type: str, skip_nonfinite: bool = False) -> str:
@@ -124,11 +124,11 @@ class LRSchedulers:
         for scheduler in self.schedulers:
             scheduler.load_state_dict(state)
 
-    def peak_lrs(self) -> list[list[float]]:
+    def peak_lrs(self) -> list[list[float | torch.Tensor]]:
         """Each schedule's base (peak) learning rates: the config's optimizer.lr."""
         return [list(scheduler.base_lrs) for scheduler in self.schedulers]
 
-    def resume(self, peak_lrs: list[list[float]]) -> None:
+    def resume(self, peak_lrs: list[list[float | torch.Tensor]]) -> None:
         """After a checkpoint's schedule state (its step count) is loaded, keep this run's peak LR and schedule
         (warm-up, decay, length) and set every group's LR for the current step now: a changed optimizer.lr or
         lr_scheduler setting takes effect from the first resumed step, not one step later."""
@@ -179,12 +179,17 @@ def total_grad_norm(params: list[nn.Parameter]) -> torch.Tensor:
     experts) it is torch's own computation over all of them, so the norm stays bitwise what it was."""
     by_mesh = by_grad_mesh(params)
     if len(by_mesh) <= 1:
-        return full_value(torch.nn.utils.get_total_norm([p.grad for p in params], norm_type=2.0, foreach=True))
+        return full_value(torch.nn.utils.get_total_norm(grads_of(params), norm_type=2.0, foreach=True))
     norms = [
-        full_value(torch.nn.utils.get_total_norm([p.grad for p in group], norm_type=2.0, foreach=True))
+        full_value(torch.nn.utils.get_total_norm(grads_of(group), norm_type=2.0, foreach=True))
         for group in by_mesh.values()
     ]
     return torch.linalg.vector_norm(torch.stack([n.to(norms[0].device, torch.float32) for n in norms]), 2.0)
+
+
+def grads_of(params: list[nn.Parameter]) -> list[torch.Tensor]:
+    """The gradients of `params`, each of which has one."""
+    return [p.grad for p in params if p.grad is not None]
 
 
 def full_value(norm: torch.Tensor) -> torch.Tensor:
@@ -215,13 +220,13 @@ def reduce_partial_grads(params: list[nn.Parameter]) -> None:
     process from step 3); AdamW then all-reduced them twice per step. Summed here they are plain replicated
     gradients like every other.
     """
-    pending: dict[tuple, list[nn.Parameter]] = {}
+    pending: dict[tuple, list[tuple[nn.Parameter, DTensor]]] = {}
     for p in params:
         grad = p.grad
         if isinstance(grad, DTensor) and any(placement.is_partial() for placement in grad.placements):
-            pending.setdefault((grad.device_mesh, grad.placements), []).append(p)
+            pending.setdefault((grad.device_mesh, grad.placements), []).append((p, grad))
     for (mesh, placements), group in pending.items():
-        locals_ = [p.grad.to_local() for p in group]
+        locals_ = [grad.to_local() for _, grad in group]
         flat = torch.cat([t.reshape(-1) for t in locals_])
         settled = list(placements)
         for dim, placement in enumerate(placements):
@@ -232,7 +237,7 @@ def reduce_partial_grads(params: list[nn.Parameter]) -> None:
                 if placement.reduce_op == "avg":
                     flat /= mesh.size(dim)
                 settled[dim] = Replicate()
-        for p, summed in zip(group, flat.split([t.numel() for t in locals_])):
+        for (p, grad), summed in zip(group, flat.split([t.numel() for t in locals_])):
             p.grad = DTensor.from_local(
-                summed.view_as(p.grad.to_local()), mesh, settled, shape=p.grad.shape, stride=p.grad.stride()
+                summed.view_as(grad.to_local()), mesh, settled, shape=grad.shape, stride=grad.stride()
             )

@@ -30,7 +30,8 @@ class StopOnSignal:
     def __init__(self, device: torch.device):
         self.signum, self.first_at = 0, 0.0
         self.group = None
-        self.pending = None  # (work, buffer) of the exchange started after the previous step
+        # (work, buffer) of the exchange started after the previous step
+        self.pending: tuple[dist.Work, bytearray] | None = None
         if dist.is_initialized() and dist.get_world_size() > 1:
             self.group = dist.new_group(backend="gloo")  # host tensors, off the NCCL stream
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -48,7 +48,8 @@ def acquire(run_dir: Path, job: str) -> RunLock:
         raise ConfigError(
             f"cannot make the run folder {run_dir} ({e.strerror or e}); set job.dump_folder to a writable folder"
         ) from None
-    me = {"host": socket.gethostname(), "pid": os.getpid(), "job": job, "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+    host = socket.gethostname()
+    me = {"host": host, "pid": os.getpid(), "job": job, "started": time.strftime("%Y-%m-%d %H:%M:%S")}
     path = run_dir / LOCK_FILE
     with _serialised(run_dir):  # one launcher of this host at a time reads, takes over and makes the lock
         while True:
@@ -58,14 +59,14 @@ def acquire(run_dir: Path, job: str) -> RunLock:
                 holder = read_holder(path, wait=1.0)
                 if holder.get("job") == job:
                     return RunLock(path, holder, mine=False)
-                if holder.get("host") == me["host"] and not _alive(holder.get("pid")):
+                if holder.get("host") == host and not _alive(holder.get("pid")):
                     logger.warning(
                         f"titanlite: note: {path} was left by a job that is gone (pid {holder.get('pid')}, started "
                         f"{holder.get('started', '?')}); taking it over"
                     )
                     path.unlink(missing_ok=True)
                     continue
-                raise ConfigError(busy(run_dir, holder, me["host"])) from None
+                raise ConfigError(busy(run_dir, holder, host)) from None
             with os.fdopen(fd, "w") as f:
                 f.write(json.dumps(me))
             return RunLock(path, me, mine=True)

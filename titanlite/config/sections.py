@@ -315,8 +315,9 @@ class Float8:
     'rowwise' (one scale per row, more accurate), 'rowwise_with_gw_hp' (rowwise, weight gradients in high
     precision)."""
     filter_fqns: list[str] = field(default_factory=lambda: ["output"])
-    """Linear layers whose name contains one of these stay in high precision (the output projection by
-    default). Layers whose dimensions (per tensor-parallel shard) are not multiples of 16 always do."""
+    """Linear layers whose name contains one of these stay in high precision. The output projection (the
+    model's head, which the losses apply) always does, whatever this list says, and so do layers whose
+    dimensions (per tensor-parallel shard) are not multiples of 16."""
     emulate: bool = False
     """Emulate float8 matmuls in high precision: for GPUs below compute capability 8.9 (no speed-up)."""
     fsdp_float8_all_gather: bool = True
@@ -425,10 +426,13 @@ class JobConfig:
 def field_docs(cls: type) -> dict[str, str]:
     """The docstring under each field of a dataclass (Python keeps none at run time, so read the source)."""
     tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
-    body = tree.body[0].body
+    node = tree.body[0]
+    assert isinstance(node, ast.ClassDef)  # the source of a class
+    body = node.body
     docs = {}
     for node, nxt in zip(body, body[1:]):
         if isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
+            assert isinstance(node.target, ast.Name)  # a dataclass field
             docs[node.target.id] = " ".join(str(nxt.value.value).split())
     return docs
 

@@ -8,6 +8,7 @@ import contextlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from titanlite.base.errors import ConfigError, short_reason
 
@@ -100,9 +101,9 @@ def _reader(path: str, fields: list[int] | None = None):
         raise ConfigError(f"{path} is not a readable Arrow file ({short_reason(e)}); {RESAVE}") from e
 
 
-def _batches(reader, start: int, stop: int | None) -> Iterator[tuple[int, object]]:
-    """Record batches [start, stop) of `reader`, each with its index. A stream is read from its start, which
-    costs only each skipped batch's metadata: its buffers are slices of the memory map."""
+def _batches(reader, start: int, stop: int | None) -> Iterator[tuple[int, Any]]:
+    """Record batches [start, stop) of `reader` (pyarrow's, untyped), each with its index. A stream is read from its
+    start, which costs only each skipped batch's metadata: its buffers are slices of the memory map."""
     if hasattr(reader, "get_batch"):
         stop = reader.num_record_batches if stop is None else min(stop, reader.num_record_batches)
         yield from ((index, reader.get_batch(index)) for index in range(start, stop))

@@ -94,6 +94,7 @@ class Corpus:
             ]
         if self.weights is None:
             return [describe(self.stores[0]) + held[0]]
+        assert isinstance(self.order, MixtureOrder) and isinstance(self.windows, MixedWindows)  # weights: a mixture
         shares = self.order.shares(num_samples)
         lines = []
         for store, part, weight, count, h in zip(self.stores, self.windows.parts, self.weights, shares, held):
@@ -119,7 +120,9 @@ def split_point(store: TokenStore, eot_id: int, fraction: float, search: int = 2
     if len(ahead):
         return nominal + int(ahead[0])
     first = max(0, nominal - reach)
-    behind = np.flatnonzero(np.asarray(store.read(first, nominal)) == eot_id) if nominal > first else []
+    behind: np.ndarray | list[int] = (
+        np.flatnonzero(np.asarray(store.read(first, nominal)) == eot_id) if nominal > first else []
+    )
     return first + int(behind[-1]) if len(behind) else nominal
 
 
@@ -188,11 +191,11 @@ def build_corpus(
 ) -> Corpus:
     """Open (preparing where needed) each source's store, hold out the last `holdout` of each but of those
     that hold back validation files of their own, and lay the remaining windows out in sample order."""
-    stores = [stores.open(source, tokenizer) for source, _ in sources]
-    split = [split_point(store, tokenizer.eot_id, 0.0 if store.held_files else holdout) for store in stores]
-    parts = [PackedWindows(store, seq_len, stop=at) for store, at in zip(stores, split)]
+    opened = [stores.open(source, tokenizer) for source, _ in sources]
+    split = [split_point(store, tokenizer.eot_id, 0.0 if store.held_files else holdout) for store in opened]
+    parts = [PackedWindows(store, seq_len, stop=at) for store, at in zip(opened, split)]
     if len(sources) == 1:
-        return Corpus(parts[0], EpochOrder(len(parts[0]), seed, shuffle), stores, split=split)
+        return Corpus(parts[0], EpochOrder(len(parts[0]), seed, shuffle), opened, split=split)
     weights = [weight for _, weight in sources]
     order = MixtureOrder([len(p) for p in parts], weights, seed, shuffle)
-    return Corpus(MixedWindows(parts), order, stores, weights, split=split)
+    return Corpus(MixedWindows(parts), order, opened, weights, split=split)

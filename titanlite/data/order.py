@@ -72,7 +72,8 @@ class EpochOrder:
         if num_windows < 1:
             raise ValueError(f"num_windows={num_windows} must be at least 1")
         self.num_windows, self.seed, self.shuffle = num_windows, seed, shuffle
-        self._epoch, self._perm = -1, None
+        self._epoch = -1
+        self._perm: SeededPermutation | None = None
 
     def windows(self, samples: np.ndarray) -> np.ndarray:
         samples = np.asarray(samples, dtype=np.int64)
@@ -86,7 +87,7 @@ class EpochOrder:
         return out
 
     def _permutation(self, epoch: int) -> SeededPermutation:
-        if epoch != self._epoch:
+        if epoch != self._epoch or self._perm is None:
             self._epoch, self._perm = epoch, SeededPermutation(self.num_windows, _key(self.seed, epoch))
         return self._perm
 

@@ -13,7 +13,7 @@ import io
 import json
 import lzma
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -163,7 +163,8 @@ def _open_span(span: Span):
 
         return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(f, closefd=True), buffer_size=2**20)
     f.close()  # the codec's own opener owns (and closes) the file it opens
-    return {"gz": gzip.open, "bz2": bz2.open, "xz": lzma.open}[span.codec](span.path, "rb")
+    openers: dict[str, Callable[..., io.IOBase]] = {"gz": gzip.open, "bz2": bz2.open, "xz": lzma.open}
+    return openers[span.codec](span.path, "rb")
 
 
 @contextlib.contextmanager

@@ -152,7 +152,7 @@ class Listing:
 
     paths: tuple[str, ...]
     kinds: tuple[tuple[str, str], ...]
-    fingerprint: str
+    fingerprint: str | None  # None when a watched path vanished while listing
     left_out: tuple[str, ...] = ()
     held: tuple[str, ...] = ()
     watched: tuple[str, ...] = ()  # the folders walked (or the lone file): what `fingerprint` is made of

@@ -482,7 +482,7 @@ def _build_hub(folder: Path, source: Source, tokenizer: Tokenizer, dtype: str, d
         parts = ["hub", name, source.options_key(), tokenizer.fingerprint, str(HUB_PIECE_DOCUMENTS), str(index)]
         return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
-    shards = []
+    shards: list[dict] = []
     while key(len(shards)) in done:
         shards.append(done[key(len(shards))])
     progress = Progress(source.description, total_bytes=0)

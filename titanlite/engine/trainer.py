@@ -17,11 +17,13 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.fsdp import FSDPModule
+from torch.distributed.pipelining.schedules import PipelineScheduleMulti, PipelineScheduleSingle
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel as tp_loss_parallel
 from torch.nn.parallel import DistributedDataParallel
@@ -30,7 +32,9 @@ from titanlite.base.errors import NonFiniteLoss, Preempted
 from titanlite.components.loss import cross_entropy
 from titanlite.components.metrics import MetricsLogger, Throughput, peak_memory_gib, reset_peak_memory
 from titanlite.components.optim import clip_grad_norm_
+from titanlite.components.profiling import Profiler
 from titanlite.components.resilience import Faults, StopOnSignal, set_train_timeout
+from titanlite.parallel.pipeline import StageTimer, TiedEmbeddingSync
 
 logger = logging.getLogger(__name__)
 
@@ -95,12 +99,12 @@ class Resilience:
 class Pipeline:
     """This rank's share of a pipeline: the schedule and what it needs around each step."""
 
-    schedule: object
+    schedule: PipelineScheduleSingle | PipelineScheduleMulti
     has_first: bool  # this rank feeds the inputs
     has_last: bool  # this rank computes the loss
-    group: object  # the pp process group
-    timer: object  # StageTimer
-    tied_sync: object | None  # TiedEmbeddingSync when a tied embedding spans stages
+    group: dist.ProcessGroup  # the pp process group
+    timer: StageTimer
+    tied_sync: TiedEmbeddingSync | None  # when a tied embedding spans stages
     analytic_bubble: float | None
     logits: bool = True  # what the last stage returns: logits, or (False) hidden states for the chunked loss
 
@@ -133,7 +137,7 @@ class RankModel:
     loss_parallel: bool = False
     autocast: Callable = contextlib.nullcontext  # bf16 autocast where FSDP does not already cast
     pipeline: Pipeline | None = None
-    loss_group: object = None  # the process group the loss is averaged over (dp x cp), or None
+    loss_group: dist.ProcessGroup | None = None  # the process group the loss is averaged over (dp x cp), or None
     after_optimizer_step: Callable | None = None  # e.g. float8 scales for the next all-gather
     # This rank's share of each batch's sequences and how attention sees them (context parallelism,
     # block-causal masks): (inputs, labels) -> (inputs, labels, Sequence or None).
@@ -189,7 +193,7 @@ class Trainer:
         self.checkpointer = checkpointer
         self.resilience = resilience or Resilience()
         self.validator = validator  # titanlite.engine.validator.Validator, every settings.val_freq steps
-        self.profiler = None  # titanlite.components.profiling.Profiler, stepped after every training step
+        self.profiler: Profiler | None = None  # stepped after every training step
         self.step = 0
         self.tokens_seen = 0
         self.records = StepRecords()
@@ -283,7 +287,7 @@ class Trainer:
             self.params,
             self.settings.max_norm,
             norm_params=self.norm_params,
-            pp_group=self.pipeline and self.pipeline.group,
+            pp_group=None if self.pipeline is None else self.pipeline.group,
         )
         pair = self.records.add(self.step + 1, loss, grad_norm)
         if self.resilience.skip_nonfinite_steps:
@@ -323,10 +327,11 @@ class Trainer:
         """One schedule step over this rank's whole share of the batch (the schedule cuts it into
         pipeline micro-batches; accumulation micro-batches simply join the same step)."""
         p = self.pipeline
+        assert p is not None  # called only under pipeline parallelism
         inputs = torch.cat([x for x, _ in micro_batches]).to(self.device, non_blocking=True)
         labels = torch.cat([y for _, y in micro_batches]).to(self.device, non_blocking=True)
         inputs, labels, sequence = self.model.pipeline_split(inputs, labels)
-        losses = []
+        losses: list[torch.Tensor] = []
         p.timer.enabled, p.timer.busy = measure, 0.0
         start = time.perf_counter()
         with self.model.autocast(), self.model.loss_context():
@@ -364,7 +369,7 @@ class Trainer:
         peak = self.figures.peak_tflops
         mfu = None if tflops is None or peak is None else 100.0 * tflops / peak
         mem_peak, mem_reserved = peak_memory_gib(self.device)
-        record = {
+        record: dict[str, Any] = {
             "step": self.step,
             "loss": loss,
             "grad_norm": grad_norm,
@@ -386,6 +391,7 @@ class Trainer:
 
     def bubble_figures(self) -> dict:
         """The schedule's analytic bubble beside the measured idle share of each pp rank (a collective)."""
+        assert self.pipeline is not None  # logged only under pipeline parallelism
         idle = torch.tensor([self.pipeline_idle], dtype=torch.float32, device=self.device)
         gathered = [torch.zeros_like(idle) for _ in range(dist.get_world_size(self.pipeline.group))]
         dist.all_gather(gathered, idle, group=self.pipeline.group)

@@ -108,6 +108,7 @@ class Validator:
         token mean; times the micro-batch's target count, that is its sum (padding-only micro-batches,
         whose mean is 0/0, count nothing)."""
         p = self.pipeline
+        assert p is not None  # called only under pipeline parallelism
         inputs, labels, sequence = self.model.pipeline_split(inputs, labels)
         losses: list[torch.Tensor] = []
         with self.model.autocast(), self.model.loss_context():

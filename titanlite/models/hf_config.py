@@ -34,6 +34,7 @@ def args_from_hf_config(config: dict, where: str = "config.json"):
     imported model's logits match the HF model's column for column."""
     model_type = config.get("model_type")
     spec = spec_of_model_type(model_type, where)
+    assert spec.hf is not None  # found by its Hugging Face model_type
     check_no_unsupported(config, where)
     try:
         return spec.hf.read(config, where)
@@ -79,6 +80,7 @@ def resolve_model_folder(model, explicit: set[str]) -> None:
     spec = spec_of(args)
     has_tokenizer = (Path(folder) / "tokenizer.json").is_file()
     wanted = {"model.name": spec.name}
+    assert spec.hf is not None  # args read from a config.json
     builtin = spec.hf.tokenizer(args)
     if has_tokenizer:
         wanted["model.tokenizer"] = "hf"

@@ -9,11 +9,11 @@ from __future__ import annotations
 from functools import partial
 
 import torch
-import torch.nn as nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from titanlite.config import ActivationCheckpoint
+from titanlite.models.common.interface import DecoderModule
 
 # Outputs worth keeping: recomputing them costs as much as the forward itself.
 SAVE_OPS = {
@@ -26,7 +26,7 @@ SAVE_OPS = {
 }
 
 
-def apply_ac(model: nn.Module, cfg: ActivationCheckpoint) -> None:
+def apply_ac(model: DecoderModule, cfg: ActivationCheckpoint) -> None:
     """Wrap the blocks of `model` (in place) as `cfg.mode` asks."""
     if cfg.mode == "none":
         return

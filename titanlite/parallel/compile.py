@@ -3,19 +3,20 @@
 from __future__ import annotations
 
 import torch
-import torch.nn as nn
 
 from titanlite.components.loss import cross_entropy
 from titanlite.config import Compile
+from titanlite.models.common.interface import DecoderModule
 
 
-def apply_compile(model: nn.Module, cfg: Compile) -> None:
+def apply_compile(model: DecoderModule, cfg: Compile) -> None:
     """Compile each block in place; applied after activation checkpointing and before FSDP, so the
     compiled region is the block's own compute and FSDP's communication stays outside it."""
     if not (cfg.enable and "model" in cfg.components):
         return
     for key, block in list(model.layers.items()):
-        model.layers.register_module(key, torch.compile(block, fullgraph=True, **compile_options(cfg)))
+        # torch.compile of a module is a module (OptimizedModule); its stub says only Callable.
+        model.layers.register_module(key, torch.compile(block, fullgraph=True, **compile_options(cfg)))  # type: ignore[arg-type]
 
 
 def compiled_loss(loss_fn, cfg: Compile, loss_parallel: bool):

@@ -127,6 +127,9 @@ class ContextParallelCore(CoreAttention):
 def apply_cp(model: nn.Module, cp_mesh: DeviceMesh) -> None:
     """Wrap every block's attention core (its `core`) in one that gathers keys and values over `cp_mesh`."""
     group = cp_mesh.get_group()
-    blocks = [module for module in model.modules() if isinstance(getattr(module, "core", None), CoreAttention)]
-    for block in blocks:
-        block.core = ContextParallelCore(block.core, group)
+    cores = [
+        (module, module.core) for module in model.modules() if isinstance(getattr(module, "core", None), CoreAttention)
+    ]
+    for block, core in cores:
+        assert isinstance(core, CoreAttention)  # for the type checker: found as one above
+        block.core = ContextParallelCore(core, group)

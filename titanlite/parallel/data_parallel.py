@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
+from titanlite.models.common.interface import DecoderModule
+
 
 def apply_fsdp(
-    model: nn.Module,
+    model: DecoderModule,
     dp_mesh: DeviceMesh,
     *,
     param_dtype: torch.dtype,
@@ -27,7 +31,7 @@ def apply_fsdp(
     loss_reads_head: the loss reads the output weight after the model's forward (the chunked loss).
     """
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
-    shard = dict(mesh=dp_mesh, mp_policy=mp)
+    shard: dict[str, Any] = dict(mesh=dp_mesh, mp_policy=mp)
     if cpu_offload:
         shard["offload_policy"] = CPUOffloadPolicy()
     for block in model.layers.values():

@@ -10,7 +10,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from titanlite.base.errors import ConfigError
 from titanlite.config import Parallelism
@@ -190,7 +190,7 @@ class ParallelDims:
 class Mesh:
     """The root DeviceMesh and its flattened views; `mesh["dp"]` or `mesh[("dp_replicate", "dp_shard")]`."""
 
-    root: object
+    root: DeviceMesh
     views: dict
 
     def __getitem__(self, names):

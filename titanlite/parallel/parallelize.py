@@ -14,6 +14,7 @@ import torch.nn as nn
 from titanlite.components.loss import chunk_tokens, schedule_of
 from titanlite.config import ActivationCheckpoint, Compile, Float8, Parallelism, Training
 from titanlite.models.common.init import init_weights
+from titanlite.models.common.interface import DecoderModule
 from titanlite.parallel.activation_checkpoint import apply_ac
 from titanlite.parallel.compile import apply_compile
 from titanlite.parallel.context_parallel import apply_cp
@@ -34,7 +35,7 @@ def reshard_after_forward(policy: str, pp_enabled: bool) -> bool:
 
 
 def parallelize(
-    model: nn.Module,
+    model: DecoderModule,
     dims: ParallelDims,
     mesh,
     parallelism: Parallelism,
@@ -43,7 +44,7 @@ def parallelize(
     ac: ActivationCheckpoint,
     compile_cfg: Compile,
     float8: Float8,
-) -> nn.Module:
+) -> DecoderModule:
     """Apply the parallelisms to a model still on the meta device; returns the (possibly wrapped) model."""
     loss_parallel = loss_parallel_enabled(dims, parallelism)
     # The chunked loss takes the hidden states and the head (titanlite/components/loss.py): TP splits the head for it
@@ -80,7 +81,7 @@ def wrap_ddp(model: nn.Module, dims: ParallelDims, mesh) -> nn.Module:
     return apply_ddp(model, mesh["dp_replicate"]) if dims.ddp_enabled else model
 
 
-def materialize(model: nn.Module, device: torch.device, seed: int, cpu_offload: bool = False) -> None:
+def materialize(model: DecoderModule, device: torch.device, seed: int, cpu_offload: bool = False) -> None:
     """Allocate the (sharded) parameters on `device` (in host memory under CPU offload, where FSDP keeps
     them), restore tied weights and buffers, and initialise."""
     model.to_empty(device="cpu" if cpu_offload else device)

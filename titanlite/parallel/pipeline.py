@@ -17,12 +17,18 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.pipelining import PipelineStage
-from torch.distributed.pipelining.schedules import PipelineScheduleSingle, _PipelineScheduleRuntime, get_schedule_class
+from torch.distributed.pipelining.schedules import (
+    PipelineScheduleMulti,
+    PipelineScheduleSingle,
+    _PipelineScheduleRuntime,
+    get_schedule_class,
+)
 from torch.distributed.tensor import DTensor
 
 from titanlite.base.errors import ConfigError
 from titanlite.config import Parallelism
 from titanlite.models.common.attention import Sequence
+from titanlite.models.common.interface import DecoderModule
 
 SINGLE_STAGE = ("GPipe", "1F1B")
 V_SHAPED = ("ZBVZeroBubble", "DualPipeV")
@@ -140,7 +146,7 @@ def fixed_split(n_layers: int, layers_per_stage: int) -> list[tuple[int, int]]:
     return [(first, min(first + layers_per_stage, n_layers)) for first in range(0, n_layers, layers_per_stage)]
 
 
-def split_model(model: nn.Module, plan: PipelinePlan, pp_rank: int) -> list[nn.Module]:
+def split_model(model: DecoderModule, plan: PipelinePlan, pp_rank: int) -> list[DecoderModule]:
     """One module per local stage: a copy of the (meta) model without the parts the stage does not own.
 
     Copying and deleting keeps parameter names as in the whole model, so weights initialise and
@@ -173,7 +179,9 @@ def sequence_from_keywords(module: nn.Module, args: tuple, kwargs: dict) -> tupl
     return args, kwargs
 
 
-def build_schedule(parts: list[nn.Module], plan: PipelinePlan, pp_group, pp_rank: int, device, loss_fn, csv: str):
+def build_schedule(
+    parts: list[nn.Module], plan: PipelinePlan, pp_group, pp_rank: int, device, loss_fn, csv: str
+) -> tuple[PipelineScheduleSingle | PipelineScheduleMulti, list[PipelineStage]]:
     """The schedule over this rank's stages. Each stage takes the batch's Sequence, when there is one, as
     keyword tensors (sequence_from_keywords); the stage module stays the part itself, so the schedule still
     drives FSDP's and DDP's gradient sync."""
@@ -204,26 +212,28 @@ class TiedEmbeddingSync:
     both take the same AdamW update. Megatron keeps its embedding group in sync the same way.
     """
 
-    def __init__(self, parts: list[nn.Module], plan: PipelinePlan, root_mesh, pp_rank: int):
+    def __init__(self, parts: list[DecoderModule], plan: PipelinePlan, root_mesh, pp_rank: int):
         self.embedding = next((p.tok_embeddings.weight for p in parts if p.tok_embeddings is not None), None)
         self.output = next((p.output.weight for p in parts if p.output is not None), None)
         self.group = None
         # Group creation is collective: every rank creates every first/last pair, keeping its own.
         mesh = root_mesh.mesh  # ranks, pp outermost
         for coords in itertools.product(*(range(n) for n in mesh.shape[1:])):
-            pair = sorted({int(mesh[(0, *coords)]), int(mesh[(plan.pp - 1, *coords)])})
+            first, last = (0, *coords), (plan.pp - 1, *coords)  # not mesh[(0, *coords)]: mypy reads it as 3.11 syntax
+            pair = sorted({int(mesh[first]), int(mesh[last])})
             group = dist.new_group(pair) if len(pair) == 2 else None
             if dist.get_rank() in pair:
                 self.group = group
 
     @property
-    def duplicate(self) -> nn.Parameter | None:
+    def duplicate(self) -> torch.Tensor | None:
         """The copy to leave out of the gradient norm (its gradient equals the embedding's)."""
         return self.output
 
     @torch.no_grad()
     def __call__(self) -> None:
         if self.embedding is not None and self.output is not None:  # both on this rank (V-shaped)
+            assert self.embedding.grad is not None and self.output.grad is not None  # after backward
             total = self.embedding.grad + self.output.grad
             self.embedding.grad.copy_(total)
             self.output.grad.copy_(total)

@@ -21,10 +21,11 @@ from torch.distributed.tensor.parallel import (
 from torch.distributed.tensor.parallel.style import distribute_module
 
 from titanlite.base.errors import ConfigError
+from titanlite.models.common.interface import DecoderModule
 from titanlite.models.registry import spec_of
 
 
-def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, *, loss_parallel: bool, chunked_loss: bool) -> None:
+def apply_tp(model: DecoderModule, tp_mesh: DeviceMesh, *, loss_parallel: bool, chunked_loss: bool) -> None:
     """Shard `model` (still on the meta device) over `tp_mesh` with its family's plan for the blocks (its spec's
     tp_plan) and the shared plan for the ends. `chunked_loss`: the loss takes the hidden states and the head."""
     spec = spec_of(model.args)
@@ -36,7 +37,7 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, *, loss_parallel: bool, chun
     model.tie_weights()
 
 
-def ends_plan(model: nn.Module, loss_parallel: bool, chunked_loss: bool) -> dict:
+def ends_plan(model: DecoderModule, loss_parallel: bool, chunked_loss: bool) -> dict:
     """The embedding (vocabulary-parallel, output sharded by sequence), final norm and output projection.
 
     Under loss parallelism the logits stay sharded by vocabulary ([B, T, vocab/tp] per rank) and the

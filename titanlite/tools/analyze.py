@@ -274,7 +274,7 @@ def analyze_trace(trace: dict, top: int = 10) -> dict:
     idle = total - length(busy)
     non_compute = exposed + other_exposed
     ms = 1e-3
-    collectives = defaultdict(lambda: {"count": 0, "total_ms": 0.0})
+    collectives: defaultdict[str, dict[str, float]] = defaultdict(lambda: {"count": 0, "total_ms": 0.0})
     for e in c["collectives"]:
         kind = collective_kind(e.name)
         if not any(a <= e.start < b for a, b in window):

@@ -191,7 +191,7 @@ def make_corpus(folder: Path, mb: int) -> tuple[Path, int]:
 def word_forms() -> tuple[np.ndarray, np.ndarray]:
     """Each of the VOCAB_WORDS commonest words of the standard library's docstrings and comments in 8 forms
     (plain or capitalised; then nothing, '.', ',' or '.' and a paragraph break), and their cumulative frequency."""
-    counts = collections.Counter()
+    counts: collections.Counter[str] = collections.Counter()
     prose, word = re.compile(r'"""(.*?)"""|#([^\n]*)', re.S), re.compile(r"\b[a-z]{2,14}\b|\ba\b")
     for f in stdlib_files():
         for m in prose.finditer(Path(f.path).read_text(errors="replace")):
@@ -239,10 +239,10 @@ def raw_tokens_per_s(texts: list[str], threads: int | None = None) -> tuple[int,
     """Tokens of `texts` (no end-of-text ids) and tiktoken's speed on them, in batches of BATCH_DOCS, with
     `threads` threads (None: tiktoken's default)."""
     encoding, tokens = gpt2_encoding(), 0
-    threads = {} if threads is None else {"num_threads": threads}
+    options = {} if threads is None else {"num_threads": threads}
     start = time.perf_counter()
     for i in range(0, len(texts), BATCH_DOCS):
-        tokens += sum(map(len, encoding.encode_ordinary_batch(texts[i : i + BATCH_DOCS], **threads)))
+        tokens += sum(map(len, encoding.encode_ordinary_batch(texts[i : i + BATCH_DOCS], **options)))
     return tokens, tokens / (time.perf_counter() - start)
 
 

@@ -21,6 +21,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -199,7 +200,7 @@ def strategies(argv: list[str]) -> int:
         print(f"bench: {s.name} on {s.ranks} process(es) ...", flush=True)
         name = s.name.lower().replace(" ", "").replace("-", "")
         proc = launch(s.ranks, [*common, *s.args], out, name)
-        row = {"strategy": s.name, "ranks": s.ranks, "run": name}
+        row: dict[str, Any] = {"strategy": s.name, "ranks": s.ranks, "run": name}
         records = read_metrics(out / name)
         timed = [r for r in records if r["step"] == steps - PROFILED - 1]
         if proc.returncode != 0 or not timed:

@@ -73,7 +73,8 @@ class Sequence:
         """The Sequence `batch_major` gave these fields for (any slice of the batch); None without fields."""
         if not fields:
             return None
-        return cls(**{name: value[0] if name.endswith("positions") else value for name, value in fields.items()})
+        # The fields are TENSORS' names (batch_major's), never `masks`, which mypy cannot tell from their type.
+        return cls(**{name: value[0] if name.endswith("positions") else value for name, value in fields.items()})  # type: ignore[arg-type]
 
     @property
     def plain(self) -> bool:

@@ -4,18 +4,18 @@ spec. Builders construct on the current default device, so the trainer can build
 from __future__ import annotations
 
 from titanlite.base.errors import ConfigError
-from titanlite.models.common.interface import Decoder
+from titanlite.models.common.interface import DecoderModule
 from titanlite.models.hf_config import folder_args
 from titanlite.models.registry import model_args, spec_of
 
 
-def build_model(name: str, flavor: str, vocab_size: int, max_seq_len: int, n_layers: int = 0) -> Decoder:
+def build_model(name: str, flavor: str, vocab_size: int, max_seq_len: int, n_layers: int = 0) -> DecoderModule:
     """Build the model on the current default device; parameters are uninitialised
     (titanlite.models.common.init.init_weights fills it through model.init_param)."""
     return model_from_args(model_args(name, flavor, vocab_size, max_seq_len, n_layers))
 
 
-def model_from_args(args) -> Decoder:
+def model_from_args(args) -> DecoderModule:
     """The family's module (its spec's `model`) built from its arguments."""
     spec = spec_of(args)
     return spec.load(spec.model)(args)
@@ -36,6 +36,6 @@ def configured_args(model_cfg, vocab_size: int, seq_len: int):
     return args
 
 
-def configured_model(model_cfg, vocab_size: int, seq_len: int) -> Decoder:
+def configured_model(model_cfg, vocab_size: int, seq_len: int) -> DecoderModule:
     """Build configured_args's model on the current default device, parameters uninitialised."""
     return model_from_args(configured_args(model_cfg, vocab_size, seq_len))

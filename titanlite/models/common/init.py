@@ -10,6 +10,8 @@ import torch
 import torch.nn as nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 
+from titanlite.models.common.interface import DecoderModule
+
 
 def param_seed(seed: int, name: str) -> int:
     """Seed for parameter `name`'s generator: stable across processes (unlike hash()) and layouts."""
@@ -25,7 +27,7 @@ def canonical_name(name: str) -> str:
 
 
 @torch.no_grad()
-def init_weights(model: nn.Module, seed: int, device: torch.device | None = None) -> None:
+def init_weights(model: DecoderModule, seed: int, device: torch.device | None = None) -> None:
     """Fill every parameter so the full weights do not depend on the layout.
 
     Each full parameter is generated from its own generator, seeded by the run seed and the parameter's

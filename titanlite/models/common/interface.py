@@ -9,7 +9,7 @@ keeps its own keys, so names do not depend on the layout), and each parameter's 
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 import torch
 from torch import nn
@@ -65,3 +65,15 @@ class Decoder(Protocol):
         """With tied embeddings, make output.weight the very tensor tok_embeddings.weight again (after
         anything that replaces parameters, such as to_empty or a tensor-parallel plan)."""
         ...
+
+
+if TYPE_CHECKING:
+
+    class DecoderModule(nn.Module, Decoder):
+        """What a built model is to the type checker: an nn.Module that implements Decoder (Python has no
+        intersection types, and a Protocol cannot derive from nn.Module). No class derives from it: the
+        builders return their spec's class as one (spec.load is untyped), so each family's model.py returns an
+        instance of its class as a Decoder under TYPE_CHECKING: there mypy checks the family against the protocol."""
+
+else:
+    DecoderModule = nn.Module  # at run time a built model is the nn.Module it is

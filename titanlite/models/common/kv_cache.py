@@ -82,8 +82,9 @@ class StaticKVCache(KVCache):
         self.position = torch.zeros((), dtype=torch.long, device=device)  # positions cached so far
         self.key_positions = torch.arange(max_len, device=device)  # [max_len]
 
+    # Read-only where KVCache's is an attribute: nothing here sets it (advance moves `position` instead).
     @property
-    def length(self) -> int:
+    def length(self) -> int:  # type: ignore[override]
         """The count on the host (reads the device); not for code that a CUDA graph replays."""
         return int(self.position.item())
 

@@ -2,6 +2,7 @@
 Plain modules with no parallelism inside; the trainer shards them from outside."""
 
 import math
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -9,6 +10,7 @@ from torch import nn
 
 from titanlite.models.common.attention import Sequence, build_core
 from titanlite.models.common.head import OutputHead
+from titanlite.models.common.interface import Decoder
 from titanlite.models.common.kv_cache import KVCache, LayerCache
 from titanlite.models.gpt2.args import GPT2Args
 
@@ -73,19 +75,19 @@ class TransformerBlock(nn.Module):
 class GPT2(nn.Module):
     """Implements titanlite.models.common.interface.Decoder."""
 
-    first_stage_modules = ("tok_embeddings", "pos_embeddings")
-    last_stage_modules = ("norm", "output")
+    first_stage_modules: ClassVar[tuple[str, ...]] = ("tok_embeddings", "pos_embeddings")
+    last_stage_modules: ClassVar[tuple[str, ...]] = ("norm", "output")
 
     def __init__(self, args: GPT2Args):
         super().__init__()
         self.args = args
-        self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
+        self.tok_embeddings: nn.Embedding | None = nn.Embedding(args.vocab_size, args.dim)
         self.pos_embeddings = nn.Embedding(args.max_seq_len, args.dim)
         # A ModuleDict keyed by layer index keeps parameter names stable when a pipeline stage
         # deletes the layers it does not own.
         self.layers = nn.ModuleDict({str(i): TransformerBlock(args) for i in range(args.n_layers)})
-        self.norm = nn.LayerNorm(args.dim, eps=args.norm_eps)
-        self.output = OutputHead(args.dim, args.vocab_size)
+        self.norm: nn.Module | None = nn.LayerNorm(args.dim, eps=args.norm_eps)
+        self.output: OutputHead | None = OutputHead(args.dim, args.vocab_size)
         self.tie_weights()
 
     def tie_weights(self) -> None:
@@ -150,3 +152,9 @@ class GPT2(nn.Module):
             nn.init.normal_(full, mean=0.0, std=0.01, generator=generator)
         else:
             raise KeyError(f"GPT2.init_param: unknown parameter {name!r}")
+
+
+if TYPE_CHECKING:  # mypy (.ci/run) holds the class to the model interface and names any member that differs
+
+    def _implements_decoder(model: GPT2) -> Decoder:
+        return model

@@ -3,12 +3,13 @@ final norm and output ends and applies it)."""
 
 from __future__ import annotations
 
-import torch.nn as nn
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel
 
+from titanlite.models.common.interface import DecoderModule
 
-def tp_plan(model: nn.Module) -> dict:
+
+def tp_plan(model: DecoderModule) -> dict:
     block = {
         "attention_norm": SequenceParallel(),
         "attention": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),

@@ -4,6 +4,7 @@ Q/K/V biases, per-head or whole-projection Q/K norms, NoPE layers, post-norm blo
 Plain modules with no parallelism inside; the trainer shards them from outside."""
 
 import math
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -11,6 +12,7 @@ from torch import nn
 
 from titanlite.models.common.attention import Sequence, build_core
 from titanlite.models.common.head import OutputHead
+from titanlite.models.common.interface import Decoder
 from titanlite.models.common.kv_cache import KVCache, LayerCache
 from titanlite.models.llama3.args import Llama3RopeScaling, LlamaArgs
 
@@ -137,18 +139,20 @@ class TransformerBlock(nn.Module):
 class Llama(nn.Module):
     """Implements titanlite.models.common.interface.Decoder."""
 
-    first_stage_modules = ("tok_embeddings",)
-    last_stage_modules = ("norm", "output")
+    first_stage_modules: ClassVar[tuple[str, ...]] = ("tok_embeddings",)
+    last_stage_modules: ClassVar[tuple[str, ...]] = ("norm", "output")
+    rope_cos: torch.Tensor  # buffers (register_buffer below), declared for the type checker
+    rope_sin: torch.Tensor
 
     def __init__(self, args: LlamaArgs):
         super().__init__()
         self.args = args
-        self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
+        self.tok_embeddings: nn.Embedding | None = nn.Embedding(args.vocab_size, args.dim)
         # A ModuleDict keyed by layer index keeps parameter names stable when a pipeline stage
         # deletes the layers it does not own.
         self.layers = nn.ModuleDict({str(i): TransformerBlock(args, i) for i in range(args.n_layers)})
-        self.norm = nn.RMSNorm(args.dim, eps=args.norm_eps)
-        self.output = OutputHead(args.dim, args.vocab_size)
+        self.norm: nn.Module | None = nn.RMSNorm(args.dim, eps=args.norm_eps)
+        self.output: OutputHead | None = OutputHead(args.dim, args.vocab_size)
         self.tie_weights()
         # RoPE tables [max_seq_len, head_dim // 2]; non-persistent because they follow from args,
         # so checkpoints need not carry them. Registered empty here to fix their device.
@@ -228,3 +232,9 @@ class Llama(nn.Module):
             )
         else:
             raise KeyError(f"Llama.init_param: unknown parameter {name!r}")
+
+
+if TYPE_CHECKING:  # mypy (.ci/run) holds the class to the model interface and names any member that differs
+
+    def _implements_decoder(model: Llama) -> Decoder:
+        return model

@@ -3,7 +3,6 @@ embedding, final norm and output ends and applies it)."""
 
 from __future__ import annotations
 
-import torch.nn as nn
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
@@ -11,6 +10,8 @@ from torch.distributed.tensor.parallel import (
     RowwiseParallel,
     SequenceParallel,
 )
+
+from titanlite.models.common.interface import DecoderModule
 
 
 def block_plan() -> dict:
@@ -42,6 +43,6 @@ def per_head_norms() -> dict:
     }
 
 
-def tp_plan(model: nn.Module) -> dict:
+def tp_plan(model: DecoderModule) -> dict:
     block = (per_head_norms() if model.args.qk_norm == "head" else {}) | block_plan()
     return {f"layers.{i}.{name}": style for i in model.layers for name, style in block.items()}
