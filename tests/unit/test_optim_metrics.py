@@ -13,6 +13,8 @@ from titanlite.components.metrics import Throughput, count_params, device_peak_t
 from titanlite.components.optim import clip_grad_norm_, lr_factor
 from titanlite.config import LRScheduler
 from titanlite.models.common.build import build_model
+from titanlite.models.common.flops import dense_flops_per_token
+from titanlite.models.registry import import_custom
 
 
 def test_warmup_then_cosine_to_min_factor():
@@ -59,6 +61,17 @@ def test_partial_gradients_are_summed_then_clipped_like_the_rest(tmp_path):
         assert proj.grad.full_tensor().tolist() == pytest.approx([0.0, 0.8, 0.0, 0.0], rel=1e-5)
     finally:
         dist.destroy_process_group()
+
+
+def test_a_family_counts_its_flops_by_its_own_formula():
+    # relu2 (tests/families/) names its own FLOP count in its spec; the metrics ask the spec, not a shared formula.
+    import_custom("tests.families.relu2")
+    with torch.device("meta"):
+        model = build_model("relu2", "debug", 256, 64)
+    a = model.args
+    own = 6.0 * (a.n_layers * 12 * a.dim**2 + a.dim * 256) + 6.0 * a.n_layers * a.dim * 64
+    assert flops_per_token(model, 64) == own
+    assert own != dense_flops_per_token(model, 64)
 
 
 def test_flops_per_token_formula_for_gpt2_124m():

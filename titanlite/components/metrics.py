@@ -18,6 +18,7 @@ import torch
 import torch.nn as nn
 
 from titanlite.models.common.interface import DecoderModule
+from titanlite.models.registry import spec_of
 
 logger = logging.getLogger(__name__)
 
@@ -44,23 +45,10 @@ def count_params(model: nn.Module) -> int:
 
 
 def flops_per_token(model: DecoderModule, seq_len: int) -> float:
-    """Training FLOPs per token (forward + backward), the formula of PaLM (Chowdhery et al., 2022, app. B):
-
-        6 * N  +  12 * L * d * T
-
-    N counts the parameters that do a matmul per token: every parameter except the embedding tables
-    (token and position lookups cost no FLOPs), plus the output projection (counted even when its
-    weight is tied to the token embedding, since the matmul happens). The second term is attention's
-    QK^T and AV matmuls (2 matmuls x 2 FLOPs x d x T per layer, x3 for backward), with L layers,
-    attention width d (heads x head_dim: the model width unless a Hugging Face shape says otherwise) and
-    sequence length T; causal masking is not discounted, as in PaLM and TorchTitan.
-    """
-    args = model.args
-    embeddings = {id(m.weight) for m in (model.tok_embeddings, getattr(model, "pos_embeddings", None)) if m is not None}
-    n = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values() if id(p) not in embeddings)
-    if model.output is not None and id(model.output.weight) in embeddings:
-        n += model.output.weight.numel()
-    return 6.0 * n + 12.0 * args.n_layers * args.n_heads * args.head_dim * seq_len
+    """Training FLOPs per token (forward + backward) of `model` at `seq_len`, by its family's formula (its spec's
+    `flops`; the dense families share titanlite/models/common/flops.py)."""
+    spec = spec_of(model.args)
+    return spec.load(spec.flops)(model, seq_len)
 
 
 def device_peak_tflops(device: torch.device, override: float) -> float | None:

@@ -29,7 +29,8 @@ class ModelSpec:
 
     - `model`: the nn.Module class, built as cls(args) (titanlite/models/common/interface.py's Decoder);
     - `tp_plan`: fn(model) -> {module name: ParallelStyle} for the blocks (the ends are shared);
-    - `hf_weights`: a module with hf_sources, hf_keys, to_hf and from_hf_tensor (components/hf_weights.py).
+    - `hf_weights`: a module with hf_sources, hf_keys, to_hf and from_hf_tensor (components/hf_weights.py);
+    - `flops`: fn(model, seq_len) -> training FLOPs per token (the dense formula unless the family names its own).
 
     `tp_split_sizes(args)`: the sizes a tensor-parallel degree must divide; `tp_refusal`: why this family
     cannot be split by tensor parallelism at all (None: it can). `with_depth(args, n_layers)`: the arguments at
@@ -45,6 +46,8 @@ class ModelSpec:
     hf: HFConfig | None = None
     tp_refusal: Callable[[Any], str | None] = lambda args: None
     with_depth: Callable[[Any, int], dict] = lambda args, n_layers: {"n_layers": n_layers}
+    flops: str = "titanlite.models.common.flops:dense_flops_per_token"
+    """fn(model, seq_len) -> training FLOPs per token (forward + backward), for tokens/s -> TFLOPS and MFU."""
     learned_positions: bool = False
     """Position embeddings learned for max_seq_len positions: a longer sequence, or a folder of another context
     length, is another model (RoPE tables are computed for any length)."""

@@ -38,6 +38,7 @@ SPEC = ModelSpec(
     tp_plan="tests.families.relu2.parallelize:tp_plan",
     hf_weights="",
     tp_split_sizes=lambda a: {"n_heads": a.n_heads, "ffn_dim": a.ffn_dim, "vocab_size": a.vocab_size},
+    flops="tests.families.relu2.model:flops_per_token",
     learned_positions=True,
     description="a test family: learned positions, RMSNorm, squared-ReLU MLP",
 )

@@ -90,3 +90,12 @@ class Relu2(nn.Module):
         else:
             std = 0.02 / (2 * self.args.n_layers) ** 0.5 if parent in ("wo", "w2") else 0.02
             nn.init.normal_(full, mean=0.0, std=std, generator=generator)
+
+
+def flops_per_token(model: Relu2, seq_len: int) -> float:
+    """relu2's own FLOP count (its spec's `flops`), matmul by matmul: per layer Q, K, V, O (4 d^2) and the MLP's two
+    projections (2 x 4 d^2), plus the output projection (d x vocab), 6 FLOPs per weight for forward and backward;
+    attention's QK^T and AV at half of the full T x T, since the mask is causal (the dense formula counts all)."""
+    a = model.args
+    weights = a.n_layers * (4 * a.dim * a.dim + 2 * a.dim * a.ffn_dim) + a.dim * a.vocab_size
+    return 6.0 * weights + 6.0 * a.n_layers * a.dim * seq_len
