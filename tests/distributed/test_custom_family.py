@@ -1,6 +1,7 @@
 """A model family defined entirely under tests/ (tests/families/relu2: its spec, module and TP plan, registered
 through model.custom_import) trains on FSDP x 2 and TP x 2 with one process's losses, also across a resume from
-its checkpoint, and `titanlite plan` estimates it: adding a family needs no edit in titanlite/."""
+its checkpoint, and `titanlite plan` estimates it: adding a family needs no edit in titanlite/. Its debug_aux
+flavor adds an auxiliary loss term, which FSDP x 2 adds, reduces and logs as one process does."""
 
 import subprocess
 import sys
@@ -41,6 +42,20 @@ def test_a_family_defined_outside_titanlite_trains_on_fsdp_and_tp_and_resumes(tm
     assert_matches(resumed, single)
     run("tp2", tmp_path / "tp2")
     assert_matches(metrics(tmp_path / "tp2"), single)
+
+
+def test_auxiliary_loss_terms_are_added_reduced_and_logged_like_the_loss(tmp_path):
+    # relu2's debug_aux flavor adds act_l2 * mean(h^2) per block: FSDP x 2 must give one process's losses and terms.
+    aux = ["--model.flavor", "debug_aux"]
+    proc = run("single", tmp_path / "single", *aux)
+    assert " aux_act_l2 " in proc.stdout, proc.stdout[-2000:]
+    one = metrics(tmp_path / "single")
+    run("fsdp2", tmp_path / "fsdp2", *aux)
+    two = metrics(tmp_path / "fsdp2")
+    assert_matches(two, one)
+    assert all(r["aux_act_l2"] > 0 for r in one)
+    for a, b in zip(two, one):
+        assert abs(a["aux_act_l2"] - b["aux_act_l2"]) <= 1e-5 * b["aux_act_l2"], (a, b)
 
 
 def test_plan_estimates_a_family_defined_outside_titanlite():

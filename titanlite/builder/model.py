@@ -3,9 +3,11 @@ with the loss and the pipeline schedule around it (a RankModel, what the Trainer
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import torch.nn as nn
 
 from titanlite.builder.plan import Plan
 from titanlite.components.loss import build_loss, chunk_tokens, cross_entropy, schedule_of
@@ -14,6 +16,7 @@ from titanlite.data.tokenizer import build_tokenizer
 from titanlite.engine.trainer import Pipeline, RankModel, autocast_for
 from titanlite.models.common.build import configured_model
 from titanlite.models.common.interface import DecoderModule
+from titanlite.models.registry import spec_of
 from titanlite.parallel.compile import compiled_loss
 from titanlite.parallel.context_parallel import SequenceSplit
 from titanlite.parallel.float8 import Float8ScalePrecompute
@@ -81,6 +84,7 @@ def build_pipeline(
         timer=StageTimer(stages, device),
         tied_sync=TiedEmbeddingSync(parts, plan.pipeline, mesh.root, pp_rank) if tied else None,
         analytic_bubble=plan.pipeline.analytic_bubble(),
+        microbatches=plan.pipeline.n_microbatches,
         logits=logits,
     )
 
@@ -91,6 +95,12 @@ def sequence_split(cfg: JobConfig, plan: Plan, mesh) -> SequenceSplit:
     eot = build_tokenizer(cfg.model.tokenizer, cfg.model.hf_assets_path).eot_id if block_causal else None
     cp_rank = mesh["cp"].get_local_rank() if plan.dims.cp_enabled else 0
     return SequenceSplit(plan.dims.cp, cp_rank, eot)
+
+
+def after_optimizer_step_hooks(cfg: JobConfig, plan: Plan, parts: list[nn.Module]) -> list[Callable[[int], None]]:
+    """The hooks that run after each optimizer step, in order: float8's scales for FSDP's next all-gather."""
+    float8_scales = Float8ScalePrecompute(parts, cfg.float8, plan.dims.fsdp_enabled)
+    return [float8_scales] if float8_scales else []
 
 
 def build_rank_model(cfg: JobConfig, plan: Plan, mesh, device: torch.device, vocab_size: int) -> ModelSetup:
@@ -120,6 +130,7 @@ def build_rank_model(cfg: JobConfig, plan: Plan, mesh, device: torch.device, voc
         pipeline=pipeline,
         loss_group=mesh["dp_cp"].get_group() if plan.dims.dp * plan.dims.cp > 1 else None,
         split=sequence_split(cfg, plan, mesh),
-        after_optimizer_step=Float8ScalePrecompute(parts, cfg.float8, plan.dims.fsdp_enabled) or None,
+        after_optimizer_step=after_optimizer_step_hooks(cfg, plan, parts),
+        auxiliary_losses=spec_of(plain.args).auxiliary_losses(plain.args),
     )
     return ModelSetup(plain, rank, param_dtype, loss_line)

@@ -161,6 +161,8 @@ def format_line(r: dict) -> str:
     )
     if "val_loss" in r:
         line += f"  val_loss {r['val_loss']:.4f}  val_ppl {r['val_perplexity']:.2f} ({r['val_seconds']:.1f}s)"
+    for key in (k for k in r if k.startswith("aux_")):  # a model's auxiliary loss terms (MoE load balancing)
+        line += f"  {key} {r[key]:.4g}"
     if "pp_idle_pct" in r:
         analytic = fmt(r["pp_bubble_analytic"], ".2f")
         line += f"  bubble {analytic} idle/pp-rank {'/'.join(f'{v:.0f}%' for v in r['pp_idle_pct'])}"

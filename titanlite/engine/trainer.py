@@ -16,7 +16,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -34,22 +34,30 @@ from titanlite.components.metrics import MetricsLogger, Throughput, peak_memory_
 from titanlite.components.optim import clip_grad_norm_
 from titanlite.components.profiling import Profiler
 from titanlite.components.resilience import Faults, StopOnSignal, set_train_timeout
+from titanlite.models.common.auxiliary import AuxiliaryLosses, collecting
 from titanlite.parallel.pipeline import StageTimer, TiedEmbeddingSync
 
 logger = logging.getLogger(__name__)
 
 
 class StepRecords:
-    """Each step's (loss, grad norm) kept on the device until the host needs them, then read at once."""
+    """Each step's loss, grad norm and auxiliary loss terms kept on the device until the host needs them, then read
+    at once."""
 
     def __init__(self):
         self.pending: list[tuple[int, torch.Tensor]] = []
+        self.last_auxiliary: list[float] = []  # the auxiliary terms of the last step read, in the family's order
 
-    def add(self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor) -> torch.Tensor:
-        """Keep the step's pair on the loss's device (under CPU offload the norm is computed on the host)."""
-        pair = torch.stack([loss.detach().float(), grad_norm.detach().float().to(loss.device, non_blocking=True)])
-        self.pending.append((step, pair))
-        return pair
+    def add(
+        self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor, auxiliary: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Keep the step's values on the loss's device (under CPU offload the norm is computed on the host)."""
+        values = [loss.detach().float(), grad_norm.detach().float().to(loss.device, non_blocking=True)]
+        if auxiliary is not None:
+            values += list(auxiliary.detach().float().to(loss.device))
+        row = torch.stack(values)
+        self.pending.append((step, row))
+        return row
 
     def read(self) -> list[tuple[int, float, float]]:
         """(step, loss, grad norm) of every step since the last read: the one place the host waits."""
@@ -58,7 +66,8 @@ class StepRecords:
         steps = [step for step, _ in self.pending]
         values = torch.stack([v for _, v in self.pending]).tolist()
         self.pending = []
-        return [(step, loss, norm) for step, (loss, norm) in zip(steps, values)]
+        self.last_auxiliary = values[-1][2:]
+        return [(step, row[0], row[1]) for step, row in zip(steps, values)]
 
 
 @dataclass
@@ -106,6 +115,7 @@ class Pipeline:
     timer: StageTimer
     tied_sync: TiedEmbeddingSync | None  # when a tied embedding spans stages
     analytic_bubble: float | None
+    microbatches: int = 1  # pipeline micro-batches per step
     logits: bool = True  # what the last stage returns: logits, or (False) hidden states for the chunked loss
 
     def run(self, schedule_call, inputs: torch.Tensor, labels: torch.Tensor, losses: list, sequence: dict) -> None:
@@ -138,7 +148,11 @@ class RankModel:
     autocast: Callable = contextlib.nullcontext  # bf16 autocast where FSDP does not already cast
     pipeline: Pipeline | None = None
     loss_group: dist.ProcessGroup | None = None  # the process group the loss is averaged over (dp x cp), or None
-    after_optimizer_step: Callable | None = None  # e.g. float8 scales for the next all-gather
+    # Called in order around each optimizer step (after clipping), with the step number being completed: e.g.
+    # float8's scales for the next all-gather run after it.
+    before_optimizer_step: list[Callable[[int], None]] = field(default_factory=list)
+    after_optimizer_step: list[Callable[[int], None]] = field(default_factory=list)
+    auxiliary_losses: tuple[str, ...] = ()  # the names of the model's auxiliary loss terms (its spec's)
     # This rank's share of each batch's sequences and how attention sees them (context parallelism,
     # block-causal masks): (inputs, labels) -> (inputs, labels, Sequence or None).
     split: Callable | None = None
@@ -197,6 +211,7 @@ class Trainer:
         self.step = 0
         self.tokens_seen = 0
         self.records = StepRecords()
+        self.auxiliary = AuxiliaryLosses(model.auxiliary_losses)
         self.skipped_steps: list[int] = []  # non-finite steps skipped since the last log
 
     @property
@@ -289,13 +304,16 @@ class Trainer:
             norm_params=self.norm_params,
             pp_group=None if self.pipeline is None else self.pipeline.group,
         )
-        pair = self.records.add(self.step + 1, loss, grad_norm)
+        auxiliary = self.reduce_loss(self.auxiliary.take(self.device)) if self.auxiliary.names else None
+        row = self.records.add(self.step + 1, loss, grad_norm, auxiliary)
         if self.resilience.skip_nonfinite_steps:
-            # Both values are global (identical on every rank), so every rank skips the same steps.
-            self.optimizer.skip_update_if(~torch.isfinite(pair).all())
+            # Every value is global (identical on every rank), so every rank skips the same steps.
+            self.optimizer.skip_update_if(~torch.isfinite(row).all())
+        for hook in self.model.before_optimizer_step:
+            hook(self.step + 1)
         self.optimizer.step()
-        if self.model.after_optimizer_step is not None:
-            self.model.after_optimizer_step()
+        for hook in self.model.after_optimizer_step:
+            hook(self.step + 1)
         self.optimizer.zero_grad()
         self.lr_scheduler.step()
         return loss, grad_norm
@@ -309,14 +327,14 @@ class Trainer:
             torch.compiler.cudagraph_mark_step_begin()
             inputs = inputs.to(self.device, non_blocking=True)
             labels = labels.to(self.device, non_blocking=True)
-            with self.gradient_sync(model, last=i == len(micro_batches) - 1):
+            # Every window has exactly seq_len targets (seq_len / cp on each context-parallel rank), so each
+            # micro-batch's token mean divided by the micro-batch count, then averaged over dp x cp ranks (DDP/FSDP
+            # reduce by mean), is the mean over all target tokens of the global batch. Auxiliary terms alike.
+            scale = self.resilience.loss_scale(self.step + 1) / len(micro_batches)
+            self.auxiliary.grad_scale, self.auxiliary.value_weight = scale, 1 / len(micro_batches)
+            with self.gradient_sync(model, last=i == len(micro_batches) - 1), collecting(self.auxiliary):
                 output, labels = self.model.forward(inputs, labels)  # logits, or hidden states (components/loss.py)
                 with self.model.autocast(), self.model.loss_context():  # the chunked loss's projection autocasts too
-                    # Every window has exactly seq_len targets (seq_len / cp on each context-parallel rank),
-                    # so each micro-batch's token mean divided by the micro-batch count, then averaged over
-                    # dp x cp ranks (DDP/FSDP reduce by mean), is the mean over all target tokens of the
-                    # global batch.
-                    scale = self.resilience.loss_scale(self.step + 1) / len(micro_batches)
                     loss = self.model.loss_fn(output, labels) * scale
                     del output  # nothing in backward needs the full-vocabulary logits: free them now
                     loss.backward()
@@ -334,7 +352,10 @@ class Trainer:
         losses: list[torch.Tensor] = []
         p.timer.enabled, p.timer.busy = measure, 0.0
         start = time.perf_counter()
-        with self.model.autocast(), self.model.loss_context():
+        # The schedule divides the summed gradients by the micro-batch count (scale_grads): auxiliary terms join
+        # each micro-batch's loss unscaled.
+        self.auxiliary.grad_scale, self.auxiliary.value_weight = 1.0, 1 / p.microbatches
+        with self.model.autocast(), self.model.loss_context(), collecting(self.auxiliary):
             p.run(p.schedule.step, inputs, labels, losses, sequence)
         if measure:
             self.pipeline_idle = 1.0 - p.timer.busy / (time.perf_counter() - start)
@@ -382,6 +403,7 @@ class Trainer:
             "eta_s": self.throughput.eta_seconds(total_steps - self.step),
             "data_wait_pct": self.throughput.take_data_wait_pct(),
         }
+        record |= {f"aux_{name}": v for name, v in zip(self.auxiliary.names, self.records.last_auxiliary)}
         if self.skipped_steps:
             record["skipped_steps"], self.skipped_steps = self.skipped_steps, []
         record |= validation or {}

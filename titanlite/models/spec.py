@@ -48,6 +48,9 @@ class ModelSpec:
     with_depth: Callable[[Any, int], dict] = lambda args, n_layers: {"n_layers": n_layers}
     flops: str = "titanlite.models.common.flops:dense_flops_per_token"
     """fn(model, seq_len) -> training FLOPs per token (forward + backward), for tokens/s -> TFLOPS and MFU."""
+    auxiliary_losses: Callable[[Any], tuple[str, ...]] = lambda args: ()
+    """The names of the auxiliary loss terms the model adds in training (models/common/auxiliary.py), logged as
+    aux_<name>; none for a dense family."""
     learned_positions: bool = False
     """Position embeddings learned for max_seq_len positions: a longer sequence, or a folder of another context
     length, is another model (RoPE tables are computed for any length)."""

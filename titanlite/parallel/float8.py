@@ -121,7 +121,7 @@ class Float8ScalePrecompute:
     def __init__(self, parts: list[nn.Module], cfg: Float8, fsdp: bool):
         self.parts = parts if fsdp_float8_all_gather(cfg, fsdp) else []
 
-    def __call__(self) -> None:
+    def __call__(self, step: int) -> None:
         if self.parts:
             precompute = torchao_float8().precompute_float8_dynamic_scale_for_fsdp
             for part in self.parts:

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from titanlite.models.common.attention import build_core
+from titanlite.models.common.auxiliary import add_auxiliary_loss
 from titanlite.models.common.head import OutputHead
 
 
@@ -41,10 +42,14 @@ class Block(nn.Module):
         self.attention = Attention(args)
         self.ffn_norm = nn.RMSNorm(args.dim, eps=args.norm_eps)
         self.feed_forward = FeedForward(args)
+        self.act_l2 = args.act_l2
 
     def forward(self, x, cache=None, sequence=None):
         h = x + self.attention(self.attention_norm(x), cache=cache, sequence=sequence)
-        return h + self.feed_forward(self.ffn_norm(h))
+        out = h + self.feed_forward(self.ffn_norm(h))
+        if self.act_l2:  # an auxiliary loss term, as a mixture of experts adds its load-balancing loss
+            out = add_auxiliary_loss(out, "act_l2", self.act_l2 * out.float().pow(2).mean())
+        return out
 
 
 class Relu2(nn.Module):

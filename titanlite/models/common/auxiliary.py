@@ -1,0 +1,80 @@
+"""Auxiliary loss terms: what a model adds to the training loss beside the next-token cross-entropy (a mixture of
+experts' load-balancing loss, its router z-loss), named so the log shows each.
+
+A block adds a term where it computes it: `h = add_auxiliary_loss(h, "load_balance", term)` returns h unchanged,
+and backward gives the term's parameters the gradient they would get were `term` added to the micro-batch's loss
+(its own micro-batch scale included). That works on every layout alike: a pipeline stage adds the terms of its
+own blocks, with no loss of its own to add them to. Outside a training step (evaluation, generation, the
+planner's meta runs) nothing collects and the terms are left out, so a validation loss is the cross-entropy alone.
+
+The trainer collects (`with collecting(terms):`), then reduces each name's sum like the loss and logs it. A family
+names its terms in its spec (`ModelSpec.auxiliary_losses`), so every rank, whatever blocks it holds, reduces the
+same list."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+
+
+class AuxiliaryLosses:
+    """The terms added during one training step, by name: each micro-batch's sum, weighted by `value_weight` (1 /
+    micro-batches, as the loss is averaged); `grad_scale` is what the trainer multiplies the loss by."""
+
+    def __init__(self, names: tuple[str, ...]):
+        self.names = names
+        self.grad_scale = 1.0
+        self.value_weight = 1.0
+        self.sums: dict[str, torch.Tensor] = {}
+
+    def add(self, name: str, term: torch.Tensor) -> None:
+        if name not in self.names:
+            raise ValueError(f"auxiliary loss {name!r} is not among the family's auxiliary_losses {self.names}")
+        value = term.detach().float() * self.value_weight
+        self.sums[name] = self.sums[name] + value if name in self.sums else value
+
+    def take(self, device: torch.device) -> torch.Tensor:
+        """This rank's sums in the order of `names` (0 for a name its blocks never added), and start afresh."""
+        zero = torch.zeros((), device=device)
+        values = torch.stack([self.sums.get(name, zero).to(device) for name in self.names])
+        self.sums = {}
+        return values
+
+
+_collecting: AuxiliaryLosses | None = None
+
+
+@contextlib.contextmanager
+def collecting(terms: AuxiliaryLosses) -> Iterator[AuxiliaryLosses]:
+    """Add the auxiliary terms of the forward passes run inside to the loss and to `terms`."""
+    global _collecting
+    previous, _collecting = _collecting, terms
+    try:
+        yield terms
+    finally:
+        _collecting = previous
+
+
+class _JoinLoss(torch.autograd.Function):
+    """h unchanged forward; backward also sends `scale` as the gradient of the scalar `term`."""
+
+    @staticmethod
+    def forward(ctx, h: torch.Tensor, term: torch.Tensor, scale: float) -> torch.Tensor:
+        ctx.scale, ctx.term_dtype = scale, term.dtype
+        return h.view_as(h)
+
+    @staticmethod
+    def backward(ctx, grad_h: torch.Tensor):
+        grad_term = torch.full((), ctx.scale, dtype=ctx.term_dtype, device=grad_h.device)
+        return grad_h, grad_term, None
+
+
+def add_auxiliary_loss(h: torch.Tensor, name: str, term: torch.Tensor) -> torch.Tensor:
+    """h, with the scalar `term` joined to the training loss under `name` (see the module's docstring)."""
+    terms = _collecting
+    if terms is None or not torch.is_grad_enabled():
+        return h
+    terms.add(name, term)
+    return _JoinLoss.apply(h, term, terms.grad_scale)
