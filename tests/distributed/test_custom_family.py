@@ -15,6 +15,8 @@ pytestmark = pytest.mark.distributed
 
 FAMILY = ["--model.custom_import", "tests.families.relu2", "--model.name", "relu2", "--model.flavor", "debug"]
 LAYOUTS = {"single": (1, ["--training.local_batch_size", "8"]), **FAMILY_LAYOUTS}
+PP2 = ["--parallelism.pipeline_parallel_degree", "2", "--parallelism.pipeline_parallel_microbatch_size", "2"]
+LAYOUTS["pp2"] = (2, ["--training.local_batch_size", "8", "--parallelism.data_parallel_shard_degree", "1", *PP2])
 
 
 def run(layout: str, run_dir, *extra: str):
@@ -45,17 +47,19 @@ def test_a_family_defined_outside_titanlite_trains_on_fsdp_and_tp_and_resumes(tm
 
 
 def test_auxiliary_loss_terms_are_added_reduced_and_logged_like_the_loss(tmp_path):
-    # relu2's debug_aux flavor adds act_l2 * mean(h^2) per block: FSDP x 2 must give one process's losses and terms.
+    # relu2's debug_aux flavor adds act_l2 * mean(h^2) per block: FSDP x 2 and PP x 2 (each stage adds its blocks'
+    # terms, with no loss of its own) must give one process's losses and terms.
     aux = ["--model.flavor", "debug_aux"]
     proc = run("single", tmp_path / "single", *aux)
     assert " aux_act_l2 " in proc.stdout, proc.stdout[-2000:]
     one = metrics(tmp_path / "single")
-    run("fsdp2", tmp_path / "fsdp2", *aux)
-    two = metrics(tmp_path / "fsdp2")
-    assert_matches(two, one)
     assert all(r["aux_act_l2"] > 0 for r in one)
-    for a, b in zip(two, one):
-        assert abs(a["aux_act_l2"] - b["aux_act_l2"]) <= 1e-5 * b["aux_act_l2"], (a, b)
+    for layout in ("fsdp2", "pp2"):
+        run(layout, tmp_path / layout, *aux)
+        two = metrics(tmp_path / layout)
+        assert_matches(two, one)
+        for a, b in zip(two, one):
+            assert abs(a["aux_act_l2"] - b["aux_act_l2"]) <= 1e-5 * b["aux_act_l2"], (layout, a, b)
 
 
 def test_plan_estimates_a_family_defined_outside_titanlite():

@@ -33,10 +33,12 @@ def test_a_term_joins_the_loss_with_its_micro_batch_scale(relu2_aux):
     tokens = torch.randint(0, 96, (2, 17))
     inputs, labels = tokens[:, :-1], tokens[:, 1:]
     terms = AuxiliaryLosses(("act_l2",))
+    terms.watch(model)
     terms.grad_scale, terms.value_weight = 0.5, 0.5  # one of two micro-batches
     with collecting(terms):
+        model(inputs)  # a forward pass that `take` leaves out, as a pipeline stage's shape inference
         (cross_entropy(model(inputs), labels) * 0.5).backward()
-    joined, logged = grads(model), terms.take(torch.device("cpu"))
+    joined, logged = grads(model), terms.take(torch.device("cpu"), passes=1)
 
     # The same loss written out: the cross-entropy plus every block's act_l2 * mean(h^2), halved.
     model.zero_grad()

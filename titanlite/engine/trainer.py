@@ -212,6 +212,9 @@ class Trainer:
         self.tokens_seen = 0
         self.records = StepRecords()
         self.auxiliary = AuxiliaryLosses(model.auxiliary_losses)
+        if self.auxiliary.names:
+            for part in model.parts:
+                self.auxiliary.watch(part)
         self.skipped_steps: list[int] = []  # non-finite steps skipped since the last log
 
     @property
@@ -304,7 +307,10 @@ class Trainer:
             norm_params=self.norm_params,
             pp_group=None if self.pipeline is None else self.pipeline.group,
         )
-        auxiliary = self.reduce_loss(self.auxiliary.take(self.device)) if self.auxiliary.names else None
+        auxiliary = None
+        if self.auxiliary.names:
+            passes = len(micro_batches) if self.pipeline is None else self.pipeline.microbatches
+            auxiliary = self.reduce_loss(self.auxiliary.take(self.device, passes))
         row = self.records.add(self.step + 1, loss, grad_norm, auxiliary)
         if self.resilience.skip_nonfinite_steps:
             # Every value is global (identical on every rank), so every rank skips the same steps.

@@ -17,29 +17,45 @@ import contextlib
 from collections.abc import Iterator
 
 import torch
+from torch import nn
 
 
 class AuxiliaryLosses:
-    """The terms added during one training step, by name: each micro-batch's sum, weighted by `value_weight` (1 /
-    micro-batches, as the loss is averaged); `grad_scale` is what the trainer multiplies the loss by."""
+    """The terms added during one training step, by name and by forward pass of each model part (`watch`): each
+    pass's sum weighted by `value_weight` (1 / micro-batches, as the loss is averaged). `grad_scale` is what the
+    trainer multiplies the loss by. A pipeline stage's first step also runs a forward of its own (torch infers
+    the stage's shapes, from uninitialised tensors on torch 2.12+); `take` keeps each part's last `passes`."""
 
     def __init__(self, names: tuple[str, ...]):
         self.names = names
         self.grad_scale = 1.0
         self.value_weight = 1.0
-        self.sums: dict[str, torch.Tensor] = {}
+        self.passes: dict[int, list[dict[str, torch.Tensor]]] = {}  # by part: one dict per forward pass
+        self.current: dict[str, torch.Tensor] = {}
+
+    def watch(self, part: nn.Module) -> None:
+        """Start a new forward pass's sums each time `part` runs forward."""
+        part.register_forward_pre_hook(lambda module, args: self.begin_forward(id(module)))
+
+    def begin_forward(self, part: int) -> None:
+        self.current = {}
+        self.passes.setdefault(part, []).append(self.current)
 
     def add(self, name: str, term: torch.Tensor) -> None:
         if name not in self.names:
             raise ValueError(f"auxiliary loss {name!r} is not among the family's auxiliary_losses {self.names}")
         value = term.detach().float() * self.value_weight
-        self.sums[name] = self.sums[name] + value if name in self.sums else value
+        self.current[name] = self.current[name] + value if name in self.current else value
 
-    def take(self, device: torch.device) -> torch.Tensor:
-        """This rank's sums in the order of `names` (0 for a name its blocks never added), and start afresh."""
+    def take(self, device: torch.device, passes: int) -> torch.Tensor:
+        """This rank's sums over each part's last `passes` forward passes, in the order of `names` (0 for a name
+        its blocks never added); then start afresh."""
+        kept = [sums for per_part in self.passes.values() for sums in per_part[-passes:]]
         zero = torch.zeros((), device=device)
-        values = torch.stack([self.sums.get(name, zero).to(device) for name in self.names])
-        self.sums = {}
+        values = torch.stack(
+            [sum((sums[name].to(device) for sums in kept if name in sums), zero) for name in self.names]
+        )
+        self.passes, self.current = {}, {}
         return values
 
 
