@@ -28,7 +28,7 @@ from torch.distributed.tensor import DTensor
 from titanlite.base.errors import ConfigError
 from titanlite.config import Parallelism
 from titanlite.models.common.attention import Sequence
-from titanlite.models.common.interface import DecoderModule
+from titanlite.models.common.interface import DecoderModule, unwrapped
 
 SINGLE_STAGE = ("GPipe", "1F1B")
 V_SHAPED = ("ZBVZeroBubble", "DualPipeV")
@@ -212,9 +212,10 @@ class TiedEmbeddingSync:
     both take the same AdamW update. Megatron keeps its embedding group in sync the same way.
     """
 
-    def __init__(self, parts: list[DecoderModule], plan: PipelinePlan, root_mesh, pp_rank: int):
-        self.embedding = next((p.tok_embeddings.weight for p in parts if p.tok_embeddings is not None), None)
-        self.output = next((p.output.weight for p in parts if p.output is not None), None)
+    def __init__(self, parts: list[nn.Module], plan: PipelinePlan, root_mesh, pp_rank: int):
+        models = [unwrapped(p) for p in parts]  # the stage modules inside any DDP wrapper
+        self.embedding = next((m.tok_embeddings.weight for m in models if m.tok_embeddings is not None), None)
+        self.output = next((m.output.weight for m in models if m.output is not None), None)
         self.group = None
         # Group creation is collective: every rank creates every first/last pair, keeping its own.
         mesh = root_mesh.mesh  # ranks, pp outermost
