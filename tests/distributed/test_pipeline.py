@@ -70,6 +70,16 @@ def test_bubble_is_reported_beside_measured_idle(tmp_path, reference):
     assert "bubble 0.25 idle/pp-rank" in proc.stdout
 
 
+def test_pp2_fsdp2_on_4_ranks_matches_single_device(tmp_path, reference):
+    # The data parallelism PP takes beside it, and what the refusal of PP x DDP suggests instead
+    # (tests/unit/test_pipeline_plan.py): the same 4 ranks as that command, data_parallel_shard_degree 2.
+    # GPT-2's tied embedding spans the first and last stage, each sharded by FSDP.
+    proc = run_train_sh([*VALIDATED, *PP2, "--training.local_batch_size", "4"], tmp_path, ngpu=4)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert "layout: pp 2 x dp_shard 2 on 4 cpu" in proc.stdout
+    assert_matches(metrics(tmp_path), reference("gpt2"))
+
+
 @pytest.mark.slow  # two runs; tests/unit/test_pipeline_plan.py checks the uneven split itself
 def test_five_layers_on_two_stages_split_unevenly(tmp_path):
     five = [*VALIDATED, "--training.local_batch_size", "8", "--model.n_layers", "5"]

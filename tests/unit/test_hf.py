@@ -3,6 +3,7 @@ into ours with the same logits, the name/layout mapping round-trips exactly. CPU
 
 import dataclasses
 import json
+import tempfile
 
 import pytest
 import torch
@@ -12,9 +13,11 @@ transformers = pytest.importorskip(
 )
 
 from safetensors.torch import load_file  # noqa: E402  (a dependency of transformers)
+from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 
+from tests.helpers import run_ranks  # noqa: E402
 from titanlite.base.errors import ConfigError  # noqa: E402
-from titanlite.components.hf_weights import from_hf, load_hf, save_hf, to_hf  # noqa: E402
+from titanlite.components.hf_weights import from_hf, load_hf, load_hf_into, save_hf, to_hf  # noqa: E402
 from titanlite.models.common.build import build_model  # noqa: E402
 from titanlite.models.common.init import init_weights  # noqa: E402
 from titanlite.models.gpt2.model import GPT2  # noqa: E402
@@ -160,6 +163,22 @@ def test_export_then_import_restores_args(tmp_path):
     assert args_from_hf_config(config) == model.args
     back = from_hf(model.args, hf_sd)
     assert all(torch.equal(back[k], v) for k, v in model.state_dict().items())
+
+
+def load_into_ddp(rank: int) -> None:
+    """One gloo rank: a Hugging Face folder's weights go into a DDP-wrapped model, as `checkpoint.initial_load_path`
+    does into a run's parts under DDP (DDP hides `args` and names every parameter module.*)."""
+    source, target = titanlite_model("gpt2"), titanlite_model("gpt2", seed=7)
+    with tempfile.TemporaryDirectory() as folder:
+        save_hf(folder, source.args, source.state_dict(), torch.float32)
+        load_hf_into([DistributedDataParallel(target)], folder)
+    for name, value in source.state_dict().items():
+        assert torch.equal(target.state_dict()[name], value), name
+
+
+@pytest.mark.distributed
+def test_import_into_a_ddp_wrapped_model():
+    run_ranks(load_into_ddp, nprocs=1)
 
 
 def test_bad_folders_raise_config_error(tmp_path):

@@ -1,8 +1,13 @@
 """The pipeline planner: stage counts, layer splits, placement, micro-batches, and what it refuses."""
 
+import subprocess
+import sys
+
 import pytest
 
+from tests.helpers import REPO, env
 from titanlite.base.errors import ConfigError
+from titanlite.builder.plan import plan_run
 from titanlite.components import loss
 from titanlite.config import Compile, Training, parse_config
 from titanlite.parallel import pipeline
@@ -114,3 +119,34 @@ def test_split_backward_schedules_take_the_plain_loss_where_torch_cannot_split_t
         ConfigError, match="loss_chunk_tokens=512 with pipeline_parallel_schedule=InterleavedZeroBubble"
     ):
         loss.chunk_tokens(Training(loss_chunk_tokens=512), Compile(), False, "InterleavedZeroBubble")
+
+
+PP_DDP = [
+    "--parallelism.pipeline_parallel_degree",
+    "2",
+    "--parallelism.data_parallel_replicate_degree",
+    "2",
+    "--parallelism.data_parallel_shard_degree",
+    "1",
+]
+
+
+def test_pipeline_with_ddp_is_refused_before_launch_naming_fsdp():
+    """PP x DDP fails inside torch's schedules (check_pipeline_data_parallel says how): the reported command
+    (`NGPU=4 ./run_train.sh` with PP 2 x DDP 2, whose `titanlite check` runs first) stops with status 2 and one
+    line saying what to set instead, which is accepted."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "titanlite.commands.cli", "check", "--world-size", "4", *PP_DDP],
+        cwd=REPO, env=env(), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr == (
+        "titanlite: error: parallelism.pipeline_parallel_degree=2 with DDP (data_parallel_replicate_degree=2, "
+        "data_parallel_shard_degree=1) fails inside torch's pipeline schedules, which drive DDP's gradient reducer "
+        "wrongly; use FSDP beside PP: data_parallel_shard_degree=2 and data_parallel_replicate_degree=1\n"
+    )
+    fsdp = ["--parallelism.pipeline_parallel_degree", "2", "--parallelism.data_parallel_shard_degree", "2"]
+    assert plan_run(parse_config(fsdp), world_size=4).dims.fsdp_enabled  # the suggestion
+    hsdp = [*PP_DDP[:4], "--parallelism.data_parallel_shard_degree", "2"]
+    assert plan_run(parse_config(hsdp), world_size=8).dims.dp_replicate == 2  # replicas that shard: HSDP, accepted
+    assert plan_run(parse_config(PP_DDP[2:]), world_size=2).dims.ddp_enabled  # DDP without PP: accepted

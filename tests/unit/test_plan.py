@@ -89,6 +89,8 @@ def test_big_models_on_many_gpus_say_what_fits(tmp_path):
     fits = {(r["layout"], r["ac"]): r["fits"] for r in r70["rows"]}
     assert not fits[("DDP 64", "none")] and fits[("ZeRO-3 64", "full")]
     assert any(name.startswith("HSDP") for name, _ in fits) and any("PP 8" in name for name, _ in fits)
+    # PP beside DDP is refused before launch (check_pipeline_data_parallel): never weighed, never recommended.
+    assert not [name for name, _ in fits if name.startswith("DDP") and "PP" in name]
     assert r70["recommended"] is not None
 
 

@@ -457,6 +457,8 @@ def layout_allowed(facts: ModelFacts, lay: Layout, cfg) -> bool:
         return False
     if lay.dims.cp > 1 and cfg.training.seq_len % (2 * lay.dims.cp):  # check_cp_degree
         return False
+    if lay.dims.pp > 1 and lay.dims.ddp_enabled:  # check_pipeline_data_parallel: PP takes FSDP or HSDP, not DDP
+        return False
     return lay.dims.pp <= facts.n_layers
 
 

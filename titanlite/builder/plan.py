@@ -17,7 +17,7 @@ from titanlite.models.common.build import configured_args
 from titanlite.parallel.context_parallel import check_cp_degree
 from titanlite.parallel.dims import ParallelDims
 from titanlite.parallel.float8 import check_float8
-from titanlite.parallel.pipeline import V_SHAPED, PipelinePlan, plan_pipeline
+from titanlite.parallel.pipeline import V_SHAPED, PipelinePlan, check_pipeline_data_parallel, plan_pipeline
 from titanlite.parallel.tensor_parallel import check_tp_degree
 
 
@@ -128,6 +128,7 @@ def check_layout_features(cfg: JobConfig, dims: ParallelDims) -> None:
             f"(dp_shard = {dims.dp_shard}); use parallelism.data_parallel_shard_degree > 1 (or one GPU) or set it to "
             "false"
         )
+    check_pipeline_data_parallel(dims)
     check_cp_degree(dims.cp, cfg.training.seq_len)
     if dims.cp_enabled and cfg.validation.enable:
         check_cp_degree(dims.cp, cfg.validation.seq_len or cfg.training.seq_len, "validation.seq_len")

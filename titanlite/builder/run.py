@@ -23,6 +23,7 @@ from titanlite.config import JobConfig, to_toml
 from titanlite.engine.trainer import Resilience, StepFigures, StepSettings, Trainer
 from titanlite.engine.validator import EvalBatches, Validator
 from titanlite.models.common.build import configured_args
+from titanlite.models.common.interface import unwrapped
 from titanlite.parallel.float8 import describe_float8
 
 logger = logging.getLogger(__name__)
@@ -45,7 +46,8 @@ def build_checkpointer(
     # Under PP a tied embedding's copy lives in the last stage's part as output.weight.
     tied_copy_parts = set()
     if plan.pipeline and setup.plain_model.args.tie_embeddings:
-        tied_copy_parts = {i for i, part in enumerate(parts) if part.output is not None and part.tok_embeddings is None}
+        models = [unwrapped(part) for part in parts]  # inside any DDP wrapper
+        tied_copy_parts = {i for i, m in enumerate(models) if m.output is not None and m.tok_embeddings is None}
     return Checkpointer(
         cfg, run_dir, parts, optimizer, lr_scheduler, loader, tied_copy_parts=tied_copy_parts, facts=facts
     )

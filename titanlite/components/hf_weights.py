@@ -15,6 +15,7 @@ from titanlite.base.errors import ConfigError
 from titanlite.base.hf_config import CONFIG_FILE, read_config, read_json
 from titanlite.components.hf_tokenizer import save_tokenizer
 from titanlite.models.common.init import fill_parameters
+from titanlite.models.common.interface import unwrapped
 from titanlite.models.hf_config import folder_model_args, hf_config
 from titanlite.models.registry import spec_of
 
@@ -263,7 +264,8 @@ def load_hf_into(model_parts: list, folder: str | Path) -> None:
     Each parameter is read from the safetensors files, converted and sliced to this rank's shard one at a
     time, so no rank ever holds the whole model. A named flavor's vocabulary may be larger than the
     folder's (GPT-2: 50304 padded of 50257): the extra rows start at zero and are never an input token."""
-    source, target = folder_model_args(folder), model_parts[0].args
+    models = [unwrapped(part) for part in model_parts]  # DDP names its parameters module.*
+    source, target = folder_model_args(folder), models[0].args
     _check_compatible(source, target, folder)
     reader = WeightReader(folder)
     keys, sources = _hf_keys(source, reader.keys()), hf_sources(source)
@@ -280,5 +282,5 @@ def load_hf_into(model_parts: list, folder: str | Path) -> None:
             )
         return value
 
-    for part in model_parts:
-        fill_parameters(part, full_value)
+    for model in models:
+        fill_parameters(model, full_value)

@@ -28,6 +28,7 @@ from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
 from titanlite.base.errors import ConfigError
 from titanlite.models.common.head import OutputHead
+from titanlite.models.common.interface import unwrapped
 
 IGNORE = -100  # F.cross_entropy's default ignore_index: padded validation rows
 
@@ -222,8 +223,7 @@ def chunk_tokens(training, compile_cfg, loss_parallel: bool, schedule: str = "")
 def build_loss(parts: list[nn.Module], chunk_tokens: int, compiled: bool = False, backend: str = "inductor"):
     """The loss function for these model parts: chunked with the head of the part that holds it (the model then
     runs with logits=False), else the plain cross-entropy of logits."""
-    parts = [getattr(p, "module", p) for p in parts]  # inside DDP
-    heads = [head for head in (getattr(p, "output", None) for p in parts) if isinstance(head, OutputHead)]
+    heads = [head for head in (getattr(unwrapped(p), "output", None) for p in parts) if isinstance(head, OutputHead)]
     head = heads[0] if heads else None
     if chunk_tokens <= 0 or head is None:  # plain; or a pipeline rank without the last stage (never called)
         return cross_entropy

@@ -232,7 +232,8 @@ class Parallelism:
     """The layout: data parallel (DDP, FSDP/HSDP), context, tensor and pipeline parallel degrees."""
 
     data_parallel_replicate_degree: int = 1
-    """Replicas (DDP alone, or the outer dimension of HSDP)."""
+    """Replicas (DDP alone, or the outer dimension of HSDP). Beside pipeline parallelism only as HSDP:
+    PP with DDP is refused (docs/parallelism.md)."""
     data_parallel_shard_degree: int = -1
     """FSDP shards; -1 means whatever is left of the world size."""
     fsdp_single_rank: bool = False

@@ -28,7 +28,8 @@ from torch.distributed.tensor import DTensor
 from titanlite.base.errors import ConfigError
 from titanlite.config import Parallelism
 from titanlite.models.common.attention import Sequence
-from titanlite.models.common.interface import DecoderModule
+from titanlite.models.common.interface import DecoderModule, unwrapped
+from titanlite.parallel.dims import ParallelDims
 
 SINGLE_STAGE = ("GPipe", "1F1B")
 V_SHAPED = ("ZBVZeroBubble", "DualPipeV")
@@ -133,6 +134,27 @@ def plan_pipeline(cfg: Parallelism, n_layers: int, samples_per_step: int) -> Pip
     return PipelinePlan(pp=pp, schedule=name, layer_ranges=tuple(ranges), n_microbatches=m)
 
 
+def check_pipeline_data_parallel(dims: ParallelDims) -> None:
+    """Pipeline parallelism with DDP (replicas, nothing sharded) is refused before launch. torch's schedules
+    drive a DDP-wrapped stage's gradient reducer by hand (no_sync, then prepare_for_backward before the last
+    micro-batch's backward), and on torch 2.13 that fails. Measured with GPT-2 debug on PP 2 x DDP 2: GPipe,
+    1F1B with 2 micro-batches, Interleaved1F1B and InterleavedZeroBubble stop at step 2 inside the reducer
+    ("rebuilt parameter indices size is not same as original model parameters size"); only 1F1B with 4
+    micro-batches ran (and matched one process). DDP's other modes do no better: with find_unused_parameters
+    GPipe, 1F1B and Interleaved1F1B fail ("Expected to mark a variable ready only once") and
+    InterleavedZeroBubble trains with wrong gradients (losses up to 1.5e-3 off in 5 steps: a zero-bubble schedule
+    assigns weight gradients, which DDP's hooks never see); with static_graph, a 2-layer-per-stage toy model's
+    replicas end with different gradients. FSDP is driven by the schedules through its own API and matches one
+    process (tests/distributed/test_pipeline.py)."""
+    if dims.pp_enabled and dims.ddp_enabled:
+        raise ConfigError(
+            f"parallelism.pipeline_parallel_degree={dims.pp} with DDP (data_parallel_replicate_degree="
+            f"{dims.dp_replicate}, data_parallel_shard_degree=1) fails inside torch's pipeline schedules, which "
+            f"drive DDP's gradient reducer wrongly; use FSDP beside PP: data_parallel_shard_degree={dims.dp_replicate} "
+            "and data_parallel_replicate_degree=1"
+        )
+
+
 def even_split(n_layers: int, num_stages: int) -> list[tuple[int, int]]:
     """As even as possible; when it cannot be even the earlier stages take one layer more (the last
     stage already carries the output projection)."""
@@ -212,9 +234,10 @@ class TiedEmbeddingSync:
     both take the same AdamW update. Megatron keeps its embedding group in sync the same way.
     """
 
-    def __init__(self, parts: list[DecoderModule], plan: PipelinePlan, root_mesh, pp_rank: int):
-        self.embedding = next((p.tok_embeddings.weight for p in parts if p.tok_embeddings is not None), None)
-        self.output = next((p.output.weight for p in parts if p.output is not None), None)
+    def __init__(self, parts: list[nn.Module], plan: PipelinePlan, root_mesh, pp_rank: int):
+        models = [unwrapped(p) for p in parts]  # the stage modules inside any DDP wrapper
+        self.embedding = next((m.tok_embeddings.weight for m in models if m.tok_embeddings is not None), None)
+        self.output = next((m.output.weight for m in models if m.output is not None), None)
         self.group = None
         # Group creation is collective: every rank creates every first/last pair, keeping its own.
         mesh = root_mesh.mesh  # ranks, pp outermost

@@ -9,10 +9,11 @@ keeps its own keys, so names do not depend on the layout), and each parameter's 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast, runtime_checkable
 
 import torch
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from titanlite.models.common.attention import Sequence
 from titanlite.models.common.head import OutputHead
@@ -77,3 +78,13 @@ if TYPE_CHECKING:
 
 else:
     DecoderModule = nn.Module  # at run time a built model is the nn.Module it is
+
+
+def unwrapped(part: nn.Module) -> DecoderModule:
+    """The model inside a data-parallel wrapper: a DDP-wrapped part (what a run's parts are under DDP) does not
+    forward attribute lookups (`output`, `tok_embeddings`, `args`) to its module, and names its parameters
+    "module.*". Anything that reads the model's attributes or its parameter names off a run's parts
+    goes through this; what runs the part (forward, the pipeline schedule, gradient sync) keeps the wrapper.
+    FSDP, TP, activation checkpointing and compile change the module in place or inside it: nothing to unwrap."""
+    # A run's parts are decoders (or stages of one) under whatever wraps them; nn.Module cannot say so to mypy.
+    return cast("DecoderModule", part.module if isinstance(part, DistributedDataParallel) else part)
