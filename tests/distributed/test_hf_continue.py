@@ -116,7 +116,8 @@ def test_train_then_export_loads_in_transformers(tmp_path, hf_folder):
     assert len(metrics(tmp_path)) == 3
 
     out = tmp_path / "export"
-    done = cli("convert", "to-hf", "--output", str(out), *args, "--job.dump_folder", str(tmp_path), "--job.name", "run")
+    # The export names only the run: the checkpoint records its model (no model flags repeated).
+    done = cli("convert", "to-hf", "--output", str(out), "--job.dump_folder", str(tmp_path), "--job.name", "run")
     assert done.returncode == 0, done.stderr
     cfg = parse_config(args)
     ours = configured_model(cfg.model, tok.get_vocab_size(), 48)

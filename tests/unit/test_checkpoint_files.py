@@ -118,6 +118,11 @@ def test_a_resume_takes_optimizer_changes_and_refuses_data_and_model_ones():
     assert resume_changes(flat_config(base), facts, parse_config(["--training.seed", "1"]), same, {"dataloader"}, "s")
     with pytest.raises(ConfigError, match="the training corpus has 99 windows, not the 100 of step-5"):
         resume_changes(flat_config(base), facts, base, {**facts, "windows": 99}, set(), "step-5")
+    # Another model in this run folder: the fix is a run folder of its own, not excluding parts of the load.
+    with pytest.raises(
+        ConfigError, match=r"model.n_layers=2 differs .*another model, .*own run folder \(set job.name\)"
+    ):
+        resume_changes(flat_config(base), facts, parse_config(["--model.n_layers", "2"]), same, set(), "step-5")
     with pytest.raises(ConfigError, match="the model's n_layers is 2, not the 4 that step-5 was saved with"):
         resume_changes(flat_config(base), facts, base, {**facts, "model": {"dim": 64, "n_layers": 2}}, set(), "step-5")
     with pytest.raises(ConfigError, match="tokenizer's vocabulary differs"):

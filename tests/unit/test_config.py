@@ -1,9 +1,22 @@
 """The config: TOML + command-line overrides, one-line errors naming the key, layout checks, help."""
 
+import json
+from pathlib import Path
+
 import pytest
 
 from titanlite.base.errors import ConfigError
-from titanlite.config import JobConfig, field_docs, grad_accum_steps, help_text, parse_config, to_toml
+from titanlite.config import (
+    DEFAULT_CONFIG,
+    HF_DEFAULT_CONFIG,
+    JobConfig,
+    field_docs,
+    grad_accum_steps,
+    help_text,
+    load_toml,
+    parse_config,
+    to_toml,
+)
 from titanlite.config.loading import tomllib  # tomli on Python 3.10
 from titanlite.parallel.dims import ParallelDims
 
@@ -67,13 +80,63 @@ def test_wrong_toml_type_is_rejected(tmp_path):
         parse_config(["--config", str(toml)])
 
 
-def test_every_shipped_config_parses():
-    from pathlib import Path
+def gpt2_folder(folder: Path, n_positions: int = 256) -> Path:
+    """A Hugging Face GPT-2 folder as far as the config goes (config.json; GPT-2's vocabulary, so the shipped
+    tokenizer): enough to parse a model.flavor = "hf" config without transformers."""
+    folder.mkdir(parents=True, exist_ok=True)
+    config = {"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": n_positions}
+    (folder / "config.json").write_text(json.dumps({**config, "vocab_size": 50257}))
+    return folder
 
+
+def test_every_shipped_config_parses(tmp_path):
     configs = sorted(Path("train_configs").glob("*.toml"))
-    assert len(configs) >= 8
+    assert len(configs) >= 9
     for path in configs:
-        parse_config(["--config", str(path)])
+        folder = ["--model.hf_assets_path", str(gpt2_folder(tmp_path))] if path == Path(HF_DEFAULT_CONFIG) else []
+        parse_config(["--config", str(path), *folder])
+
+
+def test_hf_assets_path_that_changes_nothing_is_refused(tmp_path):
+    """It used to train the debug GPT-2 from scratch and exit 0, the folder unread."""
+    folder = str(gpt2_folder(tmp_path))
+    with pytest.raises(ConfigError, match=r"model.hf_assets_path=.* changes nothing .* add --model.flavor hf") as e:
+        parse_config(["--model.hf_assets_path", folder])
+    assert "\n" not in str(e.value)
+    assert parse_config(["--model.hf_assets_path", folder, "--model.flavor", "hf"]).model.name == "gpt2"
+    # A named flavor with the folder's tokenizer reads it: allowed.
+    assert parse_config(["--model.hf_assets_path", folder, "--model.tokenizer", "hf"]).model.flavor == "debug"
+
+
+def test_a_hugging_face_run_is_named_for_its_folder_and_takes_the_hf_defaults(tmp_path):
+    """Not the debug model's name, description, sequence length, batch and learning rate."""
+    folder = gpt2_folder(tmp_path / "SmolGPT", n_positions=256)
+    debug, hf = load_toml(DEFAULT_CONFIG), load_toml(HF_DEFAULT_CONFIG)
+    cfg = parse_config(["--model.flavor", "hf", "--model.hf_assets_path", str(folder)])
+    assert cfg.job.name == "hf-SmolGPT" != debug["job"]["name"]
+    assert cfg.job.description == f"gpt2 from {folder} (config {HF_DEFAULT_CONFIG})"
+    assert hf["training"]["seq_len"] > 256 and cfg.training.seq_len == 256  # the folder's 256 learned positions
+    assert (cfg.training.local_batch_size, cfg.optimizer.lr) == (
+        hf["training"]["local_batch_size"],
+        hf["optimizer"]["lr"],
+    )
+    assert cfg.lr_scheduler.warmup_steps == hf["lr_scheduler"]["warmup_steps"] != debug["lr_scheduler"]["warmup_steps"]
+    # Naming the shipped file gives the same run; what the user sets is theirs.
+    named = parse_config(["--config", HF_DEFAULT_CONFIG, "--model.hf_assets_path", str(folder)])
+    assert (named.job.name, named.training.seq_len) == ("hf-SmolGPT", 256)
+    own = parse_config(
+        [
+            "--model.flavor",
+            "hf",
+            "--model.hf_assets_path",
+            str(folder),
+            "--job.name",
+            "mine",
+            "--training.seq_len",
+            "64",
+        ]
+    )
+    assert (own.job.name, own.training.seq_len) == ("mine", 64)
 
 
 def test_resolved_config_round_trips_through_toml():

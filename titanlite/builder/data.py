@@ -74,13 +74,25 @@ def build_data(cfg: JobConfig, verify: str = "stat"):
     source's last validation.split_fraction is held out of training unless validation names its own corpus
     or the source has its own validation files."""
     t = cfg.training
-    tokenizer = build_tokenizer(cfg.model.tokenizer, cfg.model.hf_assets_path)
+    tokenizer = run_tokenizer(cfg)
     sources = training_sources(cfg)
     holdout = 0.0 if separate_validation(cfg) else cfg.validation.split_fraction
     corpus = build_corpus(
         sources, tokenizer, store_options(cfg, verify), t.seq_len, t.seed, cfg.data.shuffle, holdout=holdout
     )
     return tokenizer, corpus
+
+
+def run_tokenizer(cfg: JobConfig):
+    """The tokenizer a run of this config tokenises its data with (`titanlite prepare` asks here too, so that
+    it builds the store the run opens)."""
+    return build_tokenizer(cfg.model.tokenizer, cfg.model.hf_assets_path)
+
+
+def describe_tokenizer(cfg: JobConfig, tokenizer) -> str:
+    """'hf (/models/x/tokenizer.json, 49,152 ids)', 'gpt2 (50,257 ids)'."""
+    where = f"{Path(cfg.model.hf_assets_path) / 'tokenizer.json'}, " if cfg.model.tokenizer == "hf" else ""
+    return f"{cfg.model.tokenizer} ({where}{tokenizer.vocab_size:,} ids)"
 
 
 def separate_validation(cfg: JobConfig) -> bool:

@@ -11,6 +11,7 @@ from titanlite.base.command_line import take_options
 from titanlite.base.errors import ConfigError
 from titanlite.builder.model import plain_model
 from titanlite.components.checkpoint import load_model_only, pick_checkpoint, save_model_only
+from titanlite.components.checkpoint_files import read_marker
 from titanlite.components.hf_weights import save_hf
 from titanlite.config import parse_config
 from titanlite.data.tokenizer import build_tokenizer
@@ -40,6 +41,9 @@ def convert(argv: list[str]) -> int:
     path = pick_checkpoint(run_dir, cfg.checkpoint.load_step)
     if path is None:
         raise ConfigError(f"no complete checkpoint in {run_dir}; train with checkpoint.enable first")
+    recorded = recorded_model(path)
+    if recorded:
+        cfg = parse_config(rest, recorded=(str(path), recorded))
     model = plain_model(cfg)
     load_model_only(path, model)
     m = cfg.model
@@ -57,3 +61,11 @@ def convert(argv: list[str]) -> int:
         "AutoModelForCausalLM and AutoTokenizer load it offline"
     )
     return 0
+
+
+def recorded_model(path: Path) -> dict:
+    """The model keys a checkpoint was saved under (and training.seq_len, which sizes RoPE tables and learned
+    positions), so an export needs no flags repeated; {} for a checkpoint without its config (a seed
+    checkpoint, or one saved by an earlier titanlite)."""
+    saved = read_marker(path).get("config", {})
+    return {key: value for key, value in saved.items() if key.startswith("model.") or key == "training.seq_len"}

@@ -70,8 +70,8 @@ def resume_changes(
 
 def _refuse_model_change(differ: dict, saved_facts: dict, facts: dict, where: str) -> None:
     advice = (
-        "resume with the checkpoint's model, or leave 'model' and 'optimizer' out of loading "
-        "(checkpoint.exclude_from_loading) to start the weights afresh"
+        "to train another model, give it its own run folder (set job.name); to resume this run, use the "
+        "checkpoint's model (checkpoint.exclude_from_loading = ['model', 'optimizer'] would overwrite its weights)"
     )
     changed = _first_changed(differ, MODEL_KEYS, where)
     if changed:

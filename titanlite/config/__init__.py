@@ -7,6 +7,7 @@ from titanlite.config.loading import grad_accum_steps, load_toml, parse_config, 
 from titanlite.config.reference import help_text, reference_markdown, to_toml
 from titanlite.config.sections import (
     DEFAULT_CONFIG,
+    HF_DEFAULT_CONFIG,
     ActivationCheckpoint,
     Checkpoint,
     Comm,
@@ -28,6 +29,7 @@ from titanlite.config.sections import (
 
 __all__ = [
     "DEFAULT_CONFIG",
+    "HF_DEFAULT_CONFIG",
     "ActivationCheckpoint",
     "Checkpoint",
     "Comm",

@@ -18,7 +18,15 @@ else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
 from titanlite.base.errors import ConfigError
-from titanlite.config.sections import DEFAULT_CONFIG, JobConfig, Training, field_types, section_classes, type_name
+from titanlite.config.sections import (
+    DEFAULT_CONFIG,
+    HF_DEFAULT_CONFIG,
+    JobConfig,
+    Training,
+    field_types,
+    section_classes,
+    type_name,
+)
 from titanlite.models.hf_config import resolve_model_folder
 from titanlite.models.registry import families_of_flavor, import_custom, spec_named
 
@@ -130,11 +138,21 @@ def _is_number(s: str) -> bool:
         return False
 
 
-def parse_config(argv: list[str], default_config: str | None = DEFAULT_CONFIG) -> JobConfig:
-    """Defaults < TOML file < command-line overrides; then validate the values on their own."""
+def parse_config(
+    argv: list[str], default_config: str | None = DEFAULT_CONFIG, recorded: tuple[str, dict[str, Any]] | None = None
+) -> JobConfig:
+    """Defaults < TOML file < command-line overrides; then validate the values on their own.
+
+    Without --config, a command line that sets model.flavor = "hf" starts from HF_DEFAULT_CONFIG rather than
+    the debug model's. `recorded` is (where, {"section.key": value}): what a checkpoint was saved under, taken
+    in place of the defaults; a key the user set to something else is refused."""
     config_path, overrides = _split_overrides(argv)
     chosen = config_path is not None
+    if not chosen and default_config == DEFAULT_CONFIG and dict(overrides).get("model.flavor") == "hf":
+        default_config = HF_DEFAULT_CONFIG
     config_path = config_path or default_config
+    if config_path and chosen and Path(config_path).resolve() == Path(HF_DEFAULT_CONFIG).resolve():
+        chosen = False  # the shipped defaults of Hugging Face runs, named or not: seq_len is a ceiling
     cfg = JobConfig()
     # The keys a user set (their --config file's and the command line's; the default config's are defaults):
     # with model.flavor = "hf" these must agree with the folder, the rest are taken from it.
@@ -150,13 +168,48 @@ def parse_config(argv: list[str], default_config: str | None = DEFAULT_CONFIG) -
     for key, value in overrides:
         _set(cfg, key, value, "command line", from_cli=True)
         explicit.add(key)
+    if recorded is not None:
+        apply_recorded(cfg, explicit, *recorded)
     validate_values(cfg)
     import_custom(cfg.model.custom_import)
     if cfg.model.flavor == "hf":
-        resolve_model_folder(cfg.model, explicit)
+        folder_args = resolve_model_folder(cfg.model, explicit)
+        name_hf_run(cfg, explicit, folder_args.max_seq_len, config_path)
     else:
         resolve_flavor_family(cfg.model, explicit)
     return cfg
+
+
+def apply_recorded(cfg: JobConfig, explicit: set[str], where: str, values: dict[str, Any]) -> None:
+    """Take `values` (a checkpoint's record) where the user set nothing; a key they set otherwise is an error."""
+    for key, value in values.items():
+        section, _, name = key.partition(".")
+        ours = getattr(getattr(cfg, section, None), name, None)
+        if key in explicit and not _same(key, ours, value):
+            raise ConfigError(
+                f"{key}={ours!r} contradicts {where}, which was saved with {key}={value!r}; leave it out (it is "
+                "taken from there)"
+            )
+        _set(cfg, key, value, f"recorded in {where}")
+        explicit.add(key)  # as binding as the user's: nothing is derived in its place
+
+
+def _same(key: str, ours: Any, recorded: Any) -> bool:
+    if key.endswith("_path") and ours and recorded:  # one folder, however it is spelled
+        return Path(ours).expanduser().resolve() == Path(recorded).expanduser().resolve()
+    return ours == recorded
+
+
+def name_hf_run(cfg: JobConfig, explicit: set[str], positions: int, config_path: str | None) -> None:
+    """A Hugging Face run's own name and description (`hf-<folder name>`, the family and the folder), and a
+    sequence length within the folder's positions, where the user set none of them."""
+    folder = Path(cfg.model.hf_assets_path)
+    if "job.name" not in explicit:
+        cfg.job.name = f"hf-{folder.expanduser().resolve().name}"
+    if "job.description" not in explicit:
+        cfg.job.description = f"{cfg.model.name} from {folder}" + (f" (config {config_path})" if config_path else "")
+    if "training.seq_len" not in explicit:
+        cfg.training.seq_len = min(cfg.training.seq_len, positions)
 
 
 def resolve_flavor_family(model, explicit: set[str]) -> None:
@@ -284,6 +337,13 @@ def validate_values(cfg: JobConfig) -> None:
     check_hub_keys(v, "validation", hub=bool(v.dataset) and v.dataset not in ("stdlib", "local"))
     if not cfg.data.shard_size_mb > 0:
         raise ConfigError(f"data.shard_size_mb={cfg.data.shard_size_mb} must be positive")
+    m = cfg.model
+    if m.hf_assets_path and m.flavor != "hf" and m.tokenizer != "hf":
+        raise ConfigError(
+            f"model.hf_assets_path='{m.hf_assets_path}' changes nothing with model.flavor={m.flavor!r} and "
+            f"model.tokenizer={m.tokenizer!r}: only flavor 'hf' (the folder's model) or tokenizer 'hf' (its "
+            "tokenizer) read it; add --model.flavor hf to train the folder's model, or leave model.hf_assets_path out"
+        )
 
 
 def grad_accum_steps(training: Training, dp_degree: int) -> int:

@@ -7,7 +7,15 @@ import inspect
 import textwrap
 from typing import Any
 
-from titanlite.config.sections import DEFAULT_CONFIG, JobConfig, field_docs, field_types, section_classes, type_name
+from titanlite.config.sections import (
+    DEFAULT_CONFIG,
+    HF_DEFAULT_CONFIG,
+    JobConfig,
+    field_docs,
+    field_types,
+    section_classes,
+    type_name,
+)
 
 
 def to_toml(cfg: JobConfig) -> str:
@@ -34,7 +42,8 @@ def _toml_value(value: Any) -> str:
 def help_text() -> str:
     out = [
         "usage: ./run_train.sh [--config FILE] [--section.key VALUE | --section.key=VALUE ...]",
-        f"  --config FILE   TOML file (default: {DEFAULT_CONFIG}); command-line values override it.",
+        f"  --config FILE   TOML file (default: {DEFAULT_CONFIG}, or {HF_DEFAULT_CONFIG} when the command",
+        "                  line sets --model.flavor hf); command-line values override it.",
         "",
     ]
     defaults = JobConfig()
@@ -62,7 +71,8 @@ def reference_markdown() -> str:
         "     do not edit by hand: tests/unit/test_docs.py fails when this file and the code differ. -->",
         "",
         "Every key is set in a TOML file (`[section]`, then `key = value`; `--config FILE`, default",
-        f"`{DEFAULT_CONFIG}`) or on the command line (`--section.key VALUE`, which wins over the file).",
+        f"`{DEFAULT_CONFIG}`, or `{HF_DEFAULT_CONFIG}` when the command line sets `--model.flavor hf`) or on the",
+        "command line (`--section.key VALUE`, which wins over the file).",
         "Unknown keys and wrong types stop the run with one line naming the key. The defaults below are",
         "`titanlite/config/sections.py`'s; the shipped configs in `train_configs/` override some of them (the default "
         "file sets",

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 DEFAULT_CONFIG = "train_configs/debug_model.toml"
+# Without --config, a run with model.flavor = "hf" on its command line starts from this one instead.
+HF_DEFAULT_CONFIG = "train_configs/hf_continue.toml"
 
 
 @dataclass
@@ -21,11 +23,13 @@ class Job:
     """Names the run and where its folder goes."""
 
     name: str = "debug"
-    """Run name; the run folder is {dump_folder}/{name}/."""
+    """Run name; the run folder is {dump_folder}/{name}/. Left unset with model.flavor = "hf", it is
+    "hf-<folder name>" of model.hf_assets_path."""
     dump_folder: str = "checkpoints"
     """Root folder of run folders (config.toml, metrics.jsonl, tb/, checkpoints)."""
     description: str = ""
-    """Free text describing the run; printed at start-up."""
+    """Free text describing the run; printed at start-up. Left unset with model.flavor = "hf", it names the
+    family, the folder and the config file the run started from."""
 
 
 @dataclass

@@ -67,9 +67,10 @@ def folder_args(folder: str | Path, seq_len: int):
     return args
 
 
-def resolve_model_folder(model, explicit: set[str]) -> None:
+def resolve_model_folder(model, explicit: set[str]):
     """With model.flavor = "hf", take model.name (and model.tokenizer, when the folder has a tokenizer.json)
-    from model.hf_assets_path, in place; a key set explicitly to something else is an error, not ignored."""
+    from model.hf_assets_path, in place; a key set explicitly to something else is an error, not ignored.
+    Returns the folder's model arguments."""
     folder = model.hf_assets_path
     if not folder:
         raise ConfigError(
@@ -101,3 +102,4 @@ def resolve_model_folder(model, explicit: set[str]) -> None:
                 f"{value!r}, or use a named model.flavor"
             )
         setattr(model, key.split(".")[1], value)
+    return args

@@ -11,10 +11,10 @@ import logging
 import time
 
 from titanlite.base.command_line import take_options
-from titanlite.builder.data import store_options, training_sources
-from titanlite.config import parse_config
+from titanlite.builder.data import describe_tokenizer, run_tokenizer, store_options, training_sources
+from titanlite.builder.run import describe_model
+from titanlite.config import DEFAULT_CONFIG, parse_config
 from titanlite.data.store import describe
-from titanlite.data.tokenizer import build_tokenizer
 
 USAGE = """usage: titanlite prepare [--config FILE] [--workers N] [--rebuild] [--section.key VALUE ...]
   --workers N   tokenising processes (default: data.prepare_workers, 0 = every core)
@@ -36,11 +36,26 @@ def prepare(argv: list[str]) -> int:
     options = store_options(cfg, "sample")
     if opts["workers"] >= 0:
         options = dataclasses.replace(options, workers=opts["workers"])
-    tokenizer = build_tokenizer(cfg.model.tokenizer, cfg.model.hf_assets_path)
+    tokenizer = run_tokenizer(cfg)
+    logger.info(tokenizer_line(cfg, tokenizer, rest))
     sources = training_sources(cfg)
     for source, _ in sources:
         start = time.perf_counter()
         store = options.open(source, tokenizer, rebuild=opts["rebuild"])
         where = f" in {store.path}" if store.path else " (read in place)"
-        logger.info(f"titanlite: prepared {describe(store)}{where} ({time.perf_counter() - start:.1f} s)")
+        logger.info(
+            f"titanlite: prepared {describe(store)} with tokenizer {cfg.model.tokenizer}{where} "
+            f"({time.perf_counter() - start:.1f} s)"
+        )
     return 0
+
+
+def tokenizer_line(cfg, tokenizer, argv: list[str]) -> str:
+    """Which tokenizer the store is for: the one a run with these flags uses. Without --config or a model flag
+    that is the default config's, which a run of another model does not share: said so."""
+    line = (
+        f"titanlite: tokenising with {describe_tokenizer(cfg, tokenizer)}, the tokenizer of model {describe_model(cfg)}"
+    )
+    if not any(arg.startswith(("--config", "--model.")) for arg in argv):
+        line += f", the default config's ({DEFAULT_CONFIG}): give prepare the run's --config and model flags"
+    return line
