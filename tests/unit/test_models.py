@@ -80,7 +80,13 @@ def test_gpt2_param_count(flavor, millions):
 
 @pytest.mark.parametrize(
     "flavor,low,high",
-    [("1B", 1.0e9, 1.1e9), ("3B", 2.9e9, 2.95e9), ("8B", 8.0e9, 8.05e9), ("70B", 70.5e9, 70.6e9), ("405B", 405e9, 406e9)],
+    [
+        ("1B", 1.0e9, 1.1e9),
+        ("3B", 2.9e9, 2.95e9),
+        ("8B", 8.0e9, 8.05e9),
+        ("70B", 70.5e9, 70.6e9),
+        ("405B", 405e9, 406e9),
+    ],
 )
 def test_llama_param_count(flavor, low, high):
     # 1B and 3B take the tokenizer's vocabulary (here GPT-2's 50k); 8B, 70B and 405B embed Llama 3's 128,256 ids

@@ -179,12 +179,19 @@ def test_every_layout_runs_the_users_global_batch_and_the_readme_pick_has_a_smal
     64-way data parallelism), and the pick, the most tokens/s, is no deep pipeline idle most of the step."""
     stdout, result = plan(tmp_path, *README_8B, "--training.seq_len", "8192")
     assert {r["global_batch"] for r in result["rows"]} == {512}
-    pick = next(r for r in result["rows"] if (r["layout"], r["ac"]) == tuple(result["recommended"][k] for k in ("layout", "ac")))
+    pick = next(
+        r for r in result["rows"] if (r["layout"], r["ac"]) == tuple(result["recommended"][k] for k in ("layout", "ac"))
+    )
     assert pick["fits"] and pick["bubble"] <= 0.25
     best = max(r["tokens_s"] for r in result["rows"] if r["fits"])
     assert pick["tokens_s"] >= best / 1.05
-    assert "global batch: 512 sequences (local batch 8 x data-parallel 64 of the config's layout) = 4,194,304 tokens" in stdout
-    assert "64 GPUs = 8 nodes x 8 GPUs per node, NVLink within a node" in stdout and "InfiniBand between nodes" in stdout
+    assert (
+        "global batch: 512 sequences (local batch 8 x data-parallel 64 of the config's layout) = 4,194,304 tokens"
+        in stdout
+    )
+    assert (
+        "64 GPUs = 8 nodes x 8 GPUs per node, NVLink within a node" in stdout and "InfiniBand between nodes" in stdout
+    )
     # the config's own layout does not fit: one line says by how much and the smallest change that fits
     line = next(x for x in stdout.splitlines() if x.startswith("config (ZeRO-3 64, AC none"))
     assert "does not fit (" in line and line.endswith("fix: --activation_checkpoint.mode full")
@@ -196,7 +203,9 @@ def test_the_configs_own_layout_gets_a_verdict(tmp_path):
     assert "config (ZeRO-2 8, AC none, micro-batch 1 x 1 accumulation): is the recommended layout" in stdout
     stdout, _ = plan(tmp_path, *README_8B[:4], "--model.flavor", "1B", "--training.seq_len", "2048", "--ngpu", "8")
     line = next(x for x in stdout.splitlines() if x.startswith("config ("))
-    assert ": fits; " in line and "x slower than the recommended layout" in line or line.endswith("is the recommended layout")
+    # Llama 3.2 1B on one node: ZeRO-3 fits, as fast as DDP (compute-bound, its traffic hidden), and DDP is simpler
+    assert line.startswith("config (ZeRO-3 8, AC none, micro-batch 8 x 1 accumulation): fits")
+    assert line.endswith("of the recommended layout (DDP 8, AC none)")
 
 
 def test_one_node_of_many_gpus_is_said_and_nnodes_suggested(tmp_path):

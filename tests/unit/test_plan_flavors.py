@@ -6,7 +6,12 @@ import torch
 
 from titanlite.models.common.build import build_model
 
-LLAMA31 = {"vocab_size": 128256, "rope_theta": 500000.0, "tie_word_embeddings": False, "max_position_embeddings": 131072}
+LLAMA31 = {
+    "vocab_size": 128256,
+    "rope_theta": 500000.0,
+    "tie_word_embeddings": False,
+    "max_position_embeddings": 131072,
+}
 SHAPES = {  # hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads, intermediate_size
     "8B": (4096, 32, 32, 8, 14336),
     "70B": (8192, 80, 64, 8, 28672),

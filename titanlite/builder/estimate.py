@@ -311,23 +311,29 @@ def communication(lay: Layout, s: Setting, n_params: float, n_layers: int, facts
     return comm
 
 
-def comm_seconds(lay: Layout, comm: dict, ngpu: int, nnodes: int, interconnect: str) -> float:
-    """Time to move the step's data at the assumed bandwidths: TP within a node; data parallelism within
-    a node when it fits in one, else across nodes; PP across nodes when there are several; CPU offload's
-    copies over PCIe."""
+# Collectives of data parallelism: FSDP prefetches the next unit's all-gather and reduce-scatters while the
+# next block computes, DDP all-reduces its buckets during backward; they overlap with compute.
+OVERLAPPED = ("all-gather", "reduce-scatter", "all-reduce")
+
+
+def comm_seconds(lay: Layout, comm: dict, ngpu: int, nnodes: int, interconnect: str) -> tuple[float, float]:
+    """Time to move the step's data at the assumed bandwidths, as (overlapped, exposed): TP within a node; data
+    parallelism within a node when it fits in one, else across nodes; PP across nodes when there are several;
+    CPU offload's copies over PCIe. Data parallelism's collectives overlap with compute; TP's and CP's (in the
+    critical path of each block), PP's sends and offload's copies do not."""
     intra, inter = BANDWIDTH[interconnect] * 1e9, BANDWIDTH["infiniband"] * 1e9
     dp_inside = lay.dims.dp_replicate * lay.dims.dp_shard * lay.dims.cp * lay.dims.tp <= ngpu
-    total = 0.0
+    overlapped = exposed = 0.0
     for kind, volume in comm.items():
         if kind == "host<->device":
-            total += volume / (BANDWIDTH["pcie"] * 1e9)
+            exposed += volume / (BANDWIDTH["pcie"] * 1e9)
         elif kind.startswith(("tp", "cp")):
-            total += volume / intra
+            exposed += volume / intra
         elif kind == "send/recv":
-            total += volume / (inter if nnodes > 1 else intra)
+            exposed += volume / (inter if nnodes > 1 else intra)
         else:
-            total += volume / (intra if dp_inside or nnodes == 1 else inter)
-    return total
+            overlapped += volume / (intra if dp_inside or nnodes == 1 else inter)
+    return overlapped, exposed
 
 
 def pipeline_bubbles(pp: int, microbatches: list[int]) -> list[tuple[int, int, float, float]]:
@@ -390,14 +396,14 @@ def micro_batches(cfg, lay: Layout, batch: int) -> tuple[list[int], str]:
     (titanlite/parallel/pipeline.py: at least pp for GPipe and 1F1B, a multiple of pp for the others)."""
     dp, pp = lay.dims.dp, lay.dims.pp
     if batch % dp:
-        return [], f"data-parallel degree {dp} does not divide the global batch of {batch} sequences"
+        return [], f"the data-parallel degree does not divide the global batch of {batch} sequences"
     per_rank = batch // dp
     sizes = [m for m in range(min(per_rank, MAX_MICRO_BATCH), 0, -1) if per_rank % m == 0]
     if pp > 1:
         single = cfg.parallelism.pipeline_parallel_schedule in ("GPipe", "1F1B")
         sizes = [m for m in sizes if per_rank // m >= pp and (single or (per_rank // m) % pp == 0)]
         if not sizes:
-            return [], f"{per_rank} sequences per pipeline cannot make {pp} micro-batches"
+            return [], "too few sequences per pipeline for its schedule's micro-batches"
     return sizes, ""
 
 
@@ -433,16 +439,16 @@ def same_run(a: dict, b: dict) -> bool:
     return a["layout"] == b["layout"] and (sa.micro_batch, sa.microbatches) == (sb.micro_batch, sb.microbatches)
 
 
-def excluded_layouts(cfg, facts: ModelFacts, own: Layout, machine: Machine) -> list[tuple[str, str]]:
-    """(layout, why) for the candidate layouts that cannot run the config's global batch."""
+def excluded_layouts(cfg, facts: ModelFacts, own: Layout, machine: Machine) -> dict[str, list[str]]:
+    """Why not -> the candidate layouts that cannot run the config's global batch for that reason."""
     batch = global_batch(cfg, own)
-    out = {}
+    out: dict[str, list[str]] = {}
     for lay in candidate_layouts(machine.ngpu, machine.nnodes, cfg.training.seq_len):
         if layout_allowed(facts, lay, cfg):
             sizes, why = micro_batches(cfg, lay, batch)
-            if not sizes:
-                out[lay.name] = why
-    return list(out.items())
+            if not sizes and lay.name not in out.get(why, []):
+                out.setdefault(why, []).append(lay.name)
+    return out
 
 
 def best_micro_batch(cfg, facts: ModelFacts, lay: Layout, machine: Machine, fits, batch: int) -> dict | None:
@@ -464,15 +470,17 @@ def layout_row(
     """One layout's estimate, its step time at the assumed bandwidths and MFU, its tokens/s, and whether it fits."""
     s = setting_for(cfg, lay, machine.world, machine.device, micro_batch, batch)
     est = estimate(facts, lay, s)
-    seconds = comm_seconds(lay, est["comm"], machine.ngpu, machine.nnodes, machine.interconnect)
+    overlapped, exposed = comm_seconds(lay, est["comm"], machine.ngpu, machine.nnodes, machine.interconnect)
+    seconds = overlapped + exposed
     compute = compute_seconds(facts, cfg, lay, s, machine.tflops)
     bubble = (lay.dims.pp - 1) / (s.microbatches * s.stages_per_rank) if lay.dims.pp > 1 else 0.0
-    step = compute * (1 + bubble) + seconds
+    step = max(compute * (1 + bubble), overlapped) + exposed
     return {
         "layout": lay,
         "setting": s,
         "est": est,
         "comm_s": seconds,
+        "exposed_s": step - compute * (1 + bubble),
         "compute_s": compute,
         "fits": fits(est),
         "own": own,
@@ -517,17 +525,22 @@ def verdict(cfg, rows: list[dict], pick: dict | None, budget: float) -> str:
         if pick is None:
             return f"{head}: fits"
         ratio = pick["tokens_s"] / own["tokens_s"]
+        other = f"the recommended layout ({pick['layout'].name}, AC {pick['layout'].ac})"
         if ratio < 1:
-            return f"{head}: fits, {1 / ratio:.2f}x the tokens/s of the recommended layout, which is simpler"
-        return f"{head}: fits; {ratio:.2f}x slower than the recommended layout ({pick['layout'].name}, AC {pick['layout'].ac})"
+            return f"{head}: fits, {1 / ratio:.2f}x the estimated tokens/s of {other}, which is simpler"
+        if ratio < 1.01:
+            return f"{head}: fits, within 1 % of the estimated tokens/s of {other}"
+        return f"{head}: fits; {ratio:.2f}x slower than {other}"
     line = f"{head}: does not fit ({own['est']['peak'] / GIB:.1f} GiB > {budget / GIB:.1f} GiB per rank)"
     same = [r for r in rows if r["fits"] and r["layout"].dims == lay.dims and r["layout"].reshard == lay.reshard]
     same = [r for r in same if not r["layout"].offload]
     if same:  # the config's own mesh: the fewest changes first (its AC kept, then the batch kept), then speed
-        fix = min(same, key=lambda r: (r["layout"].ac != lay.ac, r["setting"].micro_batch != s.micro_batch, -r["tokens_s"]))
-        change = (["--activation_checkpoint.mode", fix["layout"].ac] if fix["layout"].ac != lay.ac else []) + batch_overrides(
-            cfg, fix
+        fix = min(
+            same, key=lambda r: (r["layout"].ac != lay.ac, r["setting"].micro_batch != s.micro_batch, -r["tokens_s"])
         )
+        change = (
+            ["--activation_checkpoint.mode", fix["layout"].ac] if fix["layout"].ac != lay.ac else []
+        ) + batch_overrides(cfg, fix)
         return f"{line}; fix: {' '.join(change)}"
     if pick is not None:
         return f"{line}; fix: use the recommended layout"
@@ -601,10 +614,11 @@ PREFERENCE = ["DDP", "ZeRO-2", "ZeRO-3", "HSDP", "single"]
 
 
 def simplicity(lay: Layout) -> tuple:
-    """No CPU offload before offload, no AC before AC, fewer dimensions, then DDP before ZeRO-2 before ZeRO-3."""
+    """No CPU offload before offload, no AC before AC, no CP before CP (it cuts every sequence), fewer dimensions,
+    then DDP before ZeRO-2 before ZeRO-3."""
     used = sum(d > 1 for d in (lay.dims.dp, lay.dims.cp, lay.dims.tp, lay.dims.pp))
     kind = 0 if lay.dims.ddp_enabled else 1 if lay.reshard == "never" else 2
-    return (lay.offload, lay.ac != "none", used, lay.dims.tp, lay.dims.pp, kind)
+    return (lay.offload, lay.ac != "none", lay.dims.cp > 1, used, lay.dims.tp, lay.dims.pp, kind)
 
 
 def recommend(rows: list[dict]) -> tuple[dict | None, str]:
@@ -622,7 +636,8 @@ def recommend(rows: list[dict]) -> tuple[dict | None, str]:
     why = (
         f"fits with {est['peak'] / GIB:.1f} GiB per rank; {batch_shape(pick)}; estimated "
         f"{pick['tokens_s'] / world:,.0f} tokens/s per GPU ({pick['tokens_s']:,.0f} in all), step "
-        f"{1e3 * pick['step_s']:.0f} ms ({1e3 * pick['comm_s']:.0f} ms of it communication, "
+        f"{1e3 * pick['step_s']:.0f} ms ({1e3 * pick['comm_s']:.0f} ms of communication, "
+        f"{1e3 * pick['exposed_s']:.0f} ms of it not hidden by compute, "
         f"{sum(est['comm'].values()) / 1e9:.2f} GB per rank"
         + (f", pipeline bubble {pick['bubble']:.0%}" if lay.dims.pp > 1 else "")
         + ")"

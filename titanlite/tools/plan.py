@@ -27,10 +27,8 @@ from titanlite.builder.estimate import (
     Machine,
     Setting,
     batch_overrides,
-    batch_shape,
     estimate,
     excluded_layouts,
-    global_batch,
     layout_rows,
     loss_path,
     pipeline_bubbles,
@@ -95,8 +93,8 @@ def plan(argv: list[str]) -> int:
     pick, _ = recommend(rows)
     print(verdict(cfg, rows, pick, budget))
     excluded = excluded_layouts(cfg, facts, own, machine)
-    if excluded:
-        print("not offered: " + "; ".join(f"{name} ({why})" for name, why in excluded))
+    for why, names in excluded.items():
+        print(f"not offered ({why}): {', '.join(names)}")
     target = os.environ.get("TITANLITE_PLAN_JSON")
     if target and not measure:
         Path(target).write_text(json.dumps(rows_json(rows), indent=1))
@@ -158,7 +156,8 @@ def print_plan(cfg, facts: ModelFacts, rows: list[dict], machine: Machine, mem: 
     print(
         "per rank, GiB (the rank with the largest peak); batch: micro-batch x accumulation (PP: micro-batch / pipeline "
         f"micro-batches); comm: GB per step per rank and its time at the assumed bandwidth; step: compute (AC's "
-        f"recomputation included) at {ASSUMED_MFU:.0%} MFU of {tflops:g} TFLOP/s x (1 + bubble) + comm, not overlapped"
+        f"recomputation included) at {ASSUMED_MFU:.0%} MFU of {tflops:g} TFLOP/s x (1 + bubble), or data parallelism's "
+        "collectives where longer (they overlap with compute), + TP's, CP's and PP's communication (they do not)"
     )
     width = max([26] + [len(r["layout"].name + (" (config)" if r["own"] else "")) for r in rows])
     host_head = f" {'host':>7}" if offload else ""
