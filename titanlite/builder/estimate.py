@@ -40,6 +40,15 @@ TP all-gathers and reduce-scatters [b, s, d] activations 4 times per block in fo
 CP all-gathers each block's keys and values in forward (and in AC's recomputation) and reduce-scatters their
 gradients in backward; PP sends each micro-batch's activations forward and their gradients back.
 
+Time and tokens/s. Every layout runs the same global batch (global_batch: training.global_batch_size, else the
+local batch x the config's own data-parallel degree), at the micro-batch that fits with the most tokens/s
+(best_micro_batch). Compute = (FLOPs per token + AC's recomputation) x tokens per step / world, at ASSUMED_MFU of
+the device's peak; full AC recomputes a third of the blocks' FLOPs (each block's forward again),
+selective_layer with option k a k-th of that, selective_op nothing counted (pointwise work only). Step =
+max(compute x (1 + bubble), data parallelism's collectives, which overlap with compute) + TP's, CP's and PP's
+communication and CPU offload's copies (which do not); bubble = (pp - 1) / (micro-batches x stages per rank).
+Tokens/s = global batch x seq_len / step. docs/planning.md compares these estimates with published runs.
+
 Context parallelism (CP degree c): a rank holds seq_len / c tokens of each sequence, so the activations are
 those of a sequence of seq_len / c tokens, plus, per block, the keys and values gathered from the other
 ranks (2 x (c - 1) / c x [b, seq_len, kv_width / tp]), and one attention mask for all blocks (see
