@@ -39,13 +39,13 @@ def test_gpt2_large_on_two_gpus_matches_the_arithmetic(tmp_path):
         assert zero["parameters"] == zero["gradients"] == 2 * n
         assert zero["optimizer"] == 4 * n
     # Communication per rank and step (ring, 2 ranks): DDP all-reduces fp32 gradients once; ZeRO-2
-    # all-gathers bf16 weights for each of 2 micro-batches and reduce-scatters fp32 gradients once.
+    # all-gathers bf16 weights for each of its micro-batches and reduce-scatters fp32 gradients once.
     assert ddp["comm_bytes"] == {"all-reduce": pytest.approx(2 * 0.5 * 4 * n)}
     assert zero2["comm_bytes"] == {
-        "all-gather": pytest.approx(2 * 0.5 * 2 * n),
+        "all-gather": pytest.approx(zero2["microbatches"] * 0.5 * 2 * n),
         "reduce-scatter": pytest.approx(0.5 * 4 * n),
     }
-    assert zero3["comm_bytes"]["all-gather"] == pytest.approx(2 * zero2["comm_bytes"]["all-gather"])
+    assert zero3["comm_bytes"]["all-gather"] == pytest.approx(2 * zero3["microbatches"] * 0.5 * 2 * n)
     assert all(r["fits"] for r in (ddp, zero2, zero3))
     assert result["recommended"]["layout"] in {r["layout"] for r in result["rows"]}
     assert f"recommended: {result['recommended']['layout']}, AC {result['recommended']['ac']}: fits with" in stdout
@@ -169,3 +169,68 @@ def test_impossible_context_parallel_layouts_are_one_line_before_launch(world, a
     )  # fmt: skip
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert proc.stderr.count("\n") == 1 and message in proc.stderr, proc.stderr
+
+
+README_8B = ["--config", "train_configs/llama3_debug.toml", "--ngpu", "8", "--nnodes", "8", "--model.flavor", "8B"]
+
+
+def test_every_layout_runs_the_users_global_batch_and_the_readme_pick_has_a_small_bubble(tmp_path):
+    """The README's 8B command on 8 nodes: every row does the config's 512 sequences a step (local batch 8 x its
+    64-way data parallelism), and the pick, the most tokens/s, is no deep pipeline idle most of the step."""
+    stdout, result = plan(tmp_path, *README_8B, "--training.seq_len", "8192")
+    assert {r["global_batch"] for r in result["rows"]} == {512}
+    pick = next(
+        r for r in result["rows"] if (r["layout"], r["ac"]) == tuple(result["recommended"][k] for k in ("layout", "ac"))
+    )
+    assert pick["fits"] and pick["bubble"] <= 0.25
+    best = max(r["tokens_s"] for r in result["rows"] if r["fits"])
+    assert pick["tokens_s"] >= best / 1.05
+    assert (
+        "global batch: 512 sequences (local batch 8 x data-parallel 64 of the config's layout) = 4,194,304 tokens"
+        in stdout
+    )
+    assert (
+        "64 GPUs = 8 nodes x 8 GPUs per node, NVLink within a node" in stdout and "InfiniBand between nodes" in stdout
+    )
+    # the config's own layout does not fit: one line says by how much and the smallest change that fits
+    line = next(x for x in stdout.splitlines() if x.startswith("config (ZeRO-3 64, AC none"))
+    assert "does not fit (" in line and line.endswith("fix: --activation_checkpoint.mode full")
+
+
+def test_the_configs_own_layout_gets_a_verdict(tmp_path):
+    stdout, result = plan(tmp_path, "--config", "train_configs/smollm3_3b_zero2.toml", "--ngpu", "8")
+    assert result["recommended"]["layout"] == "ZeRO-2 8"  # SmolLM3-3B's own layout, not a 1-sequence CP x TP
+    assert "config (ZeRO-2 8, AC none, micro-batch 1 x 1 accumulation): is the recommended layout" in stdout
+    stdout, _ = plan(tmp_path, *README_8B[:4], "--model.flavor", "1B", "--training.seq_len", "2048", "--ngpu", "8")
+    line = next(x for x in stdout.splitlines() if x.startswith("config ("))
+    # Llama 3.2 1B on one node: ZeRO-3 fits, as fast as DDP (compute-bound, its traffic hidden), and DDP is simpler
+    assert line.startswith("config (ZeRO-3 8, AC none, micro-batch 8 x 1 accumulation): fits")
+    assert line.endswith("of the recommended layout (DDP 8, AC none)")
+
+
+def test_one_node_of_many_gpus_is_said_and_nnodes_suggested(tmp_path):
+    stdout, _ = plan(tmp_path, "--config", "train_configs/llama3_debug.toml", "--ngpu", "16")
+    assert "machine: 1 node of 16 GPUs, NVLink within a node" in stdout
+    assert "--ngpu 8 --nnodes 2" in stdout
+
+
+def test_fsdp_resharding_is_set_only_where_fsdp_is_used():
+    from titanlite.builder.layouts import Layout
+    from titanlite.parallel.dims import ParallelDims
+
+    assert "--parallelism.fsdp_reshard_after_forward" not in Layout(ParallelDims.of(tp=8, pp=8)).overrides()
+    assert "--parallelism.fsdp_reshard_after_forward" not in Layout(ParallelDims.of(dp_replicate=8)).overrides()
+    assert "--parallelism.fsdp_reshard_after_forward" in Layout(ParallelDims.of(dp_shard=8), "never").overrides()
+
+
+def test_interconnect_choices_agree_in_help_check_and_docs():
+    from titanlite.base.errors import ConfigError
+    from titanlite.tools.plan import USAGE, plan
+
+    listed = USAGE.split("[--interconnect ")[1].split("]")[0].split("|")
+    assert listed == ["nvlink", "pcie", "infiniband"]
+    described = next(line for line in USAGE.splitlines() if line.lstrip().startswith("--interconnect"))
+    assert all(choice in described for choice in listed)
+    assert "`--interconnect nvlink|pcie|infiniband`" in (REPO / "docs" / "planning.md").read_text()
+    with pytest.raises(ConfigError, match="nvlink, pcie or infiniband"):
+        plan(["--interconnect", "ethernet"])

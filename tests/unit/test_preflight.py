@@ -176,7 +176,7 @@ def test_plan_shows_offload_for_the_configs_own_layout(capsys):
     head = next(line for line in out.splitlines() if line.startswith("layout"))
     assert " peak    host fits " in head
     row = next(line for line in out.splitlines() if line.startswith("ZeRO-3 1 + CPU offload (config)"))
-    assert f"{16 * 7_391_678_464 / GIB:.2f}" in row.split()
+    assert f"{16 * 8_030_261_248 / GIB:.2f}" in row.split()
 
 
 def test_memory_preflight_false_skips_it(monkeypatch, capsys, caplog):

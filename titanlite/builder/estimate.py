@@ -40,6 +40,15 @@ TP all-gathers and reduce-scatters [b, s, d] activations 4 times per block in fo
 CP all-gathers each block's keys and values in forward (and in AC's recomputation) and reduce-scatters their
 gradients in backward; PP sends each micro-batch's activations forward and their gradients back.
 
+Time and tokens/s. Every layout runs the same global batch (global_batch: training.global_batch_size, else the
+local batch x the config's own data-parallel degree), at the micro-batch that fits with the most tokens/s
+(best_micro_batch). Compute = (FLOPs per token + AC's recomputation) x tokens per step / world, at ASSUMED_MFU of
+the device's peak; full AC recomputes a third of the blocks' FLOPs (each block's forward again),
+selective_layer with option k a k-th of that, selective_op nothing counted (pointwise work only). Step =
+max(compute x (1 + bubble), data parallelism's collectives, which overlap with compute) + TP's, CP's and PP's
+communication and CPU offload's copies (which do not); bubble = (pp - 1) / (micro-batches x stages per rank).
+Tokens/s = global batch x seq_len / step. docs/planning.md compares these estimates with published runs.
+
 Context parallelism (CP degree c): a rank holds seq_len / c tokens of each sequence, so the activations are
 those of a sequence of seq_len / c tokens, plus, per block, the keys and values gathered from the other
 ranks (2 x (c - 1) / c x [b, seq_len, kv_width / tp]), and one attention mask for all blocks (see
@@ -93,6 +102,7 @@ class Setting:
     loss_chunk: int = 0  # titanlite.components.loss.chunk_tokens: tokens per chunk of the chunked loss; 0: full logits
     block_causal: bool = False  # model.attn_mask_type: documents masked from each other
     compiled: bool = False  # compile.enable: the attention mask is built in each block's graph, not shared
+    global_batch: int = 0  # sequences per optimizer step over all data-parallel ranks (the same for every layout)
 
 
 def stage_layers(n_layers: int, pp: int, stages_per_rank: int) -> list[list[int]]:
@@ -310,23 +320,29 @@ def communication(lay: Layout, s: Setting, n_params: float, n_layers: int, facts
     return comm
 
 
-def comm_seconds(lay: Layout, comm: dict, ngpu: int, nnodes: int, interconnect: str) -> float:
-    """Time to move the step's data at the assumed bandwidths: TP within a node; data parallelism within
-    a node when it fits in one, else across nodes; PP across nodes when there are several; CPU offload's
-    copies over PCIe."""
+# Collectives of data parallelism: FSDP prefetches the next unit's all-gather and reduce-scatters while the
+# next block computes, DDP all-reduces its buckets during backward; they overlap with compute.
+OVERLAPPED = ("all-gather", "reduce-scatter", "all-reduce")
+
+
+def comm_seconds(lay: Layout, comm: dict, ngpu: int, nnodes: int, interconnect: str) -> tuple[float, float]:
+    """Time to move the step's data at the assumed bandwidths, as (overlapped, exposed): TP within a node; data
+    parallelism within a node when it fits in one, else across nodes; PP across nodes when there are several;
+    CPU offload's copies over PCIe. Data parallelism's collectives overlap with compute; TP's and CP's (in the
+    critical path of each block), PP's sends and offload's copies do not."""
     intra, inter = BANDWIDTH[interconnect] * 1e9, BANDWIDTH["infiniband"] * 1e9
     dp_inside = lay.dims.dp_replicate * lay.dims.dp_shard * lay.dims.cp * lay.dims.tp <= ngpu
-    total = 0.0
+    overlapped = exposed = 0.0
     for kind, volume in comm.items():
         if kind == "host<->device":
-            total += volume / (BANDWIDTH["pcie"] * 1e9)
+            exposed += volume / (BANDWIDTH["pcie"] * 1e9)
         elif kind.startswith(("tp", "cp")):
-            total += volume / intra
+            exposed += volume / intra
         elif kind == "send/recv":
-            total += volume / (inter if nnodes > 1 else intra)
+            exposed += volume / (inter if nnodes > 1 else intra)
         else:
-            total += volume / (intra if dp_inside or nnodes == 1 else inter)
-    return total
+            overlapped += volume / (intra if dp_inside or nnodes == 1 else inter)
+    return overlapped, exposed
 
 
 def pipeline_bubbles(pp: int, microbatches: list[int]) -> list[tuple[int, int, float, float]]:
@@ -334,22 +350,33 @@ def pipeline_bubbles(pp: int, microbatches: list[int]) -> list[tuple[int, int, f
     return [(pp, m, (pp - 1) / m, (pp - 1) / (m + pp - 1)) for m in microbatches]
 
 
-def setting_for(cfg, lay: Layout, world: int, device: str) -> Setting:
-    """Micro-batch size, micro-batches per step, dtypes and schedule for a layout of this config."""
+def global_batch(cfg, own: Layout) -> int:
+    """Sequences per optimizer step, the user's: training.global_batch_size, else the local batch times the data-
+    parallel degree of the config's own layout. Every layout the planner weighs does this much work per step."""
+    t = cfg.training
+    return t.global_batch_size if t.global_batch_size > 0 else t.local_batch_size * own.dims.dp
+
+
+def setting_for(cfg, lay: Layout, world: int, device: str, micro_batch: int = 0, batch: int = 0) -> Setting:
+    """Micro-batch size, micro-batches per step, dtypes and schedule for a layout of this config. `batch`: the
+    global batch in sequences (0: the config's, at this layout's data-parallel degree); `micro_batch`: sequences
+    per forward/backward (0: the config's own, training.local_batch_size or, under PP,
+    pipeline_parallel_microbatch_size); the rest of a data-parallel rank's share is accumulated (under PP: more
+    pipeline micro-batches)."""
     t = cfg.training
     dp = lay.dims.dp
-    global_batch = t.global_batch_size if t.global_batch_size > 0 else t.local_batch_size * dp
-    per_rank = max(1, global_batch // dp)  # sequences one dp rank handles per step
-    local = min(t.local_batch_size, per_rank)
+    batch = batch or (t.global_batch_size if t.global_batch_size > 0 else t.local_batch_size * dp)
+    per_rank = max(1, batch // dp)  # sequences one dp rank handles per step
     bf16 = device == "cuda" and t.mixed_precision_param == "bfloat16"
     p = cfg.parallelism
     if lay.dims.pp > 1:
-        mbs = p.pipeline_parallel_microbatch_size
+        mbs = micro_batch or p.pipeline_parallel_microbatch_size
         microbatches = max(1, per_rank // mbs)
         schedule = p.pipeline_parallel_schedule
         stages = 1 if schedule in ("GPipe", "1F1B") else 2
     else:
-        mbs, microbatches, schedule, stages = local, max(1, per_rank // local), "", 1
+        mbs = micro_batch or min(t.local_batch_size, per_rank)
+        microbatches, schedule, stages = max(1, per_rank // mbs), "", 1
     loss_parallel = loss_parallel_enabled(lay.dims, p)
     return Setting(
         t.seq_len,
@@ -364,55 +391,177 @@ def setting_for(cfg, lay: Layout, world: int, device: str) -> Setting:
         chunk_tokens(t, cfg.compile, loss_parallel, schedule),
         cfg.model.attn_mask_type == "block_causal",
         cfg.compile.enable,
+        per_rank * dp,
     )
 
 
+# The largest micro-batch (sequences per forward/backward on one rank) the planner tries.
+MAX_MICRO_BATCH = 64
+
+
+def micro_batches(cfg, lay: Layout, batch: int) -> tuple[list[int], str]:
+    """The micro-batch sizes a layout can run the global batch with (largest first), or [] and why not: its
+    data-parallel degree must divide the batch, and under PP the micro-batches per step must suit the schedule
+    (titanlite/parallel/pipeline.py: at least pp for GPipe and 1F1B, a multiple of pp for the others)."""
+    dp, pp = lay.dims.dp, lay.dims.pp
+    if batch % dp:
+        return [], f"the data-parallel degree does not divide the global batch of {batch} sequences"
+    per_rank = batch // dp
+    sizes = [m for m in range(min(per_rank, MAX_MICRO_BATCH), 0, -1) if per_rank % m == 0]
+    if pp > 1:
+        single = cfg.parallelism.pipeline_parallel_schedule in ("GPipe", "1F1B")
+        sizes = [m for m in sizes if per_rank // m >= pp and (single or (per_rank // m) % pp == 0)]
+        if not sizes:
+            return [], "too few sequences per pipeline for its schedule's micro-batches"
+    return sizes, ""
+
+
 def layout_rows(cfg, facts: ModelFacts, own: Layout, machine: Machine, fits) -> list[dict]:
-    """The config's own layout, then every other candidate layout without and with full AC, each estimated
-    for `device`; fits(estimate) says whether one fits. When none fits: the own layout with full AC, and
-    then, on CUDA, the offloaded FSDP layouts (the last resorts, in that order)."""
+    """The config's own layout as configured, then every candidate layout (the own one included) without AC, with
+    the config's AC mode and with full AC, each at the micro-batch that fits and runs fastest, all at the config's
+    global batch (global_batch), estimated for `machine`; fits(estimate) says whether one fits. When none fits on
+    CUDA, the offloaded FSDP layouts follow (the last resorts)."""
+    batch = global_batch(cfg, own)
+    own_row = layout_row(cfg, facts, own, machine, fits, own=True, batch=batch)
 
-    def same_as_own(lay: Layout) -> bool:
-        return replace(lay, ac=own.ac) == own
-
-    def rows_of(layouts: list[Layout], acs: list[str]) -> list[dict]:
+    def rows_of(layouts: list[Layout]) -> list[dict]:
         out = []
-        for lay in layouts:
-            for ac in dict.fromkeys([lay.ac, *acs]):
+        for lay in dict.fromkeys(layouts):
+            for ac in dict.fromkeys(["none", own.ac, "full"]):
                 l2 = replace(lay, ac=ac)
-                if layout_allowed(facts, l2, cfg):
-                    out.append(layout_row(cfg, facts, l2, machine, fits, own=l2 == own))
+                if not layout_allowed(facts, l2, cfg):
+                    continue
+                row = best_micro_batch(cfg, facts, l2, machine, fits, batch)
+                if row is not None and not same_run(row, own_row):
+                    out.append(row)
         return out
 
-    layouts = candidate_layouts(machine.ngpu, machine.nnodes, cfg.training.seq_len)
-    others = [lay for lay in layouts if not same_as_own(lay)]
-    rows = rows_of([own], []) + rows_of(others, ["full"])
-    if not any(r["fits"] for r in rows) and own.ac != "full":
-        rows += rows_of([replace(own, ac="full")], [])
+    layouts = [own, *candidate_layouts(machine.ngpu, machine.nnodes, cfg.training.seq_len)]
+    rows = [own_row, *rows_of(layouts)]
     if machine.device == "cuda" and not any(r["fits"] for r in rows):
-        rows += rows_of(
-            [lay for lay in offload_layouts(machine.ngpu, machine.nnodes) if not same_as_own(lay)], ["full"]
-        )
+        rows += rows_of([lay for lay in offload_layouts(machine.ngpu, machine.nnodes) if lay != own])
     return rows
 
 
-def layout_row(cfg, facts: ModelFacts, lay: Layout, machine: Machine, fits, own: bool) -> dict:
-    """One layout's estimate, its step time at the assumed bandwidths, and whether it fits."""
-    s = setting_for(cfg, lay, machine.world, machine.device)
+def same_run(a: dict, b: dict) -> bool:
+    sa, sb = a["setting"], b["setting"]
+    return a["layout"] == b["layout"] and (sa.micro_batch, sa.microbatches) == (sb.micro_batch, sb.microbatches)
+
+
+def excluded_layouts(cfg, facts: ModelFacts, own: Layout, machine: Machine) -> dict[str, list[str]]:
+    """Why not -> the candidate layouts that cannot run the config's global batch for that reason."""
+    batch = global_batch(cfg, own)
+    out: dict[str, list[str]] = {}
+    for lay in candidate_layouts(machine.ngpu, machine.nnodes, cfg.training.seq_len):
+        if layout_allowed(facts, lay, cfg):
+            sizes, why = micro_batches(cfg, lay, batch)
+            if not sizes and lay.name not in out.get(why, []):
+                out.setdefault(why, []).append(lay.name)
+    return out
+
+
+def best_micro_batch(cfg, facts: ModelFacts, lay: Layout, machine: Machine, fits, batch: int) -> dict | None:
+    """The layout's row at the micro-batch that fits with the most tokens/s (the larger on a tie: fewer, larger
+    kernels); when none fits, at the smallest (the least memory). None when the layout cannot run the batch."""
+    sizes, _ = micro_batches(cfg, lay, batch)
+    rows = [layout_row(cfg, facts, lay, machine, fits, own=False, micro_batch=m, batch=batch) for m in sizes]
+    if not rows:
+        return None
+    fitting = [r for r in rows if r["fits"]]
+    if not fitting:
+        return rows[-1]
+    return max(fitting, key=lambda r: (round(r["tokens_s"], 6), r["setting"].micro_batch))
+
+
+def layout_row(
+    cfg, facts: ModelFacts, lay: Layout, machine: Machine, fits, own: bool, micro_batch: int = 0, batch: int = 0
+) -> dict:
+    """One layout's estimate, its step time at the assumed bandwidths and MFU, its tokens/s, and whether it fits."""
+    s = setting_for(cfg, lay, machine.world, machine.device, micro_batch, batch)
     est = estimate(facts, lay, s)
-    seconds = comm_seconds(lay, est["comm"], machine.ngpu, machine.nnodes, machine.interconnect)
+    overlapped, exposed = comm_seconds(lay, est["comm"], machine.ngpu, machine.nnodes, machine.interconnect)
+    seconds = overlapped + exposed
     compute = compute_seconds(facts, cfg, lay, s, machine.tflops)
     bubble = (lay.dims.pp - 1) / (s.microbatches * s.stages_per_rank) if lay.dims.pp > 1 else 0.0
+    step = max(compute * (1 + bubble), overlapped) + exposed
     return {
         "layout": lay,
         "setting": s,
         "est": est,
         "comm_s": seconds,
+        "exposed_s": step - compute * (1 + bubble),
+        "compute_s": compute,
         "fits": fits(est),
         "own": own,
         "bubble": bubble,
-        "step_s": compute * (1 + bubble) + seconds,
+        "step_s": step,
+        "tokens_s": s.global_batch * s.seq_len / step,
     }
+
+
+def batch_overrides(cfg, row: dict) -> list[str]:
+    """The overrides that give a row's batch: the global batch, and the micro-batch (under PP: each pipeline's
+    sequences per step and the pipeline micro-batch size), where they differ from the config."""
+    s, lay, t = row["setting"], row["layout"], cfg.training
+    wanted = {"--training.global_batch_size": s.global_batch}
+    if lay.dims.pp > 1:
+        wanted["--training.local_batch_size"] = s.global_batch // lay.dims.dp
+        wanted["--parallelism.pipeline_parallel_microbatch_size"] = s.micro_batch
+    else:
+        wanted["--training.local_batch_size"] = s.micro_batch
+    current = {
+        "--training.global_batch_size": t.global_batch_size if t.global_batch_size > 0 else None,
+        "--training.local_batch_size": t.local_batch_size,
+        "--parallelism.pipeline_parallel_microbatch_size": cfg.parallelism.pipeline_parallel_microbatch_size,
+    }
+    if current["--training.global_batch_size"] is None and (
+        s.global_batch == wanted["--training.local_batch_size"] * lay.dims.dp
+    ):
+        del wanted["--training.global_batch_size"]  # the default (local x dp, no accumulation) gives it
+    return [x for key, value in wanted.items() if value != current[key] for x in (key, str(value))]
+
+
+def verdict(cfg, rows: list[dict], pick: dict | None, budget: float) -> str:
+    """One line on the config's own layout: the recommended one; fits, and how much slower than the recommended;
+    or does not fit, by how much, and the smallest change that makes it fit (its AC, a smaller micro-batch with
+    more accumulation), else the recommended layout."""
+    own = next(r for r in rows if r["own"])
+    lay, s = own["layout"], own["setting"]
+    head = f"config ({lay.name}, AC {lay.ac}, {batch_shape(own)})"
+    if pick is own:
+        return f"{head}: is the recommended layout"
+    if own["fits"]:
+        if pick is None:
+            return f"{head}: fits"
+        ratio = pick["tokens_s"] / own["tokens_s"]
+        other = f"the recommended layout ({pick['layout'].name}, AC {pick['layout'].ac})"
+        if ratio < 1:
+            return f"{head}: fits, {1 / ratio:.2f}x the estimated tokens/s of {other}, which is simpler"
+        if ratio < 1.01:
+            return f"{head}: fits, within 1 % of the estimated tokens/s of {other}"
+        return f"{head}: fits; {ratio:.2f}x slower than {other}"
+    line = f"{head}: does not fit ({own['est']['peak'] / GIB:.1f} GiB > {budget / GIB:.1f} GiB per rank)"
+    same = [r for r in rows if r["fits"] and r["layout"].dims == lay.dims and r["layout"].reshard == lay.reshard]
+    same = [r for r in same if not r["layout"].offload]
+    if same:  # the config's own mesh: the fewest changes first (its AC kept, then the batch kept), then speed
+        fix = min(
+            same, key=lambda r: (r["layout"].ac != lay.ac, r["setting"].micro_batch != s.micro_batch, -r["tokens_s"])
+        )
+        change = (
+            ["--activation_checkpoint.mode", fix["layout"].ac] if fix["layout"].ac != lay.ac else []
+        ) + batch_overrides(cfg, fix)
+        return f"{line}; fix: {' '.join(change)}"
+    if pick is not None:
+        return f"{line}; fix: use the recommended layout"
+    return line
+
+
+def batch_shape(row: dict) -> str:
+    """'micro-batch 2 x 4 accumulation', or under PP 'micro-batch 1, 32 pipeline micro-batches'."""
+    s, lay = row["setting"], row["layout"]
+    if lay.dims.pp > 1:
+        return f"micro-batch {s.micro_batch}, {s.microbatches} pipeline micro-batches"
+    return f"micro-batch {s.micro_batch} x {s.microbatches} accumulation"
 
 
 ASSUMED_MFU = 0.4
@@ -432,6 +581,10 @@ def rows_json(rows: list[dict]) -> dict:
                 "comm_bytes": r["est"]["comm"],
                 "step_s": r["step_s"],
                 "bubble": r["bubble"],
+                "tokens_s": r["tokens_s"],
+                "micro_batch": r["setting"].micro_batch,
+                "microbatches": r["setting"].microbatches,
+                "global_batch": r["setting"].global_batch,
             }
             | {
                 k: r["est"][k]
@@ -444,11 +597,15 @@ def rows_json(rows: list[dict]) -> dict:
 
 
 def compute_seconds(facts: ModelFacts, cfg, lay: Layout, s: Setting, tflops: float) -> float:
-    """One rank's share of the step's FLOPs at ASSUMED_MFU of `tflops`: the same for every layout
-    of the same world size, so only the bubble and communication tell layouts apart."""
-    dp = lay.dims.dp
-    tokens = s.micro_batch * s.microbatches * s.seq_len * dp  # the global batch
-    return facts.flops_per_token * tokens / lay.dims.world_size / (tflops * 1e12 * ASSUMED_MFU)
+    """One rank's share of the step's FLOPs (the global batch's tokens x FLOPs per token, plus what AC recomputes)
+    at ASSUMED_MFU of `tflops`. Full AC re-runs each block's forward in backward: a third of the blocks' training
+    FLOPs again (the output head is not checkpointed); selective_layer every k-th block's, 1/k of that;
+    selective_op keeps the matmuls' and attention's outputs and recomputes only pointwise work, counted as none."""
+    tokens = s.global_batch * s.seq_len
+    blocks = facts.flops_per_token - 6 * facts.vocab * facts.dim  # all but the output projection
+    recompute = {"full": 1 / 3, "selective_layer": 1 / (3 * max(1, s.selective_ac_option))}.get(lay.ac, 0.0)
+    flops = (facts.flops_per_token + recompute * blocks) * tokens
+    return flops / lay.dims.world_size / (tflops * 1e12 * ASSUMED_MFU)
 
 
 def layout_allowed(facts: ModelFacts, lay: Layout, cfg) -> bool:
@@ -466,26 +623,31 @@ PREFERENCE = ["DDP", "ZeRO-2", "ZeRO-3", "HSDP", "single"]
 
 
 def simplicity(lay: Layout) -> tuple:
-    """No CPU offload before offload, no AC before AC, fewer dimensions, then DDP before ZeRO-2 before ZeRO-3."""
+    """No CPU offload before offload, no AC before AC, no CP before CP (it cuts every sequence), fewer dimensions,
+    then DDP before ZeRO-2 before ZeRO-3."""
     used = sum(d > 1 for d in (lay.dims.dp, lay.dims.cp, lay.dims.tp, lay.dims.pp))
     kind = 0 if lay.dims.ddp_enabled else 1 if lay.reshard == "never" else 2
-    return (lay.offload, lay.ac != "none", used, lay.dims.tp, lay.dims.pp, kind)
+    return (lay.offload, lay.ac != "none", lay.dims.cp > 1, used, lay.dims.tp, lay.dims.pp, kind)
 
 
 def recommend(rows: list[dict]) -> tuple[dict | None, str]:
-    """Among the layouts that fit: the shortest estimated step (compute x (1 + bubble) + communication,
-    not overlapped), or the simplest layout within 5 % of it (fewer dimensions, DDP before ZeRO-2
-    before ZeRO-3, no activation checkpointing before some: AC's recomputation is not in the estimate)."""
+    """Among the layouts that fit: the most estimated tokens/s (the same global batch in every row, so the
+    shortest step), or the simplest layout within 5 % of it (fewer dimensions, DDP before ZeRO-2 before ZeRO-3,
+    no AC before AC)."""
     fitting = [r for r in rows if r["fits"]]
     if not fitting:
         return None, "nothing fits: add GPUs or nodes, shorten training.seq_len, lower training.local_batch_size"
-    best = min(r["step_s"] for r in fitting)
-    near = [r for r in fitting if r["step_s"] <= 1.05 * best]
-    pick = min(near, key=lambda r: simplicity(r["layout"]))
+    best = max(r["tokens_s"] for r in fitting)
+    near = [r for r in fitting if r["tokens_s"] >= best / 1.05]
+    pick = min(near, key=lambda r: (simplicity(r["layout"]), -r["tokens_s"]))
     lay, est = pick["layout"], pick["est"]
+    world = lay.dims.world_size
     why = (
-        f"fits with {est['peak'] / GIB:.1f} GiB per rank; estimated step {1e3 * pick['step_s']:.1f} ms "
-        f"({1e3 * pick['comm_s']:.1f} ms of it communication, {sum(est['comm'].values()) / 1e9:.2f} GB per rank"
+        f"fits with {est['peak'] / GIB:.1f} GiB per rank; {batch_shape(pick)}; estimated "
+        f"{pick['tokens_s'] / world:,.0f} tokens/s per GPU ({pick['tokens_s']:,.0f} in all), step "
+        f"{1e3 * pick['step_s']:.0f} ms ({1e3 * pick['comm_s']:.0f} ms of communication, "
+        f"{1e3 * pick['exposed_s']:.0f} ms of it not hidden by compute, "
+        f"{sum(est['comm'].values()) / 1e9:.2f} GB per rank"
         + (f", pipeline bubble {pick['bubble']:.0%}" if lay.dims.pp > 1 else "")
         + ")"
     )

@@ -24,16 +24,13 @@ class Layout:
         return describe(self.dims, self.reshard, self.offload)
 
     def overrides(self, every: bool = False) -> list[str]:
-        """The command-line overrides that select this layout. The FSDP-on-one-rank and offload keys come
-        only where set (CPU offload turns FSDP on one rank on by itself), or always with `every`, so that
-        two layouts' lists can be compared key by key."""
-        out = [
-            *self.dims.overrides(),
-            "--parallelism.fsdp_reshard_after_forward",
-            self.reshard,
-            "--activation_checkpoint.mode",
-            self.ac,
-        ]
+        """The command-line overrides that select this layout. FSDP's resharding comes only where the layout
+        uses FSDP; the FSDP-on-one-rank and offload keys only where set (CPU offload turns FSDP on one rank on
+        by itself); all of them with `every`, so that two layouts' lists can be compared key by key."""
+        out = [*self.dims.overrides()]
+        if every or self.dims.fsdp_enabled:  # FSDP's resharding means nothing without FSDP
+            out += ["--parallelism.fsdp_reshard_after_forward", self.reshard]
+        out += ["--activation_checkpoint.mode", self.ac]
         single_rank = self.dims.fsdp_single_rank and not self.offload
         if every or single_rank:
             out += ["--parallelism.fsdp_single_rank", str(single_rank).lower()]
@@ -46,6 +43,8 @@ def layout_of(cfg, world: int) -> Layout:
     """The layout a config runs on `world` ranks."""
     dims = ParallelDims.from_config(cfg.parallelism, world, cpu_offload=cfg.training.enable_cpu_offload)
     reshard = "always" if reshard_after_forward(cfg.parallelism.fsdp_reshard_after_forward, dims.pp > 1) else "never"
+    if not dims.fsdp_enabled:
+        reshard = "always"  # nothing to reshard: the field keeps its default, so equal layouts compare equal
     offload = cfg.training.enable_cpu_offload and dims.fsdp_enabled
     return Layout(dims, reshard, cfg.activation_checkpoint.mode, offload)
 

@@ -30,7 +30,7 @@ from titanlite.base import devices, logs
 from titanlite.base.command_line import take_options
 from titanlite.base.errors import ConfigError
 from titanlite.builder.data import build_data, build_validation_data, describe_validation
-from titanlite.builder.estimate import Machine, estimate, layout_rows, recommend, setting_for
+from titanlite.builder.estimate import Machine, batch_overrides, estimate, layout_rows, recommend, setting_for
 from titanlite.builder.layouts import layout_of
 from titanlite.builder.model_facts import cached_model_facts
 from titanlite.builder.plan import plan_run
@@ -209,7 +209,7 @@ def alternative(cfg, facts, own, world_size: int, local_ranks: int, device: str,
     figures = " and ".join(gib(need[0], pool, device) for pool, need in rank_needs(pick["est"], device).items())
     return (
         f"for {machine} the planner recommends {lay.name}, AC {lay.ac} (about {figures} per rank, estimated): "
-        + " ".join(changed_overrides(own, lay))
+        + " ".join(changed_overrides(own, lay) + batch_overrides(cfg, pick))
     )
 
 

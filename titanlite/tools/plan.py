@@ -22,28 +22,33 @@ from titanlite.base.errors import ConfigError
 from titanlite.base.failures import reason_in
 from titanlite.builder.estimate import (
     ASSUMED_MFU,
+    BANDWIDTH,
     GIB,
     Machine,
     Setting,
+    batch_overrides,
     estimate,
+    excluded_layouts,
     layout_rows,
     loss_path,
     pipeline_bubbles,
     recommend,
     rows_json,
     setting_for,
+    verdict,
 )
 from titanlite.builder.layouts import Layout, layout_of
 from titanlite.builder.model_facts import ModelFacts, model_facts
 from titanlite.config import parse_config
 
 USAGE = """usage: titanlite plan [--config FILE] [--ngpu N] [--nnodes M] [--gpu-mem-gib G]
-                      [--interconnect nvlink|infiniband|pcie] [--headroom F] [--device cuda|cpu] [--measure]
+                      [--interconnect nvlink|pcie|infiniband] [--headroom F] [--device cuda|cpu] [--measure]
                       [--section.key VALUE ...]
   --ngpu N          GPUs (processes) per node (default 8, or $NGPU)
-  --nnodes M        nodes (default 1)
+  --nnodes M        nodes (default 1); between nodes the link is InfiniBand
   --gpu-mem-gib G   memory of one device (default 80)
-  --interconnect    within a node: nvlink (default) or pcie; between nodes it is infiniband
+  --interconnect    the link between the GPUs of a node: nvlink (default), pcie, or infiniband (one GPU per
+                    node's worth of bandwidth, as if every GPU sat in its own node)
   --headroom F      share of memory kept free for the allocator and CUDA context (default 0.1)
   --gpu-tflops T    peak bf16 TFLOP/s of one device, for the step-time column (default 989, H100 SXM)
   --device          what the estimate is for: cuda (bf16 activations under mixed precision; default) or
@@ -85,6 +90,11 @@ def plan(argv: list[str]) -> int:
     budget = mem * (1 - headroom) * GIB
     rows = layout_rows(cfg, facts, own, machine, lambda est: est["peak"] <= budget)
     print_plan(cfg, facts, rows, machine, mem, headroom)
+    pick, _ = recommend(rows)
+    print(verdict(cfg, rows, pick, budget))
+    excluded = excluded_layouts(cfg, facts, own, machine)
+    for why, names in excluded.items():
+        print(f"not offered ({why}): {', '.join(names)}")
     target = os.environ.get("TITANLITE_PLAN_JSON")
     if target and not measure:
         Path(target).write_text(json.dumps(rows_json(rows), indent=1))
@@ -94,9 +104,29 @@ def plan(argv: list[str]) -> int:
     return 0
 
 
+LINKS = {"nvlink": "NVLink", "pcie": "PCIe", "infiniband": "InfiniBand"}
+
+
+def machine_line(machine: Machine, mem: float, headroom: float) -> str:
+    """The machine in words: nodes x GPUs per node, the links within and between nodes, each GPU's memory."""
+    ngpu, nnodes = machine.ngpu, machine.nnodes
+    unit = "GPU" if machine.device == "cuda" else "process"
+    within = f"{LINKS[machine.interconnect]} within a node ({BANDWIDTH[machine.interconnect]:g} GB/s per GPU)"
+    if nnodes > 1:
+        links = f"{within}, InfiniBand between nodes ({BANDWIDTH['infiniband']:g} GB/s per GPU)"
+        where = f"{machine.world} {unit}s = {nnodes} nodes x {ngpu} {unit}s per node"
+    else:
+        links = within
+        where = f"1 node of {ngpu} {unit}" + "s" * (ngpu > 1)
+    line = f"{where}, {links}; {mem:g} GiB each ({headroom:.0%} kept free)"
+    if nnodes == 1 and ngpu > 8:
+        line += f" (all {ngpu} on one node's {LINKS[machine.interconnect]}: for nodes of 8 GPUs, --ngpu 8 --nnodes "
+        line += f"{ngpu // 8})" if ngpu % 8 == 0 else "N)"
+    return line
+
+
 def print_plan(cfg, facts: ModelFacts, rows: list[dict], machine: Machine, mem: float, headroom: float) -> None:
-    world, ngpu, nnodes, device = machine.world, machine.ngpu, machine.nnodes, machine.device
-    interconnect, tflops = machine.interconnect, machine.tflops
+    device, tflops = machine.device, machine.tflops
     dtype = (
         "bf16 activations (mixed precision)"
         if device == "cuda" and cfg.training.mixed_precision_param == "bfloat16"
@@ -108,45 +138,56 @@ def print_plan(cfg, facts: ModelFacts, rows: list[dict], machine: Machine, mem: 
     loss = loss_path(own["setting"]) + (f" (layouts with TP: {', '.join(sorted(losses))})" if losses else "")
     print(
         f"titanlite plan: {cfg.model.name} {cfg.model.flavor}, {facts.params:,} parameters ({facts.params / 1e9:.2f} "
-        "B), "
-        f"seq {cfg.training.seq_len}, local batch {cfg.training.local_batch_size}; {world} device(s) = {nnodes} "
-        "node(s) x "
-        f"{ngpu}, {mem:g} GiB each ({headroom:.0%} kept free), {interconnect}; {device}, fp32 weights and AdamW, "
-        f"{dtype}; {loss}"
+        f"B), seq {cfg.training.seq_len}; {device}, fp32 weights and AdamW, {dtype}; {loss}"
         + ("; CPU offload keeps the FSDP shards, gradients and AdamW state in host memory (host)" if offload else "")
     )
+    print("machine: " + machine_line(machine, mem, headroom))
+    batch = own["setting"].global_batch
+    t = cfg.training
+    source = (
+        "training.global_batch_size"
+        if t.global_batch_size > 0
+        else f"local batch {t.local_batch_size} x data-parallel {own['layout'].dims.dp} of the config's layout"
+    )
     print(
-        "per rank, GiB (the rank with the largest peak); comm: GB per step per rank and its time at the assumed "
-        f"bandwidth; step: compute at {ASSUMED_MFU:.0%} MFU of {tflops:g} TFLOP/s x (1 + bubble) + comm, not overlapped"
+        f"global batch: {batch} sequences ({source}) = {batch * t.seq_len:,} tokens per step, the same in every row; "
+        "each row runs it at the micro-batch that fits fastest"
+    )
+    print(
+        "per rank, GiB (the rank with the largest peak); batch: micro-batch x accumulation (PP: micro-batch / pipeline "
+        f"micro-batches); comm: GB per step per rank and its time at the assumed bandwidth; step: compute (AC's "
+        f"recomputation included) at {ASSUMED_MFU:.0%} MFU of {tflops:g} TFLOP/s x (1 + bubble), or data parallelism's "
+        "collectives where longer (they overlap with compute), + TP's, CP's and PP's communication (they do not)"
     )
     width = max([26] + [len(r["layout"].name + (" (config)" if r["own"] else "")) for r in rows])
     host_head = f" {'host':>7}" if offload else ""
-    head = (
-        f"{'layout':<{width}} {'AC':<15} {'params':>7} {'grads':>7} {'optim':>7} {'activ':>7} {'temp':>7} "
-        f"{'peak':>7}{host_head} "
-        f"{'fits':>4} {'comm GB':>8} {'comm ms':>8} {'bubble':>6} {'step ms':>8}"
+    print(
+        f"{'layout':<{width}} {'AC':<15} {'batch':>7} {'params':>7} {'grads':>7} {'optim':>7} {'activ':>7} "
+        f"{'temp':>7} {'peak':>7}{host_head} {'fits':>4} {'comm GB':>8} {'comm ms':>8} {'bubble':>6} {'step ms':>8} "
+        f"{'tok/s/GPU':>9} {'tok/s':>10}"
     )
-    print(head)
-    for r in rows:
-        e, lay = r["est"], r["layout"]
+    ordered = [own] + sorted((r for r in rows if r is not own), key=lambda r: (not r["fits"], -r["tokens_s"]))
+    for r in ordered:
+        e, lay, s = r["est"], r["layout"], r["setting"]
         name = lay.name + (" (config)" if r["own"] else "")
         host = f" {e['host'] / GIB:>7.2f}" if offload else ""
+        shape = f"{s.micro_batch}/{s.microbatches}" if lay.dims.pp > 1 else f"{s.micro_batch}x{s.microbatches}"
         print(
-            f"{name:<{width}} {lay.ac:<15} {e['parameters'] / GIB:>7.2f} {e['gradients'] / GIB:>7.2f} "
+            f"{name:<{width}} {lay.ac:<15} {shape:>7} {e['parameters'] / GIB:>7.2f} {e['gradients'] / GIB:>7.2f} "
             f"{e['optimizer'] / GIB:>7.2f} "
             f"{e['activations'] / GIB:>7.2f} {e['temporary'] / GIB:>7.2f} {e['peak'] / GIB:>7.2f}{host} "
             f"{'yes' if r['fits'] else 'no':>4} "
             f"{sum(e['comm'].values()) / 1e9:>8.2f} {1e3 * r['comm_s']:>8.1f} {r['bubble']:>6.0%} "
-            f"{1e3 * r['step_s']:>8.0f}"
+            f"{1e3 * r['step_s']:>8.0f} {r['tokens_s'] / lay.dims.world_size:>9,.0f} {r['tokens_s']:>10,.0f}"
         )
     pick, why = recommend(rows)
-    for label, row in (("config", next(r for r in rows if r["own"])), ("recommended", pick)):
+    for label, row in (("config", own), ("recommended", pick)):
         if row is not None:
             parts = ", ".join(f"{kind} {volume / 1e9:.2f} GB" for kind, volume in row["est"]["comm"].items()) or "none"
             print(f"communication per step per rank, {label} ({row['layout'].name}): {parts}")
     print(f"recommended: {pick['layout'].name}, AC {pick['layout'].ac}: {why}" if pick else f"recommended: none; {why}")
     if pick:
-        print("  run it with: " + " ".join(pick["layout"].overrides()))
+        print("  run it with: " + " ".join(pick["layout"].overrides() + batch_overrides(cfg, pick)))
     pps = sorted({r["layout"].dims.pp for r in rows if r["layout"].dims.pp > 1})
     for p in pps:
         print(f"pipeline bubble, {p} stages (GPipe/1F1B; looped schedules with v stages per rank divide it by v):")
