@@ -53,6 +53,54 @@ def test_bad_values_fail_with_one_line_naming_the_key(argv, fragment):
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize(
+    "argv, suggestion",
+    [
+        (["--training.lr", "1e-3"], "optimizer.lr"),  # the name exists in another section: not 'training.seed'
+        (["--training.warmup_steps", "3"], "lr_scheduler.warmup_steps"),
+        (["--optimiser.lr", "1"], "optimizer.lr"),  # a misspelt section
+        (["--trainig.dataset", "stdlib"], "training.dataset"),  # of two 'dataset' keys, the section spelt alike
+        (["--optimizer.learning_rate", "1"], "optimizer.lr"),  # another trainer's name for it
+        (["--training.stepz", "3"], "training.steps"),  # a misspelt name in its own section
+        (["--training.lrr", "1"], "optimizer.lr"),  # a misspelt name of another section's key
+    ],
+)
+def test_an_unknown_key_suggests_the_key_of_that_name_wherever_it_is(argv, suggestion):
+    with pytest.raises(ConfigError) as e:
+        parse_config(argv)
+    assert str(e.value).endswith(f"; did you mean '{suggestion}'?"), str(e.value)
+
+
+def test_an_unknown_key_like_no_other_gets_no_guess():
+    with pytest.raises(ConfigError, match=r"unknown config key 'foo.bar' \(command line\); see --help"):
+        parse_config(["--foo.bar", "1"])
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (
+            ["--training.dataset", "stdlb"],
+            "training.dataset='stdlb' is not a dataset titanlite knows; did you mean 'stdlib'?",
+        ),
+        (["--training.dataset", "Local"], "did you mean 'local'?"),
+        (["--validation.enable", "--validation.dataset", "stdlibb"], "validation.dataset='stdlibb' is not a dataset"),
+        (["--model.tokenizer", "byt"], "use one of: 'gpt2', 'byte', 'hf' (did you mean 'byte'?)"),
+    ],
+)
+def test_a_misspelt_choice_suggests_the_valid_one(argv, message):
+    # A dataset name close to a built-in one is refused before any hub look-up (which would say only that the
+    # hub could not be reached, or has no such dataset).
+    with pytest.raises(ConfigError) as e:
+        parse_config(argv)
+    assert message in str(e.value)
+
+
+def test_hub_dataset_names_are_not_taken_for_typos():
+    for name in ("HuggingFaceFW/fineweb", "roneneldan/TinyStories"):
+        assert parse_config(["--training.dataset", name]).training.dataset == name
+
+
 def test_unknown_key_in_toml_names_the_file(tmp_path):
     toml = tmp_path / "c.toml"
     toml.write_text("[training]\nsteps = 3\nwarmup = 2\n")

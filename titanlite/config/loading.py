@@ -22,14 +22,33 @@ from titanlite.config.sections import DEFAULT_CONFIG, JobConfig, Training, field
 from titanlite.models.hf_config import resolve_model_folder
 from titanlite.models.registry import families_of_flavor, import_custom, spec_named
 
+# Names other trainers give some keys (Hugging Face's Trainer, torchtitan's older ones): the name titanlite uses.
+KEY_ALIASES = {"learning_rate": "lr", "max_steps": "steps", "warmup": "warmup_steps", "batch_size": "local_batch_size"}
 
-def _all_keys() -> list[str]:
-    return [f"{s}.{k}" for s, cls in section_classes().items() for k in field_types(cls)]
+
+def _suggest_key(key: str) -> str | None:
+    """The config key meant by an unknown `key`, by its name first: a key of the same name (or the name other
+    trainers give it) in another section (`training.lr` is `optimizer.lr`; among several, the section spelt most
+    like the given one), else the key whose name is spelt most like it in any section (the given section first
+    among equals). None when no name comes close."""
+    section, _, name = key.rpartition(".")
+    name = KEY_ALIASES.get(name, name)
+    keys = [(s, k) for s, cls in section_classes().items() for k in field_types(cls)]
+
+    def similar(a: str, b: str) -> float:
+        return difflib.SequenceMatcher(None, a, b).ratio()
+
+    same_name = [(s, k) for s, k in keys if k == name and f"{s}.{k}" != key]
+    if same_name:
+        s, k = max(same_name, key=lambda sk: similar(section, sk[0]))
+        return f"{s}.{k}"
+    score, _, best = max((similar(name, k), s == section, f"{s}.{k}") for s, k in keys)
+    return best if score >= 0.75 else None
 
 
 def _unknown_key_error(key: str, where: str) -> ConfigError:
-    close = difflib.get_close_matches(key, _all_keys(), n=1, cutoff=0.6)
-    hint = f"; did you mean '{close[0]}'?" if close else "; see --help for the valid keys"
+    close = _suggest_key(key)
+    hint = f"; did you mean '{close}'?" if close else "; see --help for the valid keys"
     return ConfigError(f"unknown config key '{key}' ({where}){hint}")
 
 
@@ -45,7 +64,9 @@ def _coerce(key: str, value: Any, tp: Any, from_cli: bool) -> Any:
         choices = typing.get_args(tp)
         if value not in choices:
             allowed = ", ".join(repr(c) for c in choices)
-            raise ConfigError(f"{key}={value!r} is not allowed; use one of: {allowed}")
+            close = difflib.get_close_matches(value, choices, n=1, cutoff=0.6) if isinstance(value, str) else []
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise ConfigError(f"{key}={value!r} is not allowed; use one of: {allowed}{hint}")
         return value
     if tp is bool:
         if isinstance(value, bool):
@@ -260,6 +281,7 @@ def validate_values(cfg: JobConfig) -> None:
     unknown = sorted(set(cfg.checkpoint.exclude_from_loading) - parts)
     if unknown:
         raise ConfigError(f"checkpoint.exclude_from_loading names {unknown}; use some of: {', '.join(sorted(parts))}")
+    check_dataset_name(t.dataset, "training")
     if t.dataset == "local" and not t.dataset_path and not t.dataset_mixture:
         raise ConfigError("training.dataset='local' needs training.dataset_path (a file, folder or glob of a corpus)")
     if not t.dataset_text_field:
@@ -275,6 +297,7 @@ def validate_values(cfg: JobConfig) -> None:
             raise ConfigError(f"validation.{key}={getattr(v, key)} must not be negative (0 uses training.{key})")
     if not 0 <= v.split_fraction < 1:
         raise ConfigError(f"validation.split_fraction={v.split_fraction} must be in [0, 1)")
+    check_dataset_name(v.dataset, "validation")
     if v.dataset == "local" and not v.dataset_path:
         raise ConfigError("validation.dataset='local' needs validation.dataset_path")
     if v.enable and not (v.dataset or v.dataset_path) and v.split_fraction == 0:
@@ -298,6 +321,23 @@ def grad_accum_steps(training: Training, dp_degree: int) -> int:
             f"use a multiple of {per_pass} or change training.local_batch_size"
         )
     return training.global_batch_size // per_pass
+
+
+BUILT_IN_DATASETS = ("stdlib", "local")
+
+
+def check_dataset_name(dataset: str, section: str) -> None:
+    """A dataset name spelt like a built-in one ('stdlb', 'Local') is refused with the one meant, before it is
+    looked up on the hub: hub datasets are named OWNER/NAME, and every name without an owner that is so close
+    to 'stdlib' or 'local' is a typo in practice (the hub's few owner-less names have OWNER/NAME forms too)."""
+    if not dataset or dataset in BUILT_IN_DATASETS or "/" in dataset:
+        return
+    close = difflib.get_close_matches(dataset.lower(), BUILT_IN_DATASETS, n=1, cutoff=0.75)
+    if close:
+        raise ConfigError(
+            f"{section}.dataset={dataset!r} is not a dataset titanlite knows; did you mean '{close[0]}'? "
+            f"(the built-in ones are 'stdlib' and 'local'; a hub dataset is named OWNER/NAME)"
+        )
 
 
 def check_hub_keys(section, name: str, hub: bool) -> None:
