@@ -1,5 +1,7 @@
 """The config: TOML + command-line overrides, one-line errors naming the key, layout checks, help."""
 
+from pathlib import Path
+
 import pytest
 
 from titanlite.base.errors import ConfigError
@@ -108,6 +110,48 @@ def test_unknown_key_in_toml_names_the_file(tmp_path):
         parse_config(["--config", str(toml)])
 
 
+def test_the_default_config_is_the_checkouts_from_any_working_folder(tmp_path, monkeypatch):
+    from titanlite.config import loading
+
+    monkeypatch.chdir(tmp_path)  # e.g. .venv/bin/titanlite check, run from the user's home
+    assert parse_config([]).job.name == "debug_model"  # train_configs/debug_model.toml's, not the bare default
+    # A checkout without it: the line says it is the default one, not a --config the user gave.
+    monkeypatch.setattr(loading, "CHECKOUT", tmp_path)
+    with pytest.raises(ConfigError) as e:
+        parse_config([])
+    default = tmp_path / "train_configs" / "debug_model.toml"
+    assert str(e.value).startswith(f"the default config {default} (no --config given): no such file"), str(e.value)
+    assert "--config" not in str(e.value).partition("(no --config given)")[2]
+
+
+def test_a_relative_path_is_reported_with_the_folder_it_was_resolved_against(tmp_path, monkeypatch):
+    from titanlite.data.sources import Source, local_listing
+    from titanlite.data.store import open_store
+    from titanlite.data.tokenizer import ByteTokenizer
+
+    CHECKOUT = Path(__file__).resolve().parents[2]
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as e:
+        parse_config(["--config", "train_configs/llama3_debug.toml"])
+    assert str(e.value) == (
+        f"--config train_configs/llama3_debug.toml (resolved against {tmp_path}): no such file; did you mean "
+        f"{CHECKOUT / 'train_configs' / 'llama3_debug.toml'}?"
+    )
+    with pytest.raises(ConfigError, match=f"; the configs are in {CHECKOUT / 'train_configs'}$"):
+        parse_config(["--config", "nosuch.toml"])
+    with pytest.raises(ConfigError) as e:
+        local_listing(Source("local", "data/web.jsonl", "training.dataset_path"))
+    assert str(e.value).startswith(f"training.dataset_path='data/web.jsonl' (resolved against {tmp_path}) does not")
+    with pytest.raises(ConfigError) as e:  # an absolute path is shown as given
+        local_listing(Source("local", str(tmp_path / "web.jsonl"), "training.dataset_path"))
+    assert str(e.value).startswith(f"training.dataset_path='{tmp_path / 'web.jsonl'}' does not exist")
+    (tmp_path / "web.txt").write_text("some text\n")
+    (tmp_path / "taken").write_text("a file where data.cache_dir wants a folder")
+    with pytest.raises(ConfigError) as e:
+        open_store(Source("local", "web.txt", "training.dataset_path"), ByteTokenizer(), "taken")
+    assert str(e.value).startswith(f"cannot write the token store in taken (resolved against {tmp_path}) ("), e.value
+
+
 def test_wrong_toml_type_is_rejected(tmp_path):
     toml = tmp_path / "c.toml"
     toml.write_text('[training]\nsteps = "10"\n')
@@ -116,8 +160,6 @@ def test_wrong_toml_type_is_rejected(tmp_path):
 
 
 def test_every_shipped_config_parses():
-    from pathlib import Path
-
     configs = sorted(Path("train_configs").glob("*.toml"))
     assert len(configs) >= 8
     for path in configs:

@@ -17,7 +17,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
-from titanlite.base.errors import ConfigError
+from titanlite.base.errors import ConfigError, resolved_against
 from titanlite.config.sections import DEFAULT_CONFIG, JobConfig, Training, field_types, section_classes, type_name
 from titanlite.models.hf_config import resolve_model_folder
 from titanlite.models.registry import families_of_flavor, import_custom, spec_named
@@ -108,15 +108,33 @@ def _set(cfg: JobConfig, key: str, value: Any, where: str, from_cli: bool = Fals
 # Loading
 
 
-def load_toml(path: str | Path) -> dict[str, Any]:
+# The checkout titanlite runs from (the folder holding titanlite/ and train_configs/).
+CHECKOUT = Path(__file__).resolve().parents[2]
+
+
+def default_config_path() -> Path:
+    """The default config (DEFAULT_CONFIG) in the titanlite checkout, wherever the command runs from."""
+    return CHECKOUT / DEFAULT_CONFIG
+
+
+def load_toml(path: str | Path, label: str | None = None) -> dict[str, Any]:
+    """A TOML file's tables; `label` names it in errors (default: '--config PATH', with the folder a relative
+    PATH was resolved against, and the checkout's file of that name when there is one)."""
     path = Path(path)
+    label = label or f"--config {path}{resolved_against(path)}"
     if not path.is_file():
-        raise ConfigError(f"--config {path}: no such file; the configs are in train_configs/")
+        in_checkout = CHECKOUT / path
+        hint = (
+            f"did you mean {in_checkout}?"
+            if not path.is_absolute() and in_checkout.is_file()
+            else f"the configs are in {CHECKOUT / 'train_configs'}"
+        )
+        raise ConfigError(f"{label}: no such file; {hint}")
     try:
         with path.open("rb") as f:
             return tomllib.load(f)
     except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"--config {path}: not valid TOML ({e})") from None
+        raise ConfigError(f"{label}: not valid TOML ({e})") from None
 
 
 def _split_overrides(argv: list[str]) -> tuple[str | None, list[tuple[str, str]]]:
@@ -155,17 +173,25 @@ def parse_config(argv: list[str], default_config: str | None = DEFAULT_CONFIG) -
     """Defaults < TOML file < command-line overrides; then validate the values on their own."""
     config_path, overrides = _split_overrides(argv)
     chosen = config_path is not None
-    config_path = config_path or default_config
     cfg = JobConfig()
     # The keys a user set (their --config file's and the command line's; the default config's are defaults):
     # with model.flavor = "hf" these must agree with the folder, the rest are taken from it.
     explicit = set()
-    if config_path:
-        for section, table in load_toml(config_path).items():
+    if chosen or default_config:
+        if chosen:
+            path, label = Path(config_path), f"in {config_path}"
+            table_of = load_toml(path)
+        else:  # the default config is titanlite's own file, read from the checkout whatever the working folder
+            path = Path(default_config)
+            if path == Path(DEFAULT_CONFIG):
+                path = default_config_path()
+            label = f"in the default config {path}"
+            table_of = load_toml(path, f"the default config {path} (no --config given)")
+        for section, table in table_of.items():
             if not isinstance(table, dict):
-                raise _unknown_key_error(section, f"in {config_path}")
+                raise _unknown_key_error(section, label)
             for name, value in table.items():
-                _set(cfg, f"{section}.{name}", value, f"in {config_path}")
+                _set(cfg, f"{section}.{name}", value, label)
                 if chosen:
                     explicit.add(f"{section}.{name}")
     for key, value in overrides:
