@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from tests.helpers import TINY, VALIDATED, metrics, run_train_sh, torchrun
+from tests.helpers import REPO, TINY, VALIDATED, metrics, run_train_sh, torchrun
 from titanlite.config.loading import tomllib  # tomli on Python 3.10
 
 
@@ -67,6 +67,11 @@ from titanlite.config.loading import tomllib  # tomli on Python 3.10
             1,
             ["--training.dataset", "local", "--training.dataset_path", "/nonexistent"],
             "dataset_path='/nonexistent' does not exist",
+        ),
+        (  # run_train.sh runs from the checkout: a relative path says so
+            1,
+            ["--training.dataset", "local", "--training.dataset_path", "nosuch.jsonl"],
+            f"dataset_path='nosuch.jsonl' (resolved against {REPO}) does not exist",
         ),
         (
             1,

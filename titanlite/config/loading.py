@@ -177,23 +177,21 @@ def parse_config(argv: list[str], default_config: str | None = DEFAULT_CONFIG) -
     # The keys a user set (their --config file's and the command line's; the default config's are defaults):
     # with model.flavor = "hf" these must agree with the folder, the rest are taken from it.
     explicit = set()
-    if chosen or default_config:
-        if chosen:
-            path, label = Path(config_path), f"in {config_path}"
-            table_of = load_toml(path)
-        else:  # the default config is titanlite's own file, read from the checkout whatever the working folder
-            path = Path(default_config)
-            if path == Path(DEFAULT_CONFIG):
-                path = default_config_path()
-            label = f"in the default config {path}"
-            table_of = load_toml(path, f"the default config {path} (no --config given)")
-        for section, table in table_of.items():
-            if not isinstance(table, dict):
-                raise _unknown_key_error(section, label)
-            for name, value in table.items():
-                _set(cfg, f"{section}.{name}", value, label)
-                if chosen:
-                    explicit.add(f"{section}.{name}")
+    tables: dict[str, Any] = {}
+    if config_path is not None:
+        label = f"in {config_path}"
+        tables = load_toml(config_path)
+    elif default_config:  # titanlite's own file, read from the checkout whatever the working folder
+        path = default_config_path() if Path(default_config) == Path(DEFAULT_CONFIG) else Path(default_config)
+        label = f"in the default config {path}"
+        tables = load_toml(path, f"the default config {path} (no --config given)")
+    for section, table in tables.items():
+        if not isinstance(table, dict):
+            raise _unknown_key_error(section, label)
+        for name, value in table.items():
+            _set(cfg, f"{section}.{name}", value, label)
+            if chosen:
+                explicit.add(f"{section}.{name}")
     for key, value in overrides:
         _set(cfg, key, value, "command line", from_cli=True)
         explicit.add(key)
