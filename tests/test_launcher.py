@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from tests.helpers import TINY, VALIDATED, metrics, run_train_sh, torchrun
+from tests.helpers import REPO, TINY, VALIDATED, metrics, run_train_sh, torchrun
 from titanlite.config.loading import tomllib  # tomli on Python 3.10
 
 
@@ -67,6 +67,11 @@ from titanlite.config.loading import tomllib  # tomli on Python 3.10
             1,
             ["--training.dataset", "local", "--training.dataset_path", "/nonexistent"],
             "dataset_path='/nonexistent' does not exist",
+        ),
+        (  # run_train.sh runs from the checkout: a relative path says so
+            1,
+            ["--training.dataset", "local", "--training.dataset_path", "nosuch.jsonl"],
+            f"dataset_path='nosuch.jsonl' (resolved against {REPO}) does not exist",
         ),
         (
             1,
@@ -181,6 +186,13 @@ def test_a_failed_worker_says_why_last_and_sets_the_exit_status(tmp_path, ngpu, 
     log = tmp_path / "run" / "logs" / f"error-rank{rank}.log"
     assert last.startswith(f"titanlite: error: rank {rank}: {reason}") and last.endswith(f"; traceback in {log}"), last
     assert "Traceback (most recent call last)" in log.read_text()
+    # Rank 0, whose collective then loses rank 1, says its failure follows from rank 1's (when it records one
+    # before the launcher stops it): never a lost connection of its own as the cause.
+    peers = [line for line in proc.stderr.splitlines() if line.startswith("titanlite: error: rank 0:") and rank != 0]
+    assert all(
+        line.startswith(f"titanlite: error: rank 0: lost its peers after rank 1 failed (rank 1's error: {reason}")
+        for line in peers
+    ), peers
 
 
 @pytest.mark.slow  # run_train.sh's NGPU default; tests/unit/test_devices.py checks the NGPU rules in-process

@@ -66,11 +66,101 @@ def test_bad_values_fail_with_one_line_naming_the_key(argv, fragment):
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize(
+    "argv, suggestion",
+    [
+        (["--training.lr", "1e-3"], "optimizer.lr"),  # the name exists in another section: not 'training.seed'
+        (["--training.warmup_steps", "3"], "lr_scheduler.warmup_steps"),
+        (["--optimiser.lr", "1"], "optimizer.lr"),  # a misspelt section
+        (["--trainig.dataset", "stdlib"], "training.dataset"),  # of two 'dataset' keys, the section spelt alike
+        (["--optimizer.learning_rate", "1"], "optimizer.lr"),  # another trainer's name for it
+        (["--training.stepz", "3"], "training.steps"),  # a misspelt name in its own section
+        (["--training.lrr", "1"], "optimizer.lr"),  # a misspelt name of another section's key
+    ],
+)
+def test_an_unknown_key_suggests_the_key_of_that_name_wherever_it_is(argv, suggestion):
+    with pytest.raises(ConfigError) as e:
+        parse_config(argv)
+    assert str(e.value).endswith(f"; did you mean '{suggestion}'?"), str(e.value)
+
+
+def test_an_unknown_key_like_no_other_gets_no_guess():
+    with pytest.raises(ConfigError, match=r"unknown config key 'foo.bar' \(command line\); see --help"):
+        parse_config(["--foo.bar", "1"])
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (
+            ["--training.dataset", "stdlb"],
+            "training.dataset='stdlb' is not a dataset titanlite knows; did you mean 'stdlib'?",
+        ),
+        (["--training.dataset", "Local"], "did you mean 'local'?"),
+        (["--validation.enable", "--validation.dataset", "stdlibb"], "validation.dataset='stdlibb' is not a dataset"),
+        (["--model.tokenizer", "byt"], "use one of: 'gpt2', 'byte', 'hf' (did you mean 'byte'?)"),
+    ],
+)
+def test_a_misspelt_choice_suggests_the_valid_one(argv, message):
+    # A dataset name close to a built-in one is refused before any hub look-up (which would say only that the
+    # hub could not be reached, or has no such dataset).
+    with pytest.raises(ConfigError) as e:
+        parse_config(argv)
+    assert message in str(e.value)
+
+
+def test_hub_dataset_names_are_not_taken_for_typos():
+    for name in ("HuggingFaceFW/fineweb", "roneneldan/TinyStories"):
+        assert parse_config(["--training.dataset", name]).training.dataset == name
+
+
 def test_unknown_key_in_toml_names_the_file(tmp_path):
     toml = tmp_path / "c.toml"
     toml.write_text("[training]\nsteps = 3\nwarmup = 2\n")
     with pytest.raises(ConfigError, match=r"unknown config key 'training.warmup' \(in .*c.toml\)"):
         parse_config(["--config", str(toml)])
+
+
+def test_the_default_config_is_the_checkouts_from_any_working_folder(tmp_path, monkeypatch):
+    from titanlite.config import loading
+
+    monkeypatch.chdir(tmp_path)  # e.g. .venv/bin/titanlite check, run from the user's home
+    assert parse_config([]).job.name == "debug_model"  # train_configs/debug_model.toml's, not the bare default
+    # A checkout without it: the line says it is the default one, not a --config the user gave.
+    monkeypatch.setattr(loading, "CHECKOUT", tmp_path)
+    with pytest.raises(ConfigError) as e:
+        parse_config([])
+    default = tmp_path / "train_configs" / "debug_model.toml"
+    assert str(e.value).startswith(f"the default config {default} (no --config given): no such file"), str(e.value)
+    assert "--config" not in str(e.value).partition("(no --config given)")[2]
+
+
+def test_a_relative_path_is_reported_with_the_folder_it_was_resolved_against(tmp_path, monkeypatch):
+    from titanlite.data.sources import Source, local_listing
+    from titanlite.data.store import open_store
+    from titanlite.data.tokenizer import ByteTokenizer
+
+    CHECKOUT = Path(__file__).resolve().parents[2]
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as e:
+        parse_config(["--config", "train_configs/llama3_debug.toml"])
+    assert str(e.value) == (
+        f"--config train_configs/llama3_debug.toml (resolved against {tmp_path}): no such file; did you mean "
+        f"{CHECKOUT / 'train_configs' / 'llama3_debug.toml'}?"
+    )
+    with pytest.raises(ConfigError, match=f"; the configs are in {CHECKOUT / 'train_configs'}$"):
+        parse_config(["--config", "nosuch.toml"])
+    with pytest.raises(ConfigError) as e:
+        local_listing(Source("local", "data/web.jsonl", "training.dataset_path"))
+    assert str(e.value).startswith(f"training.dataset_path='data/web.jsonl' (resolved against {tmp_path}) does not")
+    with pytest.raises(ConfigError) as e:  # an absolute path is shown as given
+        local_listing(Source("local", str(tmp_path / "web.jsonl"), "training.dataset_path"))
+    assert str(e.value).startswith(f"training.dataset_path='{tmp_path / 'web.jsonl'}' does not exist")
+    (tmp_path / "web.txt").write_text("some text\n")
+    (tmp_path / "taken").write_text("a file where data.cache_dir wants a folder")
+    with pytest.raises(ConfigError) as e:
+        open_store(Source("local", "web.txt", "training.dataset_path"), ByteTokenizer(), "taken")
+    assert str(e.value).startswith(f"cannot write the token store in taken (resolved against {tmp_path}) ("), e.value
 
 
 def test_wrong_toml_type_is_rejected(tmp_path):

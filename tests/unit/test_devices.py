@@ -131,6 +131,39 @@ def test_the_launcher_reports_the_earliest_failure_of_the_latest_attempt(tmp_pat
     assert first_failure(tmp_path)["line"] == "root cause"
 
 
+def test_a_rank_that_lost_its_peers_says_which_rank_failed_first(tmp_path, monkeypatch, capsys):
+    # Rank 1 failed and recorded why; rank 0's collective then fails with gloo's lost connection, or times out:
+    # rank 0's line is marked as a consequence and quotes rank 1's reason; the launcher still blames rank 1.
+    from titanlite.base import failures
+
+    monkeypatch.setenv(failures.FAILURE_DIR_ENV, str(tmp_path))
+    monkeypatch.setattr(failures, "PEER_RECORD_WAIT_S", 0.0, raising=False)
+    gloo = (
+        "[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:56482. "
+        "This is typically caused by a remote worker crashing."
+    )
+    # No record of the failed rank (killed, or on another node): still marked, without naming it.
+    failures.record(raise_here(RuntimeError(gloo)), rank=0, run_dir=None)
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.startswith("titanlite: error: rank 0: lost its peers after another rank failed first"), line
+    assert "here: Connection closed by peer [127.0.0.1]:56482 (tests/unit/test_devices.py:" in line
+    assert failures.record(raise_here(RuntimeError("fault injection: boom")), rank=1, run_dir=None) == 1
+    own = "RuntimeError: fault injection: boom (tests/unit/test_devices.py:"
+    for error in (gloo, "[pair.cc:598] Timed out waiting 1800000ms for recv operation to complete"):
+        failures.record(raise_here(RuntimeError(error)), rank=0, run_dir=None)
+        line = capsys.readouterr().err.strip().splitlines()[-1]
+        assert line.startswith(f"titanlite: error: rank 0: lost its peers after rank 1 failed (rank 1's error: {own}")
+        assert json.loads((tmp_path / "rank0.json").read_text())["peer_lost"] is True
+        assert failures.first_failure(tmp_path)["rank"] == 1
+    # A timeout with no failed peer is a hang of its own, and a ConfigError is always this rank's own.
+    (tmp_path / "rank1.json").unlink()
+    failures.record(raise_here(RuntimeError("Timed out waiting 1800000ms for recv")), rank=0, run_dir=None)
+    assert "lost its peers" not in capsys.readouterr().err
+    failures.record(raise_here(RuntimeError("fault injection: boom")), rank=1, run_dir=None)
+    failures.record(raise_here(ConfigError("comm.train_timeout_seconds=0 must be positive")), rank=0, run_dir=None)
+    assert "rank 0: comm.train_timeout_seconds=0 must be positive" in capsys.readouterr().err
+
+
 def test_a_torchrun_failure_is_one_line(monkeypatch, capsys):
     # e.g. RDZV_ENDPOINT naming a host that does not resolve: torchrun retries, then raises from the cause.
     import torch.distributed.run as torchrun

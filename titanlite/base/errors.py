@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 
 
@@ -33,3 +34,10 @@ def short_reason(error: BaseException, limit: int = 120) -> str:
     lines = str(error).strip().splitlines()
     reason = lines[0] if lines else type(error).__name__
     return reason if len(reason) <= limit else reason[: limit - 3] + "..."
+
+
+def resolved_against(path: str | os.PathLike) -> str:
+    """' (resolved against CWD)' for a relative path, '' for an absolute one: what a message naming a path the
+    user gave adds, since ./run_train.sh runs from the checkout, not from where it was started."""
+    text = os.path.expanduser(os.fspath(path))
+    return "" if not text or os.path.isabs(text) else f" (resolved against {os.getcwd()})"

@@ -4,7 +4,11 @@ Worker side (`record`): the exception becomes one line (rank, what failed; for a
 its type, message and the innermost titanlite file:line), printed to stderr; the full traceback goes to
 <run folder>/logs/error-rank<R>.log, named in that line. Under a launcher the line is also written to
 $TITANLITE_FAILURE_DIR/rank<R>.json, so the launcher (titanlite/commands/launch.py) can print it last, after
-torchrun's own report, and exit with the worker's status:
+torchrun's own report, and exit with the worker's status. A rank whose collective fails because another rank
+died (a lost connection, or a timeout after another rank's recorded failure) says so, quoting that rank's reason
+("rank 0: lost its peers after rank 1 failed (rank 1's error: ...); here: ..."); the launcher names the other.
+
+The exit statuses:
 
   2  bad config or input (ConfigError)     3  non-finite loss (NonFiniteLoss)
   4  out of memory (torch.OutOfMemoryError) 128 + N  stopped by signal N (Preempted)
@@ -38,6 +42,12 @@ PEER_LOST = (
     "remote process exited",
     "Connection refused",
 )
+# What a collective raises when it waits too long (gloo's "Timed out waiting ...", NCCL's watchdog "timeout"): a
+# consequence when another rank of the attempt has already failed, else a failure of its own (a hang).
+TIMED_OUT = ("timed out", "timeout", "timing out")
+# How long a rank that lost its peers waits for the failed rank's record to appear (it is written before that
+# rank exits, so it is normally there already).
+PEER_RECORD_WAIT_S = 1.0
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]  # .../titanlite
 PREFIX = "titanlite: error: "
 
@@ -136,8 +146,18 @@ def where(exc: BaseException) -> str:
 
 def record(exc: BaseException, rank: int, run_dir: Path | None) -> int:
     """Report a worker's failure: one line on stderr (and for the launcher), the traceback in a log file
-    of the run folder. Returns the exit status."""
+    of the run folder. Returns the exit status. A failure that follows from another rank's (a lost peer, or a
+    collective timeout after a peer failed) says so, with that rank's own reason when it recorded one."""
     code, reason, with_traceback = explain(exc, run_dir)
+    folder = os.environ.get(FAILURE_DIR_ENV)
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
+    # A failure titanlite names (a bad config, a non-finite loss, out of memory, a signal) is this rank's own.
+    named = isinstance(exc, (ConfigError, NonFiniteLoss, Preempted, torch.OutOfMemoryError))
+    lost = not named and peer_lost(exc)
+    if lost or (not named and timed_out(exc)):
+        cause = peer_failure(Path(folder), rank, attempt, PEER_RECORD_WAIT_S if lost else 0.0) if folder else None
+        if lost or cause is not None:
+            reason, lost = consequence(exc, cause), True
     line = f"{PREFIX}rank {rank}: {reason}"
     if with_traceback:
         log = write_traceback(exc, rank, run_dir)
@@ -150,16 +170,15 @@ def record(exc: BaseException, rank: int, run_dir: Path | None) -> int:
     # One write (ranks share the stream), and not through logging: the line must appear whatever its set-up.
     sys.stderr.write(line + "\n")
     sys.stderr.flush()
-    folder = os.environ.get(FAILURE_DIR_ENV)
     if folder:
-        attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
         entry = {
             "rank": rank,
             "code": code,
             "line": line,
+            "reason": reason,
             "time": time.time(),
             "attempt": attempt,
-            "peer_lost": peer_lost(exc),
+            "peer_lost": lost,
         }
         target = Path(folder) / f"rank{rank}.json"
         target.with_suffix(".tmp").write_text(json.dumps(entry))
@@ -188,14 +207,68 @@ def peer_lost(exc: BaseException) -> bool:
     return any(symptom in str(e) for e in causes(exc) for symptom in PEER_LOST)
 
 
-def latest_failures(folder: Path) -> list[dict]:
-    """The recorded failures of the latest restart attempt, earliest first."""
+def timed_out(exc: BaseException) -> bool:
+    """Whether a failure is a wait that ran out of time (TIMED_OUT): a collective, a store or a barrier."""
+    return any(symptom in str(e).lower() for e in causes(exc) for symptom in TIMED_OUT)
+
+
+def peer_failure(folder: Path, rank: int, attempt: int, wait_s: float) -> dict | None:
+    """The earliest failure of another rank of this attempt that is its own (not a lost peer), waiting up to
+    `wait_s` for one to be recorded; None when no rank of this launcher recorded one (it was killed, or it ran
+    on another node)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        entries = [e for e in failures_in(folder) if e.get("attempt") == attempt and e.get("rank") != rank]
+        own = sorted((e for e in entries if not e.get("peer_lost")), key=lambda e: e["time"])
+        if own or time.monotonic() >= deadline:
+            return own[0] if own else None
+        time.sleep(0.05)
+
+
+def symptom(exc: BaseException) -> str:
+    """What a lost peer or a timeout looked like here, short: gloo's 'Connection closed by peer [HOST]:PORT'
+    without its source-file prefix and advice, or the exception's first line."""
+    for e in causes(exc):
+        text = " ".join(str(e).split())
+        for known in PEER_LOST:
+            if known in text:
+                return text[text.index(known) :].split(". ")[0][:160]
+    e = next((e for e in causes(exc) if any(s in str(e).lower() for s in TIMED_OUT)), exc)
+    text = " ".join(str(e).split())
+    if text.startswith("[") and "] " in text:  # gloo's "[/path/to/pair.cc:553] ..."
+        text = text.split("] ", 1)[1]
+    return f"{type(e).__name__}: {text[:160]}"
+
+
+def consequence(exc: BaseException, cause: dict | None) -> str:
+    """The reason of a rank that failed because another one did: that rank and its own reason first, then
+    what this rank saw. Without a record of the other rank's, says only that one failed first."""
+    here = f"here: {symptom(exc)} ({where(exc)})"
+    if cause is None:
+        return (
+            "lost its peers after another rank failed first (that rank's line, or torchrun's report of its exit, "
+            f"gives the cause); {here}"
+        )
+    other = cause["rank"]
+    why = cause.get("reason") or cause["line"].removeprefix(PREFIX).removeprefix(f"rank {other}: ")
+    why = why.split("; traceback in ")[0]
+    return f"lost its peers after rank {other} failed (rank {other}'s error: {why}); {here}"
+
+
+def failures_in(folder: Path) -> list[dict]:
+    """Every failure recorded in a launcher's folder (rank<R>.json), unordered."""
     entries = []
     for path in folder.glob("rank*.json"):
         try:
             entries.append(json.loads(path.read_text()))
         except (OSError, ValueError):
             continue
+    return entries
+
+
+def latest_failures(folder: Path) -> list[dict]:
+    """The recorded failures of the latest restart attempt, earliest first."""
+    entries = failures_in(folder)
     latest = max((e["attempt"] for e in entries), default=0)
     return sorted((e for e in entries if e["attempt"] == latest), key=lambda e: e["time"])
 

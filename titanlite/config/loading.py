@@ -17,7 +17,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
-from titanlite.base.errors import ConfigError
+from titanlite.base.errors import ConfigError, resolved_against
 from titanlite.config.sections import (
     DEFAULT_CONFIG,
     HF_DEFAULT_CONFIG,
@@ -30,14 +30,33 @@ from titanlite.config.sections import (
 from titanlite.models.hf_config import resolve_model_folder
 from titanlite.models.registry import families_of_flavor, import_custom, spec_named
 
+# Names other trainers give some keys (Hugging Face's Trainer, torchtitan's older ones): the name titanlite uses.
+KEY_ALIASES = {"learning_rate": "lr", "max_steps": "steps", "warmup": "warmup_steps", "batch_size": "local_batch_size"}
 
-def _all_keys() -> list[str]:
-    return [f"{s}.{k}" for s, cls in section_classes().items() for k in field_types(cls)]
+
+def _suggest_key(key: str) -> str | None:
+    """The config key meant by an unknown `key`, by its name first: a key of the same name (or the name other
+    trainers give it) in another section (`training.lr` is `optimizer.lr`; among several, the section spelt most
+    like the given one), else the key whose name is spelt most like it in any section (the given section first
+    among equals). None when no name comes close."""
+    section, _, name = key.rpartition(".")
+    name = KEY_ALIASES.get(name, name)
+    keys = [(s, k) for s, cls in section_classes().items() for k in field_types(cls)]
+
+    def similar(a: str, b: str) -> float:
+        return difflib.SequenceMatcher(None, a, b).ratio()
+
+    same_name = [(s, k) for s, k in keys if k == name and f"{s}.{k}" != key]
+    if same_name:
+        s, k = max(same_name, key=lambda sk: similar(section, sk[0]))
+        return f"{s}.{k}"
+    score, _, best = max((similar(name, k), s == section, f"{s}.{k}") for s, k in keys)
+    return best if score >= 0.75 else None
 
 
 def _unknown_key_error(key: str, where: str) -> ConfigError:
-    close = difflib.get_close_matches(key, _all_keys(), n=1, cutoff=0.6)
-    hint = f"; did you mean '{close[0]}'?" if close else "; see --help for the valid keys"
+    close = _suggest_key(key)
+    hint = f"; did you mean '{close}'?" if close else "; see --help for the valid keys"
     return ConfigError(f"unknown config key '{key}' ({where}){hint}")
 
 
@@ -53,7 +72,9 @@ def _coerce(key: str, value: Any, tp: Any, from_cli: bool) -> Any:
         choices = typing.get_args(tp)
         if value not in choices:
             allowed = ", ".join(repr(c) for c in choices)
-            raise ConfigError(f"{key}={value!r} is not allowed; use one of: {allowed}")
+            close = difflib.get_close_matches(value, choices, n=1, cutoff=0.6) if isinstance(value, str) else []
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise ConfigError(f"{key}={value!r} is not allowed; use one of: {allowed}{hint}")
         return value
     if tp is bool:
         if isinstance(value, bool):
@@ -95,15 +116,28 @@ def _set(cfg: JobConfig, key: str, value: Any, where: str, from_cli: bool = Fals
 # Loading
 
 
-def load_toml(path: str | Path) -> dict[str, Any]:
+# The checkout titanlite runs from (the folder holding titanlite/ and train_configs/).
+CHECKOUT = Path(__file__).resolve().parents[2]
+
+
+def load_toml(path: str | Path, label: str | None = None) -> dict[str, Any]:
+    """A TOML file's tables; `label` names it in errors (default: '--config PATH', with the folder a relative
+    PATH was resolved against, and the checkout's file of that name when there is one)."""
     path = Path(path)
+    label = label or f"--config {path}{resolved_against(path)}"
     if not path.is_file():
-        raise ConfigError(f"--config {path}: no such file; the configs are in train_configs/")
+        in_checkout = CHECKOUT / path
+        hint = (
+            f"did you mean {in_checkout}?"
+            if not path.is_absolute() and in_checkout.is_file()
+            else f"the configs are in {CHECKOUT / 'train_configs'}"
+        )
+        raise ConfigError(f"{label}: no such file; {hint}")
     try:
         with path.open("rb") as f:
             return tomllib.load(f)
     except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"--config {path}: not valid TOML ({e})") from None
+        raise ConfigError(f"{label}: not valid TOML ({e})") from None
 
 
 def _split_overrides(argv: list[str]) -> tuple[str | None, list[tuple[str, str]]]:
@@ -150,21 +184,28 @@ def parse_config(
     chosen = config_path is not None
     if not chosen and default_config == DEFAULT_CONFIG and dict(overrides).get("model.flavor") == "hf":
         default_config = HF_DEFAULT_CONFIG
-    config_path = config_path or default_config
-    if config_path and chosen and Path(config_path).resolve() == Path(HF_DEFAULT_CONFIG).resolve():
+    if config_path is not None and Path(config_path).resolve() == (CHECKOUT / HF_DEFAULT_CONFIG).resolve():
         chosen = False  # the shipped defaults of Hugging Face runs, named or not: seq_len is a ceiling
     cfg = JobConfig()
     # The keys a user set (their --config file's and the command line's; the default config's are defaults):
     # with model.flavor = "hf" these must agree with the folder, the rest are taken from it.
     explicit = set()
-    if config_path:
-        for section, table in load_toml(config_path).items():
-            if not isinstance(table, dict):
-                raise _unknown_key_error(section, f"in {config_path}")
-            for name, value in table.items():
-                _set(cfg, f"{section}.{name}", value, f"in {config_path}")
-                if chosen:
-                    explicit.add(f"{section}.{name}")
+    tables: dict[str, Any] = {}
+    if config_path is not None:
+        label = f"in {config_path}"
+        tables = load_toml(config_path)
+    elif default_config:  # titanlite's own file, read from the checkout whatever the working folder
+        shipped = Path(default_config) in (Path(DEFAULT_CONFIG), Path(HF_DEFAULT_CONFIG))
+        path = CHECKOUT / default_config if shipped else Path(default_config)
+        label = f"in the default config {path}"
+        tables = load_toml(path, f"the default config {path} (no --config given)")
+    for section, table in tables.items():
+        if not isinstance(table, dict):
+            raise _unknown_key_error(section, label)
+        for name, value in table.items():
+            _set(cfg, f"{section}.{name}", value, label)
+            if chosen:
+                explicit.add(f"{section}.{name}")
     for key, value in overrides:
         _set(cfg, key, value, "command line", from_cli=True)
         explicit.add(key)
@@ -174,7 +215,7 @@ def parse_config(
     import_custom(cfg.model.custom_import)
     if cfg.model.flavor == "hf":
         folder_args = resolve_model_folder(cfg.model, explicit)
-        name_hf_run(cfg, explicit, folder_args.max_seq_len, config_path)
+        name_hf_run(cfg, explicit, folder_args.max_seq_len, config_path or default_config)
     else:
         resolve_flavor_family(cfg.model, explicit)
     return cfg
@@ -313,6 +354,7 @@ def validate_values(cfg: JobConfig) -> None:
     unknown = sorted(set(cfg.checkpoint.exclude_from_loading) - parts)
     if unknown:
         raise ConfigError(f"checkpoint.exclude_from_loading names {unknown}; use some of: {', '.join(sorted(parts))}")
+    check_dataset_name(t.dataset, "training")
     if t.dataset == "local" and not t.dataset_path and not t.dataset_mixture:
         raise ConfigError("training.dataset='local' needs training.dataset_path (a file, folder or glob of a corpus)")
     if not t.dataset_text_field:
@@ -328,6 +370,7 @@ def validate_values(cfg: JobConfig) -> None:
             raise ConfigError(f"validation.{key}={getattr(v, key)} must not be negative (0 uses training.{key})")
     if not 0 <= v.split_fraction < 1:
         raise ConfigError(f"validation.split_fraction={v.split_fraction} must be in [0, 1)")
+    check_dataset_name(v.dataset, "validation")
     if v.dataset == "local" and not v.dataset_path:
         raise ConfigError("validation.dataset='local' needs validation.dataset_path")
     if v.enable and not (v.dataset or v.dataset_path) and v.split_fraction == 0:
@@ -358,6 +401,23 @@ def grad_accum_steps(training: Training, dp_degree: int) -> int:
             f"use a multiple of {per_pass} or change training.local_batch_size"
         )
     return training.global_batch_size // per_pass
+
+
+BUILT_IN_DATASETS = ("stdlib", "local")
+
+
+def check_dataset_name(dataset: str, section: str) -> None:
+    """A dataset name spelt like a built-in one ('stdlb', 'Local') is refused with the one meant, before it is
+    looked up on the hub: hub datasets are named OWNER/NAME, and every name without an owner that is so close
+    to 'stdlib' or 'local' is a typo in practice (the hub's few owner-less names have OWNER/NAME forms too)."""
+    if not dataset or dataset in BUILT_IN_DATASETS or "/" in dataset:
+        return
+    close = difflib.get_close_matches(dataset.lower(), BUILT_IN_DATASETS, n=1, cutoff=0.75)
+    if close:
+        raise ConfigError(
+            f"{section}.dataset={dataset!r} is not a dataset titanlite knows; did you mean '{close[0]}'? "
+            f"(the built-in ones are 'stdlib' and 'local'; a hub dataset is named OWNER/NAME)"
+        )
 
 
 def check_hub_keys(section, name: str, hub: bool) -> None:

@@ -42,8 +42,9 @@ def _toml_value(value: Any) -> str:
 def help_text() -> str:
     out = [
         "usage: ./run_train.sh [--config FILE] [--section.key VALUE | --section.key=VALUE ...]",
-        f"  --config FILE   TOML file (default: {DEFAULT_CONFIG}, or {HF_DEFAULT_CONFIG} when the command",
-        "                  line sets --model.flavor hf); command-line values override it.",
+        f"  --config FILE   TOML file (default: the checkout's {DEFAULT_CONFIG}, or its {HF_DEFAULT_CONFIG} when",
+        "                  the command line sets --model.flavor hf; from any working folder); command-line values",
+        "                  override it.",
         "",
     ]
     defaults = JobConfig()
@@ -70,9 +71,9 @@ def reference_markdown() -> str:
         "docs/configuration.md`;",
         "     do not edit by hand: tests/unit/test_docs.py fails when this file and the code differ. -->",
         "",
-        "Every key is set in a TOML file (`[section]`, then `key = value`; `--config FILE`, default",
-        f"`{DEFAULT_CONFIG}`, or `{HF_DEFAULT_CONFIG}` when the command line sets `--model.flavor hf`) or on the",
-        "command line (`--section.key VALUE`, which wins over the file).",
+        "Every key is set in a TOML file (`[section]`, then `key = value`; `--config FILE`, default the checkout's",
+        f"`{DEFAULT_CONFIG}`, or its `{HF_DEFAULT_CONFIG}` when the command line sets `--model.flavor hf`, from any",
+        "working folder) or on the command line (`--section.key VALUE`, which wins over the file).",
         "Unknown keys and wrong types stop the run with one line naming the key. The defaults below are",
         "`titanlite/config/sections.py`'s; the shipped configs in `train_configs/` override some of them (the default "
         "file sets",

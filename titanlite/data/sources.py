@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from titanlite.base.errors import ConfigError, short_reason
+from titanlite.base.errors import ConfigError, resolved_against, short_reason
 from titanlite.data.arrow_files import saved_dataset_files
 
 TEXT_KINDS = {".txt": "txt", ".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet", ".arrow": "arrow"}
@@ -241,7 +241,7 @@ def local_listing(source: Source) -> Listing:
     """The usable files at a local source, all of them text or all of them token files: the file itself, a
     Megatron prefix's .bin, a datasets save_to_disk folder's arrow files (of source.split), or the files of
     a folder (sorted by path; hidden ones skipped) or of a glob (sorted). A Megatron .idx goes with its .bin."""
-    where = f"{source.label}='{source.location}'"
+    where = f"{source.label}='{source.location}'{resolved_against(source.location)}"
     if not source.location:
         raise ConfigError(f"{source.label} is empty; give {LOCAL_HINT}")
     root = Path(source.location).expanduser()
@@ -277,7 +277,7 @@ def _walk(root: Path) -> tuple[list[str], list[str]]:
 
 
 def _listing(source: Source, paths: list[str], folders: list[str]) -> Listing:
-    where = f"{source.label}='{source.location}'"
+    where = f"{source.label}='{source.location}'{resolved_against(source.location)}"
     bins = {p[:-4] for p in paths if p.endswith(".bin")}
     usable, kinds, unsupported = [], [], []
     for path in paths:
@@ -335,8 +335,8 @@ def _split_validation_files(source: Source, paths: list[str], kinds: list) -> tu
     other = [p for p, v in zip(paths, is_val) if v != want]
     if not chosen:
         raise ConfigError(
-            f"{source.label}='{source.location}' holds only validation files ({_names(other)}); name the "
-            "training files instead"
+            f"{source.label}='{source.location}'{resolved_against(source.location)} holds only validation files "
+            f"({_names(other)}); name the training files instead"
         )
     return [p for p, _ in chosen], [k for _, k in chosen], other
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from titanlite.base.errors import ConfigError
+from titanlite.base.errors import ConfigError, resolved_against
 from titanlite.data.progress import Progress
 from titanlite.data.readers import Span, plan_pieces, read_batches
 from titanlite.data.sources import (
@@ -166,7 +166,8 @@ def open_store(
                 raise ConfigError(f"{source.description} changed while it was being prepared; run the command again")
     except OSError as e:
         raise ConfigError(
-            f"cannot write the token store in {cache_dir} ({e.strerror or e}); set data.cache_dir to a writable folder"
+            f"cannot write the token store in {cache_dir}{resolved_against(cache_dir)} ({e.strerror or e}); set "
+            "data.cache_dir to a writable folder"
         ) from e
     return store
 
@@ -300,7 +301,9 @@ def build_store(
     documents = sum(s["documents"] for s in shards)
     if documents == 0:
         raise ConfigError(
-            f"{source.label}='{source.location or source.kind}' has no documents; point it at data with some text"
+            f"{source.label}='{source.location or source.kind}'"
+            f"{resolved_against(source.location) if source.kind == 'local' else ''} has no documents; point it at "
+            "data with some text"
         )
     manifest = {
         "format": STORE_FORMAT,
