@@ -11,8 +11,8 @@ from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distrib
 
 from tests.helpers import run_ranks
 from titanlite.components.metrics import Throughput, count_params, device_peak_tflops, flops_per_token
-from titanlite.components.optim import clip_grad_norm_, lr_factor
-from titanlite.config import LRScheduler
+from titanlite.components.optim import LRSchedulers, Optimizers, clip_grad_norm_, lr_factor
+from titanlite.config import LRScheduler, Optimizer
 from titanlite.models import registry
 from titanlite.models.common.build import build_model
 from titanlite.models.common.flops import dense_flops_per_token
@@ -25,13 +25,39 @@ def test_warmup_then_cosine_to_min_factor():
     assert all(a < b for a, b in zip(factors[:10], factors[1:11]))  # rising during warm-up
     assert factors[10] == pytest.approx(1.0)
     assert all(a >= b for a, b in zip(factors[10:], factors[11:]))  # then falling
-    assert lr_factor(100, cfg, 100) == pytest.approx(0.1)
-    assert factors[55] == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))
+    halfway = 10 + 89 / 2  # steps 10 .. 99 decay, so progress 0.5 falls between steps 54 and 55
+    assert lr_factor(int(halfway), cfg, 100) > 0.1 + 0.9 * 0.5 > lr_factor(int(halfway) + 1, cfg, 100)
+
+
+@pytest.mark.parametrize("decay_type", ["cosine", "linear"])
+@pytest.mark.parametrize("warmup, steps", [(10, 100), (10, 20), (2, 5), (0, 7), (4, 5)])
+def test_the_last_step_trains_at_the_documented_minimum(decay_type, warmup, steps):
+    # lr_scheduler.decay_type's doc: "down to min_lr_factor x lr at the last step" (0-based step `steps - 1`).
+    cfg = LRScheduler(warmup_steps=warmup, decay_type=decay_type, min_lr_factor=0.1)
+    assert lr_factor(steps - 1, cfg, steps) == pytest.approx(0.1, abs=1e-12)
+    if steps - 1 > warmup:
+        assert lr_factor(warmup, cfg, steps) == pytest.approx(1.0)  # the first step after warm-up is at the peak
+
+
+def test_the_scheduled_optimizer_steps_at_the_minimum_last():
+    # What the trainer logs as `lr`: the optimizer's LR while it takes each of the run's 20 steps.
+    cfg = LRScheduler(warmup_steps=10, decay_type="cosine", min_lr_factor=0.1)
+    model = torch.nn.Linear(2, 2)
+    optimizers = Optimizers([model], Optimizer(lr=3e-3), "cpu")
+    schedulers = LRSchedulers(optimizers, cfg, total_steps=20)
+    lrs = []
+    for _ in range(20):
+        lrs.append(optimizers.param_groups[0]["lr"])
+        optimizers.step()
+        schedulers.step()
+    assert lrs[10] == pytest.approx(3e-3)
+    assert lrs[-1] == pytest.approx(3e-4)
 
 
 def test_linear_and_constant_decay():
     linear = LRScheduler(warmup_steps=0, decay_type="linear", min_lr_factor=0.0)
-    assert lr_factor(50, linear, 100) == pytest.approx(0.5)
+    assert lr_factor(0, linear, 101) == 1.0
+    assert lr_factor(50, linear, 101) == pytest.approx(0.5)
     constant = LRScheduler(warmup_steps=0, decay_type="constant", min_lr_factor=0.0)
     assert lr_factor(99, constant, 100) == 1.0
 
