@@ -10,7 +10,13 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 
 from tests.helpers import run_ranks
-from titanlite.components.metrics import Throughput, count_params, device_peak_tflops, flops_per_token
+from titanlite.components.metrics import (
+    Throughput,
+    count_params,
+    device_peak_tflops,
+    flops_per_token,
+    format_line,
+)
 from titanlite.components.optim import LRSchedulers, Optimizers, clip_grad_norm_, lr_factor
 from titanlite.config import LRScheduler, Optimizer
 from titanlite.models import registry
@@ -128,6 +134,24 @@ def test_throughput_excludes_warmup_steps():
     t.add(1000, 1.0)
     t.add(1000, 1.0)
     assert t.take() == pytest.approx(1000.0)
+
+
+def test_eta_leaves_out_warmup_steps():
+    t = Throughput(warmup_steps=2)
+    t.add(1000, 30.0)  # compilation and allocation: not what the remaining steps will take
+    t.add(1000, 10.0)
+    assert t.eta_seconds(10) is None  # nothing measured yet: shown as `eta n/a`
+    t.add(1000, 1.0)
+    t.add(1000, 2.0)
+    assert t.eta_seconds(10) == pytest.approx(15.0)  # 10 steps at the counted mean of 1.5 s
+    assert t.eta_seconds(0) == 0.0
+
+
+def test_the_log_line_shows_an_unknown_eta_as_n_a():
+    record = {"step": 1, "loss": 9.0, "grad_norm": 1.0, "lr": 1e-3, "tps": None, "tflops": None, "mfu_pct": None}
+    line = format_line({**record, "mem_peak_gib": 1.0, "eta_s": None})
+    assert line.endswith("eta n/a")
+    assert format_line({**record, "mem_peak_gib": 1.0, "eta_s": 75.0}).endswith("eta 1m15s")
 
 
 def test_data_wait_share_of_step_time():

@@ -83,7 +83,7 @@ class Throughput:
     tokens: int = 0
     seconds: float = 0.0
     steps_seen: int = 0
-    recent: deque = field(default_factory=lambda: deque(maxlen=20))  # step times for the ETA
+    recent: deque = field(default_factory=lambda: deque(maxlen=20))  # the last counted step times, for the ETA
     data_wait: float = 0.0  # seconds spent waiting for batches since the last log
     window: float = 0.0  # seconds of steps since the last log
 
@@ -99,8 +99,8 @@ class Throughput:
     def add(self, tokens: int, seconds: float) -> None:
         self.window += seconds
         self.steps_seen += 1
-        self.recent.append(seconds)
         if self.steps_seen > self.warmup_steps:
+            self.recent.append(seconds)
             self.tokens += tokens
             self.seconds += seconds
 
@@ -110,8 +110,12 @@ class Throughput:
         self.tokens, self.seconds = 0, 0.0
         return tps
 
-    def eta_seconds(self, remaining_steps: int) -> float:
-        return sum(self.recent) / len(self.recent) * remaining_steps if self.recent else 0.0
+    def eta_seconds(self, remaining_steps: int) -> float | None:
+        """The remaining steps at the mean time of the last counted steps: warm-up steps (allocation,
+        compilation) would make it far too long. None while only warm-up steps have run."""
+        if remaining_steps <= 0:
+            return 0.0
+        return sum(self.recent) / len(self.recent) * remaining_steps if self.recent else None
 
 
 class MetricsLogger:
@@ -157,7 +161,7 @@ def format_line(r: dict) -> str:
     line = (
         f"step {r['step']:>6}  loss {r['loss']:.4f}  grad_norm {r['grad_norm']:.4f}  lr {r['lr']:.2e}  "
         f"tps {tps}  tflops {fmt(r['tflops'], '.2f')}  mfu {fmt(r['mfu_pct'], '.1f', '%')}  "
-        f"mem {r['mem_peak_gib']:.2f}GiB  data {fmt(r.get('data_wait_pct'), '.1f', '%')}  eta {_duration(r['eta_s'])}"
+        f"mem {r['mem_peak_gib']:.2f}GiB  data {fmt(r.get('data_wait_pct'), '.1f', '%')}  eta {'n/a' if r['eta_s'] is None else _duration(r['eta_s'])}"
     )
     if "val_loss" in r:
         line += f"  val_loss {r['val_loss']:.4f}  val_ppl {r['val_perplexity']:.2f} ({r['val_seconds']:.1f}s)"
