@@ -1,7 +1,6 @@
 """LR schedule shape, gradient clipping (on one mesh and across meshes), the FLOP formula and the peak table."""
 
 import importlib
-import math
 
 import pytest
 import torch
