@@ -118,7 +118,7 @@ def build_trainer(cfg: JobConfig, plan: Plan, device: torch.device, rank: int, w
         checkpointer=checkpointer,
         validator=validator,
         resilience=Resilience(
-            stop=StopOnSignal(device),
+            stop=StopOnSignal(device, saves=cfg.checkpoint.enable),
             faults=Faults(os.environ.get("TITANLITE_FAULT", ""), rank),
             skip_nonfinite_steps=cfg.training.skip_nonfinite_steps,
             train_timeout_seconds=cfg.comm.train_timeout_seconds,
