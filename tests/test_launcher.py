@@ -157,6 +157,21 @@ def test_fresh_run_replaces_old_metrics(tmp_path):
     assert [r["step"] for r in metrics(tmp_path)] == [1, 2]
 
 
+@pytest.mark.slow  # two runs, about 25 s on 2 shared cores; CI runs it (tests/unit/test_run_figures.py: the parts)
+def test_a_stopped_run_says_where_it_stopped_and_its_resume_goes_on_counting_time(tmp_path):
+    args = [*TINY, "--training.steps", "4", "--training.local_batch_size", "2", "--checkpoint.enable"]
+    stopped = torchrun(1, [*args, "--training.stop_after_step", "2"], tmp_path)
+    assert stopped.returncode == 0, stopped.stderr[-3000:]
+    assert "  done: 2 steps, stopped at step 2 of 4 as training.stop_after_step asks" in stopped.stdout
+    resumed = torchrun(1, args, tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "  done: 2 steps (steps 3 to 4, resumed at step 2)" in resumed.stdout
+    records = metrics(tmp_path)
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
+    elapsed = [r["elapsed_s"] for r in records]
+    assert all(a < b for a, b in zip(elapsed, elapsed[1:])), elapsed  # no restart at 0 after the resume
+
+
 @pytest.mark.parametrize(
     "ngpu, fault, status, rank, reason",
     [

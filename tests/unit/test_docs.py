@@ -1,10 +1,19 @@
 """The documentation cannot drift from the code: docs/configuration.md is exactly what `titanlite help
---markdown` prints from titanlite/config/sections.py, and every relative link in README.md and docs/ reaches an
-existing file and heading."""
+--markdown` prints from titanlite/config/sections.py, every relative link in README.md and docs/ reaches an
+existing file and heading, no page quotes a line number of the code, and the preemption lines quoted are the
+ones a stopped run prints."""
 
+import logging
+import os
 import re
+import signal
 from pathlib import Path
 
+import torch
+
+from titanlite.base.errors import Preempted
+from titanlite.base.failures import record
+from titanlite.components.resilience import StopOnSignal
 from titanlite.config import JobConfig, reference_markdown
 
 REPO = Path(__file__).resolve().parents[2]
@@ -51,3 +60,64 @@ def test_relative_links_reach_files_and_headings():
             elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
                 broken.append(f"{page.relative_to(REPO)}: {target} (no such heading)")
     assert not broken, "broken links:\n" + "\n".join(broken)
+
+
+# A file:line of our own code, or "line 12": true on the day it is written, wrong after the next edit above it.
+OWN_FILE_LINE = re.compile(r"((?:titanlite|tests|scripts)/[\w/.-]*\.py|\b[\w-]+\.py):(\d+)")
+LINE_NUMBER = re.compile(r"\blines? \d+\b")
+
+
+def test_docs_quote_no_line_numbers_of_the_code():
+    found = []
+    for page in [REPO / "README.md", REPO / "BENCHMARKS.md", *sorted((REPO / "docs").glob("*.md"))]:
+        for n, line in enumerate(page.read_text().splitlines(), start=1):
+            for match in OWN_FILE_LINE.finditer(line):
+                path = match.group(1)
+                ours = "/" in path or any(REPO.glob(f"titanlite/**/{path}")) or any(REPO.glob(f"tests/**/{path}"))
+                if ours and not line[: match.start()].endswith("/"):  # not a path inside torch or another package
+                    found.append(f"{page.name}:{n}: {match.group(0)}")
+            found += [f"{page.name}:{n}: {m.group(0)}" for m in LINE_NUMBER.finditer(line)]
+    assert not found, "name the function instead of a line number (write `...` where output shows one):\n" + "\n".join(
+        found
+    )
+
+
+def quoted_spans(text: str, needle: str) -> list[str]:
+    """Every `code` span of a page that contains `needle`, its line breaks and indents made single spaces."""
+    prose = re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+    spans = [span for paragraph in re.split(r"\n\s*\n", prose) for span in re.findall(r"`([^`]+)`", paragraph)]
+    return [" ".join(span.split()) for span in spans if needle in span]
+
+
+def matches(quote: str, printed: str) -> bool:
+    """Whether a quoted line is the printed one, `...` standing for text the docs left out."""
+    return re.fullmatch(".*?".join(re.escape(part) for part in quote.split("...")), printed) is not None
+
+
+def test_the_preemption_lines_the_docs_quote_are_the_ones_printed(capsys, caplog, monkeypatch):
+    printed = []
+    for saved in (True, False):
+        record(Preempted(signal.SIGTERM, 12, saved), rank=0, run_dir=None)  # what the worker prints last
+        printed.append(capsys.readouterr().err.strip())
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        caplog.set_level(logging.INFO, logger="titanlite")
+        for saves in (True, False):
+            StopOnSignal(torch.device("cpu"), saves=saves).handle(signal.SIGTERM, None)
+        exits: list[int] = []
+        monkeypatch.setattr(os, "_exit", exits.append)
+        stop = StopOnSignal(torch.device("cpu"))
+        stop.handle(signal.SIGTERM, None)
+        stop.first_at -= 10.0  # a second signal, not the launcher's echo of the first
+        stop.handle(signal.SIGTERM, None)
+        assert exits == [128 + signal.SIGTERM]
+        printed += [r.getMessage() for r in caplog.records]  # what every rank prints when the signal arrives
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    quotes = []
+    for page in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        quotes += [(page.name, q) for q in quoted_spans(page.read_text(), "SIGTERM") if q.startswith("titanlite:")]
+    assert len(quotes) >= 4, quotes
+    wrong = [f"{name}: {quote}" for name, quote in quotes if not any(matches(quote, line) for line in printed)]
+    assert not wrong, "quoted, but not what runs print:\n" + "\n".join(wrong) + "\nprinted:\n" + "\n".join(printed)

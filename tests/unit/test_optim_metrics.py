@@ -1,7 +1,6 @@
 """LR schedule shape, gradient clipping (on one mesh and across meshes), the FLOP formula and the peak table."""
 
 import importlib
-import math
 
 import pytest
 import torch
@@ -10,9 +9,15 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 
 from tests.helpers import run_ranks
-from titanlite.components.metrics import Throughput, count_params, device_peak_tflops, flops_per_token
-from titanlite.components.optim import clip_grad_norm_, lr_factor
-from titanlite.config import LRScheduler
+from titanlite.components.metrics import (
+    Throughput,
+    count_params,
+    device_peak_tflops,
+    flops_per_token,
+    format_line,
+)
+from titanlite.components.optim import LRSchedulers, Optimizers, clip_grad_norm_, lr_factor
+from titanlite.config import LRScheduler, Optimizer
 from titanlite.models import registry
 from titanlite.models.common.build import build_model
 from titanlite.models.common.flops import dense_flops_per_token
@@ -25,13 +30,39 @@ def test_warmup_then_cosine_to_min_factor():
     assert all(a < b for a, b in zip(factors[:10], factors[1:11]))  # rising during warm-up
     assert factors[10] == pytest.approx(1.0)
     assert all(a >= b for a, b in zip(factors[10:], factors[11:]))  # then falling
-    assert lr_factor(100, cfg, 100) == pytest.approx(0.1)
-    assert factors[55] == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))
+    halfway = 10 + 89 / 2  # steps 10 .. 99 decay, so progress 0.5 falls between steps 54 and 55
+    assert lr_factor(int(halfway), cfg, 100) > 0.1 + 0.9 * 0.5 > lr_factor(int(halfway) + 1, cfg, 100)
+
+
+@pytest.mark.parametrize("decay_type", ["cosine", "linear"])
+@pytest.mark.parametrize("warmup, steps", [(10, 100), (10, 20), (2, 5), (0, 7), (4, 5)])
+def test_the_last_step_trains_at_the_documented_minimum(decay_type, warmup, steps):
+    # lr_scheduler.decay_type's doc: "down to min_lr_factor x lr at the last step" (0-based step `steps - 1`).
+    cfg = LRScheduler(warmup_steps=warmup, decay_type=decay_type, min_lr_factor=0.1)
+    assert lr_factor(steps - 1, cfg, steps) == pytest.approx(0.1, abs=1e-12)
+    if steps - 1 > warmup:
+        assert lr_factor(warmup, cfg, steps) == pytest.approx(1.0)  # the first step after warm-up is at the peak
+
+
+def test_the_scheduled_optimizer_steps_at_the_minimum_last():
+    # What the trainer logs as `lr`: the optimizer's LR while it takes each of the run's 20 steps.
+    cfg = LRScheduler(warmup_steps=10, decay_type="cosine", min_lr_factor=0.1)
+    model = torch.nn.Linear(2, 2)
+    optimizers = Optimizers([model], Optimizer(lr=3e-3), "cpu")
+    schedulers = LRSchedulers(optimizers, cfg, total_steps=20)
+    lrs = []
+    for _ in range(20):
+        lrs.append(optimizers.param_groups[0]["lr"])
+        optimizers.step()
+        schedulers.step()
+    assert lrs[10] == pytest.approx(3e-3)
+    assert lrs[-1] == pytest.approx(3e-4)
 
 
 def test_linear_and_constant_decay():
     linear = LRScheduler(warmup_steps=0, decay_type="linear", min_lr_factor=0.0)
-    assert lr_factor(50, linear, 100) == pytest.approx(0.5)
+    assert lr_factor(0, linear, 101) == 1.0
+    assert lr_factor(50, linear, 101) == pytest.approx(0.5)
     constant = LRScheduler(warmup_steps=0, decay_type="constant", min_lr_factor=0.0)
     assert lr_factor(99, constant, 100) == 1.0
 
@@ -102,6 +133,24 @@ def test_throughput_excludes_warmup_steps():
     t.add(1000, 1.0)
     t.add(1000, 1.0)
     assert t.take() == pytest.approx(1000.0)
+
+
+def test_eta_leaves_out_warmup_steps():
+    t = Throughput(warmup_steps=2)
+    t.add(1000, 30.0)  # compilation and allocation: not what the remaining steps will take
+    t.add(1000, 10.0)
+    assert t.eta_seconds(10) is None  # nothing measured yet: shown as `eta n/a`
+    t.add(1000, 1.0)
+    t.add(1000, 2.0)
+    assert t.eta_seconds(10) == pytest.approx(15.0)  # 10 steps at the counted mean of 1.5 s
+    assert t.eta_seconds(0) == 0.0
+
+
+def test_the_log_line_shows_an_unknown_eta_as_n_a():
+    record = {"step": 1, "loss": 9.0, "grad_norm": 1.0, "lr": 1e-3, "tps": None, "tflops": None, "mfu_pct": None}
+    line = format_line({**record, "mem_peak_gib": 1.0, "eta_s": None})
+    assert line.endswith("eta n/a")
+    assert format_line({**record, "mem_peak_gib": 1.0, "eta_s": 75.0}).endswith("eta 1m15s")
 
 
 def test_data_wait_share_of_step_time():

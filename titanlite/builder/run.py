@@ -8,6 +8,7 @@ import logging
 import os
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -91,7 +92,7 @@ def build_trainer(cfg: JobConfig, plan: Plan, device: torch.device, rank: int, w
         (run_dir / "config.toml").write_text(to_toml(cfg))
     facts = run_facts(cfg, tokenizer, corpus)
     checkpointer = build_checkpointer(cfg, run_dir, setup, plan, optimizer, lr_scheduler, loader, facts)
-    train_state = {"step": 0, "tokens_seen": 0}
+    train_state: dict[str, Any] = {"step": 0, "tokens_seen": 0, "elapsed_s": 0.0}
     checkpointer.load(train_state)
     if rank == 0:
         keep_metrics_up_to(run_dir / "metrics.jsonl", train_state["step"])
@@ -111,11 +112,13 @@ def build_trainer(cfg: JobConfig, plan: Plan, device: torch.device, rank: int, w
             peak_tflops=peak,
             warmup_steps=cfg.metrics.throughput_warmup_steps,
         ),
-        logger=MetricsLogger(run_dir, cfg.metrics.enable_tensorboard, active=rank == 0),
+        logger=MetricsLogger(
+            run_dir, cfg.metrics.enable_tensorboard, active=rank == 0, elapsed_before=train_state["elapsed_s"]
+        ),
         checkpointer=checkpointer,
         validator=validator,
         resilience=Resilience(
-            stop=StopOnSignal(device),
+            stop=StopOnSignal(device, saves=cfg.checkpoint.enable),
             faults=Faults(os.environ.get("TITANLITE_FAULT", ""), rank),
             skip_nonfinite_steps=cfg.training.skip_nonfinite_steps,
             train_timeout_seconds=cfg.comm.train_timeout_seconds,

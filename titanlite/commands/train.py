@@ -29,12 +29,26 @@ def train(cfg: JobConfig) -> None:
     if measure_to:  # `titanlite plan --measure`: tensor-level peak memory of this rank, by category
         measure_peak(trainer, plan.dims.fsdp_enabled, device, Path(measure_to) / f"rank{rank}.json", cfg.training.steps)
     else:
+        first = trainer.step
         trainer.train(cfg.training.steps, cfg.training.stop_after_step)
+        metrics_path = Path(cfg.job.dump_folder) / cfg.job.name / "metrics.jsonl"
+        logger.info(done_line(first, trainer.step, cfg, metrics_path))
     trainer.checkpointer.close()
     trainer.logger.close()
-    logger.info(
-        f"  done: {cfg.training.steps} steps; metrics in {Path(cfg.job.dump_folder) / cfg.job.name / 'metrics.jsonl'}"
-    )
+
+
+def done_line(first: int, last: int, cfg: JobConfig, metrics_path: Path) -> str:
+    """The run's last line: how many steps this start ran (not training.steps), from which step it resumed, and
+    where an early stop (training.stop_after_step) left the run."""
+    total = cfg.training.steps
+    ran = f"{last - first} steps" + (f" (steps {first + 1} to {last}, resumed at step {first})" if first else "")
+    if first >= total:
+        ran = f"0 steps (the run had reached training.steps={total} already)"
+    elif last < total:
+        ran += f", stopped at step {last} of {total} as training.stop_after_step asks"
+        if cfg.checkpoint.enable:
+            ran += "; run again without it (or with a later step) to resume"
+    return f"  done: {ran}; metrics in {metrics_path}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -296,6 +296,13 @@ class Checkpointer:
         available = set(dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata)
         if "rng" in state:  # only the devices the checkpoint has RNG states for
             state["rng"] = {d: t for d, t in state["rng"].items() if f"rng.{d}" in available}
+        if "train_state" in state:
+            state["train_state"], missing = saved_train_state(state["train_state"], available)
+            if "elapsed_s" in missing:
+                logger.info(
+                    f"  checkpoint: {path.name} records no elapsed time (an older titanlite saved it); "
+                    "elapsed_s counts from this start"
+                )
         dcp_load(state, path)
         self.apply(state)
         if "train_state" in state:
@@ -387,6 +394,13 @@ class UnloadableCheckpoint(ConfigError):
     def __init__(self, path: Path, reason: str):
         super().__init__(f"{path} cannot be loaded into this run: {reason}")
         self.reason = reason
+
+
+def saved_train_state(train_state: dict, available: set[str]) -> tuple[dict, list[str]]:
+    """The trainer-state fields a checkpoint holds (DCP refuses to load a key it lacks), and the names of those
+    it lacks: fields added after an older titanlite saved it (elapsed_s), which keep this run's defaults."""
+    missing = [k for k in train_state if f"train_state.{k}" not in available]
+    return {k: v for k, v in train_state.items() if k not in missing}, missing
 
 
 def dcp_load(state: dict, path: Path) -> None:

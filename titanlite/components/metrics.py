@@ -83,7 +83,7 @@ class Throughput:
     tokens: int = 0
     seconds: float = 0.0
     steps_seen: int = 0
-    recent: deque = field(default_factory=lambda: deque(maxlen=20))  # step times for the ETA
+    recent: deque = field(default_factory=lambda: deque(maxlen=20))  # the last counted step times, for the ETA
     data_wait: float = 0.0  # seconds spent waiting for batches since the last log
     window: float = 0.0  # seconds of steps since the last log
 
@@ -99,8 +99,8 @@ class Throughput:
     def add(self, tokens: int, seconds: float) -> None:
         self.window += seconds
         self.steps_seen += 1
-        self.recent.append(seconds)
         if self.steps_seen > self.warmup_steps:
+            self.recent.append(seconds)
             self.tokens += tokens
             self.seconds += seconds
 
@@ -110,18 +110,23 @@ class Throughput:
         self.tokens, self.seconds = 0, 0.0
         return tps
 
-    def eta_seconds(self, remaining_steps: int) -> float:
-        return sum(self.recent) / len(self.recent) * remaining_steps if self.recent else 0.0
+    def eta_seconds(self, remaining_steps: int) -> float | None:
+        """The remaining steps at the mean time of the last counted steps: warm-up steps (allocation,
+        compilation) would make it far too long. None while only warm-up steps have run."""
+        if remaining_steps <= 0:
+            return 0.0
+        return sum(self.recent) / len(self.recent) * remaining_steps if self.recent else None
 
 
 class MetricsLogger:
     """Writes one record per log step to the console, metrics.jsonl and optionally TensorBoard."""
 
-    def __init__(self, run_dir: Path, enable_tensorboard: bool, active: bool):
+    def __init__(self, run_dir: Path, enable_tensorboard: bool, active: bool, elapsed_before: float = 0.0):
         self.active = active
         self.jsonl = None
         self.tb = None
-        self.start = time.perf_counter()
+        # A resumed run goes on from the training time its checkpoint recorded, so elapsed_s never restarts.
+        self.start = time.perf_counter() - elapsed_before
         if not active:
             return
         self.jsonl = (run_dir / "metrics.jsonl").open("a")
@@ -133,7 +138,7 @@ class MetricsLogger:
     def log(self, record: dict) -> None:
         if self.jsonl is None:  # not active
             return
-        record = {**record, "elapsed_s": round(time.perf_counter() - self.start, 3)}
+        record = {**record, "elapsed_s": round(self.elapsed(), 3)}
         logger.info(format_line(record))
         self.jsonl.write(json.dumps(record) + "\n")
         self.jsonl.flush()
@@ -141,6 +146,10 @@ class MetricsLogger:
             for key, value in record.items():
                 if key != "step" and isinstance(value, (int, float)):
                     self.tb.add_scalar(key, value, record["step"])
+
+    def elapsed(self) -> float:
+        """Seconds of training so far: this start's, plus those of the attempts before a resume."""
+        return time.perf_counter() - self.start
 
     def close(self) -> None:
         if self.jsonl is not None:
@@ -154,10 +163,11 @@ def format_line(r: dict) -> str:
         return "n/a" if value is None else f"{value:{spec}}{unit}"
 
     tps = "warm-up" if r["tps"] is None else f"{r['tps']:,.0f}"
+    eta = "n/a" if r["eta_s"] is None else _duration(r["eta_s"])
     line = (
         f"step {r['step']:>6}  loss {r['loss']:.4f}  grad_norm {r['grad_norm']:.4f}  lr {r['lr']:.2e}  "
         f"tps {tps}  tflops {fmt(r['tflops'], '.2f')}  mfu {fmt(r['mfu_pct'], '.1f', '%')}  "
-        f"mem {r['mem_peak_gib']:.2f}GiB  data {fmt(r.get('data_wait_pct'), '.1f', '%')}  eta {_duration(r['eta_s'])}"
+        f"mem {r['mem_peak_gib']:.2f}GiB  data {fmt(r.get('data_wait_pct'), '.1f', '%')}  eta {eta}"
     )
     if "val_loss" in r:
         line += f"  val_loss {r['val_loss']:.4f}  val_ppl {r['val_perplexity']:.2f} ({r['val_seconds']:.1f}s)"

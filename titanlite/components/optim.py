@@ -89,14 +89,15 @@ def build_adamw(model: nn.Module, cfg: Optimizer, impl: str) -> torch.optim.Opti
 
 
 def lr_factor(step: int, cfg: LRScheduler, total_steps: int) -> float:
-    """Multiplier of the peak LR for optimizer step `step` (0-based): linear warm-up, then decay to min_lr_factor."""
+    """Multiplier of the peak LR for optimizer step `step` (0-based): linear warm-up, then a decay from the
+    peak at the first step after warm-up to exactly min_lr_factor at the last step (`total_steps - 1`)."""
     warmup = min(cfg.warmup_steps, total_steps)
     if step < warmup:
         return (step + 1) / (warmup + 1)
     if cfg.decay_type == "constant":
         return 1.0
-    decay_steps = max(total_steps - warmup, 1)
-    progress = min((step - warmup) / decay_steps, 1.0)
+    last = total_steps - 1  # the last step's LR is the floor: a decay that ends one step later never reaches it
+    progress = 1.0 if last <= warmup else min((step - warmup) / (last - warmup), 1.0)
     if cfg.decay_type == "linear":
         shape = 1.0 - progress
     else:

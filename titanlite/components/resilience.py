@@ -27,8 +27,9 @@ class StopOnSignal:
     without blocking; the exchange started after step s is read after step s + 1 (long finished by
     then), so every rank learns the same verdict after the same step, one step after the signal."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, saves: bool = True):
         self.signum, self.first_at = 0, 0.0
+        self.saves = saves  # checkpoint.enable: whether the stop leaves a checkpoint
         self.group = None
         # (work, buffer) of the exchange started after the previous step
         self.pending: tuple[dist.Work, bytearray] | None = None
@@ -46,9 +47,13 @@ class StopOnSignal:
             logger.error(f"titanlite: second {signal.Signals(signum).name}: leaving now", extra=EVERY_RANK)
             os._exit(128 + signum)
         self.signum, self.first_at = signum, time.monotonic()
-        logger.warning(
-            f"titanlite: {signal.Signals(signum).name}: finishing this step, then saving a checkpoint", extra=EVERY_RANK
-        )
+        logger.warning(f"titanlite: {signal.Signals(signum).name}: {self.plan()}", extra=EVERY_RANK)
+
+    def plan(self) -> str:
+        """What happens next, as the signal's warning says it."""
+        when = "this step" if self.group is None else "the next step (the ranks agree on it one step late)"
+        then = "then saving a checkpoint of it" if self.saves else "without a checkpoint (checkpoint.enable is false)"
+        return f"stopping after {when}, {then}"
 
     def requested(self) -> int:
         """Called after every step: the signal every rank agrees on (0: keep going)."""

@@ -219,7 +219,7 @@ class Trainer:
 
     @property
     def train_state(self) -> dict:
-        return {"step": self.step, "tokens_seen": self.tokens_seen}
+        return {"step": self.step, "tokens_seen": self.tokens_seen, "elapsed_s": round(self.logger.elapsed(), 3)}
 
     def train(self, total_steps: int, stop_after_step: int = 0) -> None:
         """Run from the current (possibly resumed) step to `total_steps`, or stop after `stop_after_step`."""
