@@ -100,7 +100,7 @@ def our_block(use_grouped_mm: bool | None = None, **changes) -> MoE:
     return moe
 
 
-def same_weights(moe: MoE, use_grouped_mm: bool) -> MoE:
+def same_weights(moe: MoE, use_grouped_mm: bool | None) -> MoE:
     twin = MoE(DIM, moe.args, use_grouped_mm=use_grouped_mm)
     twin.load_state_dict(moe.state_dict())
     return twin
@@ -239,6 +239,20 @@ def test_the_grouped_path_equals_the_loop_forward_and_backward():
     for (name, p), q in zip(grouped.named_parameters(), loop.parameters()):
         assert p.grad is not None and p.grad.abs().sum() > 0, name
         torch.testing.assert_close(p.grad, q.grad, rtol=0, atol=1e-6)
+
+
+@pytest.mark.skipif(not grouped_mm_runs(torch.device("cpu"), torch.bfloat16), reason=GROUPED_REASON)
+def test_under_autocast_the_grouped_path_runs_in_its_dtype_as_the_loop_does():
+    grouped = our_block(use_grouped_mm=True)
+    loop = same_weights(grouped, use_grouped_mm=False)
+    x = tokens()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, expected = grouped(x), loop(x)
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-6)
+    auto = same_weights(grouped, use_grouped_mm=None).experts
+    assert auto.grouped(x.bfloat16()) and not auto.grouped(x.double())  # float64: torch._grouped_mm refuses it
+    with torch.no_grad():
+        assert (out - grouped(x)).abs().max() > 1e-4  # float32 outside autocast: not the same numbers
 
 
 @pytest.mark.skipif(not grouped_mm_runs(torch.device("cpu"), torch.float32), reason=GROUPED_REASON)

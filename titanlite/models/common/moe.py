@@ -153,6 +153,8 @@ class GroupedExperts(nn.Module):
 
     def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """x [M, dim] sorted by expert, counts [E] (integers summing to M) -> [M, dim]."""
+        if torch.is_autocast_enabled(x.device.type):  # as autocast would run the experts' matmuls (the loop's do)
+            x = x.to(torch.get_autocast_dtype(x.device.type))
         if self.grouped(x):
             return self.forward_grouped(x, counts)
         return self.forward_loop(x, counts)
