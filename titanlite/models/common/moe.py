@@ -190,7 +190,7 @@ class SharedExpert(nn.Module):
 
 class MoE(nn.Module):
     """The block: router, routed experts, optional shared expert (with Qwen2-MoE's sigmoid gate); [B, T, D] in and
-    out. Adds its auxiliary loss terms inside a training step; `tokens_per_expert` [E] (float32, on the device)
+    out. Adds its auxiliary loss terms inside a training step; `tokens_per_expert` [E] (int64, on the device)
     holds the routed token counts of its last forward."""
 
     tokens_per_expert: torch.Tensor
@@ -202,7 +202,8 @@ class MoE(nn.Module):
         self.experts = GroupedExperts(dim, args.expert_dim, args.n_experts, use_grouped_mm)
         self.shared_expert = SharedExpert(dim, args.shared_hidden) if args.shared_hidden else None
         self.shared_gate = nn.Linear(dim, 1, bias=False) if args.shared_gate else None
-        self.register_buffer("tokens_per_expert", torch.zeros(args.n_experts, dtype=torch.float32), persistent=False)
+        # int64: a cast of the model to bfloat16 leaves it exact (it casts floating buffers only).
+        self.register_buffer("tokens_per_expert", torch.zeros(args.n_experts, dtype=torch.int64), persistent=False)
 
     def reset_parameters(self) -> None:
         """Fill every weight as nn.Linear would (tests, and a model built outside a family's init); zero the bias."""
