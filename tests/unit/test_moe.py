@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from tests.helpers import REPO
+from titanlite.models.common import moe as moe_module
 from titanlite.models.common.auxiliary import AuxiliaryLosses, collecting
 from titanlite.models.common.moe import (
     MoE,
@@ -268,6 +269,15 @@ def test_the_grouped_path_reads_nothing_on_the_host():
     with count_host_reads(lambda f: f.endswith(os.path.join("common", "moe.py"))) as reads:
         loop(x)
     assert [call[0] for call in reads.calls] == ["tolist"]  # the loop splits the rows on the host
+
+
+@pytest.mark.skipif(not grouped_mm_runs(torch.device("cpu"), torch.float32), reason=GROUPED_REASON)
+def test_a_first_forward_without_gradients_still_finds_the_grouped_path(monkeypatch):
+    monkeypatch.setattr(moe_module, "_GROUPED_MM_RUNS", {})  # not tried yet
+    moe = our_block()
+    with torch.inference_mode():
+        moe(tokens())
+    assert moe.experts.grouped(tokens())
 
 
 def test_widths_grouped_mm_cannot_take_fall_back_to_the_loop():

@@ -38,14 +38,19 @@ def _try_grouped_mm(device: torch.device, dtype: torch.dtype) -> bool:
     """Run torch._grouped_mm forward and backward once on tiny aligned tensors; False if it raises."""
     if not hasattr(torch, "_grouped_mm"):
         return False
-    try:
-        x = torch.ones(8, 8, device=device, dtype=dtype, requires_grad=True)
-        w = torch.ones(2, 8, 8, device=device, dtype=dtype, requires_grad=True)
-        offs = torch.tensor([3, 8], device=device, dtype=torch.int32)
-        out = torch._grouped_mm(x, w.transpose(-2, -1), offs=offs)
-        out.backward(torch.ones_like(out))
+    try:  # a first forward may run under no_grad or inference_mode: backward is tried all the same
+        with torch.inference_mode(False), torch.enable_grad():
+            return _run_grouped_mm(device, dtype)
     except (RuntimeError, NotImplementedError, TypeError):
         return False
+
+
+def _run_grouped_mm(device: torch.device, dtype: torch.dtype) -> bool:
+    x = torch.ones(8, 8, device=device, dtype=dtype, requires_grad=True)
+    w = torch.ones(2, 8, 8, device=device, dtype=dtype, requires_grad=True)
+    offs = torch.tensor([3, 8], device=device, dtype=torch.int32)
+    out = torch._grouped_mm(x, w.transpose(-2, -1), offs=offs)
+    out.backward(torch.ones_like(out))
     return True
 
 
