@@ -1,0 +1,329 @@
+"""The mixture-of-experts block every MoE family shares (arguments: titanlite/models/common/moe_args.py): a router,
+routed SwiGLU experts stored stacked, optional shared experts, load balancing; plain modules, no parallelism.
+
+Routing: the router's scores are computed in float32 (softmax over all experts, or a sigmoid per expert); each
+token takes its top_k experts, with the chosen scores (optionally renormalised, times route_scale) as the weights
+of their outputs. No token is dropped. The tokens are sorted by expert and each expert's rows run as one group of
+`torch._grouped_mm` where it runs for the device and dtype (CUDA sm90+; the CPU in recent torch), else a loop over
+the experts that gives the same numbers (it reads the per-expert counts on the host, the grouped path does not).
+
+Balancing: with balance="aux_loss" the block adds aux_loss_coef * its load-balancing loss to the training loss as
+the auxiliary term "load_balance", and with z_loss_coef > 0 the router z-loss as "router_z"
+(titanlite/models/common/auxiliary.py); with balance="bias" a per-expert bias steers the choice of experts (never
+the weights), moved after each step by update_balance_bias. Each block keeps the per-expert token counts of its
+last forward in `tokens_per_expert`, on the device, for the load metric and the bias update.
+
+Weights: router.gate.weight [E, dim]; experts.w1 and experts.w3 [E, hidden, dim] (gate and up), experts.w2
+[E, dim, hidden] (down), each expert's matrix laid out as nn.Linear's; shared_expert.w1/w2/w3.weight and
+shared_gate.weight as nn.Linear's. A family's init fills the stacked tensors like E linear weights
+(reset_parameters shows one such fill); moe_from_hf and moe_to_hf map one block's Hugging Face tensors."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from titanlite.models.common.auxiliary import add_auxiliary_loss
+from titanlite.models.common.moe_args import MoEArgs
+
+_GROUPED_MM_RUNS: dict[tuple[str, torch.dtype], bool] = {}
+
+
+def _try_grouped_mm(device: torch.device, dtype: torch.dtype) -> bool:
+    """Run torch._grouped_mm forward and backward once on tiny aligned tensors; False if it raises."""
+    if not hasattr(torch, "_grouped_mm"):
+        return False
+    try:  # a first forward may run under no_grad or inference_mode: backward is tried all the same
+        with torch.inference_mode(False), torch.enable_grad():
+            return _run_grouped_mm(device, dtype)
+    except (RuntimeError, NotImplementedError, TypeError):
+        return False
+
+
+def _run_grouped_mm(device: torch.device, dtype: torch.dtype) -> bool:
+    x = torch.ones(8, 8, device=device, dtype=dtype, requires_grad=True)
+    w = torch.ones(2, 8, 8, device=device, dtype=dtype, requires_grad=True)
+    offs = torch.tensor([3, 8], device=device, dtype=torch.int32)
+    out = torch._grouped_mm(x, w.transpose(-2, -1), offs=offs)
+    out.backward(torch.ones_like(out))
+    return True
+
+
+@torch.compiler.disable
+def grouped_mm_runs(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether torch._grouped_mm runs, forward and backward, for tensors of `dtype` on `device` (tried once per
+    device and dtype): on CUDA sm90+ for bfloat16; on the CPU in torch 2.9+ for float32, bfloat16 and float16."""
+    key = (str(device), dtype)
+    if key not in _GROUPED_MM_RUNS:
+        _GROUPED_MM_RUNS[key] = device.type != "meta" and _try_grouped_mm(device, dtype)
+    return _GROUPED_MM_RUNS[key]
+
+
+def grouped_mm_aligned(dtype: torch.dtype, *widths: int) -> bool:
+    """Whether rows of these widths have 16-byte-aligned strides, as torch._grouped_mm requires."""
+    itemsize = torch.empty((), dtype=dtype, device="meta").element_size()
+    return all(width * itemsize % 16 == 0 for width in widths)
+
+
+class Routing(NamedTuple):
+    """A router's decision for N tokens: logits and scores [N, E] (float32), the chosen experts [N, k] and their
+    combine weights [N, k] (float32)."""
+
+    logits: torch.Tensor
+    scores: torch.Tensor
+    indices: torch.Tensor
+    weights: torch.Tensor
+
+
+class Router(nn.Module):
+    """A linear gate dim -> n_experts; scores in float32; top-k; with balance="bias", `expert_bias` (a buffer,
+    checkpointed) is added to the scores for choosing the experts only, never to the weights (DeepSeek-V3)."""
+
+    expert_bias: torch.Tensor | None
+
+    def __init__(self, dim: int, args: MoEArgs):
+        super().__init__()
+        self.args = args
+        self.gate = nn.Linear(dim, args.n_experts, bias=args.router_bias)
+        if args.balance == "bias":
+            self.register_buffer("expert_bias", torch.zeros(args.n_experts, dtype=torch.float32))
+        else:
+            self.expert_bias = None
+
+    def forward(self, x: torch.Tensor) -> Routing:
+        """Route x [N, dim]."""
+        args = self.args
+        logits = self.gate(x).float()  # [N, E]
+        scores = logits.softmax(dim=-1) if args.score_func == "softmax" else logits.sigmoid()
+        choice = scores if self.expert_bias is None else scores + self.expert_bias
+        indices = torch.topk(choice, args.top_k, dim=-1).indices  # [N, k]
+        weights = scores.gather(-1, indices)
+        if args.norm_topk_prob:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        if args.route_scale != 1.0:
+            weights = weights * args.route_scale
+        return Routing(logits, scores, indices, weights)
+
+
+def load_balancing_loss(
+    scores: torch.Tensor, indices: torch.Tensor, counts: torch.Tensor, args: MoEArgs
+) -> torch.Tensor:
+    """The Switch Transformer loss over one block's N tokens: n_experts * sum_i f_i * P_i, f_i the fraction of
+    tokens routed to expert i (the k choices count each; the f_i sum to k) and P_i its mean router probability
+    (sigmoid scores normalised per token). Gradients reach the router through P alone, as in transformers'
+    load_balancing_loss_func, which this equals for one layer's logits."""
+    probs = scores if args.score_func == "softmax" else scores / scores.sum(dim=-1, keepdim=True)
+    n_tokens = indices.shape[0]
+    fraction = counts.float() / n_tokens  # [E]
+    mean_prob = probs.mean(dim=0)  # [E]
+    return args.n_experts * (fraction * mean_prob).sum()
+
+
+def router_z_loss(logits: torch.Tensor) -> torch.Tensor:
+    """The mean over tokens of logsumexp(router logits)^2 (ST-MoE; OLMoE's router z-loss): keeps logits small."""
+    return torch.logsumexp(logits, dim=-1).square().mean()
+
+
+class GroupedExperts(nn.Module):
+    """n_experts SwiGLU feed-forwards stored stacked: w1, w3 [E, hidden, dim] (gate, up), w2 [E, dim, hidden].
+
+    forward takes the tokens sorted by expert and each expert's row count. use_grouped_mm: None chooses
+    torch._grouped_mm wherever it runs for the tensors (grouped_mm_runs, 16-byte-aligned widths), True insists on
+    it, False always loops over the experts."""
+
+    def __init__(self, dim: int, hidden: int, n_experts: int, use_grouped_mm: bool | None = None):
+        super().__init__()
+        self.use_grouped_mm = use_grouped_mm
+        self.w1 = nn.Parameter(torch.empty(n_experts, hidden, dim))
+        self.w3 = nn.Parameter(torch.empty(n_experts, hidden, dim))
+        self.w2 = nn.Parameter(torch.empty(n_experts, dim, hidden))
+
+    def reset_parameters(self) -> None:
+        """Each expert's matrices as nn.Linear initialises its weight (a family's init_param fills them its way)."""
+        for w in (self.w1, self.w3, self.w2):
+            bound = 1 / math.sqrt(w.shape[-1])
+            nn.init.uniform_(w, -bound, bound)
+
+    def grouped(self, x: torch.Tensor) -> bool:
+        """Whether forward takes torch._grouped_mm for x."""
+        if self.use_grouped_mm is not None:
+            return self.use_grouped_mm
+        hidden, dim = self.w1.shape[1], self.w1.shape[2]
+        return grouped_mm_aligned(x.dtype, dim, hidden) and grouped_mm_runs(x.device, x.dtype)
+
+    def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """x [M, dim] sorted by expert, counts [E] (integers summing to M) -> [M, dim]."""
+        if torch.is_autocast_enabled(x.device.type):  # as autocast would run the experts' matmuls (the loop's do)
+            x = x.to(torch.get_autocast_dtype(x.device.type))
+        if self.grouped(x):
+            return self.forward_grouped(x, counts)
+        return self.forward_loop(x, counts)
+
+    def forward_grouped(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        offs = counts.cumsum(0).to(torch.int32)  # each group's end row, on the device: no host read
+        w1, w3, w2 = (w.to(x.dtype).transpose(-2, -1) for w in (self.w1, self.w3, self.w2))
+        h = F.silu(torch._grouped_mm(x, w1, offs=offs)) * torch._grouped_mm(x, w3, offs=offs)  # [M, hidden]
+        return torch._grouped_mm(h, w2, offs=offs)
+
+    def forward_loop(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        if x.device.type == "meta":  # shapes only (the planner's meta runs): no counts to read
+            return F.linear(F.silu(F.linear(x, self.w1[0])) * F.linear(x, self.w3[0]), self.w2[0])
+        outs = []
+        for e, rows in enumerate(torch.split(x, counts.tolist())):  # the host reads the counts
+            h = F.silu(F.linear(rows, self.w1[e])) * F.linear(rows, self.w3[e])
+            outs.append(F.linear(h, self.w2[e]))
+        return torch.cat(outs)
+
+
+class SharedExpert(nn.Module):
+    """The SwiGLU feed-forward every token goes through beside the routed experts."""
+
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.w1 = nn.Linear(dim, hidden, bias=False)  # gate
+        self.w2 = nn.Linear(hidden, dim, bias=False)  # down
+        self.w3 = nn.Linear(dim, hidden, bias=False)  # up
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class MoE(nn.Module):
+    """The block: router, routed experts, optional shared expert (with Qwen2-MoE's sigmoid gate); [B, T, D] in and
+    out. Adds its auxiliary loss terms inside a training step; `tokens_per_expert` [E] (int64, on the device)
+    holds the routed token counts of its last forward."""
+
+    tokens_per_expert: torch.Tensor
+
+    def __init__(self, dim: int, args: MoEArgs, use_grouped_mm: bool | None = None):
+        super().__init__()
+        self.args = args
+        self.router = Router(dim, args)
+        self.experts = GroupedExperts(dim, args.expert_dim, args.n_experts, use_grouped_mm)
+        self.shared_expert = SharedExpert(dim, args.shared_hidden) if args.shared_hidden else None
+        self.shared_gate = nn.Linear(dim, 1, bias=False) if args.shared_gate else None
+        # int64: a cast of the model to bfloat16 leaves it exact (it casts floating buffers only).
+        self.register_buffer("tokens_per_expert", torch.zeros(args.n_experts, dtype=torch.int64), persistent=False)
+
+    def reset_parameters(self) -> None:
+        """Fill every weight as nn.Linear would (tests, and a model built outside a family's init); zero the bias."""
+        self.router.gate.reset_parameters()
+        self.experts.reset_parameters()
+        for module in (self.shared_expert, self.shared_gate):
+            for linear in module.modules() if module is not None else ():
+                if isinstance(linear, nn.Linear):
+                    linear.reset_parameters()
+        if self.router.expert_bias is not None:
+            self.router.expert_bias.zero_()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bsz, seqlen, dim = x.shape
+        flat = x.reshape(-1, dim)  # [N, D]
+        route = self.router(flat)
+        chosen = route.indices.reshape(-1)  # [N*k], token n's choices at n*k .. n*k+k-1
+        counts = torch.zeros(self.args.n_experts, dtype=torch.int64, device=x.device)
+        counts.scatter_add_(0, chosen, torch.ones_like(chosen))  # [E], on the device (bincount would sync)
+        with torch.no_grad():
+            self.tokens_per_expert.copy_(counts)
+        order = torch.argsort(chosen, stable=True)  # the choices sorted by expert
+        token = order // self.args.top_k  # the token of each sorted choice
+        expert_out = self.experts(flat[token], counts)  # [N*k, D]
+        weights = route.weights.reshape(-1)[order, None]  # [N*k, 1], float32
+        # The k outputs of each token are summed in float32 (as transformers does under float32 weights).
+        out = torch.zeros(flat.shape, dtype=torch.float32, device=x.device)
+        out = out.index_add(0, token, expert_out.float() * weights).to(x.dtype)
+        if self.shared_expert is not None:
+            shared = self.shared_expert(flat)
+            if self.shared_gate is not None:
+                shared = torch.sigmoid(self.shared_gate(flat)) * shared
+            out = out + shared
+        out = self.add_balancing_terms(out, route, counts)
+        return out.view(bsz, seqlen, dim)
+
+    def add_balancing_terms(self, out: torch.Tensor, route: Routing, counts: torch.Tensor) -> torch.Tensor:
+        """out, with the block's auxiliary terms joined to the training loss (a no-op outside a training step)."""
+        args = self.args
+        if not torch.is_grad_enabled():
+            return out
+        if args.balance == "aux_loss" and args.aux_loss_coef > 0:
+            aux = load_balancing_loss(route.scores, route.indices, counts, args)
+            out = add_auxiliary_loss(out, "load_balance", args.aux_loss_coef * aux)
+        if args.z_loss_coef > 0:
+            out = add_auxiliary_loss(out, "router_z", args.z_loss_coef * router_z_loss(route.logits))
+        return out
+
+
+def expert_load(counts: torch.Tensor) -> torch.Tensor:
+    """max / mean of per-expert token counts (1 when balanced), on their device: the log's expert load."""
+    counts = counts.float()
+    return counts.max() / counts.mean().clamp(min=1e-9)
+
+
+@torch.no_grad()
+def update_balance_bias(moe: MoE, counts: torch.Tensor, rate: float) -> None:
+    """Auxiliary-loss-free balancing (DeepSeek-V3): move each expert's routing bias by `rate` toward balance,
+    up for experts that got fewer tokens than the mean, down for those that got more.
+
+    `counts` [E] are the step's token counts per expert summed over every rank that routes tokens through this
+    block: the caller all-reduces `moe.tokens_per_expert` (a sum over the data-parallel ranks) first, so every
+    rank applies the same update and the replicas' biases stay equal."""
+    bias = moe.router.expert_bias
+    if bias is None:
+        raise ValueError("update_balance_bias needs a block built with balance='bias'")
+    counts = counts.float()
+    bias += rate * torch.sign(counts.mean() - counts)
+
+
+# Hugging Face's names for one block's tensors, relative to the block ("mlp." in a decoder layer). Checkpoint
+# files hold one tensor per expert (experts.{e}.gate_proj.weight; Mixtral's files w1/w3/w2); transformers 5 holds
+# them stacked in memory (experts.gate_up_proj [E, 2*hidden, dim], gate rows first; experts.down_proj).
+EXPERT_NAMES = {"gate_proj": ("gate_proj", "up_proj", "down_proj"), "w1": ("w1", "w3", "w2")}
+
+
+def moe_from_hf(hf: Mapping[str, torch.Tensor], n_experts: int) -> dict[str, torch.Tensor]:
+    """Our block's tensors (names relative to MoE) from one Hugging Face block's: per-expert (either naming) or
+    stacked routed experts, the router gate, the shared expert (shared_expert or DeepSeek's shared_experts) and
+    its gate, DeepSeek's e_score_correction_bias."""
+    out: dict[str, torch.Tensor] = {"router.gate.weight": hf["gate.weight"]}
+    if "gate.e_score_correction_bias" in hf:
+        out["router.expert_bias"] = hf["gate.e_score_correction_bias"].float()
+    if "experts.gate_up_proj" in hf:
+        out["experts.w1"], out["experts.w3"] = hf["experts.gate_up_proj"].chunk(2, dim=1)
+        out["experts.w2"] = hf["experts.down_proj"]
+    else:
+        gate, up, down = EXPERT_NAMES["w1" if "experts.0.w1.weight" in hf else "gate_proj"]
+        for ours, theirs in (("w1", gate), ("w3", up), ("w2", down)):
+            out[f"experts.{ours}"] = torch.stack([hf[f"experts.{e}.{theirs}.weight"] for e in range(n_experts)])
+    for prefix in ("shared_expert.", "shared_experts."):
+        if prefix + "gate_proj.weight" in hf:
+            for ours, theirs in (("w1", "gate_proj"), ("w3", "up_proj"), ("w2", "down_proj")):
+                out[f"shared_expert.{ours}.weight"] = hf[f"{prefix}{theirs}.weight"]
+    if "shared_expert_gate.weight" in hf:
+        out["shared_gate.weight"] = hf["shared_expert_gate.weight"]
+    return {name: t.contiguous() for name, t in out.items()}
+
+
+def moe_to_hf(
+    ours: Mapping[str, torch.Tensor], names: str = "gate_proj", shared: str = "shared_expert"
+) -> dict[str, torch.Tensor]:
+    """One block's tensors under the names of Hugging Face checkpoint files (one tensor per expert): `names`
+    "gate_proj" (gate_proj/up_proj/down_proj: Qwen-MoE, OLMoE, DeepSeek) or "w1" (Mixtral's w1/w3/w2); `shared`
+    the shared expert's module name (DeepSeek: "shared_experts")."""
+    gate, up, down = EXPERT_NAMES[names]
+    out = {"gate.weight": ours["router.gate.weight"]}
+    if "router.expert_bias" in ours:
+        out["gate.e_score_correction_bias"] = ours["router.expert_bias"]
+    for mine, theirs in (("w1", gate), ("w3", up), ("w2", down)):
+        for e, w in enumerate(ours[f"experts.{mine}"].unbind(0)):
+            out[f"experts.{e}.{theirs}.weight"] = w
+    if "shared_expert.w1.weight" in ours:
+        for mine, theirs in (("w1", "gate_proj"), ("w3", "up_proj"), ("w2", "down_proj")):
+            out[f"{shared}.{theirs}.weight"] = ours[f"shared_expert.{mine}.weight"]
+    if "shared_gate.weight" in ours:
+        out["shared_expert_gate.weight"] = ours["shared_gate.weight"]
+    return out

@@ -1,0 +1,101 @@
+"""A mixture-of-experts block's arguments, torch-free (the block is titanlite/models/common/moe.py): the router, the
+routed and shared experts, load balancing, and which layers keep a dense feed-forward. Families fill it from
+their own arguments and Hugging Face config.json."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SCORE_FUNCS = ("softmax", "sigmoid")
+BALANCES = ("aux_loss", "bias", "none")
+AUX_LOSS_STYLES = ("switch",)
+
+
+@dataclass(frozen=True)
+class MoEArgs:
+    """One MoE block's shape and routing; every field is checked on construction (ValueError naming it)."""
+
+    n_experts: int
+    """Routed experts per block (num_experts / num_local_experts)."""
+    top_k: int
+    """Experts each token is routed to (num_experts_per_tok); no token is dropped (capacity is unlimited)."""
+    expert_dim: int
+    """Hidden width of each routed expert's SwiGLU (moe_intermediate_size; Mixtral's intermediate_size)."""
+    score_func: str = "softmax"
+    """"softmax": probabilities over all experts, then top-k (Mixtral, Qwen-MoE, OLMoE); "sigmoid": each
+    expert's score on its own (DeepSeek-V3)."""
+    norm_topk_prob: bool = False
+    """Renormalise the chosen top-k scores to sum to 1 (Mixtral always; Qwen-MoE and OLMoE by norm_topk_prob)."""
+    route_scale: float = 1.0
+    """Factor on the combine weights after the optional renormalisation (DeepSeek's routed_scaling_factor)."""
+    router_bias: bool = False
+    """A bias on the router's linear layer (none of the supported families has one)."""
+    n_shared_experts: int = 0
+    """Experts every token goes through, fused into one SwiGLU of n_shared_experts * expert_dim (DeepSeek);
+    shared_expert_dim, when set, gives that width instead."""
+    shared_expert_dim: int = 0
+    """Hidden width of the shared expert (Qwen2-MoE's shared_expert_intermediate_size); 0: from n_shared_experts."""
+    shared_gate: bool = False
+    """Scale the shared expert's output by sigmoid(a linear dim -> 1 of the input), as Qwen2-MoE does."""
+    balance: str = "aux_loss"
+    """"aux_loss": the auxiliary loss of aux_loss_style added to the training loss; "bias": auxiliary-loss-free
+    balancing, a per-expert bias added to the scores for choosing experts only, updated after each step
+    (moe.py update_balance_bias); "none"."""
+    aux_loss_coef: float = 0.001
+    """Weight of the load-balancing loss in the training loss (router_aux_loss_coef); used with balance="aux_loss"."""
+    z_loss_coef: float = 0.0
+    """Weight of the router z-loss, the mean over tokens of logsumexp(router logits)^2 (OLMoE); 0: none."""
+    aux_loss_style: str = "switch"
+    """"switch": n_experts * sum_i f_i * P_i over the block's tokens, f_i the fraction of tokens routed to expert i
+    and P_i its mean router probability (Switch Transformer; transformers' load_balancing_loss_func for
+    Mixtral, Qwen-MoE and OLMoE, applied to one block)."""
+    bias_update_rate: float = 0.001
+    """Step of the balancing bias per update, with balance="bias" (DeepSeek-V3's bias update speed)."""
+    dense_layers: tuple[int, ...] = ()
+    """Layer indices that keep a dense feed-forward instead of the MoE block (Qwen-MoE's mlp_only_layers and
+    decoder_sparse_step: dense_layers_from_hf)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dense_layers", tuple(self.dense_layers))
+        for name in ("n_experts", "top_k", "expert_dim"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"MoEArgs.{name}={getattr(self, name)}; it must be at least 1")
+        if self.top_k > self.n_experts:
+            raise ValueError(f"MoEArgs.top_k={self.top_k} exceeds n_experts={self.n_experts}; use at most n_experts")
+        for name, allowed in (
+            ("score_func", SCORE_FUNCS),
+            ("balance", BALANCES),
+            ("aux_loss_style", AUX_LOSS_STYLES),
+        ):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"MoEArgs.{name}={getattr(self, name)!r}; use one of {', '.join(allowed)}")
+        if self.route_scale <= 0:
+            raise ValueError(f"MoEArgs.route_scale={self.route_scale}; it must be positive")
+        for name in ("n_shared_experts", "shared_expert_dim", "aux_loss_coef", "z_loss_coef", "bias_update_rate"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"MoEArgs.{name}={getattr(self, name)}; it must not be negative")
+        if self.shared_gate and not self.shared_hidden:
+            raise ValueError(
+                "MoEArgs.shared_gate=True needs a shared expert; set n_shared_experts or shared_expert_dim"
+            )
+        if any(not isinstance(i, int) or i < 0 for i in self.dense_layers):
+            raise ValueError(f"MoEArgs.dense_layers={self.dense_layers}; use layer indices (integers from 0)")
+
+    @property
+    def shared_hidden(self) -> int:
+        """Hidden width of the shared expert; 0: none."""
+        return self.shared_expert_dim or self.n_shared_experts * self.expert_dim
+
+    def is_sparse(self, layer: int) -> bool:
+        """Whether block `layer` holds the MoE block (else a dense feed-forward)."""
+        return layer not in self.dense_layers
+
+
+def dense_layers_from_hf(
+    n_layers: int, mlp_only_layers: list[int] | tuple[int, ...], sparse_step: int
+) -> tuple[int, ...]:
+    """The dense layers of a Qwen-MoE config.json: those in mlp_only_layers, and those with (i + 1) not a
+    multiple of decoder_sparse_step (as transformers' Qwen2MoeDecoderLayer and Qwen3MoeDecoderLayer choose)."""
+    if sparse_step < 1:
+        raise ValueError(f"decoder_sparse_step={sparse_step}; it must be at least 1")
+    return tuple(i for i in range(n_layers) if i in mlp_only_layers or (i + 1) % sparse_step != 0)
