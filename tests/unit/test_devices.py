@@ -185,3 +185,13 @@ def test_a_torchrun_failure_is_one_line(monkeypatch, capsys):
         "titanlite: error: torchrun could not run the job: RuntimeError: The connection to the C10d store has "
         "failed. See inner exception for details.; from OSError: nosuchhost.invalid: Name or service not known"
     ]
+
+
+def test_a_failure_is_reported_when_the_launchers_folder_is_gone(tmp_path, monkeypatch, capsys):
+    # A launcher run in this process (a tool, a test) removed its failure folder; a later record() must still
+    # print its line and return the status, not raise FileNotFoundError while reporting.
+    from titanlite.base import failures
+
+    monkeypatch.setenv(failures.FAILURE_DIR_ENV, str(tmp_path / "gone"))
+    assert failures.record(RuntimeError("boom"), rank=0, run_dir=None) == 1
+    assert "rank 0: RuntimeError: boom" in capsys.readouterr().err

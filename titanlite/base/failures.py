@@ -181,8 +181,11 @@ def record(exc: BaseException, rank: int, run_dir: Path | None) -> int:
             "peer_lost": lost,
         }
         target = Path(folder) / f"rank{rank}.json"
-        target.with_suffix(".tmp").write_text(json.dumps(entry))
-        target.with_suffix(".tmp").replace(target)
+        try:
+            target.with_suffix(".tmp").write_text(json.dumps(entry))
+            target.with_suffix(".tmp").replace(target)
+        except OSError:  # the launcher's folder is gone (it ended first): the line above is the report
+            pass
     return code
 
 

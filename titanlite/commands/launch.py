@@ -73,7 +73,8 @@ def job_id(argv: list[str]) -> str:
 
 def run(argv: list[str]) -> int:
     folder = Path(tempfile.mkdtemp(prefix="titanlite-failures-"))
-    os.environ[FAILURE_DIR_ENV] = str(folder)
+    previous = os.environ.get(FAILURE_DIR_ENV)
+    os.environ[FAILURE_DIR_ENV] = str(folder)  # the workers inherit it
     try:
         torchrun.run(torchrun.parse_args(argv))
         return 0
@@ -86,6 +87,10 @@ def run(argv: list[str]) -> int:
         return 1
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+        if previous is None:  # a caller in this process (a test, a tool) does not keep a folder that is gone
+            os.environ.pop(FAILURE_DIR_ENV, None)
+        else:
+            os.environ[FAILURE_DIR_ENV] = previous
 
 
 # Signals a worker's own native code raises; faulthandler (titanlite/commands/worker.py) prints its stacks.
