@@ -216,3 +216,28 @@ def test_a_cpu_training_run_logs_the_load_balancing_term(tmp_path):
     assert [r["step"] for r in records] == [2, 4]
     assert all(0 < r["aux_load_balance"] < 0.01 for r in records)  # 0.001 times about top_k = 2
     assert " aux_load_balance " in proc.stdout
+
+
+def test_activation_checkpointing_gives_the_same_term_and_gradients(monkeypatch):
+    """Checkpointed blocks recompute their routing in backward: the pooled term and the gradients are the same
+    (even on the very first forward, where the shared block probes torch._grouped_mm)."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    from titanlite.models.common import moe as moe_module
+
+    args = dataclasses.replace(FLAVORS["debug"], vocab_size=320, max_seq_len=64)
+    x = torch.randint(0, 320, (2, 32), generator=torch.Generator().manual_seed(5))
+    runs = []
+    for checkpointed in (False, True):
+        monkeypatch.setattr(moe_module, "_GROUPED_MM_RUNS", {})
+        model = model_from_args(args)
+        init_weights(model, 0)
+        if checkpointed:
+            for i in list(model.layers):
+                model.layers[i] = checkpoint_wrapper(model.layers[i], preserve_rng_state=False)
+        terms = aux_terms(model, x)
+        runs.append((terms, [p.grad for p in model.parameters()]))
+    (terms, grads), (terms_ac, grads_ac) = runs
+    assert terms["load_balance"] > 0 and terms_ac == pytest.approx(terms, rel=1e-6)
+    for g, g_ac in zip(grads, grads_ac):
+        torch.testing.assert_close(g_ac, g, rtol=1e-5, atol=1e-7)

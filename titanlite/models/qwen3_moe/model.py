@@ -43,9 +43,13 @@ class PooledBalance:
         self.active, self.counts, self.prob_sums, self.rows = active, [], [], 0
 
     def add(self, route: Routing, counts: torch.Tensor) -> None:
-        self.counts.append(counts)
-        self.prob_sums.append(route.scores.sum(dim=0))  # [E], float32 softmax probabilities
-        self.rows += route.scores.shape[0]
+        """Record one block's routing. Called in every forward with gradients, recording only while active: a
+        backward that recomputes the block (activation checkpointing) must run the ops its forward ran."""
+        prob_sum = route.scores.sum(dim=0)  # [E], float32 softmax probabilities
+        if self.active:
+            self.counts.append(counts)
+            self.prob_sums.append(prob_sum)
+            self.rows += route.scores.shape[0]
 
     def loss(self, n_experts: int) -> torch.Tensor:
         """n_experts * sum_i f_i * P_i over every recorded block's tokens (f_i summing to top_k)."""
@@ -63,7 +67,7 @@ class PooledMoE(MoE):
         self.balance = balance
 
     def add_balancing_terms(self, out: torch.Tensor, route: Routing, counts: torch.Tensor) -> torch.Tensor:
-        if self.balance.active and torch.is_grad_enabled():
+        if torch.is_grad_enabled():
             self.balance.add(route, counts)
         if self.args.z_loss_coef > 0:
             out = add_auxiliary_loss(out, "router_z", self.args.z_loss_coef * router_z_loss(route.logits))
