@@ -291,6 +291,15 @@ def test_a_first_forward_under_activation_checkpointing_recomputes_what_it_ran(m
     assert x.grad is not None and moe.experts.grouped(tokens())
 
 
+def test_the_block_runs_on_the_meta_device_with_gradients():
+    """The planner measures a training forward and backward on the meta device (no autocast there)."""
+    with torch.device("meta"):
+        moe = our_block()
+        x = torch.randn(2, 5, DIM, requires_grad=True)
+    moe(x).sum().backward()
+    assert x.grad is not None and x.grad.shape == x.shape
+
+
 def test_widths_grouped_mm_cannot_take_fall_back_to_the_loop():
     """torch._grouped_mm needs 16-byte-aligned strides: a hidden width of 6 float32 (24 bytes) is not."""
     args = MoEArgs(4, 2, 6)

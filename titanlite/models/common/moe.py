@@ -170,7 +170,8 @@ class GroupedExperts(nn.Module):
 
     def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """x [M, dim] sorted by expert, counts [E] (integers summing to M) -> [M, dim]."""
-        if torch.is_autocast_enabled(x.device.type):  # as autocast would run the experts' matmuls (the loop's do)
+        autocast = torch.amp.is_autocast_available(x.device.type) and torch.is_autocast_enabled(x.device.type)
+        if autocast:  # as autocast would run the experts' matmuls (the loop's do); none on "meta" (the planner's)
             x = x.to(torch.get_autocast_dtype(x.device.type))
         if self.grouped(x):
             return self.forward_grouped(x, counts)
