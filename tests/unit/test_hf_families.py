@@ -63,6 +63,8 @@ CLASSES = {
     "olmo2": "Olmo2ForCausalLM",
     "llama3": "LlamaForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
+    "olmoe": "OlmoeForCausalLM",
+    "mixtral": "MixtralForCausalLM",
 }
 
 

@@ -290,7 +290,18 @@ def test_unknown_flavor_and_name():
         build_model("llama3", "1T", 256, 64)
     with pytest.raises(ConfigError, match="gpt2, llama3, smollm3, qwen2, qwen3, olmo2, mistral"):
         build_model("gpt3", "debug", 256, 64)
-    assert set(FLAVORS) == {"gpt2", "llama3", "smollm3", "qwen2", "qwen3", "olmo2", "mistral", "qwen3_moe"}
+    assert set(FLAVORS) == {
+        "gpt2",
+        "llama3",
+        "smollm3",
+        "qwen2",
+        "qwen3",
+        "olmo2",
+        "mistral",
+        "qwen3_moe",
+        "olmoe",
+        "mixtral",
+    }
 
 
 @pytest.mark.parametrize("name", ["gpt2", "llama3"])

@@ -1,4 +1,4 @@
-"""Qwen3-MoE (model.name qwen3_moe) against transformers' Qwen3MoeForCausalLM: a random folder (a dense layer by
+"""Qwen3-MoE (model.name qwen3_moe), and OLMoE and Mixtral on the same MoE decoder, against transformers' Qwen3MoeForCausalLM,
 mlp_only_layers, renormalised top-k) imports with its logits to 1e-5 and its aux_loss; a trained model exports as
 Qwen3MoeForCausalLM with our logits; Qwen3-30B-A3B counts transformers' parameters; the FLOPs count active
 parameters; tensor parallelism and what the config.json cannot say are refused in one line; a short CPU run logs
@@ -58,9 +58,34 @@ def hf_config_of(**changes):
     return transformers.Qwen3MoeConfig(**(shape | changes))
 
 
-def random_model(**changes):
+# OLMoE and Mixtral: the same shape; the experts' width is their intermediate_size; no dense layer.
+OTHERS = dict(
+    hidden_size=96,
+    intermediate_size=40,
+    num_hidden_layers=4,
+    num_attention_heads=6,
+    num_key_value_heads=2,
+    num_experts_per_tok=3,
+    router_aux_loss_coef=COEF,
+    vocab_size=VOCAB,
+    max_position_embeddings=128,
+    tie_word_embeddings=False,
+    pad_token_id=None,
+    bos_token_id=None,
+    eos_token_id=None,
+)
+CONFIGS = {
+    "qwen3_moe": hf_config_of,
+    "olmoe": lambda **changes: transformers.OlmoeConfig(**(OTHERS | {"num_experts": 6} | changes)),
+    "mixtral": lambda **changes: transformers.MixtralConfig(
+        **(OTHERS | {"num_local_experts": 6, "head_dim": 24, "sliding_window": None} | changes)
+    ),
+}
+
+
+def random_model(family: str = "qwen3_moe", **changes):
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(hf_config_of(**changes))
+    model = transformers.AutoModelForCausalLM.from_config(CONFIGS[family](**changes))
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.05)
@@ -120,9 +145,25 @@ def test_the_pooled_term_is_not_the_mean_of_per_layer_terms(tmp_path):
     assert abs(COEF * sum(per_layer).item() / 3 - aux_terms(ours, x)["load_balance"]) > 1e-6
 
 
-@pytest.mark.parametrize("flavor", ["debug"])
-def test_a_trained_model_exports_as_qwen3_moe_with_our_logits(tmp_path, flavor):
-    args = dataclasses.replace(FLAVORS[flavor], vocab_size=320, max_seq_len=64)
+@pytest.mark.parametrize("family", ["olmoe", "mixtral"])
+def test_olmoe_and_mixtral_import_with_transformers_logits_and_aux_loss(tmp_path, family):
+    hf = random_model(family)
+    hf.save_pretrained(tmp_path)
+    ours = imported(tmp_path)
+    assert ours.args.family == family and ours.args.qk_norm == ("full" if family == "olmoe" else "none")
+    x = tokens()
+    with torch.no_grad():
+        theirs = hf(x, output_router_logits=True)
+        assert_logits_match(ours(x), theirs.logits)
+    assert aux_terms(ours, x)["load_balance"] == pytest.approx(COEF * theirs.aux_loss.item(), rel=1e-5)
+
+
+CLASSES = {"qwen3_moe": "Qwen3MoeForCausalLM", "olmoe": "OlmoeForCausalLM", "mixtral": "MixtralForCausalLM"}
+
+
+@pytest.mark.parametrize("family", CLASSES)
+def test_a_trained_model_exports_as_its_class_with_our_logits(tmp_path, family):
+    args = dataclasses.replace(spec_named(family).flavors["debug"], vocab_size=320, max_seq_len=64)
     ours = model_from_args(args)
     init_weights(ours, 0)
     optimizer = torch.optim.AdamW(ours.parameters(), lr=1e-2)
@@ -135,8 +176,9 @@ def test_a_trained_model_exports_as_qwen3_moe_with_our_logits(tmp_path, flavor):
     ours.eval()
     save_hf(tmp_path, args, ours.state_dict())
     hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
-    assert type(hf).__name__ == "Qwen3MoeForCausalLM"
-    assert json.loads((tmp_path / "config.json").read_text())["mlp_only_layers"] == [1]
+    assert type(hf).__name__ == CLASSES[family]
+    if family == "qwen3_moe":
+        assert json.loads((tmp_path / "config.json").read_text())["mlp_only_layers"] == [1]
     with torch.no_grad():
         assert_logits_match(ours(x), hf(x).logits)
     assert args_from_hf_config(hf.config.to_dict()) == dataclasses.replace(args, vocab_size=320)
@@ -177,6 +219,8 @@ def test_tensor_parallelism_is_refused_in_one_line():
 
 
 REFUSED = {
+    "olmoe clip_qkv=8.0": {"clip_qkv": 8.0},
+    "mixtral router_jitter_noise=0.1": {"router_jitter_noise": 0.1},
     "num_experts=0": {"num_experts": 0},
     "shared_expert_intermediate_size=64": {"shared_expert_intermediate_size": 64},
     "decoder_sparse_step=0": {"decoder_sparse_step": 0},
@@ -187,7 +231,8 @@ REFUSED = {
 
 @pytest.mark.parametrize("field", REFUSED)
 def test_what_the_family_does_not_implement_is_refused_in_one_line(field):
-    config = hf_config_of().to_dict() | REFUSED[field]
+    family, _, field = field.rpartition(" ") if field.startswith(("olmoe", "mixtral")) else ("", "", field)
+    config = CONFIGS[family or "qwen3_moe"]().to_dict() | REFUSED[f"{family} {field}".strip()]
     with pytest.raises(ConfigError, match=field) as e:
         args_from_hf_config(config)
     assert "\n" not in str(e.value)

@@ -15,7 +15,7 @@ def _debug_moe() -> MoEArgs:
 
 
 @dataclass
-class Qwen3MoeArgs(LlamaArgs):
+class MoEDecoderArgs(LlamaArgs):
     """The Llama decoder (ffn_dim: the width of the dense layers' feed-forward, config.json intermediate_size)
     whose blocks hold `moe` instead of the dense feed-forward, except at moe.dense_layers."""
 
@@ -29,17 +29,17 @@ class Qwen3MoeArgs(LlamaArgs):
             raise ValueError(f"MoEArgs.dense_layers={list(self.moe.dense_layers)} names layers beyond n_layers")
 
 
-def with_depth(args: Qwen3MoeArgs, n_layers: int) -> dict:
+def with_depth(args: MoEDecoderArgs, n_layers: int) -> dict:
     """model.n_layers: the depth, keeping the dense layers that still exist."""
     dense = tuple(i for i in args.moe.dense_layers if i < n_layers)
     return {"n_layers": n_layers, "moe": dataclasses.replace(args.moe, dense_layers=dense)}
 
 
-def split_sizes(args: Qwen3MoeArgs) -> dict[str, int]:
+def split_sizes(args: MoEDecoderArgs) -> dict[str, int]:
     return tp_split_sizes(args)
 
 
-def tp_refusal(args: Qwen3MoeArgs) -> str | None:
+def tp_refusal(args: MoEDecoderArgs) -> str | None:
     """Tensor parallelism would leave the experts whole on every rank with a replicated input, which this
     family's plan does not express yet: refused until expert parallelism lands."""
     return (
@@ -48,14 +48,14 @@ def tp_refusal(args: Qwen3MoeArgs) -> str | None:
     )
 
 
-def auxiliary_losses(args: Qwen3MoeArgs) -> tuple[str, ...]:
+def auxiliary_losses(args: MoEDecoderArgs) -> tuple[str, ...]:
     names = ("load_balance",) if args.moe.balance == "aux_loss" and args.moe.aux_loss_coef > 0 else ()
     return names + (("router_z",) if args.moe.z_loss_coef > 0 else ())
 
 
-def _qwen3_moe_30b_a3b() -> Qwen3MoeArgs:
+def _qwen3_moe_30b_a3b() -> MoEDecoderArgs:
     """Qwen/Qwen3-30B-A3B: 48 layers, every one sparse (128 experts, 8 per token, 768 wide), untied."""
-    return Qwen3MoeArgs(
+    return MoEDecoderArgs(
         dim=2048,
         n_layers=48,
         n_heads=32,
@@ -75,7 +75,7 @@ def _qwen3_moe_30b_a3b() -> Qwen3MoeArgs:
 # vocab_size 0: the tokenizer's, padded to a multiple of 64.
 FLAVORS = {
     # dim 64, 4 layers (layer 1 dense, as mlp_only_layers=[1]), 8 experts of width 32, 2 per token.
-    "debug": Qwen3MoeArgs(
+    "debug": MoEDecoderArgs(
         dim=64, n_layers=4, n_heads=4, n_kv_heads=2, ffn_dim=192, vocab_size=0, head_dim=32, qk_norm="head"
     ),
     "qwen3_moe_30b_a3b": _qwen3_moe_30b_a3b(),

@@ -21,7 +21,7 @@ from titanlite.models.llama3.hf_config import (
     unwindowed_fields,
     window_if_used,
 )
-from titanlite.models.qwen3_moe.args import Qwen3MoeArgs
+from titanlite.models.qwen3_moe.args import MoEDecoderArgs
 
 
 def _switches(config: dict, n_layers: int, where: str) -> dict:
@@ -68,14 +68,26 @@ def moe_from_config(config: dict, n_layers: int, where: str) -> MoEArgs:
         raise ConfigError(f"{where} is not supported: {e}") from e
 
 
-def read(config: dict, where: str) -> Qwen3MoeArgs:
+def read(config: dict, where: str) -> MoEDecoderArgs:
     base = DECODER.read(config, where)
-    fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(LlamaArgs)}
-    return Qwen3MoeArgs(**fields, moe=moe_from_config(config, base.n_layers, where))
+    return with_moe(base, moe_from_config(config, base.n_layers, where))
 
 
-def check_expressible(moe: MoEArgs) -> None:
-    """What a qwen3_moe config.json cannot say about the MoE block is refused, naming the field."""
+def with_moe(base: LlamaArgs, moe: MoEArgs) -> MoEDecoderArgs:
+    """The MoE decoder of a config.json: its Llama decoder's arguments and its block's."""
+    return MoEDecoderArgs(**{f.name: getattr(base, f.name) for f in dataclasses.fields(LlamaArgs)}, moe=moe)
+
+
+def block_from_config(where: str, **fields) -> MoEArgs:
+    """MoEArgs(**fields), a field it refuses (top_k above n_experts, ...) refused in one line naming where."""
+    try:
+        return MoEArgs(**fields)
+    except ValueError as e:
+        raise ConfigError(f"{where} is not supported: {e}") from e
+
+
+def check_expressible(moe: MoEArgs, family: str = "qwen3_moe", dense_layers: bool = True) -> None:
+    """What a family's config.json cannot say about the MoE block is refused, naming the field."""
     problems = [
         f"MoEArgs.{name}={getattr(moe, name)!r}"
         for name, default in (
@@ -91,11 +103,13 @@ def check_expressible(moe: MoEArgs) -> None:
     ]
     if moe.balance == "bias":
         problems.append("MoEArgs.balance='bias'")
+    if moe.dense_layers and not dense_layers:
+        problems.append(f"MoEArgs.dense_layers={list(moe.dense_layers)}")
     if problems:
-        raise ConfigError(f"a qwen3_moe config.json cannot express {', '.join(problems)}")
+        raise ConfigError(f"a {family} config.json cannot express {', '.join(problems)}")
 
 
-def write(args: Qwen3MoeArgs) -> dict:
+def write(args: MoEDecoderArgs) -> dict:
     moe = args.moe
     check_expressible(moe)
     return DECODER.write(args) | {

@@ -26,7 +26,7 @@ from titanlite.models.common.kv_cache import KVCache
 from titanlite.models.common.moe import MoE, Routing, router_z_loss
 from titanlite.models.common.moe_args import MoEArgs
 from titanlite.models.llama3.model import Llama
-from titanlite.models.qwen3_moe.args import Qwen3MoeArgs
+from titanlite.models.qwen3_moe.args import MoEDecoderArgs
 
 
 class PooledBalance:
@@ -74,13 +74,13 @@ class PooledMoE(MoE):
         return out
 
 
-class Qwen3Moe(Llama):
+class MoEDecoder(Llama):
     """Implements titanlite.models.common.interface.Decoder: Llama's blocks, their feed_forward a PooledMoE
     at sparse layers (a FeedForward at moe.dense_layers)."""
 
-    args: Qwen3MoeArgs
+    args: MoEDecoderArgs
 
-    def __init__(self, args: Qwen3MoeArgs):
+    def __init__(self, args: MoEDecoderArgs):
         # Llama builds a dense feed-forward in every block; the sparse ones are replaced here (the builder works
         # on the meta device, where the replaced ones cost nothing).
         super().__init__(args)
@@ -138,5 +138,5 @@ class Qwen3Moe(Llama):
 
 if TYPE_CHECKING:  # mypy (.ci/run) holds the class to the model interface and names any member that differs
 
-    def _implements_decoder(model: Qwen3Moe) -> Decoder:
+    def _implements_decoder(model: MoEDecoder) -> Decoder:
         return model
