@@ -1,8 +1,8 @@
-"""Qwen3-MoE (model.name qwen3_moe), and OLMoE and Mixtral on the same MoE decoder, against transformers' Qwen3MoeForCausalLM,
-mlp_only_layers, renormalised top-k) imports with its logits to 1e-5 and its aux_loss; a trained model exports as
-Qwen3MoeForCausalLM with our logits; Qwen3-30B-A3B counts transformers' parameters; the FLOPs count active
-parameters; tensor parallelism and what the config.json cannot say are refused in one line; a short CPU run logs
-aux_load_balance."""
+"""The MoE decoder's families against transformers: a random Qwen3-MoE folder (a dense layer by mlp_only_layers,
+renormalised top-k), and OLMoE and Mixtral folders, import with transformers' logits to 1e-5 and its aux_loss; a
+trained model of each exports as its transformers class with our logits; Qwen3-30B-A3B counts transformers'
+parameters; the FLOPs count active parameters; tensor parallelism and what a config.json cannot say are refused
+in one line; activation checkpointing changes nothing; a short CPU run logs aux_load_balance."""
 
 import dataclasses
 import json
