@@ -6,6 +6,8 @@ in one line; activation checkpointing changes nothing; a short CPU run logs aux_
 
 import dataclasses
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -14,7 +16,7 @@ transformers = pytest.importorskip(
     "transformers", reason="transformers is an optional test dependency (pip install .[hf])"
 )
 
-from tests.helpers import metrics, torchrun  # noqa: E402
+from tests.helpers import REPO, env, metrics, torchrun  # noqa: E402
 from tests.unit.test_hf_families import assert_logits_match, imported  # noqa: E402
 from titanlite.base.errors import ConfigError  # noqa: E402
 from titanlite.components.hf_weights import save_hf  # noqa: E402
@@ -209,13 +211,31 @@ def test_flops_count_the_active_experts_only():
     assert 3.3e9 < active + args.vocab_size * args.dim < 3.4e9
 
 
+TP_REFUSAL = (
+    "parallelism.tensor_parallel_degree=2 cannot split the experts of qwen3_moe's mixture-of-experts blocks "
+    "(not split by tensor parallelism yet; shard them with parallelism.data_parallel_shard_degree); use 1"
+)
+
+
 def test_tensor_parallelism_is_refused_in_one_line():
     with pytest.raises(ConfigError) as e:
         check_tp_degree(2, FLAVORS["debug"], 32)
-    assert str(e.value) == (
-        "parallelism.tensor_parallel_degree=2 cannot split the experts of qwen3_moe's mixture-of-experts blocks "
-        "(not split by tensor parallelism yet; shard them with parallelism.data_parallel_shard_degree); use 1"
-    )
+    assert str(e.value) == TP_REFUSAL
+    cmd = [sys.executable, "-m", "titanlite.commands.cli", "check", "--world-size", "2", "--model.name", "qwen3_moe",
+           "--parallelism.tensor_parallel_degree", "2"]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr == f"titanlite: error: {TP_REFUSAL}\n", proc.stderr
+
+
+def test_a_folder_missing_one_experts_tensor_is_refused_naming_it(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    random_model().save_pretrained(tmp_path)
+    tensors = load_file(tmp_path / "model.safetensors")
+    del tensors["model.layers.2.mlp.experts.5.up_proj.weight"]
+    save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ConfigError, match="has no 'model.layers.2.mlp.experts.5.up_proj.weight'"):
+        imported(tmp_path)
 
 
 REFUSED = {
