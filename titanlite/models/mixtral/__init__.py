@@ -1,4 +1,4 @@
-"""Mixtral (MixtralForCausalLM): the MoE decoder (titanlite/models/qwen3_moe) with the Llama decoder as it is
+"""Mixtral (MixtralForCausalLM): the MoE decoder (titanlite/models/moe_decoder) with the Llama decoder as it is
 (no Q/K norms), 8 experts of which 2 per token, the top-2 renormalised, no dense layer; the experts' width is
 config.json's intermediate_size; a sliding window, as Mistral's, keeps the context within it. Its sizes, its
 config.json and its spec."""
@@ -14,9 +14,9 @@ from titanlite.models.llama3.hf_config import (
     no_mlp_bias,
     window_always,
 )
-from titanlite.models.qwen3_moe import moe_decoder_spec
-from titanlite.models.qwen3_moe.args import MoEDecoderArgs
-from titanlite.models.qwen3_moe.hf_config import block_from_config, check_expressible, with_moe
+from titanlite.models.moe_decoder import moe_decoder_spec
+from titanlite.models.moe_decoder.args import MoEDecoderArgs
+from titanlite.models.moe_decoder.hf_config import block_from_config, check_expressible, with_moe
 
 
 def _mixtral(dim, n_layers, n_heads, n_kv_heads, expert_dim, vocab_size=32000, max_seq_len=32768):

@@ -1,4 +1,4 @@
-"""OLMoE (OlmoeForCausalLM): the MoE decoder (titanlite/models/qwen3_moe) with RMSNorms over each token's whole
+"""OLMoE (OlmoeForCausalLM): the MoE decoder (titanlite/models/moe_decoder) with RMSNorms over each token's whole
 query and key projections, 64 experts of which 8 per token, the top-k not renormalised, no dense layer; the
 experts' width is config.json's intermediate_size. Its sizes, its config.json and its spec."""
 
@@ -7,9 +7,9 @@ from __future__ import annotations
 from titanlite.base.hf_config import refuse
 from titanlite.models.common.moe_args import MoEArgs
 from titanlite.models.llama3.hf_config import DecoderConfig, Expressible, attention_biases, no_mlp_bias
-from titanlite.models.qwen3_moe import moe_decoder_spec
-from titanlite.models.qwen3_moe.args import MoEDecoderArgs
-from titanlite.models.qwen3_moe.hf_config import block_from_config, check_expressible, with_moe
+from titanlite.models.moe_decoder import moe_decoder_spec
+from titanlite.models.moe_decoder.args import MoEDecoderArgs
+from titanlite.models.moe_decoder.hf_config import block_from_config, check_expressible, with_moe
 
 
 def _olmoe(dim, n_layers, n_heads, n_experts, top_k, expert_dim, vocab_size=50304, max_seq_len=4096):

@@ -1,5 +1,6 @@
-"""Qwen3-MoE: the Llama decoder (Qwen3's per-head Q/K norms) whose blocks hold the shared mixture-of-experts
-block (titanlite/models/common/moe.py) instead of the dense feed-forward, except at moe.dense_layers.
+"""The MoE decoder: the Llama decoder (with whichever Q/K norms a family sets) whose blocks hold the shared
+mixture-of-experts block (titanlite/models/common/moe.py) instead of the dense feed-forward, except at
+moe.dense_layers.
 
 The load-balancing loss is transformers' (load_balancing_loss_func over every layer's router logits at once),
 not a sum of per-layer losses: each block records its per-expert token counts and summed router probabilities,
@@ -26,7 +27,7 @@ from titanlite.models.common.kv_cache import KVCache
 from titanlite.models.common.moe import MoE, Routing, router_z_loss
 from titanlite.models.common.moe_args import MoEArgs
 from titanlite.models.llama3.model import Llama
-from titanlite.models.qwen3_moe.args import MoEDecoderArgs
+from titanlite.models.moe_decoder.args import MoEDecoderArgs
 
 
 class PooledBalance:

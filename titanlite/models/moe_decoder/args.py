@@ -1,5 +1,5 @@
-"""Qwen3-MoE's arguments, torch-free: the Llama decoder's (with Qwen3's per-head Q/K norms) and one MoEArgs for
-its mixture-of-experts blocks; its sizes (a tiny debug model and Qwen3-30B-A3B)."""
+"""The MoE decoder's arguments, torch-free: the Llama decoder's and one MoEArgs for its mixture-of-experts blocks,
+shared by the families built on it (each folder sets its family and sizes)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,6 @@ class MoEDecoderArgs(LlamaArgs):
     whose blocks hold `moe` instead of the dense feed-forward, except at moe.dense_layers."""
 
     moe: MoEArgs = field(default_factory=_debug_moe)
-    family: str = "qwen3_moe"
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -51,32 +50,3 @@ def tp_refusal(args: MoEDecoderArgs) -> str | None:
 def auxiliary_losses(args: MoEDecoderArgs) -> tuple[str, ...]:
     names = ("load_balance",) if args.moe.balance == "aux_loss" and args.moe.aux_loss_coef > 0 else ()
     return names + (("router_z",) if args.moe.z_loss_coef > 0 else ())
-
-
-def _qwen3_moe_30b_a3b() -> MoEDecoderArgs:
-    """Qwen/Qwen3-30B-A3B: 48 layers, every one sparse (128 experts, 8 per token, 768 wide), untied."""
-    return MoEDecoderArgs(
-        dim=2048,
-        n_layers=48,
-        n_heads=32,
-        n_kv_heads=4,
-        ffn_dim=6144,
-        vocab_size=151936,
-        max_seq_len=40960,
-        rope_theta=1e6,
-        norm_eps=1e-6,
-        tie_embeddings=False,
-        head_dim=128,
-        qk_norm="head",
-        moe=MoEArgs(n_experts=128, top_k=8, expert_dim=768, norm_topk_prob=True, aux_loss_coef=0.001),
-    )
-
-
-# vocab_size 0: the tokenizer's, padded to a multiple of 64.
-FLAVORS = {
-    # dim 64, 4 layers (layer 1 dense, as mlp_only_layers=[1]), 8 experts of width 32, 2 per token.
-    "debug": MoEDecoderArgs(
-        dim=64, n_layers=4, n_heads=4, n_kv_heads=2, ffn_dim=192, vocab_size=0, head_dim=32, qk_norm="head"
-    ),
-    "qwen3_moe_30b_a3b": _qwen3_moe_30b_a3b(),
-}

@@ -1,5 +1,5 @@
-"""Qwen3-MoE's tensor-parallel plan: the Llama decoder's for attention and the dense layers' feed-forward. The
-spec refuses tensor parallelism for this family (args.tp_refusal) until expert parallelism splits the experts, so
+"""The MoE decoder's tensor-parallel plan: the Llama decoder's for attention and the dense layers' feed-forward. The
+spec refuses tensor parallelism for these families (args.tp_refusal) until expert parallelism splits the experts, so
 the plan is written for the day it does, and for a plan's reader: the MoE blocks are not in it."""
 
 from __future__ import annotations
