@@ -62,6 +62,9 @@ CLASSES = {
     "mistral": "MistralForCausalLM",
     "olmo2": "Olmo2ForCausalLM",
     "llama3": "LlamaForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
+    "olmoe": "OlmoeForCausalLM",
+    "mixtral": "MixtralForCausalLM",
 }
 
 

@@ -50,7 +50,7 @@ def test_every_family_implements_the_model_interface(name):
         model.init_param(param_name, value, torch.Generator().manual_seed(0))
     spec = spec_of(model.args)  # the family's spec names this module, its plan and its weight names
     assert spec.load(spec.model) is type(model) and callable(spec.load(spec.tp_plan))
-    assert isinstance(model.args, spec.args_type) and spec.args_type in (GPT2Args, LlamaArgs)
+    assert isinstance(model.args, spec.args_type) and issubclass(spec.args_type, (GPT2Args, LlamaArgs))
 
 
 def llama_expected_params(args) -> int:
@@ -290,7 +290,18 @@ def test_unknown_flavor_and_name():
         build_model("llama3", "1T", 256, 64)
     with pytest.raises(ConfigError, match="gpt2, llama3, smollm3, qwen2, qwen3, olmo2, mistral"):
         build_model("gpt3", "debug", 256, 64)
-    assert set(FLAVORS) == {"gpt2", "llama3", "smollm3", "qwen2", "qwen3", "olmo2", "mistral"}
+    assert set(FLAVORS) == {
+        "gpt2",
+        "llama3",
+        "smollm3",
+        "qwen2",
+        "qwen3",
+        "olmo2",
+        "mistral",
+        "qwen3_moe",
+        "olmoe",
+        "mixtral",
+    }
 
 
 @pytest.mark.parametrize("name", ["gpt2", "llama3"])

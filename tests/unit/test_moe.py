@@ -13,6 +13,7 @@ import sys
 
 import pytest
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from tests.helpers import REPO
 from titanlite.models.common import moe as moe_module
@@ -278,6 +279,25 @@ def test_a_first_forward_without_gradients_still_finds_the_grouped_path(monkeypa
     with torch.inference_mode():
         moe(tokens())
     assert moe.experts.grouped(tokens())
+
+
+def test_a_first_forward_under_activation_checkpointing_recomputes_what_it_ran(monkeypatch):
+    """The probe for torch._grouped_mm must not run inside the checkpointed forward only (the recomputation,
+    the probe's answer cached, would save fewer tensors and checkpointing would refuse the backward)."""
+    monkeypatch.setattr(moe_module, "_GROUPED_MM_RUNS", {})  # not tried yet
+    moe = our_block()
+    x = tokens().requires_grad_()
+    checkpoint(moe, x, use_reentrant=False).sum().backward()
+    assert x.grad is not None and moe.experts.grouped(tokens())
+
+
+def test_the_block_runs_on_the_meta_device_with_gradients():
+    """The planner measures a training forward and backward on the meta device (no autocast there)."""
+    with torch.device("meta"):
+        moe = our_block()
+        x = torch.randn(2, 5, DIM, requires_grad=True)
+    moe(x).sum().backward()
+    assert x.grad is not None and x.grad.shape == x.shape
 
 
 def test_widths_grouped_mm_cannot_take_fall_back_to_the_loop():

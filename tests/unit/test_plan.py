@@ -234,3 +234,12 @@ def test_interconnect_choices_agree_in_help_check_and_docs():
     assert "`--interconnect nvlink|pcie|infiniband`" in (REPO / "docs" / "planning.md").read_text()
     with pytest.raises(ConfigError, match="nvlink, pcie or infiniband"):
         plan(["--interconnect", "ethernet"])
+
+
+def test_a_family_that_refuses_tensor_parallelism_is_offered_no_tp_layout(tmp_path):
+    # qwen3_moe's spec refuses TP (its experts are not split yet): the planner must not recommend, or even
+    # weigh, a layout the launch check would refuse, and says why it leaves them out.
+    out, data = plan(tmp_path, "--config", "train_configs/qwen3_moe_debug.toml", "--ngpu", "2")
+    rows = data["rows"]
+    assert rows and not [r["layout"] for r in rows if "TP" in r["layout"]]
+    assert "not offered (tensor parallelism cannot split the experts of qwen3_moe" in out and "): TP 2" in out

@@ -35,10 +35,11 @@ def read_config(folder: str | Path) -> dict:
     return read_json(folder / CONFIG_FILE)
 
 
-def check_no_unsupported(config: dict, where: str) -> None:
-    """Refuse the fields titanlite does not implement in any family (MoE, quantization)."""
-    for key in _MOE_FIELDS:
+def check_no_unsupported(config: dict, where: str, experts: bool = False) -> None:
+    """Refuse the fields titanlite does not implement in any family (quantization), and the mixture-of-experts
+    fields in a family whose MLPs are dense (experts=False)."""
+    for key in () if experts else _MOE_FIELDS:
         if config.get(key):
-            raise refuse(where, key, config[key], "titanlite has dense MLPs, no mixture of experts")
+            raise refuse(where, key, config[key], f"a {config.get('model_type')} model has dense MLPs, no experts")
     if config.get("quantization_config"):
         raise refuse(where, "quantization_config", "{...}", "titanlite reads unquantized weights only")

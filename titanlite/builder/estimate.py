@@ -453,7 +453,11 @@ def excluded_layouts(cfg, facts: ModelFacts, own: Layout, machine: Machine) -> d
     batch = global_batch(cfg, own)
     out: dict[str, list[str]] = {}
     for lay in candidate_layouts(machine.ngpu, machine.nnodes, cfg.training.seq_len):
-        if layout_allowed(facts, lay, cfg):
+        if lay.dims.tp > 1 and facts.tp_refusal:  # the family cannot be split by TP at all
+            why = f"tensor parallelism cannot split the {facts.tp_refusal}"
+            if lay.name not in out.get(why, []):
+                out.setdefault(why, []).append(lay.name)
+        elif layout_allowed(facts, lay, cfg):
             sizes, why = micro_batches(cfg, lay, batch)
             if not sizes and lay.name not in out.get(why, []):
                 out.setdefault(why, []).append(lay.name)
@@ -609,7 +613,10 @@ def compute_seconds(facts: ModelFacts, cfg, lay: Layout, s: Setting, tflops: flo
 
 
 def layout_allowed(facts: ModelFacts, lay: Layout, cfg) -> bool:
-    # The trainer's own condition (check_tp_degree): heads, KV heads, FFN width, vocabulary and sequence length.
+    # The trainer's own condition (check_tp_degree): a family that refuses TP; heads, KV heads, FFN width,
+    # vocabulary and sequence length.
+    if lay.dims.tp > 1 and facts.tp_refusal:
+        return False
     if lay.dims.tp > 1 and any(size % lay.dims.tp for size in [*facts.tp_sizes.values(), cfg.training.seq_len]):
         return False
     if lay.dims.cp > 1 and cfg.training.seq_len % (2 * lay.dims.cp):  # check_cp_degree

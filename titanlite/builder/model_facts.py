@@ -24,7 +24,7 @@ from titanlite.components.metrics import flops_per_token
 from titanlite.data.tokenizer import build_tokenizer
 from titanlite.models.common.build import configured_model
 from titanlite.parallel.activation_checkpoint import SAVE_OPS
-from titanlite.parallel.tensor_parallel import tp_split_sizes
+from titanlite.parallel.tensor_parallel import tp_refusal, tp_split_sizes
 
 
 @dataclass
@@ -46,6 +46,7 @@ class ModelFacts:
     flops_per_token: float = 0.0  # training FLOPs per token (metrics.flops_per_token)
     tp_sizes: dict[str, int] = field(default_factory=dict)  # what a TP degree must divide (tp_split_sizes)
     kv_width: int = 0  # key (and value) channels per token: KV heads x head_dim (what context parallelism gathers)
+    tp_refusal: str = ""  # why the family cannot be split by TP at all (its spec's tp_refusal); "": it can
 
     @property
     def params(self) -> int:
@@ -96,6 +97,7 @@ def model_facts(cfg, seq_len: int) -> ModelFacts:
         flops_per_token=flops_per_token(model, seq_len),
         tp_sizes=tp_split_sizes(args),
         kv_width=getattr(args, "n_kv_heads", args.n_heads) * args.head_dim,
+        tp_refusal=tp_refusal(args) or "",
     )
     measure_saved_tensors(model, facts, seq_len)
     return facts

@@ -61,18 +61,32 @@ def _hf_keys(args, keys) -> dict[str, str]:
     return _names(args).hf_keys(args, [k for k in keys if not k.endswith(_HF_BUFFER_SUFFIXES)])
 
 
-def hf_sources(args) -> dict[str, str]:
+def hf_sources(args) -> dict[str, str | tuple[str, ...]]:
     """Our parameter name -> the Hugging Face tensor it is made from (a tied output.weight from the embedding,
-    as it is the same tensor)."""
+    as it is the same tensor), or the tensors, in order, of a parameter stacked from several (a mixture of
+    experts' per-expert weights)."""
     names = dict(_names(args).hf_sources(args))
     if args.tie_embeddings:
         names["output.weight"] = names["tok_embeddings.weight"]
     return names
 
 
-def from_hf_tensor(args, name: str, hf: torch.Tensor) -> torch.Tensor:
-    """Our parameter `name`'s full value from its Hugging Face tensor (hf_sources[name])."""
+def from_hf_tensor(args, name: str, hf: torch.Tensor | list[torch.Tensor]) -> torch.Tensor:
+    """Our parameter `name`'s full value from its Hugging Face tensor, or tensors (hf_sources[name])."""
     return _names(args).from_hf_tensor(args, name, hf)
+
+
+def _first(source: str | tuple[str, ...]) -> str:
+    return source if isinstance(source, str) else f"{source[0]} (and {len(source) - 1} more)"
+
+
+def _read(source: str | tuple[str, ...], get) -> torch.Tensor | list[torch.Tensor]:
+    """The tensor a source names, or the list of those a stacked parameter's names (`get(hf_name)` reads one)."""
+    return get(source) if isinstance(source, str) else [get(one) for one in source]
+
+
+def _flat(sources: dict[str, str | tuple[str, ...]]) -> set[str]:
+    return {one for source in sources.values() for one in ((source,) if isinstance(source, str) else source)}
 
 
 def from_hf(args, hf_state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -84,7 +98,7 @@ def from_hf(args, hf_state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Ten
     sources = hf_sources(args)
     _check_tensor_names(args, keys, sources, "Hugging Face state dict")
     out = {
-        name: from_hf_tensor(args, name, hf_state_dict[keys[hf]])
+        name: from_hf_tensor(args, name, _read(hf, lambda one: hf_state_dict[keys[one]]))
         for name, hf in sources.items()
         if not (args.tie_embeddings and name == "output.weight")
     }
@@ -93,9 +107,9 @@ def from_hf(args, hf_state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Ten
     return out
 
 
-def _check_tensor_names(args, keys: dict[str, str], sources: dict[str, str], what: str) -> None:
+def _check_tensor_names(args, keys: dict[str, str], sources: dict[str, str | tuple[str, ...]], what: str) -> None:
     """Every tensor the model needs is there, and nothing else (a tied model's lm_head.weight may be)."""
-    needed = set(sources.values())
+    needed = _flat(sources)
     missing = sorted(needed - set(keys))
     if missing:
         raise ConfigError(f"{what} has no {missing[0]!r}; it does not match the model's configuration")
@@ -233,6 +247,7 @@ _MATH_FIELDS = (
     "qk_norm",
     "norm_position",
     "nope_layers",
+    "moe",
 )
 
 
@@ -272,12 +287,12 @@ def load_hf_into(model_parts: list, folder: str | Path) -> None:
     _check_tensor_names(source, keys, sources, f"{folder}'s safetensors")
 
     def full_value(name: str, param: torch.nn.Parameter) -> torch.Tensor:
-        value = from_hf_tensor(source, name, reader.get(keys[sources[name]])).to(param.dtype)
+        value = from_hf_tensor(source, name, _read(sources[name], lambda one: reader.get(keys[one]))).to(param.dtype)
         if value.shape[0] < param.shape[0] and name in ("tok_embeddings.weight", "output.weight"):
             value = torch.cat([value, value.new_zeros(param.shape[0] - value.shape[0], *value.shape[1:])])
         if value.shape != param.shape:
             raise ConfigError(
-                f"{folder}: {sources[name]!r} has shape {tuple(value.shape)}, but the model's {name} "
+                f"{folder}: {_first(sources[name])!r} has shape {tuple(value.shape)}, but the model's {name} "
                 f"is {tuple(param.shape)}"
             )
         return value

@@ -14,12 +14,14 @@ class HFConfig:
     """A family's Hugging Face config.json, both ways: `read(config, where)` gives its arguments (every field
     that changes the math honoured, or refused with one line naming it), `write(args)` the family's own fields
     (model_type and architectures included). `tokenizer(args)`: the built-in tokenizer a folder without a
-    tokenizer.json uses (None: the user must name one)."""
+    tokenizer.json uses (None: the user must name one). `experts`: whether `read` honours the mixture-of-experts
+    fields (num_experts, moe_intermediate_size, ...); a dense family's config.json with them is refused."""
 
     model_type: str
     read: Callable[[dict, str], Any]
     write: Callable[[Any], dict]
     tokenizer: Callable[[Any], str | None] = lambda args: None
+    experts: bool = False
 
 
 @dataclass(frozen=True)

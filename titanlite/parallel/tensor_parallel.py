@@ -81,6 +81,11 @@ def tp_split_sizes(args) -> dict[str, int]:
     return spec_of(args).tp_split_sizes(args)
 
 
+def tp_refusal(args) -> str | None:
+    """Why the family cannot be split by tensor parallelism at all (its spec's tp_refusal); None: it can."""
+    return spec_of(args).tp_refusal(args)
+
+
 def check_tp_degree(tp: int, args, seq_len: int) -> None:
     """Refuse a degree the model cannot be split by, listing the degrees that would work.
 
@@ -89,7 +94,7 @@ def check_tp_degree(tp: int, args, seq_len: int) -> None:
     """
     if tp == 1:
         return
-    why = spec_of(args).tp_refusal(args)
+    why = tp_refusal(args)
     if why:
         raise ConfigError(f"parallelism.tensor_parallel_degree={tp} cannot split the {why}; use 1")
     sizes = {**tp_split_sizes(args), "training.seq_len": seq_len}

@@ -5,6 +5,7 @@ own function of (model, seq_len) instead."""
 from __future__ import annotations
 
 from titanlite.models.common.interface import DecoderModule
+from titanlite.models.common.moe import GroupedExperts, MoE
 
 
 def dense_flops_per_token(model: DecoderModule, seq_len: int) -> float:
@@ -25,3 +26,22 @@ def dense_flops_per_token(model: DecoderModule, seq_len: int) -> float:
     if model.output is not None and id(model.output.weight) in embeddings:
         n += model.output.weight.numel()
     return 6.0 * n + 12.0 * args.n_layers * args.n_heads * args.head_dim * seq_len
+
+
+def moe_flops_per_token(model: DecoderModule, seq_len: int) -> float:
+    """Training FLOPs per token (forward + backward) of a mixture of experts, from its ACTIVE parameters:
+
+        6 * N_active  +  12 * L * d * T
+
+    dense_flops_per_token's formula with N_active in place of N: each MoE block's routed experts count
+    top_k / n_experts of their parameters (a token runs through top_k of them), while the router's gate, any
+    shared expert, attention, norms, dense layers and the output projection count whole. Dispatch (sorting,
+    gathering, the weighted sum of the k outputs) is not counted, as norms and softmax are not.
+    """
+    idle = 0.0
+    for module in model.modules():
+        if isinstance(module, MoE):
+            experts: GroupedExperts = module.experts
+            share = module.args.top_k / module.args.n_experts
+            idle += (1 - share) * sum(p.numel() for p in experts.parameters())
+    return dense_flops_per_token(model, seq_len) - 6.0 * idle

@@ -21,6 +21,7 @@ shared_gate.weight as nn.Linear's. A family's init fills the stacked tensors lik
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Mapping
 from typing import NamedTuple
 
@@ -35,14 +36,25 @@ _GROUPED_MM_RUNS: dict[tuple[str, torch.dtype], bool] = {}
 
 
 def _try_grouped_mm(device: torch.device, dtype: torch.dtype) -> bool:
-    """Run torch._grouped_mm forward and backward once on tiny aligned tensors; False if it raises."""
+    """Run torch._grouped_mm forward and backward once on tiny aligned tensors; False if it raises.
+
+    In a thread of its own, whose autograd state is fresh (gradients on, no inference mode, no saved-tensor
+    hooks): the first forward may run under no_grad or inference_mode, or inside activation checkpointing,
+    whose hooks would count the probe's tensors in the block's forward but not in its recomputation."""
     if not hasattr(torch, "_grouped_mm"):
         return False
-    try:  # a first forward may run under no_grad or inference_mode: backward is tried all the same
-        with torch.inference_mode(False), torch.enable_grad():
-            return _run_grouped_mm(device, dtype)
-    except (RuntimeError, NotImplementedError, TypeError):
-        return False
+    result = [False]
+
+    def probe() -> None:
+        try:
+            result[0] = _run_grouped_mm(device, dtype)
+        except (RuntimeError, NotImplementedError, TypeError):
+            pass
+
+    thread = threading.Thread(target=probe, name="grouped_mm_probe")
+    thread.start()
+    thread.join()
+    return result[0]
 
 
 def _run_grouped_mm(device: torch.device, dtype: torch.dtype) -> bool:
@@ -158,7 +170,8 @@ class GroupedExperts(nn.Module):
 
     def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """x [M, dim] sorted by expert, counts [E] (integers summing to M) -> [M, dim]."""
-        if torch.is_autocast_enabled(x.device.type):  # as autocast would run the experts' matmuls (the loop's do)
+        autocast = torch.amp.is_autocast_available(x.device.type) and torch.is_autocast_enabled(x.device.type)
+        if autocast:  # as autocast would run the experts' matmuls (the loop's do); none on "meta" (the planner's)
             x = x.to(torch.get_autocast_dtype(x.device.type))
         if self.grouped(x):
             return self.forward_grouped(x, counts)

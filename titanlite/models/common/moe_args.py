@@ -95,7 +95,7 @@ def dense_layers_from_hf(
     n_layers: int, mlp_only_layers: list[int] | tuple[int, ...], sparse_step: int
 ) -> tuple[int, ...]:
     """The dense layers of a Qwen-MoE config.json: those in mlp_only_layers, and those with (i + 1) not a
-    multiple of decoder_sparse_step (as transformers' Qwen2MoeDecoderLayer and Qwen3MoeDecoderLayer choose)."""
+    multiple of decoder_sparse_step (as transformers' MoE decoder layers choose)."""
     if sparse_step < 1:
         raise ValueError(f"decoder_sparse_step={sparse_step}; it must be at least 1")
     return tuple(i for i in range(n_layers) if i in mlp_only_layers or (i + 1) % sparse_step != 0)

@@ -1,0 +1,39 @@
+"""Qwen3-MoE on FSDP x 2 (gloo, fp32) gives one process's losses, grad norms, validation losses and load-balancing
+terms. The term is a function of the micro-batch's routing as a whole (transformers' pooled loss), so the
+one-process reference runs the same micro-batches: 2 of 4 sequences, accumulated, as each rank runs 4."""
+
+import pytest
+import torch
+
+from tests.helpers import VALIDATED, assert_matches, metrics, torchrun
+
+pytestmark = pytest.mark.distributed
+
+MOE = ["--config", "train_configs/qwen3_moe_debug.toml", *VALIDATED, "--training.local_batch_size", "4"]
+
+
+@pytest.mark.slow  # two runs, about 22 s: CI runs it
+def test_qwen3_moe_on_fsdp_matches_one_process_with_the_same_micro_batches(tmp_path):
+    single = torchrun(1, [*MOE, "--training.global_batch_size", "8"], tmp_path / "single")
+    assert single.returncode == 0, single.stderr[-3000:]
+    fsdp = torchrun(2, MOE, tmp_path / "fsdp2")
+    assert fsdp.returncode == 0, fsdp.stdout[-2000:] + fsdp.stderr[-4000:]
+    assert "model qwen3_moe debug" in fsdp.stdout
+    one, two = metrics(tmp_path / "single"), metrics(tmp_path / "fsdp2")
+    assert_matches(two, one)
+    for a, b in zip(two, one):
+        assert abs(a["aux_load_balance"] - b["aux_load_balance"]) <= 1e-5 * b["aux_load_balance"], (a, b)
+
+
+def test_a_qwen3_moe_folder_imports_on_fsdp_with_transformers_logits(tmp_path):
+    """Each rank reads the experts' tensors one parameter at a time, stacks them and keeps its FSDP shard."""
+    from tests.distributed.test_hf_layouts import layout_logits
+    from tests.unit.test_hf_families import assert_logits_match
+    from tests.unit.test_qwen3_moe import VOCAB, random_model
+
+    hf = random_model()
+    hf.save_pretrained(tmp_path / "hf", max_shard_size="100KB")  # sharded files: read tensor by tensor
+    tokens = torch.randint(0, VOCAB, (2, 48), generator=torch.Generator().manual_seed(4))
+    ours = layout_logits(tmp_path, tmp_path / "hf", tokens, "fsdp2")
+    with torch.no_grad():
+        assert_logits_match(ours, hf(tokens).logits)

@@ -1,0 +1,48 @@
+"""The MoE decoder's config.json helpers, torch-free: its arguments from a family's Llama decoder fields and MoE
+block (`with_moe`, `block_from_config`), and what a family's config.json cannot say about the block
+(`check_expressible`)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from titanlite.base.errors import ConfigError
+from titanlite.models.common.moe_args import MoEArgs
+from titanlite.models.llama3.args import LlamaArgs
+from titanlite.models.moe_decoder.args import MoEDecoderArgs
+
+
+def with_moe(base: LlamaArgs, moe: MoEArgs) -> MoEDecoderArgs:
+    """The MoE decoder of a config.json: its Llama decoder's arguments and its block's."""
+    return MoEDecoderArgs(**{f.name: getattr(base, f.name) for f in dataclasses.fields(LlamaArgs)}, moe=moe)
+
+
+def block_from_config(where: str, **fields) -> MoEArgs:
+    """MoEArgs(**fields), a field it refuses (top_k above n_experts, ...) refused in one line naming where."""
+    try:
+        return MoEArgs(**fields)
+    except ValueError as e:
+        raise ConfigError(f"{where} is not supported: {e}") from e
+
+
+def check_expressible(moe: MoEArgs, family: str, dense_layers: bool = True) -> None:
+    """What a family's config.json cannot say about the MoE block is refused, naming the field."""
+    problems = [
+        f"MoEArgs.{name}={getattr(moe, name)!r}"
+        for name, default in (
+            ("score_func", "softmax"),
+            ("route_scale", 1.0),
+            ("router_bias", False),
+            ("n_shared_experts", 0),
+            ("shared_expert_dim", 0),
+            ("shared_gate", False),
+            ("z_loss_coef", 0.0),
+        )
+        if getattr(moe, name) != default
+    ]
+    if moe.balance == "bias":
+        problems.append("MoEArgs.balance='bias'")
+    if moe.dense_layers and not dense_layers:
+        problems.append(f"MoEArgs.dense_layers={list(moe.dense_layers)}")
+    if problems:
+        raise ConfigError(f"a {family} config.json cannot express {', '.join(problems)}")
