@@ -46,7 +46,7 @@ def test_a_family_defined_outside_titanlite_trains_on_fsdp_and_tp_and_resumes(tm
     assert_matches(metrics(tmp_path / "tp2"), single)
 
 
-@pytest.mark.slow  # three runs (about 25 s): CI runs it; the unit tests of the terms (test_auxiliary, test_qwen3_moe) stay
+@pytest.mark.slow  # three runs (about 25 s): CI runs it; the terms' unit tests (test_auxiliary, test_qwen3_moe) stay
 def test_auxiliary_loss_terms_are_added_reduced_and_logged_like_the_loss(tmp_path):
     # relu2's debug_aux flavor adds act_l2 * mean(h^2) per block: FSDP x 2 and PP x 2 (each stage adds its blocks'
     # terms, with no loss of its own) must give one process's losses and terms.
