@@ -16,6 +16,7 @@ from titanlite.data.tokenizer import build_tokenizer
 from titanlite.models.common.build import configured_args
 from titanlite.parallel.context_parallel import check_cp_degree
 from titanlite.parallel.dims import ParallelDims
+from titanlite.parallel.expert_parallel import check_ep_degree
 from titanlite.parallel.float8 import check_float8
 from titanlite.parallel.pipeline import V_SHAPED, PipelinePlan, check_pipeline_data_parallel, plan_pipeline
 from titanlite.parallel.tensor_parallel import check_tp_degree
@@ -44,6 +45,7 @@ def plan_run(cfg: JobConfig, world_size: int, evaluation: bool = False) -> Plan:
     vocab_size = build_tokenizer(m.tokenizer, m.hf_assets_path).vocab_size
     args = configured_args(m, vocab_size, cfg.training.seq_len)
     check_tp_degree(dims.tp, args, cfg.training.seq_len)
+    check_ep_degree(dims.ep, args, getattr(args, "family", m.name))
     check_layout_features(cfg, dims)
     check_compile_mode(cfg, dims, accum)
     check_float8(cfg.float8)

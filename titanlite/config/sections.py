@@ -254,6 +254,12 @@ class Parallelism:
     tensor_parallel_degree: int = 1
     """Ranks that split each layer (Megatron-style tensor parallelism, with sequence parallelism
     between blocks). Keep it within a node: it communicates twice per layer."""
+    expert_parallel_degree: int = 1
+    """Ranks that split each mixture-of-experts block's routed experts (expert parallelism): each holds
+    n_experts / degree of them and tokens travel to their experts' ranks and back (all-to-all). The ranks are
+    borrowed from data_parallel_shard_degree x context_parallel_degree, as TorchTitan does, so the degree must
+    be a multiple of the context-parallel degree and divide that product; FSDP shards the experts over the
+    rest. Only for families with mixture-of-experts blocks (docs/parallelism.md)."""
     disable_loss_parallel: bool = False
     """Gather the full-vocabulary logits before the loss instead of computing the loss on the
     vocabulary shards (loss parallelism is on by default when tensor_parallel_degree > 1)."""

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import Shard
 from torch.nn.parallel import DistributedDataParallel
 
 from titanlite.models.common.interface import DecoderModule
@@ -22,6 +25,7 @@ def apply_fsdp(
     reshard_after_forward: bool,
     cpu_offload: bool = False,
     loss_reads_head: bool = False,
+    experts: ExpertSharding | None = None,
 ) -> None:
     """Shard each transformer block, then the embedding and output groups, then the root.
 
@@ -29,11 +33,14 @@ def apply_fsdp(
     False keeps them until backward (ZeRO-2). A 2-D dp_mesh (replicate x shard) gives HSDP.
     cpu_offload keeps the shards (and so the optimizer's state) in pinned host memory.
     loss_reads_head: the loss reads the output weight after the model's forward (the chunked loss).
+    experts: the expert-parallel experts, sharded first over their own mesh (shard_experts).
     """
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     shard: dict[str, Any] = dict(mesh=dp_mesh, mp_policy=mp)
     if cpu_offload:
         shard["offload_policy"] = CPUOffloadPolicy()
+    if experts is not None:
+        shard_experts(experts, reshard_after_forward, **(shard | {"mesh": experts.mesh}))
     for block in model.layers.values():
         fully_shard(block, reshard_after_forward=reshard_after_forward, **shard)
     # A tied embedding is one parameter used at both ends: it must live in one FSDP unit, and only
@@ -54,6 +61,35 @@ def apply_fsdp(
     # one, in the root, must still be gathered then.
     keep_root = tied and loss_reads_head
     fully_shard(model, reshard_after_forward=reshard_after_forward and not keep_root, **shard)
+
+
+@dataclass
+class ExpertSharding:
+    """Expert-parallel experts (DTensors sharded over "ep", titanlite/parallel/expert_parallel.py) and how FSDP
+    shards them further: over `mesh` (dp_shard / ep ranks, with dp_replicate for HSDP), their gradients divided by
+    `divide_factor`, the whole data-parallel size (each expert's gradient already sums the tokens of its ep
+    ranks, which FSDP's own mean over `mesh` would leave counted ep times)."""
+
+    modules: list[nn.Module]
+    mesh: DeviceMesh
+    divide_factor: int
+
+
+def shard_experts(experts: ExpertSharding, reshard_after_forward: bool, **shard: Any) -> None:
+    """One FSDP unit per block's experts, on dim 0 (their local experts) or, with fewer local experts than
+    shards, dim 1, so no shard is empty."""
+    shards = experts.mesh.shape[-1]  # FSDP's shards (the last dimension; a first one is HSDP's replicas)
+    for module in experts.modules:
+        local_experts = module.w1.shape[0] // math.prod(module.w1.device_mesh.shape)
+        placement = Shard(0) if local_experts >= shards else Shard(1)
+        fully_shard(
+            module, reshard_after_forward=reshard_after_forward, shard_placement_fn=lambda _: placement, **shard
+        )
+        module.set_gradient_divide_factor(experts.divide_factor)
+        # gloo has no pre-multiplied sum: divide after a plain one. Not with one shard, where FSDP divides as it
+        # copies (torch 2.13 would then divide again; the HSDP all-reduce sums either way).
+        if experts.mesh.device_type != "cuda" and experts.mesh.shape[-1] > 1:
+            module.set_force_sum_reduction_for_comms(True)
 
 
 def apply_ddp(model: nn.Module, dp_mesh: DeviceMesh) -> nn.Module:

@@ -64,6 +64,7 @@ class ParallelDims:
 
     sizes: tuple[int, ...]
     fsdp_single_rank: bool = False  # FSDP on a one-rank data-parallel mesh (a single device)
+    ep: int = 1  # expert parallelism: ranks borrowed from dp_shard x cp that split the routed experts
 
     def __post_init__(self) -> None:
         if len(self.sizes) != len(MESH_DIMS):
@@ -76,12 +77,13 @@ class ParallelDims:
         raise AttributeError(f"'ParallelDims' object has no attribute '{name}'")
 
     @classmethod
-    def of(cls, fsdp_single_rank: bool = False, **degrees: int) -> ParallelDims:
-        """The layout with these degrees, by dimension name (1 for the others): `ParallelDims.of(dp_shard=4, tp=2)`."""
+    def of(cls, fsdp_single_rank: bool = False, ep: int = 1, **degrees: int) -> ParallelDims:
+        """The layout with these degrees, by dimension name (1 for the others): `ParallelDims.of(dp_shard=4, tp=2)`;
+        `ep`, the expert-parallel degree, borrows its ranks from dp_shard x cp (check_ep)."""
         unknown = sorted(set(degrees) - set(MESH_ORDER))
         if unknown:
             raise TypeError(f"no mesh dimension {unknown}; the dimensions are {MESH_ORDER}")
-        return cls(tuple(degrees.get(name, 1) for name in MESH_ORDER), fsdp_single_rank)
+        return cls(tuple(degrees.get(name, 1) for name in MESH_ORDER), fsdp_single_rank, ep)
 
     @classmethod
     def from_config(cls, cfg: Parallelism, world_size: int, cpu_offload: bool = False) -> ParallelDims:
@@ -119,7 +121,8 @@ class ParallelDims:
                 f"parallelism.fsdp_single_rank is for a single-device run, but the world size is {world_size} "
                 "(FSDP shards over data_parallel_shard_degree there); set it to false"
             )
-        return cls.of(fsdp_single_rank=single_rank, **degrees)
+        check_ep(cfg.expert_parallel_degree, degrees["dp_shard"], degrees["cp"])
+        return cls.of(fsdp_single_rank=single_rank, ep=cfg.expert_parallel_degree, **degrees)
 
     @property
     def degrees(self) -> dict[str, int]:
@@ -162,27 +165,53 @@ class ParallelDims:
     def pp_enabled(self) -> bool:
         return self.pp > 1
 
+    @property
+    def ep_enabled(self) -> bool:
+        return self.ep > 1
+
+    @property
+    def efsdp(self) -> int:
+        """The ranks FSDP shards each expert-parallel shard of the experts over: dp_shard x cp / ep."""
+        return self.view_degree("dp_shard_cp") // self.ep
+
     def describe(self) -> str:
         used = [f"{name} {deg}" for name, deg in self.degrees.items() if deg > 1]
+        if self.ep_enabled:
+            used.append(f"ep {self.ep} (of shard x cp)")
         if self.fsdp_single_rank:
             return "single device (FSDP on one rank)"
         return " x ".join(used) if used else "single device"
 
     def overrides(self) -> list[str]:
         """The command-line overrides that select these degrees, in the order [parallelism] declares them."""
-        return [arg for dim in CONFIG_ORDER for arg in (f"--parallelism.{dim.key}", str(self.degrees[dim.name]))]
+        args = [arg for dim in CONFIG_ORDER for arg in (f"--parallelism.{dim.key}", str(self.degrees[dim.name]))]
+        return args + (["--parallelism.expert_parallel_degree", str(self.ep)] if self.ep_enabled else [])
 
     def build_mesh(self, device_type: str) -> Mesh | None:
-        """One DeviceMesh over the dimensions in use, plus the flattened views the trainer needs."""
+        """One DeviceMesh over the dimensions in use, plus the flattened views the trainer needs.
+
+        With expert parallelism, dp_shard is split in two, dp_shard_mod_ep (outer) x dp_shard_in_ep (inner, ep / cp
+        ranks), so that "ep" (dp_shard_in_ep x cp) and "efsdp" (dp_shard_mod_ep, what FSDP shards the experts over)
+        are dimensions of one root mesh, as FSDP's 2-D sharding of the experts needs; "dp_shard" is then a view."""
         names = [n for n in MESH_ORDER if self.degrees[n] > 1 or (n == "dp_shard" and self.fsdp_single_rank)]
         if not names:
             return None
-        root = init_device_mesh(device_type, tuple(self.degrees[n] for n in names), mesh_dim_names=tuple(names))
+        sizes = {n: self.degrees[n] for n in names}
+        split = {"dp_shard": ("dp_shard_mod_ep", "dp_shard_in_ep")} if self.ep_enabled else {}
+        if split:  # both kept even at size 1: the expert meshes below always name them
+            names = [part for n in names for part in split.get(n, (n,))]
+            sizes["dp_shard_in_ep"] = self.ep // self.cp
+            sizes["dp_shard_mod_ep"] = self.degrees["dp_shard"] // sizes["dp_shard_in_ep"]
+        root = init_device_mesh(device_type, tuple(sizes[n] for n in names), mesh_dim_names=tuple(names))
         views = {}
         for view in VIEWS:
-            used = tuple(dim.name for dim in MESH_DIMS if view in dim.views and dim.name in names)
+            dims = [dim.name for dim in MESH_DIMS if view in dim.views and dim.name in sizes]
+            used = tuple(part for n in dims for part in split.get(n, (n,)))
             if used:
                 views[view] = root[used]._flatten(view)
+        if self.ep_enabled:
+            views["dp_shard"] = root[split["dp_shard"]]._flatten("dp_shard")
+            views["ep"] = root[tuple(n for n in ("dp_shard_in_ep", "cp") if n in names)]._flatten("ep")
         return Mesh(root, views)
 
 
@@ -198,6 +227,25 @@ class Mesh:
 
     def __contains__(self, name: str) -> bool:
         return name in self.views or name in (self.root.mesh_dim_names or ())
+
+
+def check_ep(ep: int, dp_shard: int, cp: int) -> None:
+    """Expert parallelism borrows its ranks from dp_shard x cp: all of cp's and ep / cp of dp_shard's."""
+    if ep < 1:
+        raise ConfigError(f"parallelism.expert_parallel_degree={ep} must be at least 1")
+    if ep == 1:
+        return
+    if ep % cp:
+        raise ConfigError(
+            f"parallelism.expert_parallel_degree={ep} must be a multiple of context_parallel_degree={cp}: "
+            "expert parallelism borrows every context-parallel rank"
+        )
+    if dp_shard % (ep // cp):
+        raise ConfigError(
+            f"parallelism.expert_parallel_degree={ep} borrows its ranks from data_parallel_shard_degree x "
+            f"context_parallel_degree = {dp_shard} x {cp}, which it does not divide; use a degree that divides "
+            f"{dp_shard * cp} and is a multiple of {cp}"
+        )
 
 
 def _factors(dims: Sequence[MeshDim], degrees: dict[str, int]) -> str:

@@ -1,6 +1,6 @@
 """The one place that turns a plain model into a parallel one, in a fixed order, then materialises it.
 
-Order (docs/architecture.md): tensor parallel → context parallel → float8 → activation checkpointing → compile →
+Order (docs/architecture.md): tensor parallel → expert parallel → context parallel → float8 → activation checkpointing → compile →
 FSDP/HSDP (over data-parallel shards x context-parallel ranks) or DDP.
 The float8 module swap itself runs first, because it replaces the linear modules that tensor parallelism
 registers its hooks on; the tensor-parallel plan then shards the float8 layers.
@@ -18,8 +18,9 @@ from titanlite.models.common.interface import DecoderModule
 from titanlite.parallel.activation_checkpoint import apply_ac
 from titanlite.parallel.compile import apply_compile
 from titanlite.parallel.context_parallel import apply_cp
-from titanlite.parallel.data_parallel import apply_ddp, apply_fsdp
+from titanlite.parallel.data_parallel import ExpertSharding, apply_ddp, apply_fsdp
 from titanlite.parallel.dims import ParallelDims
+from titanlite.parallel.expert_parallel import apply_ep, expert_modules
 from titanlite.parallel.float8 import apply_float8
 from titanlite.parallel.tensor_parallel import apply_tp
 
@@ -53,12 +54,18 @@ def parallelize(
     apply_float8(model, float8, fsdp=dims.fsdp_enabled, tp=dims.tp)
     if dims.tp_enabled:
         apply_tp(model, mesh["tp"], loss_parallel=loss_parallel, chunked_loss=chunked_loss)
+    if dims.ep_enabled:
+        apply_ep(model, mesh["ep"])
     if dims.cp_enabled:
         apply_cp(model, mesh["cp"])
     apply_ac(model, ac)
     apply_compile(model, compile_cfg)
     if dims.fsdp_enabled:
         dp_mesh = mesh[("dp_replicate", "dp_shard_cp")] if dims.dp_replicate > 1 else mesh["dp_shard_cp"]
+        experts = None
+        if dims.ep_enabled:
+            efsdp = mesh[("dp_replicate", "dp_shard_mod_ep")] if dims.dp_replicate > 1 else mesh["dp_shard_mod_ep"]
+            experts = ExpertSharding(expert_modules(model), efsdp, dims.dp_replicate * dims.view_degree("dp_shard_cp"))
         cuda = device.type == "cuda"
         apply_fsdp(
             model,
@@ -68,6 +75,7 @@ def parallelize(
             reshard_after_forward=reshard_after_forward(parallelism.fsdp_reshard_after_forward, dims.pp_enabled),
             cpu_offload=training.enable_cpu_offload,
             loss_reads_head=chunked_loss,
+            experts=experts,
         )
     return model
 

@@ -28,6 +28,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from titanlite.models.common.auxiliary import add_auxiliary_loss
 from titanlite.models.common.moe_args import MoEArgs
@@ -177,19 +178,25 @@ class GroupedExperts(nn.Module):
             return self.forward_grouped(x, counts)
         return self.forward_loop(x, counts)
 
+    def local_weights(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """w1, w3, w2 of the experts this rank computes: all of them, or under expert parallelism (whose hooks
+        hand forward the tokens and counts of this rank's experts only) its shard of each DTensor."""
+        return tuple(w.to_local() if isinstance(w, DTensor) else w for w in (self.w1, self.w3, self.w2))  # type: ignore[return-value]
+
     def forward_grouped(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         offs = counts.cumsum(0).to(torch.int32)  # each group's end row, on the device: no host read
-        w1, w3, w2 = (w.to(x.dtype).transpose(-2, -1) for w in (self.w1, self.w3, self.w2))
+        w1, w3, w2 = (w.to(x.dtype).transpose(-2, -1) for w in self.local_weights())
         h = F.silu(torch._grouped_mm(x, w1, offs=offs)) * torch._grouped_mm(x, w3, offs=offs)  # [M, hidden]
         return torch._grouped_mm(h, w2, offs=offs)
 
     def forward_loop(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        w1, w3, w2 = self.local_weights()
         if x.device.type == "meta":  # shapes only (the planner's meta runs): no counts to read
-            return F.linear(F.silu(F.linear(x, self.w1[0])) * F.linear(x, self.w3[0]), self.w2[0])
+            return F.linear(F.silu(F.linear(x, w1[0])) * F.linear(x, w3[0]), w2[0])
         outs = []
         for e, rows in enumerate(torch.split(x, counts.tolist())):  # the host reads the counts
-            h = F.silu(F.linear(rows, self.w1[e])) * F.linear(rows, self.w3[e])
-            outs.append(F.linear(h, self.w2[e]))
+            h = F.silu(F.linear(rows, w1[e])) * F.linear(rows, w3[e])
+            outs.append(F.linear(h, w2[e]))
         return torch.cat(outs)
 
 
