@@ -24,7 +24,6 @@ def moe_decoder_spec(
         hf_weights=hf_weights,
         tp_split_sizes=args.split_sizes,
         hf=HFConfig(name, read, write, experts=True),
-        tp_refusal=args.tp_refusal,
         with_depth=args.with_depth,
         flops="titanlite.models.common.flops:moe_flops_per_token",
         auxiliary_losses=args.auxiliary_losses,

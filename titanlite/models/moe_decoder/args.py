@@ -38,15 +38,6 @@ def split_sizes(args: MoEDecoderArgs) -> dict[str, int]:
     return tp_split_sizes(args)
 
 
-def tp_refusal(args: MoEDecoderArgs) -> str | None:
-    """Tensor parallelism would leave the experts whole on every rank with a replicated input, which this
-    family's plan does not express yet: refused until expert parallelism lands."""
-    return (
-        f"experts of {args.family}'s mixture-of-experts blocks (not split by tensor parallelism yet; shard them "
-        "with parallelism.data_parallel_shard_degree)"
-    )
-
-
 def auxiliary_losses(args: MoEDecoderArgs) -> tuple[str, ...]:
     names = ("load_balance",) if args.moe.balance == "aux_loss" and args.moe.aux_loss_coef > 0 else ()
     return names + (("router_z",) if args.moe.z_loss_coef > 0 else ())
