@@ -10,11 +10,14 @@ and the model adds ONE term after its blocks,
                                                    P_i = (sum over layers and tokens of i's probability) / (L * N),
 
 L the MoE blocks that ran and N the tokens of the forward (a micro-batch on one rank). That is not a per-layer
-sum (f and P are pooled over the layers before the product), so no per-layer coefficient gives it. On a
-pipeline, each stage pools the blocks it holds. The router z-loss, when set, stays per block."""
+sum (f and P are pooled over the layers before the product), so no per-layer coefficient gives it. Where ranks
+split the forward's sequences (context parallelism), the statistics are summed over them first
+(PooledBalance.reduce, set by the layout), so each rank adds the term of the whole micro-batch. On a pipeline,
+each stage pools the blocks it holds. The router z-loss, when set, stays per block."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -35,6 +38,9 @@ class PooledBalance:
     per-expert token counts (no gradient) and summed router probabilities (the router's gradient)."""
 
     def __init__(self) -> None:
+        # Sums a tensor over the ranks that hold other tokens of the same sequences, differentiably (context
+        # parallelism sets it: titanlite/parallel/context_parallel.py); None: this rank holds them all.
+        self.reduce: Callable[[torch.Tensor], torch.Tensor] | None = None
         self.active = False
         self.counts: list[torch.Tensor] = []
         self.prob_sums: list[torch.Tensor] = []
@@ -54,9 +60,14 @@ class PooledBalance:
 
     def loss(self, n_experts: int) -> torch.Tensor:
         """n_experts * sum_i f_i * P_i over every recorded block's tokens (f_i summing to top_k)."""
-        fraction = torch.stack(self.counts).sum(dim=0).float() / self.rows
-        mean_prob = torch.stack(self.prob_sums).sum(dim=0) / self.rows
-        return n_experts * (fraction * mean_prob).sum()
+        counts = torch.stack(self.counts).sum(dim=0).float()
+        prob_sums = torch.stack(self.prob_sums).sum(dim=0)
+        rows = torch.full((), float(self.rows), device=counts.device)
+        if self.reduce is not None:
+            counts, prob_sums, rows = self.reduce(torch.cat([counts, prob_sums, rows[None]])).split(
+                [counts.numel(), prob_sums.numel(), 1]
+            )
+        return n_experts * (counts / rows * prob_sums / rows).sum()
 
 
 class PooledMoE(MoE):
