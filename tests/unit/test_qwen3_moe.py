@@ -1,8 +1,8 @@
 """The MoE decoder's families against transformers: a random Qwen3-MoE folder (a dense layer by mlp_only_layers,
 renormalised top-k), and OLMoE and Mixtral folders, import with transformers' logits to 1e-5 and its aux_loss; a
 trained model of each exports as its transformers class with our logits; Qwen3-30B-A3B counts transformers'
-parameters; the FLOPs count active parameters; tensor parallelism and what a config.json cannot say are refused
-in one line; activation checkpointing changes nothing; a short CPU run logs aux_load_balance."""
+parameters; the FLOPs count active parameters; an impossible expert-parallel degree and what a config.json cannot
+say are refused in one line; activation checkpointing changes nothing; a short CPU run logs aux_load_balance."""
 
 import dataclasses
 import json
@@ -27,7 +27,6 @@ from titanlite.models.common.init import init_weights  # noqa: E402
 from titanlite.models.common.moe import MoE, load_balancing_loss  # noqa: E402
 from titanlite.models.hf_config import args_from_hf_config, hf_config  # noqa: E402
 from titanlite.models.registry import spec_named  # noqa: E402
-from titanlite.parallel.tensor_parallel import check_tp_degree  # noqa: E402
 
 FLAVORS = spec_named("qwen3_moe").flavors
 VOCAB = 300
@@ -211,20 +210,30 @@ def test_flops_count_the_active_experts_only():
     assert 3.3e9 < active + args.vocab_size * args.dim < 3.4e9
 
 
-TP_REFUSAL = (
-    "parallelism.tensor_parallel_degree=2 cannot split the experts of qwen3_moe's mixture-of-experts blocks "
-    "(not split by tensor parallelism yet; shard them with parallelism.data_parallel_shard_degree); use 1"
-)
+def check(*args: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "titanlite.commands.cli", "check", "--model.name", "qwen3_moe", *args]
+    return subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=120)
 
 
-def test_tensor_parallelism_is_refused_in_one_line():
-    with pytest.raises(ConfigError) as e:
-        check_tp_degree(2, FLAVORS["debug"], 32)
-    assert str(e.value) == TP_REFUSAL
-    cmd = [sys.executable, "-m", "titanlite.commands.cli", "check", "--world-size", "2", "--model.name", "qwen3_moe",
-           "--parallelism.tensor_parallel_degree", "2"]  # fmt: skip
-    proc = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2 and proc.stderr == f"titanlite: error: {TP_REFUSAL}\n", proc.stderr
+@pytest.mark.parametrize(
+    "world, args, message",
+    [
+        (4, ["--parallelism.expert_parallel_degree", "3"], "parallelism.expert_parallel_degree=3 borrows its ranks "
+         "from data_parallel_shard_degree x context_parallel_degree = 4 x 1, which it does not divide; use a degree "
+         "that divides 4 and is a multiple of 1"),
+        (8, ["--parallelism.expert_parallel_degree", "2", "--parallelism.context_parallel_degree", "4"],
+         "parallelism.expert_parallel_degree=2 must be a multiple of context_parallel_degree=4: expert parallelism "
+         "borrows every context-parallel rank"),
+        (16, ["--parallelism.expert_parallel_degree", "16"], "parallelism.expert_parallel_degree=16 does not divide "
+         "the 8 experts of each qwen3_moe block; use a degree that divides 8"),
+        (2, ["--model.name", "llama3", "--parallelism.expert_parallel_degree", "2"],
+         "parallelism.expert_parallel_degree=2 splits mixture-of-experts blocks, but model llama3 has none; set it "
+         "to 1"),
+    ],
+)  # fmt: skip
+def test_an_impossible_expert_parallel_degree_is_refused_in_one_line_before_launch(world, args, message):
+    proc = check("--world-size", str(world), *args)
+    assert proc.returncode == 2 and proc.stderr == f"titanlite: error: {message}\n", proc.stderr
 
 
 def test_a_folder_missing_one_experts_tensor_is_refused_naming_it(tmp_path):

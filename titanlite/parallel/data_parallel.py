@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import Shard
 from torch.nn.parallel import DistributedDataParallel
 
@@ -70,26 +70,27 @@ class ExpertSharding:
     `divide_factor`, the whole data-parallel size (each expert's gradient already sums the tokens of its ep
     ranks, which FSDP's own mean over `mesh` would leave counted ep times)."""
 
-    modules: list[nn.Module]
+    modules: Sequence[nn.Module]
     mesh: DeviceMesh
     divide_factor: int
+    local_experts: int  # experts per ep rank
 
 
 def shard_experts(experts: ExpertSharding, reshard_after_forward: bool, **shard: Any) -> None:
     """One FSDP unit per block's experts, on dim 0 (their local experts) or, with fewer local experts than
     shards, dim 1, so no shard is empty."""
     shards = experts.mesh.shape[-1]  # FSDP's shards (the last dimension; a first one is HSDP's replicas)
+    placement = Shard(0) if experts.local_experts >= shards else Shard(1)
     for module in experts.modules:
-        local_experts = module.w1.shape[0] // math.prod(module.w1.device_mesh.shape)
-        placement = Shard(0) if local_experts >= shards else Shard(1)
         fully_shard(
             module, reshard_after_forward=reshard_after_forward, shard_placement_fn=lambda _: placement, **shard
         )
-        module.set_gradient_divide_factor(experts.divide_factor)
+        unit = cast(FSDPModule, module)
+        unit.set_gradient_divide_factor(experts.divide_factor)
         # gloo has no pre-multiplied sum: divide after a plain one. Not with one shard, where FSDP divides as it
         # copies (torch 2.13 would then divide again; the HSDP all-reduce sums either way).
-        if experts.mesh.device_type != "cuda" and experts.mesh.shape[-1] > 1:
-            module.set_force_sum_reduction_for_comms(True)
+        if experts.mesh.device_type != "cuda" and shards > 1:
+            unit.set_force_sum_reduction_for_comms(True)
 
 
 def apply_ddp(model: nn.Module, dp_mesh: DeviceMesh) -> nn.Module:

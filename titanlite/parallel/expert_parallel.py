@@ -71,8 +71,8 @@ class ExpertParallel(ParallelStyle):
             module,
             device_mesh,
             partition_fn=self.partition,
-            input_fn=self.dispatch,
-            output_fn=self.combine,
+            input_fn=self.dispatch,  # type: ignore[arg-type]  # torch's hint says None; a returned value replaces
+            output_fn=self.combine,  # type: ignore[arg-type]
         )
 
 

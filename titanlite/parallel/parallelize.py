@@ -1,7 +1,7 @@
 """The one place that turns a plain model into a parallel one, in a fixed order, then materialises it.
 
-Order (docs/architecture.md): tensor parallel → expert parallel → context parallel → float8 → activation checkpointing → compile →
-FSDP/HSDP (over data-parallel shards x context-parallel ranks) or DDP.
+Order (docs/architecture.md): tensor parallel → expert parallel → context parallel → float8 → activation checkpointing
+→ compile → FSDP/HSDP (over data-parallel shards x context-parallel ranks) or DDP.
 The float8 module swap itself runs first, because it replaces the linear modules that tensor parallelism
 registers its hooks on; the tensor-parallel plan then shards the float8 layers.
 """
@@ -65,7 +65,8 @@ def parallelize(
         experts = None
         if dims.ep_enabled:
             efsdp = mesh[("dp_replicate", "dp_shard_mod_ep")] if dims.dp_replicate > 1 else mesh["dp_shard_mod_ep"]
-            experts = ExpertSharding(expert_modules(model), efsdp, dims.dp_replicate * dims.view_degree("dp_shard_cp"))
+            divide = dims.dp_replicate * dims.view_degree("dp_shard_cp")
+            experts = ExpertSharding(expert_modules(model), efsdp, divide, model.args.moe.n_experts // dims.ep)
         cuda = device.type == "cuda"
         apply_fsdp(
             model,

@@ -1,0 +1,91 @@
+"""Expert parallelism (gloo, fp32) gives one process's losses, grad norms, validation losses and load-balancing terms,
+alone and beside FSDP, tensor and context parallelism, and its checkpoints resume on other EP degrees.
+
+Every run takes micro-batches of 2 sequences (a global batch of 8): the load-balancing term is a function of a
+micro-batch's routing as a whole (transformers' pooled loss), so the one-process reference accumulates the same 4
+micro-batches that the ranks of each layout run."""
+
+import json
+import shutil
+
+import pytest
+
+from tests.helpers import VALIDATED, assert_close, assert_matches, metrics, torchrun
+
+pytestmark = pytest.mark.distributed
+
+MOE = [
+    "--config",
+    "train_configs/qwen3_moe_debug.toml",
+    *VALIDATED,
+    "--training.global_batch_size",
+    "8",
+    "--training.local_batch_size",
+    "2",
+]
+CHECKPOINTED = ["--checkpoint.enable", "--checkpoint.interval", "3"]
+EP = "--parallelism.expert_parallel_degree"
+LAYOUTS = {
+    "ep4": (4, [EP, "4"]),
+    "fsdp2_ep2": (4, [EP, "2"]),  # dp_shard 4: each expert shard is FSDP-sharded over 2 ranks
+    "ep2_tp2": (4, [EP, "2", "--parallelism.tensor_parallel_degree", "2"]),
+    "ep2_cp2": (4, [EP, "2", "--parallelism.context_parallel_degree", "2"]),
+}
+
+
+def train(nproc, args, run_dir):
+    proc = torchrun(nproc, [*MOE, *args], run_dir)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return proc
+
+
+def assert_same_run(records, reference):
+    assert_matches(records, reference)
+    assert_close([r["aux_load_balance"] for r in records], [r["aux_load_balance"] for r in reference], 1e-5)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("single")
+    train(1, [], run_dir)
+    return metrics(run_dir)
+
+
+@pytest.fixture(scope="module")
+def ep2(tmp_path_factory):
+    """EP x 2 on 2 ranks (each holds 4 of the 8 experts), checkpointed at steps 3 and 5."""
+    run_dir = tmp_path_factory.mktemp("ep2")
+    proc = train(2, [EP, "2", *CHECKPOINTED], run_dir)
+    return run_dir, proc
+
+
+def test_ep2_matches_one_process(reference, ep2):
+    run_dir, proc = ep2
+    assert "ep 2 (of shard x cp)" in proc.stdout
+    assert_same_run(metrics(run_dir), reference)
+
+
+@pytest.mark.slow  # four 4-rank runs, about 80 s: CI runs them
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_expert_parallel_layouts_match_one_process(tmp_path, reference, layout):
+    nproc, args = LAYOUTS[layout]
+    train(nproc, args, tmp_path)
+    assert_same_run(metrics(tmp_path), reference)
+
+
+@pytest.mark.slow  # two runs, about 30 s: CI runs them
+@pytest.mark.parametrize("nproc, ep", [(2, 1), (4, 4)])
+def test_an_ep2_checkpoint_resumes_on_another_ep_degree(tmp_path, ep2, nproc, ep):
+    """The EP x 2 run's step-3 checkpoint continues on EP x 1 (FSDP x 2) and on EP x 4 with its losses."""
+    straight, _ = ep2
+    (tmp_path / "run").mkdir()
+    shutil.copytree(straight / "run" / "step-3", tmp_path / "run" / "step-3")
+    first = (straight / "run" / "metrics.jsonl").read_text().splitlines()[:3]
+    (tmp_path / "run" / "metrics.jsonl").write_text("\n".join(first) + "\n")
+    proc = train(nproc, [EP, str(ep), *CHECKPOINTED], tmp_path)
+    assert "resumed from" in proc.stdout and "at step 3" in proc.stdout
+    resumed, expected = metrics(tmp_path), metrics(straight)
+    assert [r["step"] for r in resumed] == [1, 2, 3, 4, 5]
+    assert_close([r["loss"] for r in resumed[3:]], [r["loss"] for r in expected[3:]], 1e-5)
+    assert_close([r["aux_load_balance"] for r in resumed[3:]], [r["aux_load_balance"] for r in expected[3:]], 1e-5)
+    assert json.loads(first[-1])["step"] == 3
