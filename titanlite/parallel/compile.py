@@ -7,6 +7,7 @@ import torch
 from titanlite.components.loss import cross_entropy
 from titanlite.config import Compile
 from titanlite.models.common.interface import DecoderModule
+from titanlite.models.common.moe import GroupedExperts
 
 
 def apply_compile(model: DecoderModule, cfg: Compile) -> None:
@@ -15,8 +16,11 @@ def apply_compile(model: DecoderModule, cfg: Compile) -> None:
     if not (cfg.enable and "model" in cfg.components):
         return
     for key, block in list(model.layers.items()):
+        # A mixture-of-experts block reads its routed counts on the host (the expert loop's splits, expert
+        # parallelism's all-to-all sizes) and holds the experts' own FSDP unit: its graph breaks there.
+        whole = not any(isinstance(m, GroupedExperts) for m in block.modules())
         # torch.compile of a module is a module (OptimizedModule); its stub says only Callable.
-        model.layers.register_module(key, torch.compile(block, fullgraph=True, **compile_options(cfg)))  # type: ignore[arg-type]
+        model.layers.register_module(key, torch.compile(block, fullgraph=whole, **compile_options(cfg)))  # type: ignore[arg-type]
 
 
 def compiled_loss(loss_fn, cfg: Compile, loss_parallel: bool):
