@@ -21,6 +21,12 @@ def test_filter_skips_named_layers_and_dims_not_multiple_of_16():
     assert not float8_filter([], tp=4)(nn.Linear(64, 96), "x")
 
 
+def test_an_moe_router_stays_in_high_precision_but_its_shared_expert_converts():
+    keep = float8_filter([], tp=1)
+    assert not keep(nn.Linear(64, 128), "layers.0.feed_forward.router.gate")
+    assert keep(nn.Linear(64, 128), "layers.0.feed_forward.shared_expert.w1")
+
+
 def test_conversion_keeps_parameter_names():
     # Checkpoints and the Hugging Face export see the same names with and without float8.
     with torch.device("meta"):

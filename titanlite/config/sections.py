@@ -327,8 +327,9 @@ class Float8:
     precision)."""
     filter_fqns: list[str] = field(default_factory=lambda: ["output"])
     """Linear layers whose name contains one of these stay in high precision. The output projection (the
-    model's head, which the losses apply) always does, whatever this list says, and so do layers whose
-    dimensions (per tensor-parallel shard) are not multiples of 16."""
+    model's head, which the losses apply) always does, whatever this list says, and so do a mixture of experts'
+    routers and layers whose dimensions (per tensor-parallel shard) are not multiples of 16. The routed experts'
+    grouped matmuls are not linear layers and stay in the training dtype."""
     emulate: bool = False
     """Emulate float8 matmuls in high precision: for GPUs below compute capability 8.9 (no speed-up)."""
     fsdp_float8_all_gather: bool = True

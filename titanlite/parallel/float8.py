@@ -86,6 +86,7 @@ def float8_filter(filter_fqns: list[str], tp: int):
         if (
             not isinstance(module, nn.Linear)
             or isinstance(module, OutputHead)  # the losses apply it in high precision (chunked: its weight)
+            or fqn.endswith("router.gate")  # an MoE router's scores choose the experts: kept exact, as TorchTitan does
             or any(part in fqn for part in filter_fqns)
         ):
             return False
