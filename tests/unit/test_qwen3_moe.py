@@ -244,7 +244,7 @@ REFUSED = {
     "num_experts=0": {"num_experts": 0},
     "shared_expert_intermediate_size=64": {"shared_expert_intermediate_size": 64},
     "decoder_sparse_step=0": {"decoder_sparse_step": 0},
-    "top_k=7 exceeds n_experts=6": {"num_experts_per_tok": 7},
+    "num_experts_per_tok=7 exceeds num_local_experts=6": {"num_experts_per_tok": 7},
     "mlp_bias=True": {"mlp_bias": True},
 }
 
