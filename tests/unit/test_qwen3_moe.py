@@ -6,6 +6,7 @@ say are refused in one line; activation checkpointing changes nothing; a short C
 
 import dataclasses
 import json
+import re
 import subprocess
 import sys
 
@@ -253,7 +254,7 @@ REFUSED = {
     "num_experts=0": {"num_experts": 0},
     "shared_expert_intermediate_size=64": {"shared_expert_intermediate_size": 64},
     "decoder_sparse_step=0": {"decoder_sparse_step": 0},
-    "top_k=7 exceeds n_experts=6": {"num_experts_per_tok": 7},
+    "num_experts_per_tok=7 exceeds num_local_experts=6": {"num_experts_per_tok": 7},
     "mlp_bias=True": {"mlp_bias": True},
 }
 
@@ -286,6 +287,12 @@ def test_a_cpu_training_run_logs_the_load_balancing_term(tmp_path):
     proc = torchrun(1, [*args, "--training.seq_len", "64"], tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "model qwen3_moe debug" in proc.stdout
+    # The model line gives total and active parameters: each sparse layer leaves n_experts - top_k experts idle.
+    args = FLAVORS["debug"]
+    sparse = sum(args.moe.is_sparse(i) for i in range(args.n_layers))
+    idle = sparse * (args.moe.n_experts - args.moe.top_k) * 3 * args.dim * args.moe.expert_dim
+    total = int(re.search(r"model qwen3_moe debug: ([\d,]+) parameters", proc.stdout)[1].replace(",", ""))
+    assert f"{total - idle:,} active per token" in proc.stdout, proc.stdout[:1500]
     records = metrics(tmp_path)
     assert [r["step"] for r in records] == [2, 4]
     assert all(0 < r["aux_load_balance"] < 0.01 for r in records)  # 0.001 times about top_k = 2

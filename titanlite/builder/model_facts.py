@@ -23,6 +23,7 @@ from titanlite.components.loss import cross_entropy
 from titanlite.components.metrics import flops_per_token
 from titanlite.data.tokenizer import build_tokenizer
 from titanlite.models.common.build import configured_model
+from titanlite.models.common.flops import active_parameters
 from titanlite.parallel.activation_checkpoint import SAVE_OPS
 from titanlite.parallel.tensor_parallel import tp_refusal, tp_split_sizes
 
@@ -47,6 +48,7 @@ class ModelFacts:
     tp_sizes: dict[str, int] = field(default_factory=dict)  # what a TP degree must divide (tp_split_sizes)
     kv_width: int = 0  # key (and value) channels per token: KV heads x head_dim (what context parallelism gathers)
     tp_refusal: str = ""  # why the family cannot be split by TP at all (its spec's tp_refusal); "": it can
+    active_params: int = 0  # what one token uses (flops.active_parameters): below params for a mixture of experts
 
     @property
     def params(self) -> int:
@@ -98,6 +100,7 @@ def model_facts(cfg, seq_len: int) -> ModelFacts:
         tp_sizes=tp_split_sizes(args),
         kv_width=getattr(args, "n_kv_heads", args.n_heads) * args.head_dim,
         tp_refusal=tp_refusal(args) or "",
+        active_params=active_parameters(model),
     )
     measure_saved_tensors(model, facts, seq_len)
     return facts

@@ -24,6 +24,7 @@ from titanlite.config import JobConfig, to_toml
 from titanlite.engine.trainer import Resilience, StepFigures, StepSettings, Trainer
 from titanlite.engine.validator import EvalBatches, Validator
 from titanlite.models.common.build import configured_args
+from titanlite.models.common.flops import active_parameters
 from titanlite.models.common.interface import unwrapped
 from titanlite.parallel.float8 import describe_float8
 
@@ -139,6 +140,7 @@ def startup_lines(
     lines = [
         f"titanlite: {cfg.job.name} {cfg.job.description} on {', '.join(s.label for s in corpus.stores)}",
         f"  model {describe_model(cfg)}: {n_params:,} parameters ({n_params / 1e6:.1f} M), "
+        f"{describe_active(setup.plain_model, n_params)}"
         f"vocab {setup.plain_model.args.vocab_size} (tokenizer {cfg.model.tokenizer}), seq_len {cfg.training.seq_len}, "
         f"dtype {str(setup.param_dtype).removeprefix('torch.')}",
         f"  layout: {plan.dims.describe()} on {world_size} {device.type} process(es); global batch "
@@ -162,6 +164,14 @@ def startup_lines(
             f"{pp.n_microbatches} micro-batches of {cfg.parallelism.pipeline_parallel_microbatch_size}; {pp.describe()}"
         )
     return lines
+
+
+def describe_active(model, n_params: int) -> str:
+    """For a mixture of experts, the parameters one token uses (and that MFU and TFLOP/s count); "" if dense."""
+    active = active_parameters(model)
+    if active == n_params:
+        return ""
+    return f"{active:,} active per token ({active / 1e6:.1f} M; MFU and TFLOP/s count these), "
 
 
 def describe_attention(cfg: JobConfig, cp: int) -> str:

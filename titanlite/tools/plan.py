@@ -125,6 +125,13 @@ def machine_line(machine: Machine, mem: float, headroom: float) -> str:
     return line
 
 
+def active_part(facts: ModelFacts) -> str:
+    """ ", N active per token (x B)" for a mixture of experts (the parameters one token uses); "" if dense."""
+    if not 0 < facts.active_params < facts.params:
+        return ""
+    return f", {facts.active_params:,} active per token ({facts.active_params / 1e9:.2f} B)"
+
+
 def print_plan(cfg, facts: ModelFacts, rows: list[dict], machine: Machine, mem: float, headroom: float) -> None:
     device, tflops = machine.device, machine.tflops
     dtype = (
@@ -138,7 +145,7 @@ def print_plan(cfg, facts: ModelFacts, rows: list[dict], machine: Machine, mem: 
     loss = loss_path(own["setting"]) + (f" (layouts with TP: {', '.join(sorted(losses))})" if losses else "")
     print(
         f"titanlite plan: {cfg.model.name} {cfg.model.flavor}, {facts.params:,} parameters ({facts.params / 1e9:.2f} "
-        f"B), seq {cfg.training.seq_len}; {device}, fp32 weights and AdamW, {dtype}; {loss}"
+        f"B){active_part(facts)}, seq {cfg.training.seq_len}; {device}, fp32 weights and AdamW, {dtype}; {loss}"
         + ("; CPU offload keeps the FSDP shards, gradients and AdamW state in host memory (host)" if offload else "")
     )
     print("machine: " + machine_line(machine, mem, headroom))

@@ -1,8 +1,11 @@
 """Training FLOPs per token of a dense decoder: the formula every dense family's spec names (`ModelSpec.flops`). A
 family whose matmuls differ (a mixture of experts: only the routed experts' parameters work per token) names its
-own function of (model, seq_len) instead."""
+own function of (model, seq_len) instead. Also the parameters one token uses (active_parameters), which the
+start-up log and `titanlite plan` show beside the total for a mixture of experts."""
 
 from __future__ import annotations
+
+from torch import nn
 
 from titanlite.models.common.interface import DecoderModule
 from titanlite.models.common.moe import GroupedExperts, MoE
@@ -36,12 +39,25 @@ def moe_flops_per_token(model: DecoderModule, seq_len: int) -> float:
     dense_flops_per_token's formula with N_active in place of N: each MoE block's routed experts count
     top_k / n_experts of their parameters (a token runs through top_k of them), while the router's gate, any
     shared expert, attention, norms, dense layers and the output projection count whole. Dispatch (sorting,
-    gathering, the weighted sum of the k outputs) is not counted, as norms and softmax are not.
+    gathering, the weighted sum of the k outputs) is not counted, as norms and softmax are not. N_active is
+    active_parameters less the embedding tables (lookups), plus a tied output projection (a matmul).
     """
-    idle = 0.0
+    return dense_flops_per_token(model, seq_len) - 6.0 * idle_expert_parameters(model)
+
+
+def idle_expert_parameters(model: nn.Module) -> int:
+    """The routed experts' parameters one token does not use: n_experts - top_k experts of every MoE block."""
+    idle = 0
     for module in model.modules():
         if isinstance(module, MoE):
             experts: GroupedExperts = module.experts
-            share = module.args.top_k / module.args.n_experts
-            idle += (1 - share) * sum(p.numel() for p in experts.parameters())
-    return dense_flops_per_token(model, seq_len) - 6.0 * idle
+            per_expert = sum(p.numel() for p in experts.parameters()) // module.args.n_experts
+            idle += (module.args.n_experts - module.args.top_k) * per_expert
+    return idle
+
+
+def active_parameters(model: nn.Module) -> int:
+    """The parameters one token uses: all of them (embedding tables included, as model cards count them) but
+    the idle routed experts of each MoE block (top_k of n_experts work per token). A dense model's total."""
+    total = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+    return total - idle_expert_parameters(model)

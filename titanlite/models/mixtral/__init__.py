@@ -65,6 +65,8 @@ def read(config: dict, where: str) -> MoEDecoderArgs:
     base = DECODER.read(config, where)
     moe = block_from_config(
         where,
+        config,
+        "num_local_experts",
         n_experts=config.get("num_local_experts", 8),
         top_k=config.get("num_experts_per_tok", 2),
         expert_dim=base.ffn_dim,

@@ -17,12 +17,24 @@ def with_moe(base: LlamaArgs, moe: MoEArgs) -> MoEDecoderArgs:
     return MoEDecoderArgs(**{f.name: getattr(base, f.name) for f in dataclasses.fields(LlamaArgs)}, moe=moe)
 
 
-def block_from_config(where: str, **fields) -> MoEArgs:
-    """MoEArgs(**fields), a field it refuses (top_k above n_experts, ...) refused in one line naming where."""
+def block_from_config(where: str, config: dict, experts_key: str, **fields) -> MoEArgs:
+    """MoEArgs(**fields), a field it refuses refused in one line naming where; top_k above n_experts is named by
+    config.json's own keys (num_experts_per_tok and experts_key, the family's count of experts)."""
+    check_top_k(where, config, experts_key, fields["top_k"], fields["n_experts"])
     try:
         return MoEArgs(**fields)
     except ValueError as e:
         raise ConfigError(f"{where} is not supported: {e}") from e
+
+
+def check_top_k(where: str, config: dict, experts_key: str, top_k: int, n_experts: int) -> None:
+    """Refuse more experts per token than the block has (top-k of n needs k <= n), in config.json's names."""
+    if top_k > n_experts:
+        default = "" if "num_experts_per_tok" in config else " (the default: config.json does not set it)"
+        raise ConfigError(
+            f"{where} num_experts_per_tok={top_k}{default} exceeds {experts_key}={n_experts}: each token is routed "
+            f"to num_experts_per_tok distinct experts; set num_experts_per_tok to at most {n_experts}"
+        )
 
 
 def check_expressible(moe: MoEArgs, family: str, dense_layers: bool = True) -> None:

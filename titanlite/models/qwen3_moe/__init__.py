@@ -24,7 +24,7 @@ from titanlite.models.llama3.hf_config import (
 )
 from titanlite.models.moe_decoder import moe_decoder_spec
 from titanlite.models.moe_decoder.args import MoEDecoderArgs
-from titanlite.models.moe_decoder.hf_config import check_expressible, with_moe
+from titanlite.models.moe_decoder.hf_config import check_expressible, check_top_k, with_moe
 
 
 def _qwen3_moe_30b_a3b() -> MoEDecoderArgs:
@@ -93,13 +93,15 @@ def moe_from_config(config: dict, n_layers: int, where: str) -> MoEArgs:
             config["shared_expert_intermediate_size"],
             "qwen3_moe has no shared expert",
         )
+    top_k = config.get("num_experts_per_tok", 8)
+    check_top_k(where, config, "num_local_experts" if "num_experts" not in config else "num_experts", top_k, n_experts)
     try:
         dense = dense_layers_from_hf(
             n_layers, config.get("mlp_only_layers") or [], config.get("decoder_sparse_step", 1)
         )
         return MoEArgs(
             n_experts=n_experts,
-            top_k=config.get("num_experts_per_tok", 8),
+            top_k=top_k,
             expert_dim=config.get("moe_intermediate_size", 768),
             norm_topk_prob=bool(config.get("norm_topk_prob", False)),
             aux_loss_coef=config.get("router_aux_loss_coef", 0.001),
