@@ -201,14 +201,26 @@ def sequence_from_keywords(module: nn.Module, args: tuple, kwargs: dict) -> tupl
     return args, kwargs
 
 
+def carry_as_keyword(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """A stage part's forward pre-hook: the schedule hands a part the previous part's outputs positionally, so
+    where a family's part returns (h, carry) (MoE families: the pooled routing statistics, for the one
+    load-balancing term the last stage adds), the carry goes to the next part's forward as the keyword `carry`."""
+    if len(args) == 2:
+        h, carry = args
+        return (h,), {**kwargs, "carry": carry}
+    return args, kwargs
+
+
 def build_schedule(
     parts: list[nn.Module], plan: PipelinePlan, pp_group, pp_rank: int, device, loss_fn, csv: str
 ) -> tuple[PipelineScheduleSingle | PipelineScheduleMulti, list[PipelineStage]]:
     """The schedule over this rank's stages. Each stage takes the batch's Sequence, when there is one, as
-    keyword tensors (sequence_from_keywords); the stage module stays the part itself, so the schedule still
-    drives FSDP's and DDP's gradient sync."""
+    keyword tensors (sequence_from_keywords), and the previous part's carry, when it returns one, as a keyword
+    (carry_as_keyword); the stage module stays the part itself, so the schedule still drives FSDP's and DDP's
+    gradient sync."""
     for part in parts:
         part.register_forward_pre_hook(sequence_from_keywords, with_kwargs=True)
+        part.register_forward_pre_hook(carry_as_keyword, with_kwargs=True)
     stages = [
         PipelineStage(part, stage, plan.num_stages, device, group=pp_group)
         for part, stage in zip(parts, plan.stage_ids(pp_rank))

@@ -42,12 +42,15 @@ class Decoder(Protocol):
         sequence: Sequence | None = None,
         *,
         logits: bool = True,
-    ) -> torch.Tensor:
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Logits [B, T, vocab] of tokens [B, T]; with logits=False, the final hidden states [B, T, dim] (after
         the final norm), which the training losses take together with `output` (titanlite/components/loss.py).
         Either way the last stage calls `output` (as `output(h, project=logits)`), so FSDP and tensor
         parallelism see the same module calls. A later pipeline stage receives hidden states instead of tokens
-        and returns hidden states unless it holds `output`. With a cache, the tokens continue the cached
+        and returns hidden states unless it holds `output`; a family may hand the next stage a tensor beside
+        them, returning (h, carry) from a part without `output` and taking the keyword `carry=` in the next
+        (titanlite/parallel/pipeline.py passes it on; the MoE families' pooled routing statistics). The whole
+        model returns one tensor. With a cache, the tokens continue the cached
         sequence (generation). `sequence`: the tokens' positions and documents
         (titanlite/models/common/attention.py), for block-causal masks and context parallelism; each block's
         attention runs through its `core` module (a CoreAttention, built by name: build_core), which context

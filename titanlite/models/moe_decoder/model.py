@@ -12,8 +12,11 @@ and the model adds ONE term after its blocks,
 L the MoE blocks that ran and N the tokens of the forward (a micro-batch on one rank). That is not a per-layer
 sum (f and P are pooled over the layers before the product), so no per-layer coefficient gives it. Where ranks
 split the forward's sequences (context parallelism), the statistics are summed over them first
-(PooledBalance.reduce, set by the layout), so each rank adds the term of the whole micro-batch. On a pipeline,
-each stage pools the blocks it holds. The router z-loss, when set, stays per block."""
+(PooledBalance.reduce, set by the layout), so each rank adds the term of the whole micro-batch. On a pipeline the
+pooled statistics travel with the activations: a stage part before the last returns (h, carry), carry [3, E] its
+blocks' totals plus those it received (PooledBalance.totals), and the last part adds the one term from the totals
+of every stage; backward sends the term's gradient through the pipeline's own P2P to each stage's routers, so the
+term and its gradients are one process's. The router z-loss, when set, stays per block."""
 
 from __future__ import annotations
 
@@ -60,14 +63,28 @@ class PooledBalance:
 
     def loss(self, n_experts: int) -> torch.Tensor:
         """n_experts * sum_i f_i * P_i over every recorded block's tokens (f_i summing to top_k)."""
+        return pooled_loss(self.reduced(self.totals(n_experts, self.counts[0].device)), n_experts)
+
+    def reduced(self, totals: torch.Tensor) -> torch.Tensor:
+        """Totals [3, E] summed over the ranks that hold other tokens of the same sequences (reduce), if any."""
+        return totals if self.reduce is None else self.reduce(totals)
+
+    def totals(self, n_experts: int, device: torch.device) -> torch.Tensor:
+        """The recorded blocks' statistics as one float32 tensor [3, E], what a pipeline stage hands on: row 0 the
+        token counts (integers, exact in float32 up to 2**24), row 1 the probability sums (with the routers'
+        gradient), row 2 the pooled rows L * N in every column. Zeros when no block recorded."""
+        if not self.counts:
+            return torch.zeros(3, n_experts, device=device)
         counts = torch.stack(self.counts).sum(dim=0).float()
         prob_sums = torch.stack(self.prob_sums).sum(dim=0)
-        rows = torch.full((), float(self.rows), device=counts.device)
-        if self.reduce is not None:
-            counts, prob_sums, rows = self.reduce(torch.cat([counts, prob_sums, rows[None]])).split(
-                [counts.numel(), prob_sums.numel(), 1]
-            )
-        return n_experts * (counts / rows * prob_sums / rows).sum()
+        return torch.stack([counts, prob_sums, torch.full_like(counts, self.rows)])
+
+
+def pooled_loss(totals: torch.Tensor, n_experts: int) -> torch.Tensor:
+    """PooledBalance.loss from the totals [3, E] of every stage: the gradient reaches the probability sums only
+    (counts and rows are integers; rows is 0 only if no block of the whole model routed, then so is the term)."""
+    counts, prob_sums, rows = totals[0].detach(), totals[1], totals[2, 0].detach().clamp(min=1)
+    return n_experts * (counts / rows * (prob_sums / rows)).sum()
 
 
 class PooledMoE(MoE):
@@ -108,24 +125,46 @@ class MoEDecoder(Llama):
             if isinstance(module, MoE) and module.router.expert_bias is not None:
                 module.router.expert_bias.zero_()
 
-    def forward(
+    def forward(  # type: ignore[override]  # only a pipeline stage part returns (h, carry), as the Decoder allows
         self,
         tokens: torch.Tensor,
         cache: KVCache | None = None,
         sequence: Sequence | None = None,
         *,
         logits: bool = True,
-    ) -> torch.Tensor:
-        """Llama's forward, plus the load-balancing term of the blocks that ran (module docstring)."""
+        carry: torch.Tensor | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Llama's forward, plus the load-balancing term of the blocks that ran (module docstring). With the pooled
+        term on (balance "aux_loss", aux_loss_coef > 0), a pipeline stage part without the output head returns
+        (h, carry): carry [3, E] the routing totals of its blocks and of the `carry` it received from the stage
+        before (PooledBalance.totals; zeros outside training, so every step hands on the same tensors); the part
+        that holds the head adds the one term from them. The whole model takes and returns what Llama's does."""
         moe = self.args.moe
-        self.balance.start(torch.is_grad_enabled() and moe.balance == "aux_loss" and moe.aux_loss_coef > 0)
+        pooled = moe.balance == "aux_loss" and moe.aux_loss_coef > 0
+        self.balance.start(torch.is_grad_enabled() and pooled)
         try:
             out = super().forward(tokens, cache, sequence, logits=logits)
         finally:
             self.balance.active = False  # a recomputing backward (activation checkpointing) records nothing
-        if self.balance.rows:
-            out = add_auxiliary_loss(out, "load_balance", moe.aux_loss_coef * self.balance.loss(moe.n_experts))
+        if carry is None and self.output is not None:  # the whole model (no pipeline)
+            if self.balance.rows:
+                out = add_auxiliary_loss(out, "load_balance", moe.aux_loss_coef * self.balance.loss(moe.n_experts))
+            self.balance.start(False)
+            return out
+        totals = self.balance.totals(moe.n_experts, out.device)
         self.balance.start(False)
+        if carry is not None:
+            totals = carry + totals
+        if self.output is None:  # a pipeline stage before the last: the totals travel with the activations
+            if not pooled:
+                return out
+            if torch.is_grad_enabled() and not totals.requires_grad:
+                # no routing block before this point: the next stage still sends a gradient for the carry back
+                totals.requires_grad_()
+            return out, totals
+        if torch.is_grad_enabled() and pooled:
+            term = pooled_loss(self.balance.reduced(totals), moe.n_experts)
+            out = add_auxiliary_loss(out, "load_balance", moe.aux_loss_coef * term)
         return out
 
     def init_param(self, name: str, full: torch.Tensor, generator: torch.Generator) -> None:
