@@ -53,6 +53,17 @@ Context parallelism (CP degree c): a rank holds seq_len / c tokens of each seque
 those of a sequence of seq_len / c tokens, plus, per block, the keys and values gathered from the other
 ranks (2 x (c - 1) / c x [b, seq_len, kv_width / tp]), and one attention mask for all blocks (see
 attention_mask_bytes; block-causal masks on one device too); FSDP shards over dp_shard x c.
+
+Mixtures of experts. A MoE block runs whole on every TP rank (titanlite/models/moe_decoder/parallelize.py): TP
+divides neither its parameters nor the activations it saves, and its FLOPs (those of its active parameters,
+moe_flops_per_token) are done tp times. Expert parallelism (EP degree e, ranks borrowed from dp_shard x cp) splits
+each block's routed experts e ways and FSDP shards each share over efsdp = dp_shard x cp / e ranks: the experts'
+weights, gradients and AdamW state per rank are divided by e x efsdp (`experts`, a part of params, grads and
+optim), FSDP gathers 1/e of them (its temporary buffers, its all-gather and reduce-scatter over efsdp ranks), and
+the rest of the model is sharded as without EP. The all-to-all buffers (`dispatch`, dispatch_bytes): the rows the
+running MoE layer receives and sends back, [tokens x top_k, dim] each, one layer at a time. Traffic: per MoE layer
+and micro-batch 2 all-to-alls in forward, 2 in backward (2 more where AC recomputes), each moving (e - 1) / e of
+those rows, in the critical path (not overlapped), over NVLink when the e x tp ranks fit in a node.
 """
 
 from __future__ import annotations
