@@ -1,5 +1,6 @@
 """`titanlite plan --measure`: the estimated peak is within 15 % of the tensor-level peak measured on a
-real run, for the debug models on several layouts, with and without activation checkpointing."""
+real run, for the debug models on several layouts (expert parallelism among them), with and without activation
+checkpointing."""
 
 import json
 import subprocess
@@ -61,6 +62,20 @@ CASES = [
         "llama_zero3",
         2,
         ["--config", "train_configs/llama3_debug.toml", "--training.local_batch_size", "4"],
+        marks=pytest.mark.slow,
+    ),
+    pytest.param(  # expert parallelism: the experts split over both ranks, tokens moved by all-to-all (gloo)
+        "qwen3_moe_ep2_byte",
+        2,
+        [
+            "--config",
+            "train_configs/qwen3_moe_debug.toml",
+            *BYTE,
+            "--training.local_batch_size",
+            "4",
+            "--parallelism.expert_parallel_degree",
+            "2",
+        ],
         marks=pytest.mark.slow,
     ),
     pytest.param(

@@ -237,9 +237,10 @@ def test_interconnect_choices_agree_in_help_check_and_docs():
 
 
 def test_a_family_that_refuses_tensor_parallelism_is_offered_no_tp_layout(tmp_path):
-    # qwen3_moe's spec refuses TP (its experts are not split yet): the planner must not recommend, or even
-    # weigh, a layout the launch check would refuse, and says why it leaves them out.
-    out, data = plan(tmp_path, "--config", "train_configs/qwen3_moe_debug.toml", "--ngpu", "2")
+    # olmo2's spec refuses TP (its qk_norm 'full' normalises each token's whole query and key): the planner must not
+    # recommend, or even weigh, a layout the launch check would refuse, and says why it leaves them out.
+    args = ["--config", "train_configs/llama3_debug.toml", "--model.name", "olmo2", "--model.flavor", "debug"]
+    out, data = plan(tmp_path, *args, "--ngpu", "2")
     rows = data["rows"]
     assert rows and not [r["layout"] for r in rows if "TP" in r["layout"]]
-    assert "not offered (tensor parallelism cannot split the experts of qwen3_moe" in out and "): TP 2" in out
+    assert "not offered (tensor parallelism cannot split the model qk_norm 'full'" in out and "): TP 2" in out

@@ -53,13 +53,24 @@ Context parallelism (CP degree c): a rank holds seq_len / c tokens of each seque
 those of a sequence of seq_len / c tokens, plus, per block, the keys and values gathered from the other
 ranks (2 x (c - 1) / c x [b, seq_len, kv_width / tp]), and one attention mask for all blocks (see
 attention_mask_bytes; block-causal masks on one device too); FSDP shards over dp_shard x c.
+
+Mixtures of experts. A MoE block runs whole on every TP rank (titanlite/models/moe_decoder/parallelize.py): TP
+divides neither its parameters nor the activations it saves, and its FLOPs (those of its active parameters,
+moe_flops_per_token) are done tp times. Expert parallelism (EP degree e, ranks borrowed from dp_shard x cp) splits
+each block's routed experts e ways and FSDP shards each share over efsdp = dp_shard x cp / e ranks: the experts'
+weights, gradients and AdamW state per rank are divided by e x efsdp (`experts`, a part of params, grads and
+optim), FSDP gathers 1/e of them (its temporary buffers, its all-gather and reduce-scatter over efsdp ranks), and
+the rest of the model is sharded as without EP. The all-to-all buffers (`dispatch`, dispatch_bytes): the rows the
+running MoE layer receives and sends back, [tokens x top_k, dim] each, one layer at a time. Traffic: per MoE layer
+and micro-batch 2 all-to-alls in forward, 2 in backward (2 more where AC recomputes), each moving (e - 1) / e of
+those rows, in the critical path (not overlapped), over NVLink when the e x tp ranks fit in a node.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from titanlite.builder.layouts import Layout, candidate_layouts, offload_layouts
+from titanlite.builder.layouts import Layout, candidate_layouts, expert_parallel_layouts, offload_layouts
 from titanlite.builder.model_facts import ModelFacts
 from titanlite.components.loss import chunk_tokens
 from titanlite.parallel.parallelize import loss_parallel_enabled
@@ -134,26 +145,35 @@ def estimate(facts: ModelFacts, lay: Layout, s: Setting) -> dict:
 
 
 def estimate_rank(facts, lay: Layout, s: Setting, layers: list[int], first: bool, last: bool, pp_rank: int) -> dict:
-    tp, shard, cp = lay.dims.tp, lay.dims.view_degree("dp_shard_cp"), lay.dims.cp
+    tp, shard, cp, ep = lay.dims.tp, lay.dims.view_degree("dp_shard_cp"), lay.dims.cp, lay.dims.ep
     s = replace(s, seq_len=s.seq_len // cp)  # a context-parallel rank holds seq_len / cp tokens of each sequence
 
     def local(full: int, split: int) -> float:
         return (full - split) + split / tp
 
-    n_params = sum(local(facts.layer_params[i], facts.layer_tp_split[i]) for i in layers)
+    layer_experts = facts.layer_experts or [0] * facts.n_layers
+    # The routed experts (whole on every TP rank, split over ep by expert parallelism) apart from the rest.
+    experts = float(sum(layer_experts[i] for i in layers))
+    n_params = sum(local(facts.layer_params[i], facts.layer_tp_split[i]) for i in layers) - experts
     if first:
         n_params += local(*facts.ends["first"])
     if last:
         n_params += local(*facts.ends["last"])
     if last and facts.tie and lay.dims.pp > 1 and not first:
         n_params += local(*facts.ends["first"])  # the last stage's copy of the tied embedding
-    sharded = n_params / shard
+    # FSDP shards the rest over dp_shard x cp, an expert-parallel rank's experts over the efsdp ranks
+    # (ep x efsdp = dp_shard x cp: with FSDP, the same share of the experts as without expert parallelism).
+    sharded_experts = experts / (ep * lay.dims.efsdp) if lay.dims.fsdp_enabled else experts
+    sharded = n_params / shard + sharded_experts
     params = 4 * sharded
     optimizer = 2 * 4 * sharded
-    grads = 4 * sharded if lay.dims.fsdp_enabled else 4 * n_params
+    grads = 4 * sharded if lay.dims.fsdp_enabled else 4 * (n_params + experts)
+    expert_states = (
+        16 * sharded_experts
+    )  # of params, grads and optimizer: the experts' fp32 weights, gradients, moments
     host = 0.0
     if lay.offload:  # FSDP keeps the shards, their gradients and AdamW's moments in host memory
-        host, params, grads, optimizer = params + grads + optimizer, 0.0, 0.0, 0.0
+        host, params, grads, optimizer, expert_states = params + grads + optimizer, 0.0, 0.0, 0.0, 0.0
 
     # Activations of one micro-batch on this rank, float32 as measured (per whole sequence: / cp for a
     # context-parallel rank's share), then in the activation dtype.
@@ -164,8 +184,9 @@ def estimate_rank(facts, lay: Layout, s: Setting, layers: list[int], first: bool
     per_layer = []
     for i in layers:
         full = facts.act_layer[i] * scale
-        if tp > 1:  # sequence parallel: all but the two gathered norm outputs are split
-            full = (full - 2 * hidden) / tp + 2 * hidden
+        moe = facts.act_layer_moe[i] * scale if facts.act_layer_moe else 0.0
+        if tp > 1:  # sequence parallel: all but the two gathered norm outputs are split; a MoE block runs whole
+            full = (full - moe - 2 * hidden) / tp + 2 * hidden + moe
         per_layer.append(full + gathered_kv + (attention_mask_bytes(s, cp) if s.compiled else 0.0))
     recompute = 0.0
     if lay.ac == "full":
@@ -208,31 +229,60 @@ def estimate_rank(facts, lay: Layout, s: Setting, layers: list[int], first: bool
 
     fsdp_buffers = 0.0
     if lay.dims.fsdp_enabled:
-        unsharded = n_params * s.param_gather_bytes
-        largest = facts.largest_unit / tp * s.param_gather_bytes
-        gather = unsharded if lay.reshard == "never" else min(unsharded, 2 * largest)
-        fsdp_buffers = gather + facts.largest_unit / tp * 4  # + one unit's unsharded fp32 gradients
+        # Gathered, a rank holds the rest whole (its TP share) and its expert-parallel share of the experts.
+        unsharded = (n_params + experts / ep) * s.param_gather_bytes
+        unit = largest_unit(facts, tp, ep)
+        gather = unsharded if lay.reshard == "never" else min(unsharded, 2 * unit * s.param_gather_bytes)
+        fsdp_buffers = gather + unit * 4  # + one unit's unsharded fp32 gradients
         if s.microbatches > 1 and lay.dims.pp == 1:
             # Without gradient sync on the first micro-batches, FSDP accumulates unsharded gradients.
-            fsdp_buffers += n_params * s.param_gather_bytes
+            fsdp_buffers += unsharded
+    # Expert parallelism's all-to-alls: the rows a MoE layer receives and the rows it sends back (dispatch_bytes).
+    dispatch = dispatch_bytes(facts, lay, s) if any(layer_experts[i] for i in layers) else 0.0
     # Three moments: backward starts (all kept activations and the loss's gradients); a checkpointed
     # block is recomputed (its full activations beside the kept ones, the loss's gradients gone);
     # backward ends (all gradients).
     start_of_backward = activations + loss_grads + fsdp_buffers
-    recomputing = activations + recompute + fsdp_buffers
+    recomputing = activations + recompute + fsdp_buffers + dispatch  # a MoE block's forward again: its all-to-alls
     end_of_backward = grads + fsdp_buffers
-    peak = params + optimizer + max(start_of_backward, recomputing, end_of_backward)
+    forward_end = activations + fsdp_buffers + dispatch  # the last MoE layer's forward, all activations kept
+    peak = params + optimizer + max(start_of_backward, recomputing, end_of_backward, forward_end)
     return {
         "parameters": params,
         "gradients": grads,
         "optimizer": optimizer,
         "activations": activations + recompute * (recomputing > start_of_backward),
         "temporary": loss_grads + fsdp_buffers,
+        "dispatch": dispatch,
+        "experts": expert_states,
         "peak": peak,
         "host": host,
         "in_flight": in_flight,
-        "comm": communication(lay, s, n_params, len(layers), facts, first, last),
+        "comm": communication(lay, s, n_params, experts, len(layers), facts, first, last, layers),
     }
+
+
+def largest_unit(facts, tp: int, ep: int) -> float:
+    """Parameters of the largest FSDP unit as gathered on one rank: a block (the rest of it by TP, its routed experts,
+    their own unit inside it, by expert parallelism) or the root (the ends)."""
+    if not facts.layer_experts:
+        return facts.largest_unit / tp
+    blocks = [(p - e) / tp + e / ep for p, e in zip(facts.layer_params, facts.layer_experts)]
+    return max(blocks + [(facts.ends["first"][0] + facts.ends["last"][0]) / tp])
+
+
+def dispatch_bytes(facts, lay: Layout, s: Setting) -> float:
+    """Expert parallelism's buffers (titanlite/parallel/expert_parallel.py), for the one MoE layer running: the
+    [tokens x top_k, dim] rows it receives from the ep ranks and the rows it sends back to them, in the activation
+    dtype (tokens: the micro-batch's local ones, whole under TP: the MoE block runs on the gathered sequence). Only
+    one layer's count: they are transient (the all-to-alls save nothing for backward, the reordering only its indices)
+    and freed before the next layer runs; backward's two all-to-alls make a pair of the same size, as does AC's
+    recomputation. The rows routed to a rank's experts equal on average the rows it sends (balanced routing); their
+    saved activations are the experts' own, measured without expert parallelism, so not counted again."""
+    if lay.dims.ep == 1:
+        return 0.0
+    rows = s.micro_batch * s.seq_len * facts.top_k
+    return 2 * rows * facts.dim * s.act_bytes
 
 
 def attention_mask_bytes(s: Setting, cp: int) -> float:
@@ -286,7 +336,12 @@ def microbatches_in_flight(lay: Layout, s: Setting, pp_rank: int) -> float:
     return min(m, lay.dims.pp) * (1 + (s.stages_per_rank - 1) / s.stages_per_rank)
 
 
-def communication(lay: Layout, s: Setting, n_params: float, n_layers: int, facts, first: bool, last: bool) -> dict:
+def communication(
+    lay: Layout, s: Setting, n_params: float, experts: float, n_layers: int, facts, first: bool, last: bool, layers=()
+) -> dict:
+    """Bytes per step and rank by collective. `n_params`: the rank's parameters but the routed experts (its TP
+    share), `experts`: the routed experts' (whole; expert parallelism splits them ep ways, then FSDP efsdp ways)."""
+
     def ring(n):
         return (n - 1) / n
 
@@ -295,16 +350,27 @@ def communication(lay: Layout, s: Setting, n_params: float, n_layers: int, facts
     # every micro-batch's forward (and, under ZeRO-3, its backward).
     accum = s.microbatches if lay.dims.pp == 1 else 1
     if lay.dims.ddp_enabled:
-        comm["all-reduce"] = 2 * ring(lay.dims.dp_replicate) * 4 * n_params
+        comm["all-reduce"] = 2 * ring(lay.dims.dp_replicate) * 4 * (n_params + experts)
     gathers = 1 if lay.reshard == "never" else 2
     shard = lay.dims.view_degree("dp_shard_cp")  # FSDP shards over the data-parallel shards and the cp ranks
+    ep, efsdp = lay.dims.ep, lay.dims.efsdp  # and an expert-parallel rank's experts over efsdp ranks
     if lay.dims.fsdp_enabled and shard > 1:  # FSDP on one rank communicates nothing
-        comm["all-gather"] = gathers * accum * ring(shard) * n_params * s.param_gather_bytes
-        comm["reduce-scatter"] = ring(shard) * n_params * 4
+        elements = ring(shard) * n_params + (ring(efsdp) * experts / ep if efsdp > 1 else 0.0)
+        comm["all-gather"] = gathers * accum * elements * s.param_gather_bytes
+        comm["reduce-scatter"] = elements * 4
         if lay.dims.dp_replicate > 1:
-            comm["all-reduce"] = 2 * ring(lay.dims.dp_replicate) * 4 * n_params / shard
+            comm["all-reduce"] = 2 * ring(lay.dims.dp_replicate) * 4 * (n_params / shard + experts / (ep * efsdp))
     if lay.offload:  # fp32 shards to the device before each all-gather, their gradients back once
-        comm["host<->device"] = (gathers * accum + 1) * 4 * n_params / lay.dims.dp_shard
+        comm["host<->device"] = (gathers * accum + 1) * 4 * (n_params + experts) / lay.dims.dp_shard
+    moe_layers = sum(1 for i in layers if facts.layer_experts and facts.layer_experts[i])
+    if ep > 1 and moe_layers:
+        # Each MoE layer sends its routed rows [tokens x top_k, dim] to their experts' ranks and the results back:
+        # 2 all-to-alls in forward, 2 in backward (and 2 more where AC recomputes the forward), each moving
+        # (ep - 1) / ep of the rows off the rank (balanced routing). The counts' small all-to-all is left out.
+        rows = s.micro_batch * s.seq_len * facts.top_k  # local tokens, whole under TP
+        passes = 6 if lay.ac in ("full", "selective_layer") else 4
+        volume = passes * ring(ep) * rows * facts.dim * s.act_bytes
+        comm["ep all-to-all"] = volume * moe_layers * s.microbatches
     if lay.dims.tp > 1:
         hidden = s.micro_batch * s.seq_len * facts.dim * s.act_bytes
         per_layer = 8 * ring(lay.dims.tp) * hidden  # 2 all-gathers + 2 reduce-scatters, forward and backward
@@ -328,14 +394,18 @@ OVERLAPPED = ("all-gather", "reduce-scatter", "all-reduce")
 def comm_seconds(lay: Layout, comm: dict, ngpu: int, nnodes: int, interconnect: str) -> tuple[float, float]:
     """Time to move the step's data at the assumed bandwidths, as (overlapped, exposed): TP within a node; data
     parallelism within a node when it fits in one, else across nodes; PP across nodes when there are several;
-    CPU offload's copies over PCIe. Data parallelism's collectives overlap with compute; TP's and CP's (in the
-    critical path of each block), PP's sends and offload's copies do not."""
+    CPU offload's copies over PCIe; expert parallelism's all-to-alls within a node when its ep ranks (ep x tp
+    consecutive ranks: tp is the innermost dimension) fit in one, else across nodes. Data parallelism's collectives
+    overlap with compute; TP's, CP's and EP's (in the critical path of each block), PP's sends and offload's copies
+    do not."""
     intra, inter = BANDWIDTH[interconnect] * 1e9, BANDWIDTH["infiniband"] * 1e9
     dp_inside = lay.dims.dp_replicate * lay.dims.dp_shard * lay.dims.cp * lay.dims.tp <= ngpu
     overlapped = exposed = 0.0
     for kind, volume in comm.items():
         if kind == "host<->device":
             exposed += volume / (BANDWIDTH["pcie"] * 1e9)
+        elif kind.startswith("ep"):
+            exposed += volume / (intra if lay.dims.ep * lay.dims.tp <= ngpu or nnodes == 1 else inter)
         elif kind.startswith(("tp", "cp")):
             exposed += volume / intra
         elif kind == "send/recv":
@@ -436,11 +506,18 @@ def layout_rows(cfg, facts: ModelFacts, own: Layout, machine: Machine, fits) -> 
                     out.append(row)
         return out
 
-    layouts = [own, *candidate_layouts(machine.ngpu, machine.nnodes, cfg.training.seq_len)]
+    layouts = [own, *candidates(cfg, facts, machine)]
     rows = [own_row, *rows_of(layouts)]
     if machine.device == "cuda" and not any(r["fits"] for r in rows):
         rows += rows_of([lay for lay in offload_layouts(machine.ngpu, machine.nnodes) if lay != own])
     return rows
+
+
+def candidates(cfg, facts: ModelFacts, machine: Machine) -> list[Layout]:
+    """The machine's candidate layouts (candidate_layouts) and, for a mixture of experts, those again with expert
+    parallelism (expert_parallel_layouts)."""
+    layouts = candidate_layouts(machine.ngpu, machine.nnodes, cfg.training.seq_len)
+    return layouts + expert_parallel_layouts(layouts, facts.n_experts) if facts.n_experts else layouts
 
 
 def same_run(a: dict, b: dict) -> bool:
@@ -452,7 +529,7 @@ def excluded_layouts(cfg, facts: ModelFacts, own: Layout, machine: Machine) -> d
     """Why not -> the candidate layouts that cannot run the config's global batch for that reason."""
     batch = global_batch(cfg, own)
     out: dict[str, list[str]] = {}
-    for lay in candidate_layouts(machine.ngpu, machine.nnodes, cfg.training.seq_len):
+    for lay in candidates(cfg, facts, machine):
         if lay.dims.tp > 1 and facts.tp_refusal:  # the family cannot be split by TP at all
             why = f"tensor parallelism cannot split the {facts.tp_refusal}"
             if lay.name not in out.get(why, []):
@@ -592,8 +669,19 @@ def rows_json(rows: list[dict]) -> dict:
             }
             | {
                 k: r["est"][k]
-                for k in ("parameters", "gradients", "optimizer", "activations", "temporary", "peak", "host")
+                for k in (
+                    "parameters",
+                    "gradients",
+                    "optimizer",
+                    "activations",
+                    "temporary",
+                    "dispatch",
+                    "experts",
+                    "peak",
+                    "host",
+                )
             }
+            | {"ep": r["layout"].dims.ep}
             for r in rows
         ],
         "recommended": None if pick is None else {"layout": pick["layout"].name, "ac": pick["layout"].ac, "why": why},
@@ -604,11 +692,14 @@ def compute_seconds(facts: ModelFacts, cfg, lay: Layout, s: Setting, tflops: flo
     """One rank's share of the step's FLOPs (the global batch's tokens x FLOPs per token, plus what AC recomputes)
     at ASSUMED_MFU of `tflops`. Full AC re-runs each block's forward in backward: a third of the blocks' training
     FLOPs again (the output head is not checkpointed); selective_layer every k-th block's, 1/k of that;
-    selective_op keeps the matmuls' and attention's outputs and recomputes only pointwise work, counted as none."""
+    selective_op keeps the matmuls' and attention's outputs and recomputes only pointwise work, counted as none.
+    A mixture-of-experts block runs whole on every TP rank (titanlite/models/moe_decoder/parallelize.py): its
+    FLOPs (those of its active parameters) are done tp times over."""
     tokens = s.global_batch * s.seq_len
     blocks = facts.flops_per_token - 6 * facts.vocab * facts.dim  # all but the output projection
     recompute = {"full": 1 / 3, "selective_layer": 1 / (3 * max(1, s.selective_ac_option))}.get(lay.ac, 0.0)
-    flops = (facts.flops_per_token + recompute * blocks) * tokens
+    repeated = (lay.dims.tp - 1) * facts.moe_flops_per_token  # the MoE blocks' again on the other TP ranks
+    flops = (facts.flops_per_token + repeated + recompute * (blocks + repeated)) * tokens
     return flops / lay.dims.world_size / (tflops * 1e12 * ASSUMED_MFU)
 
 
@@ -623,6 +714,8 @@ def layout_allowed(facts: ModelFacts, lay: Layout, cfg) -> bool:
         return False
     if lay.dims.pp > 1 and lay.dims.ddp_enabled:  # check_pipeline_data_parallel: PP takes FSDP or HSDP, not DDP
         return False
+    if lay.dims.ep > 1 and (not facts.n_experts or facts.n_experts % lay.dims.ep):  # check_ep_degree
+        return False
     return lay.dims.pp <= facts.n_layers
 
 
@@ -630,9 +723,9 @@ PREFERENCE = ["DDP", "ZeRO-2", "ZeRO-3", "HSDP", "single"]
 
 
 def simplicity(lay: Layout) -> tuple:
-    """No CPU offload before offload, no AC before AC, no CP before CP (it cuts every sequence), fewer dimensions,
-    then DDP before ZeRO-2 before ZeRO-3."""
-    used = sum(d > 1 for d in (lay.dims.dp, lay.dims.cp, lay.dims.tp, lay.dims.pp))
+    """No CPU offload before offload, no AC before AC, no CP before CP (it cuts every sequence), fewer dimensions
+    (expert parallelism counts as one), then DDP before ZeRO-2 before ZeRO-3."""
+    used = sum(d > 1 for d in (lay.dims.dp, lay.dims.cp, lay.dims.tp, lay.dims.pp, lay.dims.ep))
     kind = 0 if lay.dims.ddp_enabled else 1 if lay.reshard == "never" else 2
     return (lay.offload, lay.ac != "none", lay.dims.cp > 1, used, lay.dims.tp, lay.dims.pp, kind)
 

@@ -1,12 +1,15 @@
 """The layouts the planner weighs: a config's own, and every candidate a machine allows (single device, DDP,
-ZeRO-2/3, HSDP across nodes, TP within a node, PP across nodes, CP for long sequences, CPU offload as a last
-resort), each with the command-line overrides that select it."""
+ZeRO-2/3, HSDP across nodes, TP within a node, PP across nodes, CP for long sequences, EP for mixtures of experts,
+CPU offload as a last resort), each with the command-line overrides that select it."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from titanlite.data.tokenizer import build_tokenizer
+from titanlite.models.common.build import configured_args
 from titanlite.parallel.dims import ParallelDims
+from titanlite.parallel.expert_parallel import check_ep_degree
 from titanlite.parallel.parallelize import reshard_after_forward
 
 
@@ -28,6 +31,8 @@ class Layout:
         uses FSDP; the FSDP-on-one-rank and offload keys only where set (CPU offload turns FSDP on one rank on
         by itself); all of them with `every`, so that two layouts' lists can be compared key by key."""
         out = [*self.dims.overrides()]
+        if every and not self.dims.ep_enabled:  # the degree's key in every list, at the same place
+            out += ["--parallelism.expert_parallel_degree", "1"]
         if every or self.dims.fsdp_enabled:  # FSDP's resharding means nothing without FSDP
             out += ["--parallelism.fsdp_reshard_after_forward", self.reshard]
         out += ["--activation_checkpoint.mode", self.ac]
@@ -42,6 +47,10 @@ class Layout:
 def layout_of(cfg, world: int) -> Layout:
     """The layout a config runs on `world` ranks."""
     dims = ParallelDims.from_config(cfg.parallelism, world, cpu_offload=cfg.training.enable_cpu_offload)
+    if dims.ep_enabled:  # the run's own refusal (titanlite/builder/plan.py), before anything is estimated
+        m = cfg.model
+        args = configured_args(m, build_tokenizer(m.tokenizer, m.hf_assets_path).vocab_size, cfg.training.seq_len)
+        check_ep_degree(dims.ep, args, getattr(args, "family", m.name))
     reshard = "always" if reshard_after_forward(cfg.parallelism.fsdp_reshard_after_forward, dims.pp > 1) else "never"
     if not dims.fsdp_enabled:
         reshard = "always"  # nothing to reshard: the field keeps its default, so equal layouts compare equal
@@ -70,6 +79,8 @@ def describe(dims: ParallelDims, reshard: str, offload: bool = False) -> str:
     if dims.pp > 1:
         parts.append(f"PP {dims.pp}")
     name = " x ".join(parts) or "single device"
+    if dims.ep > 1:  # not a factor of the world size: its ranks are dp_shard x cp's
+        name += f", EP {dims.ep}"
     return name + " + CPU offload" if offload else name
 
 
@@ -123,3 +134,18 @@ def offload_layouts(ngpu: int, nnodes: int) -> list[Layout]:
     if ngpu * nnodes == 1:
         return [Layout(ParallelDims.of(fsdp_single_rank=True), offload=True)]
     return [replace(lay, offload=True) for lay in candidate_layouts(ngpu, nnodes) if lay.dims.dp_shard > 1]
+
+
+def expert_parallel_layouts(layouts: list[Layout], n_experts: int) -> list[Layout]:
+    """For a mixture of experts with `n_experts` routed experts per block: each layout with FSDP again with every
+    expert-parallel degree it allows (titanlite/parallel/dims.py check_ep and expert_parallel.py check_ep_degree):
+    ep > 1 dividing n_experts, a multiple of cp, and ep / cp dividing dp_shard. None for a dense model."""
+    out = []
+    for lay in layouts:
+        d = lay.dims
+        if lay.offload or d.ep > 1 or d.view_degree("dp_shard_cp") == 1:
+            continue
+        for ep in range(2, d.view_degree("dp_shard_cp") + 1):
+            if n_experts % ep == 0 and ep % d.cp == 0 and d.dp_shard % (ep // d.cp) == 0:
+                out.append(replace(lay, dims=replace(d, ep=ep)))
+    return out

@@ -1,7 +1,8 @@
 """The planner's facts about a model, measured on the meta device (no memory): parameters per block and at
-the ends (and which of them tensor parallelism splits), FLOPs per token, and the bytes autograd saves for
-backward, per block, by running forward and the loss on meta tensors, so the figures follow the model code
-rather than a rule of thumb. `cached_model_facts` keeps them per model shape and code version.
+the ends (and which of them tensor parallelism splits, which are routed experts), FLOPs per token, and the bytes
+autograd saves for backward, per block (and of those, inside its mixture of experts), by running forward and the
+loss on meta tensors, so the figures follow the model code rather than a rule of thumb. `cached_model_facts` keeps
+them per model shape and code version.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from titanlite.components.metrics import flops_per_token
 from titanlite.data.tokenizer import build_tokenizer
 from titanlite.models.common.build import configured_model
 from titanlite.models.common.flops import active_parameters
+from titanlite.models.common.moe import GroupedExperts, MoE
 from titanlite.parallel.activation_checkpoint import SAVE_OPS
 from titanlite.parallel.tensor_parallel import tp_refusal, tp_split_sizes
 
@@ -49,6 +51,14 @@ class ModelFacts:
     kv_width: int = 0  # key (and value) channels per token: KV heads x head_dim (what context parallelism gathers)
     tp_refusal: str = ""  # why the family cannot be split by TP at all (its spec's tp_refusal); "": it can
     active_params: int = 0  # what one token uses (flops.active_parameters): below params for a mixture of experts
+    # Mixtures of experts (0 and empty lists for a dense model). Neither TP nor the norms' rule splits a MoE block:
+    # it runs whole on every TP rank; expert parallelism splits its routed experts.
+    layer_experts: list[int] = field(default_factory=list)  # routed experts' parameters per block (0: dense block)
+    n_experts: int = 0  # routed experts per MoE block
+    top_k: int = 0  # experts per token
+    moe_flops_per_token: float = 0.0  # of flops_per_token, the MoE blocks' (active parameters): TP repeats them
+    act_layer_moe: list[float] = field(default_factory=list)  # of act_layer, saved inside the MoE block (whole
+    # under TP: the block runs on the gathered sequence)
 
     @property
     def params(self) -> int:
@@ -58,8 +68,11 @@ class ModelFacts:
 TP_SPLIT = ("wq", "wk", "wv", "wo", "w1", "w2", "w3", "tok_embeddings", "pos_embeddings", "output")
 
 
-def tp_splits(name: str, shape) -> bool:
-    """Whether the tensor-parallel plan splits this parameter (row-wise biases and norms stay whole)."""
+def tp_splits(name: str, shape, whole: tuple[str, ...] = ()) -> bool:
+    """Whether the tensor-parallel plan splits this parameter (row-wise biases and norms stay whole, and so does
+    everything under the module prefixes `whole`: a mixture of experts runs whole on every TP rank)."""
+    if name.startswith(whole):
+        return False
     parts = name.split(".")
     if not any(p in TP_SPLIT for p in parts):
         return False
@@ -72,11 +85,19 @@ def model_facts(cfg, seq_len: int) -> ModelFacts:
     with torch.device("meta"):
         model = configured_model(m, build_tokenizer(m.tokenizer, m.hf_assets_path).vocab_size, seq_len)
     args = model.args
-    layer_params, layer_split = [], []
+    layer_params, layer_split, layer_experts, moe_params = [], [], [], 0.0
+    moes = [m for m in model.modules() if isinstance(m, MoE)]
     for block in model.layers.values():
         named = list(block.named_parameters())
+        whole = tuple(f"{n}." for n, m in block.named_modules() if isinstance(m, MoE))
         layer_params.append(sum(p.numel() for _, p in named))
-        layer_split.append(sum(p.numel() for n, p in named if tp_splits(n, p.shape)))
+        layer_split.append(sum(p.numel() for n, p in named if tp_splits(n, p.shape, whole)))
+        layer_experts.append(
+            sum(p.numel() for m in block.modules() if isinstance(m, GroupedExperts) for p in m.parameters())
+        )
+    for moe in moes:  # active parameters per token: top_k / n_experts of the routed experts, the rest whole
+        routed = sum(p.numel() for p in moe.experts.parameters())
+        moe_params += sum(p.numel() for p in moe.parameters()) - routed * (1 - moe.args.top_k / moe.args.n_experts)
     seen, ends = set(), {"first": [0, 0], "last": [0, 0]}
     for name, p in model.named_parameters(remove_duplicate=True):
         if name.startswith("layers.") or id(p) in seen:
@@ -101,6 +122,10 @@ def model_facts(cfg, seq_len: int) -> ModelFacts:
         kv_width=getattr(args, "n_kv_heads", args.n_heads) * args.head_dim,
         tp_refusal=tp_refusal(args) or "",
         active_params=active_parameters(model),
+        layer_experts=layer_experts,
+        n_experts=moes[0].args.n_experts if moes else 0,
+        top_k=moes[0].args.top_k if moes else 0,
+        moe_flops_per_token=6.0 * moe_params,
     )
     measure_saved_tensors(model, facts, seq_len)
     return facts
@@ -154,27 +179,33 @@ def measure_saved_tensors(model, facts: ModelFacts, seq_len: int) -> None:
                         sac_outputs.setdefault(key, (region[0], float(t.untyped_storage().nbytes())))
             return out
 
-    saved: dict[int, tuple[str, float, bool, bool]] = {}
+    saved: dict[int, tuple[str, float, bool, bool, bool]] = {}
+    in_moe = [False]  # inside a mixture-of-experts block (what TP leaves whole)
 
     def pack(t):
         key = t.untyped_storage()._cdata
         if key not in params and key not in saved:
             vocab = t.dim() > 0 and t.shape[-1] == facts.vocab
-            saved[key] = (region[0], float(t.untyped_storage().nbytes()), produced_by.get(key) in SAVE_OPS, vocab)
+            nbytes = float(t.untyped_storage().nbytes())
+            saved[key] = (region[0], nbytes, produced_by.get(key) in SAVE_OPS, vocab, in_moe[0])
         return t
 
     for key, block in model.layers.items():
         block.register_forward_pre_hook(lambda mod, inp, key=key: region.__setitem__(0, key))
         block.register_forward_hook(lambda mod, inp, out: region.__setitem__(0, "last"))
+    for moe in (m for m in model.modules() if isinstance(m, MoE)):
+        moe.register_forward_pre_hook(lambda mod, inp: in_moe.__setitem__(0, True))
+        moe.register_forward_hook(lambda mod, inp, out: in_moe.__setitem__(0, False))
     tokens = torch.zeros(1, seq_len + 1, dtype=torch.long, device="meta")
     with Producers(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), flash_attention_on_meta():
         cross_entropy(model(tokens[:, :-1]), tokens[:, 1:])
     keys = list(model.layers.keys())
-    facts.act_layer = [sum(b for r, b, _, _ in saved.values() if r == k) for k in keys]
+    facts.act_layer = [sum(b for r, b, *_ in saved.values() if r == k) for k in keys]
+    facts.act_layer_moe = [sum(b for r, b, _, _, moe in saved.values() if r == k and moe) for k in keys]
     facts.act_layer_sac = [sum(b for r, b in sac_outputs.values() if r == k) for k in keys]
-    facts.act_first = sum(b for r, b, _, _ in saved.values() if r == "first")
-    facts.act_last_hidden = sum(b for r, b, _, v in saved.values() if r == "last" and not v)
-    facts.act_last_vocab = sum(b for r, b, _, v in saved.values() if r == "last" and v)
+    facts.act_first = sum(b for r, b, *_ in saved.values() if r == "first")
+    facts.act_last_hidden = sum(b for r, b, _, v, _ in saved.values() if r == "last" and not v)
+    facts.act_last_vocab = sum(b for r, b, _, v, _ in saved.values() if r == "last" and v)
 
 
 # What the planner's model facts depend on besides the model's settings: the code that defines the models

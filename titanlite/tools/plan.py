@@ -85,8 +85,8 @@ def plan(argv: list[str]) -> int:
     cfg = parse_config(rest)
     machine = Machine(ngpu, nnodes, device, opts["interconnect"], tflops)
     world = machine.world
+    own = layout_of(cfg, world)  # refuses a layout the run would refuse, before the model is measured
     facts = model_facts(cfg, cfg.training.seq_len)
-    own = layout_of(cfg, world)
     budget = mem * (1 - headroom) * GIB
     rows = layout_rows(cfg, facts, own, machine, lambda est: est["peak"] <= budget)
     print_plan(cfg, facts, rows, machine, mem, headroom)
@@ -164,12 +164,20 @@ def print_plan(cfg, facts: ModelFacts, rows: list[dict], machine: Machine, mem: 
         "per rank, GiB (the rank with the largest peak); batch: micro-batch x accumulation (PP: micro-batch / pipeline "
         f"micro-batches); comm: GB per step per rank and its time at the assumed bandwidth; step: compute (AC's "
         f"recomputation included) at {ASSUMED_MFU:.0%} MFU of {tflops:g} TFLOP/s x (1 + bubble), or data parallelism's "
-        "collectives where longer (they overlap with compute), + TP's, CP's and PP's communication (they do not)"
+        "collectives where longer (they overlap with compute), + TP's, CP's, EP's and PP's communication (they do not)"
     )
+    moe = bool(facts.n_experts)
+    if moe:
+        print(
+            f"mixture of experts: {facts.n_experts} experts per MoE block, {facts.top_k} per token; ep: the expert-"
+            "parallel degree (ranks of dp_shard x cp); experts: their parameters, gradients and optimizer state (of "
+            "params, grads, optim); a2a: expert parallelism's all-to-all buffers for the MoE layer running"
+        )
     width = max([26] + [len(r["layout"].name + (" (config)" if r["own"] else "")) for r in rows])
     host_head = f" {'host':>7}" if offload else ""
+    moe_head = f" {'ep':>3} {'experts':>7} {'a2a':>7}" if moe else ""
     print(
-        f"{'layout':<{width}} {'AC':<15} {'batch':>7} {'params':>7} {'grads':>7} {'optim':>7} {'activ':>7} "
+        f"{'layout':<{width}} {'AC':<15} {'batch':>7}{moe_head} {'params':>7} {'grads':>7} {'optim':>7} {'activ':>7} "
         f"{'temp':>7} {'peak':>7}{host_head} {'fits':>4} {'comm GB':>8} {'comm ms':>8} {'bubble':>6} {'step ms':>8} "
         f"{'tok/s/GPU':>9} {'tok/s':>10}"
     )
@@ -179,9 +187,10 @@ def print_plan(cfg, facts: ModelFacts, rows: list[dict], machine: Machine, mem: 
         name = lay.name + (" (config)" if r["own"] else "")
         host = f" {e['host'] / GIB:>7.2f}" if offload else ""
         shape = f"{s.micro_batch}/{s.microbatches}" if lay.dims.pp > 1 else f"{s.micro_batch}x{s.microbatches}"
+        experts = f" {lay.dims.ep:>3} {e['experts'] / GIB:>7.2f} {e['dispatch'] / GIB:>7.2f}" if moe else ""
         print(
-            f"{name:<{width}} {lay.ac:<15} {shape:>7} {e['parameters'] / GIB:>7.2f} {e['gradients'] / GIB:>7.2f} "
-            f"{e['optimizer'] / GIB:>7.2f} "
+            f"{name:<{width}} {lay.ac:<15} {shape:>7}{experts} {e['parameters'] / GIB:>7.2f} "
+            f"{e['gradients'] / GIB:>7.2f} {e['optimizer'] / GIB:>7.2f} "
             f"{e['activations'] / GIB:>7.2f} {e['temporary'] / GIB:>7.2f} {e['peak'] / GIB:>7.2f}{host} "
             f"{'yes' if r['fits'] else 'no':>4} "
             f"{sum(e['comm'].values()) / 1e9:>8.2f} {1e3 * r['comm_s']:>8.1f} {r['bubble']:>6.0%} "
@@ -246,7 +255,7 @@ def measure_layout(cfg, argv: list[str], lay: Layout, facts: ModelFacts, s: Sett
     measured = {int(p.stem.removeprefix("rank")): json.loads(p.read_text()) for p in out.glob("rank*.json")}
     shutil.rmtree(folder, ignore_errors=True)
     peak = max(m["Total"] for m in measured.values())
-    comp = ["parameters", "gradients", "optimizer", "activations", "temporary"]
+    comp = ["parameters", "gradients", "optimizer", "activations", "temporary"] + ["dispatch"] * (lay.dims.ep > 1)
     print(f"estimate vs measured, {lay.name}, AC {lay.ac}, {loss_path(s)}, the rank with the largest peak (MiB):")
     print("  estimate: " + ", ".join(f"{k} {est[k] / 2**20:.1f}" for k in comp))
     top = max(measured.values(), key=lambda m: m["Total"])

@@ -1,0 +1,121 @@
+"""`titanlite plan` with expert parallelism: EP rows for mixtures of experts (none for dense models), the experts'
+per-rank memory, all-to-all buffers and traffic derived from the model's shape, and bad EP degrees refused with the
+run's own line."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import REPO, env
+from titanlite.base.errors import ConfigError
+from titanlite.builder.layouts import Layout, layout_of
+from titanlite.builder.plan import plan_run
+from titanlite.config import parse_config
+from titanlite.models.qwen3_moe import FLAVORS
+from titanlite.parallel.dims import ParallelDims
+from titanlite.tools.plan import plan
+
+SEQ = 4096
+MOE_30B = [
+    "--config",
+    "train_configs/qwen3_moe_debug.toml",
+    "--model.flavor",
+    "qwen3_moe_30b_a3b",
+    "--training.seq_len",
+    str(SEQ),
+    "--training.local_batch_size",
+    "1",
+]
+
+
+def planned(tmp_path, monkeypatch, capsys, *args):
+    out = tmp_path / "plan.json"
+    monkeypatch.setenv("TITANLITE_PLAN_JSON", str(out))
+    assert plan(list(args)) == 0
+    return capsys.readouterr().out, json.loads(out.read_text())
+
+
+def test_qwen3_moe_30b_on_8_gpus_plans_ep_rows_whose_experts_are_split_ep_ways(tmp_path, monkeypatch, capsys):
+    stdout, result = planned(
+        tmp_path, monkeypatch, capsys, *MOE_30B, "--ngpu", "8", "--parallelism.expert_parallel_degree", "8"
+    )
+    a = FLAVORS["qwen3_moe_30b_a3b"]
+    assert not a.moe.dense_layers  # every layer sparse
+    # Each block's routed experts: w1, w3 [E, expert_dim, dim] and w2 [E, dim, expert_dim].
+    experts = a.n_layers * a.moe.n_experts * 3 * a.moe.expert_dim * a.dim
+    state = 4 + 4 + 8  # fp32 weights and gradients, AdamW's two fp32 moments
+    rows = {(r["layout"], r["ac"]): r for r in result["rows"]}
+    ep_rows = [r for r in result["rows"] if r["ep"] > 1]
+    assert {r["ep"] for r in ep_rows} == {2, 4, 8}
+    for r in ep_rows:
+        assert r["layout"].endswith(f", EP {r['ep']}")
+        tp = int(r["layout"].split("TP ")[1].split(",")[0]) if "TP " in r["layout"] else 1
+        efsdp = 8 // tp // r["ep"]  # FSDP shards each EP rank's experts over the rest of dp_shard
+        assert r["experts"] == pytest.approx(state * experts / (r["ep"] * efsdp))
+    # With ep = dp_shard (no further FSDP sharding of the experts) a rank keeps 1/ep of the experts' bytes.
+    ep8 = rows[("ZeRO-3 8, EP 8", "none")]
+    assert ep8["experts"] == pytest.approx(state * experts / 8)
+    # TP does not split a MoE block: its experts are whole on both TP ranks, sharded by FSDP's 4 only.
+    assert rows[("ZeRO-3 4 x TP 2", "none")]["experts"] == pytest.approx(state * experts / 4)
+    assert rows[("ZeRO-2 4 x TP 2, EP 4", "none")]["experts"] == pytest.approx(state * experts / 4)
+    # The all-to-all buffers of the MoE layer running: the routed rows [tokens x top_k, dim] in and out, in bf16.
+    rows_routed = ep8["micro_batch"] * SEQ * a.moe.top_k
+    assert ep8["dispatch"] == pytest.approx(2 * rows_routed * a.dim * 2)
+    assert rows[("ZeRO-3 8", "none")]["dispatch"] == 0
+    # 2 all-to-alls forward and 2 backward per MoE layer, each moving (ep - 1) / ep of the rows off the rank.
+    volume = 4 * a.n_layers * ep8["microbatches"] * rows_routed * a.dim * 2 * 7 / 8
+    assert ep8["comm_bytes"]["ep all-to-all"] == pytest.approx(volume)
+    # The experts' FSDP gathers nothing at EP 8 (one rank per expert shard): only the rest is all-gathered.
+    assert ep8["comm_bytes"]["all-gather"] < rows[("ZeRO-3 8", "none")]["comm_bytes"]["all-gather"] / 10
+    # The config's own EP layout gets its verdict, the fix on its own mesh.
+    line = next(x for x in stdout.splitlines() if x.startswith("config ("))
+    assert line.startswith("config (ZeRO-3 8, EP 8, AC none, micro-batch 1 x 1 accumulation): does not fit (")
+    assert line.endswith("fix: --activation_checkpoint.mode full")
+    run_it = next(x for x in stdout.splitlines() if x.startswith("  run it with:"))
+    if result["recommended"]["layout"].endswith(", EP 2"):
+        assert "--parallelism.expert_parallel_degree 2" in run_it
+
+
+def test_the_ep_overrides_select_the_layout():
+    lay = Layout(ParallelDims.of(dp_shard=4, tp=2, ep=4), "never")
+    cfg = parse_config(["--config", "train_configs/qwen3_moe_debug.toml", *lay.overrides()])
+    assert layout_of(cfg, 8) == lay
+    assert "--parallelism.expert_parallel_degree" in Layout(ParallelDims.of(dp_shard=8)).overrides(every=True)
+
+
+def test_a_dense_family_gets_no_ep_rows(tmp_path, monkeypatch, capsys):
+    stdout, result = planned(
+        tmp_path, monkeypatch, capsys, "--config", "train_configs/llama3_debug.toml", "--ngpu", "8"
+    )
+    assert result["rows"] and all(r["ep"] == 1 for r in result["rows"])
+    assert ", EP " not in stdout and "mixture of experts" not in stdout
+
+
+BAD_EP = [
+    ("train_configs/qwen3_moe_debug.toml", 6, 3, "does not divide the 8 experts"),  # check_ep_degree
+    ("train_configs/llama3_debug.toml", 2, 2, "but model llama3 has none"),  # a dense family
+    ("train_configs/qwen3_moe_debug.toml", 4, 8, "borrows its ranks from data_parallel_shard_degree"),  # check_ep
+]
+
+
+@pytest.mark.parametrize("config, world, ep, message", BAD_EP)
+def test_a_bad_ep_degree_is_refused_with_the_runs_own_line(config, world, ep, message):
+    args = ["--config", config, "--parallelism.expert_parallel_degree", str(ep)]
+    with pytest.raises(ConfigError, match=message) as planner:
+        plan([*args, "--ngpu", str(world)])
+    with pytest.raises(ConfigError) as run:
+        plan_run(parse_config(args), world)
+    assert str(planner.value) == str(run.value)
+
+
+def test_the_cli_prints_a_bad_ep_degree_in_one_line():
+    cmd = [sys.executable, "-m", "titanlite.commands.cli", "plan", "--config", "train_configs/qwen3_moe_debug.toml"]
+    cmd += ["--ngpu", "6", "--parallelism.expert_parallel_degree", "3"]
+    proc = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.strip().splitlines() == [
+        "titanlite: error: parallelism.expert_parallel_degree=3 does not divide the 8 experts of each qwen3_moe "
+        "block; use a degree that divides 8"
+    ]
