@@ -1,5 +1,5 @@
 """Expert parallelism (gloo, fp32) gives one process's losses, grad norms, validation losses and load-balancing terms,
-alone and beside FSDP, tensor and context parallelism, and its checkpoints resume on other EP degrees.
+alone and beside FSDP, HSDP, tensor and context parallelism, and its checkpoints resume on other EP degrees.
 
 Every run takes micro-batches of 2 sequences (a global batch of 8): the load-balancing term is a function of a
 micro-batch's routing as a whole (transformers' pooled loss), so the one-process reference accumulates the same 4
@@ -28,6 +28,7 @@ EP = "--parallelism.expert_parallel_degree"
 LAYOUTS = {
     "ep4": (4, [EP, "4"]),
     "fsdp2_ep2": (4, [EP, "2"]),  # dp_shard 4: each expert shard is FSDP-sharded over 2 ranks
+    "hsdp_ep2": (4, ["--parallelism.data_parallel_replicate_degree", "2", EP, "2"]),  # replicas of EP 2 x dp_shard 2
     "ep2_tp2": (4, [EP, "2", "--parallelism.tensor_parallel_degree", "2"]),
     "ep2_cp2": (4, [EP, "2", "--parallelism.context_parallel_degree", "2"]),
 }
@@ -65,7 +66,7 @@ def test_ep2_matches_one_process(reference, ep2):
     assert_same_run(metrics(run_dir), reference)
 
 
-@pytest.mark.slow  # four 4-rank runs, about 80 s: CI runs them
+@pytest.mark.slow  # five 4-rank runs, about 100 s: CI runs them
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_expert_parallel_layouts_match_one_process(tmp_path, reference, layout):
     nproc, args = LAYOUTS[layout]

@@ -15,6 +15,7 @@ pytestmark = pytest.mark.distributed
 LAYOUTS = {
     "fsdp2": ["--parallelism.data_parallel_shard_degree", "2"],
     "tp2": ["--parallelism.data_parallel_shard_degree", "1", "--parallelism.tensor_parallel_degree", "2"],
+    "ep2": ["--parallelism.data_parallel_shard_degree", "2", "--parallelism.expert_parallel_degree", "2"],
 }
 CASES = [
     pytest.param("llama", "fsdp2", id="llama-fsdp2"),

@@ -25,8 +25,9 @@ def test_qwen3_moe_on_fsdp_matches_one_process_with_the_same_micro_batches(tmp_p
         assert abs(a["aux_load_balance"] - b["aux_load_balance"]) <= 1e-5 * b["aux_load_balance"], (a, b)
 
 
-def test_a_qwen3_moe_folder_imports_on_fsdp_with_transformers_logits(tmp_path):
-    """Each rank reads the experts' tensors one parameter at a time, stacks them and keeps its FSDP shard."""
+def test_a_qwen3_moe_folder_imports_on_ep_and_fsdp_with_transformers_logits(tmp_path):
+    """EP x 2 on 2 ranks (every other weight FSDP-sharded over both): each rank reads the experts' tensors one
+    parameter at a time, stacks them and keeps its expert-parallel shard; the forward routes tokens across ranks."""
     from tests.distributed.test_hf_layouts import layout_logits
     from tests.unit.test_hf_families import assert_logits_match
     from tests.unit.test_qwen3_moe import VOCAB, random_model
@@ -34,6 +35,6 @@ def test_a_qwen3_moe_folder_imports_on_fsdp_with_transformers_logits(tmp_path):
     hf = random_model()
     hf.save_pretrained(tmp_path / "hf", max_shard_size="100KB")  # sharded files: read tensor by tensor
     tokens = torch.randint(0, VOCAB, (2, 48), generator=torch.Generator().manual_seed(4))
-    ours = layout_logits(tmp_path, tmp_path / "hf", tokens, "fsdp2")
+    ours = layout_logits(tmp_path, tmp_path / "hf", tokens, "ep2")
     with torch.no_grad():
         assert_logits_match(ours, hf(tokens).logits)

@@ -20,7 +20,9 @@ transformers = pytest.importorskip(
 from tests.helpers import REPO, env, metrics, torchrun  # noqa: E402
 from tests.unit.test_hf_families import assert_logits_match, imported  # noqa: E402
 from titanlite.base.errors import ConfigError  # noqa: E402
+from titanlite.builder.plan import plan_run  # noqa: E402
 from titanlite.components.hf_weights import save_hf  # noqa: E402
+from titanlite.config import parse_config  # noqa: E402
 from titanlite.models.common.auxiliary import AuxiliaryLosses, collecting  # noqa: E402
 from titanlite.models.common.build import model_from_args  # noqa: E402
 from titanlite.models.common.flops import dense_flops_per_token, moe_flops_per_token  # noqa: E402
@@ -216,23 +218,31 @@ def check(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=120)
 
 
-@pytest.mark.parametrize(
-    "world, args, message",
-    [
-        (4, ["--parallelism.expert_parallel_degree", "3"], "parallelism.expert_parallel_degree=3 borrows its ranks "
-         "from data_parallel_shard_degree x context_parallel_degree = 4 x 1, which it does not divide; use a degree "
-         "that divides 4 and is a multiple of 1"),
-        (8, ["--parallelism.expert_parallel_degree", "2", "--parallelism.context_parallel_degree", "4"],
-         "parallelism.expert_parallel_degree=2 must be a multiple of context_parallel_degree=4: expert parallelism "
-         "borrows every context-parallel rank"),
-        (16, ["--parallelism.expert_parallel_degree", "16"], "parallelism.expert_parallel_degree=16 does not divide "
-         "the 8 experts of each qwen3_moe block; use a degree that divides 8"),
-        (2, ["--model.name", "llama3", "--parallelism.expert_parallel_degree", "2"],
-         "parallelism.expert_parallel_degree=2 splits mixture-of-experts blocks, but model llama3 has none; set it "
-         "to 1"),
-    ],
-)  # fmt: skip
-def test_an_impossible_expert_parallel_degree_is_refused_in_one_line_before_launch(world, args, message):
+EP_REFUSALS = [
+    (4, ["--parallelism.expert_parallel_degree", "3"], "parallelism.expert_parallel_degree=3 borrows its ranks "
+     "from data_parallel_shard_degree x context_parallel_degree = 4 x 1, which it does not divide; use a degree "
+     "that divides 4 and is a multiple of 1"),
+    (8, ["--parallelism.expert_parallel_degree", "2", "--parallelism.context_parallel_degree", "4"],
+     "parallelism.expert_parallel_degree=2 must be a multiple of context_parallel_degree=4: expert parallelism "
+     "borrows every context-parallel rank"),
+    (16, ["--parallelism.expert_parallel_degree", "16"], "parallelism.expert_parallel_degree=16 does not divide "
+     "the 8 experts of each qwen3_moe block; use a degree that divides 8"),
+    (2, ["--model.name", "llama3", "--parallelism.expert_parallel_degree", "2"],
+     "parallelism.expert_parallel_degree=2 splits mixture-of-experts blocks, but model llama3 has none; set it "
+     "to 1"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("world, args, message", EP_REFUSALS)
+def test_an_impossible_expert_parallel_degree_is_refused_before_launch(world, args, message):
+    cfg = parse_config(["--model.name", "qwen3_moe", *args])
+    with pytest.raises(ConfigError) as e:
+        plan_run(cfg, world)
+    assert str(e.value) == message
+
+
+def test_titanlite_check_refuses_an_impossible_expert_parallel_degree_in_one_line():
+    world, args, message = EP_REFUSALS[2]
     proc = check("--world-size", str(world), *args)
     assert proc.returncode == 2 and proc.stderr == f"titanlite: error: {message}\n", proc.stderr
 
