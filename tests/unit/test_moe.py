@@ -243,6 +243,17 @@ def test_the_grouped_path_equals_the_loop_forward_and_backward():
         torch.testing.assert_close(p.grad, q.grad, rtol=0, atol=1e-6)
 
 
+@pytest.mark.parametrize("use_grouped_mm", [None, True])
+def test_experts_sent_no_rows_return_none_and_give_zero_gradients(use_grouped_mm):
+    """An expert-parallel rank may receive no token at all; torch._grouped_mm's backward refuses zero rows."""
+    experts = our_block(use_grouped_mm=use_grouped_mm).experts
+    out = experts(torch.zeros(0, DIM, requires_grad=True), torch.zeros(EXPERTS, dtype=torch.int64))
+    assert out.shape == (0, DIM)
+    out.sum().backward()
+    for name, p in experts.named_parameters():
+        assert p.grad is not None and not p.grad.any(), name
+
+
 @pytest.mark.skipif(not grouped_mm_runs(torch.device("cpu"), torch.bfloat16), reason=GROUPED_REASON)
 def test_under_autocast_the_grouped_path_runs_in_its_dtype_as_the_loop_does():
     grouped = our_block(use_grouped_mm=True)

@@ -176,7 +176,8 @@ class GroupedExperts(nn.Module):
         autocast = torch.amp.is_autocast_available(x.device.type) and torch.is_autocast_enabled(x.device.type)
         if autocast:  # as autocast would run the experts' matmuls (the loop's do); none on "meta" (the planner's)
             x = x.to(torch.get_autocast_dtype(x.device.type))
-        if self.grouped(x):
+        # No rows at all (an expert-parallel rank no token was sent to): torch._grouped_mm's backward refuses them.
+        if x.shape[0] and self.grouped(x):
             return self.forward_grouped(x, counts)
         return self.forward_loop(x, counts)
 
