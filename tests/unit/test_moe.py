@@ -244,7 +244,7 @@ def test_the_grouped_path_equals_the_loop_forward_and_backward():
 
 
 @pytest.mark.parametrize("use_grouped_mm", [None, True])
-def test_experts_sent_no_rows_return_none_and_give_zero_gradients(use_grouped_mm):
+def test_experts_sent_no_rows_return_no_rows_and_zero_gradients(use_grouped_mm):
     """An expert-parallel rank may receive no token at all; torch._grouped_mm's backward refuses zero rows."""
     experts = our_block(use_grouped_mm=use_grouped_mm).experts
     out = experts(torch.zeros(0, DIM, requires_grad=True), torch.zeros(EXPERTS, dtype=torch.int64))
