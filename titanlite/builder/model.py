@@ -37,14 +37,14 @@ class ModelSetup:
 def plain_model(cfg: JobConfig) -> DecoderModule:
     """The configured model, whole, on the current default device of this one process."""
     m = cfg.model
-    return configured_model(m, build_tokenizer(m.tokenizer, m.hf_assets_path).vocab_size, cfg.training.seq_len)
+    return configured_model(m, build_tokenizer(m.tokenizer, m.hf_assets_path).vocab_size, cfg.training.seq_len, cfg.moe)
 
 
 def build_model(cfg: JobConfig, vocab_size: int, plan: Plan, mesh, device: torch.device):
     """Build on the meta device, cut into pipeline stages if asked, apply the parallelisms to each part,
     then materialise and initialise the weights. Returns the whole meta model (for counting) and the parts."""
     with torch.device("meta"):
-        model = configured_model(cfg.model, vocab_size, cfg.training.seq_len)
+        model = configured_model(cfg.model, vocab_size, cfg.training.seq_len, cfg.moe)
     parts = split_model(model, plan.pipeline, mesh["pp"].get_local_rank()) if plan.pipeline else [model]
     parts = [
         parallelize(
