@@ -24,7 +24,7 @@ from titanlite.models.common.attention import Sequence
 from titanlite.models.common.auxiliary import add_auxiliary_loss
 from titanlite.models.common.interface import Decoder
 from titanlite.models.common.kv_cache import KVCache
-from titanlite.models.common.moe import MoE, Routing, router_z_loss
+from titanlite.models.common.moe import MoE, Routing, count_step_tokens, router_z_loss
 from titanlite.models.common.moe_args import MoEArgs
 from titanlite.models.llama3.model import Llama
 from titanlite.models.moe_decoder.args import MoEDecoderArgs
@@ -91,11 +91,14 @@ class MoEDecoder(Llama):
                 block.feed_forward = PooledMoE(args.dim, args.moe, self.balance)
 
     def init_buffers(self) -> None:
-        """RoPE tables; the routing bias of balance="bias" starts at zero (a checkpoint then restores it)."""
+        """RoPE tables; the step's token counts and the routing bias of balance="bias" start at zero (a checkpoint
+        then restores the bias)."""
         super().init_buffers()
         for module in self.modules():
-            if isinstance(module, MoE) and module.router.expert_bias is not None:
-                module.router.expert_bias.zero_()
+            if isinstance(module, MoE):
+                module.step_tokens.zero_()
+                if module.router.expert_bias is not None:
+                    module.router.expert_bias.zero_()
 
     def forward(
         self,
@@ -115,6 +118,8 @@ class MoEDecoder(Llama):
         if self.balance.rows:
             out = add_auxiliary_loss(out, "load_balance", moe.aux_loss_coef * self.balance.loss(moe.n_experts))
         self.balance.start(False)
+        if torch.is_grad_enabled():  # a training forward: its counts join the step's (here, never in a recompute)
+            count_step_tokens(self)
         return out
 
     def init_param(self, name: str, full: torch.Tensor, generator: torch.Generator) -> None:
