@@ -213,6 +213,7 @@ class MoE(nn.Module):
     holds the routed token counts of its last forward."""
 
     tokens_per_expert: torch.Tensor
+    step_tokens: torch.Tensor
 
     def __init__(self, dim: int, args: MoEArgs, use_grouped_mm: bool | None = None):
         super().__init__()
