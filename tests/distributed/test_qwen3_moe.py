@@ -1,6 +1,7 @@
 """Qwen3-MoE on FSDP x 2 (gloo, fp32) gives one process's losses, grad norms, validation losses and load-balancing
-terms, and with the bias method its expert loads and routing biases. The term is a function of the micro-batch's routing as a whole (transformers' pooled loss), so the
-one-process reference runs the same micro-batches: 2 of 4 sequences, accumulated, as each rank runs 4."""
+terms, and with the bias method its expert loads and routing biases. The term is a function of the micro-batch's
+routing as a whole (transformers' pooled loss), so the one-process reference runs the same micro-batches: 2 of 4
+sequences, accumulated, as each rank runs 4."""
 
 import pytest
 import torch
