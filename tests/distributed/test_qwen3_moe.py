@@ -64,6 +64,21 @@ def test_the_bias_method_on_fsdp_matches_one_process_losses_and_biases(tmp_path)
         torch.testing.assert_close(biases[1][name], bias, rtol=0, atol=0)
 
 
+@pytest.mark.slow  # two runs, about 20 s: CI runs it
+def test_the_bias_method_on_a_pipeline_matches_one_process(tmp_path):
+    """Each stage counts its own blocks' tokens and the worst block is taken over the stages; torch's shape
+    inference forward before the first step is not counted (it would move step 1's biases otherwise)."""
+    run = ["--config", "train_configs/qwen3_moe_debug.toml", *TINY, "--moe.balance", "bias"]
+    run += ["--moe.bias_update_rate", "0.01"]
+    single = torchrun(1, run, tmp_path / "single")
+    assert single.returncode == 0, single.stderr[-3000:]
+    pp = torchrun(2, [*run, "--parallelism.pipeline_parallel_degree", "2"], tmp_path / "pp2")
+    assert pp.returncode == 0, pp.stdout[-2000:] + pp.stderr[-4000:]
+    one, two = metrics(tmp_path / "single"), metrics(tmp_path / "pp2")
+    assert_close([r["loss"] for r in two], [r["loss"] for r in one], 1e-5)
+    assert [r["expert_load"] for r in two] == pytest.approx([r["expert_load"] for r in one], rel=1e-6)
+
+
 def test_a_qwen3_moe_folder_imports_on_fsdp_with_transformers_logits(tmp_path):
     """Each rank reads the experts' tensors one parameter at a time, stacks them and keeps its FSDP shard."""
     from tests.distributed.test_hf_layouts import layout_logits
