@@ -1,11 +1,12 @@
 """Qwen3-MoE on FSDP x 2 (gloo, fp32) gives one process's losses, grad norms, validation losses and load-balancing
-terms. The term is a function of the micro-batch's routing as a whole (transformers' pooled loss), so the
-one-process reference runs the same micro-batches: 2 of 4 sequences, accumulated, as each rank runs 4."""
+terms, and with the bias method its expert loads and routing biases. The term is a function of the micro-batch's
+routing as a whole (transformers' pooled loss), so the one-process reference runs the same micro-batches: 2 of 4
+sequences, accumulated, as each rank runs 4."""
 
 import pytest
 import torch
 
-from tests.helpers import VALIDATED, assert_matches, metrics, torchrun
+from tests.helpers import TINY, VALIDATED, assert_close, assert_matches, checkpoint_tensors, metrics, torchrun
 
 pytestmark = pytest.mark.distributed
 
@@ -23,6 +24,59 @@ def test_qwen3_moe_on_fsdp_matches_one_process_with_the_same_micro_batches(tmp_p
     assert_matches(two, one)
     for a, b in zip(two, one):
         assert abs(a["aux_load_balance"] - b["aux_load_balance"]) <= 1e-5 * b["aux_load_balance"], (a, b)
+
+
+BIAS = [
+    "--config",
+    "train_configs/qwen3_moe_debug.toml",
+    *TINY,
+    "--training.local_batch_size",
+    "4",
+    "--moe.balance",
+    "bias",
+    "--moe.bias_update_rate",
+    "0.01",
+    "--checkpoint.enable",
+    "true",
+    "--checkpoint.interval",
+    "5",
+]
+
+
+@pytest.mark.slow  # two runs, about 20 s: CI runs it
+def test_the_bias_method_on_fsdp_matches_one_process_losses_and_biases(tmp_path):
+    """Each rank routes its own 4 sequences; the biases move by the counts of all 8 (summed over the ranks), as
+    one process accumulating the same two micro-batches moves them: the same losses, expert loads and biases."""
+    single = torchrun(1, [*BIAS, "--training.global_batch_size", "8"], tmp_path / "single")
+    assert single.returncode == 0, single.stderr[-3000:]
+    fsdp = torchrun(2, BIAS, tmp_path / "fsdp2")
+    assert fsdp.returncode == 0, fsdp.stdout[-2000:] + fsdp.stderr[-4000:]
+    one, two = metrics(tmp_path / "single"), metrics(tmp_path / "fsdp2")
+    assert_close([r["loss"] for r in two], [r["loss"] for r in one], 1e-5)
+    assert [r["expert_load"] for r in two] == pytest.approx([r["expert_load"] for r in one], rel=1e-6)
+    biases = [
+        {k: v for k, v in checkpoint_tensors(tmp_path / run / "run/step-5", tmp_path / run).items() if "bias" in k}
+        for run in ("single", "fsdp2")
+    ]
+    assert biases[0].keys() == biases[1].keys() and len(biases[0]) == 3
+    for name, bias in biases[0].items():
+        assert bias.abs().sum() > 0, name
+        torch.testing.assert_close(biases[1][name], bias, rtol=0, atol=0)
+
+
+@pytest.mark.slow  # two runs, about 20 s: CI runs it
+def test_the_bias_method_on_a_pipeline_matches_one_process(tmp_path):
+    """Each stage counts its own blocks' tokens and the worst block is taken over the stages; torch's shape
+    inference forward before the first step is not counted (it would move step 1's biases otherwise)."""
+    run = ["--config", "train_configs/qwen3_moe_debug.toml", *TINY, "--moe.balance", "bias"]
+    run += ["--moe.bias_update_rate", "0.01"]
+    single = torchrun(1, run, tmp_path / "single")
+    assert single.returncode == 0, single.stderr[-3000:]
+    pp = torchrun(2, [*run, "--parallelism.pipeline_parallel_degree", "2"], tmp_path / "pp2")
+    assert pp.returncode == 0, pp.stdout[-2000:] + pp.stderr[-4000:]
+    one, two = metrics(tmp_path / "single"), metrics(tmp_path / "pp2")
+    assert_close([r["loss"] for r in two], [r["loss"] for r in one], 1e-5)
+    assert [r["expert_load"] for r in two] == pytest.approx([r["expert_load"] for r in one], rel=1e-6)
 
 
 def test_a_qwen3_moe_folder_imports_on_ep_and_fsdp_with_transformers_logits(tmp_path):

@@ -10,12 +10,14 @@ import torch
 import torch.nn as nn
 
 from titanlite.builder.plan import Plan
+from titanlite.components.expert_balance import ExpertBalance, uncount_metadata_inference
 from titanlite.components.loss import build_loss, chunk_tokens, cross_entropy, schedule_of
 from titanlite.config import JobConfig
 from titanlite.data.tokenizer import build_tokenizer
 from titanlite.engine.trainer import Pipeline, RankModel, autocast_for
 from titanlite.models.common.build import configured_model
 from titanlite.models.common.interface import DecoderModule
+from titanlite.models.common.moe_args import MoEArgs
 from titanlite.models.registry import spec_of
 from titanlite.parallel.compile import compiled_loss
 from titanlite.parallel.context_parallel import SequenceSplit
@@ -37,14 +39,14 @@ class ModelSetup:
 def plain_model(cfg: JobConfig) -> DecoderModule:
     """The configured model, whole, on the current default device of this one process."""
     m = cfg.model
-    return configured_model(m, build_tokenizer(m.tokenizer, m.hf_assets_path).vocab_size, cfg.training.seq_len)
+    return configured_model(m, build_tokenizer(m.tokenizer, m.hf_assets_path).vocab_size, cfg.training.seq_len, cfg.moe)
 
 
 def build_model(cfg: JobConfig, vocab_size: int, plan: Plan, mesh, device: torch.device):
     """Build on the meta device, cut into pipeline stages if asked, apply the parallelisms to each part,
     then materialise and initialise the weights. Returns the whole meta model (for counting) and the parts."""
     with torch.device("meta"):
-        model = configured_model(cfg.model, vocab_size, cfg.training.seq_len)
+        model = configured_model(cfg.model, vocab_size, cfg.training.seq_len, cfg.moe)
     parts = split_model(model, plan.pipeline, mesh["pp"].get_local_rank()) if plan.pipeline else [model]
     parts = [
         parallelize(
@@ -74,6 +76,7 @@ def build_pipeline(
     pp_rank, group = mesh["pp"].get_local_rank(), mesh["pp"].get_group()
     csv = cfg.parallelism.pipeline_parallel_schedule_csv
     schedule, stages = build_schedule(parts, plan.pipeline, group, pp_rank, device, loss_fn, csv)
+    uncount_metadata_inference(stages)  # MoE blocks' step counts
     stage_ids = plan.pipeline.stage_ids(pp_rank)
     tied = model.args.tie_embeddings
     return Pipeline(
@@ -103,6 +106,13 @@ def after_optimizer_step_hooks(cfg: JobConfig, plan: Plan, parts: list[nn.Module
     return [float8_scales] if float8_scales else []
 
 
+def expert_balance(plan: Plan, mesh, parts: list[nn.Module], device: torch.device) -> ExpertBalance:
+    """The MoE step hook: counts summed over the ranks that see other tokens (dp x cp, the loss's ranks), the
+    worst block's load over the pipeline's stages."""
+    group = mesh["dp_cp"].get_group() if plan.dims.dp * plan.dims.cp > 1 else None
+    return ExpertBalance(parts, device, group, mesh["pp"].get_group() if plan.pipeline else None)
+
+
 def build_rank_model(cfg: JobConfig, plan: Plan, mesh, device: torch.device, vocab_size: int) -> ModelSetup:
     """This rank's parallelised model with its loss (chunked or plain, compiled or not) and pipeline."""
     plain, parts = build_model(cfg, vocab_size, plan, mesh, device)
@@ -120,6 +130,12 @@ def build_rank_model(cfg: JobConfig, plan: Plan, mesh, device: torch.device, voc
         loss_line = "  loss: cross-entropy on the whole logits" + (" (compiled)" if compile_loss else "")
     pipeline = build_pipeline(cfg, plan, plain, parts, mesh, device, loss_fn, not chunks) if plan.pipeline else None
     param_dtype = DTYPES[cfg.training.mixed_precision_param] if device.type == "cuda" else torch.float32
+    hooks = after_optimizer_step_hooks(cfg, plan, parts)
+    balance = (
+        expert_balance(plan, mesh, parts, device) if isinstance(getattr(plain.args, "moe", None), MoEArgs) else None
+    )
+    if balance is not None:
+        hooks.append(balance)
     rank = RankModel(
         parts=parts,
         device=device,
@@ -130,7 +146,8 @@ def build_rank_model(cfg: JobConfig, plan: Plan, mesh, device: torch.device, voc
         pipeline=pipeline,
         loss_group=mesh["dp_cp"].get_group() if plan.dims.dp * plan.dims.cp > 1 else None,
         split=sequence_split(cfg, plan, mesh),
-        after_optimizer_step=after_optimizer_step_hooks(cfg, plan, parts),
+        after_optimizer_step=hooks,
+        expert_load=None if balance is None else lambda: balance.load,
         auxiliary_losses=spec_of(plain.args).auxiliary_losses(plain.args),
     )
     return ModelSetup(plain, rank, param_dtype, loss_line)

@@ -83,7 +83,7 @@ def model_facts(cfg, seq_len: int) -> ModelFacts:
     """The configured model's facts at this sequence length, measured on the meta device."""
     m = cfg.model
     with torch.device("meta"):
-        model = configured_model(m, build_tokenizer(m.tokenizer, m.hf_assets_path).vocab_size, seq_len)
+        model = configured_model(m, build_tokenizer(m.tokenizer, m.hf_assets_path).vocab_size, seq_len, cfg.moe)
     args = model.args
     layer_params, layer_split, layer_experts, moe_params = [], [], [], 0.0
     moes = [m for m in model.modules() if isinstance(m, MoE)]

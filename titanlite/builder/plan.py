@@ -43,7 +43,7 @@ def plan_run(cfg: JobConfig, world_size: int, evaluation: bool = False) -> Plan:
     accum = grad_accum_steps(cfg.training, dims.dp)
     m = cfg.model
     vocab_size = build_tokenizer(m.tokenizer, m.hf_assets_path).vocab_size
-    args = configured_args(m, vocab_size, cfg.training.seq_len)
+    args = configured_args(m, vocab_size, cfg.training.seq_len, cfg.moe)
     check_tp_degree(dims.tp, args, cfg.training.seq_len)
     check_ep_degree(dims.ep, args, getattr(args, "family", m.name))
     check_layout_features(cfg, dims)

@@ -58,7 +58,7 @@ def build_checkpointer(
 def run_facts(cfg: JobConfig, tokenizer, corpus) -> dict:
     """What a checkpoint records beside the config, for a resume to be checked against: the model's shape, the
     tokenizer's fingerprint and the training corpus's window count (sources changed behind the same keys)."""
-    args = configured_args(cfg.model, tokenizer.vocab_size, cfg.training.seq_len)
+    args = configured_args(cfg.model, tokenizer.vocab_size, cfg.training.seq_len, cfg.moe)
     facts = {"model": asdict(args), "tokenizer": tokenizer.fingerprint, "windows": len(corpus.windows)}
     return json.loads(json.dumps(facts))  # as a checkpoint's JSON gives them back (tuples become lists)
 

@@ -6,6 +6,7 @@ optional dependency: pip install '.[hf]')."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from titanlite.base.hf_config import CONFIG_FILE, read_config, read_json
 from titanlite.components.hf_tokenizer import save_tokenizer
 from titanlite.models.common.init import fill_parameters
 from titanlite.models.common.interface import unwrapped
+from titanlite.models.common.moe_args import BALANCE_FIELDS, MoEArgs
 from titanlite.models.hf_config import folder_model_args, hf_config
 from titanlite.models.registry import spec_of
 
@@ -251,6 +253,15 @@ _MATH_FIELDS = (
 )
 
 
+def _math(args, field: str):
+    """args.field as far as it decides what the weights compute: an MoE block's balancing ([moe] section) does not
+    (a routing bias starts at zero)."""
+    value = getattr(args, field)
+    if isinstance(value, MoEArgs):
+        return dataclasses.replace(value, **{f: getattr(MoEArgs, f) for f in BALANCE_FIELDS})
+    return value
+
+
 def _check_compatible(source, target, folder) -> None:
     """The configured model (a named flavor) must compute what the folder's does, or the load is refused."""
     if type(source) is not type(target):
@@ -259,7 +270,7 @@ def _check_compatible(source, target, folder) -> None:
             f"but model.name builds a {type(target).__name__.removesuffix('Args')}; set model.flavor = 'hf' and "
             f"model.hf_assets_path = '{folder}' to take the folder's model"
         )
-    differ = [f for f in _MATH_FIELDS if hasattr(target, f) and getattr(source, f) != getattr(target, f)]
+    differ = [f for f in _MATH_FIELDS if hasattr(target, f) and _math(source, f) != _math(target, f)]
     if spec_of(target).learned_positions and source.max_seq_len != target.max_seq_len:
         differ.append("max_seq_len")
     if source.vocab_size > target.vocab_size:

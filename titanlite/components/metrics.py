@@ -173,6 +173,8 @@ def format_line(r: dict) -> str:
         line += f"  val_loss {r['val_loss']:.4f}  val_ppl {r['val_perplexity']:.2f} ({r['val_seconds']:.1f}s)"
     for key in (k for k in r if k.startswith("aux_")):  # a model's auxiliary loss terms (MoE load balancing)
         line += f"  {key} {r[key]:.4g}"
+    if "expert_load" in r:  # MoE: max / mean tokens per expert of the step, the worst block's
+        line += f"  expert_load {r['expert_load']:.2f}"
     if "pp_idle_pct" in r:
         analytic = fmt(r["pp_bubble_analytic"], ".2f")
         line += f"  bubble {analytic} idle/pp-rank {'/'.join(f'{v:.0f}%' for v in r['pp_idle_pct'])}"

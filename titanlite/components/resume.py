@@ -7,7 +7,8 @@ first resumed step, and one start-up line names what changed. Changes that would
 are refused with one line naming the key and both values, unless the part of the state they would break is
 left out of the load (checkpoint.exclude_from_loading, TorchTitan's key):
 
-  the model (shape, family, tokenizer)   'model' and 'optimizer' left out: the weights start afresh
+  the model (shape, family, tokenizer, moe.balance)
+                                         'model' and 'optimizer' left out: the weights start afresh
   the data (sequence length, seed, sources, held-out split)
                                          'dataloader' left out: the data starts again at its first sample
 """
@@ -18,6 +19,7 @@ from dataclasses import asdict
 
 from titanlite.base.errors import ConfigError
 from titanlite.config import JobConfig
+from titanlite.models.common.moe_args import BALANCE_FIELDS
 
 # Keys that decide which token windows sample i of the run is: the saved data position means nothing under
 # other values.
@@ -40,6 +42,8 @@ DATA_KEYS = (
 )
 # Keys that decide the model; its shape (a fact) is compared too, for a Hugging Face folder whose files changed.
 MODEL_KEYS = ("model.name", "model.flavor", "model.n_layers", "model.hf_assets_path", "model.tokenizer")
+# MoEArgs fields that a resume may change (the [moe] section's numbers): training terms, not the model.
+MOE_COEFFICIENTS = tuple(f for f in BALANCE_FIELDS if f != "balance")
 # Keys that say how this invocation loads, logs, profiles or names things: never reported as changes.
 QUIET_SECTIONS = ("job", "checkpoint", "metrics", "profiling", "comm")
 
@@ -78,13 +82,34 @@ def _refuse_model_change(differ: dict, saved_facts: dict, facts: dict, where: st
         raise ConfigError(f"{changed}; {advice}")
     if saved_facts.get("tokenizer") not in (None, facts.get("tokenizer")):
         raise ConfigError(f"the tokenizer's vocabulary differs from the one {where} was saved with; {advice}")
-    old_model, new_model = saved_facts.get("model"), facts.get("model")
+    old_model, new_model = _without_coefficients(saved_facts.get("model")), _without_coefficients(facts.get("model"))
+    old_balance, new_balance = (_balance(m) for m in (old_model, new_model))
+    if old_balance != new_balance and None not in (old_balance, new_balance):
+        raise ConfigError(
+            f"moe.balance is {new_balance!r}, not the {old_balance!r} that {where} was saved with: the routing "
+            f"(and the checkpoint's routing biases, kept with 'bias' only) would change under the trained weights; "
+            f"set moe.balance = {old_balance!r}, or give another balance its own run folder (set job.name)"
+        )
     if old_model is not None and new_model is not None and old_model != new_model:
         field = next(k for k in new_model if old_model.get(k) != new_model[k])
         raise ConfigError(
             f"the model's {field} is {new_model[field]!r}, not the {old_model.get(field)!r} that "
             f"{where} was saved with; {advice}"
         )
+
+
+def _without_coefficients(model: dict | None) -> dict | None:
+    """A model's facts without the weights of its MoE balancing terms and its bias update rate: a resume may change
+    them (they are listed among the changes), like the optimizer's settings."""
+    if model is None or not isinstance(model.get("moe"), dict):
+        return model
+    moe = {key: value for key, value in model["moe"].items() if key not in MOE_COEFFICIENTS}
+    return {**model, "moe": moe}
+
+
+def _balance(model: dict | None) -> str | None:
+    moe = None if model is None else model.get("moe")
+    return moe.get("balance") if isinstance(moe, dict) else None
 
 
 def _refuse_data_change(differ: dict, saved_facts: dict, facts: dict, where: str) -> None:

@@ -269,6 +269,10 @@ def resolve_flavor_family(model, explicit: set[str]) -> None:
     model.name = families[0]
 
 
+# The [moe] keys that are numbers: -1 keeps the model flavor's value.
+MOE_COEFFICIENTS = ("aux_loss_coef", "z_loss_coef", "bias_update_rate")
+
+
 def validate_values(cfg: JobConfig) -> None:
     """Checks that need no knowledge of the world size (the layout is checked by ParallelDims)."""
     for section, cls in section_classes().items():
@@ -380,6 +384,10 @@ def validate_values(cfg: JobConfig) -> None:
     check_hub_keys(v, "validation", hub=bool(v.dataset) and v.dataset not in ("stdlib", "local"))
     if not cfg.data.shard_size_mb > 0:
         raise ConfigError(f"data.shard_size_mb={cfg.data.shard_size_mb} must be positive")
+    for key in MOE_COEFFICIENTS:
+        value = getattr(cfg.moe, key)
+        if value < 0 and value != -1:
+            raise ConfigError(f"moe.{key}={value} must be at least 0, or -1 to keep the model flavor's")
     m = cfg.model
     if m.hf_assets_path and m.flavor != "hf" and m.tokenizer != "hf":
         raise ConfigError(

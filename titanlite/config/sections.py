@@ -285,6 +285,28 @@ class Parallelism:
 
 
 @dataclass
+class MoE:
+    """Load balancing of a mixture-of-experts model (qwen3_moe, olmoe, mixtral); a key left at its default
+    keeps the family flavor's value (with model.flavor = "hf", config.json's)."""
+
+    balance: Literal["", "aux_loss", "bias", "none"] = ""
+    """How the experts' load is balanced: "aux_loss" adds aux_loss_coef times the load-balancing loss to the
+    training loss (transformers' families); "bias" (auxiliary-loss-free, DeepSeek-V3) adds a per-expert bias to
+    the router's scores for choosing experts (never to their weights) and, after each step, moves it by
+    bias_update_rate toward equal load over the step's tokens of all ranks; "none"; "" keeps the flavor's.
+    Refused for a family without mixture-of-experts blocks, and changed on resume only with a fresh model."""
+    aux_loss_coef: float = -1.0
+    """Weight of the load-balancing loss, with balance "aux_loss" (config.json router_aux_loss_coef); -1 keeps
+    the flavor's."""
+    z_loss_coef: float = -1.0
+    """Weight of the router z-loss, the mean over tokens of logsumexp(router logits)^2 (OLMoE's), with any
+    balance; 0 turns it off, -1 keeps the flavor's."""
+    bias_update_rate: float = -1.0
+    """How far each expert's routing bias moves after each step, with balance "bias" (DeepSeek-V3 used 0.001):
+    up for an expert that got fewer tokens than the mean, down for one that got more; -1 keeps the flavor's."""
+
+
+@dataclass
 class ActivationCheckpoint:
     """Recompute activations in backward to save memory."""
 
@@ -422,6 +444,7 @@ class JobConfig:
     optimizer: Optimizer = field(default_factory=Optimizer)
     lr_scheduler: LRScheduler = field(default_factory=LRScheduler)
     parallelism: Parallelism = field(default_factory=Parallelism)
+    moe: MoE = field(default_factory=MoE)
     activation_checkpoint: ActivationCheckpoint = field(default_factory=ActivationCheckpoint)
     compile: Compile = field(default_factory=Compile)
     float8: Float8 = field(default_factory=Float8)

@@ -153,6 +153,9 @@ class RankModel:
     before_optimizer_step: list[Callable[[int], None]] = field(default_factory=list)
     after_optimizer_step: list[Callable[[int], None]] = field(default_factory=list)
     auxiliary_losses: tuple[str, ...] = ()  # the names of the model's auxiliary loss terms (its spec's)
+    # A model with MoE blocks: the last step's expert load (max / mean tokens per expert of the worst block, a
+    # device scalar), which one of the after_optimizer_step hooks computes.
+    expert_load: Callable[[], torch.Tensor | None] | None = None
     # This rank's share of each batch's sequences and how attention sees them (context parallelism,
     # block-causal masks): (inputs, labels) -> (inputs, labels, Sequence or None).
     split: Callable | None = None
@@ -216,6 +219,7 @@ class Trainer:
             for part in model.parts:
                 self.auxiliary.watch(part)
         self.skipped_steps: list[int] = []  # non-finite steps skipped since the last log
+        self.expert_load: torch.Tensor | None = None  # the last step's (MoE models), read by log
 
     @property
     def train_state(self) -> dict:
@@ -320,6 +324,8 @@ class Trainer:
         self.optimizer.step()
         for hook in self.model.after_optimizer_step:
             hook(self.step + 1)
+        if self.model.expert_load is not None:
+            self.expert_load = self.model.expert_load()  # on the device until a log reads it
         self.optimizer.zero_grad()
         self.lr_scheduler.step()
         return loss, grad_norm
@@ -410,6 +416,8 @@ class Trainer:
             "data_wait_pct": self.throughput.take_data_wait_pct(),
         }
         record |= {f"aux_{name}": v for name, v in zip(self.auxiliary.names, self.records.last_auxiliary)}
+        if self.expert_load is not None:
+            record["expert_load"] = self.expert_load.item()
         if self.skipped_steps:
             record["skipped_steps"], self.skipped_steps = self.skipped_steps, []
         record |= validation or {}

@@ -81,7 +81,7 @@ class BareLoop:
     def __init__(self, cfg, plan, vocab_size: int, windows, device: torch.device, loss_compiled: bool):
         m = cfg.model
         with torch.device("meta"):
-            model = configured_model(m, vocab_size, cfg.training.seq_len)
+            model = configured_model(m, vocab_size, cfg.training.seq_len, cfg.moe)
         plain_loss = dataclasses.replace(cfg.training, loss_chunk_tokens=0)  # logits and F.cross_entropy
         parallelize(
             model,

@@ -3,8 +3,11 @@ spec. Builders construct on the current default device, so the trainer can build
 
 from __future__ import annotations
 
+import dataclasses
+
 from titanlite.base.errors import ConfigError
 from titanlite.models.common.interface import DecoderModule
+from titanlite.models.common.moe_args import MoEArgs
 from titanlite.models.hf_config import folder_args
 from titanlite.models.registry import model_args, spec_of
 
@@ -21,21 +24,44 @@ def model_from_args(args) -> DecoderModule:
     return spec.load(spec.model)(args)
 
 
-def configured_args(model_cfg, vocab_size: int, seq_len: int):
+def configured_args(model_cfg, vocab_size: int, seq_len: int, moe=None):
     """The [model] section's model for a tokenizer of vocab_size ids and training.seq_len: a named flavor,
-    or with flavor "hf" the shape of the Hugging Face folder model.hf_assets_path, vocabulary unpadded."""
+    or with flavor "hf" the shape of the Hugging Face folder model.hf_assets_path, vocabulary unpadded; with
+    the [moe] section's load balancing (with_moe_settings) when `moe` is given."""
     m = model_cfg
     if m.flavor != "hf":
-        return model_args(m.name, m.flavor, vocab_size, seq_len, m.n_layers)
-    args = folder_args(m.hf_assets_path, seq_len)
-    if vocab_size > args.vocab_size:
+        args = model_args(m.name, m.flavor, vocab_size, seq_len, m.n_layers)
+    else:
+        args = folder_args(m.hf_assets_path, seq_len)
+        if vocab_size > args.vocab_size:
+            raise ConfigError(
+                f"model.tokenizer={m.tokenizer!r} has {vocab_size} ids but {m.hf_assets_path} embeds "
+                f"{args.vocab_size}; use the folder's own tokenizer (leave model.tokenizer out)"
+            )
+    return args if moe is None else with_moe_settings(args, moe)
+
+
+def with_moe_settings(args, moe):
+    """`args` with the [moe] keys that are set (balance not "", coefficients not -1) in its MoEArgs; a ConfigError
+    for a key set on a family without mixture-of-experts blocks, or one that the resulting balance ignores."""
+    set_keys = {key: value for key, value in dataclasses.asdict(moe).items() if value not in ("", -1)}
+    if not set_keys:
+        return args
+    if not isinstance(getattr(args, "moe", None), MoEArgs):
         raise ConfigError(
-            f"model.tokenizer={m.tokenizer!r} has {vocab_size} ids but {m.hf_assets_path} embeds "
-            f"{args.vocab_size}; use the folder's own tokenizer (leave model.tokenizer out)"
+            f"moe.{next(iter(set_keys))} is set but model {spec_of(args).name} has no mixture-of-experts blocks; "
+            "remove it"
         )
-    return args
+    settings = dataclasses.replace(args.moe, **set_keys)
+    for key, balance in (("aux_loss_coef", "aux_loss"), ("bias_update_rate", "bias")):
+        if key in set_keys and settings.balance != balance:
+            raise ConfigError(
+                f"moe.{key}={set_keys[key]} acts only with balance {balance!r}, but the balance is "
+                f"{settings.balance!r}; set moe.balance = {balance!r}, or remove moe.{key}"
+            )
+    return dataclasses.replace(args, moe=settings)
 
 
-def configured_model(model_cfg, vocab_size: int, seq_len: int) -> DecoderModule:
+def configured_model(model_cfg, vocab_size: int, seq_len: int, moe=None) -> DecoderModule:
     """Build configured_args's model on the current default device, parameters uninitialised."""
-    return model_from_args(configured_args(model_cfg, vocab_size, seq_len))
+    return model_from_args(configured_args(model_cfg, vocab_size, seq_len, moe))

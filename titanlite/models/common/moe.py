@@ -11,7 +11,8 @@ Balancing: with balance="aux_loss" the block adds aux_loss_coef * its load-balan
 the auxiliary term "load_balance", and with z_loss_coef > 0 the router z-loss as "router_z"
 (titanlite/models/common/auxiliary.py); with balance="bias" a per-expert bias steers the choice of experts (never
 the weights), moved after each step by update_balance_bias. Each block keeps the per-expert token counts of its
-last forward in `tokens_per_expert`, on the device, for the load metric and the bias update.
+last forward in `tokens_per_expert` and their sum over a training step in `step_tokens`, on the device, for the
+load metric and the bias update (titanlite/components/expert_balance.py).
 
 Weights: router.gate.weight [E, dim]; experts.w1 and experts.w3 [E, hidden, dim] (gate and up), experts.w2
 [E, dim, hidden] (down), each expert's matrix laid out as nn.Linear's; shared_expert.w1/w2/w3.weight and
@@ -222,6 +223,7 @@ class MoE(nn.Module):
     holds the routed token counts of its last forward."""
 
     tokens_per_expert: torch.Tensor
+    step_tokens: torch.Tensor
 
     def __init__(self, dim: int, args: MoEArgs, use_grouped_mm: bool | None = None):
         super().__init__()
@@ -232,6 +234,9 @@ class MoE(nn.Module):
         self.shared_gate = nn.Linear(dim, 1, bias=False) if args.shared_gate else None
         # int64: a cast of the model to bfloat16 leaves it exact (it casts floating buffers only).
         self.register_buffer("tokens_per_expert", torch.zeros(args.n_experts, dtype=torch.int64), persistent=False)
+        # The counts summed over a training step's forwards: the model adds tokens_per_expert after each of its
+        # forwards (not here: a recomputing backward would count twice), the step's hook reads and zeroes them.
+        self.register_buffer("step_tokens", torch.zeros(args.n_experts, dtype=torch.int64), persistent=False)
 
     def reset_parameters(self) -> None:
         """Fill every weight as nn.Linear would (tests, and a model built outside a family's init); zero the bias."""
@@ -279,6 +284,16 @@ class MoE(nn.Module):
         if args.z_loss_coef > 0:
             out = add_auxiliary_loss(out, "router_z", args.z_loss_coef * router_z_loss(route.logits))
         return out
+
+
+@torch.no_grad()
+def count_step_tokens(model: nn.Module) -> None:
+    """Add each MoE block's counts of the forward that just ran to its step_tokens: call it once per training
+    forward of the model (or pipeline stage), after the forward, so that a block recomputed in backward
+    (activation checkpointing) is counted once."""
+    for module in model.modules():
+        if isinstance(module, MoE):
+            module.step_tokens += module.tokens_per_expert
 
 
 def expert_load(counts: torch.Tensor) -> torch.Tensor:

@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 SCORE_FUNCS = ("softmax", "sigmoid")
+# How training balances the experts' load (the run's [moe] section may set them): not what the weights compute.
+BALANCE_FIELDS = ("balance", "aux_loss_coef", "z_loss_coef", "bias_update_rate")
 BALANCES = ("aux_loss", "bias", "none")
 AUX_LOSS_STYLES = ("switch",)
 

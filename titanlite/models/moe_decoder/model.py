@@ -30,7 +30,7 @@ from titanlite.models.common.attention import Sequence
 from titanlite.models.common.auxiliary import add_auxiliary_loss
 from titanlite.models.common.interface import Decoder
 from titanlite.models.common.kv_cache import KVCache
-from titanlite.models.common.moe import MoE, Routing, router_z_loss
+from titanlite.models.common.moe import MoE, Routing, count_step_tokens, router_z_loss
 from titanlite.models.common.moe_args import MoEArgs
 from titanlite.models.llama3.model import Llama
 from titanlite.models.moe_decoder.args import MoEDecoderArgs
@@ -119,11 +119,14 @@ class MoEDecoder(Llama):
                 block.feed_forward = PooledMoE(args.dim, args.moe, self.balance)
 
     def init_buffers(self) -> None:
-        """RoPE tables; the routing bias of balance="bias" starts at zero (a checkpoint then restores it)."""
+        """RoPE tables; the step's token counts and the routing bias of balance="bias" start at zero (a checkpoint
+        then restores the bias)."""
         super().init_buffers()
         for module in self.modules():
-            if isinstance(module, MoE) and module.router.expert_bias is not None:
-                module.router.expert_bias.zero_()
+            if isinstance(module, MoE):
+                module.step_tokens.zero_()
+                if module.router.expert_bias is not None:
+                    module.router.expert_bias.zero_()
 
     def forward(  # type: ignore[override]  # only a pipeline stage part returns (h, carry), as the Decoder allows
         self,
@@ -146,6 +149,8 @@ class MoEDecoder(Llama):
             out = super().forward(tokens, cache, sequence, logits=logits)
         finally:
             self.balance.active = False  # a recomputing backward (activation checkpointing) records nothing
+        if torch.is_grad_enabled():  # a training forward: its counts join the step's (here, never in a recompute)
+            count_step_tokens(self)
         if carry is None and self.output is not None:  # the whole model (no pipeline)
             if self.balance.rows:
                 out = add_auxiliary_loss(out, "load_balance", moe.aux_loss_coef * self.balance.loss(moe.n_experts))
