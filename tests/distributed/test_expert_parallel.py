@@ -1,5 +1,6 @@
 """Expert parallelism (gloo, fp32) gives one process's losses, grad norms, validation losses and load-balancing terms,
-alone and beside FSDP, HSDP, tensor and context parallelism, and its checkpoints resume on other EP degrees.
+alone and beside FSDP, HSDP, tensor, context and pipeline parallelism, with the load-balancing loss and with the
+bias method (whose expert loads and biases must then agree), and its checkpoints resume on other EP degrees.
 
 Every run takes micro-batches of 2 sequences (a global batch of 8): the load-balancing term is a function of a
 micro-batch's routing as a whole (transformers' pooled loss), so the one-process reference accumulates the same 4
@@ -24,6 +25,8 @@ MOE = [
     "2",
 ]
 CHECKPOINTED = ["--checkpoint.enable", "--checkpoint.interval", "3"]
+# The bias method at a rate that moves the biases enough to change the routing within the run.
+BIAS = ["--moe.balance", "bias", "--moe.bias_update_rate", "0.01"]
 EP = "--parallelism.expert_parallel_degree"
 LAYOUTS = {
     "ep4": (4, [EP, "4"]),
@@ -31,6 +34,18 @@ LAYOUTS = {
     "hsdp_ep2": (4, ["--parallelism.data_parallel_replicate_degree", "2", EP, "2"]),  # replicas of EP 2 x dp_shard 2
     "ep2_tp2": (4, [EP, "2", "--parallelism.tensor_parallel_degree", "2"]),
     "ep2_cp2": (4, [EP, "2", "--parallelism.context_parallel_degree", "2"]),
+    # Pipeline micro-batches of 2 sequences, as the reference's: PP 2 x dp_shard 2, EP 2.
+    "ep2_pp2": (
+        4,
+        [
+            EP,
+            "2",
+            "--parallelism.pipeline_parallel_degree",
+            "2",
+            "--parallelism.pipeline_parallel_microbatch_size",
+            "2",
+        ],
+    ),
 }
 
 
@@ -42,13 +57,22 @@ def train(nproc, args, run_dir):
 
 def assert_same_run(records, reference):
     assert_matches(records, reference)
-    assert_close([r["aux_load_balance"] for r in records], [r["aux_load_balance"] for r in reference], 1e-5)
+    if "aux_load_balance" in reference[0]:
+        assert_close([r["aux_load_balance"] for r in records], [r["aux_load_balance"] for r in reference], 1e-5)
+    assert_close([r["expert_load"] for r in records], [r["expert_load"] for r in reference], 1e-6)
 
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("single")
     train(1, [], run_dir)
+    return metrics(run_dir)
+
+
+@pytest.fixture(scope="module")
+def bias_reference(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("single_bias")
+    train(1, BIAS, run_dir)
     return metrics(run_dir)
 
 
@@ -66,12 +90,23 @@ def test_ep2_matches_one_process(reference, ep2):
     assert_same_run(metrics(run_dir), reference)
 
 
-@pytest.mark.slow  # five 4-rank runs, about 100 s: CI runs them
+@pytest.mark.slow  # six 4-rank runs, about 2 minutes: CI runs them
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_expert_parallel_layouts_match_one_process(tmp_path, reference, layout):
     nproc, args = LAYOUTS[layout]
     train(nproc, args, tmp_path)
     assert_same_run(metrics(tmp_path), reference)
+
+
+@pytest.mark.slow  # seven runs, about 2 minutes: CI runs them
+@pytest.mark.parametrize("layout", ["ep2", *LAYOUTS])
+def test_expert_parallel_layouts_with_the_bias_method_match_one_process(tmp_path, bias_reference, layout):
+    """The biases move by the step's counts summed over dp x cp: every layout routes as one process does."""
+    nproc, args = LAYOUTS.get(layout, (2, [EP, "2"]))
+    train(nproc, [*args, *BIAS], tmp_path)
+    records = metrics(tmp_path)
+    assert "aux_load_balance" not in records[0]
+    assert_same_run(records, bias_reference)
 
 
 @pytest.mark.slow  # two runs, about 30 s: CI runs them
