@@ -18,9 +18,9 @@ from titanlite.builder.run import run_facts
 from titanlite.components.expert_balance import ExpertBalance
 from titanlite.components.resume import flat_config, resume_changes
 from titanlite.config import parse_config
-from titanlite.models.common.build import configured_args, model_from_args
+from titanlite.models.common.build import configured_args, configured_model, model_from_args
 from titanlite.models.common.init import init_weights
-from titanlite.models.common.moe import MoE, expert_load
+from titanlite.models.common.moe import GroupedExperts, MoE, expert_load
 
 MOE_CONFIG = ["--config", "train_configs/qwen3_moe_debug.toml"]
 
@@ -172,3 +172,19 @@ def test_a_resumed_bias_run_gives_the_uninterrupted_run_s_losses(tmp_path):
     assert losses(stopped, tmp_path / "split") == expected[:2]
     resumed = torchrun(1, BIAS_RUN, tmp_path / "split")
     assert losses(resumed, tmp_path / "split") == pytest.approx(expected, rel=1e-6)
+
+
+def test_the_loop_kernel_switch_reaches_every_blocks_experts_and_changes_no_number():
+    cfg = parse_config([*MOE_CONFIG, "--moe.experts_kernel", "loop"])
+    torch.manual_seed(0)
+    loop = configured_model(cfg.model, 300, 64, cfg.moe)
+    auto = configured_model(cfg.model, 300, 64, parse_config(MOE_CONFIG).moe)
+    init_weights(loop, seed=1)
+    init_weights(auto, seed=1)
+    kernels = {m.use_grouped_mm for m in loop.modules() if isinstance(m, GroupedExperts)}
+    assert kernels == {False} and {m.use_grouped_mm for m in auto.modules() if isinstance(m, GroupedExperts)} == {None}
+    tokens = torch.randint(0, 300, (2, 64), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        torch.testing.assert_close(loop(tokens), auto(tokens), rtol=0, atol=1e-5)
+    with pytest.raises(ConfigError, match="^moe.experts_kernel is set but model gpt2 has no mixture-of-experts"):
+        configured_args(parse_config(["--moe.experts_kernel", "loop"]).model, 300, 64, cfg.moe)

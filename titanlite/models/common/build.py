@@ -7,6 +7,7 @@ import dataclasses
 
 from titanlite.base.errors import ConfigError
 from titanlite.models.common.interface import DecoderModule
+from titanlite.models.common.moe import GroupedExperts
 from titanlite.models.common.moe_args import MoEArgs
 from titanlite.models.hf_config import folder_args
 from titanlite.models.registry import model_args, spec_of
@@ -44,7 +45,7 @@ def configured_args(model_cfg, vocab_size: int, seq_len: int, moe=None):
 def with_moe_settings(args, moe):
     """`args` with the [moe] keys that are set (balance not "", coefficients not -1) in its MoEArgs; a ConfigError
     for a key set on a family without mixture-of-experts blocks, or one that the resulting balance ignores."""
-    set_keys = {key: value for key, value in dataclasses.asdict(moe).items() if value not in ("", -1)}
+    set_keys = {key: value for key, value in dataclasses.asdict(moe).items() if value not in ("", -1, "auto")}
     if not set_keys:
         return args
     if not isinstance(getattr(args, "moe", None), MoEArgs):
@@ -52,6 +53,7 @@ def with_moe_settings(args, moe):
             f"moe.{next(iter(set_keys))} is set but model {spec_of(args).name} has no mixture-of-experts blocks; "
             "remove it"
         )
+    set_keys.pop("experts_kernel", None)  # how the experts compute, not what (configured_model)
     settings = dataclasses.replace(args.moe, **set_keys)
     for key, balance in (("aux_loss_coef", "aux_loss"), ("bias_update_rate", "bias")):
         if key in set_keys and settings.balance != balance:
@@ -64,4 +66,9 @@ def with_moe_settings(args, moe):
 
 def configured_model(model_cfg, vocab_size: int, seq_len: int, moe=None) -> DecoderModule:
     """Build configured_args's model on the current default device, parameters uninitialised."""
-    return model_from_args(configured_args(model_cfg, vocab_size, seq_len, moe))
+    model = model_from_args(configured_args(model_cfg, vocab_size, seq_len, moe))
+    if moe is not None and moe.experts_kernel == "loop":
+        for module in model.modules():
+            if isinstance(module, GroupedExperts):
+                module.use_grouped_mm = False
+    return model
