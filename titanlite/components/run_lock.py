@@ -10,6 +10,7 @@ cannot be checked from here: the error says how to remove it when no job runs th
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import logging
@@ -53,23 +54,60 @@ def acquire(run_dir: Path, job: str) -> RunLock:
     path = run_dir / LOCK_FILE
     with _serialised(run_dir):  # one launcher of this host at a time reads, takes over and makes the lock
         while True:
-            try:
-                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                holder = read_holder(path, wait=1.0)
-                if holder.get("job") == job:
-                    return RunLock(path, holder, mine=False)
-                if holder.get("host") == host and not _alive(holder.get("pid")):
-                    logger.warning(
-                        f"titanlite: note: {path} was left by a job that is gone (pid {holder.get('pid')}, started "
-                        f"{holder.get('started', '?')}); taking it over"
-                    )
-                    path.unlink(missing_ok=True)
-                    continue
-                raise ConfigError(busy(run_dir, holder, host)) from None
-            with os.fdopen(fd, "w") as f:
-                f.write(json.dumps(me))
-            return RunLock(path, me, mine=True)
+            if _create(path, me):
+                return RunLock(path, me, mine=True)
+            holder = read_holder(path, wait=1.0)
+            if not holder and _torn(path):
+                # Written whole before it gets its name (_create): a lock that is not a whole record was left
+                # by an older titanlite that died while writing it, or by a damaged disk. Nobody holds it.
+                logger.warning(f"titanlite: note: {path} is not a whole lock record (a torn write); taking it over")
+                path.unlink(missing_ok=True)
+                continue
+            if holder.get("job") == job:
+                return RunLock(path, holder, mine=False)
+            if holder.get("host") == host and not _alive(holder.get("pid")):
+                logger.warning(
+                    f"titanlite: note: {path} was left by a job that is gone (pid {holder.get('pid')}, started "
+                    f"{holder.get('started', '?')}); taking it over"
+                )
+                path.unlink(missing_ok=True)
+                continue
+            raise ConfigError(busy(run_dir, holder, host)) from None
+
+
+def _create(path: Path, holder: dict) -> bool:
+    """Make the lock holding `holder`, atomically: written in full under a name of its own, then linked to the
+    lock's name (which fails if the lock exists), so no reader ever sees it half-written. False if it exists.
+    On a file system without hard links, an exclusive create and one write."""
+    text = json.dumps(holder)
+    tmp = path.with_name(f"{path.name}.{socket.gethostname()}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text)
+        os.link(tmp, path)
+    except FileExistsError:
+        return False
+    except OSError as e:
+        if e.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV):
+            raise
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return True
+
+
+def _torn(path: Path) -> bool:
+    """Whether the lock file exists but is not a whole holder record."""
+    try:
+        return not isinstance(json.loads(path.read_text()), dict)
+    except FileNotFoundError:
+        return False
+    except ValueError:
+        return True
 
 
 def check_free(run_dir: Path) -> None:
