@@ -4,8 +4,12 @@ scripts/fault_survey.py's cases, cheap enough for every test run)."""
 
 import json
 import logging
+import os
 import socket
 
+import pytest
+
+from titanlite.base.errors import ConfigError
 from titanlite.builder.run import keep_metrics_up_to
 from titanlite.components import run_lock
 from titanlite.components.metrics import read_records
@@ -41,3 +45,36 @@ def test_a_torn_lock_is_taken_over_with_a_note(tmp_path, caplog):
     ]
     lock.release()
     assert sorted(p.name for p in run_dir.iterdir()) == []  # no temporary file left either
+
+
+def lock_of(run_dir, **holder) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    record = {"host": socket.gethostname(), "job": "launcher 1", "started": "2026-11-24 06:00:00", **holder}
+    (run_dir / run_lock.LOCK_FILE).write_text(json.dumps(record))
+
+
+def test_a_lock_whose_pid_a_later_process_reuses_is_taken_over(tmp_path, caplog):
+    me = run_lock.process_identity(os.getpid())
+    assert me["pid_start"] is not None and me["boot_id"]  # Linux: what the lock records
+    # This test's own (live) pid, recorded with an earlier start time: the job that made the lock is gone and
+    # an unrelated process now has its pid.
+    lock_of(tmp_path / "reused", pid=os.getpid(), pid_start=me["pid_start"] - 1, boot_id=me["boot_id"])
+    run_lock.check_free(tmp_path / "reused")
+    with caplog.at_level(logging.WARNING):
+        run_lock.acquire(tmp_path / "reused", "launcher 2").release()
+    assert "now belongs to another process, started later); taking it over" in caplog.records[0].getMessage()
+    lock_of(tmp_path / "rebooted", pid=os.getpid(), pid_start=me["pid_start"], boot_id="another-boot")
+    run_lock.check_free(tmp_path / "rebooted")
+    # The same pid and start time: the job itself, alive.
+    lock_of(tmp_path / "live", pid=os.getpid(), **me)
+    with pytest.raises(ConfigError, match="is in use by another job"):
+        run_lock.check_free(tmp_path / "live")
+
+
+def test_a_lock_that_cannot_be_judged_names_its_file_and_why(tmp_path):
+    lock_of(tmp_path / "nopid", pid="twelve")
+    with pytest.raises(ConfigError, match=r"\.lock names no valid pid, so whether its job lives cannot be told"):
+        run_lock.acquire(tmp_path / "nopid", "launcher 2")
+    lock_of(tmp_path / "far", host="another-host", pid=1)
+    with pytest.raises(ConfigError, match=r"another host's job cannot be checked from here: .* delete .*far/\.lock"):
+        run_lock.acquire(tmp_path / "far", "launcher 2")
