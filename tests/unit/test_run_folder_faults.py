@@ -2,6 +2,7 @@
 misleads the next start: each is kept where whole, or said in one line (the in-process half of
 scripts/fault_survey.py's cases, cheap enough for every test run)."""
 
+import errno
 import json
 import logging
 import os
@@ -10,6 +11,7 @@ import socket
 import pytest
 
 from titanlite.base.errors import ConfigError
+from titanlite.base.failures import explain
 from titanlite.builder.run import keep_metrics_up_to
 from titanlite.components import run_lock
 from titanlite.components.metrics import read_records
@@ -78,3 +80,29 @@ def test_a_lock_that_cannot_be_judged_names_its_file_and_why(tmp_path):
     lock_of(tmp_path / "far", host="another-host", pid=1)
     with pytest.raises(ConfigError, match=r"another host's job cannot be checked from here: .* delete .*far/\.lock"):
         run_lock.acquire(tmp_path / "far", "launcher 2")
+
+
+@pytest.mark.parametrize(
+    ("code", "said"),
+    [
+        (errno.EROFS, "its file system is read-only; make it writable by this user, or set job.dump_folder"),
+        (errno.EACCES, "permission denied; make it writable by this user, or set job.dump_folder"),
+        (errno.ENOSPC, "ran out of space"),
+    ],
+)
+def test_a_run_folder_that_refuses_the_lock_is_one_line(tmp_path, monkeypatch, code, said):
+    def refuse(path, *args, **kwargs):
+        raise OSError(code, os.strerror(code), str(path))
+
+    monkeypatch.setattr(run_lock.Path, "write_text", refuse)
+    with pytest.raises(ConfigError) as caught:
+        run_lock.acquire(tmp_path / "run", "launcher 1")
+    assert said in str(caught.value) and "\n" not in str(caught.value)
+    assert code == errno.ENOSPC or str(caught.value).startswith(f"cannot use {tmp_path / 'run'}: ")
+
+
+def test_a_worker_refused_a_run_folder_file_says_which_in_one_line(tmp_path):
+    file = tmp_path / "run" / "metrics.jsonl"
+    status, line, with_traceback = explain(PermissionError(errno.EACCES, "Permission denied", str(file)), file.parent)
+    assert (status, with_traceback) == (2, False)
+    assert line.startswith(f"cannot use {file}: permission denied; make it writable by this user, or set job.dump")

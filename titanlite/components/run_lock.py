@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from titanlite.base.errors import ConfigError
+from titanlite.base.failures import REFUSED, no_space, refused_access
 
 LOCK_FILE = ".lock"
 
@@ -53,6 +54,23 @@ def acquire(run_dir: Path, job: str) -> RunLock:
         raise ConfigError(
             f"cannot make the run folder {run_dir} ({e.strerror or e}); set job.dump_folder to a writable folder"
         ) from None
+    try:
+        return _acquire(run_dir, job)
+    except OSError as e:  # a read-only, unreadable or full run folder
+        raise ConfigError(folder_error(e, run_dir)) from None
+
+
+def folder_error(e: OSError, run_dir: Path) -> str:
+    """One line for an OSError of the run folder's (its lock's files are named by the folder): why, and what to
+    change."""
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return no_space(run_dir)
+    if e.errno in REFUSED:
+        return refused_access(OSError(e.errno, e.strerror, str(run_dir)), run_dir)
+    return f"cannot use the run folder {run_dir}: {e.strerror or e}; set job.dump_folder to a usable folder"
+
+
+def _acquire(run_dir: Path, job: str) -> RunLock:
     host = socket.gethostname()
     me = {"host": host, "pid": os.getpid(), "job": job, "started": time.strftime("%Y-%m-%d %H:%M:%S")}
     me |= {key: value for key, value in process_identity(os.getpid()).items() if value is not None}
