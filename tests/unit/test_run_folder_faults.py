@@ -15,6 +15,7 @@ from titanlite.base.failures import explain
 from titanlite.builder.run import keep_metrics_up_to
 from titanlite.components import run_lock
 from titanlite.components.metrics import read_records
+from titanlite.config import parse_config
 
 
 def metrics_with_torn_last_line(path, steps: int) -> list[str]:
@@ -106,3 +107,27 @@ def test_a_worker_refused_a_run_folder_file_says_which_in_one_line(tmp_path):
     status, line, with_traceback = explain(PermissionError(errno.EACCES, "Permission denied", str(file)), file.parent)
     assert (status, with_traceback) == (2, False)
     assert line.startswith(f"cannot use {file}: permission denied; make it writable by this user, or set job.dump")
+
+
+def config_error(argv: list[str]) -> str:
+    with pytest.raises(ConfigError) as caught:
+        parse_config(argv)
+    assert "\n" not in str(caught.value)
+    return str(caught.value)
+
+
+def test_a_config_that_is_not_a_text_file_is_one_line_saying_what_it_is(tmp_path):
+    binary = tmp_path / "model.toml"
+    binary.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00")
+    assert config_error(["--config", str(binary)]) == (
+        f"--config {binary}: not a TOML file: byte 0 (0x89) is not UTF-8 text (a binary or otherwise encoded "
+        "file?); name a UTF-8 .toml file"
+    )
+    latin1 = tmp_path / "latin1.toml"
+    latin1.write_bytes(data := '[job]\ndescription = "café"\n'.encode("latin-1"))
+    assert f"byte {data.index(0xE9)} (0xe9) is not UTF-8 text" in config_error(["--config", str(latin1)])
+    assert config_error(["--config", str(tmp_path)]).startswith(f"--config {tmp_path} is a folder, not a TOML file")
+    os.mkfifo(tmp_path / "pipe.toml")
+    assert config_error(["--config", str(tmp_path / "pipe.toml")]) == (
+        f"--config {tmp_path / 'pipe.toml'} is a FIFO (named pipe), not a file; name a .toml file"
+    )

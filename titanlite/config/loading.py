@@ -17,7 +17,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
-from titanlite.base.errors import ConfigError, resolved_against
+from titanlite.base.errors import ConfigError, resolved_against, special_file
 from titanlite.config.sections import (
     DEFAULT_CONFIG,
     HF_DEFAULT_CONFIG,
@@ -125,6 +125,13 @@ def load_toml(path: str | Path, label: str | None = None) -> dict[str, Any]:
     PATH was resolved against, and the checkout's file of that name when there is one)."""
     path = Path(path)
     label = label or f"--config {path}{resolved_against(path)}"
+    if path.is_dir():
+        raise ConfigError(
+            f"{label} is a folder, not a TOML file; name a .toml file in it (the configs are in "
+            f"{CHECKOUT / 'train_configs'})"
+        )
+    if kind := special_file(path):
+        raise ConfigError(f"{label} is {kind}, not a file; name a .toml file")
     if not path.is_file():
         in_checkout = CHECKOUT / path
         hint = (
@@ -138,6 +145,13 @@ def load_toml(path: str | Path, label: str | None = None) -> dict[str, Any]:
             return tomllib.load(f)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{label}: not valid TOML ({e})") from None
+    except UnicodeDecodeError as e:  # tomllib decodes the whole file first
+        raise ConfigError(
+            f"{label}: not a TOML file: byte {e.start} (0x{e.object[e.start]:02x}) is not UTF-8 text (a binary or "
+            "otherwise encoded file?); name a UTF-8 .toml file"
+        ) from None
+    except OSError as e:
+        raise ConfigError(f"{label}: cannot be read ({e.strerror or e}); make it readable") from None
 
 
 def _split_overrides(argv: list[str]) -> tuple[str | None, list[tuple[str, str]]]:
