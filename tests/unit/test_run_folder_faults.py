@@ -16,6 +16,7 @@ from titanlite.builder.run import keep_metrics_up_to
 from titanlite.components import run_lock
 from titanlite.components.metrics import read_records
 from titanlite.config import parse_config
+from titanlite.data.sources import Source, local_listing
 
 
 def metrics_with_torn_last_line(path, steps: int) -> list[str]:
@@ -131,3 +132,18 @@ def test_a_config_that_is_not_a_text_file_is_one_line_saying_what_it_is(tmp_path
     assert config_error(["--config", str(tmp_path / "pipe.toml")]) == (
         f"--config {tmp_path / 'pipe.toml'} is a FIFO (named pipe), not a file; name a .toml file"
     )
+
+
+@pytest.mark.parametrize("name", ["", " ", ".", ".."])
+def test_a_job_name_that_names_no_run_folder_of_its_own_is_refused(name):
+    assert config_error(["--job.name", name]).startswith(f"job.name={name!r} names no run folder of its own")
+
+
+def test_a_fifo_or_socket_as_the_dataset_is_named_as_what_it_is(tmp_path):
+    os.mkfifo(tmp_path / "corpus.txt")
+    with pytest.raises(ConfigError, match=r"corpus\.txt' is a FIFO \(named pipe\), not a file; use a \.txt"):
+        local_listing(Source("local", str(tmp_path / "corpus.txt"), "training.dataset_path"))
+    with socket.socket(socket.AF_UNIX) as server:
+        server.bind(str(tmp_path / "corpus.sock"))
+        with pytest.raises(ConfigError, match=r"corpus\.sock' is a socket, not a file"):
+            local_listing(Source("local", str(tmp_path / "corpus.sock"), "training.dataset_path"))

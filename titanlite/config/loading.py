@@ -289,6 +289,7 @@ MOE_COEFFICIENTS = ("aux_loss_coef", "z_loss_coef", "bias_update_rate")
 
 def validate_values(cfg: JobConfig) -> None:
     """Checks that need no knowledge of the world size (the layout is checked by ParallelDims)."""
+    check_job_name(cfg.job.name)
     for section, cls in section_classes().items():
         for name, tp in field_types(cls).items():
             value = getattr(getattr(cfg, section), name)
@@ -408,6 +409,16 @@ def validate_values(cfg: JobConfig) -> None:
             f"model.hf_assets_path='{m.hf_assets_path}' changes nothing with model.flavor={m.flavor!r} and "
             f"model.tokenizer={m.tokenizer!r}: only flavor 'hf' (the folder's model) or tokenizer 'hf' (its "
             "tokenizer) read it; add --model.flavor hf to train the folder's model, or leave model.hf_assets_path out"
+        )
+
+
+def check_job_name(name: str) -> None:
+    """The run folder is {dump_folder}/{name}: a name that is no folder of its own ('', '.', '..') would put the
+    run's files in the dump folder itself or above it, beside other runs'."""
+    if name.strip() in ("", ".", ".."):
+        raise ConfigError(
+            f"job.name={name!r} names no run folder of its own (the run would write into job.dump_folder itself or "
+            "above it); give the run a name, e.g. --job.name my-run"
         )
 
 
