@@ -6,15 +6,18 @@ import errno
 import json
 import logging
 import os
+import signal
 import socket
 
 import pytest
+import torch
 
 from titanlite.base.errors import ConfigError
 from titanlite.base.failures import explain
 from titanlite.builder.run import keep_metrics_up_to
 from titanlite.components import run_lock
 from titanlite.components.metrics import read_records
+from titanlite.components.resilience import StopOnSignal
 from titanlite.config import parse_config
 from titanlite.data.sources import Source, local_listing
 
@@ -147,3 +150,16 @@ def test_a_fifo_or_socket_as_the_dataset_is_named_as_what_it_is(tmp_path):
         server.bind(str(tmp_path / "corpus.sock"))
         with pytest.raises(ConfigError, match=r"corpus\.sock' is a socket, not a file"):
             local_listing(Source("local", str(tmp_path / "corpus.sock"), "training.dataset_path"))
+
+
+def test_a_sighup_stops_the_run_after_a_step_like_a_sigterm():
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    try:
+        stop = StopOnSignal(torch.device("cpu"))
+        # Checked before sending it: without a handler a SIGHUP would end this test process.
+        assert signal.getsignal(signal.SIGHUP) == stop.handle
+        os.kill(os.getpid(), signal.SIGHUP)
+        assert stop.requested() == signal.SIGHUP
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
