@@ -90,7 +90,7 @@ def test_an_unreadable_checkpoint_is_listed_not_trained_over(tmp_path, monkeypat
     monkeypatch.setattr(checkpoint_files, "read_marker", denied)  # what chmod 000 does to a non-root user
     with pytest.raises(
         ConfigError,
-        match="no usable checkpoint .* step-5: its marker titanlite.json cannot be read \(Permission denied\)",
+        match=r"no usable checkpoint .* step-5: its marker titanlite.json cannot be read \(Permission denied\)",
     ):
         pick_checkpoint(tmp_path, -1)
 
