@@ -1,11 +1,15 @@
 """Fault-injection survey: what a demanding user does to a run, and whether titanlite survives it.
 
-    .venv/bin/python scripts/fault_survey.py [--part all|faults|inputs] [--output survey.json]
+    .venv/bin/python scripts/fault_survey.py [--part all|faults|inputs] [--only TEXT] [--output survey.json]
 
-Faults: kills, signals, damaged checkpoints, a full disk, a busy run folder, divergence, changed settings on
-resume. A fault is survived when the run ends as it should (exit status, one last line) and, where it goes on,
-its losses equal an uninterrupted run's bit for bit (nothing lost beyond the last checkpoint).
-Bad inputs: each must end in one `titanlite: error:` line, exit 2, no traceback, nothing written.
+Faults: kills, signals (SIGHUP and SIGSTOP too), damaged checkpoints, a full disk, a read-only or busy run
+folder, a half-written file of the run folder (metrics.jsonl, the lock, markers, checksums), a lock whose pid
+another process reuses, divergence, changed settings on resume. A fault is survived when the run ends as it
+should (exit status, one last line) and, where it goes on, its losses equal an uninterrupted run's bit for bit
+(nothing lost beyond the last checkpoint).
+Bad inputs (config files that are not text, names and paths that are valid strings but wrong among them): each
+must end in one `titanlite: error:` line, exit 2, no traceback, nothing written. --only runs the cases whose name
+holds TEXT (or one of several, comma-separated).
 Every case runs ./run_train.sh for real (CPU, gloo, the debug model at seq 32); about 30 minutes on 2 cores.
 """
 
@@ -16,6 +20,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -39,16 +44,38 @@ BASE = [
 LAYOUTS = {1: ["--training.local_batch_size", "8"], 2: ["--training.local_batch_size", "4"]}
 
 
+class Skipped(Exception):
+    """A case left out by --only."""
+
+
+def skippable(case):
+    """A case that --only may leave out (its folder() raises Skipped before it runs anything)."""
+
+    def run(*args, **kwargs) -> None:
+        try:
+            case(*args, **kwargs)
+        except Skipped:
+            pass
+
+    return run
+
+
 class Survey:
-    def __init__(self, root: Path):
-        self.root, self.rows, self.references = root, [], {}
+    def __init__(self, root: Path, only: str = ""):
+        self.root, self.rows, self.references, self.only = root, [], {}, only
+
+    def chosen(self, name: str) -> bool:
+        """Whether --only (comma-separated texts) leaves case `name` in."""
+        return not self.only or any(text in name for text in self.only.split(","))
 
     def env(self, **extra) -> dict:
         e = {**os.environ, "TITANLITE_DEVICE": "cpu", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
         e.pop("TITANLITE_FAULT", None)
         return {**e, **extra}
 
-    def folder(self, name: str) -> Path:
+    def folder(self, name: str, case: bool = True) -> Path:
+        if case and not self.chosen(name):
+            raise Skipped(name)
         path = self.root / name
         shutil.rmtree(path, ignore_errors=True)
         path.mkdir(parents=True)
@@ -92,7 +119,7 @@ class Survey:
 
     def reference(self, ngpu: int) -> list[float]:
         if ngpu not in self.references:
-            folder = self.folder(f"reference{ngpu}")
+            folder = self.folder(f"reference{ngpu}", case=False)
             proc = self.run(folder, ngpu)
             assert proc.returncode == 0, proc.stderr[-2000:]
             self.references[ngpu] = self.losses(folder)
@@ -129,6 +156,7 @@ def launcher_and_workers(job: subprocess.Popen) -> list[int]:
 # ---- faults ----------------------------------------------------------------------------------------------
 
 
+@skippable
 def fault_kill_restart(s: Survey, name: str, ngpu: int, spec: str) -> None:
     folder = s.folder(name)
     proc = s.run(folder, ngpu, MAX_RESTARTS="1", TITANLITE_FAULT=spec)
@@ -136,6 +164,7 @@ def fault_kill_restart(s: Survey, name: str, ngpu: int, spec: str) -> None:
     s.record("fault", name, proc.returncode == 0 and ok, f"exit {proc.returncode}; {detail}")
 
 
+@skippable
 def fault_signal_then_rerun(s: Survey, name: str, sig: int, to_worker: bool) -> None:
     folder = s.folder(name)
     job = s.start(folder, 2)
@@ -154,6 +183,7 @@ def fault_signal_then_rerun(s: Survey, name: str, sig: int, to_worker: bool) -> 
     )
 
 
+@skippable
 def fault_kill_launcher(s: Survey) -> None:
     folder = s.folder("SIGKILL the launcher, rerun")
     job = s.start(folder, 2)
@@ -174,6 +204,7 @@ def fault_kill_launcher(s: Survey) -> None:
     )
 
 
+@skippable
 def damaged_newest(s: Survey, name: str, damage) -> None:
     """Train to step 8, damage step-8, rerun to 12: must fall back to step-4 and end with the exact losses."""
     folder = s.folder(name)
@@ -181,12 +212,14 @@ def damaged_newest(s: Survey, name: str, damage) -> None:
     damage(folder / "run" / "step-8")
     proc = s.run(folder, 1)
     fell_back = f"resumed from {folder / 'run' / 'step-4'} at step 4" in proc.stdout
+    warning = next((line for line in proc.stdout.splitlines() if "WARNING skipping" in line), "")
+    plain = warning.endswith("resuming from step-4 instead") and "Error" not in warning
     ok, detail = s.exact(folder, 1)
     s.record(
         "fault",
         name,
-        first.returncode == 0 and proc.returncode == 0 and fell_back and ok,
-        f"fell back to step-4: {fell_back}; exit {proc.returncode}; {detail}",
+        first.returncode == 0 and proc.returncode == 0 and fell_back and plain and ok,
+        f"fell back to step-4: {fell_back}; warning in plain words: {plain}; exit {proc.returncode}; {detail}",
     )
 
 
@@ -196,6 +229,7 @@ def overwrite(path: Path, at: int | None = None, data: bytes = bytes(range(16)))
         f.write(data)
 
 
+@skippable
 def fault_all_damaged(s: Survey) -> None:
     folder = s.folder("every checkpoint damaged")
     s.run(folder, 1, "--training.stop_after_step", "8")
@@ -214,6 +248,7 @@ def fault_all_damaged(s: Survey) -> None:
     )
 
 
+@skippable
 def fault_full_disk(s: Survey) -> None:
     folder = s.folder("full disk")
     disk = folder / "disk"
@@ -226,6 +261,7 @@ def fault_full_disk(s: Survey) -> None:
     s.record("fault", "full disk during a save", ok, f"exit {proc.returncode}: {line}")
 
 
+@skippable
 def fault_busy_folder(s: Survey) -> None:
     folder = s.folder("second launch on a busy folder")
     first = s.start(folder, 1)
@@ -244,6 +280,63 @@ def fault_busy_folder(s: Survey) -> None:
     )
 
 
+@skippable
+def fault_torn_file(s: Survey, name: str, tear, said: str) -> None:
+    """Train to step 8, leave a half-written file of the run folder as a crash would, rerun to 12: the rerun says
+    in one line what it dropped or took over and ends with the uninterrupted run's losses."""
+    folder = s.folder(name)
+    first = s.run(folder, 1, "--training.stop_after_step", "8")
+    tear(folder / "run")
+    proc = s.run(folder, 1)
+    noted = said in proc.stdout
+    ok, detail = s.exact(folder, 1)
+    s.record(
+        "fault", name, first.returncode == 0 and proc.returncode == 0 and noted and ok, f"noted: {noted}; {detail}"
+    )
+
+
+def torn_lock(run: Path) -> None:
+    (run / ".lock").write_text(json.dumps({"host": os.uname().nodename, "pid": 12})[:-4])  # cut mid-record
+
+
+def reused_pid_lock(run: Path) -> None:
+    """A lock whose pid is now this survey's own (live) process, recorded with an earlier start time: what a
+    container or node restart leaves when it reuses the dead launcher's pid."""
+    stat = Path(f"/proc/{os.getpid()}/stat").read_text().rpartition(")")[2].split()
+    boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    holder = {"host": os.uname().nodename, "pid": os.getpid(), "job": "launcher 1", "started": "earlier"}
+    (run / ".lock").write_text(json.dumps({**holder, "pid_start": int(stat[19]) - 1, "boot_id": boot}))
+
+
+@skippable
+def fault_read_only_folder(s: Survey) -> None:
+    folder = s.folder("read-only run folder")
+    disk = folder / "disk"
+    disk.mkdir()
+    mount = 'mount -t tmpfs tmpfs "$0" && mkdir "$0/run" && mount -o remount,ro "$0" && exec "$@"'
+    cmd = ["unshare", "-m", "sh", "-c", mount, str(disk), *s.args(disk, 1)]
+    proc = subprocess.run(cmd, cwd=REPO, env=s.env(NGPU="1"), capture_output=True, text=True, timeout=600)
+    line = last_line(proc)
+    ok = proc.returncode == 2 and "read-only" in line and "Traceback" not in proc.stderr
+    s.record("fault", "read-only run folder", ok, f"exit {proc.returncode}: {line}")
+
+
+@skippable
+def fault_stopped_rank(s: Survey) -> None:
+    """SIGSTOP rank 1 mid-run: the other rank's collective times out; the last line should name rank 1."""
+    folder = s.folder("SIGSTOP a rank")
+    job = s.start(folder, 2, "--comm.train_timeout_seconds", "10")
+    wait_for_steps(folder, 4, job)
+    workers = launcher_and_workers(job)
+    os.kill(workers[-1], signal.SIGSTOP)
+    _, err = job.communicate(timeout=300)
+    line = (err or "").strip().splitlines()[-1] if (err or "").strip() else ""
+    s.record(
+        "fault", "SIGSTOP rank 1 (a hang)", "rank 1" in line and "stopped" in line, f"exit {job.returncode}: {line}"
+    )
+
+
+@skippable
 def fault_nan(s: Survey) -> None:
     folder = s.folder("NaN loss, rerun")
     proc = s.run(folder, 2, TITANLITE_FAULT="nan@7")
@@ -257,6 +350,7 @@ def fault_nan(s: Survey) -> None:
     )
 
 
+@skippable
 def fault_divergence(s: Survey) -> None:
     folder = s.folder("divergence, lower LR")
     every2 = ["--training.max_norm", "0", "--checkpoint.interval", "2"]  # a checkpoint before it diverges at step 4
@@ -266,6 +360,7 @@ def fault_divergence(s: Survey) -> None:
     s.record("fault", "divergence, resume with a lower LR", ok, f"exit {proc.returncode} then {again.returncode}")
 
 
+@skippable
 def fault_killed_rank_named(s: Survey) -> None:
     folder = s.folder("killed rank named")
     proc = s.run(folder, 2, TITANLITE_FAULT="kill@5:1")
@@ -280,6 +375,7 @@ def fault_killed_rank_named(s: Survey) -> None:
     )
 
 
+@skippable
 def fault_changed_lr(s: Survey) -> None:
     folder = s.folder("changed LR on resume")
     s.run(folder, 1, "--training.stop_after_step", "4")
@@ -294,6 +390,7 @@ def fault_changed_lr(s: Survey) -> None:
     )
 
 
+@skippable
 def fault_refused_change(s: Survey, name: str, *change: str) -> None:
     folder = s.folder(name)
     s.run(folder, 1, "--training.stop_after_step", "4")
@@ -310,12 +407,24 @@ def faults(s: Survey) -> None:
     fault_signal_then_rerun(s, "SIGTERM to the launcher, rerun", signal.SIGTERM, to_worker=False)
     fault_signal_then_rerun(s, "SIGINT to the launcher, rerun", signal.SIGINT, to_worker=False)
     fault_signal_then_rerun(s, "SIGTERM to a worker, rerun", signal.SIGTERM, to_worker=True)
+    fault_signal_then_rerun(s, "SIGHUP to the launcher, rerun", signal.SIGHUP, to_worker=False)
     fault_kill_launcher(s)
+    fault_torn_file(
+        s,
+        "torn last line of metrics.jsonl, rerun",
+        lambda run: (run / "metrics.jsonl").open("a").write('{"step": 9, "lo'),
+        "dropped 1 line(s) that are not whole records",
+    )
+    fault_torn_file(s, "torn lock file, rerun", torn_lock, "is not a whole lock record (a torn write); taking it over")
+    fault_torn_file(s, "lock whose pid a live process reuses", reused_pid_lock, "now belongs to another process")
+    fault_read_only_folder(s)
     damaged_newest(s, "newest .distcp truncated", lambda p: os.truncate(next(p.glob("*.distcp")), 100))
     damaged_newest(s, "newest .distcp: 16 bytes overwritten", lambda p: overwrite(next(p.glob("*.distcp"))))
     damaged_newest(s, "newest: first record header overwritten", lambda p: overwrite(next(p.glob("*.distcp")), at=0))
     damaged_newest(s, "newest .metadata overwritten", lambda p: overwrite(p / ".metadata", at=0))
     damaged_newest(s, "newest marker deleted", lambda p: (p / "titanlite.json").unlink())
+    damaged_newest(s, "newest marker torn", lambda p: os.truncate(p / "titanlite.json", 10))
+    damaged_newest(s, "newest checksums.json torn", lambda p: os.truncate(p / "checksums.json", 10))
     damaged_newest(
         s,
         "newest checksums.json deleted + bytes changed",
@@ -327,6 +436,7 @@ def faults(s: Survey) -> None:
     fault_nan(s)
     fault_divergence(s)
     fault_killed_rank_named(s)
+    fault_stopped_rank(s)
     fault_changed_lr(s)
     fault_refused_change(s, "resume with another training.seq_len", "--training.seq_len", "64")
     fault_refused_change(s, "resume with another training.seed", "--training.seed", "3")
@@ -409,10 +519,30 @@ def bad_inputs(s: Survey) -> None:
     file_folder = s.root / "a_file"
     file_folder.write_text("not a folder")
     case(s, "job.dump_folder naming a file", ["--job.dump_folder", str(file_folder)])
+    binary, latin1, fifo = s.root / "binary.toml", s.root / "latin1.toml", s.root / "fifo.txt"
+    binary.write_bytes(bytes(range(256)))
+    latin1.write_bytes('[job]\ndescription = "café"\n'.encode("latin-1"))
+    for path in (fifo, s.root / "fifo.toml"):
+        path.unlink(missing_ok=True)
+        os.mkfifo(path)
+    case(s, "--config a binary file", ["--config", str(binary)])
+    case(s, "--config a Latin-1 file", ["--config", str(latin1)])
+    case(s, "--config a folder", ["--config", str(s.root)])
+    case(s, "--config a FIFO", ["--config", str(s.root / "fifo.toml")])
+    case(s, "--job.name ''", ["--job.name", ""])
+    case(s, "--job.name .", ["--job.name", "."])
+    case(s, "dataset_path a FIFO", ["--training.dataset", "local", "--training.dataset_path", str(fifo)])
+    with socket.socket(socket.AF_UNIX) as server:
+        server.bind(str(s.root / "corpus.sock"))
+        case(
+            s, "dataset_path a socket", ["--training.dataset", "local", "--training.dataset_path", server.getsockname()]
+        )
 
 
 def case(s: Survey, name: str, args: list[str], **env) -> None:
-    folder = s.folder("bad")
+    if not s.chosen(name):
+        return
+    folder = s.folder("bad", case=False)
     ngpu = env.pop("NGPU", "1")
     cmd = [str(REPO / "run_train.sh"), "--job.dump_folder", str(folder), "--job.name", "run", *BASE, *args]
     proc = subprocess.run(cmd, cwd=REPO, env=s.env(NGPU=ngpu, **env), capture_output=True, text=True, timeout=300)
@@ -430,9 +560,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--output", default="")
     parser.add_argument("--part", choices=["all", "faults", "inputs"], default="all")
+    parser.add_argument(
+        "--only", default="", help="run only the cases whose name holds this text (or one of several, comma-separated)"
+    )
     opts = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="titanlite-survey-"))
-    survey = Survey(root)
+    survey = Survey(root, opts.only)
     if opts.part in ("all", "faults"):
         faults(survey)
     if opts.part in ("all", "inputs"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import stat
 
 
 class ConfigError(ValueError):
@@ -41,3 +42,19 @@ def resolved_against(path: str | os.PathLike) -> str:
     user gave adds, since ./run_train.sh runs from the checkout, not from where it was started."""
     text = os.path.expanduser(os.fspath(path))
     return "" if not text or os.path.isabs(text) else f" (resolved against {os.getcwd()})"
+
+
+def special_file(path: str | os.PathLike) -> str | None:
+    """'a FIFO (named pipe)', 'a socket', 'a character device' or 'a block device' for a path that exists as
+    one, else None: what a message says instead of 'does not exist' for a path that is there but no file."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    kinds = (
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    )
+    return next((name for test, name in kinds if test(mode)), None)

@@ -60,6 +60,9 @@ def explain(exc: BaseException, run_dir: Path | None = None) -> tuple[int, str, 
         return 128 + exc.signum, str(exc), False
     if disk_full(exc):
         return 1, f"{no_space(run_dir)} ({where(exc)})", True
+    refused = next((e for e in causes(exc) if isinstance(e, OSError) and e.errno in REFUSED), None)
+    if isinstance(refused, OSError):
+        return 2, f"{refused_access(refused, run_dir)} ({where(exc)})", False
     if isinstance(exc, NonFiniteLoss):
         return (
             3,
@@ -116,6 +119,24 @@ def disk_full(exc: BaseException) -> bool:
         if "No space left on device" in str(e) or "unexpected pos" in str(e):
             return True
     return False
+
+
+# What the file system answers a process that may not write (or read) a path: a read-only mount, no permission.
+REFUSED = (errno.EROFS, errno.EACCES, errno.EPERM)
+
+
+def refused_access(e: OSError, run_dir: Path | None) -> str:
+    """One line for an OSError of REFUSED: the path, why, and what to change (in the run folder: job.dump_folder)."""
+    path = Path(e.filename) if e.filename else (run_dir or Path.cwd())
+    why = "its file system is read-only" if e.errno == errno.EROFS else "permission denied"
+    inside = run_dir is not None and (path == run_dir or run_dir in path.parents or path in run_dir.parents)
+    if inside:
+        change = "make it writable by this user, or set job.dump_folder to a folder on a writable disk"
+    elif e.errno == errno.EROFS:
+        change = "copy it to a writable disk, or point the setting that names it elsewhere"
+    else:
+        change = "give this user access to it"
+    return f"cannot use {path}: {why}; {change}"
 
 
 def no_space(run_dir: Path | None) -> str:

@@ -16,7 +16,7 @@ from titanlite.builder.data import build_data, build_loader, build_validation_da
 from titanlite.builder.model import ModelSetup, build_rank_model
 from titanlite.builder.plan import Plan, validation_batch_size
 from titanlite.components.checkpoint import Checkpointer
-from titanlite.components.metrics import MetricsLogger, count_params, device_peak_tflops, flops_per_token
+from titanlite.components.metrics import MetricsLogger, count_params, device_peak_tflops, flops_per_token, read_records
 from titanlite.components.optim import LRSchedulers, Optimizers
 from titanlite.components.profiling import Profiler
 from titanlite.components.resilience import Faults, StopOnSignal
@@ -65,11 +65,28 @@ def run_facts(cfg: JobConfig, tokenizer, corpus) -> dict:
 
 def keep_metrics_up_to(path: Path, step: int) -> None:
     """A fresh run starts a fresh record; a resumed one keeps the records up to the step it resumed from
-    (later ones belong to the interrupted attempt and will be written again)."""
+    (later ones belong to the interrupted attempt and will be written again). Lines that are not whole records
+    (a crash during a write tears the last one) are dropped with one line saying so. Rewritten atomically, so a
+    crash here leaves the old file or the new one."""
     if not path.exists():
         return
-    kept = [line for line in path.read_text().splitlines() if step and json.loads(line)["step"] <= step]
-    path.write_text("".join(line + "\n" for line in kept))
+    records, torn = read_records(path) if step else ([], [])
+    if torn:
+        lines = ", ".join(map(str, torn[:5])) + (f" and {len(torn) - 5} more" if len(torn) > 5 else "")
+        logger.warning(
+            f"titanlite: note: {path}: dropped {len(torn)} line(s) that are not whole records (line {lines}; "
+            "a crash or a full disk during a write leaves a torn line); the whole ones are kept"
+        )
+    kept = [record for record in records if record["step"] <= step]
+    write_atomically(path, "".join(json.dumps(record) + "\n" for record in kept))
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write `text` to `path` through a temporary file and a rename: a crash leaves the old file or the new one,
+    never half of either."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def build_trainer(cfg: JobConfig, plan: Plan, device: torch.device, rank: int, world_size: int) -> Trainer:
@@ -90,7 +107,7 @@ def build_trainer(cfg: JobConfig, plan: Plan, device: torch.device, rank: int, w
     run_dir = Path(cfg.job.dump_folder) / cfg.job.name
     if rank == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.toml").write_text(to_toml(cfg))
+        write_atomically(run_dir / "config.toml", to_toml(cfg))
     facts = run_facts(cfg, tokenizer, corpus)
     checkpointer = build_checkpointer(cfg, run_dir, setup, plan, optimizer, lr_scheduler, loader, facts)
     train_state: dict[str, Any] = {"step": 0, "tokens_seen": 0, "elapsed_s": 0.0}

@@ -37,6 +37,7 @@ from torch.distributed.checkpoint.state_dict import (
 from titanlite.base.devices import uses_cuda
 from titanlite.base.errors import ConfigError
 from titanlite.components.checkpoint_files import (
+    CHECKSUMS,
     MARKER,
     agreed_problem,
     complete_steps,
@@ -275,14 +276,15 @@ class Checkpointer:
                 )
         elif self.cfg.enable:
             failed: dict[int, str] = {}  # checkpoints whose files verified but DCP could not load
-            while path := pick_checkpoint(self.run_dir, self.cfg.load_step, distributed=True, known=failed):
+            said: set[int] = set()  # those whose skipping was said
+            load_step = self.cfg.load_step
+            while path := pick_checkpoint(self.run_dir, load_step, distributed=True, known=failed, said=said):
                 try:
                     return self.load_dcp(path, train_state)
                 except UnloadableCheckpoint as e:
-                    if self.cfg.load_step != -1:  # the one asked for: no other will do
+                    if load_step != -1:  # the one asked for: no other will do
                         raise
-                    logger.warning(f"  checkpoint: WARNING skipping {path}: {e.reason}")
-                    failed[int(path.name.removeprefix("step-"))] = e.reason
+                    failed[int(path.name.removeprefix("step-"))] = e.plain
         if self.initial_load_path:
             self.load_initial(Path(self.initial_load_path))
         return False
@@ -394,6 +396,13 @@ class UnloadableCheckpoint(ConfigError):
     def __init__(self, path: Path, reason: str):
         super().__init__(f"{path} cannot be loaded into this run: {reason}")
         self.reason = reason
+        # In plain words, for the warning that skips it: its files hashed as saved (or it was saved without
+        # checksums, by an earlier titanlite) and DCP still could not read them back.
+        self.plain = (
+            "DCP could not read its files back; saved without checksums, which file is damaged cannot be told"
+            if not (path / CHECKSUMS).is_file()
+            else "DCP could not read its files back into this run, though they match their checksums"
+        )
 
 
 def saved_train_state(train_state: dict, available: set[str]) -> tuple[dict, list[str]]:

@@ -107,9 +107,18 @@ def verify(path: Path, share: tuple[int, int] | None = None, contents: bool = Tr
     Checkpoints saved before titanlite recorded checksums are checked for presence and size only."""
     try:
         read_marker(path)
+    except FileNotFoundError:
+        return f"its marker {MARKER} is missing"
+    except OSError as e:
+        return f"its marker {MARKER} cannot be read ({e.strerror or e})"
+    except ValueError:
+        return f"its marker {MARKER} is damaged"
+    try:
         metadata = dcp.FileSystemReader(str(path)).read_metadata()
-    except Exception as e:  # a missing or unreadable marker or .metadata: the folder is not usable
-        return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'unreadable'}"
+    except FileNotFoundError:
+        return f"{METADATA} (DCP's index of its files) is missing"
+    except Exception:  # a damaged .metadata fails to unpickle in any of many ways
+        return f"{METADATA} (DCP's index of its files) is damaged"
     needed: dict[str, int] = {}
     for info in metadata.storage_data.values():
         needed[info.relative_path] = max(needed.get(info.relative_path, 0), info.offset + info.length)
@@ -140,8 +149,8 @@ def _checksum_problem(path: Path, share: tuple[int, int] | None) -> str | None:
                 return f"{name} has {file.stat().st_size} bytes, not the {want['size']} it was saved with"
             if sha256_of(file) != want["sha256"]:
                 return f"{name} does not match its checksum (its bytes changed after the save)"
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        return f"its checksums cannot be read ({type(e).__name__}: {e})"
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"its {CHECKSUMS} is damaged, so its files cannot be checked"
     return None
 
 
@@ -163,30 +172,38 @@ def pick_checkpoint(
     distributed: bool = False,
     contents: bool = True,
     known: dict[int, str] | None = None,
+    said: set[int] | None = None,
 ) -> Path | None:
-    """checkpoint.load_step's folder (an error if it is not usable), or the newest usable one, skipping (with a
-    warning naming it and why) any that is incomplete or damaged; None when the folder has no checkpoint.
-    Checkpoints exist but none is usable: an error listing each and why (the run would otherwise start over
-    from step 0 without a word). `known`: steps already found unusable (a load that failed), with why."""
-    steps, known = complete_steps(run_dir), known or {}
+    """checkpoint.load_step's folder (an error if it is not usable), or the newest usable one, skipping any that is
+    incomplete or damaged with a warning that names it, why, and the checkpoint used instead; None when the folder
+    has no checkpoint. Checkpoints exist but none is usable: an error listing each and why (the run would otherwise
+    start over from step 0 without a word). `known`: steps already found unusable (a load that failed), with why;
+    `said`: steps whose warning was given already (by an earlier call), added to."""
+    steps, known, said = complete_steps(run_dir), known or {}, set() if said is None else said
     if load_step != -1:
         path = step_dir(run_dir, load_step)
         problem = "it does not exist" if load_step not in steps else agreed_problem(path, distributed, contents)
         if problem:
             raise ConfigError(f"checkpoint.load_step={load_step}: cannot load {path} ({problem})")
         return path
-    skipped = []
+    skipped: dict[int, str] = {}
     for step in steps:
         path = step_dir(run_dir, step)
         problem = known.get(step) or agreed_problem(path, distributed, contents)
         if problem is None:
+            for old, why in skipped.items():
+                if old not in said:
+                    logger.warning(
+                        f"  checkpoint: WARNING skipping {step_dir(run_dir, old)}: {why}; resuming from {path.name} "
+                        "instead"
+                    )
+                    said.add(old)
             return path
-        if step not in known:
-            logger.warning(f"  checkpoint: WARNING skipping {path}: {problem}")
-        skipped.append(f"step-{step}: {problem}")
+        skipped[step] = problem
     if skipped:
+        listed = "; ".join(f"step-{step}: {problem}" for step, problem in skipped.items())
         raise ConfigError(
-            f"no usable checkpoint in {run_dir}: " + "; ".join(skipped) + "; to train from step 0 anyway (later "
-            "saves replace these), set checkpoint.start_from_scratch = true"
+            f"no usable checkpoint in {run_dir}: {listed}; to train from step 0 anyway (later saves replace these), "
+            "set checkpoint.start_from_scratch = true"
         )
     return None

@@ -118,6 +118,22 @@ class Throughput:
         return sum(self.recent) / len(self.recent) * remaining_steps if self.recent else None
 
 
+def read_records(path: Path) -> tuple[list[dict], list[int]]:
+    """metrics.jsonl's whole records, and the numbers (from 1) of its lines that are not one: what a crash or a
+    full disk during a write leaves (a torn last line), which a reader skips rather than fails on."""
+    records, torn = [], []
+    for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            record = None
+        if isinstance(record, dict) and isinstance(record.get("step"), int):
+            records.append(record)
+        elif line.strip():
+            torn.append(number)
+    return records, torn
+
+
 class MetricsLogger:
     """Writes one record per log step to the console, metrics.jsonl and optionally TensorBoard."""
 

@@ -19,8 +19,13 @@ from titanlite.base.logs import EVERY_RANK
 logger = logging.getLogger(__name__)
 
 
+# The signals that stop a run after a step, with a checkpoint (torchrun forwards each of them to the workers).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
 class StopOnSignal:
-    """SIGTERM/SIGINT ask the run to stop after a step (with a checkpoint); a second one leaves at once.
+    """SIGTERM/SIGINT/SIGHUP ask the run to stop after a step (with a checkpoint); a second one leaves at once.
+    SIGHUP is what a closed terminal or a dropped ssh session sends: a preemption like the others, not a crash.
 
     Ranks receive signals at different moments, so they agree on the step with a one-number all-reduce.
     It costs no step a wait: the flags live in host memory and go through a gloo group of their own,
@@ -35,7 +40,7 @@ class StopOnSignal:
         self.pending: tuple[dist.Work, bytearray] | None = None
         if dist.is_initialized() and dist.get_world_size() > 1:
             self.group = dist.new_group(backend="gloo")  # host tensors, off the NCCL stream
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in STOP_SIGNALS:
             signal.signal(sig, self.handle)
 
     def handle(self, signum, frame) -> None:

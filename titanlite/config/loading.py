@@ -17,7 +17,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
-from titanlite.base.errors import ConfigError, resolved_against
+from titanlite.base.errors import ConfigError, resolved_against, special_file
 from titanlite.config.sections import (
     DEFAULT_CONFIG,
     HF_DEFAULT_CONFIG,
@@ -125,6 +125,13 @@ def load_toml(path: str | Path, label: str | None = None) -> dict[str, Any]:
     PATH was resolved against, and the checkout's file of that name when there is one)."""
     path = Path(path)
     label = label or f"--config {path}{resolved_against(path)}"
+    if path.is_dir():
+        raise ConfigError(
+            f"{label} is a folder, not a TOML file; name a .toml file in it (the configs are in "
+            f"{CHECKOUT / 'train_configs'})"
+        )
+    if kind := special_file(path):
+        raise ConfigError(f"{label} is {kind}, not a file; name a .toml file")
     if not path.is_file():
         in_checkout = CHECKOUT / path
         hint = (
@@ -138,6 +145,13 @@ def load_toml(path: str | Path, label: str | None = None) -> dict[str, Any]:
             return tomllib.load(f)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{label}: not valid TOML ({e})") from None
+    except UnicodeDecodeError as e:  # tomllib decodes the whole file first
+        raise ConfigError(
+            f"{label}: not a TOML file: byte {e.start} (0x{e.object[e.start]:02x}) is not UTF-8 text (a binary or "
+            "otherwise encoded file?); name a UTF-8 .toml file"
+        ) from None
+    except OSError as e:
+        raise ConfigError(f"{label}: cannot be read ({e.strerror or e}); make it readable") from None
 
 
 def _split_overrides(argv: list[str]) -> tuple[str | None, list[tuple[str, str]]]:
@@ -275,6 +289,7 @@ MOE_COEFFICIENTS = ("aux_loss_coef", "z_loss_coef", "bias_update_rate")
 
 def validate_values(cfg: JobConfig) -> None:
     """Checks that need no knowledge of the world size (the layout is checked by ParallelDims)."""
+    check_job_name(cfg.job.name)
     for section, cls in section_classes().items():
         for name, tp in field_types(cls).items():
             value = getattr(getattr(cfg, section), name)
@@ -394,6 +409,16 @@ def validate_values(cfg: JobConfig) -> None:
             f"model.hf_assets_path='{m.hf_assets_path}' changes nothing with model.flavor={m.flavor!r} and "
             f"model.tokenizer={m.tokenizer!r}: only flavor 'hf' (the folder's model) or tokenizer 'hf' (its "
             "tokenizer) read it; add --model.flavor hf to train the folder's model, or leave model.hf_assets_path out"
+        )
+
+
+def check_job_name(name: str) -> None:
+    """The run folder is {dump_folder}/{name}: a name that is no folder of its own ('', '.', '..') would put the
+    run's files in the dump folder itself or above it, beside other runs'."""
+    if name.strip() in ("", ".", ".."):
+        raise ConfigError(
+            f"job.name={name!r} names no run folder of its own (the run would write into job.dump_folder itself or "
+            "above it); give the run a name, e.g. --job.name my-run"
         )
 
 

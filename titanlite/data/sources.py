@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from titanlite.base.errors import ConfigError, resolved_against, short_reason
+from titanlite.base.errors import ConfigError, resolved_against, short_reason, special_file
 from titanlite.data.arrow_files import saved_dataset_files
 
 TEXT_KINDS = {".txt": "txt", ".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet", ".arrow": "arrow"}
@@ -256,6 +256,8 @@ def local_listing(source: Source) -> Listing:
         paths, folders = [str(root)], []
     elif not root.exists() and os.path.isfile(f"{root}.bin") and os.path.isfile(f"{root}.idx"):
         paths, folders = [f"{root}.bin"], []  # a Megatron prefix
+    elif kind := special_file(root):
+        raise ConfigError(f"{where} is {kind}, not a file; use {LOCAL_HINT}")
     elif not root.is_dir():
         raise ConfigError(f"{where} does not exist; use {LOCAL_HINT}")
     elif (saved := saved_dataset_files(root, source.split, _split_key(source))) is not None:

@@ -1,0 +1,165 @@
+"""What a crash, a reused pid, a read-only disk or a wrong path leaves in or around a run folder never blocks or
+misleads the next start: each is kept where whole, or said in one line (the in-process half of
+scripts/fault_survey.py's cases, cheap enough for every test run)."""
+
+import errno
+import json
+import logging
+import os
+import signal
+import socket
+
+import pytest
+import torch
+
+from titanlite.base.errors import ConfigError
+from titanlite.base.failures import explain
+from titanlite.builder.run import keep_metrics_up_to
+from titanlite.components import run_lock
+from titanlite.components.metrics import read_records
+from titanlite.components.resilience import StopOnSignal
+from titanlite.config import parse_config
+from titanlite.data.sources import Source, local_listing
+
+
+def metrics_with_torn_last_line(path, steps: int) -> list[str]:
+    lines = [json.dumps({"step": s, "loss": 10.0 - s}) for s in range(1, steps + 1)]
+    path.write_text("".join(line + "\n" for line in lines) + '{"step": 9, "lo')  # a crash mid-write
+    return lines
+
+
+def test_a_torn_metrics_line_is_dropped_in_one_line_and_the_whole_records_kept(tmp_path, caplog):
+    path = tmp_path / "metrics.jsonl"
+    lines = metrics_with_torn_last_line(path, 8)
+    assert read_records(path) == ([json.loads(line) for line in lines], [9])
+    with caplog.at_level(logging.WARNING):
+        keep_metrics_up_to(path, 4)  # resumed from step 4
+    assert path.read_text() == "".join(line + "\n" for line in lines[:4])
+    notes = [r.getMessage() for r in caplog.records]
+    assert len(notes) == 1 and f"{path}: dropped 1 line(s) that are not whole records (line 9;" in notes[0], notes
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_a_torn_lock_is_taken_over_with_a_note(tmp_path, caplog):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / run_lock.LOCK_FILE).write_text(f'{{"host": "{socket.gethostname()}", "pid": 12')
+    with caplog.at_level(logging.WARNING):
+        lock = run_lock.acquire(run_dir, "launcher 7")
+    assert lock.mine and run_lock.read_holder(run_dir / run_lock.LOCK_FILE)["job"] == "launcher 7"
+    assert [r.getMessage() for r in caplog.records] == [
+        f"titanlite: note: {run_dir / run_lock.LOCK_FILE} is not a whole lock record (a torn write); taking it over"
+    ]
+    lock.release()
+    assert sorted(p.name for p in run_dir.iterdir()) == []  # no temporary file left either
+
+
+def lock_of(run_dir, **holder) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    record = {"host": socket.gethostname(), "job": "launcher 1", "started": "2026-11-24 06:00:00", **holder}
+    (run_dir / run_lock.LOCK_FILE).write_text(json.dumps(record))
+
+
+def test_a_lock_whose_pid_a_later_process_reuses_is_taken_over(tmp_path, caplog):
+    me = run_lock.process_identity(os.getpid())
+    assert me["pid_start"] is not None and me["boot_id"]  # Linux: what the lock records
+    # This test's own (live) pid, recorded with an earlier start time: the job that made the lock is gone and
+    # an unrelated process now has its pid.
+    lock_of(tmp_path / "reused", pid=os.getpid(), pid_start=me["pid_start"] - 1, boot_id=me["boot_id"])
+    run_lock.check_free(tmp_path / "reused")
+    with caplog.at_level(logging.WARNING):
+        run_lock.acquire(tmp_path / "reused", "launcher 2").release()
+    assert "now belongs to another process, started later); taking it over" in caplog.records[0].getMessage()
+    lock_of(tmp_path / "rebooted", pid=os.getpid(), pid_start=me["pid_start"], boot_id="another-boot")
+    run_lock.check_free(tmp_path / "rebooted")
+    # The same pid and start time: the job itself, alive.
+    lock_of(tmp_path / "live", pid=os.getpid(), **me)
+    with pytest.raises(ConfigError, match="is in use by another job"):
+        run_lock.check_free(tmp_path / "live")
+
+
+def test_a_lock_that_cannot_be_judged_names_its_file_and_why(tmp_path):
+    lock_of(tmp_path / "nopid", pid="twelve")
+    with pytest.raises(ConfigError, match=r"\.lock names no valid pid, so whether its job lives cannot be told"):
+        run_lock.acquire(tmp_path / "nopid", "launcher 2")
+    lock_of(tmp_path / "far", host="another-host", pid=1)
+    with pytest.raises(ConfigError, match=r"another host's job cannot be checked from here: .* delete .*far/\.lock"):
+        run_lock.acquire(tmp_path / "far", "launcher 2")
+
+
+@pytest.mark.parametrize(
+    ("code", "said"),
+    [
+        (errno.EROFS, "its file system is read-only; make it writable by this user, or set job.dump_folder"),
+        (errno.EACCES, "permission denied; make it writable by this user, or set job.dump_folder"),
+        (errno.ENOSPC, "ran out of space"),
+    ],
+)
+def test_a_run_folder_that_refuses_the_lock_is_one_line(tmp_path, monkeypatch, code, said):
+    def refuse(path, *args, **kwargs):
+        raise OSError(code, os.strerror(code), str(path))
+
+    monkeypatch.setattr(run_lock.Path, "write_text", refuse)
+    with pytest.raises(ConfigError) as caught:
+        run_lock.acquire(tmp_path / "run", "launcher 1")
+    assert said in str(caught.value) and "\n" not in str(caught.value)
+    assert code == errno.ENOSPC or str(caught.value).startswith(f"cannot use {tmp_path / 'run'}: ")
+
+
+def test_a_worker_refused_a_run_folder_file_says_which_in_one_line(tmp_path):
+    file = tmp_path / "run" / "metrics.jsonl"
+    status, line, with_traceback = explain(PermissionError(errno.EACCES, "Permission denied", str(file)), file.parent)
+    assert (status, with_traceback) == (2, False)
+    assert line.startswith(f"cannot use {file}: permission denied; make it writable by this user, or set job.dump")
+
+
+def config_error(argv: list[str]) -> str:
+    with pytest.raises(ConfigError) as caught:
+        parse_config(argv)
+    assert "\n" not in str(caught.value)
+    return str(caught.value)
+
+
+def test_a_config_that_is_not_a_text_file_is_one_line_saying_what_it_is(tmp_path):
+    binary = tmp_path / "model.toml"
+    binary.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00")
+    assert config_error(["--config", str(binary)]) == (
+        f"--config {binary}: not a TOML file: byte 0 (0x89) is not UTF-8 text (a binary or otherwise encoded "
+        "file?); name a UTF-8 .toml file"
+    )
+    latin1 = tmp_path / "latin1.toml"
+    latin1.write_bytes(data := '[job]\ndescription = "café"\n'.encode("latin-1"))
+    assert f"byte {data.index(0xE9)} (0xe9) is not UTF-8 text" in config_error(["--config", str(latin1)])
+    assert config_error(["--config", str(tmp_path)]).startswith(f"--config {tmp_path} is a folder, not a TOML file")
+    os.mkfifo(tmp_path / "pipe.toml")
+    assert config_error(["--config", str(tmp_path / "pipe.toml")]) == (
+        f"--config {tmp_path / 'pipe.toml'} is a FIFO (named pipe), not a file; name a .toml file"
+    )
+
+
+@pytest.mark.parametrize("name", ["", " ", ".", ".."])
+def test_a_job_name_that_names_no_run_folder_of_its_own_is_refused(name):
+    assert config_error(["--job.name", name]).startswith(f"job.name={name!r} names no run folder of its own")
+
+
+def test_a_fifo_or_socket_as_the_dataset_is_named_as_what_it_is(tmp_path):
+    os.mkfifo(tmp_path / "corpus.txt")
+    with pytest.raises(ConfigError, match=r"corpus\.txt' is a FIFO \(named pipe\), not a file; use a \.txt"):
+        local_listing(Source("local", str(tmp_path / "corpus.txt"), "training.dataset_path"))
+    with socket.socket(socket.AF_UNIX) as server:
+        server.bind(str(tmp_path / "corpus.sock"))
+        with pytest.raises(ConfigError, match=r"corpus\.sock' is a socket, not a file"):
+            local_listing(Source("local", str(tmp_path / "corpus.sock"), "training.dataset_path"))
+
+
+def test_a_sighup_stops_the_run_after_a_step_like_a_sigterm():
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    try:
+        stop = StopOnSignal(torch.device("cpu"))
+        # Checked before sending it: without a handler a SIGHUP would end this test process.
+        assert signal.getsignal(signal.SIGHUP) == stop.handle
+        os.kill(os.getpid(), signal.SIGHUP)
+        assert stop.requested() == signal.SIGHUP
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
