@@ -174,6 +174,9 @@ def test_compare_prints_each_metrics_largest_relative_difference_and_writes_a_pn
 
     assert main(["compare", str(a), str(b), "--output", str(png), "--max-diff", "1e-5"]) == 1
     assert "grad_norm differs by 1.000e-03 at step 2" in capsys.readouterr().err
+    assert main(["compare", str(a), str(b), "--output", str(png), "--metrics", "loss", "--max-diff", "1e-5"]) == 0
+    assert main(["compare", str(a), str(b), "--metrics", "los"]) == 2
+    assert f"compare --metrics: {a} logged no 'los'; it logged step, loss," in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,10 @@ from titanlite.base.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
-USAGE = "usage: titanlite compare RUN_DIR RUN_DIR [RUN_DIR ...] [--output FILE.png] [--max-diff X]"
+USAGE = (
+    "usage: titanlite compare RUN_DIR RUN_DIR [RUN_DIR ...] [--output FILE.png] [--metrics loss,val_loss,...] "
+    "[--max-diff X]"
+)
 
 # Figures of speed and memory: they differ between layouts by design, so they are plotted (tps), not compared.
 PERFORMANCE = {
@@ -88,15 +91,20 @@ def read_run(folder: Path) -> Run:
     return Run(str(folder), records)
 
 
-def differences(runs: list[Run]) -> list[Difference]:
-    """For each metric of the first run that is a figure of the training (not of speed or memory): the steps
-    every run logged it at, and the largest relative difference |x - x_first| / |x_first| among them."""
+def differences(runs: list[Run], chosen: list[str]) -> list[Difference]:
+    """For each metric of the first run that is a figure of the training (not of speed or memory), or each of
+    `chosen`: the steps every run logged it at, and the largest relative difference |x - x_first| / |x_first|
+    among them."""
     reference, others = runs[0], runs[1:]
-    metrics = dict.fromkeys(k for r in reference.records.values() for k, v in r.items() if is_number(v))
+    logged = dict.fromkeys(k for r in reference.records.values() for k, v in r.items() if is_number(v))
+    unknown = [m for m in chosen if m not in logged]
+    if unknown:
+        raise ConfigError(
+            f"compare --metrics: {reference.label} logged no '{unknown[0]}'; it logged {', '.join(logged)}"
+        )
+    metrics = chosen or [m for m in logged if m != "step" and m not in PERFORMANCE]
     found = []
     for metric in metrics:
-        if metric == "step" or metric in PERFORMANCE:
-            continue
         ref = reference.series(metric)
         series = [run.series(metric) for run in others]
         steps = sorted(set(ref).intersection(*series))
@@ -162,19 +170,19 @@ def plot(runs: list[Run], output: Path) -> None:
 
 
 def compare(argv: list[str]) -> int:
-    """`titanlite compare RUN_DIR...`: the differences table, then the PNG; with --max-diff X, exit status 1
-    when a compared metric's largest relative difference exceeds X."""
+    """`titanlite compare RUN_DIR...`: the differences table (of --metrics, else every training metric), then the
+    PNG; with --max-diff X, exit status 1 when a compared metric's largest relative difference exceeds X."""
     if "--help" in argv or "-h" in argv:
         print(USAGE)
         return 0
-    opts, folders = take_options(argv, {"output": "compare.png", "max-diff": -1.0}, "compare")
+    opts, folders = take_options(argv, {"output": "compare.png", "metrics": "", "max-diff": -1.0}, "compare")
     unknown = [f for f in folders if f.startswith("--")]
     if unknown:
         raise ConfigError(f"compare: unknown option {unknown[0]}; {USAGE}")
     if len(folders) < 2:
         raise ConfigError(f"compare needs at least two run folders; {USAGE}")
     runs = [read_run(Path(f)) for f in folders]
-    found = differences(runs)
+    found = differences(runs, [m for m in opts["metrics"].split(",") if m])
     for line in table(runs, found):
         print(line)
     output = Path(opts["output"])
