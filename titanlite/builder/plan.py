@@ -11,6 +11,7 @@ import torch
 from titanlite.base.devices import device_type
 from titanlite.base.errors import ConfigError
 from titanlite.components.profiling import check_profiling
+from titanlite.components.wandb_run import check_wandb
 from titanlite.config import JobConfig, grad_accum_steps
 from titanlite.data.tokenizer import build_tokenizer
 from titanlite.models.common.build import configured_args
@@ -39,6 +40,7 @@ def plan_run(cfg: JobConfig, world_size: int, evaluation: bool = False) -> Plan:
     check_run_folder(cfg)
     if not evaluation:
         check_resume_keys(cfg.checkpoint)
+        check_wandb(cfg.metrics)
     dims = ParallelDims.from_config(cfg.parallelism, world_size, cpu_offload=cfg.training.enable_cpu_offload)
     accum = grad_accum_steps(cfg.training, dims.dp)
     m = cfg.model

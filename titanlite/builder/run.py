@@ -20,6 +20,7 @@ from titanlite.components.metrics import MetricsLogger, count_params, device_pea
 from titanlite.components.optim import LRSchedulers, Optimizers
 from titanlite.components.profiling import Profiler
 from titanlite.components.resilience import Faults, StopOnSignal
+from titanlite.components.wandb_run import WandbRun
 from titanlite.config import JobConfig, to_toml
 from titanlite.engine.trainer import Resilience, StepFigures, StepSettings, Trainer
 from titanlite.engine.validator import EvalBatches, Validator
@@ -131,7 +132,11 @@ def build_trainer(cfg: JobConfig, plan: Plan, device: torch.device, rank: int, w
             warmup_steps=cfg.metrics.throughput_warmup_steps,
         ),
         logger=MetricsLogger(
-            run_dir, cfg.metrics.enable_tensorboard, active=rank == 0, elapsed_before=train_state["elapsed_s"]
+            run_dir,
+            cfg.metrics.enable_tensorboard,
+            active=rank == 0,
+            elapsed_before=train_state["elapsed_s"],
+            wandb=start_wandb(cfg, run_dir, resumed=train_state["step"] > 0) if rank == 0 else None,
         ),
         checkpointer=checkpointer,
         validator=validator,
@@ -146,6 +151,14 @@ def build_trainer(cfg: JobConfig, plan: Plan, device: torch.device, rank: int, w
     if cfg.profiling.enable_profiling:
         trainer.profiler = Profiler(cfg.profiling, run_dir, rank, device, lambda: trainer.step)
     return trainer
+
+
+def start_wandb(cfg: JobConfig, run_dir: Path, resumed: bool) -> WandbRun | None:
+    """Rank 0's W&B run when metrics.enable_wandb is on, with the resolved config; a resumed run continues the
+    W&B run of the interrupted attempt."""
+    if not cfg.metrics.enable_wandb:
+        return None
+    return WandbRun(run_dir, cfg.metrics, cfg.job.name, asdict(cfg), resumed)
 
 
 def startup_lines(

@@ -50,6 +50,10 @@ commands:
   analyze <trace folder or file> [--top N]
                             compute / communication / idle shares, overlap and collectives of a run's
                             torch.profiler traces (profiling.enable_profiling); writes analysis.json/.md
+  compare RUN_DIR RUN_DIR [...] [--output FILE.png --max-diff X]
+                            per metric of the runs' metrics.jsonl (loss, grad_norm, val_loss, aux
+                            terms, ...): the steps in common and the largest relative difference from
+                            the first run; a PNG of loss, grad norm and tokens/s against the step
   help [--markdown]         list every config key with its default and meaning (--markdown: the table
                             of docs/configuration.md)"""
 
@@ -122,6 +126,12 @@ def analyze(argv: list[str]) -> int:
     return run_analyze(argv)
 
 
+def compare(argv: list[str]) -> int:
+    from titanlite.commands.compare import compare as run_compare  # lazy: start-up time (above)
+
+    return run_compare(argv)
+
+
 def train(argv: list[str]) -> None:
     from titanlite.commands.train import main as train_main  # lazy: start-up time (above)
     from titanlite.commands.worker import shutdown  # lazy: start-up time (above)
@@ -146,6 +156,7 @@ COMMANDS = {
     "bench": bench,
     "plan": plan,
     "analyze": analyze,
+    "compare": compare,
 }
 
 

@@ -1,6 +1,6 @@
 """Training figures: FLOPs per token, MFU against the device's real peak, memory, and the log writers.
 
-One console line per log step; the same figures go to metrics.jsonl and, when enabled, TensorBoard.
+One console line per log step; the same figures go to metrics.jsonl and, when enabled, TensorBoard and Weights & Biases.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
+from titanlite.components.wandb_run import WandbRun
 from titanlite.models.common.interface import DecoderModule
 from titanlite.models.registry import spec_of
 
@@ -135,12 +136,21 @@ def read_records(path: Path) -> tuple[list[dict], list[int]]:
 
 
 class MetricsLogger:
-    """Writes one record per log step to the console, metrics.jsonl and optionally TensorBoard."""
+    """Writes one record per log step to the console, metrics.jsonl and optionally TensorBoard and a W&B run
+    (`wandb`, which rank 0's builder starts)."""
 
-    def __init__(self, run_dir: Path, enable_tensorboard: bool, active: bool, elapsed_before: float = 0.0):
+    def __init__(
+        self,
+        run_dir: Path,
+        enable_tensorboard: bool,
+        active: bool,
+        elapsed_before: float = 0.0,
+        wandb: WandbRun | None = None,
+    ):
         self.active = active
         self.jsonl = None
         self.tb = None
+        self.wandb = wandb
         # A resumed run goes on from the training time its checkpoint recorded, so elapsed_s never restarts.
         self.start = time.perf_counter() - elapsed_before
         if not active:
@@ -162,6 +172,8 @@ class MetricsLogger:
             for key, value in record.items():
                 if key != "step" and isinstance(value, (int, float)):
                     self.tb.add_scalar(key, value, record["step"])
+        if self.wandb is not None:
+            self.wandb.log(record)
 
     def elapsed(self) -> float:
         """Seconds of training so far: this start's, plus those of the attempts before a resume."""
@@ -172,6 +184,8 @@ class MetricsLogger:
             self.jsonl.close()
         if self.tb is not None:
             self.tb.close()
+        if self.wandb is not None:
+            self.wandb.finish()
 
 
 def format_line(r: dict) -> str:

@@ -415,6 +415,16 @@ class Metrics:
     """Log every this many steps (and always the last step)."""
     enable_tensorboard: bool = False
     """Also write the metrics as TensorBoard scalars under tb/ in the run folder."""
+    enable_wandb: bool = False
+    """Also log the metrics and the resolved config to Weights & Biases from rank 0 (`pip install -e .[wandb]`,
+    then `wandb login`, or WANDB_MODE=offline to keep the run under wandb/ in the run folder for `wandb sync`).
+    The W&B run id is kept in the run folder (wandb_run_id), so a resumed run continues the same W&B run."""
+    wandb_project: str = "titanlite"
+    """The W&B project the run is logged to (the entity: WANDB_ENTITY, else your default)."""
+    wandb_run_name: str = ""
+    """The W&B run's display name; "" uses job.name."""
+    wandb_tags: list[str] = field(default_factory=list)
+    """Tags of the W&B run, e.g. ["fsdp", "baseline"]."""
     throughput_warmup_steps: int = 2
     """The first steps, excluded from tokens/s, TFLOPs and MFU (allocation, compilation)."""
     peak_tflops: float = 0.0

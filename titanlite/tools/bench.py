@@ -148,6 +148,7 @@ def throughput(argv: list[str]) -> int:
     cfg.training.steps = total
     cfg.checkpoint.enable = False
     cfg.metrics.enable_tensorboard = False
+    cfg.metrics.enable_wandb = False
     cfg.metrics.throughput_warmup_steps = 0
     # As a training run starts (on the CPU that includes its allocator setting: both loops benefit alike).
     plan, device = start_rank(cfg, 1)
