@@ -248,14 +248,18 @@ def fault_all_damaged(s: Survey) -> None:
     )
 
 
-@skippable
-def fault_full_disk(s: Survey) -> None:
-    folder = s.folder("full disk")
+def run_on_tmpfs(s: Survey, folder: Path, mount: str) -> subprocess.CompletedProcess:
+    """One single-process run whose dump folder is a fresh tmpfs at folder/disk, set up by the shell line `mount`
+    ($0 the mount point) in a mount namespace of its own."""
     disk = folder / "disk"
     disk.mkdir()
-    mount = 'mount -t tmpfs -o size=30m tmpfs "$0" && exec "$@"'
     cmd = ["unshare", "-m", "sh", "-c", mount, str(disk), *s.args(disk, 1)]
-    proc = subprocess.run(cmd, cwd=REPO, env=s.env(NGPU="1"), capture_output=True, text=True, timeout=600)
+    return subprocess.run(cmd, cwd=REPO, env=s.env(NGPU="1"), capture_output=True, text=True, timeout=600)
+
+
+@skippable
+def fault_full_disk(s: Survey) -> None:
+    proc = run_on_tmpfs(s, s.folder("full disk"), 'mount -t tmpfs -o size=30m tmpfs "$0" && exec "$@"')
     line = last_line(proc)
     ok = proc.returncode == 1 and "ran out of space" in line and "Traceback" not in proc.stderr
     s.record("fault", "full disk during a save", ok, f"exit {proc.returncode}: {line}")
@@ -310,12 +314,8 @@ def reused_pid_lock(run: Path) -> None:
 
 @skippable
 def fault_read_only_folder(s: Survey) -> None:
-    folder = s.folder("read-only run folder")
-    disk = folder / "disk"
-    disk.mkdir()
     mount = 'mount -t tmpfs tmpfs "$0" && mkdir "$0/run" && mount -o remount,ro "$0" && exec "$@"'
-    cmd = ["unshare", "-m", "sh", "-c", mount, str(disk), *s.args(disk, 1)]
-    proc = subprocess.run(cmd, cwd=REPO, env=s.env(NGPU="1"), capture_output=True, text=True, timeout=600)
+    proc = run_on_tmpfs(s, s.folder("read-only run folder"), mount)
     line = last_line(proc)
     ok = proc.returncode == 2 and "read-only" in line and "Traceback" not in proc.stderr
     s.record("fault", "read-only run folder", ok, f"exit {proc.returncode}: {line}")

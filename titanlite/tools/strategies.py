@@ -30,6 +30,7 @@ from titanlite.base.devices import uses_cuda
 from titanlite.base.errors import ConfigError
 from titanlite.base.failures import reason_in
 from titanlite.builder.plan import plan_run
+from titanlite.components.metrics import read_records
 from titanlite.config import parse_config
 from titanlite.tools.analyze import analyze, write_results
 
@@ -150,7 +151,7 @@ def last_error(proc: subprocess.CompletedProcess) -> str:
 
 def read_metrics(run_dir: Path) -> list[dict]:
     path = run_dir / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return read_records(path)[0] if path.exists() else []  # a torn last line (a crashed run) left out
 
 
 # ----------------------------------------------------------------------------------------------
