@@ -22,10 +22,11 @@ def test_zero3_via_run_train_sh_matches_single_device(tmp_path, reference):
     "name, nproc, args",
     [
         pytest.param("zero2", 4, ["--parallelism.fsdp_reshard_after_forward", "never"], marks=pytest.mark.slow),
-        (
+        pytest.param(  # DDP x 2 (test_gradient_accumulation_matches_one_big_batch) stays in the default suite
             "ddp",
             4,
             ["--parallelism.data_parallel_replicate_degree", "4", "--parallelism.data_parallel_shard_degree", "1"],
+            marks=pytest.mark.slow,
         ),
         (
             "hsdp",
