@@ -331,9 +331,18 @@ def fault_stopped_rank(s: Survey) -> None:
     os.kill(workers[-1], signal.SIGSTOP)
     _, err = job.communicate(timeout=300)
     line = (err or "").strip().splitlines()[-1] if (err or "").strip() else ""
-    s.record(
-        "fault", "SIGSTOP rank 1 (a hang)", "rank 1" in line and "stopped" in line, f"exit {job.returncode}: {line}"
-    )
+    named = "timed out waiting for rank" in line and "which is stopped (process" in line
+    s.record("fault", "SIGSTOP a worker (stopped rank)", named, f"exit {job.returncode}: {line}")
+
+
+@skippable
+def fault_hung_rank(s: Survey) -> None:
+    """Rank 1 hangs outside the collectives after step 3 (a Python loop): rank 0 times out and names it."""
+    folder = s.folder("hung rank")
+    proc = s.run(folder, 2, "--comm.train_timeout_seconds", "10", TITANLITE_FAULT="hang@3:1")
+    line = last_line(proc)
+    named = "timed out waiting for rank 1 (pid" in line and "which never began step 4" in line
+    s.record("fault", "rank 1 hangs outside the collectives", named, f"exit {proc.returncode}: {line[:160]}")
 
 
 @skippable
@@ -437,6 +446,7 @@ def faults(s: Survey) -> None:
     fault_divergence(s)
     fault_killed_rank_named(s)
     fault_stopped_rank(s)
+    fault_hung_rank(s)
     fault_changed_lr(s)
     fault_refused_change(s, "resume with another training.seq_len", "--training.seq_len", "64")
     fault_refused_change(s, "resume with another training.seed", "--training.seed", "3")

@@ -372,3 +372,15 @@ def test_a_native_crash_names_the_rank_and_prints_its_python_stack(tmp_path):
     output = proc.stdout + proc.stderr
     assert "Fatal Python error: Segmentation fault" in output
     assert "in after_step" in output  # the stack names the function that crashed
+
+
+@pytest.mark.slow  # about 45 s: the 5 s timeout, then torchrun's 30 s grace before it SIGKILLs the stopped rank
+def test_a_stopped_rank_is_named_by_the_rank_that_timed_out_waiting_for_it(tmp_path):
+    """SIGSTOP to rank 1 after step 2: rank 0's collective times out, and the line names rank 1 as stopped (its
+    process in state T), rather than reporting rank 0's gloo timeout as the cause."""
+    args = [*TINY, "--training.steps", "6", "--training.local_batch_size", "2", "--comm.train_timeout_seconds", "5"]
+    proc = run_train_sh(args, tmp_path, ngpu=2, TITANLITE_FAULT="stop@2:1")
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    line = last_line(proc)
+    assert line.startswith("titanlite: error: rank 0: timed out waiting for rank 1, which is stopped (process "), line
+    assert "in state T: SIGSTOP, Ctrl-Z or a debugger" in line and "on step 2; here: RuntimeError: Timed out" in line

@@ -8,12 +8,21 @@ import logging
 import os
 import signal
 import socket
+import subprocess
+import time
 
 import pytest
 import torch
 
 from titanlite.base.errors import ConfigError
-from titanlite.base.failures import explain
+from titanlite.base.failures import (
+    FAILURE_DIR_ENV,
+    explain,
+    mark_progress,
+    process_state,
+    record,
+    stalled_peers,
+)
 from titanlite.builder.run import keep_metrics_up_to
 from titanlite.components import run_lock
 from titanlite.components.metrics import read_records
@@ -163,3 +172,46 @@ def test_a_sighup_stops_the_run_after_a_step_like_a_sigterm():
     finally:
         for sig, handler in before.items():
             signal.signal(sig, handler)
+
+
+def mark(folder, rank: int, pid: int, step: int, attempt: int = 0) -> None:
+    entry = {"rank": rank, "pid": pid, "step": step, "time": time.time(), "attempt": attempt}
+    (folder / f"alive-rank{rank}.json").write_text(json.dumps(entry))
+
+
+def test_a_timed_out_rank_names_the_peer_that_stopped_or_lags(tmp_path, monkeypatch, capsys):
+    """A collective timeout with no failed peer names the rank that stopped answering: a process stopped by
+    SIGSTOP (state T in /proc), or one that never began this rank's step; a peer running the same step is not
+    blamed, nor marks of an earlier attempt."""
+    monkeypatch.setenv(FAILURE_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv("RANK", "0")
+    mark_progress(4)  # rank 0, this process, on step 4
+    assert json.loads((tmp_path / "alive-rank0.json").read_text())["pid"] == os.getpid()
+    stopped = subprocess.Popen(["sleep", "60"])
+    running = subprocess.Popen(["sleep", "60"])
+    try:
+        os.kill(stopped.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 10
+        while process_state(stopped.pid) != "T" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        mark(tmp_path, 1, stopped.pid, 4)
+        mark(tmp_path, 2, running.pid, 3)  # never began step 4
+        mark(tmp_path, 3, running.pid, 4)  # on step 4 too: waiting, like rank 0
+        mark(tmp_path, 5, stopped.pid, 1, attempt=1)  # another attempt's mark
+        said = stalled_peers(tmp_path, 0, 0)
+        assert len(said) == 2, said
+        assert said[0].startswith(f"rank 1, which is stopped (process {stopped.pid} in state T"), said
+        assert said[1].startswith(f"rank 2 (pid {running.pid}), which never began step 4: its last mark"), said
+        code = record(RuntimeError("Timed out waiting 5000ms for send operation to complete"), 0, None)
+        line = capsys.readouterr().err.strip().splitlines()[-1]
+        assert code == 1
+        assert line.startswith("titanlite: error: rank 0: timed out waiting for rank 1, which is stopped"), line
+        assert "here: RuntimeError: Timed out waiting 5000ms" in line
+        assert json.loads((tmp_path / "rank0.json").read_text())["peer_lost"] is False  # its own failure
+    finally:
+        for proc in (stopped, running):
+            proc.kill()
+            proc.wait()
+    assert process_state(stopped.pid) is None  # gone
+    (tmp_path / "alive-rank2.json").unlink()
+    assert stalled_peers(tmp_path, 0, 0) == []  # rank 1 is no longer stopped; the rest are on step 4

@@ -7,6 +7,10 @@ $TITANLITE_FAILURE_DIR/rank<R>.json, so the launcher (titanlite/commands/launch.
 torchrun's own report, and exit with the worker's status. A rank whose collective fails because another rank
 died (a lost connection, or a timeout after another rank's recorded failure) says so, quoting that rank's reason
 ("rank 0: lost its peers after rank 1 failed (rank 1's error: ...); here: ..."); the launcher names the other.
+A rank that stops answering without failing (stopped by SIGSTOP or a debugger, or hung before its step's
+collectives) is named by the ranks whose collectives time out waiting for it: each rank marks its pid and the step
+it is working on in $TITANLITE_FAILURE_DIR/alive-rank<R>.json (`mark_progress`), and a timed-out rank reads its
+peers' marks and process states (`stalled_peers`; ranks launched on the same node only).
 
 The exit statuses:
 
@@ -171,7 +175,7 @@ def record(exc: BaseException, rank: int, run_dir: Path | None) -> int:
     collective timeout after a peer failed) says so, with that rank's own reason when it recorded one."""
     code, reason, with_traceback = explain(exc, run_dir)
     folder = os.environ.get(FAILURE_DIR_ENV)
-    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
+    attempt = attempt_number()
     # A failure titanlite names (a bad config, a non-finite loss, out of memory, a signal) is this rank's own.
     named = isinstance(exc, (ConfigError, NonFiniteLoss, Preempted, torch.OutOfMemoryError))
     lost = not named and peer_lost(exc)
@@ -179,6 +183,8 @@ def record(exc: BaseException, rank: int, run_dir: Path | None) -> int:
         cause = peer_failure(Path(folder), rank, attempt, PEER_RECORD_WAIT_S if lost else 0.0) if folder else None
         if lost or cause is not None:
             reason, lost = consequence(exc, cause), True
+        elif folder and (stalled := stalled_peers(Path(folder), rank, attempt)):
+            reason = f"timed out waiting for {'; '.join(stalled)}; here: {symptom(exc)} ({where(exc)})"
     line = f"{PREFIX}rank {rank}: {reason}"
     if with_traceback:
         log = write_traceback(exc, rank, run_dir)
@@ -247,6 +253,68 @@ def peer_failure(folder: Path, rank: int, attempt: int, wait_s: float) -> dict |
         if own or time.monotonic() >= deadline:
             return own[0] if own else None
         time.sleep(0.05)
+
+
+def mark_progress(step: int) -> None:
+    """Under the launcher, record this rank's (RANK's) pid and the step it is working on (alive-rank<R>.json, replaced
+    whole), so that a peer whose collective times out can tell which rank stopped answering. A few hundred
+    microseconds, once a step; nothing without a launcher's folder."""
+    folder = os.environ.get(FAILURE_DIR_ENV)
+    if not folder:
+        return
+    rank = int(os.environ.get("RANK", 0))
+    target = Path(folder) / f"alive-rank{rank}.json"
+    entry = {"rank": rank, "pid": os.getpid(), "step": step, "time": time.time(), "attempt": attempt_number()}
+    try:
+        target.with_suffix(".tmp").write_text(json.dumps(entry))
+        target.with_suffix(".tmp").replace(target)
+    except OSError:  # the launcher's folder is gone: nobody is left to ask
+        pass
+
+
+def attempt_number() -> int:
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
+
+
+def process_state(pid: int) -> str | None:
+    """The one-letter state of a process in /proc/<pid>/stat (R, S, D, T stopped, t traced, Z), or None where
+    it is gone or cannot be read (not Linux)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat[stat.rindex(")") + 2 :].split()[0]  # after "pid (command name) "
+
+
+def stalled_peers(folder: Path, rank: int, attempt: int) -> list[str]:
+    """The other ranks of this attempt (on this node) that stopped answering, each with why: its process is
+    stopped (SIGSTOP, Ctrl-Z, a debugger), or it never began the step this rank is working on. Empty when
+    every peer is running the same step (the hang is inside it) or nothing was marked."""
+    marks = {}
+    for path in folder.glob("alive-rank*.json"):
+        try:
+            entry = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if entry.get("attempt") == attempt:
+            marks[entry["rank"]] = entry
+    own = marks.get(rank, {}).get("step")
+    found = []
+    for peer, entry in sorted(marks.items()):
+        if peer == rank:
+            continue
+        pid, step, age = entry["pid"], entry["step"], time.time() - entry["time"]
+        if process_state(pid) in ("T", "t"):
+            found.append(
+                f"rank {peer}, which is stopped (process {pid} in state T: SIGSTOP, Ctrl-Z or a debugger; "
+                f"`kill -CONT {pid}` lets it go on) on step {step}"
+            )
+        elif own is not None and step < own:
+            found.append(
+                f"rank {peer} (pid {pid}), which never began step {own}: its last mark, {age:.0f} s ago, is step "
+                f"{step} (a hang outside the collectives: its data, a host-side loop or I/O)"
+            )
+    return found
 
 
 def symptom(exc: BaseException) -> str:

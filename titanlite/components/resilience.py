@@ -96,10 +96,13 @@ class Faults:
     """Test hooks, set by TITANLITE_FAULT (comma-separated): `kill@STEP:RANK` SIGKILLs that rank after
     STEP on the first attempt only (so the restarted job can finish); `nan@STEP` makes that step's loss
     NaN; `error@STEP:RANK` and `oom@STEP:RANK` raise a RuntimeError / torch.OutOfMemoryError on that rank
-    after STEP; `segv@STEP:RANK` crashes that rank in native code (a null read) after STEP (RANK defaults to 0)."""
+    after STEP; `segv@STEP:RANK` crashes that rank in native code (a null read) after STEP; `stop@STEP:RANK` stops
+    that rank with SIGSTOP after STEP and `hang@STEP:RANK` makes it sleep for good there, both on the first attempt
+    (a rank that stops answering; its peers' collectives time out) (RANK defaults to 0)."""
 
     def __init__(self, spec: str, rank: int):
         self.kill_step = self.nan_step = self.error_step = self.oom_step = self.segv_step = 0
+        self.stop_step = self.hang_step = 0
         first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
         for item in filter(None, (s.strip() for s in spec.split(","))):
             what, _, where = item.partition("@")
@@ -115,6 +118,10 @@ class Faults:
                 self.oom_step = int(step)
             elif what == "segv" and here:
                 self.segv_step = int(step)
+            elif what == "stop" and here and first_attempt:
+                self.stop_step = int(step)
+            elif what == "hang" and here and first_attempt:
+                self.hang_step = int(step)
 
     def after_step(self, step: int) -> None:
         if step == self.kill_step:
@@ -129,6 +136,13 @@ class Faults:
                 f"titanlite: fault injection: a null read in native code after step {step}", extra=EVERY_RANK
             )
             ctypes.string_at(0)
+        if step == self.stop_step:
+            logger.warning(f"titanlite: fault injection: SIGSTOP to this rank after step {step}", extra=EVERY_RANK)
+            os.kill(os.getpid(), signal.SIGSTOP)
+        if step == self.hang_step:
+            logger.warning(f"titanlite: fault injection: this rank hangs after step {step}", extra=EVERY_RANK)
+            while True:
+                time.sleep(60)
 
     def loss_scale(self, step: int) -> float:
         return math.nan if step == self.nan_step else 1.0

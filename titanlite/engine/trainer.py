@@ -29,6 +29,7 @@ from torch.distributed.tensor.parallel import loss_parallel as tp_loss_parallel
 from torch.nn.parallel import DistributedDataParallel
 
 from titanlite.base.errors import NonFiniteLoss, Preempted
+from titanlite.base.failures import mark_progress
 from titanlite.components.loss import cross_entropy
 from titanlite.components.metrics import MetricsLogger, Throughput, peak_memory_gib, reset_peak_memory
 from titanlite.components.optim import clip_grad_norm_
@@ -238,6 +239,7 @@ class Trainer:
                 start = time.perf_counter()
                 micro_batches = [next(batches) for _ in range(self.settings.grad_accum_steps)]
                 self.throughput.add_data_wait(time.perf_counter() - start)
+                mark_progress(self.step + 1)  # a peer that times out in this step's collectives can name a laggard
                 lr = self.optimizer.param_groups[0]["lr"]
                 will_eval = self.validator is not None and (
                     (self.step + 1) % self.settings.val_freq == 0 or self.step + 1 == last
