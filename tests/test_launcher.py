@@ -8,6 +8,7 @@ import pytest
 
 from tests.helpers import REPO, TINY, VALIDATED, metrics, run_train_sh, torchrun
 from titanlite.config.loading import tomllib  # tomli on Python 3.10
+from titanlite.parallel.pipeline import V_SHAPED_RUN
 
 
 @pytest.mark.parametrize(
@@ -87,7 +88,10 @@ from titanlite.config.loading import tomllib  # tomli on Python 3.10
                 "--parallelism.pipeline_parallel_schedule",
                 "DualPipeV",
             ],
-            "validation under pipeline_parallel_schedule=DualPipeV fails inside torch",
+            # torch 2.11 cannot run V-shaped schedules at all: that refusal comes first there
+            "validation under pipeline_parallel_schedule=DualPipeV fails inside torch"
+            if V_SHAPED_RUN
+            else "pipeline_parallel_schedule=DualPipeV needs torch 2.12 or later",
         ),
     ],
 )

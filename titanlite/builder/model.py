@@ -75,7 +75,7 @@ def build_pipeline(
     assert plan.pipeline is not None  # built only under pipeline parallelism
     pp_rank, group = mesh["pp"].get_local_rank(), mesh["pp"].get_group()
     csv = cfg.parallelism.pipeline_parallel_schedule_csv
-    schedule, stages = build_schedule(parts, plan.pipeline, group, pp_rank, device, loss_fn, csv)
+    schedule, stages = build_schedule(parts, plan.pipeline, group, pp_rank, device, loss_fn, csv, logits)
     uncount_metadata_inference(stages)  # MoE blocks' step counts
     stage_ids = plan.pipeline.stage_ids(pp_rank)
     tied = model.args.tie_embeddings
@@ -88,7 +88,6 @@ def build_pipeline(
         tied_sync=TiedEmbeddingSync(parts, plan.pipeline, mesh.root, pp_rank) if tied else None,
         analytic_bubble=plan.pipeline.analytic_bubble(),
         microbatches=plan.pipeline.n_microbatches,
-        logits=logits,
     )
 
 

@@ -117,19 +117,19 @@ class Pipeline:
     tied_sync: TiedEmbeddingSync | None  # when a tied embedding spans stages
     analytic_bubble: float | None
     microbatches: int = 1  # pipeline micro-batches per step
-    logits: bool = True  # what the last stage returns: logits, or (False) hidden states for the chunked loss
 
     def run(self, schedule_call, inputs: torch.Tensor, labels: torch.Tensor, losses: list, sequence: dict) -> None:
         """One schedule step (`schedule_call`: schedule.step, or schedule.eval for forward only): the first
         stage feeds the inputs, the last computes each micro-batch's loss into `losses`; every stage takes
-        `sequence` (RankModel.pipeline_split), cut into the same micro-batches, and `logits`."""
+        `sequence` (RankModel.pipeline_split), cut into the same micro-batches (what the last stage returns is
+        set on the stages, parallel/pipeline.py's logits_keyword)."""
         args = (inputs,) if self.has_first else ()
         if self.has_last:
             # return_outputs=False: the last stage would otherwise keep every micro-batch's logits
             # until the step ends, only to return them merged.
-            schedule_call(*args, target=labels, losses=losses, return_outputs=False, logits=self.logits, **sequence)
+            schedule_call(*args, target=labels, losses=losses, return_outputs=False, **sequence)
         else:
-            schedule_call(*args, logits=self.logits, **sequence)
+            schedule_call(*args, **sequence)
 
 
 @dataclass

@@ -7,6 +7,7 @@ DualPipeV) put stages r and 2pp-1-r on it, so the first and the last stage share
 from __future__ import annotations
 
 import copy
+import functools
 import itertools
 import math
 import time
@@ -211,16 +212,24 @@ def carry_as_keyword(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tupl
     return args, kwargs
 
 
+def logits_keyword(logits: bool, module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """A stage part's forward pre-hook: what the last part returns (`logits`; False: hidden states, for the
+    chunked loss), given here rather than through the schedule, whose split backward on torch 2.11 takes every
+    keyword value of a stage for a tensor."""
+    return args, {**kwargs, "logits": logits}
+
+
 def build_schedule(
-    parts: list[nn.Module], plan: PipelinePlan, pp_group, pp_rank: int, device, loss_fn, csv: str
+    parts: list[nn.Module], plan: PipelinePlan, pp_group, pp_rank: int, device, loss_fn, csv: str, logits: bool
 ) -> tuple[PipelineScheduleSingle | PipelineScheduleMulti, list[PipelineStage]]:
     """The schedule over this rank's stages. Each stage takes the batch's Sequence, when there is one, as
-    keyword tensors (sequence_from_keywords), and the previous part's carry, when it returns one, as a keyword
-    (carry_as_keyword); the stage module stays the part itself, so the schedule still drives FSDP's and DDP's
-    gradient sync."""
+    keyword tensors (sequence_from_keywords), the previous part's carry, when it returns one, as a keyword
+    (carry_as_keyword), and `logits` (logits_keyword); the stage module stays the part itself, so the schedule
+    still drives FSDP's and DDP's gradient sync."""
     for part in parts:
         part.register_forward_pre_hook(sequence_from_keywords, with_kwargs=True)
         part.register_forward_pre_hook(carry_as_keyword, with_kwargs=True)
+        part.register_forward_pre_hook(functools.partial(logits_keyword, logits), with_kwargs=True)
     stages = [
         PipelineStage(part, stage, plan.num_stages, device, group=pp_group)
         for part, stage in zip(parts, plan.stage_ids(pp_rank))
