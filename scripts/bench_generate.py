@@ -89,6 +89,7 @@ def main() -> None:
 
         with torch.inference_mode():
             results["transformers"] = timed(hf_generate, a.repeats)
+        print(f"transformers: {a.new_tokens / results['transformers'][0]:.1f} tokens/s", flush=True)
         held.clear()
         torch.cuda.empty_cache()
 
@@ -108,7 +109,11 @@ def main() -> None:
                 with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False):
                     return generate(model, prompt, a.new_tokens, args.vocab_size, cuda_graph=graphed).new_ids
 
-            results[label] = timed(ours, a.repeats)
+            try:  # one variant failing (e.g. a capture error) must not lose the others' figures
+                results[label] = timed(ours, a.repeats)
+                print(f"{label}: {a.new_tokens / results[label][0]:.1f} tokens/s", flush=True)
+            except Exception as error:  # reported; the table goes on without it
+                print(f"{label}: failed: {type(error).__name__}: {error}", flush=True)
             del model
             torch.cuda.empty_cache()
 

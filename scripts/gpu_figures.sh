@@ -16,6 +16,10 @@
 #                                       max-autotune-no-cudagraphs
 #   scripts/gpu_figures.sh suite        the correctness runs: ./run_tests.sh -m gpu beside the CPU suite
 #                                       (./run_tests.sh -n 12) on this machine's torch
+#   scripts/gpu_figures.sh sitting      one lease (SITTING_SECONDS, default 540): the gpu tests beside the CPU
+#                                       suite, the MoE block, the loss kernels, a 4-layer Qwen3-30B-A3B (grouped
+#                                       experts against the loop), then generate and GPT-2 124M at batch 64, each
+#                                       only while its time is left
 # Each writes its outputs under $OUT (default /tmp/gpu_figures) and prints a summary last.
 set -u
 cd "$(dirname "$0")/.."
@@ -111,6 +115,41 @@ case "${1:-throughput}" in
     wait
     { echo "== ./run_tests.sh -m gpu"; tail -4 "$OUT/gpu_tests.log"; echo "== ./run_tests.sh -n 12"
       tail -4 "$OUT/cpu_suite.log"; } | tee -a "$OUT/summary.txt"
+    ;;
+  sitting)  # one lease: each step runs only while its time is left, so the summary always comes back
+    end=$((SECONDS + ${SITTING_SECONDS:-540})) cpu_pid=0
+    step() {  # step NAME SECONDS CMD...: CMD into NAME.log if SECONDS are left; its last lines into summary.txt
+      local name=$1 need=$2 left=$((end - SECONDS)) beside=""; shift 2
+      if [ "$left" -lt "$need" ]; then echo "== $name: skipped ($left s left, needs $need)" | tee -a "$OUT/summary.txt"; return; fi
+      kill -0 "$cpu_pid" 2>/dev/null && beside=" [beside the CPU suite]"
+      echo "== $name ($(date +%T))$beside: $*" | tee -a "$OUT/summary.txt"
+      timeout -s INT -k 10 $((need < left ? need : left)) "$@" > "$OUT/$name.log" 2>&1; echo "exit $?" >> "$OUT/$name.log"
+      grep -E "^\||tokens/s|^(bench_moe|shape|small|qwen|step |titanlite|bare)|exit [0-9]" "$OUT/$name.log" | tail -12 \
+        | tee -a "$OUT/summary.txt"
+    }
+    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv | tee -a "$OUT/device.txt"
+    # The CPU suite on 10 of the 16 cores, beside the gpu tests and then the GPU-bound benchmarks (CUDA-event timed
+    # kernels, and GPU-bound training runs); the host-bound generate bench waits until it is done.
+    (timeout -s INT -k 15 $((end - SECONDS - 120)) ./run_tests.sh -n 10 -q -p no:cacheprovider -rfE \
+      > "$OUT/cpu_suite.log" 2>&1; echo "exit $?" >> "$OUT/cpu_suite.log") &
+    cpu_pid=$!
+    timeout -s INT -k 15 300 ./run_tests.sh -m gpu -v -p no:cacheprovider -rs --durations=0 \
+      > "$OUT/gpu_tests.log" 2>&1; echo "exit $?" >> "$OUT/gpu_tests.log"
+    { echo "== ./run_tests.sh -m gpu"; grep -E "(PASSED|FAILED|ERROR|SKIPPED)" "$OUT/gpu_tests.log" | grep "::" | cut -c1-150
+      grep -E "^E  " "$OUT/gpu_tests.log" | head -20 | cut -c1-300; tail -2 "$OUT/gpu_tests.log"; } | tee -a "$OUT/summary.txt"
+    export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+    step moe_block 60 $PY scripts/bench_moe.py --dtype bfloat16
+    step loss_kernels 90 $PY scripts/bench_loss.py --output "$OUT/loss_kernels.json"
+    moe=(--model.name qwen3_moe --model.flavor qwen3_moe_30b_a3b --model.n_layers 4 --training.seq_len 4096
+         --training.local_batch_size 1 --training.steps 15 --metrics.log_freq 5 --job.dump_folder "$OUT/runs")
+    step moe_30b_4l_grouped 90 env NGPU=1 ./run_train.sh "${moe[@]}" --job.name moe_grouped
+    step moe_30b_4l_loop 90 env NGPU=1 ./run_train.sh "${moe[@]}" --job.name moe_loop --moe.experts_kernel loop
+    wait "$cpu_pid"
+    { echo "== ./run_tests.sh -n 10 (CPU, gloo)"; grep -E "^(FAILED|ERROR)" "$OUT/cpu_suite.log" | cut -c1-250
+      tail -2 "$OUT/cpu_suite.log"; } | tee -a "$OUT/summary.txt"
+    step generate 110 $PY scripts/bench_generate.py --repeats 3 --output "$OUT/generate.json"
+    step 124m_b64 150 $PY -m titanlite.commands.cli bench throughput --compile.enable --repeats 5 --no-bare \
+      --config train_configs/gpt2_small.toml --training.local_batch_size 64
     ;;
   throughput)
     small=(--config train_configs/gpt2_small.toml)
