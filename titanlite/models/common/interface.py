@@ -9,7 +9,7 @@ keeps its own keys, so names do not depend on the layout), and each parameter's 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
 
 import torch
 from torch import nn
@@ -20,7 +20,6 @@ from titanlite.models.common.head import OutputHead
 from titanlite.models.common.kv_cache import KVCache
 
 
-@runtime_checkable
 class Decoder(Protocol):
     """A decoder-only language model as a plain nn.Module."""
 
