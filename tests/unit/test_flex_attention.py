@@ -1,0 +1,103 @@
+"""The "flex" attention core against SDPA's: the same outputs and gradients for plain causal, block-causal
+(documents), grouped-query attention and the positions context parallelism gives a rank; and the block mask its
+CUDA path hands torch's flex_attention describes the same mask (run here forward-only: torch has no
+FlexAttention backward on the CPU, which is why the CPU path is titanlite's own blockwise loop)."""
+
+import pytest
+import torch
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+from titanlite.models.common.attention import (
+    FlexAttention,
+    SDPAttention,
+    Sequence,
+    attention_mask,
+    blockwise_attention,
+    build_core,
+    mask_function,
+)
+
+B, HQ, HKV, HD = 2, 4, 2, 16
+
+
+def qkv(queries: int, keys: int, seed: int = 0, grad: bool = True):
+    g = torch.Generator().manual_seed(seed)
+    shapes = [(B, HQ, queries, HD), (B, HKV, keys, HD), (B, HKV, keys, HD)]
+    return [torch.randn(s, generator=g, dtype=torch.float64).requires_grad_(grad) for s in shapes]
+
+
+def documents(length: int, seed: int = 1) -> torch.Tensor:
+    """[B, length] document ids: a new document after each of a few random end-of-text positions."""
+    ends = torch.rand(B, length, generator=torch.Generator().manual_seed(seed)) < 0.05
+    return torch.cumsum(ends.to(torch.int64), dim=1)
+
+
+SEQUENCES = {
+    "causal": lambda T: None,
+    "block_causal": lambda T: Sequence(documents=documents(T)),
+    # What context parallelism hands rank 1 of 2 (load-balanced chunks 1 and 2 of 4): its queries' positions,
+    # all T keys gathered in position order.
+    "cp_rank1": lambda T: Sequence(
+        positions=torch.cat([torch.arange(T // 4, T // 2), torch.arange(T // 2, 3 * T // 4)]),
+        key_positions=torch.arange(T),
+        documents=documents(T)[:, T // 4 : 3 * T // 4],
+        key_documents=documents(T),
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", list(SEQUENCES))
+def test_flex_core_equals_sdpa_forward_and_backward(kind):
+    T = 300  # not a multiple of the 128-query block
+    sequence = SEQUENCES[kind](T)
+    queries = T if sequence is None or sequence.positions is None else len(sequence.positions)
+    grads = []
+    outs = []
+    for core in (SDPAttention(), build_core("flex")):
+        q, k, v = qkv(queries, T)
+        out = core(q, k, v, sequence)
+        (out * torch.linspace(-1, 1, HD, dtype=out.dtype)).sum().backward()
+        outs.append(out)
+        grads.append([t.grad for t in (q, k, v)])
+    torch.testing.assert_close(outs[1], outs[0], rtol=0, atol=1e-12)
+    for flex, sdpa in zip(*grads):
+        torch.testing.assert_close(flex, sdpa, rtol=0, atol=1e-12)
+
+
+def test_blockwise_keeps_at_most_a_block_of_scores_and_saves_only_its_inputs():
+    """Each block of queries sees only the span of keys it may attend to, and backward recomputes the blocks:
+    nothing of size T x S is saved (the saved tensors are q, k and v's slices)."""
+    T = 512
+    q, k, v = qkv(T, T)
+    saved = []
+
+    def pack(tensor):
+        saved.append(tensor.numel())
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        blockwise_attention(q, k, v, None, 128).sum().backward()
+    assert max(saved) <= B * HQ * T * HD, saved  # nothing like B x H x T x T
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+def test_the_cuda_block_mask_describes_the_same_mask():
+    """What FlexAttention's CUDA path hands torch: a block mask built from mask_function (here by eager
+    create_block_mask) and flex_attention with enable_gqa. Forward only (no CPU backward in torch)."""
+    T = 256
+    sequence = SEQUENCES["block_causal"](T)
+    allowed = mask_function(sequence, T, torch.device("cpu"))
+    block_mask = create_block_mask(lambda b, h, q_idx, k_idx: allowed(b, q_idx, k_idx), B, None, T, T, device="cpu")
+    q, k, v = (t.float() for t in qkv(T, T, grad=False))
+    with torch.no_grad():
+        out = flex_attention(q, k, v, block_mask=block_mask, enable_gqa=True)
+        expected = SDPAttention()(q, k, v, sequence)
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-5)
+    # The block mask skips what the dense mask rules out whole: 128 x 128 blocks with no allowed pair.
+    dense = attention_mask(sequence, T, T, torch.device("cpu"))  # [B, 1, T, T]
+    any_allowed = dense.reshape(B, 1, T // 128, 128, T // 128, 128).any(dim=(3, 5))
+    assert torch.equal(block_mask.to_dense().bool(), any_allowed)
+
+
+def test_flex_is_a_known_core():
+    assert isinstance(build_core("flex"), FlexAttention)
