@@ -101,3 +101,56 @@ def test_the_cuda_block_mask_describes_the_same_mask():
 
 def test_flex_is_a_known_core():
     assert isinstance(build_core("flex"), FlexAttention)
+
+
+def reference_attention(q, k, v, documents=None, window=None, softcap=None, scale=None):
+    """Attention written out from its definition, for the window and softcap cases: every query i of a sequence
+    sees key j when j <= i, i - j < window and both are in one document; scores scaled, then softcapped."""
+    T, S = q.shape[2], k.shape[2]
+    i, j = torch.arange(T)[:, None], torch.arange(S)[None, :]
+    allowed = (j <= i) & ((i - j < window) if window else True)
+    allowed = (
+        allowed[None, None] & (documents[:, None, :, None] == documents[:, None, None, :])
+        if documents is not None
+        else allowed
+    )
+    k, v = k.repeat_interleave(HQ // HKV, 1), v.repeat_interleave(HQ // HKV, 1)
+    scores = q @ k.transpose(-2, -1) * (scale if scale else HD**-0.5)
+    if softcap:
+        scores = softcap * torch.tanh(scores / softcap)
+    return torch.softmax(scores.masked_fill(~allowed, float("-inf")), -1) @ v
+
+
+@pytest.mark.parametrize("name", ["sdpa", "flex"])
+@pytest.mark.parametrize(
+    "options", [{"window": 37}, {"softcap": 2.0, "scale": 0.4}, {"window": 200, "softcap": 3.0}], ids=str
+)
+@pytest.mark.parametrize("block_causal", [False, True])
+def test_windows_and_softcaps_follow_their_definition(name, options, block_causal):
+    T = 300
+    docs = documents(T) if block_causal else None
+    sequence = Sequence(documents=docs) if block_causal else None
+    q, k, v = qkv(T, T)
+    out = build_core(name, **options)(q, k, v, sequence)
+    expected = reference_attention(q, k, v, docs, **options)
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-12)
+    out.sum().backward()  # both cores train with them
+    assert q.grad is not None and torch.isfinite(q.grad).all()
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+def test_the_cuda_path_applies_the_window_and_the_softcap_as_defined():
+    """The block mask with a window, and the softcap as a score modification, as FlexAttention's CUDA path hands
+    them to torch (forward, eager, on the CPU)."""
+    T, window, cap = 256, 40, 2.0
+    allowed = mask_function(None, T, torch.device("cpu"), window)
+    block_mask = create_block_mask(lambda b, h, q_idx, k_idx: allowed(b, q_idx, k_idx), None, None, T, T, device="cpu")
+    q, k, v = (t.float() for t in qkv(T, T, grad=False))
+    with torch.no_grad():
+        out = flex_attention(
+            q, k, v, score_mod=lambda s, b, h, qi, ki: cap * torch.tanh(s / cap), block_mask=block_mask, enable_gqa=True
+        )
+    expected = reference_attention(q, k, v, window=window, softcap=cap)
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-5)
+    dense = attention_mask(Sequence(), T, T, torch.device("cpu"), window)
+    assert torch.equal(block_mask.to_dense().bool(), dense.reshape(1, 1, 2, 128, 2, 128).any(dim=(3, 5)))

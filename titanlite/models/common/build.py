@@ -71,8 +71,9 @@ def configured_model(model_cfg, vocab_size: int, seq_len: int, moe=None) -> Deco
     model = model_from_args(configured_args(model_cfg, vocab_size, seq_len, moe))
     if model_cfg.attn_backend != "sdpa":
         for module in list(model.modules()):
-            if isinstance(getattr(module, "core", None), CoreAttention):
-                module.core = build_core(model_cfg.attn_backend)
+            core = getattr(module, "core", None)
+            if isinstance(core, CoreAttention):
+                module.core = build_core(model_cfg.attn_backend, **core.options())
     if moe is not None and moe.experts_kernel == "loop":
         for module in model.modules():
             if isinstance(module, GroupedExperts):
