@@ -154,3 +154,44 @@ def test_the_cuda_path_applies_the_window_and_the_softcap_as_defined():
     torch.testing.assert_close(out, expected, rtol=0, atol=1e-5)
     dense = attention_mask(Sequence(), T, T, torch.device("cpu"), window)
     assert torch.equal(block_mask.to_dense().bool(), dense.reshape(1, 1, 2, 128, 2, 128).any(dim=(3, 5)))
+
+
+@pytest.mark.parametrize("sequence_of", [lambda T: None, lambda T: Sequence(documents=documents(T)[:1].expand(2, -1))])
+def test_a_windowed_model_trains_the_same_on_flex_and_on_sdpas_explicit_mask(sequence_of):
+    """Qwen2's debug model with a window of 40 on its last two layers, 300 tokens (past the window and a flex
+    block), three AdamW steps: flex's losses equal those of SDPA with the window as a dense mask (1e-5), and so do
+    the first step's gradients."""
+    import dataclasses
+
+    from titanlite.models.common.build import model_from_args
+    from titanlite.models.common.init import init_weights
+    from titanlite.models.registry import spec_named
+
+    args = dataclasses.replace(
+        spec_named("qwen2").flavors["debug"], vocab_size=64, max_seq_len=300, sliding_window=40,
+        layer_types=("full_attention",) * 2 + ("sliding_attention",) * 2,
+    )  # fmt: skip
+    tokens = torch.randint(0, 64, (2, 301), generator=torch.Generator().manual_seed(4))
+    sequence = sequence_of(300)
+    runs = []
+    for backend in ("sdpa", "flex"):
+        model = model_from_args(args)
+        for block in model.layers.values():
+            block.attention.core = build_core(backend, **block.attention.core.options())
+        init_weights(model, 0)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        losses, first_grads = [], {}
+        for step in range(3):
+            logits = model(tokens[:, :-1], sequence=sequence)
+            loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
+            loss.backward()
+            if step == 0:
+                first_grads = {name: p.grad.clone() for name, p in model.named_parameters()}
+            optimizer.step()
+            optimizer.zero_grad()
+            losses.append(loss.item())
+        runs.append((losses, first_grads))
+    assert [block.attention.core.window for block in model.layers.values()] == [None, None, 40, 40]
+    torch.testing.assert_close(runs[1][0], runs[0][0], rtol=1e-5, atol=0)
+    for name, grad in runs[0][1].items():  # every parameter's gradient, to float32 rounding
+        assert (runs[1][1][name] - grad).norm() <= 1e-5 * grad.norm(), name

@@ -127,7 +127,7 @@ class SDPAttention(CoreAttention):
         plain = (sequence is None or sequence.plain) and self.window is None
         if plain and self.softcap is None:
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale, enable_gqa=gqa)
-        seq = sequence if sequence is not None else Sequence()
+        seq = sequence if sequence is not None else _PLAIN_SEQUENCE  # plain causal with a window: masks shared
         if self.softcap is not None:
             allowed = attention_mask(seq, q.shape[2], k.shape[2], q.device, self.window)
             return _attend_block(q, k, v, allowed, self.softcap, self.scale)
@@ -174,7 +174,7 @@ def additive_mask(
 ) -> torch.Tensor:
     """attention_mask as the float SDPA adds to the scores (0 where a query may attend, -inf elsewhere),
     shared by every block that keeps it (MaskCache); under torch.compile built in each block's graph."""
-    key = (queries, keys, dtype, window)
+    key = (queries, keys, dtype, str(device), window)
     compiling = torch.compiler.is_compiling()
     mask = None if compiling else sequence.masks.get(key)
     if mask is None:
@@ -252,6 +252,9 @@ def flex_block_mask(
 
 
 _PLAIN_BLOCK_MASKS: dict[tuple, BlockMask] = {}
+# Whole sequences from position 0: the Sequence the dense masks of windowed blocks are cached in (weakly, as every
+# Sequence's), so the blocks of one forward pass share one.
+_PLAIN_SEQUENCE = Sequence()
 
 
 @functools.cache
