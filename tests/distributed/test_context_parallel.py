@@ -76,12 +76,13 @@ CASES = [
     pytest.param("pp2_x_cp2", 4, [*cp(2), *PP2], "llama3", "block_causal", "pp 2 x cp 2", marks=SLOW),
     pytest.param("pp2", 2, PP2, "llama3", "block_causal", "pp 2", marks=SLOW),
     # FlexAttention (model.attn_backend = "flex") against the SDPA references: one process, and its block mask
-    # offset to a CP rank's chunks; CP x 2 block-causal in the default suite.
+    # offset to a CP rank's chunks (all slow: tests/unit/test_flex_attention.py checks a CP rank's mask in the
+    # default suite).
     pytest.param("flex", 1, [*FLEX, "--training.local_batch_size", "8"], "gpt2", "causal", "single device", marks=SLOW),
     pytest.param(
         "flex", 1, [*FLEX, "--training.local_batch_size", "8"], "llama3", "block_causal", "single device", marks=SLOW
     ),  # fmt: skip
-    ("flex_cp2", 2, [*FLEX, *cp(2)], "llama3", "block_causal", "cp 2"),
+    pytest.param("flex_cp2", 2, [*FLEX, *cp(2)], "llama3", "block_causal", "cp 2", marks=SLOW),
     pytest.param(
         "flex_fsdp2_x_cp2",
         4,
