@@ -13,6 +13,7 @@ pytestmark = pytest.mark.distributed
 
 SLOW = pytest.mark.slow
 BLOCK = ["--model.attn_mask_type", "block_causal"]
+FLEX = ["--model.attn_backend", "flex"]
 PP2 = ["--parallelism.pipeline_parallel_degree", "2", "--parallelism.pipeline_parallel_microbatch_size", "2"]
 
 
@@ -74,6 +75,23 @@ CASES = [
     pytest.param("pp2_x_cp2", 4, [*cp(2), *PP2], "gpt2", "causal", "pp 2 x cp 2", marks=SLOW),
     pytest.param("pp2_x_cp2", 4, [*cp(2), *PP2], "llama3", "block_causal", "pp 2 x cp 2", marks=SLOW),
     pytest.param("pp2", 2, PP2, "llama3", "block_causal", "pp 2", marks=SLOW),
+    # FlexAttention (model.attn_backend = "flex") against the SDPA references: one process, and its block mask
+    # offset to a CP rank's chunks (all slow: tests/unit/test_flex_attention.py checks a CP rank's mask in the
+    # default suite).
+    pytest.param("flex", 1, [*FLEX, "--training.local_batch_size", "8"], "gpt2", "causal", "single device", marks=SLOW),
+    pytest.param(
+        "flex", 1, [*FLEX, "--training.local_batch_size", "8"], "llama3", "block_causal", "single device", marks=SLOW
+    ),  # fmt: skip
+    pytest.param("flex_cp2", 2, [*FLEX, *cp(2)], "llama3", "block_causal", "cp 2", marks=SLOW),
+    pytest.param(
+        "flex_fsdp2_x_cp2",
+        4,
+        [*FLEX, *cp(2, shard=2, local=4)],
+        "llama3",
+        "block_causal",
+        "dp_shard 2 x cp 2",
+        marks=SLOW,
+    ),  # fmt: skip
     pytest.param(
         "cp2_compile_ac",
         2,

@@ -171,8 +171,10 @@ def test_a_core_is_chosen_by_name_and_an_unknown_name_is_refused_naming_the_know
     assert all(type(block.attention.core) is SDPAttention for block in model("llama3").layers.values())
     monkeypatch.setitem(ATTENTION_CORES, "half_scale", HalfScale)
     assert type(build_core("half_scale")) is HalfScale
-    with pytest.raises(ConfigError, match=r"^attention core 'flex' is not a known one; use one of: sdpa, half_scale$"):
-        build_core("flex")
+    with pytest.raises(
+        ConfigError, match=r"^attention core 'ring' is not a known one; use one of: sdpa, flex, half_scale$"
+    ):
+        build_core("ring")
 
 
 def local_qkv(rank: int) -> list[torch.Tensor]:

@@ -54,6 +54,21 @@ FAMILIES = {
     "mistral": lambda: transformers.MistralConfig(**SHAPE, sliding_window=None),
     "olmo2": lambda: transformers.Olmo2Config(**{**SHAPE, "num_key_value_heads": 6}),
     "llama-biases": lambda: transformers.LlamaConfig(**SHAPE, attention_bias=True, mlp_bias=True),
+    # Sliding windows shorter than the prompts (48 tokens; 5 + 12 in generation): every layer (Mistral), the
+    # layers from max_window_layers on (Qwen2), the layers layer_types names (Qwen3).
+    "mistral-window": lambda: transformers.MistralConfig(**SHAPE, sliding_window=8),
+    "qwen2-window": lambda: transformers.Qwen2Config(
+        **{k: v for k, v in SHAPE.items() if k != "head_dim"},
+        use_sliding_window=True,
+        sliding_window=8,
+        max_window_layers=2,
+    ),  # fmt: skip
+    "qwen3-window": lambda: transformers.Qwen3Config(
+        **SHAPE,
+        use_sliding_window=True,
+        sliding_window=6,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+    ),  # fmt: skip
 }
 CLASSES = {
     "qwen2": "Qwen2ForCausalLM",
@@ -161,9 +176,20 @@ def test_the_generate_command_continues_like_transformers(tmp_path, case, monkey
     assert record["new_ids"] == theirs[0, len(record["prompt_ids"]) :].tolist()
 
 
-@pytest.mark.parametrize("family", ["llama3", "qwen2", "qwen3", "smollm3", "olmo2", "mistral"])
+WINDOWS = {  # the windowed exports: every layer (Mistral), the layers layer_types names (Qwen2, Qwen3)
+    "mistral-window": ("mistral", {"sliding_window": 8}),
+    "qwen2-window": (
+        "qwen2",
+        {"sliding_window": 8, "layer_types": ("full_attention",) * 2 + ("sliding_attention",) * 2},
+    ),
+    "qwen3-window": ("qwen3", {"sliding_window": 8, "layer_types": ("sliding_attention", "full_attention") * 2}),
+}
+
+
+@pytest.mark.parametrize("family", ["llama3", "qwen2", "qwen3", "smollm3", "olmo2", "mistral", *WINDOWS])
 def test_a_trained_model_exports_as_its_own_class_with_our_logits(tmp_path, family):
-    args = dataclasses.replace(FLAVORS[family]["debug"], vocab_size=320, max_seq_len=64)
+    family, changes = WINDOWS.get(family, (family, {}))
+    args = dataclasses.replace(FLAVORS[family]["debug"], vocab_size=320, max_seq_len=64, **changes)
     ours = model_from_args(args)
     init_weights(ours, 0)
     optimizer = torch.optim.AdamW(ours.parameters(), lr=1e-2)
@@ -200,12 +226,18 @@ def test_what_titanlite_does_not_implement_is_refused_in_one_line(field):
     assert "\n" not in str(e.value)
 
 
-def test_a_sliding_window_shorter_than_the_sequence_is_refused_naming_it(tmp_path):
-    config = transformers.MistralConfig(**SHAPE, sliding_window=32)
+def test_a_sliding_window_shorter_than_the_sequence_is_read_with_the_whole_context(tmp_path):
+    """The window is attention's (each layer's, FAMILIES' window cases check the logits); the context stays the
+    folder's max_position_embeddings, and a longer training.seq_len extends RoPE as without a window."""
+    config = transformers.Qwen2Config(
+        **{k: v for k, v in SHAPE.items() if k != "head_dim"}, use_sliding_window=True, sliding_window=32,
+        max_window_layers=3,
+    )  # fmt: skip
     transformers.AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
-    assert folder_args(tmp_path, 32).max_seq_len == 32  # within the window: full attention is the same
-    with pytest.raises(ConfigError, match="training.seq_len=48 is longer than the sliding_window=32 of"):
-        folder_args(tmp_path, 48)
+    args = folder_args(tmp_path, 48)
+    assert (args.max_seq_len, args.sliding_window) == (128, 32)
+    assert args.layer_types == ("full_attention",) * 3 + ("sliding_attention",)
+    assert folder_args(tmp_path, 256).max_seq_len == 256
 
 
 def test_olmo2s_whole_projection_norm_refuses_tensor_parallelism():

@@ -244,3 +244,23 @@ def test_a_family_that_refuses_tensor_parallelism_is_offered_no_tp_layout(tmp_pa
     rows = data["rows"]
     assert rows and not [r["layout"] for r in rows if "TP" in r["layout"]]
     assert "not offered (tensor parallelism cannot split the model qk_norm 'full'" in out and "): TP 2" in out
+
+
+def test_flex_attention_is_planned_without_the_dense_mask(tmp_path):
+    """model.attn_backend flex keeps no [tokens, tokens] mask: at 8,192 block-causal tokens of the debug Llama
+    the planner's activations per rank are SDPA's less the mask it counts ([b, T, T] in the GPU rows' bf16 on
+    one rank, [b, T / 2, T] on each of CP 2's; b the row's micro-batch), to 1 % (what else differs: the flash
+    kernel's saved log-sum-exp, which the blockwise path does not keep). The measured peaks are in
+    docs/parallelism.md."""
+    base = ["--config", "train_configs/llama3_debug.toml", "--ngpu", "2", "--training.seq_len", "8192",
+            "--training.local_batch_size", "2", "--model.attn_mask_type", "block_causal"]  # fmt: skip
+    rows = {}
+    for backend in ("sdpa", "flex"):
+        _, result = plan(tmp_path, *base, "--model.attn_backend", backend)
+        rows[backend] = {(r["layout"], r["ac"]): r for r in result["rows"]}
+    tokens = 8192
+    for layout, local_tokens in (("ZeRO-3 2", tokens), ("CP 2 (ZeRO-3)", tokens // 2)):
+        sdpa, flex = rows["sdpa"][(layout, "none")], rows["flex"][(layout, "none")]
+        mask = sdpa["micro_batch"] * local_tokens * tokens * 2
+        saved = sdpa["activations"] - flex["activations"]
+        assert abs(saved - mask) <= 0.01 * mask, (layout, saved, mask)

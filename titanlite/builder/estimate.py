@@ -52,7 +52,8 @@ Tokens/s = global batch x seq_len / step. docs/planning.md compares these estima
 Context parallelism (CP degree c): a rank holds seq_len / c tokens of each sequence, so the activations are
 those of a sequence of seq_len / c tokens, plus, per block, the keys and values gathered from the other
 ranks (2 x (c - 1) / c x [b, seq_len, kv_width / tp]), and one attention mask for all blocks (see
-attention_mask_bytes; block-causal masks on one device too); FSDP shards over dp_shard x c.
+attention_mask_bytes; block-causal masks on one device too; none with model.attn_backend flex); FSDP shards
+over dp_shard x c.
 
 Mixtures of experts. A MoE block runs whole on every TP rank (titanlite/models/moe_decoder/parallelize.py): TP
 divides neither its parameters nor the activations it saves, and its FLOPs (those of its active parameters,
@@ -114,6 +115,7 @@ class Setting:
     block_causal: bool = False  # model.attn_mask_type: documents masked from each other
     compiled: bool = False  # compile.enable: the attention mask is built in each block's graph, not shared
     global_batch: int = 0  # sequences per optimizer step over all data-parallel ranks (the same for every layout)
+    flex: bool = False  # model.attn_backend flex: block masks of a few bytes per block pair, no dense mask
 
 
 def stage_layers(n_layers: int, pp: int, stages_per_rank: int) -> list[list[int]]:
@@ -289,8 +291,9 @@ def attention_mask_bytes(s: Setting, cp: int) -> float:
     """The explicit attention mask, in the activation dtype, which SDPA keeps for backward: [local tokens, all
     tokens] under context parallelism (shared by the micro-batch's sequences), [b, tokens, tokens] with
     block-causal documents. Built once per forward pass and shared by every block (one per block when
-    compiled). Plain causal attention on whole sequences needs none. `s.seq_len`: local tokens."""
-    if cp == 1 and not s.block_causal:
+    compiled). Plain causal attention on whole sequences needs none, nor FlexAttention (its block mask holds a
+    few bytes per 128 x 128 block pair). `s.seq_len`: local tokens."""
+    if s.flex or (cp == 1 and not s.block_causal):
         return 0.0
     return (s.micro_batch if s.block_causal else 1) * s.seq_len * s.seq_len * cp * s.act_bytes
 
@@ -462,6 +465,7 @@ def setting_for(cfg, lay: Layout, world: int, device: str, micro_batch: int = 0,
         cfg.model.attn_mask_type == "block_causal",
         cfg.compile.enable,
         per_rank * dp,
+        cfg.model.attn_backend == "flex",
     )
 
 

@@ -60,6 +60,13 @@ class Model:
     """Attention mask, as TorchTitan names it: "causal" lets a token attend to every earlier token of its
     window; "block_causal" only to earlier tokens of its own document (documents end at the tokenizer's
     end-of-text id, which the data path puts after each one), as Llama 3 was trained."""
+    attn_backend: Literal["sdpa", "flex"] = "sdpa"
+    """How attention computes (never what): "sdpa" is scaled_dot_product_attention, the fused flash/cuDNN kernel
+    for plain causal attention, with a dense [B, 1, T, S] mask for anything else (block-causal, context
+    parallelism), which grows as T x S; "flex" is FlexAttention, whose masks are functions of the token indices
+    built into a block mask once per batch, never a T x S tensor, and which skips the blocks a mask leaves out:
+    use it for block-causal masks and long sequences. On CUDA flex runs torch's compiled kernel; on the CPU (where
+    torch has no FlexAttention backward) titanlite's blockwise loop, the same numbers to rounding."""
 
 
 @dataclass

@@ -57,12 +57,6 @@ def folder_args(folder: str | Path, seq_len: int):
                 f"training.seq_len={seq_len} is longer than the {args.max_seq_len} learned positions of "
                 f"{folder} (n_positions); use training.seq_len <= {args.max_seq_len}"
             )
-        if getattr(args, "sliding_window", 0):
-            raise ConfigError(
-                f"training.seq_len={seq_len} is longer than the sliding_window={args.sliding_window} of {folder}: "
-                "titanlite attends to the whole context, which equals the window's attention only within it; use "
-                f"training.seq_len <= {args.sliding_window}"
-            )
         args = dataclasses.replace(args, max_seq_len=seq_len)
     return args
 

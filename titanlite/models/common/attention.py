@@ -2,20 +2,25 @@
 block-causal mask only those of its own document), and where each token stands in its sequence.
 
 `Sequence` describes the tokens a forward pass holds: by default positions 0..T-1 of whole sequences, plain
-causal. Each block's attention runs through a core chosen by name (`build_core`, `ATTENTION_CORES`). Context
-parallelism (titanlite/parallel/context_parallel.py) hands a rank part of each sequence and gathers the keys and
-values of the rest; it does so by wrapping each block's core, whichever it is, and by the positions it gives
-here. The model itself knows nothing of it.
+causal. Each block's attention runs through a core chosen by name (`build_core`, `ATTENTION_CORES`): "sdpa"
+(scaled_dot_product_attention: the fused causal kernel, or a dense [B, 1, T, S] additive mask for anything else)
+or "flex" (FlexAttention: the same masks described by a function of the query and key index, built into a
+block mask, never a T x S tensor). Context parallelism (titanlite/parallel/context_parallel.py) hands a rank
+part of each sequence and gathers the keys and values of the rest; it does so by wrapping each block's core,
+whichever it is, and by the positions it gives here. The model itself knows nothing of it.
 """
 
 from __future__ import annotations
 
+import functools
 import weakref
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
+from torch.utils.checkpoint import checkpoint
 
 from titanlite.base.errors import ConfigError
 
@@ -30,6 +35,7 @@ class MaskCache:
 
     def __init__(self):
         self.by_shape: dict[tuple, weakref.ref] = {}
+        self.block_masks: dict[tuple, BlockMask] = {}  # FlexAttention's, by (queries, keys, device, window)
 
     def get(self, key: tuple) -> torch.Tensor | None:
         ref = self.by_shape.get(key)
@@ -92,59 +98,226 @@ def document_ids(tokens: torch.Tensor, eot_id: int) -> torch.Tensor:
 class CoreAttention(nn.Module):
     """What every attention core is: attention of queries q [B, Hq, T, hd] over keys and values
     [B, Hkv, S, hd] (Hq a multiple of Hkv: grouped-query attention) with the mask `sequence` describes (None:
-    whole sequences, plain causal), giving [B, Hq, T, hd]. A core has no parameters or buffers, so choosing
-    another, or wrapping one (context parallelism), leaves a model's state dict as it is."""
+    whole sequences, plain causal), giving [B, Hq, T, hd]. A block may ask for a sliding `window` (a query sees
+    the keys fewer than `window` positions before it, itself included), a logit `softcap` (scores become
+    softcap x tanh(scores / softcap) before the mask) and a `scale` of the scores (default hd^-0.5). A core has no
+    parameters or buffers, so choosing another, or wrapping one (context parallelism), leaves a model's state
+    dict as it is."""
+
+    def __init__(self, window: int | None = None, softcap: float | None = None, scale: float | None = None):
+        super().__init__()
+        self.window, self.softcap, self.scale = window, softcap, scale
+
+    def options(self) -> dict:
+        """What the block asked of its attention: build_core(another name, **options) builds its equal."""
+        return {"window": self.window, "softcap": self.softcap, "scale": self.scale}
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sequence: Sequence | None) -> torch.Tensor:
         raise NotImplementedError(f"{type(self).__name__} is an attention core without a forward")
 
 
 class SDPAttention(CoreAttention):
-    """scaled_dot_product_attention: the fused causal kernel for plain sequences, an additive mask otherwise;
-    grouped-query attention (query head j reads key/value head j // (Hq / Hkv)) inside the kernel, without
-    copying K and V per head."""
+    """scaled_dot_product_attention: the fused causal kernel for plain sequences, an additive mask otherwise
+    (a window too); grouped-query attention (query head j reads key/value head j // (Hq / Hkv)) inside the kernel,
+    without copying K and V per head. With a logit softcap, which SDPA cannot apply, the scores are computed
+    explicitly ([B, H, T, S]): correct, and what "flex" exists to avoid."""
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sequence: Sequence | None) -> torch.Tensor:
         gqa = q.shape[1] != k.shape[1]
-        if sequence is None or sequence.plain:
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
-        mask = additive_mask(sequence, q.shape[2], k.shape[2], q.dtype, q.device)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+        plain = (sequence is None or sequence.plain) and self.window is None
+        if plain and self.softcap is None:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale, enable_gqa=gqa)
+        seq = sequence if sequence is not None else _PLAIN_SEQUENCE  # plain causal with a window: masks shared
+        if self.softcap is not None:
+            allowed = attention_mask(seq, q.shape[2], k.shape[2], q.device, self.window)
+            return _attend_block(q, k, v, allowed, self.softcap, self.scale)
+        mask = additive_mask(seq, q.shape[2], k.shape[2], q.dtype, q.device, self.window)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale, enable_gqa=gqa)
+
+
+class FlexAttention(CoreAttention):
+    """FlexAttention: the mask is a function of (batch, query index, key index) (`mask_function`: causal by
+    position, within the window, the same document under a block-causal mask), built into a BlockMask once per
+    batch and shape, so no [T, S] mask is ever materialised and the blocks a mask leaves out are skipped; the
+    softcap is a score modification inside the kernel. On CUDA it runs torch's compiled flex_attention (a Triton
+    kernel). torch has no FlexAttention backward on the CPU, so there the same mask runs through
+    `blockwise_attention`: each block of queries over the keys it may see, recomputed in backward, the same
+    numbers to rounding."""
+
+    BLOCK = 128  # queries per block, as FlexAttention's block mask counts them
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sequence: Sequence | None) -> torch.Tensor:
+        if q.device.type == "cuda":
+            block_mask = flex_block_mask(sequence, q.shape[0], q.shape[2], k.shape[2], q.device, self.window)
+            cap = self.softcap
+            score_mod = None if cap is None else (lambda score, b, h, q_idx, k_idx: cap * torch.tanh(score / cap))
+            return compiled_flex_attention()(
+                q, k, v, score_mod=score_mod, block_mask=block_mask, scale=self.scale,
+                enable_gqa=q.shape[1] != k.shape[1],
+            )  # fmt: skip
+        return blockwise_attention(q, k, v, sequence, self.BLOCK, self.window, self.softcap, self.scale)
 
 
 # The attention cores by name: what a family's blocks build (build_core).
-ATTENTION_CORES: dict[str, type[CoreAttention]] = {"sdpa": SDPAttention}
+ATTENTION_CORES: dict[str, type[CoreAttention]] = {"sdpa": SDPAttention, "flex": FlexAttention}
 
 
-def build_core(name: str) -> CoreAttention:
-    """A new attention core of the kind registered as `name` in ATTENTION_CORES."""
+def build_core(name: str, window: int | None = None, softcap: float | None = None, scale: float | None = None):
+    """A new attention core of the kind registered as `name` in ATTENTION_CORES, with the block's options."""
     if name not in ATTENTION_CORES:
         raise ConfigError(f"attention core {name!r} is not a known one; use one of: {', '.join(ATTENTION_CORES)}")
-    return ATTENTION_CORES[name]()
+    return ATTENTION_CORES[name](window=window, softcap=softcap, scale=scale)
 
 
-def additive_mask(sequence: Sequence, queries: int, keys: int, dtype: torch.dtype, device) -> torch.Tensor:
+def additive_mask(
+    sequence: Sequence, queries: int, keys: int, dtype: torch.dtype, device, window: int | None = None
+) -> torch.Tensor:
     """attention_mask as the float SDPA adds to the scores (0 where a query may attend, -inf elsewhere),
     shared by every block that keeps it (MaskCache); under torch.compile built in each block's graph."""
-    key = (queries, keys, dtype)
+    key = (queries, keys, dtype, str(device), window)
     compiling = torch.compiler.is_compiling()
     mask = None if compiling else sequence.masks.get(key)
     if mask is None:
-        allowed = attention_mask(sequence, queries, keys, device)
+        allowed = attention_mask(sequence, queries, keys, device, window)
         mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, float("-inf"))
         if not compiling:
             sequence.masks.put(key, mask)
     return mask
 
 
-def attention_mask(sequence: Sequence, queries: int, keys: int, device: torch.device) -> torch.Tensor:
-    """[B or 1, 1, T, S] bool, True where a query may attend: keys at or before its position, and, with
-    documents, only those of its own document."""
-    q_pos = sequence.positions if sequence.positions is not None else torch.arange(queries, device=device)
-    k_pos = sequence.key_positions if sequence.key_positions is not None else q_pos
-    mask = k_pos[None, :] <= q_pos[:, None]  # [T, S]
-    if sequence.documents is None:
-        return mask[None, None]
-    k_doc = sequence.key_documents if sequence.key_documents is not None else sequence.documents
-    same = sequence.documents[:, :, None] == k_doc[:, None, :]  # [B, T, S]
-    return (mask[None] & same)[:, None]
+def attention_mask(
+    sequence: Sequence, queries: int, keys: int, device: torch.device, window: int | None = None
+) -> torch.Tensor:
+    """[B or 1, 1, T, S] bool, True where a query may attend: keys at or before its position (fewer than
+    `window` positions before it), and, with documents, only those of its own document."""
+    allowed = mask_function(sequence, queries, device, window)
+    q_idx, k_idx = torch.arange(queries, device=device)[:, None], torch.arange(keys, device=device)[None, :]
+    return allowed(None, q_idx, k_idx)[:, None]
+
+
+def mask_function(sequence: Sequence | None, queries: int, device: torch.device, window: int | None = None):
+    """allowed(b, q_idx, k_idx) -> bool, True where query q_idx may attend to key k_idx of sequence b: the key's
+    position at or before the query's (and fewer than `window` before it) and, with documents, the same
+    document. Indices broadcast; b None: every sequence of the batch, as a leading batch dimension (size 1 without
+    documents). The one definition of the mask: SDPA's dense mask evaluates it on the whole grid, FlexAttention's
+    block mask on index tensors."""
+    q_pos = torch.arange(queries, device=device)
+    k_pos, docs, k_docs = q_pos, None, None
+    if sequence is not None:
+        q_pos = sequence.positions if sequence.positions is not None else q_pos
+        k_pos = sequence.key_positions if sequence.key_positions is not None else q_pos
+        docs = sequence.documents
+        k_docs = sequence.key_documents if sequence.key_documents is not None else docs
+
+    def allowed(b, q_idx: torch.Tensor, k_idx: torch.Tensor) -> torch.Tensor:
+        ok = k_pos[k_idx] <= q_pos[q_idx]
+        if window is not None:
+            ok = ok & (q_pos[q_idx] - k_pos[k_idx] < window)
+        if docs is None or k_docs is None:
+            return ok if b is not None else ok[None]
+        if b is None:
+            return ok[None] & (docs[:, q_idx] == k_docs[:, k_idx])
+        return ok & (docs[b, q_idx] == k_docs[b, k_idx])
+
+    return allowed
+
+
+def flex_block_mask(
+    sequence: Sequence | None, batch: int, queries: int, keys: int, device, window: int | None = None
+) -> BlockMask:
+    """FlexAttention's block mask for `sequence` (None: plain causal), built by a compiled create_block_mask (which
+    never holds the [T, S] mask eager create_block_mask would): once per Sequence and shape, kept in its MaskCache
+    and shared by every block (plain causal: once per shape and device); inside a compiled model, in each block's
+    graph, as the dense masks are."""
+    allowed = mask_function(sequence, queries, device, window)
+    per_batch = sequence is not None and sequence.documents is not None
+
+    def build(create=create_block_mask) -> BlockMask:
+        return create(
+            lambda b, h, q_idx, k_idx: allowed(b, q_idx, k_idx),
+            batch if per_batch else None,
+            None,
+            queries,
+            keys,
+            device=device,
+        )
+
+    if torch.compiler.is_compiling():
+        return build()
+    key = (queries, keys, str(device), window)
+    cache = sequence.masks.block_masks if sequence is not None and not sequence.plain else _PLAIN_BLOCK_MASKS
+    if key not in cache:
+        cache[key] = build(compiled_create_block_mask())
+    return cache[key]
+
+
+_PLAIN_BLOCK_MASKS: dict[tuple, BlockMask] = {}
+# Whole sequences from position 0: the Sequence the dense masks of windowed blocks are cached in (weakly, as every
+# Sequence's), so the blocks of one forward pass share one.
+_PLAIN_SEQUENCE = Sequence()
+
+
+@functools.cache
+def compiled_create_block_mask():
+    return torch.compile(create_block_mask)
+
+
+@functools.cache
+def compiled_flex_attention():
+    """flex_attention compiled once: FlexAttention runs as a Triton kernel only compiled (eager it materialises
+    the scores); inside a compiled model the call is traced into the model's graph instead."""
+    return torch.compile(flex_attention, dynamic=False)
+
+
+def blockwise_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    sequence: Sequence | None,
+    block: int,
+    window: int | None = None,
+    softcap: float | None = None,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """Attention of q [B, Hq, T, hd] over k, v [B, Hkv, S, hd] under mask_function, one block of `block` queries
+    at a time over the span of keys any of them may see (all keys under torch.compile or on meta), each block
+    recomputed in backward (checkpoint) with its mask: at most block x S scores at once, and nothing saved for
+    backward but q, k and v (the mask is rebuilt from the positions and documents, never kept)."""
+    queries, keys = q.shape[2], k.shape[2]
+    allowed = mask_function(sequence, queries, q.device, window)
+    outs = []
+    for start in range(0, queries, block):
+        end = min(queries, start + block)
+        lo, hi = 0, keys
+        if not torch.compiler.is_compiling() and q.device.type != "meta":  # meta: the planner's shapes
+            seen = block_of(allowed, start, end, 0, keys, q.device).any(dim=(0, 1, 2)).nonzero()
+            lo, hi = int(seen[0]), int(seen[-1]) + 1
+        kv = (k[:, :, lo:hi], v[:, :, lo:hi])
+        out = checkpoint(_attend_span, q[:, :, start:end], *kv, allowed, start, lo, softcap, scale, use_reentrant=False)
+        outs.append(out)
+    return torch.cat(outs, dim=2)
+
+
+def block_of(allowed, q_start: int, q_end: int, k_start: int, k_end: int, device) -> torch.Tensor:
+    """[B or 1, 1, q_end - q_start, k_end - k_start] bool: mask_function's `allowed` on that block."""
+    q_idx = torch.arange(q_start, q_end, device=device)[:, None]
+    return allowed(None, q_idx, torch.arange(k_start, k_end, device=device)[None, :])[:, None]
+
+
+def _attend_span(q, k, v, allowed, q_start: int, k_start: int, softcap: float | None, scale: float | None):
+    mask = block_of(allowed, q_start, q_start + q.shape[2], k_start, k_start + k.shape[2], q.device)
+    return _attend_block(q, k, v, mask, softcap, scale)
+
+
+def _attend_block(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, softcap: float | None, scale: float | None
+) -> torch.Tensor:
+    """Attention with explicit scores under a bool mask [B or 1, 1, T, S]."""
+    groups = q.shape[1] // k.shape[1]
+    if groups > 1:  # grouped-query attention: query head j reads key/value head j // groups
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    scores = (q @ k.transpose(-2, -1)) * (q.shape[-1] ** -0.5 if scale is None else scale)
+    if softcap is not None:
+        scores = softcap * torch.tanh(scores / softcap)
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.softmax(scores, dim=-1).to(v.dtype) @ v

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from titanlite.base.errors import ConfigError
+from titanlite.models.common.attention import CoreAttention, build_core
 from titanlite.models.common.interface import DecoderModule
 from titanlite.models.common.moe import GroupedExperts
 from titanlite.models.common.moe_args import MoEArgs
@@ -65,8 +66,14 @@ def with_moe_settings(args, moe):
 
 
 def configured_model(model_cfg, vocab_size: int, seq_len: int, moe=None) -> DecoderModule:
-    """Build configured_args's model on the current default device, parameters uninitialised."""
+    """Build configured_args's model on the current default device, parameters uninitialised, its attention cores
+    of model.attn_backend's kind and its experts on moe.experts_kernel's path (how they compute, not what)."""
     model = model_from_args(configured_args(model_cfg, vocab_size, seq_len, moe))
+    if model_cfg.attn_backend != "sdpa":
+        for module in list(model.modules()):
+            core = getattr(module, "core", None)
+            if isinstance(core, CoreAttention):
+                module.core = build_core(model_cfg.attn_backend, **core.options())
     if moe is not None and moe.experts_kernel == "loop":
         for module in model.modules():
             if isinstance(module, GroupedExperts):

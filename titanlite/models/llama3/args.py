@@ -56,13 +56,19 @@ class LlamaArgs:
     nope_layers: tuple[int, ...] = ()
     """Layers that apply no rotary position embedding (NoPE)."""
     sliding_window: int = 0
-    """A Hugging Face model's attention window, kept for its export; titanlite attends to the whole context,
-    which max_seq_len then keeps within the window, where both are the same."""
+    """Sliding-window attention (0: none): a query of a sliding layer sees only the keys fewer than
+    sliding_window positions before it, itself included (Mistral, Qwen2 with use_sliding_window)."""
+    layer_types: tuple[str, ...] = ()
+    """Per layer "sliding_attention" or "full_attention" (config.json's layer_types); empty: every layer slides
+    when sliding_window is set."""
 
     def __post_init__(self) -> None:
         if not self.head_dim:
             self.head_dim = self.dim // self.n_heads
         self.nope_layers = tuple(self.nope_layers)
+        self.layer_types = tuple(self.layer_types)
+        if self.layer_types and len(self.layer_types) != self.n_layers:
+            raise ValueError(f"LlamaArgs.layer_types has {len(self.layer_types)} entries for {self.n_layers} layers")
         for name, value, allowed in (
             ("qk_norm", self.qk_norm, QK_NORMS),
             ("norm_position", self.norm_position, NORM_POSITIONS),
@@ -164,3 +170,12 @@ FLAVORS = {
         rope_scaling=LLAMA31_ROPE_SCALING,
     ),
 }
+
+
+def window_of(args: LlamaArgs, layer: int) -> int | None:
+    """The attention window of layer `layer` (None: full causal attention)."""
+    if not args.sliding_window:
+        return None
+    if args.layer_types and args.layer_types[layer] != "sliding_attention":
+        return None
+    return args.sliding_window

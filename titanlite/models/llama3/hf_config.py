@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 from titanlite.base.errors import ConfigError
 from titanlite.base.hf_config import refuse
-from titanlite.models.llama3.args import Llama3RopeScaling, LlamaArgs
+from titanlite.models.llama3.args import Llama3RopeScaling, LlamaArgs, window_of
 
 
 class Expressible(NamedTuple):
@@ -37,27 +37,46 @@ def no_mlp_bias(family: str, config: dict, where: str) -> None:
         raise refuse(where, "mlp_bias", True, f"{family}'s MLP has no biases")
 
 
-def full_attention(config: dict, where: str, family: str) -> int:
+Window = tuple[int, tuple[str, ...]]  # (sliding_window, layer_types): (0, ()) for full attention everywhere
+
+
+def full_attention(config: dict, where: str, family: str) -> Window:
     """The window rule of a family with full causal attention only: a sliding window is refused."""
     layer_types = layer_types_of(config, where)
     if "sliding_attention" in layer_types:
         raise refuse(where, "layer_types", sorted(set(layer_types)), f"{family} has full causal attention")
     if config.get("sliding_window"):
         raise refuse(where, "sliding_window", config["sliding_window"], f"{family} has full causal attention")
-    return 0
+    return 0, ()
 
 
-def window_always(config: dict, where: str, family: str) -> int:
-    """The window rule of a family whose every layer slides when sliding_window is set."""
+def window_always(config: dict, where: str, family: str) -> Window:
+    """The window rule of a family whose every layer slides when sliding_window is set (Mistral, Mixtral and
+    Qwen3-MoE with use_sliding_window: their attention reads sliding_window alone, whatever layer_types say)."""
     layer_types_of(config, where)
-    return config.get("sliding_window") or 0
+    if "use_sliding_window" in config and not config["use_sliding_window"]:
+        return 0, ()
+    return config.get("sliding_window") or 0, ()
 
 
-def window_if_used(config: dict, where: str, family: str) -> int:
-    """The window rule of a family that slides only with use_sliding_window (and sliding layers, if listed)."""
+def window_if_used(config: dict, where: str, family: str) -> Window:
+    """The window rule of a family that slides only with use_sliding_window, on the layers layer_types names
+    (Qwen2, Qwen3: without layer_types, the layers from max_window_layers on, as transformers derives them)."""
     layer_types = layer_types_of(config, where)
-    used = config.get("use_sliding_window", False) and (not layer_types or "sliding_attention" in layer_types)
-    return (config.get("sliding_window") or 0) if used else 0
+    window = config.get("sliding_window") or 0
+    if not (config.get("use_sliding_window") and window):
+        return 0, ()
+    n_layers = config["num_hidden_layers"]
+    if not layer_types:
+        if "max_window_layers" not in config and family not in ("qwen2", "qwen3"):
+            raise refuse(where, "use_sliding_window", True, "without layer_types its sliding layers are not named")
+        first = config.get("max_window_layers", 28)
+        layer_types = ["sliding_attention" if i >= first else "full_attention" for i in range(n_layers)]
+    if len(layer_types) != n_layers:
+        raise refuse(where, "layer_types", f"[{len(layer_types)} entries]", f"it needs one per layer ({n_layers})")
+    if "sliding_attention" not in layer_types:
+        return 0, ()
+    return window, tuple(layer_types)
 
 
 def layer_types_of(config: dict, where: str) -> list[str]:
@@ -71,15 +90,15 @@ def layer_types_of(config: dict, where: str) -> list[str]:
 @dataclass(frozen=True)
 class DecoderConfig:
     """One family's config.json on the Llama decoder. `switches(config, n_layers, where)`: the LlamaArgs switches
-    its fields set; `window(config, where, family)`: its attention window (0: none), or a refusal; `fields(args)`: the
-    fields only it writes; `attention_bias_field`: whether it writes attention_bias."""
+    its fields set; `window(config, where, family)`: its sliding window and layer types, or a refusal;
+    `fields(args)`: the fields only it writes; `attention_bias_field`: whether it writes attention_bias."""
 
     family: str
     model_type: str
     architecture: str
     expressible: Expressible = Expressible()
     switches: Callable[[dict, int, str], dict] = attention_biases
-    window: Callable[[dict, str, str], int] = full_attention
+    window: Callable[[dict, str, str], Window] = full_attention
     fields: Callable[[LlamaArgs], dict] = lambda args: {}
     attention_bias_field: bool = True
 
@@ -96,8 +115,7 @@ class DecoderConfig:
             raise refuse(where, "head_dim", head_dim, "RoPE rotates pairs, so it must be even")
         rope_theta, rope_scaling = rope_settings(config, where)
         n_layers = config["num_hidden_layers"]
-        window = self.window(config, where, self.family)
-        max_seq_len = config.get("max_position_embeddings", 2048)
+        window, layer_types = self.window(config, where, self.family)
         return LlamaArgs(
             dim=dim,
             n_layers=n_layers,
@@ -105,14 +123,14 @@ class DecoderConfig:
             n_kv_heads=n_kv_heads,
             ffn_dim=config["intermediate_size"],
             vocab_size=config["vocab_size"],
-            # A sliding window no shorter than the context is full causal attention: the context stops there.
-            max_seq_len=min(max_seq_len, window) if window else max_seq_len,
+            max_seq_len=config.get("max_position_embeddings", 2048),
             rope_theta=rope_theta,
             norm_eps=config.get("rms_norm_eps", 1e-6),  # the configs' defaults where a key is absent
             tie_embeddings=config.get("tie_word_embeddings", False),
             head_dim=head_dim,
             rope_scaling=rope_scaling,
             sliding_window=window,
+            layer_types=layer_types,
             family=self.family,
             **self.switches(config, n_layers, where),
         )
@@ -165,16 +183,17 @@ class DecoderConfig:
             )
 
 
-def unwindowed_fields(args: LlamaArgs, max_window_layers: bool = True) -> dict:
-    """The window fields of a family that slides only with use_sliding_window: written off, since within the
-    exported context a window no shorter than it changes nothing."""
+def window_fields(args: LlamaArgs, max_window_layers: bool = True) -> dict:
+    """The window fields of a family that slides only with use_sliding_window, on the layers layer_types names
+    (max_window_layers: the first sliding layer, for readers that derive layer_types from it)."""
+    sliding = [window_of(args, i) is not None for i in range(args.n_layers)]
     fields = {
-        "use_sliding_window": False,
+        "use_sliding_window": any(sliding),
         "sliding_window": args.sliding_window or None,
-        "layer_types": ["full_attention"] * args.n_layers,
+        "layer_types": ["sliding_attention" if s else "full_attention" for s in sliding],
     }
     if max_window_layers:
-        fields["max_window_layers"] = args.n_layers
+        fields["max_window_layers"] = sliding.index(True) if any(sliding) else args.n_layers
     return fields
 
 

@@ -14,7 +14,7 @@ from titanlite.models.common.attention import Sequence, build_core
 from titanlite.models.common.head import OutputHead
 from titanlite.models.common.interface import Decoder
 from titanlite.models.common.kv_cache import KVCache, LayerCache
-from titanlite.models.llama3.args import Llama3RopeScaling, LlamaArgs
+from titanlite.models.llama3.args import Llama3RopeScaling, LlamaArgs, window_of
 
 
 def scale_rope_frequencies(inv_freq: torch.Tensor, scaling: Llama3RopeScaling) -> torch.Tensor:
@@ -49,7 +49,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class Attention(nn.Module):
-    def __init__(self, args: LlamaArgs, use_rope: bool = True):
+    def __init__(self, args: LlamaArgs, use_rope: bool = True, window: int | None = None):
         super().__init__()
         self.head_dim, self.use_rope = args.head_dim, use_rope
         q_width, kv_width = args.n_heads * args.head_dim, args.n_kv_heads * args.head_dim
@@ -63,7 +63,7 @@ class Attention(nn.Module):
             per_head = args.qk_norm == "head"
             self.q_norm = nn.RMSNorm(args.head_dim if per_head else q_width, eps=args.norm_eps)
             self.k_norm = nn.RMSNorm(args.head_dim if per_head else kv_width, eps=args.norm_eps)
-        self.core = build_core("sdpa")  # context parallelism wraps it to gather the other ranks' keys
+        self.core = build_core("sdpa", window=window)  # context parallelism wraps it to gather the other ranks' keys
 
     def forward(
         self,
@@ -92,7 +92,7 @@ class Attention(nn.Module):
         if cache is None:
             out = self.core(q, k, v, sequence)
         else:  # the cache keeps H_kv heads and attends over the cached positions too
-            out = cache.attend(q, k, v)  # [B, Hq, T, hd]
+            out = cache.attend(q, k, v, self.core)  # [B, Hq, T, hd]; the core's window applies there too
         out = out.transpose(1, 2).reshape(bsz, seqlen, -1)  # [B, T, Hq*hd]
         return self.wo(out)
 
@@ -117,7 +117,7 @@ class TransformerBlock(nn.Module):
         self.post_norm = args.norm_position == "post"
         # nn.RMSNorm runs torch.nn.functional.rms_norm, a fused kernel where the backend has one.
         self.attention_norm = nn.RMSNorm(args.dim, eps=args.norm_eps)
-        self.attention = Attention(args, use_rope=layer not in args.nope_layers)
+        self.attention = Attention(args, use_rope=layer not in args.nope_layers, window=window_of(args, layer))
         self.ffn_norm = nn.RMSNorm(args.dim, eps=args.norm_eps)
         self.feed_forward = FeedForward(args.dim, args.ffn_dim, bias=args.mlp_bias)
 

@@ -1,7 +1,7 @@
 """Mixtral (MixtralForCausalLM): the MoE decoder (titanlite/models/moe_decoder) with the Llama decoder as it is
 (no Q/K norms), 8 experts of which 2 per token, the top-2 renormalised, no dense layer; the experts' width is
-config.json's intermediate_size; a sliding window, as Mistral's, keeps the context within it. Its sizes, its
-config.json and its spec."""
+config.json's intermediate_size; a sliding window on every layer, as Mistral's. Its sizes, its config.json and its
+spec."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from titanlite.models.llama3 import decoder_spec
 from titanlite.models.llama3.args import LlamaArgs, debug
-from titanlite.models.llama3.hf_config import DecoderConfig, Expressible, no_mlp_bias, unwindowed_fields, window_if_used
+from titanlite.models.llama3.hf_config import DecoderConfig, Expressible, no_mlp_bias, window_fields, window_if_used
 
 
 def _qwen2(dim, n_layers, n_heads, n_kv_heads, ffn_dim, vocab_size, tie) -> LlamaArgs:
@@ -46,7 +46,7 @@ HF = DecoderConfig(
     expressible=Expressible(qkv_bias=True, out_bias=False, mlp_bias=False),
     switches=switches,
     window=window_if_used,
-    fields=unwindowed_fields,
+    fields=window_fields,
     attention_bias_field=False,
 )
 SPEC = decoder_spec("qwen2", FLAVORS, HF, "Qwen2/2.5: the Llama decoder with q/k/v biases")

@@ -10,7 +10,7 @@ from titanlite.models.llama3.hf_config import (
     Expressible,
     attention_biases,
     no_mlp_bias,
-    unwindowed_fields,
+    window_fields,
     window_if_used,
 )
 
@@ -54,6 +54,6 @@ HF = DecoderConfig(
     expressible=Expressible(mlp_bias=False, qk_norm="head"),
     switches=switches,
     window=window_if_used,
-    fields=unwindowed_fields,
+    fields=window_fields,
 )
 SPEC = decoder_spec("qwen3", FLAVORS, HF, "Qwen3: the Llama decoder with per-head Q/K RMSNorm")

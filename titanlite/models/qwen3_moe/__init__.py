@@ -19,8 +19,8 @@ from titanlite.models.llama3.hf_config import (
     Expressible,
     attention_biases,
     no_mlp_bias,
-    unwindowed_fields,
-    window_if_used,
+    window_always,
+    window_fields,
 )
 from titanlite.models.moe_decoder import moe_decoder_spec
 from titanlite.models.moe_decoder.args import MoEDecoderArgs
@@ -76,8 +76,8 @@ DECODER = DecoderConfig(
     architecture="Qwen3MoeForCausalLM",
     expressible=Expressible(mlp_bias=False, qk_norm="head"),
     switches=_switches,
-    window=window_if_used,
-    fields=unwindowed_fields,
+    window=window_always,
+    fields=window_fields,
 )
 
 

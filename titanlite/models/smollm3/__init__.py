@@ -10,7 +10,7 @@ from titanlite.models.llama3.hf_config import (
     DecoderConfig,
     Expressible,
     attention_biases,
-    unwindowed_fields,
+    window_fields,
     window_if_used,
 )
 
@@ -51,7 +51,7 @@ def switches(config: dict, n_layers: int, where: str) -> dict:
 def fields(args: LlamaArgs) -> dict:
     return {
         "mlp_bias": args.mlp_bias,
-        **unwindowed_fields(args, max_window_layers=False),
+        **window_fields(args, max_window_layers=False),
         "no_rope_layers": [int(i not in args.nope_layers) for i in range(args.n_layers)],
     }
 
