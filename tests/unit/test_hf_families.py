@@ -80,6 +80,7 @@ CLASSES = {
     "qwen3_moe": "Qwen3MoeForCausalLM",
     "olmoe": "OlmoeForCausalLM",
     "mixtral": "MixtralForCausalLM",
+    "gemma3": "Gemma3ForCausalLM",
 }
 
 

@@ -304,6 +304,7 @@ def test_unknown_flavor_and_name():
         "qwen3_moe",
         "olmoe",
         "mixtral",
+        "gemma3",
     }
 
 

@@ -144,8 +144,9 @@ def flash_attention_on_meta():
         # The flash kernels read grouped keys and values as they are (enable_gqa): no per-head copy is saved.
         if attn_mask is not None or dropout_p or kwargs:
             return original(
-                query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, **kwargs
-            )
+                query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
+                enable_gqa=enable_gqa, **kwargs,
+            )  # fmt: skip
         flash_cpu = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
         return flash_cpu(query, key, value, 0.0, is_causal, scale=scale)[0]
 

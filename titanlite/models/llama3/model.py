@@ -4,6 +4,7 @@ Q/K/V biases, per-head or whole-projection Q/K norms, NoPE layers, post-norm blo
 Plain modules with no parallelism inside; the trainer shards them from outside."""
 
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING, ClassVar
 
 import torch
@@ -49,7 +50,16 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class Attention(nn.Module):
-    def __init__(self, args: LlamaArgs, use_rope: bool = True, window: int | None = None):
+    """`norm(width, eps)` builds the Q/K norms (Gemma 3's differ); `scale` replaces head_dim**-0.5 of the scores."""
+
+    def __init__(
+        self,
+        args: LlamaArgs,
+        use_rope: bool = True,
+        window: int | None = None,
+        norm: Callable[..., nn.Module] = nn.RMSNorm,
+        scale: float | None = None,
+    ):
         super().__init__()
         self.head_dim, self.use_rope = args.head_dim, use_rope
         q_width, kv_width = args.n_heads * args.head_dim, args.n_kv_heads * args.head_dim
@@ -61,9 +71,11 @@ class Attention(nn.Module):
         self.qk_norm = args.qk_norm
         if args.qk_norm != "none":  # "head": one weight per head dimension; "full": per projection channel
             per_head = args.qk_norm == "head"
-            self.q_norm = nn.RMSNorm(args.head_dim if per_head else q_width, eps=args.norm_eps)
-            self.k_norm = nn.RMSNorm(args.head_dim if per_head else kv_width, eps=args.norm_eps)
-        self.core = build_core("sdpa", window=window)  # context parallelism wraps it to gather the other ranks' keys
+            self.q_norm = norm(args.head_dim if per_head else q_width, eps=args.norm_eps)
+            self.k_norm = norm(args.head_dim if per_head else kv_width, eps=args.norm_eps)
+        self.core = build_core(
+            "sdpa", window=window, scale=scale
+        )  # context parallelism wraps it to gather the other ranks' keys
 
     def forward(
         self,
@@ -207,31 +219,37 @@ class Llama(nn.Module):
 
     def init_param(self, name: str, full: torch.Tensor, generator: torch.Generator) -> None:
         """Fill `full` (the full-size value of parameter `name`) in place, using only `generator`."""
-        # Match on the last two name components, so wrapper prefixes (e.g. "_orig_mod.") do not matter.
-        path, _, leaf = name.rpartition(".")
-        parent = path.rpartition(".")[2]
-        std = 0.02
-        # Residual projections are scaled down so the residual stream's variance does not grow with depth.
-        residual_std = std / math.sqrt(2 * self.args.n_layers)
-        if leaf == "bias" and parent in ("wq", "wk", "wv", "wo", "w1", "w2", "w3"):
-            nn.init.zeros_(full)
-        elif leaf != "weight":
-            raise KeyError(f"Llama.init_param: unknown parameter {name!r}")
-        elif parent in ("attention_norm", "ffn_norm", "norm", "q_norm", "k_norm"):
-            nn.init.ones_(full)
-        elif parent == "tok_embeddings" or (parent == "output" and self.args.tie_embeddings):
-            nn.init.normal_(full, mean=0.0, std=std, generator=generator)
-        elif parent == "output":
-            out_std = self.args.dim**-0.5
-            nn.init.trunc_normal_(full, mean=0.0, std=out_std, a=-3 * out_std, b=3 * out_std, generator=generator)
-        elif parent in ("wq", "wk", "wv", "w1", "w3"):
-            nn.init.trunc_normal_(full, mean=0.0, std=std, a=-2 * std, b=2 * std, generator=generator)
-        elif parent in ("wo", "w2"):
-            nn.init.trunc_normal_(
-                full, mean=0.0, std=residual_std, a=-2 * residual_std, b=2 * residual_std, generator=generator
-            )
-        else:
-            raise KeyError(f"Llama.init_param: unknown parameter {name!r}")
+        init_decoder_param(self.args, name, full, generator)
+
+
+def init_decoder_param(args: LlamaArgs, name: str, full: torch.Tensor, generator: torch.Generator) -> None:
+    """Llama's initialisation of parameter `name` (its full value `full`, in place, drawing only from `generator`),
+    shared with the families whose modules are named as Llama's."""
+    # Match on the last two name components, so wrapper prefixes (e.g. "_orig_mod.") do not matter.
+    path, _, leaf = name.rpartition(".")
+    parent = path.rpartition(".")[2]
+    std = 0.02
+    # Residual projections are scaled down so the residual stream's variance does not grow with depth.
+    residual_std = std / math.sqrt(2 * args.n_layers)
+    if leaf == "bias" and parent in ("wq", "wk", "wv", "wo", "w1", "w2", "w3"):
+        nn.init.zeros_(full)
+    elif leaf != "weight":
+        raise KeyError(f"Llama.init_param: unknown parameter {name!r}")
+    elif parent in ("attention_norm", "ffn_norm", "norm", "q_norm", "k_norm"):
+        nn.init.ones_(full)
+    elif parent == "tok_embeddings" or (parent == "output" and args.tie_embeddings):
+        nn.init.normal_(full, mean=0.0, std=std, generator=generator)
+    elif parent == "output":
+        out_std = args.dim**-0.5
+        nn.init.trunc_normal_(full, mean=0.0, std=out_std, a=-3 * out_std, b=3 * out_std, generator=generator)
+    elif parent in ("wq", "wk", "wv", "w1", "w3"):
+        nn.init.trunc_normal_(full, mean=0.0, std=std, a=-2 * std, b=2 * std, generator=generator)
+    elif parent in ("wo", "w2"):
+        nn.init.trunc_normal_(
+            full, mean=0.0, std=residual_std, a=-2 * residual_std, b=2 * residual_std, generator=generator
+        )
+    else:
+        raise KeyError(f"Llama.init_param: unknown parameter {name!r}")
 
 
 if TYPE_CHECKING:  # mypy (.ci/run) holds the class to the model interface and names any member that differs
