@@ -8,7 +8,7 @@ from __future__ import annotations
 from titanlite.base.hf_config import refuse
 from titanlite.models.gemma3.args import Gemma3Args, layer_types
 from titanlite.models.llama3.args import window_of
-from titanlite.models.llama3.hf_config import layer_types_of
+from titanlite.models.llama3.hf_config import attention_shape, layer_types_of
 
 MODEL_TYPE = "gemma3_text"
 ACTIVATION = "gelu_pytorch_tanh"
@@ -50,13 +50,7 @@ def rope_of(config: dict, where: str) -> tuple[float, float, float]:
 def read(config: dict, where: str) -> Gemma3Args:
     """Gemma3Args of a gemma3_text config.json."""
     refuse_unused(config, where)
-    dim, n_heads = config["hidden_size"], config["num_attention_heads"]
-    n_kv_heads = config.get("num_key_value_heads") or n_heads
-    if n_heads % n_kv_heads:
-        raise refuse(where, "num_key_value_heads", n_kv_heads, f"it must divide num_attention_heads={n_heads}")
-    head_dim = config.get("head_dim") or dim // n_heads
-    if head_dim % 2:
-        raise refuse(where, "head_dim", head_dim, "RoPE rotates pairs, so it must be even")
+    dim, n_heads, n_kv_heads, head_dim = attention_shape(config, where)
     n_layers = config["num_hidden_layers"]
     kinds = tuple(layer_types_of(config, where)) or layer_types(n_layers, config.get("sliding_window_pattern", 6))
     if len(kinds) != n_layers:

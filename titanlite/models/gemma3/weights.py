@@ -33,12 +33,8 @@ def hf_sources(args: Gemma3Args) -> dict[str, str]:
 
 
 def to_hf(args: Gemma3Args, sd: dict[str, torch.Tensor], take) -> dict[str, torch.Tensor]:
-    """Our state dict -> HF names and layouts (lm_head.weight always present); `take(name)` reads sd."""
-    out = {}
-    for ours, hf in hf_names(args).items():
-        heads = llama.rope_heads(args, ours)
-        out[hf] = take(ours) if heads is None else llama.rope_to_hf(take(ours), heads)
-    return out
+    """Llama's conversion under Gemma 3's names."""
+    return llama.to_hf(args, sd, take, hf_names(args))
 
 
 def from_hf_tensor(args: Gemma3Args, name: str, hf: torch.Tensor) -> torch.Tensor:

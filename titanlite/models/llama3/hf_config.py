@@ -37,6 +37,19 @@ def no_mlp_bias(family: str, config: dict, where: str) -> None:
         raise refuse(where, "mlp_bias", True, f"{family}'s MLP has no biases")
 
 
+def attention_shape(config: dict, where: str) -> tuple[int, int, int, int]:
+    """(hidden_size, heads, key/value heads, head_dim) of a decoder config.json, refusing what RoPE and
+    grouped-query attention cannot take."""
+    dim, n_heads = config["hidden_size"], config["num_attention_heads"]
+    n_kv_heads = config.get("num_key_value_heads") or n_heads
+    if n_heads % n_kv_heads:
+        raise refuse(where, "num_key_value_heads", n_kv_heads, f"it must divide num_attention_heads={n_heads}")
+    head_dim = config.get("head_dim") or dim // n_heads
+    if head_dim % 2:
+        raise refuse(where, "head_dim", head_dim, "RoPE rotates pairs, so it must be even")
+    return dim, n_heads, n_kv_heads, head_dim
+
+
 Window = tuple[int, tuple[str, ...]]  # (sliding_window, layer_types): (0, ()) for full attention everywhere
 
 
@@ -104,15 +117,9 @@ class DecoderConfig:
 
     def read(self, config: dict, where: str) -> LlamaArgs:
         """LlamaArgs of a config.json of this family."""
-        dim, n_heads = config["hidden_size"], config["num_attention_heads"]
-        n_kv_heads = config.get("num_key_value_heads") or n_heads
         if config.get("hidden_act", "silu") != "silu":
             raise refuse(where, "hidden_act", config["hidden_act"], "the MLP is SwiGLU (silu)")
-        if n_heads % n_kv_heads:
-            raise refuse(where, "num_key_value_heads", n_kv_heads, f"it must divide num_attention_heads={n_heads}")
-        head_dim = config.get("head_dim") or dim // n_heads
-        if head_dim % 2:
-            raise refuse(where, "head_dim", head_dim, "RoPE rotates pairs, so it must be even")
+        dim, n_heads, n_kv_heads, head_dim = attention_shape(config, where)
         rope_theta, rope_scaling = rope_settings(config, where)
         n_layers = config["num_hidden_layers"]
         window, layer_types = self.window(config, where, self.family)

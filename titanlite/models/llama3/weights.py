@@ -81,10 +81,11 @@ def rope_from_hf(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     return rows.view(n_heads, 2, hd // 2, -1).transpose(1, 2).reshape(w.shape)
 
 
-def to_hf(args: LlamaArgs, sd: dict[str, torch.Tensor], take) -> dict[str, torch.Tensor]:
-    """Our state dict -> HF names and layouts (lm_head.weight always present); `take(name)` reads sd."""
+def to_hf(args: LlamaArgs, sd: dict[str, torch.Tensor], take, names: dict[str, str] | None = None):
+    """Our state dict -> HF names and layouts (lm_head.weight always present); `take(name)` reads sd. `names`: a
+    family's own name map on this decoder's tensors (default: hf_names)."""
     out = {}
-    for ours, hf in hf_names(args).items():
+    for ours, hf in (hf_names(args) if names is None else names).items():
         heads = rope_heads(args, ours)
         out[hf] = take(ours) if heads is None else rope_to_hf(take(ours), heads)
     return out
