@@ -23,6 +23,7 @@ from titanlite.components.hf_weights import load_hf_into, save_hf  # noqa: E402
 from titanlite.config import parse_config  # noqa: E402
 from titanlite.models.common.build import configured_model, model_from_args  # noqa: E402
 from titanlite.models.common.init import init_weights  # noqa: E402
+from titanlite.models.common.rope_args import YarnRopeScaling  # noqa: E402
 from titanlite.models.hf_config import args_from_hf_config, folder_args, hf_config  # noqa: E402
 from titanlite.models.registry import names, spec_named  # noqa: E402
 from titanlite.parallel.tensor_parallel import check_tp_degree  # noqa: E402
@@ -68,6 +69,11 @@ FAMILIES = {
         use_sliding_window=True,
         sliding_window=6,
         layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+    ),  # fmt: skip
+    # YaRN stretching an original context of 16 positions 4 times (the prompts run past it).
+    "qwen3-yarn": lambda: transformers.Qwen3Config(
+        **SHAPE,
+        rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16, "rope_theta": 1e4},
     ),  # fmt: skip
 }
 CLASSES = {
@@ -184,6 +190,7 @@ WINDOWS = {  # the windowed exports: every layer (Mistral), the layers layer_typ
         {"sliding_window": 8, "layer_types": ("full_attention",) * 2 + ("sliding_attention",) * 2},
     ),
     "qwen3-window": ("qwen3", {"sliding_window": 8, "layer_types": ("sliding_attention", "full_attention") * 2}),
+    "llama3-yarn": ("llama3", {"rope_scaling": YarnRopeScaling(factor=8.0, original_max_position_embeddings=8)}),
 }
 
 
@@ -213,7 +220,7 @@ def test_a_trained_model_exports_as_its_own_class_with_our_logits(tmp_path, fami
 REFUSED = {
     "model_type='gemma'": lambda c: {**c, "model_type": "gemma"},
     "mlp_bias=True": lambda c: {**c, "mlp_bias": True},
-    "rope_type='yarn'": lambda c: {**c, "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}},
+    "rope_type='longrope'": lambda c: {**c, "rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}},
     "layer_types=['chunked_attention']": lambda c: {**c, "layer_types": ["chunked_attention"] * 4},
     "num_experts=8": lambda c: {**c, "num_experts": 8},
 }

@@ -195,7 +195,7 @@ UNSUPPORTED = {
     "hidden_act": ("llama", {"hidden_act": "gelu"}),
     "sliding_window": ("llama", {"sliding_window": 4096}),
     "layer_types": ("llama", {"layer_types": ["full_attention", "sliding_attention", "full_attention"]}),
-    "rope_type='yarn'": ("llama", {"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}}),
+    "rope_type='dynamic'": ("llama", {"rope_parameters": {"rope_type": "dynamic", "factor": 4.0, "rope_theta": 1e4}}),
     "rope_type='linear'": ("llama", {"rope_scaling": {"type": "linear", "factor": 2.0}, "rope_parameters": None}),
     "num_local_experts": ("llama", {"num_local_experts": 8}),
     "quantization_config": ("llama", {"quantization_config": {"quant_method": "bitsandbytes"}}),

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from titanlite.models.common.rope_args import YarnRopeScaling
+
 QK_NORMS = ("none", "head", "full")
 NORM_POSITIONS = ("pre", "post")
 
@@ -38,7 +40,8 @@ class LlamaArgs:
     tie_embeddings: bool = False
     head_dim: int = 0
     """Width of each attention head; 0 means dim // n_heads (some families set it, e.g. 128)."""
-    rope_scaling: Llama3RopeScaling | None = None
+    rope_scaling: Llama3RopeScaling | YarnRopeScaling | None = None
+    """RoPE frequency scaling: Llama 3.1's, or YaRN (titanlite/models/common/rope_args.py); None: plain RoPE."""
     family: str = "llama3"
     """The model.name (registered spec) this shape belongs to: its Hugging Face config.json, plan and sizes."""
     qkv_bias: bool = False

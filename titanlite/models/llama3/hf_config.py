@@ -11,6 +11,7 @@ from typing import NamedTuple
 
 from titanlite.base.errors import ConfigError
 from titanlite.base.hf_config import refuse
+from titanlite.models.common.rope_args import YarnRopeScaling, yarn_from_hf, yarn_to_hf
 from titanlite.models.llama3.args import Llama3RopeScaling, LlamaArgs, window_of
 
 
@@ -204,19 +205,25 @@ def window_fields(args: LlamaArgs, max_window_layers: bool = True) -> dict:
     return fields
 
 
-def rope_settings(config: dict, where: str) -> tuple[float, Llama3RopeScaling | None]:
-    """rope_theta and the llama3 frequency scaling, from transformers 5's rope_parameters or 4.x's top-level
-    rope_theta and rope_scaling; other RoPE types (linear, dynamic, yarn, longrope) are refused."""
+def rope_settings(config: dict, where: str) -> tuple[float, Llama3RopeScaling | YarnRopeScaling | None]:
+    """rope_theta and the frequency scaling (Llama 3.1's "llama3" or "yarn"), from transformers 5's
+    rope_parameters or 4.x's top-level rope_theta and rope_scaling; other RoPE types (linear, dynamic,
+    longrope) are refused."""
     rope = {**(config.get("rope_scaling") or {}), **(config.get("rope_parameters") or {})}
     rope_type = rope.get("rope_type") or rope.get("type") or "default"
     theta = float(rope.get("rope_theta", config.get("rope_theta", 10000.0)))
     if rope_type == "default":
         return theta, None
     key = "rope_parameters" if config.get("rope_parameters") else "rope_scaling"
+    if rope_type == "yarn":
+        try:
+            return theta, yarn_from_hf(rope, f"{where} {key}", config)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
     if rope_type != "llama3":
         raise ConfigError(
             f"{where} {key} rope_type={rope_type!r} is not supported: titanlite implements "
-            "unscaled RoPE and Llama 3.1's 'llama3' scaling"
+            "unscaled RoPE, Llama 3.1's 'llama3' scaling and 'yarn'"
         )
     fields = [f.name for f in dataclasses.fields(Llama3RopeScaling)]
     absent = [f for f in fields if rope.get(f) is None]
@@ -231,9 +238,11 @@ def rope_settings(config: dict, where: str) -> tuple[float, Llama3RopeScaling | 
     return theta, scaling
 
 
-def rope_scaling_to_hf(scaling: Llama3RopeScaling | None) -> dict:
+def rope_scaling_to_hf(scaling: Llama3RopeScaling | YarnRopeScaling | None) -> dict:
     if scaling is None:
         return {"rope_type": "default"}
+    if isinstance(scaling, YarnRopeScaling):
+        return yarn_to_hf(scaling)
     return {"rope_type": "llama3", **dataclasses.asdict(scaling)}
 
 

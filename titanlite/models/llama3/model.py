@@ -15,6 +15,8 @@ from titanlite.models.common.attention import Sequence, build_core
 from titanlite.models.common.head import OutputHead
 from titanlite.models.common.interface import Decoder
 from titanlite.models.common.kv_cache import KVCache, LayerCache
+from titanlite.models.common.rope import rope_frequencies, yarn_frequencies
+from titanlite.models.common.rope_args import YarnRopeScaling
 from titanlite.models.llama3.args import Llama3RopeScaling, LlamaArgs, window_of
 
 
@@ -31,14 +33,23 @@ def scale_rope_frequencies(inv_freq: torch.Tensor, scaling: Llama3RopeScaling) -
 
 
 def precompute_rope(
-    head_dim: int, seq_len: int, theta: float, device, scaling: Llama3RopeScaling | None = None
+    head_dim: int,
+    seq_len: int,
+    theta: float,
+    device,
+    scaling: Llama3RopeScaling | YarnRopeScaling | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of the rotation angles, each [seq_len, head_dim // 2], in float32."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
-    if scaling is not None:
-        inv_freq = scale_rope_frequencies(inv_freq, scaling)
+    """cos and sin of the rotation angles, each [seq_len, head_dim // 2], in float32 (YaRN's scaled by its
+    attention scale, as transformers applies it)."""
+    if isinstance(scaling, YarnRopeScaling):
+        inv_freq = yarn_frequencies(head_dim, theta, scaling, device)
+    else:
+        inv_freq = rope_frequencies(head_dim, theta, device)
+        if scaling is not None:
+            inv_freq = scale_rope_frequencies(inv_freq, scaling)
     angles = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv_freq)
-    return angles.cos(), angles.sin()
+    gain = scaling.attention_scale if isinstance(scaling, YarnRopeScaling) else 1.0
+    return angles.cos() * gain, angles.sin() * gain
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
