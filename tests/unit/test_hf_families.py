@@ -87,6 +87,7 @@ CLASSES = {
     "olmoe": "OlmoeForCausalLM",
     "mixtral": "MixtralForCausalLM",
     "gemma3": "Gemma3ForCausalLM",
+    "gpt_oss": "GptOssForCausalLM",
 }
 
 

@@ -305,6 +305,7 @@ def test_unknown_flavor_and_name():
         "olmoe",
         "mixtral",
         "gemma3",
+        "gpt_oss",
     }
 
 

@@ -42,4 +42,9 @@ def check_no_unsupported(config: dict, where: str, experts: bool = False) -> Non
         if config.get(key):
             raise refuse(where, key, config[key], f"a {config.get('model_type')} model has dense MLPs, no experts")
     if config.get("quantization_config"):
-        raise refuse(where, "quantization_config", "{...}", "titanlite reads unquantized weights only")
+        raise refuse(
+            where,
+            "quantization_config",
+            "{...}",
+            "titanlite reads unquantized weights only (float32 or bfloat16: e.g. a dequantized copy of the checkpoint)",
+        )

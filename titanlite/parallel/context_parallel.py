@@ -18,7 +18,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from titanlite.base.errors import ConfigError
-from titanlite.models.common.attention import CoreAttention, Sequence, document_ids
+from titanlite.models.common.attention import CoreAttention, Sequence, attend, document_ids
 from titanlite.models.moe_decoder.model import PooledBalance
 
 # torch 2.13 renamed the autograd all-gather; either gathers on gloo and NCCL, and compiles.
@@ -121,9 +121,16 @@ class ContextParallelCore(CoreAttention):
         self.inner = inner
         self.group = group
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sequence: Sequence | None) -> torch.Tensor:
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        sequence: Sequence | None,
+        sinks: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         kv = gather_sequence(torch.stack([k, v]), self.group, 3)  # one collective for both: [2, B, Hkv, S, hd]
-        return self.inner(q, kv[0], kv[1], sequence)
+        return attend(self.inner, q, kv[0], kv[1], sequence, sinks)  # sinks see no key: nothing to gather
 
 
 def apply_cp(model: nn.Module, cp_mesh: DeviceMesh) -> None:

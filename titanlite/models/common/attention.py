@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
+from torch.distributed.tensor import DTensor
+from torch.nn.attention.flex_attention import AuxRequest, BlockMask, create_block_mask, flex_attention
 from torch.utils.checkpoint import checkpoint
 
 from titanlite.base.errors import ConfigError
@@ -100,37 +101,74 @@ class CoreAttention(nn.Module):
     [B, Hkv, S, hd] (Hq a multiple of Hkv: grouped-query attention) with the mask `sequence` describes (None:
     whole sequences, plain causal), giving [B, Hq, T, hd]. A block may ask for a sliding `window` (a query sees
     the keys fewer than `window` positions before it, itself included), a logit `softcap` (scores become
-    softcap x tanh(scores / softcap) before the mask) and a `scale` of the scores (default hd^-0.5). A core has no
-    parameters or buffers, so choosing another, or wrapping one (context parallelism), leaves a model's state
-    dict as it is."""
+    softcap x tanh(scores / softcap) before the mask), a `scale` of the scores (default hd^-0.5) and attention
+    `sinks` (gpt-oss): forward then takes `sinks` [Hq], one learned logit per query head that joins each query's
+    softmax denominator and contributes no value (with sink logit s: out = sum_j e^(x_j) v_j / (e^s + sum_j
+    e^(x_j))). A core has no parameters or buffers (the sink logits are the block's, handed in), so choosing
+    another, or wrapping one (context parallelism), leaves a model's state dict as it is."""
 
-    def __init__(self, window: int | None = None, softcap: float | None = None, scale: float | None = None):
+    def __init__(
+        self,
+        window: int | None = None,
+        softcap: float | None = None,
+        scale: float | None = None,
+        sinks: bool = False,
+    ):
         super().__init__()
-        self.window, self.softcap, self.scale = window, softcap, scale
+        self.window, self.softcap, self.scale, self.sinks = window, softcap, scale, sinks
 
     def options(self) -> dict:
         """What the block asked of its attention: build_core(another name, **options) builds its equal."""
-        return {"window": self.window, "softcap": self.softcap, "scale": self.scale}
+        return {"window": self.window, "softcap": self.softcap, "scale": self.scale, "sinks": self.sinks}
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sequence: Sequence | None) -> torch.Tensor:
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        sequence: Sequence | None,
+        sinks: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         raise NotImplementedError(f"{type(self).__name__} is an attention core without a forward")
+
+
+def attend(
+    core: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sequence, sinks: torch.Tensor | None = None
+) -> torch.Tensor:
+    """core(q, k, v, sequence), with the sink logits only where there are some: a core that takes none (one
+    registered outside titanlite) keeps its four-argument forward."""
+    return core(q, k, v, sequence) if sinks is None else core(q, k, v, sequence, sinks=sinks)
+
+
+def local_sinks(sinks: torch.Tensor) -> torch.Tensor:
+    """This rank's heads' sink logits: under tensor parallelism the parameter is a DTensor sharded by head, and the
+    core sees this rank's heads only (the gradient flows back into the shard)."""
+    return sinks.to_local() if isinstance(sinks, DTensor) else sinks
 
 
 class SDPAttention(CoreAttention):
     """scaled_dot_product_attention: the fused causal kernel for plain sequences, an additive mask otherwise
     (a window too); grouped-query attention (query head j reads key/value head j // (Hq / Hkv)) inside the kernel,
-    without copying K and V per head. With a logit softcap, which SDPA cannot apply, the scores are computed
-    explicitly ([B, H, T, S]): correct, and what "flex" exists to avoid."""
+    without copying K and V per head. With a logit softcap or sinks, which SDPA cannot apply, the scores are
+    computed explicitly ([B, H, T, S]): correct, and what "flex" exists to avoid."""
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sequence: Sequence | None) -> torch.Tensor:
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        sequence: Sequence | None,
+        sinks: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         gqa = q.shape[1] != k.shape[1]
         plain = (sequence is None or sequence.plain) and self.window is None
-        if plain and self.softcap is None:
+        explicit = self.softcap is not None or sinks is not None
+        if plain and not explicit:
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale, enable_gqa=gqa)
         seq = sequence if sequence is not None else _PLAIN_SEQUENCE  # plain causal with a window: masks shared
-        if self.softcap is not None:
+        if explicit:
             allowed = attention_mask(seq, q.shape[2], k.shape[2], q.device, self.window)
-            return _attend_block(q, k, v, allowed, self.softcap, self.scale)
+            return _attend_block(q, k, v, allowed, self.softcap, self.scale, sinks)
         mask = additive_mask(seq, q.shape[2], k.shape[2], q.dtype, q.device, self.window)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale, enable_gqa=gqa)
 
@@ -140,33 +178,60 @@ class FlexAttention(CoreAttention):
     position, within the window, the same document under a block-causal mask), built into a BlockMask once per
     batch and shape, so no [T, S] mask is ever materialised and the blocks a mask leaves out are skipped; the
     softcap is a score modification inside the kernel. On CUDA it runs torch's compiled flex_attention (a Triton
-    kernel). torch has no FlexAttention backward on the CPU, so there the same mask runs through
-    `blockwise_attention`: each block of queries over the keys it may see, recomputed in backward, the same
-    numbers to rounding."""
+    kernel); sinks there rescale its output by the log-sum-exp it returns (flex_with_sinks). torch has no
+    FlexAttention backward on the CPU, so there the same mask runs through `blockwise_attention`: each block of
+    queries over the keys it may see, recomputed in backward, the same numbers to rounding."""
 
     BLOCK = 128  # queries per block, as FlexAttention's block mask counts them
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sequence: Sequence | None) -> torch.Tensor:
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        sequence: Sequence | None,
+        sinks: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         if q.device.type == "cuda":
             block_mask = flex_block_mask(sequence, q.shape[0], q.shape[2], k.shape[2], q.device, self.window)
             cap = self.softcap
             score_mod = None if cap is None else (lambda score, b, h, q_idx, k_idx: cap * torch.tanh(score / cap))
-            return compiled_flex_attention()(
-                q, k, v, score_mod=score_mod, block_mask=block_mask, scale=self.scale,
-                enable_gqa=q.shape[1] != k.shape[1],
-            )  # fmt: skip
-        return blockwise_attention(q, k, v, sequence, self.BLOCK, self.window, self.softcap, self.scale)
+            return flex_with_sinks(compiled_flex_attention(), q, k, v, block_mask, score_mod, self.scale, sinks)
+        return blockwise_attention(q, k, v, sequence, self.BLOCK, self.window, self.softcap, self.scale, sinks)
+
+
+def flex_with_sinks(attention, q, k, v, block_mask: BlockMask, score_mod, scale: float | None, sinks):
+    """`attention` (torch's flex_attention, compiled or not) of q over k, v; with sinks [Hq], its output times
+    sigmoid(lse - sink) per query and head, lse the log-sum-exp of the query's scores it returns: the softmax's
+    denominator Z becomes Z + e^sink, so every weight, and the output, scale by Z / (Z + e^sink) =
+    sigmoid(lse - sink). Exact, gradients included (flex_attention differentiates its lse)."""
+    gqa = q.shape[1] != k.shape[1]
+    if sinks is None:
+        return attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=gqa)
+    out, aux = attention(
+        q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=gqa,
+        return_aux=AuxRequest(lse=True),
+    )  # fmt: skip
+    keep = torch.sigmoid(aux.lse.float() - sinks.float()[None, :, None])  # [B, Hq, T]
+    return (out * keep[..., None].to(out.dtype)).to(out.dtype)
 
 
 # The attention cores by name: what a family's blocks build (build_core).
 ATTENTION_CORES: dict[str, type[CoreAttention]] = {"sdpa": SDPAttention, "flex": FlexAttention}
 
 
-def build_core(name: str, window: int | None = None, softcap: float | None = None, scale: float | None = None):
+def build_core(
+    name: str,
+    window: int | None = None,
+    softcap: float | None = None,
+    scale: float | None = None,
+    sinks: bool = False,
+):
     """A new attention core of the kind registered as `name` in ATTENTION_CORES, with the block's options."""
     if name not in ATTENTION_CORES:
         raise ConfigError(f"attention core {name!r} is not a known one; use one of: {', '.join(ATTENTION_CORES)}")
-    return ATTENTION_CORES[name](window=window, softcap=softcap, scale=scale)
+    extra = {"sinks": True} if sinks else {}  # a core registered outside titanlite may not take sinks
+    return ATTENTION_CORES[name](window=window, softcap=softcap, scale=scale, **extra)
 
 
 def additive_mask(
@@ -278,11 +343,13 @@ def blockwise_attention(
     window: int | None = None,
     softcap: float | None = None,
     scale: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of q [B, Hq, T, hd] over k, v [B, Hkv, S, hd] under mask_function, one block of `block` queries
     at a time over the span of keys any of them may see (all keys under torch.compile or on meta), each block
     recomputed in backward (checkpoint) with its mask: at most block x S scores at once, and nothing saved for
-    backward but q, k and v (the mask is rebuilt from the positions and documents, never kept)."""
+    backward but q, k and v (the mask is rebuilt from the positions and documents, never kept). Sinks [Hq] join
+    each block's softmax (they see no key, so the span of keys does not change them)."""
     queries, keys = q.shape[2], k.shape[2]
     allowed = mask_function(sequence, queries, q.device, window)
     outs = []
@@ -293,7 +360,9 @@ def blockwise_attention(
             seen = block_of(allowed, start, end, 0, keys, q.device).any(dim=(0, 1, 2)).nonzero()
             lo, hi = int(seen[0]), int(seen[-1]) + 1
         kv = (k[:, :, lo:hi], v[:, :, lo:hi])
-        out = checkpoint(_attend_span, q[:, :, start:end], *kv, allowed, start, lo, softcap, scale, use_reentrant=False)
+        out = checkpoint(
+            _attend_span, q[:, :, start:end], *kv, allowed, start, lo, softcap, scale, sinks, use_reentrant=False
+        )
         outs.append(out)
     return torch.cat(outs, dim=2)
 
@@ -304,15 +373,22 @@ def block_of(allowed, q_start: int, q_end: int, k_start: int, k_end: int, device
     return allowed(None, q_idx, torch.arange(k_start, k_end, device=device)[None, :])[:, None]
 
 
-def _attend_span(q, k, v, allowed, q_start: int, k_start: int, softcap: float | None, scale: float | None):
+def _attend_span(q, k, v, allowed, q_start: int, k_start: int, softcap: float | None, scale: float | None, sinks):
     mask = block_of(allowed, q_start, q_start + q.shape[2], k_start, k_start + k.shape[2], q.device)
-    return _attend_block(q, k, v, mask, softcap, scale)
+    return _attend_block(q, k, v, mask, softcap, scale, sinks)
 
 
 def _attend_block(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, softcap: float | None, scale: float | None
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor,
+    softcap: float | None,
+    scale: float | None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Attention with explicit scores under a bool mask [B or 1, 1, T, S]."""
+    """Attention with explicit scores under a bool mask [B or 1, 1, T, S]; sinks [Hq]: one more logit per query
+    head in each softmax, whose weight is dropped (it has no value)."""
     groups = q.shape[1] // k.shape[1]
     if groups > 1:  # grouped-query attention: query head j reads key/value head j // groups
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
@@ -320,4 +396,8 @@ def _attend_block(
     if softcap is not None:
         scores = softcap * torch.tanh(scores / softcap)
     scores = scores.masked_fill(~mask, float("-inf"))
-    return torch.softmax(scores, dim=-1).to(v.dtype) @ v
+    if sinks is None:
+        return torch.softmax(scores, dim=-1).to(v.dtype) @ v
+    sink = sinks.to(scores.dtype)[None, :, None, None].expand(scores.shape[0], -1, scores.shape[2], 1)
+    weights = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]  # [B, H, T, S]
+    return weights.to(v.dtype) @ v

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from titanlite.models.common.attention import CoreAttention, Sequence
+from titanlite.models.common.attention import CoreAttention, Sequence, attend
 
 
 class KVCache:
@@ -56,14 +56,21 @@ class KVCache:
         self.length += n
 
     def attend(
-        self, name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, core: CoreAttention | None = None
+        self,
+        name: str,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        core: CoreAttention | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """LayerCache.attend for layer `name`."""
         start = self.length
         k, v = self.store(name, k, v)
-        if core is not None and shaped(core):
+        if core is not None and (shaped(core) or sinks is not None):
             positions = torch.arange(start, start + q.shape[2], device=q.device)
-            return core(q, k, v, Sequence(positions=positions, key_positions=torch.arange(k.shape[2], device=q.device)))
+            sequence = Sequence(positions=positions, key_positions=torch.arange(k.shape[2], device=q.device))
+            return attend(core, q, k, v, sequence, sinks)
         gqa = q.shape[1] != k.shape[1]
         t = q.shape[2]
         if start == 0 or t == 1:
@@ -113,14 +120,20 @@ class StaticKVCache(KVCache):
         self.position += n
 
     def attend(
-        self, name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, core: CoreAttention | None = None
+        self,
+        name: str,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        core: CoreAttention | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         query_positions = self.positions(q.shape[2], q.device)  # before store(): its writes do not move it
         k, v = self.store(name, k, v)
-        if core is not None and shaped(
-            core
-        ):  # positions past the cached ones are later than every query: the core masks them
-            return core(q, k, v, Sequence(positions=query_positions, key_positions=self.key_positions))
+        if core is not None and (shaped(core) or sinks is not None):
+            # positions past the cached ones are later than every query: the core masks them
+            sequence = Sequence(positions=query_positions, key_positions=self.key_positions)
+            return attend(core, q, k, v, sequence, sinks)
         mask = self.key_positions[None, :] <= query_positions[:, None]  # [T, max_len]
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=q.shape[1] != k.shape[1])
 
@@ -132,19 +145,26 @@ class LayerCache:
     cache: KVCache
     name: str
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, core: CoreAttention | None = None):
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        core: CoreAttention | None = None,
+        sinks: torch.Tensor | None = None,
+    ):
         """Attention [B, Hq, T, hd] of the T new queries over every cached position and themselves.
 
         q is [B, Hq, T, hd], k and v [B, H_kv, T, hd]; with fewer key/value heads than query heads (Llama's
         grouped-query attention) query head j reads key/value head j // (Hq / H_kv), as in the model. `core`:
-        the layer's attention core; where it has a window, a softcap or a scale, it attends with them, over the
-        cached positions."""
-        return self.cache.attend(self.name, q, k, v, core)
+        the layer's attention core; where it has a window, a softcap, a scale or `sinks` (the block's sink logits
+        [Hq]), it attends with them, over the cached positions."""
+        return self.cache.attend(self.name, q, k, v, core, sinks)
 
 
 def shaped(core: CoreAttention) -> bool:
-    """Whether a core asks for more than plain causal attention (a window, a softcap, a scale)."""
-    return any(value is not None for value in core.options().values())
+    """Whether a core asks for more than plain causal attention (a window, a softcap, a scale, sinks)."""
+    return any(value is not None and value is not False for value in core.options().values())
 
 
 def shifted_causal_mask(start: int, t: int, device: torch.device) -> torch.Tensor:

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -143,25 +144,62 @@ def router_z_loss(logits: torch.Tensor) -> torch.Tensor:
     return torch.logsumexp(logits, dim=-1).square().mean()
 
 
+def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """The experts' usual activation: silu(gate) * up."""
+    return F.silu(gate) * up
+
+
+@dataclass(frozen=True)
+class ClampedSwiGLU:
+    """gpt-oss's experts' activation: the gate clamped above at `limit`, the up projection to +-limit, then
+    (up + 1) * gate * sigmoid(alpha * gate)."""
+
+    alpha: float = 1.702
+    limit: float = 7.0
+
+    def __call__(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        gate = gate.clamp(max=self.limit)
+        up = up.clamp(min=-self.limit, max=self.limit)
+        return (up + 1) * (gate * torch.sigmoid(self.alpha * gate))
+
+
 class GroupedExperts(nn.Module):
-    """n_experts SwiGLU feed-forwards stored stacked: w1, w3 [E, hidden, dim] (gate, up), w2 [E, dim, hidden].
+    """n_experts gated feed-forwards stored stacked: w1, w3 [E, hidden, dim] (gate, up), w2 [E, dim, hidden] (down);
+    with `bias`, b1, b3 [E, hidden] and b2 [E, dim] (gpt-oss). `activation(gate, up)` makes the hidden
+    activations: swiglu by default, ClampedSwiGLU for gpt-oss.
 
     forward takes the tokens sorted by expert and each expert's row count. use_grouped_mm: None chooses
     torch._grouped_mm wherever it runs for the tensors (grouped_mm_runs, 16-byte-aligned widths), True insists on
     it, False always loops over the experts."""
 
-    def __init__(self, dim: int, hidden: int, n_experts: int, use_grouped_mm: bool | None = None):
+    def __init__(
+        self,
+        dim: int,
+        hidden: int,
+        n_experts: int,
+        use_grouped_mm: bool | None = None,
+        bias: bool = False,
+        activation: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = swiglu,
+    ):
         super().__init__()
         self.use_grouped_mm = use_grouped_mm
+        self.activation = activation
         self.w1 = nn.Parameter(torch.empty(n_experts, hidden, dim))
         self.w3 = nn.Parameter(torch.empty(n_experts, hidden, dim))
         self.w2 = nn.Parameter(torch.empty(n_experts, dim, hidden))
+        self.b1 = nn.Parameter(torch.empty(n_experts, hidden)) if bias else None
+        self.b3 = nn.Parameter(torch.empty(n_experts, hidden)) if bias else None
+        self.b2 = nn.Parameter(torch.empty(n_experts, dim)) if bias else None
 
     def reset_parameters(self) -> None:
-        """Each expert's matrices as nn.Linear initialises its weight (a family's init_param fills them its way)."""
+        """Each expert's matrices as nn.Linear initialises its weight, its biases zero (a family's init_param fills
+        them its way)."""
         for w in (self.w1, self.w3, self.w2):
             bound = 1 / math.sqrt(w.shape[-1])
             nn.init.uniform_(w, -bound, bound)
+        for b in (self.b1, self.b3, self.b2):
+            if b is not None:
+                nn.init.zeros_(b)
 
     def grouped(self, x: torch.Tensor) -> bool:
         """Whether forward takes torch._grouped_mm for x."""
@@ -185,23 +223,43 @@ class GroupedExperts(nn.Module):
     def local_weights(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """w1, w3, w2 of the experts this rank computes: all of them, or under expert parallelism (whose hooks
         hand forward the tokens and counts of this rank's experts only) its shard of each DTensor."""
-        return tuple(w.to_local() if isinstance(w, DTensor) else w for w in (self.w1, self.w3, self.w2))  # type: ignore[return-value]
+        return tuple(_local(w) for w in (self.w1, self.w3, self.w2))  # type: ignore[return-value]
+
+    def local_biases(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """b1, b3, b2 of this rank's experts, as local_weights; None without biases."""
+        if self.b1 is None or self.b3 is None or self.b2 is None:
+            return None
+        return _local(self.b1), _local(self.b3), _local(self.b2)
 
     def forward_grouped(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         offs = counts.cumsum(0).to(torch.int32)  # each group's end row, on the device: no host read
         w1, w3, w2 = (w.to(x.dtype).transpose(-2, -1) for w in self.local_weights())
-        h = F.silu(torch._grouped_mm(x, w1, offs=offs)) * torch._grouped_mm(x, w3, offs=offs)  # [M, hidden]
-        return torch._grouped_mm(h, w2, offs=offs)
+        gate, up = torch._grouped_mm(x, w1, offs=offs), torch._grouped_mm(x, w3, offs=offs)  # [M, hidden]
+        biases = self.local_biases()
+        if biases is None:
+            return torch._grouped_mm(self.activation(gate, up), w2, offs=offs)
+        # each row's expert, without reading the counts on the host (output_size: the rows are known)
+        expert = torch.repeat_interleave(torch.arange(counts.shape[0], device=x.device), counts, output_size=x.shape[0])
+        b1, b3, b2 = (b.to(x.dtype)[expert] for b in biases)
+        return torch._grouped_mm(self.activation(gate + b1, up + b3), w2, offs=offs) + b2
 
     def forward_loop(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         w1, w3, w2 = self.local_weights()
+        biases = self.local_biases()
+        b1, b3, b2 = biases if biases is not None else (None, None, None)
+
+        def expert(rows: torch.Tensor, e: int) -> torch.Tensor:
+            at = (lambda b: None) if b1 is None else (lambda b: b[e])
+            h = self.activation(F.linear(rows, w1[e], at(b1)), F.linear(rows, w3[e], at(b3)))
+            return F.linear(h, w2[e], at(b2))
+
         if x.device.type == "meta":  # shapes only (the planner's meta runs): no counts to read
-            return F.linear(F.silu(F.linear(x, w1[0])) * F.linear(x, w3[0]), w2[0])
-        outs = []
-        for e, rows in enumerate(torch.split(x, counts.tolist())):  # the host reads the counts
-            h = F.silu(F.linear(rows, w1[e])) * F.linear(rows, w3[e])
-            outs.append(F.linear(h, w2[e]))
-        return torch.cat(outs)
+            return expert(x, 0)
+        return torch.cat([expert(rows, e) for e, rows in enumerate(torch.split(x, counts.tolist()))])
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
 
 
 class SharedExpert(nn.Module):

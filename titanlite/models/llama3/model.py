@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from titanlite.models.common.attention import Sequence, build_core
+from titanlite.models.common.attention import Sequence, attend, build_core
 from titanlite.models.common.head import OutputHead
 from titanlite.models.common.interface import Decoder
 from titanlite.models.common.kv_cache import KVCache, LayerCache
@@ -112,12 +112,17 @@ class Attention(nn.Module):
             cos, sin = cos[:seqlen], sin[:seqlen]  # [T, hd/2]
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H, T, hd]
+        sinks = self.attention_sinks()
         if cache is None:
-            out = self.core(q, k, v, sequence)
+            out = attend(self.core, q, k, v, sequence, sinks)
         else:  # the cache keeps H_kv heads and attends over the cached positions too
-            out = cache.attend(q, k, v, self.core)  # [B, Hq, T, hd]; the core's window applies there too
+            out = cache.attend(q, k, v, self.core, sinks)  # [B, Hq, T, hd]; the core's window applies there too
         out = out.transpose(1, 2).reshape(bsz, seqlen, -1)  # [B, T, Hq*hd]
         return self.wo(out)
+
+    def attention_sinks(self) -> torch.Tensor | None:
+        """The sink logits [Hq] of this rank's heads that the core adds to each softmax (gpt-oss's); none here."""
+        return None
 
 
 class FeedForward(nn.Module):

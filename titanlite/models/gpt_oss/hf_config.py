@@ -1,0 +1,162 @@
+"""gpt-oss's config.json both ways, torch-free. Read: the Llama decoder's fields (titanlite/models/llama3/hf_config.py),
+absent keys taking GptOssConfig's defaults (YaRN factor 32 over 4,096 positions, theta 150,000, window 128 on every
+other layer, 128 experts, 4 per token); layer_types, sliding_window, attention_bias, num_local_experts,
+num_experts_per_tok (experts_per_token, the original's name, must agree), intermediate_size, swiglu_alpha,
+swiglu_limit, router_aux_loss_coef honoured. Ignored, as they change no math: hidden_act (gpt-oss's experts apply
+their clamped SwiGLU whatever it says, as transformers' do), initial_context_length, output_router_logits,
+initializer_range. Refused in one line: quantization_config (the published checkpoints are MXFP4: titanlite reads
+float32 or bfloat16 weights, e.g. a dequantized copy), attention_dropout, mlp_bias, and what any decoder refuses
+(other RoPE types, layer types, head shapes)."""
+
+from __future__ import annotations
+
+from titanlite.base.errors import ConfigError
+from titanlite.base.hf_config import refuse
+from titanlite.models.gpt_oss.args import GptOssArgs, alternating
+from titanlite.models.llama3.args import LlamaArgs, window_of
+from titanlite.models.llama3.hf_config import (
+    DecoderConfig,
+    Expressible,
+    Window,
+    attention_biases,
+    layer_types_of,
+    no_mlp_bias,
+)
+from titanlite.models.moe_decoder.hf_config import block_from_config
+
+MODEL_TYPE = "gpt_oss"
+
+# GptOssConfig's defaults for keys a config.json may leave out (those that differ from the decoder reader's).
+DEFAULTS = {
+    "hidden_size": 2880,
+    "intermediate_size": 2880,
+    "num_hidden_layers": 36,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "head_dim": 64,
+    "vocab_size": 201088,
+    "max_position_embeddings": 131072,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 150000.0,
+    "sliding_window": 128,
+    "attention_bias": True,
+    "num_local_experts": 128,
+    "num_experts_per_tok": 4,
+    "router_aux_loss_coef": 0.001,
+}
+DEFAULT_ROPE = {
+    "rope_type": "yarn",
+    "factor": 32.0,
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+    "truncate": False,
+    "original_max_position_embeddings": 4096,
+}
+
+
+def _switches(config: dict, n_layers: int, where: str) -> dict:
+    no_mlp_bias("gpt_oss", config, where)
+    if config.get("attention_dropout"):
+        raise refuse(where, "attention_dropout", config["attention_dropout"], "titanlite's attention drops nothing")
+    return attention_biases(config, n_layers, where)
+
+
+def _window(config: dict, where: str, family: str) -> Window:
+    """The window on the layers layer_types names (absent: every other layer, from the first), none when
+    sliding_window is null."""
+    n_layers = config["num_hidden_layers"]
+    layer_types = layer_types_of(config, where) or list(alternating(n_layers))
+    if len(layer_types) != n_layers:
+        raise refuse(where, "layer_types", f"[{len(layer_types)} entries]", f"it needs one per layer ({n_layers})")
+    window = config.get("sliding_window") or 0
+    if not window or "sliding_attention" not in layer_types:
+        return 0, ()
+    return window, tuple(layer_types)
+
+
+def _fields(args: LlamaArgs) -> dict:
+    sliding = [window_of(args, i) is not None for i in range(args.n_layers)]
+    return {
+        "sliding_window": args.sliding_window or None,
+        "layer_types": ["sliding_attention" if s else "full_attention" for s in sliding],
+    }
+
+
+DECODER = DecoderConfig(
+    family="gpt_oss",
+    model_type=MODEL_TYPE,
+    architecture="GptOssForCausalLM",
+    expressible=Expressible(mlp_bias=False),
+    switches=_switches,
+    window=_window,
+    fields=_fields,
+)
+
+
+def read(config: dict, where: str) -> GptOssArgs:
+    """GptOssArgs of a gpt_oss config.json."""
+    config = {**DEFAULTS, **{k: v for k, v in config.items() if v is not None or k == "sliding_window"}}
+    config["hidden_act"] = "silu"  # not read by gpt-oss's experts (see the module docstring)
+    if not config.get("rope_parameters") and not config.get("rope_scaling"):
+        config["rope_parameters"] = {**DEFAULT_ROPE, "rope_theta": config["rope_theta"]}
+    per_token = config["num_experts_per_tok"]
+    if config.get("experts_per_token", per_token) != per_token:
+        raise refuse(
+            where, "experts_per_token", config["experts_per_token"], f"it differs from num_experts_per_tok={per_token}"
+        )
+    base = DECODER.read(config, where)
+    moe = block_from_config(
+        where,
+        config,
+        "num_local_experts",
+        n_experts=config["num_local_experts"],
+        top_k=per_token,
+        expert_dim=config["intermediate_size"],
+        norm_topk_prob=True,  # softmax over the top-k logits: the renormalised top-k of the softmax
+        router_bias=True,
+        aux_loss_coef=config["router_aux_loss_coef"],
+    )
+    fields = {name: getattr(base, name) for name in LlamaArgs.__dataclass_fields__}
+    try:
+        return GptOssArgs(
+            **fields,
+            moe=moe,
+            swiglu_alpha=float(config.get("swiglu_alpha", 1.702)),
+            swiglu_limit=float(config.get("swiglu_limit", 7.0)),
+        )
+    except ValueError as e:
+        raise ConfigError(f"{where} is not supported: {e}") from e
+
+
+def write(args: GptOssArgs) -> dict:
+    """The config.json fields of a gpt-oss model (refused, naming the switch, where gpt-oss's cannot say it)."""
+    moe = args.moe
+    problems = [
+        f"MoEArgs.{name}={getattr(moe, name)!r}"
+        for name, want in (
+            ("score_func", "softmax"),
+            ("norm_topk_prob", True),
+            ("router_bias", True),
+            ("route_scale", 1.0),
+            ("n_shared_experts", 0),
+            ("shared_expert_dim", 0),
+            ("shared_gate", False),
+            ("z_loss_coef", 0.0),
+            ("dense_layers", ()),
+        )
+        if getattr(moe, name) != want
+    ]
+    if moe.balance == "bias":
+        problems.append("MoEArgs.balance='bias'")
+    if moe.expert_dim != args.ffn_dim:
+        problems.append(f"ffn_dim={args.ffn_dim} with MoEArgs.expert_dim={moe.expert_dim} (one intermediate_size)")
+    if problems:
+        raise ConfigError(f"a gpt_oss config.json cannot express {', '.join(problems)}")
+    return DECODER.write(args) | {
+        "num_local_experts": moe.n_experts,
+        "num_experts_per_tok": moe.top_k,
+        "router_aux_loss_coef": moe.aux_loss_coef if moe.balance == "aux_loss" else 0.0,
+        "swiglu_alpha": args.swiglu_alpha,
+        "swiglu_limit": args.swiglu_limit,
+        "output_router_logits": False,
+    }
