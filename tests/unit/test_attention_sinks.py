@@ -8,10 +8,17 @@ import pytest
 import torch
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-from titanlite.models.common.attention import Sequence, build_core, flex_with_sinks, mask_function
+from titanlite.models.common.attention import FlexAttention, Sequence, build_core, flex_with_sinks, mask_function
 from titanlite.models.common.kv_cache import KVCache
 
 B, HQ, HKV, HD = 2, 4, 2, 16
+
+
+@pytest.fixture(autouse=True, params=[512, 48], ids=["chunk512", "chunk48"])
+def key_chunk(request, monkeypatch):
+    """flex's CPU path both with its keys in one chunk (these short sequences) and in several of 48 (the online
+    softmax across chunks, the last one ragged)."""
+    monkeypatch.setattr(FlexAttention, "CHUNK", request.param)
 
 
 def inputs(queries: int, keys: int, seed: int = 0):

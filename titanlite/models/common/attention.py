@@ -183,6 +183,7 @@ class FlexAttention(CoreAttention):
     queries over the keys it may see, recomputed in backward, the same numbers to rounding."""
 
     BLOCK = 128  # queries per block, as FlexAttention's block mask counts them
+    CHUNK = 1024  # keys per chunk of the CPU path's online softmax
 
     def forward(
         self,
@@ -197,7 +198,9 @@ class FlexAttention(CoreAttention):
             cap = self.softcap
             score_mod = None if cap is None else (lambda score, b, h, q_idx, k_idx: cap * torch.tanh(score / cap))
             return flex_with_sinks(compiled_flex_attention(), q, k, v, block_mask, score_mod, self.scale, sinks)
-        return blockwise_attention(q, k, v, sequence, self.BLOCK, self.window, self.softcap, self.scale, sinks)
+        return blockwise_attention(
+            q, k, v, sequence, self.BLOCK, self.window, self.softcap, self.scale, sinks, self.CHUNK
+        )
 
 
 def flex_with_sinks(attention, q, k, v, block_mask: BlockMask, score_mod, scale: float | None, sinks):
@@ -344,26 +347,40 @@ def blockwise_attention(
     softcap: float | None = None,
     scale: float | None = None,
     sinks: torch.Tensor | None = None,
+    chunk: int = 1024,
 ) -> torch.Tensor:
     """Attention of q [B, Hq, T, hd] over k, v [B, Hkv, S, hd] under mask_function, one block of `block` queries
-    at a time over the span of keys any of them may see (all keys under torch.compile or on meta), each block
-    recomputed in backward (checkpoint) with its mask: at most block x S scores at once, and nothing saved for
-    backward but q, k and v (the mask is rebuilt from the positions and documents, never kept). Sinks [Hq] join
-    each block's softmax (they see no key, so the span of keys does not change them)."""
+    at a time over the chunks of `chunk` keys any of them may see (all keys, one chunk, under torch.compile or on
+    meta), each block recomputed in backward (checkpoint) with its mask: at most block x chunk scores at once, and
+    nothing saved for backward but q, k and v (the mask is rebuilt from the positions and documents, never kept).
+    Sinks [Hq] join each block's softmax (they see no key, so the span of keys does not change them).
+
+    Chunks start at multiples of `chunk`, so every block's scores have one size: tensors whose sizes grow block
+    after block leave glibc's heap (which titanlite's CPU runs keep, builder/runtime.py) too fragmented to reuse,
+    and the process's resident memory grew to several times its tensors' (16,384 tokens: 4.6 GiB for 0.2). For the
+    same reason each block's forward records no graph (_RecomputedSpan, rather than torch's checkpoint, which
+    records one and drops its tensors): the small autograd nodes each recorded op leaves behind are carved from
+    the blocks' freed scores and pin them."""
     queries, keys = q.shape[2], k.shape[2]
     allowed = mask_function(sequence, queries, q.device, window)
+    whole = torch.compiler.is_compiling() or q.device.type == "meta"  # meta: the planner's shapes
+    chunk = keys if whole else min(chunk, keys)
+    training = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, sinks))
     outs = []
     for start in range(0, queries, block):
         end = min(queries, start + block)
         lo, hi = 0, keys
-        if not torch.compiler.is_compiling() and q.device.type != "meta":  # meta: the planner's shapes
+        if not whole:
             seen = block_of(allowed, start, end, 0, keys, q.device).any(dim=(0, 1, 2)).nonzero()
-            lo, hi = int(seen[0]), int(seen[-1]) + 1
-        kv = (k[:, :, lo:hi], v[:, :, lo:hi])
-        out = checkpoint(
-            _attend_span, q[:, :, start:end], *kv, allowed, start, lo, softcap, scale, sinks, use_reentrant=False
-        )
-        outs.append(out)
+            lo, hi = int(seen[0]) // chunk * chunk, min(keys, -(-(int(seen[-1]) + 1) // chunk) * chunk)
+        tensors = (q[:, :, start:end], k[:, :, lo:hi], v[:, :, lo:hi], sinks)
+        options: tuple = (allowed, start, lo, softcap, scale, chunk)
+        if not training:
+            outs.append(_attend_span(*tensors, *options))
+        elif whole:
+            outs.append(checkpoint(_attend_span, *tensors, *options, use_reentrant=False))
+        else:
+            outs.append(_RecomputedSpan.apply(*tensors, options))
     return torch.cat(outs, dim=2)
 
 
@@ -373,9 +390,67 @@ def block_of(allowed, q_start: int, q_end: int, k_start: int, k_end: int, device
     return allowed(None, q_idx, torch.arange(k_start, k_end, device=device)[None, :])[:, None]
 
 
-def _attend_span(q, k, v, allowed, q_start: int, k_start: int, softcap: float | None, scale: float | None, sinks):
-    mask = block_of(allowed, q_start, q_start + q.shape[2], k_start, k_start + k.shape[2], q.device)
-    return _attend_block(q, k, v, mask, softcap, scale, sinks)
+class _RecomputedSpan(torch.autograd.Function):
+    """_attend_span run without a graph, and again with one in backward, which differentiates it there and frees
+    it: what torch's checkpoint does, but with no graph recorded in forward (blockwise_attention says why), and
+    a single node that any backward (torch.autograd.grad with inputs too, as pipeline schedules call it) runs."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, sinks, options):
+        ctx.save_for_backward(q, k, v, sinks)
+        ctx.options = options
+        return _attend_span(q, k, v, sinks, *options)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        inputs = [t if t is None else t.detach().requires_grad_(t.requires_grad) for t in ctx.saved_tensors]
+        with torch.enable_grad():
+            out = _attend_span(inputs[0], inputs[1], inputs[2], inputs[3], *ctx.options)
+        wanted = [t for t in inputs if t is not None and t.requires_grad]
+        grads = iter(torch.autograd.grad(out, wanted, grad_out))
+        return (*(next(grads) if t is not None and t.requires_grad else None for t in inputs), None)
+
+
+def _attend_span(
+    q, k, v, sinks, allowed, q_start: int, k_start: int, softcap: float | None, scale: float | None, chunk: int
+) -> torch.Tensor:
+    """Attention of a block of queries over a span of keys, `chunk` keys at a time with an online softmax: each
+    chunk's scores are exponentiated against the running row maximum (a constant for the gradient: the result
+    does not depend on it), the sums and outputs so far rescaled when it grows."""
+    q_end = q_start + q.shape[2]
+    if k.shape[2] <= chunk:
+        return _attend_block(q, k, v, block_of(allowed, q_start, q_end, k_start, k_start + k.shape[2], q.device),
+                             softcap, scale, sinks)  # fmt: skip
+    groups = q.shape[1] // k.shape[1]
+    rows = (*q.shape[:3], 1)
+    peak = q.new_full(rows, float("-inf"))  # each row's largest score so far
+    total, out = q.new_zeros(rows), v.new_zeros((*q.shape[:3], v.shape[3]))
+    for c in range(0, k.shape[2], chunk):
+        kc, vc = k[:, :, c : c + chunk], v[:, :, c : c + chunk]
+        if groups > 1:  # grouped-query attention: query head j reads key/value head j // groups
+            kc, vc = kc.repeat_interleave(groups, dim=1), vc.repeat_interleave(groups, dim=1)
+        mask = block_of(allowed, q_start, q_end, k_start + c, k_start + c + kc.shape[2], q.device)
+        scores = _scores(q, kc, mask, softcap, scale)  # [B, H, bq, chunk]
+        new_peak = torch.maximum(peak, scores.detach().amax(dim=-1, keepdim=True))
+        safe = new_peak.masked_fill(new_peak == float("-inf"), 0.0)  # rows that have seen no key yet
+        weights, decay = torch.exp(scores - safe), torch.exp(peak - safe)
+        total = total * decay + weights.sum(dim=-1, keepdim=True)
+        out = out * decay.to(out.dtype) + weights.to(v.dtype) @ vc
+        peak = new_peak
+    if sinks is not None:  # one more term in each denominator, e^sink, against the larger of the two maxima
+        sink = sinks.to(total.dtype)[None, :, None, None]
+        top = torch.maximum(peak, sink)
+        rescale = torch.exp(peak - top)
+        total, out = total * rescale + torch.exp(sink - top), out * rescale.to(out.dtype)
+    return out / total.to(out.dtype)
+
+
+def _scores(q, k, mask, softcap: float | None, scale: float | None) -> torch.Tensor:
+    """Scaled (and softcapped) scores of q over k [B, H, T, S], -inf where the bool mask rules a key out."""
+    scores = (q @ k.transpose(-2, -1)) * (q.shape[-1] ** -0.5 if scale is None else scale)
+    if softcap is not None:
+        scores = softcap * torch.tanh(scores / softcap)
+    return scores.masked_fill(~mask, float("-inf"))
 
 
 def _attend_block(
@@ -392,10 +467,7 @@ def _attend_block(
     groups = q.shape[1] // k.shape[1]
     if groups > 1:  # grouped-query attention: query head j reads key/value head j // groups
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-    scores = (q @ k.transpose(-2, -1)) * (q.shape[-1] ** -0.5 if scale is None else scale)
-    if softcap is not None:
-        scores = softcap * torch.tanh(scores / softcap)
-    scores = scores.masked_fill(~mask, float("-inf"))
+    scores = _scores(q, k, mask, softcap, scale)
     if sinks is None:
         return torch.softmax(scores, dim=-1).to(v.dtype) @ v
     sink = sinks.to(scores.dtype)[None, :, None, None].expand(scores.shape[0], -1, scores.shape[2], 1)
