@@ -41,5 +41,10 @@ def check_no_unsupported(config: dict, where: str, experts: bool = False) -> Non
     for key in () if experts else _MOE_FIELDS:
         if config.get(key):
             raise refuse(where, key, config[key], f"a {config.get('model_type')} model has dense MLPs, no experts")
-    if config.get("quantization_config"):
-        raise refuse(where, "quantization_config", "{...}", "titanlite reads unquantized weights only")
+    quantization = config.get("quantization_config")
+    if quantization:
+        method = quantization.get("quant_method") if isinstance(quantization, dict) else None
+        raise ConfigError(
+            f"{where} quantization_config (quant_method {method!r}) is not supported: titanlite reads unquantized "
+            "weights only; dequantize the checkpoint (e.g. FP8 to bfloat16) first"
+        )

@@ -9,7 +9,20 @@ import importlib
 from typing import Any
 
 from titanlite.base.errors import ConfigError
-from titanlite.models import gemma3, gpt2, llama3, mistral, mixtral, olmo2, olmoe, qwen2, qwen3, qwen3_moe, smollm3
+from titanlite.models import (
+    deepseek_v3,
+    gemma3,
+    gpt2,
+    llama3,
+    mistral,
+    mixtral,
+    olmo2,
+    olmoe,
+    qwen2,
+    qwen3,
+    qwen3_moe,
+    smollm3,
+)
 from titanlite.models.spec import ModelSpec
 
 _SPECS: dict[str, ModelSpec] = {}
@@ -20,7 +33,7 @@ def register(spec: ModelSpec) -> None:
     _SPECS[spec.name] = spec
 
 
-for _family in (gpt2, llama3, smollm3, qwen2, qwen3, olmo2, mistral, qwen3_moe, olmoe, mixtral, gemma3):
+for _family in (gpt2, llama3, smollm3, qwen2, qwen3, olmo2, mistral, qwen3_moe, olmoe, mixtral, gemma3, deepseek_v3):
     register(_family.SPEC)
 
 
