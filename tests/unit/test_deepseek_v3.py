@@ -265,3 +265,38 @@ def test_group_limited_routing_needs_groups_that_hold_the_choices():
         MoEArgs(n_experts=8, top_k=3, expert_dim=4, n_groups=4, topk_groups=1)
     with pytest.raises(ValueError, match="n_groups=3; use a divisor"):
         MoEArgs(n_experts=8, top_k=2, expert_dim=4, n_groups=3)
+
+
+def _tp_gradients(rank: int) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor
+
+    from titanlite.models.common.build import build_model
+    from titanlite.parallel.parallelize import materialize
+    from titanlite.parallel.tensor_parallel import apply_tp
+
+    batch = torch.randint(0, 320, (2, 40), generator=torch.Generator().manual_seed(4))
+    whole = build_model("deepseek_v3", "debug", 320, 64)
+    init_weights(whole, 0)
+    with torch.device("meta"):
+        split = build_model("deepseek_v3", "debug", 320, 64)
+    apply_tp(split, init_device_mesh("cpu", (2,), mesh_dim_names=("tp",)), loss_parallel=False, chunked_loss=False)
+    materialize(split, torch.device("cpu"), seed=0)
+    weights = torch.randn(2, 40, 320, generator=torch.Generator().manual_seed(5))
+    for model in (whole, split):
+        logits = model(batch)
+        logits = logits.full_tensor() if isinstance(logits, DTensor) else logits
+        torch.testing.assert_close(logits, whole(batch), rtol=1e-5, atol=1e-5)
+        (logits * weights).sum().backward()
+    expected = dict(whole.named_parameters())
+    for name, p in split.named_parameters():
+        grad = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
+        scale = expected[name].grad.abs().max()
+        assert (grad - expected[name].grad).abs().max() <= 1e-5 * scale, name
+
+
+def test_tensor_parallel_gives_the_one_process_logits_and_gradients():
+    """TP x 2: the per-head projections split by heads, the latent ones whole on each rank, every gradient equal."""
+    from tests.helpers import run_ranks
+
+    run_ranks(_tp_gradients)
