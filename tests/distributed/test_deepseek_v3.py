@@ -1,5 +1,6 @@
 """DeepSeek-V3 (gloo, fp32) on expert parallelism gives one process's losses, grad norms and expert loads, alone
-(EP x 2, EP x 4) and beside tensor parallelism (latent attention split by heads) and pipeline parallelism; its
+(EP x 2, EP x 4) and beside tensor parallelism (latent attention split by heads), context parallelism and
+pipeline parallelism; its
 routing biases (the bias method, the family's default) move alike; a checkpoint saved at EP x 2 resumes at EP x 4
 and at EP x 1 with the same losses.
 
@@ -30,6 +31,7 @@ EP = "--parallelism.expert_parallel_degree"
 LAYOUTS = {
     "ep4": (4, [EP, "4"]),
     "ep2_tp2": (4, [EP, "2", "--parallelism.tensor_parallel_degree", "2"]),
+    "ep2_cp2": (4, [EP, "2", "--parallelism.context_parallel_degree", "2"]),
     "ep2_pp2": (
         4,
         [
@@ -87,7 +89,7 @@ def test_ep2_matches_one_process_losses_loads_and_biases(reference, ep2):
         torch.testing.assert_close(ours[name], bias, rtol=0, atol=0)
 
 
-@pytest.mark.slow  # three 4-rank runs, about a minute: CI runs them
+@pytest.mark.slow  # four 4-rank runs, about a minute: CI runs them
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_expert_parallel_layouts_match_one_process(tmp_path, reference, layout):
     nproc, args = LAYOUTS[layout]

@@ -76,7 +76,7 @@ def attention_plan(q_lora_rank: int, kv_lora_rank: int) -> dict:
 def tp_plan(model: DecoderModule) -> dict:
     args = model.args
     llama = block_plan()
-    plan = {}
+    plan: dict = {}
     for i in model.layers:
         block = {name: style for name, style in llama.items() if name.partition(".")[0] != "attention"}
         block |= attention_plan(args.q_lora_rank, args.kv_lora_rank)
