@@ -112,3 +112,21 @@ def test_an_ep2_checkpoint_resumes_on_another_ep_degree(tmp_path, ep2, nproc, ep
     assert [r["step"] for r in resumed] == [1, 2, 3, 4, 5]
     assert_close([r["loss"] for r in resumed[3:]], [r["loss"] for r in expected[3:]], 1e-5)
     assert_close([r["expert_load"] for r in resumed[3:]], [r["expert_load"] for r in expected[3:]], 1e-6)
+
+
+@pytest.mark.parametrize("layout", ["ep2", "tp2"])
+def test_a_deepseek_v3_folder_imports_on_a_layout_with_transformers_logits(tmp_path, layout):
+    """EP x 2 (experts stacked from their tensors and sharded, every other weight FSDP-sharded) or TP x 2 (the
+    per-head projections split by heads): each rank reads the folder one tensor at a time, the routing biases
+    too, and the forward gives transformers' logits."""
+    pytest.importorskip("transformers")
+    from tests.distributed.test_hf_layouts import layout_logits
+    from tests.unit.test_deepseek_v3 import VOCAB, random_deepseek
+    from tests.unit.test_hf_families import assert_logits_match
+
+    hf = random_deepseek()
+    hf.save_pretrained(tmp_path / "hf", max_shard_size="100KB")
+    tokens = torch.randint(0, VOCAB, (2, 48), generator=torch.Generator().manual_seed(4))
+    ours = layout_logits(tmp_path, tmp_path / "hf", tokens, layout)
+    with torch.no_grad():
+        assert_logits_match(ours, hf(tokens).logits)

@@ -300,3 +300,22 @@ def test_tensor_parallel_gives_the_one_process_logits_and_gradients():
     from tests.helpers import run_ranks
 
     run_ranks(_tp_gradients)
+
+
+def test_check_refuses_an_fp8_folder_in_one_line_with_exit_2(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.helpers import REPO, env
+
+    random_deepseek().save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    proc = subprocess.run(
+        [sys.executable, "-m", "titanlite.commands.cli", "check", "--model.flavor", "hf",
+         "--model.hf_assets_path", str(tmp_path), "--model.tokenizer", "byte"],
+        cwd=REPO, env=env(), capture_output=True, text=True,
+    )  # fmt: skip
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "quantization_config (quant_method 'fp8') is not supported" in proc.stderr

@@ -250,6 +250,11 @@ _MATH_FIELDS = (
     "norm_position",
     "nope_layers",
     "moe",
+    "q_lora_rank",
+    "kv_lora_rank",
+    "qk_nope_head_dim",
+    "qk_rope_head_dim",
+    "v_head_dim",
 )
 
 

@@ -95,8 +95,9 @@ class Routing(NamedTuple):
 
 
 class Router(nn.Module):
-    """A linear gate dim -> n_experts; scores in float32; top-k; with balance="bias", `expert_bias` (a buffer,
-    checkpointed) is added to the scores for choosing the experts only, never to the weights (DeepSeek-V3)."""
+    """A linear gate dim -> n_experts; scores in float32; top-k (with n_groups > 1, among each token's topk_groups
+    best groups: limit_to_groups); with balance="bias", `expert_bias` (a buffer, checkpointed) is added to the
+    scores for choosing the experts only, never to the weights (DeepSeek-V3)."""
 
     expert_bias: torch.Tensor | None
 
