@@ -54,7 +54,8 @@ def _check_routing(config: dict, where: str, n_group: int, topk_group: int) -> N
 
 
 def _moe(config: dict, where: str, n_layers: int) -> MoEArgs:
-    n_group, topk_group = config.get("n_group") or 1, config.get("topk_group") or 1
+    # Absent: DeepseekV3Config's 8 and 4; null: no groups.
+    n_group, topk_group = config.get("n_group", 8) or 1, config.get("topk_group", 4) or 1
     _check_routing(config, where, n_group, topk_group)
     n_experts = config.get("n_routed_experts", config.get("num_local_experts", 256))
     top_k = config.get("num_experts_per_tok", 8)
