@@ -358,3 +358,20 @@ PUBLISHED = {
 def test_a_published_config_json_reads_as_its_flavor(flavor):
     assert args_from_hf_config(PUBLISHED[flavor]) == FLAVORS[flavor]
     assert args_from_hf_config(hf_config(FLAVORS[flavor])) == FLAVORS[flavor]
+
+
+def test_a_folder_with_routing_biases_is_refused_into_a_model_balanced_otherwise(tmp_path):
+    """--moe.balance aux_loss builds routers without a bias: the folder's non-zero biases would be silently lost."""
+    from titanlite.components.hf_weights import load_hf_into
+    from titanlite.config import parse_config
+    from titanlite.models.common.build import configured_model
+
+    random_deepseek().save_pretrained(tmp_path)
+    cfg = parse_config(
+        ["--model.flavor", "hf", "--model.hf_assets_path", str(tmp_path), "--model.tokenizer", "byte",
+         "--training.seq_len", "64", "--moe.balance", "aux_loss"]
+    )  # fmt: skip
+    model = configured_model(cfg.model, 257, 64, cfg.moe)
+    with pytest.raises(ConfigError, match="e_score_correction_bias.*set moe.balance = 'bias'") as e:
+        load_hf_into([model], tmp_path)
+    assert "\n" not in str(e.value)
