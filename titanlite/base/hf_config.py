@@ -41,10 +41,11 @@ def check_no_unsupported(config: dict, where: str, experts: bool = False) -> Non
     for key in () if experts else _MOE_FIELDS:
         if config.get(key):
             raise refuse(where, key, config[key], f"a {config.get('model_type')} model has dense MLPs, no experts")
-    if config.get("quantization_config"):
-        raise refuse(
-            where,
-            "quantization_config",
-            "{...}",
-            "titanlite reads unquantized weights only (float32 or bfloat16: e.g. a dequantized copy of the checkpoint)",
+    quantization = config.get("quantization_config")
+    if quantization:
+        method = quantization.get("quant_method") if isinstance(quantization, dict) else None
+        raise ConfigError(
+            f"{where} quantization_config (quant_method {method!r}) is not supported: titanlite reads unquantized "
+            "weights only (float32 or bfloat16); use a dequantized copy of the checkpoint (e.g. FP8 or MXFP4 to "
+            "bfloat16)"
         )

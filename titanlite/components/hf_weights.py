@@ -15,7 +15,7 @@ import torch
 from titanlite.base.errors import ConfigError
 from titanlite.base.hf_config import CONFIG_FILE, read_config, read_json
 from titanlite.components.hf_tokenizer import save_tokenizer
-from titanlite.models.common.init import fill_parameters
+from titanlite.models.common.init import canonical_name, fill_parameters
 from titanlite.models.common.interface import unwrapped
 from titanlite.models.common.moe_args import BALANCE_FIELDS, MoEArgs
 from titanlite.models.hf_config import folder_model_args, hf_config
@@ -250,6 +250,11 @@ _MATH_FIELDS = (
     "norm_position",
     "nope_layers",
     "moe",
+    "q_lora_rank",
+    "kv_lora_rank",
+    "qk_nope_head_dim",
+    "qk_rope_head_dim",
+    "v_head_dim",
 )
 
 
@@ -297,8 +302,11 @@ def load_hf_into(model_parts: list, folder: str | Path) -> None:
     keys, sources = _hf_keys(source, reader.keys()), hf_sources(source)
     _check_tensor_names(source, keys, sources, f"{folder}'s safetensors")
 
+    def full_source(name: str) -> torch.Tensor:
+        return from_hf_tensor(source, name, _read(sources[name], lambda one: reader.get(keys[one])))
+
     def full_value(name: str, param: torch.nn.Parameter) -> torch.Tensor:
-        value = from_hf_tensor(source, name, _read(sources[name], lambda one: reader.get(keys[one]))).to(param.dtype)
+        value = full_source(name).to(param.dtype)
         if value.shape[0] < param.shape[0] and name in ("tok_embeddings.weight", "output.weight"):
             value = torch.cat([value, value.new_zeros(param.shape[0] - value.shape[0], *value.shape[1:])])
         if value.shape != param.shape:
@@ -310,3 +318,28 @@ def load_hf_into(model_parts: list, folder: str | Path) -> None:
 
     for model in models:
         fill_parameters(model, full_value)
+        _fill_buffers(model, sources, full_source, folder)
+
+
+def _fill_buffers(model, sources: dict, value, folder) -> None:
+    """The persistent buffers a folder holds (DeepSeek-V3's routing biases: hf_sources names them beside the
+    parameters), copied from `value(name)`, their full value (buffers are not sharded). A non-zero one the model
+    has no place for (a block of this model balanced otherwise, [moe] balance) would be silently lost: refused."""
+    held = {canonical_name(name): buffer for name, buffer in model.named_buffers()}
+    params = {canonical_name(name) for name, _ in model.named_parameters(remove_duplicate=False)}
+    for name in sources:
+        if name in held:
+            held[name].copy_(value(name))
+        elif name not in params and _has_parent(model, name) and value(name).count_nonzero():
+            raise ConfigError(
+                f"{folder} holds non-zero {_first(sources[name])!r}, which this model has no place for (its routing "
+                "would ignore them); set moe.balance = 'bias', or leave moe.balance out"
+            )
+
+
+def _has_parent(model, name: str) -> bool:
+    try:
+        model.get_submodule(name.rpartition(".")[0])
+    except AttributeError:
+        return False
+    return True

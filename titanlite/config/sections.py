@@ -293,7 +293,7 @@ class Parallelism:
 
 @dataclass
 class MoE:
-    """Load balancing of a mixture-of-experts model (qwen3_moe, olmoe, mixtral); a key left at its default
+    """Load balancing of a mixture-of-experts model (qwen3_moe, olmoe, mixtral, deepseek_v3); a key left at its default
     keeps the family flavor's value (with model.flavor = "hf", config.json's)."""
 
     balance: Literal["", "aux_loss", "bias", "none"] = ""

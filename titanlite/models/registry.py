@@ -10,6 +10,7 @@ from typing import Any
 
 from titanlite.base.errors import ConfigError
 from titanlite.models import (
+    deepseek_v3,
     gemma3,
     gpt2,
     gpt_oss,
@@ -33,7 +34,21 @@ def register(spec: ModelSpec) -> None:
     _SPECS[spec.name] = spec
 
 
-for _family in (gpt2, llama3, smollm3, qwen2, qwen3, olmo2, mistral, qwen3_moe, olmoe, mixtral, gemma3, gpt_oss):
+for _family in (
+    gpt2,
+    llama3,
+    smollm3,
+    qwen2,
+    qwen3,
+    olmo2,
+    mistral,
+    qwen3_moe,
+    olmoe,
+    mixtral,
+    gemma3,
+    gpt_oss,
+    deepseek_v3,
+):
     register(_family.SPEC)
 
 

@@ -96,8 +96,9 @@ class Routing(NamedTuple):
 
 
 class Router(nn.Module):
-    """A linear gate dim -> n_experts; scores in float32; top-k; with balance="bias", `expert_bias` (a buffer,
-    checkpointed) is added to the scores for choosing the experts only, never to the weights (DeepSeek-V3)."""
+    """A linear gate dim -> n_experts; scores in float32; top-k (with n_groups > 1, among each token's topk_groups
+    best groups: limit_to_groups); with balance="bias", `expert_bias` (a buffer, checkpointed) is added to the
+    scores for choosing the experts only, never to the weights (DeepSeek-V3)."""
 
     expert_bias: torch.Tensor | None
 
@@ -116,6 +117,8 @@ class Router(nn.Module):
         logits = self.gate(x).float()  # [N, E]
         scores = logits.softmax(dim=-1) if args.score_func == "softmax" else logits.sigmoid()
         choice = scores if self.expert_bias is None else scores + self.expert_bias
+        if args.topk_groups < args.n_groups:
+            choice = limit_to_groups(choice, args.n_groups, args.topk_groups)
         indices = torch.topk(choice, args.top_k, dim=-1).indices  # [N, k]
         weights = scores.gather(-1, indices)
         if args.norm_topk_prob:
@@ -123,6 +126,16 @@ class Router(nn.Module):
         if args.route_scale != 1.0:
             weights = weights * args.route_scale
         return Routing(logits, scores, indices, weights)
+
+
+def limit_to_groups(choice: torch.Tensor, n_groups: int, topk_groups: int) -> torch.Tensor:
+    """choice [N, E] with the experts outside each token's topk_groups best groups set to -inf: a group's score is
+    the sum of its two best choice scores (DeepSeek-V3's group-limited routing, "noaux_tc")."""
+    grouped = choice.unflatten(-1, (n_groups, -1))  # [N, G, E/G]
+    group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1)  # [N, G]
+    kept = torch.zeros_like(group_scores, dtype=torch.bool)
+    kept.scatter_(-1, group_scores.topk(topk_groups, dim=-1).indices, True)
+    return grouped.masked_fill(~kept[..., None], float("-inf")).flatten(-2)
 
 
 def load_balancing_loss(

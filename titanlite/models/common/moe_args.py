@@ -56,6 +56,11 @@ class MoEArgs:
     dense_layers: tuple[int, ...] = ()
     """Layer indices that keep a dense feed-forward instead of the MoE block (Qwen-MoE's mlp_only_layers and
     decoder_sparse_step: dense_layers_from_hf)."""
+    n_groups: int = 1
+    """Group-limited routing (DeepSeek-V3's n_group): the experts form n_groups equal groups, in order; 1: none."""
+    topk_groups: int = 1
+    """With n_groups > 1, each token chooses its top_k experts among the topk_groups groups whose two best
+    scores (with the balancing bias) sum highest (DeepSeek-V3's topk_group, its "noaux_tc" routing)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dense_layers", tuple(self.dense_layers))
@@ -80,8 +85,26 @@ class MoEArgs:
             raise ValueError(
                 "MoEArgs.shared_gate=True needs a shared expert; set n_shared_experts or shared_expert_dim"
             )
+        self._check_groups()
         if any(not isinstance(i, int) or i < 0 for i in self.dense_layers):
             raise ValueError(f"MoEArgs.dense_layers={self.dense_layers}; use layer indices (integers from 0)")
+
+    def _check_groups(self) -> None:
+        if self.n_groups < 1 or self.n_experts % self.n_groups:
+            raise ValueError(f"MoEArgs.n_groups={self.n_groups}; use a divisor of n_experts={self.n_experts}")
+        if not 1 <= self.topk_groups <= self.n_groups:
+            raise ValueError(f"MoEArgs.topk_groups={self.topk_groups}; use 1 to n_groups={self.n_groups}")
+        per_group = self.n_experts // self.n_groups
+        if self.n_groups > 1 and per_group < 2:
+            raise ValueError(
+                f"MoEArgs.n_groups={self.n_groups} leaves {per_group} expert per group; a group is scored by its "
+                "two best experts, so use at most n_experts // 2 groups"
+            )
+        if self.top_k > self.topk_groups * per_group:
+            raise ValueError(
+                f"MoEArgs.top_k={self.top_k} exceeds the {self.topk_groups * per_group} experts of topk_groups="
+                f"{self.topk_groups} groups; raise topk_groups or lower top_k"
+            )
 
     @property
     def shared_hidden(self) -> int:

@@ -49,6 +49,7 @@ def check_expressible(moe: MoEArgs, family: str, dense_layers: bool = True) -> N
             ("shared_expert_dim", 0),
             ("shared_gate", False),
             ("z_loss_coef", 0.0),
+            ("n_groups", 1),
         )
         if getattr(moe, name) != default
     ]

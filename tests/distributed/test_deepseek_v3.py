@@ -1,0 +1,132 @@
+"""DeepSeek-V3 (gloo, fp32) on expert parallelism gives one process's losses, grad norms and expert loads, alone
+(EP x 2, EP x 4) and beside tensor parallelism (latent attention split by heads), context parallelism and
+pipeline parallelism; its
+routing biases (the bias method, the family's default) move alike; a checkpoint saved at EP x 2 resumes at EP x 4
+and at EP x 1 with the same losses.
+
+Every run takes micro-batches of 2 sequences (a global batch of 8), as the one-process reference accumulates them."""
+
+import shutil
+
+import pytest
+import torch
+
+from tests.helpers import TINY, assert_close, assert_matches, checkpoint_tensors, metrics, torchrun
+
+pytestmark = pytest.mark.distributed
+
+RUN = [
+    "--config",
+    "train_configs/deepseek_v3_debug.toml",
+    *TINY,
+    "--training.global_batch_size",
+    "8",
+    "--training.local_batch_size",
+    "2",
+    "--moe.bias_update_rate",
+    "0.01",  # biases that move enough to change the routing within the run
+]
+CHECKPOINTED = ["--checkpoint.enable", "--checkpoint.interval", "3"]
+EP = "--parallelism.expert_parallel_degree"
+LAYOUTS = {
+    "ep4": (4, [EP, "4"]),
+    "ep2_tp2": (4, [EP, "2", "--parallelism.tensor_parallel_degree", "2"]),
+    "ep2_cp2": (4, [EP, "2", "--parallelism.context_parallel_degree", "2"]),
+    "ep2_pp2": (
+        4,
+        [
+            EP,
+            "2",
+            "--parallelism.pipeline_parallel_degree",
+            "2",
+            "--parallelism.pipeline_parallel_microbatch_size",
+            "2",
+        ],
+    ),
+}
+
+
+def train(nproc, args, run_dir):
+    proc = torchrun(nproc, [*RUN, *args], run_dir)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return proc
+
+
+def assert_same_run(records, reference):
+    assert_matches(records, reference)
+    assert "aux_load_balance" not in records[0]  # balanced by the biases, no auxiliary loss
+    assert_close([r["expert_load"] for r in records], [r["expert_load"] for r in reference], 1e-6)
+
+
+def biases(run_dir, step: int) -> dict[str, torch.Tensor]:
+    tensors = checkpoint_tensors(run_dir / "run" / f"step-{step}", run_dir)
+    return {name: t for name, t in tensors.items() if name.endswith("expert_bias")}
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("single")
+    train(1, CHECKPOINTED, run_dir)
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def ep2(tmp_path_factory):
+    """EP x 2 on 2 ranks (each holds 4 of the 8 experts), checkpointed at steps 3 and 5."""
+    run_dir = tmp_path_factory.mktemp("ep2")
+    proc = train(2, [EP, "2", *CHECKPOINTED], run_dir)
+    return run_dir, proc
+
+
+def test_ep2_matches_one_process_losses_loads_and_biases(reference, ep2):
+    run_dir, proc = ep2
+    assert "ep 2 (of shard x cp)" in proc.stdout and "model deepseek_v3 debug" in proc.stdout
+    assert_same_run(metrics(run_dir), metrics(reference))
+    ours, expected = biases(run_dir, 5), biases(reference, 5)
+    assert ours.keys() == expected.keys() and len(expected) == 2  # layers 1 and 2 (layer 0 is dense)
+    for name, bias in expected.items():
+        assert bias.abs().sum() > 0, name
+        torch.testing.assert_close(ours[name], bias, rtol=0, atol=0)
+
+
+@pytest.mark.slow  # four 4-rank runs, about a minute: CI runs them
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_expert_parallel_layouts_match_one_process(tmp_path, reference, layout):
+    nproc, args = LAYOUTS[layout]
+    train(nproc, args, tmp_path)
+    assert_same_run(metrics(tmp_path), metrics(reference))
+
+
+@pytest.mark.slow  # two runs, about 30 s: CI runs them
+@pytest.mark.parametrize("nproc, ep", [(2, 1), (4, 4)])
+def test_an_ep2_checkpoint_resumes_on_another_ep_degree(tmp_path, ep2, nproc, ep):
+    """The EP x 2 run's step-3 checkpoint (routing biases included) continues on EP x 1 and EP x 4."""
+    straight, _ = ep2
+    (tmp_path / "run").mkdir()
+    shutil.copytree(straight / "run" / "step-3", tmp_path / "run" / "step-3")
+    first = (straight / "run" / "metrics.jsonl").read_text().splitlines()[:3]
+    (tmp_path / "run" / "metrics.jsonl").write_text("\n".join(first) + "\n")
+    proc = train(nproc, [EP, str(ep), *CHECKPOINTED], tmp_path)
+    assert "resumed from" in proc.stdout and "at step 3" in proc.stdout
+    resumed, expected = metrics(tmp_path), metrics(straight)
+    assert [r["step"] for r in resumed] == [1, 2, 3, 4, 5]
+    assert_close([r["loss"] for r in resumed[3:]], [r["loss"] for r in expected[3:]], 1e-5)
+    assert_close([r["expert_load"] for r in resumed[3:]], [r["expert_load"] for r in expected[3:]], 1e-6)
+
+
+@pytest.mark.parametrize("layout", ["ep2", "tp2"])
+def test_a_deepseek_v3_folder_imports_on_a_layout_with_transformers_logits(tmp_path, layout):
+    """EP x 2 (experts stacked from their tensors and sharded, every other weight FSDP-sharded) or TP x 2 (the
+    per-head projections split by heads): each rank reads the folder one tensor at a time, the routing biases
+    too, and the forward gives transformers' logits."""
+    pytest.importorskip("transformers")
+    from tests.distributed.test_hf_layouts import layout_logits
+    from tests.unit.test_deepseek_v3 import VOCAB, random_deepseek
+    from tests.unit.test_hf_families import assert_logits_match
+
+    hf = random_deepseek()
+    hf.save_pretrained(tmp_path / "hf", max_shard_size="100KB")
+    tokens = torch.randint(0, VOCAB, (2, 48), generator=torch.Generator().manual_seed(4))
+    ours = layout_logits(tmp_path, tmp_path / "hf", tokens, layout)
+    with torch.no_grad():
+        assert_logits_match(ours, hf(tokens).logits)

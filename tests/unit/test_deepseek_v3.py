@@ -1,0 +1,377 @@
+"""DeepSeek-V3 against `transformers`' DeepseekV3ForCausalLM (fp32, CPU): random models (query compression on and
+off, YaRN with mscale_all_dim, 4 expert groups of which 2 are kept, a non-zero correction bias, both rotary layouts)
+import with transformers' logits to 1e-5 and greedy ids; a trained model exports as DeepseekV3ForCausalLM with our
+logits and reads back equal; what is not implemented is refused in one line; multi-token prediction is named once;
+the published shapes count transformers' parameters (DeepSeek-V2-Lite's, DeepseekV2ForCausalLM's)."""
+
+import dataclasses
+import json
+import logging
+
+import pytest
+import torch
+
+transformers = pytest.importorskip(
+    "transformers", reason="transformers is an optional test dependency (pip install .[hf])"
+)
+
+from tests.unit.test_hf_families import assert_logits_match, imported  # noqa: E402
+from titanlite.base.errors import ConfigError  # noqa: E402
+from titanlite.commands.generate import generate  # noqa: E402
+from titanlite.components.hf_weights import save_hf  # noqa: E402
+from titanlite.models.common.build import model_from_args  # noqa: E402
+from titanlite.models.common.init import init_weights  # noqa: E402
+from titanlite.models.common.moe import MoE, update_balance_bias  # noqa: E402
+from titanlite.models.common.moe_args import MoEArgs  # noqa: E402
+from titanlite.models.deepseek_v3.args import FLAVORS  # noqa: E402
+from titanlite.models.hf_config import args_from_hf_config, hf_config  # noqa: E402
+
+VOCAB = 300
+# 4 heads of key 16 + 8 rotary, value 12 (not the key's width); query rank 24, latent 32; 8 experts in 4 groups,
+# 2 groups and 3 experts per token, one shared; the first layer dense.
+SHAPE = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=96,
+    moe_intermediate_size=32,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    q_lora_rank=24,
+    kv_lora_rank=32,
+    qk_nope_head_dim=16,
+    qk_rope_head_dim=8,
+    v_head_dim=12,
+    n_routed_experts=8,
+    n_shared_experts=1,
+    num_experts_per_tok=3,
+    n_group=4,
+    topk_group=2,
+    routed_scaling_factor=2.5,
+    norm_topk_prob=True,
+    first_k_dense_replace=1,
+    max_position_embeddings=128,
+    tie_word_embeddings=False,
+    pad_token_id=None,
+    bos_token_id=None,
+    eos_token_id=None,
+)
+YARN = {
+    "rope_type": "yarn",
+    "factor": 4.0,
+    "original_max_position_embeddings": 16,
+    "rope_theta": 1e4,
+    "mscale": 0.707,
+    "mscale_all_dim": 0.707,
+}
+CASES = {
+    "q_lora-groups": {},
+    "no_q_lora-one_group": {"q_lora_rank": None, "n_group": 1, "topk_group": 1},
+    "yarn": {"rope_parameters": YARN, "max_position_embeddings": 64},
+    "rotate_half": {"rope_interleave": False},
+}
+
+
+def random_deepseek(**changes):
+    """transformers' DeepseekV3ForCausalLM, its weights moved off their init and its correction biases non-zero."""
+    torch.manual_seed(0)
+    model = transformers.DeepseekV3ForCausalLM(transformers.DeepseekV3Config(**{**SHAPE, **changes}))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(torch.randn_like(b) * 0.1)
+    return model.eval()
+
+
+def tokens(n: int = 48) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (2, n), generator=torch.Generator().manual_seed(1))
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_folder_imports_with_transformers_logits(tmp_path, case):
+    hf = random_deepseek(**CASES[case])
+    hf.save_pretrained(tmp_path)
+    ours = imported(tmp_path)
+    with torch.no_grad():
+        assert_logits_match(ours(tokens()), hf(tokens()).logits)
+
+
+def test_the_correction_bias_and_the_group_limit_choose_the_experts(tmp_path):
+    """The logits above depend on both: without the imported bias, or without the group limit, they differ."""
+    hf = random_deepseek()
+    hf.save_pretrained(tmp_path)
+    ours = imported(tmp_path)
+    with torch.no_grad():
+        expected = hf(tokens()).logits
+        biases = [m.router.expert_bias for m in ours.modules() if isinstance(m, MoE)]
+        assert all(b is not None and b.count_nonzero() for b in biases)  # imported, not left at zero
+        saved = [b.clone() for b in biases]
+        for b in biases:
+            b.zero_()
+        assert (ours(tokens()) - expected).abs().max() > 1e-3 * expected.abs().max()
+        for b, s in zip(biases, saved):
+            b.copy_(s)
+        for m in ours.modules():
+            if isinstance(m, MoE):
+                m.router.args = dataclasses.replace(m.args, topk_groups=4)
+        assert (ours(tokens()) - expected).abs().max() > 1e-3 * expected.abs().max()
+
+
+@pytest.mark.parametrize("case", ["q_lora-groups", "yarn"])
+def test_greedy_generation_equals_transformers(tmp_path, case):
+    hf = random_deepseek(**CASES[case])
+    hf.save_pretrained(tmp_path)
+    ours = imported(tmp_path)
+    prompt = [5, 17, 42, 7, 99]
+    result = generate(ours, prompt, max_new_tokens=12, vocab_size=VOCAB)
+    with torch.no_grad():
+        theirs = hf.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, pad_token_id=0)
+    assert result.new_ids == theirs[0, len(prompt) :].tolist()
+
+
+def test_a_trained_model_exports_as_deepseek_v3_with_our_logits(tmp_path):
+    """A few steps of training with bias balancing (the biases move), then an export that transformers loads."""
+    args = dataclasses.replace(FLAVORS["debug"], vocab_size=320, max_seq_len=64)
+    ours = model_from_args(args)
+    init_weights(ours, 0)
+    optimizer = torch.optim.AdamW(ours.parameters(), lr=1e-2)
+    batch = torch.randint(0, 320, (4, 33), generator=torch.Generator().manual_seed(3))
+    for _ in range(3):
+        logits = ours(batch[:, :-1])
+        torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten()).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        for m in ours.modules():
+            if isinstance(m, MoE):
+                update_balance_bias(m, m.step_tokens, 0.05)
+                m.step_tokens.zero_()
+    assert all(m.router.expert_bias.count_nonzero() for m in ours.modules() if isinstance(m, MoE))
+    ours.eval()
+    save_hf(tmp_path, args, ours.state_dict())
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert type(hf).__name__ == "DeepseekV3ForCausalLM"
+    with torch.no_grad():
+        assert_logits_match(ours(batch), hf(batch).logits)
+    assert args_from_hf_config(json.loads((tmp_path / "config.json").read_text())) == args
+    assert args_from_hf_config(hf.config.to_dict()) == args
+
+
+def test_a_rotate_half_folder_exports_back_in_its_own_layout(tmp_path):
+    hf = random_deepseek(rope_interleave=False)
+    hf.save_pretrained(tmp_path / "in")
+    ours = imported(tmp_path / "in")
+    save_hf(tmp_path / "out", ours.args, ours.state_dict())
+    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
+    assert back.config.rope_interleave is False
+    with torch.no_grad():
+        assert_logits_match(back(tokens()).logits, hf(tokens()).logits)
+
+
+def config_json(**changes) -> dict:
+    return {**transformers.DeepseekV3Config(**SHAPE).to_dict(), **changes}
+
+
+REFUSED = {
+    "scoring_func='softmax'": {"scoring_func": "softmax"},
+    "topk_method='group_limited_greedy'": {"topk_method": "group_limited_greedy"},
+    "topk_method='greedy'": {"topk_method": "greedy"},  # with a group limit (n_group 4, topk_group 2)
+    "moe_layer_freq=2": {"moe_layer_freq": 2},
+    "attention_bias=True": {"attention_bias": True},
+    "num_key_value_heads=2": {"num_key_value_heads": 2},
+    "hidden_act='gelu'": {"hidden_act": "gelu"},
+    "quant_method 'fp8'": {"quantization_config": {"quant_method": "fp8", "fmt": "e4m3"}},
+    "n_group=3": {"n_group": 3},
+    "rope_type='llama3'": {
+        "rope_parameters": {
+            "rope_type": "llama3",
+            "rope_theta": 1e4,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 16,
+        },
+    },  # fmt: skip
+}
+
+
+@pytest.mark.parametrize("named", REFUSED)
+def test_what_is_not_implemented_is_refused_in_one_line(named):
+    with pytest.raises(ConfigError) as e:
+        args_from_hf_config(config_json(**REFUSED[named]), "config.json:")
+    assert named in str(e.value) and "\n" not in str(e.value)
+
+
+def test_greedy_without_a_group_limit_is_the_same_routing():
+    args = args_from_hf_config(config_json(topk_method="greedy", n_group=1, topk_group=1))
+    assert args.moe.n_groups == 1 and args.moe.score_func == "sigmoid"
+
+
+def test_multi_token_prediction_is_named_once_and_its_layers_are_not_read(tmp_path, caplog):
+    hf = random_deepseek()
+    hf.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["num_nextn_predict_layers"] = 1
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(tmp_path / "model.safetensors")
+    weights["model.layers.3.enorm.weight"] = torch.ones(64)  # an MTP layer's tensor, past num_hidden_layers
+    save_file(weights, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with caplog.at_level(logging.INFO, logger="titanlite"):
+        ours = imported(tmp_path)
+    told = [r.getMessage() for r in caplog.records if "multi-token prediction" in r.getMessage()]
+    assert len(told) == 1 and "num_nextn_predict_layers=1" in told[0], told
+    with torch.no_grad():
+        assert_logits_match(ours(tokens()), hf(tokens()).logits)
+
+
+def test_what_a_deepseek_v3_config_cannot_say_is_not_exported():
+    args = dataclasses.replace(FLAVORS["debug"], vocab_size=320)
+    with pytest.raises(ConfigError, match="cannot express MoEArgs.score_func='softmax'"):
+        hf_config(dataclasses.replace(args, moe=dataclasses.replace(args.moe, score_func="softmax")))
+
+
+def count(model) -> int:
+    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+
+
+@pytest.mark.parametrize("flavor", ["deepseek_v3_671b", "moonlight_16b_a3b"])
+def test_a_published_shape_counts_transformers_parameters(flavor):
+    with torch.device("meta"):
+        ours = model_from_args(FLAVORS[flavor])
+        theirs = transformers.DeepseekV3ForCausalLM(transformers.DeepseekV3Config(**hf_config(FLAVORS[flavor])))
+    assert count(ours) == count(theirs), (count(ours), count(theirs))
+
+
+def test_deepseek_v2_lite_counts_transformers_deepseek_v2_parameters():
+    """DeepSeek-V2-Lite's published config.json, built by transformers' DeepseekV2ForCausalLM."""
+    v2_lite = transformers.DeepseekV2Config(
+        vocab_size=102400, hidden_size=2048, intermediate_size=10944, moe_intermediate_size=1408,
+        num_hidden_layers=27, num_attention_heads=16, num_key_value_heads=16, n_shared_experts=2,
+        n_routed_experts=64, num_experts_per_tok=6, first_k_dense_replace=1, q_lora_rank=None, kv_lora_rank=512,
+        qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, topk_method="greedy", norm_topk_prob=False,
+        routed_scaling_factor=1.0, max_position_embeddings=163840, tie_word_embeddings=False,
+    )  # fmt: skip
+    with torch.device("meta"):
+        ours = model_from_args(FLAVORS["deepseek_v2_lite"])
+        theirs = transformers.DeepseekV2ForCausalLM(v2_lite)
+    assert count(ours) == count(theirs), (count(ours), count(theirs))
+
+
+def test_group_limited_routing_needs_groups_that_hold_the_choices():
+    with pytest.raises(ValueError, match="topk_groups=1 groups"):
+        MoEArgs(n_experts=8, top_k=3, expert_dim=4, n_groups=4, topk_groups=1)
+    with pytest.raises(ValueError, match="n_groups=3; use a divisor"):
+        MoEArgs(n_experts=8, top_k=2, expert_dim=4, n_groups=3)
+
+
+def _tp_gradients(rank: int) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor
+
+    from titanlite.models.common.build import build_model
+    from titanlite.parallel.parallelize import materialize
+    from titanlite.parallel.tensor_parallel import apply_tp
+
+    batch = torch.randint(0, 320, (2, 40), generator=torch.Generator().manual_seed(4))
+    whole = build_model("deepseek_v3", "debug", 320, 64)
+    init_weights(whole, 0)
+    with torch.device("meta"):
+        split = build_model("deepseek_v3", "debug", 320, 64)
+    apply_tp(split, init_device_mesh("cpu", (2,), mesh_dim_names=("tp",)), loss_parallel=False, chunked_loss=False)
+    materialize(split, torch.device("cpu"), seed=0)
+    weights = torch.randn(2, 40, 320, generator=torch.Generator().manual_seed(5))
+    for model in (whole, split):
+        logits = model(batch)
+        logits = logits.full_tensor() if isinstance(logits, DTensor) else logits
+        torch.testing.assert_close(logits, whole(batch), rtol=1e-5, atol=1e-5)
+        (logits * weights).sum().backward()
+    expected = dict(whole.named_parameters())
+    for name, p in split.named_parameters():
+        grad = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
+        scale = expected[name].grad.abs().max()
+        assert (grad - expected[name].grad).abs().max() <= 1e-5 * scale, name
+
+
+def test_tensor_parallel_gives_the_one_process_logits_and_gradients():
+    """TP x 2: the per-head projections split by heads, the latent ones whole on each rank, every gradient equal."""
+    from tests.helpers import run_ranks
+
+    run_ranks(_tp_gradients)
+
+
+def test_check_refuses_an_fp8_folder_in_one_line_with_exit_2(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.helpers import REPO, env
+
+    random_deepseek().save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    proc = subprocess.run(
+        [sys.executable, "-m", "titanlite.commands.cli", "check", "--model.flavor", "hf",
+         "--model.hf_assets_path", str(tmp_path), "--model.tokenizer", "byte"],
+        cwd=REPO, env=env(), capture_output=True, text=True,
+    )  # fmt: skip
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "quantization_config (quant_method 'fp8') is not supported" in proc.stderr
+
+
+# The published config.json files (deepseek-ai/DeepSeek-V3 without its quantization_config, and
+# moonshotai/Moonlight-16B-A3B), as on the Hub.
+PUBLISHED = {
+    "deepseek_v3_671b": {
+        "architectures": ["DeepseekV3ForCausalLM"], "aux_loss_alpha": 0.001, "bos_token_id": 0, "eos_token_id": 1,
+        "ep_size": 1, "first_k_dense_replace": 3, "hidden_act": "silu", "hidden_size": 7168,
+        "initializer_range": 0.02, "intermediate_size": 18432, "kv_lora_rank": 512, "max_position_embeddings": 163840,
+        "model_type": "deepseek_v3", "moe_intermediate_size": 2048, "moe_layer_freq": 1, "n_group": 8,
+        "n_routed_experts": 256, "n_shared_experts": 1, "norm_topk_prob": True, "num_attention_heads": 128,
+        "num_experts_per_tok": 8, "num_hidden_layers": 61, "num_key_value_heads": 128, "num_nextn_predict_layers": 1,
+        "q_lora_rank": 1536, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "rms_norm_eps": 1e-06,
+        "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0, "mscale_all_dim": 1.0,
+                         "original_max_position_embeddings": 4096, "type": "yarn"},
+        "rope_theta": 10000, "routed_scaling_factor": 2.5, "scoring_func": "sigmoid", "seq_aux": True,
+        "tie_word_embeddings": False, "topk_group": 4, "topk_method": "noaux_tc", "torch_dtype": "bfloat16",
+        "use_cache": True, "v_head_dim": 128, "vocab_size": 129280,
+    },
+    "moonlight_16b_a3b": {
+        "architectures": ["DeepseekV3ForCausalLM"], "aux_loss_alpha": 0.001, "bos_token_id": 163584,
+        "eos_token_id": 163585, "first_k_dense_replace": 1, "hidden_act": "silu", "hidden_size": 2048,
+        "initializer_range": 0.02, "intermediate_size": 11264, "kv_lora_rank": 512, "max_position_embeddings": 8192,
+        "model_type": "deepseek_v3", "moe_intermediate_size": 1408, "moe_layer_freq": 1, "n_group": 1,
+        "n_routed_experts": 64, "n_shared_experts": 2, "norm_topk_prob": True, "num_attention_heads": 16,
+        "num_experts_per_tok": 6, "num_hidden_layers": 27, "num_key_value_heads": 16, "num_nextn_predict_layers": 0,
+        "pretraining_tp": 1, "q_lora_rank": None, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+        "rms_norm_eps": 1e-05, "rope_scaling": None, "rope_theta": 50000.0, "routed_scaling_factor": 2.446,
+        "scoring_func": "sigmoid", "seq_aux": True, "tie_word_embeddings": False, "topk_group": 1,
+        "topk_method": "noaux_tc", "torch_dtype": "bfloat16", "use_cache": True, "v_head_dim": 128,
+        "vocab_size": 163840,
+    },
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("flavor", PUBLISHED)
+def test_a_published_config_json_reads_as_its_flavor(flavor):
+    assert args_from_hf_config(PUBLISHED[flavor]) == FLAVORS[flavor]
+    assert args_from_hf_config(hf_config(FLAVORS[flavor])) == FLAVORS[flavor]
+
+
+def test_a_folder_with_routing_biases_is_refused_into_a_model_balanced_otherwise(tmp_path):
+    """--moe.balance aux_loss builds routers without a bias: the folder's non-zero biases would be silently lost."""
+    from titanlite.components.hf_weights import load_hf_into
+    from titanlite.config import parse_config
+    from titanlite.models.common.build import configured_model
+
+    random_deepseek().save_pretrained(tmp_path)
+    cfg = parse_config(
+        ["--model.flavor", "hf", "--model.hf_assets_path", str(tmp_path), "--model.tokenizer", "byte",
+         "--training.seq_len", "64", "--moe.balance", "aux_loss"]
+    )  # fmt: skip
+    model = configured_model(cfg.model, 257, 64, cfg.moe)
+    with pytest.raises(ConfigError, match="e_score_correction_bias.*set moe.balance = 'bias'") as e:
+        load_hf_into([model], tmp_path)
+    assert "\n" not in str(e.value)

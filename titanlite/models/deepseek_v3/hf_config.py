@@ -1,0 +1,214 @@
+"""DeepSeek-V3's config.json (model_type deepseek_v3, DeepseekV3ForCausalLM) both ways, torch-free. Every field that
+changes the math is honoured or refused in one line naming it.
+
+Honoured: the decoder's sizes, q_lora_rank (null: one q_proj), kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim,
+v_head_dim, rope_theta and rope_scaling / rope_parameters (plain, "yarn", Llama 3.1's "llama3"), rope_interleave,
+n_routed_experts, num_experts_per_tok, moe_intermediate_size, n_shared_experts, routed_scaling_factor,
+norm_topk_prob, n_group, topk_group, first_k_dense_replace. Refused: scoring_func other than "sigmoid" (transformers'
+DeepseekV3 and DeepSeek's own code score with sigmoid only), topk_method other than "noaux_tc" (or "greedy" where
+no group limit applies, which is the same routing), moe_layer_freq other than 1, attention_bias, a
+num_key_value_heads other than the heads (every head has its own key), hidden_act other than silu, and
+quantization_config (the published DeepSeek-V3 weights are FP8: dequantize them first). Multi-token prediction
+(num_nextn_predict_layers > 0) is left out: titanlite trains without it and does not load those layers (logged once).
+Ignored, as they change no math: aux_loss_alpha and seq_aux (DeepSeek's training loss), ep_size, output_router_logits,
+pretraining_tp, initializer_range, attention_dropout (0), use_cache."""
+
+from __future__ import annotations
+
+import logging
+
+from titanlite.base.errors import ConfigError
+from titanlite.base.hf_config import refuse
+from titanlite.models.common.moe_args import MoEArgs
+from titanlite.models.common.rope_args import YarnRopeScaling
+from titanlite.models.deepseek_v3.args import DeepseekV3Args, first_dense
+from titanlite.models.llama3.hf_config import rope_scaling_to_hf, rope_settings
+
+logger = logging.getLogger(__name__)
+
+MODEL_TYPE = "deepseek_v3"
+ARCHITECTURE = "DeepseekV3ForCausalLM"
+_MTP_TOLD: set[str] = set()  # the config.json files whose multi-token prediction layers were already named
+
+
+def _mtp_layers(config: dict) -> int:
+    return config.get("num_nextn_predict_layers", config.get("num_mtp_layers", 0)) or 0
+
+
+def _check_routing(config: dict, where: str, n_group: int, topk_group: int) -> None:
+    scoring = config.get("scoring_func", "sigmoid")
+    if scoring != "sigmoid":
+        raise refuse(
+            where, "scoring_func", scoring, "DeepSeek-V3 scores experts with a sigmoid (transformers' DeepseekV3 "
+            "and DeepSeek's code compute no other); a softmax router is DeepSeek-V2's (model_type deepseek_v2)",
+        )  # fmt: skip
+    method = config.get("topk_method", "noaux_tc")
+    limited = topk_group < n_group
+    if method not in ("noaux_tc", "greedy") or (method == "greedy" and limited):
+        raise refuse(
+            where, "topk_method", method, "titanlite routes as 'noaux_tc' (group-limited top-k of the sigmoid "
+            "scores plus the correction bias), and as 'greedy' only where no group limit applies",
+        )  # fmt: skip
+    if config.get("moe_layer_freq", 1) != 1:
+        raise refuse(where, "moe_layer_freq", config["moe_layer_freq"], "every layer after the dense ones is sparse")
+
+
+def _moe(config: dict, where: str, n_layers: int) -> MoEArgs:
+    # Absent: DeepseekV3Config's 8 and 4; null: no groups.
+    n_group, topk_group = config.get("n_group", 8) or 1, config.get("topk_group", 4) or 1
+    _check_routing(config, where, n_group, topk_group)
+    n_experts = config.get("n_routed_experts", config.get("num_local_experts", 256))
+    top_k = config.get("num_experts_per_tok", 8)
+    if top_k > n_experts:
+        raise refuse(where, "num_experts_per_tok", top_k, f"it exceeds n_routed_experts={n_experts}")
+    dense = config.get("first_k_dense_replace", 3) or 0
+    if dense > n_layers:
+        raise refuse(where, "first_k_dense_replace", dense, f"the model has {n_layers} layers")
+    try:
+        return MoEArgs(
+            n_experts=n_experts,
+            top_k=top_k,
+            expert_dim=config.get("moe_intermediate_size", 2048),
+            score_func="sigmoid",
+            norm_topk_prob=bool(config.get("norm_topk_prob", True)),
+            route_scale=float(config.get("routed_scaling_factor", 2.5)),
+            n_shared_experts=config.get("n_shared_experts", 1) or 0,
+            balance="bias",
+            n_groups=n_group,
+            topk_groups=topk_group,
+            dense_layers=first_dense(dense),
+        )
+    except ValueError as e:
+        message = str(e)
+        for ours, theirs in _MOE_KEYS.items():
+            message = message.replace(f"MoEArgs.{ours}=", f"{theirs}=").replace(f" {ours}=", f" {theirs}=")
+        raise ConfigError(f"{where} is not supported: {message}") from e
+
+
+# MoEArgs' names -> config.json's, for the refusals.
+_MOE_KEYS = {
+    "n_experts": "n_routed_experts",
+    "top_k": "num_experts_per_tok",
+    "expert_dim": "moe_intermediate_size",
+    "n_groups": "n_group",
+    "topk_groups": "topk_group",
+    "route_scale": "routed_scaling_factor",
+}
+
+
+def _attention(config: dict, where: str) -> dict:
+    n_heads = config["num_attention_heads"]
+    kv_heads = config.get("num_key_value_heads") or n_heads
+    if kv_heads != n_heads:
+        raise refuse(
+            where, "num_key_value_heads", kv_heads, f"latent attention gives every head its own key and value; "
+            f"set it to num_attention_heads={n_heads}",
+        )  # fmt: skip
+    if config.get("attention_bias"):
+        raise refuse(where, "attention_bias", True, "DeepSeek-V3's attention projections have no biases")
+    return {
+        "n_heads": n_heads,
+        "q_lora_rank": config.get("q_lora_rank", 1536) or 0,
+        "kv_lora_rank": config.get("kv_lora_rank", 512),
+        "qk_nope_head_dim": config.get("qk_nope_head_dim", 128),
+        "qk_rope_head_dim": config.get("qk_rope_head_dim", 64),
+        "v_head_dim": config.get("v_head_dim", 128),
+        "rope_interleave": bool(config.get("rope_interleave", True)),
+    }
+
+
+def read(config: dict, where: str) -> DeepseekV3Args:
+    """DeepseekV3Args of a deepseek_v3 config.json (absent keys take DeepseekV3Config's defaults)."""
+    if config.get("hidden_act", "silu") != "silu":
+        raise refuse(where, "hidden_act", config["hidden_act"], "the MLPs are SwiGLU (silu)")
+    n_layers = config.get("num_hidden_layers", 61)
+    rope_theta, rope_scaling = rope_settings(config, where)
+    if rope_scaling is not None and not isinstance(rope_scaling, YarnRopeScaling):
+        raise refuse(where, "rope_type", "llama3", "DeepSeek-V3 reads plain RoPE or 'yarn'")
+    mtp = _mtp_layers(config)
+    if mtp and where not in _MTP_TOLD:
+        _MTP_TOLD.add(where)
+        logger.info(
+            f"{where} num_nextn_predict_layers={mtp}: titanlite trains DeepSeek-V3 without multi-token prediction "
+            "and does not load those layers' weights (transformers ignores them too)"
+        )
+    moe, attention = _moe(config, where, n_layers), _attention(config, where)
+    try:
+        return DeepseekV3Args(
+            dim=config.get("hidden_size", 7168),
+            n_layers=n_layers,
+            ffn_dim=config.get("intermediate_size", 18432),
+            vocab_size=config.get("vocab_size", 129280),
+            max_seq_len=config.get("max_position_embeddings", 4096),
+            rope_theta=rope_theta,
+            norm_eps=config.get("rms_norm_eps", 1e-6),
+            tie_embeddings=bool(config.get("tie_word_embeddings", False)),
+            rope_scaling=rope_scaling,
+            moe=moe,
+            **attention,
+        )
+    except ValueError as e:
+        raise ConfigError(f"{where} is not supported: {e}") from e
+
+
+def check_expressible(args: DeepseekV3Args) -> None:
+    """What a deepseek_v3 config.json cannot say is refused, naming the field."""
+    moe = args.moe
+    problems = [
+        f"MoEArgs.{name}={getattr(moe, name)!r}"
+        for name, default in (
+            ("score_func", "sigmoid"),
+            ("router_bias", False),
+            ("shared_expert_dim", 0),
+            ("shared_gate", False),
+        )
+        if getattr(moe, name) != default
+    ]
+    if moe.dense_layers != first_dense(len(moe.dense_layers)):
+        problems.append(f"MoEArgs.dense_layers={list(moe.dense_layers)} (only the first layers can be dense)")
+    if problems:
+        raise ConfigError(
+            f"a deepseek_v3 config.json cannot express {', '.join(problems)}; transformers' DeepseekV3 would "
+            "compute another model"
+        )
+
+
+def write(args: DeepseekV3Args) -> dict:
+    check_expressible(args)
+    moe = args.moe
+    rope = rope_scaling_to_hf(args.rope_scaling)
+    return {
+        "architectures": [ARCHITECTURE],
+        "model_type": MODEL_TYPE,
+        "hidden_size": args.dim,
+        "intermediate_size": args.ffn_dim,
+        "num_hidden_layers": args.n_layers,
+        "num_attention_heads": args.n_heads,
+        "num_key_value_heads": args.n_heads,
+        "hidden_act": "silu",
+        "rms_norm_eps": args.norm_eps,
+        "max_position_embeddings": args.max_seq_len,
+        "rope_theta": args.rope_theta,
+        "rope_parameters": {"rope_theta": args.rope_theta, **rope},
+        "rope_scaling": rope if args.rope_scaling else None,
+        "rope_interleave": args.rope_interleave,
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "q_lora_rank": args.q_lora_rank or None,
+        "kv_lora_rank": args.kv_lora_rank,
+        "qk_nope_head_dim": args.qk_nope_head_dim,
+        "qk_rope_head_dim": args.qk_rope_head_dim,
+        "v_head_dim": args.v_head_dim,
+        "n_routed_experts": moe.n_experts,
+        "num_experts_per_tok": moe.top_k,
+        "moe_intermediate_size": moe.expert_dim,
+        "n_shared_experts": moe.n_shared_experts,
+        "routed_scaling_factor": moe.route_scale,
+        "norm_topk_prob": moe.norm_topk_prob,
+        "n_group": moe.n_groups,
+        "topk_group": moe.topk_groups,
+        "topk_method": "noaux_tc",
+        "scoring_func": "sigmoid",
+        "first_k_dense_replace": len(moe.dense_layers),
+        "num_nextn_predict_layers": 0,
+    }

@@ -1,0 +1,87 @@
+"""DeepSeek-V3's tensor-parallel plan: latent attention split by heads, the dense layers as Llama's, a
+mixture-of-experts block whole on every tensor-parallel rank (titanlite/models/moe_decoder/parallelize.py).
+
+Attention takes the whole sequence as a plain tensor. The per-head projections are split: the query's (wq, or wq_b
+after the low-rank bottleneck) and the latent's expansion wkv_b column-wise, each rank computing its heads; wo
+row-wise, back to this rank's slice of the sequence. The latent projections (wq_a, wkv_a) and their norms are small
+and shared by every head, so each rank runs them whole on the same tokens: their gradients, summed over the heads
+of all ranks by the column-wise layers' input all-reduce, are the same on every rank, as the MoE block's are. The
+one exception is the rotary key, which every head reads without a split layer in between: each rank's gradient of
+it holds its own heads' part only, so RotaryKeyGradients sums it over the tensor-parallel ranks in backward."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel
+from torch.distributed.tensor.parallel.style import ParallelStyle
+
+from titanlite.models.common.interface import DecoderModule
+from titanlite.models.llama3.parallelize import block_plan
+from titanlite.models.moe_decoder.parallelize import moe_block_plan
+
+
+class _SumGradient(torch.autograd.Function):
+    """Identity forward; backward sums the gradient over `group`."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        grad = grad.contiguous()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+class RotaryKeyGradients(ParallelStyle):
+    """On wkv_a: its output's last channels from `latent` on (the rotary key, shared by every head) pass through
+    unchanged and get their gradient summed over the tensor-parallel ranks, each of which holds some heads."""
+
+    def __init__(self, latent: int):
+        super().__init__()
+        self.latent = latent
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        group, latent = device_mesh.get_group(), self.latent
+
+        def hook(module: nn.Module, inputs, out: torch.Tensor) -> torch.Tensor:
+            return torch.cat([out[..., :latent], _SumGradient.apply(out[..., latent:], group)], dim=-1)
+
+        module.register_forward_hook(hook)
+        return module
+
+
+def attention_plan(q_lora_rank: int, kv_lora_rank: int) -> dict:
+    query = "attention.wq_b" if q_lora_rank else "attention.wq"
+    return {
+        # attention(x, cos, sin): gather x's sequence, as a plain tensor (the latent layers are not DTensors).
+        "attention": PrepareModuleInput(
+            input_layouts=(Shard(1), None, None),
+            desired_input_layouts=(Replicate(), None, None),
+            use_local_output=True,
+        ),
+        query: ColwiseParallel(),
+        "attention.wkv_a": RotaryKeyGradients(kv_lora_rank),
+        "attention.wkv_b": ColwiseParallel(),
+        "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+    }
+
+
+def tp_plan(model: DecoderModule) -> dict:
+    args = model.args
+    llama = block_plan()
+    plan: dict = {}
+    for i in model.layers:
+        block = {name: style for name, style in llama.items() if name.partition(".")[0] != "attention"}
+        block |= attention_plan(args.q_lora_rank, args.kv_lora_rank)
+        if args.moe.is_sparse(int(i)):
+            block = {name: style for name, style in block.items() if name.partition(".")[0] != "feed_forward"}
+            block["feed_forward"] = moe_block_plan()
+        plan |= {f"layers.{i}.{name}": style for name, style in block.items()}
+    return plan

@@ -1,0 +1,127 @@
+"""DeepSeek-V3's weights under Hugging Face's names (DeepseekV3ForCausalLM's checkpoint files): the latent attention's
+projections (self_attn.q_proj or q_a_proj / q_a_layernorm / q_b_proj, kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj,
+o_proj), the dense MLP (mlp.{gate,up,down}_proj), and each sparse layer's router (mlp.gate.weight), correction bias
+(mlp.gate.e_score_correction_bias: our routing bias, a buffer), experts (mlp.experts.E.*, stacked on import) and
+shared experts (mlp.shared_experts.*). With rope_interleave false the rotary rows are stored as halves and reordered
+here (ours rotate adjacent pairs). The layers past num_hidden_layers (multi-token prediction) are not read."""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+from titanlite.models.common.moe import EXPERT_NAMES, moe_to_hf
+from titanlite.models.deepseek_v3.args import DeepseekV3Args
+from titanlite.models.llama3.weights import rope_from_hf, rope_to_hf
+
+_BIAS = "router.expert_bias"
+
+
+def hf_names(args: DeepseekV3Args) -> dict[str, str]:
+    """Our tensor name -> its HF name, except the stacked experts (hf_sources)."""
+    names = {
+        "tok_embeddings.weight": "model.embed_tokens.weight",
+        "norm.weight": "model.norm.weight",
+        "output.weight": "lm_head.weight",
+    }
+    attention = [
+        ("wkv_a", "kv_a_proj_with_mqa"),
+        ("kv_norm", "kv_a_layernorm"),
+        ("wkv_b", "kv_b_proj"),
+        ("wo", "o_proj"),
+    ]
+    if args.q_lora_rank:
+        attention += [("wq_a", "q_a_proj"), ("q_norm", "q_a_layernorm"), ("wq_b", "q_b_proj")]
+    else:
+        attention.append(("wq", "q_proj"))
+    mlp = [("w1", "gate_proj"), ("w3", "up_proj"), ("w2", "down_proj")]
+    for i in range(args.n_layers):
+        ours, hf = f"layers.{i}.", f"model.layers.{i}."
+        names[ours + "attention_norm.weight"] = hf + "input_layernorm.weight"
+        names[ours + "ffn_norm.weight"] = hf + "post_attention_layernorm.weight"
+        for w, proj in attention:
+            names[f"{ours}attention.{w}.weight"] = f"{hf}self_attn.{proj}.weight"
+        if not args.moe.is_sparse(i):
+            for w, proj in mlp:
+                names[f"{ours}feed_forward.{w}.weight"] = f"{hf}mlp.{proj}.weight"
+            continue
+        names[ours + "feed_forward.router.gate.weight"] = hf + "mlp.gate.weight"
+        if args.moe.balance == "bias":
+            names[ours + "feed_forward." + _BIAS] = hf + "mlp.gate.e_score_correction_bias"
+        if args.moe.shared_hidden:
+            for w, proj in mlp:
+                names[f"{ours}feed_forward.shared_expert.{w}.weight"] = f"{hf}mlp.shared_experts.{proj}.weight"
+    return names
+
+
+def hf_sources(args: DeepseekV3Args) -> dict[str, str | tuple[str, ...]]:
+    """Our parameter (and routing-bias buffer) name -> the HF tensor it is made from; a stacked expert tensor ->
+    its experts' tensors, in expert order."""
+    sources: dict[str, str | tuple[str, ...]] = dict(hf_names(args))
+    for i in range(args.n_layers):
+        if args.moe.is_sparse(i):
+            for w, proj in zip(("w1", "w3", "w2"), EXPERT_NAMES["gate_proj"]):
+                sources[f"layers.{i}.feed_forward.experts.{w}"] = tuple(
+                    f"model.layers.{i}.mlp.experts.{e}.{proj}.weight" for e in range(args.moe.n_experts)
+                )
+    return sources
+
+
+def hf_keys(args: DeepseekV3Args, keys: list[str]) -> dict[str, str]:
+    """The folder's tensors the model reads: not the multi-token prediction layers (model.layers.N for N past the
+    decoder's), nor a correction bias when this model balances otherwise."""
+
+    def read(key: str) -> bool:
+        layer = re.match(r"model\.layers\.(\d+)\.", key)
+        if layer and int(layer.group(1)) >= args.n_layers:
+            return False
+        return args.moe.balance == "bias" or not key.endswith(".e_score_correction_bias")
+
+    return {k: k for k in keys if read(k)}
+
+
+def _rope_rows(args: DeepseekV3Args, name: str) -> str | None:
+    """Which of a tensor's rows carry rotary channels when their HF layout differs from ours (rope_interleave
+    false): "q" (each head's last qk_rope_head_dim rows), "kv" (wkv_a's last qk_rope_head_dim rows), or None."""
+    if args.rope_interleave:
+        return None
+    kind = name.rsplit(".", 2)[-2]
+    return {"wq": "q", "wq_b": "q", "wkv_a": "kv"}.get(kind)
+
+
+def _reorder(args: DeepseekV3Args, w: torch.Tensor, rows: str, reorder) -> torch.Tensor:
+    rope = args.qk_rope_head_dim
+    if rows == "kv":
+        return torch.cat([w[:-rope], reorder(w[-rope:], 1)])
+    heads = w.view(args.n_heads, args.qk_head_dim, -1)
+    rot = reorder(heads[:, -rope:].reshape(args.n_heads * rope, -1), args.n_heads).view(args.n_heads, rope, -1)
+    return torch.cat([heads[:, :-rope], rot], dim=1).reshape(w.shape)
+
+
+def to_hf(args: DeepseekV3Args, sd: dict[str, torch.Tensor], take) -> dict[str, torch.Tensor]:
+    """Our state dict -> HF names and layouts (lm_head.weight always present); `take(name)` reads sd. A model
+    without routing biases writes zeros for them (transformers' DeepseekV3 always has one)."""
+    out = {}
+    for ours, hf in hf_names(args).items():
+        rows = _rope_rows(args, ours)
+        out[hf] = take(ours) if rows is None else _reorder(args, take(ours), rows, rope_to_hf)
+    for i in range(args.n_layers):
+        if args.moe.is_sparse(i):
+            ours = f"layers.{i}.feed_forward."
+            tensors = ("router.gate.weight", "experts.w1", "experts.w3", "experts.w2")
+            block = moe_to_hf({name: take(ours + name) for name in tensors})
+            out |= {f"model.layers.{i}.mlp.{name}": t for name, t in block.items()}
+            bias = take(ours + _BIAS).float() if args.moe.balance == "bias" else torch.zeros(args.moe.n_experts)
+            out[f"model.layers.{i}.mlp.gate.e_score_correction_bias"] = bias
+    return out
+
+
+def from_hf_tensor(args: DeepseekV3Args, name: str, hf: torch.Tensor | list[torch.Tensor]) -> torch.Tensor:
+    """Our tensor `name`'s full value from its HF tensor, or from its experts' tensors (hf_sources[name])."""
+    if isinstance(hf, list):
+        return torch.stack(hf).contiguous()
+    if name.endswith(_BIAS):
+        return hf.float()
+    rows = _rope_rows(args, name)
+    return hf if rows is None else _reorder(args, hf, rows, rope_from_hf).contiguous()
