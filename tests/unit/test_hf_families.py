@@ -281,6 +281,18 @@ def test_a_switch_its_family_cannot_express_is_not_exported(tmp_path):
         hf_config(args)
 
 
+@pytest.mark.parametrize("family", ["mistral", "mixtral", "qwen3_moe"])
+def test_full_layers_among_sliding_ones_are_not_exported_where_every_layer_slides(family):
+    """Mistral's, Mixtral's and Qwen3-MoE's attention slides on every layer once sliding_window is set: a model
+    whose layer_types keep some layers full would load there as another model."""
+    mixed = ("sliding_attention", "full_attention") * 2
+    args = dataclasses.replace(FLAVORS[family]["debug"], vocab_size=320, sliding_window=8, layer_types=mixed)
+    with pytest.raises(ConfigError, match=r"cannot express layer_types=.*full layers among sliding ones"):
+        hf_config(args)
+    every = dataclasses.replace(args, layer_types=("sliding_attention",) * 4)
+    assert hf_config(every)["sliding_window"] == 8
+
+
 PUBLISHED = [
     (family, flavor)
     for family, flavors in FLAVORS.items()

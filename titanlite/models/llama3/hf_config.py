@@ -182,6 +182,9 @@ class DecoderConfig:
             problems.append(f"qk_norm={args.qk_norm!r}")
         if args.norm_position != can.norm_position:
             problems.append(f"norm_position={args.norm_position!r}")
+        if self.window is window_always and any(window_of(args, i) is None for i in range(args.n_layers)):
+            if args.sliding_window:  # its attention slides on every layer whenever sliding_window is set
+                problems.append(f"layer_types={list(args.layer_types)} (full layers among sliding ones)")
         if args.nope_layers and not can.nope:
             problems.append(f"nope_layers={list(args.nope_layers)}")
         if problems:
