@@ -21,6 +21,7 @@ from tests.unit.test_hf_families import assert_logits_match, imported  # noqa: E
 from titanlite.base.errors import ConfigError  # noqa: E402
 from titanlite.commands.generate import generate  # noqa: E402
 from titanlite.components.hf_weights import save_hf  # noqa: E402
+from titanlite.models.common.attention import FlexAttention  # noqa: E402
 from titanlite.models.common.build import build_model, model_from_args  # noqa: E402
 from titanlite.models.common.init import init_weights  # noqa: E402
 from titanlite.models.gemma3.args import FLAVORS  # noqa: E402
@@ -70,6 +71,27 @@ def test_a_transformers_gemma3_imports_with_its_logits(tmp_path, case):
     tokens = torch.randint(0, VOCAB, (2, 48), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         assert_logits_match(ours(tokens), hf(tokens).logits)
+
+
+def test_gemma3_on_the_flex_backend_gives_transformers_logits_and_sdpas_gradients(tmp_path):
+    """Gemma 3's windows, softmax scale and alternating layers through flex's core (its CPU path, keys in
+    chunks of 16, so a 48-token prompt spans several): transformers' logits, and SDPA's gradients."""
+    hf = random_gemma3()
+    hf.save_pretrained(tmp_path)
+    tokens = torch.randint(0, VOCAB, (2, 48), generator=torch.Generator().manual_seed(1))
+    grads = {}
+    for backend in ("sdpa", "flex"):
+        ours = imported(tmp_path, 64, "--model.attn_backend", backend)
+        assert isinstance(ours.layers["0"].attention.core, FlexAttention) == (backend == "flex")
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(FlexAttention, "CHUNK", 16)
+            logits = ours(tokens)
+        with torch.no_grad():
+            assert_logits_match(logits, hf(tokens).logits)
+        logits.square().mean().backward()
+        grads[backend] = {name: p.grad for name, p in ours.named_parameters()}
+    for name, grad in grads["flex"].items():
+        torch.testing.assert_close(grad, grads["sdpa"][name], rtol=1e-4, atol=1e-6, msg=name)
 
 
 def test_greedy_generation_equals_transformers_past_the_window(tmp_path):

@@ -102,8 +102,9 @@ def random_model(case: str):
     return model.eval()
 
 
-def imported(folder, seq_len: int = 64):
-    """The folder's model built and filled as a run does (model.flavor = "hf"), on the CPU."""
+def imported(folder, seq_len: int = 64, *options: str):
+    """The folder's model built and filled as a run does (model.flavor = "hf"), on the CPU; `options`: more
+    command-line settings."""
     cfg = parse_config(
         [
             "--model.flavor",
@@ -114,6 +115,7 @@ def imported(folder, seq_len: int = 64):
             "byte",
             "--training.seq_len",
             str(seq_len),
+            *options,
         ]
     )
     model = configured_model(cfg.model, 257, seq_len)
