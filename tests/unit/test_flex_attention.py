@@ -20,10 +20,10 @@ from titanlite.models.common.attention import (
 B, HQ, HKV, HD = 2, 4, 2, 16
 
 
-@pytest.fixture(autouse=True, params=[512, 48], ids=["chunk512", "chunk48"])
+@pytest.fixture(params=[1024, 48], ids=["chunk1024", "chunk48"])
 def key_chunk(request, monkeypatch):
     """flex's CPU path both with its keys in one chunk (these short sequences) and in several of 48 (the online
-    softmax across chunks, the last one ragged)."""
+    softmax across chunks, the last one ragged); the tests of the cores themselves take it."""
     monkeypatch.setattr(FlexAttention, "CHUNK", request.param)
 
 
@@ -53,6 +53,7 @@ SEQUENCES = {
 }
 
 
+@pytest.mark.usefixtures("key_chunk")
 @pytest.mark.parametrize("kind", list(SEQUENCES))
 def test_flex_core_equals_sdpa_forward_and_backward(kind):
     T = 300  # not a multiple of the 128-query block
@@ -71,6 +72,7 @@ def test_flex_core_equals_sdpa_forward_and_backward(kind):
         torch.testing.assert_close(flex, sdpa, rtol=0, atol=1e-12)
 
 
+@pytest.mark.usefixtures("key_chunk")
 def test_blockwise_keeps_at_most_a_block_of_scores_and_saves_only_its_inputs():
     """Each block of queries sees only the span of keys it may attend to, and backward recomputes the blocks:
     nothing of size T x S is saved (the saved tensors are q, k and v's slices)."""
@@ -83,7 +85,7 @@ def test_blockwise_keeps_at_most_a_block_of_scores_and_saves_only_its_inputs():
         return tensor
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = blockwise_attention(q, k, v, None, 128)
+        out = blockwise_attention(q, k, v, None, 128, chunk=FlexAttention.CHUNK)
     out.sum().backward()  # backward recomputes each block, and frees it before the next
     assert saved and max(saved) <= B * HQ * T * HD, saved  # nothing like B x H x T x T
 
@@ -129,6 +131,7 @@ def reference_attention(q, k, v, documents=None, window=None, softcap=None, scal
     return torch.softmax(scores.masked_fill(~allowed, float("-inf")), -1) @ v
 
 
+@pytest.mark.usefixtures("key_chunk")
 @pytest.mark.parametrize("name", ["sdpa", "flex"])
 @pytest.mark.parametrize(
     "options", [{"window": 37}, {"softcap": 2.0, "scale": 0.4}, {"window": 200, "softcap": 3.0}], ids=str
