@@ -2,6 +2,7 @@
 math are honoured (logits equal transformers' to 1e-5 in fp32) or refused with one line naming the field;
 explicit keys that contradict the folder are refused; sharded safetensors go in and out."""
 
+import dataclasses
 import json
 
 import pytest
@@ -15,7 +16,7 @@ from titanlite.base.errors import ConfigError  # noqa: E402
 from titanlite.base.hf_config import read_config  # noqa: E402
 from titanlite.components.hf_weights import load_hf_into, save_hf  # noqa: E402
 from titanlite.config import parse_config  # noqa: E402
-from titanlite.models.common.build import configured_model  # noqa: E402
+from titanlite.models.common.build import configured_model, model_from_args  # noqa: E402
 from titanlite.models.hf_config import args_from_hf_config  # noqa: E402
 
 RTOL = 1e-5
@@ -177,6 +178,26 @@ def test_a_named_flavor_refuses_a_folder_whose_math_differs(tmp_path):
     model = configured_model(cfg.model, 257, 32)
     with pytest.raises(ConfigError, match=r"rope_theta=10000.0.*model.flavor = 'hf'"):
         load_hf_into([model], tmp_path)
+
+
+@pytest.mark.parametrize(
+    "family, change, words",
+    [
+        ("mistral", {"sliding_window": 8}, r"sliding_window=8"),
+        ("gpt_oss", {"swiglu_limit": 3.0}, r"swiglu_limit=3.0"),
+        ("gemma3", {"query_pre_attn_scalar": 20.0}, r"query_pre_attn_scalar=20.0"),
+    ],
+)
+def test_a_named_flavor_refuses_a_folder_whose_window_or_family_switch_differs(tmp_path, family, change, words):
+    """A folder's sliding window, or a family's own switches (gpt-oss's clamp, Gemma 3's score scale), into the
+    same family's named flavor without them loaded silently into other math."""
+    cfg = parse_config(["--model.name", family, "--model.tokenizer", "byte"])
+    named = configured_model(cfg.model, 257, 32)
+    folder_args = dataclasses.replace(named.args, **change)
+    save_hf(tmp_path, folder_args, model_from_args(folder_args).state_dict())
+    with pytest.raises(ConfigError, match=words + r".*model.flavor = 'hf'") as e:
+        load_hf_into([named], tmp_path)
+    assert "\n" not in str(e.value)
 
 
 def test_gpt2_positions_advice_works(tmp_path):

@@ -255,6 +255,13 @@ _MATH_FIELDS = (
     "qk_nope_head_dim",
     "qk_rope_head_dim",
     "v_head_dim",
+    "sliding_window",
+    "layer_types",
+    "query_pre_attn_scalar",
+    "rope_local_theta",
+    "rope_linear_factor",
+    "swiglu_alpha",
+    "swiglu_limit",
 )
 
 
