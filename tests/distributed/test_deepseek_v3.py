@@ -78,6 +78,7 @@ def ep2(tmp_path_factory):
     return run_dir, proc
 
 
+@pytest.mark.slow  # two runs, about 20 s, beside a default suite near its 15 minutes: CI runs it
 def test_ep2_matches_one_process_losses_loads_and_biases(reference, ep2):
     run_dir, proc = ep2
     assert "ep 2 (of shard x cp)" in proc.stdout and "model deepseek_v3 debug" in proc.stdout
@@ -114,6 +115,7 @@ def test_an_ep2_checkpoint_resumes_on_another_ep_degree(tmp_path, ep2, nproc, ep
     assert_close([r["expert_load"] for r in resumed[3:]], [r["expert_load"] for r in expected[3:]], 1e-6)
 
 
+@pytest.mark.slow  # two 2-rank runs, about 12 s: CI runs them
 @pytest.mark.parametrize("layout", ["ep2", "tp2"])
 def test_a_deepseek_v3_folder_imports_on_a_layout_with_transformers_logits(tmp_path, layout):
     """EP x 2 (experts stacked from their tensors and sharded, every other weight FSDP-sharded) or TP x 2 (the
