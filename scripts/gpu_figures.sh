@@ -14,6 +14,8 @@
 #   scripts/gpu_figures.sh float8-layers the 3B at seq 8192, full AC: bf16, then float8 with more linears left in bf16
 #   scripts/gpu_figures.sh autotune     GPT-2 124M (batch 64) and the 774M (16 x 2): compile mode default against
 #                                       max-autotune-no-cudagraphs
+#   scripts/gpu_figures.sh flex         SmolLM3-3B at 8,192 tokens (full AC, compiled), causal and block-causal:
+#                                       SDPA (flash/cuDNN, or its dense mask) against FlexAttention's compiled kernel
 #   scripts/gpu_figures.sh suite        the correctness runs: ./run_tests.sh -m gpu beside the CPU suite
 #                                       (./run_tests.sh -n 12) on this machine's torch
 #   scripts/gpu_figures.sh sitting      one lease (SITTING_SECONDS, default 540): the gpu tests beside the CPU
@@ -108,6 +110,13 @@ case "${1:-throughput}" in
     train 774m_b16x2 "${large[@]}" --training.steps 30 --training.local_batch_size 16
     train 774m_b16x2_max_autotune "${large[@]}" --training.steps 30 --training.local_batch_size 16 \
       --compile.mode max-autotune-no-cudagraphs
+    ;;
+  flex)  # issue 41's GPU figures: tokens/s of each backend, the same shape, steps and mask
+    full=("${smol[@]}" --activation_checkpoint.mode full --training.steps 15)
+    for mask in causal block_causal; do
+      train "3b_${mask}_sdpa" "${full[@]}" --model.attn_mask_type "$mask"
+      train "3b_${mask}_flex" "${full[@]}" --model.attn_mask_type "$mask" --model.attn_backend flex
+    done
     ;;
   suite)  # both at once: the CPU suite pins itself to the CPU (gloo), the gpu tests use the GPU
     (./run_tests.sh -n 12 -q -p no:cacheprovider > "$OUT/cpu_suite.log" 2>&1; echo "exit $?" >> "$OUT/cpu_suite.log") &
