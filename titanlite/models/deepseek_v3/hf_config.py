@@ -23,6 +23,7 @@ from titanlite.models.common.moe_args import MoEArgs
 from titanlite.models.common.rope_args import YarnRopeScaling
 from titanlite.models.deepseek_v3.args import DeepseekV3Args, first_dense
 from titanlite.models.llama3.hf_config import rope_scaling_to_hf, rope_settings
+from titanlite.models.moe_decoder.hf_config import check_expressible as check_expressible_moe
 
 logger = logging.getLogger(__name__)
 
@@ -152,25 +153,20 @@ def read(config: dict, where: str) -> DeepseekV3Args:
 
 
 def check_expressible(args: DeepseekV3Args) -> None:
-    """What a deepseek_v3 config.json cannot say is refused, naming the field."""
+    """What a deepseek_v3 config.json cannot say is refused, naming the field (transformers' DeepseekV3 would
+    compute another model): the shared check with DeepSeek's sigmoid router, its stored routing biases, its shared
+    expert width and group-limited routing free, and dense layers only first."""
     moe = args.moe
-    problems = [
-        f"MoEArgs.{name}={getattr(moe, name)!r}"
-        for name, default in (
-            ("score_func", "sigmoid"),
-            ("router_bias", False),
-            ("shared_expert_dim", 0),
-            ("shared_gate", False),
-        )
-        if getattr(moe, name) != default
-    ]
-    if moe.dense_layers != first_dense(len(moe.dense_layers)):
-        problems.append(f"MoEArgs.dense_layers={list(moe.dense_layers)} (only the first layers can be dense)")
-    if problems:
-        raise ConfigError(
-            f"a deepseek_v3 config.json cannot express {', '.join(problems)}; transformers' DeepseekV3 would "
-            "compute another model"
-        )
+    leading = moe.dense_layers == first_dense(len(moe.dense_layers))
+    check_expressible_moe(
+        moe,
+        "deepseek_v3",
+        fixed={"score_func": "sigmoid", "router_bias": False, "shared_expert_dim": 0, "shared_gate": False},
+        bias_balance=True,
+        more=()
+        if leading
+        else (f"MoEArgs.dense_layers={list(moe.dense_layers)} (only the first layers can be dense)",),
+    )
 
 
 def write(args: DeepseekV3Args) -> dict:

@@ -22,7 +22,7 @@ from titanlite.models.llama3.hf_config import (
     layer_types_of,
     no_mlp_bias,
 )
-from titanlite.models.moe_decoder.hf_config import block_from_config
+from titanlite.models.moe_decoder.hf_config import FIXED, block_from_config, check_expressible
 
 MODEL_TYPE = "gpt_oss"
 
@@ -131,27 +131,13 @@ def read(config: dict, where: str) -> GptOssArgs:
 def write(args: GptOssArgs) -> dict:
     """The config.json fields of a gpt-oss model (refused, naming the switch, where gpt-oss's cannot say it)."""
     moe = args.moe
-    problems = [
-        f"MoEArgs.{name}={getattr(moe, name)!r}"
-        for name, want in (
-            ("score_func", "softmax"),
-            ("norm_topk_prob", True),
-            ("router_bias", True),
-            ("route_scale", 1.0),
-            ("n_shared_experts", 0),
-            ("shared_expert_dim", 0),
-            ("shared_gate", False),
-            ("z_loss_coef", 0.0),
-            ("dense_layers", ()),
-        )
-        if getattr(moe, name) != want
-    ]
-    if moe.balance == "bias":
-        problems.append("MoEArgs.balance='bias'")
-    if moe.expert_dim != args.ffn_dim:
-        problems.append(f"ffn_dim={args.ffn_dim} with MoEArgs.expert_dim={moe.expert_dim} (one intermediate_size)")
-    if problems:
-        raise ConfigError(f"a gpt_oss config.json cannot express {', '.join(problems)}")
+    # gpt-oss's block: the shared one's softmax router with a bias, renormalised top-k, no dense layers.
+    width = () if moe.expert_dim == args.ffn_dim else (
+        f"ffn_dim={args.ffn_dim} with MoEArgs.expert_dim={moe.expert_dim} (one intermediate_size)",
+    )  # fmt: skip
+    check_expressible(
+        moe, "gpt_oss", dense_layers=False, fixed={**FIXED, "router_bias": True, "norm_topk_prob": True}, more=width
+    )
     return DECODER.write(args) | {
         "num_local_experts": moe.n_experts,
         "num_experts_per_tok": moe.top_k,

@@ -37,25 +37,39 @@ def check_top_k(where: str, config: dict, experts_key: str, top_k: int, n_expert
         )
 
 
-def check_expressible(moe: MoEArgs, family: str, dense_layers: bool = True) -> None:
-    """What a family's config.json cannot say about the MoE block is refused, naming the field."""
+# What a Hugging Face MoE config.json of the softmax-routed families fixes about the block (field: its value).
+FIXED = {
+    "score_func": "softmax",
+    "route_scale": 1.0,
+    "router_bias": False,
+    "n_shared_experts": 0,
+    "shared_expert_dim": 0,
+    "shared_gate": False,
+    "z_loss_coef": 0.0,
+    "n_groups": 1,
+}
+
+
+def check_expressible(
+    moe: MoEArgs,
+    family: str,
+    dense_layers: bool = True,
+    fixed: dict | None = None,
+    bias_balance: bool = False,
+    more: tuple[str, ...] = (),
+) -> None:
+    """What a family's config.json cannot say about the MoE block is refused, naming the field: the fields it
+    fixes (`fixed`, FIXED by default), the bias balancing unless it stores the biases (`bias_balance`), dense
+    layers unless it names them, and the family's own `more` problems."""
     problems = [
         f"MoEArgs.{name}={getattr(moe, name)!r}"
-        for name, default in (
-            ("score_func", "softmax"),
-            ("route_scale", 1.0),
-            ("router_bias", False),
-            ("n_shared_experts", 0),
-            ("shared_expert_dim", 0),
-            ("shared_gate", False),
-            ("z_loss_coef", 0.0),
-            ("n_groups", 1),
-        )
-        if getattr(moe, name) != default
+        for name, value in (fixed or FIXED).items()
+        if getattr(moe, name) != value
     ]
-    if moe.balance == "bias":
+    if moe.balance == "bias" and not bias_balance:
         problems.append("MoEArgs.balance='bias'")
     if moe.dense_layers and not dense_layers:
         problems.append(f"MoEArgs.dense_layers={list(moe.dense_layers)}")
+    problems += more
     if problems:
         raise ConfigError(f"a {family} config.json cannot express {', '.join(problems)}")
