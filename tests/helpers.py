@@ -8,11 +8,11 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
+from tests.pool import Ran, pool, train_job
 from titanlite.base.failures import reason_in
 
 REPO = Path(__file__).resolve().parents[1]
@@ -75,6 +75,14 @@ def torchrun(nproc: int, args: list[str], run_dir: Path, timeout: int = 300) -> 
         *args,
     ]
     return subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=timeout)
+
+
+def train_in_pool(nproc: int, args: list[str], run_dir: Path, timeout: int = 300, **extra_env: str) -> Ran:
+    """What torchrun(nproc, args, run_dir) runs, on `nproc` ranks of the pool (tests/pool.py) that outlives the
+    test: the worker's own train() on each rank, without starting and importing N interpreters. A failure on any
+    rank fails the test with its traceback; the result has the run's stdout (rank 0's, then what other ranks say)."""
+    argv = ["--job.dump_folder", str(run_dir), "--job.name", "run", *args]
+    return pool(nproc).run(train_job, argv, env=extra_env, timeout=timeout)
 
 
 def run_train_sh(
@@ -150,29 +158,15 @@ def checkpoint_tensors(path, scratch) -> dict:
 
 
 def run_ranks(worker: Callable[[int], None], nprocs: int = 2) -> None:
-    """Run `worker(rank)` on `nprocs` processes joined in one gloo process group (the default group), one
-    thread each; an exception on any rank fails the caller with that rank's traceback (the others are
-    stopped). `worker` must be a module-level function: the spawned processes import it. About 3 s for two
-    ranks, most of it importing torch."""
-    import torch.multiprocessing as mp  # torch only where a test runs ranks: the launch helpers above need none
-
-    with tempfile.TemporaryDirectory() as folder:
-        mp.spawn(_run_rank, args=(worker, nprocs, f"{folder}/store"), nprocs=nprocs)
+    """Run `worker(rank)` on `nprocs` ranks of the pool (tests/pool.py) joined in one gloo process group (the
+    default group, made for this call and destroyed after it); an exception on any rank fails the caller with that
+    rank's traceback. `worker` must be a module-level function: the ranks import it."""
+    pool(nprocs).run(_in_default_group, worker)
 
 
-def _run_rank(rank: int, worker: Callable[[int], None], nprocs: int, store: str) -> None:
-    import torch  # in the spawned process
-    import torch.distributed as dist
+def _in_default_group(worker: Callable[[int], None]) -> None:
+    import torch.distributed as dist  # in the pool's rank, where torch is imported already
 
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=f"file://{store}", rank=rank, world_size=nprocs, timeout=timedelta(seconds=60)
-    )
+    rank = int(os.environ["RANK"])
+    dist.init_process_group("gloo", rank=rank, world_size=int(os.environ["WORLD_SIZE"]), timeout=timedelta(seconds=60))
     worker(rank)
-    dist.barrier()
-    dist.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # A process that built a DeviceMesh may abort at interpreter exit after finishing correctly
-    # (terminate called without an active exception); leaving at once avoids it.
-    os._exit(0)

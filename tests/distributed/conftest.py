@@ -2,7 +2,7 @@
 
 import pytest
 
-from tests.helpers import VALIDATED, metrics, torchrun
+from tests.helpers import VALIDATED
 
 CONFIGS = {
     "gpt2": "train_configs/debug_model.toml",
@@ -12,16 +12,10 @@ CONFIGS = {
 
 
 @pytest.fixture(scope="session")
-def reference(tmp_path_factory):
-    """reference(model) -> per-step records of one process running the global batch of 8."""
-    cache = {}
+def reference(one_process):
+    """reference(model) -> per-step records of one process running the global batch of 8 (once per pytest run)."""
 
     def run(model: str = "gpt2") -> list[dict]:
-        if model not in cache:
-            run_dir = tmp_path_factory.mktemp(f"single_{model}")
-            proc = torchrun(1, ["--config", CONFIGS[model], *VALIDATED, "--training.local_batch_size", "8"], run_dir)
-            assert proc.returncode == 0, proc.stderr[-3000:]
-            cache[model] = metrics(run_dir)
-        return cache[model]
+        return one_process(["--config", CONFIGS[model], *VALIDATED, "--training.local_batch_size", "8"])
 
     return run

@@ -1,29 +1,27 @@
-"""torchrun worker of test_hf_layouts.py: import a Hugging Face folder into the configured layout (model.flavor
-= "hf") through titanlite's own build and load path, and write the full logits of a fixed batch.
+"""A pool body for test_hf_layouts.py (tests/pool.py): import a Hugging Face folder into the configured layout
+(model.flavor = "hf") through titanlite's own build and load path, and give back the full logits of a batch.
 
-usage: torchrun ... tests/distributed/hf_logits_worker.py OUT.pt TOKENS.pt [--section.key VALUE ...]
-Every rank gets the same tokens; rank 0 saves the whole [batch, seq, vocab] logits (gathered from
-tensor-parallel shards) to OUT.pt.
+Every rank gets the same tokens; rank 0 returns the whole [batch, seq, vocab] logits (gathered from
+tensor-parallel shards), the others None.
 """
 
+from __future__ import annotations
+
 import os
-import sys
+from pathlib import Path
 
 import torch
 from torch.distributed.tensor import DTensor
 
+from titanlite.builder.model import build_model
+from titanlite.builder.plan import plan_run
+from titanlite.builder.runtime import init_distributed
+from titanlite.components.checkpoint import initial_weights_path, load_weights
+from titanlite.config import parse_config
+from titanlite.data.tokenizer import build_tokenizer
 
-def main(out: str, tokens_file: str, argv: list[str]) -> None:
-    from pathlib import Path
 
-    from titanlite.builder.model import build_model
-    from titanlite.builder.plan import plan_run
-    from titanlite.builder.runtime import init_distributed
-    from titanlite.commands.worker import shutdown
-    from titanlite.components.checkpoint import initial_weights_path, load_weights
-    from titanlite.config import parse_config
-    from titanlite.data.tokenizer import build_tokenizer
-
+def layout_logits_on_rank(tokens: torch.Tensor, argv: list[str]) -> torch.Tensor | None:
     cfg = parse_config(argv)
     world_size = int(os.environ.get("WORLD_SIZE", 1))
     plan = plan_run(cfg, world_size)
@@ -34,15 +32,8 @@ def main(out: str, tokens_file: str, argv: list[str]) -> None:
     load_weights(parts, Path(initial_weights_path(cfg)))
     (model,) = parts
     model.eval()
-    tokens = torch.load(tokens_file).to(device)
     with torch.no_grad():
-        logits = model(tokens)
+        logits = model(tokens.to(device))
     if isinstance(logits, DTensor):  # vocabulary-parallel output under TP
         logits = logits.full_tensor()
-    if int(os.environ.get("RANK", 0)) == 0:
-        torch.save(logits.cpu(), out)
-    shutdown(0)
-
-
-if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], sys.argv[3:])
+    return logits.cpu() if int(os.environ.get("RANK", 0)) == 0 else None

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tests.helpers import REPO, TINY, assert_close, env, losses, metrics, run_train_sh, torchrun
+from tests.helpers import REPO, TINY, assert_close, env, losses, metrics, run_train_sh, train_in_pool
 
 pytestmark = pytest.mark.distributed
 
@@ -36,7 +36,7 @@ LAYOUTS = {
 
 def run(layout, run_dir, *extra):
     nproc, args = LAYOUTS[layout]
-    proc = torchrun(nproc, [*TWENTY, *args, *extra], run_dir)
+    proc = train_in_pool(nproc, [*TWENTY, *args, *extra], run_dir)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     return proc
 
@@ -197,7 +197,7 @@ def test_killed_during_async_saves_leaves_only_loadable_checkpoints(tmp_path):
     complete = [p for p in (tmp_path / "run").glob("step-*") if not p.name.endswith(".tmp")]
     assert complete, "no checkpoint completed before the kill"
     assert all(verify(p) is None for p in complete)
-    proc = torchrun(
+    proc = train_in_pool(
         2,
         [
             *args,
@@ -236,9 +236,9 @@ def test_seed_checkpoint_gives_every_layout_the_same_start(tmp_path):
         )
         assert seed.returncode == 0, seed.stderr
     common = [*TINY, "--training.steps", "3", "--checkpoint.enable", "--checkpoint.interval", "100"]
-    one = torchrun(1, [*common, "--training.local_batch_size", "8"], tmp_path / "one")
-    two = torchrun(2, [*common, "--training.local_batch_size", "4"], tmp_path / "two")
-    fresh = torchrun(1, [*TINY, "--training.steps", "3", "--training.local_batch_size", "8"], tmp_path / "fresh")
+    one = train_in_pool(1, [*common, "--training.local_batch_size", "8"], tmp_path / "one")
+    two = train_in_pool(2, [*common, "--training.local_batch_size", "4"], tmp_path / "two")
+    fresh = train_in_pool(1, [*TINY, "--training.steps", "3", "--training.local_batch_size", "8"], tmp_path / "fresh")
     assert "(model weights only)" in two.stdout
     assert_close(losses(two, tmp_path / "two"), losses(one, tmp_path / "one"), 1e-5)
     # the seed checkpoint replaced the run's own initialisation (seed 42), so the start differs from a fresh run

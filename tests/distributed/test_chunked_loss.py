@@ -10,7 +10,7 @@ weights themselves to 1e-4).
 
 import pytest
 
-from tests.helpers import GRAD_NORM_RTOL, TINY, assert_close, checkpoint_tensors, metrics, torchrun
+from tests.helpers import GRAD_NORM_RTOL, TINY, assert_close, checkpoint_tensors, metrics, train_in_pool
 
 pytestmark = pytest.mark.distributed
 
@@ -36,7 +36,7 @@ RTOL = 1e-5
 
 
 def train(run_dir, nproc, args):
-    proc = torchrun(nproc, [*TWO_STEPS, *args], run_dir)
+    proc = train_in_pool(nproc, [*TWO_STEPS, *args], run_dir)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return metrics(run_dir)
 

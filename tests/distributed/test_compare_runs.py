@@ -2,7 +2,7 @@
 
 import pytest
 
-from tests.helpers import TINY, torchrun
+from tests.helpers import TINY, train_in_pool
 from titanlite.commands.cli import main
 
 
@@ -11,7 +11,7 @@ from titanlite.commands.cli import main
 def test_compare_finds_an_fsdp_twin_within_1e5_of_its_single_process_run(tmp_path, capsys):
     single, twin = tmp_path / "single", tmp_path / "fsdp2"
     for folder, nproc, local_batch in ((single, 1, "8"), (twin, 2, "4")):  # the same global batch of 8
-        proc = torchrun(nproc, [*TINY, "--training.local_batch_size", local_batch], folder)
+        proc = train_in_pool(nproc, [*TINY, "--training.local_batch_size", local_batch], folder)
         assert proc.returncode == 0, proc.stderr[-3000:]
     capsys.readouterr()
     png = tmp_path / "compare.png"

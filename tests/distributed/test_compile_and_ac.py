@@ -2,7 +2,7 @@
 
 import pytest
 
-from tests.helpers import TINY, assert_close, metrics, torchrun
+from tests.helpers import TINY, assert_close, metrics, train_in_pool
 
 pytestmark = pytest.mark.distributed
 
@@ -33,7 +33,7 @@ def plain(tmp_path_factory):
         if layout not in cache:
             nproc, args = LAYOUTS[layout]
             run_dir = tmp_path_factory.mktemp(f"plain_{layout}")
-            proc = torchrun(nproc, [*TINY, *args], run_dir)
+            proc = train_in_pool(nproc, [*TINY, *args], run_dir)
             assert proc.returncode == 0, proc.stderr[-3000:]
             cache[layout] = metrics(run_dir)
         return cache[layout]
@@ -56,7 +56,7 @@ AC_CASES = [
 def test_activation_checkpointing_is_bitwise_identical(tmp_path, plain, layout, mode):
     nproc, args = LAYOUTS[layout]
     ac = ["--activation_checkpoint.mode", mode, "--activation_checkpoint.selective_ac_option", "2"]
-    proc = torchrun(nproc, [*TINY, *args, *ac], tmp_path)
+    proc = train_in_pool(nproc, [*TINY, *args, *ac], tmp_path)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     records, expected = metrics(tmp_path), plain(layout)
     assert [r["loss"] for r in records] == [r["loss"] for r in expected]
@@ -80,7 +80,7 @@ def test_compile_matches_eager(tmp_path, plain, layout, chunks):
     # loss except under TP (loss parallelism), where the loss is chunked.
     nproc, args = LAYOUTS[layout]
     ac = [] if layout == "tp2" else ["--activation_checkpoint.mode", "full"]
-    proc = torchrun(
+    proc = train_in_pool(
         nproc, [*TINY, *args, "--compile.enable", *ac, "--training.loss_chunk_tokens", chunks], tmp_path, timeout=600
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from tests.distributed.conftest import CONFIGS
-from tests.helpers import TINY, VALIDATED, assert_close, assert_matches, losses, metrics, run_train_sh, torchrun
+from tests.helpers import TINY, VALIDATED, assert_close, assert_matches, losses, metrics, run_train_sh, train_in_pool
 
 pytestmark = pytest.mark.distributed
 
@@ -46,18 +46,12 @@ def short_documents(tmp_path_factory) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def block_reference(tmp_path_factory, short_documents):
+def block_reference(one_process, short_documents):
     """Single-process runs on the short documents, with block-causal (or causal) attention."""
-    cache = {}
 
     def run(model: str, mask: str = "block_causal") -> list[dict]:
-        if (model, mask) not in cache:
-            run_dir = tmp_path_factory.mktemp(f"{mask}_{model}")
-            args = ["--config", CONFIGS[model], *short_documents, "--model.attn_mask_type", mask]
-            proc = torchrun(1, [*args, "--training.local_batch_size", "8"], run_dir)
-            assert proc.returncode == 0, proc.stderr[-3000:]
-            cache[model, mask] = metrics(run_dir)
-        return cache[model, mask]
+        args = ["--config", CONFIGS[model], *short_documents, "--model.attn_mask_type", mask]
+        return one_process([*args, "--training.local_batch_size", "8"])
 
     return run
 
@@ -110,7 +104,7 @@ def test_context_parallel_matches_single_device(
 ):
     """Causal runs on the default corpus (the shared references), block-causal ones on short documents."""
     data = [*short_documents, *BLOCK] if mask == "block_causal" else VALIDATED
-    proc = torchrun(nproc, ["--config", CONFIGS[model], *data, *args], tmp_path)
+    proc = train_in_pool(nproc, ["--config", CONFIGS[model], *data, *args], tmp_path)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert f"layout: {layout} on {nproc} cpu" in proc.stdout
     expected = block_reference(model) if mask == "block_causal" else reference(model)
@@ -136,11 +130,11 @@ RESUME = ["--config", CONFIGS["llama3"], *VALIDATED, "--checkpoint.enable", "--c
     ],
 )
 def test_a_cp2_checkpoint_resumes_on_another_layout_with_the_same_losses(tmp_path, name, nproc, layout):
-    full = torchrun(2, [*RESUME, *cp(2)], tmp_path / "full")
+    full = train_in_pool(2, [*RESUME, *cp(2)], tmp_path / "full")
     whole = losses(full, tmp_path / "full")
-    first = torchrun(2, [*RESUME, *cp(2), "--training.stop_after_step", "2"], tmp_path / "resumed")
+    first = train_in_pool(2, [*RESUME, *cp(2), "--training.stop_after_step", "2"], tmp_path / "resumed")
     assert losses(first, tmp_path / "resumed") == whole[:2]
-    again = torchrun(nproc, [*RESUME, *layout, "--checkpoint.load_step", "-1"], tmp_path / "resumed")
+    again = train_in_pool(nproc, [*RESUME, *layout, "--checkpoint.load_step", "-1"], tmp_path / "resumed")
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-3000:]
     resumed = [r for r in metrics(tmp_path / "resumed") if r["step"] > 2]
     assert [r["step"] for r in resumed] == [3, 4, 5]

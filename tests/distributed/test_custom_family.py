@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from tests.distributed.test_model_families import LAYOUTS as FAMILY_LAYOUTS
-from tests.helpers import REPO, TINY, assert_matches, env, metrics, torchrun
+from tests.helpers import REPO, TINY, assert_matches, env, metrics, train_in_pool
 
 pytestmark = pytest.mark.distributed
 
@@ -21,7 +21,7 @@ LAYOUTS["pp2"] = (2, ["--training.local_batch_size", "8", "--parallelism.data_pa
 
 def run(layout: str, run_dir, *extra: str):
     nproc, args = LAYOUTS[layout]
-    proc = torchrun(nproc, [*FAMILY, *TINY, *args, *extra], run_dir)
+    proc = train_in_pool(nproc, [*FAMILY, *TINY, *args, *extra], run_dir)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert "model relu2 debug" in proc.stdout, proc.stdout[-2000:]
     return proc

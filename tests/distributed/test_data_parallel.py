@@ -5,7 +5,7 @@ Global batch 8 sequences of 32 tokens in every run; only how the batch is split 
 
 import pytest
 
-from tests.helpers import VALIDATED, assert_matches, metrics, run_train_sh, torchrun
+from tests.helpers import VALIDATED, assert_matches, metrics, run_train_sh, train_in_pool
 
 pytestmark = pytest.mark.distributed
 
@@ -36,7 +36,7 @@ def test_zero3_via_run_train_sh_matches_single_device(tmp_path, reference):
     ],
 )
 def test_layout_matches_single_device(tmp_path, reference, name, nproc, args):
-    proc = torchrun(nproc, [*VALIDATED, "--training.local_batch_size", "2", *args], tmp_path)
+    proc = train_in_pool(nproc, [*VALIDATED, "--training.local_batch_size", "2", *args], tmp_path)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert_matches(metrics(tmp_path), reference())
 
@@ -55,7 +55,7 @@ def test_layout_matches_single_device(tmp_path, reference, name, nproc, args):
 )
 def test_gradient_accumulation_matches_one_big_batch(tmp_path, reference, name, nproc, args):
     # local batch 2 with accumulation making up the global batch of 8 (4 micro-batches on 1 rank, 2 on 2 ranks)
-    proc = torchrun(
+    proc = train_in_pool(
         nproc, [*VALIDATED, "--training.local_batch_size", "2", "--training.global_batch_size", "8", *args], tmp_path
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
@@ -65,7 +65,9 @@ def test_gradient_accumulation_matches_one_big_batch(tmp_path, reference, name, 
 
 def test_fsdp_on_one_rank_matches_single_device(tmp_path, reference):
     # The one-rank FSDP mesh that CPU offload uses on one GPU (here without offload: the CPU has no CUDA).
-    proc = torchrun(1, [*VALIDATED, "--training.local_batch_size", "8", "--parallelism.fsdp_single_rank"], tmp_path)
+    proc = train_in_pool(
+        1, [*VALIDATED, "--training.local_batch_size", "8", "--parallelism.fsdp_single_rank"], tmp_path
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert "layout: single device (FSDP on one rank) on 1 cpu process(es)" in proc.stdout
     assert_matches(metrics(tmp_path), reference())

@@ -7,13 +7,13 @@ import shutil
 import subprocess
 import sys
 import sysconfig
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.helpers import REPO, TINY, assert_close, env, losses, metrics, run_train_sh, torchrun
+from tests.helpers import REPO, TINY, assert_close, env, losses, metrics, run_train_sh, train_in_pool
+from tests.pool import Ran
 
 pytestmark = pytest.mark.distributed
 
@@ -79,15 +79,14 @@ def test_pretokenized_formats_give_bitwise_identical_losses(tmp_path):
 
     def train(name: str) -> list[float]:
         path, count = paths[name]
-        proc = torchrun(1, [*TINY, *SINGLE, *local(path)], tmp_path / name)
+        proc = train_in_pool(1, [*TINY, *SINGLE, *local(path)], tmp_path / name)
         files = " (3 files: 3 .bin)" if count > 1 else ""
         assert f"data: {path}{files}: {len(ids):,} tokens in {count} shard" in proc.stdout, (
             proc.stdout[-2000:] + proc.stderr[-3000:]
         )
         return losses(proc, tmp_path / name)
 
-    with ThreadPoolExecutor(3) as pool:  # independent one-process runs: side by side to save wall time
-        results = dict(zip(paths, pool.map(train, paths)))
+    results = {name: train(name) for name in paths}  # one after another on the pool's rank
     assert len(results["llmc"]) == 5 and all(np.isfinite(results["llmc"]))
     assert results["raw"] == results["llmc"]  # bitwise
     assert results["npy"] == results["llmc"]
@@ -155,8 +154,8 @@ def mixture_runs(tmp_path_factory, corpus_jsonl):
     return straight, stopped, mixture
 
 
-def fsdp4(run_dir: Path, mixture: list[str], *extra: str) -> subprocess.CompletedProcess:
-    proc = torchrun(4, [*TWENTY, *FSDP4, *mixture, *extra], run_dir)
+def fsdp4(run_dir: Path, mixture: list[str], *extra: str) -> Ran:
+    proc = train_in_pool(4, [*TWENTY, *FSDP4, *mixture, *extra], run_dir)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     return proc
 
@@ -189,7 +188,7 @@ def test_resume_on_a_store_mixture_is_bitwise_exact(mixture_runs):
 def test_resume_on_a_store_mixture_on_another_layout(mixture_runs, tmp_path):
     straight, stopped, mixture = mixture_runs
     dest = resume_copy(stopped, tmp_path)
-    proc = torchrun(2, [*TWENTY, *TP2, *mixture], dest)
+    proc = train_in_pool(2, [*TWENTY, *TP2, *mixture], dest)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert "resumed from" in proc.stdout and "at step 10" in proc.stdout
     resumed = metrics(dest)
@@ -207,7 +206,7 @@ def test_ranks_reuse_the_store_without_reading_the_source(tmp_path, corpus_jsonl
     source = tmp_path / "docs.jsonl"
     source.write_bytes(corpus_jsonl.read_bytes())
     args = [*TINY, *SINGLE, *local(source), "--data.cache_dir", str(tmp_path / "cache")]
-    before = losses(torchrun(1, args, tmp_path / "before"), tmp_path / "before")  # prepares the store
+    before = losses(train_in_pool(1, args, tmp_path / "before"), tmp_path / "before")  # prepares the store
     (store,) = [m.parent for m in (tmp_path / "cache").glob("store-*/manifest.json")]
     manifest = json.loads((store / "manifest.json").read_text())
     recorded = json.loads((store / "sources.json").read_text())  # each source file's size, mtime and hashes
@@ -220,7 +219,7 @@ def test_ranks_reuse_the_store_without_reading_the_source(tmp_path, corpus_jsonl
     os.utime(source, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     assert (source.stat().st_size, source.stat().st_mtime_ns) == (stat.st_size, stat.st_mtime_ns)
 
-    after = losses(torchrun(1, args, tmp_path / "after"), tmp_path / "after")
+    after = losses(train_in_pool(1, args, tmp_path / "after"), tmp_path / "after")
     assert after == before  # bitwise: the rank used the store and never read the changed text
 
     check = subprocess.run(

@@ -11,7 +11,7 @@ import shutil
 import pytest
 import torch
 
-from tests.helpers import TINY, assert_close, assert_matches, checkpoint_tensors, metrics, torchrun
+from tests.helpers import TINY, assert_close, assert_matches, checkpoint_tensors, metrics, train_in_pool
 
 pytestmark = pytest.mark.distributed
 
@@ -47,7 +47,7 @@ LAYOUTS = {
 
 
 def train(nproc, args, run_dir):
-    proc = torchrun(nproc, [*RUN, *args], run_dir)
+    proc = train_in_pool(nproc, [*RUN, *args], run_dir)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     return proc
 
@@ -129,6 +129,6 @@ def test_a_deepseek_v3_folder_imports_on_a_layout_with_transformers_logits(tmp_p
     hf = random_deepseek()
     hf.save_pretrained(tmp_path / "hf", max_shard_size="100KB")
     tokens = torch.randint(0, VOCAB, (2, 48), generator=torch.Generator().manual_seed(4))
-    ours = layout_logits(tmp_path, tmp_path / "hf", tokens, layout)
+    ours = layout_logits(tmp_path / "hf", tokens, layout)
     with torch.no_grad():
         assert_logits_match(ours, hf(tokens).logits)

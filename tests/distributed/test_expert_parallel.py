@@ -11,7 +11,7 @@ import shutil
 
 import pytest
 
-from tests.helpers import VALIDATED, assert_close, assert_matches, metrics, torchrun
+from tests.helpers import VALIDATED, assert_close, assert_matches, metrics, train_in_pool
 
 pytestmark = pytest.mark.distributed
 
@@ -50,7 +50,7 @@ LAYOUTS = {
 
 
 def train(nproc, args, run_dir):
-    proc = torchrun(nproc, [*MOE, *args], run_dir)
+    proc = train_in_pool(nproc, [*MOE, *args], run_dir)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     return proc
 
@@ -63,17 +63,13 @@ def assert_same_run(records, reference):
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("single")
-    train(1, [], run_dir)
-    return metrics(run_dir)
+def reference(one_process):
+    return one_process(MOE)
 
 
 @pytest.fixture(scope="module")
-def bias_reference(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("single_bias")
-    train(1, BIAS, run_dir)
-    return metrics(run_dir)
+def bias_reference(one_process):
+    return one_process([*MOE, *BIAS])
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,7 @@ and without torchao the run is refused before it starts."""
 
 import pytest
 
-from tests.helpers import TINY, assert_close, metrics, run_train_sh, torchrun
+from tests.helpers import TINY, assert_close, metrics, run_train_sh, train_in_pool
 
 pytestmark = pytest.mark.distributed
 
@@ -14,7 +14,7 @@ FLOAT8 = ["--float8.enable", "true"]
 @pytest.fixture(scope="module")
 def fp32(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("fp32")
-    proc = torchrun(1, [*TEN_STEPS, "--training.local_batch_size", "8"], run_dir)
+    proc = train_in_pool(1, [*TEN_STEPS, "--training.local_batch_size", "8"], run_dir)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return [r["loss"] for r in metrics(run_dir)]
 
@@ -52,7 +52,7 @@ def fp32(tmp_path_factory):
     ],
 )
 def test_float8_tracks_float32(tmp_path, fp32, layout, args, expect):
-    proc = torchrun(2, [*TEN_STEPS, *args, *FLOAT8], tmp_path)
+    proc = train_in_pool(2, [*TEN_STEPS, *args, *FLOAT8], tmp_path)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     # 4 blocks x 6 linear layers; the output projection stays in high precision.
     assert f"float8: 24 linear layers in float8 {expect}" in proc.stdout

@@ -5,7 +5,7 @@ tests/distributed/test_expert_parallel.py."""
 
 import pytest
 
-from tests.helpers import VALIDATED, assert_matches, metrics, torchrun
+from tests.helpers import VALIDATED, assert_matches, metrics, train_in_pool
 
 pytestmark = pytest.mark.distributed
 
@@ -17,9 +17,9 @@ GPT_OSS = [
 
 @pytest.mark.slow  # two runs, about 25 s: CI runs it
 def test_gpt_oss_on_expert_parallelism_matches_one_process(tmp_path):
-    single = torchrun(1, GPT_OSS, tmp_path / "single")
+    single = train_in_pool(1, GPT_OSS, tmp_path / "single")
     assert single.returncode == 0, single.stdout[-2000:] + single.stderr[-4000:]
-    ep = torchrun(2, [*GPT_OSS, "--parallelism.expert_parallel_degree", "2"], tmp_path / "ep2")
+    ep = train_in_pool(2, [*GPT_OSS, "--parallelism.expert_parallel_degree", "2"], tmp_path / "ep2")
     assert ep.returncode == 0, ep.stdout[-2000:] + ep.stderr[-4000:]
     assert "model gpt_oss debug" in ep.stdout
     one, two = metrics(tmp_path / "single"), metrics(tmp_path / "ep2")

@@ -16,7 +16,7 @@ transformers = pytest.importorskip(
 )
 tokenizers = pytest.importorskip("tokenizers")
 
-from tests.helpers import REPO, VALIDATION_TEXT, env, metrics, torchrun  # noqa: E402
+from tests.helpers import REPO, VALIDATION_TEXT, env, metrics, train_in_pool  # noqa: E402
 from tests.unit.test_hf_shapes import assert_logits_match, perturb, unusual_llama  # noqa: E402
 
 pytestmark = pytest.mark.distributed
@@ -94,7 +94,7 @@ def test_train_then_export_loads_in_transformers(tmp_path, hf_folder):
 
     folder, hf, tok, corpus = hf_folder
     args = hf_args(folder, corpus)
-    proc = torchrun(
+    proc = train_in_pool(
         2,
         [
             *args,

@@ -1,13 +1,11 @@
 """A Hugging Face model of an unusual shape (model.flavor = "hf") on real layouts: imported into FSDP x 2 and
 TP x 2 through titanlite's build and load path, its logits equal transformers' to 1e-5 (fp32, gloo)."""
 
-import subprocess
-import sys
-
 import pytest
 import torch
 
-from tests.helpers import REPO, env
+from tests.distributed.hf_logits_worker import layout_logits_on_rank
+from tests.pool import pool
 from tests.unit.test_hf_shapes import assert_logits_match, perturb, unusual_gpt2, unusual_llama
 
 pytestmark = pytest.mark.distributed
@@ -25,34 +23,11 @@ CASES = [
 ]
 
 
-def layout_logits(tmp_path, folder, tokens: torch.Tensor, layout: str) -> torch.Tensor:
-    torch.save(tokens, tmp_path / "tokens.pt")
-    out = tmp_path / "logits.pt"
-    cmd = [
-        sys.executable,
-        "-m",
-        "titanlite.commands.launch",
-        "--standalone",
-        "--nproc-per-node=2",
-        f"--log-dir={tmp_path / 'logs'}",
-        str(REPO / "tests" / "distributed" / "hf_logits_worker.py"),
-        str(out),
-        str(tmp_path / "tokens.pt"),
-        "--model.flavor",
-        "hf",
-        "--model.hf_assets_path",
-        str(folder),
-        "--model.tokenizer",
-        "byte",
-        "--training.seq_len",
-        str(tokens.shape[1]),
-        "--training.loss_chunk_tokens",
-        "0",
-        *LAYOUTS[layout],
-    ]
-    proc = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return torch.load(out)
+def layout_logits(folder, tokens: torch.Tensor, layout: str) -> torch.Tensor:
+    """The logits of the Hugging Face `folder` imported on 2 ranks of the pool in `layout`."""
+    argv = ["--model.flavor", "hf", "--model.hf_assets_path", str(folder), "--model.tokenizer", "byte"]
+    argv += ["--training.seq_len", str(tokens.shape[1]), "--training.loss_chunk_tokens", "0", *LAYOUTS[layout]]
+    return pool(2).run(layout_logits_on_rank, tokens, argv).values[0]
 
 
 @pytest.mark.parametrize("family,layout", CASES)
@@ -60,6 +35,6 @@ def test_layout_imports_with_transformers_logits(tmp_path, family, layout):
     hf = perturb(unusual_llama() if family == "llama" else unusual_gpt2())
     hf.save_pretrained(tmp_path / "hf", max_shard_size="100KB")  # sharded: read tensor by tensor on each rank
     tokens = torch.randint(0, 257, (2, 48), generator=torch.Generator().manual_seed(4))
-    ours = layout_logits(tmp_path, tmp_path / "hf", tokens, layout)
+    ours = layout_logits(tmp_path / "hf", tokens, layout)
     with torch.no_grad():
         assert_logits_match(ours, hf(tokens).logits)

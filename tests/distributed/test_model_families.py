@@ -7,7 +7,7 @@ import torch
 
 from tests.distributed.conftest import CONFIGS
 from tests.distributed.test_hf_layouts import layout_logits
-from tests.helpers import VALIDATED, assert_matches, metrics, torchrun
+from tests.helpers import VALIDATED, assert_matches, metrics, train_in_pool
 
 pytestmark = pytest.mark.distributed
 
@@ -45,7 +45,7 @@ LAYOUTS = {
 )
 def test_qwen3_on_a_layout_matches_one_process(tmp_path, reference, layout):
     nproc, args = LAYOUTS[layout]
-    proc = torchrun(nproc, ["--config", CONFIGS["qwen3"], *VALIDATED, *args], tmp_path)
+    proc = train_in_pool(nproc, ["--config", CONFIGS["qwen3"], *VALIDATED, *args], tmp_path)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert "model qwen3 debug" in proc.stdout
     assert_matches(metrics(tmp_path), reference("qwen3"))
@@ -77,6 +77,6 @@ def test_a_family_imports_on_a_layout_with_transformers_logits(tmp_path, case, l
     hf = random_model(case)
     hf.save_pretrained(tmp_path / "hf", max_shard_size="100KB")  # sharded: read tensor by tensor on each rank
     tokens = torch.randint(0, VOCAB, (2, 48), generator=torch.Generator().manual_seed(4))
-    ours = layout_logits(tmp_path, tmp_path / "hf", tokens, layout)
+    ours = layout_logits(tmp_path / "hf", tokens, layout)
     with torch.no_grad():
         assert_logits_match(ours, hf(tokens).logits)

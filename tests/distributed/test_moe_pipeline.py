@@ -6,7 +6,7 @@ one-process reference runs the same micro-batches: 8 sequences one at a time, ac
 
 import pytest
 
-from tests.helpers import VALIDATED, assert_matches, metrics, torchrun
+from tests.helpers import VALIDATED, assert_matches, metrics, train_in_pool
 from titanlite.parallel.pipeline import V_SHAPED, V_SHAPED_RUN
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]  # each run about 20 s on 2 CPU cores: CI runs them
@@ -16,11 +16,8 @@ PP2 = ["--parallelism.pipeline_parallel_degree", "2"]  # micro-batches of 1 sequ
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("single")
-    proc = torchrun(1, [*MOE, "--training.local_batch_size", "1", "--training.global_batch_size", "8"], run_dir)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return metrics(run_dir)
+def reference(one_process):
+    return one_process([*MOE, "--training.local_batch_size", "1", "--training.global_batch_size", "8"])
 
 
 def assert_one_process(run_dir, proc, reference, validated=True):
@@ -42,7 +39,7 @@ def test_qwen3_moe_on_pp2_matches_one_process_with_the_same_micro_batches(tmp_pa
     args = [*MOE, *PP2, "--training.local_batch_size", "8", "--parallelism.pipeline_parallel_schedule", schedule]
     if schedule in V_SHAPED:
         args += ["--validation.enable", "false"]
-    proc = torchrun(2, args, tmp_path)
+    proc = train_in_pool(2, args, tmp_path)
     assert f"pipeline: {schedule}, {2 if schedule == '1F1B' else 4} stages" in proc.stdout
     assert_one_process(tmp_path, proc, reference, validated=schedule not in V_SHAPED)
 
@@ -59,6 +56,6 @@ def test_qwen3_moe_on_pp2_with_data_or_expert_parallelism_on_4_ranks_matches_one
     tmp_path, reference, layout, extra
 ):
     args = [*MOE, *PP2, "--parallelism.data_parallel_shard_degree", "2", "--training.local_batch_size", "4", *extra]
-    proc = torchrun(4, args, tmp_path)
+    proc = train_in_pool(4, args, tmp_path)
     assert f"layout: {layout}" in proc.stdout
     assert_one_process(tmp_path, proc, reference)

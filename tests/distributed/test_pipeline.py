@@ -7,7 +7,7 @@ the parity below holds only because the two copies are kept in sync (without it 
 import pytest
 
 from tests.distributed.conftest import CONFIGS
-from tests.helpers import VALIDATED, assert_matches, metrics, run_train_sh, torchrun
+from tests.helpers import VALIDATED, assert_matches, metrics, run_train_sh, train_in_pool
 from titanlite.parallel.pipeline import V_SHAPED, V_SHAPED_RUN
 
 pytestmark = pytest.mark.distributed
@@ -49,7 +49,7 @@ def test_schedule_matches_single_device(tmp_path, reference, model, schedule):
     ]
     if schedule in V_SHAPED:
         args += ["--validation.enable", "false"]
-    proc = torchrun(2, args, tmp_path)
+    proc = train_in_pool(2, args, tmp_path)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     stages = 2 if schedule in ("GPipe", "1F1B") else 4
     assert f"pipeline: {schedule}, {stages} stages" in proc.stdout
@@ -83,9 +83,9 @@ def test_pp2_fsdp2_on_4_ranks_matches_single_device(tmp_path, reference):
 @pytest.mark.slow  # two runs; tests/unit/test_pipeline_plan.py checks the uneven split itself
 def test_five_layers_on_two_stages_split_unevenly(tmp_path):
     five = [*VALIDATED, "--training.local_batch_size", "8", "--model.n_layers", "5"]
-    single = torchrun(1, five, tmp_path / "single")
+    single = train_in_pool(1, five, tmp_path / "single")
     assert single.returncode == 0, single.stderr[-3000:]
-    proc = torchrun(2, [*five, *PP2], tmp_path / "pp")
+    proc = train_in_pool(2, [*five, *PP2], tmp_path / "pp")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert "stage 0: layers 0-2 + embeddings; stage 1: layers 3-4 + norm, output" in proc.stdout
     assert_matches(metrics(tmp_path / "pp"), metrics(tmp_path / "single"))
@@ -94,7 +94,7 @@ def test_five_layers_on_two_stages_split_unevenly(tmp_path):
 def test_custom_schedule_from_csv(tmp_path, reference):
     csv = "train_configs/schedules/looped_gpipe_pp2_v2_m4.csv"
     args = [*VALIDATED, *PP2, "--training.local_batch_size", "8", "--parallelism.pipeline_parallel_schedule_csv", csv]
-    proc = torchrun(2, args, tmp_path)
+    proc = train_in_pool(2, args, tmp_path)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert "pipeline: csv, 4 stages (2 per rank)" in proc.stdout
     assert_matches(metrics(tmp_path), reference("gpt2"))

@@ -6,7 +6,7 @@ sequences, accumulated, as each rank runs 4."""
 import pytest
 import torch
 
-from tests.helpers import TINY, VALIDATED, assert_close, assert_matches, checkpoint_tensors, metrics, torchrun
+from tests.helpers import TINY, VALIDATED, assert_close, assert_matches, checkpoint_tensors, metrics, train_in_pool
 
 pytestmark = pytest.mark.distributed
 
@@ -15,9 +15,9 @@ MOE = ["--config", "train_configs/qwen3_moe_debug.toml", *VALIDATED, "--training
 
 @pytest.mark.slow  # two runs, about 22 s: CI runs it
 def test_qwen3_moe_on_fsdp_matches_one_process_with_the_same_micro_batches(tmp_path):
-    single = torchrun(1, [*MOE, "--training.global_batch_size", "8"], tmp_path / "single")
+    single = train_in_pool(1, [*MOE, "--training.global_batch_size", "8"], tmp_path / "single")
     assert single.returncode == 0, single.stderr[-3000:]
-    fsdp = torchrun(2, MOE, tmp_path / "fsdp2")
+    fsdp = train_in_pool(2, MOE, tmp_path / "fsdp2")
     assert fsdp.returncode == 0, fsdp.stdout[-2000:] + fsdp.stderr[-4000:]
     assert "model qwen3_moe debug" in fsdp.stdout
     one, two = metrics(tmp_path / "single"), metrics(tmp_path / "fsdp2")
@@ -47,9 +47,9 @@ BIAS = [
 def test_the_bias_method_on_fsdp_matches_one_process_losses_and_biases(tmp_path):
     """Each rank routes its own 4 sequences; the biases move by the counts of all 8 (summed over the ranks), as
     one process accumulating the same two micro-batches moves them: the same losses, expert loads and biases."""
-    single = torchrun(1, [*BIAS, "--training.global_batch_size", "8"], tmp_path / "single")
+    single = train_in_pool(1, [*BIAS, "--training.global_batch_size", "8"], tmp_path / "single")
     assert single.returncode == 0, single.stderr[-3000:]
-    fsdp = torchrun(2, BIAS, tmp_path / "fsdp2")
+    fsdp = train_in_pool(2, BIAS, tmp_path / "fsdp2")
     assert fsdp.returncode == 0, fsdp.stdout[-2000:] + fsdp.stderr[-4000:]
     one, two = metrics(tmp_path / "single"), metrics(tmp_path / "fsdp2")
     assert_close([r["loss"] for r in two], [r["loss"] for r in one], 1e-5)
@@ -70,9 +70,9 @@ def test_the_bias_method_on_a_pipeline_matches_one_process(tmp_path):
     inference forward before the first step is not counted (it would move step 1's biases otherwise)."""
     run = ["--config", "train_configs/qwen3_moe_debug.toml", *TINY, "--moe.balance", "bias"]
     run += ["--moe.bias_update_rate", "0.01"]
-    single = torchrun(1, run, tmp_path / "single")
+    single = train_in_pool(1, run, tmp_path / "single")
     assert single.returncode == 0, single.stderr[-3000:]
-    pp = torchrun(2, [*run, "--parallelism.pipeline_parallel_degree", "2"], tmp_path / "pp2")
+    pp = train_in_pool(2, [*run, "--parallelism.pipeline_parallel_degree", "2"], tmp_path / "pp2")
     assert pp.returncode == 0, pp.stdout[-2000:] + pp.stderr[-4000:]
     one, two = metrics(tmp_path / "single"), metrics(tmp_path / "pp2")
     assert_close([r["loss"] for r in two], [r["loss"] for r in one], 1e-5)
@@ -89,6 +89,6 @@ def test_a_qwen3_moe_folder_imports_on_ep_and_fsdp_with_transformers_logits(tmp_
     hf = random_model()
     hf.save_pretrained(tmp_path / "hf", max_shard_size="100KB")  # sharded files: read tensor by tensor
     tokens = torch.randint(0, VOCAB, (2, 48), generator=torch.Generator().manual_seed(4))
-    ours = layout_logits(tmp_path, tmp_path / "hf", tokens, "ep2")
+    ours = layout_logits(tmp_path / "hf", tokens, "ep2")
     with torch.no_grad():
         assert_logits_match(ours, hf(tokens).logits)

@@ -3,7 +3,7 @@
 import pytest
 
 from tests.distributed.conftest import CONFIGS
-from tests.helpers import VALIDATED, assert_matches, metrics, run_train_sh, torchrun
+from tests.helpers import VALIDATED, assert_matches, metrics, run_train_sh, train_in_pool
 
 pytestmark = pytest.mark.distributed
 
@@ -37,7 +37,7 @@ CASES = [
 
 @pytest.mark.parametrize("name, nproc, args, model", CASES)
 def test_tensor_parallel_matches_single_device(tmp_path, reference, model, name, nproc, args):
-    proc = torchrun(nproc, ["--config", CONFIGS[model], *VALIDATED, *TP2, *args], tmp_path)
+    proc = train_in_pool(nproc, ["--config", CONFIGS[model], *VALIDATED, *TP2, *args], tmp_path)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     expected_layout = "dp_shard 2 x tp 2" if nproc == 4 else "tp 2"
     assert f"layout: {expected_layout} on {nproc} cpu" in proc.stdout

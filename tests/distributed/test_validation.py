@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.helpers import REPO, VALIDATED, env, metrics, torchrun
+from tests.helpers import REPO, VALIDATED, env, metrics, train_in_pool
 
 pytestmark = pytest.mark.distributed
 
@@ -30,7 +30,7 @@ def training_figures(records: list[dict]) -> list[tuple]:
 
 
 def test_training_is_bitwise_the_same_with_and_without_validation(tmp_path, reference):
-    proc = torchrun(1, [*NO_VALIDATION, "--training.local_batch_size", "8"], tmp_path)
+    proc = train_in_pool(1, [*NO_VALIDATION, "--training.local_batch_size", "8"], tmp_path)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     records = metrics(tmp_path)
     assert not any("val_loss" in r for r in records)
@@ -42,7 +42,7 @@ def test_pipeline_evaluation_leaves_training_bitwise_the_same(tmp_path):
     # The schedule switches between its eval path (forward only) and training at every evaluation.
     runs = {}
     for name, args in (("with", VALIDATED), ("without", NO_VALIDATION)):
-        proc = torchrun(2, [*args, *PP2, "--training.local_batch_size", "8"], tmp_path / name)
+        proc = train_in_pool(2, [*args, *PP2, "--training.local_batch_size", "8"], tmp_path / name)
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
         runs[name] = metrics(tmp_path / name)
     assert training_figures(runs["with"]) == training_figures(runs["without"])
@@ -77,7 +77,7 @@ def test_eval_of_the_final_checkpoint_prints_the_runs_last_validation_loss(tmp_p
         "--checkpoint.interval",
         "5",
     ]
-    proc = torchrun(1, checkpointed, tmp_path)
+    proc = train_in_pool(1, checkpointed, tmp_path)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     last = [r for r in metrics(tmp_path) if "val_loss" in r][-1]
     assert last["step"] == 5

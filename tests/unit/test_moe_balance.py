@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tests.helpers import TINY, checkpoint_tensors, losses, metrics, torchrun
+from tests.helpers import TINY, checkpoint_tensors, losses, metrics, train_in_pool
 from titanlite.base.errors import ConfigError
 from titanlite.builder.run import run_facts
 from titanlite.components.expert_balance import ExpertBalance
@@ -154,7 +154,7 @@ BIAS_RUN = [
 
 
 def test_the_bias_method_moves_the_biases_and_logs_the_expert_load(tmp_path):
-    whole = torchrun(1, BIAS_RUN, tmp_path)
+    whole = train_in_pool(1, BIAS_RUN, tmp_path)
     assert whole.returncode == 0, whole.stderr[-3000:]
     records = metrics(tmp_path)
     assert all(r["expert_load"] >= 1 for r in records) and " expert_load " in whole.stdout
@@ -167,10 +167,10 @@ def test_the_bias_method_moves_the_biases_and_logs_the_expert_load(tmp_path):
 def test_a_resumed_bias_run_gives_the_uninterrupted_run_s_losses(tmp_path):
     """The same run stopped after step 2 and resumed gives the same losses: the routing biases (buffers in the
     checkpoint) are restored, or steps 3 and 4 would route other tokens."""
-    expected = losses(torchrun(1, BIAS_RUN, tmp_path / "whole"), tmp_path / "whole")
-    stopped = torchrun(1, [*BIAS_RUN, "--training.stop_after_step", "2"], tmp_path / "split")
+    expected = losses(train_in_pool(1, BIAS_RUN, tmp_path / "whole"), tmp_path / "whole")
+    stopped = train_in_pool(1, [*BIAS_RUN, "--training.stop_after_step", "2"], tmp_path / "split")
     assert losses(stopped, tmp_path / "split") == expected[:2]
-    resumed = torchrun(1, BIAS_RUN, tmp_path / "split")
+    resumed = train_in_pool(1, BIAS_RUN, tmp_path / "split")
     assert losses(resumed, tmp_path / "split") == pytest.approx(expected, rel=1e-6)
 
 

@@ -17,7 +17,7 @@ transformers = pytest.importorskip(
     "transformers", reason="transformers is an optional test dependency (pip install .[hf])"
 )
 
-from tests.helpers import REPO, env, metrics, torchrun  # noqa: E402
+from tests.helpers import REPO, env, metrics, train_in_pool  # noqa: E402
 from tests.unit.test_hf_families import assert_logits_match, imported  # noqa: E402
 from titanlite.base.errors import ConfigError  # noqa: E402
 from titanlite.builder.plan import plan_run  # noqa: E402
@@ -294,7 +294,7 @@ def test_a_block_config_json_cannot_express_is_not_exported():
 
 def test_a_cpu_training_run_logs_the_load_balancing_term(tmp_path):
     args = ["--config", "train_configs/qwen3_moe_debug.toml", "--training.steps", "4", "--metrics.log_freq", "2"]
-    proc = torchrun(1, [*args, "--training.seq_len", "64"], tmp_path)
+    proc = train_in_pool(1, [*args, "--training.seq_len", "64"], tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "model qwen3_moe debug" in proc.stdout
     # The model line gives total and active parameters: each sparse layer leaves n_experts - top_k experts idle.
