@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from tests.helpers import REPO, TINY, VALIDATED, metrics, run_train_sh, torchrun
+from tests.helpers import REPO, TINY, VALIDATED, metrics, run_train_sh, train_in_pool
 from titanlite.config.loading import tomllib  # tomli on Python 3.10
 from titanlite.parallel.pipeline import V_SHAPED_RUN
 
@@ -112,7 +112,7 @@ def test_help_lists_config_keys(tmp_path):
 
 
 def test_run_folder_has_resolved_config_metrics_and_tensorboard(tmp_path):
-    proc = torchrun(1, [*VALIDATED, "--training.local_batch_size", "2", "--metrics.enable_tensorboard"], tmp_path)
+    proc = train_in_pool(1, [*VALIDATED, "--training.local_batch_size", "2", "--metrics.enable_tensorboard"], tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     run = tmp_path / "run"
     cfg = tomllib.loads((run / "config.toml").read_text())
@@ -156,7 +156,7 @@ def test_run_folder_has_resolved_config_metrics_and_tensorboard(tmp_path):
 
 def test_fresh_run_replaces_old_metrics(tmp_path):
     for _ in range(2):
-        proc = torchrun(1, [*TINY, "--training.steps", "2", "--training.local_batch_size", "2"], tmp_path)
+        proc = train_in_pool(1, [*TINY, "--training.steps", "2", "--training.local_batch_size", "2"], tmp_path)
         assert proc.returncode == 0, proc.stderr[-3000:]
     assert [r["step"] for r in metrics(tmp_path)] == [1, 2]
 
@@ -164,10 +164,10 @@ def test_fresh_run_replaces_old_metrics(tmp_path):
 @pytest.mark.slow  # two runs, about 25 s on 2 shared cores; CI runs it (tests/unit/test_run_figures.py: the parts)
 def test_a_stopped_run_says_where_it_stopped_and_its_resume_goes_on_counting_time(tmp_path):
     args = [*TINY, "--training.steps", "4", "--training.local_batch_size", "2", "--checkpoint.enable"]
-    stopped = torchrun(1, [*args, "--training.stop_after_step", "2"], tmp_path)
+    stopped = train_in_pool(1, [*args, "--training.stop_after_step", "2"], tmp_path)
     assert stopped.returncode == 0, stopped.stderr[-3000:]
     assert "  done: 2 steps, stopped at step 2 of 4 as training.stop_after_step asks" in stopped.stdout
-    resumed = torchrun(1, args, tmp_path)
+    resumed = train_in_pool(1, args, tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "  done: 2 steps (steps 3 to 4, resumed at step 2)" in resumed.stdout
     records = metrics(tmp_path)

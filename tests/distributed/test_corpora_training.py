@@ -1,7 +1,8 @@
-"""Training on the corpora users bring, through ./run_train.sh: a zstandard-compressed JSON-lines dump, and the same
-text as .jsonl.gz, parquet, a `datasets` save_to_disk folder, one of its .arrow files and Megatron int32 .bin/.idx,
-train with the losses of the same text as plain .jsonl, the start-up names the real source, and a nanoGPT folder
-validates on its val.bin instead of training on it."""
+"""Training on the corpora users bring (the worker's own train() in the pool, tests/pool.py): a zstandard-compressed
+JSON-lines dump, and the same text as .jsonl.gz, parquet, a `datasets` save_to_disk folder, one of its .arrow files
+and Megatron int32 .bin/.idx, train with the losses of the same text as plain .jsonl, the start-up names the real
+source, and a nanoGPT folder validates on its val.bin instead of training on it; a dump folder holding a file
+titanlite cannot read stops ./run_train.sh before launch, in one line."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from tests.helpers import TINY, losses, metrics, run_train_sh
+from tests.helpers import TINY, losses, metrics, run_train_sh, train_in_pool
 from tests.unit.test_corpora import megatron_files
 from titanlite.data.tokenizer import GPT2Tokenizer
 
@@ -31,7 +32,7 @@ def test_a_zstandard_dump_trains_like_the_plain_jsonl_and_the_banner_names_it(tm
     for name in ("plain.jsonl", "dump.jsonl.zst"):
         run_dir = tmp_path / name.replace(".", "_")
         args = [*TINY, "--training.dataset", "local", "--training.dataset_path", str(tmp_path / name)]
-        proc = run_train_sh(args, run_dir)
+        proc = train_in_pool(1, args, run_dir)
         runs[name] = losses(proc, run_dir)
         assert f"titanlite: run tiny GPT-2 on {tmp_path / name}\n" in proc.stdout, proc.stdout[:2000]
     assert runs["dump.jsonl.zst"] == runs["plain.jsonl"] and len(runs["plain.jsonl"]) == 5
@@ -67,7 +68,7 @@ def plain_losses(tmp_path_factory):
     folder = tmp_path_factory.mktemp("plain")
     (folder / "plain.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS))
     args = [*TINY, "--training.dataset", "local", "--training.dataset_path", str(folder / "plain.jsonl")]
-    return losses(run_train_sh(args, folder / "run"), folder / "run")
+    return losses(train_in_pool(1, args, folder / "run"), folder / "run")
 
 
 @pytest.mark.slow  # one run each; tests/unit/test_corpora.py checks the same tokens without training
@@ -75,7 +76,7 @@ def plain_losses(tmp_path_factory):
 def test_each_format_trains_like_the_plain_jsonl(tmp_path, plain_losses, kind):
     path, keys = write_format(kind, tmp_path)
     args = [*TINY, "--training.dataset", "local", "--training.dataset_path", path, *keys]
-    proc = run_train_sh(args, tmp_path / "run")
+    proc = train_in_pool(1, args, tmp_path / "run")
     assert losses(proc, tmp_path / "run") == plain_losses and len(plain_losses) == 5
     assert f"titanlite: run tiny GPT-2 on {path}\n" in proc.stdout, proc.stdout[:2000]
 
@@ -97,7 +98,7 @@ def test_a_nanogpt_folder_validates_on_val_bin_and_never_trains_on_it(tmp_path):
         "--validation.freq",
         "5",
     ]
-    proc = run_train_sh(args, tmp_path / "run")
+    proc = train_in_pool(1, args, tmp_path / "run")
     assert len(losses(proc, tmp_path / "run")) == 5
     assert "(1 validation file(s) kept out of training (val.bin)): 4,000 tokens in 1 shard" in proc.stdout
     assert "validation: 21 windows of 32 tokens (672 targets) from the training folders' validation files" in (
@@ -114,7 +115,7 @@ def test_a_dump_folder_names_every_file_it_reads_and_refuses_one_it_cannot(tmp_p
         (folder / f"part-{i}.jsonl.gz").write_bytes(gzip.compress(part))
     (folder / "urls.txt").write_text("https://example.org/a\n")
     args = [*TINY, "--training.dataset", "local", "--training.dataset_path", str(folder)]
-    proc = run_train_sh(args, tmp_path / "ok")
+    proc = train_in_pool(1, args, tmp_path / "ok")
     assert len(losses(proc, tmp_path / "ok")) == 5
     assert f"data: {folder} (3 files: 2 .jsonl.gz, 1 .txt): 121 documents" in proc.stdout, proc.stdout[:3000]
     (folder / "README.md").write_text("# the dump\n")

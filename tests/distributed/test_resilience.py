@@ -11,7 +11,16 @@ import time
 import pytest
 import torch
 
-from tests.helpers import REPO, TINY, VALIDATED, assert_matches, checkpoint_tensors, env, metrics, run_train_sh
+from tests.helpers import (
+    REPO,
+    TINY,
+    VALIDATED,
+    assert_matches,
+    checkpoint_tensors,
+    env,
+    metrics,
+    train_in_pool,
+)
 
 pytestmark = pytest.mark.distributed
 
@@ -37,8 +46,7 @@ def launch(args, run_dir, ngpu, timeout=300, **extra_env):
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("uninterrupted")
-    proc = launch(TWELVE, run_dir, ngpu=4)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    train_in_pool(4, TWELVE, run_dir)  # the restarted launches below must end with its losses
     return metrics(run_dir)
 
 
@@ -105,8 +113,7 @@ def test_sigterm_leaves_a_checkpoint_at_the_current_step_and_a_restart_continues
     step = int(saved[0].name.removeprefix("step-"))
     assert f"stopped by SIGTERM after step {step}" in out
     assert step >= 3 and metrics(tmp_path)[-1]["step"] == step
-    proc = run_train_sh([*args, "--training.stop_after_step", str(step + 2)], tmp_path, ngpu=2)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = train_in_pool(2, [*args, "--training.stop_after_step", str(step + 2)], tmp_path)  # the resume itself
     assert f"at step {step}" in proc.stdout
     assert [r["step"] for r in metrics(tmp_path)] == list(range(1, step + 3))
 
@@ -131,8 +138,7 @@ SIX = [
 def clean_six(tmp_path_factory):
     """The run folder of SIX on FSDP x 2, with no fault."""
     run_dir = tmp_path_factory.mktemp("clean_six")
-    proc = launch(SIX, run_dir, ngpu=2)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    train_in_pool(2, SIX, run_dir)
     return run_dir
 
 
@@ -193,8 +199,7 @@ def test_skip_nonfinite_steps_leaves_the_model_and_optimizer_untouched(tmp_path,
         "1",
         *layout,
     ]
-    proc = launch(args, tmp_path, ngpu=ngpu, TITANLITE_FAULT="nan@3")
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = train_in_pool(ngpu, args, tmp_path, TITANLITE_FAULT="nan@3")  # the trainer's skip, not a launch's
     assert "step 3: loss nan" in proc.stdout and "its update was skipped" in proc.stdout, proc.stdout[-3000:]
     records = metrics(tmp_path)
     assert [r["step"] for r in records] == [1, 2, 3, 4, 5]

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from tests.helpers import REPO, TINY, env, logged, metrics, run_train_sh
+from tests.helpers import REPO, TINY, env, logged, metrics, run_train_sh, train_in_pool
 from titanlite.base.failures import reason_in
 from titanlite.components.optim import lr_factor
 from titanlite.config import LRScheduler
@@ -38,8 +38,7 @@ TEN = [
 def ten(tmp_path_factory):
     """A finished run folder of TEN (step-5 and step-10), never changed: tests copy it."""
     run_dir = tmp_path_factory.mktemp("ten")
-    proc = run_train_sh(TEN, run_dir)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    train_in_pool(1, TEN, run_dir)
     return run_dir
 
 
@@ -69,8 +68,7 @@ def damage(file, at=None):
 
 def test_a_new_lr_and_warmup_take_effect_from_the_first_resumed_step(tmp_path, ten):
     run = copy_of(ten, tmp_path, steps=(5,))
-    proc = run_train_sh([*TEN, "--optimizer.lr", "1e-4", "--lr_scheduler.warmup_steps", "7"], run)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = train_in_pool(1, [*TEN, "--optimizer.lr", "1e-4", "--lr_scheduler.warmup_steps", "7"], run)
     assert "resume: changed since step-5, in effect from step 6: " in proc.stdout
     assert "lr_scheduler.warmup_steps 2 -> 7" in proc.stdout and "optimizer.lr 0.003 -> 0.0001" in proc.stdout
     schedule = LRScheduler(warmup_steps=7)
@@ -98,8 +96,7 @@ def test_resuming_with_a_lower_lr_gets_past_the_non_finite_step(tmp_path):
     assert diverged.returncode == 3, diverged.stderr[-3000:]
     assert "is not finite" in last_line(diverged) and "resume with a lower optimizer.lr" in last_line(diverged)
     assert sorted(p.name for p in (tmp_path / "run").glob("step-*")) == ["step-2"]
-    resumed = run_train_sh([*args, "--optimizer.lr", "3e-3"], tmp_path)  # what the advice says
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    resumed = train_in_pool(1, [*args, "--optimizer.lr", "3e-3"], tmp_path)  # what the advice says
     assert "optimizer.lr 100.0 -> 0.003" in resumed.stdout
     records = [r for r in metrics(tmp_path) if r["step"] > 2]
     assert [r["step"] for r in records] == list(range(3, 9)) and all(r["lr"] <= 3e-3 for r in records)
@@ -213,14 +210,12 @@ def test_a_same_size_corruption_is_found_and_the_older_checkpoint_resumes_exactl
     args = [*TEN, "--training.steps", "12"]
     explicit = run_train_sh([*args, "--checkpoint.load_step", "10"], corrupted)
     assert explicit.returncode == 2 and "does not match its checksum" in last_line(explicit), explicit.stderr[-3000:]
-    proc = run_train_sh(args, corrupted)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = train_in_pool(1, args, corrupted)
     step10 = corrupted / "run" / "step-10"
     assert f"WARNING skipping {step10}: __0_0.distcp does not match its checksum" in proc.stdout
     assert f"resumed from {corrupted / 'run' / 'step-5'} at step 5" in proc.stdout
     direct = copy_of(ten, tmp_path / "direct", steps=(5,))
-    straight = run_train_sh([*args, "--checkpoint.load_step", "5"], direct)
-    assert straight.returncode == 0, straight.stderr[-3000:]
+    train_in_pool(1, [*args, "--checkpoint.load_step", "5"], direct)
     assert [r["loss"] for r in metrics(corrupted)] == [r["loss"] for r in metrics(direct)]  # bitwise, steps 1-12
 
 
@@ -235,8 +230,7 @@ def test_no_usable_checkpoint_is_exit_2_listing_each_unless_told_to_start_from_s
     assert f"no usable checkpoint in {run / 'run'}: step-10: __0_0.distcp is truncated" in line, line
     assert "step-5: __0_0.distcp is truncated" in line and "checkpoint.start_from_scratch = true" in line
     assert metrics(run)  # nothing was overwritten
-    fresh = run_train_sh([*TEN, "--checkpoint.start_from_scratch"], run)
-    assert fresh.returncode == 0, fresh.stderr[-3000:]
+    fresh = train_in_pool(1, [*TEN, "--checkpoint.start_from_scratch"], run)
     assert "starting from scratch (checkpoint.start_from_scratch); the run folder's step-10, step-5 are not loaded" in (
         fresh.stdout
     )
@@ -258,8 +252,7 @@ def test_a_checkpoint_dcp_cannot_read_is_skipped_for_the_older_one_or_one_line(t
     assert last_line(explicit).startswith(
         f"titanlite: error: rank 0: {step10} cannot be loaded into this run: UnpicklingError"
     ), explicit.stderr[-3000:]
-    proc = run_train_sh(TEN, run)  # steps 6-10 again, from step-5
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = train_in_pool(1, TEN, run)  # steps 6-10 again, from step-5
     assert (
         f"WARNING skipping {step10}: DCP could not read its files back; saved without checksums, which file is "
         "damaged cannot be told; resuming from step-5 instead" in proc.stdout
