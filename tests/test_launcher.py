@@ -7,101 +7,119 @@ import os
 import pytest
 
 from tests.helpers import REPO, TINY, VALIDATED, metrics, run_train_sh, train_in_pool
+from titanlite.commands.cli import main
 from titanlite.config.loading import tomllib  # tomli on Python 3.10
 from titanlite.parallel.pipeline import V_SHAPED_RUN
 
+BAD_CONFIGS = [
+    (
+        1,
+        ["--training.stepz", "3"],
+        "unknown config key 'training.stepz' (command line); did you mean 'training.steps'?",
+    ),
+    (
+        4,
+        ["--parallelism.data_parallel_replicate_degree", "3"],
+        "data_parallel_replicate_degree=3 does not divide the world size 4",
+    ),
+    (
+        2,
+        ["--parallelism.data_parallel_shard_degree", "4"],
+        "multiply to 4 (pp 1 x replicate 1 x shard 4 x cp 1 x tp 1) but the world size is 2",
+    ),
+    (
+        2,
+        ["--training.local_batch_size", "2", "--training.global_batch_size", "6"],
+        "global_batch_size=6 is not a multiple of local_batch_size x dp = 2 x 2 = 4",
+    ),
+    (
+        1,
+        ["--model.flavor", "2B"],
+        "model.flavor='2B' is not a gpt2 flavor; use one of: debug, 124M, 355M, 774M, 1.5B",
+    ),
+    (1, ["--config", "train_configs/nope.toml"], "no such file"),
+    (3, ["--parallelism.tensor_parallel_degree", "3"], "tensor_parallel_degree=3 does not divide n_heads=4"),
+    (
+        2,
+        ["--parallelism.tensor_parallel_degree", "2", "--parallelism.enable_async_tensor_parallel"],
+        "needs CUDA and torch.compile",
+    ),
+    (
+        2,
+        ["--parallelism.pipeline_parallel_degree", "2", "--parallelism.pipeline_parallel_microbatch_size", "3"],
+        "pipeline_parallel_microbatch_size=3 does not divide",
+    ),
+    (
+        4,
+        ["--parallelism.pipeline_parallel_degree", "3"],
+        "pipeline_parallel_degree=3 does not divide the world size 4",
+    ),
+    (
+        2,
+        ["--parallelism.tensor_parallel_degree", "2", "--compile.enable", "--activation_checkpoint.mode", "full"],
+        "fails inside torch 2.13",
+    ),
+    (1, ["--compile.components", "model,optimizer"], "compile.components names ['optimizer']"),
+    (2, ["--training.enable_cpu_offload"], "no CUDA device here"),
+    (1, ["--training.seq_len", "100000000"], "too few for training.seq_len=100000000"),
+    (
+        1,
+        ["--training.dataset", "local", "--training.dataset_path", "/nonexistent"],
+        "dataset_path='/nonexistent' does not exist",
+    ),
+    (  # run_train.sh runs from the checkout: a relative path says so
+        1,
+        ["--training.dataset", "local", "--training.dataset_path", "nosuch.jsonl"],
+        f"dataset_path='nosuch.jsonl' (resolved against {REPO}) does not exist",
+    ),
+    (
+        1,
+        ["--validation.enable", "--validation.split_fraction", "0.000001"],
+        "too few for one window of validation.seq_len=128",
+    ),
+    (
+        2,
+        [
+            "--validation.enable",
+            "--parallelism.pipeline_parallel_degree",
+            "2",
+            "--parallelism.pipeline_parallel_schedule",
+            "DualPipeV",
+        ],
+        # torch 2.11 cannot run V-shaped schedules at all: that refusal comes first there
+        "validation under pipeline_parallel_schedule=DualPipeV fails inside torch"
+        if V_SHAPED_RUN
+        else "pipeline_parallel_schedule=DualPipeV needs torch 2.12 or later",
+    ),
+]
 
-@pytest.mark.parametrize(
-    "ngpu, args, fragment",
-    [
-        (
-            1,
-            ["--training.stepz", "3"],
-            "unknown config key 'training.stepz' (command line); did you mean 'training.steps'?",
-        ),
-        (
-            4,
-            ["--parallelism.data_parallel_replicate_degree", "3"],
-            "data_parallel_replicate_degree=3 does not divide the world size 4",
-        ),
-        (
-            2,
-            ["--parallelism.data_parallel_shard_degree", "4"],
-            "multiply to 4 (pp 1 x replicate 1 x shard 4 x cp 1 x tp 1) but the world size is 2",
-        ),
-        (
-            2,
-            ["--training.local_batch_size", "2", "--training.global_batch_size", "6"],
-            "global_batch_size=6 is not a multiple of local_batch_size x dp = 2 x 2 = 4",
-        ),
-        (
-            1,
-            ["--model.flavor", "2B"],
-            "model.flavor='2B' is not a gpt2 flavor; use one of: debug, 124M, 355M, 774M, 1.5B",
-        ),
-        (1, ["--config", "train_configs/nope.toml"], "no such file"),
-        (3, ["--parallelism.tensor_parallel_degree", "3"], "tensor_parallel_degree=3 does not divide n_heads=4"),
-        (
-            2,
-            ["--parallelism.tensor_parallel_degree", "2", "--parallelism.enable_async_tensor_parallel"],
-            "needs CUDA and torch.compile",
-        ),
-        (
-            2,
-            ["--parallelism.pipeline_parallel_degree", "2", "--parallelism.pipeline_parallel_microbatch_size", "3"],
-            "pipeline_parallel_microbatch_size=3 does not divide",
-        ),
-        (
-            4,
-            ["--parallelism.pipeline_parallel_degree", "3"],
-            "pipeline_parallel_degree=3 does not divide the world size 4",
-        ),
-        (
-            2,
-            ["--parallelism.tensor_parallel_degree", "2", "--compile.enable", "--activation_checkpoint.mode", "full"],
-            "fails inside torch 2.13",
-        ),
-        (1, ["--compile.components", "model,optimizer"], "compile.components names ['optimizer']"),
-        (2, ["--training.enable_cpu_offload"], "no CUDA device here"),
-        (1, ["--training.seq_len", "100000000"], "too few for training.seq_len=100000000"),
-        (
-            1,
-            ["--training.dataset", "local", "--training.dataset_path", "/nonexistent"],
-            "dataset_path='/nonexistent' does not exist",
-        ),
-        (  # run_train.sh runs from the checkout: a relative path says so
-            1,
-            ["--training.dataset", "local", "--training.dataset_path", "nosuch.jsonl"],
-            f"dataset_path='nosuch.jsonl' (resolved against {REPO}) does not exist",
-        ),
-        (
-            1,
-            ["--validation.enable", "--validation.split_fraction", "0.000001"],
-            "too few for one window of validation.seq_len=128",
-        ),
-        (
-            2,
-            [
-                "--validation.enable",
-                "--parallelism.pipeline_parallel_degree",
-                "2",
-                "--parallelism.pipeline_parallel_schedule",
-                "DualPipeV",
-            ],
-            # torch 2.11 cannot run V-shaped schedules at all: that refusal comes first there
-            "validation under pipeline_parallel_schedule=DualPipeV fails inside torch"
-            if V_SHAPED_RUN
-            else "pipeline_parallel_schedule=DualPipeV needs torch 2.12 or later",
-        ),
-    ],
-)
-def test_bad_config_exits_2_with_one_line_before_launch(tmp_path, ngpu, args, fragment):
+
+@pytest.mark.parametrize("ngpu, args, fragment", BAD_CONFIGS)
+def test_bad_config_exits_2_with_one_line_before_launch(tmp_path, ngpu, args, fragment, capsys, monkeypatch):
+    """Each refusal of what run_train.sh runs before torchrun: `titanlite check` at NGPU's world size, from the
+    checkout, here in this process (a process per case was 18 start-ups of torch for one launcher behaviour). That
+    run_train.sh stops there, before any worker, with the same line and status: the test below."""
+    monkeypatch.chdir(REPO)
+    world = ["--world-size", str(ngpu), "--nproc-per-node", str(ngpu)]
+    code = main(["check", *world, "--job.dump_folder", str(tmp_path), "--job.name", "run", *args])
+    out, err = capsys.readouterr()
+    assert code == 2, out + err
+    lines = err.strip().splitlines()
+    assert lines == [lines[0]] and lines[0].startswith("titanlite: error: ")
+    assert fragment in lines[0]
+    assert not (tmp_path / "run").exists()  # nothing written
+
+
+# One refusal that the config alone gives (a misspelt key) and one that needs the model's shape and the world size.
+@pytest.mark.parametrize("ngpu, args, fragment", [BAD_CONFIGS[0], BAD_CONFIGS[6]], ids=["key", "layout"])
+def test_run_train_sh_stops_before_any_worker_with_checks_line_and_status(tmp_path, ngpu, args, fragment):
     proc = run_train_sh(args, tmp_path, ngpu=ngpu)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert lines == [lines[0]] and lines[0].startswith("titanlite: error: ")
     assert fragment in lines[0]
     assert "torch.distributed" not in proc.stdout + proc.stderr  # no worker was started
+    assert not (tmp_path / "run").exists()
 
 
 def test_help_lists_config_keys(tmp_path):

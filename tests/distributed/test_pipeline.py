@@ -60,8 +60,7 @@ def test_schedule_matches_single_device(tmp_path, reference, model, schedule):
 
 
 def test_bubble_is_reported_beside_measured_idle(tmp_path, reference):
-    proc = run_train_sh([*VALIDATED, *PP2, "--training.local_batch_size", "8"], tmp_path, ngpu=2)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    proc = train_in_pool(2, [*VALIDATED, *PP2, "--training.local_batch_size", "8"], tmp_path)
     records = metrics(tmp_path)
     assert_matches(records, reference("gpt2"))
     for r in records:
@@ -74,8 +73,7 @@ def test_pp2_fsdp2_on_4_ranks_matches_single_device(tmp_path, reference):
     # The data parallelism PP takes beside it, and what the refusal of PP x DDP suggests instead
     # (tests/unit/test_pipeline_plan.py): the same 4 ranks as that command, data_parallel_shard_degree 2.
     # GPT-2's tied embedding spans the first and last stage, each sharded by FSDP.
-    proc = run_train_sh([*VALIDATED, *PP2, "--training.local_batch_size", "4"], tmp_path, ngpu=4)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    proc = train_in_pool(4, [*VALIDATED, *PP2, "--training.local_batch_size", "4"], tmp_path)
     assert "layout: pp 2 x dp_shard 2 on 4 cpu" in proc.stdout
     assert_matches(metrics(tmp_path), reference("gpt2"))
 

@@ -1,4 +1,4 @@
-"""Profiling a real run on 2 gloo ranks, then `titanlite analyze` on its traces."""
+"""Profiling a real run on 2 gloo ranks (in the pool, tests/pool.py), then `titanlite analyze` on its traces."""
 
 import json
 import subprocess
@@ -6,11 +6,12 @@ import sys
 
 import pytest
 
-from tests.helpers import REPO, TINY, env, torchrun
+from tests.helpers import REPO, TINY, env, train_in_pool
+from tests.pool import PoolFailure
 
 pytestmark = pytest.mark.distributed
 
-NATIVE_CRASH = (134, 139)  # the launcher's exit status for a rank killed by SIGABRT / SIGSEGV
+NATIVE_CRASH = ("died (exit code -6)", "died (exit code -11)")  # a pool rank killed by SIGABRT / SIGSEGV
 PROFILE = ["--profiling.enable_profiling", "--profiling.profile_freq", "3", "--training.steps", "6"]
 
 
@@ -31,14 +32,16 @@ def analyze(folder):
     ],
 )
 def test_profiled_run_is_analyzed(tmp_path, layout, args, collectives):
-    proc = torchrun(2, [*TINY, *PROFILE, *args], tmp_path)
-    if proc.returncode in NATIVE_CRASH:
+    try:
+        train_in_pool(2, [*TINY, *PROFILE, *args], tmp_path)
+    except PoolFailure as failure:
         # Seen once in a full CI-like run: rank 0 aborted (SIGABRT) inside gloo's all-gather under FSDP while
-        # the CPU profiler recorded; the launcher named it and faulthandler printed the stacks. It is torch's
-        # and rare, not what this test checks (the traces and their analysis), so one fresh run follows.
+        # the CPU profiler recorded; faulthandler printed the stacks. It is torch's and rare, not what this test
+        # checks (the traces and their analysis), so one fresh run follows (on a fresh pool).
+        if not any(crash in str(failure) for crash in NATIVE_CRASH):
+            raise
         tmp_path = tmp_path / "again"
-        proc = torchrun(2, [*TINY, *PROFILE, *args], tmp_path)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+        train_in_pool(2, [*TINY, *PROFILE, *args], tmp_path)
     profile = tmp_path / "run" / "profile"
     # Windows end at steps 3 and 6, one trace per rank each.
     assert sorted(p.relative_to(profile).as_posix() for p in profile.rglob("*.json")) == [

@@ -200,3 +200,19 @@ def test_the_checker_finds_a_planted_cycle_and_a_function_level_import(tmp_path)
     )
     problems = layer_violations(root)
     assert any("validator.py" in p and "a function-level import" in p for p in problems), problems
+
+
+def test_check_and_the_worker_import_none_of_the_optional_heavy_packages():
+    """`titanlite check` and a training worker start without transformers, datasets, wandb or matplotlib (seconds of
+    start-up each; the commands that use them import them when they run)."""
+    import subprocess
+    import sys
+
+    heavy = ["transformers", "datasets", "wandb", "matplotlib", "tensorboard", "pyarrow"]
+    code = (
+        "import sys, titanlite.commands.check, titanlite.commands.train, titanlite.commands.launch; "
+        f"print(sorted(m for m in {heavy!r} if m in sys.modules))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "[]", proc.stdout
