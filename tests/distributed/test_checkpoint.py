@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tests.helpers import REPO, TINY, assert_close, env, losses, metrics, run_train_sh, train_in_pool
+from tests.helpers import REPO, TINY, assert_close, env, losses, metrics, run_train_sh, torchrun, train_in_pool
 
 pytestmark = pytest.mark.distributed
 
@@ -37,6 +37,14 @@ LAYOUTS = {
 def run(layout, run_dir, *extra):
     nproc, args = LAYOUTS[layout]
     proc = train_in_pool(nproc, [*TWENTY, *args, *extra], run_dir)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return proc
+
+
+def launched(layout, run_dir, *extra):
+    """The same run as run(), through torchrun's fresh workers."""
+    nproc, args = LAYOUTS[layout]
+    proc = torchrun(nproc, [*TWENTY, *args, *extra], run_dir)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     return proc
 
@@ -141,14 +149,15 @@ def test_process_saver_resumes_exactly_and_leaves_no_tmp(tmp_path, fsdp4_runs, l
     else:
         straight = tmp_path / "straight"
         run(layout, straight)
-    first = run(layout, tmp_path, *mode, "--training.stop_after_step", "10")
+    # Launched, not in the pool: DCP's saver process starts from the worker's entry point and logs to its stderr.
+    first = launched(layout, tmp_path, *mode, "--training.stop_after_step", "10")
     assert (
         "copied to shared (pinned memory needs CUDA) host memory, then written by a background process" in first.stdout
     )
     assert "Checkpoint background process is running" in first.stdout + first.stderr  # DCP's process saver's own log
     assert "Traceback" not in first.stdout + first.stderr  # its writing process ended cleanly
     assert sorted(p.name for p in (tmp_path / "run").glob("step-*")) == ["step-10", "step-5"]
-    second = run(layout, tmp_path, *mode)
+    second = launched(layout, tmp_path, *mode)
     assert "at step 10" in second.stdout
     assert [r["loss"] for r in metrics(tmp_path)[10:]] == [r["loss"] for r in metrics(straight)[10:]]
     assert [r["grad_norm"] for r in metrics(tmp_path)[10:]] == [r["grad_norm"] for r in metrics(straight)[10:]]
