@@ -26,6 +26,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import functools
 import gc
 import importlib
 import io
@@ -280,7 +281,20 @@ def _run_body(rank: int, world_size: int, fn, args, env: dict[str, str], port: i
         os.environ.clear()
         os.environ.update(saved_env)
         _give_back_freed_memory()
+        _forget_meshes()
     return reply
+
+
+def _forget_meshes() -> None:
+    """Empty torch.distributed's functools caches. DTensor caches its sharding and redistribution plans by the mesh's
+    shape and dimension names, not by its process groups: a plan cached in one body names the groups of a mesh that
+    body destroyed, and the next body with an equal mesh would send its collectives to a group name that is gone
+    (seen: 'Could not resolve the process group registered under the name 3') or, worse, now names another group."""
+    for obj in gc.get_objects():
+        if isinstance(obj, functools._lru_cache_wrapper) and (getattr(obj, "__module__", "") or "").startswith(
+            "torch.distributed"
+        ):
+            obj.cache_clear()
 
 
 def _give_back_freed_memory() -> None:
