@@ -286,10 +286,16 @@ def _run_body(rank: int, world_size: int, fn, args, env: dict[str, str], port: i
 
 
 def _forget_meshes() -> None:
-    """Empty torch.distributed's functools caches. DTensor caches its sharding and redistribution plans by the mesh's
-    shape and dimension names, not by its process groups: a plan cached in one body names the groups of a mesh that
-    body destroyed, and the next body with an equal mesh would send its collectives to a group name that is gone
-    (seen: 'Could not resolve the process group registered under the name 3') or, worse, now names another group."""
+    """Empty DTensor's sharding caches (the C++ dispatch's, and torch.distributed's functools caches). They key
+    their plans by the mesh's shape and dimension names, not by its process groups: a plan cached in one body names
+    the groups of a mesh that body destroyed, and the next body with an equal mesh would send its collectives to a
+    group name that is gone (seen: 'Could not resolve the process group registered under the name 12') or, worse,
+    that now names another group."""
+    import torch
+
+    clear_native = getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None)  # the C++ dispatch's cache
+    if clear_native is not None:
+        clear_native()
     for obj in gc.get_objects():
         if isinstance(obj, functools._lru_cache_wrapper) and (getattr(obj, "__module__", "") or "").startswith(
             "torch.distributed"
