@@ -19,6 +19,7 @@ from tests.helpers import (
     checkpoint_tensors,
     env,
     metrics,
+    run_train_sh,
     train_in_pool,
 )
 
@@ -113,7 +114,8 @@ def test_sigterm_leaves_a_checkpoint_at_the_current_step_and_a_restart_continues
     step = int(saved[0].name.removeprefix("step-"))
     assert f"stopped by SIGTERM after step {step}" in out
     assert step >= 3 and metrics(tmp_path)[-1]["step"] == step
-    proc = train_in_pool(2, [*args, "--training.stop_after_step", str(step + 2)], tmp_path)  # the resume itself
+    proc = run_train_sh([*args, "--training.stop_after_step", str(step + 2)], tmp_path, ngpu=2)
+    assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"at step {step}" in proc.stdout
     assert [r["step"] for r in metrics(tmp_path)] == list(range(1, step + 3))
 
