@@ -5,6 +5,7 @@ with its reason), and no import cycle joins two modules. The checker is tested o
 from __future__ import annotations
 
 import ast
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -202,17 +203,28 @@ def test_the_checker_finds_a_planted_cycle_and_a_function_level_import(tmp_path)
     assert any("validator.py" in p and "a function-level import" in p for p in problems), problems
 
 
-def test_check_and_the_worker_import_none_of_the_optional_heavy_packages():
+def test_check_and_the_worker_import_none_of_the_optional_heavy_packages(tmp_path):
     """`titanlite check` and a training worker start without transformers, datasets, wandb or matplotlib (seconds of
-    start-up each; the commands that use them import them when they run)."""
+    start-up each; the commands that use them import them when they run), and a run without compile never imports
+    inductor's compiler, torch._inductor.compile_fx (torch.compiler.cudagraph_mark_step_begin, which only
+    compile.mode 'reduce-overhead' needs, imports it: seconds per worker)."""
     import subprocess
     import sys
 
-    heavy = ["transformers", "datasets", "wandb", "matplotlib", "tensorboard", "pyarrow"]
+    heavy = ["transformers", "datasets", "wandb", "matplotlib", "tensorboard", "pyarrow", "torch._inductor.compile_fx"]
     code = (
         "import sys, titanlite.commands.check, titanlite.commands.train, titanlite.commands.launch; "
+        f"print(sorted(m for m in {heavy!r} if m in sys.modules)); "
+        "from tests.pool import train_job; "
+        f"train_job(['--job.dump_folder', {str(tmp_path)!r}, '--training.steps', '1', '--training.seq_len', '32']); "
         f"print(sorted(m for m in {heavy!r} if m in sys.modules))"
     )
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    one_rank = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "0"}
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env={**os.environ, **one_rank}, capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.strip() == "[]", proc.stdout
+    lines = proc.stdout.strip().splitlines()
+    assert lines[0] == "[]", lines[0]  # on import
+    assert lines[-1] == "[]", lines[-1]  # after a training step

@@ -148,5 +148,6 @@ def build_rank_model(cfg: JobConfig, plan: Plan, mesh, device: torch.device, voc
         after_optimizer_step=hooks,
         expert_load=None if balance is None else lambda: balance.load,
         auxiliary_losses=spec_of(plain.args).auxiliary_losses(plain.args),
+        cuda_graphs=cfg.compile.enable and cfg.compile.mode == "reduce-overhead",
     )
     return ModelSetup(plain, rank, param_dtype, loss_line)

@@ -160,6 +160,14 @@ class RankModel:
     # This rank's share of each batch's sequences and how attention sees them (context parallelism,
     # block-causal masks): (inputs, labels) -> (inputs, labels, Sequence or None).
     split: Callable | None = None
+    # compile.mode 'reduce-overhead': compiled blocks replay CUDA graphs, and each forward starts a new round of
+    # replays (torch.compiler.cudagraph_mark_step_begin). Only then: that call imports all of inductor (seconds).
+    cuda_graphs: bool = False
+
+    def new_graph_round(self) -> None:
+        """Under CUDA graphs, let the next replays reuse the last round's buffers; otherwise nothing."""
+        if self.cuda_graphs:
+            torch.compiler.cudagraph_mark_step_begin()
 
     def forward(self, inputs: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The output (logits, or hidden states for the chunked loss) of this rank's share of the batch, and
@@ -336,9 +344,7 @@ class Trainer:
         model = self.model_parts[0]
         step_loss = torch.zeros((), device=self.device)
         for i, (inputs, labels) in enumerate(micro_batches):
-            # Under compile.mode 'reduce-overhead' each micro-batch starts a new round of CUDA-graph replays, so
-            # the graphs may reuse the last one's buffers (a counter increment otherwise).
-            torch.compiler.cudagraph_mark_step_begin()
+            self.model.new_graph_round()  # each micro-batch, under compile.mode 'reduce-overhead'
             inputs = inputs.to(self.device, non_blocking=True)
             labels = labels.to(self.device, non_blocking=True)
             # Every window has exactly seq_len targets (seq_len / cp on each context-parallel rank), so each

@@ -74,7 +74,7 @@ class Validator:
         totals = torch.zeros(2, dtype=torch.float64, device=self.device)  # summed loss, target tokens
         try:
             for inputs, labels in self.batches.of(self.windows):
-                torch.compiler.cudagraph_mark_step_begin()  # compile.mode 'reduce-overhead': a new round of replays
+                self.model.new_graph_round()  # compile.mode 'reduce-overhead': a new round of replays
                 inputs = inputs.to(self.device, non_blocking=True)
                 labels = labels.to(self.device, non_blocking=True)
                 totals += self.pipelined_totals(inputs, labels) if self.pipeline else self.totals(inputs, labels)
