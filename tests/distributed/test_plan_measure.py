@@ -1,6 +1,11 @@
 """`titanlite plan --measure`: the estimated peak is within 15 % of the tensor-level peak measured on a
 real run, for the debug models on several layouts (expert parallelism among them), with and without activation
-checkpointing."""
+checkpointing.
+
+The command runs as users run it (a process of its own launching the measured run's workers) for one layout in the
+default suite and for a failed measurement. The other cases call the same command in this process with its
+measured run (titanlite/tools/plan.py run_measured: the worker's own train() under TITANLITE_MEASURE_MEMORY) on the
+pool's ranks (tests/pool.py), which saves the launcher and N interpreters each."""
 
 import json
 import subprocess
@@ -9,6 +14,9 @@ import sys
 import pytest
 
 from tests.helpers import REPO, env
+from tests.pool import pool, train_job
+from titanlite.commands import cli
+from titanlite.tools import plan
 
 pytestmark = pytest.mark.distributed
 
@@ -87,13 +95,46 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("name, ngpu, args", CASES)
-def test_estimate_within_15_percent_of_measured(tmp_path, name, ngpu, args):
-    out = tmp_path / "plan.json"
+LAUNCHED = "zero3_byte_ac_full"  # the case that runs `titanlite plan --measure` as a process of its own
+
+
+class Planned:
+    """What `titanlite plan ... --measure` gave: its exit status, its stdout and stderr."""
+
+    def __init__(self, returncode: int, stdout: str, stderr: str):
+        self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
+
+
+@pytest.fixture
+def plan_measure(monkeypatch, capsys):
+    """plan_measure(ngpu, args, json_path) -> Planned: `titanlite plan --ngpu N --measure ARGS` in this process, its
+    measured run on the pool's ranks."""
+
+    def in_the_pool(train_argv, world, folder, extra_env):
+        return pool(world).run(train_job, train_argv, env=extra_env)
+
+    def run(ngpu: int, args: list[str], out) -> Planned:
+        monkeypatch.setattr(plan, "run_measured", in_the_pool)
+        monkeypatch.setenv("TITANLITE_PLAN_JSON", str(out))
+        capsys.readouterr()
+        code = cli.main(["plan", "--ngpu", str(ngpu), "--measure", *args])
+        captured = capsys.readouterr()
+        return Planned(code, captured.out, captured.err)
+
+    return run
+
+
+def launched_plan_measure(ngpu: int, args: list[str], out) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "titanlite.commands.cli", "plan", "--ngpu", str(ngpu), "--measure", *args]
-    proc = subprocess.run(
+    return subprocess.run(
         cmd, cwd=REPO, env=env(TITANLITE_PLAN_JSON=str(out)), capture_output=True, text=True, timeout=300
     )
+
+
+@pytest.mark.parametrize("name, ngpu, args", CASES)
+def test_estimate_within_15_percent_of_measured(tmp_path, plan_measure, name, ngpu, args):
+    out = tmp_path / "plan.json"
+    proc = launched_plan_measure(ngpu, args, out) if name == LAUNCHED else plan_measure(ngpu, args, out)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert len(result["measured_by_rank"]) == ngpu
@@ -122,7 +163,7 @@ def test_a_failed_measurement_says_why_with_the_workers_status(tmp_path):
 
 
 @pytest.mark.slow
-def test_chunked_loss_lowers_the_measured_peak(tmp_path):
+def test_chunked_loss_lowers_the_measured_peak(tmp_path, plan_measure):
     # The debug model at seq 1024, batch 4: the full logits are [4096, 50304] float32 (786 MiB), beside
     # ~80 MiB of other activations. Chunked (4096 tokens, one chunk) saves none of them for backward.
     long = [
@@ -136,21 +177,7 @@ def test_chunked_loss_lowers_the_measured_peak(tmp_path):
     results = {}
     for chunk in ("0", "-1"):
         out = tmp_path / f"plan-{chunk}.json"
-        cmd = [
-            sys.executable,
-            "-m",
-            "titanlite.commands.cli",
-            "plan",
-            "--ngpu",
-            "1",
-            "--measure",
-            *long,
-            "--training.loss_chunk_tokens",
-            chunk,
-        ]
-        proc = subprocess.run(
-            cmd, cwd=REPO, env=env(TITANLITE_PLAN_JSON=str(out)), capture_output=True, text=True, timeout=300
-        )
+        proc = plan_measure(1, [*long, "--training.loss_chunk_tokens", chunk], out)
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
         results[chunk] = result = json.loads(out.read_text())
         ratio = result["estimate_peak"] / result["measured_peak"]
@@ -166,7 +193,7 @@ def test_chunked_loss_lowers_the_measured_peak(tmp_path):
 
 
 @pytest.mark.slow
-def test_context_parallel_lowers_the_measured_peak_per_rank(tmp_path):
+def test_context_parallel_lowers_the_measured_peak_per_rank(tmp_path, plan_measure):
     """The debug Llama at 8,192 tokens (local batch 2, chunked loss): the measured peak per rank falls from
     CP 1 to CP 2 to CP 4, and the planner's estimate of each is within 15 %."""
     long = ["--config", "train_configs/llama3_debug.toml", "--training.seq_len", "8192"]
@@ -175,10 +202,7 @@ def test_context_parallel_lowers_the_measured_peak_per_rank(tmp_path):
     for cp in (1, 2, 4):
         out = tmp_path / f"plan-cp{cp}.json"
         layout = ["--parallelism.context_parallel_degree", str(cp), "--parallelism.data_parallel_shard_degree", "1"]
-        cmd = [sys.executable, "-m", "titanlite.commands.cli", "plan", "--ngpu", str(cp), "--measure", *long, *layout]
-        proc = subprocess.run(
-            cmd, cwd=REPO, env=env(TITANLITE_PLAN_JSON=str(out)), capture_output=True, text=True, timeout=300
-        )
+        proc = plan_measure(cp, [*long, *layout], out)
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
         result = json.loads(out.read_text())
         ratio = result["estimate_peak"] / result["measured_peak"]

@@ -216,15 +216,7 @@ def measure_layout(cfg, argv: list[str], lay: Layout, facts: ModelFacts, s: Sett
     est = estimate(facts, lay, s)
     folder = tempfile.mkdtemp(prefix="titanlite-plan-")  # kept when the run fails: its logs explain why
     out = Path(folder) / "memory"
-    cmd = [
-        sys.executable,
-        "-m",
-        LAUNCHER,
-        "--standalone",
-        f"--nproc-per-node={world}",
-        f"--log-dir={Path(folder) / 'logs'}",
-        "-m",
-        TRAIN_WORKER,
+    train_argv = [
         *argv,
         "--training.steps",
         "3",
@@ -239,10 +231,8 @@ def measure_layout(cfg, argv: list[str], lay: Layout, facts: ModelFacts, s: Sett
         "--job.name",
         "measure",
     ]
-    env = {**os.environ, "TITANLITE_MEASURE_MEMORY": str(out), "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
-    env.setdefault("OMP_NUM_THREADS", "1")
     print(f"measure: 3 steps of {lay.name} on {world} process(es) ...", flush=True)
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    proc = run_measured(train_argv, world, Path(folder), {"TITANLITE_MEASURE_MEMORY": str(out)})
     if proc.returncode != 0:  # the worker's own line (the launcher's last), and its exit status
         reason = reason_in(proc.stderr).removeprefix("titanlite: error: ")
         print(
@@ -285,3 +275,22 @@ def measure_layout(cfg, argv: list[str], lay: Layout, facts: ModelFacts, s: Sett
     if target:
         Path(target).write_text(json.dumps(result))
     return 0
+
+
+def run_measured(train_argv: list[str], world: int, folder: Path, extra_env: dict[str, str]):
+    """The measured run: the training worker on `world` local processes through titanlite's launcher, its
+    logs in `folder`; returns the finished process (returncode, stdout, stderr)."""
+    cmd = [
+        sys.executable,
+        "-m",
+        LAUNCHER,
+        "--standalone",
+        f"--nproc-per-node={world}",
+        f"--log-dir={folder / 'logs'}",
+        "-m",
+        TRAIN_WORKER,
+        *train_argv,
+    ]
+    env = {**os.environ, **extra_env, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return subprocess.run(cmd, env=env, capture_output=True, text=True)
