@@ -7,7 +7,8 @@ the parity below holds only because the two copies are kept in sync (without it 
 import pytest
 
 from tests.distributed.conftest import CONFIGS
-from tests.helpers import VALIDATED, assert_matches, metrics, run_train_sh, train_in_pool
+from tests.helpers import VALIDATED, assert_matches, metrics, train_in_pool
+from tests.pool import close_pool
 from titanlite.parallel.pipeline import V_SHAPED, V_SHAPED_RUN
 
 pytestmark = pytest.mark.distributed
@@ -98,10 +99,16 @@ def test_custom_schedule_from_csv(tmp_path, reference):
     assert_matches(metrics(tmp_path), reference("gpt2"))
 
 
+@pytest.fixture(scope="module")
+def eight_ranks():
+    """The pool of 8 ranks, for this module's two 3-D runs only: ended after them (its idle ranks hold ~5 GB)."""
+    yield 8
+    close_pool(8)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("schedule", ["1F1B", "Interleaved1F1B"])
-def test_3d_pp2_fsdp2_tp2_on_8_ranks_matches_single_device(tmp_path, reference, schedule):
-    # ~25 s each on 2 cores, mostly start-up of 8 processes
+def test_3d_pp2_fsdp2_tp2_on_8_ranks_matches_single_device(tmp_path, reference, eight_ranks, schedule):
     args = [
         *VALIDATED,
         *PP2,
@@ -112,7 +119,6 @@ def test_3d_pp2_fsdp2_tp2_on_8_ranks_matches_single_device(tmp_path, reference, 
         "--parallelism.pipeline_parallel_schedule",
         schedule,
     ]
-    proc = run_train_sh(args, tmp_path, ngpu=8)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    proc = train_in_pool(eight_ranks, args, tmp_path)
     assert "layout: pp 2 x dp_shard 2 x tp 2 on 8 cpu" in proc.stdout
     assert_matches(metrics(tmp_path), reference("gpt2"))
