@@ -207,7 +207,8 @@ def test_check_and_the_worker_import_none_of_the_optional_heavy_packages(tmp_pat
     """`titanlite check` and a training worker start without transformers, datasets, wandb or matplotlib (seconds of
     start-up each; the commands that use them import them when they run), and a run without compile never imports
     inductor's compiler, torch._inductor.compile_fx (torch.compiler.cudagraph_mark_step_begin, which only
-    compile.mode 'reduce-overhead' needs, imports it: seconds per worker)."""
+    compile.mode 'reduce-overhead' needs, imports it: seconds per worker); after the run, none of its threads is
+    left."""
     import subprocess
     import sys
 
@@ -217,7 +218,8 @@ def test_check_and_the_worker_import_none_of_the_optional_heavy_packages(tmp_pat
         f"print(sorted(m for m in {heavy!r} if m in sys.modules)); "
         "from tests.pool import train_job; "
         f"train_job(['--job.dump_folder', {str(tmp_path)!r}, '--training.steps', '1', '--training.seq_len', '32']); "
-        f"print(sorted(m for m in {heavy!r} if m in sys.modules))"
+        f"print(sorted(m for m in {heavy!r} if m in sys.modules)); "
+        "import threading; print([t.name for t in threading.enumerate() if t.name.startswith('titanlite')])"
     )
     one_rank = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "0"}
     proc = subprocess.run(
@@ -227,4 +229,5 @@ def test_check_and_the_worker_import_none_of_the_optional_heavy_packages(tmp_pat
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = proc.stdout.strip().splitlines()
     assert lines[0] == "[]", lines[0]  # on import
-    assert lines[-1] == "[]", lines[-1]  # after a training step
+    assert lines[-2] == "[]", lines[-2]  # after a training step
+    assert lines[-1] == "[]", lines[-1]  # and no thread of the run's left (the loader's, building batches ahead)
