@@ -141,13 +141,14 @@ def test_a_cp2_checkpoint_resumes_on_another_layout_with_the_same_losses(tmp_pat
     assert_close([r["loss"] for r in resumed], whole[2:], 1e-5)
 
 
-@pytest.mark.slow  # two 4-rank runs, one with a restart: about 40 s
+@pytest.mark.slow  # a 4-rank launch with a restart, beside the same run in the pool
 def test_a_killed_cp_worker_is_restarted_and_the_run_finishes_exactly(tmp_path):
     """FSDP 2 x CP 2, block-causal; rank 1 killed after step 7, torchrun restarts the job (MAX_RESTARTS),
     which resumes from step 5 and ends with the uninterrupted run's losses, bit for bit."""
     args = [*TINY, *BLOCK, *cp(2, shard=2, local=2), "--training.steps", "10", "--checkpoint.enable",
             "--checkpoint.interval", "5"]  # fmt: skip
-    whole = losses(run_train_sh(args, tmp_path / "whole", ngpu=4), tmp_path / "whole")
+    train_in_pool(4, args, tmp_path / "whole")  # the uninterrupted run: what the launched restart must give
+    whole = [r["loss"] for r in metrics(tmp_path / "whole")]
     proc = run_train_sh(args, tmp_path / "killed", ngpu=4, MAX_RESTARTS="2", TITANLITE_FAULT="kill@7:1")
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
