@@ -3,15 +3,16 @@ config: nothing of the model is allocated), and the whole `titanlite check` comm
 
     python3 scripts/bench_preflight.py
 
-Prints the first in-process preflight of 70B (after one of the debug model, which pays the imports) and the median
-of the next 5,
-and the wall time of one `titanlite check --world-size 1` of the same config, which refuses it (exit 2): every
-`./run_train.sh` runs that check before its workers start. tests/unit/test_preflight.py checks what both say;
-their speed is measured here, not asserted in a test (the 2-core test machine's speed varies by 3x day to day).
+Prints the first in-process preflight of 70B (after one of the debug model, which pays the imports), the median
+of the next 5, and the wall time of one `titanlite check --world-size 1` of the same config, which refuses it
+(exit 2): every `./run_train.sh` runs that check before its workers start. tests/unit/test_preflight.py checks
+what both say; their speed is measured here, not asserted in a test (the 2-core test machine's speed varies by 3x
+day to day).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
 import subprocess
@@ -29,19 +30,15 @@ LLAMA_70B = ["--model.name", "llama3", "--model.flavor", "70B"]
 
 def preflight_seconds() -> float:
     start = time.perf_counter()
-    try:
+    with contextlib.suppress(ConfigError):  # 70B does not fit one process's RAM: the refusal is expected
         memory_preflight(parse_config(LLAMA_70B), 1, 1)
-    except ConfigError:  # 70B does not fit one process's RAM: the refusal is the expected outcome
-        pass
     return time.perf_counter() - start
 
 
 def main() -> None:
     os.environ.setdefault("TITANLITE_DEVICE", "cpu")
-    try:
+    with contextlib.suppress(ConfigError):
         memory_preflight(parse_config([]), 1, 1)  # the debug model: imports and first-call costs
-    except ConfigError:
-        pass
     first = preflight_seconds()
     print(f"preflight of llama3 70B, one process, its first call: {first:.3f} s")
     times = [preflight_seconds() for _ in range(5)]

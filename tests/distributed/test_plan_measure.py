@@ -98,28 +98,22 @@ CASES = [
 LAUNCHED = "zero3_byte_ac_full"  # the case that runs `titanlite plan --measure` as a process of its own
 
 
-class Planned:
-    """What `titanlite plan ... --measure` gave: its exit status, its stdout and stderr."""
-
-    def __init__(self, returncode: int, stdout: str, stderr: str):
-        self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
-
-
 @pytest.fixture
 def plan_measure(monkeypatch, capsys):
-    """plan_measure(ngpu, args, json_path) -> Planned: `titanlite plan --ngpu N --measure ARGS` in this process, its
-    measured run on the pool's ranks."""
+    """plan_measure(ngpu, args, json_path) -> CompletedProcess: `titanlite plan --ngpu N --measure ARGS` in this
+    process, its measured run on the pool's ranks."""
 
     def in_the_pool(train_argv, world, folder, extra_env):
         return pool(world).run(train_job, train_argv, env=extra_env)
 
-    def run(ngpu: int, args: list[str], out) -> Planned:
+    def run(ngpu: int, args: list[str], out) -> subprocess.CompletedProcess:
         monkeypatch.setattr(plan, "run_measured", in_the_pool)
         monkeypatch.setenv("TITANLITE_PLAN_JSON", str(out))
         capsys.readouterr()
-        code = cli.main(["plan", "--ngpu", str(ngpu), "--measure", *args])
+        argv = ["plan", "--ngpu", str(ngpu), "--measure", *args]
+        code = cli.main(argv)
         captured = capsys.readouterr()
-        return Planned(code, captured.out, captured.err)
+        return subprocess.CompletedProcess(argv, code, captured.out, captured.err)
 
     return run
 
