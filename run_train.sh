@@ -28,11 +28,6 @@ refuse() { echo "titanlite: error: $1" >&2; exit 2; }
 [[ "$NGPU" =~ ^[1-9][0-9]*$ ]] || refuse "NGPU='$NGPU' is not a number of processes per node; set NGPU to 1 or more (e.g. NGPU=2)"
 [[ "$NNODES" =~ ^[1-9][0-9]*(:[1-9][0-9]*)?$ ]] || refuse "NNODES='$NNODES' is not a node count; set NNODES to N or MIN:MAX (e.g. NNODES=2)"
 [[ "$MAX_RESTARTS" =~ ^[0-9]+$ ]] || refuse "MAX_RESTARTS='$MAX_RESTARTS' is not a number of restarts; set MAX_RESTARTS to 0 or more"
-max_nodes=${NNODES##*:}  # NNODES may be elastic, min:max
-
-# Validate the config (and NGPU against the visible GPUs, and the memory it needs) for the world size about to
-# launch, and build the token cache once, before any worker starts.
-"$PY" -m titanlite.commands.cli check --world-size $((NGPU * max_nodes)) --nproc-per-node "$NGPU" "$@" || exit $?
 
 # Restarted workers must not reuse the dead workers' rendezvous store (torch 2.13 shares it across restarts
 # by default, and the restarted workers then fail to connect: docs/checkpointing.md).
@@ -52,4 +47,6 @@ fi
 [ -z "${LOG_RANK:-}" ] || launch+=(--local-ranks-filter "$LOG_RANK" --role rank --tee 3)
 
 # torchrun (titanlite/commands/launch.py): a failed worker's one-line reason comes last, and its exit status is ours.
-exec "$PY" -m titanlite.commands.launch "${launch[@]}" -m titanlite.commands.train "$@"
+# --check: first, in the same process, `titanlite check` validates the config (and NGPU against the visible GPUs,
+# and the memory it needs) for the world size about to launch and builds the token cache, before any worker starts.
+exec "$PY" -m titanlite.commands.launch --check "${launch[@]}" -m titanlite.commands.train "$@"

@@ -8,6 +8,11 @@ failure the first one's line is printed last and its status (2 config, 3 non-fin
 memory, 1 other) is this command's. A signal to the launcher ends it with 128 + the signal number;
 torchrun's own failure (a rendezvous that cannot connect) is one line and status 1.
 
+`--check` first (what run_train.sh passes) runs `titanlite check` for the job in this process before torchrun
+starts: the world size is torchrun's processes per node times its (largest) node count. One interpreter and
+one import of torch fewer per launch than a check of its own (about 3 s here); a refusal is the same one
+line and status 2, before any worker starts.
+
 A training job (`-m titanlite.commands.train`) holds its run folder's lock (titanlite/components/run_lock.py)
 from before the first worker starts until the last one ends, elastic restarts included: a second launch on
 the same folder is one line and status 2.
@@ -33,11 +38,17 @@ from titanlite.base.failures import FAILURE_DIR_ENV, PREFIX, first_failure, late
 from titanlite.components import run_lock
 from titanlite.config import parse_config
 
+CHECK = "--check"  # titanlite's own first option, not torchrun's: check the training job before it launches
+
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     logs.set_up()
+    check_first = argv[:1] == [CHECK]
+    argv = argv[1:] if check_first else argv
     try:
+        if check_first:
+            check_job(argv)
         lock = lock_run_folder(argv)
     except ConfigError as e:
         print(f"{PREFIX}{e}", file=sys.stderr, flush=True)
@@ -49,12 +60,33 @@ def main(argv: list[str] | None = None) -> int:
             lock.release()
 
 
+def training_args(argv: list[str]) -> list[str] | None:
+    """The worker's arguments of a training job (`... -m titanlite.commands.train ARGS`), else None."""
+    if "-m" not in argv or argv[argv.index("-m") + 1 : argv.index("-m") + 2] != [TRAIN_WORKER]:
+        return None
+    return argv[argv.index("-m") + 2 :]
+
+
+def check_job(argv: list[str]) -> None:
+    """`titanlite check --world-size N --nproc-per-node K` of the training job that `argv` launches."""
+    from titanlite.commands.check import check  # lazy: the tools that launch without --check do not pay for it
+
+    args = training_args(argv)
+    if args is None:
+        raise ConfigError(f"{CHECK} checks a training job; give it '-m {TRAIN_WORKER}' and the run's arguments")
+    options = torchrun.parse_args(argv)
+    per_node = int(options.nproc_per_node)
+    nodes = int(str(options.nnodes).rpartition(":")[2])  # N, or MIN:MAX for an elastic job
+    check(["--world-size", str(per_node * nodes), "--nproc-per-node", str(per_node), *args])
+
+
 def lock_run_folder(argv: list[str]) -> run_lock.RunLock | None:
     """The run folder's lock for a training job, shared by the launchers of one multi-node job; None for
     other modules (eval reads a run folder, it does not write one)."""
-    if "-m" not in argv or argv[argv.index("-m") + 1 : argv.index("-m") + 2] != [TRAIN_WORKER]:
+    args = training_args(argv)
+    if args is None:
         return None
-    cfg = parse_config(argv[argv.index("-m") + 2 :])
+    cfg = parse_config(args)
     return run_lock.acquire(Path(cfg.job.dump_folder) / cfg.job.name, job_id(argv))
 
 
