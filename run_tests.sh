@@ -9,7 +9,12 @@ source scripts/setup_env.sh
 
 marker=(-m "not slow")
 args=()
+workers=(-n "${TITANLITE_TEST_WORKERS:-2}" --dist worksteal)  # pytest-xdist: two pytest processes side by side
 for arg in "$@"; do
-  if [ "$arg" = "--slow" ]; then marker=(); else args+=("$arg"); fi
+  case "$arg" in
+    --slow) marker=() ;;
+    -n|-n[0-9]*|--numprocesses|--numprocesses=*|no:xdist|-pno:xdist) workers=(); args+=("$arg") ;;  # the caller's
+    *) args+=("$arg") ;;
+  esac
 done
-exec "$PY" -m pytest "${marker[@]}" "${args[@]}"
+exec "$PY" -m pytest "${marker[@]}" "${workers[@]}" "${args[@]}"

@@ -1,4 +1,5 @@
 import copy
+import fcntl
 import os
 
 import pytest
@@ -14,19 +15,54 @@ os.environ["TITANLITE_DEVICE"] = "cpu"
 
 
 def pytest_collection_modifyitems(config, items):
-    """`gpu` tests run wherever torch sees a CUDA GPU and are skipped, with the reason, elsewhere."""
-    if torch.cuda.is_available():
-        return
+    """`gpu` tests run wherever torch sees a CUDA GPU and are skipped, with the reason, elsewhere; they run
+    `alone` (below): a GPU test measures the GPU, which another test beside it would share."""
+    cuda = torch.cuda.is_available()
     skip = pytest.mark.skip(reason="needs a CUDA GPU; torch sees none here")
     for item in items:
         if "gpu" in item.keywords:
-            item.add_marker(skip)
+            item.add_marker(pytest.mark.alone if cuda else skip)
+
+
+def shared_temp(tmp_path_factory):
+    """The folder every pytest-xdist worker of this run shares (each has its own basetemp inside it); the
+    basetemp itself without xdist."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+@pytest.fixture(autouse=True)
+def one_beside_another(request, tmp_path_factory):
+    """Under pytest-xdist (run_tests.sh runs two workers), a test marked `alone` runs with no test beside it:
+    it waits for the other workers' current tests to end, and they wait for it (a readers-writer lock on
+    files every worker shares; the turnstile keeps a waiting `alone` test from being passed by new readers).
+    For the tests whose memory would not fit beside another's, or that measure time or a GPU."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        yield
+        return
+    folder = shared_temp(tmp_path_factory)
+    alone = request.node.get_closest_marker("alone") is not None
+    with open(folder / "alone.turnstile", "a") as turnstile, open(folder / "alone.lock", "a") as lock:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        if alone:  # keeps the turnstile until it ends: no other test starts meanwhile
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        else:
+            fcntl.flock(lock, fcntl.LOCK_SH)
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+            if alone:
+                fcntl.flock(turnstile, fcntl.LOCK_UN)
 
 
 @pytest.fixture(scope="session", autouse=True)
 def token_cache(tmp_path_factory):
-    """One store cache for the whole session, so the built-in corpus is tokenised once."""
-    path = os.environ.get("TITANLITE_CACHE_DIR") or str(tmp_path_factory.mktemp("token_cache"))
+    """One store cache for the whole session (shared by xdist's workers: the store builds under its own lock),
+    so the built-in corpus is tokenised once."""
+    path = os.environ.get("TITANLITE_CACHE_DIR") or str(shared_temp(tmp_path_factory) / "token_cache")
+    os.makedirs(path, exist_ok=True)
     os.environ["TITANLITE_CACHE_DIR"] = path
     return path
 

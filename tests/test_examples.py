@@ -54,6 +54,7 @@ def test_default_run_learns_by_a_third(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # about 15 GiB of RAM: nothing beside it
 def test_gpt2_large_runs_on_cpu_with_774m_parameters(tmp_path):
     args = [
         "--config",
