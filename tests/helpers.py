@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import warnings
 from collections.abc import Callable
 from datetime import timedelta
@@ -118,6 +119,23 @@ def run_train_sh(
 def metrics(run_dir: Path) -> list[dict]:
     lines = (run_dir / "run" / "metrics.jsonl").read_text().splitlines()
     return [json.loads(line) for line in lines]
+
+
+def wait_for_steps(job: subprocess.Popen, run_dir: Path, steps: int, timeout: float = 300) -> None:
+    """Until the launched `job` has logged `steps` steps to run_dir/run/metrics.jsonl. A job that ends first, or
+    a timeout (a loaded machine starts slowly: two pytest workers share its cores), fails the test with what the
+    job printed, after ending it, rather than letting the test signal a run that is not there yet."""
+    path = Path(run_dir) / "run" / "metrics.jsonl"
+    deadline = time.monotonic() + timeout
+    while job.poll() is None and time.monotonic() < deadline:
+        if path.exists() and len(path.read_text().splitlines()) >= steps:
+            return
+        time.sleep(0.2)
+    if job.poll() is None:
+        job.kill()
+    out, err = job.communicate()
+    raise AssertionError(f"the job did not log {steps} steps within {timeout} s (exit {job.returncode}):\n"
+                         f"{(out or '')[-2000:]}\n{(err or '')[-3000:]}")  # fmt: skip
 
 
 def losses(proc: subprocess.CompletedProcess, run_dir: Path) -> list[float]:

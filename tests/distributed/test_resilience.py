@@ -6,7 +6,6 @@ no weight or optimizer state, on every layout. Real torchrun jobs on CPU; TITANL
 import signal
 import socket
 import subprocess
-import time
 
 import pytest
 import torch
@@ -21,6 +20,7 @@ from tests.helpers import (
     metrics,
     run_train_sh,
     train_in_pool,
+    wait_for_steps,
 )
 
 pytestmark = pytest.mark.distributed
@@ -101,11 +101,7 @@ def test_sigterm_leaves_a_checkpoint_at_the_current_step_and_a_restart_continues
     job = subprocess.Popen(
         cmd, cwd=REPO, env=env(NGPU="2"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
-    deadline = time.time() + 120
-    while time.time() < deadline and not (tmp_path / "run" / "metrics.jsonl").exists():
-        time.sleep(0.2)
-    while time.time() < deadline and len(metrics(tmp_path)) < 3:
-        time.sleep(0.2)
+    wait_for_steps(job, tmp_path, 3)
     job.send_signal(signal.SIGTERM)  # to torchrun (run_train.sh execs it), which forwards it to the workers
     out = job.communicate(timeout=120)[0]
     assert job.returncode != 0, out[-3000:]

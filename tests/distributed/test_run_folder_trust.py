@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from tests.helpers import REPO, TINY, env, logged, metrics, run_train_sh, train_in_pool
+from tests.helpers import REPO, TINY, env, logged, metrics, run_train_sh, train_in_pool, wait_for_steps
 from titanlite.base.failures import reason_in
 from titanlite.components.optim import lr_factor
 from titanlite.config import LRScheduler
@@ -300,11 +300,7 @@ def test_a_sigterm_to_a_worker_is_its_own_line_and_status(tmp_path, checkpoints)
     args += ["--checkpoint.enable", "--checkpoint.interval", "1000"] if checkpoints else []
     cmd = [str(REPO / "run_train.sh"), "--job.dump_folder", str(tmp_path), "--job.name", "run", *args]
     job = subprocess.Popen(cmd, cwd=REPO, env=env(NGPU="1"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 120
-    while time.time() < deadline and not (tmp_path / "run" / "metrics.jsonl").exists():
-        time.sleep(0.2)
-    while time.time() < deadline and len(metrics(tmp_path)) < 3:
-        time.sleep(0.2)
+    wait_for_steps(job, tmp_path, 3)
     # run_train.sh execs the launcher, whose child is the worker
     workers = subprocess.run(["pgrep", "-P", str(job.pid)], capture_output=True, text=True).stdout.split()
     assert len(workers) == 1, workers

@@ -15,8 +15,9 @@ import titanlite
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = "titanlite"
 # Where a function-level titanlite import is allowed: the command line, whose commands import their modules
-# (and so torch) only when they run. Each such import says why on its line ("# lazy: ...").
-LAZY_MODULES = {"titanlite.commands.cli"}
+# (and so torch) only when they run, and the launcher, which imports `titanlite check` only for --check (the
+# tools that launch without it do not pay for the model code). Each such import says why on its line ("# lazy: ...").
+LAZY_MODULES = {"titanlite.commands.cli", "titanlite.commands.launch"}
 
 
 @dataclass(frozen=True)
