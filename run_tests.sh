@@ -17,4 +17,8 @@ for arg in "$@"; do
     *) args+=("$arg") ;;
   esac
 done
+if [ ${#workers[@]} -gt 0 ] && ! "$PY" -c 'import xdist' 2>/dev/null; then  # an environment of one's own (TITANLITE_PYTHON)
+  echo "titanlite: pytest-xdist is not installed in $PY: the tests run in one process (pip install pytest-xdist for two)" >&2
+  workers=()
+fi
 exec "$PY" -m pytest "${marker[@]}" "${workers[@]}" "${args[@]}"
