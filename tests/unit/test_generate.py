@@ -14,12 +14,14 @@ from titanlite.commands.generate import (
     END_OF_TEXT,
     MAX_NEW_TOKENS,
     Sampling,
+    decode_with_graphs,
     generate,
     next_token,
     sample,
 )
 from titanlite.components.hf_weights import save_hf
 from titanlite.data.tokenizer import ByteTokenizer
+from titanlite.models.common.attention import build_core
 from titanlite.models.common.build import build_model
 from titanlite.models.common.init import init_weights
 from titanlite.models.common.kv_cache import KVCache, StaticKVCache
@@ -64,6 +66,25 @@ def test_cached_decoding_matches_full_forward_logits(name, kind):
 def test_cuda_graph_decoding_needs_a_cuda_device():
     with pytest.raises(ValueError, match="needs a CUDA device"):
         generate(debug_model("gpt2"), [1, 2], 4, TOK.vocab_size, cuda_graph=True)
+
+
+def test_cuda_decodes_with_graphs_by_default_with_ways_out():
+    """On CUDA the decode replays a CUDA graph unless --no-cuda-graph; models whose captured step has not run on a
+    GPU (experts, FlexAttention) decode eagerly with a line saying so, unless --cuda-graph; the CPU never graphs.
+    (The device is only compared here: no GPU is needed.)"""
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    plain = {"cuda-graph": False, "no-cuda-graph": False}
+    dense, experts = debug_model("llama3"), debug_model("qwen3_moe")
+    flex = debug_model("llama3")
+    for block in flex.layers.values():
+        block.attention.core = build_core("flex", **block.attention.core.options())
+    assert decode_with_graphs(dense, cuda, plain) == (True, None)
+    assert decode_with_graphs(dense, cuda, {**plain, "no-cuda-graph": True}) == (False, None)
+    assert decode_with_graphs(dense, cpu, plain) == (False, None)
+    for model, why in ((experts, "mixture-of-experts"), (flex, "FlexAttention")):
+        graphed, note = decode_with_graphs(model, cuda, plain)
+        assert not graphed and note.startswith("decoding eagerly: ") and why in note, note
+        assert decode_with_graphs(model, cuda, {**plain, "cuda-graph": True}) == (True, None)
 
 
 def test_cache_refuses_positions_past_its_length():
@@ -251,6 +272,7 @@ BAD_INPUTS = {
     "negative top-k": (["--prompt", "a", "--top-k", "-2"], "--top-k=-2 must be"),
     "not a number": (["--prompt", "a", "--max-new-tokens", "many"], "takes a whole number"),
     "cuda graphs on the CPU": (["--prompt", "a", "--cuda-graph"], "--cuda-graph needs a CUDA GPU"),
+    "graphs and no graphs": (["--prompt", "a", "--cuda-graph", "--no-cuda-graph"], "not both"),
     "no checkpoint": (["--prompt", "a", "--job.name", "never_trained"], "checkpoint.initial_load_path"),
     "initial_load_path missing": (
         ["--prompt", "a", "--job.name", "never_trained", "--checkpoint.initial_load_path", "/nonexistent/step-3"],

@@ -70,6 +70,10 @@ def random_gpt_oss(**changes):
 @pytest.mark.parametrize("case", CASES)
 def test_a_transformers_gpt_oss_imports_with_its_logits(tmp_path, case):
     hf = random_gpt_oss(**CASES[case])
+    experts = hf.model.layers[0].mlp.experts
+    if case == "clamped" and (experts.alpha, experts.limit) != (1.5, 0.3):  # transformers 5.17 (an H100's, 2026-11-28)
+        pytest.skip(f"transformers {transformers.__version__} reads neither swiglu_alpha nor swiglu_limit from the "
+                    f"config (it keeps alpha {experts.alpha}, limit {experts.limit})")  # fmt: skip
     hf.save_pretrained(tmp_path)
     ours = imported(tmp_path)
     assert ours.args.layer_types == ("sliding_attention", "full_attention") * 2 and ours.args.sliding_window == 8
