@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from tests.helpers import REPO, TINY, VALIDATED, metrics, run_train_sh, train_in_pool
+from tests.helpers import REPO, TINY, VALIDATED, VALIDATION_WINDOWS, metrics, run_train_sh, train_in_pool
 from titanlite.commands.cli import main
 from titanlite.config.loading import tomllib  # tomli on Python 3.10
 from titanlite.parallel.pipeline import V_SHAPED_RUN
@@ -158,7 +158,8 @@ def test_run_folder_has_resolved_config_metrics_and_tensorboard(tmp_path):
     evaluated = [r for r in records if "val_loss" in r]
     assert [r["step"] for r in evaluated] == [2, 4, 5]
     assert all(
-        r["val_perplexity"] == pytest.approx(math.exp(r["val_loss"])) and r["val_tokens"] == 13 * 32 for r in evaluated
+        r["val_perplexity"] == pytest.approx(math.exp(r["val_loss"])) and r["val_tokens"] == VALIDATION_WINDOWS * 32
+        for r in evaluated
     )
     assert f"val_loss {evaluated[-1]['val_loss']:.4f}  val_ppl {evaluated[-1]['val_perplexity']:.2f}" in proc.stdout
     events = list((run / "tb").glob("events.out.tfevents.*"))

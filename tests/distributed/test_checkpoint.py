@@ -287,10 +287,10 @@ def test_export_to_hugging_face_matches_titanlite_logits(tmp_path, fsdp4_runs):
         text=True,
     )
     assert proc.returncode == 0, proc.stderr
-    ours = build_model("gpt2", "debug", 50257, 32)
+    ours = build_model("gpt2", "debug", 257, 32)  # TINY's byte tokenizer: 257 ids
     load_model_only(straight / "run" / "step-20", ours)
     theirs = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
-    tokens = torch.randint(0, 50257, (2, 32))
+    tokens = torch.randint(0, 257, (2, 32))
     with torch.no_grad():
         assert torch.allclose(ours(tokens), theirs(tokens).logits, atol=1e-5, rtol=1e-5)
     json.loads((out / "config.json").read_text())

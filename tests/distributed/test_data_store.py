@@ -20,6 +20,7 @@ pytestmark = pytest.mark.distributed
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 LLMC_MAGIC, LLMC_VERSION, LLMC_HEADER_INTS = 20240520, 1, 256
 SINGLE = ["--training.local_batch_size", "8"]
+GPT2 = ["--model.tokenizer", "gpt2"]  # the token files here hold GPT-2 ids (TINY's tokenizer is the byte one)
 TWENTY = [*TINY, "--training.steps", "20", "--checkpoint.enable", "--checkpoint.interval", "5"]
 FSDP4 = ["--training.local_batch_size", "2"]
 TP2 = ["--training.local_batch_size", "8", "--parallelism.tensor_parallel_degree", "2"]
@@ -79,7 +80,7 @@ def test_pretokenized_formats_give_bitwise_identical_losses(tmp_path):
 
     def train(name: str) -> list[float]:
         path, count = paths[name]
-        proc = train_in_pool(1, [*TINY, *SINGLE, *local(path)], tmp_path / name)
+        proc = train_in_pool(1, [*TINY, *GPT2, *SINGLE, *local(path)], tmp_path / name)
         files = " (3 files: 3 .bin)" if count > 1 else ""
         assert f"data: {path}{files}: {len(ids):,} tokens in {count} shard" in proc.stdout, (
             proc.stdout[-2000:] + proc.stderr[-3000:]
@@ -128,7 +129,7 @@ def test_bad_shard_stops_the_launch_with_one_line(tmp_path, kind):
     data = tmp_path / "data"
     data.mkdir()
     path = bad_shard(kind, data)
-    proc = run_train_sh([*TINY, *local(data)], tmp_path / "out", timeout=120)
+    proc = run_train_sh([*TINY, *GPT2, *local(data)], tmp_path / "out", timeout=120)
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-3000:]
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("titanlite: error:") and str(path) in last and BAD_SHARDS[kind] in last, proc.stderr[-3000:]

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.helpers import REPO, VALIDATED, env, metrics, train_in_pool
+from tests.helpers import REPO, VALIDATED, VALIDATION_WINDOWS, env, metrics, train_in_pool
 
 pytestmark = pytest.mark.distributed
 
@@ -87,7 +87,7 @@ def test_eval_of_the_final_checkpoint_prints_the_runs_last_validation_loss(tmp_p
     assert f"val_loss {last['val_loss']:.4f}  val_perplexity {last['val_perplexity']:.2f}" in same.stdout
     result = json.loads((tmp_path / "eval.json").read_text())
     assert result["val_loss"] == pytest.approx(last["val_loss"], rel=1e-6)
-    assert result["val_tokens"] == last["val_tokens"] == 13 * 32
+    assert result["val_tokens"] == last["val_tokens"] == VALIDATION_WINDOWS * 32
     assert result["checkpoint"].endswith("step-5")
 
     # The same checkpoint on two pipeline stages (the schedule's eval path), in two torchrun workers.
