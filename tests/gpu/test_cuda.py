@@ -24,9 +24,10 @@ from tests.helpers import GRAD_NORM_RTOL, LOSS_RTOL, REPO, TINY, assert_close, e
 pytestmark = pytest.mark.gpu
 
 CUDA = {"TITANLITE_DEVICE": "cuda"}
-# One GPU, global batch 8 x 32 tokens, 5 steps; GPT-2's tokenizer, which these tests' bounds were set and first
-# passed on (the CPU suite's TINY has the byte tokenizer since 2026-11-28).
-SINGLE = [*TINY, "--model.tokenizer", "gpt2", "--training.local_batch_size", "8"]
+# GPT-2's tokenizer, which these tests' bounds were set and first passed on (the CPU suite's TINY has the byte
+# tokenizer since 2026-11-28), in every run here: the layouts' runs are compared with SINGLE's.
+TINY = [*TINY, "--model.tokenizer", "gpt2"]
+SINGLE = [*TINY, "--training.local_batch_size", "8"]  # one GPU, global batch 8 x 32 tokens, 5 steps
 # Deterministic kernels and no TF32 (set_determinism in train.py): two runs that should compute the same
 # numbers do, and float32 means float32.
 DETERMINISTIC = ["--training.deterministic"]
