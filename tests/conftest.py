@@ -13,6 +13,13 @@ from tests.pool import close_pools
 # themselves (TITANLITE_DEVICE=cuda in their runs' environment).
 os.environ["TITANLITE_DEVICE"] = "cpu"
 
+# Under pytest-xdist each worker takes its share of the cores for torch's intra-op threads: torch's default is every
+# core in every worker (12 workers on a 16-core GPU box ran about 190 threads). The pool's ranks and the runs started
+# as processes use one thread each already (tests/pool.py, tests/helpers.py env).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    _workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // _workers))
+
 
 def pytest_collection_modifyitems(config, items):
     """`gpu` tests run wherever torch sees a CUDA GPU and are skipped, with the reason, elsewhere; they run
