@@ -60,6 +60,18 @@ trace() {  # trace NAME ARGS...: a short run profiled at its last two steps, the
     | tee -a "$OUT/summary.txt" || tail -3 "$OUT/$name.analysis.md" | tee -a "$OUT/summary.txt"
 }
 
+step() {  # step NAME SECONDS CMD...: CMD into NAME.log if SECONDS are left before $end (the one-lease modes); its
+  # last lines into summary.txt, marked when the CPU suite ($cpu_pid) runs beside it
+  local name=$1 need=$2 left=$((end - SECONDS)) beside=""; shift 2
+  if [ "$left" -lt "$need" ]; then echo "== $name: skipped ($left s left, needs $need)" | tee -a "$OUT/summary.txt"; return; fi
+  [ "$cpu_pid" -gt 0 ] && kill -0 "$cpu_pid" 2>/dev/null && beside=" [beside the CPU suite]"
+  echo "== $name ($(date +%T))$beside: $*" | tee -a "$OUT/summary.txt"
+  timeout -s INT -k 10 $((need < left ? need : left)) "$@" > "$OUT/$name.log" 2>&1; echo "exit $?" >> "$OUT/$name.log"
+  grep -E "^\||tokens/s|^(bench_moe|shape|small|qwen|step |titanlite|bare|probe)|Error|exit [0-9]" "$OUT/$name.log" | tail -12 \
+    | tee -a "$OUT/summary.txt"
+}
+cpu_pid=0
+
 large=(--config train_configs/gpt2_large_zero2.toml --compile.enable)
 smol=(--config train_configs/smollm3_3b_zero2.toml --compile.enable --metrics.log_freq 5)
 case "${1:-throughput}" in
@@ -132,15 +144,6 @@ case "${1:-throughput}" in
     ;;
   sitting)  # one lease: each step runs only while its time is left, so the summary always comes back
     end=$((SECONDS + ${SITTING_SECONDS:-540})) cpu_pid=0
-    step() {  # step NAME SECONDS CMD...: CMD into NAME.log if SECONDS are left; its last lines into summary.txt
-      local name=$1 need=$2 left=$((end - SECONDS)) beside=""; shift 2
-      if [ "$left" -lt "$need" ]; then echo "== $name: skipped ($left s left, needs $need)" | tee -a "$OUT/summary.txt"; return; fi
-      kill -0 "$cpu_pid" 2>/dev/null && beside=" [beside the CPU suite]"
-      echo "== $name ($(date +%T))$beside: $*" | tee -a "$OUT/summary.txt"
-      timeout -s INT -k 10 $((need < left ? need : left)) "$@" > "$OUT/$name.log" 2>&1; echo "exit $?" >> "$OUT/$name.log"
-      grep -E "^\||tokens/s|^(bench_moe|shape|small|qwen|step |titanlite|bare)|exit [0-9]" "$OUT/$name.log" | tail -12 \
-        | tee -a "$OUT/summary.txt"
-    }
     nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv | tee -a "$OUT/device.txt"
     # The CPU suite on 10 of the 16 cores, beside the gpu tests and then the GPU-bound benchmarks (CUDA-event timed
     # kernels, and GPU-bound training runs); the host-bound generate bench waits until it is done.
@@ -171,13 +174,6 @@ case "${1:-throughput}" in
     # them (a debug run took 70 s, the 3B did not finish its imports in 110 s). The CPU suite is its own call:
     # ./run_tests.sh -n 12 -m "not slow and not gpu".
     end=$((SECONDS + ${SITTING_SECONDS:-560}))
-    step() {  # step NAME SECONDS CMD...: CMD into NAME.log if SECONDS are left; its last lines into summary.txt
-      local name=$1 need=$2 left=$((end - SECONDS)); shift 2
-      if [ "$left" -lt "$need" ]; then echo "== $name: skipped ($left s left, needs $need)" | tee -a "$OUT/summary.txt"; return; fi
-      echo "== $name ($(date +%T)): $*" | tee -a "$OUT/summary.txt"
-      timeout -s INT -k 10 $((need < left ? need : left)) "$@" > "$OUT/$name.log" 2>&1; echo "exit $?" >> "$OUT/$name.log"
-      grep -E "^\||tokens/s|^(step |probe)|Error|exit [0-9]" "$OUT/$name.log" | tail -8 | tee -a "$OUT/summary.txt"
-    }
     nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv | tee -a "$OUT/device.txt"
     timeout -s INT -k 15 $((end - SECONDS - 240)) ./run_tests.sh -m gpu -n 0 -v -p no:cacheprovider -rs --durations=0 \
       > "$OUT/gpu_tests.log" 2>&1; echo "exit $?" >> "$OUT/gpu_tests.log"

@@ -486,7 +486,7 @@ def test_flex_attention_on_cuda_equals_sdpa(case, dtype):
     3e-2 in bfloat16."""
     import warnings
 
-    from titanlite.models.common.attention import FlexAttention, SDPAttention, Sequence
+    from titanlite.models.common.attention import FlexAttention, SDPAttention, Sequence, attend
 
     torch.backends.cuda.matmul.allow_tf32 = False
     # Each case compiles flex_attention anew: past dynamo's recompile limit (8) torch falls back to the unfused
@@ -510,7 +510,7 @@ def test_flex_attention_on_cuda_equals_sdpa(case, dtype):
     for core in (FlexAttention(window=window, softcap=softcap), SDPAttention(window=window, softcap=softcap)):
         inputs = [t.detach().clone().requires_grad_() for t in (q, k, v)]
         sink = None if sinks is None else sinks.detach().clone().requires_grad_()
-        out = core(*inputs, sequence, sinks=sink) if sink is not None else core(*inputs, sequence)
+        out = attend(core, *inputs, sequence, sink)
         assert out.shape == (B, Hq, T, hd) and out.dtype == dtype and torch.isfinite(out).all()
         (out.float() * torch.linspace(-1, 1, hd, device=cuda)).sum().backward()
         grads = [t.grad for t in inputs] + ([sink.grad] if sink is not None else [])
