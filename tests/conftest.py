@@ -1,6 +1,7 @@
 import copy
 import fcntl
 import os
+import subprocess
 
 import pytest
 import torch
@@ -87,6 +88,25 @@ def one_process(tmp_path_factory):
             train_in_pool(1, list(args), run_dir)
             cache[key] = metrics(run_dir)
         return copy.deepcopy(cache[key])
+
+    return run
+
+
+@pytest.fixture
+def cli(monkeypatch, capsys):
+    """cli(*argv, env={...}) -> CompletedProcess: `titanlite ARGV` run in this process, as the `titanlite` entry point
+    runs it (titanlite/commands/cli.py main: its status and what it printed), with `env` set meanwhile. For the
+    commands whose figures a test reads (plan); the one-line errors and exit statuses of bad input are checked on
+    the command as a process of its own, where the interpreter's exit is part of what is shown."""
+    from titanlite.commands import cli as entry  # imports torch and titanlite: only the tests that use it pay
+
+    def run(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+        for key, value in (env or {}).items():
+            monkeypatch.setenv(key, value)
+        capsys.readouterr()
+        code = entry.main(list(argv))
+        captured = capsys.readouterr()
+        return subprocess.CompletedProcess(list(argv), code, captured.out, captured.err)
 
     return run
 

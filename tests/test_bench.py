@@ -62,7 +62,7 @@ def test_bench_refuses_bad_options_in_one_line():
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1
 
 
-TINY_BENCH = ["--training.seq_len", "32", "--training.local_batch_size", "4"]
+TINY_BENCH = ["--model.tokenizer", "byte", "--training.seq_len", "32", "--training.local_batch_size", "4"]
 
 
 def run_cli(*args: str, ngpu: int | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
@@ -115,6 +115,8 @@ def test_bench_batch_sizes_stops_at_the_limit(tmp_path):
         "4",
         "--output",
         str(tmp_path),
+        "--model.tokenizer",
+        "byte",
         "--training.seq_len",
         "32",
     )

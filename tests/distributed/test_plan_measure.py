@@ -15,7 +15,6 @@ import pytest
 
 from tests.helpers import REPO, env
 from tests.pool import pool, train_job
-from titanlite.commands import cli
 from titanlite.tools import plan
 
 pytestmark = pytest.mark.distributed
@@ -99,7 +98,7 @@ LAUNCHED = "zero3_byte_ac_full"  # the case that runs `titanlite plan --measure`
 
 
 @pytest.fixture
-def plan_measure(monkeypatch, capsys):
+def plan_measure(monkeypatch, cli):
     """plan_measure(ngpu, args, json_path) -> CompletedProcess: `titanlite plan --ngpu N --measure ARGS` in this
     process, its measured run on the pool's ranks."""
 
@@ -108,12 +107,7 @@ def plan_measure(monkeypatch, capsys):
 
     def run(ngpu: int, args: list[str], out) -> subprocess.CompletedProcess:
         monkeypatch.setattr(plan, "run_measured", in_the_pool)
-        monkeypatch.setenv("TITANLITE_PLAN_JSON", str(out))
-        capsys.readouterr()
-        argv = ["plan", "--ngpu", str(ngpu), "--measure", *args]
-        code = cli.main(argv)
-        captured = capsys.readouterr()
-        return subprocess.CompletedProcess(argv, code, captured.out, captured.err)
+        return cli("plan", "--ngpu", str(ngpu), "--measure", *args, env={"TITANLITE_PLAN_JSON": str(out)})
 
     return run
 

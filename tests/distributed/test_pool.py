@@ -44,7 +44,7 @@ def hang_on_rank_1() -> None:
 
 @pytest.fixture(scope="module")
 def bare_pool():
-    """Two ranks of our own (not the shared pool the parity tests use), importing nothing beyond torch."""
+    """Two ranks of our own (not the shared pool the parity tests use), importing no body module of their own."""
     pool = RankPool(2, preload=None)
     yield pool
     pool.close()

@@ -317,25 +317,8 @@ def test_a_published_shape_counts_transformers_parameters(family, flavor):
     assert count(ours) == count(theirs), (count(ours), count(theirs))
 
 
-def test_plan_of_smollm3_3b_counts_transformers_parameters():
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "titanlite.commands.cli",
-            "plan",
-            "--model.flavor",
-            "smollm3_3b",
-            "--ngpu",
-            "4",
-            "--training.seq_len",
-            "8192",
-        ],
-        cwd=REPO,
-        env=env(),
-        capture_output=True,
-        text=True,
-    )
+def test_plan_of_smollm3_3b_counts_transformers_parameters(cli):
+    proc = cli("plan", "--model.flavor", "smollm3_3b", "--ngpu", "4", "--training.seq_len", "8192")
     assert proc.returncode == 0, proc.stderr
     config = transformers.SmolLM3Config(
         vocab_size=128256,

@@ -14,20 +14,22 @@ from titanlite.config import parse_config
 GIB = 2**30
 
 
-def plan(tmp_path, *args):
-    out = tmp_path / "plan.json"
-    cmd = [sys.executable, "-m", "titanlite.commands.cli", "plan", *args]
-    proc = subprocess.run(
-        cmd, cwd=REPO, env=env(TITANLITE_PLAN_JSON=str(out)), capture_output=True, text=True, timeout=300
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    return proc.stdout, json.loads(out.read_text())
+@pytest.fixture
+def plan(cli, tmp_path):
+    """plan(*args) -> (what `titanlite plan ARGS` printed, its TITANLITE_PLAN_JSON report), run in this process (the
+    planner works on the meta device; a process of its own would add seconds of start-up to each call)."""
+
+    def run(*args: str) -> tuple[str, dict]:
+        out = tmp_path / "plan.json"
+        proc = cli("plan", *args, env={"TITANLITE_PLAN_JSON": str(out)})
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        return proc.stdout, json.loads(out.read_text())
+
+    return run
 
 
-def test_gpt2_large_on_two_gpus_matches_the_arithmetic(tmp_path):
-    stdout, result = plan(
-        tmp_path, "--config", "train_configs/gpt2_large_zero2.toml", "--ngpu", "2", "--gpu-mem-gib", "80"
-    )
+def test_gpt2_large_on_two_gpus_matches_the_arithmetic(plan):
+    stdout, result = plan("--config", "train_configs/gpt2_large_zero2.toml", "--ngpu", "2", "--gpu-mem-gib", "80")
     n = 774_090_240  # GPT-2 Large with the padded GPT-2 vocabulary, tied embeddings
     assert f"{n:,} parameters" in stdout
     rows = {(r["layout"], r["ac"]): r for r in result["rows"]}
@@ -51,10 +53,9 @@ def test_gpt2_large_on_two_gpus_matches_the_arithmetic(tmp_path):
     assert f"recommended: {result['recommended']['layout']}, AC {result['recommended']['ac']}: fits with" in stdout
 
 
-def test_big_models_on_many_gpus_say_what_fits(tmp_path):
+def test_big_models_on_many_gpus_say_what_fits(plan):
     # Meta device only: runs in seconds on a laptop.
     _, r8 = plan(
-        tmp_path,
         "--config",
         "train_configs/smollm3_3b_zero2.toml",
         "--model.name",
@@ -70,7 +71,6 @@ def test_big_models_on_many_gpus_say_what_fits(tmp_path):
     assert not fits[("DDP 8", "none")]  # 8 B parameters x 16 bytes = 128 GB before activations
     assert fits[("ZeRO-3 8", "full")]
     _, r70 = plan(
-        tmp_path,
         "--config",
         "train_configs/smollm3_3b_zero2.toml",
         "--model.name",
@@ -132,7 +132,7 @@ def test_bad_options_are_one_line(tmp_path):
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "titanlite: error: plan:" in proc.stderr
 
 
-def test_long_sequences_get_context_parallel_layouts_whose_activations_fall_with_the_degree(tmp_path):
+def test_long_sequences_get_context_parallel_layouts_whose_activations_fall_with_the_degree(plan):
     """At 32,768 tokens the plan offers CP within the node; a rank's activations fall with the CP degree (its
     share of each sequence), less the keys and values it gathers and the mask it keeps; FSDP shards over
     dp_shard x cp."""
@@ -140,7 +140,7 @@ def test_long_sequences_get_context_parallel_layouts_whose_activations_fall_with
     names = {lay.name for lay in candidate_layouts(8, 1, seq_len=32768) if lay.dims.cp > 1}
     assert {"CP 8 (ZeRO-2)", "CP 8 (ZeRO-3)", "ZeRO-3 2 x CP 4", "ZeRO-3 2 x CP 2 x TP 2"} <= names
     args = ["--config", "train_configs/llama3_debug.toml", "--model.flavor", "8B", "--ngpu", "8"]
-    _, result = plan(tmp_path, *args, "--training.seq_len", "32768", "--training.local_batch_size", "1")
+    _, result = plan(*args, "--training.seq_len", "32768", "--training.local_batch_size", "1")
     rows = {(r["layout"], r["ac"]): r for r in result["rows"]}
     zero3, cp2, cp4 = (
         rows[("ZeRO-3 8", "none")],
@@ -174,10 +174,10 @@ def test_impossible_context_parallel_layouts_are_one_line_before_launch(world, a
 README_8B = ["--config", "train_configs/llama3_debug.toml", "--ngpu", "8", "--nnodes", "8", "--model.flavor", "8B"]
 
 
-def test_every_layout_runs_the_users_global_batch_and_the_readme_pick_has_a_small_bubble(tmp_path):
+def test_every_layout_runs_the_users_global_batch_and_the_readme_pick_has_a_small_bubble(plan):
     """The README's 8B command on 8 nodes: every row does the config's 512 sequences a step (local batch 8 x its
     64-way data parallelism), and the pick, the most tokens/s, is no deep pipeline idle most of the step."""
-    stdout, result = plan(tmp_path, *README_8B, "--training.seq_len", "8192")
+    stdout, result = plan(*README_8B, "--training.seq_len", "8192")
     assert {r["global_batch"] for r in result["rows"]} == {512}
     pick = next(
         r for r in result["rows"] if (r["layout"], r["ac"]) == tuple(result["recommended"][k] for k in ("layout", "ac"))
@@ -197,19 +197,19 @@ def test_every_layout_runs_the_users_global_batch_and_the_readme_pick_has_a_smal
     assert "does not fit (" in line and line.endswith("fix: --activation_checkpoint.mode full")
 
 
-def test_the_configs_own_layout_gets_a_verdict(tmp_path):
-    stdout, result = plan(tmp_path, "--config", "train_configs/smollm3_3b_zero2.toml", "--ngpu", "8")
+def test_the_configs_own_layout_gets_a_verdict(plan):
+    stdout, result = plan("--config", "train_configs/smollm3_3b_zero2.toml", "--ngpu", "8")
     assert result["recommended"]["layout"] == "ZeRO-2 8"  # SmolLM3-3B's own layout, not a 1-sequence CP x TP
     assert "config (ZeRO-2 8, AC none, micro-batch 1 x 1 accumulation): is the recommended layout" in stdout
-    stdout, _ = plan(tmp_path, *README_8B[:4], "--model.flavor", "1B", "--training.seq_len", "2048", "--ngpu", "8")
+    stdout, _ = plan(*README_8B[:4], "--model.flavor", "1B", "--training.seq_len", "2048", "--ngpu", "8")
     line = next(x for x in stdout.splitlines() if x.startswith("config ("))
     # Llama 3.2 1B on one node: ZeRO-3 fits, as fast as DDP (compute-bound, its traffic hidden), and DDP is simpler
     assert line.startswith("config (ZeRO-3 8, AC none, micro-batch 8 x 1 accumulation): fits")
     assert line.endswith("of the recommended layout (DDP 8, AC none)")
 
 
-def test_one_node_of_many_gpus_is_said_and_nnodes_suggested(tmp_path):
-    stdout, _ = plan(tmp_path, "--config", "train_configs/llama3_debug.toml", "--ngpu", "16")
+def test_one_node_of_many_gpus_is_said_and_nnodes_suggested(plan):
+    stdout, _ = plan("--config", "train_configs/llama3_debug.toml", "--ngpu", "16")
     assert "machine: 1 node of 16 GPUs, NVLink within a node" in stdout
     assert "--ngpu 8 --nnodes 2" in stdout
 
@@ -236,17 +236,17 @@ def test_interconnect_choices_agree_in_help_check_and_docs():
         plan(["--interconnect", "ethernet"])
 
 
-def test_a_family_that_refuses_tensor_parallelism_is_offered_no_tp_layout(tmp_path):
+def test_a_family_that_refuses_tensor_parallelism_is_offered_no_tp_layout(plan):
     # olmo2's spec refuses TP (its qk_norm 'full' normalises each token's whole query and key): the planner must not
     # recommend, or even weigh, a layout the launch check would refuse, and says why it leaves them out.
     args = ["--config", "train_configs/llama3_debug.toml", "--model.name", "olmo2", "--model.flavor", "debug"]
-    out, data = plan(tmp_path, *args, "--ngpu", "2")
+    out, data = plan(*args, "--ngpu", "2")
     rows = data["rows"]
     assert rows and not [r["layout"] for r in rows if "TP" in r["layout"]]
     assert "not offered (tensor parallelism cannot split the model qk_norm 'full'" in out and "): TP 2" in out
 
 
-def test_flex_attention_is_planned_without_the_dense_mask(tmp_path):
+def test_flex_attention_is_planned_without_the_dense_mask(plan):
     """model.attn_backend flex keeps no [tokens, tokens] mask: at 8,192 block-causal tokens of the debug Llama
     the planner's activations per rank are SDPA's less the mask it counts ([b, T, T] in the GPU rows' bf16 on
     one rank, [b, T / 2, T] on each of CP 2's; b the row's micro-batch), to 1 % (what else differs: the flash
@@ -256,7 +256,7 @@ def test_flex_attention_is_planned_without_the_dense_mask(tmp_path):
             "--training.local_batch_size", "2", "--model.attn_mask_type", "block_causal"]  # fmt: skip
     rows = {}
     for backend in ("sdpa", "flex"):
-        _, result = plan(tmp_path, *base, "--model.attn_backend", backend)
+        _, result = plan(*base, "--model.attn_backend", backend)
         rows[backend] = {(r["layout"], r["ac"]): r for r in result["rows"]}
     tokens = 8192
     for layout, local_tokens in (("ZeRO-3 2", tokens), ("CP 2 (ZeRO-3)", tokens // 2)):
