@@ -19,6 +19,8 @@ def bench(*args: str) -> subprocess.CompletedProcess:
 def test_bench_prints_and_writes_both_loops(tmp_path):
     out = tmp_path / "bench.json"
     proc = bench(
+        "--model.tokenizer",
+        "byte",
         "--steps",
         "2",
         "--repeats",

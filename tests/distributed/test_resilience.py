@@ -18,7 +18,6 @@ from tests.helpers import (
     checkpoint_tensors,
     env,
     metrics,
-    run_train_sh,
     train_in_pool,
     wait_for_steps,
 )
@@ -110,8 +109,8 @@ def test_sigterm_leaves_a_checkpoint_at_the_current_step_and_a_restart_continues
     step = int(saved[0].name.removeprefix("step-"))
     assert f"stopped by SIGTERM after step {step}" in out
     assert step >= 3 and metrics(tmp_path)[-1]["step"] == step
-    proc = run_train_sh([*args, "--training.stop_after_step", str(step + 2)], tmp_path, ngpu=2)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    # The restart: the workers' resume (the launcher's part, the signal, is above), on the pool's two ranks.
+    proc = train_in_pool(2, [*args, "--training.stop_after_step", str(step + 2)], tmp_path)
     assert f"at step {step}" in proc.stdout
     assert [r["step"] for r in metrics(tmp_path)] == list(range(1, step + 3))
 
@@ -153,8 +152,8 @@ def test_nan_loss_stops_before_saving_it_and_a_resume_reproduces_the_clean_run(t
     assert sorted(p.name for p in run.glob("step-*")) == ["step-1", "step-2"], proc.stdout[-3000:]
     assert verify(run / "step-2") is None
     assert [r["step"] for r in metrics(tmp_path)] == [2]
-    resumed = launch(SIX, tmp_path, ngpu=2)  # the same command, no fault: resumes from the newest checkpoint
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    # The same run, no fault, on the pool's two ranks (the resume is the workers'): from the newest checkpoint.
+    resumed = train_in_pool(2, SIX, tmp_path)
     assert f"resumed from {run / 'step-2'} at step 2" in resumed.stdout, resumed.stdout[-3000:]
     records, clean = metrics(tmp_path), metrics(clean_six)
     assert [r["step"] for r in records] == [r["step"] for r in clean] == [2, 4, 6]

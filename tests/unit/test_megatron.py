@@ -172,32 +172,37 @@ def indexed_dataset():
     return indexed_dataset, reason
 
 module, how = indexed_dataset()
-prefix, dtype, documents = sys.argv[1], getattr(numpy, sys.argv[2]), json.loads(sys.argv[3])
-builder = module.IndexedDatasetBuilder(prefix + ".bin", dtype=dtype)
-for i, doc in enumerate(documents):
-    if i % 2:  # both ways of adding a document
-        builder.add_document(torch.tensor([t for s in doc for t in s]), [len(s) for s in doc])
-    else:
-        for sequence in doc:
-            builder.add_item(torch.tensor(sequence))
-        builder.end_document()
-builder.finalize(prefix + ".idx")
-ds = module.IndexedDataset(prefix)
-docs = ds.document_indices.tolist()
-read = [[t for j in range(docs[i], docs[i + 1]) for t in ds[j].tolist()] for i in range(len(docs) - 1)]
-print(json.dumps({"how": how, "documents": read}))
+documents, made = json.loads(sys.argv[1]), {}
+for prefix, name in zip(sys.argv[2::2], sys.argv[3::2]):  # one dataset per (prefix, dtype): one import for all
+    builder = module.IndexedDatasetBuilder(prefix + ".bin", dtype=getattr(numpy, name))
+    for i, doc in enumerate(documents):
+        if i % 2:  # both ways of adding a document
+            builder.add_document(torch.tensor([t for s in doc for t in s]), [len(s) for s in doc])
+        else:
+            for sequence in doc:
+                builder.add_item(torch.tensor(sequence))
+            builder.end_document()
+    builder.finalize(prefix + ".idx")
+    ds = module.IndexedDataset(prefix)
+    docs = ds.document_indices.tolist()
+    made[name] = [[t for j in range(docs[i], docs[i + 1]) for t in ds[j].tolist()] for i in range(len(docs) - 1)]
+print(json.dumps({"how": how, "documents": made}))
 """
+DTYPES = ["uint16", "int32"]
 
 
-@pytest.mark.parametrize("dtype", ["uint16", "int32"])
-def test_files_made_by_megatron_core_read_alike(tmp_path, dtype):
+@pytest.fixture(scope="module")
+def made_by_megatron(tmp_path_factory):
+    """megatron-core's IndexedDatasetBuilder writes DOCUMENTS once per dtype, in one process (megatron-core's import
+    is most of its time): the folder of each dtype's made.bin/.idx, and what megatron-core reads back from each."""
     if importlib.util.find_spec("megatron") is None:
         pytest.skip(
             "megatron-core is not importable: pip install megatron-core --no-deps --target DIR, set PYTHONPATH=DIR"
         )
-    prefix = str(tmp_path / "made")
+    folders = {dtype: tmp_path_factory.mktemp(f"megatron_{dtype}") for dtype in DTYPES}
+    pairs = [arg for dtype in DTYPES for arg in (str(folders[dtype] / "made"), dtype)]
     result = subprocess.run(
-        [sys.executable, "-c", MEGATRON_SCRIPT, prefix, dtype, json.dumps(DOCUMENTS)],
+        [sys.executable, "-c", MEGATRON_SCRIPT, json.dumps(DOCUMENTS), *pairs],
         capture_output=True,
         text=True,
         timeout=300,
@@ -205,12 +210,19 @@ def test_files_made_by_megatron_core_read_alike(tmp_path, dtype):
     if result.returncode:
         last = (result.stderr.strip().splitlines() or ["no output"])[-1]
         pytest.skip(f"megatron-core could not build an indexed dataset here: {last}")
-    megatron_view = json.loads(result.stdout.strip().splitlines()[-1])
+    view = json.loads(result.stdout.strip().splitlines()[-1])
+    return {dtype: (folders[dtype], view["documents"][dtype]) for dtype in DTYPES}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_files_made_by_megatron_core_read_alike(tmp_path, dtype, made_by_megatron):
+    folder, megatron_view = made_by_megatron[dtype]
+    prefix = str(folder / "made")
     layout = layout_of(prefix + ".bin")
     assert layout.dtype == np.dtype(dtype)
     assert (layout.count, layout.documents) == (16, 5)
-    assert document_tokens(prefix + ".bin", layout) == megatron_view["documents"] == flat(DOCUMENTS)
+    assert document_tokens(prefix + ".bin", layout) == megatron_view == flat(DOCUMENTS)
     assert documents_end_with(prefix + ".bin", layout, EOT)
     write_indexed(tmp_path, DOCUMENTS, dtype)  # the hand-written layout above is megatron-core's, byte for byte
     for suffix in (".bin", ".idx"):
-        assert (tmp_path / f"made{suffix}").read_bytes() == (tmp_path / f"corpus{suffix}").read_bytes()
+        assert (folder / f"made{suffix}").read_bytes() == (tmp_path / f"corpus{suffix}").read_bytes()

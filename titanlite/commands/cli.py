@@ -98,20 +98,26 @@ def generate(argv: list[str]) -> int:
     return run_generate(argv)
 
 
-def bench(argv: list[str]) -> int:
-    from titanlite.tools import bench as tools  # lazy: start-up time (above)
-    from titanlite.tools import bench_data, strategies  # lazy: start-up time (above)
+BENCHES = ("throughput", "strategies", "batch-sizes", "data")
 
-    commands = {
-        "throughput": tools.throughput,
-        "strategies": strategies.strategies,
-        "batch-sizes": strategies.batch_sizes,
-        "data": bench_data.bench_data,
-    }
+
+def bench(argv: list[str]) -> int:
+    """Only the chosen benchmark's module is imported: `bench data` never needs torch (seconds of start-up, and a
+    mistyped option of it is answered at once)."""
     what, rest = (argv[0], argv[1:]) if argv else ("", [])
-    if what not in commands:
-        raise ConfigError(f"bench takes one of {', '.join(commands)}, not '{what}'")
-    return commands[what](rest)
+    if what == "data":
+        from titanlite.tools.bench_data import bench_data  # lazy: start-up time (above)
+
+        return bench_data(rest)
+    if what == "throughput":
+        from titanlite.tools.bench import throughput  # lazy: start-up time (above)
+
+        return throughput(rest)
+    if what in ("strategies", "batch-sizes"):
+        from titanlite.tools import strategies  # lazy: start-up time (above)
+
+        return strategies.strategies(rest) if what == "strategies" else strategies.batch_sizes(rest)
+    raise ConfigError(f"bench takes one of {', '.join(BENCHES)}, not '{what}'")
 
 
 def plan(argv: list[str]) -> int:
