@@ -5,17 +5,16 @@ Global batch 8 sequences of 32 tokens in every run; only how the batch is split 
 
 import pytest
 
-from tests.helpers import VALIDATED, assert_matches, metrics, run_train_sh, train_in_pool
+from tests.helpers import VALIDATED, assert_matches, metrics, train_in_pool
 
 pytestmark = pytest.mark.distributed
 
 
-def test_zero3_via_run_train_sh_matches_single_device(tmp_path, reference):
+def test_zero3_via_run_train_sh_matches_single_device(zero3_launch, reference):
     # NGPU=4 with the default config is FSDP over 4 ranks, resharding after forward (ZeRO-3).
-    proc = run_train_sh([*VALIDATED, "--training.local_batch_size", "2"], tmp_path, ngpu=4)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    proc, run_dir = zero3_launch
     assert "layout: dp_shard 4 on 4 cpu process(es)" in proc.stdout
-    assert_matches(metrics(tmp_path), reference())
+    assert_matches(metrics(run_dir), reference())
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from tests.helpers import VALIDATED, metrics, torchrun, train_in_pool
+from tests.helpers import VALIDATED, metrics, train_in_pool
 from tests.pool import PoolFailure, RankPool
 
 pytestmark = pytest.mark.distributed
@@ -84,14 +84,15 @@ def test_a_hung_rank_fails_within_the_timeout_with_its_stack(bare_pool):
     assert bare_pool.run(sum_of_ranks).values == [1, 1]
 
 
-def test_a_run_in_the_pool_equals_a_torchrun_launch_bit_for_bit(tmp_path):
-    """FSDP x 2: the trainer in processes that ran other tests' bodies before gives what fresh workers give."""
-    args = [*VALIDATED, "--training.local_batch_size", "4"]
-    launched = torchrun(2, args, tmp_path / "launched")
-    assert launched.returncode == 0, launched.stdout[-2000:] + launched.stderr[-4000:]
-    pooled = train_in_pool(2, args, tmp_path / "pooled")
-    assert pooled.stdout.splitlines()[:3] == launched.stdout.splitlines()[:3]  # the start-up lines
+def test_a_run_in_the_pool_equals_a_torchrun_launch_bit_for_bit(tmp_path, zero3_launch):
+    """FSDP x 4 (ZeRO-3): the trainer in processes that ran other tests' bodies before gives what the fresh workers of
+    `NGPU=4 ./run_train.sh` (torchrun's) give; the launch is the one test_data_parallel.py compares with one process."""
+    launched, launched_dir = zero3_launch
+    pooled = train_in_pool(4, [*VALIDATED, "--training.local_batch_size", "2"], tmp_path)
+    workers = launched.stdout.splitlines()  # check's lines first, then the workers' from their banner on
+    start = next(i for i, line in enumerate(workers) if line.startswith("titanlite: run "))
+    assert pooled.stdout.splitlines()[:3] == workers[start : start + 3]  # the start-up lines
     figures = ("step", "loss", "grad_norm", "lr", "val_loss", "val_perplexity", "val_tokens")  # not the timings
-    pooled_figures = [{k: r[k] for k in figures if k in r} for r in metrics(tmp_path / "pooled")]
-    assert pooled_figures == [{k: r[k] for k in figures if k in r} for r in metrics(tmp_path / "launched")]
+    pooled_figures = [{k: r[k] for k in figures if k in r} for r in metrics(tmp_path)]
+    assert pooled_figures == [{k: r[k] for k in figures if k in r} for r in metrics(launched_dir)]
     assert sum("val_loss" in r for r in pooled_figures) == 3
