@@ -192,8 +192,8 @@ def check(*args: str) -> subprocess.CompletedProcess:
     )  # fmt: skip
 
 
-def test_check_takes_the_debug_flavor_and_refuses_a_softcapped_folder_with_exit_2(tmp_path):
-    proc = check("--model.name", "gemma3", "--model.flavor", "debug")
+def test_check_takes_the_debug_flavor_and_refuses_a_softcapped_folder_with_exit_2(tmp_path, cli):
+    proc = cli("check", "--model.name", "gemma3", "--model.flavor", "debug")  # in this process; the refusal below not
     assert proc.returncode == 0, proc.stderr[-2000:]
     random_gemma3(final_logit_softcapping=30.0).save_pretrained(tmp_path)
     proc = check("--model.flavor", "hf", "--model.hf_assets_path", str(tmp_path), "--model.tokenizer", "byte")

@@ -166,19 +166,15 @@ def test_greedy_generation_equals_transformers(tmp_path, case):
 
 
 @pytest.mark.parametrize("case", ["qwen3", pytest.param("smollm3", marks=pytest.mark.slow)])
-def test_the_generate_command_continues_like_transformers(tmp_path, case, monkeypatch):
+def test_the_generate_command_continues_like_transformers(tmp_path, case, monkeypatch, cli):
     """`titanlite generate` itself on the folder. The command picks among the tokenizer's ids only, so the
     model's vocabulary here is the byte tokenizer's 257 ids, where transformers' argmax picks among the same."""
     monkeypatch.setitem(SHAPE, "vocab_size", 257)
     hf = random_model(case)
     hf.save_pretrained(tmp_path / "hf")
     out = tmp_path / "out.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "titanlite.commands.cli", "generate", "--prompt", "Hello, world",
-         "--max-new-tokens", "12", "--model.flavor", "hf", "--model.hf_assets_path", str(tmp_path / "hf"),
-         "--model.tokenizer", "byte", "--output", str(out)],
-        cwd=REPO, env=env(), capture_output=True, text=True,
-    )  # fmt: skip
+    folder = ["--model.flavor", "hf", "--model.hf_assets_path", str(tmp_path / "hf"), "--model.tokenizer", "byte"]
+    proc = cli("generate", "--prompt", "Hello, world", "--max-new-tokens", "12", *folder, "--output", str(out))
     assert proc.returncode == 0, proc.stderr[-2000:]
     record = json.loads(out.read_text())
     with torch.no_grad():
