@@ -193,9 +193,10 @@ def check(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_check_takes_the_debug_flavor_and_refuses_a_softcapped_folder_with_exit_2(tmp_path, cli):
-    proc = cli("check", "--model.name", "gemma3", "--model.flavor", "debug")  # in this process; the refusal below not
+    proc = cli("check", "--model.name", "gemma3", "--model.flavor", "debug")  # passes: in this process
     assert proc.returncode == 0, proc.stderr[-2000:]
     random_gemma3(final_logit_softcapping=30.0).save_pretrained(tmp_path)
+    # The refusal: a process of its own, whose exit status and one line are what the user gets.
     proc = check("--model.flavor", "hf", "--model.hf_assets_path", str(tmp_path), "--model.tokenizer", "byte")
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert "final_logit_softcapping=30.0 is not supported" in proc.stderr
