@@ -22,14 +22,36 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // _workers))
 
 
+# The modules with the longest tests, longest first (the whole `.ci/run` on the 2-core machine, 2026-11-28: a
+# documented block of four launches, `bench strategies`, the default run of 100 steps, the killed-worker restarts,
+# the process-based saver on 4 ranks, 100 to 340 s each). They run first: pytest-xdist's worksteal hands each worker
+# a contiguous share and the idle one takes the tail of the other's queue, so a long test last in the list ran with
+# the other worker idle (minutes of one core on 2026-11-28). Every other module keeps its place after them.
+LONGEST_FIRST = (
+    "tests/test_doc_commands.py",
+    "tests/test_bench.py",
+    "tests/test_examples.py",
+    "tests/distributed/test_resilience.py",
+    "tests/distributed/test_checkpoint.py",
+    "tests/distributed/test_context_parallel.py",
+    "tests/distributed/test_plan_measure.py",
+    "tests/distributed/test_run_folder_trust.py",
+    "tests/distributed/test_validation.py",
+    "tests/test_launcher.py",
+)
+
+
 def pytest_collection_modifyitems(config, items):
     """`gpu` tests run wherever torch sees a CUDA GPU and are skipped, with the reason, elsewhere; they run
-    `alone` (below): a GPU test measures the GPU, which another test beside it would share."""
+    `alone` (below): a GPU test measures the GPU, which another test beside it would share. The modules of
+    LONGEST_FIRST run first, each module's tests still together and in their order (module fixtures stay shared)."""
     cuda = torch.cuda.is_available()
     skip = pytest.mark.skip(reason="needs a CUDA GPU; torch sees none here")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(pytest.mark.alone if cuda else skip)
+    rank = {module: i for i, module in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable: the rest keep their order
 
 
 def shared_temp(tmp_path_factory):

@@ -2,6 +2,7 @@
 "Large on a CPU)."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -71,7 +72,8 @@ def test_gpt2_large_runs_on_cpu_with_774m_parameters(tmp_path):
         "1",
     ]
     close_pools()  # about 15 GiB of RAM: the pool's idle ranks (tests/pool.py) give theirs back first
-    proc = run_train_sh(args, tmp_path, timeout=900)
+    cores = str(len(os.sched_getaffinity(0)))  # alone: every core is this run's (env() gives a launched rank one)
+    proc = run_train_sh(args, tmp_path, timeout=900, OMP_NUM_THREADS=cores)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "774,090,240 parameters (774.1 M)" in proc.stdout
     assert [r["step"] for r in metrics(tmp_path)] == [1, 2]

@@ -149,7 +149,7 @@ def test_a_killed_cp_worker_is_restarted_and_the_run_finishes_exactly(tmp_path):
             "--checkpoint.interval", "5"]  # fmt: skip
     train_in_pool(4, args, tmp_path / "whole")  # the uninterrupted run: what the launched restart must give
     whole = [r["loss"] for r in metrics(tmp_path / "whole")]
-    proc = run_train_sh(args, tmp_path / "killed", ngpu=4, MAX_RESTARTS="2", TITANLITE_FAULT="kill@7:1")
+    proc = run_train_sh(args, tmp_path / "killed", ngpu=4, timeout=600, MAX_RESTARTS="2", TITANLITE_FAULT="kill@7:1")
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert "killing this rank after step 7" in out and "at step 5" in out
