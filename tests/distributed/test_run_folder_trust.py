@@ -146,10 +146,11 @@ def test_leaving_the_dataloader_out_allows_a_data_change(ten, capsys):
 
 def test_a_second_launch_on_a_busy_run_folder_exits_2_and_the_first_finishes_exactly(tmp_path, ten):
     args = [*TEN, "--job.dump_folder", str(tmp_path), "--job.name", "run"]
+    release = tmp_path / "release"  # the first job waits after step 1 until this exists: busy for certain
     first = subprocess.Popen(
         [str(REPO / "run_train.sh"), *args],
         cwd=REPO,
-        env=env(NGPU="1"),
+        env=env(NGPU="1", TITANLITE_FAULT="wait@1", TITANLITE_FAULT_RELEASE=str(release)),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -168,7 +169,10 @@ def test_a_second_launch_on_a_busy_run_folder_exits_2_and_the_first_finishes_exa
         "-m",
         "titanlite.commands.train",
     ]
-    second = subprocess.run([*launcher, *args], cwd=REPO, env=env(), capture_output=True, text=True, timeout=120)
+    try:
+        second = subprocess.run([*launcher, *args], cwd=REPO, env=env(), capture_output=True, text=True, timeout=120)
+    finally:
+        release.touch()
     out, err = first.communicate(timeout=300)
     assert second.returncode == 2, second.stderr[-3000:]
     assert (

@@ -98,11 +98,14 @@ class Faults:
     NaN; `error@STEP:RANK` and `oom@STEP:RANK` raise a RuntimeError / torch.OutOfMemoryError on that rank
     after STEP; `segv@STEP:RANK` crashes that rank in native code (a null read) after STEP; `stop@STEP:RANK` stops
     that rank with SIGSTOP after STEP and `hang@STEP:RANK` makes it sleep for good there, both on the first attempt
-    (a rank that stops answering; its peers' collectives time out) (RANK defaults to 0)."""
+    (a rank that stops answering; its peers' collectives time out); `wait@STEP:RANK` makes that rank wait after STEP
+    until the file TITANLITE_FAULT_RELEASE names exists (a job held busy until a test lets it go) (RANK defaults
+    to 0)."""
 
     def __init__(self, spec: str, rank: int):
         self.kill_step = self.nan_step = self.error_step = self.oom_step = self.segv_step = 0
-        self.stop_step = self.hang_step = 0
+        self.stop_step = self.hang_step = self.wait_step = 0
+        self.release = os.environ.get("TITANLITE_FAULT_RELEASE", "")
         first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
         for item in filter(None, (s.strip() for s in spec.split(","))):
             what, _, where = item.partition("@")
@@ -122,6 +125,12 @@ class Faults:
                 self.stop_step = int(step)
             elif what == "hang" and here and first_attempt:
                 self.hang_step = int(step)
+            elif what == "wait" and here:
+                if not self.release:
+                    raise ValueError(
+                        "TITANLITE_FAULT=wait@STEP needs TITANLITE_FAULT_RELEASE (the file that releases it)"
+                    )
+                self.wait_step = int(step)
 
     def after_step(self, step: int) -> None:
         if step == self.kill_step:
@@ -143,6 +152,12 @@ class Faults:
             logger.warning(f"titanlite: fault injection: this rank hangs after step {step}", extra=EVERY_RANK)
             while True:
                 time.sleep(60)
+        if step == self.wait_step:
+            logger.warning(
+                f"titanlite: fault injection: waiting after step {step} for {self.release}", extra=EVERY_RANK
+            )
+            while not os.path.exists(self.release):
+                time.sleep(0.1)
 
     def loss_scale(self, step: int) -> float:
         return math.nan if step == self.nan_step else 1.0
