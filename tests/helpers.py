@@ -59,6 +59,15 @@ def env(**extra: str) -> dict[str, str]:
     return e
 
 
+def worker_pids(launcher: int) -> list[str]:
+    """The workers of a running launcher: the children of its forkserver (titanlite/commands/launch.py)."""
+    children = subprocess.run(["pgrep", "-P", str(launcher)], capture_output=True, text=True).stdout.split()
+    servers = [pid for pid in children if "multiprocessing.forkserver" in Path(f"/proc/{pid}/cmdline").read_text()]
+    return [
+        w for s in servers for w in subprocess.run(["pgrep", "-P", s], capture_output=True, text=True).stdout.split()
+    ]
+
+
 def logged(caplog) -> list[str]:
     """The lines titanlite's loggers gave since caplog.clear(), as its entry points print them (titanlite/base/logs.py);
     the test calls caplog.set_level(logging.INFO, logger="titanlite") first."""

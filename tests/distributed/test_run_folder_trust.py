@@ -11,10 +11,11 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, TINY, env, logged, metrics, run_train_sh, train_in_pool, wait_for_steps
+from tests.helpers import REPO, TINY, env, logged, metrics, run_train_sh, train_in_pool, wait_for_steps, worker_pids
 from titanlite.base.failures import reason_in
 from titanlite.components.optim import lr_factor
 from titanlite.config import LRScheduler
@@ -306,8 +307,7 @@ def test_a_sigterm_to_a_worker_is_its_own_line_and_status(tmp_path, checkpoints)
     cmd = [str(REPO / "run_train.sh"), "--job.dump_folder", str(tmp_path), "--job.name", "run", *args]
     job = subprocess.Popen(cmd, cwd=REPO, env=env(NGPU="1"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_for_steps(job, tmp_path, 3)
-    # run_train.sh execs the launcher, whose child is the worker
-    workers = subprocess.run(["pgrep", "-P", str(job.pid)], capture_output=True, text=True).stdout.split()
+    workers = worker_pids(job.pid)  # run_train.sh execs the launcher
     assert len(workers) == 1, workers
     os.kill(int(workers[0]), signal.SIGTERM)  # to the worker, not the launcher
     out, err = job.communicate(timeout=120)
@@ -318,6 +318,35 @@ def test_a_sigterm_to_a_worker_is_its_own_line_and_status(tmp_path, checkpoints)
         assert line.endswith("with a checkpoint of it; run the same command to resume"), line
     else:
         assert line.endswith("nothing was saved (checkpoint.enable is false)"), line
+
+
+def test_the_workers_of_a_sigkilled_launcher_end_with_it(tmp_path):
+    # An orphaned worker would train on beside the job a new launch starts in the same run folder. The workers are
+    # forked from the launcher's forkserver, which ends with the launcher; each worker ends with the server.
+    args = [*TINY, "--training.steps", "400", "--training.local_batch_size", "2"]
+    cmd = [str(REPO / "run_train.sh"), "--job.dump_folder", str(tmp_path), "--job.name", "run", *args]
+    job = subprocess.Popen(cmd, cwd=REPO, env=env(NGPU="2"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for_steps(job, tmp_path, 2)
+    workers = worker_pids(job.pid)
+    assert len(workers) == 2, workers
+    job.kill()
+    job.wait(timeout=60)  # not communicate(): a worker that outlived it would hold its pipes open
+    deadline = time.monotonic() + 30
+    alive = workers
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.2)
+        alive = [w for w in workers if Path(f"/proc/{w}").exists() and "Z" not in stat_of(w)]
+    for stream in (job.stdout, job.stderr):
+        stream.close()
+    assert not alive, f"workers {alive} outlived their SIGKILLed launcher"
+
+
+def stat_of(pid: str) -> str:
+    """The state field of /proc/PID/stat ('' once the process is gone): Z for a zombie, which has ended."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except (FileNotFoundError, IndexError):
+        return ""
 
 
 # ---- bad inputs ------------------------------------------------------------------------------------------

@@ -169,9 +169,7 @@ def test_a_rank_that_lost_its_peers_says_which_rank_failed_first(tmp_path, monke
 
 def test_a_torchrun_failure_is_one_line(monkeypatch, capsys):
     # e.g. RDZV_ENDPOINT naming a host that does not resolve: torchrun retries, then raises from the cause.
-    import torch.distributed.run as torchrun
-
-    from titanlite.commands.launch import main
+    from titanlite.commands import launch
 
     def fail(args):
         try:
@@ -181,8 +179,8 @@ def test_a_torchrun_failure_is_one_line(monkeypatch, capsys):
                 "The connection to the C10d store has failed. See inner exception for details."
             ) from cause
 
-    monkeypatch.setattr(torchrun, "run", fail)
-    assert main(["--standalone", "--nproc-per-node", "1", "-m", "titanlite.commands.train"]) == 1
+    monkeypatch.setattr(launch, "start", fail)
+    assert launch.main(["--standalone", "--nproc-per-node", "1", "-m", "titanlite.commands.train"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [
         "titanlite: error: torchrun could not run the job: RuntimeError: The connection to the C10d store has "

@@ -11,6 +11,7 @@ from titanlite.base.errors import ConfigError
 CLI = "titanlite.commands.cli"
 LAUNCHER = "titanlite.commands.launch"  # torchrun with one-line failures; takes `-m WORKER` and its arguments
 TRAIN_WORKER = "titanlite.commands.train"
+EVAL_WORKER = "titanlite.commands.evaluate"
 
 
 def take_options(argv: list[str], defaults: dict[str, Any], command: str) -> tuple[dict, list[str]]:

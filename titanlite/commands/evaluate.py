@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from titanlite.base.command_line import take_options
+from titanlite.base.command_line import EVAL_WORKER, LAUNCHER, take_options
 from titanlite.base.devices import check_local_ranks
 from titanlite.base.errors import ConfigError
 from titanlite.builder.data import build_data, build_validation_data, describe_validation
@@ -50,11 +50,11 @@ def eval_command(argv: list[str]) -> int:
     cmd = [
         sys.executable,
         "-m",
-        "titanlite.commands.launch",
+        LAUNCHER,
         "--standalone",
         f"--nproc-per-node={opts['ngpu']}",
         "-m",
-        "titanlite.commands.evaluate",
+        EVAL_WORKER,
         "--output",
         opts["output"],
         *rest,

@@ -1,10 +1,13 @@
 """What every torchrun worker (train, eval) does around its body: parse the config, report a failure as one
-line with its exit status (titanlite/base/failures.py), and leave without the abort at exit."""
+line with its exit status (titanlite/base/failures.py), and leave without the abort at exit; and how the
+launcher's forkserver starts one (`forked`)."""
 
 from __future__ import annotations
 
 import ctypes
 import faulthandler
+import importlib
+import io
 import os
 import signal
 import sys
@@ -36,18 +39,29 @@ def run_worker(body: Callable[[JobConfig], object], argv: list[str]) -> int:
         return record(e, int(os.environ.get("RANK", 0)), run_dir)
 
 
+# This process's environment when it was imported: in the launcher's forkserver, the server's (see `forked`).
+SERVER_ENV = dict(os.environ)
+
+
 def die_with_launcher() -> None:
     """Under torchrun, end this worker at once if its launcher dies (SIGKILLed, or its node lost): an orphaned
     worker would otherwise train on beside the job that a new launch starts in the same run folder (Linux only;
-    the launcher's lock is the only guard elsewhere)."""
-    if not sys.platform.startswith("linux") or "TORCHELASTIC_RUN_ID" not in os.environ:
+    the launcher's lock is the only guard elsewhere). A forked worker's parent is the launcher's forkserver,
+    which dies with the launcher in turn (titanlite/commands/fork_server.py)."""
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        die_with_parent()
+
+
+def die_with_parent() -> None:
+    """SIGKILL this process when its parent process ends (Linux's PR_SET_PDEATHSIG; nothing elsewhere)."""
+    if not sys.platform.startswith("linux"):
         return
     try:
         pr_set_pdeathsig = 1
         ctypes.CDLL("libc.so.6").prctl(pr_set_pdeathsig, signal.SIGKILL)
     except (OSError, AttributeError):
         return
-    if os.getppid() == 1:  # the launcher died before the call above
+    if os.getppid() == 1:  # the parent died before the call above
         os._exit(128 + signal.SIGKILL)
 
 
@@ -55,13 +69,18 @@ def shutdown(code: int) -> None:
     """Leave without the abort at exit that DeviceMesh workers otherwise hit: torch.distributed on the CPU
     often ends a finished worker with SIGABRT ('terminate called without an active exception') at
     interpreter exit; a barrier, destroying the process group and os._exit after flushing avoid it."""
+    leave_group(code)
+    os._exit(code)
+
+
+def leave_group(code: int) -> None:
+    """The first half of `shutdown`: after a finished run a barrier, then destroy the process group; flush."""
     if dist.is_initialized():
         if code == 0:
             dist.barrier()
         dist.destroy_process_group()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(code)
 
 
 def exit_from(main: Callable[[], int]) -> None:
@@ -72,3 +91,28 @@ def exit_from(main: Callable[[], int]) -> None:
         traceback.print_exc()
         exit_code = 1
     shutdown(exit_code)
+
+
+def forked(module: str, launcher_env: dict[str, str], argv: list[str]) -> None:
+    """A worker started by the launcher's forkserver (titanlite/commands/launch.py): `python -u -m MODULE ARGV`,
+    in a process forked from one that imported torch and MODULE once for every rank and restart. Its
+    environment is the launcher's at this launch under torchrun's per-rank variables (RANK, MASTER_PORT, ...;
+    the variables that differ from the server's, which may have started for an earlier launch of the same
+    launcher process). A finished worker returns, which torchrun's agent waits for; any other status leaves
+    at once with that status, as `shutdown` does."""
+    per_rank = {key: value for key, value in os.environ.items() if SERVER_ENV.get(key) != value}
+    os.environ.clear()
+    os.environ.update(launcher_env)
+    os.environ.update(per_rank)
+    sys.argv = [module, *argv]
+    for stream in (sys.stdout, sys.stderr):  # python -u, as torchrun runs a worker
+        if isinstance(stream, io.TextIOWrapper):
+            stream.reconfigure(line_buffering=True, write_through=True)
+    try:
+        code = importlib.import_module(module).main(argv)
+    except BaseException:  # as exit_from: show it, then leave through the same clean exit
+        traceback.print_exc()
+        code = 1
+    leave_group(code)
+    if code:
+        os._exit(code)
