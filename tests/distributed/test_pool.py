@@ -90,7 +90,9 @@ def test_a_run_in_the_pool_equals_a_torchrun_launch_bit_for_bit(tmp_path, zero3_
     launched, launched_dir = zero3_launch
     pooled = train_in_pool(4, [*VALIDATED, "--training.local_batch_size", "2"], tmp_path)
     workers = launched.stdout.splitlines()  # check's lines first, then the workers' from their banner on
-    start = next(i for i, line in enumerate(workers) if line.startswith("titanlite: run "))
+    banners = [i for i, line in enumerate(workers) if line.startswith("titanlite: run ")]
+    assert banners, f"no 'titanlite: run' banner in the launch's output:\n{launched.stdout[-3000:]}"
+    start = banners[0]
     assert pooled.stdout.splitlines()[:3] == workers[start : start + 3]  # the start-up lines
     figures = ("step", "loss", "grad_norm", "lr", "val_loss", "val_perplexity", "val_tokens")  # not the timings
     pooled_figures = [{k: r[k] for k in figures if k in r} for r in metrics(tmp_path)]
