@@ -11,6 +11,7 @@ import io
 import os
 import signal
 import sys
+import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -38,6 +39,8 @@ def run_worker(body: Callable[[JobConfig], object], argv: list[str]) -> int:
         run_dir = Path(cfg.job.dump_folder) / cfg.job.name if cfg is not None else None
         return record(e, int(os.environ.get("RANK", 0)), run_dir)
 
+
+FAILED_EXIT_DELAY_S = 1.0  # see forked()
 
 # This process's environment when it was imported: in the launcher's forkserver, the server's (see `forked`).
 SERVER_ENV = dict(os.environ)
@@ -115,4 +118,8 @@ def forked(module: str, launcher_env: dict[str, str], argv: list[str]) -> None:
         code = 1
     leave_group(code)
     if code:
+        # torchrun's agent reports one failed forked rank, the first it finds dead at a poll (every 0.1 s): a rank that
+        # died without a word (SIGKILL, the OOM killer) must be that one, not a peer that failed because it died,
+        # for the launcher to name it (launch.py report); a failure this rank recorded is named whatever the order.
+        time.sleep(FAILED_EXIT_DELAY_S)
         os._exit(code)
