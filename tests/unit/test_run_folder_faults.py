@@ -215,3 +215,22 @@ def test_a_timed_out_rank_names_the_peer_that_stopped_or_lags(tmp_path, monkeypa
     assert process_state(stopped.pid) is None  # gone
     (tmp_path / "alive-rank2.json").unlink()
     assert stalled_peers(tmp_path, 0, 0) == []  # rank 1 is no longer stopped; the rest are on step 4
+
+
+@pytest.mark.parametrize(
+    "spec, fragment",
+    [
+        ("kil@3:1", "TITANLITE_FAULT item 'kil@3:1' is not NAME@STEP or NAME@STEP:RANK, NAME one of kill, nan,"),
+        ("kill@three", "TITANLITE_FAULT item 'kill@three' is not NAME@STEP"),
+        ("nan@3,error@2:x", "TITANLITE_FAULT item 'error@2:x' is not NAME@STEP"),
+        ("wait@1", "TITANLITE_FAULT=wait@STEP needs TITANLITE_FAULT_RELEASE"),
+    ],
+)
+def test_a_fault_hook_it_does_not_know_is_refused(spec, fragment, monkeypatch):
+    # The test hooks (TITANLITE_FAULT) run a named fault or say why not; a misspelt one never runs nothing silently.
+    from titanlite.components.resilience import Faults
+
+    monkeypatch.delenv("TITANLITE_FAULT_RELEASE", raising=False)
+    with pytest.raises(ValueError, match="^" + fragment.replace("(", r"\(")):
+        Faults(spec, rank=0)
+    assert Faults("kill@3:1,nan@5,hang@2", rank=1).kill_step == 3

@@ -92,6 +92,9 @@ def set_train_timeout(seconds: float) -> None:
         dist.distributed_c10d._set_pg_timeout(timedelta(seconds=seconds), group)
 
 
+FAULTS = ("kill", "nan", "error", "oom", "segv", "stop", "hang", "wait")  # TITANLITE_FAULT's names
+
+
 class Faults:
     """Test hooks, set by TITANLITE_FAULT (comma-separated): `kill@STEP:RANK` SIGKILLs that rank after
     STEP on the first attempt only (so the restarted job can finish); `nan@STEP` makes that step's loss
@@ -100,7 +103,7 @@ class Faults:
     that rank with SIGSTOP after STEP and `hang@STEP:RANK` makes it sleep for good there, both on the first attempt
     (a rank that stops answering; its peers' collectives time out); `wait@STEP:RANK` makes that rank wait after STEP
     until the file TITANLITE_FAULT_RELEASE names exists (a job held busy until a test lets it go) (RANK defaults
-    to 0)."""
+    to 0). An item of another form is a ValueError, not a fault that never happens."""
 
     def __init__(self, spec: str, rank: int):
         self.kill_step = self.nan_step = self.error_step = self.oom_step = self.segv_step = 0
@@ -110,6 +113,10 @@ class Faults:
         for item in filter(None, (s.strip() for s in spec.split(","))):
             what, _, where = item.partition("@")
             step, _, fault_rank = where.partition(":")
+            if what not in FAULTS or not step.isdigit() or not (fault_rank or "0").isdigit():
+                raise ValueError(
+                    f"TITANLITE_FAULT item {item!r} is not NAME@STEP or NAME@STEP:RANK, NAME one of {', '.join(FAULTS)}"
+                )
             here = int(fault_rank or 0) == rank
             if what == "kill" and here and first_attempt:
                 self.kill_step = int(step)
