@@ -2,7 +2,8 @@
 # Train: ./run_train.sh [--config FILE] [--section.key VALUE ...]   (default config: train_configs/debug_model.toml)
 # Environment: NGPU (processes per node; default: visible CUDA GPUs, else 1; at most the visible GPUs),
 # TITANLITE_DEVICE (cpu: gloo on the CPU whatever GPUs there are; cuda; default: CUDA if visible), NNODES, NODE_RANK,
-# RDZV_ENDPOINT (host:port, multi-node), RDZV_ID, MAX_RESTARTS, LOG_RANK (e.g. 0 or 0,1: whose output to show).
+# RDZV_ENDPOINT (host:port, multi-node), RDZV_ID, MAX_RESTARTS, LOG_RANK (e.g. 0 or 0,1: whose output to show),
+# START_METHOD (spawn: each rank its own interpreter rather than a fork of the launcher's server).
 set -euo pipefail
 cd "$(dirname "$0")"
 source scripts/setup_env.sh
@@ -27,6 +28,7 @@ MAX_RESTARTS=${MAX_RESTARTS:-0}
 refuse() { echo "titanlite: error: $1" >&2; exit 2; }
 [[ "$NGPU" =~ ^[1-9][0-9]*$ ]] || refuse "NGPU='$NGPU' is not a number of processes per node; set NGPU to 1 or more (e.g. NGPU=2)"
 [[ "$NNODES" =~ ^[1-9][0-9]*(:[1-9][0-9]*)?$ ]] || refuse "NNODES='$NNODES' is not a node count; set NNODES to N or MIN:MAX (e.g. NNODES=2)"
+[[ "${START_METHOD:-forkserver}" =~ ^(forkserver|spawn|fork)$ ]] || refuse "START_METHOD='$START_METHOD' is not a start method; set START_METHOD to forkserver (the default), spawn or fork"
 [[ "$MAX_RESTARTS" =~ ^[0-9]+$ ]] || refuse "MAX_RESTARTS='$MAX_RESTARTS' is not a number of restarts; set MAX_RESTARTS to 0 or more"
 
 # Restarted workers must not reuse the dead workers' rendezvous store (torch 2.13 shares it across restarts
@@ -44,6 +46,7 @@ if [ -n "${RDZV_ENDPOINT:-}" ] || [ "$NNODES" != 1 ]; then
 else
   launch+=(--standalone)
 fi
+[ -z "${START_METHOD:-}" ] || launch+=(--start-method "$START_METHOD")  # spawn: an interpreter per rank, not forks
 [ -z "${LOG_RANK:-}" ] || launch+=(--local-ranks-filter "$LOG_RANK" --role rank --tee 3)
 
 # torchrun (titanlite/commands/launch.py): a failed worker's one-line reason comes last, and its exit status is ours.

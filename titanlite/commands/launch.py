@@ -159,7 +159,7 @@ def start(argv: list[str]) -> None:
     if module not in FORKED_WORKERS:
         torchrun.run(args)
         return
-    if not any(a.split("=")[0] in ("--start-method", "--start_method") for a in argv[: argv.index("-m")]):
+    if not any(a.split("=")[0] in ("--start-method", "--start_method") for a in argv[: argv.index(module)]):
         args.start_method = "forkserver"
     # The rendezvous defaults of torchrun's run(): a standalone job, or one node without an endpoint, rendezvous
     # on a free local port.

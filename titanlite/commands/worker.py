@@ -88,12 +88,16 @@ def leave_group(code: int) -> None:
 
 def exit_from(main: Callable[[], int]) -> None:
     """The `if __name__ == "__main__"` of a worker module: run it, show any escaped failure, then shutdown."""
+    shutdown(status_of(main))
+
+
+def status_of(main: Callable[[], int]) -> int:
+    """main()'s exit status; an escaped failure is shown and is status 1 (leaving through the same clean exit)."""
     try:
-        exit_code = main()
-    except BaseException:  # a training failure: show it, then leave through the same clean exit
+        return main()
+    except BaseException:
         traceback.print_exc()
-        exit_code = 1
-    shutdown(exit_code)
+        return 1
 
 
 def forked(module: str, launcher_env: dict[str, str], argv: list[str]) -> None:
@@ -111,11 +115,8 @@ def forked(module: str, launcher_env: dict[str, str], argv: list[str]) -> None:
     for stream in (sys.stdout, sys.stderr):  # python -u, as torchrun runs a worker
         if isinstance(stream, io.TextIOWrapper):
             stream.reconfigure(line_buffering=True, write_through=True)
-    try:
-        code = importlib.import_module(module).main(argv)
-    except BaseException:  # as exit_from: show it, then leave through the same clean exit
-        traceback.print_exc()
-        code = 1
+    main = importlib.import_module(module).main
+    code = status_of(lambda: main(argv))
     leave_group(code)
     if code:
         # torchrun's agent reports one failed forked rank, the first it finds dead at a poll (every 0.1 s): a rank that
