@@ -166,10 +166,44 @@ COMMANDS = {
 }
 
 
+# Commands whose own parser prints a fuller help for `--help` (with its options' defaults); bench's four each do.
+OWN_HELP = ("prepare", "plan", "analyze", "compare")
+HELP = ("-h", "--help")
+
+
+def command_usage(command: str) -> str:
+    """USAGE's entry (or entries: bench's four) for one command, as that command's `--help`, and where the
+    config keys every command takes are listed."""
+    entries: list[str] = []
+    keep = False
+    for line in USAGE.splitlines()[2:]:
+        if not line.startswith("    "):  # an entry's first line; its continuation lines are indented further
+            keep = line.split()[0] == command
+            line = ("usage: " if not entries else "       ") + "titanlite " + line[2:]
+        if keep:
+            entries.append(line)
+    return (
+        "\n".join(entries)
+        + "\n\nIt also takes --config FILE and --section.key VALUE overrides of the config;"
+        + " `titanlite help` lists each key with its default."
+    )
+
+
+def wants_help(command: str, rest: list[str]) -> bool:
+    """`titanlite COMMAND --help` for a command without a help of its own (bench's sub-commands and OWN_HELP print
+    theirs)."""
+    if command in OWN_HELP or (command == "bench" and rest[:1] and rest[0] in BENCHES):
+        return False
+    return any(arg in HELP for arg in rest)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     logs.set_up()
     command, rest = (argv[0], argv[1:]) if argv else ("help", [])
+    if command in COMMANDS and wants_help(command, rest):
+        print(command_usage(command))
+        return 0
     if command in COMMANDS:
         try:
             return COMMANDS[command](rest)

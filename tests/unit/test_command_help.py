@@ -1,0 +1,25 @@
+"""`titanlite COMMAND --help` (and `-h`) prints that command's own usage and exits 0, for every command USAGE lists,
+with nothing on stderr and nothing run (the folder a command would write stays empty)."""
+
+import pytest
+
+from titanlite.commands import cli
+
+# Every command of USAGE, and the sub-commands that have their own options.
+COMMANDS = sorted({line.split()[0] for line in cli.USAGE.splitlines()[2:] if not line.startswith("    ")} - {"help"})
+SUB_COMMANDS = [["bench", sub] for sub in cli.BENCHES] + [["convert", "to-hf"]]
+
+
+def test_usage_lists_every_command_there_is():
+    assert set(COMMANDS) == set(cli.COMMANDS) | {"train"}
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+@pytest.mark.parametrize("words", [[c] for c in COMMANDS if c != "train"] + SUB_COMMANDS, ids=" ".join)
+def test_every_command_prints_its_own_help(words, flag, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert cli.main([*words, flag]) == 0
+    out, err = capsys.readouterr()
+    assert err == ""
+    assert out.startswith(f"usage: titanlite {' '.join(words)}"), out[:200]
+    assert list(tmp_path.iterdir()) == []  # nothing ran: no run folder, store or output
