@@ -16,7 +16,7 @@ from titanlite.components.metrics import (
     flops_per_token,
     format_line,
 )
-from titanlite.components.optim import LRSchedulers, Optimizers, clip_grad_norm_, lr_factor
+from titanlite.components.optim import LRSchedulers, Optimizers, clip_grad_norm_, lr_factor, warmup_cut
 from titanlite.config import LRScheduler, Optimizer
 from titanlite.models import registry
 from titanlite.models.common.build import build_model
@@ -42,6 +42,22 @@ def test_the_last_step_trains_at_the_documented_minimum(decay_type, warmup, step
     assert lr_factor(steps - 1, cfg, steps) == pytest.approx(0.1, abs=1e-12)
     if steps - 1 > warmup:
         assert lr_factor(warmup, cfg, steps) == pytest.approx(1.0)  # the first step after warm-up is at the peak
+
+
+@pytest.mark.parametrize("warmup", [3, 4, 20])
+def test_a_warmup_longer_than_the_run_is_cut_to_it_and_says_so(warmup):
+    # docs/configuration-guide.md: warmup = min(lr_scheduler.warmup_steps, training.steps); factor (s+1)/(warmup+1).
+    cfg = LRScheduler(warmup_steps=warmup, decay_type="cosine", min_lr_factor=0.1)
+    factors = [lr_factor(s, cfg, 3) for s in range(3)]
+    if warmup == 3:  # as long as the run: nothing is cut, and nothing said
+        assert warmup_cut(cfg, 3) is None
+    else:
+        assert warmup_cut(cfg, 3) == (
+            f"  lr schedule: lr_scheduler.warmup_steps {warmup} is longer than training.steps 3: the warm-up is cut "
+            "to 3 steps, the LR rising to 3/4 of optimizer.lr at the last step, with no decay"
+        )
+    assert factors == pytest.approx([1 / 4, 2 / 4, 3 / 4])
+    assert warmup_cut(LRScheduler(warmup_steps=2), 3) is None
 
 
 def test_the_scheduled_optimizer_steps_at_the_minimum_last():

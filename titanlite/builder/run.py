@@ -17,7 +17,7 @@ from titanlite.builder.model import ModelSetup, build_rank_model
 from titanlite.builder.plan import Plan, validation_batch_size
 from titanlite.components.checkpoint import Checkpointer
 from titanlite.components.metrics import MetricsLogger, count_params, device_peak_tflops, flops_per_token, read_records
-from titanlite.components.optim import LRSchedulers, Optimizers
+from titanlite.components.optim import LRSchedulers, Optimizers, warmup_cut
 from titanlite.components.profiling import Profiler
 from titanlite.components.resilience import Faults, StopOnSignal
 from titanlite.components.wandb_run import WandbRun
@@ -183,6 +183,8 @@ def startup_lines(
         lines.append(describe_attention(cfg, plan.dims.cp))
     if validator is not None:
         lines.append(f"  {describe_validation(cfg, corpus, len(validator.windows), plan.dims.dp)}")
+    if cut := warmup_cut(cfg.lr_scheduler, cfg.training.steps):
+        lines.append(cut)
     if peak is None:
         lines.append(f"  MFU: no known peak for this {device.type} device; set metrics.peak_tflops to report it")
     if cfg.float8.enable:

@@ -105,6 +105,17 @@ def lr_factor(step: int, cfg: LRScheduler, total_steps: int) -> float:
     return cfg.min_lr_factor + (1.0 - cfg.min_lr_factor) * shape
 
 
+def warmup_cut(cfg: LRScheduler, total_steps: int) -> str | None:
+    """The start-up line that says the warm-up is cut to the run's length (lr_factor's min), or None."""
+    if cfg.warmup_steps <= total_steps:
+        return None
+    return (
+        f"  lr schedule: lr_scheduler.warmup_steps {cfg.warmup_steps} is longer than training.steps {total_steps}: "
+        f"the warm-up is cut to {total_steps} steps, the LR rising to {total_steps}/{total_steps + 1} of optimizer.lr "
+        "at the last step, with no decay"
+    )
+
+
 class LRSchedulers:
     """The same warm-up/decay schedule on every optimizer of an Optimizers; its state is one step count."""
 

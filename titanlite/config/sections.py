@@ -231,7 +231,8 @@ class LRScheduler:
     """Warm-up, then a decay to a floor."""
 
     warmup_steps: int = 10
-    """Linear warm-up steps from near zero to the peak learning rate."""
+    """Linear warm-up steps from near zero to the peak learning rate. Longer than training.steps, it is cut to
+    training.steps (a start-up line says so)."""
     decay_type: Literal["cosine", "linear", "constant"] = "cosine"
     """Decay shape after warm-up, down to min_lr_factor x lr at the last step."""
     min_lr_factor: float = 0.1
