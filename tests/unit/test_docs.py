@@ -6,13 +6,18 @@ ones a stopped run prints."""
 import logging
 import os
 import re
+import shlex
 import signal
 from pathlib import Path
 
 import torch
 
+from titanlite.base import devices
 from titanlite.base.errors import Preempted
 from titanlite.base.failures import record
+from titanlite.commands import check as preflight
+from titanlite.commands import cli
+from titanlite.commands.check import GIB, Capacity
 from titanlite.components.resilience import StopOnSignal
 from titanlite.config import JobConfig, reference_markdown
 
@@ -121,3 +126,36 @@ def test_the_preemption_lines_the_docs_quote_are_the_ones_printed(capsys, caplog
     assert len(quotes) >= 4, quotes
     wrong = [f"{name}: {quote}" for name, quote in quotes if not any(matches(quote, line) for line in printed)]
     assert not wrong, "quoted, but not what runs print:\n" + "\n".join(wrong) + "\nprinted:\n" + "\n".join(printed)
+
+
+def untested_train_commands(page: Path) -> list[tuple[dict[str, str], list[str]]]:
+    """Each `./run_train.sh` command of the page's plain ```bash blocks (the ones no test runs: GPUs, several
+    nodes) as (its environment assignments, its arguments), continuation lines joined, comments dropped."""
+    commands = []
+    for block in re.findall(r"^```bash\n(.*?)^```", page.read_text(), flags=re.S | re.M):
+        for line in block.replace("\\\n", " ").splitlines():
+            words = shlex.split(line, comments=True)
+            if "./run_train.sh" in words:
+                at = words.index("./run_train.sh")
+                commands.append((dict(w.split("=", 1) for w in words[:at]), words[at + 1 :]))
+    return commands
+
+
+def test_the_readmes_gpu_commands_pass_check_at_their_world_size(monkeypatch, tmp_path, capsys):
+    """The README's commands for GPU nodes (not run by the tests: no GPU here) are what `check` accepts at the
+    world size they name, NGPU x NNODES, on nodes of 8 H100 80GB (the README's machines)."""
+    monkeypatch.setattr(devices, "device_type", lambda: "cuda")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *args: (9, 0))
+    h100 = Capacity(80 * GIB, "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(preflight, "memory_capacity", lambda pool, n: h100 if pool == "cuda" else Capacity(2e12, "RAM"))
+    commands = untested_train_commands(REPO / "README.md")
+    assert len(commands) >= 2 and any("NNODES" in env for env, _ in commands), commands
+    for env, args in commands:
+        ngpu, nnodes = int(env.get("NGPU", "8")), int(env.get("NNODES", "1"))
+        world = ["--world-size", str(ngpu * nnodes), "--nproc-per-node", str(ngpu)]
+        code = cli.main(["check", *world, *args, "--job.dump_folder", str(tmp_path)])
+        out, err = capsys.readouterr()
+        assert code == 0, f"README: {env} ./run_train.sh {' '.join(args)}: {err}"
+        assert f"config ok for {ngpu * nnodes} process(es)" in out + err
