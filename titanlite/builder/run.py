@@ -6,11 +6,13 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn as nn
 
 from titanlite.builder.data import build_data, build_loader, build_validation_data, describe_validation, dp_rank
 from titanlite.builder.model import ModelSetup, build_rank_model
@@ -24,9 +26,11 @@ from titanlite.components.wandb_run import WandbRun
 from titanlite.config import JobConfig, to_toml
 from titanlite.engine.trainer import Resilience, StepFigures, StepSettings, Trainer
 from titanlite.engine.validator import EvalBatches, Validator
+from titanlite.models.common.attention import CoreAttention, FlexAttention, SDPAttention
 from titanlite.models.common.build import configured_args
 from titanlite.models.common.flops import active_parameters
 from titanlite.models.common.interface import unwrapped
+from titanlite.models.common.moe import GroupedExperts, grouped_mm_aligned, grouped_mm_runs
 from titanlite.parallel.float8 import describe_float8
 
 logger = logging.getLogger(__name__)
@@ -168,7 +172,8 @@ def startup_lines(
     MFU, float8 and the pipeline."""
     n_params = count_params(setup.plain_model)
     lines = [
-        f"titanlite: {cfg.job.name} {cfg.job.description} on {', '.join(s.label for s in corpus.stores)}",
+        f"titanlite: {' '.join(filter(None, [cfg.job.name, cfg.job.description]))} on "
+        f"{', '.join(s.label for s in corpus.stores)}",
         f"  model {describe_model(cfg)}: {n_params:,} parameters ({n_params / 1e6:.1f} M), "
         f"{describe_active(setup.plain_model, n_params)}"
         f"vocab {setup.plain_model.args.vocab_size} (tokenizer {cfg.model.tokenizer}), seq_len {cfg.training.seq_len}, "
@@ -179,8 +184,9 @@ def startup_lines(
     ]
     lines += [f"  data: {line}" for line in corpus.describe(plan.global_batch_size * cfg.training.steps)]
     lines.append(setup.loss_line)
-    if plan.dims.cp_enabled or cfg.model.attn_mask_type != "causal":
-        lines.append(describe_attention(cfg, plan.dims.cp))
+    lines.append(describe_attention(cfg, plan.dims.cp, setup.plain_model, device.type))
+    if experts := describe_experts(cfg, setup.plain_model, device, setup.param_dtype):
+        lines.append(experts)
     if validator is not None:
         lines.append(f"  {describe_validation(cfg, corpus, len(validator.windows), plan.dims.dp)}")
     if cut := warmup_cut(cfg.lr_scheduler, cfg.training.steps):
@@ -198,6 +204,53 @@ def startup_lines(
     return lines
 
 
+def attention_kernels(model: nn.Module, plain: bool, device_type: str) -> str:
+    """What each layer's attention core runs, grouped: "sdpa's fused causal kernel in 4 of 6 layers, ..."."""
+    kinds: Counter[str] = Counter()
+    for module in model.modules():
+        core = getattr(module, "core", None)
+        if not isinstance(core, CoreAttention):
+            continue
+        extras = [f"window {core.window}"] if core.window else []
+        extras += [f"logit softcap {core.softcap:g}"] if core.softcap else []
+        extras += ["sinks"] if core.sinks else []
+        if isinstance(core, FlexAttention):
+            kernel = "FlexAttention, compiled" if device_type == "cuda" else "FlexAttention's blockwise CPU path"
+        elif isinstance(core, SDPAttention):
+            if core.softcap or core.sinks:
+                kernel = "sdpa's explicit [B, H, T, S] scores"
+            elif plain and not core.window:
+                kernel = "sdpa's fused causal kernel"
+            else:
+                kernel = "sdpa with a dense T x S mask"
+        else:
+            kernel = type(core).__name__
+        kinds[kernel + (f" ({', '.join(extras)})" if extras else "")] += 1
+    total = sum(kinds.values())
+    if len(kinds) == 1:
+        return next(iter(kinds))
+    return ", ".join(f"{kind} in {n} of {total} layers" for kind, n in kinds.items())
+
+
+def describe_experts(cfg: JobConfig, model: nn.Module, device: torch.device, dtype: torch.dtype) -> str | None:
+    """How a mixture of experts' routed experts compute (moe.experts_kernel "auto" and what the device and
+    dtype allow); None for a dense model."""
+    experts = [m for m in model.modules() if isinstance(m, GroupedExperts)]
+    if not experts:
+        return None
+    what = f"  experts: {len(experts)} blocks of {experts[0].w1.shape[0]} experts, "
+    if cfg.moe.experts_kernel == "loop":
+        return what + "a loop over the experts (moe.experts_kernel loop)"
+    if cfg.compile.enable and dtype != torch.bfloat16:
+        return what + f"a loop over the experts (torch.compile's grouped_mm takes bfloat16, not {dtype})"
+    hidden, dim = experts[0].w1.shape[1], experts[0].w1.shape[2]
+    if not grouped_mm_aligned(dtype, dim, hidden):
+        return what + f"a loop over the experts (widths {dim} and {hidden} are not 16-byte aligned for grouped_mm)"
+    if not grouped_mm_runs(device, dtype):
+        return what + f"a loop over the experts (torch._grouped_mm does not run for {dtype} on {device.type})"
+    return what + "torch._grouped_mm (one kernel for every expert of a block)"
+
+
 def describe_active(model, n_params: int) -> str:
     """For a mixture of experts, the parameters one token uses (and that MFU and TFLOP/s count); "" if dense."""
     active = active_parameters(model)
@@ -206,10 +259,13 @@ def describe_active(model, n_params: int) -> str:
     return f"{active:,} active per token ({active / 1e6:.1f} M; MFU and TFLOP/s count these), "
 
 
-def describe_attention(cfg: JobConfig, cp: int) -> str:
-    """The attention mask, and how context parallelism splits each sequence."""
+def describe_attention(cfg: JobConfig, cp: int, model: nn.Module | None = None, device_type: str = "cpu") -> str:
+    """The attention mask, the kernel each layer's attention runs (and its windows, softcap and sinks), and how
+    context parallelism splits each sequence."""
     mask = "block-causal (a token sees earlier tokens of its own document only)"
     line = "  attention: " + (mask if cfg.model.attn_mask_type == "block_causal" else "causal")
+    if model is not None:
+        line += "; " + attention_kernels(model, cfg.model.attn_mask_type == "causal" and cp == 1, device_type)
     if cp > 1:
         chunk = cfg.training.seq_len // (2 * cp)
         line += (

@@ -186,6 +186,10 @@ def _is_number(s: str) -> bool:
         return False
 
 
+# The keys that choose the model: set on the command line, they replace the config file's model and its description.
+MODEL_CHOICE = {"model.name", "model.flavor", "model.hf_assets_path"}
+
+
 def parse_config(
     argv: list[str], default_config: str | None = DEFAULT_CONFIG, recorded: tuple[str, dict[str, Any]] | None = None
 ) -> JobConfig:
@@ -223,6 +227,10 @@ def parse_config(
     for key, value in overrides:
         _set(cfg, key, value, "command line", from_cli=True)
         explicit.add(key)
+    cli_keys = {key for key, _ in overrides}
+    if MODEL_CHOICE & cli_keys and "job.description" not in cli_keys:  # the file's description is of its model
+        cfg.job.description = JobConfig().job.description
+        explicit.discard("job.description")
     if recorded is not None:
         apply_recorded(cfg, explicit, *recorded)
     validate_values(cfg)

@@ -29,7 +29,8 @@ class Job:
     """Root folder of run folders (config.toml, metrics.jsonl, tb/, checkpoints)."""
     description: str = ""
     """Free text describing the run; printed at start-up. Left unset with model.flavor = "hf", it names the
-    family, the folder and the config file the run started from."""
+    family, the folder and the config file the run started from. A command line that sets model.name, model.flavor
+    or model.hf_assets_path (another model than the config file's) and not this leaves the file's out."""
 
 
 @dataclass
