@@ -230,8 +230,15 @@ class Llama(nn.Module):
             h = layer(h, cos, sin, cache=None if cache is None else cache.layer(name), sequence=sequence)
         if cache is not None:
             cache.advance(tokens.shape[1])
+        h = self.after_blocks(h)
         h = self.norm(h) if self.norm is not None else h
         return self.output(h, project=logits) if self.output is not None else h  # [B, T, vocab], or [B, T, dim]
+
+    def after_blocks(self, h: torch.Tensor) -> torch.Tensor:
+        """The hidden states after this part's last block, before the final norm: a family's hook (the MoE decoder
+        joins its pooled balance term here, where the norm that follows makes the part's output a tensor of its
+        own, not a view of h, which FSDP would warn about at the root)."""
+        return h
 
     def init_param(self, name: str, full: torch.Tensor, generator: torch.Generator) -> None:
         """Fill `full` (the full-size value of parameter `name`) in place, using only `generator`."""

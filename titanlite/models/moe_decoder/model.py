@@ -48,6 +48,7 @@ class PooledBalance:
         self.counts: list[torch.Tensor] = []
         self.prob_sums: list[torch.Tensor] = []
         self.rows = 0
+        self.carry: torch.Tensor | None = None  # the routing totals of the pipeline stages before, during a forward
 
     def start(self, active: bool) -> None:
         self.active, self.counts, self.prob_sums, self.rows = active, [], [], 0
@@ -145,32 +146,46 @@ class MoEDecoder(Llama):
         moe = self.args.moe
         pooled = moe.balance == "aux_loss" and moe.aux_loss_coef > 0
         self.balance.start(torch.is_grad_enabled() and pooled)
+        self.balance.carry = carry
         try:
             out = super().forward(tokens, cache, sequence, logits=logits)
         finally:
             self.balance.active = False  # a recomputing backward (activation checkpointing) records nothing
+            self.balance.carry = None
         if torch.is_grad_enabled():  # a training forward: its counts join the step's (here, never in a recompute)
             count_step_tokens(self)
-        if carry is None and self.output is not None:  # the whole model (no pipeline)
-            if self.balance.rows:
-                out = add_auxiliary_loss(out, "load_balance", moe.aux_loss_coef * self.balance.loss(moe.n_experts))
+        if self.output is not None or not pooled:  # the head's part joined its term in after_blocks
             self.balance.start(False)
             return out
+        # A pipeline stage before the last: the routing totals travel with the activations.
         totals = self.balance.totals(moe.n_experts, out.device)
         self.balance.start(False)
         if carry is not None:
             totals = carry + totals
-        if self.output is None:  # a pipeline stage before the last: the totals travel with the activations
-            if not pooled:
-                return out
-            if torch.is_grad_enabled() and not totals.requires_grad:
-                # no routing block before this point: the next stage still sends a gradient for the carry back
-                totals.requires_grad_()
-            return out, totals
-        if torch.is_grad_enabled() and pooled:
-            term = pooled_loss(self.balance.reduced(totals), moe.n_experts)
-            out = add_auxiliary_loss(out, "load_balance", moe.aux_loss_coef * term)
-        return out
+        if torch.is_grad_enabled() and not totals.requires_grad:
+            # no routing block before this point: the next stage still sends a gradient for the carry back
+            totals.requires_grad_()
+        return out, totals
+
+    def after_blocks(self, h: torch.Tensor) -> torch.Tensor:
+        """In the part that holds the output head (the whole model, or the last pipeline stage), h with the pooled
+        load-balancing term joined: over this part's blocks, or with the routing totals `carry` of the stages
+        before (module docstring)."""
+        moe = self.args.moe
+        if self.output is None:
+            return h
+        carry = self.balance.carry
+        self.balance.active = False
+        if carry is None:  # the whole model
+            if self.balance.rows:
+                h = add_auxiliary_loss(h, "load_balance", moe.aux_loss_coef * self.balance.loss(moe.n_experts))
+            return h
+        if torch.is_grad_enabled() and moe.balance == "aux_loss" and moe.aux_loss_coef > 0:
+            totals = carry + self.balance.totals(moe.n_experts, h.device)
+            h = add_auxiliary_loss(
+                h, "load_balance", moe.aux_loss_coef * pooled_loss(self.balance.reduced(totals), moe.n_experts)
+            )
+        return h
 
     def init_param(self, name: str, full: torch.Tensor, generator: torch.Generator) -> None:
         """The router's gate and each expert's matrices as Llama's linear layers: trunc normal std 0.02, the
