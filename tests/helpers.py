@@ -163,6 +163,11 @@ def losses(proc: subprocess.CompletedProcess, run_dir: Path) -> list[float]:
 # too small to move the loss (~1e-7) but visible in the norm (~3e-5 by step 5).
 LOSS_RTOL = 1e-5
 GRAD_NORM_RTOL = 1e-4
+# At step 1 the weights and the batch are the same on every layout: only the order of float32 reductions differs
+# (every parity test of the suite within 1.6e-7 on 2026-11-28). A gradient that misses a reduction over some ranks
+# shows there first: a norm's weight left out of tensor parallelism's plan gave 1.1e-5 under FSDP 2 x TP 2, while
+# its losses stayed within 1e-5 and its later grad norms within 1e-4, Adam's normalised steps hiding it.
+STEP1_GRAD_NORM_RTOL = 1e-6
 
 
 def assert_matches(records: list[dict], reference: list[dict]) -> None:
@@ -170,6 +175,8 @@ def assert_matches(records: list[dict], reference: list[dict]) -> None:
     validation losses, evaluated at the same steps."""
     assert_close([r["loss"] for r in records], [r["loss"] for r in reference], LOSS_RTOL)
     assert_close([r["grad_norm"] for r in records], [r["grad_norm"] for r in reference], GRAD_NORM_RTOL)
+    if records and records[0]["step"] == 1:
+        assert_close([records[0]["grad_norm"]], [reference[0]["grad_norm"]], STEP1_GRAD_NORM_RTOL)
     assert [r["step"] for r in records if "val_loss" in r] == [r["step"] for r in reference if "val_loss" in r]
     assert_close(
         [r["val_loss"] for r in records if "val_loss" in r],
