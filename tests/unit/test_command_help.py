@@ -1,5 +1,6 @@
 """`titanlite COMMAND --help` (and `-h`) prints that command's own usage and exits 0, for every command USAGE lists,
-with nothing on stderr and nothing run (the folder a command would write stays empty)."""
+with nothing on stderr and nothing run (the folder a command would write stays empty); a number an option cannot
+take (NaN, infinity, below its least) is one line, exit 2."""
 
 import pytest
 
@@ -23,3 +24,29 @@ def test_every_command_prints_its_own_help(words, flag, capsys, tmp_path, monkey
     assert err == ""
     assert out.startswith(f"usage: titanlite {' '.join(words)}"), out[:200]
     assert list(tmp_path.iterdir()) == []  # nothing ran: no run folder, store or output
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (
+            ["generate", "--prompt", "hi", "--temperature", "nan"],
+            "generate --temperature takes a finite number, not 'nan'",
+        ),
+        (
+            ["generate", "--prompt", "hi", "--temperature=-inf"],
+            "generate --temperature takes a finite number, not '-inf'",
+        ),
+        (["plan", "--gpu-tflops", "inf"], "plan: --gpu-tflops takes a finite number, not 'inf'"),
+        (["plan", "--gpu-tflops", "0"], "--gpu-mem-gib and --gpu-tflops > 0"),
+        (["plan", "--gpu-mem-gib", "nan"], "plan: --gpu-mem-gib takes a finite number, not 'nan'"),
+        (["compare", "a", "b", "--max-diff", "inf"], "compare --max-diff takes a finite number, not 'inf'"),
+        (["compare", "a", "b", "--max-diff", "-0.5"], "compare --max-diff must be at least 0, not -0.5"),
+    ],
+)
+def test_a_number_that_makes_no_sense_is_one_line_before_anything_runs(argv, message, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and err.startswith("titanlite: error: "), err
+    assert list(tmp_path.iterdir()) == []

@@ -195,3 +195,39 @@ def test_compare_bad_input_is_one_line(tmp_path, capsys, setup, message):
     assert main(["compare", str(good), str(bad), "--output", str(tmp_path / "x.png")]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1 and err.startswith("titanlite: error: compare")
+
+
+def test_compares_picture_labels_every_panel_with_its_legend_and_shows_validation_when_logged(tmp_path):
+    from titanlite.commands.compare import figure, read_run
+
+    a = write_run(tmp_path / "a", [record(s, 10.0 - s, grad_norm=2.0, val_loss=9.0, tps=800.0) for s in (1, 2)])
+    b = write_run(tmp_path / "b", [record(s, 10.0 - s, grad_norm=2.0, tps=900.0) for s in (1, 2)])
+    for runs, titles in (
+        ([a, b], ["training loss", "validation loss", "gradient norm", "tokens/s per device"]),
+        ([b, b], ["training loss", "gradient norm", "tokens/s per device"]),  # no validation logged: no panel
+    ):
+        fig = figure([read_run(r) for r in runs])
+        assert [ax.get_title() for ax in fig.axes] == titles
+        for ax in fig.axes:
+            assert ax.get_xlabel() == "step" and ax.get_ylabel()
+            labels = [t.get_text() for t in ax.get_legend().get_texts()]
+            assert labels == [str(r) for r in runs if read_run(r).series(ax.get_ylabel())], (ax.get_title(), labels)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--max-diff", "nan"], "compare --max-diff takes a finite number, not 'nan'"),
+        (["--max-diff", "-1"], "compare --max-diff must be at least 0, not -1"),
+        (["--output", "{tmp}"], "is a folder; name a .png file in an existing folder"),
+        (["--output", "{tmp}/picture"], "is not a .png file"),
+        (["--output", "{tmp}/nowhere/c.png"], "is in a missing folder"),
+    ],
+)
+def test_compare_refuses_a_nonsensical_option_before_reading_the_runs(tmp_path, capsys, args, message):
+    good = write_run(tmp_path / "good", [record(1, 2.0)])
+    args = [arg.replace("{tmp}", str(tmp_path)) for arg in args]
+    assert main(["compare", str(good), str(good), *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err
+    assert not (tmp_path / "picture.png").exists()

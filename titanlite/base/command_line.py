@@ -3,6 +3,7 @@ rest is parsed as config overrides, and the entry points' module names, for the 
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from titanlite.base.errors import ConfigError
@@ -14,9 +15,13 @@ TRAIN_WORKER = "titanlite.commands.train"
 EVAL_WORKER = "titanlite.commands.evaluate"
 
 
-def take_options(argv: list[str], defaults: dict[str, Any], command: str) -> tuple[dict, list[str]]:
+def take_options(
+    argv: list[str], defaults: dict[str, Any], command: str, at_least: dict[str, float] | None = None
+) -> tuple[dict, list[str]]:
     """Pull a tool's `--name value` options out of argv, typed by their defaults (a bool default is a
-    flag that takes no value); the rest of argv is config overrides. `command` prefixes errors."""
+    flag that takes no value); the rest of argv is config overrides. `command` prefixes errors. A number given
+    must be finite (NaN and infinity are never a setting), and at least `at_least[name]` where that is set (a
+    default below it, like -1 for "off", is the command's own and is not checked)."""
     values, rest, it = dict(defaults), [], iter(argv)
     for arg in it:
         key, has_inline, inline = arg.partition("=")
@@ -29,9 +34,15 @@ def take_options(argv: list[str], defaults: dict[str, Any], command: str) -> tup
             values[name] = True
             continue
         value = inline if has_inline else next(it, "")
+        kind = "a whole number" if isinstance(default, int) else "a number"
         try:
             values[name] = type(default)(value)
         except ValueError:
-            kind = "a whole number" if isinstance(default, int) else "a number"
             raise ConfigError(f"{command} {key} takes {kind}, not '{value}'") from None
+        number = values[name]
+        if isinstance(number, float) and not math.isfinite(number):
+            raise ConfigError(f"{command} {key} takes a finite number, not '{value}'")
+        floor = (at_least or {}).get(name)
+        if floor is not None and number < floor:
+            raise ConfigError(f"{command} {key} must be at least {floor:g}, not {number:g}")
     return values, rest

@@ -53,7 +53,7 @@ commands:
   compare RUN_DIR RUN_DIR [...] [--output FILE.png --max-diff X]
                             per metric of the runs' metrics.jsonl (loss, grad_norm, val_loss, aux
                             terms, ...): the steps in common and the largest relative difference from
-                            the first run; a PNG of loss, grad norm and tokens/s against the step
+                            the first run; a PNG of loss, val_loss, grad norm and tokens/s by step
   help [--markdown]         list every config key with its default and meaning (--markdown: the table
                             of docs/configuration.md)"""
 

@@ -33,7 +33,13 @@ PERFORMANCE = {
     "val_seconds",
     "pp_bubble_analytic",
 }
-PLOTTED = (("loss", "loss"), ("grad_norm", "grad norm"), ("tps", "tokens/s per device"))
+# The picture's panels: (metric, title); val_loss's only when a run has one.
+PLOTTED = (
+    ("loss", "training loss"),
+    ("val_loss", "validation loss"),
+    ("grad_norm", "gradient norm"),
+    ("tps", "tokens/s per device"),
+)
 
 
 @dataclass
@@ -141,8 +147,9 @@ def table(runs: list[Run], found: list[Difference]) -> list[str]:
     return lines
 
 
-def plot(runs: list[Run], output: Path) -> None:
-    """Loss, grad norm and tokens/s against the step, one line per run."""
+def figure(runs: list[Run]):
+    """The picture: each of PLOTTED that a run logged (training loss, validation loss, grad norm, tokens/s) against
+    the step, a panel each with its title, axis labels and legend, one line per run."""
     try:
         import matplotlib  # optional dependency (the [bench] extra), needed only for the picture
 
@@ -150,17 +157,27 @@ def plot(runs: list[Run], output: Path) -> None:
         import matplotlib.pyplot as plt  # after choosing the Agg backend (no display)
     except ImportError:
         raise ConfigError("compare: the PNG needs matplotlib; pip install -e '.[bench]'") from None
-    fig, axes = plt.subplots(1, len(PLOTTED), figsize=(5 * len(PLOTTED), 3.6))
-    for ax, (metric, title) in zip(axes, PLOTTED):
+    panels = [(metric, title) for metric, title in PLOTTED if any(run.series(metric) for run in runs)]
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.6), squeeze=False)
+    for ax, (metric, title) in zip(axes[0], panels):
         for run in runs:
             points = sorted(run.series(metric).items())
             if points:
                 ax.plot([s for s, _ in points], [v for _, v in points], label=run.label, marker=".", linewidth=1)
         ax.set_title(title)
         ax.set_xlabel("step")
+        ax.set_ylabel(metric)
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
+        ax.legend(fontsize=8)
     fig.tight_layout()
+    return fig
+
+
+def plot(runs: list[Run], output: Path) -> None:
+    """The picture, written to `output`."""
+    import matplotlib.pyplot as plt  # figure() imported it (or said how to install it)
+
+    fig = figure(runs)
     try:
         fig.savefig(output, dpi=80)
     except OSError as e:
@@ -175,17 +192,29 @@ def compare(argv: list[str]) -> int:
     if "--help" in argv or "-h" in argv:
         print(USAGE)
         return 0
-    opts, folders = take_options(argv, {"output": "compare.png", "metrics": "", "max-diff": -1.0}, "compare")
+    defaults = {"output": "compare.png", "metrics": "", "max-diff": -1.0}  # max-diff -1: no gate
+    opts, folders = take_options(argv, defaults, "compare", at_least={"max-diff": 0.0})
     unknown = [f for f in folders if f.startswith("--")]
     if unknown:
         raise ConfigError(f"compare: unknown option {unknown[0]}; {USAGE}")
     if len(folders) < 2:
         raise ConfigError(f"compare needs at least two run folders; {USAGE}")
+    output = Path(opts["output"])
+    why = (
+        "a folder"
+        if output.is_dir()
+        else "not a .png file"
+        if output.suffix.lower() != ".png"
+        else "in a missing folder"
+        if not output.parent.is_dir()
+        else ""
+    )
+    if why:  # before any run is read, and never a file the picture was not written to
+        raise ConfigError(f"compare --output {output} is {why}; name a .png file in an existing folder")
     runs = [read_run(Path(f)) for f in folders]
     found = differences(runs, [m for m in opts["metrics"].split(",") if m])
     for line in table(runs, found):
         print(line)
-    output = Path(opts["output"])
     plot(runs, output)
     print(f"compare: wrote {output}")
     limit = opts["max-diff"]

@@ -75,8 +75,10 @@ def plan(argv: list[str]) -> int:
     opts, rest = take_options(argv, defaults, "plan:")
     ngpu, nnodes, measure = opts["ngpu"], opts["nnodes"], opts["measure"]
     mem, headroom, tflops = opts["gpu-mem-gib"], opts["headroom"], opts["gpu-tflops"]
-    if ngpu < 1 or nnodes < 1 or mem <= 0 or not 0 <= headroom < 1:
-        raise ConfigError("plan: --ngpu and --nnodes must be >= 1, --gpu-mem-gib > 0, 0 <= --headroom < 1")
+    if ngpu < 1 or nnodes < 1 or mem <= 0 or not 0 <= headroom < 1 or tflops <= 0:
+        raise ConfigError(
+            "plan: --ngpu and --nnodes must be >= 1, --gpu-mem-gib and --gpu-tflops > 0, 0 <= --headroom < 1"
+        )
     if opts["interconnect"] not in ("nvlink", "pcie", "infiniband"):
         raise ConfigError(f"plan: --interconnect takes nvlink, pcie or infiniband, not '{opts['interconnect']}'")
     device = opts["device"] or ("cpu" if measure and not uses_cuda() else "cuda")
