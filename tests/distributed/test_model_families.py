@@ -2,12 +2,15 @@
 4 heads) trains with the single-process losses, grad norms and validation losses on FSDP x 2, TP x 2 and PP x 2;
 Hugging Face folders of each family import with transformers' logits on FSDP x 2 and TP x 2."""
 
+import math
+
 import pytest
 import torch
 
 from tests.distributed.conftest import CONFIGS
 from tests.distributed.test_hf_layouts import layout_logits
-from tests.helpers import VALIDATED, assert_matches, metrics, train_in_pool
+from tests.helpers import REPO, VALIDATED, assert_matches, metrics, train_in_pool
+from titanlite.config import parse_config
 
 pytestmark = pytest.mark.distributed
 
@@ -80,3 +83,18 @@ def test_a_family_imports_on_a_layout_with_transformers_logits(tmp_path, case, l
     ours = layout_logits(tmp_path / "hf", tokens, layout)
     with torch.no_grad():
         assert_logits_match(ours, hf(tokens).logits)
+
+
+DEBUG_CONFIGS = sorted(p.name for p in (REPO / "train_configs").glob("*.toml") if "debug" in p.name)
+
+
+@pytest.mark.parametrize("config", DEBUG_CONFIGS)
+def test_every_debug_config_trains_as_shipped(tmp_path, config):
+    """Each family's debug config (docs/running.md's table), as shipped but for its length: two steps, the loss
+    finite and falling, its banner naming the config's model."""
+    proc = train_in_pool(
+        1, ["--config", f"train_configs/{config}", "--training.steps", "2", "--metrics.log_freq", "1"], tmp_path
+    )
+    losses = [r["loss"] for r in metrics(tmp_path)]
+    assert len(losses) == 2 and all(math.isfinite(x) for x in losses) and losses[1] < losses[0], losses
+    assert f"  model {parse_config(['--config', f'train_configs/{config}']).model.name} debug:" in proc.stdout

@@ -20,6 +20,8 @@ from titanlite.config import (
 from titanlite.config.loading import tomllib  # tomli on Python 3.10
 from titanlite.parallel.dims import ParallelDims
 
+CHECKOUT = Path(__file__).resolve().parents[2]
+
 
 def test_cli_overrides_toml_which_overrides_defaults(tmp_path):
     toml = tmp_path / "c.toml"
@@ -140,7 +142,6 @@ def test_a_relative_path_is_reported_with_the_folder_it_was_resolved_against(tmp
     from titanlite.data.store import open_store
     from titanlite.data.tokenizer import ByteTokenizer
 
-    CHECKOUT = Path(__file__).resolve().parents[2]
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ConfigError) as e:
         parse_config(["--config", "train_configs/llama3_debug.toml"])
@@ -320,3 +321,17 @@ def test_cuda_graphs_are_refused_where_they_overwrite_what_backward_needs():
     assert "\n" not in str(e.value)
     with pytest.raises(ConfigError, match="under pipeline parallelism"):
         plan_run(parse_config([*graphs, "--parallelism.pipeline_parallel_degree", "2"]), world_size=2)
+
+
+def test_every_family_has_a_debug_config_listed_in_the_docs():
+    from titanlite.models.registry import names
+
+    running = (CHECKOUT / "docs" / "running.md").read_text()
+    for family in names():
+        path = CHECKOUT / "train_configs" / ("debug_model.toml" if family == "gpt2" else f"{family}_debug.toml")
+        assert path.exists(), f"{family} has no debug config ({path.name})"
+        cfg = parse_config(["--config", str(path)])
+        assert (cfg.model.name, cfg.model.flavor) == (family, "debug"), path.name
+        assert f"| `{path.name}` |" in running, f"docs/running.md's table does not list {path.name}"
+    for path in (CHECKOUT / "train_configs").glob("*.toml"):
+        assert f"| `{path.name}` |" in running, f"docs/running.md's table does not list {path.name}"
