@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import struct
+import sys
 from pathlib import Path
 
 import pytest
@@ -121,6 +122,15 @@ def test_wandb_missing_package_or_login_is_one_line_before_launch(monkeypatch, t
     cfg.metrics.enable_wandb = True
     monkeypatch.setattr(wandb_run.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ConfigError, match=r"the wandb package is not installed; install it with .*\[wandb\]"):
+        wandb_run.check_wandb(cfg.metrics)
+    monkeypatch.undo()
+    broken = tmp_path / "site" / "wandb"  # installed, but its import fails (as a broken dependency's does)
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text("raise ImportError('no module named wandb_core')\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    monkeypatch.delitem(sys.modules, "wandb", raising=False)
+    monkeypatch.setenv("WANDB_MODE", "offline")  # even for a run that needs no login
+    with pytest.raises(ConfigError, match=r"the wandb package does not import \(.*\); install it with .*\[wandb\]"):
         wandb_run.check_wandb(cfg.metrics)
     monkeypatch.undo()
 

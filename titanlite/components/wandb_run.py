@@ -25,12 +25,17 @@ def check_wandb(metrics: Metrics) -> None:
         return
     if importlib.util.find_spec("wandb") is None:
         raise ConfigError(f"metrics.enable_wandb: the wandb package is not installed; {INSTALL}")
+    try:  # installed is not enough: a wandb whose own dependencies are missing or too new fails to import
+        import wandb  # the optional extra, imported only when metrics.enable_wandb is on (a second to import)
+    except Exception as e:
+        raise ConfigError(
+            f"metrics.enable_wandb: the wandb package does not import ({first_line(e)}); {INSTALL}"
+        ) from e
     mode = os.environ.get("WANDB_MODE", "")
     if mode in LOCAL_MODES:
         return
     if mode not in ("", "online", "run", "shared"):
         raise ConfigError(f"WANDB_MODE={mode!r} is not a W&B mode; use online, offline or disabled")
-    import wandb  # the optional extra, imported only when metrics.enable_wandb is on (a second to import)
 
     try:
         logged_in = wandb.login(prompt=False, verify=False)
