@@ -30,6 +30,22 @@ refuse() { echo "titanlite: error: $1" >&2; exit 2; }
 [[ "$NNODES" =~ ^[1-9][0-9]*(:[1-9][0-9]*)?$ ]] || refuse "NNODES='$NNODES' is not a node count; set NNODES to N or MIN:MAX (e.g. NNODES=2)"
 [[ "${START_METHOD:-forkserver}" =~ ^(forkserver|spawn|fork)$ ]] || refuse "START_METHOD='$START_METHOD' is not a start method; set START_METHOD to forkserver (the default), spawn or fork"
 [[ "$MAX_RESTARTS" =~ ^[0-9]+$ ]] || refuse "MAX_RESTARTS='$MAX_RESTARTS' is not a number of restarts; set MAX_RESTARTS to 0 or more"
+if [ "$NNODES" != 1 ] && [ -z "${RDZV_ENDPOINT:-}" ]; then
+  refuse "NNODES=$NNODES needs RDZV_ENDPOINT=host:port, the rendezvous every node joins (the same on every node)"
+fi
+if [ -n "${RDZV_ENDPOINT:-}" ]; then  # host:port or [ipv6]:port, the port 1 to 65535
+  [[ "$RDZV_ENDPOINT" =~ ^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):([0-9]{1,5})$ ]] && (( 10#${BASH_REMATCH[2]} >= 1 && 10#${BASH_REMATCH[2]} <= 65535 )) \
+    || refuse "RDZV_ENDPOINT='$RDZV_ENDPOINT' is not host:port with a port from 1 to 65535; set it as e.g. RDZV_ENDPOINT=node0:29500"
+fi
+if [ -n "${LOG_RANK:-}" ]; then  # torchrun's --local-ranks-filter: local ranks of this node, 0 to NGPU - 1
+  log_ranks_ok=0
+  if [[ "$LOG_RANK" =~ ^[0-9]+(,[0-9]+)*$ ]]; then
+    log_ranks_ok=1
+    for rank in ${LOG_RANK//,/ }; do (( 10#$rank < NGPU )) || log_ranks_ok=0; done
+  fi
+  [ "$log_ranks_ok" = 1 ] \
+    || refuse "LOG_RANK='$LOG_RANK' is not a list of this node's ranks; set it to ranks from 0 to $((NGPU - 1)) (NGPU=$NGPU), comma-separated (e.g. LOG_RANK=0)"
+fi
 
 # Restarted workers must not reuse the dead workers' rendezvous store (torch 2.13 shares it across restarts
 # by default, and the restarted workers then fail to connect: docs/checkpointing.md).

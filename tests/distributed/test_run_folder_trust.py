@@ -353,26 +353,51 @@ def stat_of(pid: str) -> str:
 
 
 @pytest.mark.parametrize(
-    "ngpu, args, fragment",
+    "launch_env, args, fragment",
     [
-        ("0", [], "NGPU='0' is not a number of processes per node"),
-        ("-1", [], "NGPU='-1' is not a number of processes per node"),
-        ("abc", [], "NGPU='abc' is not a number of processes per node"),
-        ("1", ["--optimizer.lr", "inf"], "optimizer.lr=inf is not a finite number"),
+        ({"NGPU": "0"}, [], "NGPU='0' is not a number of processes per node"),
+        ({"NGPU": "-1"}, [], "NGPU='-1' is not a number of processes per node"),
+        ({"NGPU": "abc"}, [], "NGPU='abc' is not a number of processes per node"),
+        ({"NNODES": "2"}, [], "NNODES=2 needs RDZV_ENDPOINT=host:port"),
+        ({"NNODES": "2", "RDZV_ENDPOINT": "node0"}, [], "RDZV_ENDPOINT='node0' is not host:port with a port from 1"),
+        ({"NNODES": "2", "RDZV_ENDPOINT": "node0:70000"}, [], "RDZV_ENDPOINT='node0:70000' is not host:port"),
         (
-            "1",
+            {"LOG_RANK": "1"},
+            [],
+            "LOG_RANK='1' is not a list of this node's ranks; set it to ranks from 0 to 0 (NGPU=1)",
+        ),
+        ({"LOG_RANK": ","}, [], "LOG_RANK=',' is not a list of this node's ranks"),
+        ({}, ["--optimizer.lr", "inf"], "optimizer.lr=inf is not a finite number"),
+        ({}, ["--training.seed", str(10**23)], f"training.seed={10**23} does not fit in a 64-bit integer"),
+        (
+            {},
             ["--checkpoint.load_step", "7"],
             "checkpoint.load_step=7 resumes from a checkpoint, but checkpoint.enable",
         ),
     ],
-    ids=["ngpu0", "ngpu-1", "ngpu-abc", "lr-inf", "load_step-without-enable"],
+    ids=[
+        "ngpu0",
+        "ngpu-1",
+        "ngpu-abc",
+        "nnodes-no-endpoint",
+        "endpoint-no-port",
+        "endpoint-bad-port",
+        "log-rank-none",
+        "log-rank-empty",
+        "lr-inf",
+        "seed-1e23",
+        "load_step-without-enable",
+    ],
 )
-def test_bad_launch_inputs_are_one_line_and_exit_2(tmp_path, ngpu, args, fragment):
+def test_bad_launch_inputs_are_one_line_and_exit_2(tmp_path, launch_env, args, fragment):
     cmd = [str(REPO / "run_train.sh"), "--job.dump_folder", str(tmp_path), "--job.name", "run", *TINY, *args]
-    proc = subprocess.run(cmd, cwd=REPO, env=env(NGPU=ngpu), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        cmd, cwd=REPO, env=env(**{"NGPU": "1", **launch_env}), capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert proc.stderr.strip().splitlines()[-1].startswith(f"titanlite: error: {fragment}"), proc.stderr[-3000:]
-    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr[-3000:]
+    assert not (tmp_path / "run").exists()
 
 
 def test_a_dump_folder_that_is_a_file_is_one_line(tmp_path, capsys):

@@ -82,13 +82,16 @@ def _coerce(key: str, value: Any, tp: Any, from_cli: bool) -> Any:
         if from_cli and value.lower() in ("true", "1", "yes", "on", "false", "0", "no", "off"):
             return value.lower() in ("true", "1", "yes", "on")
     elif tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if from_cli:
+        number = value if isinstance(value, int) and not isinstance(value, bool) else None
+        if number is None and from_cli:
             try:
-                return int(value)
+                number = int(value)
             except ValueError:
                 pass
+        if number is not None:
+            if not -(2**63) <= number < 2**63:  # torch, numpy and the checkpoints hold it as a 64-bit integer
+                raise ConfigError(f"{key}={number} does not fit in a 64-bit integer; use a smaller number")
+            return number
     elif tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
