@@ -42,6 +42,9 @@ def test_every_command_prints_its_own_help(words, flag, capsys, tmp_path, monkey
         (["plan", "--gpu-mem-gib", "nan"], "plan: --gpu-mem-gib takes a finite number, not 'nan'"),
         (["compare", "a", "b", "--max-diff", "inf"], "compare --max-diff takes a finite number, not 'inf'"),
         (["compare", "a", "b", "--max-diff", "-0.5"], "compare --max-diff must be at least 0, not -0.5"),
+        (["eval", "--output", "."], "eval --output . is a folder; name a file"),  # checked before evaluating
+        (["eval", "--output", "/etc/passwd/eval.json"], "is under /etc/passwd, which is a file, not a folder"),
+        (["generate", "--prompt", "hi", "--output", "."], "generate --output . is a folder; name a file"),
     ],
 )
 def test_a_number_that_makes_no_sense_is_one_line_before_anything_runs(argv, message, capsys, tmp_path, monkeypatch):

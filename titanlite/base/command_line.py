@@ -4,6 +4,8 @@ rest is parsed as config overrides, and the entry points' module names, for the 
 from __future__ import annotations
 
 import math
+import os
+from pathlib import Path
 from typing import Any
 
 from titanlite.base.errors import ConfigError
@@ -46,3 +48,20 @@ def take_options(
         if floor is not None and number < floor:
             raise ConfigError(f"{command} {key} must be at least {floor:g}, not {number:g}")
     return values, rest
+
+
+def check_output_file(path: str, option: str) -> None:
+    """Refuse, before any work, an output file (`option` names it, e.g. "eval --output") that could not be written:
+    an existing folder, or a path under a file or an unwritable folder (missing folders are made when it is)."""
+    if not path:
+        return
+    target = Path(path)
+    if target.is_dir():
+        raise ConfigError(f"{option} {path} is a folder; name a file")
+    ancestor = target.parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise ConfigError(f"{option} {path} is under {ancestor}, which is a file, not a folder; name another path")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise ConfigError(f"{option} {path}: cannot write in {ancestor}; name a path in a folder you can write")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from titanlite.base.command_line import EVAL_WORKER, LAUNCHER, take_options
+from titanlite.base.command_line import EVAL_WORKER, LAUNCHER, check_output_file, take_options
 from titanlite.base.devices import check_local_ranks
 from titanlite.base.errors import ConfigError
 from titanlite.builder.data import build_data, build_validation_data, describe_validation
@@ -36,6 +36,7 @@ def eval_command(argv: list[str]) -> int:
     """`titanlite eval [--ngpu N] [--output F.json]`: checks everything it can in this process, then
     evaluates here (N = 1) or in N torchrun workers; rank 0 prints the result."""
     opts, rest = take_options(argv, OPTIONS, "eval")
+    check_output_file(opts["output"], "eval --output")
     cfg = parse_config(rest)
     if opts["ngpu"] < 1:
         raise ConfigError(f"eval --ngpu {opts['ngpu']} must be at least 1")

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from titanlite.base.command_line import take_options
+from titanlite.base.command_line import check_output_file, take_options
 from titanlite.base.devices import uses_cuda
 from titanlite.base.errors import ConfigError
 from titanlite.builder.model import plain_model
@@ -199,6 +199,7 @@ def _stop_reason(new_ids: list[int], max_new_tokens: int, eot_id: int | None, le
 def main(argv: list[str]) -> int:
     opts, rest = take_options(argv, OPTIONS, "generate")
     sampling = check_options(opts)
+    check_output_file(opts["output"], "generate --output")
     cfg = parse_config(rest)
     tokenizer = build_tokenizer(cfg.model.tokenizer, cfg.model.hf_assets_path)
     # A tokenizer with a BOS id starts every training document with it (Llama 3, SmolLM): so does the prompt.
