@@ -474,6 +474,15 @@ BAD_ENV = [
     ("MAX_RESTARTS", "-1"),
     ("TITANLITE_DEVICE", "gpu"),
     ("TITANLITE_DEVICE", "cuda"),
+    ("NNODES", "2"),  # without RDZV_ENDPOINT
+    ("LOG_RANK", "3"),  # a rank NGPU=1 has not: it would hide every line
+    ("LOG_RANK", ","),
+    ("START_METHOD", "threads"),
+]
+# Several variables at once: (name, {variable: value}).
+BAD_ENVS = [
+    ("RDZV_ENDPOINT without a port", {"NNODES": "2", "RDZV_ENDPOINT": "node0"}),
+    ("RDZV_ENDPOINT port 70000", {"NNODES": "2", "RDZV_ENDPOINT": "node0:70000"}),
 ]
 BAD_ARGS = [
     ["--training.stepz", "3"],
@@ -518,14 +527,22 @@ BAD_ARGS = [
     ["--training.loss_chunk_tokens", "-7"],
     ["--validation.freq", "0"],
     ["--data.num_workers", "-1"],
+    ["--training.seed", str(10**23)],
+    ["--metrics.enable_wandb", "--training.steps", "2"],  # run with the survey's broken wandb on PYTHONPATH, below
 ]
 
 
 def bad_inputs(s: Survey) -> None:
     for key, value in BAD_ENV:
         case(s, f"{key}={value}", [], **{key: value})
+    for name, variables in BAD_ENVS:
+        case(s, name, [], **variables)
+    broken = s.root / "broken_site" / "wandb"  # a wandb that is installed but does not import
+    broken.mkdir(parents=True, exist_ok=True)
+    (broken / "__init__.py").write_text("raise ImportError('a dependency of wandb is missing')\n")
     for args in BAD_ARGS:
-        case(s, " ".join(args), args)
+        extra = {"PYTHONPATH": str(broken.parent)} if "--metrics.enable_wandb" in args else {}
+        case(s, " ".join(args), args, **extra)
     file_folder = s.root / "a_file"
     file_folder.write_text("not a folder")
     case(s, "job.dump_folder naming a file", ["--job.dump_folder", str(file_folder)])
