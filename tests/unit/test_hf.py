@@ -165,6 +165,31 @@ def test_export_then_import_restores_args(tmp_path):
     assert all(torch.equal(back[k], v) for k, v in model.state_dict().items())
 
 
+def test_an_export_replaces_only_its_own_files_and_refuses_a_folder_holding_another_model(tmp_path):
+    model = titanlite_model("llama3")
+    out = tmp_path / "out"
+    save_hf(out, model.args, model.state_dict(), torch.float32, max_shard_bytes=20_000)  # several shards
+    first = sorted(p.name for p in out.iterdir())
+    assert "model.safetensors.index.json" in first and "titanlite_export.json" in first
+    save_hf(out, model.args, model.state_dict(), torch.float32)  # again, one file: no shard of the first is left
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        ["config.json", "generation_config.json", "model.safetensors", "titanlite_export.json"]
+    )
+    # Another model's folder (transformers' save_pretrained, or anything else): refused, and left as it was.
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "model-00001-of-00002.safetensors").write_bytes(b"their weights")
+    (theirs / "config.json").write_text("{}")
+    with pytest.raises(ConfigError, match=r"holds files no titanlite export wrote \(config.json, model-00001"):
+        save_hf(theirs, model.args, model.state_dict(), torch.float32)
+    assert (theirs / "model-00001-of-00002.safetensors").read_bytes() == b"their weights"
+    assert sorted(p.name for p in theirs.iterdir()) == ["config.json", "model-00001-of-00002.safetensors"]
+    (tmp_path / "a_file").write_text("x")
+    for bad, why in ((tmp_path / "a_file", "is a file"), (tmp_path / "a_file" / "hf", "which is a file")):
+        with pytest.raises(ConfigError, match=why):
+            save_hf(bad, model.args, model.state_dict(), torch.float32)
+
+
 def load_into_ddp(rank: int) -> None:
     """One gloo rank: a Hugging Face folder's weights go into a DDP-wrapped model, as `checkpoint.initial_load_path`
     does into a run's parts under DDP (DDP hides `args` and names every parameter module.*)."""

@@ -12,7 +12,7 @@ from titanlite.base.errors import ConfigError
 from titanlite.builder.model import plain_model
 from titanlite.components.checkpoint import load_model_only, pick_checkpoint, save_model_only
 from titanlite.components.checkpoint_files import read_marker
-from titanlite.components.hf_weights import save_hf
+from titanlite.components.hf_weights import check_export_folder, save_hf
 from titanlite.config import parse_config
 from titanlite.data.tokenizer import build_tokenizer
 from titanlite.models.common.init import init_weights
@@ -36,6 +36,7 @@ def convert(argv: list[str]) -> int:
     output = opts["output"]
     if not output:
         raise ConfigError("convert to-hf needs --output DIR")
+    check_export_folder(output)  # before the checkpoint is read: a folder holding another model is refused
     cfg = parse_config(rest)
     run_dir = Path(cfg.job.dump_folder) / cfg.job.name
     path = pick_checkpoint(run_dir, cfg.checkpoint.load_step)

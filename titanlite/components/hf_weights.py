@@ -24,6 +24,44 @@ from titanlite.models.registry import spec_of
 WEIGHTS_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 GENERATION_CONFIG_FILE = "generation_config.json"
+EXPORT_RECORD = "titanlite_export.json"  # the files an export wrote: what a later export into the folder may replace
+
+
+def check_export_folder(folder: str | Path, option: str = "convert to-hf --output") -> None:
+    """Refuse, before any work, a folder an export may not write: a file, a path under a file, or a folder holding
+    files that no titanlite export wrote (another model's: an export never deletes or overwrites what it did not
+    write). A new or empty folder, or one earlier export's, is fine."""
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise ConfigError(f"{option} {folder} is a file; name a new or empty folder")
+    ancestor = folder
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise ConfigError(f"{option} {folder} is under {ancestor}, which is a file; name a new or empty folder")
+    if not folder.is_dir():
+        return
+    ours = set(_exported_files(folder))
+    others = sorted(p.name for p in folder.iterdir() if p.name not in ours and p.name != EXPORT_RECORD)
+    if others:
+        shown = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+        raise ConfigError(
+            f"{option} {folder} holds files no titanlite export wrote ({shown}); an export replaces only its own "
+            "files, so name a new or empty folder"
+        )
+
+
+def _exported_files(folder: Path) -> list[str]:
+    """The files the folder's last titanlite export wrote (its EXPORT_RECORD); [] where there is none."""
+    record = folder / EXPORT_RECORD
+    if not record.is_file():
+        return []
+    try:
+        files = json.loads(record.read_text()).get("files", [])
+    except (ValueError, OSError, AttributeError):
+        return []
+    return [f for f in files if isinstance(f, str) and "/" not in f and f not in ("", ".", "..")]
+
 
 # Non-parameter entries some HF checkpoints carry (old causal-mask buffers, old RoPE tables).
 _HF_BUFFER_SUFFIXES = (".attn.bias", ".attn.masked_bias", ".rotary_emb.inv_freq")
@@ -137,6 +175,7 @@ def save_hf(
     from safetensors.torch import save_file  # optional dependency (the [hf] extra)
 
     folder = Path(folder)
+    check_export_folder(folder)
     folder.mkdir(parents=True, exist_ok=True)
     token_ids = {}
     if tokenizer is not None:
@@ -146,8 +185,8 @@ def save_hf(
         del hf["lm_head.weight"]
     # clone: no entry may share storage with another (or stay a view of the live model's parameters).
     tensors = {k: v.detach().to(device="cpu", dtype=dtype).contiguous().clone() for k, v in hf.items()}
-    for stale in [*folder.glob("model*.safetensors"), folder / INDEX_FILE]:
-        stale.unlink(missing_ok=True)  # a re-export must not leave shards of an earlier one beside its own
+    for stale in _exported_files(folder):  # a re-export leaves no file of the earlier one (shards of another count)
+        (folder / stale).unlink(missing_ok=True)
     shards = _shards(tensors, max_shard_bytes)
     if len(shards) == 1:
         save_file(tensors, str(folder / WEIGHTS_FILE), metadata={"format": "pt"})
@@ -165,6 +204,9 @@ def save_hf(
     )
     generation = {**{k: v for k, v in token_ids.items() if v is not None}, "do_sample": False}
     (folder / GENERATION_CONFIG_FILE).write_text(json.dumps(generation, indent=2, sort_keys=True) + "\n")
+    # Every file here is this export's (check_export_folder refused a folder with any other): recorded for the next.
+    written = sorted(p.name for p in folder.iterdir() if p.is_file() and p.name != EXPORT_RECORD)
+    (folder / EXPORT_RECORD).write_text(json.dumps({"files": written}, indent=1) + "\n")
 
 
 def _shards(tensors: dict[str, torch.Tensor], max_bytes: int) -> list[list[str]]:
