@@ -132,6 +132,25 @@ def test_a_json_array_is_not_taken_for_json_lines(tmp_path):
     (tmp_path / "array.json").write_text(json.dumps([{"text": t} for t in TEXTS]))
     with pytest.raises(ConfigError, match=r"array.json is one JSON array, not JSON lines"):
         tokens(tmp_path / "array.json", tmp_path)
+    (tmp_path / "pretty.json").write_text(json.dumps([{"text": t} for t in TEXTS], indent=1))  # one array, many lines
+    with pytest.raises(ConfigError, match=r"pretty.json is one JSON array, not JSON lines"):
+        tokens(tmp_path / "pretty.json", tmp_path)
+
+
+@pytest.mark.parametrize(
+    "first, third, message",
+    [
+        ('["a", "b",, "c"]', '{"text": "x"}', "line 1 is not valid JSON (Expecting value); fix or remove that line"),
+        ('{"text": "x"}', '["a", "b"]', 'line 3 is a JSON list, not an object with a "text" string'),
+        ('["a"]', '{"text": "x"}', 'line 1 is a JSON list, not an object with a "text" string'),
+    ],
+)
+def test_one_bad_row_of_json_lines_is_named_by_its_line_not_taken_for_an_array(tmp_path, first, third, message):
+    path = tmp_path / "rows.jsonl"
+    path.write_text("\n".join([first, '{"text": "y"}', third]) + "\n")
+    with pytest.raises(ConfigError) as info:
+        tokens(path, tmp_path)
+    assert str(info.value).startswith(f"{path} {message}"), str(info.value)
 
 
 def test_the_text_field_changes_the_store(tmp_path):

@@ -244,13 +244,21 @@ def _jsonl_text(span: Span, number: int, line: bytes) -> str:
         record = json.loads(line)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         reason = e.msg if isinstance(e, json.JSONDecodeError) else "not UTF-8"
-        if number == 1 and span.start == 0 and line.lstrip().startswith(b"["):
+        # An array that continues on the next lines (the file is one JSON array) ends its first line unfinished; a bad
+        # row that merely starts with '[' fails before its end.
+        unfinished = isinstance(e, json.JSONDecodeError) and e.pos >= len(line.rstrip())
+        if number == 1 and span.start == 0 and line.lstrip().startswith(b"[") and unfinished:
             raise _not_json_lines(path) from e
         raise ConfigError(
             f"{path} line {_line_number(span, number)} is not valid JSON ({reason}); fix or remove that line"
         ) from e
-    if isinstance(record, list) and number == 1 and span.start == 0:
+    if isinstance(record, list) and number == 1 and span.start == 0 and not span.codec and _only_line(path, line):
         raise _not_json_lines(path)
+    if isinstance(record, list):
+        raise ConfigError(
+            f'{path} line {_line_number(span, number)} is a JSON list, not an object with a "{span.field}" string; '
+            "JSON lines hold one object per line (a file that is one JSON array must be converted)"
+        )
     text = record.get(span.field) if isinstance(record, dict) else None
     if not isinstance(text, str):
         fields = ", ".join(record) if isinstance(record, dict) else f"a JSON {type(record).__name__}, no fields"
@@ -259,6 +267,13 @@ def _jsonl_text(span: Span, number: int, line: bytes) -> str:
             "set training.dataset_text_field to the field that holds the text"
         )
     return text
+
+
+def _only_line(path: str, line: bytes) -> bool:
+    """Whether `line`, the file's first, is all it holds (but blanks): a file that is one JSON array on one line."""
+    with open(path, "rb") as f:
+        f.seek(len(line))
+        return not f.read(4096).strip()
 
 
 def _not_json_lines(path: str) -> ConfigError:
