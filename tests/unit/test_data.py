@@ -653,10 +653,17 @@ def test_mixture_order_is_seeded_and_its_weights_are_checked():
         MixtureOrder([10, 10], [1, 1e-5], seed=1)
 
 
-@pytest.mark.parametrize("entry", ["data/web", "data/web:0", "data/web:-1", "data/web:x", ":0.5"])
+@pytest.mark.parametrize(
+    "entry", ["data/web", "data/web:0", "data/web:-1", "data/web:x", ":0.5", "data/web:inf", "a:nan"]
+)
 def test_bad_mixture_entries_are_config_errors(entry):
-    with pytest.raises(ConfigError, match="is not SOURCE:WEIGHT with a positive weight"):
+    with pytest.raises(ConfigError, match="is not SOURCE:WEIGHT with a positive, finite weight"):
         parse_mixture([entry])
+
+
+def test_mixture_weights_whose_sum_overflows_are_one_line():
+    with pytest.raises(ConfigError, match=r"weights 1e\+308, 1e\+308 overflow their sum; give them on a smaller scale"):
+        parse_mixture(["data/web:1e308", "stdlib:1e308"])
 
 
 def test_mixture_entries_name_paths_stdlib_or_hub_datasets():

@@ -4,6 +4,7 @@ order in which global samples visit them (`Corpus`: what the loader needs from t
 from __future__ import annotations
 
 import bisect
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -152,12 +153,19 @@ def parse_mixture(entries: list[str], **options) -> list[tuple[Source, float]]:
             value = float(weight)
         except ValueError:
             value = -1.0
-        if not location or not value > 0:
+        if not location or not (value > 0 and math.isfinite(value)):
             raise ConfigError(
-                f"training.dataset_mixture entry '{entry}' is not SOURCE:WEIGHT with a positive weight "
+                f"training.dataset_mixture entry '{entry}' is not SOURCE:WEIGHT with a positive, finite weight "
                 '(e.g. "data/web:0.7", "stdlib:0.3")'
             )
         mixture.append((parse_source(location, "training.dataset_mixture", **options), value))
+    weights = [w for _, w in mixture]
+    total = sum(weights)
+    if not math.isfinite(total):
+        raise ConfigError(
+            f"training.dataset_mixture weights {', '.join(f'{w:g}' for w in weights)} overflow their sum; give them on "
+            'a smaller scale (only their ratios count, e.g. "data/web:0.7", "stdlib:0.3")'
+        )
     return mixture
 
 
