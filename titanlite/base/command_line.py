@@ -58,10 +58,16 @@ def check_output_file(path: str, option: str) -> None:
     target = Path(path)
     if target.is_dir():
         raise ConfigError(f"{option} {path} is a folder; name a file")
-    ancestor = target.parent
+    check_writable_place(target.parent, f"{option} {path}")
+
+
+def check_writable_place(folder: Path, what: str) -> None:
+    """Refuse a folder that cannot be made and written (`what` starts the line): its nearest existing ancestor
+    (itself, if it exists) must be a folder this process may write in."""
+    ancestor = folder
     while not ancestor.exists() and ancestor != ancestor.parent:
         ancestor = ancestor.parent
     if not ancestor.is_dir():
-        raise ConfigError(f"{option} {path} is under {ancestor}, which is a file, not a folder; name another path")
+        raise ConfigError(f"{what} is under {ancestor}, which is a file, not a folder; name another path")
     if not os.access(ancestor, os.W_OK | os.X_OK):
-        raise ConfigError(f"{option} {path}: cannot write in {ancestor}; name a path in a folder you can write")
+        raise ConfigError(f"{what}: cannot write in {ancestor}; name a path in a folder you can write")

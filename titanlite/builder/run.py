@@ -30,7 +30,13 @@ from titanlite.models.common.attention import CoreAttention, FlexAttention, SDPA
 from titanlite.models.common.build import configured_args
 from titanlite.models.common.flops import active_parameters
 from titanlite.models.common.interface import unwrapped
-from titanlite.models.common.moe import GroupedExperts, grouped_mm_aligned, grouped_mm_runs
+from titanlite.models.common.moe import (
+    LOOP_CHOSEN,
+    LOOP_COMPILED,
+    LOOP_UNALIGNED,
+    LOOP_UNSUPPORTED,
+    GroupedExperts,
+)
 from titanlite.parallel.float8 import describe_float8
 
 logger = logging.getLogger(__name__)
@@ -239,16 +245,17 @@ def describe_experts(cfg: JobConfig, model: nn.Module, device: torch.device, dty
     if not experts:
         return None
     what = f"  experts: {len(experts)} blocks of {experts[0].w1.shape[0]} experts, "
-    if cfg.moe.experts_kernel == "loop":
-        return what + "a loop over the experts (moe.experts_kernel loop)"
-    if cfg.compile.enable and dtype != torch.bfloat16:
-        return what + f"a loop over the experts (torch.compile's grouped_mm takes bfloat16, not {dtype})"
     hidden, dim = experts[0].w1.shape[1], experts[0].w1.shape[2]
-    if not grouped_mm_aligned(dtype, dim, hidden):
-        return what + f"a loop over the experts (widths {dim} and {hidden} are not 16-byte aligned for grouped_mm)"
-    if not grouped_mm_runs(device, dtype):
-        return what + f"a loop over the experts (torch._grouped_mm does not run for {dtype} on {device.type})"
-    return what + "torch._grouped_mm (one kernel for every expert of a block)"
+    why = {
+        None: "",
+        LOOP_CHOSEN: "moe.experts_kernel loop",
+        LOOP_COMPILED: f"torch.compile's grouped_mm takes bfloat16, not {dtype}",
+        LOOP_UNALIGNED: f"widths {dim} and {hidden} are not 16-byte aligned for grouped_mm",
+        LOOP_UNSUPPORTED: f"torch._grouped_mm does not run for {dtype} on {device.type}",
+    }[experts[0].loop_reason(device, dtype, compiling=cfg.compile.enable)]
+    if not why:
+        return what + "torch._grouped_mm (one kernel for every expert of a block)"
+    return what + f"a loop over the experts ({why})"
 
 
 def describe_active(model, n_params: int) -> str:
@@ -259,13 +266,12 @@ def describe_active(model, n_params: int) -> str:
     return f"{active:,} active per token ({active / 1e6:.1f} M; MFU and TFLOP/s count these), "
 
 
-def describe_attention(cfg: JobConfig, cp: int, model: nn.Module | None = None, device_type: str = "cpu") -> str:
+def describe_attention(cfg: JobConfig, cp: int, model: nn.Module, device_type: str) -> str:
     """The attention mask, the kernel each layer's attention runs (and its windows, softcap and sinks), and how
     context parallelism splits each sequence."""
     mask = "block-causal (a token sees earlier tokens of its own document only)"
     line = "  attention: " + (mask if cfg.model.attn_mask_type == "block_causal" else "causal")
-    if model is not None:
-        line += "; " + attention_kernels(model, cfg.model.attn_mask_type == "causal" and cp == 1, device_type)
+    line += "; " + attention_kernels(model, cfg.model.attn_mask_type == "causal" and cp == 1, device_type)
     if cp > 1:
         chunk = cfg.training.seq_len // (2 * cp)
         line += (

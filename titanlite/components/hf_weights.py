@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from titanlite.base.command_line import check_writable_place
 from titanlite.base.errors import ConfigError
 from titanlite.base.hf_config import CONFIG_FILE, read_config, read_json
 from titanlite.components.hf_tokenizer import save_tokenizer
@@ -34,11 +35,7 @@ def check_export_folder(folder: str | Path, option: str = "convert to-hf --outpu
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
         raise ConfigError(f"{option} {folder} is a file; name a new or empty folder")
-    ancestor = folder
-    while not ancestor.exists() and ancestor != ancestor.parent:
-        ancestor = ancestor.parent
-    if not ancestor.is_dir():
-        raise ConfigError(f"{option} {folder} is under {ancestor}, which is a file; name a new or empty folder")
+    check_writable_place(folder, f"{option} {folder}")
     if not folder.is_dir():
         return
     ours = set(_exported_files(folder))

@@ -79,6 +79,10 @@ def grouped_mm_runs(device: torch.device, dtype: torch.dtype) -> bool:
     return _GROUPED_MM_RUNS[key]
 
 
+# Why GroupedExperts loops over its experts rather than taking torch._grouped_mm (loop_reason).
+LOOP_CHOSEN, LOOP_COMPILED, LOOP_UNALIGNED, LOOP_UNSUPPORTED = "chosen", "compiled", "unaligned", "unsupported"
+
+
 def grouped_mm_aligned(dtype: torch.dtype, *widths: int) -> bool:
     """Whether rows of these widths have 16-byte-aligned strides, as torch._grouped_mm requires."""
     itemsize = torch.empty((), dtype=dtype, device="meta").element_size()
@@ -216,12 +220,21 @@ class GroupedExperts(nn.Module):
 
     def grouped(self, x: torch.Tensor) -> bool:
         """Whether forward takes torch._grouped_mm for x."""
+        return self.loop_reason(x.device, x.dtype, torch.compiler.is_compiling()) is None
+
+    def loop_reason(self, device: torch.device, dtype: torch.dtype, compiling: bool) -> str | None:
+        """Why forward loops over the experts for inputs of `dtype` on `device` (one of the LOOP_ reasons), or None
+        where it takes torch._grouped_mm; what forward chooses and the start-up line says."""
         if self.use_grouped_mm is not None:
-            return self.use_grouped_mm
-        if torch.compiler.is_compiling() and x.dtype != torch.bfloat16:
-            return False  # torch's shape function for the compiler admits bfloat16 only, whatever the device runs
+            return None if self.use_grouped_mm else LOOP_CHOSEN
+        if compiling and dtype != torch.bfloat16:
+            return (
+                LOOP_COMPILED  # torch's shape function for the compiler admits bfloat16 only, whatever the device runs
+            )
         hidden, dim = self.w1.shape[1], self.w1.shape[2]
-        return grouped_mm_aligned(x.dtype, dim, hidden) and grouped_mm_runs(x.device, x.dtype)
+        if not grouped_mm_aligned(dtype, dim, hidden):
+            return LOOP_UNALIGNED
+        return None if grouped_mm_runs(device, dtype) else LOOP_UNSUPPORTED
 
     def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """x [M, dim] sorted by expert, counts [E] (integers summing to M) -> [M, dim]."""
