@@ -10,8 +10,7 @@ import torch
 from titanlite.base.command_line import take_options
 from titanlite.base.errors import ConfigError
 from titanlite.builder.model import plain_model
-from titanlite.components.checkpoint import load_model_only, pick_checkpoint, save_model_only
-from titanlite.components.checkpoint_files import read_marker
+from titanlite.components.checkpoint import load_model_only, parse_run_config, pick_checkpoint, save_model_only
 from titanlite.components.hf_weights import check_export_folder, save_hf
 from titanlite.config import parse_config
 from titanlite.data.tokenizer import build_tokenizer
@@ -37,14 +36,11 @@ def convert(argv: list[str]) -> int:
     if not output:
         raise ConfigError("convert to-hf needs --output DIR")
     check_export_folder(output)  # before the checkpoint is read: a folder holding another model is refused
-    cfg = parse_config(rest)
+    cfg = parse_run_config(rest)  # the model the checkpoint was trained as, without its flags repeated
     run_dir = Path(cfg.job.dump_folder) / cfg.job.name
     path = pick_checkpoint(run_dir, cfg.checkpoint.load_step)
     if path is None:
         raise ConfigError(f"no complete checkpoint in {run_dir}; train with checkpoint.enable first")
-    recorded = recorded_model(path)
-    if recorded:
-        cfg = parse_config(rest, recorded=(str(path), recorded))
     model = plain_model(cfg)
     load_model_only(path, model)
     m = cfg.model
@@ -62,11 +58,3 @@ def convert(argv: list[str]) -> int:
         "AutoModelForCausalLM and AutoTokenizer load it offline"
     )
     return 0
-
-
-def recorded_model(path: Path) -> dict:
-    """The model keys a checkpoint was saved under (and training.seq_len, which sizes RoPE tables and learned
-    positions), so an export needs no flags repeated; {} for a checkpoint without its config (a seed
-    checkpoint, or one saved by an earlier titanlite)."""
-    saved = read_marker(path).get("config", {})
-    return {key: value for key, value in saved.items() if key.startswith("model.") or key == "training.seq_len"}

@@ -24,8 +24,8 @@ from titanlite.builder.plan import plan_run
 from titanlite.builder.run import build_validator, describe_model
 from titanlite.builder.runtime import start_rank
 from titanlite.commands.worker import exit_from, run_worker
-from titanlite.components.checkpoint import checkpoint_to_load, load_weights
-from titanlite.config import JobConfig, parse_config
+from titanlite.components.checkpoint import checkpoint_to_load, load_weights, parse_run_config
+from titanlite.config import JobConfig
 
 OPTIONS = {"ngpu": 1, "output": ""}
 
@@ -37,7 +37,7 @@ def eval_command(argv: list[str]) -> int:
     evaluates here (N = 1) or in N torchrun workers; rank 0 prints the result."""
     opts, rest = take_options(argv, OPTIONS, "eval")
     check_output_file(opts["output"], "eval --output")
-    cfg = parse_config(rest)
+    cfg = parse_run_config(rest)  # the model the checkpoint was trained as, without its flags repeated
     if opts["ngpu"] < 1:
         raise ConfigError(f"eval --ngpu {opts['ngpu']} must be at least 1")
     check_local_ranks(opts["ngpu"])
@@ -46,7 +46,7 @@ def eval_command(argv: list[str]) -> int:
     tokenizer, corpus = build_data(cfg, verify="sample")
     build_validation_data(cfg, tokenizer, corpus, verify="sample")
     if opts["ngpu"] == 1:  # no process group: the worker runs here and returns
-        return run_worker(lambda cfg: evaluate(cfg, opts["output"]), rest)
+        return run_worker(lambda cfg: evaluate(cfg, opts["output"]), rest, parse_run_config)
     env = {**os.environ, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
     cmd = [
         sys.executable,
@@ -96,7 +96,7 @@ def report(result: dict, path: Path, output: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     """A torchrun worker of `titanlite eval --ngpu N`."""
     opts, rest = take_options(sys.argv[1:] if argv is None else argv, {"output": ""}, "eval")
-    return run_worker(lambda cfg: evaluate(cfg, opts["output"]), rest)
+    return run_worker(lambda cfg: evaluate(cfg, opts["output"]), rest, parse_run_config)
 
 
 if __name__ == "__main__":

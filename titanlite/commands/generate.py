@@ -22,9 +22,8 @@ from titanlite.base.command_line import check_output_file, take_options
 from titanlite.base.devices import uses_cuda
 from titanlite.base.errors import ConfigError
 from titanlite.builder.model import plain_model
-from titanlite.components.checkpoint import checkpoint_to_load, load_weights
+from titanlite.components.checkpoint import checkpoint_to_load, load_weights, parse_run_config
 from titanlite.components.hf_weights import load_hf_into
-from titanlite.config import parse_config
 from titanlite.data.tokenizer import build_tokenizer
 from titanlite.models.common.attention import FlexAttention
 from titanlite.models.common.build import model_from_args
@@ -200,7 +199,7 @@ def main(argv: list[str]) -> int:
     opts, rest = take_options(argv, OPTIONS, "generate")
     sampling = check_options(opts)
     check_output_file(opts["output"], "generate --output")
-    cfg = parse_config(rest)
+    cfg = parse_run_config(rest)  # the model the checkpoint was trained as, without its flags repeated
     tokenizer = build_tokenizer(cfg.model.tokenizer, cfg.model.hf_assets_path)
     # A tokenizer with a BOS id starts every training document with it (Llama 3, SmolLM): so does the prompt.
     bos = [] if tokenizer.bos_id is None else [tokenizer.bos_id]

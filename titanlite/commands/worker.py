@@ -24,15 +24,17 @@ from titanlite.base.failures import record
 from titanlite.config import JobConfig, parse_config
 
 
-def run_worker(body: Callable[[JobConfig], object], argv: list[str]) -> int:
-    """parse_config(argv), then body(cfg); returns the exit status, a failure being one line on stderr with
+def run_worker(
+    body: Callable[[JobConfig], object], argv: list[str], parse: Callable[[list[str]], JobConfig] = parse_config
+) -> int:
+    """parse(argv), then body(cfg); returns the exit status, a failure being one line on stderr with
     the traceback in the run folder. A crash in native code (SIGSEGV, SIGABRT, ...) prints every thread's
     Python stack on stderr first (faulthandler), so the launcher's line can point at it."""
     faulthandler.enable(all_threads=True)
     logs.set_up(int(os.environ.get("RANK", 0)))
     cfg = None
     try:
-        cfg = parse_config(argv)
+        cfg = parse(argv)
         body(cfg)
         return 0
     except (Exception, CheckpointException) as e:  # DCP's CheckpointException is a BaseException

@@ -49,7 +49,7 @@ from titanlite.components.checkpoint_files import (
 )
 from titanlite.components.hf_weights import load_hf_into
 from titanlite.components.resume import flat_config, resume_changes
-from titanlite.config import JobConfig
+from titanlite.config import JobConfig, parse_config
 
 logger = logging.getLogger(__name__)
 
@@ -441,9 +441,30 @@ def load_weights(model_parts: list[nn.Module], path: Path, what: str = "checkpoi
     state: dict[str, dict] = {"model": {}}
     for part in model_parts:
         state["model"] |= get_model_state_dict(part)
+    refuse_unplaced_weights(path, set(state["model"]))
     dcp_load(state, path)
     for part in model_parts:
         set_model_state_dict(part, state["model"], options=StateDictOptions(strict=False))
+
+
+def refuse_unplaced_weights(path: Path, names: set[str]) -> None:
+    """A checkpoint's model tensors that no part of the model being loaded has a place for (dcp.load reads only
+    what it is asked for, so they would be left behind without a word: a bias-balanced MoE's routing biases in a
+    model built without them) refused in one line. `names`: this rank's parts' tensors; the union over every rank
+    of a process group is the whole model's (a pipeline stage holds its own blocks only). Collective."""
+    if dist.is_initialized():
+        every: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(every, sorted(names))
+        names = set().union(*every)
+    saved = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    unplaced = sorted(key.removeprefix("model.") for key in saved if key.startswith("model."))
+    unplaced = [key for key in unplaced if key not in names]
+    if unplaced:
+        more = f" and {len(unplaced) - 1} more" if len(unplaced) > 1 else ""
+        raise ConfigError(
+            f"{path} holds model tensors that this model has no place for ({unplaced[0]}{more}): it was saved from "
+            "another model; set the model.* and moe.* settings it was trained with (its titanlite.json records them)"
+        )
 
 
 def checkpoint_to_load(cfg, purpose: str, contents: bool = True) -> Path:
@@ -460,6 +481,43 @@ def checkpoint_to_load(cfg, purpose: str, contents: bool = True) -> Path:
         f"no checkpoint to {purpose} in {run_dir}; train there with checkpoint.enable, or set "
         "checkpoint.initial_load_path to a DCP checkpoint or Hugging Face folder"
     )
+
+
+# How a model computes rather than what (the same numbers either way): each command's own choice, never taken from
+# the checkpoint's record.
+RUNTIME_CHOICES = ("model.attn_backend", "moe.experts_kernel")
+
+
+def recorded_settings(path: Path) -> dict[str, Any]:
+    """The settings that decide the model a titanlite checkpoint holds, from the config it was saved under: every
+    model.* key (family, flavor, layers, tokenizer, masks), every moe.* key (the routing's balance: "bias" adds
+    the routing biases the weights were trained with) and training.seq_len (RoPE tables, learned positions), but
+    RUNTIME_CHOICES. {} for a Hugging Face folder (its config.json says it all) and for a checkpoint saved without
+    its config (a seed checkpoint, or one of an earlier titanlite)."""
+    if not (path / MARKER).is_file():
+        return {}
+    saved = read_marker(path).get("config", {})
+    model = ("model.", "moe.")
+    return {
+        key: value
+        for key, value in saved.items()
+        if (key.startswith(model) or key == "training.seq_len") and key not in RUNTIME_CHOICES
+    }
+
+
+def parse_run_config(argv: list[str]) -> JobConfig:
+    """parse_config(argv) for a command that reads a run's checkpoint (`eval`, `convert to-hf`, `generate`): the
+    settings the checkpoint it would read was trained under (recorded_settings) are taken where the command line
+    and --config set nothing, so no flag of the training run needs repeating; one that contradicts them is refused
+    in one line. Which checkpoint that is follows checkpoint_to_load (its warnings are left to the command's load)."""
+    cfg = parse_config(argv)
+    run_dir = Path(cfg.job.dump_folder) / cfg.job.name
+    quiet = set(complete_steps(run_dir))  # as if already said: the command's own checkpoint_to_load says them
+    path = pick_checkpoint(run_dir, cfg.checkpoint.load_step, contents=False, said=quiet)
+    if path is None and (initial := initial_weights_path(cfg)):
+        path = Path(initial)
+    recorded = recorded_settings(path) if path is not None else {}
+    return parse_config(argv, recorded=(str(path), recorded)) if recorded else cfg
 
 
 def process_saver_stager(pinned: bool):
@@ -535,6 +593,7 @@ def save_model_only(run_dir: Path, step: int, model_state: dict) -> Path:
 def load_model_only(path: Path, model: nn.Module) -> None:
     """Load a checkpoint's model weights into a plain model in one process (exports)."""
     state = {"model": get_model_state_dict(model)}
+    refuse_unplaced_weights(path, set(state["model"]))
     dcp_load(state, path)
     set_model_state_dict(model, state["model"])
 

@@ -6,8 +6,10 @@ optional dependency: pip install '.[hf]')."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import shutil
 from pathlib import Path
 
 import torch
@@ -168,22 +170,52 @@ def save_hf(
 
     Weights over max_shard_bytes are split into model-0000i-of-0000n.safetensors files listed by
     model.safetensors.index.json, as save_pretrained does. A tied model's lm_head.weight is left out, as
-    save_pretrained does: safetensors refuses tensors that share memory, and transformers re-ties it on load."""
-    from safetensors.torch import save_file  # optional dependency (the [hf] extra)
+    save_pretrained does: safetensors refuses tensors that share memory, and transformers re-ties it on load.
 
+    All or nothing: the files are written into a staging folder beside `folder` and moved in once every one is
+    written; a refusal (a model its family's config.json cannot express) or a failed write (a full disk) leaves
+    `folder` as it was, with no staging folder or new parent folder behind."""
     folder = Path(folder)
     check_export_folder(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+    new_parents = [p for p in folder.parents if not p.exists()]  # deepest first, removed again on failure
+    staging = folder.parent / f".{folder.name}.export-in-progress"
+    try:
+        if staging.exists():  # an export killed while writing (nothing of it reached `folder`)
+            shutil.rmtree(staging)
+        staging.mkdir(parents=True)
+        _write_export(staging, args, state_dict, dtype, tokenizer, max_shard_bytes)
+        folder.mkdir(exist_ok=True)
+        for stale in _exported_files(folder):  # a re-export leaves no file of the earlier one (shards of another count)
+            (folder / stale).unlink(missing_ok=True)
+        for file in staging.iterdir():
+            file.replace(folder / file.name)
+        staging.rmdir()
+    except BaseException as e:
+        shutil.rmtree(staging, ignore_errors=True)
+        for parent in new_parents:
+            with contextlib.suppress(OSError):
+                parent.rmdir()
+        if isinstance(e, OSError):
+            why = e.strerror or e
+            raise ConfigError(f"could not write the export to {folder} ({why}); nothing was written") from None
+        raise
+
+
+def _write_export(
+    folder: Path, args, state_dict: dict[str, torch.Tensor], dtype: torch.dtype, tokenizer, max_shard_bytes: int
+) -> None:
+    """save_hf's files, into the new folder `folder`."""
+    from safetensors.torch import save_file  # optional dependency (the [hf] extra)
+
     token_ids = {}
     if tokenizer is not None:
         token_ids = save_tokenizer(folder, tokenizer, args.max_seq_len)
+    config = hf_config(args, _dtype_name(dtype), token_ids)  # before the weights: a refusal costs no writing
     hf = to_hf(args, state_dict)
     if args.tie_embeddings:
         del hf["lm_head.weight"]
     # clone: no entry may share storage with another (or stay a view of the live model's parameters).
     tensors = {k: v.detach().to(device="cpu", dtype=dtype).contiguous().clone() for k, v in hf.items()}
-    for stale in _exported_files(folder):  # a re-export leaves no file of the earlier one (shards of another count)
-        (folder / stale).unlink(missing_ok=True)
     shards = _shards(tensors, max_shard_bytes)
     if len(shards) == 1:
         save_file(tensors, str(folder / WEIGHTS_FILE), metadata={"format": "pt"})
@@ -196,12 +228,11 @@ def save_hf(
         total = sum(t.numel() * t.element_size() for t in tensors.values())
         index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
         (folder / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
-    (folder / CONFIG_FILE).write_text(
-        json.dumps(hf_config(args, _dtype_name(dtype), token_ids), indent=2, sort_keys=True) + "\n"
-    )
+    (folder / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     generation = {**{k: v for k, v in token_ids.items() if v is not None}, "do_sample": False}
     (folder / GENERATION_CONFIG_FILE).write_text(json.dumps(generation, indent=2, sort_keys=True) + "\n")
-    # Every file here is this export's (check_export_folder refused a folder with any other): recorded for the next.
+    # Every file of the export's folder will be this export's (check_export_folder refused a folder with any other):
+    # recorded for the next.
     written = sorted(p.name for p in folder.iterdir() if p.is_file() and p.name != EXPORT_RECORD)
     (folder / EXPORT_RECORD).write_text(json.dumps({"files": written}, indent=1) + "\n")
 

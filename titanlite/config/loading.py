@@ -254,7 +254,7 @@ def apply_recorded(cfg: JobConfig, explicit: set[str], where: str, values: dict[
         if key in explicit and not _same(key, ours, value):
             raise ConfigError(
                 f"{key}={ours!r} contradicts {where}, which was saved with {key}={value!r}; leave it out (it is "
-                "taken from there)"
+                f"taken from there) or set it to {value!r}"
             )
         _set(cfg, key, value, f"recorded in {where}")
         explicit.add(key)  # as binding as the user's: nothing is derived in its place

@@ -67,7 +67,7 @@ def check_expressible(
         if getattr(moe, name) != value
     ]
     if moe.balance == "bias" and not bias_balance:
-        problems.append("MoEArgs.balance='bias'")
+        problems.append("moe.balance='bias' (routing biases choose its experts; without them it would route otherwise)")
     if moe.dense_layers and not dense_layers:
         problems.append(f"MoEArgs.dense_layers={list(moe.dense_layers)}")
     problems += more
