@@ -45,6 +45,8 @@ def test_every_command_prints_its_own_help(words, flag, capsys, tmp_path, monkey
         (["eval", "--output", "."], "eval --output . is a folder; name a file"),  # checked before evaluating
         (["eval", "--output", "/etc/passwd/eval.json"], "is under /etc/passwd, which is a file, not a folder"),
         (["generate", "--prompt", "hi", "--output", "."], "generate --output . is a folder; name a file"),
+        (["eval", "--output", "/proc/eval.json"], "is under /proc, on the kernel's proc file system; name a path on"),
+        (["convert", "to-hf", "--output", "/proc/self/hf"], "cannot write in /proc/self; name a path in a folder"),
     ],
 )
 def test_a_number_that_makes_no_sense_is_one_line_before_anything_runs(argv, message, capsys, tmp_path, monkeypatch):

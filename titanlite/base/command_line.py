@@ -71,3 +71,29 @@ def check_writable_place(folder: Path, what: str) -> None:
         raise ConfigError(f"{what} is under {ancestor}, which is a file, not a folder; name another path")
     if not os.access(ancestor, os.W_OK | os.X_OK):
         raise ConfigError(f"{what}: cannot write in {ancestor}; name a path in a folder you can write")
+    kind = kernel_filesystem(ancestor)
+    if kind:
+        raise ConfigError(f"{what} is under {ancestor}, on the kernel's {kind} file system; name a path on a disk")
+
+
+# File systems that the kernel makes up (devices, processes, its settings): nothing of a run's belongs there, though
+# root may write some of them (/dev on devtmpfs). /dev/shm is tmpfs, a RAM disk, and allowed.
+KERNEL_FILESYSTEMS = {"proc", "sysfs", "devtmpfs", "devpts", "cgroup", "cgroup2", "debugfs", "tracefs", "securityfs"}
+
+
+def kernel_filesystem(folder: Path) -> str:
+    """The type of the kernel's file system that holds the existing `folder` (KERNEL_FILESYSTEMS), else "" (also
+    where /proc/mounts cannot be read: not Linux)."""
+    try:
+        mounts = Path("/proc/mounts").read_text().splitlines()
+    except OSError:
+        return ""
+    resolved, best, kind = folder.resolve(), -1, ""
+    for line in mounts:
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        point = Path(fields[1].replace("\\040", " "))
+        if (resolved == point or point in resolved.parents) and len(point.parts) > best:
+            best, kind = len(point.parts), fields[2]
+    return kind if kind in KERNEL_FILESYSTEMS else ""
