@@ -10,6 +10,8 @@ import torch
 
 from titanlite.base.devices import device_type
 from titanlite.base.errors import ConfigError
+from titanlite.components.checkpoint import initial_weights_path
+from titanlite.components.hf_weights import check_hf_folders
 from titanlite.components.profiling import check_profiling
 from titanlite.components.wandb_run import check_wandb
 from titanlite.config import JobConfig, grad_accum_steps
@@ -55,14 +57,15 @@ def plan_run(cfg: JobConfig, world_size: int, evaluation: bool = False) -> Plan:
     check_async_mode(cfg.checkpoint)
     if cfg.parallelism.enable_async_tensor_parallel:
         raise ConfigError(
-            "parallelism.enable_async_tensor_parallel needs CUDA and torch.compile, which titanlite does not "
-            "offer yet; set it to false"
+            "parallelism.enable_async_tensor_parallel needs CUDA and torch.compile (NCCL symmetric memory), and "
+            "titanlite has not run it on a GPU yet; set it to false"
         )
     if cfg.checkpoint.initial_load_path and not Path(cfg.checkpoint.initial_load_path).is_dir():
         raise ConfigError(
             f"checkpoint.initial_load_path='{cfg.checkpoint.initial_load_path}' is not a folder; name a "
             "DCP checkpoint folder (step-N) or a Hugging Face model folder"
         )
+    check_hf_folders(m, initial_weights_path(cfg), args, training=not evaluation)
     pipeline = plan_pipeline(cfg.parallelism, args.n_layers, cfg.training.local_batch_size * accum)
     if cfg.validation.enable or evaluation:
         check_validation(cfg, pipeline, args.max_seq_len)

@@ -273,7 +273,8 @@ class Parallelism:
     """Gather the full-vocabulary logits before the loss instead of computing the loss on the
     vocabulary shards (loss parallelism is on by default when tensor_parallel_degree > 1)."""
     enable_async_tensor_parallel: bool = False
-    """Overlap tensor-parallel communication with compute (CUDA with torch.compile only)."""
+    """Overlap tensor-parallel communication with compute (CUDA with torch.compile only): refused for now,
+    as titanlite has not run it on a GPU yet (docs/parallelism.md)."""
     pipeline_parallel_degree: int = 1
     """Pipeline stages' ranks: the model is cut into consecutive stages, one group of layers per rank
     (or several, for the looped and V-shaped schedules). Suits slow links between nodes."""
