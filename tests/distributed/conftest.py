@@ -8,6 +8,7 @@ CONFIGS = {
     "gpt2": "train_configs/debug_model.toml",
     "llama3": "train_configs/llama3_debug.toml",
     "qwen3": "train_configs/qwen3_debug.toml",
+    "qwen3_moe": "train_configs/qwen3_moe_debug.toml",
 }
 
 

@@ -1,8 +1,10 @@
 """Qwen3-MoE under pipeline parallelism (gloo, fp32) gives one process's losses, grad norms, validation losses and
 load-balancing terms: the pooled statistics travel with the activations and the last stage adds the one term
-(titanlite/models/moe_decoder/model.py). The term is a function of the micro-batch's routing as a whole, so the
-one-process reference runs the same micro-batches: 8 sequences one at a time, accumulated, as the pipeline cuts its
-8 (or each FSDP rank's 4) into micro-batches of 1."""
+(titanlite/models/moe_decoder/model.py). Each pipeline micro-batch forms its own term, so the one-process reference
+runs the same micro-batches: 8 sequences one at a time, accumulated, as the pipeline cuts its 8 into micro-batches of
+1. Beside FSDP or EP each rank cuts its own 4 sequences, and the last stage sums the statistics of its i-th
+micro-batch over the data-parallel ranks (titanlite/parallel/parallelize.py pool_balance_over): the reference is then
+FSDP x 2 accumulating the same micro-batches, sequences i and 4 + i, as no single process can run them."""
 
 import pytest
 
@@ -20,7 +22,17 @@ def reference(one_process):
     return one_process([*MOE, "--training.local_batch_size", "1", "--training.global_batch_size", "8"])
 
 
-def assert_one_process(run_dir, proc, reference, validated=True):
+@pytest.fixture(scope="module")
+def data_parallel_reference(tmp_path_factory):
+    """FSDP x 2, each rank accumulating its 4 sequences one at a time: the micro-batches of PP 2 x dp_shard 2."""
+    run_dir = tmp_path_factory.mktemp("fsdp2_accumulating")
+    args = [*MOE, "--training.local_batch_size", "1", "--training.global_batch_size", "8"]
+    proc = train_in_pool(2, args, run_dir)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return metrics(run_dir)
+
+
+def assert_same_run(run_dir, proc, reference, validated=True):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     expected = reference if validated else [{k: v for k, v in r.items() if not k.startswith("val_")} for r in reference]
     records = metrics(run_dir)
@@ -41,7 +53,7 @@ def test_qwen3_moe_on_pp2_matches_one_process_with_the_same_micro_batches(tmp_pa
         args += ["--validation.enable", "false"]
     proc = train_in_pool(2, args, tmp_path)
     assert f"pipeline: {schedule}, {2 if schedule == '1F1B' else 4} stages" in proc.stdout
-    assert_one_process(tmp_path, proc, reference, validated=schedule not in V_SHAPED)
+    assert_same_run(tmp_path, proc, reference, validated=schedule not in V_SHAPED)
 
 
 @pytest.mark.parametrize(
@@ -52,10 +64,10 @@ def test_qwen3_moe_on_pp2_matches_one_process_with_the_same_micro_batches(tmp_pa
     ],
     ids=["fsdp2", "ep2"],
 )
-def test_qwen3_moe_on_pp2_with_data_or_expert_parallelism_on_4_ranks_matches_one_process(
-    tmp_path, reference, layout, extra
+def test_qwen3_moe_on_pp2_with_data_or_expert_parallelism_on_4_ranks_matches_data_parallelism(
+    tmp_path, data_parallel_reference, layout, extra
 ):
     args = [*MOE, *PP2, "--parallelism.data_parallel_shard_degree", "2", "--training.local_batch_size", "4", *extra]
     proc = train_in_pool(4, args, tmp_path)
     assert f"layout: {layout}" in proc.stdout
-    assert_one_process(tmp_path, proc, reference)
+    assert_same_run(tmp_path, proc, data_parallel_reference)

@@ -13,13 +13,11 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as functional
-import torch.distributed.nn.functional as dist_nn
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from titanlite.base.errors import ConfigError
 from titanlite.models.common.attention import CoreAttention, Sequence, attend, document_ids
-from titanlite.models.moe_decoder.model import PooledBalance
 
 # torch 2.13 renamed the autograd all-gather; either gathers on gloo and NCCL, and compiles.
 _all_gather_autograd = getattr(functional, "all_gather_single_autograd", None) or functional.all_gather_tensor_autograd
@@ -142,13 +140,3 @@ def apply_cp(model: nn.Module, cp_mesh: DeviceMesh) -> None:
     for block, core in cores:
         assert isinstance(core, CoreAttention)  # for the type checker: found as one above
         block.core = ContextParallelCore(core, group)
-    pool_balance_over(model, group)
-
-
-def pool_balance_over(model: nn.Module, group: dist.ProcessGroup) -> None:
-    """An MoE decoder's pooled load-balancing statistics summed over `group` before its term is formed: each rank
-    holds 2 of every sequence's chunks, and the term is a product of means over all of the micro-batch's tokens.
-    The sum's backward sums the ranks' gradients, which the data-parallel mean then divides by the cp degree."""
-    balance = getattr(model, "balance", None)
-    if isinstance(balance, PooledBalance):
-        balance.reduce = lambda t: dist_nn.all_reduce(t, op=dist.ReduceOp.SUM, group=group)

@@ -1,7 +1,8 @@
 """The one place that turns a plain model into a parallel one, in a fixed order, then materialises it.
 
 Order (docs/architecture.md): tensor parallel → expert parallel → context parallel → float8 → activation checkpointing
-→ compile → FSDP/HSDP (over data-parallel shards x context-parallel ranks) or DDP.
+→ compile → FSDP/HSDP (over data-parallel shards x context-parallel ranks) or DDP. Beside them an MoE decoder's
+load-balancing statistics are pooled over the ranks that share each micro-batch (pool_balance_over).
 The float8 module swap itself runs first, because it replaces the linear modules that tensor parallelism
 registers its hooks on; the tensor-parallel plan then shards the float8 layers.
 """
@@ -9,12 +10,15 @@ registers its hooks on; the tensor-parallel plan then shards the float8 layers.
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
+import torch.distributed.nn.functional as dist_nn
 import torch.nn as nn
 
 from titanlite.components.loss import chunk_tokens, schedule_of
 from titanlite.config import ActivationCheckpoint, Compile, Float8, Parallelism, Training
 from titanlite.models.common.init import init_weights
 from titanlite.models.common.interface import DecoderModule
+from titanlite.models.moe_decoder.model import PooledBalance
 from titanlite.parallel.activation_checkpoint import apply_ac
 from titanlite.parallel.compile import apply_compile
 from titanlite.parallel.context_parallel import apply_cp
@@ -58,6 +62,8 @@ def parallelize(
         apply_ep(model, mesh["ep"])
     if dims.cp_enabled:
         apply_cp(model, mesh["cp"])
+    if dims.dp * dims.cp > 1:
+        pool_balance_over(model, mesh["dp_cp"].get_group())
     apply_ac(model, ac)
     apply_compile(model, compile_cfg)
     if dims.fsdp_enabled:
@@ -79,6 +85,18 @@ def parallelize(
             experts=experts,
         )
     return model
+
+
+def pool_balance_over(model: nn.Module, group: dist.ProcessGroup) -> None:
+    """An MoE decoder's pooled load-balancing statistics summed over `group` (dp x cp: every rank that holds other
+    tokens of the micro-batch, not the TP ranks, which hold the same ones) before the term is formed, as one process
+    forms it over the whole micro-batch: the term is a product of means over all its tokens. Every rank then adds
+    the same term, so the logged mean over dp x cp is one process's. The sum's backward sums the ranks' gradients,
+    which the data-parallel gradient mean then divides by dp x cp. On a pipeline only the last stage sums (it forms
+    the term from the totals the stages hand on), over the ranks of that stage."""
+    balance = getattr(model, "balance", None)
+    if isinstance(balance, PooledBalance):
+        balance.reduce = lambda t: dist_nn.all_reduce(t, op=dist.ReduceOp.SUM, group=group)
 
 
 def loss_parallel_enabled(dims: ParallelDims, parallelism: Parallelism) -> bool:

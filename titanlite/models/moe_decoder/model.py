@@ -9,13 +9,17 @@ and the model adds ONE term after its blocks,
     aux_loss_coef * n_experts * sum_i f_i * P_i,   f_i = (sum over layers of tokens routed to i) / (L * N),
                                                    P_i = (sum over layers and tokens of i's probability) / (L * N),
 
-L the MoE blocks that ran and N the tokens of the forward (a micro-batch on one rank). That is not a per-layer
-sum (f and P are pooled over the layers before the product), so no per-layer coefficient gives it. Where ranks
-split the forward's sequences (context parallelism), the statistics are summed over them first
-(PooledBalance.reduce, set by the layout), so each rank adds the term of the whole micro-batch. On a pipeline the
-pooled statistics travel with the activations: a stage part before the last returns (h, carry), carry [3, E] its
-blocks' totals plus those it received (PooledBalance.totals), and the last part adds the one term from the totals
-of every stage; backward sends the term's gradient through the pipeline's own P2P to each stage's routers, so the
+L the MoE blocks that ran and N the tokens of the micro-batch. That is not a per-layer sum (f and P are pooled
+over the layers before the product), so no per-layer coefficient gives it. A micro-batch may be spread over ranks:
+data-parallel ranks hold some of its sequences, context-parallel ranks some of each sequence's tokens. The
+statistics are summed over all of them first (PooledBalance.reduce, which the layout sets:
+titanlite/parallel/parallelize.py pool_balance_over), so every rank adds the term of the whole micro-batch and the
+objective does not depend on the layout. Under gradient accumulation each micro-batch (the i-th of every rank,
+together) forms its own term, as transformers does per forward: the objective is that of a run with the same
+micro-batches, not of one batch of them all. On a pipeline the pooled statistics travel with the activations: a
+stage part before the last returns (h, carry), carry [3, E] its blocks' totals plus those it received
+(PooledBalance.totals), and the last part adds the one term from the totals of every stage (summed over its
+ranks as above); backward sends the term's gradient through the pipeline's own P2P to each stage's routers, so the
 term and its gradients are one process's. The router z-loss, when set, stays per block."""
 
 from __future__ import annotations
@@ -41,8 +45,8 @@ class PooledBalance:
     per-expert token counts (no gradient) and summed router probabilities (the router's gradient)."""
 
     def __init__(self) -> None:
-        # Sums a tensor over the ranks that hold other tokens of the same sequences, differentiably (context
-        # parallelism sets it: titanlite/parallel/context_parallel.py); None: this rank holds them all.
+        # Sums a tensor, differentiably, over the ranks that hold other tokens of the same micro-batch (data and
+        # context parallel; the layout sets it: titanlite/parallel/parallelize.py); None: this rank holds them all.
         self.reduce: Callable[[torch.Tensor], torch.Tensor] | None = None
         self.active = False
         self.counts: list[torch.Tensor] = []
@@ -67,7 +71,7 @@ class PooledBalance:
         return pooled_loss(self.reduced(self.totals(n_experts, self.counts[0].device)), n_experts)
 
     def reduced(self, totals: torch.Tensor) -> torch.Tensor:
-        """Totals [3, E] summed over the ranks that hold other tokens of the same sequences (reduce), if any."""
+        """Totals [3, E] summed over the ranks that hold other tokens of the same micro-batch (reduce), if any."""
         return totals if self.reduce is None else self.reduce(totals)
 
     def totals(self, n_experts: int, device: torch.device) -> torch.Tensor:
