@@ -132,3 +132,19 @@ def test_a_deepseek_v3_folder_imports_on_a_layout_with_transformers_logits(tmp_p
     ours = layout_logits(tmp_path / "hf", tokens, layout)
     with torch.no_grad():
         assert_logits_match(ours, hf(tokens).logits)
+
+
+@pytest.mark.slow  # two runs, about 12 s: CI runs them
+def test_the_per_layer_balance_loss_on_ep2_is_one_processs(tmp_path):
+    """With moe.balance = "aux_loss" each MoE block adds its own Switch term, a product of means over the
+    micro-batch's tokens: each block sums its statistics over the ranks that hold the rest of the micro-batch, so
+    EP x 2 at 4 sequences a rank gives one process's losses and term at 8 (a rank's own 4 gave another term)."""
+    aux = [*RUN[: RUN.index("--moe.bias_update_rate")], "--moe.balance", "aux_loss", "--moe.aux_loss_coef", "0.1"]
+    local = "--training.local_batch_size"
+    layouts = {"single": (1, [local, "8"]), "ep2": (2, [EP, "2", local, "4"])}
+    for name, (nproc, args) in layouts.items():  # the global batch of 8 as one micro-batch
+        proc = train_in_pool(nproc, [*aux, *args], tmp_path / name)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    ours, expected = metrics(tmp_path / "ep2"), metrics(tmp_path / "single")
+    assert_matches(ours, expected)
+    assert_close([r["aux_load_balance"] for r in ours], [r["aux_load_balance"] for r in expected], 1e-5)

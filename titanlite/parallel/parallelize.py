@@ -18,6 +18,7 @@ from titanlite.components.loss import chunk_tokens, schedule_of
 from titanlite.config import ActivationCheckpoint, Compile, Float8, Parallelism, Training
 from titanlite.models.common.init import init_weights
 from titanlite.models.common.interface import DecoderModule
+from titanlite.models.common.moe import MoE
 from titanlite.models.moe_decoder.model import PooledBalance
 from titanlite.parallel.activation_checkpoint import apply_ac
 from titanlite.parallel.compile import apply_compile
@@ -93,10 +94,18 @@ def pool_balance_over(model: nn.Module, group: dist.ProcessGroup) -> None:
     forms it over the whole micro-batch: the term is a product of means over all its tokens. Every rank then adds
     the same term, so the logged mean over dp x cp is one process's. The sum's backward sums the ranks' gradients,
     which the data-parallel gradient mean then divides by dp x cp. On a pipeline only the last stage sums (it forms
-    the term from the totals the stages hand on), over the ranks of that stage."""
+    the term from the totals the stages hand on), over the ranks of that stage. A family whose MoE blocks add their
+    own (per-layer) term has each block sum its statistics alike (MoE.reduce)."""
+
+    def reduce(totals: torch.Tensor) -> torch.Tensor:
+        return dist_nn.all_reduce(totals, op=dist.ReduceOp.SUM, group=group)
+
     balance = getattr(model, "balance", None)
     if isinstance(balance, PooledBalance):
-        balance.reduce = lambda t: dist_nn.all_reduce(t, op=dist.ReduceOp.SUM, group=group)
+        balance.reduce = reduce
+    for module in model.modules():
+        if isinstance(module, MoE):
+            module.reduce = reduce
 
 
 def loss_parallel_enabled(dims: ParallelDims, parallelism: Parallelism) -> bool:

@@ -143,16 +143,26 @@ def limit_to_groups(choice: torch.Tensor, n_groups: int, topk_groups: int) -> to
 
 
 def load_balancing_loss(
-    scores: torch.Tensor, indices: torch.Tensor, counts: torch.Tensor, args: MoEArgs
+    scores: torch.Tensor,
+    indices: torch.Tensor,
+    counts: torch.Tensor,
+    args: MoEArgs,
+    reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """The Switch Transformer loss over one block's N tokens: n_experts * sum_i f_i * P_i, f_i the fraction of
     tokens routed to expert i (the k choices count each; the f_i sum to k) and P_i its mean router probability
     (sigmoid scores normalised per token). Gradients reach the router through P alone, as in transformers'
-    load_balancing_loss_func, which this equals for one layer's logits."""
+    load_balancing_loss_func, which this equals for one layer's logits. `reduce` sums the statistics [3, E]
+    (counts, probability sums, N) over the ranks that hold the rest of the micro-batch (MoE.reduce), so that f and
+    P are the whole micro-batch's, as in one process."""
     probs = scores if args.score_func == "softmax" else scores / scores.sum(dim=-1, keepdim=True)
-    n_tokens = indices.shape[0]
-    fraction = counts.float() / n_tokens  # [E]
-    mean_prob = probs.mean(dim=0)  # [E]
+    counts = counts.float()
+    totals = torch.stack([counts, probs.sum(dim=0), torch.full_like(counts, indices.shape[0])])
+    if reduce is not None:
+        totals = reduce(totals)
+    n_tokens = totals[2, 0].detach()
+    fraction = totals[0].detach() / n_tokens  # [E]
+    mean_prob = totals[1] / n_tokens  # [E]
     return args.n_experts * (fraction * mean_prob).sum()
 
 
@@ -316,6 +326,9 @@ class MoE(nn.Module):
         self.experts = GroupedExperts(dim, args.expert_dim, args.n_experts, use_grouped_mm)
         self.shared_expert = SharedExpert(dim, args.shared_hidden) if args.shared_hidden else None
         self.shared_gate = nn.Linear(dim, 1, bias=False) if args.shared_gate else None
+        # Sums the load-balancing statistics, differentiably, over the ranks that hold the rest of the micro-batch
+        # (the layout sets it: titanlite/parallel/parallelize.py pool_balance_over); None: this rank holds it all.
+        self.reduce: Callable[[torch.Tensor], torch.Tensor] | None = None
         # int64: a cast of the model to bfloat16 leaves it exact (it casts floating buffers only).
         self.register_buffer("tokens_per_expert", torch.zeros(args.n_experts, dtype=torch.int64), persistent=False)
         # The counts summed over a training step's forwards: the model adds tokens_per_expert after each of its
@@ -363,7 +376,7 @@ class MoE(nn.Module):
         if not torch.is_grad_enabled():
             return out
         if args.balance == "aux_loss" and args.aux_loss_coef > 0:
-            aux = load_balancing_loss(route.scores, route.indices, counts, args)
+            aux = load_balancing_loss(route.scores, route.indices, counts, args, self.reduce)
             out = add_auxiliary_loss(out, "load_balance", args.aux_loss_coef * aux)
         if args.z_loss_coef > 0:
             out = add_auxiliary_loss(out, "router_z", args.z_loss_coef * router_z_loss(route.logits))
