@@ -195,7 +195,6 @@ def test_a_config_without_the_optional_keys_takes_transformers_defaults():
 
 REFUSED = {
     "quantization_config \\(quant_method 'mxfp4'\\)": {"quantization_config": {"quant_method": "mxfp4"}},
-    "attention_dropout=0.1": {"attention_dropout": 0.1},
     "experts_per_token=3": {"experts_per_token": 3},
     "mlp_bias=True": {"mlp_bias": True},
     "rope_type='longrope'": {"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}},

@@ -1,10 +1,12 @@
-"""A Hugging Face model folder's config.json: reading it, and the one-line refusal of a field titanlite does not
-build. Torch-free. Each family's own fields are its folder's (titanlite/models/<family>/); the dispatch by
-model_type is titanlite/models/hf_config.py's."""
+"""A Hugging Face model folder's config.json: reading it, the JSON type of every field a family reads (checked before
+any family reads one), the fields that change only how training computes (dropout, router noise), and the one-line
+refusal of a field titanlite does not build. Torch-free. Each family's own fields are its folder's
+(titanlite/models/<family>/); the dispatch by model_type is titanlite/models/hf_config.py's."""
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from titanlite.base.errors import ConfigError
@@ -46,6 +48,224 @@ def check_no_unsupported(config: dict, where: str, experts: bool = False) -> Non
         method = quantization.get("quant_method") if isinstance(quantization, dict) else None
         raise ConfigError(
             f"{where} quantization_config (quant_method {method!r}) is not supported: titanlite reads unquantized "
-            "weights only (float32 or bfloat16); use a dequantized copy of the checkpoint (e.g. FP8 or MXFP4 to "
-            "bfloat16)"
+            "weights only (float32, bfloat16 or float16); use a dequantized copy of the checkpoint (e.g. FP8 or MXFP4 "
+            "to bfloat16)"
+        )
+
+
+# ---- the JSON type of each field -------------------------------------------------------------------------------
+
+# What a field's value must be, in words (the refusal says it).
+COUNT = "a whole number of at least 1"
+WHOLE = "a whole number of 0 or more"
+NUMBER = "a finite number"
+NONNEGATIVE = "a finite number of 0 or more"
+POSITIVE = "a finite number above 0"
+FLAG = "true or false"
+TEXT = "a string"
+TEXTS = "a list of strings"
+WHOLES = "a list of whole numbers of 0 or more"
+OBJECT = "a JSON object"
+# Every config.json field a family reads: (what it must be, whether null stands for "absent", as the readers take
+# it). Names mean the same in every family's config.json, so one table serves them all; a field no family reads is
+# not checked.
+FIELDS: dict[str, tuple[str, bool]] = {
+    "model_type": (TEXT, False),
+    "hidden_size": (COUNT, False),
+    "intermediate_size": (COUNT, False),
+    "num_hidden_layers": (COUNT, False),
+    "num_attention_heads": (COUNT, False),
+    "num_key_value_heads": (COUNT, True),
+    "head_dim": (COUNT, True),
+    "vocab_size": (COUNT, False),
+    "max_position_embeddings": (COUNT, False),
+    "original_max_position_embeddings": (COUNT, True),
+    "rms_norm_eps": (NONNEGATIVE, False),
+    "tie_word_embeddings": (FLAG, False),
+    "hidden_act": (TEXT, False),
+    "hidden_activation": (TEXT, True),
+    "attention_bias": (FLAG, False),
+    "mlp_bias": (FLAG, False),
+    "rope_theta": (POSITIVE, False),
+    "rope_scaling": (OBJECT, True),
+    "rope_parameters": (OBJECT, True),
+    "rope_local_base_freq": (POSITIVE, False),
+    "rope_interleave": (FLAG, False),
+    "sliding_window": (WHOLE, True),
+    "use_sliding_window": (FLAG, False),
+    "max_window_layers": (WHOLE, False),
+    "layer_types": (TEXTS, True),
+    "sliding_window_pattern": (COUNT, False),
+    "query_pre_attn_scalar": (POSITIVE, False),
+    "final_logit_softcapping": (NUMBER, True),
+    "attn_logit_softcapping": (NUMBER, True),
+    "use_bidirectional_attention": (FLAG, True),
+    "no_rope_layers": (WHOLES, True),
+    "no_rope_layer_interval": (COUNT, False),
+    "clip_qkv": (NUMBER, True),
+    "quantization_config": (OBJECT, True),
+    # GPT-2's
+    "n_embd": (COUNT, False),
+    "n_layer": (COUNT, False),
+    "n_head": (COUNT, False),
+    "n_inner": (COUNT, True),
+    "n_positions": (COUNT, False),
+    "layer_norm_epsilon": (NONNEGATIVE, False),
+    "activation_function": (TEXT, False),
+    "scale_attn_weights": (FLAG, False),
+    "scale_attn_by_inverse_layer_idx": (FLAG, False),
+    "add_cross_attention": (FLAG, False),
+    # mixture of experts
+    "num_experts": (WHOLE, True),
+    "num_local_experts": (WHOLE, True),
+    "n_routed_experts": (WHOLE, True),
+    "num_experts_per_tok": (COUNT, False),
+    "experts_per_token": (COUNT, False),
+    "moe_intermediate_size": (COUNT, False),
+    "shared_expert_intermediate_size": (WHOLE, True),
+    "n_shared_experts": (WHOLE, True),
+    "norm_topk_prob": (FLAG, False),
+    "router_aux_loss_coef": (NONNEGATIVE, False),
+    "decoder_sparse_step": (COUNT, False),
+    "mlp_only_layers": (WHOLES, True),
+    "routed_scaling_factor": (POSITIVE, False),
+    "n_group": (COUNT, True),
+    "topk_group": (COUNT, True),
+    "first_k_dense_replace": (WHOLE, True),
+    "moe_layer_freq": (COUNT, False),
+    "scoring_func": (TEXT, False),
+    "topk_method": (TEXT, False),
+    "swiglu_alpha": (NUMBER, False),
+    "swiglu_limit": (POSITIVE, False),
+    # latent attention, multi-token prediction
+    "q_lora_rank": (WHOLE, True),
+    "kv_lora_rank": (COUNT, False),
+    "qk_nope_head_dim": (COUNT, False),
+    "qk_rope_head_dim": (COUNT, False),
+    "v_head_dim": (COUNT, False),
+    "num_nextn_predict_layers": (WHOLE, True),
+    "num_mtp_layers": (WHOLE, True),
+}
+# The fields of a rope_scaling / rope_parameters object (and of each per-layer-type object Gemma 3's holds).
+ROPE_FIELDS: dict[str, tuple[str, bool]] = {
+    "rope_type": (TEXT, True),
+    "type": (TEXT, True),
+    "rope_theta": (POSITIVE, False),
+    "factor": (POSITIVE, False),
+    "original_max_position_embeddings": (COUNT, True),
+    "low_freq_factor": (POSITIVE, True),
+    "high_freq_factor": (POSITIVE, True),
+    "beta_fast": (NUMBER, True),
+    "beta_slow": (NUMBER, True),
+    "mscale": (NONNEGATIVE, True),
+    "mscale_all_dim": (NONNEGATIVE, True),
+    "attention_factor": (NONNEGATIVE, True),
+    "truncate": (FLAG, True),
+}
+_LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+def check_types(config: dict, where: str) -> None:
+    """Refuse, in one line naming it, a field whose JSON value is not what every reader of it takes ("4" or [96]
+    where a count goes, true where a number goes, null where a value is needed): a family would otherwise pass it
+    on to the model's constructor, a traceback, or read it as something else (bool("false") is True)."""
+    for key, value in config.items():
+        if key in FIELDS:
+            _check_value(key, value, *FIELDS[key], where)
+    for key in ("rope_scaling", "rope_parameters"):
+        rope = config.get(key) or {}
+        if rope and set(rope) <= set(_LAYER_TYPES):  # Gemma 3's: one object per layer type
+            for kind, inner in rope.items():
+                _check_value(f"{key}.{kind}", inner, OBJECT, True, where)
+                _check_rope(inner or {}, f"{key}.{kind}", where)
+        else:
+            _check_rope(rope, key, where)
+
+
+def _check_rope(rope: dict, name: str, where: str) -> None:
+    for field, value in rope.items():
+        if field in ROPE_FIELDS:
+            _check_value(f"{name}.{field}", value, *ROPE_FIELDS[field], where)
+
+
+def _check_value(key: str, value, kind: str, nullable: bool, where: str) -> None:
+    if value is None and nullable:
+        return
+    if not _is(value, kind):
+        raise ConfigError(f"{where} {key}={_json(value)} is not {kind}; {_fix(value, kind)}")
+
+
+def _is(value, kind: str) -> bool:
+    number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    whole = isinstance(value, int) and not isinstance(value, bool)
+    if kind == COUNT:
+        return whole and value >= 1
+    if kind == WHOLE:
+        return whole and value >= 0
+    if kind == NUMBER:
+        return number
+    if kind == NONNEGATIVE:
+        return number and value >= 0
+    if kind == POSITIVE:
+        return number and value > 0
+    if kind == FLAG:
+        return isinstance(value, bool)
+    if kind == TEXT:
+        return isinstance(value, str)
+    if kind == TEXTS:
+        return isinstance(value, list) and all(isinstance(v, str) for v in value)
+    if kind == WHOLES:
+        return isinstance(value, list) and all(_is(v, WHOLE) for v in value)
+    return isinstance(value, dict)
+
+
+def _json(value) -> str:
+    """The value as config.json writes it ("4", [96], true, null), shortened."""
+    text = json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _fix(value, kind: str) -> str:
+    """What to write instead: the value itself where it is only dressed wrong (a number or flag in quotes, a number
+    in a list of one, a count written 4.0)."""
+    unquoted = None
+    if isinstance(value, str):
+        try:
+            unquoted = json.loads(value)
+        except ValueError:
+            pass
+    if unquoted is not None and _is(unquoted, kind):
+        return f"write {value} without the quotes"
+    if isinstance(value, list) and len(value) == 1 and _is(value[0], kind):
+        return f"write {_json(value[0])}, not a list"
+    if isinstance(value, float) and value.is_integer() and _is(int(value), kind):
+        return f"write {int(value)}"
+    return "correct it in config.json"
+
+
+# ---- fields that change how training computes -------------------------------------------------------------------
+
+# Randomness added only in training, which titanlite does not add: a run on such a config.json would train
+# another model than the one config.json describes. Inference ignores them (generate and eval read such a folder).
+TRAINING_NOISE = ("router_jitter_noise", "layerdrop")
+# Dropout fields of heads titanlite never builds (GPT-2's multiple-choice summary head, classification heads).
+OTHER_HEADS = ("summary_first_dropout", "classifier_dropout")
+
+
+def check_training_fields(config: dict, where: str) -> None:
+    """Refuse a config.json that asks for dropout or router noise in training (attention_dropout, hidden_dropout,
+    attn_pdrop, resid_pdrop, embd_pdrop, router_jitter_noise, ... non-zero), naming every such field in one line."""
+    asked = []
+    for key, value in config.items():
+        noise = key in TRAINING_NOISE or (("dropout" in key or key.endswith("_pdrop")) and key not in OTHER_HEADS)
+        if not noise or value is None:
+            continue
+        _check_value(key, value, NONNEGATIVE, True, where)
+        if value:
+            asked.append(f"{key}={_json(value)}")
+    if asked:
+        them = "it" if len(asked) == 1 else "them"
+        raise ConfigError(
+            f"{where} {', '.join(asked)}: titanlite trains without dropout or router noise, so this would train "
+            f"another model than config.json describes; set {them} to 0.0 in config.json"
         )

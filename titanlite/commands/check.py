@@ -36,7 +36,8 @@ from titanlite.builder.model_facts import cached_model_facts
 from titanlite.builder.plan import plan_run
 from titanlite.builder.run import run_facts
 from titanlite.components import run_lock
-from titanlite.components.checkpoint import check_resume
+from titanlite.components.checkpoint import check_resume, initial_weights_path
+from titanlite.components.hf_weights import check_hf_values, is_hf_folder
 from titanlite.config import parse_config
 
 GIB = 2**30
@@ -238,6 +239,8 @@ def check(argv: list[str]) -> int:
         run_lock.check_free(Path(cfg.job.dump_folder) / cfg.job.name)
     devices.check_local_ranks(local_ranks)
     plan = plan_run(cfg, world_size)
+    if is_hf_folder(initial := initial_weights_path(cfg)):  # its headers were plan_run's; its values, once, here
+        check_hf_values(initial)
     tokenizer, corpus = build_data(cfg, verify="sample")
     for line in corpus.describe(plan.global_batch_size * cfg.training.steps):
         logger.info(f"titanlite: data: {line}")

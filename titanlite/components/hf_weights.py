@@ -1,14 +1,17 @@
 """Hugging Face weights: our state dict to a folder `transformers` loads (config.json, safetensors, tokenizer
 files), and a folder's safetensors into a run's model, read one tensor at a time, so a sharded layout never
-holds more than one full parameter. A family's weight names and layouts are its folder's (its spec's
-hf_weights), config.json is titanlite/models/hf_config.py's; safetensors is imported where it is used (an
-optional dependency: pip install '.[hf]')."""
+holds more than one full parameter. Before launch (`check_hf_folders`, `check_hf_values`) a folder is refused in
+one line for what its load would refuse: tensors of another name, shape or dtype than its config.json makes,
+NaN or infinite values, a config.json that trains with dropout. A family's weight names and layouts are its
+folder's (its spec's hf_weights), config.json is titanlite/models/hf_config.py's; safetensors is imported where it
+is used (an optional dependency: pip install '.[hf]')."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import json
+import logging
 import shutil
 from pathlib import Path
 
@@ -16,13 +19,16 @@ import torch
 
 from titanlite.base.command_line import check_writable_place
 from titanlite.base.errors import ConfigError
-from titanlite.base.hf_config import CONFIG_FILE, read_config, read_json
+from titanlite.base.hf_config import CONFIG_FILE, check_training_fields, read_config, read_json
 from titanlite.components.hf_tokenizer import save_tokenizer
+from titanlite.models.common.build import model_from_args
 from titanlite.models.common.init import canonical_name, fill_parameters
 from titanlite.models.common.interface import unwrapped
 from titanlite.models.common.moe_args import BALANCE_FIELDS, MoEArgs
 from titanlite.models.hf_config import folder_model_args, hf_config
 from titanlite.models.registry import spec_of
+
+logger = logging.getLogger(__name__)
 
 WEIGHTS_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -288,8 +294,35 @@ class WeightReader:
     def keys(self) -> list[str]:
         return list(self.where)
 
+    def header(self, name: str) -> tuple[str, tuple[int, ...]]:
+        """(safetensors dtype, e.g. "BF16"; shape) of a tensor, from its file's header: nothing is read."""
+        view = self.files[self.where[name]].get_slice(name)
+        return view.get_dtype(), tuple(view.get_shape())
+
     def get(self, name: str) -> torch.Tensor:
-        return self.files[self.where[name]].get_tensor(name)
+        """The tensor, refused in one line naming it if a value is NaN or infinite (training would take it to a NaN
+        loss that reads as a learning-rate problem)."""
+        tensor = self.files[self.where[name]].get_tensor(name)
+        check_finite(tensor, name, self.where[name])
+        return tensor
+
+    def nbytes(self) -> int:
+        return sum(path.stat().st_size for path in self.files)
+
+
+def check_finite(tensor: torch.Tensor, name: str, path: Path) -> None:
+    """Refuse a NaN or infinite value in tensor `name` of safetensors file `path`, counting them."""
+    if not tensor.is_floating_point():
+        return
+    flat = tensor.reshape(-1)
+    if all(torch.isfinite(chunk).all() for chunk in flat.split(2**24)):  # chunks: a bounded temporary
+        return
+    nan, inf = int(flat.isnan().sum()), int(flat.isinf().sum())
+    counts = " and ".join(f"{n:,} {what}" for n, what in ((nan, "NaN"), (inf, "infinite")) if n)
+    raise ConfigError(
+        f"{path.parent}: tensor {name!r} in {path.name} holds {counts} value{'s' * (nan + inf > 1)}; the weights are "
+        "damaged (training from them ends in a NaN loss): download or export the folder again"
+    )
 
 
 def load_hf(folder: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
@@ -344,6 +377,103 @@ def _math(args, field: str):
     return value
 
 
+# What a float32 parameter holds every value of, in safetensors' names: read into the model without a change
+# (bfloat16 and float16 are widened exactly, as training keeps float32 weights). Any other dtype is refused: float64
+# would be rounded, and integer or float8 tensors are quantized weights whose scales titanlite does not read.
+EXACT_IN_FLOAT32 = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
+_KINDS = {"F": "float", "I": "int", "U": "uint"}  # safetensors' I8, U8, F64, F8_E4M3 ... as torch names them
+# A folder of at most this many bytes has every value checked before launch (about 3 s a GiB on one core here); a
+# larger one is checked as each rank reads it (WeightReader.get), so launching it costs no extra pass.
+SCAN_BEFORE_LAUNCH_BYTES = 4 * 2**30
+
+
+def is_hf_folder(path: str | Path) -> bool:
+    return bool(path) and (Path(path) / CONFIG_FILE).is_file()
+
+
+def check_hf_folders(model_cfg, initial: str, target, training: bool) -> None:
+    """Before launch (plan_run): what the Hugging Face folders a run reads would make it refuse or train wrongly.
+    A training run refuses a config.json asking for dropout or router noise, in the folder it takes its model from
+    (model.flavor = "hf") or its initial weights from (`initial`, when that is a Hugging Face folder). The initial
+    weights' folder must then hold the model `target` computes, in tensors of the names, shapes and dtypes its
+    config.json makes (headers only: safetensors reads them lazily; the values are check_hf_values')."""
+    folders = [model_cfg.hf_assets_path if model_cfg.flavor == "hf" else "", initial]
+    for folder in dict.fromkeys(f for f in folders if is_hf_folder(f)):
+        if training:
+            check_training_fields(read_config(folder), f"{Path(folder) / CONFIG_FILE}:")
+    if is_hf_folder(initial):
+        source = folder_model_args(initial)
+        _check_compatible(source, target, initial)
+        check_tensors(source, WeightReader(initial))
+
+
+def check_hf_values(folder: str | Path, limit: int = SCAN_BEFORE_LAUNCH_BYTES) -> bool:
+    """Before launch (`titanlite check`): read every tensor the model takes from `folder` and refuse a NaN or
+    infinite value in one line naming it, when the folder holds at most `limit` bytes. Returns whether it did."""
+    reader = WeightReader(folder)
+    if reader.nbytes() > limit:
+        return False
+    for stored in _hf_keys(folder_model_args(folder), reader.keys()).values():
+        reader.get(stored)
+    return True
+
+
+def check_tensors(args, reader: WeightReader) -> tuple[dict[str, str], dict[str, str | tuple[str, ...]]]:
+    """A folder's tensors are those of the model its config.json gives (`args`): every one it needs and no other,
+    each of the shape config.json makes and of a dtype EXACT_IN_FLOAT32 holds. Returns (our view of each tensor's
+    name -> its stored name, hf_sources)."""
+    keys, sources = _hf_keys(args, reader.keys()), hf_sources(args)
+    _check_tensor_names(args, keys, sources, f"{reader.folder}'s safetensors")
+    expected = config_shapes(args)
+    refused: dict[str, list[str]] = {}
+    for name, stored in keys.items():
+        dtype, shape = reader.header(stored)
+        if dtype not in EXACT_IN_FLOAT32:
+            refused.setdefault(dtype, []).append(stored)
+        elif name in expected and shape != expected[name]:
+            raise ConfigError(_shape_refusal(args, reader, stored, shape, expected[name]))
+    if refused:
+        dtype, names = next(iter(refused.items()))
+        raise ConfigError(_dtype_refusal(reader, dtype, names))
+    return keys, sources
+
+
+def config_shapes(args) -> dict[str, tuple[int, ...]]:
+    """The shape config.json (read into `args`) makes each Hugging Face tensor: the model built on the meta
+    device (no memory), in Hugging Face's names and layouts."""
+    with torch.device("meta"):
+        state = model_from_args(args).state_dict()
+    return {name: tuple(t.shape) for name, t in to_hf(args, state).items()}
+
+
+def _shape_refusal(args, reader: WeightReader, stored: str, shape: tuple, expected: tuple) -> str:
+    rows = shape[1:] == expected[1:] and expected[0] == args.vocab_size
+    change = (
+        f"set vocab_size to {shape[0]} in config.json if the tensor's rows are the vocabulary, or use"
+        if rows
+        else "use"
+    )
+    return (
+        f"{reader.folder}: tensor {stored!r} has shape {shape}, but its config.json makes it {expected}"
+        + (f" (vocab_size={args.vocab_size})" if rows else "")
+        + f"; the weights were not saved with this config.json: {change} the config.json saved with them"
+    )
+
+
+def _dtype_refusal(reader: WeightReader, dtype: str, names: list[str]) -> str:
+    name = _KINDS[dtype[0]] + dtype[1:].lower() if dtype[0] in _KINDS and dtype[1].isdigit() else dtype.lower()
+    which = f"tensor {names[0]!r} is" if len(names) == 1 else f"tensor {names[0]!r} and {len(names) - 1} more are"
+    why = (
+        "float32 parameters would round the values"
+        if dtype == "F64"
+        else "quantized weights, whose scales titanlite does not read"
+    )
+    return (
+        f"{reader.folder}: {which} {name} ({why}); titanlite reads float32, bfloat16 or float16 weights: convert "
+        "the folder to one of them (e.g. bfloat16)"
+    )
+
+
 def _check_compatible(source, target, folder) -> None:
     """The configured model (a named flavor) must compute what the folder's does, or the load is refused."""
     if type(source) is not type(target):
@@ -376,8 +506,8 @@ def load_hf_into(model_parts: list, folder: str | Path) -> None:
     source, target = folder_model_args(folder), models[0].args
     _check_compatible(source, target, folder)
     reader = WeightReader(folder)
-    keys, sources = _hf_keys(source, reader.keys()), hf_sources(source)
-    _check_tensor_names(source, keys, sources, f"{folder}'s safetensors")
+    keys, sources = check_tensors(source, reader)
+    _say_conversions(reader, keys, source, target)
 
     def full_source(name: str) -> torch.Tensor:
         return from_hf_tensor(source, name, _read(sources[name], lambda one: reader.get(keys[one])))
@@ -396,6 +526,20 @@ def load_hf_into(model_parts: list, folder: str | Path) -> None:
     for model in models:
         fill_parameters(model, full_value)
         _fill_buffers(model, sources, full_source, folder)
+
+
+def _say_conversions(reader: WeightReader, keys: dict[str, str], source, target) -> None:
+    """One line for each change the load makes, as intended: weights widened to float32, the vocabulary's rows
+    padded to a named flavor's (GPT-2's 50257 ids to 50304 rows)."""
+    dtypes = sorted({reader.header(stored)[0] for stored in keys.values()} - {"F32"})
+    if dtypes:
+        names = " and ".join(EXACT_IN_FLOAT32[d] for d in dtypes)
+        logger.info(f"  checkpoint: {reader.folder} holds {names} weights, widened exactly to float32 parameters")
+    if target.vocab_size > source.vocab_size:
+        logger.info(
+            f"  checkpoint: {reader.folder} embeds {source.vocab_size} token ids; the model's rows past them, to its "
+            f"vocab_size {target.vocab_size}, start at zero (no token of the tokenizer reads them)"
+        )
 
 
 def _fill_buffers(model, sources: dict, value, folder) -> None:

@@ -8,7 +8,7 @@ import dataclasses
 from pathlib import Path
 
 from titanlite.base.errors import ConfigError
-from titanlite.base.hf_config import CONFIG_FILE, check_no_unsupported, read_config
+from titanlite.base.hf_config import CONFIG_FILE, check_no_unsupported, check_types, read_config
 from titanlite.models.registry import spec_of, spec_of_model_type
 
 
@@ -30,16 +30,22 @@ def hf_config(args, dtype: str = "float32", token_ids: dict | None = None) -> di
 
 def args_from_hf_config(config: dict, where: str = "config.json"):
     """Our model arguments from a transformers config.json, any registered family. Every field that changes the
-    math is honoured or refused with one line naming it. The vocabulary is taken as is (not padded), so the
-    imported model's logits match the HF model's column for column."""
+    math is honoured or refused with one line naming it, and so is a field of the wrong JSON type (check_types,
+    before the family reads any). The vocabulary is taken as is (not padded), so the imported model's logits match
+    the HF model's column for column. Dropout and other training-only fields: check_training_fields."""
     model_type = config.get("model_type")
     spec = spec_of_model_type(model_type, where)
     assert spec.hf is not None  # found by its Hugging Face model_type
+    check_types(config, where)
     check_no_unsupported(config, where, experts=spec.hf.experts)
     try:
         return spec.hf.read(config, where)
     except KeyError as e:
         raise ConfigError(f"{where} for model_type={model_type!r} lacks {e.args[0]!r}") from e
+    except ConfigError:
+        raise
+    except ValueError as e:  # an arguments class's own check that no reader put in config.json's words
+        raise ConfigError(f"{where} is not supported: {e}") from e
 
 
 def folder_model_args(folder: str | Path):

@@ -23,6 +23,7 @@ from titanlite.models.common.moe_args import MoEArgs
 from titanlite.models.common.rope_args import YarnRopeScaling
 from titanlite.models.deepseek_v3.args import DeepseekV3Args, first_dense
 from titanlite.models.llama3.hf_config import rope_scaling_to_hf, rope_settings
+from titanlite.models.moe_decoder.hf_config import block_from_config, in_config_names
 from titanlite.models.moe_decoder.hf_config import check_expressible as check_expressible_moe
 
 logger = logging.getLogger(__name__)
@@ -65,36 +66,22 @@ def _moe(config: dict, where: str, n_layers: int) -> MoEArgs:
     dense = config.get("first_k_dense_replace", 3) or 0
     if dense > n_layers:
         raise refuse(where, "first_k_dense_replace", dense, f"the model has {n_layers} layers")
-    try:
-        return MoEArgs(
-            n_experts=n_experts,
-            top_k=top_k,
-            expert_dim=config.get("moe_intermediate_size", 2048),
-            score_func="sigmoid",
-            norm_topk_prob=bool(config.get("norm_topk_prob", True)),
-            route_scale=float(config.get("routed_scaling_factor", 2.5)),
-            n_shared_experts=config.get("n_shared_experts", 1) or 0,
-            balance="bias",
-            n_groups=n_group,
-            topk_groups=topk_group,
-            dense_layers=first_dense(dense),
-        )
-    except ValueError as e:
-        message = str(e)
-        for ours, theirs in _MOE_KEYS.items():
-            message = message.replace(f"MoEArgs.{ours}=", f"{theirs}=").replace(f" {ours}=", f" {theirs}=")
-        raise ConfigError(f"{where} is not supported: {message}") from e
-
-
-# MoEArgs' names -> config.json's, for the refusals.
-_MOE_KEYS = {
-    "n_experts": "n_routed_experts",
-    "top_k": "num_experts_per_tok",
-    "expert_dim": "moe_intermediate_size",
-    "n_groups": "n_group",
-    "topk_groups": "topk_group",
-    "route_scale": "routed_scaling_factor",
-}
+    return block_from_config(
+        where,
+        config,
+        {"n_experts": "n_routed_experts"},
+        n_experts=n_experts,
+        top_k=top_k,
+        expert_dim=config.get("moe_intermediate_size", 2048),
+        score_func="sigmoid",
+        norm_topk_prob=bool(config.get("norm_topk_prob", True)),
+        route_scale=float(config.get("routed_scaling_factor", 2.5)),
+        n_shared_experts=config.get("n_shared_experts", 1) or 0,
+        balance="bias",
+        n_groups=n_group,
+        topk_groups=topk_group,
+        dense_layers=first_dense(dense),
+    )
 
 
 def _attention(config: dict, where: str) -> dict:
@@ -148,8 +135,11 @@ def read(config: dict, where: str) -> DeepseekV3Args:
             moe=moe,
             **attention,
         )
-    except ValueError as e:
-        raise ConfigError(f"{where} is not supported: {e}") from e
+    except ValueError as e:  # the latent attention's widths, which config.json names as DeepseekV3Args does
+        raise ConfigError(f"{where} is not supported: {in_config_names(str(e), _LATENT_KEYS)}") from e
+
+
+_LATENT_KEYS = {k: k for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")}
 
 
 def check_expressible(args: DeepseekV3Args) -> None:

@@ -5,8 +5,9 @@ num_experts_per_tok (experts_per_token, the original's name, must agree), interm
 swiglu_limit, router_aux_loss_coef honoured. Ignored, as they change no math: hidden_act (gpt-oss's experts apply
 their clamped SwiGLU whatever it says, as transformers' do), initial_context_length, output_router_logits,
 initializer_range. Refused in one line: quantization_config (the published checkpoints are MXFP4: titanlite reads
-float32 or bfloat16 weights, e.g. a dequantized copy), attention_dropout, mlp_bias, and what any decoder refuses
-(other RoPE types, layer types, head shapes)."""
+float32, bfloat16 or float16 weights, e.g. a dequantized copy), mlp_bias, and what any decoder refuses (other RoPE
+types, layer types, head shapes); a training run refuses a non-zero attention_dropout, as for every family
+(titanlite/base/hf_config.py check_training_fields)."""
 
 from __future__ import annotations
 
@@ -56,8 +57,6 @@ DEFAULT_ROPE = {
 
 def _switches(config: dict, n_layers: int, where: str) -> dict:
     no_mlp_bias("gpt_oss", config, where)
-    if config.get("attention_dropout"):
-        raise refuse(where, "attention_dropout", config["attention_dropout"], "titanlite's attention drops nothing")
     return attention_biases(config, n_layers, where)
 
 
@@ -108,7 +107,7 @@ def read(config: dict, where: str) -> GptOssArgs:
     moe = block_from_config(
         where,
         config,
-        "num_local_experts",
+        {"n_experts": "num_local_experts", "expert_dim": "intermediate_size"},
         n_experts=config["num_local_experts"],
         top_k=per_token,
         expert_dim=config["intermediate_size"],

@@ -43,9 +43,7 @@ FLAVORS = {
 
 
 def switches(config: dict, n_layers: int, where: str) -> dict:
-    no_mlp_bias("mixtral", config, where)
-    if config.get("router_jitter_noise"):
-        raise refuse(where, "router_jitter_noise", config["router_jitter_noise"], "titanlite's router adds no noise")
+    no_mlp_bias("mixtral", config, where)  # router_jitter_noise: a training run refuses it (check_training_fields)
     return attention_biases(config, n_layers, where)
 
 
@@ -66,7 +64,7 @@ def read(config: dict, where: str) -> MoEDecoderArgs:
     moe = block_from_config(
         where,
         config,
-        "num_local_experts",
+        {"n_experts": "num_local_experts", "expert_dim": "intermediate_size"},
         n_experts=config.get("num_local_experts", 8),
         top_k=config.get("num_experts_per_tok", 2),
         expert_dim=base.ffn_dim,

@@ -5,6 +5,7 @@ block (`with_moe`, `block_from_config`), and what a family's config.json cannot 
 from __future__ import annotations
 
 import dataclasses
+import re
 
 from titanlite.base.errors import ConfigError
 from titanlite.models.common.moe_args import MoEArgs
@@ -17,14 +18,33 @@ def with_moe(base: LlamaArgs, moe: MoEArgs) -> MoEDecoderArgs:
     return MoEDecoderArgs(**{f.name: getattr(base, f.name) for f in dataclasses.fields(LlamaArgs)}, moe=moe)
 
 
-def block_from_config(where: str, config: dict, experts_key: str, **fields) -> MoEArgs:
-    """MoEArgs(**fields), a field it refuses refused in one line naming where; top_k above n_experts is named by
-    config.json's own keys (num_experts_per_tok and experts_key, the family's count of experts)."""
-    check_top_k(where, config, experts_key, fields["top_k"], fields["n_experts"])
+# MoEArgs' fields -> the config.json keys that set them in most families (a family names its own where they differ).
+CONFIG_KEYS = {
+    "top_k": "num_experts_per_tok",
+    "expert_dim": "moe_intermediate_size",
+    "aux_loss_coef": "router_aux_loss_coef",
+    "route_scale": "routed_scaling_factor",
+    "n_shared_experts": "n_shared_experts",
+    "n_groups": "n_group",
+    "topk_groups": "topk_group",
+}
+
+
+def block_from_config(where: str, config: dict, keys: dict[str, str], **fields) -> MoEArgs:
+    """MoEArgs(**fields), a value it refuses refused in one line in config.json's own names: CONFIG_KEYS updated by
+    the family's `keys` (at least "n_experts", the key its folder counts the experts with)."""
+    names = CONFIG_KEYS | keys
+    check_top_k(where, config, names["n_experts"], fields["top_k"], fields["n_experts"])
     try:
         return MoEArgs(**fields)
     except ValueError as e:
-        raise ConfigError(f"{where} is not supported: {e}") from e
+        raise ConfigError(f"{where} is not supported: {in_config_names(str(e), names)}") from e
+
+
+def in_config_names(message: str, names: dict[str, str]) -> str:
+    """An arguments class's refusal ("MoEArgs.top_k=0; ...", "... exceeds n_experts=8") in config.json's names."""
+    pattern = r"\b(?:\w+Args\.)?(" + "|".join(map(re.escape, names)) + r")\b"
+    return re.sub(pattern, lambda m: names[m.group(1)], message)
 
 
 def check_top_k(where: str, config: dict, experts_key: str, top_k: int, n_experts: int) -> None:

@@ -57,7 +57,7 @@ def read(config: dict, where: str) -> MoEDecoderArgs:
     moe = block_from_config(
         where,
         config,
-        "num_experts",
+        {"n_experts": "num_experts", "expert_dim": "intermediate_size"},
         n_experts=config.get("num_experts", 64),
         top_k=config.get("num_experts_per_tok", 8),
         expert_dim=base.ffn_dim,

@@ -24,7 +24,7 @@ from titanlite.models.llama3.hf_config import (
 )
 from titanlite.models.moe_decoder import moe_decoder_spec
 from titanlite.models.moe_decoder.args import MoEDecoderArgs
-from titanlite.models.moe_decoder.hf_config import check_expressible, check_top_k, with_moe
+from titanlite.models.moe_decoder.hf_config import block_from_config, check_expressible, with_moe
 
 
 def _qwen3_moe_30b_a3b() -> MoEDecoderArgs:
@@ -83,9 +83,11 @@ DECODER = DecoderConfig(
 
 def moe_from_config(config: dict, n_layers: int, where: str) -> MoEArgs:
     """The MoE block of a qwen3_moe config.json (absent keys take Qwen3MoeConfig's defaults)."""
-    n_experts = config.get("num_experts", config.get("num_local_experts", 128))
-    if not n_experts or n_experts < 1:
-        raise refuse(where, "num_experts", n_experts, "a model without experts is a qwen3 model (model_type qwen3)")
+    # Qwen's folders count the experts in num_experts; transformers 5 writes num_local_experts.
+    experts_key = "num_experts" if "num_experts" in config or "num_local_experts" not in config else "num_local_experts"
+    n_experts = config.get(experts_key, 128)
+    if not n_experts:
+        raise refuse(where, experts_key, n_experts, "a model without experts is a qwen3 model (model_type qwen3)")
     if config.get("shared_expert_intermediate_size"):
         raise refuse(
             where,
@@ -93,22 +95,22 @@ def moe_from_config(config: dict, n_layers: int, where: str) -> MoEArgs:
             config["shared_expert_intermediate_size"],
             "qwen3_moe has no shared expert",
         )
-    top_k = config.get("num_experts_per_tok", 8)
-    check_top_k(where, config, "num_local_experts" if "num_experts" not in config else "num_experts", top_k, n_experts)
     try:
-        dense = dense_layers_from_hf(
-            n_layers, config.get("mlp_only_layers") or [], config.get("decoder_sparse_step", 1)
-        )
-        return MoEArgs(
-            n_experts=n_experts,
-            top_k=top_k,
-            expert_dim=config.get("moe_intermediate_size", 768),
-            norm_topk_prob=bool(config.get("norm_topk_prob", False)),
-            aux_loss_coef=config.get("router_aux_loss_coef", 0.001),
-            dense_layers=dense,
-        )
+        sparse_step = config.get("decoder_sparse_step", 1)
+        dense = dense_layers_from_hf(n_layers, config.get("mlp_only_layers") or [], sparse_step)
     except ValueError as e:
         raise ConfigError(f"{where} is not supported: {e}") from e
+    return block_from_config(
+        where,
+        config,
+        {"n_experts": experts_key},
+        n_experts=n_experts,
+        top_k=config.get("num_experts_per_tok", 8),
+        expert_dim=config.get("moe_intermediate_size", 768),
+        norm_topk_prob=bool(config.get("norm_topk_prob", False)),
+        aux_loss_coef=config.get("router_aux_loss_coef", 0.001),
+        dense_layers=dense,
+    )
 
 
 def read(config: dict, where: str) -> MoEDecoderArgs:
