@@ -2,8 +2,9 @@
 # Train: ./run_train.sh [--config FILE] [--section.key VALUE ...]   (default config: train_configs/debug_model.toml)
 # Environment: NGPU (processes per node; default: visible CUDA GPUs, else 1; at most the visible GPUs),
 # TITANLITE_DEVICE (cpu: gloo on the CPU whatever GPUs there are; cuda; default: CUDA if visible), NNODES, NODE_RANK,
-# RDZV_ENDPOINT (host:port, multi-node), RDZV_ID, MAX_RESTARTS, LOG_RANK (e.g. 0 or 0,1: whose output to show),
-# START_METHOD (spawn: each rank its own interpreter rather than a fork of the launcher's server).
+# RDZV_ENDPOINT (host:port, multi-node; NODE_RANK 0 hosts the rendezvous store there), RDZV_ID, RDZV_TIMEOUT (seconds a
+# node waits for the store to answer and for every node to join; default 300), MAX_RESTARTS, LOG_RANK (e.g. 0 or 0,1:
+# whose output to show), START_METHOD (spawn: each rank its own interpreter rather than a fork of the launcher's server).
 set -euo pipefail
 cd "$(dirname "$0")"
 source scripts/setup_env.sh
@@ -37,6 +38,16 @@ if [ -n "${RDZV_ENDPOINT:-}" ]; then  # host:port or [ipv6]:port, the port 1 to 
   [[ "$RDZV_ENDPOINT" =~ ^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):([0-9]{1,5})$ ]] && (( 10#${BASH_REMATCH[2]} >= 1 && 10#${BASH_REMATCH[2]} <= 65535 )) \
     || refuse "RDZV_ENDPOINT='$RDZV_ENDPOINT' is not host:port with a port from 1 to 65535; set it as e.g. RDZV_ENDPOINT=node0:29500"
 fi
+RDZV_TIMEOUT=${RDZV_TIMEOUT:-300}
+[[ "$RDZV_TIMEOUT" =~ ^[1-9][0-9]*$ ]] || refuse "RDZV_TIMEOUT='$RDZV_TIMEOUT' is not a number of seconds; set it to 1 or more (default 300)"
+if [ -n "${NODE_RANK:-}" ] && { [ -n "${RDZV_ENDPOINT:-}" ] || [ "$NNODES" != 1 ]; }; then  # multi-node: 0 to NNODES - 1
+  nodes=$(( 10#${NNODES#*:} ))
+  others=""
+  (( nodes == 2 )) && others=" and 1 on the other"
+  (( nodes > 2 )) && others=" and 1 to $(( nodes - 1 )) on the others"
+  [[ "$NODE_RANK" =~ ^[0-9]+$ ]] && (( 10#$NODE_RANK < nodes )) \
+    || refuse "NODE_RANK='$NODE_RANK' is not a node of NNODES=$NNODES; set it to 0 on the node at RDZV_ENDPOINT$others"
+fi
 if [ -n "${LOG_RANK:-}" ]; then  # torchrun's --local-ranks-filter: local ranks of this node, 0 to NGPU - 1
   log_ranks_ok=0
   if [[ "$LOG_RANK" =~ ^[0-9]+(,[0-9]+)*$ ]]; then
@@ -56,9 +67,13 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( $(nproc) / NGPU > 0 ? $(nproc) / N
 
 launch=(--nproc-per-node "$NGPU" --max-restarts "$MAX_RESTARTS")
 if [ -n "${RDZV_ENDPOINT:-}" ] || [ "$NNODES" != 1 ]; then
+  # read_timeout bounds the wait for the store to answer, join_timeout the wait for every node (torch: 60 s, 600 s).
+  rdzv_conf=last_call_timeout=1,read_timeout=$RDZV_TIMEOUT,join_timeout=$RDZV_TIMEOUT
+  # NODE_RANK is not passed as --node-rank: the c10d rendezvous assigns node ranks itself (and warns if given one). It
+  # says which node hosts the store (is_host): node 0, and it alone; without it, torch guesses from the host name.
+  [ -z "${NODE_RANK:-}" ] || rdzv_conf+=,is_host=$(( 10#$NODE_RANK == 0 ? 1 : 0 ))
   launch+=(--nnodes "$NNODES" --rdzv-backend c10d --rdzv-endpoint "${RDZV_ENDPOINT:?set RDZV_ENDPOINT=host:port for multi-node}"
-           --rdzv-id "${RDZV_ID:-titanlite}" --rdzv-conf last_call_timeout=1)
-  # NODE_RANK is accepted but not passed: the c10d rendezvous assigns node ranks itself (and warns if given one).
+           --rdzv-id "${RDZV_ID:-titanlite}" --rdzv-conf "$rdzv_conf")
 else
   launch+=(--standalone)
 fi

@@ -7,8 +7,10 @@ folder, a half-written file of the run folder (metrics.jsonl, the lock, markers,
 another process reuses, divergence, changed settings on resume. A fault is survived when the run ends as it
 should (exit status, one last line) and, where it goes on, its losses equal an uninterrupted run's bit for bit
 (nothing lost beyond the last checkpoint).
-Bad inputs (config files that are not text, names and paths that are valid strings but wrong among them): each
-must end in one `titanlite: error:` line, exit 2, no traceback, nothing written. --only runs the cases whose name
+Bad inputs (config files that are not text, names and paths that are valid strings but wrong among them, dataset
+folders with a dangling symlink or a bad file, rendezvous endpoints that never answer): each must end in one
+`titanlite: error:` line, exit 2, no traceback, nothing written. Inputs that look odd but are fine (a symlinked
+dataset subfolder) must train, and say what they left out. --only runs the cases whose name
 holds TEXT (or one of several, comma-separated).
 Every case runs ./run_train.sh for real (CPU, gloo, the debug model at seq 32); about 30 minutes on 2 cores.
 """
@@ -16,6 +18,7 @@ Every case runs ./run_train.sh for real (CPU, gloo, the debug model at seq 32); 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -24,6 +27,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -532,7 +536,124 @@ BAD_ARGS = [
 ]
 
 
+def corpus(folder: Path, files: dict[str, str]) -> Path:
+    """A dataset folder of text files, enough of each for the survey's windows."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (folder / name).write_text(text)
+    return folder
+
+
+@contextlib.contextmanager
+def silent_port():
+    """A port on 127.0.0.1 that accepts connections and never answers, as a wrong RDZV_ENDPOINT may name; yields it."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    server.settimeout(0.2)
+    held, stop = [], threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            with contextlib.suppress(OSError):
+                held.append(server.accept()[0])
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield server.getsockname()[1]
+    finally:
+        stop.set()
+        thread.join()
+        for conn in held:
+            conn.close()
+        server.close()
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def data_and_rendezvous_inputs(s: Survey) -> None:
+    """Dataset folders with a dangling symlink or a file that fails mid-prepare, and rendezvous endpoints that never
+    answer: one line naming the real cause (not the cache folder), exit 2, nothing written, in bounded time."""
+    text = "The quick brown fox jumps over the lazy dog. " * 400
+    data = corpus(s.root / "dangling", {"a.txt": text})
+    (data / "b.txt").unlink(missing_ok=True)
+    os.symlink(s.root / "moved-away.txt", data / "b.txt")
+    cache = s.root / "dangling-cache"
+    case(
+        s,
+        "dataset folder with a dangling symlink",
+        ["--training.dataset", "local", "--training.dataset_path", str(data), "--data.cache_dir", str(cache)],
+        said=f"{data / 'b.txt'} is a symlink, but its target {s.root / 'moved-away.txt'} does not exist",
+        nothing_at=cache,
+    )
+    data = corpus(s.root / "bad-line", {"a.jsonl": json.dumps({"text": text}) + "\n", "b.jsonl": '{"txt": 1}\n'})
+    cache = s.root / "bad-line-cache"
+    case(
+        s,
+        "prepare failing on a bad file leaves no progress.jsonl",
+        ["--training.dataset", "local", "--training.dataset_path", str(data), "--data.cache_dir", str(cache)],
+        said='b.jsonl line 1 has no "text" string',
+        nothing_at=cache,
+    )
+    rendezvous = {"NNODES": "2", "RDZV_TIMEOUT": "5"}
+    with silent_port() as port:
+        endpoint = {**rendezvous, "RDZV_ENDPOINT": f"127.0.0.1:{port}"}
+        case(
+            s,
+            "RDZV_ENDPOINT a silent listener, NODE_RANK=0",
+            [],
+            said=f"port {port} is in use by another program",
+            within=60,
+            **endpoint,
+            NODE_RANK="0",
+        )
+        case(
+            s,
+            "RDZV_ENDPOINT a silent listener, NODE_RANK=1",
+            [],
+            said="accepted a connection but did not answer as a rendezvous store within 5 s",
+            within=60,
+            **endpoint,
+            NODE_RANK="1",
+        )
+    case(
+        s,
+        "RDZV_ENDPOINT with nobody listening, NODE_RANK=1",
+        [],
+        said="nothing answered as a rendezvous store",
+        within=60,
+        **rendezvous,
+        RDZV_ENDPOINT=f"127.0.0.1:{free_port()}",
+        NODE_RANK="1",
+    )
+
+
+@skippable
+def symlinked_subfolder(s: Survey) -> None:
+    """A dataset folder whose subfolder is a symlink to a folder: read like a real one, and the hidden file left out
+    is named; the run trains."""
+    name = "dataset folder with a symlinked subfolder"
+    folder = s.folder(name)
+    text = "The quick brown fox jumps over the lazy dog. " * 400
+    elsewhere = corpus(folder / "elsewhere", {"b.txt": text})
+    data = corpus(folder / "data", {"a.txt": text, ".notes": "not corpus"})
+    os.symlink(elsewhere, data / "linked")
+    proc = s.run(
+        folder, 1, "--training.dataset", "local", "--training.dataset_path", str(data), "--training.steps", "4"
+    )
+    line = next((x for x in proc.stdout.splitlines() if x.startswith("titanlite: data:")), "")
+    ok = proc.returncode == 0 and "(2 files: 2 .txt; 1 hidden file(s) or folder(s) left out (.notes))" in line
+    s.record("input", name, ok, f"exit {proc.returncode}: {line}")
+
+
 def bad_inputs(s: Survey) -> None:
+    symlinked_subfolder(s)
+    data_and_rendezvous_inputs(s)
     for key, value in BAD_ENV:
         case(s, f"{key}={value}", [], **{key: value})
     for name, variables in BAD_ENVS:
@@ -566,21 +687,34 @@ def bad_inputs(s: Survey) -> None:
         )
 
 
-def case(s: Survey, name: str, args: list[str], **env) -> None:
+def case(
+    s: Survey, name: str, args: list[str], said: str = "", nothing_at: Path | None = None, within: float = 300, **env
+) -> None:
+    """One bad input: exit 2 with one `titanlite: error:` line (holding `said`), no traceback, no metrics, nothing at
+    `nothing_at`, within `within` seconds."""
     if not s.chosen(name):
         return
     folder = s.folder("bad", case=False)
     ngpu = env.pop("NGPU", "1")
     cmd = [str(REPO / "run_train.sh"), "--job.dump_folder", str(folder), "--job.name", "run", *BASE, *args]
-    proc = subprocess.run(cmd, cwd=REPO, env=s.env(NGPU=ngpu, **env), capture_output=True, text=True, timeout=300)
+    start = time.monotonic()
+    try:
+        proc = subprocess.run(
+            cmd, cwd=REPO, env=s.env(NGPU=ngpu, **env), capture_output=True, text=True, timeout=within
+        )
+    except subprocess.TimeoutExpired:
+        s.record("bad input", name, False, f"still running after {within:.0f} s")
+        return
     line = last_line(proc)
     ok = (
         proc.returncode == 2
         and line.startswith("titanlite: error: ")
+        and said in line
         and "Traceback" not in proc.stderr
         and not (folder / "run" / "metrics.jsonl").exists()
+        and (nothing_at is None or not nothing_at.exists() or not any(nothing_at.iterdir()))
     )
-    s.record("bad input", name, ok, f"exit {proc.returncode}: {line}")
+    s.record("bad input", name, ok, f"exit {proc.returncode} after {time.monotonic() - start:.0f} s: {line}")
 
 
 def main() -> int:
@@ -597,7 +731,7 @@ def main() -> int:
         faults(survey)
     if opts.part in ("all", "inputs"):
         bad_inputs(survey)
-    for kind in ("fault", "bad input"):
+    for kind in ("fault", "input", "bad input"):
         rows = [r for r in survey.rows if r["kind"] == kind]
         if rows:
             print(f"{kind}s: {sum(r['ok'] for r in rows)} of {len(rows)} handled")

@@ -7,6 +7,8 @@ the file's size), so a store can tell that its sources changed without reading t
 
 from __future__ import annotations
 
+import dataclasses
+import errno
 import glob
 import hashlib
 import os
@@ -147,8 +149,10 @@ def full_hash(path: str) -> str:
 @dataclass(frozen=True)
 class Listing:
     """The files of a source in corpus order, found from directory listings alone (no stat per file), with
-    `fingerprint` naming that listing (watch_fingerprint); `left_out`: unsupported files skipped on request,
-    `held`: validation files of a pre-tokenised folder kept out of this split."""
+    `fingerprint` naming that listing (watch_fingerprint). What it leaves out, each said by `summary`:
+    `left_out`, unsupported files skipped on request; `held`, validation files of a pre-tokenised folder kept
+    out of this split; `hidden`, hidden files and folders (.name) of a folder; `folders`, folders a glob
+    matched (it reads files)."""
 
     paths: tuple[str, ...]
     kinds: tuple[tuple[str, str], ...]
@@ -156,6 +160,8 @@ class Listing:
     left_out: tuple[str, ...] = ()
     held: tuple[str, ...] = ()
     watched: tuple[str, ...] = ()  # the folders walked (or the lone file): what `fingerprint` is made of
+    hidden: tuple[str, ...] = ()
+    folders: tuple[str, ...] = ()
 
     def record(self) -> dict:
         """What a store keeps of its listing, so that a training rank can trust it without listing again."""
@@ -173,10 +179,7 @@ class Listing:
 
     def files(self) -> list[SourceFile]:
         """Each file with its size and mtime (one stat per file)."""
-        return [
-            SourceFile.stat(p, kind) if codec == "" else _stat_coded(p, kind, codec)
-            for p, (kind, codec) in zip(self.paths, self.kinds)
-        ]
+        return [_stat_listed(p, kind, codec) for p, (kind, codec) in zip(self.paths, self.kinds)]
 
     def summary(self) -> str:
         """'3 files: 2 .jsonl.gz, 1 .txt; left out: ...' for the start-up's data line ('' for one plain file)."""
@@ -197,11 +200,22 @@ class Listing:
             parts.append(f"{len(self.held):,} validation file(s) kept out of training ({_names(self.held)})")
         if self.left_out:
             parts.append(f"{len(self.left_out):,} unsupported file(s) left out ({_names(self.left_out)})")
+        if self.hidden:
+            parts.append(f"{len(self.hidden):,} hidden file(s) or folder(s) left out ({_names(self.hidden)})")
+        if self.folders:
+            parts.append(f"{len(self.folders):,} folder(s) the pattern matched left out ({_names(self.folders)})")
         return "; ".join(parts)
 
 
-def _stat_coded(path: str, kind: str, codec: str) -> SourceFile:
-    info = os.stat(path)
+def _stat_listed(path: str, kind: str, codec: str) -> SourceFile:
+    """A listed file's size and mtime; one that went away or became unreadable since the listing is named."""
+    try:
+        info = os.stat(path)
+    except OSError as e:
+        raise ConfigError(
+            f"cannot read {path} ({e.strerror}); it changed while the corpus was listed: restore it or remove it, "
+            "and run the command again"
+        ) from e
     return SourceFile(path, info.st_size, info.st_mtime_ns, kind, codec)
 
 
@@ -240,16 +254,21 @@ def stdlib_files() -> list[SourceFile]:
 def local_listing(source: Source) -> Listing:
     """The usable files at a local source, all of them text or all of them token files: the file itself, a
     Megatron prefix's .bin, a datasets save_to_disk folder's arrow files (of source.split), or the files of
-    a folder (sorted by path; hidden ones skipped) or of a glob (sorted). A Megatron .idx goes with its .bin."""
+    a folder (sorted by path; hidden ones left out, symlinked folders followed) or of a glob (sorted). A
+    Megatron .idx goes with its .bin."""
     where = f"{source.label}='{source.location}'{resolved_against(source.location)}"
     if not source.location:
         raise ConfigError(f"{source.label} is empty; give {LOCAL_HINT}")
     root = Path(source.location).expanduser()
+    hidden: list[str] = []
+    matched_folders: list[str] = []
     if glob.has_magic(source.location):
-        paths = sorted(p for p in glob.glob(str(root), recursive=True) if os.path.isfile(p))
+        paths, matched_folders = _glob(str(root), where, "**" in source.location)
         if not paths:
             raise ConfigError(f"{where} matches no file; fix the pattern")
         folders = sorted({os.path.dirname(p) for p in paths})
+    elif os.path.islink(root) and not root.exists():
+        raise _dangling(str(root), where, named=True)
     elif root.is_file():
         if classify(root.name) is None:
             raise ConfigError(f"{where} has an unsupported suffix; use {LOCAL_HINT}")
@@ -263,19 +282,89 @@ def local_listing(source: Source) -> Listing:
     elif (saved := saved_dataset_files(root, source.split, _split_key(source))) is not None:
         paths, folders = [str(p) for p in saved], [str(root)]
     else:
-        paths, folders = _walk(root)
-    return _listing(source, paths, folders)
+        paths, folders, hidden = _walk(str(root), where)
+    listing = _listing(source, paths, folders)
+    return dataclasses.replace(listing, hidden=tuple(hidden), folders=tuple(matched_folders))
 
 
-def _walk(root: Path) -> tuple[list[str], list[str]]:
-    """A folder's files (sorted by path) and its folders, hidden ones (.name) left out. Plain strings, not
-    Path objects: this runs on every rank, over every file."""
-    found, folders = [], []
-    for folder, subfolders, names in os.walk(root):
-        subfolders[:] = [name for name in subfolders if not name.startswith(".")]
+def _walk(root: str, where: str) -> tuple[list[str], list[str], list[str]]:
+    """A folder's files (sorted by path), the folders walked and the hidden entries (.name) left out. A symlinked
+    folder is walked as a real one; a link back into its own path, a dangling link, a special file or a folder
+    that cannot be listed is a ConfigError naming it. Plain strings and os.scandir (no stat for a plain entry):
+    this runs on every rank, over every file."""
+    found, folders, hidden = [], [], []
+    stack: list[tuple[str, tuple[tuple[int, int], ...]]] = [(root, (_identity(root),))]
+    while stack:
+        folder, ancestors = stack.pop()  # ancestors: (device, inode) of each folder from the root to this one
         folders.append(folder)
-        found += [os.path.join(folder, name) for name in names if not name.startswith(".")]
-    return sorted(found), folders
+        try:
+            with os.scandir(folder) as scan:
+                entries = list(scan)
+        except OSError as e:
+            raise ConfigError(
+                f"{where}: cannot list its folder {folder} ({e.strerror}); fix its permissions or remove it"
+            ) from e
+        for entry in entries:
+            if entry.name.startswith("."):
+                hidden.append(entry.path)
+            elif entry.is_symlink() and not os.path.exists(entry.path):
+                raise _dangling(entry.path, where)
+            elif entry.is_dir():  # a symlink to a folder too
+                identity = _identity(entry.path)
+                if identity in ancestors:
+                    raise ConfigError(
+                        f"{where}: {entry.path} is a symlink to {os.path.realpath(entry.path)}, a folder it is "
+                        "inside of (a loop); remove the link or point it elsewhere"
+                    )
+                stack.append((entry.path, (*ancestors, identity)))
+            elif entry.is_file():
+                found.append(entry.path)
+            else:
+                raise ConfigError(f"{where}: {entry.path} is {_not_a_file(entry.path)}; remove it")
+    return sorted(found), sorted(folders), sorted(hidden)
+
+
+def _identity(folder: str) -> tuple[int, int]:
+    info = os.stat(folder)
+    return info.st_dev, info.st_ino
+
+
+def _glob(pattern: str, where: str, recursive: bool) -> tuple[list[str], list[str]]:
+    """The files a glob matches (sorted) and the folders it matched (left out, said; not with '**', which
+    asks for folders' files). A dangling link or a special file among them is a ConfigError naming it."""
+    files, folders = [], []
+    for path in sorted(glob.glob(pattern, recursive=recursive)):
+        if os.path.islink(path) and not os.path.exists(path):
+            raise _dangling(path, where)
+        if os.path.isdir(path):
+            folders += [] if recursive else [path]
+        elif os.path.isfile(path):
+            files.append(path)
+        else:
+            raise ConfigError(f"{where} matches {path}, which is {_not_a_file(path)}; remove it")
+    return files, folders
+
+
+def _not_a_file(path: str) -> str:
+    kind = special_file(path)
+    return f"{kind}, not a file" if kind else "not a file"
+
+
+def _dangling(path: str, where: str, named: bool = False) -> ConfigError:
+    """A symlink whose target does not exist (or that leads back to itself), named with that target; `named`:
+    the link is the path the key gives."""
+    target = os.readlink(path)
+    if not os.path.isabs(target):
+        target += f" ({os.path.normpath(os.path.join(os.path.dirname(path), target))})"
+    try:
+        os.stat(path)
+        loop = False
+    except OSError as e:
+        loop = e.errno == errno.ELOOP
+    reason = f"it leads back to itself through {target}" if loop else f"its target {target} does not exist"
+    if named:
+        return ConfigError(f"{where} is a symlink, but {reason}; restore its target or point the key at the data")
+    return ConfigError(f"{where}: {path} is a symlink, but {reason}; remove the link or restore its target")
 
 
 def _listing(source: Source, paths: list[str], folders: list[str]) -> Listing:

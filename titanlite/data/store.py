@@ -14,6 +14,7 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import logging
 import multiprocessing
 import os
 import tempfile
@@ -47,11 +48,14 @@ from titanlite.data.tokenizer import Tokenizer
 STORE_FORMAT = "titanlite-store-v3"
 MANIFEST = "manifest.json"
 SOURCES = "sources.json"  # each source file's size, mtime and hashes: read by check and prepare, not by ranks
-JOURNAL = "progress.jsonl"
+JOURNAL = "progress.jsonl"  # the shards a build has finished, so that an interrupted one continues
+LOCK = ".lock"  # held by the one process that builds the store
 DEFAULT_SHARD_BYTES = 32 * 2**20
 # How a store checks its sources before reuse: "stat" (size and mtime), "sample" (also a sampled
 # fingerprint: a few KiB per file) or "full" (also the sha256 of every byte).
 VERIFY_MODES = ("stat", "sample", "full")
+
+logger = logging.getLogger(__name__)
 
 
 def token_dtype(tokenizer: Tokenizer) -> type[np.unsignedinteger]:
@@ -151,25 +155,38 @@ def open_store(
         store = _open_if_current(folder, source, listing, verify)
         if store is not None:
             return store
+    created = _first_missing(folder)
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        with _exclusive_lock(folder / ".lock"):
-            # Another process may have finished the store while this one waited for the lock.
-            store = None if rebuild else _open_if_current(folder, source, listing, verify)
-            if rebuild:
-                _clear(folder)
-            if store is None:
-                files = stdlib_files() if source.kind == "stdlib" else listing.files() if listing else []
-                build_store(folder, source, files, tokenizer, shard_bytes, workers, listing)
-                store = _open_if_current(folder, source, listing, "sample")
+        with _exclusive_lock(folder / LOCK):
+            try:
+                # Another process may have finished the store while this one waited for the lock.
+                store = None if rebuild else _open_if_current(folder, source, listing, verify)
+                if rebuild:
+                    _clear(folder)
+                if store is None:
+                    files = stdlib_files() if source.kind == "stdlib" else listing.files() if listing else []
+                    build_store(folder, source, files, tokenizer, shard_bytes, workers, listing)
+                    store = _open_if_current(folder, source, listing, "sample")
+            except BaseException:
+                _tidy_failed_build(folder, token_dtype(tokenizer), created)
+                raise
             if store is None:
                 raise ConfigError(f"{source.description} changed while it was being prepared; run the command again")
     except OSError as e:
-        raise ConfigError(
-            f"cannot write the token store in {cache_dir}{resolved_against(cache_dir)} ({e.strerror or e}); set "
-            "data.cache_dir to a writable folder"
-        ) from e
+        raise _store_error(e, cache_dir) from e
     return store
+
+
+def _store_error(error: OSError, cache_dir: Path) -> ConfigError:
+    """An OSError while building a store, blamed on what it names: the cache folder, or a source file."""
+    name = os.fsdecode(error.filename) if error.filename is not None else ""
+    where = Path(os.path.abspath(name)) if name else None
+    if where is not None and Path(os.path.abspath(cache_dir)) not in (where, *where.parents):
+        return ConfigError(f"cannot read {name} ({error.strerror or error}); restore it or remove it from the corpus")
+    return ConfigError(
+        f"cannot write the token store in {cache_dir}{resolved_against(cache_dir)} ({error.strerror or error}); set "
+        "data.cache_dir to a writable folder"
+    )
 
 
 @dataclass(frozen=True)
@@ -325,6 +342,50 @@ def build_store(
             path.unlink(missing_ok=True)
     (folder / JOURNAL).unlink(missing_ok=True)
     return manifest
+
+
+def _tidy_failed_build(folder: Path, dtype: type[np.unsignedinteger], created: Path | None) -> None:
+    """After a build that failed (bad input, Ctrl-C): keep only what the next build continues from, the shards it
+    finished and the journal that lists them (said in a line), and remove the rest: half-written and unlisted
+    shard files, an empty journal, and the store folder (with the folders above it that this build made) when
+    nothing is left in it but its lock. A kill leaves what it leaves; the next build tidies it."""
+    with contextlib.suppress(OSError):
+        kept = {r["file"] for r in _finished_shards(folder, np.dtype(dtype).str).values()}
+        for path in [*folder.glob("*.tmp"), *folder.glob("*.bin")]:
+            if path.suffix == ".tmp" or path.name not in kept:
+                path.unlink(missing_ok=True)
+        new = kept - {r["file"] for r in (read_manifest(folder) or {}).get("shards", [])}
+        if new:
+            logger.info(
+                f"titanlite: kept {len(new)} finished shard(s) of this corpus in {folder} (listed in {JOURNAL}): "
+                "the next prepare continues from them"
+            )
+        else:
+            (folder / JOURNAL).unlink(missing_ok=True)
+        if [p.name for p in folder.iterdir()] == [LOCK]:
+            (folder / LOCK).unlink()  # a waiter holding a lock on the deleted file tries again (_exclusive_lock)
+            _remove_empty(folder, created or folder)
+
+
+def _first_missing(folder: Path) -> Path | None:
+    """The outermost of `folder` and its parents that does not exist yet (what making it creates), or None."""
+    missing = None
+    for path in (folder, *folder.parents):
+        if path.exists():
+            break
+        missing = path
+    return missing
+
+
+def _remove_empty(folder: Path, up_to: Path) -> None:
+    """Remove `folder`, then each parent up to `up_to` (the outermost that this process made) left empty."""
+    for path in (folder, *folder.parents):
+        try:
+            path.rmdir()
+        except OSError:
+            return
+        if path == up_to:
+            return
 
 
 def _clear(folder: Path) -> None:
@@ -512,12 +573,28 @@ def _cpu_count() -> int:
 
 @contextlib.contextmanager
 def _exclusive_lock(path: Path) -> Iterator[None]:
-    with open(path, "a") as handle:
+    """An exclusive flock on `path`, made with its folder if missing. Its holder may delete the file (and the
+    folder) before it lets go (a failed build leaves nothing): a waiter that then holds a lock on a file no
+    longer at `path` tries again."""
+    while True:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            handle = open(path, "a")
+        except FileNotFoundError:  # the folder was removed between the two calls
+            continue
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+            ours, now = os.fstat(handle.fileno()), os.stat(path)
+            if (ours.st_dev, ours.st_ino) == (now.st_dev, now.st_ino):
+                break
+        except FileNotFoundError:
+            pass
+        handle.close()
+    try:
+        yield
+    finally:
+        fcntl.flock(handle, fcntl.LOCK_UN)
+        handle.close()
 
 
 def _write_atomically(path: Path, data: bytes) -> None:
