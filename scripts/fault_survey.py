@@ -654,6 +654,8 @@ def symlinked_subfolder(s: Survey) -> None:
 def bad_inputs(s: Survey) -> None:
     symlinked_subfolder(s)
     data_and_rendezvous_inputs(s)
+    hf_folder_inputs(s)
+    command_inputs(s)
     for key, value in BAD_ENV:
         case(s, f"{key}={value}", [], **{key: value})
     for name, variables in BAD_ENVS:
@@ -687,6 +689,110 @@ def bad_inputs(s: Survey) -> None:
         )
 
 
+def hf_folder_inputs(s: Survey) -> None:
+    """Hugging Face folders that would not train as their config.json says (a field of the wrong JSON type, dropout,
+    weights of another dtype or shape than config.json makes, a NaN, an MoE field out of range): run_train.sh
+    refuses each before launch, naming the field or tensor in the folder's own names."""
+    names = ["wrong JSON type", "dropout", "float64", "shape", "NaN", "experts"]
+    if not any(s.chosen(f"HF folder: {n}") for n in names):
+        return
+    sys.path.insert(0, str(REPO))  # the tests' tiny random transformers models
+    import safetensors.torch as st
+
+    from tests.unit.test_hf_families import random_model
+    from tests.unit.test_qwen3_moe import random_model as random_moe
+
+    base = s.root / "hf-qwen3"
+    random_model("qwen3").save_pretrained(base)
+
+    def variant(name: str, config: dict | None = None, tensors=None, source: Path = base) -> Path:
+        folder = s.root / f"hf-{name}"
+        shutil.rmtree(folder, ignore_errors=True)
+        shutil.copytree(source, folder)
+        if config:
+            path = folder / "config.json"
+            path.write_text(json.dumps({**json.loads(path.read_text()), **config}))
+        if tensors:
+            path = folder / "model.safetensors"
+            st.save_file(tensors(st.load_file(path)), path, metadata={"format": "pt"})
+        return folder
+
+    def nan(t: dict) -> dict:
+        t["model.layers.1.mlp.up_proj.weight"][0, 0] = float("nan")
+        return t
+
+    moe = s.root / "hf-qwen3-moe"
+    random_moe().save_pretrained(moe)
+    folders = {
+        "wrong JSON type": (variant("str", {"num_hidden_layers": "4"}), 'num_hidden_layers="4" is not a whole number'),
+        "dropout": (variant("dropout", {"attention_dropout": 0.1}), "attention_dropout=0.1: titanlite trains without"),
+        "float64": (variant("f64", tensors=lambda t: {k: v.double() for k, v in t.items()}), "are float64"),
+        "shape": (variant("vocab", {"vocab_size": 320}), "but its config.json makes it"),
+        "NaN": (variant("nan", tensors=nan), "holds 1 NaN value"),
+        "experts": (variant("moe", {"num_experts_per_tok": 0}, source=moe), "num_experts_per_tok=0"),
+    }
+    for name, (folder, said) in folders.items():
+        args = ["--model.flavor", "hf", "--model.hf_assets_path", str(folder), "--model.tokenizer", "byte"]
+        case(s, f"HF folder: {name}", args, said=said)
+
+
+def command_inputs(s: Survey) -> None:
+    """The other commands' front doors: eval, generate and convert take a run's trained settings from its checkpoint
+    and refuse a flag that contradicts them; an export never writes half a folder, into another model's folder or
+    onto the kernel's file systems; nonsensical numbers are refused. Each one line, exit 2, nothing written."""
+    if not any(s.chosen(n) for n in COMMAND_CASES):
+        return
+    run = s.folder("moe-bias", case=False)
+    moe = ["--config", "train_configs/qwen3_moe_debug.toml", "--model.tokenizer", "byte", "--moe.balance", "bias"]
+    proc = s.run(run, 1, *moe, "--training.steps", "4")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    folder = ["--job.dump_folder", str(run), "--job.name", "run"]
+    other = s.root / "other-model"
+    other.mkdir(exist_ok=True)
+    (other / "model.safetensors").write_text("another model's weights")
+    export = s.root / "export" / "hf"
+    cases = {
+        "eval with a flag the checkpoint contradicts": (["eval", *folder, "--moe.balance", "aux_loss"], "contradicts"),
+        "generate with a flag the checkpoint contradicts": (
+            ["generate", "--prompt", "x", *folder, "--model.n_layers", "1"],
+            "contradicts",
+        ),
+        "export a model its family cannot express": (
+            ["convert", "to-hf", "--output", str(export), *folder],
+            "cannot express moe.balance='bias'",
+        ),
+        "export into another model's folder": (
+            ["convert", "to-hf", "--output", str(other), *folder],
+            "holds files no titanlite export wrote",
+        ),
+        "export onto /proc": (["convert", "to-hf", "--output", "/proc/titanlite-export", *folder], "kernel's proc"),
+        "export onto a file": (["convert", "to-hf", "--output", "/etc/hostname", *folder], "is a file"),
+        "generate --temperature nan": (["generate", "--prompt", "x", "--temperature", "nan", *folder], "finite"),
+        "compare --max-diff inf": (["compare", str(run), str(run), "--max-diff", "inf"], "finite"),
+        "plan --gpu-mem-gib 0": (["plan", "--gpu-mem-gib", "0"], "--gpu-mem-gib"),
+        "eval --output a folder": (["eval", *folder, "--output", str(s.root)], "is a folder; name a file"),
+    }
+    assert set(cases) == set(COMMAND_CASES)
+    for name, (argv, said) in cases.items():
+        command_case(s, name, argv, said, empty=(export.parent,))
+    left = sorted(p.name for p in other.iterdir())
+    s.record("bad input", "another model's folder kept", left == ["model.safetensors"], f"left {left}")
+
+
+COMMAND_CASES = [
+    "eval with a flag the checkpoint contradicts",
+    "generate with a flag the checkpoint contradicts",
+    "export a model its family cannot express",
+    "export into another model's folder",
+    "export onto /proc",
+    "export onto a file",
+    "generate --temperature nan",
+    "compare --max-diff inf",
+    "plan --gpu-mem-gib 0",
+    "eval --output a folder",
+]
+
+
 def case(
     s: Survey, name: str, args: list[str], said: str = "", nothing_at: Path | None = None, within: float = 300, **env
 ) -> None:
@@ -705,16 +811,34 @@ def case(
     except subprocess.TimeoutExpired:
         s.record("bad input", name, False, f"still running after {within:.0f} s")
         return
+    judge(s, name, proc, said, [folder, *([nothing_at] if nothing_at else [])], start)
+
+
+def judge(s: Survey, name: str, proc, said: str, empty: list[Path], start: float) -> None:
+    """A bad input was handled: exit 2, its last line the one `titanlite: error:` line (holding `said`), no
+    traceback, and each folder of `empty` absent or empty (nothing written)."""
     line = last_line(proc)
+    written = [str(p) for p in empty if p.exists() and any(p.iterdir())]
     ok = (
         proc.returncode == 2
         and line.startswith("titanlite: error: ")
+        and (proc.stderr or "").count("titanlite: error:") == 1
         and said in line
         and "Traceback" not in proc.stderr
-        and not (folder / "run" / "metrics.jsonl").exists()
-        and (nothing_at is None or not nothing_at.exists() or not any(nothing_at.iterdir()))
+        and not written
     )
-    s.record("bad input", name, ok, f"exit {proc.returncode} after {time.monotonic() - start:.0f} s: {line}")
+    wrote = f" (wrote in {', '.join(written)})" if written else ""
+    s.record("bad input", name, ok, f"exit {proc.returncode} after {time.monotonic() - start:.0f} s{wrote}: {line}")
+
+
+def command_case(s: Survey, name: str, argv: list[str], said: str = "", empty: tuple[Path, ...] = ()) -> None:
+    """One bad input to a titanlite command other than training (`titanlite ARGV`), judged as `case` judges."""
+    if not s.chosen(name):
+        return
+    start = time.monotonic()
+    cmd = [sys.executable, "-m", "titanlite.commands.cli", *argv]
+    proc = subprocess.run(cmd, cwd=REPO, env=s.env(), capture_output=True, text=True, timeout=300)
+    judge(s, name, proc, said, list(empty), start)
 
 
 def main() -> int:
