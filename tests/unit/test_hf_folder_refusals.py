@@ -319,6 +319,22 @@ def test_a_deepseek_routing_refusal_is_in_its_own_names():
     assert "MoEArgs" not in str(e.value)
 
 
+def test_a_named_flavor_of_another_shape_than_the_folder_is_refused_in_config_json_names(cli, qwen3_folder, tmp_path):
+    """checkpoint.initial_load_path with a named flavor of another shape: the differences in the folder's own
+    config.json names (hidden_size, not titanlite's dim)."""
+    runs = tmp_path / "runs"
+    proc = cli(
+        "check", "--config", "train_configs/qwen3_debug.toml", "--model.tokenizer", "byte",
+        "--checkpoint.initial_load_path", str(qwen3_folder), "--job.dump_folder", str(runs),
+    )  # fmt: skip
+    assert proc.returncode == 2 and not runs.exists()
+    line = proc.stderr.strip()
+    start = f"titanlite: error: checkpoint.initial_load_path='{qwen3_folder}' has hidden_size=96, "
+    assert line.startswith(start), line
+    assert "but the configured model has hidden_size=64" in line and "model.flavor = 'hf'" in line, line
+    assert not re.search(r"\b(dim|n_heads|ffn_dim|norm_eps)=", line) and "rope_parameters" not in line, line
+
+
 # ---- through the launcher ------------------------------------------------------------------------------------------
 
 

@@ -488,12 +488,38 @@ def _check_compatible(source, target, folder) -> None:
     if source.vocab_size > target.vocab_size:
         differ.append("vocab_size")
     if differ:
-        have = ", ".join(f"{f}={getattr(source, f)}" for f in differ)
-        want = ", ".join(f"{f}={getattr(target, f)}" for f in differ)
+        have, want = _in_config_names(source, target, differ)
         raise ConfigError(
             f"checkpoint.initial_load_path='{folder}' has {have}, but the configured model has {want}; set "
             f"model.flavor = 'hf' and model.hf_assets_path = '{folder}' to take the folder's shape"
         )
+
+
+def _in_config_names(source, target, differ: list[str]) -> tuple[str, str]:
+    """The fields in which a folder's model (`source`) and the configured one (`target`) differ, as each would be
+    written in config.json ("hidden_size=96"); in the model's own names where config.json could not say the
+    configured model (a flavor its family's config.json cannot express) or says no difference."""
+    try:
+        theirs, ours = hf_config(source), hf_config(target)
+    except ConfigError:
+        theirs, ours = {}, {}
+    unpadded = "vocab_size" not in differ  # a named flavor's larger vocabulary pads the folder's: no difference
+    keys = [
+        key
+        for key in theirs
+        if key in ours
+        and theirs[key] != ours[key]
+        and not (key == "vocab_size" and unpadded)
+        and (key != "max_position_embeddings" or "max_seq_len" in differ)
+    ]
+    keys = [k for k in keys if not isinstance(theirs[k], (dict, list))] or keys  # rope_parameters restates rope_theta
+    if keys:
+        return ", ".join(f"{k}={theirs[k]}" for k in keys), ", ".join(f"{k}={ours[k]}" for k in keys)
+
+    def named(args) -> str:
+        return ", ".join(f"{f}={getattr(args, f)}" for f in differ)
+
+    return named(source), named(target)
 
 
 def load_hf_into(model_parts: list, folder: str | Path) -> None:
