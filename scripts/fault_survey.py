@@ -115,6 +115,7 @@ class Survey:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            start_new_session=True,  # its own process group: a signal to "every process" reaches the job's only
         )
 
     def losses(self, folder: Path) -> list[float]:
@@ -153,8 +154,16 @@ def wait_for_steps(folder: Path, steps: int, job: subprocess.Popen, seconds: flo
 
 
 def launcher_and_workers(job: subprocess.Popen) -> list[int]:
-    out = subprocess.run(["pgrep", "-P", str(job.pid)], capture_output=True, text=True).stdout.split()
-    return [int(pid) for pid in out]
+    """The launcher's child processes (its forkserver and helpers) and the workers its forkserver forked, last."""
+    children = [
+        int(p) for p in subprocess.run(["pgrep", "-P", str(job.pid)], capture_output=True, text=True).stdout.split()
+    ]
+    workers = [
+        int(p)
+        for child in children
+        for p in subprocess.run(["pgrep", "-P", str(child)], capture_output=True, text=True).stdout.split()
+    ]
+    return children + workers
 
 
 # ---- faults ----------------------------------------------------------------------------------------------
@@ -169,12 +178,14 @@ def fault_kill_restart(s: Survey, name: str, ngpu: int, spec: str) -> None:
 
 
 @skippable
-def fault_signal_then_rerun(s: Survey, name: str, sig: int, to_worker: bool) -> None:
+def fault_signal_then_rerun(s: Survey, name: str, sig: int, to_worker: bool | str) -> None:
     folder = s.folder(name)
     job = s.start(folder, 2)
     wait_for_steps(folder, 5, job)
-    target = launcher_and_workers(job)[-1] if to_worker else job.pid
-    os.kill(target, sig)
+    if to_worker == "every process":  # Slurm at its time limit, scancel, kill -TERM -PGID
+        os.killpg(job.pid, sig)
+    else:
+        os.kill(launcher_and_workers(job)[-1] if to_worker else job.pid, sig)
     job.communicate(timeout=300)
     first = job.returncode
     proc = s.run(folder, 2)
@@ -421,6 +432,7 @@ def faults(s: Survey) -> None:
     fault_signal_then_rerun(s, "SIGINT to the launcher, rerun", signal.SIGINT, to_worker=False)
     fault_signal_then_rerun(s, "SIGTERM to a worker, rerun", signal.SIGTERM, to_worker=True)
     fault_signal_then_rerun(s, "SIGHUP to the launcher, rerun", signal.SIGHUP, to_worker=False)
+    fault_signal_then_rerun(s, "SIGTERM to every process, rerun", signal.SIGTERM, to_worker="every process")
     fault_kill_launcher(s)
     fault_torn_file(
         s,

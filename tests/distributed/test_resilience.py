@@ -3,6 +3,7 @@ two nodes, a SIGTERM leaves a checkpoint to resume from, a NaN stops the run bef
 (the last good checkpoint resumes it exactly), and with training.skip_nonfinite_steps a NaN step changes
 no weight or optimizer state, on every layout. Real torchrun jobs on CPU; TITANLITE_FAULT injects the faults."""
 
+import os
 import signal
 import socket
 import subprocess
@@ -86,7 +87,11 @@ def test_two_launchers_as_two_nodes_match_one_node(tmp_path, reference):
     assert_matches(metrics(tmp_path), reference("gpt2"))
 
 
-def test_sigterm_leaves_a_checkpoint_at_the_current_step_and_a_restart_continues(tmp_path):
+@pytest.mark.parametrize("to", ["launcher", "every process"])
+def test_sigterm_leaves_a_checkpoint_at_the_current_step_and_a_restart_continues(tmp_path, to):
+    """SIGTERM to the launcher (`kill PID`), which forwards it to the workers, or to every process of the job at once
+    (Slurm at its time limit, `scancel`, `kill -TERM -PGID`), the launcher's forkserver among them: it ignores the
+    signal (before, it died of it and took the workers with it, before they saved)."""
     args = [
         *TINY,
         "--training.steps",
@@ -99,10 +104,19 @@ def test_sigterm_leaves_a_checkpoint_at_the_current_step_and_a_restart_continues
     ]
     cmd = [str(REPO / "run_train.sh"), "--job.dump_folder", str(tmp_path), "--job.name", "run", *args]
     job = subprocess.Popen(
-        cmd, cwd=REPO, env=env(NGPU="2"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        cmd,
+        cwd=REPO,
+        env=env(NGPU="2"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # a process group of its own: the job's processes and no other
     )
     wait_for_steps(job, tmp_path, 3)
-    job.send_signal(signal.SIGTERM)  # to torchrun (run_train.sh execs it), which forwards it to the workers
+    if to == "launcher":
+        job.send_signal(signal.SIGTERM)  # to torchrun (run_train.sh execs it), which forwards it to the workers
+    else:
+        os.killpg(job.pid, signal.SIGTERM)
     out = job.communicate(timeout=120)[0]
     assert job.returncode != 0, out[-3000:]
     saved = [p for p in (tmp_path / "run").glob("step-*") if not p.name.endswith(".tmp")]
@@ -110,6 +124,8 @@ def test_sigterm_leaves_a_checkpoint_at_the_current_step_and_a_restart_continues
     step = int(saved[0].name.removeprefix("step-"))
     assert f"stopped by SIGTERM after step {step}" in out
     assert step >= 3 and metrics(tmp_path)[-1]["step"] == step
+    if to != "launcher":
+        return  # the restart is the same
     # The restart: the workers' resume (the launcher's part, the signal, is above), on the pool's two ranks.
     proc = train_in_pool(2, [*args, "--training.stop_after_step", str(step + 2)], tmp_path)
     assert f"at step {step}" in proc.stdout

@@ -109,6 +109,8 @@ def forked(module: str, launcher_env: dict[str, str], argv: list[str]) -> None:
     the variables that differ from the server's, which may have started for an earlier launch of the same
     launcher process). A finished worker returns, which torchrun's agent waits for; any other status leaves
     at once with that status, as `shutdown` does."""
+    for sig in (signal.SIGTERM, signal.SIGHUP):  # the server ignores them (fork_server.py); a worker must not
+        signal.signal(sig, signal.SIG_DFL)
     per_rank = {key: value for key, value in os.environ.items() if SERVER_ENV.get(key) != value}
     os.environ.clear()
     os.environ.update(launcher_env)
