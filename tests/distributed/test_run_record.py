@@ -130,3 +130,20 @@ def test_a_checkpoint_with_tensors_the_model_has_no_place_for_is_refused(biased_
     cfg = parse_config(["--config", "train_configs/qwen3_moe_debug.toml", "--model.tokenizer", "byte"])
     with pytest.raises(ConfigError, match=r"holds model tensors that this model has no place for \(layers\.\d+\."):
         load_model_only(step, plain_model(cfg))
+
+
+def test_an_export_takes_the_balance_from_the_checkpoint(tmp_path):
+    """DeepSeek-V3 trained with --moe.balance none (its flavor's is 'bias'): exported without the flag, the model is
+    built as trained (before, it was built with routing biases the checkpoint does not hold, and the load failed),
+    and the files equal those of an export with every training flag repeated."""
+    trained = ["--config", "train_configs/deepseek_v3_debug.toml", "--model.tokenizer", "byte"]
+    trained += ["--training.seq_len", "32", "--training.steps", "3", "--moe.balance", "none"]
+    proc = train_in_pool(1, [*trained, "--checkpoint.enable", "--checkpoint.interval", "3"], tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    exports = {}
+    for name, flags in (("recorded", []), ("repeated", trained[:-4] + trained[-2:])):
+        out = tmp_path / name
+        assert main(["convert", "to-hf", "--output", str(out), *run_folder(tmp_path), *flags]) == 0
+        exports[name] = {p.name: p.read_bytes() for p in out.iterdir() if p.suffix in (".safetensors", ".json")}
+    assert exports["recorded"].keys() == exports["repeated"].keys() and "model.safetensors" in exports["recorded"]
+    assert exports["recorded"] == exports["repeated"]
