@@ -208,7 +208,7 @@ def test_gpt2_positions_advice_works(tmp_path):
     assert configured_model(hf_cfg(tmp_path).model, 257, 256).args.max_seq_len == 256  # following it works
     # A named flavor (1024 positions) cannot take the folder; the advice is the hf flavor, which works.
     named = configured_model(parse_config(["--model.tokenizer", "byte"]).model, 257, 128)
-    with pytest.raises(ConfigError, match=r"max_seq_len=256.*model.flavor = 'hf'"):
+    with pytest.raises(ConfigError, match=r"n_positions=256.*model.flavor = 'hf'"):  # config.json's names
         load_hf_into([named], tmp_path)
 
 
