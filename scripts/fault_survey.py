@@ -18,7 +18,6 @@ Every case runs ./run_train.sh for real (CPU, gloo, the debug model at seq 32); 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import shutil
@@ -27,11 +26,11 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # the tests' helpers: tiny random transformers models, a port that never answers
 BASE = [
     "--training.seq_len",
     "32",
@@ -556,41 +555,11 @@ def corpus(folder: Path, files: dict[str, str]) -> Path:
     return folder
 
 
-@contextlib.contextmanager
-def silent_port():
-    """A port on 127.0.0.1 that accepts connections and never answers, as a wrong RDZV_ENDPOINT may name; yields it."""
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen()
-    server.settimeout(0.2)
-    held, stop = [], threading.Event()
-
-    def serve() -> None:
-        while not stop.is_set():
-            with contextlib.suppress(OSError):
-                held.append(server.accept()[0])
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    try:
-        yield server.getsockname()[1]
-    finally:
-        stop.set()
-        thread.join()
-        for conn in held:
-            conn.close()
-        server.close()
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def data_and_rendezvous_inputs(s: Survey) -> None:
     """Dataset folders with a dangling symlink or a file that fails mid-prepare, and rendezvous endpoints that never
     answer: one line naming the real cause (not the cache folder), exit 2, nothing written, in bounded time."""
+    from tests.unit.test_rendezvous_input import free_port, listener
+
     text = "The quick brown fox jumps over the lazy dog. " * 400
     data = corpus(s.root / "dangling", {"a.txt": text})
     (data / "b.txt").unlink(missing_ok=True)
@@ -613,7 +582,7 @@ def data_and_rendezvous_inputs(s: Survey) -> None:
         nothing_at=cache,
     )
     rendezvous = {"NNODES": "2", "RDZV_TIMEOUT": "5"}
-    with silent_port() as port:
+    with listener() as port:  # accepts connections, never answers
         endpoint = {**rendezvous, "RDZV_ENDPOINT": f"127.0.0.1:{port}"}
         case(
             s,
@@ -708,7 +677,6 @@ def hf_folder_inputs(s: Survey) -> None:
     names = ["wrong JSON type", "dropout", "float64", "shape", "NaN", "experts"]
     if not any(s.chosen(f"HF folder: {n}") for n in names):
         return
-    sys.path.insert(0, str(REPO))  # the tests' tiny random transformers models
     import safetensors.torch as st
 
     from tests.unit.test_hf_families import random_model
