@@ -45,8 +45,8 @@ def eval_command(argv: list[str]) -> int:
     checkpoint_to_load(cfg, "evaluate", contents=False)  # its workers verify the contents, sharing the work
     tokenizer, corpus = build_data(cfg, verify="sample")
     build_validation_data(cfg, tokenizer, corpus, verify="sample")
-    if opts["ngpu"] == 1:  # no process group: the worker runs here and returns
-        return run_worker(lambda cfg: evaluate(cfg, opts["output"]), rest, parse_run_config)
+    if opts["ngpu"] == 1:  # no process group: the worker runs here, on the config parsed above, and returns
+        return run_worker(lambda cfg: evaluate(cfg, opts["output"]), rest, lambda _: cfg)
     env = {**os.environ, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
     cmd = [
         sys.executable,
