@@ -1,5 +1,5 @@
 """The mixture-of-experts block alone, forward and backward: its routed experts on `torch._grouped_mm` against the
-loop over experts that it falls back to where the grouped kernel does not run (titanlite/models/common/moe.py).
+loop over experts that it falls back to where the grouped kernel does not run (titanlite/models/common/moe/layer.py).
 
     python3 scripts/bench_moe.py [--device cpu|cuda] [--dtype float32|bfloat16] [--output moe.json]
 
@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 
-from titanlite.models.common.moe import MoE, grouped_mm_runs
-from titanlite.models.common.moe_args import MoEArgs
+from titanlite.models.common.moe.args import MoEArgs
+from titanlite.models.common.moe.layer import MoE, grouped_mm_runs
 
 SHAPES = {  # name: (tokens, dim, experts, top_k, expert_dim)
     "small 4k tokens": (4096, 256, 8, 2, 512),

@@ -19,7 +19,7 @@ LAYERS = (
     ),
     (0, "models", "the ModelSpec, the registry of families, config.json of any family both ways; torch-free"),
     (0, "models.*", "a family's spec, arguments and sizes, its config.json both ways; torch-free"),
-    (0, "models.common.moe_args", "a mixture-of-experts block's arguments, shared by the families; torch-free"),
+    (0, "models.common.moe.args", "a mixture-of-experts block's arguments, shared by the families; torch-free"),
     (1, "config", "the run configuration: sections, loading and validation, reference text"),
     (2, "models.common", "blocks every family may use: the model interface, attention, KV cache, weight init, build"),
     (2, "models.*.model", "a family's plain module, no parallelism inside"),

@@ -1,6 +1,6 @@
 """Qwen3-MoE under pipeline parallelism (gloo, fp32) gives one process's losses, grad norms, validation losses and
 load-balancing terms: the pooled statistics travel with the activations and the last stage adds the one term
-(titanlite/models/moe_decoder/model.py). Each pipeline micro-batch forms its own term, so the one-process reference
+(titanlite/models/common/moe/balance.py). Each pipeline micro-batch forms its own term, so the one-process reference
 runs the same micro-batches: 8 sequences one at a time, accumulated, as the pipeline cuts its 8 into micro-batches of
 1. Beside FSDP or EP each rank cuts its own 4 sequences, and the last stage sums the statistics of its i-th
 micro-batch over the data-parallel ranks (titanlite/parallel/parallelize.py pool_balance_over): the reference is then

@@ -424,7 +424,7 @@ def relative_error(out: torch.Tensor, expected: torch.Tensor) -> float:
 def test_moe_grouped_experts_equal_the_loop_on_cuda():
     """On sm90+ "auto" picks torch._grouped_mm for bfloat16 experts, and it gives the expert loop's outputs and
     gradients within bfloat16 rounding (relative error of the whole tensor under 1e-2)."""
-    from titanlite.models.common.moe import MoE, MoEArgs, grouped_mm_runs
+    from titanlite.models.common.moe.layer import MoE, MoEArgs, grouped_mm_runs
 
     cuda = torch.device("cuda")
     assert grouped_mm_runs(cuda, torch.bfloat16)

@@ -21,8 +21,8 @@ from titanlite.commands.generate import generate  # noqa: E402
 from titanlite.components.hf_weights import save_hf  # noqa: E402
 from titanlite.models.common.build import model_from_args  # noqa: E402
 from titanlite.models.common.init import init_weights  # noqa: E402
-from titanlite.models.common.moe import MoE, update_balance_bias  # noqa: E402
-from titanlite.models.common.moe_args import MoEArgs  # noqa: E402
+from titanlite.models.common.moe.args import MoEArgs  # noqa: E402
+from titanlite.models.common.moe.layer import MoE, update_balance_bias  # noqa: E402
 from titanlite.models.deepseek_v3.args import FLAVORS  # noqa: E402
 from titanlite.models.hf_config import args_from_hf_config, hf_config  # noqa: E402
 

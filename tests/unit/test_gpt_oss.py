@@ -26,7 +26,7 @@ from titanlite.components.hf_weights import save_hf  # noqa: E402
 from titanlite.models.common.attention import FlexAttention, build_core  # noqa: E402
 from titanlite.models.common.build import build_model, model_from_args  # noqa: E402
 from titanlite.models.common.init import init_weights  # noqa: E402
-from titanlite.models.common.moe import ClampedSwiGLU, GroupedExperts  # noqa: E402
+from titanlite.models.common.moe.layer import ClampedSwiGLU, GroupedExperts  # noqa: E402
 from titanlite.models.gpt_oss.args import FLAVORS  # noqa: E402
 from titanlite.models.hf_config import args_from_hf_config  # noqa: E402
 

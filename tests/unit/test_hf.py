@@ -19,10 +19,10 @@ from tests.helpers import run_ranks  # noqa: E402
 from titanlite.base.errors import ConfigError  # noqa: E402
 from titanlite.components.hf_weights import from_hf, load_hf, load_hf_into, save_hf, to_hf  # noqa: E402
 from titanlite.models.common.build import build_model  # noqa: E402
+from titanlite.models.common.decoder import Transformer as Llama  # noqa: E402
 from titanlite.models.common.init import init_weights  # noqa: E402
 from titanlite.models.gpt2.model import GPT2  # noqa: E402
 from titanlite.models.hf_config import args_from_hf_config, hf_config  # noqa: E402
-from titanlite.models.llama3.model import Llama  # noqa: E402
 
 VOCAB = 300  # padded to 320 by build_model
 ATOL = RTOL = 1e-5

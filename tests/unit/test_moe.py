@@ -1,4 +1,4 @@
-"""The shared mixture-of-experts block (titanlite/models/common/moe.py) computes what transformers' sparse MoE
+"""The shared mixture-of-experts block (titanlite/models/common/moe/layer.py) computes what transformers' sparse MoE
 blocks compute (Qwen3-MoE, Mixtral, OLMoE, Qwen2-MoE with its gated shared expert) from the same weights, under
 Hugging Face's tensor names both ways; its load-balancing loss and router z-loss are transformers' and ST-MoE's;
 the grouped-GEMM path equals the loop over experts and reads nothing on the host; the balancing bias steers the
@@ -16,9 +16,10 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from tests.helpers import REPO
-from titanlite.models.common import moe as moe_module
 from titanlite.models.common.auxiliary import AuxiliaryLosses, collecting
-from titanlite.models.common.moe import (
+from titanlite.models.common.moe import layer as moe_module
+from titanlite.models.common.moe.args import MoEArgs, dense_layers_from_hf
+from titanlite.models.common.moe.layer import (
     MoE,
     expert_load,
     grouped_mm_runs,
@@ -28,7 +29,6 @@ from titanlite.models.common.moe import (
     router_z_loss,
     update_balance_bias,
 )
-from titanlite.models.common.moe_args import MoEArgs, dense_layers_from_hf
 from titanlite.tools.host_reads import count_host_reads
 
 try:
@@ -273,12 +273,12 @@ def test_the_grouped_path_reads_nothing_on_the_host():
     moe = our_block(use_grouped_mm=True)
     x = tokens()
     grouped_mm_runs(x.device, x.dtype)  # tried once, before counting
-    with count_host_reads(lambda f: f.endswith(os.path.join("common", "moe.py"))) as reads:
+    with count_host_reads(lambda f: f.endswith(os.path.join("common", "moe", "layer.py"))) as reads:
         moe(x).sum().backward()
         expert_load(moe.tokens_per_expert)
     assert reads.calls == []
     loop = same_weights(moe, use_grouped_mm=False)
-    with count_host_reads(lambda f: f.endswith(os.path.join("common", "moe.py"))) as reads:
+    with count_host_reads(lambda f: f.endswith(os.path.join("common", "moe", "layer.py"))) as reads:
         loop(x)
     assert [call[0] for call in reads.calls] == ["tolist"]  # the loop splits the rows on the host
 
@@ -433,7 +433,7 @@ def test_dense_layers_follow_qwen3_moe_s_mlp_only_layers_and_sparse_step():
 
 
 def test_the_arguments_import_no_torch():
-    code = "import sys, titanlite.models.common.moe_args; sys.exit('torch' in sys.modules)"
+    code = "import sys, titanlite.models.common.moe.args; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], cwd=REPO).returncode == 0
 
 

@@ -20,7 +20,7 @@ from titanlite.components.resume import flat_config, resume_changes
 from titanlite.config import parse_config
 from titanlite.models.common.build import configured_args, configured_model, model_from_args
 from titanlite.models.common.init import init_weights
-from titanlite.models.common.moe import GroupedExperts, MoE, expert_load
+from titanlite.models.common.moe.layer import GroupedExperts, MoE, expert_load
 
 MOE_CONFIG = ["--config", "train_configs/qwen3_moe_debug.toml"]
 

@@ -27,7 +27,7 @@ from titanlite.models.common.auxiliary import AuxiliaryLosses, collecting  # noq
 from titanlite.models.common.build import model_from_args  # noqa: E402
 from titanlite.models.common.flops import dense_flops_per_token, moe_flops_per_token  # noqa: E402
 from titanlite.models.common.init import init_weights  # noqa: E402
-from titanlite.models.common.moe import MoE, load_balancing_loss  # noqa: E402
+from titanlite.models.common.moe.layer import MoE, load_balancing_loss  # noqa: E402
 from titanlite.models.hf_config import args_from_hf_config, hf_config  # noqa: E402
 from titanlite.models.registry import spec_named  # noqa: E402
 
@@ -117,7 +117,7 @@ def test_a_folder_imports_with_transformers_logits_and_aux_loss(tmp_path, change
     hf.save_pretrained(tmp_path)
     ours = imported(tmp_path)
     assert [type(ours.layers[str(i)].feed_forward).__name__ for i in range(4)] == (
-        ["PooledMoE", "FeedForward", "PooledMoE", "PooledMoE"] if changes == {} else ["PooledMoE"] * 4
+        ["PooledMoE", "GatedMLP", "PooledMoE", "PooledMoE"] if changes == {} else ["PooledMoE"] * 4
     )
     x = tokens()
     with torch.no_grad():
@@ -313,7 +313,7 @@ def test_activation_checkpointing_gives_the_same_term_and_gradients(monkeypatch)
     (even on the very first forward, where the shared block probes torch._grouped_mm)."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
-    from titanlite.models.common import moe as moe_module
+    from titanlite.models.common.moe import layer as moe_module
 
     args = dataclasses.replace(FLAVORS["debug"], vocab_size=320, max_seq_len=64)
     x = torch.randint(0, 320, (2, 32), generator=torch.Generator().manual_seed(5))

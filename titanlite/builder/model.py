@@ -17,7 +17,7 @@ from titanlite.data.tokenizer import build_tokenizer
 from titanlite.engine.trainer import Pipeline, RankModel, autocast_for
 from titanlite.models.common.build import configured_model
 from titanlite.models.common.interface import DecoderModule
-from titanlite.models.common.moe_args import MoEArgs
+from titanlite.models.common.moe.args import MoEArgs
 from titanlite.models.registry import spec_of
 from titanlite.parallel.compile import compiled_loss
 from titanlite.parallel.context_parallel import SequenceSplit

@@ -25,7 +25,7 @@ from titanlite.components.metrics import flops_per_token
 from titanlite.data.tokenizer import build_tokenizer
 from titanlite.models.common.build import configured_model
 from titanlite.models.common.flops import active_parameters
-from titanlite.models.common.moe import GroupedExperts, MoE
+from titanlite.models.common.moe.layer import GroupedExperts, MoE
 from titanlite.parallel.activation_checkpoint import SAVE_OPS
 from titanlite.parallel.tensor_parallel import tp_refusal, tp_split_sizes
 

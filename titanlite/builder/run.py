@@ -30,7 +30,7 @@ from titanlite.models.common.attention import CoreAttention, FlexAttention, SDPA
 from titanlite.models.common.build import configured_args
 from titanlite.models.common.flops import active_parameters
 from titanlite.models.common.interface import unwrapped
-from titanlite.models.common.moe import (
+from titanlite.models.common.moe.layer import (
     LOOP_CHOSEN,
     LOOP_COMPILED,
     LOOP_UNALIGNED,

@@ -29,7 +29,7 @@ from titanlite.models.common.attention import FlexAttention
 from titanlite.models.common.build import model_from_args
 from titanlite.models.common.interface import DecoderModule
 from titanlite.models.common.kv_cache import KVCache, StaticKVCache
-from titanlite.models.common.moe import MoE
+from titanlite.models.common.moe.layer import MoE
 from titanlite.models.hf_config import folder_model_args
 
 OPTIONS = {

@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from titanlite.models.common.moe import MoE, expert_load, update_balance_bias
+from titanlite.models.common.moe.layer import MoE, expert_load, update_balance_bias
 
 
 class ExpertBalance:

@@ -24,7 +24,7 @@ from titanlite.components.hf_tokenizer import save_tokenizer
 from titanlite.models.common.build import model_from_args
 from titanlite.models.common.init import canonical_name, fill_parameters
 from titanlite.models.common.interface import unwrapped
-from titanlite.models.common.moe_args import BALANCE_FIELDS, MoEArgs
+from titanlite.models.common.moe.args import BALANCE_FIELDS, MoEArgs
 from titanlite.models.hf_config import folder_model_args, hf_config
 from titanlite.models.registry import spec_of
 

@@ -19,7 +19,7 @@ from dataclasses import asdict
 
 from titanlite.base.errors import ConfigError
 from titanlite.config import JobConfig
-from titanlite.models.common.moe_args import BALANCE_FIELDS
+from titanlite.models.common.moe.args import BALANCE_FIELDS
 
 # Keys that decide which token windows sample i of the run is: the saved data position means nothing under
 # other values.

@@ -7,7 +7,7 @@ import torch
 from titanlite.components.loss import cross_entropy
 from titanlite.config import Compile
 from titanlite.models.common.interface import DecoderModule
-from titanlite.models.common.moe import GroupedExperts
+from titanlite.models.common.moe.layer import GroupedExperts
 
 
 def apply_compile(model: DecoderModule, cfg: Compile) -> None:

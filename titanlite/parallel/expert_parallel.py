@@ -24,7 +24,7 @@ from torch.distributed.tensor import Shard, distribute_module, distribute_tensor
 from torch.distributed.tensor.parallel import ParallelStyle
 
 from titanlite.base.errors import ConfigError
-from titanlite.models.common.moe import GroupedExperts
+from titanlite.models.common.moe.layer import GroupedExperts
 
 
 class ExpertParallel(ParallelStyle):

@@ -18,8 +18,8 @@ from titanlite.components.loss import chunk_tokens, schedule_of
 from titanlite.config import ActivationCheckpoint, Compile, Float8, Parallelism, Training
 from titanlite.models.common.init import init_weights
 from titanlite.models.common.interface import DecoderModule
-from titanlite.models.common.moe import MoE
-from titanlite.models.moe_decoder.model import PooledBalance
+from titanlite.models.common.moe.balance import PooledBalance
+from titanlite.models.common.moe.layer import MoE
 from titanlite.parallel.activation_checkpoint import apply_ac
 from titanlite.parallel.compile import apply_compile
 from titanlite.parallel.context_parallel import apply_cp

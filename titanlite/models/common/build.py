@@ -8,8 +8,8 @@ import dataclasses
 from titanlite.base.errors import ConfigError
 from titanlite.models.common.attention import CoreAttention, build_core
 from titanlite.models.common.interface import DecoderModule
-from titanlite.models.common.moe import GroupedExperts
-from titanlite.models.common.moe_args import MoEArgs
+from titanlite.models.common.moe.args import MoEArgs
+from titanlite.models.common.moe.layer import GroupedExperts
 from titanlite.models.hf_config import folder_args
 from titanlite.models.registry import model_args, spec_of
 

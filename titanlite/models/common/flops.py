@@ -8,7 +8,7 @@ from __future__ import annotations
 from torch import nn
 
 from titanlite.models.common.interface import DecoderModule
-from titanlite.models.common.moe import GroupedExperts, MoE
+from titanlite.models.common.moe.layer import GroupedExperts, MoE
 
 
 def dense_flops_per_token(model: DecoderModule, seq_len: int) -> float:

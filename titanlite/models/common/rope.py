@@ -1,11 +1,15 @@
-"""Rotary position embedding frequencies shared by the families: plain RoPE and YaRN's scaling
-(titanlite/models/common/rope_args.py holds its arguments)."""
+"""Rotary position embeddings shared by the families: the frequencies (plain, Llama 3.1's scaling, YaRN's, linear),
+the cos/sin tables a decoder keeps as buffers, and the rotation itself (titanlite/models/common/rope_args.py holds
+the scalings' arguments)."""
+
+from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
-from titanlite.models.common.rope_args import YarnRopeScaling
+from titanlite.models.common.rope_args import Llama3RopeScaling, YarnRopeScaling
 
 
 def rope_frequencies(rotary_dim: int, theta: float, device=None) -> torch.Tensor:
@@ -36,3 +40,52 @@ def yarn_frequencies(rotary_dim: int, theta: float, scaling: YarnRopeScaling, de
     ramp = ((torch.arange(rotary_dim // 2, device=device, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
     # ramp 0: fast dimensions, kept; ramp 1: slow ones, interpolated.
     return interpolated * ramp + extrapolated * (1 - ramp)
+
+
+def scale_rope_frequencies(inv_freq: torch.Tensor, scaling: Llama3RopeScaling) -> torch.Tensor:
+    """Llama 3.1's frequency scaling: rotations slower than the original context are slowed by `factor`, fast
+    ones kept, those in between blended."""
+    wavelength = 2 * math.pi / inv_freq
+    context = scaling.original_max_position_embeddings
+    # 0 for wavelengths longer than context / low_freq_factor, 1 for those shorter than
+    # context / high_freq_factor, linear in context / wavelength in between.
+    span = scaling.high_freq_factor - scaling.low_freq_factor
+    blend = ((context / wavelength - scaling.low_freq_factor) / span).clamp(0, 1)
+    return (1 - blend) * inv_freq / scaling.factor + blend * inv_freq
+
+
+@dataclass(frozen=True)
+class RotaryTable:
+    """One table of rotations a decoder keeps (its cos and sin buffers): `dim` rotated channels per head, base
+    `theta`, an optional scaling (Llama 3.1's or YaRN), and a linear factor dividing every frequency (Gemma 3's
+    full layers)."""
+
+    dim: int
+    theta: float
+    scaling: Llama3RopeScaling | YarnRopeScaling | None = None
+    linear_factor: float = 1.0
+
+    def compute(self, seq_len: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin of the rotation angles, each [seq_len, dim // 2], in float32 (YaRN's scaled by its
+        attention scale, as transformers applies it)."""
+        scaling = self.scaling
+        if isinstance(scaling, YarnRopeScaling):
+            inv_freq = yarn_frequencies(self.dim, self.theta, scaling, device)
+        else:
+            inv_freq = rope_frequencies(self.dim, self.theta, device)
+            if scaling is not None:
+                inv_freq = scale_rope_frequencies(inv_freq, scaling)
+        if self.linear_factor != 1.0:
+            inv_freq = inv_freq / self.linear_factor
+        angles = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv_freq)
+        if isinstance(scaling, YarnRopeScaling):
+            return angles.cos() * scaling.attention_scale, angles.sin() * scaling.attention_scale
+        return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate adjacent pairs (x[2i], x[2i+1]) of x [B, T, H, hd], Meta's layout for Llama weights."""
+    x1, x2 = x.float().unflatten(-1, (-1, 2)).unbind(-1)  # each [B, T, H, hd/2]
+    cos, sin = cos[None, :, None, :], sin[None, :, None, :]  # [1, T, 1, hd/2]
+    out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
+    return out.type_as(x)

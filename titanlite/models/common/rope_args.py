@@ -1,5 +1,5 @@
-"""YaRN rotary scaling's arguments, torch-free (the frequencies are titanlite/models/common/rope.py): shared by
-every family whose config.json asks for rope_type "yarn" (the Llama decoder's families, DeepSeek-V3, gpt-oss)."""
+"""Rotary scaling's arguments, torch-free (the frequencies are titanlite/models/common/rope.py): Llama 3.1's
+(rope_type "llama3") and YaRN (rope_type "yarn"), shared by every family whose config.json asks for them."""
 
 from __future__ import annotations
 
@@ -11,6 +11,18 @@ def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
     """YaRN's attention temperature for a context stretched `factor` times: 0.1 * mscale * ln(factor) + 1,
     and 1 when the context is not stretched."""
     return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+@dataclass(frozen=True)
+class Llama3RopeScaling:
+    """Llama 3.1/3.2's RoPE frequency scaling (config.json rope_scaling with rope_type "llama3"): rotations
+    slower than the original context are slowed by `factor`, fast ones are kept, and those in between are
+    blended, so the model reads long contexts without retraining its short-range positions."""
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,12 @@
 """DeepSeek-V3's arguments, torch-free: multi-head latent attention's ranks and head widths, the mixture-of-experts
-block (titanlite/models/common/moe_args.py) and the dense layers before it; the published sizes."""
+block (titanlite/models/common/moe/args.py) and the dense layers before it; the published sizes."""
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
 
-from titanlite.models.common.moe_args import MoEArgs
+from titanlite.models.common.moe.args import MoEArgs
 from titanlite.models.common.rope_args import YarnRopeScaling, yarn_mscale
 
 

@@ -19,7 +19,7 @@ import logging
 
 from titanlite.base.errors import ConfigError
 from titanlite.base.hf_config import refuse
-from titanlite.models.common.moe_args import MoEArgs
+from titanlite.models.common.moe.args import MoEArgs
 from titanlite.models.common.rope_args import YarnRopeScaling
 from titanlite.models.deepseek_v3.args import DeepseekV3Args, first_dense
 from titanlite.models.llama3.hf_config import rope_scaling_to_hf, rope_settings

@@ -3,8 +3,8 @@ embeddings, GELU-tanh MLP, and sliding/full layers with their own RoPE bases. It
 
 from __future__ import annotations
 
+from titanlite.models.common.decoder_args import tp_split_sizes
 from titanlite.models.gemma3 import args, hf_config
-from titanlite.models.llama3.args import tp_split_sizes
 from titanlite.models.spec import HFConfig, ModelSpec
 
 SPEC = ModelSpec(

@@ -1,15 +1,15 @@
-"""Gemma 3's arguments, torch-free: the Llama decoder's (LlamaArgs, whose window switches give each block its
+"""Gemma 3's arguments, torch-free: the Llama decoder's (DecoderArgs, whose window switches give each block its
 sliding or full attention) and what only Gemma 3 has; its published text sizes."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from titanlite.models.llama3.args import LlamaArgs
+from titanlite.models.common.decoder_args import DecoderArgs
 
 
 @dataclass
-class Gemma3Args(LlamaArgs):
+class Gemma3Args(DecoderArgs):
     """Gemma 3's text decoder (titanlite/models/gemma3/model.py): every block has per-head Q/K norms (qk_norm
     "head") and norms before and after each sublayer; its embeddings are scaled by sqrt(dim), its norms multiply
     by (1 + weight), its MLP is GELU-tanh gated."""
@@ -39,7 +39,7 @@ def layer_types(n_layers: int, pattern: int = 6) -> tuple[str, ...]:
     return tuple("full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(n_layers))
 
 
-def with_depth(args: LlamaArgs, n_layers: int) -> dict:
+def with_depth(args: DecoderArgs, n_layers: int) -> dict:
     """The fields that change with model.n_layers: the depth, and the flavor's layer pattern at the new depth."""
     full = [i for i, kind in enumerate(args.layer_types) if kind == "full_attention"]
     pattern = full[0] + 1 if full else n_layers + 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from titanlite.models.common.moe_args import MoEArgs
+from titanlite.models.common.moe.args import MoEArgs
 from titanlite.models.common.rope_args import YarnRopeScaling
 from titanlite.models.moe_decoder.args import MoEDecoderArgs
 

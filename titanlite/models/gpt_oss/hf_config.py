@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from titanlite.base.errors import ConfigError
 from titanlite.base.hf_config import refuse
+from titanlite.models.common.decoder_args import DecoderArgs, window_of
 from titanlite.models.gpt_oss.args import GptOssArgs, alternating
-from titanlite.models.llama3.args import LlamaArgs, window_of
 from titanlite.models.llama3.hf_config import (
     DecoderConfig,
     Expressible,
@@ -73,7 +73,7 @@ def _window(config: dict, where: str, family: str) -> Window:
     return window, tuple(layer_types)
 
 
-def _fields(args: LlamaArgs) -> dict:
+def _fields(args: DecoderArgs) -> dict:
     sliding = [window_of(args, i) is not None for i in range(args.n_layers)]
     return {
         "sliding_window": args.sliding_window or None,
@@ -115,7 +115,7 @@ def read(config: dict, where: str) -> GptOssArgs:
         router_bias=True,
         aux_loss_coef=config["router_aux_loss_coef"],
     )
-    fields = {name: getattr(base, name) for name in LlamaArgs.__dataclass_fields__}
+    fields = {name: getattr(base, name) for name in DecoderArgs.__dataclass_fields__}
     try:
         return GptOssArgs(
             **fields,

@@ -3,11 +3,12 @@ families that reuse this decoder describe themselves from their own folders."""
 
 from __future__ import annotations
 
+from titanlite.models.common import decoder_args
 from titanlite.models.llama3 import args, hf_config
 from titanlite.models.spec import HFConfig, ModelSpec
 
 
-def tp_refusal(a: args.LlamaArgs) -> str | None:
+def tp_refusal(a: decoder_args.DecoderArgs) -> str | None:
     if a.qk_norm == "full":
         return (
             "model qk_norm 'full' (a norm over each token's whole query and key, which tensor parallelism "
@@ -20,15 +21,15 @@ def decoder_spec(name: str, flavors: dict, hf: hf_config.DecoderConfig, descript
     """The spec of a family built by the Llama decoder: its module, weight names and TP plan are this folder's."""
     return ModelSpec(
         name=name,
-        args_type=args.LlamaArgs,
+        args_type=decoder_args.DecoderArgs,
         flavors=flavors,
-        model="titanlite.models.llama3.model:Llama",
+        model="titanlite.models.common.decoder:Transformer",
         tp_plan="titanlite.models.llama3.parallelize:tp_plan",
         hf_weights="titanlite.models.llama3.weights",
-        tp_split_sizes=args.tp_split_sizes,
+        tp_split_sizes=decoder_args.tp_split_sizes,
         hf=HFConfig(hf.model_type, hf.read, hf.write),
         tp_refusal=tp_refusal,
-        with_depth=args.with_depth,
+        with_depth=decoder_args.with_depth,
         description=description,
     )
 

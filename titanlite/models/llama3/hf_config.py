@@ -1,5 +1,5 @@
 """config.json of a family built by the Llama decoder, both ways, torch-free: the fields every such family
-shares, read into LlamaArgs and written back under the family's own model_type and architecture. What a
+shares, read into DecoderArgs and written back under the family's own model_type and architecture. What a
 family adds (its switches, its window rule, its own fields) is a DecoderConfig its folder fills in."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from typing import NamedTuple
 
 from titanlite.base.errors import ConfigError
 from titanlite.base.hf_config import refuse
-from titanlite.models.common.rope_args import YarnRopeScaling, yarn_from_hf, yarn_to_hf
-from titanlite.models.llama3.args import Llama3RopeScaling, LlamaArgs, window_of
+from titanlite.models.common.decoder_args import DecoderArgs, window_of
+from titanlite.models.common.rope_args import Llama3RopeScaling, YarnRopeScaling, yarn_from_hf, yarn_to_hf
 
 
 class Expressible(NamedTuple):
@@ -103,7 +103,7 @@ def layer_types_of(config: dict, where: str) -> list[str]:
 
 @dataclass(frozen=True)
 class DecoderConfig:
-    """One family's config.json on the Llama decoder. `switches(config, n_layers, where)`: the LlamaArgs switches
+    """One family's config.json on the Llama decoder. `switches(config, n_layers, where)`: the DecoderArgs switches
     its fields set; `window(config, where, family)`: its sliding window and layer types, or a refusal;
     `fields(args)`: the fields only it writes; `attention_bias_field`: whether it writes attention_bias."""
 
@@ -113,18 +113,18 @@ class DecoderConfig:
     expressible: Expressible = Expressible()
     switches: Callable[[dict, int, str], dict] = attention_biases
     window: Callable[[dict, str, str], Window] = full_attention
-    fields: Callable[[LlamaArgs], dict] = lambda args: {}
+    fields: Callable[[DecoderArgs], dict] = lambda args: {}
     attention_bias_field: bool = True
 
-    def read(self, config: dict, where: str) -> LlamaArgs:
-        """LlamaArgs of a config.json of this family."""
+    def read(self, config: dict, where: str) -> DecoderArgs:
+        """DecoderArgs of a config.json of this family."""
         if config.get("hidden_act", "silu") != "silu":
             raise refuse(where, "hidden_act", config["hidden_act"], "the MLP is SwiGLU (silu)")
         dim, n_heads, n_kv_heads, head_dim = attention_shape(config, where)
         rope_theta, rope_scaling = rope_settings(config, where)
         n_layers = config["num_hidden_layers"]
         window, layer_types = self.window(config, where, self.family)
-        return LlamaArgs(
+        return DecoderArgs(
             dim=dim,
             n_layers=n_layers,
             n_heads=n_heads,
@@ -143,7 +143,7 @@ class DecoderConfig:
             **self.switches(config, n_layers, where),
         )
 
-    def write(self, args: LlamaArgs) -> dict:
+    def write(self, args: DecoderArgs) -> dict:
         """The config.json fields of this model, in the family's own names (refused, naming the switch, where
         the family's config cannot express it)."""
         self.check_expressible(args)
@@ -169,7 +169,7 @@ class DecoderConfig:
             config["attention_bias"] = args.qkv_bias
         return config | self.fields(args)
 
-    def check_expressible(self, args: LlamaArgs) -> None:
+    def check_expressible(self, args: DecoderArgs) -> None:
         can = self.expressible
         problems = []
         if can.qkv_bias == "same" and args.qkv_bias != args.out_bias:
@@ -194,7 +194,7 @@ class DecoderConfig:
             )
 
 
-def window_fields(args: LlamaArgs, max_window_layers: bool = True) -> dict:
+def window_fields(args: DecoderArgs, max_window_layers: bool = True) -> dict:
     """The window fields of a family that slides only with use_sliding_window, on the layers layer_types names
     (max_window_layers: the first sliding layer, for readers that derive layer_types from it)."""
     sliding = [window_of(args, i) is not None for i in range(args.n_layers)]

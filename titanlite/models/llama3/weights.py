@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import torch
 
-from titanlite.models.llama3.args import LlamaArgs
+from titanlite.models.common.decoder_args import DecoderArgs
 
 
-def hf_names(args: LlamaArgs) -> dict[str, str]:
+def hf_names(args: DecoderArgs) -> dict[str, str]:
     """Our parameter name -> the HF name in the family's ForCausalLM (output.weight included even when tied).
     Post-norm blocks store their norms as post_attention_layernorm and post_feedforward_layernorm (where a
     pre-norm block's post_attention_layernorm is the pre-FFN norm)."""
@@ -44,15 +44,15 @@ def hf_names(args: LlamaArgs) -> dict[str, str]:
     return names
 
 
-def hf_keys(args: LlamaArgs, keys: list[str]) -> dict[str, str]:
+def hf_keys(args: DecoderArgs, keys: list[str]) -> dict[str, str]:
     return {k: k for k in keys}
 
 
-def hf_sources(args: LlamaArgs) -> dict[str, str]:
+def hf_sources(args: DecoderArgs) -> dict[str, str]:
     return hf_names(args)
 
 
-def rope_heads(args: LlamaArgs, name: str) -> int | None:
+def rope_heads(args: DecoderArgs, name: str) -> int | None:
     """How many heads a q/k tensor's rows hold, for the RoPE reordering between our layout and HF's (None: not
     a tensor RoPE reads): the projections' weights and biases, and the Q/K norms' weights, per head or whole."""
     kind = name.rsplit(".", 2)[-2]
@@ -81,7 +81,7 @@ def rope_from_hf(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     return rows.view(n_heads, 2, hd // 2, -1).transpose(1, 2).reshape(w.shape)
 
 
-def to_hf(args: LlamaArgs, sd: dict[str, torch.Tensor], take, names: dict[str, str] | None = None):
+def to_hf(args: DecoderArgs, sd: dict[str, torch.Tensor], take, names: dict[str, str] | None = None):
     """Our state dict -> HF names and layouts (lm_head.weight always present); `take(name)` reads sd. `names`: a
     family's own name map on this decoder's tensors (default: hf_names)."""
     out = {}
@@ -91,7 +91,7 @@ def to_hf(args: LlamaArgs, sd: dict[str, torch.Tensor], take, names: dict[str, s
     return out
 
 
-def from_hf_tensor(args: LlamaArgs, name: str, hf: torch.Tensor) -> torch.Tensor:
+def from_hf_tensor(args: DecoderArgs, name: str, hf: torch.Tensor) -> torch.Tensor:
     """Our parameter `name`'s full value from its HF tensor (hf_sources[name])."""
     heads = rope_heads(args, name)
     return hf if heads is None else rope_from_hf(hf, heads).contiguous()

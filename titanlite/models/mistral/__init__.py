@@ -3,14 +3,14 @@ the context within). Its sizes and its spec."""
 
 from __future__ import annotations
 
+from titanlite.models.common.decoder_args import DecoderArgs, debug
 from titanlite.models.llama3 import decoder_spec
-from titanlite.models.llama3.args import LlamaArgs, debug
 from titanlite.models.llama3.hf_config import DecoderConfig, Expressible, attention_biases, no_mlp_bias, window_always
 
 FLAVORS = {
     "debug": debug("mistral"),
     # Mistral 7B v0.3: no sliding window.
-    "mistral_7b": LlamaArgs(
+    "mistral_7b": DecoderArgs(
         dim=4096,
         n_layers=32,
         n_heads=32,

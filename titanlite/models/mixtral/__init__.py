@@ -6,7 +6,7 @@ spec."""
 from __future__ import annotations
 
 from titanlite.base.hf_config import refuse
-from titanlite.models.common.moe_args import MoEArgs
+from titanlite.models.common.moe.args import MoEArgs
 from titanlite.models.llama3.hf_config import (
     DecoderConfig,
     Expressible,

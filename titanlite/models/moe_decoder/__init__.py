@@ -1,7 +1,7 @@
-"""The MoE decoder: the Llama decoder whose feed-forwards are mixtures of experts (titanlite/models/common/moe.py),
-with transformers' load-balancing loss, shared by the mixture-of-experts families built on it, as the
-Llama decoder is shared by the dense ones. Not a family itself: `moe_decoder_spec` is how each such family
-describes itself (its module, plan and FLOPs are this folder's)."""
+"""The MoE decoder's spec: the shared decoder (titanlite/models/common/decoder.py) whose feed-forwards are mixtures
+of experts (titanlite/models/common/moe/), with transformers' pooled load-balancing loss, shared by the
+mixture-of-experts families built on it. Not a family itself: `moe_decoder_spec` is how each such family describes
+itself (its plan and FLOPs are this folder's)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def moe_decoder_spec(
         name=name,
         args_type=args.MoEDecoderArgs,
         flavors=flavors,
-        model="titanlite.models.moe_decoder.model:MoEDecoder",
+        model="titanlite.models.common.decoder:Transformer",
         tp_plan="titanlite.models.moe_decoder.parallelize:tp_plan",
         hf_weights=hf_weights,
         tp_split_sizes=args.split_sizes,

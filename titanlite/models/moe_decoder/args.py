@@ -6,8 +6,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from titanlite.models.common.moe_args import MoEArgs
-from titanlite.models.llama3.args import LlamaArgs, tp_split_sizes
+from titanlite.models.common.decoder_args import DecoderArgs, tp_split_sizes
+from titanlite.models.common.moe.args import MoEArgs
 
 
 def _debug_moe() -> MoEArgs:
@@ -15,7 +15,7 @@ def _debug_moe() -> MoEArgs:
 
 
 @dataclass
-class MoEDecoderArgs(LlamaArgs):
+class MoEDecoderArgs(DecoderArgs):
     """The Llama decoder (ffn_dim: the width of the dense layers' feed-forward, config.json intermediate_size)
     whose blocks hold `moe` instead of the dense feed-forward, except at moe.dense_layers."""
 

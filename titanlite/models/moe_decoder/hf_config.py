@@ -8,14 +8,14 @@ import dataclasses
 import re
 
 from titanlite.base.errors import ConfigError
-from titanlite.models.common.moe_args import MoEArgs
-from titanlite.models.llama3.args import LlamaArgs
+from titanlite.models.common.decoder_args import DecoderArgs
+from titanlite.models.common.moe.args import MoEArgs
 from titanlite.models.moe_decoder.args import MoEDecoderArgs
 
 
-def with_moe(base: LlamaArgs, moe: MoEArgs) -> MoEDecoderArgs:
+def with_moe(base: DecoderArgs, moe: MoEArgs) -> MoEDecoderArgs:
     """The MoE decoder of a config.json: its Llama decoder's arguments and its block's."""
-    return MoEDecoderArgs(**{f.name: getattr(base, f.name) for f in dataclasses.fields(LlamaArgs)}, moe=moe)
+    return MoEDecoderArgs(**{f.name: getattr(base, f.name) for f in dataclasses.fields(DecoderArgs)}, moe=moe)
 
 
 # MoEArgs' fields -> the config.json keys that set them in most families (a family names its own where they differ).

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import torch
 
-from titanlite.models.common.moe import EXPERT_NAMES, moe_to_hf
+from titanlite.models.common.moe.layer import EXPERT_NAMES, moe_to_hf
 from titanlite.models.llama3 import weights as llama
 from titanlite.models.moe_decoder.args import MoEDecoderArgs
 

@@ -5,7 +5,7 @@ experts' width is config.json's intermediate_size. Its sizes, its config.json an
 from __future__ import annotations
 
 from titanlite.base.hf_config import refuse
-from titanlite.models.common.moe_args import MoEArgs
+from titanlite.models.common.moe.args import MoEArgs
 from titanlite.models.llama3.hf_config import DecoderConfig, Expressible, attention_biases, no_mlp_bias
 from titanlite.models.moe_decoder import moe_decoder_spec
 from titanlite.models.moe_decoder.args import MoEDecoderArgs

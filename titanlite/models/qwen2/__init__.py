@@ -3,13 +3,13 @@ its config.json and its spec."""
 
 from __future__ import annotations
 
+from titanlite.models.common.decoder_args import DecoderArgs, debug
 from titanlite.models.llama3 import decoder_spec
-from titanlite.models.llama3.args import LlamaArgs, debug
 from titanlite.models.llama3.hf_config import DecoderConfig, Expressible, no_mlp_bias, window_fields, window_if_used
 
 
-def _qwen2(dim, n_layers, n_heads, n_kv_heads, ffn_dim, vocab_size, tie) -> LlamaArgs:
-    return LlamaArgs(
+def _qwen2(dim, n_layers, n_heads, n_kv_heads, ffn_dim, vocab_size, tie) -> DecoderArgs:
+    return DecoderArgs(
         dim=dim,
         n_layers=n_layers,
         n_heads=n_heads,

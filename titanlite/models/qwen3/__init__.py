@@ -3,8 +3,8 @@ shared by the heads), head_dim 128. Its sizes, its config.json and its spec."""
 
 from __future__ import annotations
 
+from titanlite.models.common.decoder_args import DecoderArgs, debug
 from titanlite.models.llama3 import decoder_spec
-from titanlite.models.llama3.args import LlamaArgs, debug
 from titanlite.models.llama3.hf_config import (
     DecoderConfig,
     Expressible,
@@ -15,8 +15,8 @@ from titanlite.models.llama3.hf_config import (
 )
 
 
-def _qwen3(dim, n_layers, n_heads, n_kv_heads, ffn_dim, tie, vocab_size=151936) -> LlamaArgs:
-    return LlamaArgs(
+def _qwen3(dim, n_layers, n_heads, n_kv_heads, ffn_dim, tie, vocab_size=151936) -> DecoderArgs:
+    return DecoderArgs(
         dim=dim,
         n_layers=n_layers,
         n_heads=n_heads,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from titanlite.base.errors import ConfigError
 from titanlite.base.hf_config import refuse
-from titanlite.models.common.moe_args import MoEArgs, dense_layers_from_hf
+from titanlite.models.common.moe.args import MoEArgs, dense_layers_from_hf
 from titanlite.models.llama3.hf_config import (
     DecoderConfig,
     Expressible,

@@ -4,8 +4,8 @@ and its spec."""
 from __future__ import annotations
 
 from titanlite.base.hf_config import refuse
+from titanlite.models.common.decoder_args import DecoderArgs, debug, every
 from titanlite.models.llama3 import decoder_spec
-from titanlite.models.llama3.args import LlamaArgs, debug, every
 from titanlite.models.llama3.hf_config import (
     DecoderConfig,
     Expressible,
@@ -16,7 +16,7 @@ from titanlite.models.llama3.hf_config import (
 
 FLAVORS = {
     "debug": debug("smollm3", tie_embeddings=True, nope_layers=every(4, 4)),
-    "smollm3_3b": LlamaArgs(
+    "smollm3_3b": DecoderArgs(
         dim=2048,
         n_layers=36,
         n_heads=16,
@@ -48,7 +48,7 @@ def switches(config: dict, n_layers: int, where: str) -> dict:
     return attention_biases(config, n_layers, where) | {"nope_layers": nope_layers(config, n_layers, where)}
 
 
-def fields(args: LlamaArgs) -> dict:
+def fields(args: DecoderArgs) -> dict:
     return {
         "mlp_bias": args.mlp_bias,
         **window_fields(args, max_window_layers=False),

@@ -1,4 +1,4 @@
-"""The mixture-of-experts block every MoE family shares (arguments: titanlite/models/common/moe_args.py): a router,
+"""The mixture-of-experts block every MoE family shares (arguments: titanlite/models/common/moe/args.py): a router,
 routed SwiGLU experts stored stacked, optional shared experts, load balancing; plain modules, no parallelism.
 
 Routing: the router's scores are computed in float32 (softmax over all experts, or a sigmoid per expert); each
@@ -33,7 +33,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from titanlite.models.common.auxiliary import add_auxiliary_loss
-from titanlite.models.common.moe_args import MoEArgs
+from titanlite.models.common.moe.args import MoEArgs
 
 _GROUPED_MM_RUNS: dict[tuple[str, torch.dtype], bool] = {}
 

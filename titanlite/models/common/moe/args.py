@@ -1,5 +1,5 @@
-"""A mixture-of-experts block's arguments, torch-free (the block is titanlite/models/common/moe.py): the router, the
-routed and shared experts, load balancing, and which layers keep a dense feed-forward. Families fill it from
+"""A mixture-of-experts block's arguments, torch-free (the block is titanlite/models/common/moe/layer.py): the
+router, the routed and shared experts, load balancing, and which layers keep a dense feed-forward. Families fill it from
 their own arguments and Hugging Face config.json."""
 
 from __future__ import annotations

@@ -1,0 +1,383 @@
+"""The one decoder every family is built on: token embedding (and learned positions, and a scale, where a family has
+them) -> layers -> final norm -> output head, with the rotary tables, weight tying, the KV cache's plumbing, the
+pipeline's split points and the pooled load-balancing term of a mixture of experts. Plain modules with no
+parallelism inside; the trainer shards them from outside.
+
+Each layer is a Block: a *mixer* (attention of some kind: titanlite/models/common/mixers.py; a family may bring its
+own kind) and a *feed-forward* (a dense MLP, titanlite/models/common/feed_forward.py, or a mixture of experts,
+titanlite/models/common/moe/), each with its norms placed before it, after it, both or neither. A family declares its
+layers: which mixer each layer's kind (args.layer_types, "full_attention" where a family gives none) builds
+(`Transformer.mixers`), which feed-forward, which norms, which rotary table it reads; it overrides the `build_*`
+methods where it differs from the defaults, which build the switches of the shared arguments (qk norms, biases,
+windows, NoPE layers, pre- or post-norm, mixtures of experts from args.moe) that most families set."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+from torch import nn
+
+from titanlite.models.common.attention import Sequence
+from titanlite.models.common.auxiliary import add_auxiliary_loss
+from titanlite.models.common.decoder_args import window_of
+from titanlite.models.common.feed_forward import GatedMLP
+from titanlite.models.common.head import OutputHead
+from titanlite.models.common.interface import Decoder
+from titanlite.models.common.kv_cache import KVCache, LayerCache
+from titanlite.models.common.mixers import Attention
+from titanlite.models.common.moe.args import MoEArgs
+from titanlite.models.common.moe.balance import PooledBalance, PooledMoE, pooled_loss
+from titanlite.models.common.moe.layer import MoE, count_step_tokens
+from titanlite.models.common.rope import RotaryTable
+
+NORM_PLACEMENTS = ("pre", "post", "both", "none")
+
+
+class Block(nn.Module):
+    """One layer: the mixer (`attention`, whatever its kind: one name, so checkpoints and plans name every mixer
+    alike) and the feed-forward, each inside a residual add, with its norms placed by `mixer_norms` and `ffn_norms`:
+    "pre" normalises the sublayer's input (`attention_norm`, `ffn_norm`), "post" its output before the add (the same
+    names), "both" its input and its output (`post_attention_norm`, `post_ffn_norm` after), "none" neither.
+    `rotary`: the mixer reads the rotary table the decoder hands in (called as mixer(x, cos, sin, ...))."""
+
+    def __init__(
+        self,
+        mixer: nn.Module,
+        feed_forward: nn.Module,
+        norm: Callable[[], nn.Module],
+        mixer_norms: str = "pre",
+        ffn_norms: str = "pre",
+        rotary: bool = True,
+    ):
+        super().__init__()
+        for placement in (mixer_norms, ffn_norms):
+            if placement not in NORM_PLACEMENTS:
+                raise ValueError(f"Block norm placement {placement!r}; use one of {', '.join(NORM_PLACEMENTS)}")
+        self.mixer_norms, self.ffn_norms, self.rotary = mixer_norms, ffn_norms, rotary
+        # Registered in this order (parameter order: the optimizer's and the gradient norm's sums follow it).
+        if mixer_norms != "none":
+            self.attention_norm = norm()
+        self.attention = mixer
+        if mixer_norms == "both":
+            self.post_attention_norm = norm()
+        if ffn_norms != "none":
+            self.ffn_norm = norm()
+        self.feed_forward = feed_forward
+        if ffn_norms == "both":
+            self.post_ffn_norm = norm()
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor | None = None,
+        sin: torch.Tensor | None = None,
+        cache: LayerCache | None = None,
+        sequence: Sequence | None = None,
+    ) -> torch.Tensor:
+        rope = (cos, sin) if self.rotary else ()
+        y = self.attention_norm(x) if self.mixer_norms in ("pre", "both") else x
+        y = self.attention(y, *rope, cache=cache, sequence=sequence)
+        if self.mixer_norms == "post":
+            y = self.attention_norm(y)
+        elif self.mixer_norms == "both":
+            y = self.post_attention_norm(y)
+        h = x + y
+        y = self.ffn_norm(h) if self.ffn_norms in ("pre", "both") else h
+        y = self.feed_forward(y)
+        if self.ffn_norms == "post":
+            y = self.ffn_norm(y)
+        elif self.ffn_norms == "both":
+            y = self.post_ffn_norm(y)
+        return h + y
+
+
+def grouped_query_attention(model: Transformer, layer: int, **changes: Any) -> Attention:
+    """The shared arguments' attention for `layer`: their heads, biases, Q/K norms, window and NoPE layers."""
+    a = model.args
+    options: dict[str, Any] = {
+        "qkv_bias": a.qkv_bias,
+        "out_bias": a.out_bias,
+        "qk_norm": a.qk_norm,
+        "norm_eps": a.norm_eps,
+        "rotary": layer not in a.nope_layers,
+        "window": window_of(a, layer),
+    }
+    return Attention(a.dim, a.n_heads, a.n_kv_heads, a.head_dim, **(options | changes))
+
+
+class Transformer(nn.Module):
+    """Implements titanlite.models.common.interface.Decoder for every family (module docstring). A family's module
+    is this class (its arguments' switches say the rest) or a subclass overriding the `build_*` hooks, the rotary
+    tables, `embedding_scale` and `init_param`."""
+
+    first_stage_modules: ClassVar[tuple[str, ...]] = ("tok_embeddings",)
+    last_stage_modules: ClassVar[tuple[str, ...]] = ("norm", "output")
+    # A layer kind (args.layer_types) -> fn(model, layer) building its mixer. A family adds its own kinds by
+    # overriding it ({**Transformer.mixers, "my_kind": builder}); a kind it does not list is refused.
+    mixers: ClassVar[dict[str, Callable[[Any, int], nn.Module]]] = {
+        "full_attention": grouped_query_attention,
+        "sliding_attention": grouped_query_attention,
+    }
+    learned_positions: ClassVar[bool] = False  # pos_embeddings for max_seq_len positions (GPT-2)
+    embedding_scale: float | None = None  # the embeddings multiplied by it (in their dtype), e.g. sqrt(dim)
+    pooled_balance: ClassVar[bool] = True  # MoE blocks pool their balance statistics (moe/balance.py), or not
+
+    def __init__(self, args: Any):
+        super().__init__()
+        self.args = args
+        moe = getattr(args, "moe", None)
+        self.moe_args: MoEArgs | None = moe if isinstance(moe, MoEArgs) else None
+        # The pooled load-balancing statistics of the MoE blocks (one term for them all), where they pool.
+        self.balance: PooledBalance | None = (
+            PooledBalance() if self.moe_args is not None and self.pooled_balance else None
+        )
+        self.tok_embeddings: nn.Embedding | None = nn.Embedding(args.vocab_size, args.dim)
+        self.pos_embeddings: nn.Embedding | None = (
+            nn.Embedding(args.max_seq_len, args.dim) if self.learned_positions else None
+        )
+        self.rotary = self.rotary_tables()
+        # layer name -> the rotary table its mixer reads (None: none)
+        self.layer_rotary = {str(i): self.rotary_of(i) for i in range(args.n_layers)}
+        # A ModuleDict keyed by layer index keeps parameter names stable when a pipeline stage
+        # deletes the layers it does not own.
+        self.layers = nn.ModuleDict({str(i): self.build_layer(i) for i in range(args.n_layers)})
+        self.norm: nn.Module | None = self.build_norm()
+        self.output: OutputHead | None = OutputHead(args.dim, args.vocab_size)
+        self.tie_weights()
+        # The rotary tables [max_seq_len, rotary_dim // 2], non-persistent because they follow from args, so
+        # checkpoints need not carry them. Registered empty here to fix their device; init_buffers fills them.
+        for name, table in self.rotary.items():
+            for part in ("cos", "sin"):
+                empty = torch.empty(args.max_seq_len, table.dim // 2, dtype=torch.float32)
+                self.register_buffer(f"{name}_{part}", empty, persistent=False)
+        self.init_buffers()
+
+    # --- what a family declares (the defaults build the shared arguments' switches) ---
+
+    def layer_kind(self, layer: int) -> str:
+        """The kind of `layer`'s mixer: args.layer_types' entry, "full_attention" where there are none."""
+        kinds = getattr(self.args, "layer_types", ())
+        return kinds[layer] if kinds else "full_attention"
+
+    def build_layer(self, layer: int) -> Block:
+        mixer_norms, ffn_norms = self.norm_placement(layer)
+        return Block(
+            self.build_mixer(layer),
+            self.build_feed_forward(layer),
+            self.build_norm,
+            mixer_norms,
+            ffn_norms,
+            rotary=self.layer_rotary[str(layer)] is not None,
+        )
+
+    def build_mixer(self, layer: int) -> nn.Module:
+        kind = self.layer_kind(layer)
+        if kind not in self.mixers:
+            raise ValueError(f"layer {layer} is of kind {kind!r}; {type(self).__name__} knows {', '.join(self.mixers)}")
+        return self.mixers[kind](self, layer)
+
+    def build_feed_forward(self, layer: int) -> nn.Module:
+        """A mixture of experts at args.moe's sparse layers, the SwiGLU MLP of width ffn_dim elsewhere."""
+        a, moe = self.args, self.moe_args
+        if moe is not None and moe.is_sparse(layer):
+            return PooledMoE(a.dim, moe, self.balance) if self.balance is not None else MoE(a.dim, moe)
+        return GatedMLP(a.dim, a.ffn_dim, bias=getattr(a, "mlp_bias", False))
+
+    def build_norm(self) -> nn.Module:
+        """The blocks' norms and the final one. nn.RMSNorm runs torch.nn.functional.rms_norm, a fused kernel where
+        the backend has one."""
+        return nn.RMSNorm(self.args.dim, eps=self.args.norm_eps)
+
+    def norm_placement(self, layer: int) -> tuple[str, str]:
+        """The placement of the mixer's norms and the feed-forward's (Block): args.norm_position's."""
+        placement = getattr(self.args, "norm_position", "pre")
+        return placement, placement
+
+    def rotary_tables(self) -> dict[str, RotaryTable]:
+        """The rotary tables the layers read, by name (their buffers are <name>_cos and <name>_sin)."""
+        a = self.args
+        return {"rope": RotaryTable(a.head_dim, a.rope_theta, a.rope_scaling)}
+
+    def rotary_of(self, layer: int) -> str | None:
+        """The table `layer` reads (None: its mixer takes no rotations)."""
+        return "rope" if self.rotary else None
+
+    # --- the model interface ---
+
+    def init_buffers(self) -> None:
+        """Compute the rotary tables in float32 on the device the model lives on (after to_empty too); start the
+        MoE blocks' step token counts and routing biases at zero (a checkpoint or a folder then restores the biases)."""
+        for name, table in self.rotary.items():
+            cos, sin = table.compute(self.args.max_seq_len, getattr(self, f"{name}_cos").device)
+            # Re-registering (rather than copy_) keeps them float32 even if the model was cast.
+            self.register_buffer(f"{name}_cos", cos, persistent=False)
+            self.register_buffer(f"{name}_sin", sin, persistent=False)
+        for module in self.modules():
+            if isinstance(module, MoE):
+                module.step_tokens.zero_()
+                if module.router.expert_bias is not None:
+                    module.router.expert_bias.zero_()
+
+    def tie_weights(self) -> None:
+        """With tie_embeddings, make output.weight the very tensor tok_embeddings.weight.
+
+        Call again after anything that replaces parameters, such as to_empty (which unties them)."""
+        if self.args.tie_embeddings and self.tok_embeddings is not None and self.output is not None:
+            self.output.weight = self.tok_embeddings.weight
+
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        cache: KVCache | None = None,
+        sequence: Sequence | None = None,
+        *,
+        logits: bool = True,
+        carry: torch.Tensor | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Logits [B, T, vocab] of tokens [B, T] at positions 0..T-1 (training), or at `sequence.positions`,
+        attending as `sequence` says (titanlite/models/common/attention.py). With a cache (generation), the tokens
+        continue the cached sequence, and their keys and values are added to the cache. logits=False: the final
+        hidden states [B, T, dim] instead, for a loss that applies `output` itself.
+
+        With pooled MoE balance (balance "aux_loss", aux_loss_coef > 0: moe/balance.py), the load-balancing term
+        of the blocks that ran joins the output; a pipeline stage part without the output head returns (h, carry):
+        carry [3, E] the routing totals of its blocks and of the `carry` it received from the stage before (zeros
+        outside training, so every step hands on the same tensors); the part that holds the head adds the one term
+        from them. The whole model takes and returns one tensor."""
+        balance, moe = self.balance, self.moe_args
+        if balance is None or moe is None:
+            out = self.run(tokens, cache, sequence, logits)
+            if self.moe_args is not None and torch.is_grad_enabled():
+                count_step_tokens(self)  # a training forward: its expert counts join the step's
+            return out
+        pooled = moe.balance == "aux_loss" and moe.aux_loss_coef > 0
+        balance.start(torch.is_grad_enabled() and pooled)
+        balance.carry = carry
+        try:
+            out = self.run(tokens, cache, sequence, logits)
+        finally:
+            balance.active = False  # a recomputing backward (activation checkpointing) records nothing
+            balance.carry = None
+        if torch.is_grad_enabled():  # a training forward: its counts join the step's (here, never in a recompute)
+            count_step_tokens(self)
+        if self.output is not None or not pooled:  # the head's part joined its term in after_blocks
+            balance.start(False)
+            return out
+        # A pipeline stage before the last: the routing totals travel with the activations.
+        totals = balance.totals(moe.n_experts, out.device)
+        balance.start(False)
+        if carry is not None:
+            totals = carry + totals
+        if torch.is_grad_enabled() and not totals.requires_grad:
+            # no routing block before this point: the next stage still sends a gradient for the carry back
+            totals.requires_grad_()
+        return out, totals
+
+    def run(self, tokens: torch.Tensor, cache: KVCache | None, sequence: Sequence | None, logits: bool) -> torch.Tensor:
+        """Embedding (on the first stage: a later one receives hidden states [B, T, dim] instead of tokens), the
+        blocks each with its rotary table, the final norm and head (on the last stage)."""
+        positions = None
+        if cache is not None:  # the new tokens start at the first uncached position
+            positions = cache.positions(tokens.shape[1], tokens.device)
+        elif sequence is not None and sequence.positions is not None:
+            positions = sequence.positions
+        h = self.embed(tokens, positions)
+        # The full tables (attention cuts them to length), or those of the tokens' positions.
+        tables: dict[str | None, tuple] = {None: (None, None)}
+        for name in self.rotary:
+            cos, sin = getattr(self, f"{name}_cos"), getattr(self, f"{name}_sin")
+            tables[name] = (cos, sin) if positions is None else (cos[positions], sin[positions])
+        for name, layer in self.layers.items():
+            cos, sin = tables[self.layer_rotary[name]]
+            h = layer(h, cos, sin, cache=None if cache is None else cache.layer(name), sequence=sequence)
+        if cache is not None:
+            cache.advance(tokens.shape[1])
+        h = self.after_blocks(h)
+        h = self.norm(h) if self.norm is not None else h
+        return self.output(h, project=logits) if self.output is not None else h  # [B, T, vocab], or [B, T, dim]
+
+    def embed(self, tokens: torch.Tensor, positions: torch.Tensor | None) -> torch.Tensor:
+        if self.tok_embeddings is None:
+            return tokens
+        h = self.tok_embeddings(tokens)
+        if self.embedding_scale is not None:
+            # The scale rounded to the embedding's dtype first, as transformers does (sqrt(3072) is 55.5 in bf16).
+            h = h * torch.tensor(self.embedding_scale, dtype=h.dtype, device=h.device)
+        if self.pos_embeddings is not None:
+            pos = positions if positions is not None else torch.arange(tokens.shape[1], device=tokens.device)
+            h = h + self.pos_embeddings(pos)
+        return h
+
+    def after_blocks(self, h: torch.Tensor) -> torch.Tensor:
+        """The hidden states after this part's last block, before the final norm; in the part that holds the output
+        head, with the pooled load-balancing term joined: over this part's blocks, or with the routing totals
+        `carry` of the stages before (forward). Here the norm that follows makes the part's output a tensor of its
+        own, not a view of h, which FSDP would warn about at the root."""
+        balance, moe = self.balance, self.moe_args
+        if balance is None or moe is None or self.output is None:
+            return h
+        carry = balance.carry
+        balance.active = False
+        if carry is None:  # the whole model
+            if balance.rows:
+                h = add_auxiliary_loss(h, "load_balance", moe.aux_loss_coef * balance.loss(moe.n_experts))
+            return h
+        if torch.is_grad_enabled() and moe.balance == "aux_loss" and moe.aux_loss_coef > 0:
+            totals = carry + balance.totals(moe.n_experts, h.device)
+            h = add_auxiliary_loss(
+                h, "load_balance", moe.aux_loss_coef * pooled_loss(balance.reduced(totals), moe.n_experts)
+            )
+        return h
+
+    def init_param(self, name: str, full: torch.Tensor, generator: torch.Generator) -> None:
+        """Fill `full` (the full-size value of parameter `name`) in place, using only `generator`."""
+        standard_init(self.args, name, full, generator)
+
+
+def standard_init(args: Any, name: str, full: torch.Tensor, generator: torch.Generator) -> None:
+    """The shared initialisation of parameter `name` (its full value `full`, in place, drawing only from
+    `generator`): norms at one, the embedding normal std 0.02, input-side projections (and the router's gate and
+    each expert's gate and up) trunc normal std 0.02, residual-side ones (wo, w2, the experts' down) at
+    0.02 / sqrt(2 * n_layers), an untied head at dim**-0.5, biases zero."""
+    # Match on the last two name components, so wrapper prefixes (e.g. "_orig_mod.") do not matter.
+    path, _, leaf = name.rpartition(".")
+    parent = path.rpartition(".")[2]
+    std = 0.02
+    # Residual projections are scaled down so the residual stream's variance does not grow with depth.
+    residual_std = std / math.sqrt(2 * args.n_layers)
+
+    def trunc(std: float, bound: float = 2.0) -> None:
+        nn.init.trunc_normal_(full, mean=0.0, std=std, a=-bound * std, b=bound * std, generator=generator)
+
+    if parent == "experts" and leaf in ("w1", "w3") or parent == "gate" and path.endswith("router.gate"):
+        if leaf == "bias":
+            nn.init.zeros_(full)
+        else:
+            trunc(std)
+    elif parent == "experts" and leaf == "w2":
+        trunc(std / (2 * args.n_layers) ** 0.5)
+    elif leaf == "bias" and parent in ("wq", "wk", "wv", "wo", "w1", "w2", "w3"):
+        nn.init.zeros_(full)
+    elif leaf != "weight":
+        raise KeyError(f"init_param: unknown parameter {name!r}")
+    elif parent in ("attention_norm", "ffn_norm", "norm", "q_norm", "k_norm"):
+        nn.init.ones_(full)
+    elif parent == "tok_embeddings" or (parent == "output" and args.tie_embeddings):
+        nn.init.normal_(full, mean=0.0, std=std, generator=generator)
+    elif parent == "output":
+        trunc(args.dim**-0.5, bound=3.0)
+    elif parent in ("wq", "wk", "wv", "w1", "w3"):
+        trunc(std)
+    elif parent in ("wo", "w2"):
+        trunc(residual_std)
+    else:
+        raise KeyError(f"init_param: unknown parameter {name!r}")
+
+
+if TYPE_CHECKING:  # mypy (.ci/run) holds the class to the model interface and names any member that differs
+
+    def _implements_decoder(model: Transformer) -> Decoder:
+        return model

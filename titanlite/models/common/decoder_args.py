@@ -1,0 +1,108 @@
+"""The shared decoder's arguments, torch-free (titanlite/models/common/decoder.py builds them): the shape and the
+switches most families set (biases, Q/K norms, norm placement, NoPE layers, windows, per-layer kinds), and the
+helpers that read them. A family's folder sets them, or extends the dataclass with what only it has."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from titanlite.models.common.rope_args import Llama3RopeScaling, YarnRopeScaling
+
+QK_NORMS = ("none", "head", "full")
+NORM_POSITIONS = ("pre", "post")
+
+
+@dataclass
+class DecoderArgs:
+    """The shared decoder (titanlite/models/common/decoder.py): its shape and the switches families set on it."""
+
+    dim: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    ffn_dim: int
+    vocab_size: int
+    max_seq_len: int = 2048
+    rope_theta: float = 500000.0
+    norm_eps: float = 1e-5
+    tie_embeddings: bool = False
+    head_dim: int = 0
+    """Width of each attention head; 0 means dim // n_heads (some families set it, e.g. 128)."""
+    rope_scaling: Llama3RopeScaling | YarnRopeScaling | None = None
+    """RoPE frequency scaling: Llama 3.1's, or YaRN (titanlite/models/common/rope_args.py); None: plain RoPE."""
+    family: str = ""
+    """The model.name (registered spec) this shape belongs to: its Hugging Face config.json, plan and sizes."""
+    qkv_bias: bool = False
+    """Biases on the query, key and value projections (and every family's attention_bias)."""
+    out_bias: bool = False
+    """A bias on the attention's output projection (attention_bias)."""
+    mlp_bias: bool = False
+    """Biases on the three projections of the SwiGLU feed-forward (Llama's mlp_bias)."""
+    qk_norm: str = "none"
+    """RMSNorm of queries and keys before RoPE: "head" normalises each head on its own, with one weight of
+    head_dim shared by the heads; "full" each token's whole query and key projection."""
+    norm_position: str = "pre"
+    """"pre": each sublayer normalises its input (Llama); "post": each normalises its output, before the
+    residual add, and the blocks have no input norms."""
+    nope_layers: tuple[int, ...] = ()
+    """Layers that apply no rotary position embedding (NoPE)."""
+    sliding_window: int = 0
+    """Sliding-window attention (0: none): a query of a sliding layer sees only the keys fewer than
+    sliding_window positions before it, itself included (Mistral, Qwen2 with use_sliding_window)."""
+    layer_types: tuple[str, ...] = ()
+    """Per layer "sliding_attention" or "full_attention" (config.json's layer_types); empty: every layer slides
+    when sliding_window is set."""
+
+    def __post_init__(self) -> None:
+        if not self.family:
+            raise ValueError("DecoderArgs.family is empty; name the model.name (spec) this shape belongs to")
+        if not self.head_dim:
+            self.head_dim = self.dim // self.n_heads
+        self.nope_layers = tuple(self.nope_layers)
+        self.layer_types = tuple(self.layer_types)
+        if self.layer_types and len(self.layer_types) != self.n_layers:
+            raise ValueError(f"DecoderArgs.layer_types has {len(self.layer_types)} entries for {self.n_layers} layers")
+        for name, value, allowed in (
+            ("qk_norm", self.qk_norm, QK_NORMS),
+            ("norm_position", self.norm_position, NORM_POSITIONS),
+        ):
+            if value not in allowed:
+                raise ValueError(f"DecoderArgs.{name}={value!r}; use one of {', '.join(allowed)}")
+
+
+def every(interval: int, n_layers: int) -> tuple[int, ...]:
+    """Layer indices i with (i + 1) % interval == 0 (a NoPE pattern such as no_rope_layer_interval's)."""
+    return tuple(i for i in range(n_layers) if (i + 1) % interval == 0)
+
+
+def debug(family: str, **switches) -> DecoderArgs:
+    """A tiny decoder of `family` for tests and CPU runs: dim 64, 4 layers, 4 heads (2 for keys and values)."""
+    shape = {"dim": 64, "n_layers": 4, "n_heads": 4, "n_kv_heads": 2, "ffn_dim": 192, "vocab_size": 0}
+    return DecoderArgs(**(shape | switches), family=family)
+
+
+def tp_split_sizes(args: DecoderArgs) -> dict[str, int]:
+    """The sizes a tensor-parallel degree must divide: query and key/value heads, the MLP width, the vocabulary."""
+    return {
+        "n_heads": args.n_heads,
+        "n_kv_heads": args.n_kv_heads,
+        "ffn_dim": args.ffn_dim,
+        "vocab_size": args.vocab_size,
+    }
+
+
+def with_depth(args: DecoderArgs, n_layers: int) -> dict:
+    """The fields that change with model.n_layers: the depth, and a NoPE pattern kept at the new depth."""
+    depth: dict = {"n_layers": n_layers}
+    if args.nope_layers:
+        depth["nope_layers"] = every(args.nope_layers[0] + 1, n_layers)
+    return depth
+
+
+def window_of(args: DecoderArgs, layer: int) -> int | None:
+    """The attention window of layer `layer` (None: full causal attention)."""
+    if not args.sliding_window:
+        return None
+    if args.layer_types and args.layer_types[layer] != "sliding_attention":
+        return None
+    return args.sliding_window

@@ -1,0 +1,170 @@
+"""The attention mixers of the shared blocks (titanlite/models/common/decoder.py): grouped-query attention (full or
+sliding, with or without rotations, Q/K norms, biases, a score scale and sinks, as each family asks) and
+multi-head latent attention. Each runs its scores through an attention core (titanlite/models/common/attention.py:
+sdpa or flex, block-causal masks), which context parallelism wraps; plain modules with no parallelism inside.
+
+A mixer is called as mixer(x, cos, sin, cache=..., sequence=...) when its block reads a rotary table (cos and sin
+the full tables [max_seq_len, rotary_dim // 2], or those of the tokens' positions), as mixer(x, cache=...,
+sequence=...) when it reads none; x [B, T, dim] in, [B, T, dim] out. With a cache (generation) the tokens continue
+the cached sequence and the mixer adds its state (keys and values) to it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from titanlite.models.common.attention import Sequence, attend, build_core, local_sinks
+from titanlite.models.common.kv_cache import LayerCache
+from titanlite.models.common.rope import apply_rope
+
+QK_NORMS = ("none", "head", "full")
+
+
+class Attention(nn.Module):
+    """Grouped-query attention: n_heads query heads over n_kv_heads key/value heads of width head_dim.
+
+    `qk_norm`: "head" normalises each head's query and key (one weight of head_dim shared by the heads), "full"
+    each token's whole query and key projection, built by `norm(width, eps=norm_eps)`; `rotary`: rotate queries
+    and keys by the tables the block hands in; `window`: sliding-window attention; `scale` replaces head_dim**-0.5
+    of the scores; `sinks`: one learned sink logit per query head (gpt-oss), added to each softmax denominator."""
+
+    def __init__(
+        self,
+        dim: int,
+        n_heads: int,
+        n_kv_heads: int,
+        head_dim: int,
+        *,
+        qkv_bias: bool = False,
+        out_bias: bool = False,
+        qk_norm: str = "none",
+        norm: Callable[..., nn.Module] = nn.RMSNorm,
+        norm_eps: float = 1e-5,
+        rotary: bool = True,
+        window: int | None = None,
+        scale: float | None = None,
+        sinks: bool = False,
+    ):
+        super().__init__()
+        if qk_norm not in QK_NORMS:
+            raise ValueError(f"Attention qk_norm={qk_norm!r}; use one of {', '.join(QK_NORMS)}")
+        self.head_dim, self.use_rope = head_dim, rotary
+        q_width, kv_width = n_heads * head_dim, n_kv_heads * head_dim
+        # Separate projections (not one fused qkv) so tensor parallelism can shard each column-wise.
+        self.wq = nn.Linear(dim, q_width, bias=qkv_bias)
+        self.wk = nn.Linear(dim, kv_width, bias=qkv_bias)
+        self.wv = nn.Linear(dim, kv_width, bias=qkv_bias)
+        self.wo = nn.Linear(q_width, dim, bias=out_bias)
+        self.qk_norm = qk_norm
+        if qk_norm != "none":
+            per_head = qk_norm == "head"
+            self.q_norm = norm(head_dim if per_head else q_width, eps=norm_eps)
+            self.k_norm = norm(head_dim if per_head else kv_width, eps=norm_eps)
+        # context parallelism wraps the core to gather the other ranks' keys
+        self.core = build_core("sdpa", window=window, scale=scale, sinks=sinks)
+        self.sinks: nn.Parameter | None = nn.Parameter(torch.empty(n_heads)) if sinks else None
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor | None = None,
+        sin: torch.Tensor | None = None,
+        cache: LayerCache | None = None,
+        sequence: Sequence | None = None,
+    ) -> torch.Tensor:
+        bsz, seqlen, _ = x.shape
+        q, k, v = self.wq(x), self.wk(x), self.wv(x)  # [B, T, H*hd]
+        if self.qk_norm == "full":
+            q, k = self.q_norm(q), self.k_norm(k)
+        # -1 heads: under tensor parallelism the local head counts follow from the sharded weights.
+        q = q.view(bsz, seqlen, -1, self.head_dim)  # [B, T, Hq, hd]
+        k = k.view(bsz, seqlen, -1, self.head_dim)  # [B, T, Hkv, hd]
+        v = v.view(bsz, seqlen, -1, self.head_dim)
+        if self.qk_norm == "head":
+            q, k = self.q_norm(q), self.k_norm(k)
+        if self.use_rope and cos is not None and sin is not None:
+            # The full tables come in and are cut here: under sequence parallelism the block's input
+            # holds a slice of the sequence, but attention sees the whole of it.
+            cos, sin = cos[:seqlen], sin[:seqlen]  # [T, hd/2]
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H, T, hd]
+        # This rank's heads' sink logits (under tensor parallelism the parameter is sharded by head).
+        sinks = local_sinks(self.sinks) if self.sinks is not None else None
+        if cache is None:
+            out = attend(self.core, q, k, v, sequence, sinks)
+        else:  # the cache keeps H_kv heads and attends over the cached positions too
+            out = cache.attend(q, k, v, self.core, sinks)  # [B, Hq, T, hd]; the core's window applies there too
+        out = out.transpose(1, 2).reshape(bsz, seqlen, -1)  # [B, T, Hq*hd]
+        return self.wo(out)
+
+
+LATENT_NORM_EPS = 1e-6  # the latent norms' epsilon in DeepSeek's code and transformers', whatever rms_norm_eps says
+
+
+class LatentAttention(nn.Module):
+    """Multi-head latent attention (DeepSeek-V2/V3). Per token x [dim]: the query is wq(x), or wq_b(q_norm(wq_a(x)))
+    through a rank-q_lora_rank bottleneck; wkv_a(x) gives the compressed latent c [kv_lora_rank] and ONE rotary key
+    k_rot [qk_rope_head_dim] shared by every head; wkv_b(kv_norm(c)) expands the latent into each head's non-rotary
+    key [qk_nope_head_dim] and value [v_head_dim]. Each head attends with query [q_nope, rope(q_rot)] and key
+    [k_nope, rope(k_rot)] at `softmax_scale`. The core takes keys and values of one width: where v_head_dim differs
+    from the query/key width, the narrower side is padded with zeros (zeros change no score, and the output's
+    padding is cut). Every projection a separate nn.Linear, so tensor parallelism splits the per-head ones (wq or
+    wq_b, wkv_b, wo) by heads and keeps the latent ones whole."""
+
+    def __init__(
+        self,
+        dim: int,
+        n_heads: int,
+        *,
+        q_lora_rank: int,
+        kv_lora_rank: int,
+        qk_nope_head_dim: int,
+        qk_rope_head_dim: int,
+        v_head_dim: int,
+        softmax_scale: float | None = None,
+    ):
+        super().__init__()
+        self.nope, self.rope, self.v_dim = qk_nope_head_dim, qk_rope_head_dim, v_head_dim
+        self.kv_rank = kv_lora_rank
+        q_width = n_heads * (qk_nope_head_dim + qk_rope_head_dim)
+        self.wq: nn.Linear | None = None
+        if q_lora_rank:
+            self.wq_a = nn.Linear(dim, q_lora_rank, bias=False)
+            self.q_norm = nn.RMSNorm(q_lora_rank, eps=LATENT_NORM_EPS)
+            self.wq_b = nn.Linear(q_lora_rank, q_width, bias=False)
+        else:
+            self.wq = nn.Linear(dim, q_width, bias=False)
+        self.wkv_a = nn.Linear(dim, kv_lora_rank + qk_rope_head_dim, bias=False)
+        self.kv_norm = nn.RMSNorm(kv_lora_rank, eps=LATENT_NORM_EPS)
+        self.wkv_b = nn.Linear(kv_lora_rank, n_heads * (qk_nope_head_dim + v_head_dim), bias=False)
+        self.wo = nn.Linear(n_heads * v_head_dim, dim, bias=False)
+        self.core = build_core("sdpa", scale=softmax_scale)  # context parallelism wraps it
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache: LayerCache | None = None,
+        sequence: Sequence | None = None,
+    ) -> torch.Tensor:
+        bsz, seqlen, _ = x.shape
+        q = self.wq(x) if self.wq is not None else self.wq_b(self.q_norm(self.wq_a(x)))
+        # -1 heads: under tensor parallelism the local head count follows from the sharded weights.
+        q_nope, q_rot = q.view(bsz, seqlen, -1, self.nope + self.rope).split([self.nope, self.rope], dim=-1)
+        latent, k_rot = self.wkv_a(x).split([self.kv_rank, self.rope], dim=-1)
+        kv = self.wkv_b(self.kv_norm(latent)).view(bsz, seqlen, -1, self.nope + self.v_dim)
+        k_nope, v = kv.split([self.nope, self.v_dim], dim=-1)  # [B, T, H, nope], [B, T, H, v]
+        cos, sin = cos[:seqlen], sin[:seqlen]  # the full tables come in (sequence parallelism: see Attention)
+        q_rot, k_rot = apply_rope(q_rot, cos, sin), apply_rope(k_rot.unsqueeze(2), cos, sin)  # k_rot [B, T, 1, r]
+        q = torch.cat([q_nope, q_rot], dim=-1)
+        k = torch.cat([k_nope, k_rot.expand(-1, -1, k_nope.shape[2], -1)], dim=-1)  # [B, T, H, nope + rope]
+        width = max(q.shape[-1], self.v_dim)
+        q, k, v = (F.pad(t, (0, width - t.shape[-1])) if t.shape[-1] < width else t for t in (q, k, v))
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H, T, width]
+        out = self.core(q, k, v, sequence) if cache is None else cache.attend(q, k, v, self.core)
+        out = out[..., : self.v_dim].transpose(1, 2).reshape(bsz, seqlen, -1)  # [B, T, H * v]
+        return self.wo(out)
