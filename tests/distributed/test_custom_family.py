@@ -23,7 +23,8 @@ def run(layout: str, run_dir, *extra: str):
     nproc, args = LAYOUTS[layout]
     proc = train_in_pool(nproc, [*FAMILY, *TINY, *args, *extra], run_dir)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    assert "model relu2 debug" in proc.stdout, proc.stdout[-2000:]
+    flavor = extra[extra.index("--model.flavor") + 1] if "--model.flavor" in extra else "debug"
+    assert f"model relu2 {flavor}" in proc.stdout, proc.stdout[-2000:]
     return proc
 
 
@@ -61,6 +62,18 @@ def test_auxiliary_loss_terms_are_added_reduced_and_logged_like_the_loss(tmp_pat
         assert_matches(two, one)
         for a, b in zip(two, one):
             assert abs(a["aux_act_l2"] - b["aux_act_l2"]) <= 1e-5 * b["aux_act_l2"], (layout, a, b)
+
+
+def test_a_family_mixes_its_own_mixer_with_attention_on_fsdp_tp_and_pp(tmp_path):
+    # relu2's hybrid flavor: its own toy mixer ("shift", tests/families/relu2/model.py) and attention alternating
+    # per layer on the shared decoder (layer_types), with no edit in titanlite/: FSDP x 2, TP x 2 and PP x 2 give
+    # one process's losses. Packed documents (block-causal) reach the shift layers too.
+    hybrid = ["--model.flavor", "hybrid", "--model.attn_mask_type", "block_causal"]
+    run("single", tmp_path / "single", *hybrid)
+    one = metrics(tmp_path / "single")
+    for layout in ("fsdp2", "tp2", "pp2"):
+        run(layout, tmp_path / layout, *hybrid)
+        assert_matches(metrics(tmp_path / layout), one)
 
 
 def test_plan_estimates_a_family_defined_outside_titanlite():

@@ -331,3 +331,47 @@ def test_overfit_one_batch(name):
         opt.step()
         losses.append(loss.item())
     assert losses[-1] < losses[0] / 2, losses
+
+
+def test_each_family_declares_which_fields_change_its_math():
+    # The import check (components/hf_weights.py) compares the fields a family's arguments call math: all but those
+    # marked not_math (models/spec.py), read from the dataclass, with no central list to forget a family's field in.
+    from titanlite.components.hf_weights import _check_compatible
+    from titanlite.models.gemma3.args import FLAVORS as GEMMA3
+    from titanlite.models.gemma3.args import Gemma3Args
+    from titanlite.models.spec import math_fields
+
+    for name in names():
+        args = next(iter(spec_named(name).flavors.values()))
+        fields = set(math_fields(args))
+        assert not fields & {"family", "vocab_size", "max_seq_len"}, name
+        assert {"dim", "n_layers"} <= fields, name
+    assert "query_pre_attn_scalar" in math_fields(GEMMA3["debug"])  # a family's own field, declared nowhere else
+
+    @dataclasses.dataclass
+    class Planted(Gemma3Args):  # a field a family adds later, saying nothing about it
+        new_switch: float = 1.0
+
+    base = dataclasses.replace(GEMMA3["debug"], vocab_size=256)
+    ours, folder = (Planted(**{**dataclasses.asdict(base), "new_switch": v}) for v in (1.0, 2.0))
+    with pytest.raises(ConfigError, match="new_switch"):
+        _check_compatible(folder, ours, "/folder")
+    _check_compatible(dataclasses.replace(folder, new_switch=1.0), ours, "/folder")  # equal: accepted
+
+
+def test_a_layer_kind_a_family_does_not_know_is_refused_naming_the_kinds_it_knows():
+    with pytest.raises(
+        ValueError, match="'linear_attention'; the shared decoder's attention layers are full_attention"
+    ):
+        DecoderArgs(
+            dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128, vocab_size=64, family="llama3",
+            layer_types=("linear_attention", "full_attention"),
+        )  # fmt: skip
+    # A family's module lists its own kinds (Transformer.mixers); one it does not list is refused when built.
+    from tests.families.relu2 import Relu2Args
+    from tests.families.relu2.model import Relu2
+
+    args = Relu2Args(dim=32, n_layers=2, n_heads=2, vocab_size=64)
+    args.layer_types = ("shift", "conv")  # past Relu2Args' own check, as a family without one would be
+    with pytest.raises(ValueError, match="layer 1 is of kind 'conv'; Relu2 knows attention, shift"):
+        Relu2(args)

@@ -27,6 +27,7 @@ from titanlite.models.common.interface import unwrapped
 from titanlite.models.common.moe.args import BALANCE_FIELDS, MoEArgs
 from titanlite.models.hf_config import folder_model_args, hf_config
 from titanlite.models.registry import spec_of
+from titanlite.models.spec import math_fields
 
 logger = logging.getLogger(__name__)
 
@@ -334,39 +335,6 @@ def load_hf(folder: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
 
 # ---- loading a folder into a run's model ------------------------------------------------------------------
 
-_MATH_FIELDS = (
-    "dim",
-    "n_layers",
-    "n_heads",
-    "n_kv_heads",
-    "head_dim",
-    "ffn_dim",
-    "tie_embeddings",
-    "rope_theta",
-    "rope_scaling",
-    "norm_eps",
-    "activation",
-    "qkv_bias",
-    "out_bias",
-    "mlp_bias",
-    "qk_norm",
-    "norm_position",
-    "nope_layers",
-    "moe",
-    "q_lora_rank",
-    "kv_lora_rank",
-    "qk_nope_head_dim",
-    "qk_rope_head_dim",
-    "v_head_dim",
-    "sliding_window",
-    "layer_types",
-    "query_pre_attn_scalar",
-    "rope_local_theta",
-    "rope_linear_factor",
-    "swiglu_alpha",
-    "swiglu_limit",
-)
-
 
 def _math(args, field: str):
     """args.field as far as it decides what the weights compute: an MoE block's balancing ([moe] section) does not
@@ -482,7 +450,8 @@ def _check_compatible(source, target, folder) -> None:
             f"but model.name builds a {type(target).__name__.removesuffix('Args')}; set model.flavor = 'hf' and "
             f"model.hf_assets_path = '{folder}' to take the folder's model"
         )
-    differ = [f for f in _MATH_FIELDS if hasattr(target, f) and _math(source, f) != _math(target, f)]
+    # Every field the family's arguments call math (models/spec.py math_fields: all but those marked not_math).
+    differ = [f for f in math_fields(target) if _math(source, f) != _math(target, f)]
     if spec_of(target).learned_positions and source.max_seq_len != target.max_seq_len:
         differ.append("max_seq_len")
     if source.vocab_size > target.vocab_size:

@@ -3,10 +3,29 @@ the configuration, `titanlite help` and the launcher's checks read specs without
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+MATH = "math"  # the metadata key of a field of a family's arguments: False where the field changes no math
+
+
+def not_math(default: Any = dataclasses.MISSING) -> Any:
+    """A field of a family's arguments that does not change what the weights compute (the family's name, the
+    vocabulary's and the context's sizes, how a folder stores a tensor): `field(metadata={MATH: False})`. Every
+    other field is math: importing weights into a model whose math fields differ from the folder's is refused
+    (titanlite/components/hf_weights.py), so a field a family adds is checked unless it says otherwise here. A
+    subclass that redeclares such a field marks it again."""
+    if default is dataclasses.MISSING:
+        return field(metadata={MATH: False})
+    return field(default=default, metadata={MATH: False})
+
+
+def math_fields(args: Any) -> tuple[str, ...]:
+    """The fields of a family's arguments (a dataclass) that decide what its weights compute: all but not_math's."""
+    return tuple(f.name for f in dataclasses.fields(args) if f.metadata.get(MATH, True))
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,6 @@
-"""The relu2 module: titanlite's model interface (titanlite.models.common.interface.Decoder), no parallelism."""
+"""The relu2 module: the shared decoder (titanlite.models.common.decoder.Transformer) with relu2's own layers: its
+attention (learned positions, so no rotations), a squared-ReLU MLP, and a second mixer kind of its own, "shift" (a
+toy token-shift mixer), mixed per layer by the flavor's layer_types. No parallelism inside, no edit in titanlite/."""
 
 from __future__ import annotations
 
@@ -6,87 +8,84 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from titanlite.models.common.attention import build_core
 from titanlite.models.common.auxiliary import add_auxiliary_loss
-from titanlite.models.common.head import OutputHead
+from titanlite.models.common.decoder import Block, Transformer
+from titanlite.models.common.mixers import Attention
 
 
-class Attention(nn.Module):
-    def __init__(self, args):
+class TokenShift(nn.Module):
+    """A toy sequence mixer: y_t = wo(wa x_t + wb x_{t-1}), x_{t-1} zero at the start of each sequence and of each
+    document (block-causal masking: `sequence.documents`). Under tensor parallelism wa and wb split column-wise and
+    wo row-wise, as an MLP's. It keeps no state for generation."""
+
+    def __init__(self, dim: int):
         super().__init__()
-        self.head_dim = args.head_dim
-        self.wq, self.wk, self.wv, self.wo = (nn.Linear(args.dim, args.dim, bias=False) for _ in range(4))
-        self.core = build_core("sdpa")
+        self.wa = nn.Linear(dim, dim, bias=False)
+        self.wb = nn.Linear(dim, dim, bias=False)
+        self.wo = nn.Linear(dim, dim, bias=False)
 
     def forward(self, x, cache=None, sequence=None):
-        bsz, seqlen, _ = x.shape
-        q, k, v = (w(x).view(bsz, seqlen, -1, self.head_dim).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
-        out = self.core(q, k, v, sequence) if cache is None else cache.attend(q, k, v)
-        return self.wo(out.transpose(1, 2).reshape(bsz, seqlen, -1))
+        if cache is not None:
+            raise ValueError("relu2's shift layers keep no generation state; generate with a flavor without them")
+        previous = F.pad(x, (0, 0, 1, 0))[:, :-1]  # [B, T, D]: x_{t-1}, zeros at t = 0
+        if sequence is not None and sequence.documents is not None:
+            docs = sequence.documents
+            same = torch.ones_like(docs, dtype=torch.bool)
+            same[:, 1:] = docs[:, 1:] == docs[:, :-1]  # the previous token is of the same document
+            previous = previous * same[..., None].to(x.dtype)
+        return self.wo(self.wa(x) + self.wb(previous))
 
 
-class FeedForward(nn.Module):
-    def __init__(self, args):
+class SquaredReLU(nn.Module):
+    def __init__(self, dim: int, hidden: int):
         super().__init__()
-        self.w1 = nn.Linear(args.dim, args.ffn_dim, bias=False)
-        self.w2 = nn.Linear(args.ffn_dim, args.dim, bias=False)
+        self.w1 = nn.Linear(dim, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, dim, bias=False)
 
     def forward(self, x):
         return self.w2(F.relu(self.w1(x)).square())
 
 
-class Block(nn.Module):
-    def __init__(self, args):
-        super().__init__()
-        self.attention_norm = nn.RMSNorm(args.dim, eps=args.norm_eps)
-        self.attention = Attention(args)
-        self.ffn_norm = nn.RMSNorm(args.dim, eps=args.norm_eps)
-        self.feed_forward = FeedForward(args)
-        self.act_l2 = args.act_l2
+class AuxBlock(Block):
+    """The shared block, adding act_l2 * mean(h^2) of its output to the training loss (as a mixture of experts adds
+    its load-balancing term) when the flavor sets act_l2."""
 
-    def forward(self, x, cache=None, sequence=None):
-        h = x + self.attention(self.attention_norm(x), cache=cache, sequence=sequence)
-        out = h + self.feed_forward(self.ffn_norm(h))
-        if self.act_l2:  # an auxiliary loss term, as a mixture of experts adds its load-balancing loss
+    act_l2: float = 0.0
+
+    def forward(self, x, cos=None, sin=None, cache=None, sequence=None):
+        out = super().forward(x, cos, sin, cache=cache, sequence=sequence)
+        if self.act_l2:
             out = add_auxiliary_loss(out, "act_l2", self.act_l2 * out.float().pow(2).mean())
         return out
 
 
-class Relu2(nn.Module):
+def attention(model, layer: int) -> nn.Module:
+    a = model.args
+    return Attention(a.dim, a.n_heads, a.n_heads, a.head_dim, rotary=False)
+
+
+def shift(model, layer: int) -> nn.Module:
+    return TokenShift(model.args.dim)
+
+
+class Relu2(Transformer):
     first_stage_modules = ("tok_embeddings", "pos_embeddings")
-    last_stage_modules = ("norm", "output")
+    learned_positions = True
+    mixers = {"attention": attention, "shift": shift}
 
-    def __init__(self, args):
-        super().__init__()
-        self.args = args
-        self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
-        self.pos_embeddings = nn.Embedding(args.max_seq_len, args.dim)
-        self.layers = nn.ModuleDict({str(i): Block(args) for i in range(args.n_layers)})
-        self.norm = nn.RMSNorm(args.dim, eps=args.norm_eps)
-        self.output = OutputHead(args.dim, args.vocab_size)
+    def layer_kind(self, layer: int) -> str:
+        return self.args.layer_types[layer] if self.args.layer_types else "attention"
 
-    def tie_weights(self) -> None:
-        """Untied: nothing to re-tie."""
+    def build_layer(self, layer: int) -> Block:
+        block = AuxBlock(self.build_mixer(layer), self.build_feed_forward(layer), self.build_norm, rotary=False)
+        block.act_l2 = self.args.act_l2
+        return block
 
-    def init_buffers(self) -> None:
-        """No buffers."""
+    def build_feed_forward(self, layer: int) -> nn.Module:
+        return SquaredReLU(self.args.dim, self.args.ffn_dim)
 
-    def forward(self, tokens, cache=None, sequence=None, *, logits=True):
-        if self.tok_embeddings is not None:
-            pos = torch.arange(tokens.shape[1], device=tokens.device)
-            if cache is not None:
-                pos = cache.positions(tokens.shape[1], tokens.device)
-            elif sequence is not None and sequence.positions is not None:
-                pos = sequence.positions
-            h = self.tok_embeddings(tokens) + self.pos_embeddings(pos)
-        else:
-            h = tokens
-        for name, layer in self.layers.items():
-            h = layer(h, cache=None if cache is None else cache.layer(name), sequence=sequence)
-        if cache is not None:
-            cache.advance(tokens.shape[1])
-        h = self.norm(h) if self.norm is not None else h
-        return self.output(h, project=logits) if self.output is not None else h
+    def rotary_tables(self) -> dict:
+        return {}  # learned positions
 
     def init_param(self, name: str, full: torch.Tensor, generator: torch.Generator) -> None:
         parent = name.rpartition(".")[0].rpartition(".")[2]
@@ -98,9 +97,12 @@ class Relu2(nn.Module):
 
 
 def flops_per_token(model: Relu2, seq_len: int) -> float:
-    """relu2's own FLOP count (its spec's `flops`), matmul by matmul: per layer Q, K, V, O (4 d^2) and the MLP's two
-    projections (2 x 4 d^2), plus the output projection (d x vocab), 6 FLOPs per weight for forward and backward;
-    attention's QK^T and AV at half of the full T x T, since the mask is causal (the dense formula counts all)."""
+    """relu2's own FLOP count (its spec's `flops`), matmul by matmul: per attention layer Q, K, V, O (4 d^2), per
+    shift layer its three projections (3 d^2), per layer the MLP's two projections (2 x 4 d^2), plus the output
+    projection (d x vocab), 6 FLOPs per weight for forward and backward; attention's QK^T and AV at half of the full
+    T x T, since the mask is causal (the dense formula counts all)."""
     a = model.args
-    weights = a.n_layers * (4 * a.dim * a.dim + 2 * a.dim * a.ffn_dim) + a.dim * a.vocab_size
-    return 6.0 * weights + 6.0 * a.n_layers * a.dim * seq_len
+    kinds = [model.layer_kind(i) for i in range(a.n_layers)]
+    mixing = sum(4 if kind == "attention" else 3 for kind in kinds) * a.dim * a.dim
+    weights = mixing + a.n_layers * 2 * a.dim * a.ffn_dim + a.dim * a.vocab_size
+    return 6.0 * weights + 6.0 * kinds.count("attention") * a.dim * seq_len

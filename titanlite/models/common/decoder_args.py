@@ -7,9 +7,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from titanlite.models.common.rope_args import Llama3RopeScaling, YarnRopeScaling
+from titanlite.models.spec import not_math
 
 QK_NORMS = ("none", "head", "full")
 NORM_POSITIONS = ("pre", "post")
+# The layer kinds these arguments build (Transformer.mixers in titanlite/models/common/decoder.py).
+LAYER_KINDS = ("full_attention", "sliding_attention")
 
 
 @dataclass
@@ -21,8 +24,8 @@ class DecoderArgs:
     n_heads: int
     n_kv_heads: int
     ffn_dim: int
-    vocab_size: int
-    max_seq_len: int = 2048
+    vocab_size: int = not_math()
+    max_seq_len: int = not_math(2048)
     rope_theta: float = 500000.0
     norm_eps: float = 1e-5
     tie_embeddings: bool = False
@@ -30,7 +33,7 @@ class DecoderArgs:
     """Width of each attention head; 0 means dim // n_heads (some families set it, e.g. 128)."""
     rope_scaling: Llama3RopeScaling | YarnRopeScaling | None = None
     """RoPE frequency scaling: Llama 3.1's, or YaRN (titanlite/models/common/rope_args.py); None: plain RoPE."""
-    family: str = ""
+    family: str = not_math("")
     """The model.name (registered spec) this shape belongs to: its Hugging Face config.json, plan and sizes."""
     qkv_bias: bool = False
     """Biases on the query, key and value projections (and every family's attention_bias)."""
@@ -60,6 +63,12 @@ class DecoderArgs:
             self.head_dim = self.dim // self.n_heads
         self.nope_layers = tuple(self.nope_layers)
         self.layer_types = tuple(self.layer_types)
+        unknown = sorted(set(self.layer_types) - set(LAYER_KINDS))
+        if unknown:
+            raise ValueError(
+                f"{type(self).__name__}.layer_types has {unknown[0]!r}; the shared decoder's attention layers are "
+                f"{', '.join(LAYER_KINDS)}"
+            )
         if self.layer_types and len(self.layer_types) != self.n_layers:
             raise ValueError(f"DecoderArgs.layer_types has {len(self.layer_types)} entries for {self.n_layers} layers")
         for name, value, allowed in (

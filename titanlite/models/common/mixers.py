@@ -17,10 +17,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from titanlite.models.common.attention import Sequence, attend, build_core, local_sinks
+from titanlite.models.common.decoder_args import QK_NORMS
 from titanlite.models.common.kv_cache import LayerCache
 from titanlite.models.common.rope import apply_rope
-
-QK_NORMS = ("none", "head", "full")
 
 
 class Attention(nn.Module):

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from titanlite.models.common.moe.args import MoEArgs
 from titanlite.models.common.rope_args import YarnRopeScaling, yarn_mscale
+from titanlite.models.spec import not_math
 
 
 def _debug_moe() -> MoEArgs:
@@ -37,8 +38,8 @@ class DeepseekV3Args:
     n_heads: int
     ffn_dim: int
     """Width of the dense layers' SwiGLU (intermediate_size)."""
-    vocab_size: int
-    max_seq_len: int = 4096
+    vocab_size: int = not_math()
+    max_seq_len: int = not_math(4096)
     rope_theta: float = 10000.0
     norm_eps: float = 1e-6
     tie_embeddings: bool = False
@@ -54,11 +55,11 @@ class DeepseekV3Args:
     rope_scaling: YarnRopeScaling | None = None
     """YaRN (titanlite/models/common/rope_args.py); with mscale_all_dim, the softmax scale is multiplied by
     yarn_mscale(factor, mscale_all_dim)**2, as transformers does; None: plain RoPE."""
-    rope_interleave: bool = True
+    rope_interleave: bool = not_math(True)
     """How a Hugging Face folder lays out each rotary head's rows: True, adjacent pairs (config.json's
     rope_interleave, DeepSeek's own layout); False, halves (rotate_half). The model always rotates adjacent
     pairs; the weights are reordered on import and export, so this changes no math."""
-    family: str = "deepseek_v3"
+    family: str = not_math("deepseek_v3")
     moe: MoEArgs = field(default_factory=_debug_moe)
 
     def __post_init__(self) -> None:

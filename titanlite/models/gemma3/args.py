@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from titanlite.models.common.decoder_args import DecoderArgs
+from titanlite.models.spec import not_math
 
 
 @dataclass
@@ -14,7 +15,7 @@ class Gemma3Args(DecoderArgs):
     "head") and norms before and after each sublayer; its embeddings are scaled by sqrt(dim), its norms multiply
     by (1 + weight), its MLP is GELU-tanh gated."""
 
-    family: str = "gemma3"
+    family: str = not_math("gemma3")
     qk_norm: str = "head"
     norm_eps: float = 1e-6
     tie_embeddings: bool = True

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from titanlite.models.spec import not_math
+
 # GPT-2's MLP activations: "gelu_tanh" (GPT-2's tanh approximation) and "gelu" (the exact, erf-based one).
 GPT2_ACTIVATIONS = ("gelu_tanh", "gelu")
 
@@ -14,8 +16,8 @@ class GPT2Args:
     dim: int
     n_layers: int
     n_heads: int
-    vocab_size: int
-    max_seq_len: int = 1024
+    vocab_size: int = not_math()
+    max_seq_len: int = not_math(1024)
     norm_eps: float = 1e-5
     # GPT-2 ties its output projection to the token embedding; Hugging Face folders may say otherwise.
     tie_embeddings: bool = True
