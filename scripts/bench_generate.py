@@ -33,7 +33,7 @@ from titanlite.components.hf_weights import load_hf_into
 from titanlite.models.common.build import model_from_args
 from titanlite.models.common.rope_args import Llama3RopeScaling
 from titanlite.models.hf_config import folder_model_args, hf_config
-from titanlite.models.llama3.args import FLAVORS
+from titanlite.models.registry import spec_named
 
 
 def shape(name: str) -> LlamaConfig:
@@ -42,7 +42,7 @@ def shape(name: str) -> LlamaConfig:
     if name != "llama3.2-1b":
         raise ValueError(f"unknown shape {name!r}; known: {SHAPES}")
     args = dataclasses.replace(
-        FLAVORS["1B"],
+        spec_named("llama3").flavors["1B"],
         vocab_size=128256,
         max_seq_len=131072,
         rope_scaling=Llama3RopeScaling(32.0, 1.0, 4.0, 8192),

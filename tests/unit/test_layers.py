@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,9 +84,15 @@ def layer_of(module: str) -> tuple[int, str] | None:
     for layer, where, _ in titanlite.LAYERS:
         pattern = where.split(".")
         inside = len(parts) >= len(pattern) and all(p in ("*", n) for p, n in zip(pattern, parts))
-        if module.startswith(PACKAGE + ".") and inside and (found is None or len(pattern) > len(found[1].split("."))):
+        # The longest `where` wins, and of two as long the one with fewer "*" (models.common over models.*).
+        better = found is None or _rank(pattern) > _rank(found[1].split("."))
+        if module.startswith(PACKAGE + ".") and inside and better:
             found = (layer, where)
     return found
+
+
+def _rank(pattern: list[str]) -> tuple[int, int]:
+    return len(pattern), -pattern.count("*")
 
 
 def layer_violations(root: Path) -> list[str]:
@@ -232,3 +239,46 @@ def test_check_and_the_worker_import_none_of_the_optional_heavy_packages(tmp_pat
     assert lines[0] == "[]", lines[0]  # on import
     assert lines[-2] == "[]", lines[-2]  # after a training step
     assert lines[-1] == "[]", lines[-1]  # and no thread of the run's left (the loader's, building batches ahead)
+
+
+def test_a_named_folder_outranks_a_wildcard_of_the_same_length():
+    # models/common/ is layer 2 (the shared modules), not layer 0 as models.* (a family's torch-free folder) says,
+    # but for the torch-free modules it names at layer 0 itself.
+    assert layer_of("titanlite.models.common.decoder") == (2, "models.common")
+    assert layer_of("titanlite.models.common.decoder_args")[0] == 0
+    assert layer_of("titanlite.models.llama3.args") == (0, "models.*")
+
+
+def test_a_family_is_reached_only_through_the_registry():
+    # No module outside a family's folder imports it or names its modules (the registry alone lists the families);
+    # code outside titanlite/models/ imports only the generic model modules: common/, the registry, the spec and
+    # hf_config. Every family is built on models/common/, none on a sibling.
+    from titanlite.models.registry import names
+
+    families = set(names())
+    generic = {"common", "registry", "spec", "hf_config"}
+    problems = []
+    for rel, path in modules(REPO).items():
+        parts = rel.split(".")
+        own = parts[2] if len(parts) >= 3 and parts[1] == "models" else None
+        if rel == f"{PACKAGE}.models.registry":
+            continue
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            targets = []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                targets.append(node.module)
+            elif isinstance(node, ast.Import):
+                targets.extend(alias.name for alias in node.names)
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                targets.extend(re.findall(r"titanlite\.models\.\w+", node.value))
+            for target in targets:
+                found = re.match(r"titanlite\.models\.(\w+)", target)
+                if not found:
+                    continue
+                name = found.group(1)
+                if name in families and name != own:
+                    problems.append(f"{path.relative_to(REPO)}:{node.lineno}: {target}")
+                elif parts[1] != "models" and name not in generic:
+                    problems.append(f"{path.relative_to(REPO)}:{node.lineno}: {target} (not a generic module)")
+    assert not problems, "\n".join(problems)

@@ -123,6 +123,22 @@ def test_a_training_forward_counts_once_even_when_backward_recomputes_it():
     assert all(block.step_tokens.sum() == 2 * 2 * 16 * block.args.top_k for block in blocks(model))
 
 
+def test_a_forward_differentiated_for_its_inputs_only_is_not_counted():
+    # What a pipeline stage's shape inference does (torch 2.13 runs a real forward, then torch.autograd.grad with
+    # inputs= the stage's inputs): the weights' branches are left out, so the step's counts stay as they were.
+    # Nothing patches the stage: the block counts on the backward that reaches its experts' weights.
+    model = bias_model()
+    x = torch.randint(0, 320, (2, 16), generator=torch.Generator().manual_seed(1))
+    h = model.tok_embeddings(x).detach().requires_grad_()
+    model.tok_embeddings = None  # a later stage's part: hidden states in
+    out = model(h)
+    (grad,) = torch.autograd.grad(out.float().square().mean(), inputs=[h])
+    assert grad.abs().sum() > 0
+    assert all(block.step_tokens.sum() == 0 for block in blocks(model))
+    model(h).float().square().mean().backward()  # the training backward of the same micro-batch counts it once
+    assert all(block.step_tokens.sum() == 2 * 16 * block.args.top_k for block in blocks(model))
+
+
 def test_the_hook_moves_each_bias_by_the_step_s_counts_and_keeps_the_worst_load():
     model = bias_model(bias_update_rate=0.01)
     moe_blocks = blocks(model)

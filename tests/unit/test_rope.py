@@ -7,9 +7,9 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from titanlite.base.errors import ConfigError  # noqa: E402
+from titanlite.models.common.decoder_config import rope_settings  # noqa: E402
 from titanlite.models.common.rope import yarn_frequencies  # noqa: E402
 from titanlite.models.common.rope_args import yarn_from_hf, yarn_to_hf  # noqa: E402
-from titanlite.models.llama3.hf_config import rope_settings  # noqa: E402
 
 CASES = {  # rope dicts as config.json writes them (head_dim 64, theta 1e4 / 5e4, max_position_embeddings 4096)
     "plain": {"factor": 4.0, "original_max_position_embeddings": 1024},

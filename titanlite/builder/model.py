@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 
 from titanlite.builder.plan import Plan
-from titanlite.components.expert_balance import ExpertBalance, uncount_metadata_inference
+from titanlite.components.expert_balance import ExpertBalance
 from titanlite.components.loss import build_loss, chunk_tokens, cross_entropy, schedule_of
 from titanlite.config import JobConfig
 from titanlite.data.tokenizer import build_tokenizer
@@ -76,7 +76,6 @@ def build_pipeline(
     pp_rank, group = mesh["pp"].get_local_rank(), mesh["pp"].get_group()
     csv = cfg.parallelism.pipeline_parallel_schedule_csv
     schedule, stages = build_schedule(parts, plan.pipeline, group, pp_rank, device, loss_fn, csv, logits)
-    uncount_metadata_inference(stages)  # MoE blocks' step counts
     stage_ids = plan.pipeline.stage_ids(pp_rank)
     tied = model.args.tie_embeddings
     return Pipeline(

@@ -50,23 +50,3 @@ class ExpertBalance:
         if self.pp_group is not None:
             dist.all_reduce(load, op=dist.ReduceOp.MAX, group=self.pp_group)
         return load
-
-
-def uncount_metadata_inference(stages: list) -> None:
-    """torch 2.13's pipeline stages infer their outputs' shapes with one forward of real tensors (or uninitialised
-    ones, past the first stage) with gradients on, before their first step's forwards: its routing counts are
-    no training tokens, so each stage's MoE blocks forget them right after it (torch before 2.13 infers on the
-    meta device without gradients, which counts nothing). Re-inference (an evaluation) comes between steps."""
-    for stage in stages:
-        infer = getattr(stage, "_forward_metadata_inference", None)
-        if infer is None:
-            continue
-        blocks = [m for m in stage.submod.modules() if isinstance(m, MoE)]
-
-        def infer_uncounted(*args, _infer=infer, _blocks=blocks, **kwargs):
-            out = _infer(*args, **kwargs)
-            for block in _blocks:
-                block.step_tokens.zero_()
-            return out
-
-        stage._forward_metadata_inference = infer_uncounted

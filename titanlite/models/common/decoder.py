@@ -30,7 +30,7 @@ from titanlite.models.common.kv_cache import KVCache, LayerCache
 from titanlite.models.common.mixers import Attention
 from titanlite.models.common.moe.args import MoEArgs
 from titanlite.models.common.moe.balance import PooledBalance, PooledMoE, pooled_loss
-from titanlite.models.common.moe.layer import MoE, count_step_tokens
+from titanlite.models.common.moe.layer import MoE
 from titanlite.models.common.rope import RotaryTable
 
 NORM_PLACEMENTS = ("pre", "post", "both", "none")
@@ -249,10 +249,7 @@ class Transformer(nn.Module):
         from them. The whole model takes and returns one tensor."""
         balance, moe = self.balance, self.moe_args
         if balance is None or moe is None:
-            out = self.run(tokens, cache, sequence, logits)
-            if self.moe_args is not None and torch.is_grad_enabled():
-                count_step_tokens(self)  # a training forward: its expert counts join the step's
-            return out
+            return self.run(tokens, cache, sequence, logits)
         pooled = moe.balance == "aux_loss" and moe.aux_loss_coef > 0
         balance.start(torch.is_grad_enabled() and pooled)
         balance.carry = carry
@@ -261,8 +258,6 @@ class Transformer(nn.Module):
         finally:
             balance.active = False  # a recomputing backward (activation checkpointing) records nothing
             balance.carry = None
-        if torch.is_grad_enabled():  # a training forward: its counts join the step's (here, never in a recompute)
-            count_step_tokens(self)
         if self.output is not None or not pooled:  # the head's part joined its term in after_blocks
             balance.start(False)
             return out

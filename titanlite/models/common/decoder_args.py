@@ -4,8 +4,10 @@ helpers that read them. A family's folder sets them, or extends the dataclass wi
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+from dataclasses import dataclass, field
 
+from titanlite.models.common.moe.args import MoEArgs
 from titanlite.models.common.rope_args import Llama3RopeScaling, YarnRopeScaling
 from titanlite.models.spec import not_math
 
@@ -115,3 +117,36 @@ def window_of(args: DecoderArgs, layer: int) -> int | None:
     if args.layer_types and args.layer_types[layer] != "sliding_attention":
         return None
     return args.sliding_window
+
+
+def _debug_moe() -> MoEArgs:
+    return MoEArgs(n_experts=8, top_k=2, expert_dim=32, norm_topk_prob=True, dense_layers=(1,))
+
+
+@dataclass
+class MoEDecoderArgs(DecoderArgs):
+    """The Llama decoder (ffn_dim: the width of the dense layers' feed-forward, config.json intermediate_size)
+    whose blocks hold `moe` instead of the dense feed-forward, except at moe.dense_layers."""
+
+    moe: MoEArgs = field(default_factory=_debug_moe)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        beyond = [i for i in self.moe.dense_layers if i >= self.n_layers]
+        if beyond:
+            raise ValueError(f"MoEArgs.dense_layers={list(self.moe.dense_layers)} names layers beyond n_layers")
+
+
+def moe_with_depth(args: MoEDecoderArgs, n_layers: int) -> dict:
+    """model.n_layers: the depth, keeping the dense layers that still exist."""
+    dense = tuple(i for i in args.moe.dense_layers if i < n_layers)
+    return {"n_layers": n_layers, "moe": dataclasses.replace(args.moe, dense_layers=dense)}
+
+
+def moe_split_sizes(args: MoEDecoderArgs) -> dict[str, int]:
+    return tp_split_sizes(args)
+
+
+def moe_auxiliary_losses(args: MoEDecoderArgs) -> tuple[str, ...]:
+    names = ("load_balance",) if args.moe.balance == "aux_loss" and args.moe.aux_loss_coef > 0 else ()
+    return names + (("router_z",) if args.moe.z_loss_coef > 0 else ())

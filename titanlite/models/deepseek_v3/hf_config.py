@@ -19,12 +19,12 @@ import logging
 
 from titanlite.base.errors import ConfigError
 from titanlite.base.hf_config import refuse
+from titanlite.models.common.decoder_config import rope_scaling_to_hf, rope_settings
 from titanlite.models.common.moe.args import MoEArgs
+from titanlite.models.common.moe.hf_config import block_from_config, in_config_names
+from titanlite.models.common.moe.hf_config import check_expressible as check_expressible_moe
 from titanlite.models.common.rope_args import YarnRopeScaling
 from titanlite.models.deepseek_v3.args import DeepseekV3Args, first_dense
-from titanlite.models.llama3.hf_config import rope_scaling_to_hf, rope_settings
-from titanlite.models.moe_decoder.hf_config import block_from_config, in_config_names
-from titanlite.models.moe_decoder.hf_config import check_expressible as check_expressible_moe
 
 logger = logging.getLogger(__name__)
 

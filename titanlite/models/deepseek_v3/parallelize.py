@@ -20,8 +20,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInpu
 from torch.distributed.tensor.parallel.style import ParallelStyle
 
 from titanlite.models.common.interface import DecoderModule
-from titanlite.models.llama3.parallelize import block_plan
-from titanlite.models.moe_decoder.parallelize import moe_block_plan
+from titanlite.models.common.parallelize import block_plan, moe_block_plan
 
 
 class _SumGradient(torch.autograd.Function):

@@ -11,9 +11,9 @@ import re
 
 import torch
 
+from titanlite.models.common.decoder_weights import rope_from_hf, rope_to_hf
 from titanlite.models.common.moe.layer import EXPERT_NAMES, moe_to_hf
 from titanlite.models.deepseek_v3.args import DeepseekV3Args
-from titanlite.models.llama3.weights import rope_from_hf, rope_to_hf
 
 _BIAS = "router.expert_bias"
 

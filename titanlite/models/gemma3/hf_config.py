@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from titanlite.base.hf_config import refuse
 from titanlite.models.common.decoder_args import window_of
+from titanlite.models.common.decoder_config import attention_shape, layer_types_of
 from titanlite.models.gemma3.args import Gemma3Args, layer_types
-from titanlite.models.llama3.hf_config import attention_shape, layer_types_of
 
 MODEL_TYPE = "gemma3_text"
 ACTIVATION = "gelu_pytorch_tanh"

@@ -6,7 +6,7 @@ from __future__ import annotations
 from torch.distributed.tensor.parallel import SequenceParallel
 
 from titanlite.models.common.interface import DecoderModule
-from titanlite.models.llama3.parallelize import block_plan, per_head_norms
+from titanlite.models.common.parallelize import block_plan, per_head_norms
 
 
 def tp_plan(model: DecoderModule) -> dict:

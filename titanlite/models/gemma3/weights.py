@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
+from titanlite.models.common import decoder_weights as llama
 from titanlite.models.gemma3.args import Gemma3Args
-from titanlite.models.llama3 import weights as llama
 
 
 def hf_names(args: Gemma3Args) -> dict[str, str]:

@@ -5,8 +5,9 @@ and tensor-parallel plan are this folder's, its FLOPs the MoE decoder's."""
 
 from __future__ import annotations
 
+from titanlite.models.common.decoder_args import moe_auxiliary_losses as auxiliary_losses
+from titanlite.models.common.decoder_args import moe_split_sizes as split_sizes
 from titanlite.models.gpt_oss import args, hf_config
-from titanlite.models.moe_decoder.args import auxiliary_losses, split_sizes
 from titanlite.models.spec import HFConfig, ModelSpec
 
 SPEC = ModelSpec(

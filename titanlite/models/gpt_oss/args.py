@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from titanlite.models.common.decoder_args import MoEDecoderArgs
 from titanlite.models.common.moe.args import MoEArgs
 from titanlite.models.common.rope_args import YarnRopeScaling
-from titanlite.models.moe_decoder.args import MoEDecoderArgs
 
 
 @dataclass

@@ -14,8 +14,7 @@ from __future__ import annotations
 from titanlite.base.errors import ConfigError
 from titanlite.base.hf_config import refuse
 from titanlite.models.common.decoder_args import DecoderArgs, window_of
-from titanlite.models.gpt_oss.args import GptOssArgs, alternating
-from titanlite.models.llama3.hf_config import (
+from titanlite.models.common.decoder_config import (
     DecoderConfig,
     Expressible,
     Window,
@@ -23,7 +22,8 @@ from titanlite.models.llama3.hf_config import (
     layer_types_of,
     no_mlp_bias,
 )
-from titanlite.models.moe_decoder.hf_config import FIXED, block_from_config, check_expressible
+from titanlite.models.common.moe.hf_config import FIXED, block_from_config, check_expressible
+from titanlite.models.gpt_oss.args import GptOssArgs, alternating
 
 MODEL_TYPE = "gpt_oss"
 

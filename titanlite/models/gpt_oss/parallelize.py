@@ -10,7 +10,7 @@ from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import PrepareModuleInput
 
 from titanlite.models.common.interface import DecoderModule
-from titanlite.models.moe_decoder.parallelize import tp_plan as moe_decoder_plan
+from titanlite.models.common.parallelize import moe_tp_plan as moe_decoder_plan
 
 
 class AttentionWithSinks(PrepareModuleInput):

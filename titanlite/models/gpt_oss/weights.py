@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from titanlite.models.common import decoder_weights as llama
 from titanlite.models.gpt_oss.args import GptOssArgs
-from titanlite.models.llama3 import weights as llama
 
 # Ours (relative to a block's feed_forward) -> (HF name relative to the layer's mlp, which half of gate_up).
 _EXPERTS = {

@@ -4,8 +4,14 @@ the context within). Its sizes and its spec."""
 from __future__ import annotations
 
 from titanlite.models.common.decoder_args import DecoderArgs, debug
-from titanlite.models.llama3 import decoder_spec
-from titanlite.models.llama3.hf_config import DecoderConfig, Expressible, attention_biases, no_mlp_bias, window_always
+from titanlite.models.common.decoder_config import (
+    DecoderConfig,
+    Expressible,
+    attention_biases,
+    no_mlp_bias,
+    window_always,
+)
+from titanlite.models.common.decoder_spec import decoder_spec
 
 FLAVORS = {
     "debug": debug("mistral"),

@@ -6,17 +6,17 @@ spec."""
 from __future__ import annotations
 
 from titanlite.base.hf_config import refuse
-from titanlite.models.common.moe.args import MoEArgs
-from titanlite.models.llama3.hf_config import (
+from titanlite.models.common.decoder_args import MoEDecoderArgs
+from titanlite.models.common.decoder_config import (
     DecoderConfig,
     Expressible,
     attention_biases,
     no_mlp_bias,
     window_always,
 )
-from titanlite.models.moe_decoder import moe_decoder_spec
-from titanlite.models.moe_decoder.args import MoEDecoderArgs
-from titanlite.models.moe_decoder.hf_config import block_from_config, check_expressible, with_moe
+from titanlite.models.common.decoder_spec import moe_decoder_spec
+from titanlite.models.common.moe.args import MoEArgs
+from titanlite.models.common.moe.hf_config import block_from_config, check_expressible, with_moe
 
 
 def _mixtral(dim, n_layers, n_heads, n_kv_heads, expert_dim, vocab_size=32000, max_seq_len=32768):

@@ -5,8 +5,8 @@ tensor parallelism cannot split the whole-projection norm (ModelSpec.tp_refusal 
 from __future__ import annotations
 
 from titanlite.models.common.decoder_args import DecoderArgs, debug
-from titanlite.models.llama3 import decoder_spec
-from titanlite.models.llama3.hf_config import DecoderConfig, Expressible, attention_biases, no_mlp_bias
+from titanlite.models.common.decoder_config import DecoderConfig, Expressible, attention_biases, no_mlp_bias
+from titanlite.models.common.decoder_spec import decoder_spec
 
 
 def _olmo2(dim, n_layers, n_heads, ffn_dim) -> DecoderArgs:

@@ -5,11 +5,11 @@ experts' width is config.json's intermediate_size. Its sizes, its config.json an
 from __future__ import annotations
 
 from titanlite.base.hf_config import refuse
+from titanlite.models.common.decoder_args import MoEDecoderArgs
+from titanlite.models.common.decoder_config import DecoderConfig, Expressible, attention_biases, no_mlp_bias
+from titanlite.models.common.decoder_spec import moe_decoder_spec
 from titanlite.models.common.moe.args import MoEArgs
-from titanlite.models.llama3.hf_config import DecoderConfig, Expressible, attention_biases, no_mlp_bias
-from titanlite.models.moe_decoder import moe_decoder_spec
-from titanlite.models.moe_decoder.args import MoEDecoderArgs
-from titanlite.models.moe_decoder.hf_config import block_from_config, check_expressible, with_moe
+from titanlite.models.common.moe.hf_config import block_from_config, check_expressible, with_moe
 
 
 def _olmoe(dim, n_layers, n_heads, n_experts, top_k, expert_dim, vocab_size=50304, max_seq_len=4096):

@@ -4,8 +4,14 @@ its config.json and its spec."""
 from __future__ import annotations
 
 from titanlite.models.common.decoder_args import DecoderArgs, debug
-from titanlite.models.llama3 import decoder_spec
-from titanlite.models.llama3.hf_config import DecoderConfig, Expressible, no_mlp_bias, window_fields, window_if_used
+from titanlite.models.common.decoder_config import (
+    DecoderConfig,
+    Expressible,
+    no_mlp_bias,
+    window_fields,
+    window_if_used,
+)
+from titanlite.models.common.decoder_spec import decoder_spec
 
 
 def _qwen2(dim, n_layers, n_heads, n_kv_heads, ffn_dim, vocab_size, tie) -> DecoderArgs:
@@ -45,7 +51,7 @@ HF = DecoderConfig(
     architecture="Qwen2ForCausalLM",
     expressible=Expressible(qkv_bias=True, out_bias=False, mlp_bias=False),
     switches=switches,
-    window=window_if_used,
+    window=window_if_used(28),  # transformers' default max_window_layers where config.json has none
     fields=window_fields,
     attention_bias_field=False,
 )

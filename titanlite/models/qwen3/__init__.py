@@ -4,8 +4,7 @@ shared by the heads), head_dim 128. Its sizes, its config.json and its spec."""
 from __future__ import annotations
 
 from titanlite.models.common.decoder_args import DecoderArgs, debug
-from titanlite.models.llama3 import decoder_spec
-from titanlite.models.llama3.hf_config import (
+from titanlite.models.common.decoder_config import (
     DecoderConfig,
     Expressible,
     attention_biases,
@@ -13,6 +12,7 @@ from titanlite.models.llama3.hf_config import (
     window_fields,
     window_if_used,
 )
+from titanlite.models.common.decoder_spec import decoder_spec
 
 
 def _qwen3(dim, n_layers, n_heads, n_kv_heads, ffn_dim, tie, vocab_size=151936) -> DecoderArgs:
@@ -53,7 +53,7 @@ HF = DecoderConfig(
     architecture="Qwen3ForCausalLM",
     expressible=Expressible(mlp_bias=False, qk_norm="head"),
     switches=switches,
-    window=window_if_used,
+    window=window_if_used(28),  # transformers' default max_window_layers where config.json has none
     fields=window_fields,
 )
 SPEC = decoder_spec("qwen3", FLAVORS, HF, "Qwen3: the Llama decoder with per-head Q/K RMSNorm")

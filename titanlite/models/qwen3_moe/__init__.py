@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from titanlite.base.errors import ConfigError
 from titanlite.base.hf_config import refuse
-from titanlite.models.common.moe.args import MoEArgs, dense_layers_from_hf
-from titanlite.models.llama3.hf_config import (
+from titanlite.models.common.decoder_args import MoEDecoderArgs
+from titanlite.models.common.decoder_config import (
     DecoderConfig,
     Expressible,
     attention_biases,
@@ -22,9 +22,9 @@ from titanlite.models.llama3.hf_config import (
     window_always,
     window_fields,
 )
-from titanlite.models.moe_decoder import moe_decoder_spec
-from titanlite.models.moe_decoder.args import MoEDecoderArgs
-from titanlite.models.moe_decoder.hf_config import block_from_config, check_expressible, with_moe
+from titanlite.models.common.decoder_spec import moe_decoder_spec
+from titanlite.models.common.moe.args import MoEArgs, dense_layers_from_hf
+from titanlite.models.common.moe.hf_config import block_from_config, check_expressible, with_moe
 
 
 def _qwen3_moe_30b_a3b() -> MoEDecoderArgs:

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from titanlite.base.hf_config import refuse
 from titanlite.models.common.decoder_args import DecoderArgs, debug, every
-from titanlite.models.llama3 import decoder_spec
-from titanlite.models.llama3.hf_config import (
+from titanlite.models.common.decoder_config import (
     DecoderConfig,
     Expressible,
     attention_biases,
     window_fields,
     window_if_used,
 )
+from titanlite.models.common.decoder_spec import decoder_spec
 
 FLAVORS = {
     "debug": debug("smollm3", tie_embeddings=True, nope_layers=every(4, 4)),
@@ -62,7 +62,7 @@ HF = DecoderConfig(
     architecture="SmolLM3ForCausalLM",
     expressible=Expressible(nope=True),
     switches=switches,
-    window=window_if_used,
+    window=window_if_used(),
     fields=fields,
 )
 SPEC = decoder_spec("smollm3", FLAVORS, HF, "SmolLM3: the Llama decoder with NoPE layers")

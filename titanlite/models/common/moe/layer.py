@@ -246,20 +246,30 @@ class GroupedExperts(nn.Module):
             return LOOP_UNALIGNED
         return None if grouped_mm_runs(device, dtype) else LOOP_UNSUPPORTED
 
-    def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        """x [M, dim] sorted by expert, counts [E] (integers summing to M) -> [M, dim]."""
+    def forward(
+        self, x: torch.Tensor, counts: torch.Tensor, *, step: tuple[torch.Tensor, torch.Tensor] | None = None
+    ) -> torch.Tensor:
+        """x [M, dim] sorted by expert, counts [E] (integers summing to M) -> [M, dim]. `step`: (the block's routed
+        counts, its step total), the counts added to the total when backward reaches these weights (CountOnBackward);
+        a keyword, so expert parallelism's hooks, which replace x and counts, hand it on as it is."""
         autocast = torch.amp.is_autocast_available(x.device.type) and torch.is_autocast_enabled(x.device.type)
         if autocast:  # as autocast would run the experts' matmuls (the loop's do); none on "meta" (the planner's)
             x = x.to(torch.get_autocast_dtype(x.device.type))
         # No rows at all (an expert-parallel rank no token was sent to): torch._grouped_mm's backward refuses them.
         if x.shape[0] and self.grouped(x):
-            return self.forward_grouped(x, counts)
-        return self.forward_loop(x, counts)
+            return self.forward_grouped(x, counts, step)
+        return self.forward_loop(x, counts, step)
 
-    def local_weights(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def local_weights(
+        self, step: tuple[torch.Tensor, torch.Tensor] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """w1, w3, w2 of the experts this rank computes: all of them, or under expert parallelism (whose hooks
-        hand forward the tokens and counts of this rank's experts only) its shard of each DTensor."""
-        return tuple(_local(w) for w in (self.w1, self.w3, self.w2))  # type: ignore[return-value]
+        hand forward the tokens and counts of this rank's experts only) its shard of each DTensor; w1 counting
+        `step` on backward when given."""
+        w1, w3, w2 = (_local(w) for w in (self.w1, self.w3, self.w2))
+        if step is not None:
+            w1 = CountOnBackward.apply(w1, *step)
+        return w1, w3, w2
 
     def local_biases(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
         """b1, b3, b2 of this rank's experts, as local_weights; None without biases."""
@@ -267,9 +277,11 @@ class GroupedExperts(nn.Module):
             return None
         return _local(self.b1), _local(self.b3), _local(self.b2)
 
-    def forward_grouped(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    def forward_grouped(
+        self, x: torch.Tensor, counts: torch.Tensor, step: tuple[torch.Tensor, torch.Tensor] | None = None
+    ) -> torch.Tensor:
         offs = counts.cumsum(0).to(torch.int32)  # each group's end row, on the device: no host read
-        w1, w3, w2 = (w.to(x.dtype).transpose(-2, -1) for w in self.local_weights())
+        w1, w3, w2 = (w.to(x.dtype).transpose(-2, -1) for w in self.local_weights(step))
         gate, up = torch._grouped_mm(x, w1, offs=offs), torch._grouped_mm(x, w3, offs=offs)  # [M, hidden]
         biases = self.local_biases()
         if biases is None:
@@ -279,8 +291,10 @@ class GroupedExperts(nn.Module):
         b1, b3, b2 = (b.to(x.dtype)[expert] for b in biases)
         return torch._grouped_mm(self.activation(gate + b1, up + b3), w2, offs=offs) + b2
 
-    def forward_loop(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        w1, w3, w2 = self.local_weights()
+    def forward_loop(
+        self, x: torch.Tensor, counts: torch.Tensor, step: tuple[torch.Tensor, torch.Tensor] | None = None
+    ) -> torch.Tensor:
+        w1, w3, w2 = self.local_weights(step)
         biases = self.local_biases()
         b1, b3, b2 = biases if biases is not None else (None, None, None)
 
@@ -292,6 +306,26 @@ class GroupedExperts(nn.Module):
         if x.device.type == "meta":  # shapes only (the planner's meta runs): no counts to read
             return expert(x, 0)
         return torch.cat([expert(rows, e) for e, rows in enumerate(torch.split(x, counts.tolist()))])
+
+
+class CountOnBackward(torch.autograd.Function):
+    """The identity on an expert weight, whose backward adds a block's routed token counts to its step total: how a
+    training forward's counts join its step exactly once. Backward reaches the weight once per forward that is
+    trained on; not for a forward whose graph is never backpropagated (activation checkpointing's recompute, whose
+    graph only feeds the saved tensors), not for one differentiated for its inputs alone (a pipeline stage's shape
+    inference, torch.autograd.grad with inputs=, which leaves the weights' branches out), not for evaluation (no
+    graph). The gradient passes through unchanged."""
+
+    @staticmethod
+    def forward(ctx, weight: torch.Tensor, counts: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
+        ctx.counts, ctx.total = counts, total
+        return weight.view_as(weight)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        with torch.no_grad():
+            ctx.total += ctx.counts
+        return grad, None, None
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -331,8 +365,9 @@ class MoE(nn.Module):
         self.reduce: Callable[[torch.Tensor], torch.Tensor] | None = None
         # int64: a cast of the model to bfloat16 leaves it exact (it casts floating buffers only).
         self.register_buffer("tokens_per_expert", torch.zeros(args.n_experts, dtype=torch.int64), persistent=False)
-        # The counts summed over a training step's forwards: the model adds tokens_per_expert after each of its
-        # forwards (not here: a recomputing backward would count twice), the step's hook reads and zeroes them.
+        # The counts summed over a training step's forwards, added by each forward's backward (CountOnBackward: once,
+        # however often the block runs for a recompute or a pipeline's shape inference); the step's hook reads and
+        # zeroes them.
         self.register_buffer("step_tokens", torch.zeros(args.n_experts, dtype=torch.int64), persistent=False)
 
     def reset_parameters(self) -> None:
@@ -357,7 +392,9 @@ class MoE(nn.Module):
             self.tokens_per_expert.copy_(counts)
         order = torch.argsort(chosen, stable=True)  # the choices sorted by expert
         token = order // self.args.top_k  # the token of each sorted choice
-        expert_out = self.experts(flat[token], counts)  # [N*k, D]
+        # A training forward's counts join the step's when its backward reaches the experts (CountOnBackward).
+        step = (counts, self.step_tokens) if torch.is_grad_enabled() else None
+        expert_out = self.experts(flat[token], counts, step=step)  # [N*k, D]
         weights = route.weights.reshape(-1)[order, None]  # [N*k, 1], float32
         # The k outputs of each token are summed in float32 (as transformers does under float32 weights).
         out = torch.zeros(flat.shape, dtype=torch.float32, device=x.device)
@@ -381,16 +418,6 @@ class MoE(nn.Module):
         if args.z_loss_coef > 0:
             out = add_auxiliary_loss(out, "router_z", args.z_loss_coef * router_z_loss(route.logits))
         return out
-
-
-@torch.no_grad()
-def count_step_tokens(model: nn.Module) -> None:
-    """Add each MoE block's counts of the forward that just ran to its step_tokens: call it once per training
-    forward of the model (or pipeline stage), after the forward, so that a block recomputed in backward
-    (activation checkpointing) is counted once."""
-    for module in model.modules():
-        if isinstance(module, MoE):
-            module.step_tokens += module.tokens_per_expert
 
 
 def expert_load(counts: torch.Tensor) -> torch.Tensor:

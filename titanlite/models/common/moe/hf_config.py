@@ -8,9 +8,8 @@ import dataclasses
 import re
 
 from titanlite.base.errors import ConfigError
-from titanlite.models.common.decoder_args import DecoderArgs
+from titanlite.models.common.decoder_args import DecoderArgs, MoEDecoderArgs
 from titanlite.models.common.moe.args import MoEArgs
-from titanlite.models.moe_decoder.args import MoEDecoderArgs
 
 
 def with_moe(base: DecoderArgs, moe: MoEArgs) -> MoEDecoderArgs:

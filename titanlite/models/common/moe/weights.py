@@ -9,9 +9,9 @@ from types import SimpleNamespace
 
 import torch
 
+from titanlite.models.common import decoder_weights as llama
+from titanlite.models.common.decoder_args import MoEDecoderArgs
 from titanlite.models.common.moe.layer import EXPERT_NAMES, moe_to_hf
-from titanlite.models.llama3 import weights as llama
-from titanlite.models.moe_decoder.args import MoEDecoderArgs
 
 
 def naming(block: str = "mlp", names: str = "gate_proj") -> SimpleNamespace:

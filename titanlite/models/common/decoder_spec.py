@@ -1,0 +1,57 @@
+"""The specs of the families the shared decoder's switches describe (titanlite/models/common/decoder.py builds
+them): `decoder_spec` for a dense one, `moe_decoder_spec` for one whose feed-forwards are mixtures of experts. A
+family's folder calls one with its flavors and config.json, and keeps nothing else."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from titanlite.models.common import decoder_args
+from titanlite.models.common.decoder_config import DecoderConfig
+from titanlite.models.spec import HFConfig, ModelSpec
+
+
+def tp_refusal(a: decoder_args.DecoderArgs) -> str | None:
+    if a.qk_norm == "full":
+        return (
+            "model qk_norm 'full' (a norm over each token's whole query and key, which tensor parallelism "
+            "splits over ranks)"
+        )
+    return None
+
+
+def decoder_spec(name: str, flavors: dict, hf: DecoderConfig, description: str) -> ModelSpec:
+    """The spec of a family built by the Llama decoder: its module, weight names and TP plan are this folder's."""
+    return ModelSpec(
+        name=name,
+        args_type=decoder_args.DecoderArgs,
+        flavors=flavors,
+        model="titanlite.models.common.decoder:Transformer",
+        tp_plan="titanlite.models.common.parallelize:tp_plan",
+        hf_weights="titanlite.models.common.decoder_weights",
+        tp_split_sizes=decoder_args.tp_split_sizes,
+        hf=HFConfig(hf.model_type, hf.read, hf.write),
+        tp_refusal=tp_refusal,
+        with_depth=decoder_args.with_depth,
+        description=description,
+    )
+
+
+def moe_decoder_spec(
+    name: str, flavors: dict, read: Callable, write: Callable, hf_weights: str, description: str
+) -> ModelSpec:
+    """The spec of a family built by the MoE decoder: its module, plan and FLOPs are this folder's."""
+    return ModelSpec(
+        name=name,
+        args_type=decoder_args.MoEDecoderArgs,
+        flavors=flavors,
+        model="titanlite.models.common.decoder:Transformer",
+        tp_plan="titanlite.models.common.parallelize:moe_tp_plan",
+        hf_weights=hf_weights,
+        tp_split_sizes=decoder_args.moe_split_sizes,
+        hf=HFConfig(name, read, write, experts=True),
+        with_depth=decoder_args.moe_with_depth,
+        flops="titanlite.models.common.flops:moe_flops_per_token",
+        auxiliary_losses=decoder_args.moe_auxiliary_losses,
+        description=description,
+    )

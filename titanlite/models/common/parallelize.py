@@ -1,0 +1,82 @@
+"""The shared decoder's tensor-parallel plans for its blocks (titanlite/parallel/tensor_parallel.py adds the
+embedding, final norm and output ends and applies it): the dense blocks', and the mixture-of-experts blocks'.
+
+Tensor parallelism does not split the experts (expert parallelism does, over the data-parallel ranks): the block
+takes the full sequence (gathered from the sequence-parallel shards), routes it and runs its experts on every
+tensor-parallel rank alike, then keeps its rank's slice of the sequence. Each rank's router, shared expert and
+experts so see the same tokens and get the same gradients, so nothing needs summing over tensor parallelism; the
+price is the block's compute repeated tp times (TorchTitan instead splits the routed tokens over those ranks)."""
+
+from __future__ import annotations
+
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    PrepareModuleInputOutput,
+    RowwiseParallel,
+    SequenceParallel,
+)
+
+from titanlite.models.common.interface import DecoderModule
+
+
+def block_plan() -> dict:
+    """One block: biases shard with their column-wise weights (and stay whole after the row-wise ones);
+    post-norm blocks normalise the sequence-sharded outputs of the sublayers with the same norms."""
+    return {
+        "attention_norm": SequenceParallel(),
+        # attention(x, cos, sin): gather x's sequence; the RoPE tables are plain replicated tensors.
+        "attention": PrepareModuleInput(
+            input_layouts=(Shard(1), None, None), desired_input_layouts=(Replicate(), None, None)
+        ),
+        "attention.wq": ColwiseParallel(),
+        "attention.wk": ColwiseParallel(),
+        "attention.wv": ColwiseParallel(),
+        "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+        "ffn_norm": SequenceParallel(),
+        "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+        "feed_forward.w1": ColwiseParallel(),
+        "feed_forward.w3": ColwiseParallel(),
+        "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
+    }
+
+
+def per_head_norms() -> dict:
+    """Per-head Q/K norms see this rank's heads: their weight is replicated and its gradient, a partial sum per
+    rank, is summed over TP (SequenceParallel over the heads' dimension)."""
+    return {
+        f"attention.{norm}": SequenceParallel(sequence_dim=2, use_local_output=True) for norm in ("q_norm", "k_norm")
+    }
+
+
+def tp_plan(model: DecoderModule) -> dict:
+    block = (per_head_norms() if model.args.qk_norm == "head" else {}) | block_plan()
+    return {f"layers.{i}.{name}": style for i in model.layers for name, style in block.items()}
+
+
+def moe_block_plan() -> PrepareModuleInputOutput:
+    """The MoE block: the sequence gathered in, this rank's slice of the sequence out (plain tensors, as the
+    attention's and dense feed-forward's outputs are in the Llama plan)."""
+    return PrepareModuleInputOutput(
+        input_layouts=(Shard(1),),
+        desired_input_layouts=(Replicate(),),
+        use_local_input=True,
+        output_layouts=(Replicate(),),
+        desired_output_layouts=(Shard(1),),
+        use_local_output=True,
+    )
+
+
+def moe_tp_plan(model: DecoderModule) -> dict:
+    """The MoE decoder's plan: the shared blocks' for attention and the dense layers' feed-forward; a mixture-of-experts
+    block whole on every tensor-parallel rank (moe_block_plan)."""
+    plan = {}
+    for i in model.layers:
+        dense = not model.args.moe.is_sparse(int(i))
+        for name, style in (per_head_norms() | block_plan()).items():
+            if dense or not name.startswith("feed_forward"):
+                plan[f"layers.{i}.{name}"] = style
+        if not dense:
+            plan[f"layers.{i}.feed_forward"] = moe_block_plan()
+    return plan
