@@ -17,7 +17,6 @@ from titanlite.data.tokenizer import build_tokenizer
 from titanlite.engine.trainer import Pipeline, RankModel, autocast_for
 from titanlite.models.common.build import configured_model
 from titanlite.models.common.interface import DecoderModule
-from titanlite.models.common.moe.args import MoEArgs
 from titanlite.models.registry import spec_of
 from titanlite.parallel.compile import compiled_loss
 from titanlite.parallel.context_parallel import SequenceSplit
@@ -130,7 +129,7 @@ def build_rank_model(cfg: JobConfig, plan: Plan, mesh, device: torch.device, voc
     param_dtype = DTYPES[cfg.training.mixed_precision_param] if device.type == "cuda" else torch.float32
     hooks = after_optimizer_step_hooks(cfg, plan, parts)
     balance = (
-        expert_balance(plan, mesh, parts, device) if isinstance(getattr(plain.args, "moe", None), MoEArgs) else None
+        expert_balance(plan, mesh, parts, device) if spec_of(plain.args).moe(plain.args) is not None else None
     )
     if balance is not None:
         hooks.append(balance)

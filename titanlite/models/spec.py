@@ -72,6 +72,9 @@ class ModelSpec:
     auxiliary_losses: Callable[[Any], tuple[str, ...]] = lambda args: ()
     """The names of the auxiliary loss terms the model adds in training (models/common/auxiliary.py), logged as
     aux_<name>; none for a dense family."""
+    moe: Callable[[Any], Any] = lambda args: None
+    """The family's mixture-of-experts arguments (a MoEArgs: titanlite/models/common/moe/args.py) at `args`, or None
+    for a family without MoE blocks: how the builder, the planner and the parallelisms learn of the experts."""
     learned_positions: bool = False
     """Position embeddings learned for max_seq_len positions: a longer sequence, or a folder of another context
     length, is another model (RoPE tables are computed for any length)."""

@@ -20,6 +20,7 @@ from titanlite.models.common.init import init_weights
 from titanlite.models.common.interface import DecoderModule
 from titanlite.models.common.moe.balance import PooledBalance
 from titanlite.models.common.moe.layer import MoE
+from titanlite.models.registry import spec_of
 from titanlite.parallel.activation_checkpoint import apply_ac
 from titanlite.parallel.compile import apply_compile
 from titanlite.parallel.context_parallel import apply_cp
@@ -73,7 +74,8 @@ def parallelize(
         if dims.ep_enabled:
             efsdp = mesh[("dp_replicate", "dp_shard_mod_ep")] if dims.dp_replicate > 1 else mesh["dp_shard_mod_ep"]
             divide = dims.dp_replicate * dims.view_degree("dp_shard_cp")
-            experts = ExpertSharding(expert_modules(model), efsdp, divide, model.args.moe.n_experts // dims.ep)
+            n_experts = spec_of(model.args).moe(model.args).n_experts
+            experts = ExpertSharding(expert_modules(model), efsdp, divide, n_experts // dims.ep)
         cuda = device.type == "cuda"
         apply_fsdp(
             model,

@@ -230,8 +230,8 @@ def build_schedule(
         part.register_forward_pre_hook(sequence_from_keywords, with_kwargs=True)
         part.register_forward_pre_hook(carry_as_keyword, with_kwargs=True)
         part.register_forward_pre_hook(functools.partial(logits_keyword, logits), with_kwargs=True)
-    stages = [
-        PipelineStage(part, stage, plan.num_stages, device, group=pp_group)
+    stages: list[PipelineStage] = [
+        TimedStage(part, stage, plan.num_stages, device, group=pp_group)
         for part, stage in zip(parts, plan.stage_ids(pp_rank))
     ]
     cls = _PipelineScheduleRuntime if plan.schedule == "csv" else get_schedule_class(plan.schedule)
@@ -290,7 +290,8 @@ class TiedEmbeddingSync:
 
 
 class StageTimer:
-    """Busy time of this rank's stages (forward, backward and weight-gradient chunks), for the idle share.
+    """Busy time of this rank's stages (forward, backward and weight-gradient chunks), for the idle share: each
+    TimedStage adds its chunks' time here while `enabled`.
 
     Time spent waiting for neighbouring stages happens in the schedule, outside these calls. On CUDA the
     timer synchronises, so it is switched on only for the steps that are logged.
@@ -299,26 +300,41 @@ class StageTimer:
     def __init__(self, stages, device: torch.device):
         self.device, self.busy, self.enabled = device, 0.0, False
         for stage in stages:
-            for name in ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk"):
-                setattr(stage, name, self._timed(getattr(stage, name)))
+            stage.timer = self
 
-    def _timed(self, fn):
-        def run(*args, **kwargs):
-            if not self.enabled:
-                return fn(*args, **kwargs)
+    def time(self, fn, *args, **kwargs):
+        if not self.enabled:
+            return fn(*args, **kwargs)
+        self._sync()
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
             self._sync()
-            start = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                self._sync()
-                self.busy += time.perf_counter() - start
-
-        return run
+            self.busy += time.perf_counter() - start
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+
+
+class TimedStage(PipelineStage):
+    """torch's PipelineStage, its forward, backward and weight-gradient chunks timed by `timer` (a StageTimer
+    sets itself there; None: untimed). A subclass, so nothing of torch's stage is replaced at run time."""
+
+    timer: StageTimer | None = None
+
+    def _timed(self, fn, *args, **kwargs):
+        return fn(*args, **kwargs) if self.timer is None else self.timer.time(fn, *args, **kwargs)
+
+    def forward_one_chunk(self, *args, **kwargs):
+        return self._timed(super().forward_one_chunk, *args, **kwargs)
+
+    def backward_one_chunk(self, *args, **kwargs):
+        return self._timed(super().backward_one_chunk, *args, **kwargs)
+
+    def backward_weight_one_chunk(self, *args, **kwargs):
+        return self._timed(super().backward_weight_one_chunk, *args, **kwargs)
 
 
 def tied_across_stages(model: nn.Module, plan: PipelinePlan | None) -> bool:

@@ -1,6 +1,7 @@
 """Counting the places where the host reads a tensor's value (and so, on CUDA, waits for the device).
 
-`count_host_reads(where)` patches the Tensor methods that hand a value to Python (`item`, `tolist`,
+`count_host_reads(where)` watches, through a TorchFunctionMode (torch's own hook for every call of a torch function
+or Tensor method; nothing of torch is replaced), the Tensor methods that hand a value to Python (`item`, `tolist`,
 `float()`, `int()`, `bool()`, `.cpu()`, `.numpy()`) and records each call made directly from a file
 that `where(filename)` accepts. Calls inside torch itself are not counted: the point is what our own
 code asks for. On CUDA, `torch.cuda.set_sync_debug_mode` sees every synchronisation, torch's included:
@@ -15,8 +16,9 @@ import warnings
 from dataclasses import dataclass, field
 
 import torch
+from torch.overrides import TorchFunctionMode
 
-READS = ("item", "tolist", "__float__", "__int__", "__bool__", "__index__", "cpu", "numpy")
+READS = frozenset(("item", "tolist", "__float__", "__int__", "__bool__", "__index__", "cpu", "numpy"))
 
 
 @dataclass
@@ -27,27 +29,25 @@ class HostReads:
         return len(self.calls)
 
 
+class _HostReadMode(TorchFunctionMode):
+    def __init__(self, where, reads: HostReads):
+        super().__init__()
+        self.where, self.reads = where, reads
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        if name in READS:
+            caller = sys._getframe(1)  # the Python frame that called the method (the method itself is C)
+            if self.where(caller.f_code.co_filename):
+                self.reads.calls.append((name, caller.f_code.co_filename, caller.f_lineno))
+        return func(*args, **(kwargs or {}))
+
+
 @contextlib.contextmanager
 def count_host_reads(where):
     reads = HostReads()
-    originals = {name: getattr(torch.Tensor, name) for name in READS}
-
-    def counted(name, method):
-        def call(self, *args, **kwargs):
-            caller = sys._getframe(1)
-            if where(caller.f_code.co_filename):
-                reads.calls.append((name, caller.f_code.co_filename, caller.f_lineno))
-            return method(self, *args, **kwargs)
-
-        return call
-
-    for name, method in originals.items():
-        setattr(torch.Tensor, name, counted(name, method))
-    try:
+    with _HostReadMode(where, reads):
         yield reads
-    finally:
-        for name, method in originals.items():
-            setattr(torch.Tensor, name, method)
 
 
 def outside_torch(filename: str) -> bool:

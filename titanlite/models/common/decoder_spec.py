@@ -50,6 +50,7 @@ def moe_decoder_spec(
         hf_weights=hf_weights,
         tp_split_sizes=decoder_args.moe_split_sizes,
         hf=HFConfig(name, read, write, experts=True),
+        moe=lambda a: a.moe,
         with_depth=decoder_args.moe_with_depth,
         flops="titanlite.models.common.flops:moe_flops_per_token",
         auxiliary_losses=decoder_args.moe_auxiliary_losses,

@@ -17,6 +17,7 @@ SPEC = ModelSpec(
     hf_weights="titanlite.models.deepseek_v3.weights",
     tp_split_sizes=args.split_sizes,
     hf=HFConfig(hf_config.MODEL_TYPE, hf_config.read, hf_config.write, experts=True),
+    moe=lambda a: a.moe,
     with_depth=args.with_depth,
     flops="titanlite.models.common.flops:moe_flops_per_token",
     auxiliary_losses=args.auxiliary_losses,

@@ -19,6 +19,7 @@ SPEC = ModelSpec(
     hf_weights="titanlite.models.gpt_oss.weights",
     tp_split_sizes=split_sizes,
     hf=HFConfig(hf_config.MODEL_TYPE, hf_config.read, hf_config.write, experts=True),
+    moe=lambda a: a.moe,
     with_depth=args.with_depth,
     flops="titanlite.models.common.flops:moe_flops_per_token",
     auxiliary_losses=auxiliary_losses,
