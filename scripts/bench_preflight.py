@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from titanlite.base.errors import ConfigError
+from titanlite.builder.plan import plan_model
 from titanlite.commands.check import memory_preflight
 from titanlite.config import parse_config
 
@@ -29,16 +30,19 @@ LLAMA_70B = ["--model.name", "llama3", "--model.flavor", "70B"]
 
 
 def preflight_seconds() -> float:
+    cfg = parse_config(LLAMA_70B)
+    model = plan_model(cfg)  # check's plan has it before the preflight runs
     start = time.perf_counter()
     with contextlib.suppress(ConfigError):  # 70B does not fit one process's RAM: the refusal is expected
-        memory_preflight(parse_config(LLAMA_70B), 1, 1)
+        memory_preflight(cfg, 1, 1, model)
     return time.perf_counter() - start
 
 
 def main() -> None:
     os.environ.setdefault("TITANLITE_DEVICE", "cpu")
     with contextlib.suppress(ConfigError):
-        memory_preflight(parse_config([]), 1, 1)  # the debug model: imports and first-call costs
+        cfg = parse_config([])
+        memory_preflight(cfg, 1, 1, plan_model(cfg))  # the debug model: imports and first-call costs
     first = preflight_seconds()
     print(f"preflight of llama3 70B, one process, its first call: {first:.3f} s")
     times = [preflight_seconds() for _ in range(5)]

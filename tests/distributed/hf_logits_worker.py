@@ -18,7 +18,6 @@ from titanlite.builder.plan import plan_run
 from titanlite.builder.runtime import init_distributed
 from titanlite.components.checkpoint import initial_weights_path, load_weights
 from titanlite.config import parse_config
-from titanlite.data.tokenizer import build_tokenizer
 
 
 def layout_logits_on_rank(tokens: torch.Tensor, argv: list[str]) -> torch.Tensor | None:
@@ -27,8 +26,7 @@ def layout_logits_on_rank(tokens: torch.Tensor, argv: list[str]) -> torch.Tensor
     plan = plan_run(cfg, world_size)
     device = init_distributed(world_size, cfg.comm.init_timeout_seconds, one_rank_mesh=plan.dims.fsdp_single_rank)
     mesh = plan.dims.build_mesh(device.type)
-    vocab_size = build_tokenizer(cfg.model.tokenizer, cfg.model.hf_assets_path).vocab_size
-    _, parts = build_model(cfg, vocab_size, plan, mesh, device)
+    _, parts = build_model(cfg, plan, mesh, device)
     load_weights(parts, Path(initial_weights_path(cfg)))
     (model,) = parts
     model.eval()

@@ -86,7 +86,7 @@ def cli(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_train_then_export_loads_in_transformers(tmp_path, hf_folder):
-    from titanlite.builder.data import build_data
+    from titanlite.builder.data import build_data, run_tokenizer
     from titanlite.components.checkpoint import load_model_only
     from titanlite.config import parse_config
     from titanlite.data.tokenizer import build_tokenizer
@@ -133,7 +133,8 @@ def test_train_then_export_loads_in_transformers(tmp_path, hf_folder):
     # AutoTokenizer on the export gives the ids titanlite trained on: the prepared store holds
     # [<s>] + ids + [</s>] per document, and its first document starts the corpus.
     auto = transformers.AutoTokenizer.from_pretrained(out)
-    tokenizer, corpus_data = build_data(cfg)
+    tokenizer = run_tokenizer(cfg)
+    corpus_data = build_data(cfg, tokenizer)
     assert tokenizer.vocab_size == tok.get_vocab_size() != 50257
     stored = corpus_data.stores[0].read(0, 200).tolist()
     expected = auto(CORPUS_TEXT, add_special_tokens=False)["input_ids"]

@@ -124,12 +124,13 @@ def test_a_checkpoint_with_tensors_the_model_has_no_place_for_is_refused(biased_
     # ... and a model built without the biases is refused at the load, not left without them.
     from titanlite.base.errors import ConfigError
     from titanlite.builder.model import plain_model
+    from titanlite.builder.plan import plan_model
     from titanlite.components.checkpoint import load_model_only
     from titanlite.config import parse_config
 
     cfg = parse_config(["--config", "train_configs/qwen3_moe_debug.toml", "--model.tokenizer", "byte"])
     with pytest.raises(ConfigError, match=r"holds model tensors that this model has no place for \(layers\.\d+\."):
-        load_model_only(step, plain_model(cfg))
+        load_model_only(step, plain_model(cfg, plan_model(cfg)))
 
 
 def test_an_export_takes_the_balance_from_the_checkpoint(tmp_path):

@@ -142,10 +142,12 @@ def test_the_run_facts_a_checkpoint_records_compare_equal_after_its_json():
     compares with a checkpoint's must be in that form already, or every resume would be refused."""
     from types import SimpleNamespace
 
+    from titanlite.builder.plan import ModelPlan
     from titanlite.builder.run import run_facts
 
     cfg = parse_config(["--config", "train_configs/qwen3_debug.toml", "--model.name", "smollm3"])
-    facts = run_facts(cfg, SimpleNamespace(vocab_size=50257, fingerprint="t"), SimpleNamespace(windows=[0] * 7))
+    model = ModelPlan.of(cfg, SimpleNamespace(vocab_size=50257, fingerprint="t"))
+    facts = run_facts(model, SimpleNamespace(windows=[0] * 7))
     assert facts["model"]["nope_layers"] == [3]
     assert json.loads(json.dumps(facts)) == facts
     assert resume_changes(flat_config(cfg), json.loads(json.dumps(facts)), cfg, facts, set(), "step-5") == []

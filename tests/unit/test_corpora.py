@@ -19,7 +19,7 @@ import zstandard
 
 import titanlite.data.sources as sources_module
 from titanlite.base.errors import ConfigError
-from titanlite.builder.data import build_data, build_validation_data, training_sources
+from titanlite.builder.data import build_data, build_validation_data, run_tokenizer, training_sources
 from titanlite.config import parse_config
 from titanlite.data.datasets import split_point
 from titanlite.data.sources import Source
@@ -176,7 +176,8 @@ def test_a_nanogpt_folder_trains_on_train_bin_and_validates_on_val_bin(tmp_path)
         ["--training.dataset", "local", "--training.dataset_path", str(folder), "--training.seq_len", "8",
          "--model.tokenizer", "gpt2", "--data.cache_dir", str(tmp_path / "c")]
     )  # fmt: skip
-    tokenizer, corpus = build_data(cfg)
+    tokenizer = run_tokenizer(cfg)
+    corpus = build_data(cfg, tokenizer)
     assert corpus.stores[0].read(0, len(corpus.stores[0])).tolist() == list(range(500))
     assert corpus.split == [500], "nothing held out: val.bin is the validation set"
     assert "1 validation file(s) kept out of training (val.bin)" in corpus.describe(8)[0]
@@ -313,7 +314,8 @@ def test_a_hub_validation_dataset_reads_its_own_split(hub_repo, tmp_path):
          "--validation.enable", "--training.seq_len", "16", "--model.tokenizer", "byte",
          "--data.cache_dir", str(tmp_path / "c")]
     )  # fmt: skip
-    tokenizer, corpus = build_data(cfg)
+    tokenizer = run_tokenizer(cfg)
+    corpus = build_data(cfg, tokenizer)
     windows = build_validation_data(cfg, tokenizer, corpus)
     first = bytes(t for t in windows[0].tolist() if t < 256).decode()
     assert first.startswith("sub_a validation"), first

@@ -19,6 +19,7 @@ from titanlite.base.errors import ConfigError  # noqa: E402
 from titanlite.base.hf_config import read_config  # noqa: E402
 from titanlite.builder.data import build_data  # noqa: E402
 from titanlite.builder.model import plain_model  # noqa: E402
+from titanlite.builder.plan import plan_model  # noqa: E402
 from titanlite.commands.convert import convert  # noqa: E402
 from titanlite.components.checkpoint import save_model_only  # noqa: E402
 from titanlite.components.checkpoint_files import MARKER  # noqa: E402
@@ -37,7 +38,7 @@ def hf_run(tmp_path):
     flags = ["--model.flavor", "hf", "--model.hf_assets_path", str(folder), "--model.tokenizer", "byte"]
     flags += ["--training.seq_len", "48", "--job.dump_folder", str(tmp_path), "--job.name", "run"]
     cfg = parse_config(flags)
-    model = plain_model(cfg)
+    model = plain_model(cfg, plan_model(cfg))
     with torch.no_grad():
         for i, p in enumerate(model.parameters()):
             p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(i)))
@@ -54,7 +55,8 @@ def test_convert_takes_the_model_from_the_checkpoint(tmp_path, hf_run):
     assert convert(["to-hf", "--output", str(out), "--job.dump_folder", str(tmp_path), "--job.name", "run"]) == 0
     config = read_config(out)
     assert (config["model_type"], config["hidden_size"], config["num_key_value_heads"]) == ("llama", 96, 2)
-    back = plain_model(parse_config(flags))
+    back_cfg = parse_config(flags)
+    back = plain_model(back_cfg, plan_model(back_cfg))
     load_hf_into([back], out)
     for (name, ours), theirs in zip(trained.state_dict().items(), back.state_dict().values()):
         assert torch.equal(ours, theirs), name
@@ -85,7 +87,9 @@ def test_prepare_builds_the_store_the_run_opens_and_names_its_tokenizer(tmp_path
         )
         assert "with tokenizer hf in" in caplog.text and "default config" not in caplog.text
         caplog.clear()
-        tokenizer, _ = build_data(parse_config(flags))  # the run's data, as a rank opens it
+        cfg = parse_config(flags)
+        tokenizer = plan_model(cfg).tokenizer
+        build_data(cfg, tokenizer)  # the run's data, as a rank opens it
         assert tokenizer.vocab_size == 400
         assert not [r for r in caplog.records if r.getMessage().lstrip().startswith("prepare ")]  # none built again
         # Without the run's model flags prepare uses the default config's tokenizer: it says so.

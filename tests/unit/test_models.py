@@ -368,10 +368,12 @@ def test_a_layer_kind_a_family_does_not_know_is_refused_naming_the_kinds_it_know
             layer_types=("linear_attention", "full_attention"),
         )  # fmt: skip
     # A family's module lists its own kinds (Transformer.mixers); one it does not list is refused when built.
-    from tests.families.relu2 import Relu2Args
-    from tests.families.relu2.model import Relu2
+    from titanlite.models.common.decoder import grouped_query_attention
 
-    args = Relu2Args(dim=32, n_layers=2, n_heads=2, vocab_size=64)
-    args.layer_types = ("shift", "conv")  # past Relu2Args' own check, as a family without one would be
-    with pytest.raises(ValueError, match="layer 1 is of kind 'conv'; Relu2 knows attention, shift"):
-        Relu2(args)
+    class FullOnly(Llama):
+        mixers = {"full_attention": grouped_query_attention}
+
+    args = DecoderArgs(dim=32, n_layers=2, n_heads=2, n_kv_heads=2, ffn_dim=64, vocab_size=64, family="llama3")
+    args.layer_types = ("full_attention", "sliding_attention")  # past DecoderArgs' own check
+    with pytest.raises(ValueError, match="layer 1 is of kind 'sliding_attention'; FullOnly knows full_attention"):
+        FullOnly(args)

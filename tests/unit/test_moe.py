@@ -445,13 +445,14 @@ def _fsdp_moe_step(rank: int) -> None:
     from torch.distributed.device_mesh import init_device_mesh
 
     from titanlite.builder.model import plain_model
+    from titanlite.builder.plan import plan_model
     from titanlite.config import parse_config
     from titanlite.parallel.data_parallel import apply_fsdp
     from titanlite.parallel.parallelize import materialize
 
     cfg = parse_config(["--model.name", "qwen3_moe", "--model.flavor", "debug", "--model.tokenizer", "byte"])
     with torch.device("meta"):
-        model = plain_model(cfg)
+        model = plain_model(cfg, plan_model(cfg))
     mesh = init_device_mesh("cpu", (2,))
     apply_fsdp(model, mesh, param_dtype=torch.float32, reduce_dtype=torch.float32, reshard_after_forward=True)
     materialize(model, torch.device("cpu"), seed=0)

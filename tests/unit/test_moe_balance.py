@@ -14,6 +14,7 @@ import torch
 
 from tests.helpers import TINY, checkpoint_tensors, losses, metrics, train_in_pool
 from titanlite.base.errors import ConfigError
+from titanlite.builder.plan import ModelPlan
 from titanlite.builder.run import run_facts
 from titanlite.components.expert_balance import ExpertBalance
 from titanlite.components.resume import flat_config, resume_changes
@@ -78,7 +79,8 @@ def test_keys_that_cannot_act_are_refused_in_one_line(argv, message):
 
 def facts_of(*argv: str) -> tuple:
     cfg = parse_config([*MOE_CONFIG, *argv])
-    return cfg, run_facts(cfg, SimpleNamespace(vocab_size=300, fingerprint="t"), SimpleNamespace(windows=[0] * 7))
+    model = ModelPlan.of(cfg, SimpleNamespace(vocab_size=300, fingerprint="t"))
+    return cfg, run_facts(model, SimpleNamespace(windows=[0] * 7))
 
 
 def test_a_resume_may_change_the_coefficients_but_not_the_balance():

@@ -9,6 +9,7 @@ import pytest
 from tests.helpers import REPO, env
 from titanlite.builder.estimate import pipeline_bubbles, stage_layers
 from titanlite.builder.layouts import candidate_layouts, layout_of, offload_layouts
+from titanlite.builder.plan import plan_model
 from titanlite.config import parse_config
 
 GIB = 2**30
@@ -114,7 +115,8 @@ def test_layouts_use_tp_within_and_pp_across_nodes():
 def test_the_overrides_the_planner_prints_select_its_layout(ngpu, nnodes):
     """`run it with: ...` gives back the layout that was weighed: the degrees' keys come from the mesh's table."""
     for lay in candidate_layouts(ngpu, nnodes, seq_len=32768) + offload_layouts(ngpu, nnodes):
-        assert layout_of(parse_config(lay.overrides()), ngpu * nnodes) == lay, lay.name
+        cfg = parse_config(lay.overrides())
+        assert layout_of(cfg, ngpu * nnodes, plan_model(cfg)) == lay, lay.name
 
 
 def test_bubble_table_and_stage_split():

@@ -6,6 +6,7 @@ import pytest
 from titanlite.builder.estimate import estimate, setting_for
 from titanlite.builder.layouts import layout_of
 from titanlite.builder.model_facts import model_facts
+from titanlite.builder.plan import plan_model
 from titanlite.config import parse_config
 
 LONG = ["--config", "train_configs/debug_model.toml", "--training.seq_len", "1024", "--training.local_batch_size", "4"]
@@ -13,9 +14,10 @@ LONG = ["--config", "train_configs/debug_model.toml", "--training.seq_len", "102
 
 def estimates(extra: list[str], ngpu: int = 1, device: str = "cpu"):
     cfg = parse_config([*LONG, *extra])
-    lay = layout_of(cfg, ngpu)
+    model = plan_model(cfg)
+    lay = layout_of(cfg, ngpu, model)
     s = setting_for(cfg, lay, ngpu, device)
-    facts = model_facts(cfg, cfg.training.seq_len)
+    facts = model_facts(cfg, model)
     return facts, s, estimate(facts, lay, s)
 
 

@@ -11,7 +11,7 @@ import pytest
 from tests.helpers import REPO, env
 from titanlite.base.errors import ConfigError
 from titanlite.builder.layouts import Layout, layout_of
-from titanlite.builder.plan import plan_run
+from titanlite.builder.plan import plan_model, plan_run
 from titanlite.config import parse_config
 from titanlite.models.qwen3_moe import FLAVORS
 from titanlite.parallel.dims import ParallelDims
@@ -81,7 +81,7 @@ def test_qwen3_moe_30b_on_8_gpus_plans_ep_rows_whose_experts_are_split_ep_ways(t
 def test_the_ep_overrides_select_the_layout():
     lay = Layout(ParallelDims.of(dp_shard=4, tp=2, ep=4), "never")
     cfg = parse_config(["--config", "train_configs/qwen3_moe_debug.toml", *lay.overrides()])
-    assert layout_of(cfg, 8) == lay
+    assert layout_of(cfg, 8, plan_model(cfg)) == lay
     assert "--parallelism.expert_parallel_degree" in Layout(ParallelDims.of(dp_shard=8)).overrides(every=True)
 
 

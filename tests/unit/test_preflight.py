@@ -11,6 +11,7 @@ import pytest
 from tests.helpers import REPO, env, logged
 from titanlite.base import devices
 from titanlite.base.errors import ConfigError
+from titanlite.builder.plan import plan_model
 from titanlite.commands import check as preflight
 from titanlite.commands import cli
 from titanlite.commands.check import GIB, Capacity, config_estimate, memory_preflight, rank_needs
@@ -41,6 +42,15 @@ LLAMA_8B = [
 ]
 
 
+def estimate_for(cfg, world_size: int, device: str):
+    """check's config_estimate for the config's planned model (check passes its plan's)."""
+    return config_estimate(cfg, world_size, device, plan_model(cfg))
+
+
+def check_memory(cfg, world_size: int, local_ranks: int) -> None:
+    memory_preflight(cfg, world_size, local_ranks, plan_model(cfg))
+
+
 def pretend(monkeypatch, device: str, gpu_gib: float = 80.0, ram_gib: float = 512.0) -> None:
     """Make the preflight see `device` with one `gpu_gib` GPU per rank and `ram_gib` of RAM on the node."""
     monkeypatch.setattr(devices, "device_type", lambda: device)
@@ -55,7 +65,7 @@ def pretend(monkeypatch, device: str, gpu_gib: float = 80.0, ram_gib: float = 51
 
 def debug_need(local_ranks: int = 1) -> float:
     """Bytes one CPU rank of the default config (the debug model) needs, as the preflight counts them."""
-    _, _, est = config_estimate(parse_config([]), local_ranks, "cpu")
+    _, _, est = estimate_for(parse_config([]), local_ranks, "cpu")
     return rank_needs(est, "cpu")["cpu"][0]
 
 
@@ -79,7 +89,7 @@ def test_the_preflight_of_llama_70b_refuses_it_in_process(monkeypatch):
     """The refusal itself, in this process (how long it takes: scripts/bench_preflight.py prints it)."""
     pretend(monkeypatch, "cpu", ram_gib=64)
     with pytest.raises(ConfigError, match="llama3 70B"):
-        memory_preflight(parse_config(LLAMA_70B), 1, 1)
+        check_memory(parse_config(LLAMA_70B), 1, 1)
 
 
 @pytest.mark.parametrize("local_ranks", [1, 2])
@@ -94,7 +104,7 @@ def test_debug_model_warns_near_the_limit_and_is_refused_over_it(monkeypatch, ca
         ram = local_ranks * need / share
         monkeypatch.setattr(preflight, "memory_capacity", lambda pool, n: Capacity(ram, "available RAM", n))
         caplog.clear()
-        memory_preflight(cfg, local_ranks, local_ranks)
+        check_memory(cfg, local_ranks, local_ranks)
         return logged(caplog)
 
     well_below = run_with(0.5)
@@ -119,14 +129,14 @@ def test_plan_and_check_agree_on_the_estimate(tmp_path, monkeypatch, capsys):
         monkeypatch.setenv("TITANLITE_PLAN_JSON", str(out))
         assert plan(["--ngpu", str(ngpu), "--device", device]) == 0
         own = next(r for r in json.loads(out.read_text())["rows"] if r["own"])
-        _, layout, est = config_estimate(parse_config([]), ngpu, device)
+        _, layout, est = estimate_for(parse_config([]), ngpu, device)
         assert own["layout"] == layout.name and own["peak"] == est["peak"], (device, own, est["peak"])
     capsys.readouterr()
 
 
 def test_cpu_offload_moves_the_state_to_host_memory():
-    facts, on_device, whole = config_estimate(parse_config(LLAMA_8B), 1, "cuda")
-    _, offloaded, est = config_estimate(parse_config([*LLAMA_8B, "--training.enable_cpu_offload"]), 1, "cuda")
+    facts, on_device, whole = estimate_for(parse_config(LLAMA_8B), 1, "cuda")
+    _, offloaded, est = estimate_for(parse_config([*LLAMA_8B, "--training.enable_cpu_offload"]), 1, "cuda")
     assert offloaded.offload and offloaded.dims.fsdp_enabled and offloaded.dims.dp_shard == 1
     assert not on_device.offload and whole["host"] == 0
     # fp32 parameters, gradients and both AdamW moments: 16 bytes per parameter, on the host
@@ -134,20 +144,20 @@ def test_cpu_offload_moves_the_state_to_host_memory():
     assert est["parameters"] == est["gradients"] == est["optimizer"] == 0
     assert est["peak"] < 0.15 * whole["peak"], (est["peak"] / GIB, whole["peak"] / GIB)
     # FSDP on one rank without offload keeps the state on the device, plus its gathered copies
-    _, single, fsdp = config_estimate(parse_config([*LLAMA_8B, "--parallelism.fsdp_single_rank"]), 1, "cuda")
+    _, single, fsdp = estimate_for(parse_config([*LLAMA_8B, "--parallelism.fsdp_single_rank"]), 1, "cuda")
     assert single.name == "ZeRO-3 1" and fsdp["peak"] > whole["peak"] and fsdp["host"] == 0
 
 
 def test_llama_8b_on_one_80_gib_gpu_is_told_to_offload(monkeypatch, caplog):
     pretend(monkeypatch, "cuda", gpu_gib=80, ram_gib=512)
     with pytest.raises(ConfigError) as refused:
-        memory_preflight(parse_config(LLAMA_8B), 1, 1)
+        check_memory(parse_config(LLAMA_8B), 1, 1)
     message = str(refused.value)
     assert "\n" not in message and "more than 80.0 GiB of NVIDIA H100 80GB HBM3" in message
     assert "recommends ZeRO-3 1 + CPU offload" in message and "--training.enable_cpu_offload true" in message
     caplog.set_level(logging.INFO, logger="titanlite")
     caplog.clear()
-    memory_preflight(parse_config([*LLAMA_8B, "--training.enable_cpu_offload"]), 1, 1)
+    check_memory(parse_config([*LLAMA_8B, "--training.enable_cpu_offload"]), 1, 1)
     lines = logged(caplog)
     assert (
         len(lines) == 1
@@ -159,7 +169,7 @@ def test_llama_8b_on_one_80_gib_gpu_is_told_to_offload(monkeypatch, caplog):
     with pytest.raises(
         ConfigError, match=r"GiB of host memory per rank .*more than 64.0 GiB of available RAM shared by 8"
     ):
-        memory_preflight(parse_config([*LLAMA_8B, "--training.enable_cpu_offload"]), 8, 8)
+        check_memory(parse_config([*LLAMA_8B, "--training.enable_cpu_offload"]), 8, 8)
 
 
 def test_plan_shows_offload_for_the_configs_own_layout(capsys):
@@ -179,7 +189,7 @@ def test_memory_preflight_false_skips_it(monkeypatch, capsys, caplog):
 
     monkeypatch.setattr(preflight, "config_estimate", fail)
     caplog.set_level(logging.INFO, logger="titanlite")
-    memory_preflight(parse_config([*LLAMA_70B, "--training.memory_preflight", "false"]), 1, 1)
+    check_memory(parse_config([*LLAMA_70B, "--training.memory_preflight", "false"]), 1, 1)
     assert logged(caplog) == []
     # and `check` launches a config that cannot fit when told so
     assert cli.main(["check", "--world-size", "1", *LLAMA_70B, *TINY_DATA, "--training.memory_preflight", "false"]) == 0

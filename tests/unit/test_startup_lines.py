@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from titanlite.builder.model import plain_model
+from titanlite.builder.plan import plan_model
 from titanlite.builder.run import describe_attention, describe_experts
 from titanlite.config import parse_config
 
@@ -14,7 +15,7 @@ BYTES = ["--model.tokenizer", "byte"]
 def lines(*args: str, device: str = "cpu", dtype: torch.dtype = torch.float32) -> tuple[str, str | None]:
     cfg = parse_config([*BYTES, *args])
     with torch.device("meta"):
-        model = plain_model(cfg)
+        model = plain_model(cfg, plan_model(cfg))
     return describe_attention(cfg, 1, model, device), describe_experts(cfg, model, torch.device(device), dtype)
 
 

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from titanlite.base.errors import ConfigError
-from titanlite.builder.data import build_data, build_validation_data
+from titanlite.builder.data import build_data, build_validation_data, run_tokenizer
 from titanlite.builder.plan import plan_run
 from titanlite.config import parse_config
 from titanlite.data.datasets import split_point, validation_windows
@@ -38,7 +38,8 @@ def test_the_split_depends_on_the_tokens_alone():
 def test_no_validation_window_occurs_in_the_training_windows():
     # The default corpus (the standard library), as a run reads it; compared on the token ids themselves.
     cfg = parse_config(["--validation.enable", "true"])
-    tokenizer, corpus = build_data(cfg)
+    tokenizer = run_tokenizer(cfg)
+    corpus = build_data(cfg, tokenizer)
     validation = build_validation_data(cfg, tokenizer, corpus)
     store, split = corpus.stores[0], corpus.split[0]
     # split_fraction 0.01, moved to an end-of-text within half that share either way (on any Python's stdlib)
@@ -54,7 +55,10 @@ def test_no_validation_window_occurs_in_the_training_windows():
 
 
 def test_training_windows_are_the_same_whether_validation_is_enabled_or_not():
-    on, off = (build_data(parse_config(["--validation.enable", flag]))[1] for flag in ("true", "false"))
+    on, off = (
+        build_data(cfg, run_tokenizer(cfg))
+        for cfg in (parse_config(["--validation.enable", flag]) for flag in ("true", "false"))
+    )
     assert on.split == off.split and len(on.windows) == len(off.windows)
     samples = np.arange(1000)
     assert (on.order.windows(samples) == off.order.windows(samples)).all()

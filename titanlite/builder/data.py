@@ -65,8 +65,9 @@ def validation_sources(cfg: JobConfig, corpus) -> list[tuple[Source, float]]:
     return [(dataclasses.replace(source, split="validation"), w) for (source, w), store in pairs if store.held_files]
 
 
-def build_data(cfg: JobConfig, verify: str = "stat"):
-    """Tokenizer and corpus (windows and sample order) of the configured data, from prepared token stores.
+def build_data(cfg: JobConfig, tokenizer, verify: str = "stat"):
+    """The corpus (windows and sample order) of the configured data in the run's tokenizer (its plan's), from
+    prepared token stores.
 
     Training ranks check a store's sources by their folder listing, and size and mtime (verify='stat': no
     source is read); `titanlite check` and `prepare` also compare sampled fingerprints, or every byte with
@@ -74,18 +75,16 @@ def build_data(cfg: JobConfig, verify: str = "stat"):
     source's last validation.split_fraction is held out of training unless validation names its own corpus
     or the source has its own validation files."""
     t = cfg.training
-    tokenizer = run_tokenizer(cfg)
     sources = training_sources(cfg)
     holdout = 0.0 if separate_validation(cfg) else cfg.validation.split_fraction
-    corpus = build_corpus(
+    return build_corpus(
         sources, tokenizer, store_options(cfg, verify), t.seq_len, t.seed, cfg.data.shuffle, holdout=holdout
     )
-    return tokenizer, corpus
 
 
 def run_tokenizer(cfg: JobConfig):
-    """The tokenizer a run of this config tokenises its data with (`titanlite prepare` asks here too, so that
-    it builds the store the run opens)."""
+    """The tokenizer a run of this config tokenises its data with, for `titanlite prepare`, which makes no plan
+    (a run's own is its plan's, built by the same call: plan.plan_model), so that it builds the store the run opens."""
     return build_tokenizer(cfg.model.tokenizer, cfg.model.hf_assets_path)
 
 

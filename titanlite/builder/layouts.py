@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from titanlite.data.tokenizer import build_tokenizer
-from titanlite.models.common.build import configured_args
-from titanlite.parallel.dims import ParallelDims
-from titanlite.parallel.expert_parallel import check_ep_degree
+from titanlite.base.errors import ConfigError
+from titanlite.builder.plan import ModelPlan
+from titanlite.parallel.dims import ParallelDims, check_ep
+from titanlite.parallel.expert_parallel import check_ep_degree, check_experts_split
 from titanlite.parallel.parallelize import reshard_after_forward
 
 
@@ -44,13 +44,10 @@ class Layout:
         return out
 
 
-def layout_of(cfg, world: int) -> Layout:
-    """The layout a config runs on `world` ranks."""
+def layout_of(cfg, world: int, model: ModelPlan) -> Layout:
+    """The layout a config runs on `world` ranks, for its planned model (plan_model)."""
     dims = ParallelDims.from_config(cfg.parallelism, world, cpu_offload=cfg.training.enable_cpu_offload)
-    if dims.ep_enabled:  # the run's own refusal (titanlite/builder/plan.py), before anything is estimated
-        m = cfg.model
-        args = configured_args(m, build_tokenizer(m.tokenizer, m.hf_assets_path).vocab_size, cfg.training.seq_len)
-        check_ep_degree(dims.ep, args, getattr(args, "family", m.name))
+    check_ep_degree(dims.ep, model.args, model.family)  # the run's own refusal (plan_run), before any estimate
     reshard = "always" if reshard_after_forward(cfg.parallelism.fsdp_reshard_after_forward, dims.pp > 1) else "never"
     if not dims.fsdp_enabled:
         reshard = "always"  # nothing to reshard: the field keeps its default, so equal layouts compare equal
@@ -138,14 +135,24 @@ def offload_layouts(ngpu: int, nnodes: int) -> list[Layout]:
 
 def expert_parallel_layouts(layouts: list[Layout], n_experts: int) -> list[Layout]:
     """For a mixture of experts with `n_experts` routed experts per block: each layout with FSDP again with every
-    expert-parallel degree it allows (titanlite/parallel/dims.py check_ep and expert_parallel.py check_ep_degree):
-    ep > 1 dividing n_experts, a multiple of cp, and ep / cp dividing dp_shard. None for a dense model."""
+    expert-parallel degree above 1 that a run accepts there (allows_ep). None for a dense model."""
     out = []
     for lay in layouts:
         d = lay.dims
         if lay.offload or d.ep > 1 or d.view_degree("dp_shard_cp") == 1:
             continue
         for ep in range(2, d.view_degree("dp_shard_cp") + 1):
-            if n_experts % ep == 0 and ep % d.cp == 0 and d.dp_shard % (ep // d.cp) == 0:
+            if allows_ep(d, ep, n_experts):
                 out.append(replace(lay, dims=replace(d, ep=ep)))
     return out
+
+
+def allows_ep(dims: ParallelDims, ep: int, n_experts: int) -> bool:
+    """Whether a run accepts expert-parallel degree `ep` on these dims for `n_experts` experts per block: the run's
+    own checks answer (dims.check_ep, expert_parallel.check_experts_split), so the rule is stated once."""
+    try:
+        check_ep(ep, dims.dp_shard, dims.cp)
+        check_experts_split(ep, n_experts, "")
+    except ConfigError:
+        return False
+    return True

@@ -9,19 +9,18 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from titanlite.builder.plan import Plan
+from titanlite.builder.plan import ModelPlan, Plan
 from titanlite.components.expert_balance import ExpertBalance
-from titanlite.components.loss import build_loss, chunk_tokens, cross_entropy, schedule_of
+from titanlite.components.loss import build_loss, cross_entropy
 from titanlite.config import JobConfig
-from titanlite.data.tokenizer import build_tokenizer
 from titanlite.engine.trainer import Pipeline, RankModel, autocast_for
-from titanlite.models.common.build import configured_model
+from titanlite.models.common.build import model_from_args, with_kernels
 from titanlite.models.common.interface import DecoderModule
 from titanlite.models.registry import spec_of
 from titanlite.parallel.compile import compiled_loss
 from titanlite.parallel.context_parallel import SequenceSplit
 from titanlite.parallel.float8 import Float8ScalePrecompute
-from titanlite.parallel.parallelize import DTYPES, loss_parallel_enabled, materialize, parallelize, wrap_ddp
+from titanlite.parallel.parallelize import DTYPES, materialize, parallelize, wrap_ddp
 from titanlite.parallel.pipeline import StageTimer, TiedEmbeddingSync, build_schedule, split_model
 
 
@@ -35,17 +34,18 @@ class ModelSetup:
     loss_line: str  # which loss runs, for the log
 
 
-def plain_model(cfg: JobConfig) -> DecoderModule:
-    """The configured model, whole, on the current default device of this one process."""
-    m = cfg.model
-    return configured_model(m, build_tokenizer(m.tokenizer, m.hf_assets_path).vocab_size, cfg.training.seq_len, cfg.moe)
+def plain_model(cfg: JobConfig, model: ModelPlan) -> DecoderModule:
+    """The planned model, whole, on the current default device, parameters uninitialised: built from the plan's
+    arguments (not from the config again), its attention cores of model.attn_backend's kind and its experts on
+    moe.experts_kernel's path, as configured_model (titanlite/models/common/build.py) makes them."""
+    return with_kernels(model_from_args(model.args), cfg.model.attn_backend, cfg.moe.experts_kernel)
 
 
-def build_model(cfg: JobConfig, vocab_size: int, plan: Plan, mesh, device: torch.device):
+def build_model(cfg: JobConfig, plan: Plan, mesh, device: torch.device):
     """Build on the meta device, cut into pipeline stages if asked, apply the parallelisms to each part,
     then materialise and initialise the weights. Returns the whole meta model (for counting) and the parts."""
     with torch.device("meta"):
-        model = configured_model(cfg.model, vocab_size, cfg.training.seq_len, cfg.moe)
+        model = plain_model(cfg, plan.model)
     parts = split_model(model, plan.pipeline, mesh["pp"].get_local_rank()) if plan.pipeline else [model]
     parts = [
         parallelize(
@@ -58,6 +58,8 @@ def build_model(cfg: JobConfig, vocab_size: int, plan: Plan, mesh, device: torch
             cfg.activation_checkpoint,
             cfg.compile,
             cfg.float8,
+            loss_parallel=plan.loss.parallel,
+            chunked_loss=plan.loss.chunk_tokens > 0,
         )
         for part in parts
     ]
@@ -92,7 +94,7 @@ def build_pipeline(
 def sequence_split(cfg: JobConfig, plan: Plan, mesh) -> SequenceSplit:
     """How this rank cuts each batch's sequences (context parallelism) and finds its documents (block-causal)."""
     block_causal = cfg.model.attn_mask_type == "block_causal"
-    eot = build_tokenizer(cfg.model.tokenizer, cfg.model.hf_assets_path).eot_id if block_causal else None
+    eot = plan.model.tokenizer.eot_id if block_causal else None
     cp_rank = mesh["cp"].get_local_rank() if plan.dims.cp_enabled else 0
     return SequenceSplit(plan.dims.cp, cp_rank, eot)
 
@@ -110,12 +112,11 @@ def expert_balance(plan: Plan, mesh, parts: list[nn.Module], device: torch.devic
     return ExpertBalance(parts, device, group, mesh["pp"].get_group() if plan.pipeline else None)
 
 
-def build_rank_model(cfg: JobConfig, plan: Plan, mesh, device: torch.device, vocab_size: int) -> ModelSetup:
+def build_rank_model(cfg: JobConfig, plan: Plan, mesh, device: torch.device) -> ModelSetup:
     """This rank's parallelised model with its loss (chunked or plain, compiled or not) and pipeline."""
-    plain, parts = build_model(cfg, vocab_size, plan, mesh, device)
-    loss_parallel = loss_parallel_enabled(plan.dims, cfg.parallelism)
+    plain, parts = build_model(cfg, plan, mesh, device)
+    loss_parallel, chunks = plan.loss.parallel, plan.loss.chunk_tokens
     compile_loss = cfg.compile.enable and "loss" in cfg.compile.components
-    chunks = chunk_tokens(cfg.training, cfg.compile, loss_parallel, schedule_of(cfg.parallelism))
     loss_fn = compiled_loss(build_loss(parts, chunks, compile_loss, cfg.compile.backend), cfg.compile, loss_parallel)
     if chunks:
         loss_line = f"  loss: cross-entropy in chunks of {chunks} tokens, no full logits (training.loss_chunk_tokens)"
@@ -128,9 +129,7 @@ def build_rank_model(cfg: JobConfig, plan: Plan, mesh, device: torch.device, voc
     pipeline = build_pipeline(cfg, plan, plain, parts, mesh, device, loss_fn, not chunks) if plan.pipeline else None
     param_dtype = DTYPES[cfg.training.mixed_precision_param] if device.type == "cuda" else torch.float32
     hooks = after_optimizer_step_hooks(cfg, plan, parts)
-    balance = (
-        expert_balance(plan, mesh, parts, device) if spec_of(plain.args).moe(plain.args) is not None else None
-    )
+    balance = expert_balance(plan, mesh, parts, device) if spec_of(plain.args).moe(plain.args) is not None else None
     if balance is not None:
         hooks.append(balance)
     rank = RankModel(

@@ -11,19 +11,19 @@ import dataclasses
 import hashlib
 import json
 import os
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from titanlite.builder.data import cache_dir
+from titanlite.builder.model import plain_model
+from titanlite.builder.plan import ModelPlan
 from titanlite.components.loss import cross_entropy
 from titanlite.components.metrics import flops_per_token
-from titanlite.data.tokenizer import build_tokenizer
-from titanlite.models.common.build import configured_model
 from titanlite.models.common.flops import active_parameters
 from titanlite.models.common.moe.layer import GroupedExperts, MoE
 from titanlite.parallel.activation_checkpoint import SAVE_OPS
@@ -79,11 +79,12 @@ def tp_splits(name: str, shape, whole: tuple[str, ...] = ()) -> bool:
     return not (parts[-1] == "bias" and parts[-2] in ("wo", "w2"))
 
 
-def model_facts(cfg, seq_len: int) -> ModelFacts:
-    """The configured model's facts at this sequence length, measured on the meta device."""
-    m = cfg.model
+def model_facts(cfg, planned: ModelPlan) -> ModelFacts:
+    """The planned model's facts at training.seq_len (the length its arguments were planned for), measured on
+    the meta device."""
+    seq_len = cfg.training.seq_len
     with torch.device("meta"):
-        model = configured_model(m, build_tokenizer(m.tokenizer, m.hf_assets_path).vocab_size, seq_len, cfg.moe)
+        model = plain_model(cfg, planned)
     args = model.args
     layer_params, layer_split, layer_experts, moe_params = [], [], [], 0.0
     moes = [m for m in model.modules() if isinstance(m, MoE)]
@@ -108,7 +109,7 @@ def model_facts(cfg, seq_len: int) -> ModelFacts:
         ends[where][1] += p.numel() if tp_splits(name, p.shape) else 0
     root = ends["first"][0] + ends["last"][0]
     facts = ModelFacts(
-        m.name,
+        cfg.model.name,
         args.dim,
         args.vocab_size,
         args.n_layers,
@@ -131,30 +132,30 @@ def model_facts(cfg, seq_len: int) -> ModelFacts:
     return facts
 
 
-@contextmanager
-def flash_attention_on_meta():
+class FlashAttentionOnMeta(TorchFunctionMode):
     """On meta tensors scaled_dot_product_attention falls back to the math path, which saves the
     [heads, s, s] attention matrix; real runs use a flash kernel (CPU and CUDA), which saves the output
-    and the log-sum-exp only. Route it to the CPU flash kernel, whose meta version saves the same."""
-    original = F.scaled_dot_product_attention
+    and the log-sum-exp only. While this mode is on, each call without a mask goes to the CPU flash kernel,
+    whose meta version saves the same (a TorchFunctionMode: torch's own hook, nothing of torch replaced)."""
 
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is not F.scaled_dot_product_attention:
+            return func(*args, **kwargs)
+        return self.flash(*args, **kwargs)
+
+    @staticmethod
     def flash(
         query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False, **kwargs
     ):
         # The flash kernels read grouped keys and values as they are (enable_gqa): no per-head copy is saved.
         if attn_mask is not None or dropout_p or kwargs:
-            return original(
+            return F.scaled_dot_product_attention(
                 query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
                 enable_gqa=enable_gqa, **kwargs,
             )  # fmt: skip
         flash_cpu = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
         return flash_cpu(query, key, value, 0.0, is_causal, scale=scale)[0]
-
-    F.scaled_dot_product_attention = flash
-    try:
-        yield
-    finally:
-        F.scaled_dot_product_attention = original
 
 
 def measure_saved_tensors(model, facts: ModelFacts, seq_len: int) -> None:
@@ -198,7 +199,7 @@ def measure_saved_tensors(model, facts: ModelFacts, seq_len: int) -> None:
         moe.register_forward_pre_hook(lambda mod, inp: in_moe.__setitem__(0, True))
         moe.register_forward_hook(lambda mod, inp, out: in_moe.__setitem__(0, False))
     tokens = torch.zeros(1, seq_len + 1, dtype=torch.long, device="meta")
-    with Producers(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), flash_attention_on_meta():
+    with Producers(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), FlashAttentionOnMeta():
         cross_entropy(model(tokens[:, :-1]), tokens[:, 1:])
     keys = list(model.layers.keys())
     facts.act_layer = [sum(b for r, b, *_ in saved.values() if r == k) for k in keys]
@@ -215,6 +216,7 @@ FACTS_SOURCES = (
     "models",  # every family's folder, the registry and the shared blocks
     "base/hf_config.py",
     "builder/model_facts.py",
+    "builder/model.py",  # plain_model: the attention cores and the experts' path the config picks
     "parallel/activation_checkpoint.py",
     "parallel/tensor_parallel.py",
     "components/loss.py",
@@ -222,14 +224,14 @@ FACTS_SOURCES = (
 )
 
 
-def cached_model_facts(cfg) -> ModelFacts:
+def cached_model_facts(cfg, planned: ModelPlan) -> ModelFacts:
     """model_facts, kept in the cache folder (data.cache_dir) per model shape and code version: its first
     meta forward in a process costs about a second (torch imports its compiler stack for some meta
     kernels), which every launch would otherwise pay again."""
     m = cfg.model
     key = hashlib.sha256(repr((m.name, m.flavor, m.n_layers, m.tokenizer, cfg.training.seq_len)).encode())
     if m.flavor == "hf" or m.tokenizer == "hf":  # the shape (and vocabulary) is the folder's
-        key.update(repr(build_tokenizer(m.tokenizer, m.hf_assets_path).fingerprint).encode())
+        key.update(repr(planned.tokenizer.fingerprint).encode())
         if m.flavor == "hf":
             key.update((Path(m.hf_assets_path) / "config.json").read_bytes())
     package = Path(__file__).resolve().parents[1]
@@ -244,7 +246,7 @@ def cached_model_facts(cfg) -> ModelFacts:
         return ModelFacts(**fields)
     except (OSError, ValueError, TypeError, KeyError):
         pass
-    facts = model_facts(cfg, cfg.training.seq_len)
+    facts = model_facts(cfg, planned)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")

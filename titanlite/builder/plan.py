@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -12,27 +13,68 @@ from titanlite.base.devices import device_type
 from titanlite.base.errors import ConfigError
 from titanlite.components.checkpoint import initial_weights_path
 from titanlite.components.hf_weights import check_hf_folders
+from titanlite.components.loss import chunk_tokens, schedule_of
 from titanlite.components.profiling import check_profiling
 from titanlite.components.wandb_run import check_wandb
 from titanlite.config import JobConfig, grad_accum_steps
-from titanlite.data.tokenizer import build_tokenizer
+from titanlite.data.tokenizer import Tokenizer, build_tokenizer
 from titanlite.models.common.build import configured_args
 from titanlite.parallel.context_parallel import check_cp_degree
 from titanlite.parallel.dims import ParallelDims
 from titanlite.parallel.expert_parallel import check_ep_degree
 from titanlite.parallel.float8 import check_float8
+from titanlite.parallel.parallelize import loss_parallel_enabled
 from titanlite.parallel.pipeline import V_SHAPED, PipelinePlan, check_pipeline_data_parallel, plan_pipeline
 from titanlite.parallel.tensor_parallel import check_tp_degree
 
 
-@dataclass
+@dataclass(frozen=True)
+class ModelPlan:
+    """The run's tokenizer and model arguments, derived from the config once per process and handed to whatever
+    builds, measures or records the model, so that no two of them can derive different ones."""
+
+    tokenizer: Tokenizer
+    args: Any  # the family's arguments for this vocabulary and training.seq_len, with the [moe] settings applied
+    family: str  # the family's name, as the checks' messages give it
+
+    @classmethod
+    def of(cls, cfg: JobConfig, tokenizer: Tokenizer) -> ModelPlan:
+        """The model arguments for a tokenizer that the caller has built already (`titanlite generate`)."""
+        args = configured_args(cfg.model, tokenizer.vocab_size, cfg.training.seq_len, cfg.moe)
+        return cls(tokenizer, args, getattr(args, "family", cfg.model.name))
+
+
+def plan_model(cfg: JobConfig) -> ModelPlan:
+    """The [model] section's tokenizer and model arguments (commands that build a model without a run's plan
+    start here; plan_run does too)."""
+    return ModelPlan.of(cfg, build_tokenizer(cfg.model.tokenizer, cfg.model.hf_assets_path))
+
+
+@dataclass(frozen=True)
+class LossMode:
+    """How the loss runs on this layout, decided once: loss parallelism (TP's vocabulary-sharded logits) and the
+    chunked loss's tokens per chunk (training.loss_chunk_tokens resolved; 0: the whole logits)."""
+
+    parallel: bool
+    chunk_tokens: int
+
+
+def plan_loss(cfg: JobConfig, dims: ParallelDims) -> LossMode:
+    parallel = loss_parallel_enabled(dims, cfg.parallelism)
+    return LossMode(parallel, chunk_tokens(cfg.training, cfg.compile, parallel, schedule_of(cfg.parallelism)))
+
+
+@dataclass(frozen=True)
 class Plan:
-    """What validation resolves from a config and a world size, before any process group exists."""
+    """What validation resolves from a config and a world size, before any process group exists: made once per
+    process (plan_run) and handed to every builder."""
 
     dims: ParallelDims
     grad_accum_steps: int
     global_batch_size: int
     pipeline: PipelinePlan | None
+    model: ModelPlan
+    loss: LossMode
 
 
 def plan_run(cfg: JobConfig, world_size: int, evaluation: bool = False) -> Plan:
@@ -45,11 +87,10 @@ def plan_run(cfg: JobConfig, world_size: int, evaluation: bool = False) -> Plan:
         check_wandb(cfg.metrics)
     dims = ParallelDims.from_config(cfg.parallelism, world_size, cpu_offload=cfg.training.enable_cpu_offload)
     accum = grad_accum_steps(cfg.training, dims.dp)
-    m = cfg.model
-    vocab_size = build_tokenizer(m.tokenizer, m.hf_assets_path).vocab_size
-    args = configured_args(m, vocab_size, cfg.training.seq_len, cfg.moe)
+    model = plan_model(cfg)
+    args = model.args
     check_tp_degree(dims.tp, args, cfg.training.seq_len)
-    check_ep_degree(dims.ep, args, getattr(args, "family", m.name))
+    check_ep_degree(dims.ep, args, model.family)
     check_layout_features(cfg, dims)
     check_compile_mode(cfg, dims, accum)
     check_float8(cfg.float8)
@@ -65,11 +106,12 @@ def plan_run(cfg: JobConfig, world_size: int, evaluation: bool = False) -> Plan:
             f"checkpoint.initial_load_path='{cfg.checkpoint.initial_load_path}' is not a folder; name a "
             "DCP checkpoint folder (step-N) or a Hugging Face model folder"
         )
-    check_hf_folders(m, initial_weights_path(cfg), args, training=not evaluation)
+    check_hf_folders(cfg.model, initial_weights_path(cfg), args, training=not evaluation)
     pipeline = plan_pipeline(cfg.parallelism, args.n_layers, cfg.training.local_batch_size * accum)
     if cfg.validation.enable or evaluation:
         check_validation(cfg, pipeline, args.max_seq_len)
-    return Plan(dims, accum, cfg.training.local_batch_size * dims.dp * accum, pipeline)
+    batch = cfg.training.local_batch_size * dims.dp * accum
+    return Plan(dims, accum, batch, pipeline, model, plan_loss(cfg, dims))
 
 
 def check_run_folder(cfg: JobConfig) -> None:

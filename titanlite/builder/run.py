@@ -16,7 +16,7 @@ import torch.nn as nn
 
 from titanlite.builder.data import build_data, build_loader, build_validation_data, describe_validation, dp_rank
 from titanlite.builder.model import ModelSetup, build_rank_model
-from titanlite.builder.plan import Plan, validation_batch_size
+from titanlite.builder.plan import ModelPlan, Plan, validation_batch_size
 from titanlite.components.checkpoint import Checkpointer
 from titanlite.components.metrics import MetricsLogger, count_params, device_peak_tflops, flops_per_token, read_records
 from titanlite.components.optim import LRSchedulers, Optimizers, warmup_cut
@@ -27,7 +27,6 @@ from titanlite.config import JobConfig, to_toml
 from titanlite.engine.trainer import Resilience, StepFigures, StepSettings, Trainer
 from titanlite.engine.validator import EvalBatches, Validator
 from titanlite.models.common.attention import CoreAttention, FlexAttention, SDPAttention
-from titanlite.models.common.build import configured_args
 from titanlite.models.common.flops import active_parameters
 from titanlite.models.common.interface import unwrapped
 from titanlite.models.common.moe.layer import (
@@ -66,11 +65,10 @@ def build_checkpointer(
     )
 
 
-def run_facts(cfg: JobConfig, tokenizer, corpus) -> dict:
-    """What a checkpoint records beside the config, for a resume to be checked against: the model's shape, the
-    tokenizer's fingerprint and the training corpus's window count (sources changed behind the same keys)."""
-    args = configured_args(cfg.model, tokenizer.vocab_size, cfg.training.seq_len, cfg.moe)
-    facts = {"model": asdict(args), "tokenizer": tokenizer.fingerprint, "windows": len(corpus.windows)}
+def run_facts(model: ModelPlan, corpus) -> dict:
+    """What a checkpoint records beside the config, for a resume to be checked against: the planned model's shape,
+    the tokenizer's fingerprint and the training corpus's window count (sources changed behind the same keys)."""
+    facts = {"model": asdict(model.args), "tokenizer": model.tokenizer.fingerprint, "windows": len(corpus.windows)}
     return json.loads(json.dumps(facts))  # as a checkpoint's JSON gives them back (tuples become lists)
 
 
@@ -104,9 +102,10 @@ def build_trainer(cfg: JobConfig, plan: Plan, device: torch.device, rank: int, w
     """Every piece of a run, resumed from its newest checkpoint if there is one, in a Trainer ready to
     train (also what `titanlite bench throughput` measures)."""
     mesh = plan.dims.build_mesh(device.type)
-    tokenizer, corpus = build_data(cfg)
+    tokenizer = plan.model.tokenizer
+    corpus = build_data(cfg, tokenizer)
     loader = build_loader(cfg, corpus, mesh, plan, device)
-    setup = build_rank_model(cfg, plan, mesh, device, tokenizer.vocab_size)
+    setup = build_rank_model(cfg, plan, mesh, device)
     validator = None
     if cfg.validation.enable:
         validator = build_validator(cfg, plan, setup, mesh, build_validation_data(cfg, tokenizer, corpus))
@@ -119,7 +118,7 @@ def build_trainer(cfg: JobConfig, plan: Plan, device: torch.device, rank: int, w
     if rank == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
         write_atomically(run_dir / "config.toml", to_toml(cfg))
-    facts = run_facts(cfg, tokenizer, corpus)
+    facts = run_facts(plan.model, corpus)
     checkpointer = build_checkpointer(cfg, run_dir, setup, plan, optimizer, lr_scheduler, loader, facts)
     train_state: dict[str, Any] = {"step": 0, "tokens_seen": 0, "elapsed_s": 0.0}
     checkpointer.load(train_state)

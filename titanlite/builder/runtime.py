@@ -11,20 +11,20 @@ import torch
 import torch.distributed as dist
 
 from titanlite.base.devices import local_device
-from titanlite.builder.plan import Plan, plan_run
+from titanlite.builder.plan import Plan
 from titanlite.components.checkpoint import needs_process_group
 from titanlite.config import JobConfig
 
 
-def start_rank(cfg: JobConfig, world_size: int, evaluation: bool = False) -> tuple[Plan, torch.device]:
-    """This process's plan (every check first), seeds, device and process group, in that order."""
-    plan = plan_run(cfg, world_size, evaluation=evaluation)
+def start_rank(cfg: JobConfig, plan: Plan, world_size: int) -> torch.device:
+    """After this process's plan (plan_run: every check first), its seeds, device and process group, in that
+    order."""
     set_determinism(cfg)
     one_rank_group = plan.dims.fsdp_single_rank or needs_process_group(cfg)
     device = init_distributed(world_size, cfg.comm.init_timeout_seconds, one_rank_mesh=one_rank_group)
     if device.type == "cpu":
         keep_freed_memory_on_cpu()
-    return plan, device
+    return device
 
 
 def init_distributed(world_size: int, init_timeout_seconds: float, one_rank_mesh: bool = False) -> torch.device:

@@ -33,7 +33,7 @@ from titanlite.builder.data import build_data, build_validation_data, describe_v
 from titanlite.builder.estimate import Machine, batch_overrides, estimate, layout_rows, recommend, setting_for
 from titanlite.builder.layouts import layout_of
 from titanlite.builder.model_facts import cached_model_facts
-from titanlite.builder.plan import plan_run
+from titanlite.builder.plan import ModelPlan, plan_run
 from titanlite.builder.run import run_facts
 from titanlite.components import run_lock
 from titanlite.components.checkpoint import check_resume, initial_weights_path
@@ -104,11 +104,11 @@ def available_ram() -> tuple[int, str] | None:
     return None
 
 
-def config_estimate(cfg, world_size: int, device: str):
+def config_estimate(cfg, world_size: int, device: str, model: ModelPlan):
     """The planner's facts, the config's own layout and its estimate (the rank with the largest peak)
-    on `device`: the row `titanlite plan --ngpu N --device DEVICE` marks '(config)'."""
-    facts = cached_model_facts(cfg)
-    own = layout_of(cfg, world_size)
+    on `device` for the planned model: the row `titanlite plan --ngpu N --device DEVICE` marks '(config)'."""
+    facts = cached_model_facts(cfg, model)
+    own = layout_of(cfg, world_size, model)
     return facts, own, estimate(facts, own, setting_for(cfg, own, world_size, device))
 
 
@@ -136,13 +136,13 @@ def describe_need(need: tuple[float, float, str], pool: str, device: str) -> str
     )
 
 
-def memory_preflight(cfg, world_size: int, local_ranks: int) -> None:
+def memory_preflight(cfg, world_size: int, local_ranks: int, model: ModelPlan) -> None:
     """Compare the planner's estimate of each rank's peak with its memory: raise ConfigError when it does
     not fit, warn when it is within 10 % of it, else say the figures. Off with training.memory_preflight."""
     if not cfg.training.memory_preflight:
         return
     device = devices.device_type()
-    facts, own, est = config_estimate(cfg, world_size, device)
+    facts, own, est = config_estimate(cfg, world_size, device, model)
     capacities: dict[str, Capacity | None] = {}
 
     def capacity(pool: str) -> Capacity | None:
@@ -241,12 +241,13 @@ def check(argv: list[str]) -> int:
     plan = plan_run(cfg, world_size)
     if is_hf_folder(initial := initial_weights_path(cfg)):  # its headers were plan_run's; its values, once, here
         check_hf_values(initial)
-    tokenizer, corpus = build_data(cfg, verify="sample")
+    tokenizer = plan.model.tokenizer
+    corpus = build_data(cfg, tokenizer, verify="sample")
     for line in corpus.describe(plan.global_batch_size * cfg.training.steps):
         logger.info(f"titanlite: data: {line}")
-    memory_preflight(cfg, world_size, local_ranks)
+    memory_preflight(cfg, world_size, local_ranks, plan.model)
     with logs.restyled(lambda line: f"titanlite: {line.strip()}"):  # a run's '  checkpoint: ...', in the check's voice
-        check_resume(cfg, run_facts(cfg, tokenizer, corpus))
+        check_resume(cfg, run_facts(plan.model, corpus))
     if cfg.validation.enable:
         windows = build_validation_data(cfg, tokenizer, corpus, verify="sample")
         logger.info(f"titanlite: {describe_validation(cfg, corpus, len(windows), plan.dims.dp)}")

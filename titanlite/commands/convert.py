@@ -10,16 +10,16 @@ import torch
 from titanlite.base.command_line import take_options
 from titanlite.base.errors import ConfigError
 from titanlite.builder.model import plain_model
+from titanlite.builder.plan import plan_model
 from titanlite.components.checkpoint import load_model_only, parse_run_config, pick_checkpoint, save_model_only
 from titanlite.components.hf_weights import check_export_folder, save_hf
 from titanlite.config import parse_config
-from titanlite.data.tokenizer import build_tokenizer
 from titanlite.models.common.init import init_weights
 
 
 def seed_checkpoint(argv: list[str]) -> int:
     cfg = parse_config(argv)
-    model = plain_model(cfg)
+    model = plain_model(cfg, plan_model(cfg))
     init_weights(model, cfg.training.seed)
     path = save_model_only(Path(cfg.job.dump_folder) / cfg.job.name, 0, model.state_dict())
     print(f"titanlite: wrote the seed checkpoint {path}; runs with checkpoint.enable load it on any layout")
@@ -41,20 +41,19 @@ def convert(argv: list[str]) -> int:
     path = pick_checkpoint(run_dir, cfg.checkpoint.load_step)
     if path is None:
         raise ConfigError(f"no complete checkpoint in {run_dir}; train with checkpoint.enable first")
-    model = plain_model(cfg)
+    planned = plan_model(cfg)
+    model = plain_model(cfg, planned)
     load_model_only(path, model)
-    m = cfg.model
-    tokenizer = build_tokenizer(m.tokenizer, m.hf_assets_path)
     save_hf(
         output,
         model.args,
         model.state_dict(),
         dtype=getattr(torch, cfg.checkpoint.export_dtype),
-        tokenizer=tokenizer,
+        tokenizer=planned.tokenizer,
         max_shard_bytes=int(cfg.checkpoint.export_max_shard_gb * 2**30),
     )
     print(
-        f"titanlite: exported {path} to {output} ({cfg.checkpoint.export_dtype}, tokenizer {m.tokenizer}); "
+        f"titanlite: exported {path} to {output} ({cfg.checkpoint.export_dtype}, tokenizer {cfg.model.tokenizer}); "
         "AutoModelForCausalLM and AutoTokenizer load it offline"
     )
     return 0

@@ -20,7 +20,7 @@ from titanlite.base.devices import check_local_ranks
 from titanlite.base.errors import ConfigError
 from titanlite.builder.data import build_data, build_validation_data, describe_validation
 from titanlite.builder.model import build_rank_model
-from titanlite.builder.plan import plan_run
+from titanlite.builder.plan import Plan, plan_run
 from titanlite.builder.run import build_validator, describe_model
 from titanlite.builder.runtime import start_rank
 from titanlite.commands.worker import exit_from, run_worker
@@ -41,12 +41,12 @@ def eval_command(argv: list[str]) -> int:
     if opts["ngpu"] < 1:
         raise ConfigError(f"eval --ngpu {opts['ngpu']} must be at least 1")
     check_local_ranks(opts["ngpu"])
-    plan_run(cfg, opts["ngpu"], evaluation=True)
+    plan = plan_run(cfg, opts["ngpu"], evaluation=True)
     checkpoint_to_load(cfg, "evaluate", contents=False)  # its workers verify the contents, sharing the work
-    tokenizer, corpus = build_data(cfg, verify="sample")
-    build_validation_data(cfg, tokenizer, corpus, verify="sample")
-    if opts["ngpu"] == 1:  # no process group: the worker runs here, on the config parsed above, and returns
-        return run_worker(lambda cfg: evaluate(cfg, opts["output"]), rest, lambda _: cfg)
+    corpus = build_data(cfg, plan.model.tokenizer, verify="sample")
+    build_validation_data(cfg, plan.model.tokenizer, corpus, verify="sample")
+    if opts["ngpu"] == 1:  # no process group: the worker runs here, on the config and plan made above, and returns
+        return run_worker(lambda cfg: evaluate(cfg, opts["output"], plan), rest, lambda _: cfg)
     env = {**os.environ, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
     cmd = [
         sys.executable,
@@ -63,13 +63,16 @@ def eval_command(argv: list[str]) -> int:
     return subprocess.run(cmd, env=env).returncode
 
 
-def evaluate(cfg: JobConfig, output: str = "") -> dict:
-    """One worker of `titanlite eval`: the configured layout's model with a checkpoint's weights, evaluated once."""
-    plan, device = start_rank(cfg, int(os.environ.get("WORLD_SIZE", 1)), evaluation=True)
+def evaluate(cfg: JobConfig, output: str = "", plan: Plan | None = None) -> dict:
+    """One worker of `titanlite eval`: the configured layout's model with a checkpoint's weights, evaluated once.
+    `plan`: the one `titanlite eval` made in this process already (one process: no torchrun worker plans again)."""
+    world_size = int(os.environ.get("WORLD_SIZE", 1))
+    plan = plan or plan_run(cfg, world_size, evaluation=True)
+    device = start_rank(cfg, plan, world_size)
     mesh = plan.dims.build_mesh(device.type)
-    tokenizer, corpus = build_data(cfg)
-    windows = build_validation_data(cfg, tokenizer, corpus)
-    setup = build_rank_model(cfg, plan, mesh, device, tokenizer.vocab_size)
+    corpus = build_data(cfg, plan.model.tokenizer)
+    windows = build_validation_data(cfg, plan.model.tokenizer, corpus)
+    setup = build_rank_model(cfg, plan, mesh, device)
     validator = build_validator(cfg, plan, setup, mesh, windows)
     logger.info(
         f"titanlite eval: {describe_model(cfg)} on {plan.dims.describe()}; "

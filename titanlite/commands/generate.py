@@ -22,6 +22,7 @@ from titanlite.base.command_line import check_output_file, take_options
 from titanlite.base.devices import uses_cuda
 from titanlite.base.errors import ConfigError
 from titanlite.builder.model import plain_model
+from titanlite.builder.plan import ModelPlan
 from titanlite.components.checkpoint import checkpoint_to_load, load_weights, parse_run_config
 from titanlite.components.hf_weights import load_hf_into
 from titanlite.data.tokenizer import build_tokenizer
@@ -208,7 +209,7 @@ def main(argv: list[str]) -> int:
     device = torch.device("cuda", 0) if uses_cuda() else torch.device("cpu")
     if opts["cuda-graph"] and device.type != "cuda":
         raise ConfigError(f"generate --cuda-graph needs a CUDA GPU, and this run is on {device}; leave it out")
-    model, source = load_model(cfg, tokenizer.vocab_size)
+    model, source = load_model(cfg, tokenizer)
     check_prompt_fits(len(prompt_ids), model.args.max_seq_len)
     inference_weights(model, device)  # before the move: the GPU never holds the float32 copy
     model.to(device).eval()
@@ -289,12 +290,13 @@ def check_prompt_fits(n_tokens: int, context: int) -> None:
         )
 
 
-def load_model(cfg, vocab_size: int) -> tuple[DecoderModule, str]:
+def load_model(cfg, tokenizer) -> tuple[DecoderModule, str]:
     """The model on the CPU with its weights, and where they came from (checkpoint.checkpoint_to_load)."""
     path = checkpoint_to_load(cfg, "generate from")
     if (path / "config.json").is_file():
-        return _load_hf_folder(path, vocab_size), f"the Hugging Face folder {path}"
-    model = plain_model(cfg)  # DCP checkpoints saved on any parallel layout load into the plain model
+        return _load_hf_folder(path, tokenizer.vocab_size), f"the Hugging Face folder {path}"
+    # DCP checkpoints saved on any parallel layout load into the plain model, planned for the tokenizer built above
+    model = plain_model(cfg, ModelPlan.of(cfg, tokenizer))
     load_weights([model], path)  # one line if the folder is missing or damaged
     return model, str(path)
 

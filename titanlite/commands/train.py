@@ -11,6 +11,7 @@ import os
 import sys
 from pathlib import Path
 
+from titanlite.builder.plan import plan_run
 from titanlite.builder.run import build_trainer
 from titanlite.builder.runtime import start_rank
 from titanlite.commands.measure_memory import measure_peak
@@ -23,7 +24,8 @@ logger = logging.getLogger(__spec__.name)  # not __name__: under `python -m` thi
 def train(cfg: JobConfig) -> None:
     world_size = int(os.environ.get("WORLD_SIZE", 1))
     rank = int(os.environ.get("RANK", 0))
-    plan, device = start_rank(cfg, world_size)
+    plan = plan_run(cfg, world_size)
+    device = start_rank(cfg, plan, world_size)
     trainer = build_trainer(cfg, plan, device, rank, world_size)
     measure_to = os.environ.get("TITANLITE_MEASURE_MEMORY", "")
     try:

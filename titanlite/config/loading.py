@@ -9,6 +9,7 @@ import difflib
 import math
 import sys
 import typing
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -299,98 +300,160 @@ MOE_COEFFICIENTS = ("aux_loss_coef", "z_loss_coef", "bias_update_rate")
 
 
 def validate_values(cfg: JobConfig) -> None:
-    """Checks that need no knowledge of the world size (the layout is checked by ParallelDims)."""
-    check_job_name(cfg.job.name)
+    """Checks that need no knowledge of the world size (the layout is checked by ParallelDims): every number of
+    every section finite, then each section's own checks (SECTION_CHECKS)."""
     for section, cls in section_classes().items():
-        for name, tp in field_types(cls).items():
-            value = getattr(getattr(cfg, section), name)
-            if tp is float and not math.isfinite(value):
-                raise ConfigError(f"{section}.{name}={value} is not a finite number")
-    t, p = cfg.training, cfg.parallelism
-    positive = {
-        "training.steps": t.steps,
-        "training.local_batch_size": t.local_batch_size,
-        "training.seq_len": t.seq_len,
-        "metrics.log_freq": cfg.metrics.log_freq,
-        "checkpoint.interval": cfg.checkpoint.interval,
-        "parallelism.data_parallel_replicate_degree": p.data_parallel_replicate_degree,
-        "parallelism.tensor_parallel_degree": p.tensor_parallel_degree,
-        "parallelism.pipeline_parallel_degree": p.pipeline_parallel_degree,
-        "parallelism.pipeline_parallel_microbatch_size": p.pipeline_parallel_microbatch_size,
-    }
-    for key, value in positive.items():
+        check_finite(section, getattr(cfg, section), cls)
+    for section, check in SECTION_CHECKS.items():
+        check(getattr(cfg, section))
+
+
+def check_finite(name: str, section, cls: type) -> None:
+    for key, tp in field_types(cls).items():
+        value = getattr(section, key)
+        if tp is float and not math.isfinite(value):
+            raise ConfigError(f"{name}.{key}={value} is not a finite number")
+
+
+def check_at_least_one(values: dict[str, Any]) -> None:
+    for key, value in values.items():
         if value < 1:
             raise ConfigError(f"{key}={value} must be at least 1")
-    if p.data_parallel_shard_degree < 1 and p.data_parallel_shard_degree != -1:
-        raise ConfigError(
-            f"parallelism.data_parallel_shard_degree={p.data_parallel_shard_degree} must be at least 1, or -1 for the "
-            "rest of the world size"
-        )
+
+
+def check_not_negative(values: dict[str, Any]) -> None:
+    for key, value in values.items():
+        if value < 0:
+            raise ConfigError(f"{key}={value} must not be negative")
+
+
+def check_job(job) -> None:
+    check_job_name(job.name)
+
+
+def check_training(t: Training) -> None:
+    check_at_least_one(
+        {"training.steps": t.steps, "training.local_batch_size": t.local_batch_size, "training.seq_len": t.seq_len}
+    )
     if t.global_batch_size < 1 and t.global_batch_size != -1:
         raise ConfigError(
             f"training.global_batch_size={t.global_batch_size} must be at least 1, or -1 for local_batch_size x dp"
         )
-    non_negative = {
-        "model.n_layers": cfg.model.n_layers,
-        "training.max_norm": t.max_norm,
-        "optimizer.weight_decay": cfg.optimizer.weight_decay,
-        "lr_scheduler.warmup_steps": cfg.lr_scheduler.warmup_steps,
-        "data.num_workers": cfg.data.num_workers,
-        "data.prefetch": cfg.data.prefetch,
-        "data.prepare_workers": cfg.data.prepare_workers,
-        "metrics.throughput_warmup_steps": cfg.metrics.throughput_warmup_steps,
-        "metrics.peak_tflops": cfg.metrics.peak_tflops,
-        "parallelism.pipeline_parallel_layers_per_stage": p.pipeline_parallel_layers_per_stage,
-        "training.stop_after_step": t.stop_after_step,
-        "checkpoint.keep_latest_k": cfg.checkpoint.keep_latest_k,
-    }
-    if not cfg.checkpoint.export_max_shard_gb > 0:
-        raise ConfigError(f"checkpoint.export_max_shard_gb={cfg.checkpoint.export_max_shard_gb} must be positive")
-    for key, value in non_negative.items():
-        if value < 0:
-            raise ConfigError(f"{key}={value} must not be negative")
+    check_not_negative({"training.max_norm": t.max_norm, "training.stop_after_step": t.stop_after_step})
     if t.loss_chunk_tokens < -1:
         raise ConfigError(
             f"training.loss_chunk_tokens={t.loss_chunk_tokens} must be -1 (auto), 0 (whole logits) or a chunk size"
         )
-    for key in ("init_timeout_seconds", "train_timeout_seconds"):
-        if not getattr(cfg.comm, key) > 0:
-            raise ConfigError(f"comm.{key}={getattr(cfg.comm, key)} must be positive")
-    if not cfg.optimizer.lr > 0:
-        raise ConfigError(f"optimizer.lr={cfg.optimizer.lr} must be positive")
-    if not 0 <= cfg.lr_scheduler.min_lr_factor <= 1:
-        raise ConfigError(f"lr_scheduler.min_lr_factor={cfg.lr_scheduler.min_lr_factor} must be between 0 and 1")
-    for key in ("beta1", "beta2"):
-        if not 0 <= getattr(cfg.optimizer, key) < 1:
-            raise ConfigError(f"optimizer.{key}={getattr(cfg.optimizer, key)} must be in [0, 1)")
     if t.stop_after_step > t.steps:
         raise ConfigError(f"training.stop_after_step={t.stop_after_step} is beyond training.steps={t.steps}")
-    if cfg.activation_checkpoint.selective_ac_option < 1:
-        raise ConfigError(
-            f"activation_checkpoint.selective_ac_option={cfg.activation_checkpoint.selective_ac_option} must be at "
-            "least 1"
-        )
-    unknown = sorted(set(cfg.compile.components) - {"model", "loss"})
-    if unknown:
-        raise ConfigError(f"compile.components names {unknown}; use some of: loss, model")
-    if cfg.compile.mode != "default" and cfg.compile.backend != "inductor":
-        raise ConfigError(
-            f"compile.mode='{cfg.compile.mode}' is an inductor mode, but compile.backend='{cfg.compile.backend}'; "
-            "set compile.backend = 'inductor' or compile.mode = 'default'"
-        )
-    if cfg.checkpoint.load_step < -1:
-        raise ConfigError(f"checkpoint.load_step={cfg.checkpoint.load_step} must be -1 (newest) or a step number")
-    parts = {"model", "optimizer", "lr_scheduler", "dataloader", "train_state", "rng"}
-    unknown = sorted(set(cfg.checkpoint.exclude_from_loading) - parts)
-    if unknown:
-        raise ConfigError(f"checkpoint.exclude_from_loading names {unknown}; use some of: {', '.join(sorted(parts))}")
     check_dataset_name(t.dataset, "training")
     if t.dataset == "local" and not t.dataset_path and not t.dataset_mixture:
         raise ConfigError("training.dataset='local' needs training.dataset_path (a file, folder or glob of a corpus)")
     if not t.dataset_text_field:
         raise ConfigError("training.dataset_text_field is empty; name the field that holds the text (e.g. 'text')")
     check_hub_keys(t, "training", hub=not t.dataset_mixture and t.dataset not in ("stdlib", "local"))
-    v = cfg.validation
+
+
+def check_metrics(metrics) -> None:
+    check_at_least_one({"metrics.log_freq": metrics.log_freq})
+    check_not_negative(
+        {
+            "metrics.throughput_warmup_steps": metrics.throughput_warmup_steps,
+            "metrics.peak_tflops": metrics.peak_tflops,
+        }
+    )
+
+
+def check_checkpoint(checkpoint) -> None:
+    check_at_least_one({"checkpoint.interval": checkpoint.interval})
+    if not checkpoint.export_max_shard_gb > 0:
+        raise ConfigError(f"checkpoint.export_max_shard_gb={checkpoint.export_max_shard_gb} must be positive")
+    check_not_negative({"checkpoint.keep_latest_k": checkpoint.keep_latest_k})
+    if checkpoint.load_step < -1:
+        raise ConfigError(f"checkpoint.load_step={checkpoint.load_step} must be -1 (newest) or a step number")
+    parts = {"model", "optimizer", "lr_scheduler", "dataloader", "train_state", "rng"}
+    unknown = sorted(set(checkpoint.exclude_from_loading) - parts)
+    if unknown:
+        raise ConfigError(f"checkpoint.exclude_from_loading names {unknown}; use some of: {', '.join(sorted(parts))}")
+
+
+def check_parallelism(p) -> None:
+    check_at_least_one(
+        {
+            "parallelism.data_parallel_replicate_degree": p.data_parallel_replicate_degree,
+            "parallelism.tensor_parallel_degree": p.tensor_parallel_degree,
+            "parallelism.pipeline_parallel_degree": p.pipeline_parallel_degree,
+            "parallelism.pipeline_parallel_microbatch_size": p.pipeline_parallel_microbatch_size,
+        }
+    )
+    if p.data_parallel_shard_degree < 1 and p.data_parallel_shard_degree != -1:
+        raise ConfigError(
+            f"parallelism.data_parallel_shard_degree={p.data_parallel_shard_degree} must be at least 1, or -1 for the "
+            "rest of the world size"
+        )
+    check_not_negative({"parallelism.pipeline_parallel_layers_per_stage": p.pipeline_parallel_layers_per_stage})
+
+
+def check_model(m) -> None:
+    check_not_negative({"model.n_layers": m.n_layers})
+    if m.hf_assets_path and m.flavor != "hf" and m.tokenizer != "hf":
+        raise ConfigError(
+            f"model.hf_assets_path='{m.hf_assets_path}' changes nothing with model.flavor={m.flavor!r} and "
+            f"model.tokenizer={m.tokenizer!r}: only flavor 'hf' (the folder's model) or tokenizer 'hf' (its "
+            "tokenizer) read it; add --model.flavor hf to train the folder's model, or leave model.hf_assets_path out"
+        )
+
+
+def check_optimizer(optimizer) -> None:
+    check_not_negative({"optimizer.weight_decay": optimizer.weight_decay})
+    if not optimizer.lr > 0:
+        raise ConfigError(f"optimizer.lr={optimizer.lr} must be positive")
+    for key in ("beta1", "beta2"):
+        if not 0 <= getattr(optimizer, key) < 1:
+            raise ConfigError(f"optimizer.{key}={getattr(optimizer, key)} must be in [0, 1)")
+
+
+def check_lr_scheduler(lr_scheduler) -> None:
+    check_not_negative({"lr_scheduler.warmup_steps": lr_scheduler.warmup_steps})
+    if not 0 <= lr_scheduler.min_lr_factor <= 1:
+        raise ConfigError(f"lr_scheduler.min_lr_factor={lr_scheduler.min_lr_factor} must be between 0 and 1")
+
+
+def check_data(data) -> None:
+    check_not_negative(
+        {
+            "data.num_workers": data.num_workers,
+            "data.prefetch": data.prefetch,
+            "data.prepare_workers": data.prepare_workers,
+        }
+    )
+    if not data.shard_size_mb > 0:
+        raise ConfigError(f"data.shard_size_mb={data.shard_size_mb} must be positive")
+
+
+def check_comm(comm) -> None:
+    for key in ("init_timeout_seconds", "train_timeout_seconds"):
+        if not getattr(comm, key) > 0:
+            raise ConfigError(f"comm.{key}={getattr(comm, key)} must be positive")
+
+
+def check_activation_checkpoint(ac) -> None:
+    if ac.selective_ac_option < 1:
+        raise ConfigError(f"activation_checkpoint.selective_ac_option={ac.selective_ac_option} must be at least 1")
+
+
+def check_compile(compile_cfg) -> None:
+    unknown = sorted(set(compile_cfg.components) - {"model", "loss"})
+    if unknown:
+        raise ConfigError(f"compile.components names {unknown}; use some of: loss, model")
+    if compile_cfg.mode != "default" and compile_cfg.backend != "inductor":
+        raise ConfigError(
+            f"compile.mode='{compile_cfg.mode}' is an inductor mode, but compile.backend='{compile_cfg.backend}'; "
+            "set compile.backend = 'inductor' or compile.mode = 'default'"
+        )
+
+
+def check_validation(v) -> None:
     if v.freq < 1:
         raise ConfigError(f"validation.freq={v.freq} must be at least 1 (steps between evaluations)")
     if v.steps < 1 and v.steps != -1:
@@ -408,19 +471,32 @@ def validate_values(cfg: JobConfig) -> None:
             "validation.enable needs held-out data: set validation.split_fraction > 0 or validation.dataset_path"
         )
     check_hub_keys(v, "validation", hub=bool(v.dataset) and v.dataset not in ("stdlib", "local"))
-    if not cfg.data.shard_size_mb > 0:
-        raise ConfigError(f"data.shard_size_mb={cfg.data.shard_size_mb} must be positive")
+
+
+def check_moe(moe) -> None:
     for key in MOE_COEFFICIENTS:
-        value = getattr(cfg.moe, key)
+        value = getattr(moe, key)
         if value < 0 and value != -1:
             raise ConfigError(f"moe.{key}={value} must be at least 0, or -1 to keep the model flavor's")
-    m = cfg.model
-    if m.hf_assets_path and m.flavor != "hf" and m.tokenizer != "hf":
-        raise ConfigError(
-            f"model.hf_assets_path='{m.hf_assets_path}' changes nothing with model.flavor={m.flavor!r} and "
-            f"model.tokenizer={m.tokenizer!r}: only flavor 'hf' (the folder's model) or tokenizer 'hf' (its "
-            "tokenizer) read it; add --model.flavor hf to train the folder's model, or leave model.hf_assets_path out"
-        )
+
+
+# Each section's own checks, by its name in JobConfig, in the order they run; a section that has none is absent.
+SECTION_CHECKS: dict[str, Callable[[Any], None]] = {
+    "job": check_job,
+    "training": check_training,
+    "metrics": check_metrics,
+    "checkpoint": check_checkpoint,
+    "parallelism": check_parallelism,
+    "model": check_model,
+    "optimizer": check_optimizer,
+    "lr_scheduler": check_lr_scheduler,
+    "data": check_data,
+    "comm": check_comm,
+    "activation_checkpoint": check_activation_checkpoint,
+    "compile": check_compile,
+    "validation": check_validation,
+    "moe": check_moe,
+}
 
 
 def check_job_name(name: str) -> None:

@@ -25,6 +25,7 @@ from torch.distributed.tensor.parallel import ParallelStyle
 
 from titanlite.base.errors import ConfigError
 from titanlite.models.common.moe.layer import GroupedExperts
+from titanlite.models.registry import spec_of
 
 
 class ExpertParallel(ParallelStyle):
@@ -92,14 +93,20 @@ def check_ep_degree(ep: int, args, family: str) -> None:
     """The experts split evenly over `ep` ranks: refused in one line before launch otherwise."""
     if ep == 1:
         return
-    moe = getattr(args, "moe", None)
+    moe = spec_of(args).moe(args)  # the family's MoEArgs, or None
     if moe is None:
         raise ConfigError(
             f"parallelism.expert_parallel_degree={ep} splits mixture-of-experts blocks, but model {family} has none; "
             "set it to 1"
         )
-    if moe.n_experts % ep:
+    check_experts_split(ep, moe.n_experts, family)
+
+
+def check_experts_split(ep: int, n_experts: int, family: str) -> None:
+    """`n_experts` routed experts per block split evenly over `ep` ranks (the planner asks too, of each degree it
+    weighs: titanlite/builder/layouts.py)."""
+    if n_experts % ep:
         raise ConfigError(
-            f"parallelism.expert_parallel_degree={ep} does not divide the {moe.n_experts} experts of each "
-            f"{family} block; use a degree that divides {moe.n_experts}"
+            f"parallelism.expert_parallel_degree={ep} does not divide the {n_experts} experts of each "
+            f"{family} block; use a degree that divides {n_experts}"
         )

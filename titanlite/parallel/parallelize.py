@@ -14,7 +14,6 @@ import torch.distributed as dist
 import torch.distributed.nn.functional as dist_nn
 import torch.nn as nn
 
-from titanlite.components.loss import chunk_tokens, schedule_of
 from titanlite.config import ActivationCheckpoint, Compile, Float8, Parallelism, Training
 from titanlite.models.common.init import init_weights
 from titanlite.models.common.interface import DecoderModule
@@ -51,12 +50,14 @@ def parallelize(
     ac: ActivationCheckpoint,
     compile_cfg: Compile,
     float8: Float8,
+    *,
+    loss_parallel: bool,
+    chunked_loss: bool,
 ) -> DecoderModule:
-    """Apply the parallelisms to a model still on the meta device; returns the (possibly wrapped) model."""
-    loss_parallel = loss_parallel_enabled(dims, parallelism)
-    # The chunked loss takes the hidden states and the head (titanlite/components/loss.py): TP splits the head for it
-    # and FSDP keeps a tied head gathered until the loss has read it.
-    chunked_loss = chunk_tokens(training, compile_cfg, loss_parallel, schedule_of(parallelism)) > 0
+    """Apply the parallelisms to a model still on the meta device; returns the (possibly wrapped) model. The loss's
+    mode comes as the run planned it (titanlite/builder/plan.py LossMode): `loss_parallel`, TP's vocabulary-sharded
+    logits; `chunked_loss`, the loss takes the hidden states and the head (titanlite/components/loss.py), so TP
+    splits the head for it and FSDP keeps a tied head gathered until the loss has read it."""
     apply_float8(model, float8, fsdp=dims.fsdp_enabled, tp=dims.tp)
     if dims.tp_enabled:
         apply_tp(model, mesh["tp"], loss_parallel=loss_parallel, chunked_loss=chunked_loss)

@@ -19,7 +19,6 @@ so once per round here; a run reads it on logging and checkpoint steps only.)
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import statistics
@@ -33,14 +32,15 @@ import torch.nn.functional as F
 from titanlite.base.command_line import take_options
 from titanlite.base.errors import ConfigError
 from titanlite.builder.data import build_data
+from titanlite.builder.model import plain_model
+from titanlite.builder.plan import plan_run
 from titanlite.builder.run import build_trainer
 from titanlite.builder.runtime import start_rank
 from titanlite.components.metrics import peak_memory_gib, reset_peak_memory
 from titanlite.components.optim import implementation
 from titanlite.config import parse_config
 from titanlite.engine.trainer import autocast_for, synchronize
-from titanlite.models.common.build import configured_model
-from titanlite.parallel.parallelize import DTYPES, loss_parallel_enabled, materialize, parallelize
+from titanlite.parallel.parallelize import DTYPES, materialize, parallelize
 from titanlite.tools.host_reads import count_cuda_syncs, count_host_reads, outside_torch
 
 USAGE = """usage: titanlite bench throughput [--config FILE] [--steps N] [--warmup W] [--repeats R] [--no-bare]
@@ -78,21 +78,21 @@ def parse_options(argv: list[str]) -> tuple[dict, list[str]]:
 class BareLoop:
     """The minimal PyTorch training loop over the same model, data and settings."""
 
-    def __init__(self, cfg, plan, vocab_size: int, windows, device: torch.device, loss_compiled: bool):
-        m = cfg.model
+    def __init__(self, cfg, plan, windows, device: torch.device, loss_compiled: bool):
         with torch.device("meta"):
-            model = configured_model(m, vocab_size, cfg.training.seq_len, cfg.moe)
-        plain_loss = dataclasses.replace(cfg.training, loss_chunk_tokens=0)  # logits and F.cross_entropy
+            model = plain_model(cfg, plan.model)
         parallelize(
             model,
             plan.dims,
             None,
             cfg.parallelism,
-            plain_loss,
+            cfg.training,
             device,
             cfg.activation_checkpoint,
             cfg.compile,
             cfg.float8,
+            loss_parallel=plan.loss.parallel,
+            chunked_loss=False,  # logits and F.cross_entropy
         )
         materialize(model, device, cfg.training.seed)
         self.model, self.device, self.windows = model, device, windows
@@ -151,20 +151,17 @@ def throughput(argv: list[str]) -> int:
     cfg.metrics.enable_wandb = False
     cfg.metrics.throughput_warmup_steps = 0
     # As a training run starts (on the CPU that includes its allocator setting: both loops benefit alike).
-    plan, device = start_rank(cfg, 1)
+    plan = plan_run(cfg, 1)
+    device = start_rank(cfg, plan, 1)
 
     with tempfile.TemporaryDirectory(prefix="titanlite-bench-") as folder:
         cfg.job.dump_folder = folder  # the run's metrics.jsonl and config.toml go away afterwards
         trainer = build_trainer(cfg, plan, device, rank=0, world_size=1)
-        tokenizer, corpus = build_data(cfg)
+        corpus = build_data(cfg, plan.model.tokenizer)
         loops = {"titanlite": lambda n: trainer.train(trainer.step + n)}
         if not opts["no-bare"]:
-            loss_compiled = (
-                cfg.compile.enable
-                and "loss" in cfg.compile.components
-                and not loss_parallel_enabled(plan.dims, cfg.parallelism)
-            )
-            bare = BareLoop(cfg, plan, tokenizer.vocab_size, corpus.windows, device, loss_compiled)
+            loss_compiled = cfg.compile.enable and "loss" in cfg.compile.components and not plan.loss.parallel
+            bare = BareLoop(cfg, plan, corpus.windows, device, loss_compiled)
             loops["bare PyTorch"] = bare.train
         figures = {name: Figures(name) for name in loops}
         print(f"bench: {opts['warmup']} warm-up steps, then {opts['repeats']} rounds of {opts['steps']} steps per loop")

@@ -39,6 +39,7 @@ from titanlite.builder.estimate import (
 )
 from titanlite.builder.layouts import Layout, layout_of
 from titanlite.builder.model_facts import ModelFacts, model_facts
+from titanlite.builder.plan import plan_model
 from titanlite.config import parse_config
 
 USAGE = """usage: titanlite plan [--config FILE] [--ngpu N] [--nnodes M] [--gpu-mem-gib G]
@@ -87,8 +88,9 @@ def plan(argv: list[str]) -> int:
     cfg = parse_config(rest)
     machine = Machine(ngpu, nnodes, device, opts["interconnect"], tflops)
     world = machine.world
-    own = layout_of(cfg, world)  # refuses a layout the run would refuse, before the model is measured
-    facts = model_facts(cfg, cfg.training.seq_len)
+    model = plan_model(cfg)
+    own = layout_of(cfg, world, model)  # refuses a layout the run would refuse, before the model is measured
+    facts = model_facts(cfg, model)
     budget = mem * (1 - headroom) * GIB
     rows = layout_rows(cfg, facts, own, machine, lambda est: est["peak"] <= budget)
     print_plan(cfg, facts, rows, machine, mem, headroom)

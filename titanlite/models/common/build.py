@@ -69,12 +69,18 @@ def configured_model(model_cfg, vocab_size: int, seq_len: int, moe=None) -> Deco
     """Build configured_args's model on the current default device, parameters uninitialised, its attention cores
     of model.attn_backend's kind and its experts on moe.experts_kernel's path (how they compute, not what)."""
     model = model_from_args(configured_args(model_cfg, vocab_size, seq_len, moe))
-    if model_cfg.attn_backend != "sdpa":
+    return with_kernels(model, model_cfg.attn_backend, "" if moe is None else moe.experts_kernel)
+
+
+def with_kernels(model: DecoderModule, attn_backend: str, experts_kernel: str) -> DecoderModule:
+    """`model` with its attention cores of `attn_backend`'s kind (model.attn_backend) and its experts looping over
+    each expert where `experts_kernel` (moe.experts_kernel) says "loop": how it computes, not what."""
+    if attn_backend != "sdpa":
         for module in list(model.modules()):
             core = getattr(module, "core", None)
             if isinstance(core, CoreAttention):
-                module.core = build_core(model_cfg.attn_backend, **core.options())
-    if moe is not None and moe.experts_kernel == "loop":
+                module.core = build_core(attn_backend, **core.options())
+    if experts_kernel == "loop":
         for module in model.modules():
             if isinstance(module, GroupedExperts):
                 module.use_grouped_mm = False
