@@ -1,7 +1,8 @@
 """A model family defined entirely under tests/ (tests/families/relu2: its spec, module and TP plan, registered
 through model.custom_import) trains on FSDP x 2 and TP x 2 with one process's losses, also across a resume from
 its checkpoint, and `titanlite plan` estimates it: adding a family needs no edit in titanlite/. Its debug_aux
-flavor adds an auxiliary loss term, which FSDP x 2 adds, reduces and logs as one process does."""
+flavor adds an auxiliary loss term, which FSDP x 2 adds, reduces and logs as one process does; its hybrid flavor
+mixes a mixer kind of its own with attention per layer on the shared decoder, on FSDP, TP and PP."""
 
 import subprocess
 import sys
