@@ -30,7 +30,7 @@ from titanlite.models.common.kv_cache import KVCache, LayerCache
 from titanlite.models.common.mixers import Attention
 from titanlite.models.common.moe.args import MoEArgs
 from titanlite.models.common.moe.balance import PooledBalance, PooledMoE, pooled_loss
-from titanlite.models.common.moe.layer import MoE
+from titanlite.models.common.moe.layer import GroupedExperts, MoE
 from titanlite.models.common.rope import RotaryTable
 
 NORM_PLACEMENTS = ("pre", "post", "both", "none")
@@ -183,8 +183,15 @@ class Transformer(nn.Module):
         """A mixture of experts at args.moe's sparse layers, the SwiGLU MLP of width ffn_dim elsewhere."""
         a, moe = self.args, self.moe_args
         if moe is not None and moe.is_sparse(layer):
-            return PooledMoE(a.dim, moe, self.balance) if self.balance is not None else MoE(a.dim, moe)
+            experts = self.build_experts()
+            if self.balance is not None:
+                return PooledMoE(a.dim, moe, self.balance, experts=experts)
+            return MoE(a.dim, moe, experts=experts)
         return GatedMLP(a.dim, a.ffn_dim, bias=getattr(a, "mlp_bias", False))
+
+    def build_experts(self) -> GroupedExperts | None:
+        """A MoE block's routed experts where the family's differ from the plain SwiGLU ones; None: those."""
+        return None
 
     def build_norm(self) -> nn.Module:
         """The blocks' norms and the final one. nn.RMSNorm runs torch.nn.functional.rms_norm, a fused kernel where

@@ -13,7 +13,6 @@ from torch import nn
 
 from titanlite.models.common.decoder import Transformer, grouped_query_attention, standard_init
 from titanlite.models.common.interface import Decoder
-from titanlite.models.common.moe.balance import PooledMoE
 from titanlite.models.common.moe.layer import ClampedSwiGLU, GroupedExperts
 from titanlite.models.gpt_oss.args import GptOssArgs
 
@@ -30,13 +29,10 @@ class GptOss(Transformer):
     args: GptOssArgs
     mixers = {"full_attention": sink_attention, "sliding_attention": sink_attention}
 
-    def build_feed_forward(self, layer: int) -> nn.Module:
-        block = super().build_feed_forward(layer)
-        if isinstance(block, PooledMoE):
-            a = self.args
-            activation = ClampedSwiGLU(alpha=a.swiglu_alpha, limit=a.swiglu_limit)
-            block.experts = GroupedExperts(a.dim, a.moe.expert_dim, a.moe.n_experts, bias=True, activation=activation)
-        return block
+    def build_experts(self) -> GroupedExperts:
+        a = self.args
+        activation = ClampedSwiGLU(alpha=a.swiglu_alpha, limit=a.swiglu_limit)
+        return GroupedExperts(a.dim, a.moe.expert_dim, a.moe.n_experts, bias=True, activation=activation)
 
     def init_param(self, name: str, full: torch.Tensor, generator: torch.Generator) -> None:
         """The shared initialisation; the sinks as transformers' (normal, std 0.02), the experts' biases zero."""

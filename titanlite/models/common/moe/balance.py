@@ -27,7 +27,7 @@ import torch
 
 from titanlite.models.common.auxiliary import add_auxiliary_loss
 from titanlite.models.common.moe.args import MoEArgs
-from titanlite.models.common.moe.layer import MoE, Routing, router_z_loss
+from titanlite.models.common.moe.layer import GroupedExperts, MoE, Routing, router_z_loss
 
 
 class PooledBalance:
@@ -86,8 +86,8 @@ class PooledMoE(MoE):
     """The shared block, recording its routing in the model's PooledBalance instead of adding its own
     load-balancing term (the model adds one for all blocks); its z-loss term, if any, is added as the block's."""
 
-    def __init__(self, dim: int, args: MoEArgs, balance: PooledBalance):
-        super().__init__(dim, args)
+    def __init__(self, dim: int, args: MoEArgs, balance: PooledBalance, experts: GroupedExperts | None = None):
+        super().__init__(dim, args, experts=experts)
         self.balance = balance
 
     def add_balancing_terms(self, out: torch.Tensor, route: Routing, counts: torch.Tensor) -> torch.Tensor:

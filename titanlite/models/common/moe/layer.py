@@ -353,11 +353,21 @@ class MoE(nn.Module):
     tokens_per_expert: torch.Tensor
     step_tokens: torch.Tensor
 
-    def __init__(self, dim: int, args: MoEArgs, use_grouped_mm: bool | None = None):
+    def __init__(
+        self,
+        dim: int,
+        args: MoEArgs,
+        use_grouped_mm: bool | None = None,
+        experts: GroupedExperts | None = None,
+    ):
+        """`experts`: the routed experts where a family's differ from the plain SwiGLU ones (gpt-oss's biases and
+        clamped activation); None builds those."""
         super().__init__()
         self.args = args
         self.router = Router(dim, args)
-        self.experts = GroupedExperts(dim, args.expert_dim, args.n_experts, use_grouped_mm)
+        if experts is None:
+            experts = GroupedExperts(dim, args.expert_dim, args.n_experts, use_grouped_mm)
+        self.experts = experts
         self.shared_expert = SharedExpert(dim, args.shared_hidden) if args.shared_hidden else None
         self.shared_gate = nn.Linear(dim, 1, bias=False) if args.shared_gate else None
         # Sums the load-balancing statistics, differentiably, over the ranks that hold the rest of the micro-batch
