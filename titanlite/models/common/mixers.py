@@ -111,7 +111,8 @@ class LatentAttention(nn.Module):
     [k_nope, rope(k_rot)] at `softmax_scale`. The core takes keys and values of one width: where v_head_dim differs
     from the query/key width, the narrower side is padded with zeros (zeros change no score, and the output's
     padding is cut). Every projection a separate nn.Linear, so tensor parallelism splits the per-head ones (wq or
-    wq_b, wkv_b, wo) by heads and keeps the latent ones whole."""
+    wq_b, wkv_b, wo) by heads and keeps the latent ones whole. `rotary=False`: the q_rot and k_rot channels are
+    kept but not rotated, and the block hands in no tables (Kimi Linear's latent attention, which has no positions)."""
 
     def __init__(
         self,
@@ -124,10 +125,11 @@ class LatentAttention(nn.Module):
         qk_rope_head_dim: int,
         v_head_dim: int,
         softmax_scale: float | None = None,
+        rotary: bool = True,
     ):
         super().__init__()
         self.nope, self.rope, self.v_dim = qk_nope_head_dim, qk_rope_head_dim, v_head_dim
-        self.kv_rank = kv_lora_rank
+        self.kv_rank, self.use_rope = kv_lora_rank, rotary
         q_width = n_heads * (qk_nope_head_dim + qk_rope_head_dim)
         self.wq: nn.Linear | None = None
         if q_lora_rank:
@@ -145,8 +147,8 @@ class LatentAttention(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
+        cos: torch.Tensor | None = None,
+        sin: torch.Tensor | None = None,
         cache: LayerCache | None = None,
         sequence: Sequence | None = None,
     ) -> torch.Tensor:
@@ -157,8 +159,10 @@ class LatentAttention(nn.Module):
         latent, k_rot = self.wkv_a(x).split([self.kv_rank, self.rope], dim=-1)
         kv = self.wkv_b(self.kv_norm(latent)).view(bsz, seqlen, -1, self.nope + self.v_dim)
         k_nope, v = kv.split([self.nope, self.v_dim], dim=-1)  # [B, T, H, nope], [B, T, H, v]
-        cos, sin = cos[:seqlen], sin[:seqlen]  # the full tables come in (sequence parallelism: see Attention)
-        q_rot, k_rot = apply_rope(q_rot, cos, sin), apply_rope(k_rot.unsqueeze(2), cos, sin)  # k_rot [B, T, 1, r]
+        k_rot = k_rot.unsqueeze(2)  # [B, T, 1, r]
+        if self.use_rope and cos is not None and sin is not None:
+            cos, sin = cos[:seqlen], sin[:seqlen]  # the full tables come in (sequence parallelism: see Attention)
+            q_rot, k_rot = apply_rope(q_rot, cos, sin), apply_rope(k_rot, cos, sin)
         q = torch.cat([q_nope, q_rot], dim=-1)
         k = torch.cat([k_nope, k_rot.expand(-1, -1, k_nope.shape[2], -1)], dim=-1)  # [B, T, H, nope + rope]
         width = max(q.shape[-1], self.v_dim)
