@@ -21,6 +21,8 @@ from titanlite.models import (
     olmoe,
     qwen2,
     qwen3,
+    qwen3_5,
+    qwen3_5_moe,
     qwen3_moe,
     smollm3,
 )
@@ -48,6 +50,8 @@ for _family in (
     gemma3,
     gpt_oss,
     deepseek_v3,
+    qwen3_5,
+    qwen3_5_moe,
 ):
     register(_family.SPEC)
 
@@ -80,7 +84,7 @@ def spec_of(args: Any) -> ModelSpec:
 def spec_of_model_type(model_type: str | None, where: str) -> ModelSpec:
     """The spec that reads a config.json of this model_type."""
     for spec in _SPECS.values():
-        if spec.hf is not None and spec.hf.model_type == model_type:
+        if spec.hf is not None and model_type in (spec.hf.model_type, *spec.hf.also_reads):
             return spec
     known = ", ".join(repr(s.hf.model_type) for s in _SPECS.values() if s.hf is not None)
     raise ConfigError(f"{where} model_type={model_type!r} is not supported; titanlite reads {known}")

@@ -34,13 +34,16 @@ class HFConfig:
     that changes the math honoured, or refused with one line naming it), `write(args)` the family's own fields
     (model_type and architectures included). `tokenizer(args)`: the built-in tokenizer a folder without a
     tokenizer.json uses (None: the user must name one). `experts`: whether `read` honours the mixture-of-experts
-    fields (num_experts, moe_intermediate_size, ...); a dense family's config.json with them is refused."""
+    fields (num_experts, moe_intermediate_size, ...); a dense family's config.json with them is refused.
+    `also_reads`: more model_types `read` takes."""
 
     model_type: str
     read: Callable[[dict, str], Any]
     write: Callable[[Any], dict]
     tokenizer: Callable[[Any], str | None] = lambda args: None
     experts: bool = False
+    also_reads: tuple[str, ...] = ()
+    """More model_types `read` takes (a published multimodal folder whose text model this family is)."""
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from titanlite.models.common.moe.args import MoEArgs
 from titanlite.models.common.rope_args import Llama3RopeScaling, YarnRopeScaling
@@ -56,7 +57,10 @@ class DecoderArgs:
     sliding_window positions before it, itself included (Mistral, Qwen2 with use_sliding_window)."""
     layer_types: tuple[str, ...] = ()
     """Per layer "sliding_attention" or "full_attention" (config.json's layer_types); empty: every layer slides
-    when sliding_window is set."""
+    when sliding_window is set. A family whose arguments name more kinds (`layer_kinds`) builds them itself."""
+
+    layer_kinds: ClassVar[tuple[str, ...]] = LAYER_KINDS
+    """The layer kinds these arguments build (a family's subclass adds its own mixers' kinds)."""
 
     def __post_init__(self) -> None:
         if not self.family:
@@ -65,12 +69,10 @@ class DecoderArgs:
             self.head_dim = self.dim // self.n_heads
         self.nope_layers = tuple(self.nope_layers)
         self.layer_types = tuple(self.layer_types)
-        unknown = sorted(set(self.layer_types) - set(LAYER_KINDS))
+        unknown = sorted(set(self.layer_types) - set(self.layer_kinds))
         if unknown:
-            raise ValueError(
-                f"{type(self).__name__}.layer_types has {unknown[0]!r}; the shared decoder's attention layers are "
-                f"{', '.join(LAYER_KINDS)}"
-            )
+            kinds = ", ".join(self.layer_kinds)
+            raise ValueError(f"{type(self).__name__}.layer_types has {unknown[0]!r}; its layer kinds are {kinds}")
         if self.layer_types and len(self.layer_types) != self.n_layers:
             raise ValueError(f"DecoderArgs.layer_types has {len(self.layer_types)} entries for {self.n_layers} layers")
         for name, value, allowed in (

@@ -1,5 +1,6 @@
 """A key/value cache for incremental decoding: each layer keeps the keys and values of the positions seen
-so far, so a new token costs one attention over the cache rather than a forward over the whole sequence.
+so far, so a new token costs one attention over the cache rather than a forward over the whole sequence. A
+linear-attention layer keeps its recurrent state instead (and its convolution's last inputs): `LayerCache.state`.
 
 KVCache counts positions on the host and attends over the filled part; StaticKVCache keeps the count on the
 device and always attends over its whole buffer under a mask, so a decode step has the same shapes and the
@@ -28,6 +29,7 @@ class KVCache:
         self.length = 0
         self.keys: dict[str, torch.Tensor] = {}  # layer name -> [B, H_kv, max_len, head_dim]
         self.values: dict[str, torch.Tensor] = {}
+        self.states: dict[str, dict[str, torch.Tensor]] = {}  # layer name -> its states by key (linear attention)
 
     def layer(self, name: str) -> LayerCache:
         """The part of the cache that the model's layer `name` (its key in model.layers) reads and writes."""
@@ -54,6 +56,16 @@ class KVCache:
     def advance(self, n: int) -> None:
         """Count n new positions as cached; the model calls this after its last layer has stored them."""
         self.length += n
+
+    def set_state(self, name: str, key: str, value: torch.Tensor) -> None:
+        """Keep `value` as layer `name`'s state `key`: copied into the tensor kept before where there is one of its
+        shape and dtype (so a captured CUDA graph that reads and writes it stays right), kept as it is otherwise."""
+        held = self.states.setdefault(name, {})
+        old = held.get(key)
+        if old is not None and old.shape == value.shape and old.dtype == value.dtype:
+            old.copy_(value)
+        else:
+            held[key] = value.detach().clone()
 
     def attend(
         self,
@@ -93,6 +105,7 @@ class StaticKVCache(KVCache):
         self.max_len = max_len
         self.keys: dict[str, torch.Tensor] = {}
         self.values: dict[str, torch.Tensor] = {}
+        self.states: dict[str, dict[str, torch.Tensor]] = {}
         self.position = torch.zeros((), dtype=torch.long, device=device)  # positions cached so far
         self.key_positions = torch.arange(max_len, device=device)  # [max_len]
 
@@ -160,6 +173,15 @@ class LayerCache:
         the layer's attention core; where it has a window, a softcap, a scale or `sinks` (the block's sink logits
         [Hq]), it attends with them, over the cached positions."""
         return self.cache.attend(self.name, q, k, v, core, sinks)
+
+    def state(self, key: str) -> torch.Tensor | None:
+        """This layer's state `key` after the cached positions (None before the first forward): a linear-attention
+        layer's recurrent state or its convolution's last inputs."""
+        return self.cache.states.get(self.name, {}).get(key)
+
+    def set_state(self, key: str, value: torch.Tensor) -> None:
+        """Keep `value` as this layer's state `key` for the next forward (KVCache.set_state)."""
+        self.cache.set_state(self.name, key, value)
 
 
 def shaped(core: CoreAttention) -> bool:

@@ -27,8 +27,11 @@ class Attention(nn.Module):
 
     `qk_norm`: "head" normalises each head's query and key (one weight of head_dim shared by the heads), "full"
     each token's whole query and key projection, built by `norm(width, eps=norm_eps)`; `rotary`: rotate queries
-    and keys by the tables the block hands in; `window`: sliding-window attention; `scale` replaces head_dim**-0.5
-    of the scores; `sinks`: one learned sink logit per query head (gpt-oss), added to each softmax denominator."""
+    and keys by the tables the block hands in, the whole of each head or, with `rotary_dim`, its leading rotary_dim
+    channels (partial rotary: Qwen3.5, Qwen3-Next); `window`: sliding-window attention; `scale` replaces
+    head_dim**-0.5 of the scores; `sinks`: one learned sink logit per query head (gpt-oss), added to each softmax
+    denominator; `output_gate`: the attention's output multiplied by the sigmoid of a projection of the input
+    (`wg`, as wide as the queries) before the output projection (Qwen3.5's and Qwen3-Next's gated attention)."""
 
     def __init__(
         self,
@@ -46,16 +49,22 @@ class Attention(nn.Module):
         window: int | None = None,
         scale: float | None = None,
         sinks: bool = False,
+        rotary_dim: int | None = None,
+        output_gate: bool = False,
     ):
         super().__init__()
         if qk_norm not in QK_NORMS:
             raise ValueError(f"Attention qk_norm={qk_norm!r}; use one of {', '.join(QK_NORMS)}")
+        if rotary_dim is not None and not (0 < rotary_dim <= head_dim and rotary_dim % 2 == 0):
+            raise ValueError(f"Attention rotary_dim={rotary_dim}; use an even number from 2 to head_dim={head_dim}")
         self.head_dim, self.use_rope = head_dim, rotary
+        self.rotary_dim = head_dim if rotary_dim is None else rotary_dim
         q_width, kv_width = n_heads * head_dim, n_kv_heads * head_dim
         # Separate projections (not one fused qkv) so tensor parallelism can shard each column-wise.
         self.wq = nn.Linear(dim, q_width, bias=qkv_bias)
         self.wk = nn.Linear(dim, kv_width, bias=qkv_bias)
         self.wv = nn.Linear(dim, kv_width, bias=qkv_bias)
+        self.wg: nn.Linear | None = nn.Linear(dim, q_width, bias=qkv_bias) if output_gate else None
         self.wo = nn.Linear(q_width, dim, bias=out_bias)
         self.qk_norm = qk_norm
         if qk_norm != "none":
@@ -87,8 +96,8 @@ class Attention(nn.Module):
         if self.use_rope and cos is not None and sin is not None:
             # The full tables come in and are cut here: under sequence parallelism the block's input
             # holds a slice of the sequence, but attention sees the whole of it.
-            cos, sin = cos[:seqlen], sin[:seqlen]  # [T, hd/2]
-            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            cos, sin = cos[:seqlen], sin[:seqlen]  # [T, rotary_dim/2]
+            q, k = apply_rope(q, cos, sin, self.rotary_dim), apply_rope(k, cos, sin, self.rotary_dim)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H, T, hd]
         # This rank's heads' sink logits (under tensor parallelism the parameter is sharded by head).
         sinks = local_sinks(self.sinks) if self.sinks is not None else None
@@ -97,6 +106,8 @@ class Attention(nn.Module):
         else:  # the cache keeps H_kv heads and attends over the cached positions too
             out = cache.attend(q, k, v, self.core, sinks)  # [B, Hq, T, hd]; the core's window applies there too
         out = out.transpose(1, 2).reshape(bsz, seqlen, -1)  # [B, T, Hq*hd]
+        if self.wg is not None:
+            out = out * torch.sigmoid(self.wg(x))
         return self.wo(out)
 
 

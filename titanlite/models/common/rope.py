@@ -83,8 +83,11 @@ class RotaryTable:
         return angles.cos(), angles.sin()
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate adjacent pairs (x[2i], x[2i+1]) of x [B, T, H, hd], Meta's layout for Llama weights."""
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary_dim: int | None = None) -> torch.Tensor:
+    """Rotate adjacent pairs (x[2i], x[2i+1]) of x [B, T, H, hd], Meta's layout for Llama weights; with `rotary_dim`
+    below hd, only the leading rotary_dim channels of each head (partial rotary), the rest passing unchanged."""
+    if rotary_dim is not None and rotary_dim < x.shape[-1]:
+        return torch.cat([apply_rope(x[..., :rotary_dim], cos, sin), x[..., rotary_dim:]], dim=-1)
     x1, x2 = x.float().unflatten(-1, (-1, 2)).unbind(-1)  # each [B, T, H, hd/2]
     cos, sin = cos[None, :, None, :], sin[None, :, None, :]  # [1, T, 1, hd/2]
     out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)

@@ -1,0 +1,147 @@
+"""Qwen3.5 and Qwen3.5-MoE against `transformers` itself: random text models (grouped value heads, partial rotary,
+tied and untied) import with transformers' logits to 1e-5 (fp32), greedy generation equals transformers' (the linear
+layers' recurrent state and convolution window in the cache), an export loads back in transformers with our logits;
+packed documents are computed as if each were alone; what Qwen3.5's config.json cannot mean is refused in one line."""
+
+import json
+
+import pytest
+import torch
+
+transformers = pytest.importorskip(
+    "transformers", reason="transformers is an optional test dependency (pip install .[hf])"
+)
+
+from titanlite.base.errors import ConfigError  # noqa: E402
+from titanlite.commands.generate import generate  # noqa: E402
+from titanlite.components.hf_weights import load_hf_into, save_hf  # noqa: E402
+from titanlite.models.common.attention import Sequence  # noqa: E402
+from titanlite.models.common.build import model_from_args  # noqa: E402
+from titanlite.models.hf_config import args_from_hf_config, folder_args  # noqa: E402
+
+VOCAB = 200
+TEXT = dict(
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    vocab_size=VOCAB,
+    max_position_embeddings=256,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=False,
+    linear_conv_kernel_dim=4,
+    linear_key_head_dim=16,
+    linear_value_head_dim=8,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,  # two value heads read each key head
+    pad_token_id=None,
+    bos_token_id=None,
+    eos_token_id=None,
+    rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+)
+MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24, shared_expert_intermediate_size=40)
+CASES = {
+    "dense": lambda: transformers.Qwen3_5ForCausalLM(transformers.Qwen3_5TextConfig(**TEXT)),
+    "dense-tied": lambda: transformers.Qwen3_5ForCausalLM(
+        transformers.Qwen3_5TextConfig(**{**TEXT, "tie_word_embeddings": True})
+    ),
+    "moe": lambda: transformers.Qwen3_5MoeForCausalLM(transformers.Qwen3_5MoeTextConfig(**TEXT, **MOE)),
+}
+
+
+def random_model(case: str):
+    """A transformers model of the case, its norms moved off their init too."""
+    torch.manual_seed(0)
+    model = CASES[case]().eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or "dt_bias" in name:
+                p.add_(torch.randn_like(p) * 0.1)
+    return model
+
+
+def imported(folder):
+    model = model_from_args(folder_args(folder, 64))
+    load_hf_into([model], folder)
+    return model.eval()
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def folder(request, tmp_path_factory):
+    hf = random_model(request.param)
+    path = tmp_path_factory.mktemp(request.param)
+    hf.save_pretrained(path)
+    return hf, path
+
+
+def test_logits_equal_transformers_and_an_export_loads_back_with_ours(folder, tmp_path):
+    hf, path = folder
+    ours = imported(path)
+    tokens = torch.randint(0, VOCAB, (2, 70), generator=torch.Generator().manual_seed(1))  # past one 64-token chunk
+    with torch.no_grad():
+        logits = ours(tokens)
+        torch.testing.assert_close(logits, hf(tokens).logits, rtol=1e-5, atol=1e-5)
+    args = folder_args(path, 64)
+    save_hf(tmp_path / "export", args, ours.state_dict())
+    config = json.loads((tmp_path / "export" / "config.json").read_text())
+    assert config["architectures"] == [type(hf).__name__]
+    back = type(hf).from_pretrained(tmp_path / "export").eval()
+    with torch.no_grad():
+        torch.testing.assert_close(back(tokens).logits, logits, rtol=1e-5, atol=1e-5)
+
+
+def test_greedy_generation_equals_transformers(folder):
+    hf, path = folder
+    prompt = [5, 17, 42, 7, 99, 3, 150]
+    result = generate(imported(path), prompt, max_new_tokens=10, vocab_size=VOCAB)
+    with torch.no_grad():
+        theirs = hf.generate(torch.tensor([prompt]), max_new_tokens=10, do_sample=False, pad_token_id=0)
+    assert result.new_ids == theirs[0, len(prompt) :].tolist()
+
+
+def test_packed_documents_compute_as_if_each_were_alone(folder):
+    """Block-causal: the linear layers' state and convolution window restart at each document (the full layers'
+    mask too), so the logits of a packed row are those of its documents run one by one."""
+    _, path = folder
+    ours = imported(path)
+    tokens = torch.randint(0, VOCAB, (1, 90), generator=torch.Generator().manual_seed(2))
+    cuts = [0, 23, 24, 71, 90]  # a one-token document, and one crossing the 64-token chunk boundary
+    documents = torch.zeros(1, 90, dtype=torch.long)
+    for i, (a, b) in enumerate(zip(cuts, cuts[1:])):
+        documents[:, a:b] = i
+    with torch.no_grad():
+        packed = ours(tokens, sequence=Sequence(documents=documents))
+        alone = torch.cat([ours(tokens[:, a:b]) for a, b in zip(cuts, cuts[1:])], dim=1)
+        whole = ours(tokens)
+    torch.testing.assert_close(packed, alone, rtol=1e-5, atol=1e-5)
+    assert (packed[:, 30:] - whole[:, 30:]).abs().max() > 1e-3  # documents do change what the later tokens see
+
+
+def test_a_published_multimodal_config_reads_its_text_model():
+    text = {k: v for k, v in TEXT.items() if k not in ("pad_token_id", "bos_token_id", "eos_token_id")}
+    config = {"model_type": "qwen3_5", "text_config": {**text, "model_type": "qwen3_5_text"}, "vision_config": {}}
+    args = args_from_hf_config(config)
+    assert (args.family, args.n_layers, args.rotary_dim, args.linear_value_heads) == ("qwen3_5", 4, 8, 4)
+    moe = {"model_type": "qwen3_5_moe", "text_config": {**text, **MOE, "model_type": "qwen3_5_moe_text"}}
+    assert args_from_hf_config(moe).moe.n_experts == 4
+
+
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        ({"layer_types": ["linear_attention", "mamba", "linear_attention", "full_attention"]}, "layer_types"),
+        ({"linear_num_value_heads": 3}, "linear_num_value_heads"),
+        ({"linear_conv_kernel_dim": 0}, "linear_conv_kernel_dim"),
+        ({"rope_parameters": {"rope_theta": 1e4, "partial_rotary_factor": 0.3}}, "partial_rotary_factor"),
+        ({"rope_parameters": {"rope_type": "yarn", "factor": 2.0}}, "rope_type"),
+        ({"hidden_act": "gelu"}, "hidden_act"),
+        ({"attention_bias": True}, "attention_bias"),
+    ],
+)
+def test_what_qwen3_5_cannot_mean_is_refused_naming_the_field(change, field):
+    config = {**TEXT, "model_type": "qwen3_5_text", **change}
+    with pytest.raises(ConfigError, match=field) as refused:
+        args_from_hf_config(config, "config.json:")
+    assert "\n" not in str(refused.value)

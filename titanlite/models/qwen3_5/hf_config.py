@@ -1,0 +1,159 @@
+"""Qwen3.5's config.json both ways, torch-free: the text model's (model_type "qwen3_5_text", Qwen3_5ForCausalLM;
+"qwen3_5_moe_text" for the mixtures of experts), and the multimodal folders' as published ("qwen3_5" /
+"qwen3_5_moe", Qwen3_5ForConditionalGeneration), whose text_config it reads. Every field that changes the text
+model's math is honoured or refused in one line naming it."""
+
+from __future__ import annotations
+
+from titanlite.base.hf_config import refuse
+from titanlite.models.common.decoder_config import attention_shape
+from titanlite.models.common.moe.hf_config import block_from_config
+from titanlite.models.qwen3_5.args import LAYER_KINDS, Qwen35Args, Qwen35MoEArgs, hybrid_layers
+
+TEXT, MOE_TEXT = "qwen3_5_text", "qwen3_5_moe_text"
+MULTIMODAL = {"qwen3_5": TEXT, "qwen3_5_moe": MOE_TEXT}  # a published folder's model_type -> its text model's
+ACTIVATION = "silu"
+
+
+def text_config(config: dict, where: str) -> tuple[dict, str]:
+    """The text model's fields (a multimodal folder's text_config) and where they are, for the refusals."""
+    if config.get("model_type") in MULTIMODAL:
+        text = config.get("text_config")
+        if not isinstance(text, dict):
+            raise refuse(where, "text_config", text, "a Qwen3.5 multimodal config.json holds the text model there")
+        return {"tie_word_embeddings": config.get("tie_word_embeddings", False), **text}, f"{where} text_config"
+    return config, where
+
+
+def _rope(config: dict, where: str, head_dim: int) -> tuple[float, int]:
+    """rope_theta and the rotating channels of each head (head_dim x partial_rotary_factor). The multimodal
+    rotations (mrope_section) turn text positions as plain RoPE does: accepted, and nothing more."""
+    rope = {**(config.get("rope_scaling") or {}), **(config.get("rope_parameters") or {})}
+    rope_type = rope.get("rope_type") or rope.get("type") or "default"
+    if rope_type != "default":
+        raise refuse(where, "rope_parameters rope_type", rope_type, "Qwen3.5's rotations are the default ones")
+    factor = float(rope.get("partial_rotary_factor", config.get("partial_rotary_factor", 0.25)))
+    rotary_dim = int(head_dim * factor)
+    if rotary_dim % 2 or rotary_dim <= 0 or rotary_dim > head_dim:
+        raise refuse(where, "partial_rotary_factor", factor, f"head_dim x it must be an even number up to {head_dim}")
+    return float(rope.get("rope_theta", config.get("rope_theta", 1e7))), rotary_dim
+
+
+def read_fields(config: dict, where: str) -> dict:
+    """The fields of Qwen35Args a (text) config.json sets."""
+    for key in ("hidden_act",):
+        if config.get(key, ACTIVATION) != ACTIVATION:
+            raise refuse(where, key, config[key], f"Qwen3.5's MLP and convolutions use {ACTIVATION!r}")
+    if config.get("attention_bias"):
+        raise refuse(where, "attention_bias", True, "Qwen3.5's attention has no biases")
+    dim, n_heads, n_kv_heads, head_dim = attention_shape(config, where)
+    n_layers = config["num_hidden_layers"]
+    kinds = tuple(config.get("layer_types") or ()) or hybrid_layers(n_layers, config.get("full_attention_interval", 4))
+    unknown = sorted(set(kinds) - set(LAYER_KINDS))
+    if unknown:
+        raise refuse(where, "layer_types", unknown[0], f"Qwen3.5's layers are {' or '.join(LAYER_KINDS)}")
+    if len(kinds) != n_layers:
+        raise refuse(where, "layer_types", f"[{len(kinds)} entries]", f"it needs one per layer ({n_layers})")
+    key_heads, value_heads = config.get("linear_num_key_heads", 16), config.get("linear_num_value_heads", 32)
+    if value_heads % key_heads:
+        raise refuse(
+            where, "linear_num_value_heads", value_heads, f"it must be a multiple of linear_num_key_heads={key_heads}"
+        )
+    conv = config.get("linear_conv_kernel_dim", 4)
+    if conv < 1:
+        raise refuse(where, "linear_conv_kernel_dim", conv, "the convolution needs a width of at least 1")
+    rope_theta, rotary_dim = _rope(config, where, head_dim)
+    return {
+        "dim": dim,
+        "n_layers": n_layers,
+        "n_heads": n_heads,
+        "n_kv_heads": n_kv_heads,
+        "ffn_dim": config.get("intermediate_size") or config.get("moe_intermediate_size"),
+        "vocab_size": config["vocab_size"],
+        "max_seq_len": config.get("max_position_embeddings", 262144),
+        "rope_theta": rope_theta,
+        "norm_eps": config.get("rms_norm_eps", 1e-6),
+        "tie_embeddings": config.get("tie_word_embeddings", False),
+        "head_dim": head_dim,
+        "layer_types": kinds,
+        "rotary_dim": rotary_dim,
+        "linear_key_heads": key_heads,
+        "linear_value_heads": value_heads,
+        "linear_key_dim": config.get("linear_key_head_dim", 128),
+        "linear_value_dim": config.get("linear_value_head_dim", 128),
+        "conv_size": conv,
+    }
+
+
+def read(config: dict, where: str) -> Qwen35Args:
+    """Qwen35Args of a qwen3_5_text config.json, or of a qwen3_5 (multimodal) one's text_config."""
+    text, where = text_config(config, where)
+    return Qwen35Args(**read_fields(text, where))
+
+
+def read_moe(config: dict, where: str) -> Qwen35MoEArgs:
+    """Qwen35MoEArgs of a qwen3_5_moe_text config.json, or of a qwen3_5_moe (multimodal) one's text_config."""
+    text, where = text_config(config, where)
+    fields = read_fields(text, where)
+    for key in ("mlp_only_layers",):
+        if text.get(key):
+            raise refuse(where, key, text[key], "every Qwen3.5-MoE layer is a mixture of experts")
+    expert_dim = text["moe_intermediate_size"]
+    moe = block_from_config(
+        where,
+        text,
+        {"n_experts": "num_experts", "shared_expert_dim": "shared_expert_intermediate_size"},
+        n_experts=text["num_experts"],
+        top_k=text.get("num_experts_per_tok", 8),
+        expert_dim=expert_dim,
+        norm_topk_prob=True,
+        shared_expert_dim=text.get("shared_expert_intermediate_size", expert_dim),
+        shared_gate=True,
+        aux_loss_coef=text.get("router_aux_loss_coef", 0.001),
+    )
+    return Qwen35MoEArgs(**fields | {"ffn_dim": expert_dim}, moe=moe)
+
+
+def write(args: Qwen35Args) -> dict:
+    """The qwen3_5_text (or qwen3_5_moe_text) config.json fields of this model."""
+    moe = isinstance(args, Qwen35MoEArgs)
+    config: dict = {
+        "architectures": ["Qwen3_5MoeForCausalLM" if moe else "Qwen3_5ForCausalLM"],
+        "model_type": MOE_TEXT if moe else TEXT,
+        "hidden_size": args.dim,
+        "num_hidden_layers": args.n_layers,
+        "num_attention_heads": args.n_heads,
+        "num_key_value_heads": args.n_kv_heads,
+        "head_dim": args.head_dim,
+        "hidden_act": ACTIVATION,
+        "rms_norm_eps": args.norm_eps,
+        "max_position_embeddings": args.max_seq_len,
+        "layer_types": list(args.layer_types),
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": args.rope_theta,
+            "partial_rotary_factor": args.rotary_dim / args.head_dim,
+        },
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "linear_conv_kernel_dim": args.conv_size,
+        "linear_key_head_dim": args.linear_key_dim,
+        "linear_value_head_dim": args.linear_value_dim,
+        "linear_num_key_heads": args.linear_key_heads,
+        "linear_num_value_heads": args.linear_value_heads,
+    }
+    if not isinstance(args, Qwen35MoEArgs):
+        return config | {"intermediate_size": args.ffn_dim}
+    m = args.moe
+    if m.dense_layers or not m.norm_topk_prob or not m.shared_gate or m.score_func != "softmax":
+        raise refuse(
+            "a qwen3_5_moe config.json", "moe", m, "Qwen3.5-MoE routes every layer by softmax, top-k renormalised, "
+            "with one gated shared expert",
+        )  # fmt: skip
+    return config | {
+        "num_experts": m.n_experts,
+        "num_experts_per_tok": m.top_k,
+        "moe_intermediate_size": m.expert_dim,
+        "shared_expert_intermediate_size": m.shared_hidden,
+        "router_aux_loss_coef": m.aux_loss_coef,
+    }

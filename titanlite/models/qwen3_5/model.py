@@ -1,0 +1,88 @@
+"""Qwen3.5's text decoder on the shared decoder (titanlite/models/common/decoder.py): Gated DeltaNet layers
+(titanlite/models/common/gated_delta_net.py) and gated full-attention layers, per-head (1 + w) Q/K norms, partial
+rotary, (1 + w) RMSNorms before each sublayer and at the end, a SwiGLU MLP or (Qwen3.5-MoE) a mixture of experts
+with a gated shared expert. No parallelism inside."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from titanlite.models.common.decoder import Transformer, grouped_query_attention, standard_init
+from titanlite.models.common.gated_delta_net import GatedDeltaNet
+from titanlite.models.common.interface import Decoder
+from titanlite.models.common.norms import ZeroCenteredRMSNorm
+from titanlite.models.common.rope import RotaryTable
+from titanlite.models.qwen3_5.args import Qwen35Args
+
+ZERO_CENTERED = ("attention_norm", "ffn_norm", "norm", "q_norm", "k_norm")  # (1 + w): start at 0
+LINEAR_PROJECTIONS = ("wa", "wb", "wz", "wg")  # input-side projections the shared init does not know (and the MoE's
+# shared_gate)
+
+
+def gated_attention(model: Transformer, layer: int) -> nn.Module:
+    """The shared attention with (1 + w) per-head Q/K norms, partial rotary and the sigmoid output gate."""
+    return grouped_query_attention(
+        model, layer, norm=ZeroCenteredRMSNorm, rotary_dim=model.args.rotary_dim, output_gate=True
+    )
+
+
+def gated_delta_net(model: Transformer, layer: int) -> nn.Module:
+    a = model.args
+    return GatedDeltaNet(
+        a.dim,
+        a.linear_key_heads,
+        a.linear_value_heads,
+        a.linear_key_dim,
+        a.linear_value_dim,
+        a.conv_size,
+        norm_eps=a.norm_eps,
+    )
+
+
+class Qwen35(Transformer):
+    """Implements titanlite.models.common.interface.Decoder (Qwen3.5 and Qwen3.5-MoE)."""
+
+    args: Qwen35Args
+    mixers = {"full_attention": gated_attention, "linear_attention": gated_delta_net}
+
+    def build_norm(self) -> nn.Module:
+        return ZeroCenteredRMSNorm(self.args.dim, eps=self.args.norm_eps)
+
+    def rotary_tables(self) -> dict[str, RotaryTable]:
+        return {"rope": RotaryTable(self.args.rotary_dim, self.args.rope_theta)}
+
+    def rotary_of(self, layer: int) -> str | None:
+        return "rope" if self.layer_kind(layer) == "full_attention" else None
+
+    def init_param(self, name: str, full: torch.Tensor, generator: torch.Generator) -> None:
+        """The shared initialisation, and: the (1 + w) norms at 0, the linear layers' output norms at 1, their
+        decays A = exp(A_log) uniform in [1, 16] and dt_bias at 1 (transformers' Qwen3.5 init), their convolutions
+        uniform in +-1/sqrt(conv_size) (nn.Conv1d's default for a depthwise one), the gate projections as the
+        other input-side ones."""
+        path, _, leaf = name.rpartition(".")
+        parent = path.rpartition(".")[2]
+        if leaf == "weight" and parent in ZERO_CENTERED:
+            nn.init.zeros_(full)
+        elif leaf == "weight" and parent == "norm" and "attention" in path:  # a linear layer's output norm
+            nn.init.ones_(full)
+        elif leaf == "A_log":
+            full.copy_(torch.empty_like(full).uniform_(1.0, 16.0, generator=generator).log_())
+        elif leaf == "dt_bias":
+            nn.init.ones_(full)
+        elif leaf in ("conv_q", "conv_k", "conv_v"):
+            bound = 1.0 / math.sqrt(self.args.conv_size)
+            nn.init.uniform_(full, -bound, bound, generator=generator)
+        elif leaf == "weight" and parent in LINEAR_PROJECTIONS + ("shared_gate",):
+            nn.init.trunc_normal_(full, mean=0.0, std=0.02, a=-0.04, b=0.04, generator=generator)
+        else:
+            standard_init(self.args, name, full, generator)
+
+
+if TYPE_CHECKING:
+
+    def _implements_decoder(model: Qwen35) -> Decoder:
+        return model

@@ -1,0 +1,59 @@
+"""Qwen3.5's tensor-parallel plan: the shared block plan (with the query gate wg split as wq is) on the full-attention
+layers; on the Gated DeltaNet layers every projection split column-wise by heads (each rank holds whole key heads and
+the value heads that read them), the convolutions' weights, A_log and dt_bias sharded with them, the per-head output
+norm replicated (its gradient summed over TP), and the output projection row-wise. The MoE blocks whole on every
+rank (the shared decoder's moe_block_plan)."""
+
+from __future__ import annotations
+
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    RowwiseParallel,
+    SequenceParallel,
+)
+
+from titanlite.models.common.interface import DecoderModule
+from titanlite.models.common.parallelize import block_plan, moe_block_plan, per_head_norms
+
+PER_HEAD = ("conv_q", "conv_k", "conv_v", "A_log", "dt_bias")  # parameters whose first dimension runs over heads
+
+
+class LinearAttentionInput(PrepareModuleInput):
+    """The linear layer's input: the sequence gathered; its per-head parameters sharded by head (first dimension)."""
+
+    def __init__(self) -> None:
+        super().__init__(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        for name in PER_HEAD:
+            param = module.get_parameter(name)
+            module.register_parameter(name, nn.Parameter(distribute_tensor(param, device_mesh, [Shard(0)])))
+        return super()._apply(module, device_mesh)
+
+
+def linear_attention_plan() -> dict:
+    return {
+        "attention": LinearAttentionInput(),
+        **{f"attention.{w}": ColwiseParallel() for w in ("wq", "wk", "wv", "wz", "wa", "wb")},
+        "attention.norm": SequenceParallel(sequence_dim=2, use_local_output=True),
+        "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+    }
+
+
+def tp_plan(model: DecoderModule) -> dict:
+    plan: dict = {}
+    moe = getattr(model.args, "moe", None)
+    for i in model.layers:
+        block = per_head_norms() | block_plan() | {"attention.wg": ColwiseParallel()}
+        if model.args.layer_types[int(i)] == "linear_attention":
+            block = {k: v for k, v in block.items() if not k.startswith("attention")} | linear_attention_plan()
+            block["attention_norm"] = SequenceParallel()
+        if moe is not None and moe.is_sparse(int(i)):
+            block = {k: v for k, v in block.items() if not k.startswith("feed_forward")}
+            block["feed_forward"] = moe_block_plan()
+        plan |= {f"layers.{i}.{name}": style for name, style in block.items()}
+    return plan

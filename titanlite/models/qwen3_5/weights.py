@@ -1,0 +1,152 @@
+"""Qwen3.5's weights under Hugging Face's names (Qwen3_5ForCausalLM / Qwen3_5MoeForCausalLM; the multimodal
+Qwen3_5ForConditionalGeneration stores the same under model.language_model.*), both ways.
+
+Full-attention layers: q_proj holds each head's query rows and then its gate rows ([H, 2, head_dim, dim]), split into
+our wq and wg; the query and key rows (and the Q/K norms' weights) that rotate, the leading rotary_dim of each head,
+are reordered between Hugging Face's rotate-half layout and our adjacent pairs (decoder_weights.rope_to_hf), the rest
+kept. Linear layers: in_proj_qkv's rows [q | k | v] and conv1d.weight [C, 1, K]'s channels split into wq, wk, wv and
+conv_q, conv_k, conv_v; in_proj_z, in_proj_b, in_proj_a, A_log, dt_bias, norm and out_proj one to one. The MoE
+blocks' router and per-expert tensors as Qwen3-MoE names them (mlp.gate, mlp.experts.E.{gate,up,down}_proj, and
+mlp.shared_expert.*, mlp.shared_expert_gate)."""
+
+from __future__ import annotations
+
+import torch
+
+from titanlite.models.common import decoder_weights as llama
+from titanlite.models.common.moe.layer import moe_to_hf
+from titanlite.models.common.moe.weights import naming
+from titanlite.models.qwen3_5.args import Qwen35Args, Qwen35MoEArgs
+
+TEXT_PREFIX = "model.language_model."  # where the multimodal folders keep the text model's "model."
+
+LINEAR = {  # ours (under attention.) -> Hugging Face's (under linear_attn.), one to one
+    "wz.weight": "in_proj_z.weight",
+    "wb.weight": "in_proj_b.weight",
+    "wa.weight": "in_proj_a.weight",
+    "A_log": "A_log",
+    "dt_bias": "dt_bias",
+    "norm.weight": "norm.weight",
+    "wo.weight": "out_proj.weight",
+}
+SPLIT = {  # ours (under attention.) -> the Hugging Face tensor it is a slice of, and which slice (0, 1, 2: q, k, v)
+    "wq.weight": ("in_proj_qkv.weight", 0),
+    "wk.weight": ("in_proj_qkv.weight", 1),
+    "wv.weight": ("in_proj_qkv.weight", 2),
+    "conv_q": ("conv1d.weight", 0),
+    "conv_k": ("conv1d.weight", 1),
+    "conv_v": ("conv1d.weight", 2),
+}
+
+
+def _shared(args: Qwen35Args, names: dict) -> dict:
+    """The decoder's names, the attention and MLP/MoE ones of the full layers; the linear layers' replaced."""
+    out = {}
+    for ours, hf in names.items():
+        if ours.startswith("layers."):
+            layer = int(ours.split(".")[1])
+            if args.layer_types[layer] == "linear_attention" and ".attention." in ours:
+                continue
+        out[ours] = hf
+    for i, kind in enumerate(args.layer_types):
+        ours, hf = f"layers.{i}.attention.", f"model.layers.{i}."
+        if kind == "full_attention":
+            out[ours + "wg.weight"] = hf + "self_attn.q_proj.weight"
+        else:
+            out |= {ours + o: hf + "linear_attn." + h for o, h in LINEAR.items()}
+            out |= {ours + o: hf + "linear_attn." + h for o, (h, _) in SPLIT.items()}
+    return out
+
+
+def hf_sources(args: Qwen35Args) -> dict[str, str | tuple[str, ...]]:
+    """Our parameter name -> the Hugging Face tensor(s) it is made from."""
+    if not isinstance(args, Qwen35MoEArgs):
+        return _shared(args, llama.hf_names(args))
+    sources = _shared(args, naming().hf_sources(args))
+    for i in range(args.n_layers):
+        if args.moe.is_sparse(i):
+            ours, hf = f"layers.{i}.feed_forward.", f"model.layers.{i}.mlp."
+            for w, proj in (("w1", "gate_proj"), ("w3", "up_proj"), ("w2", "down_proj")):
+                sources[f"{ours}shared_expert.{w}.weight"] = f"{hf}shared_expert.{proj}.weight"
+            sources[ours + "shared_gate.weight"] = hf + "shared_expert_gate.weight"
+    return sources
+
+
+def hf_keys(args: Qwen35Args, keys: list[str]) -> dict[str, str]:
+    """A folder's tensor names as the text model's: the multimodal folders' model.language_model.* as model.*."""
+    return {("model." + k[len(TEXT_PREFIX) :] if k.startswith(TEXT_PREFIX) else k): k for k in keys}
+
+
+def _rotary_rows(args: Qwen35Args, w: torch.Tensor, heads: int, to_hf: bool) -> torch.Tensor:
+    """Reorder the rotating rows (the leading rotary_dim of each head of head_dim) of a q/k tensor [heads * hd, ...]
+    or a per-head norm weight [hd] (heads 1) between our adjacent pairs and Hugging Face's halves."""
+    rows = w.reshape(heads, args.head_dim, -1)
+    rotating = rows[:, : args.rotary_dim].reshape(heads * args.rotary_dim, -1)
+    turned = llama.rope_to_hf(rotating, heads) if to_hf else llama.rope_from_hf(rotating, heads)
+    rows = torch.cat([turned.reshape(heads, args.rotary_dim, -1), rows[:, args.rotary_dim :]], dim=1)
+    return rows.reshape(w.shape).contiguous()
+
+
+def _rope_heads(args: Qwen35Args, ours: str) -> int | None:
+    kind = ours.rsplit(".", 2)[-2]
+    if kind in ("wq", "wk") and ".attention." in ours:
+        layer = int(ours.split(".")[1])
+        if args.layer_types[layer] == "full_attention":
+            return args.n_heads if kind == "wq" else args.n_kv_heads
+    if kind in ("q_norm", "k_norm"):
+        return 1
+    return None
+
+
+def _widths(args: Qwen35Args) -> list[int]:
+    key = args.linear_key_heads * args.linear_key_dim
+    return [key, key, args.linear_value_heads * args.linear_value_dim]
+
+
+def from_hf_tensor(args: Qwen35Args, name: str, hf: torch.Tensor | list[torch.Tensor]) -> torch.Tensor:
+    """Our parameter `name`'s full value from its Hugging Face tensor(s) (hf_sources[name])."""
+    if isinstance(hf, list):  # a stacked expert tensor
+        return torch.stack(hf).contiguous()
+    leaf = name.split(".attention.")[-1]
+    layer = int(name.split(".")[1]) if name.startswith("layers.") else -1
+    if layer >= 0 and args.layer_types[layer] == "linear_attention" and leaf in SPLIT:
+        part = hf.split(_widths(args), dim=0)[SPLIT[leaf][1]]
+        return (part.squeeze(1) if leaf.startswith("conv_") else part).contiguous()
+    if leaf in ("wq.weight", "wg.weight") and layer >= 0 and args.layer_types[layer] == "full_attention":
+        query, gate = hf.view(args.n_heads, 2, args.head_dim, -1).unbind(1)
+        if leaf == "wg.weight":
+            return gate.reshape(args.n_heads * args.head_dim, -1).contiguous()
+        return _rotary_rows(args, query.reshape(args.n_heads * args.head_dim, -1), args.n_heads, to_hf=False)
+    heads = _rope_heads(args, name)
+    return hf.contiguous() if heads is None else _rotary_rows(args, hf, heads, to_hf=False)
+
+
+def to_hf(args: Qwen35Args, sd: dict[str, torch.Tensor], take) -> dict[str, torch.Tensor]:
+    """Our state dict -> the text model's Hugging Face names and layouts (lm_head.weight always present)."""
+    out: dict[str, torch.Tensor] = {}
+    for ours, hf in hf_sources(args).items():
+        if not isinstance(hf, str) or hf in out:
+            continue
+        leaf = ours.split(".attention.")[-1]
+        layer = int(ours.split(".")[1]) if ours.startswith("layers.") else -1
+        prefix = ours[: -len(leaf)]
+        if layer >= 0 and args.layer_types[layer] == "linear_attention" and leaf in SPLIT:
+            names = [o for o, (h, _) in SPLIT.items() if h == SPLIT[leaf][0]]
+            parts = [take(prefix + o) for o in names]
+            out[hf] = torch.cat([p.unsqueeze(1) if o.startswith("conv_") else p for o, p in zip(names, parts)])
+        elif leaf in ("wq.weight", "wg.weight") and layer >= 0 and args.layer_types[layer] == "full_attention":
+            query = _rotary_rows(args, take(prefix + "wq.weight"), args.n_heads, to_hf=True)
+            gate = take(prefix + "wg.weight")
+            shape = (args.n_heads, args.head_dim, -1)
+            out[hf] = torch.stack([query.view(shape), gate.view(shape)], dim=1).reshape(-1, query.shape[-1])
+        else:
+            heads = _rope_heads(args, ours)
+            out[hf] = take(ours) if heads is None else _rotary_rows(args, take(ours), heads, to_hf=True)
+    if isinstance(args, Qwen35MoEArgs):  # the experts, stacked in ours, one tensor per expert in Hugging Face's
+        for i in range(args.n_layers):
+            if args.moe.is_sparse(i):
+                ours = f"layers.{i}.feed_forward."
+                tensors = ("router.gate.weight", "experts.w1", "experts.w3", "experts.w2")
+                moe = moe_to_hf({name: take(ours + name) for name in tensors})
+                out |= {f"model.layers.{i}.mlp.{name}": t for name, t in moe.items()}
+    return out
