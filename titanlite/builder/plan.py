@@ -91,7 +91,7 @@ def plan_run(cfg: JobConfig, world_size: int, evaluation: bool = False) -> Plan:
     args = model.args
     check_tp_degree(dims.tp, args, cfg.training.seq_len)
     check_ep_degree(dims.ep, args, model.family)
-    check_layout_features(cfg, dims)
+    check_layout_features(cfg, dims, getattr(args, "conv_size", 1))
     check_compile_mode(cfg, dims, accum)
     check_float8(cfg.float8)
     check_profiling(cfg.profiling)
@@ -157,8 +157,9 @@ def check_compile_mode(cfg: JobConfig, dims: ParallelDims, accum: int) -> None:
         )
 
 
-def check_layout_features(cfg: JobConfig, dims: ParallelDims) -> None:
-    """Features that this layout, this device or this torch cannot combine."""
+def check_layout_features(cfg: JobConfig, dims: ParallelDims, conv_size: int = 1) -> None:
+    """Features that this layout, this device or this torch cannot combine. `conv_size`: the width of the model's
+    linear-attention convolutions (1: none), whose reach each context-parallel chunk must cover."""
     compiles_blocks = cfg.compile.enable and "model" in cfg.compile.components
     if dims.tp_enabled and compiles_blocks and cfg.activation_checkpoint.mode != "none":
         raise ConfigError(
@@ -178,9 +179,9 @@ def check_layout_features(cfg: JobConfig, dims: ParallelDims) -> None:
             "false"
         )
     check_pipeline_data_parallel(dims)
-    check_cp_degree(dims.cp, cfg.training.seq_len)
+    check_cp_degree(dims.cp, cfg.training.seq_len, conv_size=conv_size)
     if dims.cp_enabled and cfg.validation.enable:
-        check_cp_degree(dims.cp, cfg.validation.seq_len or cfg.training.seq_len, "validation.seq_len")
+        check_cp_degree(dims.cp, cfg.validation.seq_len or cfg.training.seq_len, "validation.seq_len", conv_size)
     if cfg.training.skip_nonfinite_steps and cfg.optimizer.implementation not in ("auto", "fused"):
         raise ConfigError(
             "training.skip_nonfinite_steps skips a bad step's update on the device, which only the fused AdamW "

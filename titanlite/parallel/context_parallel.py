@@ -1,7 +1,10 @@
 """Context parallelism (apply_cp): the ranks of the cp mesh dimension split every sequence, and attention
 gathers the keys and values of the other ranks' tokens (Llama 3's method: cheap with grouped-query attention,
 any mask composes with it, and it runs on gloo as on NCCL; docs/parallelism.md says why not ring attention).
-It wraps each block's attention core, whichever it is (titanlite/models/common/attention.py ATTENTION_CORES).
+It wraps each block's attention core, whichever it is (titanlite/models/common/attention.py ATTENTION_CORES), and
+the two sequence cores of each linear-attention layer (titanlite/models/common/gated_delta_net.py): the short
+convolution takes the last inputs of the chunk before each of its chunks, and the delta rule scans the chunks'
+state transitions, gathered from every rank, in sequence order (`ContextParallelDeltaRule` says how).
 
 Load balance: a sequence is cut into 2 x cp chunks and rank r holds chunks r and 2cp-1-r, so under a causal
 mask every rank attends over the same number of keys. Each token keeps its true position (for RoPE and the
@@ -18,6 +21,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from titanlite.base.errors import ConfigError
 from titanlite.models.common.attention import CoreAttention, Sequence, attend, document_ids
+from titanlite.models.common.gated_delta_net import DeltaRule, ShortConvolution
 
 # torch 2.13 renamed the autograd all-gather; either gathers on gloo and NCCL, and compiles.
 _all_gather_autograd = getattr(functional, "all_gather_single_autograd", None) or functional.all_gather_tensor_autograd
@@ -26,13 +30,22 @@ _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_t
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
-def check_cp_degree(cp: int, seq_len: int, what: str = "training.seq_len") -> None:
-    """A CP degree must cut the sequence into 2 x cp equal chunks."""
+def check_cp_degree(cp: int, seq_len: int, what: str = "training.seq_len", conv_size: int = 1) -> None:
+    """A CP degree must cut the sequence into 2 x cp equal chunks, each at least as long as the conv_size - 1 inputs
+    that a linear layer's convolution reads before a token (conv_size 1: no linear layers), which the chunk before
+    it hands on."""
     if cp > 1 and seq_len % (2 * cp):
         fits = [d for d in range(1, 17) if seq_len % (2 * d) == 0]
         raise ConfigError(
             f"parallelism.context_parallel_degree={cp} does not cut {what}={seq_len} into {2 * cp} equal chunks "
             f"(two per rank, for balance); use a degree in {fits} or a {what} divisible by {2 * cp}"
+        )
+    if cp > 1 and seq_len // (2 * cp) < conv_size - 1:
+        fits = [d for d in range(1, 17) if seq_len % (2 * d) == 0 and seq_len // (2 * d) >= conv_size - 1]
+        raise ConfigError(
+            f"parallelism.context_parallel_degree={cp} cuts {what}={seq_len} into chunks of {seq_len // (2 * cp)} "
+            f"tokens, fewer than the {conv_size - 1} earlier inputs the linear layers' convolution (conv_size="
+            f"{conv_size}) reads; use a degree in {fits} or a {what} of at least {2 * cp * (conv_size - 1)}"
         )
 
 
@@ -131,12 +144,151 @@ class ContextParallelCore(CoreAttention):
         return attend(self.inner, q, kv[0], kv[1], sequence, sinks)  # sinks see no key: nothing to gather
 
 
+def _chunk_slots(cp: int) -> list[int]:
+    """Where each chunk of the sequence lies among the gathered local chunks (rank 0's two, rank 1's two, ...)."""
+    slots = [0] * (2 * cp)
+    for rank in range(cp):
+        slots[rank], slots[2 * cp - 1 - rank] = 2 * rank, 2 * rank + 1
+    return slots
+
+
+def _chunk_continues(sequence: Sequence | None, cp: int, dtype: torch.dtype) -> torch.Tensor | None:
+    """[B, 2cp]: 1 where chunk c's first token is in the document of the token before it (chunk c-1's last), 0 where
+    it starts a new one (and for chunk 0); None: one document (plain causal), every chunk continues."""
+    if sequence is None or sequence.key_documents is None or sequence.key_positions is None:
+        return None
+    documents = sequence.key_documents[:, sequence.key_positions.argsort()]  # [B, S] in sequence order
+    chunk = documents.shape[1] // (2 * cp)
+    firsts = documents[:, chunk::chunk]  # chunks 1 .. 2cp-1
+    continues = (firsts == documents[:, chunk - 1 :: chunk][:, : 2 * cp - 1]).to(dtype)
+    return torch.cat([torch.zeros_like(continues[:, :1]), continues], dim=1)
+
+
+def _chunks_on_batch(x: torch.Tensor) -> torch.Tensor:
+    """A rank's [B, 2L, ...] (its two chunks) as [2B, L, ...]: the two chunks as rows of one batch."""
+    half = x.shape[1] // 2
+    return torch.cat([x[:, :half], x[:, half:]], dim=0)
+
+
+def _chunks_in_sequence(x: torch.Tensor) -> torch.Tensor:
+    """_chunks_on_batch undone: [2B, L, ...] -> [B, 2L, ...]."""
+    batch = x.shape[0] // 2
+    return torch.cat([x[:batch], x[batch:]], dim=1)
+
+
+class ContextParallelConvolution(ShortConvolution):
+    """Wraps a linear layer's ShortConvolution (`inner`): each of this rank's chunks starts from the last K-1 inputs
+    of the chunk before it in the sequence (those of an earlier document than that chunk's last token zeroed, as
+    causal_conv1d's state is), gathered from the rank that holds it; no inputs for the first chunk or one whose
+    first token starts a document. Returns the outputs of this rank's tokens and the whole sequence's final state."""
+
+    def __init__(self, inner: ShortConvolution, group: dist.ProcessGroup):
+        super().__init__()
+        self.inner = inner
+        self.group = group
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        sequence: Sequence | None = None,
+        state: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        cp, rank = dist.get_world_size(self.group), dist.get_rank(self.group)
+        width, (batch, length, channels) = weight.shape[1] - 1, x.shape  # width: the inputs read before a token
+        if width == 0:  # no token reads another: nothing crosses a chunk boundary
+            return self.inner(x, weight, sequence, state)
+        check_cp_degree(cp, length * cp, "the sequence's length", width + 1)
+        documents = None if sequence is None or sequence.documents is None else _chunks_on_batch(sequence.documents)
+        chunks = _chunks_on_batch(x)  # [2B, L, C]
+        tails = chunks[:, -width:]
+        if documents is not None:
+            tails = tails * (documents[:, -width:] == documents[:, -1:])[..., None]
+        tails = gather_sequence(tails.view(2, batch, width, channels), self.group, 0)  # [2cp, B, K-1, C]
+        slots, continues = _chunk_slots(cp), _chunk_continues(sequence, cp, x.dtype)
+        first = x.new_zeros(batch, width, channels) if state is None else state.transpose(1, 2)
+
+        def before(c: int) -> torch.Tensor:  # the inputs before chunk c
+            if c == 0:
+                return first
+            tail = tails[slots[c - 1]]
+            return tail if continues is None else tail * continues[:, c, None, None]
+
+        states = torch.cat([before(rank), before(2 * cp - 1 - rank)]).transpose(1, 2)  # [2B, C, K-1]
+        y, _ = self.inner(chunks, weight, None if documents is None else Sequence(documents=documents), states)
+        return _chunks_in_sequence(y), tails[slots[-1]].transpose(1, 2)
+
+
+class ContextParallelDeltaRule(DeltaRule):
+    """Wraps a linear layer's DeltaRule (`inner`). The state after a chunk is linear in the state before it,
+    S_out = P S_in + Q, and each output too, o_t = o0_t + (P_t^T q_t)^T S_in, because the rule is linear, column by
+    column, in the state and the values. So the inner rule runs once over this rank's two chunks (as two rows of the
+    batch) with the values widened by Dk columns of zeros and the state [0 | I]: the value columns give o0 and Q,
+    the outputs and final state from a zero state; the extra ones P_t^T q_t at each token and the transition P at
+    the end. Every rank gathers every chunk's (P, Q) and scans them in sequence order, the state set back to zero
+    where a chunk starts a document, then adds to its outputs what its chunks' incoming states contribute. Cost per
+    layer: Dk more value columns, one gather of 2cp x [B, H, Dk, Dk + Dv] and a scan of 2cp small products. Returns
+    the outputs of this rank's tokens and the whole sequence's final state."""
+
+    def __init__(self, inner: DeltaRule, group: dist.ProcessGroup):
+        super().__init__(inner.chunk_size)
+        self.inner = inner
+        self.group = group
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        g: torch.Tensor,
+        beta: torch.Tensor,
+        sequence: Sequence | None = None,
+        state: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        cp, rank = dist.get_world_size(self.group), dist.get_rank(self.group)
+        batch, heads, key_dim, value_dim = v.shape[0], v.shape[2], k.shape[3], v.shape[3]
+        dtype = torch.float32  # the inner rule's computing dtype: float64 when an input is
+        for t in (q, k, v, g, beta, state):
+            if t is not None:
+                dtype = torch.promote_types(dtype, t.dtype)
+        eye = torch.eye(key_dim, dtype=dtype, device=v.device).expand(2 * batch, heads, key_dim, key_dim)
+        start = torch.cat([eye.new_zeros(2 * batch, heads, key_dim, value_dim), eye], dim=-1)  # [0 | I]
+        widened = torch.cat([v, v.new_zeros(*v.shape[:3], key_dim)], dim=-1)  # [B, 2L, H, Dv + Dk]
+        documents = None if sequence is None or sequence.documents is None else _chunks_on_batch(sequence.documents)
+        out, end = self.inner(
+            *(_chunks_on_batch(t) for t in (q, k, widened, g, beta)),
+            None if documents is None else Sequence(documents=documents),
+            start,
+        )
+        ends = gather_sequence(end.view(2, batch, heads, key_dim, -1), self.group, 0)  # [2cp, B, H, Dk, Dv + Dk]
+        slots, continues = _chunk_slots(cp), _chunk_continues(sequence, cp, dtype)
+        carried = eye.new_zeros(batch, heads, key_dim, value_dim) if state is None else state.to(dtype)
+        incoming = []  # the state before each chunk
+        for c in range(2 * cp):
+            if c and continues is not None:
+                carried = carried * continues[:, c, None, None, None]
+            incoming.append(carried)
+            transition = ends[slots[c]]
+            carried = transition[..., value_dim:] @ carried + transition[..., :value_dim]
+        before = torch.cat([incoming[rank], incoming[2 * cp - 1 - rank]])  # [2B, H, Dk, Dv]
+        reads = torch.einsum("bthk,bhkv->bthv", out[..., value_dim:].to(dtype), before)
+        return _chunks_in_sequence(out[..., :value_dim] + reads.to(out.dtype)), carried
+
+
 def apply_cp(model: nn.Module, cp_mesh: DeviceMesh) -> None:
-    """Wrap every block's attention core (its `core`) in one that gathers keys and values over `cp_mesh`."""
+    """Wrap every block's attention core (its `core`) in one that gathers keys and values over `cp_mesh`, and every
+    linear-attention layer's convolution (`conv`) and delta rule (`rule`) in ones that hand state across ranks."""
     group = cp_mesh.get_group()
-    cores = [
-        (module, module.core) for module in model.modules() if isinstance(getattr(module, "core", None), CoreAttention)
-    ]
-    for block, core in cores:
-        assert isinstance(core, CoreAttention)  # for the type checker: found as one above
-        block.core = ContextParallelCore(core, group)
+    wrappers: dict[str, tuple[type[nn.Module], type[nn.Module]]] = {
+        "core": (CoreAttention, ContextParallelCore),
+        "conv": (ShortConvolution, ContextParallelConvolution),
+        "rule": (DeltaRule, ContextParallelDeltaRule),
+    }
+    for name, (kind, wrapper) in wrappers.items():
+        found = [
+            (module, getattr(module, name))
+            for module in model.modules()
+            if isinstance(getattr(module, name, None), kind)
+        ]
+        for module, inner in found:
+            setattr(module, name, wrapper(inner, group))
