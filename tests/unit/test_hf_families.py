@@ -91,6 +91,7 @@ CLASSES = {
     "deepseek_v3": "DeepseekV3ForCausalLM",
     "qwen3_5": "Qwen3_5ForCausalLM",
     "qwen3_5_moe": "Qwen3_5MoeForCausalLM",
+    "qwen3_next": "Qwen3NextForCausalLM",
 }
 
 

@@ -24,6 +24,7 @@ from titanlite.models import (
     qwen3_5,
     qwen3_5_moe,
     qwen3_moe,
+    qwen3_next,
     smollm3,
 )
 from titanlite.models.spec import ModelSpec
@@ -52,6 +53,7 @@ for _family in (
     deepseek_v3,
     qwen3_5,
     qwen3_5_moe,
+    qwen3_next,
 ):
     register(_family.SPEC)
 
