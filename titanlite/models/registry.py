@@ -14,6 +14,7 @@ from titanlite.models import (
     gemma3,
     gpt2,
     gpt_oss,
+    kimi_linear,
     llama3,
     mistral,
     mixtral,
@@ -53,6 +54,7 @@ for _family in (
     deepseek_v3,
     qwen3_5,
     qwen3_5_moe,
+    kimi_linear,
     qwen3_next,
 ):
     register(_family.SPEC)

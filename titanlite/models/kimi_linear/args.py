@@ -1,0 +1,195 @@
+"""Kimi Linear's arguments, torch-free: which layers are Kimi Delta Attention and which latent attention (without
+rotary positions), each kind's widths, the mixture-of-experts block (titanlite/models/common/moe/args.py) and the
+dense layers before it; the published size."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from titanlite.models.common.moe.args import MoEArgs
+from titanlite.models.spec import not_math
+
+LAYER_KINDS = ("linear_attention", "full_attention")  # Kimi Delta Attention, latent attention
+
+
+def _debug_moe() -> MoEArgs:
+    # 8 experts, 2 per token, sigmoid scores with the balancing bias, one shared expert; the first layer dense.
+    return MoEArgs(
+        n_experts=8,
+        top_k=2,
+        expert_dim=32,
+        score_func="sigmoid",
+        norm_topk_prob=True,
+        route_scale=2.446,
+        n_shared_experts=1,
+        balance="bias",
+        dense_layers=(0,),
+    )
+
+
+@dataclass
+class KimiLinearArgs:
+    """Kimi Linear (titanlite/models/kimi_linear/model.py): pre-norm blocks whose mixer is, per `layer_types`, Kimi
+    Delta Attention ("linear_attention": titanlite/models/common/kimi_delta.py) or multi-head latent attention with no
+    rotary positions ("full_attention"), and whose feed-forward is, except at moe.dense_layers, a mixture of
+    experts."""
+
+    dim: int
+    n_layers: int
+    n_heads: int
+    """Latent attention's heads (num_attention_heads)."""
+    ffn_dim: int
+    """Width of the dense layers' SwiGLU (intermediate_size)."""
+    layer_types: tuple[str, ...]
+    """Per layer "linear_attention" (KDA) or "full_attention" (latent attention)."""
+    vocab_size: int = not_math()
+    max_seq_len: int = not_math(4096)
+    norm_eps: float = 1e-5
+    """The blocks' RMSNorms' and KDA's output norm's epsilon (rms_norm_eps; the latent norms use 1e-6)."""
+    tie_embeddings: bool = False
+    q_lora_rank: int = 0
+    """Rank of the query's low-rank projection; 0: one q_proj (Kimi Linear's)."""
+    kv_lora_rank: int = 512
+    qk_nope_head_dim: int = 128
+    qk_rope_head_dim: int = 64
+    """Each head's query/key channels that DeepSeek rotates; Kimi Linear keeps them (the key's shared by every
+    head, from the latent projection) but rotates nothing."""
+    v_head_dim: int = 128
+    linear_heads: int = 32
+    """KDA's heads (linear_attn_config.num_heads): queries, keys and values alike."""
+    linear_head_dim: int = 128
+    """KDA's head width (linear_attn_config.head_dim), also the rank of its forget and output gates."""
+    conv_size: int = 4
+    """KDA's short convolution's width in tokens (linear_attn_config.short_conv_kernel_size)."""
+    family: str = not_math("kimi_linear")
+    moe: MoEArgs = field(default_factory=_debug_moe)
+
+    def __post_init__(self) -> None:
+        self.layer_types = tuple(self.layer_types)
+        if len(self.layer_types) != self.n_layers:
+            raise ValueError(
+                f"KimiLinearArgs.layer_types has {len(self.layer_types)} entries for n_layers={self.n_layers}"
+            )
+        unknown = sorted(set(self.layer_types) - set(LAYER_KINDS))
+        if unknown:
+            raise ValueError(f"KimiLinearArgs.layer_types has {unknown[0]!r}; use {' or '.join(LAYER_KINDS)}")
+        for name in ("kv_lora_rank", "qk_nope_head_dim", "v_head_dim", "linear_heads", "linear_head_dim", "conv_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"KimiLinearArgs.{name}={getattr(self, name)}; it must be at least 1")
+        for name in ("q_lora_rank", "qk_rope_head_dim"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"KimiLinearArgs.{name}={getattr(self, name)}; it must not be negative")
+        beyond = [i for i in self.moe.dense_layers if i >= self.n_layers]
+        if beyond:
+            raise ValueError(f"MoEArgs.dense_layers={list(self.moe.dense_layers)} names layers beyond n_layers")
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    @property
+    def n_kv_heads(self) -> int:
+        """Every latent-attention head has its own key and value (expanded from the shared latent)."""
+        return self.n_heads
+
+    @property
+    def head_dim(self) -> int:
+        """The mean of latent attention's key and value head widths (what the FLOP formula and the planner read)."""
+        return (self.qk_head_dim + self.v_head_dim) // 2
+
+    @property
+    def softmax_scale(self) -> float:
+        return self.qk_head_dim**-0.5
+
+    def attention_layers(self) -> tuple[int, ...]:
+        """The latent-attention layers."""
+        return tuple(i for i, kind in enumerate(self.layer_types) if kind == "full_attention")
+
+
+def every_fourth(n_layers: int, last: bool = False) -> tuple[str, ...]:
+    """Latent attention at every fourth layer (3, 7, 11, ...) and, with `last`, the last one too; KDA elsewhere."""
+    return tuple(
+        "full_attention" if i % 4 == 3 or (last and i == n_layers - 1) else "linear_attention" for i in range(n_layers)
+    )
+
+
+def with_depth(args: KimiLinearArgs, n_layers: int) -> dict:
+    """model.n_layers: the depth, the layer kinds cut or continued every fourth, the dense layers that still exist."""
+    kinds = args.layer_types[:n_layers] + every_fourth(n_layers)[len(args.layer_types) :]
+    dense = tuple(i for i in args.moe.dense_layers if i < n_layers)
+    return {"n_layers": n_layers, "layer_types": kinds, "moe": dataclasses.replace(args.moe, dense_layers=dense)}
+
+
+def split_sizes(args: KimiLinearArgs) -> dict[str, int]:
+    """The sizes a tensor-parallel degree must divide: both mixers' heads (each rank holds whole heads), the dense
+    width, the vocabulary (the low-rank and latent projections are not split)."""
+    return {
+        "n_heads": args.n_heads,
+        "linear_heads": args.linear_heads,
+        "ffn_dim": args.ffn_dim,
+        "vocab_size": args.vocab_size,
+    }
+
+
+def auxiliary_losses(args: KimiLinearArgs) -> tuple[str, ...]:
+    names = ("load_balance",) if args.moe.balance == "aux_loss" and args.moe.aux_loss_coef > 0 else ()
+    return names + (("router_z",) if args.moe.z_loss_coef > 0 else ())
+
+
+def _kimi_linear_48b_a3b() -> KimiLinearArgs:
+    """moonshotai/Kimi-Linear-48B-A3B (Base and Instruct): 27 layers of width 2304, latent attention at layers
+    4, 8, ..., 24 and 27 (config.json's 1-based full_attn_layers), KDA with 32 heads of 128 elsewhere; 256 experts
+    of 1024, 8 per token by sigmoid scores with the correction bias, one shared; the first layer dense."""
+    return KimiLinearArgs(
+        dim=2304,
+        n_layers=27,
+        n_heads=32,
+        ffn_dim=9216,
+        layer_types=every_fourth(27, last=True),
+        vocab_size=163840,
+        max_seq_len=1048576,
+        norm_eps=1e-5,
+        q_lora_rank=0,
+        kv_lora_rank=512,
+        qk_nope_head_dim=128,
+        qk_rope_head_dim=64,
+        v_head_dim=128,
+        linear_heads=32,
+        linear_head_dim=128,
+        conv_size=4,
+        moe=MoEArgs(
+            n_experts=256,
+            top_k=8,
+            expert_dim=1024,
+            score_func="sigmoid",
+            norm_topk_prob=True,
+            route_scale=2.446,
+            n_shared_experts=1,
+            balance="bias",
+            dense_layers=(0,),
+        ),
+    )
+
+
+# vocab_size 0: the tokenizer's, padded to a multiple of 64.
+FLAVORS = {
+    # dim 64, 4 layers (KDA, KDA, KDA, latent attention; the first dense), KDA 4 heads of 16, latent attention
+    # 4 heads of key 16 + 8, value 16, latent 32.
+    "debug": KimiLinearArgs(
+        dim=64,
+        n_layers=4,
+        n_heads=4,
+        ffn_dim=128,
+        layer_types=every_fourth(4),
+        vocab_size=0,
+        max_seq_len=2048,
+        kv_lora_rank=32,
+        qk_nope_head_dim=16,
+        qk_rope_head_dim=8,
+        v_head_dim=16,
+        linear_heads=4,
+        linear_head_dim=16,
+    ),
+    "kimi_linear_48b_a3b": _kimi_linear_48b_a3b(),
+}
