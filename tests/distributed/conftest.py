@@ -9,6 +9,7 @@ CONFIGS = {
     "llama3": "train_configs/llama3_debug.toml",
     "qwen3": "train_configs/qwen3_debug.toml",
     "qwen3_moe": "train_configs/qwen3_moe_debug.toml",
+    "qwen3_5": "train_configs/qwen3_5_debug.toml",
 }
 
 

@@ -1,8 +1,8 @@
 """Context parallelism of the linear-attention layers: a Gated DeltaNet layer whose convolution and delta rule
 apply_cp wrapped gives, on 2 and 4 gloo ranks, the outputs and gradients (input and parameters) of one process
 over the whole sequence, causal and with documents that cross the ranks' chunks, one starting exactly at a chunk
-boundary; the delta rule alone likewise with one decay per key channel; a chunk shorter than the convolution's
-reach is refused at plan time."""
+boundary; Qwen3.5's layers are all wrapped; the delta rule alone matches with one decay per key channel (Kimi's);
+a chunk shorter than the convolution's reach is refused at plan time."""
 
 import copy
 import functools
@@ -10,11 +10,13 @@ import functools
 import pytest
 import torch
 import torch.distributed as dist
+from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 
 from tests.helpers import run_ranks
 from titanlite.base.errors import ConfigError
 from titanlite.models.common.attention import Sequence
+from titanlite.models.common.build import build_model
 from titanlite.models.common.gated_delta_net import DeltaRule, GatedDeltaNet
 from titanlite.parallel.context_parallel import (
     ContextParallelConvolution,
@@ -81,6 +83,15 @@ def cp_layer_equals_one_process(rank: int, length: int, blocked: bool) -> None:
         assert mine.grad is not None and theirs.grad is not None, name
         dist.all_reduce(mine.grad)
         torch.testing.assert_close(mine.grad, theirs.grad, **LAYER_TOLERANCE, msg=name)
+
+    # A family's linear layers are wrapped likewise, attention beside them, the state dict's names unchanged.
+    with torch.device("meta"):
+        qwen = build_model("qwen3_5", "debug", 320, length)
+    names = list(qwen.state_dict())
+    apply_cp(qwen, init_device_mesh("cpu", (cp,), mesh_dim_names=("cp",)))
+    assert list(qwen.state_dict()) == names
+    wrapped = [type(m).__name__ for m in qwen.modules() if isinstance(getattr(m, "inner", None), nn.Module)]
+    assert wrapped == ["ContextParallelConvolution", "ContextParallelDeltaRule"] * 3 + ["ContextParallelCore"]
 
     # A pipeline stage infers its shapes on the meta device: the wrapped layer runs there too.
     with torch.device("meta"):
