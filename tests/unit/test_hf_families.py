@@ -92,6 +92,7 @@ CLASSES = {
     "qwen3_5": "Qwen3_5ForCausalLM",
     "qwen3_5_moe": "Qwen3_5MoeForCausalLM",
     "qwen3_next": "Qwen3NextForCausalLM",
+    "olmo_hybrid": "OlmoHybridForCausalLM",
 }
 
 

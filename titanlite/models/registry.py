@@ -19,6 +19,7 @@ from titanlite.models import (
     mistral,
     mixtral,
     olmo2,
+    olmo_hybrid,
     olmoe,
     qwen2,
     qwen3,
@@ -56,6 +57,7 @@ for _family in (
     qwen3_5_moe,
     kimi_linear,
     qwen3_next,
+    olmo_hybrid,
 ):
     register(_family.SPEC)
 

@@ -1,0 +1,25 @@
+"""OLMo Hybrid (OlmoHybridForCausalLM): three pre-norm Gated DeltaNet layers, their write strength doubled, before each
+of OLMo 2's post-norm attention layers (whole-projection Q/K norms; no rotations in the published checkpoints), on the
+shared decoder. Its sizes, config.json and spec; tensor parallelism cannot split the whole-projection norm
+(ModelSpec.tp_refusal says so in one line)."""
+
+from __future__ import annotations
+
+from titanlite.models.common.decoder_spec import tp_refusal
+from titanlite.models.olmo_hybrid import args, hf_config
+from titanlite.models.spec import HFConfig, ModelSpec
+
+SPEC = ModelSpec(
+    name="olmo_hybrid",
+    args_type=args.OlmoHybridArgs,
+    flavors=args.FLAVORS,
+    model="titanlite.models.olmo_hybrid.model:OlmoHybrid",
+    tp_plan="titanlite.models.olmo_hybrid.parallelize:tp_plan",
+    hf_weights="titanlite.models.olmo_hybrid.weights",
+    tp_split_sizes=args.split_sizes,
+    hf=HFConfig(hf_config.MODEL_TYPE, hf_config.read, hf_config.write),
+    tp_refusal=tp_refusal,
+    with_depth=args.with_depth,
+    description="OLMo Hybrid: 3 pre-norm Gated DeltaNet (beta x2) : 1 OLMo 2 post-norm attention layers, "
+    "whole-projection Q/K norms, NoPE in the published checkpoints",
+)
