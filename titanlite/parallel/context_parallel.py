@@ -260,6 +260,7 @@ class ContextParallelDeltaRule(DeltaRule):
             None if documents is None else Sequence(documents=documents),
             start,
         )
+        assert end is not None  # a state was handed in: every backend returns the final one
         ends = gather_sequence(end.view(2, batch, heads, key_dim, -1), self.group, 0)  # [2cp, B, H, Dk, Dv + Dk]
         slots, continues = _chunk_slots(cp), _chunk_continues(sequence, cp, dtype)
         carried = eye.new_zeros(batch, heads, key_dim, value_dim) if state is None else state.to(dtype)
