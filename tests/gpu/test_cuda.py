@@ -535,3 +535,46 @@ def test_flex_model_compiled_tracks_sdpa_eager(tmp_path):
     assert len(flex) == len(sdpa) == 6
     assert_close(flex, sdpa, rtol=2e-2)
     assert flex[-1] < flex[0] and sdpa[-1] < sdpa[0]
+
+
+@pytest.mark.parametrize("decay", ["head", "channel"])
+def test_flash_linear_attention_equals_the_pytorch_path_on_cuda(decay):
+    """flash-linear-attention's chunked kernels (model.linear_attn_backend fla: chunk_gated_delta_rule for Gated
+    DeltaNet's decay per head, chunk_kda for Kimi's per key channel) against titanlite's chunked PyTorch path, in
+    float32, grouped value heads and packed documents included: outputs and gradients; then both paths' time for a
+    forward and backward at 8,192 tokens, printed (the GPU sitting records it in BENCHMARKS.md)."""
+    pytest.importorskip("fla", reason="flash-linear-attention is not installed (pip install flash-linear-attention)")
+    import time
+
+    from titanlite.models.common.attention import Sequence
+    from titanlite.models.common.gated_delta_net import DeltaRule, l2_normalize
+
+    def inputs(length: int, dtype: torch.dtype) -> list[torch.Tensor]:
+        g = torch.Generator(device="cuda").manual_seed(0)
+        q, k = (l2_normalize(torch.randn(2, length, 2, 64, device="cuda", generator=g)) for _ in range(2))
+        v = torch.randn(2, length, 4, 64, device="cuda", generator=g)
+        shape = (2, length, 4) if decay == "head" else (2, length, 4, 64)
+        gate = -torch.rand(shape, device="cuda", generator=g) * 0.3
+        beta = torch.rand(2, length, 4, device="cuda", generator=g)
+        return [t.to(dtype).requires_grad_() for t in (q, k, v, gate, beta)]
+
+    documents = torch.zeros(2, 300, dtype=torch.long, device="cuda")
+    documents[0, 100:] = 1
+    documents[1, 170:] = 2
+    results = {}
+    for backend in ("torch", "fla"):
+        tensors = inputs(300, torch.float32)
+        out, _ = DeltaRule(backend=backend)(*tensors, Sequence(documents=documents))
+        out.square().sum().backward()
+        results[backend] = [out.detach(), *(t.grad for t in tensors)]
+    for ours, theirs in zip(results["torch"], results["fla"]):
+        torch.testing.assert_close(theirs, ours, rtol=2e-3, atol=2e-3)
+    for backend in ("torch", "fla"):
+        tensors = inputs(8192, torch.bfloat16)
+        rule = DeltaRule(backend=backend)
+        for _ in range(2):  # the second is timed (Triton's first call compiles)
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            rule(*tensors)[0].float().square().sum().backward()
+            torch.cuda.synchronize()
+        print(f"gated delta rule ({decay} decay) on {backend}: {time.perf_counter() - start:.4f} s fwd+bwd, 2 x 8,192")

@@ -145,3 +145,18 @@ def test_what_qwen3_5_cannot_mean_is_refused_naming_the_field(change, field):
     with pytest.raises(ConfigError, match=field) as refused:
         args_from_hf_config(config, "config.json:")
     assert "\n" not in str(refused.value)
+
+
+def test_the_linear_attention_backend_is_chosen_for_the_device_or_refused_in_one_line():
+    from titanlite.models.common.build import linear_backend
+    from titanlite.models.registry import model_args
+
+    hybrid, dense = model_args("qwen3_5", "debug", 256, 64), model_args("qwen3", "debug", 256, 64)
+    backend, why = linear_backend(hybrid, "auto", "cpu")
+    assert (backend, why) == ("torch", "its Triton kernels need a CUDA device, and this run is on cpu")
+    assert linear_backend(hybrid, "torch", "cpu")[0] == "torch"
+    with pytest.raises(ConfigError, match="model.linear_attn_backend='fla' cannot run here: its Triton kernels"):
+        linear_backend(hybrid, "fla", "cpu")
+    assert linear_backend(dense, "auto", "cpu") == ("torch", "")
+    with pytest.raises(ConfigError, match="'torch' changes nothing: model qwen3 has no linear-attention layers"):
+        linear_backend(dense, "torch", "cpu")

@@ -9,12 +9,13 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
+from titanlite.base.devices import device_type
 from titanlite.builder.plan import ModelPlan, Plan
 from titanlite.components.expert_balance import ExpertBalance
 from titanlite.components.loss import build_loss, cross_entropy
 from titanlite.config import JobConfig
 from titanlite.engine.trainer import Pipeline, RankModel, autocast_for
-from titanlite.models.common.build import model_from_args, with_kernels
+from titanlite.models.common.build import linear_backend, model_from_args, with_kernels
 from titanlite.models.common.interface import DecoderModule
 from titanlite.models.registry import spec_of
 from titanlite.parallel.compile import compiled_loss
@@ -37,8 +38,10 @@ class ModelSetup:
 def plain_model(cfg: JobConfig, model: ModelPlan) -> DecoderModule:
     """The planned model, whole, on the current default device, parameters uninitialised: built from the plan's
     arguments (not from the config again), its attention cores of model.attn_backend's kind and its experts on
-    moe.experts_kernel's path, as configured_model (titanlite/models/common/build.py) makes them."""
-    return with_kernels(model_from_args(model.args), cfg.model.attn_backend, cfg.moe.experts_kernel)
+    moe.experts_kernel's path, its linear-attention layers on model.linear_attn_backend's, as configured_model
+    (titanlite/models/common/build.py) makes them."""
+    linear = linear_backend(model.args, cfg.model.linear_attn_backend, device_type())[0]
+    return with_kernels(model_from_args(model.args), cfg.model.attn_backend, cfg.moe.experts_kernel, linear)
 
 
 def build_model(cfg: JobConfig, plan: Plan, mesh, device: torch.device):

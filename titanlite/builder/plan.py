@@ -18,7 +18,7 @@ from titanlite.components.profiling import check_profiling
 from titanlite.components.wandb_run import check_wandb
 from titanlite.config import JobConfig, grad_accum_steps
 from titanlite.data.tokenizer import Tokenizer, build_tokenizer
-from titanlite.models.common.build import configured_args
+from titanlite.models.common.build import configured_args, linear_backend
 from titanlite.parallel.context_parallel import check_cp_degree
 from titanlite.parallel.dims import ParallelDims
 from titanlite.parallel.expert_parallel import check_ep_degree
@@ -94,6 +94,7 @@ def plan_run(cfg: JobConfig, world_size: int, evaluation: bool = False) -> Plan:
     check_layout_features(cfg, dims, getattr(args, "conv_size", 1))
     check_compile_mode(cfg, dims, accum)
     check_float8(cfg.float8)
+    linear_backend(args, cfg.model.linear_attn_backend, device_type())  # "fla" where it cannot run: refused here
     check_profiling(cfg.profiling)
     check_async_mode(cfg.checkpoint)
     if cfg.parallelism.enable_async_tensor_parallel:

@@ -27,7 +27,9 @@ from titanlite.config import JobConfig, to_toml
 from titanlite.engine.trainer import Resilience, StepFigures, StepSettings, Trainer
 from titanlite.engine.validator import EvalBatches, Validator
 from titanlite.models.common.attention import CoreAttention, FlexAttention, SDPAttention
+from titanlite.models.common.build import linear_backend
 from titanlite.models.common.flops import active_parameters
+from titanlite.models.common.gated_delta_net import DeltaRule
 from titanlite.models.common.interface import unwrapped
 from titanlite.models.common.moe.layer import (
     LOOP_CHOSEN,
@@ -190,6 +192,8 @@ def startup_lines(
     lines += [f"  data: {line}" for line in corpus.describe(plan.global_batch_size * cfg.training.steps)]
     lines.append(setup.loss_line)
     lines.append(describe_attention(cfg, plan.dims.cp, setup.plain_model, device.type))
+    if linear := describe_linear_attention(cfg, setup.plain_model, device.type):
+        lines.append(linear)
     if experts := describe_experts(cfg, setup.plain_model, device, setup.param_dtype):
         lines.append(experts)
     if validator is not None:
@@ -235,6 +239,20 @@ def attention_kernels(model: nn.Module, plain: bool, device_type: str) -> str:
     if len(kinds) == 1:
         return next(iter(kinds))
     return ", ".join(f"{kind} in {n} of {total} layers" for kind, n in kinds.items())
+
+
+def describe_linear_attention(cfg: JobConfig, model: nn.Module, device_type: str) -> str | None:
+    """Which kernel the linear-attention layers' gated delta rule runs (model.linear_attn_backend, and why the
+    PyTorch path where "auto" chose it); None for a model without such layers."""
+    rules = [m for m in model.modules() if isinstance(m, DeltaRule)]
+    if not rules:
+        return None
+    backend, why = linear_backend(model.args, cfg.model.linear_attn_backend, device_type)
+    kernel = "flash-linear-attention's chunked Triton kernels" if backend == "fla" else "the chunked PyTorch path"
+    layers = sum(1 for _ in unwrapped(model).layers)
+    return f"  linear attention: {len(rules)} of {layers} layers, gated delta rule by {kernel}" + (
+        f" ({why})" if why else ""
+    )
 
 
 def describe_experts(cfg: JobConfig, model: nn.Module, device: torch.device, dtype: torch.dtype) -> str | None:

@@ -485,7 +485,7 @@ def checkpoint_to_load(cfg, purpose: str, contents: bool = True) -> Path:
 
 # How a model computes rather than what (the same numbers either way): each command's own choice, never taken from
 # the checkpoint's record.
-RUNTIME_CHOICES = ("model.attn_backend", "moe.experts_kernel")
+RUNTIME_CHOICES = ("model.attn_backend", "model.linear_attn_backend", "moe.experts_kernel")
 
 
 def recorded_settings(path: Path) -> dict[str, Any]:

@@ -68,6 +68,12 @@ class Model:
     built into a block mask once per batch, never a T x S tensor, and which skips the blocks a mask leaves out:
     use it for block-causal masks and long sequences. On CUDA flex runs torch's compiled kernel; on the CPU (where
     torch has no FlexAttention backward) titanlite's blockwise loop, the same numbers to rounding."""
+    linear_attn_backend: Literal["auto", "torch", "fla"] = "auto"
+    """How the linear-attention layers' gated delta rule computes (never what), in the hybrid families (Qwen3.5,
+    Qwen3-Next, OLMo Hybrid, Kimi Linear): "torch" is titanlite's chunked PyTorch path (any device); "fla" is
+    flash-linear-attention's Triton kernels (`pip install flash-linear-attention`; CUDA only, refused before launch
+    elsewhere); "auto" takes "fla" on CUDA where it imports and "torch" otherwise, and the start-up line says which
+    and why."""
 
 
 @dataclass

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 
+from titanlite.base.devices import device_type
 from titanlite.base.errors import ConfigError
 from titanlite.models.common.attention import CoreAttention, build_core
+from titanlite.models.common.gated_delta_net import DeltaRule, resolve_backend
 from titanlite.models.common.interface import DecoderModule
 from titanlite.models.common.moe.args import MoEArgs
 from titanlite.models.common.moe.layer import GroupedExperts
@@ -69,17 +71,42 @@ def configured_model(model_cfg, vocab_size: int, seq_len: int, moe=None) -> Deco
     """Build configured_args's model on the current default device, parameters uninitialised, its attention cores
     of model.attn_backend's kind and its experts on moe.experts_kernel's path (how they compute, not what)."""
     model = model_from_args(configured_args(model_cfg, vocab_size, seq_len, moe))
-    return with_kernels(model, model_cfg.attn_backend, "" if moe is None else moe.experts_kernel)
+    linear = linear_backend(model.args, model_cfg.linear_attn_backend, device_type())[0]
+    return with_kernels(model, model_cfg.attn_backend, "" if moe is None else moe.experts_kernel, linear)
 
 
-def with_kernels(model: DecoderModule, attn_backend: str, experts_kernel: str) -> DecoderModule:
-    """`model` with its attention cores of `attn_backend`'s kind (model.attn_backend) and its experts looping over
-    each expert where `experts_kernel` (moe.experts_kernel) says "loop": how it computes, not what."""
+def linear_backend(args, choice: str, device: str) -> tuple[str, str]:
+    """model.linear_attn_backend for the model of `args` on `device` (resolve_backend): the backend and why the
+    PyTorch path where it is that; a ConfigError for a choice that cannot run here, or that changes nothing (set
+    explicitly for a model without linear-attention layers)."""
+    if "linear_attention" not in getattr(args, "layer_types", ()):
+        if choice != "auto":
+            raise ConfigError(
+                f"model.linear_attn_backend={choice!r} changes nothing: model {args.family} has no linear-attention "
+                "layers; leave it out"
+            )
+        return "torch", ""
+    try:
+        return resolve_backend(choice, device)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+def with_kernels(
+    model: DecoderModule, attn_backend: str, experts_kernel: str, linear_backend: str = "torch"
+) -> DecoderModule:
+    """`model` with its attention cores of `attn_backend`'s kind (model.attn_backend), its experts looping over
+    each expert where `experts_kernel` (moe.experts_kernel) says "loop", and its linear-attention layers' delta rule
+    on `linear_backend` ("torch" or "fla": model.linear_attn_backend resolved for the device): how it computes, not
+    what."""
     if attn_backend != "sdpa":
         for module in list(model.modules()):
             core = getattr(module, "core", None)
             if isinstance(core, CoreAttention):
                 module.core = build_core(attn_backend, **core.options())
+    for module in model.modules():
+        if isinstance(module, DeltaRule):
+            module.backend = linear_backend
     if experts_kernel == "loop":
         for module in model.modules():
             if isinstance(module, GroupedExperts):

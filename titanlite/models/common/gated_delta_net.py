@@ -31,6 +31,7 @@ from titanlite.models.common.linear_attention import (
 )
 
 GATES = ("silu", "sigmoid")
+BACKENDS = ("torch", "fla")  # how DeltaRule computes (model.linear_attn_backend), never what
 L2_EPS = 1e-6  # q and k are divided by sqrt(sum of squares + L2_EPS), as flash-linear-attention and transformers do
 
 
@@ -60,15 +61,76 @@ class ShortConvolution(nn.Module):
         return causal_conv1d(x, weight, None, documents, state, activation=True)
 
 
+def fla_unavailable(device_type: str) -> str | None:
+    """Why flash-linear-attention's kernels cannot run on `device_type` here (None: they can)."""
+    if device_type != "cuda":
+        return f"its Triton kernels need a CUDA device, and this run is on {device_type}"
+    try:
+        # the optional dependency (pip install flash-linear-attention)
+        import fla.ops.gated_delta_rule
+        import fla.ops.kda  # noqa: F401
+    except Exception as e:  # not installed, or installed for another torch or Triton
+        return f"flash-linear-attention does not import ({type(e).__name__}: {e})"
+    return None
+
+
+def resolve_backend(choice: str, device_type: str) -> tuple[str, str]:
+    """model.linear_attn_backend `choice` ("auto", "torch", "fla") on `device_type`: the backend DeltaRule runs and,
+    for the PyTorch path, why ("" for fla). "fla" where it cannot run is a ValueError saying why."""
+    if choice == "torch":
+        return "torch", "model.linear_attn_backend torch"
+    why = fla_unavailable(device_type)
+    if choice == "fla" and why is not None:
+        raise ValueError(f"model.linear_attn_backend='fla' cannot run here: {why}; use 'auto' or 'torch'")
+    return ("fla", "") if why is None else ("torch", why)
+
+
+def fla_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    documents: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The gated delta rule by flash-linear-attention's chunked Triton kernels (chunk_gated_delta_rule for a decay
+    per head, chunk_kda for one per key channel), from a zero state: packed documents become one row cut at every
+    document start (cu_seqlens), which the kernels compute each alone. q and k (already L2-normalised) are cast to
+    v's dtype and repeated to the value heads, as the kernels take them."""
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+    from fla.ops.kda import chunk_kda
+
+    heads, key_heads = v.shape[2], k.shape[2]
+    if heads != key_heads:
+        q, k = (x.repeat_interleave(heads // key_heads, dim=2) for x in (q, k))
+    q, k = q.to(v.dtype), k.to(v.dtype)
+    kernel = chunk_gated_delta_rule if g.dim() == 3 else chunk_kda
+    if documents is None:
+        o, state = kernel(q, k, v, g, beta, output_final_state=True)
+        return o, state
+    bsz, seqlen = v.shape[:2]
+    starts = torch.ones_like(documents, dtype=torch.bool)
+    starts[:, 1:] = documents[:, 1:] != documents[:, :-1]  # every row's first token starts a sequence too
+    flat_starts = starts.flatten().nonzero().flatten()
+    end = torch.tensor([bsz * seqlen], device=v.device)
+    cu_seqlens = torch.cat([flat_starts, end]).to(torch.long)
+    flat = [x.reshape(1, bsz * seqlen, *x.shape[2:]) for x in (q, k, v, g, beta)]
+    o, state = kernel(*flat, cu_seqlens=cu_seqlens, output_final_state=False)
+    return o.reshape(v.shape), state
+
+
 class DeltaRule(nn.Module):
     """The gated delta rule over a sequence (linear_attention's arguments: q, k [B, T, Hk, Dk], v [B, T, H, Dv], g
     [B, T, H] or [B, T, H, Dk], beta [B, T, H]), restarting at each document of `sequence`, from `state` [B, H, Dk,
-    Dv] (generation; None: zeros). Returns o [B, T, H, Dv] and the final state. The chunked PyTorch path; one token
-    (a decoding step) runs the recurrence itself."""
+    Dv] (generation; None: zeros). Returns o [B, T, H, Dv] and the final state (None where `backend` "fla" computed
+    packed documents). `backend` "torch": the chunked PyTorch path, one token (a decoding step) by the recurrence
+    itself; "fla": flash-linear-attention's kernels (CUDA) from a zero state, the PyTorch path from a given one."""
 
-    def __init__(self, chunk_size: int = 64):
+    def __init__(self, chunk_size: int = 64, backend: str = "torch"):
         super().__init__()
-        self.chunk_size = chunk_size
+        if backend not in BACKENDS:
+            raise ValueError(f"DeltaRule backend={backend!r}; use one of {', '.join(BACKENDS)}")
+        self.chunk_size, self.backend = chunk_size, backend
 
     def forward(
         self,
@@ -79,8 +141,10 @@ class DeltaRule(nn.Module):
         beta: torch.Tensor,
         sequence: Sequence | None = None,
         state: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         documents = None if sequence is None else sequence.documents
+        if self.backend == "fla" and state is None:
+            return fla_rule(q, k, v, g, beta, documents)
         if q.shape[1] == 1:
             return gated_delta_rule_recurrent(q, k, v, g, beta, state, documents)
         return gated_delta_rule_chunked(q, k, v, g, beta, state, documents, chunk_size=self.chunk_size)
@@ -151,7 +215,7 @@ class GatedDeltaNet(nn.Module):
         g = -local(self.A_log).float().exp() * F.softplus(self.wa(x).float() + local(self.dt_bias).float())
         state = None if cache is None else cache.state("recurrent")
         o, state = self.rule(q, k, v, g, beta, sequence, state)
-        if cache is not None:
+        if cache is not None and state is not None:
             cache.set_state("conv", conv_state)
             cache.set_state("recurrent", state)
         o = self.norm(o.to(x.dtype))  # [B, T, H, Dv]

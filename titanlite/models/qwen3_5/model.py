@@ -60,7 +60,7 @@ class Qwen35(Transformer):
 
     def init_param(self, name: str, full: torch.Tensor, generator: torch.Generator) -> None:
         """The shared initialisation, and: the (1 + w) norms at 0, the linear layers' output norms at 1, their
-        decays A = exp(A_log) uniform in [1, 16] and dt_bias at 1 (transformers' Qwen3.5 init), their convolutions
+        decays A = exp(A_log) uniform in [0.01, 16] and dt_bias at 1 (transformers' Qwen3.5 init), their convolutions
         uniform in +-1/sqrt(conv_size) (nn.Conv1d's default for a depthwise one), the gate projections as the
         other input-side ones."""
         path, _, leaf = name.rpartition(".")
@@ -70,7 +70,7 @@ class Qwen35(Transformer):
         elif leaf == "weight" and parent == "norm" and "attention" in path:  # a linear layer's output norm
             nn.init.ones_(full)
         elif leaf == "A_log":
-            full.copy_(torch.empty_like(full).uniform_(1.0, 16.0, generator=generator).log_())
+            full.copy_(torch.empty_like(full).uniform_(0.01, 16.0, generator=generator).log_())
         elif leaf == "dt_bias":
             nn.init.ones_(full)
         elif leaf in ("conv_q", "conv_k", "conv_v"):
