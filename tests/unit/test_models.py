@@ -17,6 +17,7 @@ from titanlite.models.common.interface import Decoder
 from titanlite.models.deepseek_v3.args import DeepseekV3Args
 from titanlite.models.gpt2.args import GPT2Args
 from titanlite.models.gpt2.model import GPT2
+from titanlite.models.kimi_linear.args import KimiLinearArgs
 from titanlite.models.registry import names, pad_vocab, spec_named, spec_of
 from titanlite.parallel.parallelize import materialize
 
@@ -55,7 +56,7 @@ def test_every_family_implements_the_model_interface(name):
     spec = spec_of(model.args)  # the family's spec names this module, its plan and its weight names
     assert spec.load(spec.model) is type(model) and callable(spec.load(spec.tp_plan))
     assert isinstance(model.args, spec.args_type) and issubclass(
-        spec.args_type, (GPT2Args, DecoderArgs, DeepseekV3Args)
+        spec.args_type, (GPT2Args, DecoderArgs, DeepseekV3Args, KimiLinearArgs)
     )
 
 
@@ -310,6 +311,7 @@ def test_unknown_flavor_and_name():
         "gemma3",
         "gpt_oss",
         "deepseek_v3",
+        "kimi_linear",
     }
 
 

@@ -145,6 +145,19 @@ FIELDS: dict[str, tuple[str, bool]] = {
     "v_head_dim": (COUNT, False),
     "num_nextn_predict_layers": (WHOLE, True),
     "num_mtp_layers": (WHOLE, True),
+    # Kimi Linear's: transformers' names, then those of the published checkpoint that mean the same
+    "mlp_layer_types": (TEXTS, True),
+    "linear_attn_config": (OBJECT, True),
+    "linear_num_heads": (COUNT, False),
+    "linear_head_dim": (COUNT, False),
+    "linear_conv_kernel_dim": (COUNT, False),
+    "mla_use_nope": (FLAG, True),
+    "moe_router_activation_func": (TEXT, True),
+    "num_experts_per_token": (COUNT, False),
+    "num_shared_experts": (WHOLE, True),
+    "moe_renormalize": (FLAG, False),
+    "num_expert_group": (COUNT, True),
+    "model_max_length": (COUNT, False),
 }
 # The fields of a rope_scaling / rope_parameters object (and of each per-layer-type object Gemma 3's holds).
 ROPE_FIELDS: dict[str, tuple[str, bool]] = {
