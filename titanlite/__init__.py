@@ -25,6 +25,8 @@ LAYERS = (
     (0, "models.common.decoder_spec", "the specs of the families the shared decoder's switches describe; torch-free"),
     (0, "models.common.moe.hf_config", "a mixture-of-experts block's config.json fields both ways; torch-free"),
     (0, "models.common.rope_args", "rotary scalings' arguments (Llama 3.1's, YaRN) and their config.json; torch-free"),
+    (0, "models.common.hybrid.args", "the hybrid (linear + full attention) decoder's arguments; torch-free"),
+    (0, "models.common.hybrid.hf_config", "the hybrid decoder's config.json both ways; torch-free"),
     (1, "config", "the run configuration: sections, loading and validation, reference text"),
     (2, "models.common", "blocks every family may use: the model interface, attention, KV cache, weight init, build"),
     (2, "models.*.model", "a family's plain module, no parallelism inside"),
@@ -32,6 +34,7 @@ LAYERS = (
     (2, "data", "tokenizers, sources, the prepared token store, sample order, the loader"),
     (3, "parallel", "one apply_* per parallelism, parallelize() in its order, the mesh, pipeline schedules"),
     (3, "models.*.parallelize", "a family's tensor-parallel plan for its blocks"),
+    (3, "models.common.hybrid.parallelize", "the hybrid decoder's tensor-parallel plan"),
     (
         3,
         "components",

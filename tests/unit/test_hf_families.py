@@ -93,6 +93,7 @@ CLASSES = {
     "qwen3_5_moe": "Qwen3_5MoeForCausalLM",
     "qwen3_next": "Qwen3NextForCausalLM",
     "olmo_hybrid": "OlmoHybridForCausalLM",
+    "kimi_linear": "KimiLinearForCausalLM",
 }
 
 

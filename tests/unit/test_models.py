@@ -311,7 +311,11 @@ def test_unknown_flavor_and_name():
         "gemma3",
         "gpt_oss",
         "deepseek_v3",
+        "qwen3_5",
+        "qwen3_5_moe",
         "kimi_linear",
+        "qwen3_next",
+        "olmo_hybrid",
     }
 
 

@@ -97,7 +97,7 @@ def fla_rule(
     per head, chunk_kda for one per key channel), from a zero state: packed documents become one row cut at every
     document start (cu_seqlens), which the kernels compute each alone. q and k (already L2-normalised) are cast to
     v's dtype and repeated to the value heads, as the kernels take them."""
-    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule  # optional dependency (the [linear] extra)
     from fla.ops.kda import chunk_kda
 
     heads, key_heads = v.shape[2], k.shape[2]

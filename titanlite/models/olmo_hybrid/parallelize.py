@@ -9,9 +9,9 @@ from __future__ import annotations
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import PrepareModuleInput, SequenceParallel
 
+from titanlite.models.common.hybrid.parallelize import linear_attention_plan
 from titanlite.models.common.interface import DecoderModule
 from titanlite.models.common.parallelize import block_plan
-from titanlite.models.qwen3_5.parallelize import linear_attention_plan
 
 
 def tp_plan(model: DecoderModule) -> dict:

@@ -1,12 +1,13 @@
 """Qwen3-Next (Qwen3NextForCausalLM; Qwen3-Next-80B-A3B): Qwen3.5-MoE's hybrid decoder (three Gated DeltaNet layers
-before each gated full-attention layer, mixtures of experts with a gated shared expert; titanlite/models/qwen3_5/),
+before each gated full-attention layer, mixtures of experts with a gated shared expert;
+titanlite/models/common/hybrid/),
 its folders' linear-layer projections fused by key-head group. Its spec; its sizes, config.json and weight names
 here, its model and plan Qwen3.5's."""
 
 from __future__ import annotations
 
 from titanlite.models.common.decoder_args import moe_auxiliary_losses
-from titanlite.models.qwen3_5.args import split_sizes, with_depth
+from titanlite.models.common.hybrid.args import split_sizes, with_depth
 from titanlite.models.qwen3_next import args, hf_config
 from titanlite.models.spec import HFConfig, ModelSpec
 
@@ -14,8 +15,8 @@ SPEC = ModelSpec(
     name="qwen3_next",
     args_type=args.Qwen3NextArgs,
     flavors=args.FLAVORS,
-    model="titanlite.models.qwen3_5.model:Qwen35",
-    tp_plan="titanlite.models.qwen3_5.parallelize:tp_plan",
+    model="titanlite.models.common.hybrid.model:HybridDecoder",
+    tp_plan="titanlite.models.common.hybrid.parallelize:tp_plan",
     hf_weights="titanlite.models.qwen3_next.weights",
     tp_split_sizes=split_sizes,
     hf=HFConfig(hf_config.MODEL_TYPE, hf_config.read, hf_config.write, experts=True),

@@ -6,19 +6,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from titanlite.models.common.hybrid.args import DEBUG_SHAPE, HybridMoEArgs, debug_moe
 from titanlite.models.common.moe.args import MoEArgs
-from titanlite.models.qwen3_5.args import _DEBUG, Qwen35MoEArgs, _debug_moe
 from titanlite.models.spec import not_math
 
 
 @dataclass
-class Qwen3NextArgs(Qwen35MoEArgs):
+class Qwen3NextArgs(HybridMoEArgs):
     """Qwen3-Next (Qwen3NextForCausalLM): Qwen3.5-MoE's decoder; its folders fuse the linear layers' projections by
     key-head group (titanlite/models/qwen3_next/weights.py). ffn_dim is the dense layers' MLP width
     (intermediate_size), moe.expert_dim each routed expert's (moe_intermediate_size)."""
 
     family: str = not_math("qwen3_next")
-    moe: MoEArgs = field(default_factory=_debug_moe)
+    moe: MoEArgs = field(default_factory=debug_moe)
 
 
 def _qwen3_next_80b_a3b() -> Qwen3NextArgs:
@@ -54,6 +54,6 @@ def _qwen3_next_80b_a3b() -> Qwen3NextArgs:
 FLAVORS = {
     # Tiny, for tests and CPU runs: Qwen3.5-MoE's debug shape (three linear layers and one full one, grouped value
     # heads, partial rotary, 8 experts of 32, 2 per token, a gated shared expert).
-    "debug": Qwen3NextArgs(**_DEBUG),
+    "debug": Qwen3NextArgs(**DEBUG_SHAPE),
     "qwen3_next_80b_a3b": _qwen3_next_80b_a3b(),
 }

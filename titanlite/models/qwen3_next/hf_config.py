@@ -1,17 +1,14 @@
 """Qwen3-Next's config.json both ways (model_type "qwen3_next", Qwen3NextForCausalLM), torch-free: Qwen3.5's text
-fields (titanlite/models/qwen3_5/hf_config.py reads and writes them) and the mixture of experts'. Every field that
+fields (titanlite/models/common/hybrid/hf_config.py reads and writes them) and the mixture of experts'. Every field that
 changes the math is honoured or refused in one line naming it; an absent key takes Qwen3NextConfig's default."""
 
 from __future__ import annotations
 
-import dataclasses
-
 from titanlite.base.errors import ConfigError
 from titanlite.base.hf_config import refuse
+from titanlite.models.common.hybrid import hf_config as hybrid
 from titanlite.models.common.moe.args import MoEArgs, dense_layers_from_hf
 from titanlite.models.common.moe.hf_config import FIXED, block_from_config, check_expressible
-from titanlite.models.qwen3_5 import hf_config as qwen3_5
-from titanlite.models.qwen3_5.args import Qwen35Args
 from titanlite.models.qwen3_next.args import Qwen3NextArgs
 
 MODEL_TYPE, ARCHITECTURE = "qwen3_next", "Qwen3NextForCausalLM"
@@ -66,7 +63,7 @@ def _moe(config: dict, n_layers: int, where: str) -> MoEArgs:
 def read(config: dict, where: str) -> Qwen3NextArgs:
     """Qwen3NextArgs of a qwen3_next config.json."""
     config = DEFAULTS | config
-    fields = qwen3_5.read_fields(config, where) | {"ffn_dim": config["intermediate_size"]}
+    fields = hybrid.read_fields(config, where) | {"ffn_dim": config["intermediate_size"]}
     return Qwen3NextArgs(**fields, moe=_moe(config, fields["n_layers"], where))
 
 
@@ -75,9 +72,9 @@ def write(args: Qwen3NextArgs) -> dict:
     m = args.moe
     more = () if m.shared_hidden else ("no shared expert",)
     check_expressible(m, MODEL_TYPE, fixed=MOE_FIXED, more=more)
-    # Qwen3.5's dense text fields (the decoder's, the linear layers', the rotations), read off a Qwen35Args view.
-    dense = Qwen35Args(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Qwen35Args) if f.init})
-    return qwen3_5.write(dense) | {
+    # The hybrid decoder's text fields (the decoder's, the linear layers', the rotations), and the dense MLP's width.
+    return hybrid.write_fields(args) | {
+        "intermediate_size": args.ffn_dim,
         "architectures": [ARCHITECTURE],
         "model_type": MODEL_TYPE,
         "num_experts": m.n_experts,

@@ -1,17 +1,17 @@
 """Qwen3-Next's weights under Hugging Face's names (Qwen3NextForCausalLM), both ways: Qwen3.5-MoE's
-(titanlite/models/qwen3_5/weights.py) but for the linear layers' input projections, which Qwen3-Next fuses by key-head
-group. linear_attn.in_proj_qkvz holds, for each of the linear_key_heads groups in turn, that key head's q rows, its k
-rows, then the v rows and then the z rows of the value heads that read it ([Hk, Dk + Dk + r Dv + r Dv, dim], r =
-value heads per key head); in_proj_ba likewise each group's b rows then its a rows ([Hk, r + r, dim]). Import regroups
-them into our wq, wk, wv, wz, wb, wa (value heads in the order g r + j, as transformers' reshape leaves them); export
-fuses them back. conv1d.weight is [q | k | v] of the regrouped heads, as Qwen3.5's. The multi-token prediction layer
-of the published folders (mtp.*) is not part of the model: its tensors are skipped, as transformers skips them."""
+(titanlite/models/common/hybrid/weights.py) but for the linear layers' input projections, which Qwen3-Next fuses by key-
+head group. linear_attn.in_proj_qkvz holds, for each of the linear_key_heads groups in turn, that key head's q rows, its
+k rows, then the v rows and then the z rows of the value heads that read it ([Hk, Dk + Dk + r Dv + r Dv, dim], r = value
+heads per key head); in_proj_ba likewise each group's b rows then its a rows ([Hk, r + r, dim]). Import regroups them
+into our wq, wk, wv, wz, wb, wa (value heads in the order g r + j, as transformers' reshape leaves them); export fuses
+them back. conv1d.weight is [q | k | v] of the regrouped heads, as Qwen3.5's. The multi-token prediction layer of the
+published folders (mtp.*) is not part of the model: its tensors are skipped, as transformers skips them."""
 
 from __future__ import annotations
 
 import torch
 
-from titanlite.models.qwen3_5 import weights as qwen3_5
+from titanlite.models.common.hybrid import weights as hybrid
 from titanlite.models.qwen3_next.args import Qwen3NextArgs
 
 FUSED = {  # Hugging Face's fused tensor (under linear_attn.) -> ours (under attention.), in its per-group row order
@@ -28,7 +28,7 @@ def _linear_layer(args: Qwen3NextArgs, name: str) -> bool:
 
 def hf_sources(args: Qwen3NextArgs) -> dict[str, str | tuple[str, ...]]:
     """Our parameter name -> the Hugging Face tensor(s) it is made from."""
-    sources = qwen3_5.hf_sources(args)
+    sources = hybrid.hf_sources(args)
     for ours in sources:
         leaf = ours.split(".attention.")[-1]
         if leaf in PART and _linear_layer(args, ours):
@@ -68,13 +68,13 @@ def from_hf_tensor(args: Qwen3NextArgs, name: str, hf: torch.Tensor | list[torch
     if leaf in PART and isinstance(hf, torch.Tensor) and _linear_layer(args, name):
         fused, part = PART[leaf]
         return ungroup(args, fused, hf, part)
-    return qwen3_5.from_hf_tensor(args, name, hf)
+    return hybrid.from_hf_tensor(args, name, hf)
 
 
 def to_hf(args: Qwen3NextArgs, sd: dict[str, torch.Tensor], take) -> dict[str, torch.Tensor]:
     """Our state dict -> Qwen3NextForCausalLM's names and layouts (lm_head.weight always present): Qwen3.5-MoE's,
     the linear layers' separate projections replaced by the fused ones."""
-    out = qwen3_5.to_hf(args, sd, take)
+    out = hybrid.to_hf(args, sd, take)
     for i, kind in enumerate(args.layer_types):
         if kind != "linear_attention":
             continue

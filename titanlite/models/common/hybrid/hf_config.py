@@ -1,14 +1,14 @@
-"""Qwen3.5's config.json both ways, torch-free: the text model's (model_type "qwen3_5_text", Qwen3_5ForCausalLM;
-"qwen3_5_moe_text" for the mixtures of experts), and the multimodal folders' as published ("qwen3_5" /
-"qwen3_5_moe", Qwen3_5ForConditionalGeneration), whose text_config it reads. Every field that changes the text
-model's math is honoured or refused in one line naming it."""
+"""The hybrid decoder's config.json both ways, torch-free: Qwen3.5's text model's fields (model_type "qwen3_5_text",
+Qwen3_5ForCausalLM; "qwen3_5_moe_text" with mixtures of experts), which Qwen3-Next's extend, and the multimodal
+folders' as published ("qwen3_5" / "qwen3_5_moe", Qwen3_5ForConditionalGeneration), whose text_config is read. Every
+field that changes the text model's math is honoured or refused in one line naming it."""
 
 from __future__ import annotations
 
 from titanlite.base.hf_config import refuse
 from titanlite.models.common.decoder_config import attention_shape
+from titanlite.models.common.hybrid.args import LAYER_KINDS, HybridArgs, HybridMoEArgs, hybrid_layers
 from titanlite.models.common.moe.hf_config import block_from_config
-from titanlite.models.qwen3_5.args import LAYER_KINDS, Qwen35Args, Qwen35MoEArgs, hybrid_layers
 
 TEXT, MOE_TEXT = "qwen3_5_text", "qwen3_5_moe_text"
 MULTIMODAL = {"qwen3_5": TEXT, "qwen3_5_moe": MOE_TEXT}  # a published folder's model_type -> its text model's
@@ -20,7 +20,7 @@ def text_config(config: dict, where: str) -> tuple[dict, str]:
     if config.get("model_type") in MULTIMODAL:
         text = config.get("text_config")
         if not isinstance(text, dict):
-            raise refuse(where, "text_config", text, "a Qwen3.5 multimodal config.json holds the text model there")
+            raise refuse(where, "text_config", text, "a multimodal config.json holds the text model there")
         return {"tie_word_embeddings": config.get("tie_word_embeddings", False), **text}, f"{where} text_config"
     return config, where
 
@@ -31,7 +31,8 @@ def _rope(config: dict, where: str, head_dim: int) -> tuple[float, int]:
     rope = {**(config.get("rope_scaling") or {}), **(config.get("rope_parameters") or {})}
     rope_type = rope.get("rope_type") or rope.get("type") or "default"
     if rope_type != "default":
-        raise refuse(where, "rope_parameters rope_type", rope_type, "Qwen3.5's rotations are the default ones")
+        why = "the hybrid decoder's rotations are the default ones"
+        raise refuse(where, "rope_parameters rope_type", rope_type, why)
     factor = float(rope.get("partial_rotary_factor", config.get("partial_rotary_factor", 0.25)))
     rotary_dim = int(head_dim * factor)
     if rotary_dim % 2 or rotary_dim <= 0 or rotary_dim > head_dim:
@@ -40,18 +41,18 @@ def _rope(config: dict, where: str, head_dim: int) -> tuple[float, int]:
 
 
 def read_fields(config: dict, where: str) -> dict:
-    """The fields of Qwen35Args a (text) config.json sets."""
+    """The fields of HybridArgs a (text) config.json sets."""
     for key in ("hidden_act",):
         if config.get(key, ACTIVATION) != ACTIVATION:
-            raise refuse(where, key, config[key], f"Qwen3.5's MLP and convolutions use {ACTIVATION!r}")
+            raise refuse(where, key, config[key], f"the hybrid decoder's MLP and convolutions use {ACTIVATION!r}")
     if config.get("attention_bias"):
-        raise refuse(where, "attention_bias", True, "Qwen3.5's attention has no biases")
+        raise refuse(where, "attention_bias", True, "the hybrid decoder's attention has no biases")
     dim, n_heads, n_kv_heads, head_dim = attention_shape(config, where)
     n_layers = config["num_hidden_layers"]
     kinds = tuple(config.get("layer_types") or ()) or hybrid_layers(n_layers, config.get("full_attention_interval", 4))
     unknown = sorted(set(kinds) - set(LAYER_KINDS))
     if unknown:
-        raise refuse(where, "layer_types", unknown[0], f"Qwen3.5's layers are {' or '.join(LAYER_KINDS)}")
+        raise refuse(where, "layer_types", unknown[0], f"the hybrid decoder's layers are {' or '.join(LAYER_KINDS)}")
     if len(kinds) != n_layers:
         raise refuse(where, "layer_types", f"[{len(kinds)} entries]", f"it needs one per layer ({n_layers})")
     key_heads, value_heads = config.get("linear_num_key_heads", 16), config.get("linear_num_value_heads", 32)
@@ -85,14 +86,15 @@ def read_fields(config: dict, where: str) -> dict:
     }
 
 
-def read(config: dict, where: str) -> Qwen35Args:
-    """Qwen35Args of a qwen3_5_text config.json, or of a qwen3_5 (multimodal) one's text_config."""
+def read(config: dict, where: str, cls: type[HybridArgs]) -> HybridArgs:
+    """`cls` (a family's HybridArgs) of a text config.json, or of a multimodal one's text_config."""
     text, where = text_config(config, where)
-    return Qwen35Args(**read_fields(text, where))
+    return cls(**read_fields(text, where))
 
 
-def read_moe(config: dict, where: str) -> Qwen35MoEArgs:
-    """Qwen35MoEArgs of a qwen3_5_moe_text config.json, or of a qwen3_5_moe (multimodal) one's text_config."""
+def read_moe(config: dict, where: str, cls: type[HybridMoEArgs]) -> HybridMoEArgs:
+    """`cls` (a family's HybridMoEArgs) of a qwen3_5_moe_text config.json, or of a qwen3_5_moe (multimodal) one's
+    text_config: every layer a mixture of experts, top-k renormalised, a gated shared expert."""
     text, where = text_config(config, where)
     fields = read_fields(text, where)
     for key in ("mlp_only_layers",):
@@ -111,15 +113,12 @@ def read_moe(config: dict, where: str) -> Qwen35MoEArgs:
         shared_gate=True,
         aux_loss_coef=text.get("router_aux_loss_coef", 0.001),
     )
-    return Qwen35MoEArgs(**fields | {"ffn_dim": expert_dim}, moe=moe)
+    return cls(**fields | {"ffn_dim": expert_dim}, moe=moe)
 
 
-def write(args: Qwen35Args) -> dict:
-    """The qwen3_5_text (or qwen3_5_moe_text) config.json fields of this model."""
-    moe = isinstance(args, Qwen35MoEArgs)
-    config: dict = {
-        "architectures": ["Qwen3_5MoeForCausalLM" if moe else "Qwen3_5ForCausalLM"],
-        "model_type": MOE_TEXT if moe else TEXT,
+def write_fields(args: HybridArgs) -> dict:
+    """The text config.json fields of the hybrid decoder (all but model_type and architectures)."""
+    return {
         "hidden_size": args.dim,
         "num_hidden_layers": args.n_layers,
         "num_attention_heads": args.n_heads,
@@ -142,8 +141,15 @@ def write(args: Qwen35Args) -> dict:
         "linear_num_key_heads": args.linear_key_heads,
         "linear_num_value_heads": args.linear_value_heads,
     }
-    if not isinstance(args, Qwen35MoEArgs):
-        return config | {"intermediate_size": args.ffn_dim}
+
+
+def write(args: HybridArgs) -> dict:
+    """The qwen3_5_text (or, for HybridMoEArgs, qwen3_5_moe_text) config.json fields of this model."""
+    if not isinstance(args, HybridMoEArgs):
+        return write_fields(args) | {"architectures": ["Qwen3_5ForCausalLM"], "model_type": TEXT} | {
+            "intermediate_size": args.ffn_dim
+        }
+    config = write_fields(args) | {"architectures": ["Qwen3_5MoeForCausalLM"], "model_type": MOE_TEXT}
     m = args.moe
     if m.dense_layers or not m.norm_topk_prob or not m.shared_gate or m.score_func != "softmax":
         raise refuse(

@@ -1,4 +1,5 @@
-"""Qwen3.5's text decoder on the shared decoder (titanlite/models/common/decoder.py): Gated DeltaNet layers
+"""The hybrid decoder (Qwen3.5's text model, which Qwen3.5-MoE and Qwen3-Next share) on the shared decoder
+(titanlite/models/common/decoder.py): Gated DeltaNet layers
 (titanlite/models/common/gated_delta_net.py) and gated full-attention layers, per-head (1 + w) Q/K norms, partial
 rotary, (1 + w) RMSNorms before each sublayer and at the end, a SwiGLU MLP or (Qwen3.5-MoE) a mixture of experts
 with a gated shared expert. No parallelism inside."""
@@ -13,10 +14,10 @@ from torch import nn
 
 from titanlite.models.common.decoder import Transformer, grouped_query_attention, standard_init
 from titanlite.models.common.gated_delta_net import GatedDeltaNet
+from titanlite.models.common.hybrid.args import HybridArgs
 from titanlite.models.common.interface import Decoder
 from titanlite.models.common.norms import ZeroCenteredRMSNorm
 from titanlite.models.common.rope import RotaryTable
-from titanlite.models.qwen3_5.args import Qwen35Args
 
 ZERO_CENTERED = ("attention_norm", "ffn_norm", "norm", "q_norm", "k_norm")  # (1 + w): start at 0
 LINEAR_PROJECTIONS = ("wa", "wb", "wz", "wg")  # input-side projections the shared init does not know (and the MoE's
@@ -43,10 +44,10 @@ def gated_delta_net(model: Transformer, layer: int) -> nn.Module:
     )
 
 
-class Qwen35(Transformer):
-    """Implements titanlite.models.common.interface.Decoder (Qwen3.5 and Qwen3.5-MoE)."""
+class HybridDecoder(Transformer):
+    """Implements titanlite.models.common.interface.Decoder (Qwen3.5, Qwen3.5-MoE, Qwen3-Next)."""
 
-    args: Qwen35Args
+    args: HybridArgs
     mixers = {"full_attention": gated_attention, "linear_attention": gated_delta_net}
 
     def build_norm(self) -> nn.Module:
@@ -84,5 +85,5 @@ class Qwen35(Transformer):
 
 if TYPE_CHECKING:
 
-    def _implements_decoder(model: Qwen35) -> Decoder:
+    def _implements_decoder(model: HybridDecoder) -> Decoder:
         return model

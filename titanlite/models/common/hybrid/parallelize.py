@@ -1,8 +1,8 @@
-"""Qwen3.5's tensor-parallel plan: the shared block plan (with the query gate wg split as wq is) on the full-attention
-layers; on the Gated DeltaNet layers every projection split column-wise by heads (each rank holds whole key heads and
-the value heads that read them), the convolutions' weights, A_log and dt_bias sharded with them, the per-head output
-norm replicated (its gradient summed over TP), and the output projection row-wise. The MoE blocks whole on every
-rank (the shared decoder's moe_block_plan)."""
+"""The hybrid decoder's tensor-parallel plan (Qwen3.5, Qwen3.5-MoE, Qwen3-Next): the shared block plan (with the query
+gate wg split as wq is) on the full-attention layers; on the Gated DeltaNet layers every projection split column-wise by
+heads (each rank holds whole key heads and the value heads that read them), the convolutions' weights, A_log and dt_bias
+sharded with them, the per-head output norm replicated (its gradient summed over TP), and the output projection
+row-wise. The MoE blocks whole on every rank (the shared decoder's moe_block_plan)."""
 
 from __future__ import annotations
 

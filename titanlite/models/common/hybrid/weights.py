@@ -1,5 +1,5 @@
-"""Qwen3.5's weights under Hugging Face's names (Qwen3_5ForCausalLM / Qwen3_5MoeForCausalLM; the multimodal
-Qwen3_5ForConditionalGeneration stores the same under model.language_model.*), both ways.
+"""The hybrid decoder's weights under Qwen3.5's Hugging Face names (Qwen3_5ForCausalLM / Qwen3_5MoeForCausalLM; the
+multimodal Qwen3_5ForConditionalGeneration stores the same under model.language_model.*), both ways.
 
 Full-attention layers: q_proj holds each head's query rows and then its gate rows ([H, 2, head_dim, dim]), split into
 our wq and wg; the query and key rows (and the Q/K norms' weights) that rotate, the leading rotary_dim of each head,
@@ -14,9 +14,9 @@ from __future__ import annotations
 import torch
 
 from titanlite.models.common import decoder_weights as llama
+from titanlite.models.common.hybrid.args import HybridArgs, HybridMoEArgs
 from titanlite.models.common.moe.layer import moe_to_hf
 from titanlite.models.common.moe.weights import naming
-from titanlite.models.qwen3_5.args import Qwen35Args, Qwen35MoEArgs
 
 TEXT_PREFIX = "model.language_model."  # where the multimodal folders keep the text model's "model."
 
@@ -39,7 +39,7 @@ SPLIT = {  # ours (under attention.) -> the Hugging Face tensor it is a slice of
 }
 
 
-def _shared(args: Qwen35Args, names: dict) -> dict:
+def _shared(args: HybridArgs, names: dict) -> dict:
     """The decoder's names, the attention and MLP/MoE ones of the full layers; the linear layers' replaced."""
     out = {}
     for ours, hf in names.items():
@@ -58,9 +58,9 @@ def _shared(args: Qwen35Args, names: dict) -> dict:
     return out
 
 
-def hf_sources(args: Qwen35Args) -> dict[str, str | tuple[str, ...]]:
+def hf_sources(args: HybridArgs) -> dict[str, str | tuple[str, ...]]:
     """Our parameter name -> the Hugging Face tensor(s) it is made from."""
-    if not isinstance(args, Qwen35MoEArgs):
+    if not isinstance(args, HybridMoEArgs):
         return _shared(args, llama.hf_names(args))
     sources = _shared(args, naming().hf_sources(args))
     for i in range(args.n_layers):
@@ -72,12 +72,12 @@ def hf_sources(args: Qwen35Args) -> dict[str, str | tuple[str, ...]]:
     return sources
 
 
-def hf_keys(args: Qwen35Args, keys: list[str]) -> dict[str, str]:
+def hf_keys(args: HybridArgs, keys: list[str]) -> dict[str, str]:
     """A folder's tensor names as the text model's: the multimodal folders' model.language_model.* as model.*."""
     return {("model." + k[len(TEXT_PREFIX) :] if k.startswith(TEXT_PREFIX) else k): k for k in keys}
 
 
-def _rotary_rows(args: Qwen35Args, w: torch.Tensor, heads: int, to_hf: bool) -> torch.Tensor:
+def _rotary_rows(args: HybridArgs, w: torch.Tensor, heads: int, to_hf: bool) -> torch.Tensor:
     """Reorder the rotating rows (the leading rotary_dim of each head of head_dim) of a q/k tensor [heads * hd, ...]
     or a per-head norm weight [hd] (heads 1) between our adjacent pairs and Hugging Face's halves."""
     rows = w.reshape(heads, args.head_dim, -1)
@@ -87,7 +87,7 @@ def _rotary_rows(args: Qwen35Args, w: torch.Tensor, heads: int, to_hf: bool) -> 
     return rows.reshape(w.shape).contiguous()
 
 
-def _rope_heads(args: Qwen35Args, ours: str) -> int | None:
+def _rope_heads(args: HybridArgs, ours: str) -> int | None:
     kind = ours.rsplit(".", 2)[-2]
     if kind in ("wq", "wk") and ".attention." in ours:
         layer = int(ours.split(".")[1])
@@ -98,12 +98,12 @@ def _rope_heads(args: Qwen35Args, ours: str) -> int | None:
     return None
 
 
-def _widths(args: Qwen35Args) -> list[int]:
+def _widths(args: HybridArgs) -> list[int]:
     key = args.linear_key_heads * args.linear_key_dim
     return [key, key, args.linear_value_heads * args.linear_value_dim]
 
 
-def from_hf_tensor(args: Qwen35Args, name: str, hf: torch.Tensor | list[torch.Tensor]) -> torch.Tensor:
+def from_hf_tensor(args: HybridArgs, name: str, hf: torch.Tensor | list[torch.Tensor]) -> torch.Tensor:
     """Our parameter `name`'s full value from its Hugging Face tensor(s) (hf_sources[name])."""
     if isinstance(hf, list):  # a stacked expert tensor
         return torch.stack(hf).contiguous()
@@ -121,7 +121,7 @@ def from_hf_tensor(args: Qwen35Args, name: str, hf: torch.Tensor | list[torch.Te
     return hf.contiguous() if heads is None else _rotary_rows(args, hf, heads, to_hf=False)
 
 
-def to_hf(args: Qwen35Args, sd: dict[str, torch.Tensor], take) -> dict[str, torch.Tensor]:
+def to_hf(args: HybridArgs, sd: dict[str, torch.Tensor], take) -> dict[str, torch.Tensor]:
     """Our state dict -> the text model's Hugging Face names and layouts (lm_head.weight always present)."""
     out: dict[str, torch.Tensor] = {}
     for ours, hf in hf_sources(args).items():
@@ -142,7 +142,7 @@ def to_hf(args: Qwen35Args, sd: dict[str, torch.Tensor], take) -> dict[str, torc
         else:
             heads = _rope_heads(args, ours)
             out[hf] = take(ours) if heads is None else _rotary_rows(args, take(ours), heads, to_hf=True)
-    if isinstance(args, Qwen35MoEArgs):  # the experts, stacked in ours, one tensor per expert in Hugging Face's
+    if isinstance(args, HybridMoEArgs):  # the experts, stacked in ours, one tensor per expert in Hugging Face's
         for i in range(args.n_layers):
             if args.moe.is_sparse(i):
                 ours = f"layers.{i}.feed_forward."
