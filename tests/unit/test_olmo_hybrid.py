@@ -9,7 +9,6 @@ import json
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 transformers = pytest.importorskip(
     "transformers", reason="transformers is an optional test dependency (pip install .[hf])"
@@ -17,7 +16,7 @@ transformers = pytest.importorskip(
 
 from titanlite.base.errors import ConfigError  # noqa: E402
 from titanlite.commands.generate import generate  # noqa: E402
-from titanlite.components.hf_weights import from_hf, load_hf_into, save_hf  # noqa: E402
+from titanlite.components.hf_weights import load_hf_into, save_hf  # noqa: E402
 from titanlite.models.common.attention import Sequence  # noqa: E402
 from titanlite.models.common.build import model_from_args  # noqa: E402
 from titanlite.models.hf_config import args_from_hf_config, folder_args  # noqa: E402
@@ -98,6 +97,11 @@ def test_logits_equal_transformers_and_an_export_loads_back_with_ours(folder, tm
     back = transformers.OlmoHybridForCausalLM.from_pretrained(tmp_path / "export").eval()
     with torch.no_grad():
         torch.testing.assert_close(back(TOKENS).logits, logits, rtol=1e-5, atol=1e-5)
+    llama = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+             "intermediate_size": 128, "vocab_size": 64, "rope_theta": None}  # fmt: skip
+    with pytest.raises(ConfigError, match="rope_theta=null") as refused:
+        args_from_hf_config(llama, "config.json:")
+    assert "\n" not in str(refused.value)
 
 
 def test_greedy_generation_equals_transformers(folder):
@@ -128,15 +132,16 @@ def test_packed_documents_compute_as_if_each_were_alone(folder):
 
 
 def test_the_published_checkpoints_attention_without_rotations_equals_transformers(tmp_path):
-    """A null rope_theta: transformers builds no rotary embedding, and neither do we; the export says it again.
-    (Read here by the family's reader: the shared config.json type check refuses a null rope_theta before it.)"""
+    """A null rope_theta: transformers builds no rotary embedding, and neither do we; the folder imports as users
+    import it (the type check lets this family's null through, OLMo Hybrid's reader takes it), the export says it
+    again. Another family's null rope_theta stays refused in one line."""
     hf = random_model(NOPE)
     assert hf.model.rotary_emb is None
     hf.save_pretrained(tmp_path / "hf")
-    args = hf_config.read(json.loads((tmp_path / "hf" / "config.json").read_text()), "config.json:")
+    args = folder_args(tmp_path / "hf", 64)
     assert not args.rope
     ours = model_from_args(args).eval()
-    ours.load_state_dict(from_hf(args, load_file(tmp_path / "hf" / "model.safetensors")))
+    load_hf_into([ours], tmp_path / "hf")
     with torch.no_grad():
         logits = ours(TOKENS)
         torch.testing.assert_close(logits, hf(TOKENS).logits, rtol=1e-5, atol=1e-5)

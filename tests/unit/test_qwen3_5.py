@@ -160,3 +160,55 @@ def test_the_linear_attention_backend_is_chosen_for_the_device_or_refused_in_one
     assert linear_backend(dense, "auto", "cpu") == ("torch", "")
     with pytest.raises(ConfigError, match="'torch' changes nothing: model qwen3 has no linear-attention layers"):
         linear_backend(dense, "torch", "cpu")
+
+
+VISION = dict(depth=1, hidden_size=32, intermediate_size=48, num_heads=2, patch_size=4, out_hidden_size=64,
+              num_position_embeddings=16, temporal_patch_size=1, spatial_merge_size=2)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def multimodal(tmp_path_factory):
+    """A published-style Qwen3.5 folder: Qwen3_5ForConditionalGeneration (text model under model.language_model.*,
+    a vision tower under model.visual.*) with multi-token-prediction tensors (mtp.*) beside them, as Qwen's are."""
+    from safetensors.torch import load_file, save_file
+
+    torch.manual_seed(0)
+    text = {k: v for k, v in TEXT.items() if k not in ("pad_token_id", "bos_token_id", "eos_token_id")}
+    config = transformers.Qwen3_5Config(text_config=text, vision_config=VISION)
+    hf = transformers.Qwen3_5ForConditionalGeneration(config).eval()
+    path = tmp_path_factory.mktemp("multimodal")
+    hf.save_pretrained(path)
+    tensors = load_file(path / "model.safetensors")
+    tensors["mtp.fc.weight"] = torch.randn(64, 128)
+    tensors["mtp.layers.0.mlp.up_proj.weight"] = torch.randn(96, 64)
+    save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+    return hf, path
+
+
+def test_a_multimodal_folder_trains_its_text_model_and_exports_back_into_its_layout(multimodal, tmp_path, caplog):
+    """Import reads text_config and model.language_model.*, says what it leaves out; the export writes the trained
+    text weights back under model.language_model.*, the folder's config.json with them, and the vision tower and mtp
+    tensors unchanged: it loads again as Qwen3_5ForConditionalGeneration, with our logits."""
+    from safetensors.torch import load_file
+
+    hf, path = multimodal
+    with caplog.at_level("INFO"):
+        ours = imported(path)
+    assert "tensors the model does not train (model.visual.*, mtp.fc.*, mtp.layers.*)" in caplog.text
+    tokens = torch.randint(0, VOCAB, (1, 40), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        logits = ours(tokens)
+        torch.testing.assert_close(logits, hf(input_ids=tokens).logits, rtol=1e-5, atol=1e-5)
+    trained = {k: v + 0.01 if k.endswith("wo.weight") else v for k, v in ours.state_dict().items()}
+    ours.load_state_dict(trained)
+    save_hf(tmp_path / "export", folder_args(path, 64), ours.state_dict(), carry_from=path)
+    config = json.loads((tmp_path / "export" / "config.json").read_text())
+    assert config["model_type"] == "qwen3_5" and config["vision_config"]["depth"] == 1
+    assert config["text_config"]["model_type"] == "qwen3_5_text"
+    before, after = load_file(path / "model.safetensors"), load_file(tmp_path / "export" / "model.safetensors")
+    carried = [k for k in before if k.startswith(("model.visual.", "mtp."))]
+    assert len(carried) > 3 and all(torch.equal(before[k], after[k]) for k in carried)
+    assert set(after) == set(before)  # the same tensors, under the same names
+    back = transformers.Qwen3_5ForConditionalGeneration.from_pretrained(tmp_path / "export").eval()
+    with torch.no_grad():
+        torch.testing.assert_close(back(input_ids=tokens).logits, ours(tokens), rtol=1e-5, atol=1e-5)

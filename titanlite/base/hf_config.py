@@ -158,6 +158,15 @@ FIELDS: dict[str, tuple[str, bool]] = {
     "moe_renormalize": (FLAG, False),
     "num_expert_group": (COUNT, True),
     "model_max_length": (COUNT, False),
+    # the hybrid decoders' (Qwen3.5, Qwen3-Next, OLMo Hybrid): the linear layers, the full layers' partial rotary
+    "linear_num_key_heads": (COUNT, False),
+    "linear_num_value_heads": (COUNT, False),
+    "linear_key_head_dim": (COUNT, False),
+    "linear_value_head_dim": (COUNT, False),
+    "linear_allow_neg_eigval": (FLAG, False),
+    "full_attention_interval": (COUNT, False),
+    "partial_rotary_factor": (POSITIVE, False),
+    "text_config": (OBJECT, False),
 }
 # The fields of a rope_scaling / rope_parameters object (and of each per-layer-type object Gemma 3's holds).
 ROPE_FIELDS: dict[str, tuple[str, bool]] = {
@@ -178,12 +187,13 @@ ROPE_FIELDS: dict[str, tuple[str, bool]] = {
 _LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
-def check_types(config: dict, where: str) -> None:
+def check_types(config: dict, where: str, nullable: tuple[str, ...] = ()) -> None:
     """Refuse, in one line naming it, a field whose JSON value is not what every reader of it takes ("4" or [96]
     where a count goes, true where a number goes, null where a value is needed): a family would otherwise pass it
-    on to the model's constructor, a traceback, or read it as something else (bool("false") is True)."""
+    on to the model's constructor, a traceback, or read it as something else (bool("false") is True). `nullable`:
+    the fields whose null the family's reader takes itself (OLMo Hybrid's rope_theta: no rotation)."""
     for key, value in config.items():
-        if key in FIELDS:
+        if key in FIELDS and not (value is None and key in nullable):
             _check_value(key, value, *FIELDS[key], where)
     for key in ("rope_scaling", "rope_parameters"):
         rope = config.get(key) or {}
@@ -192,11 +202,13 @@ def check_types(config: dict, where: str) -> None:
                 _check_value(f"{key}.{kind}", inner, OBJECT, True, where)
                 _check_rope(inner or {}, f"{key}.{kind}", where)
         else:
-            _check_rope(rope, key, where)
+            _check_rope(rope, key, where, nullable)
 
 
-def _check_rope(rope: dict, name: str, where: str) -> None:
+def _check_rope(rope: dict, name: str, where: str, nullable: tuple[str, ...] = ()) -> None:
     for field, value in rope.items():
+        if value is None and field in nullable:
+            continue
         if field in ROPE_FIELDS:
             _check_value(f"{name}.{field}", value, *ROPE_FIELDS[field], where)
 

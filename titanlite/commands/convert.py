@@ -11,8 +11,14 @@ from titanlite.base.command_line import take_options
 from titanlite.base.errors import ConfigError
 from titanlite.builder.model import plain_model
 from titanlite.builder.plan import plan_model
-from titanlite.components.checkpoint import load_model_only, parse_run_config, pick_checkpoint, save_model_only
-from titanlite.components.hf_weights import check_export_folder, save_hf
+from titanlite.components.checkpoint import (
+    initial_weights_path,
+    load_model_only,
+    parse_run_config,
+    pick_checkpoint,
+    save_model_only,
+)
+from titanlite.components.hf_weights import check_export_folder, is_hf_folder, save_hf
 from titanlite.config import parse_config
 from titanlite.models.common.init import init_weights
 
@@ -24,6 +30,15 @@ def seed_checkpoint(argv: list[str]) -> int:
     path = save_model_only(Path(cfg.job.dump_folder) / cfg.job.name, 0, model.state_dict())
     print(f"titanlite: wrote the seed checkpoint {path}; runs with checkpoint.enable load it on any layout")
     return 0
+
+
+def carried_folder(cfg) -> str | None:
+    """The Hugging Face folder the run started from (its tensors the model does not train, and its layout, go into
+    the export), or None for a run from fresh weights or a DCP checkpoint."""
+    start = initial_weights_path(cfg)
+    if start and (is_hf_folder(start) or cfg.model.flavor == "hf"):
+        return start
+    return None
 
 
 def convert(argv: list[str]) -> int:
@@ -51,6 +66,7 @@ def convert(argv: list[str]) -> int:
         dtype=getattr(torch, cfg.checkpoint.export_dtype),
         tokenizer=planned.tokenizer,
         max_shard_bytes=int(cfg.checkpoint.export_max_shard_gb * 2**30),
+        carry_from=carried_folder(cfg),
     )
     print(
         f"titanlite: exported {path} to {output} ({cfg.checkpoint.export_dtype}, tokenizer {cfg.model.tokenizer}); "

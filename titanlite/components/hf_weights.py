@@ -103,8 +103,18 @@ def to_hf(args, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def _hf_keys(args, keys) -> dict[str, str]:
-    """Our view of a folder's tensor names (non-parameter buffers dropped), mapped to the stored name."""
-    return _names(args).hf_keys(args, [k for k in keys if not k.endswith(_HF_BUFFER_SUFFIXES)])
+    """Our view of a folder's tensor names (non-parameter buffers and carried tensors dropped), mapped to the stored
+    name."""
+    carried = set(hf_carried(args, keys))
+    return _names(args).hf_keys(args, [k for k in keys if not k.endswith(_HF_BUFFER_SUFFIXES) and k not in carried])
+
+
+def hf_carried(args, keys) -> list[str]:
+    """The tensors of a folder that are not the model's but belong with it (a multimodal folder's vision tower, its
+    multi-token-prediction layers): never trained, carried unchanged into an export of a run that started from the
+    folder. A family names them with its weights module's `hf_carried(args, keys)`; none where it has no such hook."""
+    module = _names(args)
+    return list(module.hf_carried(args, list(keys))) if hasattr(module, "hf_carried") else []
 
 
 def hf_sources(args) -> dict[str, str | tuple[str, ...]]:
@@ -171,9 +181,15 @@ def save_hf(
     dtype: torch.dtype = torch.float32,
     tokenizer=None,
     max_shard_bytes: int = 5 * 2**30,
+    carry_from: str | Path | None = None,
 ) -> None:
     """Write config.json, generation_config.json, the weights cast to `dtype` and (given a tokenizer) its
     files to `folder` (created if needed), so that AutoModelForCausalLM and AutoTokenizer load it offline.
+
+    `carry_from`: the Hugging Face folder the run started from. Its carried tensors (hf_carried: a vision tower,
+    multi-token-prediction layers) go into the export unchanged, in their stored dtype, and where the family lays the
+    folder out otherwise (a multimodal folder: the family's `hf_folder` hook) the export keeps that layout and the
+    folder's config.json with the trained model's fields in it, so the export loads as the folder did.
 
     Weights over max_shard_bytes are split into model-0000i-of-0000n.safetensors files listed by
     model.safetensors.index.json, as save_pretrained does. A tied model's lm_head.weight is left out, as
@@ -190,7 +206,7 @@ def save_hf(
         if staging.exists():  # an export killed while writing (nothing of it reached `folder`)
             shutil.rmtree(staging)
         staging.mkdir(parents=True)
-        _write_export(staging, args, state_dict, dtype, tokenizer, max_shard_bytes)
+        _write_export(staging, args, state_dict, dtype, tokenizer, max_shard_bytes, carry_from)
         folder.mkdir(exist_ok=True)
         for stale in _exported_files(folder):  # a re-export leaves no file of the earlier one (shards of another count)
             (folder / stale).unlink(missing_ok=True)
@@ -209,7 +225,13 @@ def save_hf(
 
 
 def _write_export(
-    folder: Path, args, state_dict: dict[str, torch.Tensor], dtype: torch.dtype, tokenizer, max_shard_bytes: int
+    folder: Path,
+    args,
+    state_dict: dict[str, torch.Tensor],
+    dtype: torch.dtype,
+    tokenizer,
+    max_shard_bytes: int,
+    carry_from: str | Path | None = None,
 ) -> None:
     """save_hf's files, into the new folder `folder`."""
     from safetensors.torch import save_file  # optional dependency (the [hf] extra)
@@ -223,6 +245,8 @@ def _write_export(
         del hf["lm_head.weight"]
     # clone: no entry may share storage with another (or stay a view of the live model's parameters).
     tensors = {k: v.detach().to(device="cpu", dtype=dtype).contiguous().clone() for k, v in hf.items()}
+    if carry_from is not None:
+        config, tensors = _carry(carry_from, args, config, tensors)
     shards = _shards(tensors, max_shard_bytes)
     if len(shards) == 1:
         save_file(tensors, str(folder / WEIGHTS_FILE), metadata={"format": "pt"})
@@ -242,6 +266,25 @@ def _write_export(
     # recorded for the next.
     written = sorted(p.name for p in folder.iterdir() if p.is_file() and p.name != EXPORT_RECORD)
     (folder / EXPORT_RECORD).write_text(json.dumps({"files": written}, indent=1) + "\n")
+
+
+def _carry(
+    source: str | Path, args, config: dict, tensors: dict[str, torch.Tensor]
+) -> tuple[dict, dict[str, torch.Tensor]]:
+    """The export's config.json and tensors in the layout of the folder `source` the run started from (the family's
+    hf_folder hook, where its folders have one of their own), with the folder's carried tensors added unchanged."""
+    source = Path(source)
+    if not (source / CONFIG_FILE).is_file():
+        raise ConfigError(
+            f"{source}, the Hugging Face folder this run started from, is gone; an export carries its tensors the "
+            "model does not train (a vision tower, multi-token prediction): put the folder back there"
+        )
+    reader = WeightReader(source)
+    carried = hf_carried(args, reader.keys())
+    module = _names(args)
+    if hasattr(module, "hf_folder"):
+        config, tensors = module.hf_folder(args, config, tensors, read_config(source))
+    return config, tensors | {name: reader.get(name) for name in carried}
 
 
 def _shards(tensors: dict[str, torch.Tensor], max_bytes: int) -> list[list[str]]:
@@ -526,6 +569,13 @@ def load_hf_into(model_parts: list, folder: str | Path) -> None:
 def _say_conversions(reader: WeightReader, keys: dict[str, str], source, target) -> None:
     """One line for each change the load makes, as intended: weights widened to float32, the vocabulary's rows
     padded to a named flavor's (GPT-2's 50257 ids to 50304 rows)."""
+    carried = hf_carried(source, reader.keys())
+    if carried:
+        kinds = sorted({".".join(name.split(".")[:2]) + ".*" for name in carried})
+        logger.info(
+            f"  checkpoint: {reader.folder} also holds {len(carried)} tensors the model does not train "
+            f"({', '.join(kinds)}): left out of the run, carried unchanged into its export (convert to-hf)"
+        )
     dtypes = sorted({reader.header(stored)[0] for stored in keys.values()} - {"F32"})
     if dtypes:
         names = " and ".join(EXACT_IN_FLOAT32[d] for d in dtypes)

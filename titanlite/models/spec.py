@@ -44,6 +44,8 @@ class HFConfig:
     experts: bool = False
     also_reads: tuple[str, ...] = ()
     """More model_types `read` takes (a published multimodal folder whose text model this family is)."""
+    nullable: tuple[str, ...] = ()
+    """Fields whose null `read` takes itself (OLMo Hybrid's rope_theta: no rotation); null is refused elsewhere."""
 
 
 @dataclass(frozen=True)

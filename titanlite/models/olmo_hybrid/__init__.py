@@ -17,7 +17,7 @@ SPEC = ModelSpec(
     tp_plan="titanlite.models.olmo_hybrid.parallelize:tp_plan",
     hf_weights="titanlite.models.olmo_hybrid.weights",
     tp_split_sizes=args.split_sizes,
-    hf=HFConfig(hf_config.MODEL_TYPE, hf_config.read, hf_config.write),
+    hf=HFConfig(hf_config.MODEL_TYPE, hf_config.read, hf_config.write, nullable=("rope_theta",)),
     tp_refusal=tp_refusal,
     with_depth=args.with_depth,
     description="OLMo Hybrid: 3 pre-norm Gated DeltaNet (beta x2) : 1 OLMo 2 post-norm attention layers, "

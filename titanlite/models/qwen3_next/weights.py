@@ -5,7 +5,7 @@ k rows, then the v rows and then the z rows of the value heads that read it ([Hk
 heads per key head); in_proj_ba likewise each group's b rows then its a rows ([Hk, r + r, dim]). Import regroups them
 into our wq, wk, wv, wz, wb, wa (value heads in the order g r + j, as transformers' reshape leaves them); export fuses
 them back. conv1d.weight is [q | k | v] of the regrouped heads, as Qwen3.5's. The multi-token prediction layer of the
-published folders (mtp.*) is not part of the model: its tensors are skipped, as transformers skips them."""
+published folders (mtp.*) is not part of the model: its tensors are carried (hf_carried), unchanged into an export."""
 
 from __future__ import annotations
 
@@ -20,6 +20,11 @@ FUSED = {  # Hugging Face's fused tensor (under linear_attn.) -> ours (under att
 }
 PART = {ours: (hf, i) for hf, parts in FUSED.items() for i, ours in enumerate(parts)}
 MTP_PREFIX = "mtp."
+
+
+def hf_carried(args: Qwen3NextArgs, keys: list[str]) -> list[str]:
+    """The multi-token-prediction layer's tensors (mtp.*): not trained here, carried unchanged into an export."""
+    return [k for k in keys if k.startswith(MTP_PREFIX)]
 
 
 def _linear_layer(args: Qwen3NextArgs, name: str) -> bool:
@@ -37,8 +42,8 @@ def hf_sources(args: Qwen3NextArgs) -> dict[str, str | tuple[str, ...]]:
 
 
 def hf_keys(args: Qwen3NextArgs, keys: list[str]) -> dict[str, str]:
-    """A folder's tensor names, the multi-token prediction layer's (mtp.*) left out."""
-    return {k: k for k in keys if not k.startswith(MTP_PREFIX)}
+    """A folder's tensor names as they are (the carried mtp.* are left out before this is asked)."""
+    return {k: k for k in keys}
 
 
 def _widths(args: Qwen3NextArgs, fused: str) -> list[int]:

@@ -15,10 +15,13 @@ import torch
 
 from titanlite.models.common import decoder_weights as llama
 from titanlite.models.common.hybrid.args import HybridArgs, HybridMoEArgs
+from titanlite.models.common.hybrid.hf_config import MULTIMODAL
 from titanlite.models.common.moe.layer import moe_to_hf
 from titanlite.models.common.moe.weights import naming
 
 TEXT_PREFIX = "model.language_model."  # where the multimodal folders keep the text model's "model."
+# What a published folder holds beside the text model: the vision tower, the multi-token-prediction layers.
+CARRIED_PREFIXES = ("model.visual.", "mtp.")
 
 LINEAR = {  # ours (under attention.) -> Hugging Face's (under linear_attn.), one to one
     "wz.weight": "in_proj_z.weight",
@@ -75,6 +78,28 @@ def hf_sources(args: HybridArgs) -> dict[str, str | tuple[str, ...]]:
 def hf_keys(args: HybridArgs, keys: list[str]) -> dict[str, str]:
     """A folder's tensor names as the text model's: the multimodal folders' model.language_model.* as model.*."""
     return {("model." + k[len(TEXT_PREFIX) :] if k.startswith(TEXT_PREFIX) else k): k for k in keys}
+
+
+def hf_carried(args: HybridArgs, keys: list[str]) -> list[str]:
+    """The folder's vision tower (model.visual.*) and multi-token-prediction layers (mtp.*): not the text model's,
+    carried unchanged into an export (titanlite/components/hf_weights.py)."""
+    return [k for k in keys if k.startswith(CARRIED_PREFIXES)]
+
+
+def hf_folder(args: HybridArgs, config: dict, tensors: dict, source: dict) -> tuple[dict, dict]:
+    """An export in the layout of the folder it started from: a multimodal one (model_type qwen3_5 / qwen3_5_moe)
+    gets its own config.json back with the trained text model's fields in text_config, and the text tensors under
+    model.language_model.* (lm_head.weight where it was); a text model's folder, the export as it is."""
+    if source.get("model_type") not in MULTIMODAL:
+        return config, tensors
+    text = dict(source.get("text_config") or {})
+    skip = ("architectures", "model_type", "dtype", "torch_dtype")
+    text |= {k: v for k, v in config.items() if k not in skip}
+    out = {**source, "text_config": text}
+    for key in ("tie_word_embeddings", "dtype", "torch_dtype"):
+        out[key] = config[key]
+    renamed = {(TEXT_PREFIX + k[len("model.") :] if k.startswith("model.") else k): v for k, v in tensors.items()}
+    return out, renamed
 
 
 def _rotary_rows(args: HybridArgs, w: torch.Tensor, heads: int, to_hf: bool) -> torch.Tensor:
