@@ -7,6 +7,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+from torch.utils.flop_counter import FlopCounterMode
 
 from tests.helpers import run_ranks
 from titanlite.components.metrics import (
@@ -20,7 +21,9 @@ from titanlite.components.optim import LRSchedulers, Optimizers, clip_grad_norm_
 from titanlite.config import LRScheduler, Optimizer
 from titanlite.models import registry
 from titanlite.models.common.build import build_model
-from titanlite.models.common.flops import dense_flops_per_token
+from titanlite.models.common.flops import delta_rule_flops_per_token, dense_flops_per_token, matmul_parameters
+from titanlite.models.common.gated_delta_net import GatedDeltaNet
+from titanlite.models.common.linear_attention import gated_delta_rule_chunked
 
 
 def test_warmup_then_cosine_to_min_factor():
@@ -134,6 +137,37 @@ def test_flops_per_token_formula_for_gpt2_124m():
     assert flops_per_token(model, 1024) == 6 * n + 12 * a.n_layers * a.dim * 1024
     # The familiar figure: ~0.87 GFLOP per token for GPT-2 small at T=1024.
     assert 0.8e9 < flops_per_token(model, 1024) < 0.9e9
+
+
+def test_hybrid_flops_count_attention_at_full_layers_and_the_delta_rule_at_linear_ones():
+    # Qwen3.5's debug model: 1 full-attention layer (4 heads x 16) and 3 Gated DeltaNet layers (4 value heads,
+    # Dk = Dv = 16, chunks of 64). Only the full layer's term grows with T; each linear layer adds the rule's
+    # 3 x H x (5 C Dk + 3 C Dv + 6 Dk Dv), whatever T.
+    with torch.device("meta"):
+        model = build_model("qwen3_5", "debug", 256, 4096)
+    rule = 3 * 4 * (5 * 64 * 16 + 3 * 64 * 16 + 6 * 16 * 16)
+    for seq in (4096, 16384):
+        assert flops_per_token(model, seq) == 6 * matmul_parameters(model) + 12 * 1 * 4 * 16 * seq + 3 * rule
+    # Kimi Linear's debug model: KDA's per-channel decay makes each score 7 C Dk where Gated DeltaNet's is 5 C Dk.
+    with torch.device("meta"):
+        kimi = build_model("kimi_linear", "debug", 256, 4096)
+    a = kimi.args
+    linear = a.n_layers - len(a.attention_layers())
+    grows = flops_per_token(kimi, 8192) - flops_per_token(kimi, 4096)
+    assert grows == 12 * (a.n_layers - linear) * a.n_heads * a.head_dim * 4096
+
+
+def test_the_delta_rule_count_follows_the_chunked_kernel():
+    # The forward's matmuls as torch's FLOP counter sees them in gated_delta_rule_chunked, plus the two triangular
+    # solves it does not count (C^2 per column per chunk: C (Dk + Dv) per token), are a third of the formula's R.
+    layer = GatedDeltaNet(64, key_heads=2, value_heads=4, key_dim=16, value_dim=32, conv_size=4)
+    tokens, heads, chunk, dk, dv = 128, 4, layer.rule.chunk_size, 16, 32
+    q, k = torch.randn(1, tokens, 2, dk), torch.randn(1, tokens, 2, dk)
+    v, g, beta = torch.randn(1, tokens, heads, dv), -torch.rand(1, tokens, heads), torch.rand(1, tokens, heads)
+    with FlopCounterMode(display=False) as counter:
+        gated_delta_rule_chunked(q, k, v, g, beta, chunk_size=chunk)
+    forward = counter.get_total_flops() + tokens * heads * chunk * (dk + dv)
+    assert 3 * forward == tokens * delta_rule_flops_per_token(layer)
 
 
 def test_peak_is_unknown_on_cpu_unless_configured():

@@ -19,7 +19,7 @@ SPEC = ModelSpec(
     hf=HFConfig(hf_config.MODEL_TYPE, hf_config.read, hf_config.write, experts=True),
     moe=lambda a: a.moe,
     with_depth=args.with_depth,
-    flops="titanlite.models.kimi_linear.model:flops_per_token",
+    flops="titanlite.models.common.flops:moe_flops_per_token",
     auxiliary_losses=args.auxiliary_losses,
     description="Kimi Linear: Kimi Delta Attention (per-channel decay) at 3 of 4 layers, latent attention without "
     "positions at the 4th, sigmoid-routed experts with a balancing bias and a shared expert, the first layer dense",

@@ -14,8 +14,7 @@ import torch
 from torch import nn
 
 from titanlite.models.common.decoder import Transformer
-from titanlite.models.common.flops import moe_flops_per_token
-from titanlite.models.common.interface import Decoder, DecoderModule
+from titanlite.models.common.interface import Decoder
 from titanlite.models.common.kimi_delta import KimiDeltaAttention
 from titanlite.models.common.mixers import LatentAttention
 from titanlite.models.common.rope import RotaryTable
@@ -91,15 +90,6 @@ class KimiLinear(Transformer):
             trunc(std / math.sqrt(2 * self.args.n_layers))
         else:
             raise KeyError(f"KimiLinear.init_param: unknown parameter {name!r}")
-
-
-def flops_per_token(model: DecoderModule, seq_len: int) -> float:
-    """Training FLOPs per token: the mixture of experts' formula (moe_flops_per_token) with attention's
-    12 * L * d * T counted over the latent-attention layers only. KDA's sequence work grows with the chunk, not the
-    sequence, and is not counted, as norms are not."""
-    args = model.args
-    linear = args.n_layers - len(args.attention_layers())
-    return moe_flops_per_token(model, seq_len) - 12.0 * linear * args.n_heads * args.head_dim * seq_len
 
 
 if TYPE_CHECKING:  # mypy holds the class to the model interface and names any member that differs
