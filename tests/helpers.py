@@ -94,12 +94,15 @@ def torchrun(nproc: int, args: list[str], run_dir: Path, timeout: int = 300) -> 
     return subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=timeout)
 
 
-def train_in_pool(nproc: int, args: list[str], run_dir: Path, timeout: int = 300, **extra_env: str) -> Ran:
+def train_in_pool(
+    nproc: int, args: list[str], run_dir: Path, timeout: float = 300, job_name: str = "run", **extra_env: str
+) -> Ran:
     """What torchrun(nproc, args, run_dir) runs, on `nproc` ranks of the pool (tests/pool.py) that outlives the
     test: the worker's own train() on each rank, without starting and importing N interpreters. A failure on any
-    rank fails the test with its traceback; the result has the run's stdout (rank 0's, then what other ranks say)."""
-    argv = ["--job.dump_folder", str(run_dir), "--job.name", "run", *args]
-    folder = Path(run_dir) / "run"
+    rank fails the test with its traceback; the result has the run's stdout (rank 0's, then what other ranks say).
+    The run folder is run_dir/job_name."""
+    argv = ["--job.dump_folder", str(run_dir), "--job.name", job_name, *args]
+    folder = Path(run_dir) / job_name
     with tempfile.TemporaryDirectory() as kept:
         if folder.exists():  # what the test put there (a checkpoint to resume), for a second attempt
             shutil.copytree(folder, Path(kept) / "run", symlinks=True)

@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from tests.helpers import REPO, env
+from tests.helpers import REPO, env, train_in_pool
+from tests.pool import PoolFailure
 
 
 def bench(*args: str) -> subprocess.CompletedProcess:
@@ -67,15 +68,34 @@ def test_bench_refuses_bad_options_in_one_line():
 TINY_BENCH = ["--model.tokenizer", "byte", "--training.seq_len", "32", "--training.local_batch_size", "4"]
 
 
-def run_cli(*args: str, ngpu: int | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
-    extra = {"NGPU": str(ngpu)} if ngpu else {}
-    cmd = [sys.executable, "-m", "titanlite.commands.cli", *args]
-    return subprocess.run(cmd, cwd=REPO, env=env(**extra), capture_output=True, text=True, timeout=timeout)
+@pytest.fixture
+def bench_jobs_in_the_pool(monkeypatch):
+    """The bench commands below run in this process (the `cli` fixture, as plan --measure's tests run plan), their
+    training jobs on the pool's ranks (tests/helpers.py train_in_pool): the same worker's train() that the command's
+    own strategies.launch starts under torchrun, without the launcher and the fork server's imports per job. What
+    the bench reads of a job (its exit status, metrics and profiler traces in its run folder) is the same either way.
+    Jobs named in the returned set are launched as the command launches them (strategies.launch)."""
+    from titanlite.tools import strategies  # imports torch and titanlite: only these tests pay
+
+    launch, launched = strategies.launch, set()
+
+    def in_the_pool(ranks, args, run_root, name, timeout=3600):
+        if name in launched:
+            return launch(ranks, args, run_root, name, timeout)
+        try:
+            ran = train_in_pool(ranks, args, run_root, timeout=timeout, job_name=name)
+        except PoolFailure as failure:  # the bench's row then says why, as after a failed launch
+            return subprocess.CompletedProcess(args, 1, "", str(failure))
+        return subprocess.CompletedProcess(args, 0, ran.stdout, ran.stderr)
+
+    monkeypatch.setattr(strategies, "launch", in_the_pool)
+    return launched
 
 
-@pytest.mark.slow  # ~45 s: seven profiled layouts; CI runs it
-def test_bench_strategies_writes_table_json_and_chart(tmp_path):
-    proc = run_cli("bench", "strategies", "--steps", "6", "--output", str(tmp_path), *TINY_BENCH, ngpu=2)
+@pytest.mark.slow  # six profiled layouts; CI runs it
+def test_bench_strategies_writes_table_json_and_chart(tmp_path, cli, bench_jobs_in_the_pool):
+    bench_jobs_in_the_pool.add("ddpx2")  # DDP x 2 through torchrun, as the command launches every job
+    proc = cli("bench", "strategies", "--steps", "6", "--output", str(tmp_path), *TINY_BENCH, env={"NGPU": "2"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((tmp_path / "strategies.json").read_text())
     rows = {r["strategy"]: r for r in report["rows"]}
@@ -106,9 +126,9 @@ def test_bench_strategies_writes_table_json_and_chart(tmp_path):
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
 
 
-@pytest.mark.slow  # ~16 s of doubling batch sizes; CI runs it
-def test_bench_batch_sizes_stops_at_the_limit(tmp_path):
-    proc = run_cli(
+@pytest.mark.slow  # doubling batch sizes; CI runs it
+def test_bench_batch_sizes_stops_at_the_limit(tmp_path, cli, bench_jobs_in_the_pool):
+    proc = cli(
         "bench",
         "batch-sizes",
         "--steps",
