@@ -20,6 +20,7 @@ from titanlite.tools import plan
 pytestmark = pytest.mark.distributed
 
 BYTE = ["--model.tokenizer", "byte", "--training.seq_len", "512"]  # activations dominate, not the logits
+HYBRID_4096 = ["--model.tokenizer", "byte", "--training.seq_len", "4096", "--training.local_batch_size", "1"]
 CASES = [
     pytest.param("single", 1, [], marks=pytest.mark.slow),  # ZeRO-3 with the byte tokenizer and full AC stays
     pytest.param("single_ac_full", 1, ["--activation_checkpoint.mode", "full"], marks=pytest.mark.slow),
@@ -83,6 +84,12 @@ CASES = [
             "--parallelism.expert_parallel_degree",
             "2",
         ],
+        marks=pytest.mark.slow,
+    ),
+    pytest.param(  # a hybrid: 3 Gated DeltaNet layers (the chunked kernel's saved tensors) and 1 full-attention layer
+        "qwen3_5_byte_4096",
+        1,
+        ["--config", "train_configs/qwen3_5_debug.toml", *HYBRID_4096],
         marks=pytest.mark.slow,
     ),
     pytest.param(

@@ -9,6 +9,7 @@ import pytest
 from tests.helpers import REPO, env
 from titanlite.builder.estimate import pipeline_bubbles, stage_layers
 from titanlite.builder.layouts import candidate_layouts, layout_of, offload_layouts
+from titanlite.builder.model_facts import model_facts
 from titanlite.builder.plan import plan_model
 from titanlite.config import parse_config
 
@@ -266,3 +267,19 @@ def test_flex_attention_is_planned_without_the_dense_mask(plan):
         mask = sdpa["micro_batch"] * local_tokens * tokens * 2
         saved = sdpa["activations"] - flex["activations"]
         assert abs(saved - mask) <= 0.01 * mask, (layout, saved, mask)
+
+
+def test_linear_attention_layers_save_the_same_bytes_per_token_at_any_length():
+    """The planner measures what Qwen3.5's Gated DeltaNet layers save for backward (the chunked kernel's [B, H, T/C,
+    C, C] tensors, the [B, H, T, Dk or Dv] ones, one [B, H, Dk, Dv] state per chunk): no [T, T] tensor, so the bytes
+    per token are the same at 1,024 and 4,096 tokens, as the full-attention layer's (the flash kernel's) are. The
+    measured peaks beside these estimates are in BENCHMARKS.md."""
+    per_token = {}
+    for seq in (1024, 4096):
+        cfg = parse_config(["--config", "train_configs/qwen3_5_debug.toml", "--model.tokenizer", "byte",
+                            "--model.attn_mask_type", "causal", "--training.seq_len", str(seq)])  # fmt: skip
+        facts = model_facts(cfg, plan_model(cfg))
+        per_token[seq] = [saved / seq for saved in facts.act_layer]
+    kinds = ("linear", "linear", "linear", "full")
+    for kind, short, long in zip(kinds, per_token[1024], per_token[4096]):
+        assert abs(long / short - 1) < 0.01, (kind, short, long)

@@ -36,6 +36,9 @@ def _dense(dim, n_layers, n_heads, n_kv_heads, ffn_dim, value_heads, tie) -> Qwe
 # The text models of Qwen/Qwen3.5-* (their config.json text_config).
 FLAVORS = {
     "debug": Qwen35Args(**DEBUG_SHAPE),
+    # The debug model with gated full attention at every layer: the baseline the hybrid's linear layers are measured
+    # against (BENCHMARKS.md).
+    "debug_full": Qwen35Args(**DEBUG_SHAPE, layer_types=("full_attention",) * DEBUG_SHAPE["n_layers"]),
     "qwen3_5_0.8b": _dense(1024, 24, 8, 2, 3584, 16, tie=True),
     "qwen3_5_2b": _dense(2048, 24, 8, 2, 6144, 16, tie=True),
     "qwen3_5_4b": _dense(2560, 32, 16, 4, 9216, 32, tie=True),
