@@ -8,7 +8,9 @@ compares the config's own layout with the machine before launch. Per rank, for e
   optimizer     AdamW's two fp32 moments, sharded as the parameters
   activations   the saved tensors of one micro-batch per layer (by AC mode), in the activation dtype
                 (bf16 under mixed precision on GPUs), x the micro-batches a pipeline stage keeps in
-                flight; under TP+SP divided by TP except the two gathered norm outputs per block
+                flight; under TP+SP divided by TP except the two gathered norm outputs per block. A
+                linear-attention layer's are its chunked kernel's ([B, H, T/C, C, C] and [B, H, T, Dk or Dv]
+                tensors and one [B, H, Dk, Dv] state per chunk): measured as the others, linear in T
   temporary     FSDP's unsharded parameters (ZeRO-2: all of them, kept from forward to backward;
                 ZeRO-3: the largest unit twice, current and prefetched) and one unit's unsharded
                 gradients for the reduce-scatter; the loss's full-vocabulary gradients in backward
