@@ -212,3 +212,19 @@ def test_a_multimodal_folder_trains_its_text_model_and_exports_back_into_its_lay
     back = transformers.Qwen3_5ForConditionalGeneration.from_pretrained(tmp_path / "export").eval()
     with torch.no_grad():
         torch.testing.assert_close(back(input_ids=tokens).logits, ours(tokens), rtol=1e-5, atol=1e-5)
+
+
+def test_initial_weights_start_the_linear_layers_output_norms_at_one_and_the_zero_centred_norms_at_zero():
+    """The (1 + w) norms start at 0 (a factor of one); the linear layers' output norm multiplies by its weight as it
+    is, so it starts at 1 (at 0 every linear layer would output zeros), as transformers initialises both."""
+    from titanlite.models.common.init import init_weights
+    from titanlite.models.registry import model_args
+
+    model = model_from_args(model_args("qwen3_5", "debug", 256, 64))
+    init_weights(model, seed=0)
+    linear = model.layers["0"].attention
+    assert torch.equal(linear.norm.weight, torch.ones_like(linear.norm.weight))
+    for norm in (model.norm, model.layers["0"].attention_norm, model.layers["3"].attention.q_norm):
+        assert torch.equal(norm.weight, torch.zeros_like(norm.weight))
+    a = linear.A_log.exp()
+    assert bool((a >= 0.01).all() and (a <= 16).all()) and torch.equal(linear.dt_bias, torch.ones_like(linear.dt_bias))

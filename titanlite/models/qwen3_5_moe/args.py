@@ -44,7 +44,8 @@ def _moe(dim, n_layers, n_heads, experts, top_k, expert_dim, value_heads) -> Qwe
 
 # The text models of Qwen/Qwen3.5-*-A*B (their config.json text_config).
 FLAVORS = {
-    "debug": Qwen35MoEArgs(**DEBUG_SHAPE),
+    # Every layer a mixture: ffn_dim is the experts' width, as a qwen3_5_moe config.json reads back.
+    "debug": Qwen35MoEArgs(**DEBUG_SHAPE | {"ffn_dim": 32}),
     "qwen3_5_moe_35b_a3b": _moe(2048, 40, 16, 256, 8, 512, 32),
     "qwen3_5_moe_122b_a10b": _moe(3072, 48, 32, 256, 8, 1024, 64),
     "qwen3_5_moe_397b_a17b": _moe(4096, 60, 32, 512, 10, 1024, 64),

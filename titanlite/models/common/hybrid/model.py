@@ -66,10 +66,10 @@ class HybridDecoder(Transformer):
         other input-side ones."""
         path, _, leaf = name.rpartition(".")
         parent = path.rpartition(".")[2]
-        if leaf == "weight" and parent in ZERO_CENTERED:
-            nn.init.zeros_(full)
-        elif leaf == "weight" and parent == "norm" and "attention" in path:  # a linear layer's output norm
+        if leaf == "weight" and path.endswith("attention.norm"):  # a linear layer's output norm: a plain weight
             nn.init.ones_(full)
+        elif leaf == "weight" and parent in ZERO_CENTERED:
+            nn.init.zeros_(full)
         elif leaf == "A_log":
             full.copy_(torch.empty_like(full).uniform_(0.01, 16.0, generator=generator).log_())
         elif leaf == "dt_bias":
