@@ -58,6 +58,22 @@ def fsdp4_runs(tmp_path_factory):
     return straight, stopped
 
 
+@pytest.fixture(scope="module")
+def straight_run(tmp_path_factory):
+    """straight_run(layout) -> the folder of an uninterrupted 20-step run on `layout`, made once per module: the
+    reference of the bitwise resume and of the process-based saver on that layout."""
+    cache = {}
+
+    def get(layout):
+        if layout not in cache:
+            folder = tmp_path_factory.mktemp(f"straight_{layout}")
+            run(layout, folder)
+            cache[layout] = folder
+        return cache[layout]
+
+    return get
+
+
 def resume_copy(stopped, dest):
     """A run folder holding only what the stopped run left at step 10."""
     (dest / "run").mkdir(parents=True)
@@ -71,12 +87,11 @@ def resume_copy(stopped, dest):
 @pytest.mark.parametrize(
     "layout", [pytest.param("single", marks=pytest.mark.slow), "fsdp4", pytest.param("pp2", marks=pytest.mark.slow)]
 )
-def test_resume_is_bitwise_exact(tmp_path, fsdp4_runs, layout):
+def test_resume_is_bitwise_exact(tmp_path, fsdp4_runs, straight_run, layout):
     if layout == "fsdp4":
         straight, stopped = fsdp4_runs
     else:
-        straight, stopped = tmp_path / "straight", tmp_path / "stopped"
-        run(layout, straight)
+        straight, stopped = straight_run(layout), tmp_path / "stopped"
         run(layout, stopped, "--training.stop_after_step", "10")
     assert [r["step"] for r in metrics(stopped)] == list(range(1, 11))
     assert sorted(p.name for p in (stopped / "run").glob("step-*")) == ["step-10", "step-5"]
@@ -140,15 +155,14 @@ def test_async_save_resumes_exactly(tmp_path, fsdp4_runs):
 # (slow) reuses fsdp4_runs' uninterrupted run.
 @pytest.mark.slow  # both layouts: the default suite keeps under 15 minutes; CI runs them
 @pytest.mark.parametrize("layout", ["single", "fsdp4"])
-def test_process_saver_resumes_exactly_and_leaves_no_tmp(tmp_path, fsdp4_runs, layout):
+def test_process_saver_resumes_exactly_and_leaves_no_tmp(tmp_path, fsdp4_runs, straight_run, layout):
     """async_with_pinned_mem runs DCP's process-based saver on the CPU too (shared, not pinned, memory):
     saves every 5 steps, a stop at 10 and a resume to 20 give the uninterrupted run's losses bit for bit."""
     mode = ["--checkpoint.async_mode", "async_with_pinned_mem"]
     if layout == "fsdp4":
         straight, _ = fsdp4_runs
     else:
-        straight = tmp_path / "straight"
-        run(layout, straight)
+        straight = straight_run(layout)  # test_resume_is_bitwise_exact[single]'s reference too
     # Launched, not in the pool: DCP's saver process starts from the worker's entry point and logs to its stderr.
     first = launched(layout, tmp_path, *mode, "--training.stop_after_step", "10")
     assert (
