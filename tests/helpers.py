@@ -16,7 +16,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
-from tests.pool import PoolFailure, Ran, pool, train_job
+from tests.pool import PoolFailure, Ran, cli_job, pool, train_job
 from titanlite.base.failures import reason_in
 
 REPO = Path(__file__).resolve().parents[1]
@@ -119,6 +119,15 @@ def train_in_pool(
             if (Path(kept) / "run").exists():
                 shutil.copytree(Path(kept) / "run", folder, symlinks=True)
             return pool(nproc).run(train_job, argv, env=extra_env, timeout=timeout)
+
+
+def cli_in_pool(argv: list[str], timeout: float = 300) -> subprocess.CompletedProcess:
+    """`titanlite ARGV` run by the pool's one rank (tests/pool.py), its status and what it printed: for a command
+    whose figures a test reads (`eval` on one process), without starting an interpreter that imports torch and
+    titanlite; the rank gets its torch switches, environment and folder back afterwards. One-line errors and exit
+    statuses stay on the command as a process of its own."""
+    ran = pool(1).run(cli_job, list(argv), timeout=timeout)
+    return subprocess.CompletedProcess(list(argv), ran.values[0], ran.stdout, ran.stderr)
 
 
 def run_train_sh(

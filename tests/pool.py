@@ -369,3 +369,26 @@ def train_job(argv: list[str]) -> None:
 
     logs.set_up(int(os.environ["RANK"]))
     train(parse_config(argv))
+
+
+def cli_job(argv: list[str]) -> int:
+    """`titanlite ARGV` on this rank (titanlite/commands/cli.py main, as the `titanlite` entry point runs it): its
+    exit status. A command that runs a worker here enables faulthandler on stderr, which needs a file descriptor:
+    the body's captured stderr gets the rank's own (its log, where a crash's stacks then go)."""
+    from titanlite.commands.cli import main
+
+    with contextlib.redirect_stderr(_WithFileno(sys.stderr, 2)):
+        return main(argv)
+
+
+class _WithFileno:
+    """`stream`, with fileno() answering `fd`."""
+
+    def __init__(self, stream: Any, fd: int) -> None:
+        self._stream, self._fd = stream, fd
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)

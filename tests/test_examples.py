@@ -3,12 +3,10 @@
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
-from tests.helpers import REPO, TINY, env, losses, metrics, run_train_sh, torchrun
+from tests.helpers import TINY, cli_in_pool, losses, metrics, run_train_sh, torchrun
 from tests.pool import close_pools
 
 
@@ -36,19 +34,8 @@ def test_default_run_learns_by_a_third(tmp_path):
     val = [r["val_loss"] for r in evaluated]
     assert all(later < earlier for earlier, later in zip(val, val[1:])), val  # the validation loss falls
     # `titanlite eval` on the final checkpoint prints the run's last evaluation
-    cmd = [
-        sys.executable,
-        "-m",
-        "titanlite.commands.cli",
-        "eval",
-        "--job.dump_folder",
-        str(tmp_path),
-        "--job.name",
-        "run",
-        "--output",
-        str(tmp_path / "eval.json"),
-    ]
-    ev = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=600)
+    args = ["--job.dump_folder", str(tmp_path), "--job.name", "run", "--output", str(tmp_path / "eval.json")]
+    ev = cli_in_pool(["eval", *args], timeout=600)  # `titanlite eval ARGS` on the pool's one rank
     assert ev.returncode == 0, ev.stdout[-2000:] + ev.stderr[-3000:]
     assert f"val_loss {val[-1]:.4f}  val_perplexity {evaluated[-1]['val_perplexity']:.2f}" in ev.stdout
     assert json.loads((tmp_path / "eval.json").read_text())["val_loss"] == pytest.approx(val[-1], rel=1e-6)

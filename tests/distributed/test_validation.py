@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.helpers import REPO, VALIDATED, VALIDATION_WINDOWS, env, metrics, train_in_pool
+from tests.helpers import REPO, VALIDATED, VALIDATION_WINDOWS, cli_in_pool, env, metrics, train_in_pool
 
 pytestmark = pytest.mark.distributed
 
@@ -66,6 +66,10 @@ def titanlite_eval(args: list[str], run_dir) -> subprocess.CompletedProcess:
     )
 
 
+def eval_in_pool(args: list[str], run_dir) -> subprocess.CompletedProcess:
+    return cli_in_pool(["eval", "--job.dump_folder", str(run_dir), "--job.name", "run", *args])
+
+
 @pytest.mark.slow  # about 23 s; CI runs it
 def test_eval_of_the_final_checkpoint_prints_the_runs_last_validation_loss(tmp_path):
     checkpointed = [
@@ -82,7 +86,9 @@ def test_eval_of_the_final_checkpoint_prints_the_runs_last_validation_loss(tmp_p
     last = [r for r in metrics(tmp_path) if "val_loss" in r][-1]
     assert last["step"] == 5
 
-    same = titanlite_eval([*checkpointed, "--output", str(tmp_path / "eval.json")], tmp_path)
+    # On one process, `titanlite eval` runs on the pool's one rank (tests/helpers.py cli_in_pool): the figures are
+    # what this test reads; test_eval_without_a_checkpoint_is_one_line runs the command as a process of its own.
+    same = eval_in_pool([*checkpointed, "--output", str(tmp_path / "eval.json")], tmp_path)
     assert same.returncode == 0, same.stdout[-2000:] + same.stderr[-4000:]
     assert f"val_loss {last['val_loss']:.4f}  val_perplexity {last['val_perplexity']:.2f}" in same.stdout
     result = json.loads((tmp_path / "eval.json").read_text())
@@ -117,7 +123,7 @@ def test_eval_of_the_final_checkpoint_prints_the_runs_last_validation_loss(tmp_p
         text=True,
     )
     assert export.returncode == 0, export.stderr[-3000:]
-    from_hf = titanlite_eval(
+    from_hf = eval_in_pool(
         [*VALIDATED, "--job.name", "fresh", "--checkpoint.initial_load_path", str(tmp_path / "hf")], tmp_path
     )
     assert from_hf.returncode == 0, from_hf.stdout[-2000:] + from_hf.stderr[-4000:]
