@@ -11,7 +11,18 @@ import time
 
 import pytest
 
-from tests.helpers import REPO, TINY, assert_close, env, losses, metrics, run_train_sh, torchrun, train_in_pool
+from tests.helpers import (
+    REPO,
+    TINY,
+    assert_close,
+    cli_in_pool,
+    env,
+    losses,
+    metrics,
+    run_train_sh,
+    torchrun,
+    train_in_pool,
+)
 
 pytestmark = pytest.mark.distributed
 
@@ -238,26 +249,9 @@ def test_killed_during_async_saves_leaves_only_loadable_checkpoints(tmp_path):
 @pytest.mark.slow  # about 20 s; CI runs it
 def test_seed_checkpoint_gives_every_layout_the_same_start(tmp_path):
     # Write initial weights once (seed 7), in one process, into two run folders.
-    for name in ("one", "two"):
-        seed = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "titanlite.commands.cli",
-                "seed-checkpoint",
-                *TINY,
-                "--job.dump_folder",
-                str(tmp_path / name),
-                "--job.name",
-                "run",
-                "--training.seed",
-                "7",
-            ],
-            cwd=REPO,
-            env=env(),
-            capture_output=True,
-            text=True,
-        )
+    for name in ("one", "two"):  # `titanlite seed-checkpoint` on the pool's one rank (tests/helpers.py cli_in_pool)
+        args = [*TINY, "--job.dump_folder", str(tmp_path / name), "--job.name", "run", "--training.seed", "7"]
+        seed = cli_in_pool(["seed-checkpoint", *args])
         assert seed.returncode == 0, seed.stderr
     common = [*TINY, "--training.steps", "3", "--checkpoint.enable", "--checkpoint.interval", "100"]
     one = train_in_pool(1, [*common, "--training.local_batch_size", "8"], tmp_path / "one")

@@ -103,25 +103,8 @@ def test_eval_of_the_final_checkpoint_prints_the_runs_last_validation_loss(tmp_p
     assert json.loads((tmp_path / "pp.json").read_text())["val_loss"] == pytest.approx(last["val_loss"], rel=1e-5)
 
     # Exported to a Hugging Face folder and evaluated from there, by a run folder with no checkpoint.
-    export = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "titanlite.commands.cli",
-            "convert",
-            "to-hf",
-            "--output",
-            str(tmp_path / "hf"),
-            "--job.dump_folder",
-            str(tmp_path),
-            "--job.name",
-            "run",
-        ],
-        cwd=REPO,
-        env=env(),
-        capture_output=True,
-        text=True,
-    )
+    export = cli_in_pool(["convert", "to-hf", "--output", str(tmp_path / "hf"), "--job.dump_folder", str(tmp_path),
+                          "--job.name", "run"])  # fmt: skip
     assert export.returncode == 0, export.stderr[-3000:]
     from_hf = eval_in_pool(
         [*VALIDATED, "--job.name", "fresh", "--checkpoint.initial_load_path", str(tmp_path / "hf")], tmp_path
