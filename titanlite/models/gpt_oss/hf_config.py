@@ -11,6 +11,8 @@ types, layer types, head shapes); a training run refuses a non-zero attention_dr
 
 from __future__ import annotations
 
+import dataclasses
+
 from titanlite.base.errors import ConfigError
 from titanlite.base.hf_config import refuse
 from titanlite.models.common.decoder_args import DecoderArgs, window_of
@@ -115,7 +117,7 @@ def read(config: dict, where: str) -> GptOssArgs:
         router_bias=True,
         aux_loss_coef=config["router_aux_loss_coef"],
     )
-    fields = {name: getattr(base, name) for name in DecoderArgs.__dataclass_fields__}
+    fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(DecoderArgs)}
     try:
         return GptOssArgs(
             **fields,
