@@ -37,7 +37,13 @@ def carried_folder(cfg) -> str | None:
     the export), or None for a run from fresh weights or a DCP checkpoint."""
     start = initial_weights_path(cfg)
     if start and (is_hf_folder(start) or cfg.model.flavor == "hf"):
-        return start
+        return start  # save_hf refuses a model.hf_assets_path that is gone
+    if start and not Path(start).exists():
+        print(
+            f"titanlite: note: checkpoint.initial_load_path={start}, where the run started, is gone: if it was a "
+            "Hugging Face folder holding more than the model (a vision tower, mtp layers), those tensors are not in "
+            "the export"
+        )
     return None
 
 
