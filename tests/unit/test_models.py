@@ -366,9 +366,7 @@ def test_each_family_declares_which_fields_change_its_math():
 
 
 def test_a_layer_kind_a_family_does_not_know_is_refused_naming_the_kinds_it_knows():
-    with pytest.raises(
-        ValueError, match="'linear_attention'; its layer kinds are full_attention, sliding_attention"
-    ):
+    with pytest.raises(ValueError, match="'linear_attention'; its layer kinds are full_attention, sliding_attention"):
         DecoderArgs(
             dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128, vocab_size=64, family="llama3",
             layer_types=("linear_attention", "full_attention"),

@@ -19,9 +19,7 @@ SPEC = ModelSpec(
     tp_plan="titanlite.models.common.hybrid.parallelize:tp_plan",
     hf_weights="titanlite.models.common.hybrid.weights",
     tp_split_sizes=split_sizes,
-    hf=HFConfig(
-        hf_config.TEXT, partial(hf_config.read, cls=Qwen35Args), hf_config.write, also_reads=("qwen3_5",)
-    ),
+    hf=HFConfig(hf_config.TEXT, partial(hf_config.read, cls=Qwen35Args), hf_config.write, also_reads=("qwen3_5",)),
     with_depth=with_depth,
     description="Qwen3.5: 3 Gated DeltaNet (linear attention) : 1 gated full-attention layers, partial rotary, "
     "(1 + w) RMSNorms",

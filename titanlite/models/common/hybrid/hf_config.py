@@ -146,9 +146,11 @@ def write_fields(args: HybridArgs) -> dict:
 def write(args: HybridArgs) -> dict:
     """The qwen3_5_text (or, for HybridMoEArgs, qwen3_5_moe_text) config.json fields of this model."""
     if not isinstance(args, HybridMoEArgs):
-        return write_fields(args) | {"architectures": ["Qwen3_5ForCausalLM"], "model_type": TEXT} | {
-            "intermediate_size": args.ffn_dim
-        }
+        return (
+            write_fields(args)
+            | {"architectures": ["Qwen3_5ForCausalLM"], "model_type": TEXT}
+            | {"intermediate_size": args.ffn_dim}
+        )
     config = write_fields(args) | {"architectures": ["Qwen3_5MoeForCausalLM"], "model_type": MOE_TEXT}
     m = args.moe
     if m.dense_layers or not m.norm_topk_prob or not m.shared_gate or m.score_func != "softmax":
