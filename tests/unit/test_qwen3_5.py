@@ -228,3 +228,34 @@ def test_initial_weights_start_the_linear_layers_output_norms_at_one_and_the_zer
         assert torch.equal(norm.weight, torch.zeros_like(norm.weight))
     a = linear.A_log.exp()
     assert bool((a >= 0.01).all() and (a <= 16).all()) and torch.equal(linear.dt_bias, torch.ones_like(linear.dt_bias))
+
+
+def test_a_flash_linear_attention_install_that_cannot_compute_here_falls_back_saying_why(monkeypatch):
+    """fla_smoke runs both kernels once against the PyTorch path: one that raises, or computes something else, is
+    a reason to fall back (resolve_backend's "auto" then takes the PyTorch path and the start-up line says why)."""
+    import sys
+    import types
+
+    from titanlite.models.common import gated_delta_net
+    from titanlite.models.common.linear_attention import gated_delta_rule_chunked
+
+    def exact(q, k, v, g, beta, cu_seqlens=None, output_final_state=False):
+        documents = torch.zeros(1, q.shape[1], dtype=torch.long)
+        documents[:, cu_seqlens[1:-1]] = 1
+        documents = documents.cumsum(dim=1)
+        return gated_delta_rule_chunked(q, k, v, g, beta, documents=documents)[0], None
+
+    def off(*args, **kwargs):
+        return exact(*args, **kwargs)[0] + 0.01, None
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no kernel image is available for execution on the device")
+
+    for kernels, why in ((exact, None), (off, "differs from the PyTorch path by 0.01"), (broken, "no kernel image")):
+        fla = types.ModuleType("fla.ops.gated_delta_rule")
+        kda = types.ModuleType("fla.ops.kda")
+        fla.chunk_gated_delta_rule, kda.chunk_kda = kernels, kernels  # type: ignore[attr-defined]
+        monkeypatch.setitem(sys.modules, "fla.ops.gated_delta_rule", fla)
+        monkeypatch.setitem(sys.modules, "fla.ops.kda", kda)
+        reason = gated_delta_net.fla_smoke(torch.device("cpu"))
+        assert (reason is None) if why is None else (why in reason), reason

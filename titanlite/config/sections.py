@@ -72,8 +72,8 @@ class Model:
     """How the linear-attention layers' gated delta rule computes (never what), in the hybrid families (Qwen3.5,
     Qwen3-Next, OLMo Hybrid, Kimi Linear): "torch" is titanlite's chunked PyTorch path (any device); "fla" is
     flash-linear-attention's Triton kernels (`pip install flash-linear-attention`; CUDA only, refused before launch
-    elsewhere); "auto" takes "fla" on CUDA where it imports and "torch" otherwise, and the start-up line says which
-    and why."""
+    elsewhere); "auto" takes "fla" on CUDA where it imports and its kernels, run once at start-up on a tiny input,
+    agree with the PyTorch path, and "torch" otherwise; the start-up line says which and why."""
 
 
 @dataclass

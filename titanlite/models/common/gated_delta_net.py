@@ -18,6 +18,8 @@ across the window. With a cache (generation) the layer keeps its recurrent state
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -61,8 +63,11 @@ class ShortConvolution(nn.Module):
         return causal_conv1d(x, weight, None, documents, state, activation=True)
 
 
+@functools.cache
 def fla_unavailable(device_type: str) -> str | None:
-    """Why flash-linear-attention's kernels cannot run on `device_type` here (None: they can)."""
+    """Why flash-linear-attention's kernels cannot run on `device_type` here (None: they can): not CUDA, not
+    installed or not importable with this torch and Triton, or failing its smoke check (fla_smoke). Asked once per
+    process."""
     if device_type != "cuda":
         return f"its Triton kernels need a CUDA device, and this run is on {device_type}"
     try:
@@ -71,6 +76,30 @@ def fla_unavailable(device_type: str) -> str | None:
         import fla.ops.kda  # noqa: F401
     except Exception as e:  # not installed, or installed for another torch or Triton
         return f"flash-linear-attention does not import ({type(e).__name__}: {e})"
+    return fla_smoke(torch.device(device_type))
+
+
+def fla_smoke(device: torch.device) -> str | None:
+    """Run flash-linear-attention's two kernels once on a tiny packed input on `device` against the chunked PyTorch
+    path (float32, two documents, one decay per head and one per key channel): None where both agree to 1e-3, else
+    what went wrong, so an install that imports but cannot compute here is found before training, not in it."""
+    generator = torch.Generator().manual_seed(0)
+    q, k = (l2_normalize(torch.randn(1, 40, 1, 16, generator=generator)).to(device) for _ in range(2))
+    v = torch.randn(1, 40, 2, 16, generator=generator).to(device)
+    beta = torch.rand(1, 40, 2, generator=generator).to(device)
+    documents = torch.zeros(1, 40, dtype=torch.long, device=device)
+    documents[:, 23:] = 1
+    for g in (-torch.rand(1, 40, 2, generator=generator), -torch.rand(1, 40, 2, 16, generator=generator)):
+        g = (g * 0.3).to(device)
+        try:
+            ours = gated_delta_rule_chunked(q, k, v, g, beta, documents=documents)[0]
+            theirs = fla_rule(q, k, v, g, beta, documents)[0].float()
+        except Exception as e:  # a kernel that does not compile or launch on this device
+            return f"flash-linear-attention fails its check here ({type(e).__name__}: {e})"
+        gap = (theirs - ours).abs().max().item()
+        if not gap <= 1e-3:
+            decay = "per head" if g.dim() == 3 else "per key channel"
+            return f"flash-linear-attention's kernel (decay {decay}) differs from the PyTorch path by {gap:.2g} here"
     return None
 
 
