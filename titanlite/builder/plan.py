@@ -94,7 +94,8 @@ def plan_run(cfg: JobConfig, world_size: int, evaluation: bool = False) -> Plan:
     check_layout_features(cfg, dims, getattr(args, "conv_size", 1))
     check_compile_mode(cfg, dims, accum)
     check_float8(cfg.float8)
-    linear_backend(args, cfg.model.linear_attn_backend, device_type())  # "fla" where it cannot run: refused here
+    # "fla" where it cannot import: refused before launch (its smoke check runs in the workers, on their devices)
+    linear_backend(args, cfg.model.linear_attn_backend, device_type(), smoke=False)
     check_profiling(cfg.profiling)
     check_async_mode(cfg.checkpoint)
     if cfg.parallelism.enable_async_tensor_parallel:

@@ -75,10 +75,11 @@ def configured_model(model_cfg, vocab_size: int, seq_len: int, moe=None) -> Deco
     return with_kernels(model, model_cfg.attn_backend, "" if moe is None else moe.experts_kernel, linear)
 
 
-def linear_backend(args, choice: str, device: str) -> tuple[str, str]:
+def linear_backend(args, choice: str, device: str, smoke: bool = True) -> tuple[str, str]:
     """model.linear_attn_backend for the model of `args` on `device` (resolve_backend): the backend and why the
     PyTorch path where it is that; a ConfigError for a choice that cannot run here, or that changes nothing (set
-    explicitly for a model without linear-attention layers)."""
+    explicitly for a model without linear-attention layers). `smoke`: run fla's kernels once on the device
+    (resolve_backend; not in the launcher, which must not initialise CUDA before its workers fork)."""
     if "linear_attention" not in getattr(args, "layer_types", ()):
         if choice != "auto":
             raise ConfigError(
@@ -87,7 +88,7 @@ def linear_backend(args, choice: str, device: str) -> tuple[str, str]:
             )
         return "torch", ""
     try:
-        return resolve_backend(choice, device)
+        return resolve_backend(choice, device, smoke)
     except ValueError as e:
         raise ConfigError(str(e)) from None
 

@@ -64,10 +64,11 @@ class ShortConvolution(nn.Module):
 
 
 @functools.cache
-def fla_unavailable(device_type: str) -> str | None:
+def fla_unavailable(device_type: str, smoke: bool = True) -> str | None:
     """Why flash-linear-attention's kernels cannot run on `device_type` here (None: they can): not CUDA, not
-    installed or not importable with this torch and Triton, or failing its smoke check (fla_smoke). Asked once per
-    process."""
+    installed or not importable with this torch and Triton, or (`smoke`) failing its smoke check (fla_smoke), which
+    touches the device: the launcher, which must not initialise CUDA before its workers fork, asks without it.
+    Asked once per process."""
     if device_type != "cuda":
         return f"its Triton kernels need a CUDA device, and this run is on {device_type}"
     try:
@@ -76,7 +77,7 @@ def fla_unavailable(device_type: str) -> str | None:
         import fla.ops.kda  # noqa: F401
     except Exception as e:  # not installed, or installed for another torch or Triton
         return f"flash-linear-attention does not import ({type(e).__name__}: {e})"
-    return fla_smoke(torch.device(device_type))
+    return fla_smoke(torch.device(device_type)) if smoke else None
 
 
 def fla_smoke(device: torch.device) -> str | None:
@@ -103,12 +104,13 @@ def fla_smoke(device: torch.device) -> str | None:
     return None
 
 
-def resolve_backend(choice: str, device_type: str) -> tuple[str, str]:
+def resolve_backend(choice: str, device_type: str, smoke: bool = True) -> tuple[str, str]:
     """model.linear_attn_backend `choice` ("auto", "torch", "fla") on `device_type`: the backend DeltaRule runs and,
-    for the PyTorch path, why ("" for fla). "fla" where it cannot run is a ValueError saying why."""
+    for the PyTorch path, why ("" for fla). "fla" where it cannot run is a ValueError saying why. `smoke`:
+    fla_unavailable's."""
     if choice == "torch":
         return "torch", "model.linear_attn_backend torch"
-    why = fla_unavailable(device_type)
+    why = fla_unavailable(device_type, smoke)
     if choice == "fla" and why is not None:
         raise ValueError(f"model.linear_attn_backend='fla' cannot run here: {why}; use 'auto' or 'torch'")
     return ("fla", "") if why is None else ("torch", why)
