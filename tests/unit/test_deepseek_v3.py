@@ -181,7 +181,8 @@ REFUSED = {
     "attention_bias=True": {"attention_bias": True},
     "num_key_value_heads=2": {"num_key_value_heads": 2},
     "hidden_act='gelu'": {"hidden_act": "gelu"},
-    "quant_method 'fp8'": {"quantization_config": {"quant_method": "fp8", "fmt": "e4m3"}},
+    "quant_method 'gptq'": {"quantization_config": {"quant_method": "gptq", "bits": 4}},
+    "weight_block_size=None": {"quantization_config": {"quant_method": "fp8", "fmt": "e4m3"}},
     "n_group=3": {"n_group": 3},
     "rope_type='llama3'": {
         "rope_parameters": {
@@ -302,9 +303,13 @@ def test_tensor_parallel_gives_the_one_process_logits_and_gradients():
     run_ranks(_tp_gradients)
 
 
-def test_check_refuses_an_fp8_folder_in_one_line_with_exit_2(tmp_path):
+def test_check_refuses_an_fp8_folder_missing_a_scale_in_one_line_with_exit_2(tmp_path):
+    """An FP8 folder (tests/unit/test_quantized_folders.py imports them) whose weight lost its scale_inv: exit 2,
+    one line naming the tensor, before anything runs."""
     import subprocess
     import sys
+
+    from safetensors.torch import load_file, save_file
 
     from tests.helpers import REPO, env
 
@@ -312,13 +317,17 @@ def test_check_refuses_an_fp8_folder_in_one_line_with_exit_2(tmp_path):
     config = json.loads((tmp_path / "config.json").read_text())
     config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]}
     (tmp_path / "config.json").write_text(json.dumps(config))
+    weights = load_file(tmp_path / "model.safetensors")
+    name = "model.layers.0.self_attn.o_proj.weight"
+    weights[name] = weights[name].to(torch.float8_e4m3fn)  # and no o_proj.weight_scale_inv
+    save_file(weights, tmp_path / "model.safetensors", metadata={"format": "pt"})
     proc = subprocess.run(
         [sys.executable, "-m", "titanlite.commands.cli", "check", "--model.flavor", "hf",
          "--model.hf_assets_path", str(tmp_path), "--model.tokenizer", "byte"],
         cwd=REPO, env=env(), capture_output=True, text=True,
     )  # fmt: skip
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
-    assert "quantization_config (quant_method 'fp8') is not supported" in proc.stderr
+    assert f"tensor {name!r} is fp8 but the folder has no '{name}_scale_inv'" in proc.stderr
 
 
 # The published config.json files (deepseek-ai/DeepSeek-V3 without its quantization_config, and

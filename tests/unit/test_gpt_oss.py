@@ -194,7 +194,7 @@ def test_a_config_without_the_optional_keys_takes_transformers_defaults():
 
 
 REFUSED = {
-    "quantization_config \\(quant_method 'mxfp4'\\)": {"quantization_config": {"quant_method": "mxfp4"}},
+    "quantization_config \\(quant_method 'awq'\\)": {"quantization_config": {"quant_method": "awq"}},
     "experts_per_token=3": {"experts_per_token": 3},
     "mlp_bias=True": {"mlp_bias": True},
     "rope_type='longrope'": {"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}},
@@ -210,20 +210,20 @@ def test_what_titanlite_does_not_implement_is_refused_in_one_line(field):
         args_from_hf_config(config)
     assert "\n" not in str(e.value)
     if field.startswith("quantization_config"):
-        assert "dequantized" in str(e.value)
+        assert "titanlite reads fp8 (block-scaled e4m3) and mxfp4 folders" in str(e.value)
 
 
-def test_check_refuses_an_mxfp4_folder_with_exit_2(tmp_path):
+def test_check_refuses_a_quantization_it_does_not_read_with_exit_2(tmp_path):
     random_gpt_oss().save_pretrained(tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
-    (tmp_path / "config.json").write_text(json.dumps({**config, "quantization_config": {"quant_method": "mxfp4"}}))
+    (tmp_path / "config.json").write_text(json.dumps({**config, "quantization_config": {"quant_method": "bnb"}}))
     proc = subprocess.run(
         [sys.executable, "-m", "titanlite.commands.cli", "check", "--model.flavor", "hf", "--model.hf_assets_path",
          str(tmp_path), "--model.tokenizer", "byte"],
         cwd=REPO, env=env(), capture_output=True, text=True,
     )  # fmt: skip
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
-    assert "quantization_config" in proc.stderr and "dequantized" in proc.stderr
+    assert "quant_method 'bnb'" in proc.stderr and "titanlite reads fp8" in proc.stderr
 
 
 def _tp_logits(rank: int) -> None:

@@ -43,14 +43,41 @@ def check_no_unsupported(config: dict, where: str, experts: bool = False) -> Non
     for key in () if experts else _MOE_FIELDS:
         if config.get(key):
             raise refuse(where, key, config[key], f"a {config.get('model_type')} model has dense MLPs, no experts")
+    quantization_of(config, where)
+
+
+# The quantized formats a folder may come in (quantization_config.quant_method), dequantized as each tensor is read
+# (titanlite/components/hf_quantized.py): "fp8", e4m3 values with a float32 scale_inv per weight_block_size block
+# (DeepSeek-V3, Kimi K2, GLM-4.5-FP8, MiniMax-M2); "mxfp4", e2m1 values with a power-of-two scale per 32 (gpt-oss's
+# experts).
+QUANT_METHODS = ("fp8", "mxfp4")
+
+
+def quantization_of(config: dict, where: str) -> dict | None:
+    """A folder's quantization (None: its weights are plain floats): {"method": "fp8", "block": (rows, cols)} or
+    {"method": "mxfp4"}; a method titanlite does not read, or an fp8 one without its block size, refused in one line
+    naming the supported ones."""
     quantization = config.get("quantization_config")
-    if quantization:
-        method = quantization.get("quant_method") if isinstance(quantization, dict) else None
+    if not quantization:
+        return None
+    method = quantization.get("quant_method") if isinstance(quantization, dict) else None
+    if method not in QUANT_METHODS:
         raise ConfigError(
-            f"{where} quantization_config (quant_method {method!r}) is not supported: titanlite reads unquantized "
-            "weights only (float32, bfloat16 or float16); use a dequantized copy of the checkpoint (e.g. FP8 or MXFP4 "
-            "to bfloat16)"
+            f"{where} quantization_config (quant_method {method!r}) is not supported: titanlite reads fp8 "
+            "(block-scaled e4m3) and mxfp4 folders, and unquantized ones (float32, bfloat16 or float16); use a copy "
+            "in one of those"
         )
+    if method == "mxfp4":
+        return {"method": method}
+    block = quantization.get("weight_block_size")
+    if not (isinstance(block, list) and len(block) == 2 and all(isinstance(b, int) and b > 0 for b in block)):
+        raise refuse(
+            where, "quantization_config.weight_block_size", block, "fp8 weights are read by their [rows, cols] blocks"
+        )
+    fmt = quantization.get("fmt", "e4m3")
+    if fmt != "e4m3":
+        raise refuse(where, "quantization_config.fmt", fmt, "titanlite reads fp8 as e4m3")
+    return {"method": method, "block": tuple(block)}
 
 
 # ---- the JSON type of each field -------------------------------------------------------------------------------

@@ -19,7 +19,8 @@ import torch
 
 from titanlite.base.command_line import check_writable_place
 from titanlite.base.errors import ConfigError
-from titanlite.base.hf_config import CONFIG_FILE, check_training_fields, read_config, read_json
+from titanlite.base.hf_config import CONFIG_FILE, check_training_fields, quantization_of, read_config, read_json
+from titanlite.components.hf_quantized import QuantizedTensors
 from titanlite.components.hf_tokenizer import save_tokenizer
 from titanlite.models.common.build import model_from_args
 from titanlite.models.common.init import canonical_name, fill_parameters
@@ -334,21 +335,35 @@ class WeightReader:
                 raise ConfigError(f"cannot read {path}: {e}; the file is damaged or not safetensors") from e
             self.files[path] = handle
             self.where |= dict.fromkeys(handle.keys(), path)
+        config = self.folder / CONFIG_FILE
+        self.quantization = quantization_of(read_config(self.folder), f"{config}:") if config.is_file() else None
+        # A quantized folder's weights and their scales read as one logical tensor each (hf_quantized.py).
+        self.logical = QuantizedTensors(self.quantization, list(self.where), self.stored_header, self.folder)
 
     def keys(self) -> list[str]:
-        return list(self.where)
+        """The folder's tensors as the model reads them: a quantized weight once, its scales not listed."""
+        return self.logical.keys()
 
-    def header(self, name: str) -> tuple[str, tuple[int, ...]]:
-        """(safetensors dtype, e.g. "BF16"; shape) of a tensor, from its file's header: nothing is read."""
+    def stored_header(self, name: str) -> tuple[str, tuple[int, ...]]:
+        """(safetensors dtype, e.g. "BF16"; shape) of a stored tensor, from its file's header: nothing is read."""
         view = self.files[self.where[name]].get_slice(name)
         return view.get_dtype(), tuple(view.get_shape())
 
+    def header(self, name: str) -> tuple[str, tuple[int, ...]]:
+        """(dtype as stored: "BF16", or "FP8" / "MXFP4" for a quantized weight read with its scales; the shape the model
+        reads) of a tensor of keys(), a quantized one's scales checked: nothing is read."""
+        return self.logical.logical_header(name)
+
     def get(self, name: str) -> torch.Tensor:
-        """The tensor, refused in one line naming it if a value is NaN or infinite (training would take it to a NaN
-        loss that reads as a learning-rate problem)."""
-        tensor = self.files[self.where[name]].get_tensor(name)
-        check_finite(tensor, name, self.where[name])
+        """The tensor (a quantized one dequantized to float32), refused in one line naming it if a value is NaN or
+        infinite (training would take it to a NaN loss that reads as a learning-rate problem)."""
+        tensor = self.logical.read(name, self._stored)
+        stored = self.logical.names.get(name, (name,))[0]
+        check_finite(tensor, stored, self.where[stored])
         return tensor
+
+    def _stored(self, name: str) -> torch.Tensor:
+        return self.files[self.where[name]].get_tensor(name)
 
     def nbytes(self) -> int:
         return sum(path.stat().st_size for path in self.files)
@@ -392,6 +407,8 @@ def _math(args, field: str):
 # (bfloat16 and float16 are widened exactly, as training keeps float32 weights). Any other dtype is refused: float64
 # would be rounded, and integer or float8 tensors are quantized weights whose scales titanlite does not read.
 EXACT_IN_FLOAT32 = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
+# The quantized weights a folder's quantization_config declares (hf_quantized.py), dequantized to float32 when read.
+QUANTIZED = {"FP8": "fp8 (e4m3)", "MXFP4": "mxfp4"}
 _KINDS = {"F": "float", "I": "int", "U": "uint"}  # safetensors' I8, U8, F64, F8_E4M3 ... as torch names them
 # A folder of at most this many bytes has every value checked before launch (about 3 s a GiB on one core here); a
 # larger one is checked as each rank reads it (WeightReader.get), so launching it costs no extra pass.
@@ -439,7 +456,7 @@ def check_tensors(args, reader: WeightReader) -> tuple[dict[str, str], dict[str,
     refused: dict[str, list[str]] = {}
     for name, stored in keys.items():
         dtype, shape = reader.header(stored)
-        if dtype not in EXACT_IN_FLOAT32:
+        if dtype not in EXACT_IN_FLOAT32 and dtype not in QUANTIZED:
             refused.setdefault(dtype, []).append(stored)
         elif name in expected and shape != expected[name]:
             raise ConfigError(_shape_refusal(args, reader, stored, shape, expected[name]))
@@ -576,7 +593,15 @@ def _say_conversions(reader: WeightReader, keys: dict[str, str], source, target)
             f"  checkpoint: {reader.folder} also holds {len(carried)} tensors the model does not train "
             f"({', '.join(kinds)}): left out of the run, carried unchanged into its export (convert to-hf)"
         )
-    dtypes = sorted({reader.header(stored)[0] for stored in keys.values()} - {"F32"})
+    quantized = sorted({reader.header(stored)[0] for stored in keys.values()} & set(QUANTIZED))
+    if quantized:
+        block = reader.quantization.get("block") if reader.quantization else None
+        blocks = f" in {block[0]} x {block[1]} blocks" if block else ""
+        logger.info(
+            f"  checkpoint: {reader.folder} is quantized ({' and '.join(QUANTIZED[q] for q in quantized)}{blocks}, "
+            f"quantization_config): each weight dequantized to float32 as it is read, then to the parameters' dtype"
+        )
+    dtypes = sorted({reader.header(stored)[0] for stored in keys.values()} - {"F32"} - set(QUANTIZED))
     if dtypes:
         names = " and ".join(EXACT_IN_FLOAT32[d] for d in dtypes)
         logger.info(f"  checkpoint: {reader.folder} holds {names} weights, widened exactly to float32 parameters")

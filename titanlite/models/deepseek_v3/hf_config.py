@@ -7,8 +7,8 @@ n_routed_experts, num_experts_per_tok, moe_intermediate_size, n_shared_experts, 
 norm_topk_prob, n_group, topk_group, first_k_dense_replace. Refused: scoring_func other than "sigmoid" (transformers'
 DeepseekV3 and DeepSeek's own code score with sigmoid only), topk_method other than "noaux_tc" (or "greedy" where
 no group limit applies, which is the same routing), moe_layer_freq other than 1, attention_bias, a
-num_key_value_heads other than the heads (every head has its own key), hidden_act other than silu, and
-quantization_config (the published DeepSeek-V3 weights are FP8: dequantize them first). Multi-token prediction
+num_key_value_heads other than the heads (every head has its own key), hidden_act other than silu. The published
+weights' FP8 blocks are dequantized as they are read (titanlite/components/hf_quantized.py). Multi-token prediction
 (num_nextn_predict_layers > 0) is left out: titanlite trains without it and does not load those layers (logged once).
 Ignored, as they change no math: aux_loss_alpha and seq_aux (DeepSeek's training loss), ep_size, output_router_logits,
 pretraining_tp, initializer_range, attention_dropout (0), use_cache."""

@@ -4,8 +4,8 @@ other layer, 128 experts, 4 per token); layer_types, sliding_window, attention_b
 num_experts_per_tok (experts_per_token, the original's name, must agree), intermediate_size, swiglu_alpha,
 swiglu_limit, router_aux_loss_coef honoured. Ignored, as they change no math: hidden_act (gpt-oss's experts apply
 their clamped SwiGLU whatever it says, as transformers' do), initial_context_length, output_router_logits,
-initializer_range. Refused in one line: quantization_config (the published checkpoints are MXFP4: titanlite reads
-float32, bfloat16 or float16 weights, e.g. a dequantized copy), mlp_bias, and what any decoder refuses (other RoPE
+initializer_range. The published checkpoints' MXFP4 experts are dequantized as they are read
+(titanlite/components/hf_quantized.py). Refused in one line: mlp_bias, and what any decoder refuses (other RoPE
 types, layer types, head shapes); a training run refuses a non-zero attention_dropout, as for every family
 (titanlite/base/hf_config.py check_training_fields)."""
 

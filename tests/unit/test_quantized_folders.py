@@ -1,0 +1,146 @@
+"""Quantized Hugging Face folders as published: DeepSeek-V3's FP8 (e4m3 weights, a float32 scale_inv per block, the
+edge blocks partial) and gpt-oss's MXFP4 experts (e2m1 values, a power-of-two scale per 32) import dequantized, with
+the logits of the same model read from a dequantized copy (transformers' own MXFP4 decoding makes gpt-oss's copy);
+the start-up line says what the folder was; incomplete or damaged scales and other quantizations are refused in one
+line before anything runs."""
+
+import json
+import logging
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers", reason="transformers is an optional test dependency")
+
+from safetensors.torch import load_file, save_file  # noqa: E402
+
+from tests.unit.test_deepseek_v3 import random_deepseek  # noqa: E402
+from tests.unit.test_gpt_oss import SHAPE as GPT_OSS  # noqa: E402
+from titanlite.base.errors import ConfigError  # noqa: E402
+from titanlite.components.hf_quantized import dequantize_fp8, dequantize_mxfp4, quantize_fp8  # noqa: E402
+from titanlite.components.hf_weights import WeightReader, check_tensors, load_hf_into  # noqa: E402
+from titanlite.models.common.build import model_from_args  # noqa: E402
+from titanlite.models.hf_config import folder_args, folder_model_args  # noqa: E402
+
+BLOCK = [16, 24]  # no dimension of the tiny models is a multiple of both: partial edge blocks everywhere
+
+
+def rewrite(folder, tensors: dict, config_changes: dict) -> None:
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, **config_changes}))
+
+
+def imported_logits(folder, tokens) -> torch.Tensor:
+    model = model_from_args(folder_args(folder, 64))
+    load_hf_into([model], folder)
+    with torch.no_grad():
+        return model.eval()(tokens)
+
+
+@pytest.fixture(scope="module")
+def fp8(tmp_path_factory):
+    """A DeepSeek-V3 folder with its projections in FP8 blocks as published (not the router, norms, embedding and
+    head), and the same weights dequantized in a plain copy that transformers loads."""
+    quantized, plain = tmp_path_factory.mktemp("fp8"), tmp_path_factory.mktemp("fp8_plain")
+    hf = random_deepseek()
+    for folder in (quantized, plain):
+        hf.save_pretrained(folder)
+    stored, dequantized = load_file(quantized / "model.safetensors"), {}
+    for name, tensor in list(stored.items()):
+        if tensor.dim() == 2 and name.endswith(("_proj.weight", "a_proj_with_mqa.weight")):
+            weight, scale = quantize_fp8(tensor, tuple(BLOCK))
+            stored[name], stored[name + "_scale_inv"] = weight, scale
+            dequantized[name] = dequantize_fp8(weight, scale, tuple(BLOCK))
+    assert len(dequantized) > 10
+    method = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": BLOCK}
+    rewrite(quantized, stored, {"quantization_config": method})
+    rewrite(plain, {**load_file(plain / "model.safetensors"), **dequantized}, {})
+    reference = transformers.DeepseekV3ForCausalLM.from_pretrained(plain, dtype=torch.float32).eval()
+    return quantized, reference, stored
+
+
+def test_an_fp8_folder_imports_with_the_logits_of_its_dequantized_weights(fp8, caplog):
+    folder, reference, _ = fp8
+    tokens = torch.randint(0, 300, (2, 40), generator=torch.Generator().manual_seed(0))
+    with caplog.at_level(logging.INFO, logger="titanlite"):
+        ours = imported_logits(folder, tokens)
+    assert "is quantized (fp8 (e4m3) in 16 x 24 blocks, quantization_config): each weight dequantized" in caplog.text
+    with torch.no_grad():
+        torch.testing.assert_close(ours, reference(tokens).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_fp8_blocks_round_trip_within_e4m3s_rounding():
+    value = torch.randn(40, 50) * torch.logspace(-2, 2, 50)  # columns of very different sizes
+    weight, scale = quantize_fp8(value, (16, 24))
+    assert weight.dtype == torch.float8_e4m3fn and scale.shape == (3, 3)  # the edge blocks partial
+    back = dequantize_fp8(weight, scale, (16, 24))
+    # e4m3 keeps 3 mantissa bits (a relative error of at most 2^-4), and steps of 2^-9 of its block's scale below
+    # its smallest normal value
+    per_value = scale.repeat_interleave(16, 0)[:40].repeat_interleave(24, 1)[:, :50]
+    assert ((back - value).abs() <= value.abs() * 2**-4 + per_value * 2**-9).all()
+    assert (back - value).abs().max() > 0  # rounded, not kept
+
+
+@pytest.mark.parametrize(
+    "damage, refusal",
+    [
+        ("drop", "but the folder has no 'model.layers.0.self_attn.o_proj.weight_scale_inv'"),
+        ("shape", "need float32 (4, 2)"),
+        ("dtype", "need float32"),
+    ],
+)
+def test_incomplete_or_damaged_fp8_scales_are_one_line(fp8, tmp_path, damage, refusal):
+    folder, _, stored = fp8
+    for file in ("config.json",):
+        (tmp_path / file).write_text((folder / file).read_text())
+    name = "model.layers.0.self_attn.o_proj.weight_scale_inv"
+    tensors = dict(stored)
+    if damage == "drop":
+        del tensors[name]
+    elif damage == "shape":
+        tensors[name] = tensors[name][:, :1].contiguous()
+    else:
+        tensors[name] = tensors[name].to(torch.int32)
+    save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ConfigError, match=refusal.replace("(", r"\(").replace(")", r"\)")) as refused:
+        check_tensors(folder_model_args(tmp_path), WeightReader(tmp_path))
+    assert "\n" not in str(refused.value)
+
+
+def test_a_quantization_titanlite_does_not_read_is_refused_naming_the_ones_it_does(tmp_path):
+    random_deepseek().save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "quantization_config": {"quant_method": "gptq"}}))
+    with pytest.raises(ConfigError, match="quant_method 'gptq'.*titanlite reads fp8 \\(block-scaled e4m3\\) and mxfp4"):
+        folder_model_args(tmp_path)
+
+
+def test_an_mxfp4_gpt_oss_folder_imports_with_transformers_dequantized_logits(tmp_path):
+    """gpt-oss's experts as published: gate_up_proj_blocks [E, 2I, D / 32, 16] and _scales [E, 2I, D / 32] (and
+    down_proj's); transformers' convert_moe_packed_tensors decodes the reference copy."""
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    shape = {**GPT_OSS, "intermediate_size": 64}  # both expert widths multiples of 32
+    torch.manual_seed(0)
+    hf = transformers.GptOssForCausalLM(transformers.GptOssConfig(**shape))
+    hf.save_pretrained(tmp_path / "mxfp4")
+    hf.save_pretrained(tmp_path / "plain")
+    stored = load_file(tmp_path / "mxfp4" / "model.safetensors")
+    plain = load_file(tmp_path / "plain" / "model.safetensors")
+    generator = torch.Generator().manual_seed(1)
+    for name in [n for n in stored if n.endswith(("experts.gate_up_proj", "experts.down_proj"))]:
+        experts, width, rows = stored[name].shape  # unquantized [E, in, out]: blocks run over `in`
+        blocks = torch.randint(0, 256, (experts, rows, width // 32, 16), dtype=torch.uint8, generator=generator)
+        scales = torch.randint(119, 124, (experts, rows, width // 32), dtype=torch.uint8, generator=generator)
+        del stored[name]
+        stored[name + "_blocks"], stored[name + "_scales"] = blocks, scales
+        plain[name] = convert_moe_packed_tensors(blocks, scales, dtype=torch.float32)
+        torch.testing.assert_close(dequantize_mxfp4(blocks, scales), plain[name], rtol=0, atol=0)
+    rewrite(tmp_path / "mxfp4", stored, {"quantization_config": {"quant_method": "mxfp4"}})
+    rewrite(tmp_path / "plain", plain, {})
+    reference = transformers.GptOssForCausalLM.from_pretrained(tmp_path / "plain", dtype=torch.float32).eval()
+    tokens = torch.randint(0, 300, (2, 40), generator=torch.Generator().manual_seed(2))
+    ours = imported_logits(tmp_path / "mxfp4", tokens)
+    with torch.no_grad():
+        torch.testing.assert_close(ours, reference(tokens).logits, rtol=1e-5, atol=1e-5)
