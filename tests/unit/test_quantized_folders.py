@@ -144,3 +144,28 @@ def test_an_mxfp4_gpt_oss_folder_imports_with_transformers_dequantized_logits(tm
     ours = imported_logits(tmp_path / "mxfp4", tokens)
     with torch.no_grad():
         torch.testing.assert_close(ours, reference(tokens).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_multi_token_prediction_layers_are_exported_bit_for_bit_while_not_trained(tmp_path, caplog):
+    """DeepSeek-V3's layer past the decoder (num_nextn_predict_layers): left out of the model with one line, carried
+    into an export unchanged, and the export's config.json still counts it."""
+    from titanlite.components.hf_weights import save_hf
+
+    hf = random_deepseek()
+    hf.save_pretrained(tmp_path / "hf")
+    weights = load_file(tmp_path / "hf" / "model.safetensors")
+    mtp = {"model.layers.3.enorm.weight": torch.randn(64), "model.layers.3.eh_proj.weight": torch.randn(64, 128)}
+    rewrite(tmp_path / "hf", {**weights, **mtp}, {"num_nextn_predict_layers": 1})
+    args = folder_args(tmp_path / "hf", 64)
+    model = model_from_args(args)
+    with caplog.at_level(logging.INFO, logger="titanlite"):
+        load_hf_into([model], tmp_path / "hf")
+    assert "also holds 2 tensors the model does not train (model.layers.*): left out of the run, carried" in caplog.text
+    save_hf(tmp_path / "export", args, model.state_dict(), carry_from=tmp_path / "hf")
+    exported = load_file(tmp_path / "export" / "model.safetensors")
+    assert all(torch.equal(exported[k], v) for k, v in mtp.items())
+    assert json.loads((tmp_path / "export" / "config.json").read_text())["num_nextn_predict_layers"] == 1
+    back = transformers.DeepseekV3ForCausalLM.from_pretrained(tmp_path / "export", dtype=torch.float32).eval()
+    tokens = torch.randint(0, 300, (1, 24), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        torch.testing.assert_close(back(tokens).logits, model.eval()(tokens), rtol=1e-5, atol=1e-5)

@@ -9,7 +9,8 @@ DeepseekV3 and DeepSeek's own code score with sigmoid only), topk_method other t
 no group limit applies, which is the same routing), moe_layer_freq other than 1, attention_bias, a
 num_key_value_heads other than the heads (every head has its own key), hidden_act other than silu. The published
 weights' FP8 blocks are dequantized as they are read (titanlite/components/hf_quantized.py). Multi-token prediction
-(num_nextn_predict_layers > 0) is left out: titanlite trains without it and does not load those layers (logged once).
+(num_nextn_predict_layers > 0) is left out: titanlite trains without it, does not load those layers (logged once) and
+carries them unchanged into an export.
 Ignored, as they change no math: aux_loss_alpha and seq_aux (DeepSeek's training loss), ep_size, output_router_logits,
 pretraining_tp, initializer_range, attention_dropout (0), use_cache."""
 
@@ -117,8 +118,8 @@ def read(config: dict, where: str) -> DeepseekV3Args:
     if mtp and where not in _MTP_TOLD:
         _MTP_TOLD.add(where)
         logger.info(
-            f"{where} num_nextn_predict_layers={mtp}: titanlite trains DeepSeek-V3 without multi-token prediction "
-            "and does not load those layers' weights (transformers ignores them too)"
+            f"{where} num_nextn_predict_layers={mtp}: titanlite trains DeepSeek-V3 without multi-token prediction; "
+            "those layers' weights are not loaded, and an export carries them unchanged"
         )
     moe, attention = _moe(config, where, n_layers), _attention(config, where)
     try:

@@ -3,7 +3,8 @@ projections (self_attn.q_proj or q_a_proj / q_a_layernorm / q_b_proj, kv_a_proj_
 o_proj), the dense MLP (mlp.{gate,up,down}_proj), and each sparse layer's router (mlp.gate.weight), correction bias
 (mlp.gate.e_score_correction_bias: our routing bias, a buffer), experts (mlp.experts.E.*, stacked on import) and
 shared experts (mlp.shared_experts.*). With rope_interleave false the rotary rows are stored as halves and reordered
-here (ours rotate adjacent pairs). The layers past num_hidden_layers (multi-token prediction) are not read."""
+here (ours rotate adjacent pairs). The layers past num_hidden_layers (multi-token prediction) are not trained: carried
+unchanged into an export (hf_carried)."""
 
 from __future__ import annotations
 
@@ -68,17 +69,28 @@ def hf_sources(args: DeepseekV3Args) -> dict[str, str | tuple[str, ...]]:
     return sources
 
 
+def _past_the_decoder(args: DeepseekV3Args, key: str) -> bool:
+    layer = re.match(r"model\.layers\.(\d+)\.", key)
+    return layer is not None and int(layer.group(1)) >= args.n_layers
+
+
+def hf_carried(args: DeepseekV3Args, keys: list[str]) -> list[str]:
+    """The multi-token prediction layers (model.layers.N for N past the decoder's): not trained, carried unchanged
+    into an export (titanlite/components/hf_weights.py)."""
+    return [k for k in keys if _past_the_decoder(args, k)]
+
+
+def hf_folder(args: DeepseekV3Args, config: dict, tensors: dict, source: dict) -> tuple[dict, dict]:
+    """An export that carries the folder's multi-token prediction layers says how many there are, as it did."""
+    if source.get("num_nextn_predict_layers"):
+        config = {**config, "num_nextn_predict_layers": source["num_nextn_predict_layers"]}
+    return config, tensors
+
+
 def hf_keys(args: DeepseekV3Args, keys: list[str]) -> dict[str, str]:
-    """The folder's tensors the model reads: not the multi-token prediction layers (model.layers.N for N past the
-    decoder's), nor a correction bias when this model balances otherwise."""
-
-    def read(key: str) -> bool:
-        layer = re.match(r"model\.layers\.(\d+)\.", key)
-        if layer and int(layer.group(1)) >= args.n_layers:
-            return False
-        return args.moe.balance == "bias" or not key.endswith(".e_score_correction_bias")
-
-    return {k: k for k in keys if read(k)}
+    """The folder's tensors the model reads: not a correction bias when this model balances otherwise (the
+    multi-token prediction layers are carried: hf_carried)."""
+    return {k: k for k in keys if args.moe.balance == "bias" or not k.endswith(".e_score_correction_bias")}
 
 
 def _rope_rows(args: DeepseekV3Args, name: str) -> str | None:
