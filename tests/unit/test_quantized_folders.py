@@ -169,3 +169,28 @@ def test_multi_token_prediction_layers_are_exported_bit_for_bit_while_not_traine
     tokens = torch.randint(0, 300, (1, 24), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         torch.testing.assert_close(back(tokens).logits, model.eval()(tokens), rtol=1e-5, atol=1e-5)
+
+
+def test_an_fp8_export_writes_the_folders_blocks_and_reads_back_with_the_same_logits(fp8, tmp_path):
+    """checkpoint.export_quantized: the weights the folder held in FP8 blocks are written so again (scales from the
+    values), its quantization_config kept; read back by the same import, the logits are the first import's (an
+    unchanged weight re-quantizes to itself; a trained one moves by at most e4m3's rounding, 2^-4 of a value)."""
+    from titanlite.components.hf_weights import save_hf
+
+    folder, _, stored = fp8
+    args = folder_args(folder, 64)
+    model = model_from_args(args)
+    load_hf_into([model], folder)
+    save_hf(tmp_path / "export", args, model.state_dict(), carry_from=folder, quantized=True)
+    exported = load_file(tmp_path / "export" / "model.safetensors")
+    quantized = [k for k, v in stored.items() if v.dtype == torch.float8_e4m3fn]
+    assert all(exported[k].dtype == torch.float8_e4m3fn and k + "_scale_inv" in exported for k in quantized)
+    config = json.loads((tmp_path / "export" / "config.json").read_text())
+    assert config["quantization_config"] == json.loads((folder / "config.json").read_text())["quantization_config"]
+    tokens = torch.randint(0, 300, (2, 40), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        first = model.eval()(tokens)
+    torch.testing.assert_close(imported_logits(tmp_path / "export", tokens), first, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ConfigError, match="checkpoint.export_quantized writes the FP8 blocks .* started from none"):
+        save_hf(tmp_path / "none", args, model.state_dict(), quantized=True)
+    assert not (tmp_path / "none").exists()

@@ -73,6 +73,7 @@ def convert(argv: list[str]) -> int:
         tokenizer=planned.tokenizer,
         max_shard_bytes=int(cfg.checkpoint.export_max_shard_gb * 2**30),
         carry_from=carried_folder(cfg),
+        quantized=cfg.checkpoint.export_quantized,
     )
     print(
         f"titanlite: exported {path} to {output} ({cfg.checkpoint.export_dtype}, tokenizer {cfg.model.tokenizer}); "

@@ -20,7 +20,7 @@ import torch
 from titanlite.base.command_line import check_writable_place
 from titanlite.base.errors import ConfigError
 from titanlite.base.hf_config import CONFIG_FILE, check_training_fields, quantization_of, read_config, read_json
-from titanlite.components.hf_quantized import QuantizedTensors
+from titanlite.components.hf_quantized import FP8_SCALE, QuantizedTensors, quantize_fp8
 from titanlite.components.hf_tokenizer import save_tokenizer
 from titanlite.models.common.build import model_from_args
 from titanlite.models.common.init import canonical_name, fill_parameters
@@ -183,6 +183,7 @@ def save_hf(
     tokenizer=None,
     max_shard_bytes: int = 5 * 2**30,
     carry_from: str | Path | None = None,
+    quantized: bool = False,
 ) -> None:
     """Write config.json, generation_config.json, the weights cast to `dtype` and (given a tokenizer) its
     files to `folder` (created if needed), so that AutoModelForCausalLM and AutoTokenizer load it offline.
@@ -190,7 +191,9 @@ def save_hf(
     `carry_from`: the Hugging Face folder the run started from. Its carried tensors (hf_carried: a vision tower,
     multi-token-prediction layers) go into the export unchanged, in their stored dtype, and where the family lays the
     folder out otherwise (a multimodal folder: the family's `hf_folder` hook) the export keeps that layout and the
-    folder's config.json with the trained model's fields in it, so the export loads as the folder did.
+    folder's config.json with the trained model's fields in it, so the export loads as the folder did. `quantized`
+    (with `carry_from` an fp8 folder): the weights it held in FP8 blocks are written so again, scales computed from
+    the trained values, and its quantization_config kept.
 
     Weights over max_shard_bytes are split into model-0000i-of-0000n.safetensors files listed by
     model.safetensors.index.json, as save_pretrained does. A tied model's lm_head.weight is left out, as
@@ -207,7 +210,7 @@ def save_hf(
         if staging.exists():  # an export killed while writing (nothing of it reached `folder`)
             shutil.rmtree(staging)
         staging.mkdir(parents=True)
-        _write_export(staging, args, state_dict, dtype, tokenizer, max_shard_bytes, carry_from)
+        _write_export(staging, args, state_dict, dtype, tokenizer, max_shard_bytes, carry_from, quantized)
         folder.mkdir(exist_ok=True)
         for stale in _exported_files(folder):  # a re-export leaves no file of the earlier one (shards of another count)
             (folder / stale).unlink(missing_ok=True)
@@ -233,6 +236,7 @@ def _write_export(
     tokenizer,
     max_shard_bytes: int,
     carry_from: str | Path | None = None,
+    quantized: bool = False,
 ) -> None:
     """save_hf's files, into the new folder `folder`."""
     from safetensors.torch import save_file  # optional dependency (the [hf] extra)
@@ -247,7 +251,12 @@ def _write_export(
     # clone: no entry may share storage with another (or stay a view of the live model's parameters).
     tensors = {k: v.detach().to(device="cpu", dtype=dtype).contiguous().clone() for k, v in hf.items()}
     if carry_from is not None:
-        config, tensors = _carry(carry_from, args, config, tensors)
+        config, tensors = _carry(carry_from, args, config, tensors, quantized)
+    elif quantized:
+        raise ConfigError(
+            "checkpoint.export_quantized writes the FP8 blocks of the Hugging Face folder a run started from, and this "
+            "run started from none (fresh weights or a DCP checkpoint); leave it out"
+        )
     shards = _shards(tensors, max_shard_bytes)
     if len(shards) == 1:
         save_file(tensors, str(folder / WEIGHTS_FILE), metadata={"format": "pt"})
@@ -270,10 +279,11 @@ def _write_export(
 
 
 def _carry(
-    source: str | Path, args, config: dict, tensors: dict[str, torch.Tensor]
+    source: str | Path, args, config: dict, tensors: dict[str, torch.Tensor], quantized: bool = False
 ) -> tuple[dict, dict[str, torch.Tensor]]:
     """The export's config.json and tensors in the layout of the folder `source` the run started from (the family's
-    hf_folder hook, where its folders have one of their own), with the folder's carried tensors added unchanged."""
+    hf_folder hook, where its folders have one of their own), with the folder's carried tensors added unchanged;
+    `quantized`: the tensors the folder held in FP8 blocks quantized so again, its quantization_config kept."""
     source = Path(source)
     if not (source / CONFIG_FILE).is_file():
         raise ConfigError(
@@ -285,7 +295,18 @@ def _carry(
     module = _names(args)
     if hasattr(module, "hf_folder"):
         config, tensors = module.hf_folder(args, config, tensors, read_config(source))
-    return config, tensors | {name: reader.get(name) for name in carried}
+    carried_tensors = {name: reader.get(name) for name in carried}
+    if quantized:
+        if reader.quantization is None or reader.quantization["method"] != "fp8":
+            raise ConfigError(
+                f"checkpoint.export_quantized writes the FP8 blocks of the folder a run started from, and {source} "
+                "is not an fp8 folder; leave it out"
+            )
+        block = reader.quantization["block"]
+        for name in [n for n in reader.logical.names if n in tensors]:
+            tensors[name], tensors[name + FP8_SCALE] = quantize_fp8(tensors[name], block)
+        config = {**config, "quantization_config": read_config(source)["quantization_config"]}
+    return config, tensors | carried_tensors
 
 
 def _shards(tensors: dict[str, torch.Tensor], max_bytes: int) -> list[list[str]]:

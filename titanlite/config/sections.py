@@ -402,6 +402,11 @@ class Checkpoint:
     export_max_shard_gb: float = 5.0
     """A Hugging Face export larger than this is split into model-0000i-of-0000n.safetensors files listed by
     model.safetensors.index.json (as save_pretrained does)."""
+    export_quantized: bool = False
+    """convert to-hf writes the weights that the FP8 folder the run started from held quantized in its format again
+    (e4m3 with a scale_inv per block of its weight_block_size, computed from the trained weights) and keeps its
+    quantization_config, so the export is served as the original was; the other tensors in export_dtype. Only for
+    a run that started from an fp8 folder (model.flavor "hf" or checkpoint.initial_load_path)."""
     exclude_from_loading: list[str] = field(default_factory=list)
     """Parts of a checkpoint not to restore, e.g. ["optimizer", "lr_scheduler", "dataloader", "train_state"]."""
     start_from_scratch: bool = False
