@@ -77,7 +77,7 @@ class KimiDeltaAttention(nn.Module):
         beta = self.wb(x).float().sigmoid()
         state = None if cache is None else cache.state("recurrent")
         o, state = self.rule(q, k, v, self.decay(x), beta, sequence, state)
-        if cache is not None:
+        if cache is not None and state is not None:  # fla returns none for packed documents, which a cache never has
             cache.set_state("conv", conv_state)
             cache.set_state("recurrent", state)
         # The rule's output in x's dtype, then the gated norm in float32 throughout (the float32 input keeps the
