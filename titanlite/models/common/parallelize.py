@@ -9,7 +9,9 @@ price is the block's compute repeated tp times (TorchTitan instead splits the ro
 
 from __future__ import annotations
 
-from torch.distributed.tensor import Replicate, Shard
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
@@ -40,6 +42,22 @@ def block_plan() -> dict:
         "feed_forward.w3": ColwiseParallel(),
         "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
     }
+
+
+class MixerInput(PrepareModuleInput):
+    """A mixer that reads no rotary tables (mixer(x)): its input's sequence gathered, as a plain tensor; `by_head`,
+    the mixer's own parameters whose rows are its heads' (a linear layer's convolution weights, A_log, dt_bias),
+    sharded by rows over the tensor-parallel ranks, as its column-wise projections are."""
+
+    def __init__(self, by_head: tuple[str, ...] = ()) -> None:
+        super().__init__(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_output=True)
+        self.by_head = by_head
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        for name in self.by_head:
+            param = module.get_parameter(name)
+            module.register_parameter(name, nn.Parameter(distribute_tensor(param, device_mesh, [Shard(0)])))
+        return super()._apply(module, device_mesh)
 
 
 def per_head_norms() -> dict:

@@ -14,34 +14,18 @@ from __future__ import annotations
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
-    PrepareModuleInput,
     RowwiseParallel,
     SequenceParallel,
 )
 from torch.distributed.tensor.parallel.style import ParallelStyle
 
 from titanlite.models.common.interface import DecoderModule
-from titanlite.models.common.parallelize import block_plan, moe_block_plan
+from titanlite.models.common.parallelize import MixerInput, block_plan, moe_block_plan
 
 _BY_HEAD = ("conv_q", "conv_k", "conv_v", "A_log", "dt_bias")  # KDA's parameters whose rows are its heads'
-
-
-class MixerInput(PrepareModuleInput):
-    """A mixer's input x (it reads no rotary tables): the sequence gathered, as a plain tensor; `by_head`, the
-    mixer's own parameters sharded by rows over the tensor-parallel ranks."""
-
-    def __init__(self, by_head: tuple[str, ...] = ()) -> None:
-        super().__init__(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_output=True)
-        self.by_head = by_head
-
-    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        for name in self.by_head:
-            param = module.get_parameter(name)
-            module.register_parameter(name, nn.Parameter(distribute_tensor(param, device_mesh, [Shard(0)])))
-        return super()._apply(module, device_mesh)
 
 
 class SharedKeyGradients(ParallelStyle):

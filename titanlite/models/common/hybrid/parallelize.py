@@ -6,38 +6,18 @@ row-wise. The MoE blocks whole on every rank (the shared decoder's moe_block_pla
 
 from __future__ import annotations
 
-from torch import nn
-from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import Replicate, Shard, distribute_tensor
-from torch.distributed.tensor.parallel import (
-    ColwiseParallel,
-    PrepareModuleInput,
-    RowwiseParallel,
-    SequenceParallel,
-)
+from torch.distributed.tensor import Shard
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel
 
 from titanlite.models.common.interface import DecoderModule
-from titanlite.models.common.parallelize import block_plan, moe_block_plan, per_head_norms
+from titanlite.models.common.parallelize import MixerInput, block_plan, moe_block_plan, per_head_norms
 
 PER_HEAD = ("conv_q", "conv_k", "conv_v", "A_log", "dt_bias")  # parameters whose first dimension runs over heads
 
 
-class LinearAttentionInput(PrepareModuleInput):
-    """The linear layer's input: the sequence gathered; its per-head parameters sharded by head (first dimension)."""
-
-    def __init__(self) -> None:
-        super().__init__(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
-
-    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        for name in PER_HEAD:
-            param = module.get_parameter(name)
-            module.register_parameter(name, nn.Parameter(distribute_tensor(param, device_mesh, [Shard(0)])))
-        return super()._apply(module, device_mesh)
-
-
 def linear_attention_plan() -> dict:
     return {
-        "attention": LinearAttentionInput(),
+        "attention": MixerInput(PER_HEAD),
         **{f"attention.{w}": ColwiseParallel() for w in ("wq", "wk", "wv", "wz", "wa", "wb")},
         "attention.norm": SequenceParallel(sequence_dim=2, use_local_output=True),
         "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
