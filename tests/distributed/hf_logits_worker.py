@@ -35,3 +35,22 @@ def layout_logits_on_rank(tokens: torch.Tensor, argv: list[str]) -> torch.Tensor
     if isinstance(logits, DTensor):  # vocabulary-parallel output under TP
         logits = logits.full_tensor()
     return logits.cpu() if int(os.environ.get("RANK", 0)) == 0 else None
+
+
+def layout_logits_and_reads_on_rank(tokens: torch.Tensor, argv: list[str]) -> tuple[torch.Tensor | None, list]:
+    """layout_logits_on_rank's logits, and what this rank read of the folder: (tensor name, rows or None for all)
+    for each read, in order."""
+    from titanlite.components.hf_weights import WeightReader
+
+    reads: list[tuple[str, tuple[int, int] | None]] = []
+    get = WeightReader.get
+
+    def recording(self, name, rows=None):
+        reads.append((name, None if rows is None else (rows.start, rows.stop)))
+        return get(self, name, rows)
+
+    WeightReader.get = recording  # type: ignore[method-assign]  # this pool body's own process, put back below
+    try:
+        return layout_logits_on_rank(tokens, argv), reads
+    finally:
+        WeightReader.get = get  # type: ignore[method-assign]

@@ -116,18 +116,21 @@ def test_a_quantization_titanlite_does_not_read_is_refused_naming_the_ones_it_do
         folder_model_args(tmp_path)
 
 
-def test_an_mxfp4_gpt_oss_folder_imports_with_transformers_dequantized_logits(tmp_path):
-    """gpt-oss's experts as published: gate_up_proj_blocks [E, 2I, D / 32, 16] and _scales [E, 2I, D / 32] (and
-    down_proj's); transformers' convert_moe_packed_tensors decodes the reference copy."""
+@pytest.fixture(scope="module")
+def mxfp4(tmp_path_factory):
+    """A gpt-oss folder with its experts in MXFP4 as published: gate_up_proj_blocks [E, 2I, D / 32, 16] and _scales
+    [E, 2I, D / 32] (and down_proj's), and transformers' model of the same weights decoded by its own
+    convert_moe_packed_tensors from a plain copy."""
     from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 
+    root = tmp_path_factory.mktemp("mxfp4")
     shape = {**GPT_OSS, "intermediate_size": 64}  # both expert widths multiples of 32
     torch.manual_seed(0)
     hf = transformers.GptOssForCausalLM(transformers.GptOssConfig(**shape))
-    hf.save_pretrained(tmp_path / "mxfp4")
-    hf.save_pretrained(tmp_path / "plain")
-    stored = load_file(tmp_path / "mxfp4" / "model.safetensors")
-    plain = load_file(tmp_path / "plain" / "model.safetensors")
+    hf.save_pretrained(root / "mxfp4")
+    hf.save_pretrained(root / "plain")
+    stored = load_file(root / "mxfp4" / "model.safetensors")
+    plain = load_file(root / "plain" / "model.safetensors")
     generator = torch.Generator().manual_seed(1)
     for name in [n for n in stored if n.endswith(("experts.gate_up_proj", "experts.down_proj"))]:
         experts, width, rows = stored[name].shape  # unquantized [E, in, out]: blocks run over `in`
@@ -137,13 +140,31 @@ def test_an_mxfp4_gpt_oss_folder_imports_with_transformers_dequantized_logits(tm
         stored[name + "_blocks"], stored[name + "_scales"] = blocks, scales
         plain[name] = convert_moe_packed_tensors(blocks, scales, dtype=torch.float32)
         torch.testing.assert_close(dequantize_mxfp4(blocks, scales), plain[name], rtol=0, atol=0)
-    rewrite(tmp_path / "mxfp4", stored, {"quantization_config": {"quant_method": "mxfp4"}})
-    rewrite(tmp_path / "plain", plain, {})
-    reference = transformers.GptOssForCausalLM.from_pretrained(tmp_path / "plain", dtype=torch.float32).eval()
+    rewrite(root / "mxfp4", stored, {"quantization_config": {"quant_method": "mxfp4"}})
+    rewrite(root / "plain", plain, {})
+    reference = transformers.GptOssForCausalLM.from_pretrained(root / "plain", dtype=torch.float32).eval()
+    return root / "mxfp4", reference
+
+
+def test_an_mxfp4_gpt_oss_folder_imports_with_transformers_dequantized_logits(mxfp4):
+    folder, reference = mxfp4
     tokens = torch.randint(0, 300, (2, 40), generator=torch.Generator().manual_seed(2))
-    ours = imported_logits(tmp_path / "mxfp4", tokens)
+    ours = imported_logits(folder, tokens)
     with torch.no_grad():
         torch.testing.assert_close(ours, reference(tokens).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_a_slice_of_rows_reads_as_those_rows_of_the_whole(fp8, mxfp4):
+    """What a rank keeps of a quantized tensor (reading its rows' blocks and scales only) is the whole tensor's rows:
+    FP8 rows cut inside blocks of 16, MXFP4 experts."""
+    reader = WeightReader(fp8[0])
+    name = "model.layers.1.mlp.experts.0.gate_proj.weight"
+    whole = reader.get(name)
+    for rows in (range(5), range(7, 30), range(17, whole.shape[0])):
+        assert torch.equal(reader.get(name, rows), whole[rows.start : rows.stop])
+    reader = WeightReader(mxfp4[0])
+    name = "model.layers.0.mlp.experts.gate_up_proj"
+    assert torch.equal(reader.get(name, range(1, 3)), reader.get(name)[1:3])
 
 
 def test_multi_token_prediction_layers_are_exported_bit_for_bit_while_not_trained(tmp_path, caplog):

@@ -125,12 +125,22 @@ class QuantizedTensors:
             )
         return "MXFP4", mxfp4_shape(shape)
 
-    def read(self, name: str, get) -> torch.Tensor:
-        """The logical tensor `name`, dequantized to float32 where it is quantized (`get(raw)` reads a raw one)."""
+    def read(self, name: str, get, rows: range | None = None) -> torch.Tensor:
+        """The logical tensor `name`, dequantized to float32 where it is quantized (`get(raw, rows)` reads a raw one,
+        or its rows `rows` of the first dimension); with `rows`, only those rows of the logical tensor, read from only
+        the raw rows (and blocks of scales) they are made from."""
         if name not in self.names:
-            return get(name)
+            return get(name, rows)
         self.logical_header(name)
         raw, scale = self.names[name]
-        if self.method == "fp8":
-            return dequantize_fp8(get(raw), get(scale), self.block)
-        return dequantize_mxfp4(get(raw), get(scale))
+        if self.method == "mxfp4":  # the first dimension (the experts) is the raw tensors' first too
+            return dequantize_mxfp4(get(raw, rows), get(scale, rows))
+        if rows is None:
+            return dequantize_fp8(get(raw, None), get(scale, None), self.block)
+        # The whole blocks of rows that hold `rows`, dequantized, then cut to them.
+        size = self.block[0]
+        first, end = rows.start // size, math.ceil(rows.stop / size)
+        stored = self.header(raw)[1][0]
+        weight = get(raw, range(first * size, min(end * size, stored)))
+        value = dequantize_fp8(weight, get(scale, range(first, end)), self.block)
+        return value[rows.start - first * size : rows.stop - first * size]

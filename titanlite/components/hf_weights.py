@@ -375,16 +375,24 @@ class WeightReader:
         reads) of a tensor of keys(), a quantized one's scales checked: nothing is read."""
         return self.logical.logical_header(name)
 
-    def get(self, name: str) -> torch.Tensor:
-        """The tensor (a quantized one dequantized to float32), refused in one line naming it if a value is NaN or
-        infinite (training would take it to a NaN loss that reads as a learning-rate problem)."""
-        tensor = self.logical.read(name, self._stored)
+    def get(self, name: str, rows: range | None = None) -> torch.Tensor:
+        """The tensor (a quantized one dequantized to float32), or its rows `rows` of the first dimension (only they
+        are read), refused in one line naming it if a value is NaN or infinite (training would take it to a NaN loss
+        that reads as a learning-rate problem)."""
+        tensor = self.logical.read(name, self._stored, rows)
         stored = self.logical.names.get(name, (name,))[0]
         check_finite(tensor, stored, self.where[stored])
         return tensor
 
-    def _stored(self, name: str) -> torch.Tensor:
-        return self.files[self.where[name]].get_tensor(name)
+    def stored(self, name: str) -> torch.Tensor:
+        """A stored tensor as it is in its file (a quantized weight's raw values, or its scales), unchecked."""
+        return self._stored(name)
+
+    def _stored(self, name: str, rows: range | None = None) -> torch.Tensor:
+        handle = self.files[self.where[name]]
+        if rows is None:
+            return handle.get_tensor(name)
+        return handle.get_slice(name)[rows.start : rows.stop]
 
     def nbytes(self) -> int:
         return sum(path.stat().st_size for path in self.files)
@@ -599,9 +607,43 @@ def load_hf_into(model_parts: list, folder: str | Path) -> None:
             )
         return value
 
+    def rows_value(name: str, param: torch.nn.Parameter, rows: list[int]) -> torch.Tensor | None:
+        # Only the rows this rank keeps of a parameter stacked from several tensors (a mixture's experts, one each)
+        # or made row for row from one (the family's hf_rows_stored: gpt-oss's stacked experts).
+        made_from = sources[name]
+        if not rows:
+            return torch.empty((0, *param.shape[1:]), dtype=param.dtype)
+        if isinstance(made_from, str):
+            if not rows_stored(source, name):
+                return None
+            runs = [reader.get(keys[made_from], run) for run in _runs(rows)]
+            value = from_hf_tensor(source, name, torch.cat(runs) if len(runs) > 1 else runs[0])
+        else:
+            value = from_hf_tensor(source, name, [reader.get(keys[made_from[i]]) for i in rows])
+        return value.to(param.dtype)
+
     for model in models:
-        fill_parameters(model, full_value)
+        fill_parameters(model, full_value, rows_value)
         _fill_buffers(model, sources, full_source, folder)
+
+
+def rows_stored(args, name: str) -> bool:
+    """Whether our parameter `name`'s rows are its Hugging Face tensor's, one for one (so a rank reads only the rows
+    it keeps): the family's weights module says so with `hf_rows_stored(args, name)`; no parameter where it does not.
+    A parameter stacked from several tensors (hf_sources' tuples) always is, one tensor a row."""
+    module = _names(args)
+    return bool(module.hf_rows_stored(args, name)) if hasattr(module, "hf_rows_stored") else False
+
+
+def _runs(rows: list[int]) -> list[range]:
+    """Ascending `rows` as ranges of consecutive indices."""
+    runs: list[range] = []
+    for row in rows:
+        if runs and runs[-1].stop == row:
+            runs[-1] = range(runs[-1].start, row + 1)
+        else:
+            runs.append(range(row, row + 1))
+    return runs
 
 
 def _say_conversions(reader: WeightReader, keys: dict[str, str], source, target) -> None:

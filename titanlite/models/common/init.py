@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import torch
 import torch.nn as nn
-from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.distributed.tensor import DTensor, Placement, Replicate, Shard, distribute_tensor
 
 from titanlite.models.common.interface import DecoderModule
 
@@ -50,14 +50,64 @@ def init_weights(model: DecoderModule, seed: int, device: torch.device | None = 
 
 
 @torch.no_grad()
-def fill_parameters(model: nn.Module, full_value: Callable[[str, nn.Parameter], torch.Tensor]) -> None:
+def fill_parameters(
+    model: nn.Module,
+    full_value: Callable[[str, nn.Parameter], torch.Tensor],
+    rows_value: Callable[[str, nn.Parameter, list[int]], torch.Tensor | None] | None = None,
+) -> None:
     """Set each parameter from `full_value(name, param)`, its full (unsharded) value, one at a time: a
-    sharded parameter keeps only its own slice, so no rank ever holds more than one full parameter."""
+    sharded parameter keeps only its own slice, so no rank ever holds more than one full parameter.
+
+    `rows_value(name, param, rows)`, where given, is asked first for a parameter sharded along its first dimension:
+    the full value's rows `rows` only (the ones this rank keeps, in order), or None where it cannot read part of
+    the parameter; so a rank holding some of a stack of experts reads only those."""
     for wrapped_name, param in model.named_parameters():
-        full = full_value(canonical_name(wrapped_name), param)
+        name = canonical_name(wrapped_name)
         if isinstance(param, DTensor):
+            part = _kept_part(name, param, rows_value) if rows_value is not None else None
+            if part is not None:
+                param.to_local().copy_(part)
+                continue
+            full = full_value(name, param)
             # src_data_rank=None: every rank holds the same full tensor and slices it locally, no communication.
             local = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None).to_local()
             param.to_local().copy_(local)  # across devices under offload
         else:
-            param.copy_(full)
+            param.copy_(full_value(name, param))
+
+
+def _kept_part(name: str, param: DTensor, rows_value) -> torch.Tensor | None:
+    """This rank's shard of `param` from `rows_value`'s rows of it (fill_parameters), or None."""
+    rows = kept_indices(param, 0)
+    part = rows_value(name, param, rows) if rows is not None else None
+    if part is None or rows is None:
+        return None
+    if part.shape != (len(rows), *param.shape[1:]):
+        raise ValueError(f"{name}: {len(rows)} rows read as {tuple(part.shape)}; the parameter is {tuple(param.shape)}")
+    for dim in range(1, part.dim()):
+        kept = kept_indices(param, dim)
+        if kept is not None:
+            part = part.index_select(dim, torch.tensor(kept, dtype=torch.long, device=part.device))
+    return part
+
+
+def kept_indices(param: DTensor, dim: int) -> list[int] | None:
+    """The indices along dimension `dim` of the full tensor that this rank's shard of `param` holds, in order; None
+    where no mesh dimension shards `dim`. (An index vector laid out as `param` lays out that dimension: uneven and
+    nested shards, FSDP's strided ones over expert or tensor parallelism among them, come out as DTensor makes them.)"""
+    # Shard and _StridedShard (not a Shard subclass in every torch) are the placements with a `dim`.
+    placements = [_on_first(p) if getattr(p, "dim", None) == dim else Replicate() for p in param.placements]
+    if all(isinstance(p, Replicate) for p in placements):
+        return None
+    index = torch.arange(param.shape[dim], device=param.to_local().device)
+    local = distribute_tensor(index, param.device_mesh, placements, src_data_rank=None).to_local()
+    return local.tolist()
+
+
+def _on_first(placement: Placement) -> Placement:
+    """`placement` (a Shard, or a _StridedShard with its split factor) acting on dimension 0 instead."""
+    if getattr(placement, "dim", None) == 0:
+        return placement
+    if hasattr(placement, "split_factor"):
+        return type(placement)(0, split_factor=placement.split_factor)  # type: ignore[call-arg]
+    return Shard(0)

@@ -50,6 +50,12 @@ def _half(name: str) -> int | None:
     return None
 
 
+def hf_rows_stored(args: GptOssArgs, name: str) -> bool:
+    """The stacked experts' tensors (and their biases) are the HF tensors' experts, one for one: a rank holding some
+    experts reads only theirs (titanlite/components/hf_weights.py)."""
+    return ".feed_forward.experts." in name
+
+
 def _is_matrix(name: str) -> bool:
     return name.endswith((".experts.w1", ".experts.w3", ".experts.w2"))
 
