@@ -215,3 +215,64 @@ def test_an_fp8_export_writes_the_folders_blocks_and_reads_back_with_the_same_lo
     with pytest.raises(ConfigError, match="checkpoint.export_quantized writes the FP8 blocks .* started from none"):
         save_hf(tmp_path / "none", args, model.state_dict(), quantized=True)
     assert not (tmp_path / "none").exists()
+
+
+def with_mtp_layer(fp8, folder) -> dict:
+    """The FP8 DeepSeek-V3 folder with a multi-token-prediction layer as published (model.layers.3, past the 3 of
+    the decoder: a copy of layer 2's block, its norms, eh_proj in FP8 blocks too, shared_head.norm); its tensors."""
+    source, _, stored = fp8
+    folder.mkdir()
+    (folder / "config.json").write_text((source / "config.json").read_text())
+    mtp = {k.replace("model.layers.2.", "model.layers.3."): v.clone() for k, v in stored.items() if ".layers.2." in k}
+    mtp |= {f"model.layers.3.{n}.weight": torch.randn(64) for n in ("enorm", "hnorm", "shared_head.norm")}
+    eh_proj = quantize_fp8(torch.randn(64, 128), tuple(BLOCK))
+    mtp |= {"model.layers.3.eh_proj.weight": eh_proj[0], "model.layers.3.eh_proj.weight_scale_inv": eh_proj[1]}
+    rewrite(folder, {**stored, **mtp}, {"num_nextn_predict_layers": 1})
+    return mtp
+
+
+def test_an_fp8_folders_carried_layer_is_exported_as_stored_or_dequantized_with_the_export(fp8, tmp_path, caplog):
+    """Carried FP8 tensors keep their values and scales bit for bit in an FP8 export; an export in the training dtype
+    (no quantization_config) writes them dequantized to it, and says so."""
+    from titanlite.components.hf_weights import save_hf
+
+    mtp = with_mtp_layer(fp8, tmp_path / "hf")
+    args = folder_args(tmp_path / "hf", 64)
+    model = model_from_args(args)
+    load_hf_into([model], tmp_path / "hf")
+    save_hf(tmp_path / "fp8", args, model.state_dict(), carry_from=tmp_path / "hf", quantized=True)
+    exported = load_file(tmp_path / "fp8" / "model.safetensors")
+    assert all(exported[k].dtype == v.dtype and torch.equal(exported[k].view(torch.uint8), v.view(torch.uint8))
+               for k, v in mtp.items())  # fmt: skip
+    with caplog.at_level(logging.INFO, logger="titanlite"):
+        save_hf(tmp_path / "bf16", args, model.state_dict(), torch.bfloat16, carry_from=tmp_path / "hf")
+    assert "carried tensors held in fp8 in" in caplog.text and "written dequantized to bfloat16" in caplog.text
+    exported = load_file(tmp_path / "bf16" / "model.safetensors")
+    name = "model.layers.3.eh_proj.weight"
+    assert name + "_scale_inv" not in exported
+    expected = dequantize_fp8(mtp[name], mtp[name + "_scale_inv"], tuple(BLOCK)).to(torch.bfloat16)
+    assert torch.equal(exported[name], expected)
+
+
+@pytest.mark.parametrize(
+    "name, shape",
+    [("model.layers.3.eh_proj.weight", (64, 96)), ("model.layers.3.mlp.shared_experts.up_proj.weight", (40, 64))],
+)
+def test_a_carried_layer_of_another_width_is_refused_before_the_run_and_the_export(fp8, tmp_path, name, shape):
+    from titanlite.components.hf_weights import save_hf
+
+    mtp = with_mtp_layer(fp8, tmp_path / "hf")
+    stored = load_file(tmp_path / "hf" / "model.safetensors")
+    stored[name] = torch.randn(shape)
+    stored.pop(name + "_scale_inv", None)
+    rewrite(tmp_path / "hf", stored, {})
+    refusal = (
+        f"tensor '{name}', carried \\(not trained\\) into the run's export, has shape \\({shape[0]}, {shape[1]}\\)"
+    )
+    with pytest.raises(ConfigError, match=refusal) as refused:
+        check_tensors(folder_model_args(tmp_path / "hf"), WeightReader(tmp_path / "hf"))
+    assert "\n" not in str(refused.value) and len(mtp) > 10
+    args = folder_args(tmp_path / "hf", 64)
+    with pytest.raises(ConfigError, match=refusal):
+        save_hf(tmp_path / "export", args, model_from_args(args).state_dict(), carry_from=tmp_path / "hf")
+    assert not (tmp_path / "export").exists()

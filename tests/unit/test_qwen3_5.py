@@ -214,6 +214,23 @@ def test_a_multimodal_folder_trains_its_text_model_and_exports_back_into_its_lay
         torch.testing.assert_close(back(input_ids=tokens).logits, ours(tokens), rtol=1e-5, atol=1e-5)
 
 
+def test_mtp_tensors_of_another_width_are_refused_before_the_run(multimodal, tmp_path):
+    """mtp.* that do not fit the text model (mtp.fc for another hidden size; a block unlike the full-attention
+    layers') would be carried into an export transformers cannot load: one line naming the tensor."""
+    from safetensors.torch import load_file, save_file
+
+    from titanlite.components.hf_weights import WeightReader, check_tensors
+    from titanlite.models.hf_config import folder_model_args
+
+    _, path = multimodal
+    (tmp_path / "config.json").write_text((path / "config.json").read_text())
+    for name, shape in (("mtp.fc.weight", (64, 96)), ("mtp.layers.0.mlp.up_proj.weight", (80, 64))):
+        tensors = load_file(path / "model.safetensors") | {name: torch.randn(shape)}
+        save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
+        with pytest.raises(ConfigError, match=f"tensor '{name}', carried .* has shape \\({shape[0]}, {shape[1]}\\)"):
+            check_tensors(folder_model_args(tmp_path), WeightReader(tmp_path))
+
+
 def test_initial_weights_start_the_linear_layers_output_norms_at_one_and_the_zero_centred_norms_at_zero():
     """The (1 + w) norms start at 0 (a factor of one); the linear layers' output norm multiplies by its weight as it
     is, so it starts at 1 (at 0 every linear layer would output zeros), as transformers initialises both."""

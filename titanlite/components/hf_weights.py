@@ -251,7 +251,7 @@ def _write_export(
     # clone: no entry may share storage with another (or stay a view of the live model's parameters).
     tensors = {k: v.detach().to(device="cpu", dtype=dtype).contiguous().clone() for k, v in hf.items()}
     if carry_from is not None:
-        config, tensors = _carry(carry_from, args, config, tensors, quantized)
+        config, tensors = _carry(carry_from, args, config, tensors, quantized, dtype)
     elif quantized:
         raise ConfigError(
             "checkpoint.export_quantized writes the FP8 blocks of the Hugging Face folder a run started from, and this "
@@ -279,7 +279,12 @@ def _write_export(
 
 
 def _carry(
-    source: str | Path, args, config: dict, tensors: dict[str, torch.Tensor], quantized: bool = False
+    source: str | Path,
+    args,
+    config: dict,
+    tensors: dict[str, torch.Tensor],
+    quantized: bool = False,
+    dtype: torch.dtype = torch.float32,
 ) -> tuple[dict, dict[str, torch.Tensor]]:
     """The export's config.json and tensors in the layout of the folder `source` the run started from (the family's
     hf_folder hook, where its folders have one of their own), with the folder's carried tensors added unchanged;
@@ -292,16 +297,31 @@ def _carry(
         )
     reader = WeightReader(source)
     carried = hf_carried(args, reader.keys())
+    check_carried(args, reader, config_shapes(args))
     module = _names(args)
     if hasattr(module, "hf_folder"):
         config, tensors = module.hf_folder(args, config, tensors, read_config(source))
-    carried_tensors = {name: reader.get(name) for name in carried}
+    if quantized and (reader.quantization is None or reader.quantization["method"] != "fp8"):
+        raise ConfigError(
+            f"checkpoint.export_quantized writes the FP8 blocks of the folder a run started from, and {source} "
+            "is not an fp8 folder; leave it out"
+        )
+    carried_tensors = {}
+    dequantized = [name for name in carried if name in reader.logical.names]
+    for name in carried:
+        if name in reader.logical.names and quantized:  # as stored: the values and their scales, bit for bit
+            carried_tensors |= {raw: reader.stored(raw) for raw in reader.logical.names[name]}
+        elif name in reader.logical.names:  # the export is not quantized: neither may these be
+            carried_tensors[name] = reader.get(name).to(dtype)
+        else:
+            carried_tensors[name] = reader.get(name)
+    if dequantized and not quantized:
+        logger.info(
+            f"  export: {len(dequantized)} carried tensors held in {reader.logical.method} in {source} are "
+            f"written dequantized to {_dtype_name(dtype).lower()}, as the export's weights are "
+            "(checkpoint.export_quantized keeps them as stored)"
+        )
     if quantized:
-        if reader.quantization is None or reader.quantization["method"] != "fp8":
-            raise ConfigError(
-                f"checkpoint.export_quantized writes the FP8 blocks of the folder a run started from, and {source} "
-                "is not an fp8 folder; leave it out"
-            )
         block = reader.quantization["block"]
         for name in [n for n in reader.logical.names if n in tensors]:
             tensors[name], tensors[name + FP8_SCALE] = quantize_fp8(tensors[name], block)
@@ -492,7 +512,26 @@ def check_tensors(args, reader: WeightReader) -> tuple[dict[str, str], dict[str,
     if refused:
         dtype, names = next(iter(refused.items()))
         raise ConfigError(_dtype_refusal(reader, dtype, names))
+    check_carried(args, reader, expected)
     return keys, sources
+
+
+def check_carried(args, reader: WeightReader, shapes: dict[str, tuple[int, ...]]) -> None:
+    """The folder's carried tensors (hf_carried) that the family can describe (its weights module's
+    `hf_carried_shapes(args, carried, shapes)`: multi-token-prediction layers) have the shapes of this model's
+    (`shapes`: config_shapes), or the folder is refused: an export would carry them into a folder of another model."""
+    module = _names(args)
+    if not hasattr(module, "hf_carried_shapes"):
+        return
+    carried = hf_carried(args, reader.keys())
+    for name, shape in module.hf_carried_shapes(args, carried, shapes).items():
+        stored = reader.header(name)[1]
+        if stored != tuple(shape):
+            raise ConfigError(
+                f"{reader.folder}: tensor {name!r}, carried (not trained) into the run's export, has shape {stored}, "
+                f"but this model (dim {args.dim}) makes it {tuple(shape)}; it is not of this model's architecture: "
+                "remove the tensors it belongs with from the folder, or use the config.json they were saved with"
+            )
 
 
 def config_shapes(args) -> dict[str, tuple[int, ...]]:

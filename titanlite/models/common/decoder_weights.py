@@ -95,3 +95,26 @@ def from_hf_tensor(args: DecoderArgs, name: str, hf: torch.Tensor) -> torch.Tens
     """Our parameter `name`'s full value from its HF tensor (hf_sources[name])."""
     heads = rope_heads(args, name)
     return hf if heads is None else rope_from_hf(hf, heads).contiguous()
+
+
+def carried_layer_shapes(
+    carried: list[str],
+    shapes: dict[str, tuple[int, ...]],
+    within_layer,
+    like: str,
+    own: dict[str, tuple[int, ...]],
+) -> dict[str, tuple[int, ...]]:
+    """The shapes a folder's carried multi-token-prediction tensors must have to belong to this model: one named as a
+    decoder layer's tensor (`within_layer(name)`: its name within the layer, or None) has that tensor's shape in the
+    decoder layer whose names begin with `like` (`shapes`: the model's tensors' shapes, Hugging Face names); one of
+    the `own` names (the prediction layer's projections and norms, full names) has the shape given there. Others
+    (a tensor not of a decoder layer, or one the layer `like` lacks) are carried unchecked."""
+    expected: dict[str, tuple[int, ...]] = {}
+    for name in carried:
+        if name in own:
+            expected[name] = own[name]
+            continue
+        rest = within_layer(name)
+        if rest is not None and like + rest in shapes:
+            expected[name] = shapes[like + rest]
+    return expected

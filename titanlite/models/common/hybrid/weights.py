@@ -86,6 +86,24 @@ def hf_carried(args: HybridArgs, keys: list[str]) -> list[str]:
     return [k for k in keys if k.startswith(CARRIED_PREFIXES)]
 
 
+def hf_carried_shapes(args: HybridArgs, carried: list[str], shapes: dict) -> dict[str, tuple[int, ...]]:
+    """What the multi-token-prediction tensors (mtp.*) must be to belong to this model: each mtp.layers.J's block as
+    the last full-attention layer's, the norms of the hidden state and the next token's embedding and the final one
+    ([dim]), their projection (mtp.fc: [dim, 2 dim]). The vision tower is carried unchecked (its own vision_config
+    describes it)."""
+    dim = args.dim
+    own = {f"mtp.{n}.weight": (dim,) for n in ("norm", "pre_fc_norm_embedding", "pre_fc_norm_hidden")}
+    own["mtp.fc.weight"] = (dim, 2 * dim)
+    full = [i for i, kind in enumerate(args.layer_types) if kind == "full_attention"]
+
+    def within_layer(name: str) -> str | None:
+        parts = name.split(".", 3)
+        return parts[3] if name.startswith("mtp.layers.") and len(parts) == 4 else None
+
+    like = f"model.layers.{full[-1]}." if full else "model.layers.-1."
+    return llama.carried_layer_shapes(carried, shapes, within_layer, like, own)
+
+
 def hf_folder(args: HybridArgs, config: dict, tensors: dict, source: dict) -> tuple[dict, dict]:
     """An export in the layout of the folder it started from: a multimodal one (model_type qwen3_5 / qwen3_5_moe)
     gets its own config.json back with the trained text model's fields in text_config, and the text tensors under
