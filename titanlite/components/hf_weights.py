@@ -306,7 +306,7 @@ def _carry(
             f"checkpoint.export_quantized writes the FP8 blocks of the folder a run started from, and {source} "
             "is not an fp8 folder; leave it out"
         )
-    carried_tensors = {}
+    carried_tensors: dict[str, torch.Tensor] = {}
     dequantized = [name for name in carried if name in reader.logical.names]
     for name in carried:
         if name in reader.logical.names and quantized:  # as stored: the values and their scales, bit for bit
@@ -322,7 +322,7 @@ def _carry(
             "(checkpoint.export_quantized keeps them as stored)"
         )
     if quantized:
-        block = reader.quantization["block"]
+        block = reader.logical.block
         for name in [n for n in reader.logical.names if n in tensors]:
             tensors[name], tensors[name + FP8_SCALE] = quantize_fp8(tensors[name], block)
         config = {**config, "quantization_config": read_config(source)["quantization_config"]}
