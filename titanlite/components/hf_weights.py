@@ -691,9 +691,12 @@ def _say_conversions(reader: WeightReader, keys: dict[str, str], source, target)
     carried = hf_carried(source, reader.keys())
     if carried:
         kinds = sorted({".".join(name.split(".")[:2]) + ".*" for name in carried})
+        how = "unchanged"
+        if any(name in reader.logical.names for name in carried):
+            how = f"(its {reader.logical.method} ones as stored with checkpoint.export_quantized, else dequantized)"
         logger.info(
             f"  checkpoint: {reader.folder} also holds {len(carried)} tensors the model does not train "
-            f"({', '.join(kinds)}): left out of the run, carried unchanged into its export (convert to-hf)"
+            f"({', '.join(kinds)}): left out of the run, carried {how} into its export (convert to-hf)"
         )
     quantized = sorted({reader.header(stored)[0] for stored in keys.values()} & set(QUANTIZED))
     if quantized:
