@@ -30,6 +30,11 @@ LAYOUTS = {
     "hsdp_ep2": (4, ["--parallelism.data_parallel_replicate_degree", "2", EP, "2", LOCAL, "2"]),  # 2 x (dp_shard 2)
     "ep2_tp2": (4, [EP, "2", "--parallelism.tensor_parallel_degree", "2", LOCAL, "4"]),  # dp_shard 2
     "ep2_cp2": (4, [EP, "2", "--parallelism.context_parallel_degree", "2", LOCAL, "4"]),  # dp_shard 2 x cp 2
+    # TP alone: the attention split into DTensors, the MoE blocks whole and plain, one optimizer over both kinds
+    "tp2": (
+        2,
+        ["--parallelism.tensor_parallel_degree", "2", "--parallelism.data_parallel_shard_degree", "1", LOCAL, "8"],
+    ),
 }
 # PP 2 x dp_shard 2, EP 2: each rank's 4 sequences in pipeline micro-batches of 2.
 PP2_EP2 = (

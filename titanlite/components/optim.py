@@ -73,11 +73,19 @@ def implementation(cfg: Optimizer, device_type: str, skip_nonfinite: bool = Fals
 
 
 def build_adamw(model: nn.Module, cfg: Optimizer, impl: str) -> torch.optim.Optimizer:
-    """AdamW with weight decay on matrices and embeddings only; built after sharding so its state is sharded too."""
+    """AdamW with weight decay on matrices and embeddings only; built after sharding so its state is sharded too.
+
+    Sharded (DTensor) and plain parameters go in groups of their own: the foreach and fused kernels take one list
+    of either kind per group, and a layout can hold both (tensor parallelism alone splits the attention into
+    DTensors and leaves a mixture of experts' blocks whole, plain). Checkpoints keep each parameter's group settings
+    under its name (flattened), so the grouping may differ between the layout that saved and the one that loads."""
     params = [p for p in model.parameters() if p.requires_grad]
-    decay = [p for p in params if p.ndim >= 2]
-    no_decay = [p for p in params if p.ndim < 2]
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    groups = []
+    for weight_decay, of_group in ((cfg.weight_decay, lambda p: p.ndim >= 2), (0.0, lambda p: p.ndim < 2)):
+        for sharded in (True, False):
+            members = [p for p in params if of_group(p) and isinstance(p, DTensor) == sharded]
+            if members:
+                groups.append({"params": members, "weight_decay": weight_decay})
     return torch.optim.AdamW(
         groups,
         lr=cfg.lr,
