@@ -3,6 +3,8 @@ does), and the RoPE row order: ours rotates adjacent pairs, Hugging Face's halve
 
 from __future__ import annotations
 
+import re
+
 import torch
 
 from titanlite.models.common.decoder_args import DecoderArgs
@@ -118,3 +120,29 @@ def carried_layer_shapes(
         if rest is not None and like + rest in shapes:
             expected[name] = shapes[like + rest]
     return expected
+
+
+def layers_past(n_layers: int, keys: list[str]) -> list[str]:
+    """The tensors of layers past the decoder's `n_layers` (model.layers.N, N >= n_layers): DeepSeek-V3's and GLM's
+    multi-token-prediction layers, stored as further layers."""
+    past = [(k, re.match(r"model\.layers\.(\d+)\.", k)) for k in keys]
+    return [k for k, layer in past if layer is not None and int(layer.group(1)) >= n_layers]
+
+
+def next_token_layer_shapes(args, carried: list[str], shapes: dict) -> dict[str, tuple[int, ...]]:
+    """What the tensors of multi-token-prediction layers stored as further layers (layers_past) must be to belong to
+    the model `args`: their block's as the last decoder layer's, and each layer's own norms of the hidden state and of
+    the next token's embedding (enorm, hnorm: [dim]), their projection (eh_proj: [dim, 2 dim]) and its head
+    (shared_head.norm, and shared_head.head and embed_tokens where a folder stores them)."""
+    dim, vocab = args.dim, args.vocab_size
+    own: dict[str, tuple[int, ...]] = {}
+    for prefix in {m.group(1) for m in (re.match(r"(model\.layers\.\d+\.)", k) for k in carried) if m}:
+        own |= {prefix + n: (dim,) for n in ("enorm.weight", "hnorm.weight", "shared_head.norm.weight")}
+        own |= {prefix + "eh_proj.weight": (dim, 2 * dim)}
+        own |= {prefix + n: (vocab, dim) for n in ("shared_head.head.weight", "embed_tokens.weight")}
+
+    def within_layer(name: str) -> str | None:
+        layer = re.match(r"model\.layers\.\d+\.(.+)", name)
+        return layer.group(1) if layer else None
+
+    return carried_layer_shapes(carried, shapes, within_layer, f"model.layers.{args.n_layers - 1}.", own)

@@ -8,11 +8,9 @@ unchanged into an export (hf_carried)."""
 
 from __future__ import annotations
 
-import re
-
 import torch
 
-from titanlite.models.common.decoder_weights import carried_layer_shapes, rope_from_hf, rope_to_hf
+from titanlite.models.common.decoder_weights import layers_past, next_token_layer_shapes, rope_from_hf, rope_to_hf
 from titanlite.models.common.moe.layer import EXPERT_NAMES, moe_to_hf
 from titanlite.models.deepseek_v3.args import DeepseekV3Args
 
@@ -69,37 +67,15 @@ def hf_sources(args: DeepseekV3Args) -> dict[str, str | tuple[str, ...]]:
     return sources
 
 
-def _past_the_decoder(args: DeepseekV3Args, key: str) -> bool:
-    layer = re.match(r"model\.layers\.(\d+)\.", key)
-    return layer is not None and int(layer.group(1)) >= args.n_layers
-
-
 def hf_carried(args: DeepseekV3Args, keys: list[str]) -> list[str]:
     """The multi-token prediction layers (model.layers.N for N past the decoder's): not trained, carried unchanged
     into an export (titanlite/components/hf_weights.py)."""
-    return [k for k in keys if _past_the_decoder(args, k)]
+    return layers_past(args.n_layers, keys)
 
 
 def hf_carried_shapes(args: DeepseekV3Args, carried: list[str], shapes: dict) -> dict[str, tuple[int, ...]]:
-    """What the multi-token prediction layers' tensors must be to belong to this model: their block's as the last
-    decoder layer's, and each layer's own norms of the hidden state and the next token's embedding (enorm, hnorm:
-    [dim]), their projection (eh_proj: [dim, 2 dim]), and its head (shared_head.norm, shared_head.head, and
-    embed_tokens where a folder stores them)."""
-    dim, vocab = args.dim, args.vocab_size
-    own = {}
-    for name in carried:
-        layer = re.match(r"(model\.layers\.\d+\.)", name)
-        if layer:
-            prefix = layer.group(1)
-            own |= {prefix + n: (dim,) for n in ("enorm.weight", "hnorm.weight", "shared_head.norm.weight")}
-            own |= {prefix + "eh_proj.weight": (dim, 2 * dim)}
-            own |= {prefix + n: (vocab, dim) for n in ("shared_head.head.weight", "embed_tokens.weight")}
-
-    def within_layer(name: str) -> str | None:
-        layer = re.match(r"model\.layers\.\d+\.(.+)", name)
-        return layer.group(1) if layer else None
-
-    return carried_layer_shapes(carried, shapes, within_layer, f"model.layers.{args.n_layers - 1}.", own)
+    """What the multi-token prediction layers' tensors must be to belong to this model (decoder_weights)."""
+    return next_token_layer_shapes(args, carried, shapes)
 
 
 def hf_folder(args: DeepseekV3Args, config: dict, tensors: dict, source: dict) -> tuple[dict, dict]:

@@ -92,7 +92,9 @@ def hf_carried_shapes(args: HybridArgs, carried: list[str], shapes: dict) -> dic
     ([dim]), their projection (mtp.fc: [dim, 2 dim]). The vision tower is carried unchecked (its own vision_config
     describes it)."""
     dim = args.dim
-    own = {f"mtp.{n}.weight": (dim,) for n in ("norm", "pre_fc_norm_embedding", "pre_fc_norm_hidden")}
+    own: dict[str, tuple[int, ...]] = {
+        f"mtp.{n}.weight": (dim,) for n in ("norm", "pre_fc_norm_embedding", "pre_fc_norm_hidden")
+    }
     own["mtp.fc.weight"] = (dim, 2 * dim)
     full = [i for i, kind in enumerate(args.layer_types) if kind == "full_attention"]
 
