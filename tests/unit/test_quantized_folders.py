@@ -6,6 +6,7 @@ line before anything runs."""
 
 import json
 import logging
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -31,6 +32,27 @@ def rewrite(folder, tensors: dict, config_changes: dict) -> None:
     (folder / "config.json").write_text(json.dumps({**config, **config_changes}))
 
 
+def fp8_folders(hf, root, quantized: Callable[[str], bool], block=BLOCK, fmt: str = "e4m3"):
+    """transformers model `hf` saved twice under `root`: "fp8", its 2-D weights whose names `quantized` takes in e4m3
+    with a float32 weight_scale_inv per `block` (partial at the edges) and a quantization_config naming the format
+    `fmt`, as published folders are; and "plain", the same weights dequantized. Returns (the fp8 folder, its stored
+    tensors, transformers' model of the plain folder)."""
+    for name in ("fp8", "plain"):
+        hf.save_pretrained(root / name)
+    stored, dequantized = load_file(root / "fp8" / "model.safetensors"), {}
+    for name, tensor in list(stored.items()):
+        if tensor.dim() == 2 and quantized(name):
+            weight, scale = quantize_fp8(tensor, tuple(block))
+            stored[name], stored[name + "_scale_inv"] = weight, scale
+            dequantized[name] = dequantize_fp8(weight, scale, tuple(block))
+    assert len(dequantized) > 4, sorted(dequantized)
+    method = {"quant_method": "fp8", "fmt": fmt, "activation_scheme": "dynamic", "weight_block_size": list(block)}
+    rewrite(root / "fp8", stored, {"quantization_config": method})
+    rewrite(root / "plain", {**load_file(root / "plain" / "model.safetensors"), **dequantized}, {})
+    reference = type(hf).from_pretrained(root / "plain", dtype=torch.float32).eval()
+    return root / "fp8", stored, reference
+
+
 def imported_logits(folder, tokens) -> torch.Tensor:
     model = model_from_args(folder_args(folder, 64))
     load_hf_into([model], folder)
@@ -42,21 +64,10 @@ def imported_logits(folder, tokens) -> torch.Tensor:
 def fp8(tmp_path_factory):
     """A DeepSeek-V3 folder with its projections in FP8 blocks as published (not the router, norms, embedding and
     head), and the same weights dequantized in a plain copy that transformers loads."""
-    quantized, plain = tmp_path_factory.mktemp("fp8"), tmp_path_factory.mktemp("fp8_plain")
-    hf = random_deepseek()
-    for folder in (quantized, plain):
-        hf.save_pretrained(folder)
-    stored, dequantized = load_file(quantized / "model.safetensors"), {}
-    for name, tensor in list(stored.items()):
-        if tensor.dim() == 2 and name.endswith(("_proj.weight", "a_proj_with_mqa.weight")):
-            weight, scale = quantize_fp8(tensor, tuple(BLOCK))
-            stored[name], stored[name + "_scale_inv"] = weight, scale
-            dequantized[name] = dequantize_fp8(weight, scale, tuple(BLOCK))
-    assert len(dequantized) > 10
-    method = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": BLOCK}
-    rewrite(quantized, stored, {"quantization_config": method})
-    rewrite(plain, {**load_file(plain / "model.safetensors"), **dequantized}, {})
-    reference = transformers.DeepseekV3ForCausalLM.from_pretrained(plain, dtype=torch.float32).eval()
+    root = tmp_path_factory.mktemp("fp8")
+    quantized, stored, reference = fp8_folders(
+        random_deepseek(), root, lambda name: name.endswith(("_proj.weight", "a_proj_with_mqa.weight"))
+    )
     return quantized, reference, stored
 
 
@@ -106,6 +117,19 @@ def test_incomplete_or_damaged_fp8_scales_are_one_line(fp8, tmp_path, damage, re
     with pytest.raises(ConfigError, match=refusal.replace("(", r"\(").replace(")", r"\)")) as refused:
         check_tensors(folder_model_args(tmp_path), WeightReader(tmp_path))
     assert "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize("fmt, read", [("e4m3", True), ("float8_e4m3fn", True), ("e5m2", False)])
+def test_the_fp8_format_is_e4m3_by_either_name(tmp_path, fmt, read):
+    """DeepSeek's and GLM's folders write fmt "e4m3", MiniMax-M2's "float8_e4m3fn" (torch's name): the same format."""
+    from titanlite.base.hf_config import quantization_of
+
+    config = {"quantization_config": {"quant_method": "fp8", "fmt": fmt, "weight_block_size": [128, 128]}}
+    if read:
+        assert quantization_of(config, "c:") == {"method": "fp8", "block": (128, 128)}
+    else:
+        with pytest.raises(ConfigError, match="quantization_config.fmt='e5m2' is not supported: titanlite reads fp8"):
+            quantization_of(config, "c:")
 
 
 def test_a_quantization_titanlite_does_not_read_is_refused_naming_the_ones_it_does(tmp_path):

@@ -53,6 +53,9 @@ def check_no_unsupported(config: dict, where: str, experts: bool = False) -> Non
 QUANT_METHODS = ("fp8", "mxfp4")
 
 
+FP8_FORMATS = ("e4m3", "float8_e4m3fn")
+
+
 def quantization_of(config: dict, where: str) -> dict | None:
     """A folder's quantization (None: its weights are plain floats): {"method": "fp8", "block": (rows, cols)} or
     {"method": "mxfp4"}; a method titanlite does not read, or an fp8 one without its block size, refused in one line
@@ -75,8 +78,8 @@ def quantization_of(config: dict, where: str) -> dict | None:
             where, "quantization_config.weight_block_size", block, "fp8 weights are read by their [rows, cols] blocks"
         )
     fmt = quantization.get("fmt", "e4m3")
-    if fmt != "e4m3":
-        raise refuse(where, "quantization_config.fmt", fmt, "titanlite reads fp8 as e4m3")
+    if fmt not in FP8_FORMATS:  # DeepSeek's and GLM's folders write "e4m3", MiniMax-M2's torch's name for it
+        raise refuse(where, "quantization_config.fmt", fmt, "titanlite reads fp8 as e4m3 ('e4m3' or 'float8_e4m3fn')")
     return {"method": method, "block": tuple(block)}
 
 
