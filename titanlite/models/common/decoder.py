@@ -22,7 +22,7 @@ from torch import nn
 
 from titanlite.models.common.attention import Sequence
 from titanlite.models.common.auxiliary import add_auxiliary_loss
-from titanlite.models.common.decoder_args import window_of
+from titanlite.models.common.decoder_args import rope_kind, window_of
 from titanlite.models.common.feed_forward import GatedMLP
 from titanlite.models.common.head import OutputHead
 from titanlite.models.common.interface import Decoder
@@ -105,6 +105,9 @@ def grouped_query_attention(model: Transformer, layer: int, **changes: Any) -> A
         "rotary": layer not in a.nope_layers,
         "window": window_of(a, layer),
     }
+    own = getattr(a, "layer_rope", {}).get(rope_kind(a, layer)) if getattr(a, "layer_rope", {}) else None
+    if own is not None and own.rotary_dim:  # its kind rotates the leading rotary_dim channels of each head
+        options["rotary_dim"] = own.rotary_dim
     return Attention(a.dim, a.n_heads, a.n_kv_heads, a.head_dim, **(options | changes))
 
 
@@ -204,13 +207,23 @@ class Transformer(nn.Module):
         return placement, placement
 
     def rotary_tables(self) -> dict[str, RotaryTable]:
-        """The rotary tables the layers read, by name (their buffers are <name>_cos and <name>_sin)."""
+        """The rotary tables the layers read, by name (their buffers are <name>_cos and <name>_sin): "rope" of
+        rope_theta and rope_scaling, and "rope_<kind>" of each layer kind's own settings (args.layer_rope), "rope"
+        left out where every layer reads its kind's own."""
         a = self.args
-        return {"rope": RotaryTable(a.head_dim, a.rope_theta, a.rope_scaling)}
+        own = getattr(a, "layer_rope", {})
+        tables = {f"rope_{kind}": RotaryTable.of(rope, a.head_dim) for kind, rope in own.items()}
+        if not own or any(rope_kind(a, i) not in own for i in range(a.n_layers)):
+            tables["rope"] = RotaryTable(a.head_dim, a.rope_theta, a.rope_scaling)
+        return tables
 
     def rotary_of(self, layer: int) -> str | None:
-        """The table `layer` reads (None: its mixer takes no rotations)."""
-        return "rope" if self.rotary else None
+        """The table `layer` reads (None: its mixer takes no rotations): its kind's own, or "rope"."""
+        if not self.rotary:
+            return None
+        own = getattr(self.args, "layer_rope", {})
+        kind = rope_kind(self.args, layer) if own else None
+        return f"rope_{kind}" if kind in own else "rope"
 
     # --- the model interface ---
 

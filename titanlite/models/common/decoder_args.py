@@ -1,6 +1,7 @@
 """The shared decoder's arguments, torch-free (titanlite/models/common/decoder.py builds them): the shape and the
-switches most families set (biases, Q/K norms, norm placement, NoPE layers, windows, per-layer kinds), and the
-helpers that read them. A family's folder sets them, or extends the dataclass with what only it has."""
+switches most families set (biases, Q/K norms, norm placement, NoPE layers, windows, per-layer kinds and their
+own rotary settings), and the helpers that read them. A family's folder sets them, or extends the dataclass with
+what only it has."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from titanlite.models.common.moe.args import MoEArgs
-from titanlite.models.common.rope_args import Llama3RopeScaling, YarnRopeScaling
+from titanlite.models.common.rope_args import LayerRope, Llama3RopeScaling, YarnRopeScaling
 from titanlite.models.spec import not_math
 
 QK_NORMS = ("none", "head", "full")
@@ -58,6 +59,11 @@ class DecoderArgs:
     layer_types: tuple[str, ...] = ()
     """Per layer "sliding_attention" or "full_attention" (config.json's layer_types); empty: every layer slides
     when sliding_window is set. A family whose arguments name more kinds (`layer_kinds`) builds them itself."""
+    layer_rope: dict[str, LayerRope] = field(default_factory=dict)
+    """Rotary settings of their own for the layers of a kind ("full_attention", "sliding_attention", as
+    `rope_kind` names a layer's): theta, scaling, rotated channels (titanlite/models/common/rope_args.py
+    LayerRope); config.json's rope_parameters keyed by layer type (decoder_config.layer_rope_from_hf). A kind not
+    listed takes rope_theta and rope_scaling over whole heads. E.g. OLMo 3's YaRN on its full layers only."""
 
     layer_kinds: ClassVar[tuple[str, ...]] = LAYER_KINDS
     """The layer kinds these arguments build (a family's subclass adds its own mixers' kinds)."""
@@ -75,12 +81,29 @@ class DecoderArgs:
             raise ValueError(f"{type(self).__name__}.layer_types has {unknown[0]!r}; its layer kinds are {kinds}")
         if self.layer_types and len(self.layer_types) != self.n_layers:
             raise ValueError(f"DecoderArgs.layer_types has {len(self.layer_types)} entries for {self.n_layers} layers")
+        self.layer_rope = {kind: as_layer_rope(rope) for kind, rope in self.layer_rope.items()}
+        for kind, rope in self.layer_rope.items():
+            if kind not in LAYER_KINDS:
+                raise ValueError(f"DecoderArgs.layer_rope has {kind!r}; name one of {', '.join(LAYER_KINDS)}")
+            if rope.rotary_dim > self.head_dim:
+                raise ValueError(f"DecoderArgs.layer_rope[{kind!r}].rotary_dim={rope.rotary_dim} > head_dim")
         for name, value, allowed in (
             ("qk_norm", self.qk_norm, QK_NORMS),
             ("norm_position", self.norm_position, NORM_POSITIONS),
         ):
             if value not in allowed:
                 raise ValueError(f"DecoderArgs.{name}={value!r}; use one of {', '.join(allowed)}")
+
+
+def as_layer_rope(value: LayerRope | dict) -> LayerRope:
+    """A LayerRope, or the dict dataclasses.asdict made of one, as a LayerRope."""
+    if isinstance(value, LayerRope):
+        return value
+    fields = dict(value)
+    scaling = fields.get("scaling")
+    if isinstance(scaling, dict):
+        fields["scaling"] = (YarnRopeScaling if "beta_fast" in scaling else Llama3RopeScaling)(**scaling)
+    return LayerRope(**fields)
 
 
 def every(interval: int, n_layers: int) -> tuple[int, ...]:
@@ -119,6 +142,21 @@ def window_of(args: DecoderArgs, layer: int) -> int | None:
     if args.layer_types and args.layer_types[layer] != "sliding_attention":
         return None
     return args.sliding_window
+
+
+def rope_kind(args: DecoderArgs, layer: int) -> str:
+    """The layer kind whose rotary settings `layer` takes: its layer_types entry, or, without layer_types,
+    "sliding_attention" when every layer slides (sliding_window set) and "full_attention" otherwise."""
+    if args.layer_types:
+        return args.layer_types[layer]
+    return "sliding_attention" if args.sliding_window else "full_attention"
+
+
+def layer_rope_of(args: DecoderArgs, layer: int) -> LayerRope:
+    """The rotary settings of `layer`: its kind's own (args.layer_rope), or the shared rope_theta and rope_scaling
+    over whole heads."""
+    own = getattr(args, "layer_rope", {}).get(rope_kind(args, layer))
+    return own if own is not None else LayerRope(args.rope_theta, args.rope_scaling)
 
 
 def _debug_moe() -> MoEArgs:

@@ -11,8 +11,8 @@ from typing import NamedTuple
 
 from titanlite.base.errors import ConfigError
 from titanlite.base.hf_config import refuse
-from titanlite.models.common.decoder_args import DecoderArgs, window_of
-from titanlite.models.common.rope_args import Llama3RopeScaling, YarnRopeScaling, yarn_from_hf, yarn_to_hf
+from titanlite.models.common.decoder_args import LAYER_KINDS, DecoderArgs, window_of
+from titanlite.models.common.rope_args import LayerRope, Llama3RopeScaling, YarnRopeScaling, yarn_from_hf, yarn_to_hf
 
 
 class Expressible(NamedTuple):
@@ -219,32 +219,122 @@ def rope_settings(config: dict, where: str) -> tuple[float, Llama3RopeScaling | 
     rope_parameters or 4.x's top-level rope_theta and rope_scaling; other RoPE types (linear, dynamic,
     longrope) are refused."""
     rope = {**(config.get("rope_scaling") or {}), **(config.get("rope_parameters") or {})}
-    rope_type = rope.get("rope_type") or rope.get("type") or "default"
     theta = float(rope.get("rope_theta", config.get("rope_theta", 10000.0)))
-    if rope_type == "default":
-        return theta, None
     key = "rope_parameters" if config.get("rope_parameters") else "rope_scaling"
+    return theta, rope_scaling_of(rope, f"{where} {key}", config)
+
+
+def rope_scaling_of(rope: dict, where: str, config: dict) -> Llama3RopeScaling | YarnRopeScaling | None:
+    """The frequency scaling one rope_parameters / rope_scaling dict asks for (`where` names it): None for
+    rope_type "default", Llama 3.1's "llama3", "yarn" (`config`: the fields yarn_from_hf falls back to); others
+    refused."""
+    rope_type = rope.get("rope_type") or rope.get("type") or "default"
+    if rope_type == "default":
+        return None
     if rope_type == "yarn":
         try:
-            return theta, yarn_from_hf(rope, f"{where} {key}", config)
+            return yarn_from_hf(rope, where, config)
         except ValueError as e:
             raise ConfigError(str(e)) from None
     if rope_type != "llama3":
         raise ConfigError(
-            f"{where} {key} rope_type={rope_type!r} is not supported: titanlite implements "
+            f"{where} rope_type={rope_type!r} is not supported: titanlite implements "
             "unscaled RoPE, Llama 3.1's 'llama3' scaling and 'yarn'"
         )
     fields = [f.name for f in dataclasses.fields(Llama3RopeScaling)]
     absent = [f for f in fields if rope.get(f) is None]
     if absent:
-        raise ConfigError(f"{where} {key} of rope_type 'llama3' lacks {absent[0]!r}")
+        raise ConfigError(f"{where} of rope_type 'llama3' lacks {absent[0]!r}")
     scaling = Llama3RopeScaling(**{f: rope[f] for f in fields})
     if scaling.high_freq_factor <= scaling.low_freq_factor:
         raise ConfigError(
-            f"{where} {key} needs high_freq_factor > low_freq_factor, not {scaling.high_freq_factor} "
+            f"{where} needs high_freq_factor > low_freq_factor, not {scaling.high_freq_factor} "
             f"and {scaling.low_freq_factor}"
         )
-    return theta, scaling
+    return scaling
+
+
+def per_layer_rope(config: dict) -> bool:
+    """Whether config.json's rope_parameters is keyed by layer type (transformers 5's form for Gemma 3 and 4,
+    OLMo 3): {"full_attention": {...}, "sliding_attention": {...}}."""
+    params = config.get("rope_parameters")
+    return bool(params) and isinstance(params, dict) and set(params) <= set(LAYER_KINDS)
+
+
+def layer_rope_from_hf(
+    config: dict, where: str, head_dim: int, types: tuple[str, ...] = ("default", "linear", "llama3", "yarn")
+) -> dict[str, LayerRope]:
+    """DecoderArgs.layer_rope of a config.json whose rope_parameters is keyed by layer type (per_layer_rope), as
+    transformers reads it: each kind's rope_theta (the top-level rope_theta where it gives none), rope_type (those
+    of `types`, the family's: "default", "linear" (factor), "llama3", "yarn", "proportional"), and
+    partial_rotary_factor (rotary_dim = int(head_dim x factor); "proportional": 2 x int(factor x head_dim // 2)
+    channels at frequencies over head_dim). A YaRN entry's original_max_position_embeddings falls back to
+    max_position_embeddings (not to a top-level one: transformers reads only the entry's). Anything else refused
+    in one line naming the key."""
+    found: dict[str, LayerRope] = {}
+    for kind, rope in config["rope_parameters"].items():
+        key = f"rope_parameters {kind}"
+        if rope is None:
+            continue
+        rope_type = rope.get("rope_type") or rope.get("type") or "default"
+        if rope_type not in types:
+            raise refuse(where, f"{key} rope_type", rope_type, f"this family takes {', '.join(types)}")
+        theta = rope.get("rope_theta", config.get("rope_theta"))
+        if theta is None:
+            raise refuse(where, f"{key} rope_theta", None, "give each layer type's rotary base")
+        partial = float(rope.get("partial_rotary_factor", config.get("partial_rotary_factor") or 1.0))
+        if not 0 < partial <= 1:
+            raise refuse(where, f"{key} partial_rotary_factor", partial, "it is a fraction of the head, in (0, 1]")
+        fields: dict = {}
+        if rope_type == "proportional":
+            pairs = int(partial * head_dim // 2)
+            if pairs < 1:
+                raise refuse(where, f"{key} partial_rotary_factor", partial, "it rotates no channel")
+            fields = {"rotary_dim": 2 * pairs if pairs * 2 < head_dim else 0, "frequency_dim": head_dim}
+            fields["linear_factor"] = float(rope.get("factor", 1.0))
+        elif partial < 1:
+            rotary_dim = int(head_dim * partial)
+            if rotary_dim < 2 or rotary_dim % 2:
+                raise refuse(where, f"{key} partial_rotary_factor", partial, f"it gives {rotary_dim} channels, odd")
+            fields["rotary_dim"] = rotary_dim
+        if rope_type == "linear":
+            fields["linear_factor"] = float(rope.get("factor", 1.0))
+        elif rope_type in ("llama3", "yarn"):
+            if rope_type == "yarn" and rope.get("truncate") is False:
+                # transformers reads truncate from the top of rope_parameters, never a layer type's entry
+                raise refuse(where, f"{key} truncate", False, "transformers truncates per-layer YaRN bands always")
+            fallback = {"max_position_embeddings": config.get("max_position_embeddings")}
+            fields["scaling"] = rope_scaling_of(rope, f"{where} {key}", fallback)
+        try:
+            found[kind] = LayerRope(float(theta), **fields)
+        except ValueError as e:
+            raise refuse(where, key, rope, str(e)) from None
+    return found
+
+
+def layer_rope_to_hf(args: DecoderArgs, kinds: tuple[str, ...] = LAYER_KINDS) -> dict:
+    """config.json's rope_parameters keyed by layer type for `kinds`: each kind's own settings (args.layer_rope)
+    or the shared rope_theta and rope_scaling; what layer_rope_from_hf reads back."""
+    head_dim = args.head_dim
+    params = {}
+    for kind in kinds:
+        rope = args.layer_rope.get(kind) or LayerRope(args.rope_theta, args.rope_scaling)
+        if isinstance(rope.scaling, YarnRopeScaling) and not rope.scaling.truncate:
+            raise ConfigError(f"layer_rope[{kind!r}]: transformers truncates a layer type's YaRN band always")
+        entry = {"rope_theta": rope.theta, **rope_scaling_to_hf(rope.scaling)}
+        if rope.frequency_dim:
+            if rope.frequency_dim != head_dim:
+                raise ConfigError(f"layer_rope[{kind!r}].frequency_dim={rope.frequency_dim} is not the head width")
+            entry["rope_type"] = "proportional"
+            entry["factor"] = rope.linear_factor
+        elif rope.linear_factor != 1.0:
+            if rope.scaling is not None:
+                raise ConfigError(f"layer_rope[{kind!r}]: config.json cannot give a linear factor with a scaling")
+            entry["rope_type"], entry["factor"] = "linear", rope.linear_factor
+        if rope.rotary_dim and rope.rotary_dim != head_dim:
+            entry["partial_rotary_factor"] = rope.rotary_dim / head_dim
+        params[kind] = entry
+    return params
 
 
 def rope_scaling_to_hf(scaling: Llama3RopeScaling | YarnRopeScaling | None) -> dict:

@@ -9,12 +9,13 @@ from dataclasses import dataclass
 
 import torch
 
-from titanlite.models.common.rope_args import Llama3RopeScaling, YarnRopeScaling
+from titanlite.models.common.rope_args import LayerRope, Llama3RopeScaling, YarnRopeScaling
 
 
-def rope_frequencies(rotary_dim: int, theta: float, device=None) -> torch.Tensor:
-    """theta^(-2i / rotary_dim) for i < rotary_dim / 2, in float32."""
-    exponents = torch.arange(0, rotary_dim, 2, device=device, dtype=torch.float32) / rotary_dim
+def rope_frequencies(rotary_dim: int, theta: float, device=None, frequency_dim: int = 0) -> torch.Tensor:
+    """theta^(-2i / rotary_dim) for i < rotary_dim / 2, in float32 (over frequency_dim instead, where given:
+    Gemma 4's proportional RoPE)."""
+    exponents = torch.arange(0, rotary_dim, 2, device=device, dtype=torch.float32) / (frequency_dim or rotary_dim)
     return 1.0 / (theta**exponents)
 
 
@@ -57,13 +58,19 @@ def scale_rope_frequencies(inv_freq: torch.Tensor, scaling: Llama3RopeScaling) -
 @dataclass(frozen=True)
 class RotaryTable:
     """One table of rotations a decoder keeps (its cos and sin buffers): `dim` rotated channels per head, base
-    `theta`, an optional scaling (Llama 3.1's or YaRN), and a linear factor dividing every frequency (Gemma 3's
-    full layers)."""
+    `theta`, an optional scaling (Llama 3.1's or YaRN), a linear factor dividing every frequency (Gemma 3's
+    full layers), and the width the frequencies' exponents divide by (0: dim; LayerRope.frequency_dim)."""
 
     dim: int
     theta: float
     scaling: Llama3RopeScaling | YarnRopeScaling | None = None
     linear_factor: float = 1.0
+    frequency_dim: int = 0
+
+    @classmethod
+    def of(cls, rope: LayerRope, head_dim: int) -> RotaryTable:
+        """The table of a layer kind's rotary settings (DecoderArgs.layer_rope) on heads of head_dim channels."""
+        return cls(rope.rotary_dim or head_dim, rope.theta, rope.scaling, rope.linear_factor, rope.frequency_dim)
 
     def compute(self, seq_len: int, device) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin of the rotation angles, each [seq_len, dim // 2], in float32 (YaRN's scaled by its
@@ -72,7 +79,7 @@ class RotaryTable:
         if isinstance(scaling, YarnRopeScaling):
             inv_freq = yarn_frequencies(self.dim, self.theta, scaling, device)
         else:
-            inv_freq = rope_frequencies(self.dim, self.theta, device)
+            inv_freq = rope_frequencies(self.dim, self.theta, device, self.frequency_dim)
             if scaling is not None:
                 inv_freq = scale_rope_frequencies(inv_freq, scaling)
         if self.linear_factor != 1.0:

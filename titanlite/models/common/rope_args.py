@@ -1,5 +1,6 @@
 """Rotary scaling's arguments, torch-free (the frequencies are titanlite/models/common/rope.py): Llama 3.1's
-(rope_type "llama3") and YaRN (rope_type "yarn"), shared by every family whose config.json asks for them."""
+(rope_type "llama3") and YaRN (rope_type "yarn"), shared by every family whose config.json asks for them; and
+`LayerRope`, the rotary settings of one layer kind (DecoderArgs.layer_rope)."""
 
 from __future__ import annotations
 
@@ -110,3 +111,27 @@ def yarn_to_hf(scaling: YarnRopeScaling) -> dict:
         if getattr(scaling, name):
             fields[name] = getattr(scaling, name)
     return fields
+
+
+@dataclass(frozen=True)
+class LayerRope:
+    """The rotary settings of the layers of one kind ("full_attention", "sliding_attention": DecoderArgs.layer_rope,
+    config.json's rope_parameters keyed by layer type): base `theta`, an optional frequency `scaling` (Llama 3.1's
+    or YaRN), a `linear_factor` dividing every frequency (rope_type "linear"), and the rotated channels of each head:
+    `rotary_dim` leading ones (0: the whole head; transformers' partial_rotary_factor times head_dim), with
+    frequencies theta^(-2i / frequency_dim) (0: rotary_dim, the usual; the head width for Gemma 4's
+    "proportional" RoPE, whose unrotated pairs have frequency zero)."""
+
+    theta: float
+    scaling: Llama3RopeScaling | YarnRopeScaling | None = None
+    linear_factor: float = 1.0
+    rotary_dim: int = 0
+    frequency_dim: int = 0
+
+    def __post_init__(self) -> None:
+        if self.linear_factor <= 0:
+            raise ValueError(f"LayerRope linear_factor={self.linear_factor}; it must be positive")
+        if self.rotary_dim < 0 or self.rotary_dim % 2:
+            raise ValueError(f"LayerRope rotary_dim={self.rotary_dim}; rotations take pairs, so use an even number")
+        if self.frequency_dim and self.scaling is not None:
+            raise ValueError("LayerRope frequency_dim (proportional RoPE) takes no llama3 or yarn scaling")

@@ -3,9 +3,10 @@ sliding or full attention) and what only Gemma 3 has; its published text sizes."
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from titanlite.models.common.decoder_args import DecoderArgs
+from titanlite.models.common.rope_args import LayerRope
 from titanlite.models.spec import not_math
 
 
@@ -27,8 +28,15 @@ class Gemma3Args(DecoderArgs):
     rope_linear_factor: float = 1.0
     """Linear RoPE scaling of the full layers only (rope_scaling {"rope_type": "linear", "factor": ...}):
     their rotation frequencies divided by it."""
+    layer_rope: dict[str, LayerRope] = field(default_factory=dict)
+    """Derived from rope_theta, rope_linear_factor and rope_local_theta, whatever is passed (the shared decoder
+    builds the two tables from it): the full layers' base and linear factor, the sliding layers' base."""
 
     def __post_init__(self) -> None:
+        self.layer_rope = {
+            "full_attention": LayerRope(self.rope_theta, linear_factor=self.rope_linear_factor),
+            "sliding_attention": LayerRope(self.rope_local_theta),
+        }
         super().__post_init__()
         if self.qk_norm != "head" or self.norm_position != "pre" or self.nope_layers or self.rope_scaling:
             raise ValueError("Gemma3Args: qk_norm is 'head', norm_position 'pre', no nope_layers or llama3 scaling")

@@ -1,7 +1,7 @@
 """Gemma 3's text decoder on the shared decoder (titanlite/models/common/decoder.py): (1 + weight) RMSNorms computed
 in float32, a norm before and after each sublayer, embeddings scaled by sqrt(dim), a GELU-tanh gated MLP, scores
 scaled by query_pre_attn_scalar**-0.5, and two rotary tables (sliding layers rope_local_theta, full layers
-rope_theta with linear scaling). No parallelism inside."""
+rope_theta with linear scaling: Gemma3Args.layer_rope, which the shared decoder builds). No parallelism inside."""
 
 from __future__ import annotations
 
@@ -11,11 +11,9 @@ import torch
 from torch import nn
 
 from titanlite.models.common.decoder import Transformer, grouped_query_attention, standard_init
-from titanlite.models.common.decoder_args import window_of
 from titanlite.models.common.feed_forward import GatedMLP
 from titanlite.models.common.interface import Decoder
 from titanlite.models.common.norms import ZeroCenteredRMSNorm
-from titanlite.models.common.rope import RotaryTable
 from titanlite.models.gemma3.args import Gemma3Args
 
 NORMS = ("attention_norm", "post_attention_norm", "ffn_norm", "post_ffn_norm", "norm", "q_norm", "k_norm")
@@ -44,16 +42,6 @@ class Gemma3(Transformer):
 
     def build_feed_forward(self, layer: int) -> nn.Module:
         return GatedMLP(self.args.dim, self.args.ffn_dim, bias=self.args.mlp_bias, activation="gelu_tanh")
-
-    def rotary_tables(self) -> dict[str, RotaryTable]:
-        a = self.args
-        return {
-            "rope": RotaryTable(a.head_dim, a.rope_theta, linear_factor=a.rope_linear_factor),
-            "local_rope": RotaryTable(a.head_dim, a.rope_local_theta),
-        }
-
-    def rotary_of(self, layer: int) -> str:
-        return "local_rope" if window_of(self.args, layer) is not None else "rope"
 
     def init_param(self, name: str, full: torch.Tensor, generator: torch.Generator) -> None:
         """The shared initialisation, except the (1 + weight) norms, which start at 0."""
