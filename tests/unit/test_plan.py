@@ -1,5 +1,6 @@
 """`titanlite plan`: the arithmetic of its breakdown, the layouts it considers, the bubble table."""
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -239,10 +240,17 @@ def test_interconnect_choices_agree_in_help_check_and_docs():
         plan(["--interconnect", "ethernet"])
 
 
-def test_a_family_that_refuses_tensor_parallelism_is_offered_no_tp_layout(plan):
-    # olmo2's spec refuses TP (its qk_norm 'full' normalises each token's whole query and key): the planner must not
-    # recommend, or even weigh, a layout the launch check would refuse, and says why it leaves them out.
-    args = ["--config", "train_configs/llama3_debug.toml", "--model.name", "olmo2", "--model.flavor", "debug"]
+def test_a_family_that_refuses_tensor_parallelism_is_offered_no_tp_layout(plan, monkeypatch, tmp_path):
+    # A spec that refuses TP (here olmo2's given decoder_spec.tp_refusal, the refusal a family names while its own
+    # plan leaves a whole-projection Q/K norm unsharded): the planner must not recommend, or even weigh, a layout
+    # the launch check would refuse, and says why it leaves them out. (Its facts kept in a cache of this test's.)
+    from titanlite.models import registry
+    from titanlite.models.common.decoder_spec import tp_refusal
+
+    refusing = dataclasses.replace(registry.spec_named("olmo2"), tp_refusal=tp_refusal)
+    monkeypatch.setitem(registry._SPECS, "olmo2", refusing)
+    args = ["--config", "train_configs/llama3_debug.toml", "--model.name", "olmo2", "--model.flavor", "debug",
+            "--data.cache_dir", str(tmp_path / "cache")]  # fmt: skip
     out, data = plan(*args, "--ngpu", "2")
     rows = data["rows"]
     assert rows and not [r["layout"] for r in rows if "TP" in r["layout"]]

@@ -12,6 +12,9 @@ from titanlite.models.spec import HFConfig, ModelSpec
 
 
 def tp_refusal(a: decoder_args.DecoderArgs) -> str | None:
+    """The refusal of a family whose tensor-parallel plan leaves a whole-projection Q/K norm (qk_norm "full")
+    unsharded. The shared plans shard it (titanlite/models/common/parallelize.py whole_projection_norms), so the
+    shared decoder's families need none; a family with a plan of its own names this until its plan does too."""
     if a.qk_norm == "full":
         return (
             "model qk_norm 'full' (a norm over each token's whole query and key, which tensor parallelism "
@@ -31,7 +34,6 @@ def decoder_spec(name: str, flavors: dict, hf: DecoderConfig, description: str) 
         hf_weights="titanlite.models.common.decoder_weights",
         tp_split_sizes=decoder_args.tp_split_sizes,
         hf=HFConfig(hf.model_type, hf.read, hf.write),
-        tp_refusal=tp_refusal,
         with_depth=decoder_args.with_depth,
         description=description,
     )

@@ -1,5 +1,7 @@
 """The shared decoder's tensor-parallel plans for its blocks (titanlite/parallel/tensor_parallel.py adds the
-embedding, final norm and output ends and applies it): the dense blocks', and the mixture-of-experts blocks'.
+embedding, final norm and output ends and applies it): the dense blocks', and the mixture-of-experts blocks'; the
+Q/K norms, per head (replicated) or over the whole projection (WholeProjectionNorm: sharded with the heads, their
+sums of squares all-reduced).
 
 Tensor parallelism does not split the experts (expert parallelism does, over the data-parallel ranks): the block
 takes the full sequence (gathered from the sequence-parallel shards), routes it and runs its experts on every
@@ -9,11 +11,14 @@ price is the block's compute repeated tp times (TorchTitan instead splits the ro
 
 from __future__ import annotations
 
+import torch
+import torch.distributed._functional_collectives as funcol
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
+    ParallelStyle,
     PrepareModuleInput,
     PrepareModuleInputOutput,
     RowwiseParallel,
@@ -68,8 +73,62 @@ def per_head_norms() -> dict:
     }
 
 
+class ShardedRMSNorm(nn.RMSNorm):
+    """nn.RMSNorm over a width whose features are split over the tensor-parallel ranks (WholeProjectionNorm makes
+    one of a norm in place): each rank holds its slice of the input [..., width / tp] and of the weight (a DTensor,
+    Shard(0)); the sum of squares is all-reduced over the ranks (a differentiable all-reduce: its backward sums the
+    gradients the ranks' outputs send back), so each rank normalises its slice by the whole width's RMS."""
+
+    mesh: DeviceMesh
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        width = self.normalized_shape[-1]  # the whole width (the module's own, not the slice's)
+        eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
+        squares = funcol.all_reduce(x.float().square().sum(-1, keepdim=True), "sum", self.mesh)
+        out = x.float() * torch.rsqrt(squares / width + eps)
+        weight = self.weight.to_local() if isinstance(self.weight, DTensor) else self.weight
+        return out.type_as(x) * weight if weight is not None else out.type_as(x)
+
+
+class WholeProjectionNorm(ParallelStyle):
+    """Tensor parallelism for a norm over a whole column-wise projection's output (qk_norm "full": OLMo 2's Q/K
+    norms): its weight sharded as the projection's output features are (Shard(0)), and the norm made a
+    ShardedRMSNorm (the module's class swapped in place, as FSDP's fully_shard swaps classes): each rank normalises
+    its heads by the RMS of every head's features, one small all-reduce (a number per token) per norm. The norm's
+    input is the projection's local output, its output local too."""
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        if type(module) is not nn.RMSNorm:
+            raise TypeError(f"WholeProjectionNorm shards an nn.RMSNorm, not a {type(module).__name__}")
+        if module.weight is not None:
+            weight = distribute_tensor(module.weight, device_mesh, [Shard(0)], src_data_rank=self.src_data_rank)
+            module.register_parameter("weight", nn.Parameter(weight))
+        module.__class__ = ShardedRMSNorm
+        assert isinstance(module, ShardedRMSNorm)
+        module.mesh = device_mesh
+        return module
+
+
+def whole_projection_norms() -> dict:
+    """Whole-projection Q/K norms (qk_norm "full") on the column-wise projections' local outputs."""
+    return {f"attention.{norm}": WholeProjectionNorm() for norm in ("q_norm", "k_norm")}
+
+
+def qk_norms(args) -> dict:
+    """The plan of the attention's Q/K norms, as args.qk_norm has them: per head, whole projection, or none."""
+    qk_norm = getattr(args, "qk_norm", "none")
+    return per_head_norms() if qk_norm == "head" else whole_projection_norms() if qk_norm == "full" else {}
+
+
+def post_norms() -> dict:
+    """Post-norm blocks (norm_position "post": OLMo 2's) normalise the sublayers' sequence-sharded outputs, which the
+    residual adds to the block's input, a plain local tensor: their norms hand back plain local tensors too."""
+    return {name: SequenceParallel(use_local_output=True) for name in ("attention_norm", "ffn_norm")}
+
+
 def tp_plan(model: DecoderModule) -> dict:
-    block = (per_head_norms() if model.args.qk_norm == "head" else {}) | block_plan()
+    post = post_norms() if getattr(model.args, "norm_position", "pre") == "post" else {}
+    block = qk_norms(model.args) | block_plan() | post
     return {f"layers.{i}.{name}": style for i in model.layers for name, style in block.items()}
 
 
@@ -87,12 +146,13 @@ def moe_block_plan() -> PrepareModuleInputOutput:
 
 
 def moe_tp_plan(model: DecoderModule) -> dict:
-    """The MoE decoder's plan: the shared blocks' for attention and the dense layers' feed-forward; a mixture-of-experts
-    block whole on every tensor-parallel rank (moe_block_plan)."""
+    """The MoE decoder's plan: the shared blocks' for attention (its Q/K norms as args.qk_norm has them: qk_norms)
+    and the dense layers' feed-forward; a mixture-of-experts block whole on every tensor-parallel rank
+    (moe_block_plan)."""
     plan = {}
     for i in model.layers:
         dense = not model.args.moe.is_sparse(int(i))
-        for name, style in (per_head_norms() | block_plan()).items():
+        for name, style in (qk_norms(model.args) | block_plan()).items():
             if dense or not name.startswith("feed_forward"):
                 plan[f"layers.{i}.{name}"] = style
         if not dense:

@@ -1,6 +1,7 @@
 """OLMo2: the Llama decoder with post-norm blocks (each sublayer's output normalised before the residual add)
-and an RMSNorm over each token's whole query and key projection. Its sizes, its config.json and its spec;
-tensor parallelism cannot split the whole-projection norm (ModelSpec.tp_refusal says so in one line)."""
+and an RMSNorm over each token's whole query and key projection. Its sizes, its config.json and its spec; under
+tensor parallelism the shared plan shards the whole-projection norm with the heads (titanlite/models/common/
+parallelize.py WholeProjectionNorm: the sum of squares all-reduced over the ranks)."""
 
 from __future__ import annotations
 

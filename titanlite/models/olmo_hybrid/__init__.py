@@ -1,11 +1,10 @@
 """OLMo Hybrid (OlmoHybridForCausalLM): three pre-norm Gated DeltaNet layers, their write strength doubled, before each
 of OLMo 2's post-norm attention layers (whole-projection Q/K norms; no rotations in the published checkpoints), on the
-shared decoder. Its sizes, config.json and spec; tensor parallelism cannot split the whole-projection norm
-(ModelSpec.tp_refusal says so in one line)."""
+shared decoder. Its sizes, config.json and spec; under tensor parallelism the attention layers' whole-projection
+norms are sharded with the heads (titanlite/models/common/parallelize.py WholeProjectionNorm)."""
 
 from __future__ import annotations
 
-from titanlite.models.common.decoder_spec import tp_refusal
 from titanlite.models.olmo_hybrid import args, hf_config
 from titanlite.models.spec import HFConfig, ModelSpec
 
@@ -18,7 +17,6 @@ SPEC = ModelSpec(
     hf_weights="titanlite.models.olmo_hybrid.weights",
     tp_split_sizes=args.split_sizes,
     hf=HFConfig(hf_config.MODEL_TYPE, hf_config.read, hf_config.write, nullable=("rope_theta",)),
-    tp_refusal=tp_refusal,
     with_depth=args.with_depth,
     description="OLMo Hybrid: 3 pre-norm Gated DeltaNet (beta x2) : 1 OLMo 2 post-norm attention layers, "
     "whole-projection Q/K norms, NoPE in the published checkpoints",

@@ -1,8 +1,7 @@
 """OLMo Hybrid's tensor-parallel plan, from shared pieces: the Gated DeltaNet layers as Qwen3.5's (every projection
 split by heads, the per-head parameters sharded with them), the attention layers as the shared block plan (OLMo 2's
-post norms sequence-parallel). The spec refuses tensor_parallel_degree > 1 while the attention layers normalise each
-token's whole query and key (qk_norm "full", as OLMo 2's), which a split by heads would cut; the plan stands for the
-layers that could be split."""
+post norms sequence-parallel, handing back local tensors) with their whole-projection Q/K norms (qk_norm "full")
+sharded with the heads, the sum of squares all-reduced over the ranks (WholeProjectionNorm)."""
 
 from __future__ import annotations
 
@@ -11,7 +10,7 @@ from torch.distributed.tensor.parallel import PrepareModuleInput, SequenceParall
 
 from titanlite.models.common.hybrid.parallelize import linear_attention_plan
 from titanlite.models.common.interface import DecoderModule
-from titanlite.models.common.parallelize import block_plan
+from titanlite.models.common.parallelize import block_plan, post_norms, qk_norms
 
 
 def tp_plan(model: DecoderModule) -> dict:
@@ -21,7 +20,9 @@ def tp_plan(model: DecoderModule) -> dict:
         if model.args.layer_types[int(i)] == "linear_attention":
             block = {k: v for k, v in block.items() if not k.startswith("attention")} | linear_attention_plan()
             block["attention_norm"] = SequenceParallel()
-        elif not model.args.rope:  # attention(x): no rotary tables come in
-            block["attention"] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+        else:
+            block |= qk_norms(model.args) | post_norms()
+            if not model.args.rope:  # attention(x): no rotary tables come in
+                block["attention"] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
         plan |= {f"layers.{i}.{name}": style for name, style in block.items()}
     return plan
