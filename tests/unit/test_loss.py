@@ -16,9 +16,9 @@ from titanlite.config import Compile, Training
 from titanlite.models.common.head import OutputHead
 
 
-def plain_and_chunked(chunk: int, ignored_rows: int = 0):
+def plain_and_chunked(chunk: int, ignored_rows: int = 0, softcap: float = 0.0):
     torch.manual_seed(0)
-    head = OutputHead(24, 301)
+    head = OutputHead(24, 301, softcap)
     hidden = torch.randn(3, 17, 24, requires_grad=True)
     labels = torch.randint(0, 301, (3, 17))
     labels.view(-1)[:ignored_rows] = IGNORE
@@ -46,6 +46,17 @@ def test_chunked_equals_plain_for_any_chunk_size(chunk, ignored_rows):
     assert relative(c_grad_h, grad_h) < 1e-5 and relative(c_grad_w, grad_w) < 1e-5
     if ignored_rows:  # padding rows get no gradient
         assert c_grad_h.view(-1, 24)[:ignored_rows].abs().max() == 0
+
+
+@pytest.mark.parametrize("chunk", [7, 4096])
+def test_a_capped_head_chunks_as_its_plain_loss(chunk):
+    """Gemma's final_logit_softcapping, softcap * tanh(z / softcap), in the chunked loss: the capped logits' loss and
+    the gradients through the cap. The head's weights scaled so the cap bites (|z| near and past the cap)."""
+    (loss, grad_h, grad_w), (c_loss, c_grad_h, c_grad_w) = plain_and_chunked(chunk, 5, softcap=0.5)
+    (uncapped, _, _), _ = plain_and_chunked(chunk, 5)
+    assert relative(loss, uncapped) > 1e-2  # the cap changes the loss
+    assert relative(c_loss, loss) < 1e-6
+    assert relative(c_grad_h, grad_h) < 1e-5 and relative(c_grad_w, grad_w) < 1e-5
 
 
 def test_all_rows_ignored_is_nan_like_the_plain_loss():

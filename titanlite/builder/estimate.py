@@ -536,10 +536,14 @@ def excluded_layouts(cfg, facts: ModelFacts, own: Layout, machine: Machine) -> d
     batch = global_batch(cfg, own)
     out: dict[str, list[str]] = {}
     for lay in candidates(cfg, facts, machine):
+        refusal = ""
         if lay.dims.tp > 1 and facts.tp_refusal:  # the family cannot be split by TP at all
-            why = f"tensor parallelism cannot split the {facts.tp_refusal}"
-            if lay.name not in out.get(why, []):
-                out.setdefault(why, []).append(lay.name)
+            refusal = f"tensor parallelism cannot split the {facts.tp_refusal}"
+        elif lay.dims.pp > 1 and facts.pp_refusal:  # nor this model cut into pipeline stages
+            refusal = f"pipeline parallelism cannot cut the {facts.pp_refusal}"
+        if refusal:
+            if lay.name not in out.get(refusal, []):
+                out.setdefault(refusal, []).append(lay.name)
         elif layout_allowed(facts, lay, cfg):
             sizes, why = micro_batches(cfg, lay, batch)
             if not sizes and lay.name not in out.get(why, []):
@@ -713,6 +717,8 @@ def layout_allowed(facts: ModelFacts, lay: Layout, cfg) -> bool:
     # The trainer's own condition (check_tp_degree): a family that refuses TP; heads, KV heads, FFN width,
     # vocabulary and sequence length.
     if lay.dims.tp > 1 and facts.tp_refusal:
+        return False
+    if lay.dims.pp > 1 and facts.pp_refusal:  # check_pp_degree
         return False
     if lay.dims.tp > 1 and any(size % lay.dims.tp for size in [*facts.tp_sizes.values(), cfg.training.seq_len]):
         return False

@@ -26,6 +26,7 @@ from titanlite.components.loss import cross_entropy
 from titanlite.components.metrics import flops_per_token
 from titanlite.models.common.flops import active_parameters
 from titanlite.models.common.moe.layer import GroupedExperts, MoE
+from titanlite.models.registry import spec_of
 from titanlite.parallel.activation_checkpoint import SAVE_OPS
 from titanlite.parallel.tensor_parallel import tp_refusal, tp_split_sizes
 
@@ -50,6 +51,7 @@ class ModelFacts:
     tp_sizes: dict[str, int] = field(default_factory=dict)  # what a TP degree must divide (tp_split_sizes)
     kv_width: int = 0  # key (and value) channels per token: KV heads x head_dim (what context parallelism gathers)
     tp_refusal: str = ""  # why the family cannot be split by TP at all (its spec's tp_refusal); "": it can
+    pp_refusal: str = ""  # why the model cannot be cut into pipeline stages (its spec's pp_refusal); "": it can
     active_params: int = 0  # what one token uses (flops.active_parameters): below params for a mixture of experts
     # Mixtures of experts (0 and empty lists for a dense model). Neither TP nor the norms' rule splits a MoE block:
     # it runs whole on every TP rank; expert parallelism splits its routed experts.
@@ -122,6 +124,7 @@ def model_facts(cfg, planned: ModelPlan) -> ModelFacts:
         tp_sizes=tp_split_sizes(args),
         kv_width=getattr(args, "n_kv_heads", args.n_heads) * args.head_dim,
         tp_refusal=tp_refusal(args) or "",
+        pp_refusal=spec_of(args).pp_refusal(args) or "",
         active_params=active_parameters(model),
         layer_experts=layer_experts,
         n_experts=moes[0].args.n_experts if moes else 0,

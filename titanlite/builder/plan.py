@@ -24,7 +24,13 @@ from titanlite.parallel.dims import ParallelDims
 from titanlite.parallel.expert_parallel import check_ep_degree
 from titanlite.parallel.float8 import check_float8
 from titanlite.parallel.parallelize import loss_parallel_enabled
-from titanlite.parallel.pipeline import V_SHAPED, PipelinePlan, check_pipeline_data_parallel, plan_pipeline
+from titanlite.parallel.pipeline import (
+    V_SHAPED,
+    PipelinePlan,
+    check_pipeline_data_parallel,
+    check_pp_degree,
+    plan_pipeline,
+)
 from titanlite.parallel.tensor_parallel import check_tp_degree
 
 
@@ -90,6 +96,7 @@ def plan_run(cfg: JobConfig, world_size: int, evaluation: bool = False) -> Plan:
     model = plan_model(cfg)
     args = model.args
     check_tp_degree(dims.tp, args, cfg.training.seq_len)
+    check_pp_degree(dims.pp, args)
     check_ep_degree(dims.ep, args, model.family)
     check_layout_features(cfg, dims, getattr(args, "conv_size", 1))
     check_compile_mode(cfg, dims, accum)

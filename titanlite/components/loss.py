@@ -77,8 +77,9 @@ class ChunkedCrossEntropy:
         compute_grads = torch.is_grad_enabled() and (flat.requires_grad or weight.requires_grad)
         chunk_fn = self.chunk_fn if group is None else None
         return _ChunkedCrossEntropy.apply(
-            flat, weight, labels.flatten(), self.chunk_tokens, group, vocab_start, compute_grads, chunk_fn
-        )
+            flat, weight, labels.flatten(), self.chunk_tokens, group, vocab_start, compute_grads, chunk_fn,
+            self.head.softcap,
+        )  # fmt: skip
 
 
 def kept_log_loss(logits: torch.Tensor, target: torch.Tensor, keep: torch.Tensor):
@@ -134,7 +135,7 @@ def vocab_parallel_cross_entropy(logits: torch.Tensor, local: torch.Tensor, keep
 
 class _ChunkedCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, labels, chunk_tokens, group, vocab_start, compute_grads, chunk_fn):
+    def forward(ctx, hidden, weight, labels, chunk_tokens, group, vocab_start, compute_grads, chunk_fn, softcap=0.0):
         n_tokens = hidden.shape[0]
         valid = labels != IGNORE
         count = valid.sum()
@@ -146,11 +147,17 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
             end = start + chunk_tokens
             h, y, keep = hidden[start:end], labels[start:end], valid[start:end]
             logits = h @ weight.t()  # [n, vocab (this rank's rows)], in the compute dtype
+            if softcap:  # the head's cap, softcap * tanh(z / softcap); d/dz = 1 - tanh^2
+                capped = torch.tanh(logits.float() / softcap)
+                logits = (softcap * capped).to(logits.dtype)
             if group is None:
                 loss, grad = chunk_fn(logits, y.clamp(min=0), keep, compute_grads)
             else:
                 loss, grad = vocab_parallel_cross_entropy(logits, y - vocab_start, keep, group, compute_grads)
             del logits
+            if softcap:
+                grad = None if grad is None else (grad.float() * (1 - capped.square())).to(grad.dtype)
+                del capped
             loss_sum += loss
             if grad_hidden is not None:  # compute_grads
                 # Ignored rows (padding) contribute nothing: masked on the [n, dim] sides, not on [n, vocab].
@@ -175,6 +182,7 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
         return (
             grad_hidden * scale.to(grad_hidden.dtype),
             (grad_weight * scale).to(ctx.weight_dtype),
+            None,
             None,
             None,
             None,

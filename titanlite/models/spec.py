@@ -59,8 +59,9 @@ class ModelSpec:
     - `flops`: fn(model, seq_len) -> training FLOPs per token (the dense formula unless the family names its own).
 
     `tp_split_sizes(args)`: the sizes a tensor-parallel degree must divide; `tp_refusal`: why this family
-    cannot be split by tensor parallelism at all (None: it can). `with_depth(args, n_layers)`: the arguments at
-    another depth (model.n_layers). `args_type`: the family's arguments dataclass."""
+    cannot be split by tensor parallelism at all (None: it can); `pp_refusal`, by pipeline stages.
+    `with_depth(args, n_layers)`: the arguments at another depth (model.n_layers). `args_type`: the family's
+    arguments dataclass."""
 
     name: str
     args_type: type
@@ -71,6 +72,8 @@ class ModelSpec:
     tp_split_sizes: Callable[[Any], dict[str, int]]
     hf: HFConfig | None = None
     tp_refusal: Callable[[Any], str | None] = lambda args: None
+    pp_refusal: Callable[[Any], str | None] = lambda args: None
+    """Why this family's model (at these arguments) cannot be cut into pipeline stages (None: it can)."""
     with_depth: Callable[[Any, int], dict] = lambda args, n_layers: {"n_layers": n_layers}
     flops: str = "titanlite.models.common.flops:dense_flops_per_token"
     """fn(model, seq_len) -> training FLOPs per token (forward + backward), for tokens/s -> TFLOPS and MFU."""

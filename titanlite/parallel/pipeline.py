@@ -30,6 +30,7 @@ from titanlite.base.errors import ConfigError
 from titanlite.config import Parallelism
 from titanlite.models.common.attention import Sequence
 from titanlite.models.common.interface import DecoderModule, unwrapped
+from titanlite.models.registry import spec_of
 from titanlite.parallel.dims import ParallelDims
 
 SINGLE_STAGE = ("GPipe", "1F1B")
@@ -133,6 +134,13 @@ def plan_pipeline(cfg: Parallelism, n_layers: int, samples_per_step: int) -> Pip
             "InterleavedZeroBubble, or upgrade torch"
         )
     return PipelinePlan(pp=pp, schedule=name, layer_ranges=tuple(ranges), n_microbatches=m)
+
+
+def check_pp_degree(pp: int, args) -> None:
+    """Refuse pipeline stages for a model its family cannot cut into them (its spec's pp_refusal)."""
+    why = spec_of(args).pp_refusal(args) if pp > 1 else None
+    if why:
+        raise ConfigError(f"parallelism.pipeline_parallel_degree={pp} cannot cut the {why}; use 1")
 
 
 def check_pipeline_data_parallel(dims: ParallelDims) -> None:
