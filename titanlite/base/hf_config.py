@@ -197,6 +197,22 @@ FIELDS: dict[str, tuple[str, bool]] = {
     "full_attention_interval": (COUNT, False),
     "partial_rotary_factor": (POSITIVE, False),
     "text_config": (OBJECT, False),
+    # Gemma 4's: the full layers' heads, keys equal to values, per-layer embeddings, shared keys and values, experts
+    "global_head_dim": (COUNT, False),
+    "num_global_key_value_heads": (COUNT, True),
+    "per_layer_config": (OBJECT, True),
+    "attention_k_eq_v": (FLAG, False),
+    "hidden_size_per_layer_input": (WHOLE, True),
+    "vocab_size_per_layer_input": (COUNT, False),
+    "num_kv_shared_layers": (WHOLE, False),
+    "use_double_wide_mlp": (FLAG, False),
+    "enable_moe_block": (FLAG, False),
+    "top_k_experts": (COUNT, True),
+    # MiniMax-M2's: which layers are softmax attention (all, 1), its rotated channels, multi-token prediction
+    "attn_type_list": (WHOLES, True),
+    "rotary_dim": (COUNT, True),
+    "use_mtp": (FLAG, True),
+    "num_mtp_modules": (WHOLE, True),
 }
 # The fields of a rope_scaling / rope_parameters object (and of each per-layer-type object Gemma 3's holds).
 ROPE_FIELDS: dict[str, tuple[str, bool]] = {

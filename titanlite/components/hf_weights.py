@@ -313,8 +313,8 @@ def _carry(
             carried_tensors |= {raw: reader.stored(raw) for raw in reader.logical.names[name]}
         elif name in reader.logical.names:  # the export is not quantized: neither may these be
             carried_tensors[name] = reader.get(name).to(dtype)
-        else:
-            carried_tensors[name] = reader.get(name)
+        else:  # as stored, unchecked: not the model's, and a tower may hold infinities (clip bounds) on purpose
+            carried_tensors[name] = reader.stored(name)
     if dequantized and not quantized:
         logger.info(
             f"  export: {len(dequantized)} carried tensors held in {reader.logical.method} in {source} are "
