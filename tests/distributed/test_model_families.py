@@ -63,7 +63,8 @@ CASES = [
     pytest.param("smollm3", "tp2", id="smollm3-tp2", marks=SLOW),
     pytest.param("mistral", "fsdp2", id="mistral-fsdp2", marks=SLOW),
     pytest.param("qwen3-tied-bias", "tp2", id="qwen3-tied-bias-tp2", marks=SLOW),
-    # Each family on both layouts (OLMo2's whole-projection Q/K norm refuses TP, tested in test_hf_families.py)
+    # Each family on both layouts (OLMo2's whole-projection Q/K norms sharded with the heads: WholeProjectionNorm)
+    pytest.param("olmo2", "tp2", id="olmo2-tp2", marks=SLOW),
     pytest.param("qwen2", "fsdp2", id="qwen2-fsdp2", marks=SLOW),
     pytest.param("smollm3", "fsdp2", id="smollm3-fsdp2", marks=SLOW),
     pytest.param("mistral", "tp2", id="mistral-tp2", marks=SLOW),

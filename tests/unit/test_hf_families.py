@@ -6,8 +6,6 @@ logits; what is not implemented is refused in one line; the published shapes cou
 
 import dataclasses
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -16,7 +14,6 @@ transformers = pytest.importorskip(
     "transformers", reason="transformers is an optional test dependency (pip install .[hf])"
 )
 
-from tests.helpers import REPO, env  # noqa: E402
 from titanlite.base.errors import ConfigError  # noqa: E402
 from titanlite.commands.generate import generate  # noqa: E402
 from titanlite.components.hf_weights import load_hf_into, save_hf  # noqa: E402
@@ -87,13 +84,18 @@ CLASSES = {
     "olmoe": "OlmoeForCausalLM",
     "mixtral": "MixtralForCausalLM",
     "gemma3": "Gemma3ForCausalLM",
+    "gemma4": "Gemma4ForCausalLM",
+    "gemma4_moe": "Gemma4ForCausalLM",
     "gpt_oss": "GptOssForCausalLM",
     "deepseek_v3": "DeepseekV3ForCausalLM",
     "qwen3_5": "Qwen3_5ForCausalLM",
     "qwen3_5_moe": "Qwen3_5MoeForCausalLM",
     "qwen3_next": "Qwen3NextForCausalLM",
     "olmo_hybrid": "OlmoHybridForCausalLM",
+    "olmo3": "Olmo3ForCausalLM",
     "kimi_linear": "KimiLinearForCausalLM",
+    "glm4_moe": "Glm4MoeForCausalLM",
+    "minimax_m2": "MiniMaxM2ForCausalLM",
 }
 
 
@@ -253,29 +255,11 @@ def test_a_sliding_window_shorter_than_the_sequence_is_read_with_the_whole_conte
     assert folder_args(tmp_path, 256).max_seq_len == 256
 
 
-def test_olmo2s_whole_projection_norm_refuses_tensor_parallelism():
-    with pytest.raises(ConfigError, match="tensor_parallel_degree=2 cannot split the model qk_norm 'full'"):
-        check_tp_degree(2, FLAVORS["olmo2"]["debug"], 32)
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "titanlite.commands.cli",
-            "check",
-            "--world-size",
-            "2",
-            "--model.name",
-            "olmo2",
-            "--parallelism.tensor_parallel_degree",
-            "2",
-        ],
-        cwd=REPO,
-        env=env(),
-        capture_output=True,
-        text=True,
-    )
-    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
-    assert "cannot split the model qk_norm 'full'" in proc.stderr
+def test_whole_projection_qk_norms_take_tensor_parallelism():
+    """The shared plan shards qk_norm 'full' with the heads (titanlite/models/common/parallelize.py
+    WholeProjectionNorm; the losses on TP x 2: tests/distributed/test_olmo3.py): the launch check takes TP 2."""
+    for family in ("olmo2", "olmo3", "olmo_hybrid"):
+        check_tp_degree(2, FLAVORS[family]["debug"], 32)
 
 
 def test_a_switch_its_family_cannot_express_is_not_exported(tmp_path):

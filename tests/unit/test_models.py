@@ -309,6 +309,8 @@ def test_unknown_flavor_and_name():
         "olmoe",
         "mixtral",
         "gemma3",
+        "gemma4",
+        "gemma4_moe",
         "gpt_oss",
         "deepseek_v3",
         "qwen3_5",
@@ -316,6 +318,9 @@ def test_unknown_flavor_and_name():
         "kimi_linear",
         "qwen3_next",
         "olmo_hybrid",
+        "olmo3",
+        "glm4_moe",
+        "minimax_m2",
     }
 
 

@@ -12,13 +12,17 @@ from titanlite.base.errors import ConfigError
 from titanlite.models import (
     deepseek_v3,
     gemma3,
+    gemma4,
+    glm4_moe,
     gpt2,
     gpt_oss,
     kimi_linear,
     llama3,
+    minimax_m2,
     mistral,
     mixtral,
     olmo2,
+    olmo3,
     olmo_hybrid,
     olmoe,
     qwen2,
@@ -29,6 +33,7 @@ from titanlite.models import (
     qwen3_next,
     smollm3,
 )
+from titanlite.models.gemma4 import moe_family as gemma4_moe  # Gemma 4's MoE sizes, a family of gemma4's folder
 from titanlite.models.spec import ModelSpec
 
 _SPECS: dict[str, ModelSpec] = {}
@@ -51,6 +56,8 @@ for _family in (
     olmoe,
     mixtral,
     gemma3,
+    gemma4,
+    gemma4_moe,
     gpt_oss,
     deepseek_v3,
     qwen3_5,
@@ -58,6 +65,9 @@ for _family in (
     kimi_linear,
     qwen3_next,
     olmo_hybrid,
+    glm4_moe,
+    olmo3,
+    minimax_m2,
 ):
     register(_family.SPEC)
 

@@ -1,0 +1,108 @@
+"""GLM-4.5's arguments, torch-free: the shared MoE decoder's (MoEDecoderArgs) with partial rotary, and the published
+sizes (GLM-4.5, GLM-4.5-Air, GLM-4.6) beside a tiny debug model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from titanlite.models.common.decoder_args import MoEDecoderArgs
+from titanlite.models.common.moe.args import MoEArgs
+from titanlite.models.spec import not_math
+
+
+def _debug_moe() -> MoEArgs:
+    # 8 experts of width 32 in 2 groups (1 kept per token), 2 per token, one shared expert; the first layer dense.
+    return MoEArgs(
+        n_experts=8,
+        top_k=2,
+        expert_dim=32,
+        score_func="sigmoid",
+        norm_topk_prob=True,
+        route_scale=2.5,
+        n_shared_experts=1,
+        balance="bias",
+        n_groups=2,
+        topk_groups=1,
+        dense_layers=(0,),
+    )
+
+
+@dataclass
+class Glm4MoeArgs(MoEDecoderArgs):
+    """GLM-4.5 (Glm4MoeForCausalLM): the shared MoE decoder with biases on the query, key and value projections
+    (attention_bias; none on the output), optional per-head Q/K norms (use_qk_norm), rotations of the leading
+    `rotary_dim` channels of each head (partial_rotary_factor), and, after the first moe.dense_layers
+    (first_k_dense_replace), mixtures of sigmoid-routed experts in groups with a routing bias and shared experts."""
+
+    family: str = not_math("glm4_moe")
+    rotary_dim: int = 0
+    """Channels of each head that rotate (head_dim x partial_rotary_factor); 0: head_dim."""
+    moe: MoEArgs = field(default_factory=_debug_moe)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.rotary_dim:
+            self.rotary_dim = self.head_dim
+        if self.rotary_dim % 2 or not 0 < self.rotary_dim <= self.head_dim:
+            raise ValueError(f"Glm4MoeArgs.rotary_dim={self.rotary_dim}; use an even number up to head_dim")
+
+
+def _glm(**shape) -> Glm4MoeArgs:
+    """The shape every published GLM-4.5 shares: 96 query and 8 key/value heads of 128 (half of each rotated),
+    QKV biases, rope_theta 1e6, 8 experts per token, renormalised, one shared expert, vocabulary 151,552."""
+    common: dict = dict(
+        n_heads=96,
+        n_kv_heads=8,
+        head_dim=128,
+        rotary_dim=64,
+        vocab_size=151552,
+        max_seq_len=131072,
+        rope_theta=1e6,
+        norm_eps=1e-5,
+        tie_embeddings=False,
+        qkv_bias=True,
+    )
+    return Glm4MoeArgs(**(common | shape))
+
+
+def _moe(n_experts: int, expert_dim: int, route_scale: float, dense: int) -> MoEArgs:
+    return MoEArgs(
+        n_experts=n_experts,
+        top_k=8,
+        expert_dim=expert_dim,
+        score_func="sigmoid",
+        norm_topk_prob=True,
+        route_scale=route_scale,
+        n_shared_experts=1,
+        balance="bias",
+        dense_layers=tuple(range(dense)),
+    )
+
+
+# vocab_size 0: the tokenizer's, padded to a multiple of 64.
+FLAVORS = {
+    # dim 64, 4 layers (the first dense, FFN 192), 4 heads (2 for keys and values) of 32, 16 channels rotated,
+    # QKV biases, per-head Q/K norms.
+    "debug": Glm4MoeArgs(
+        dim=64,
+        n_layers=4,
+        n_heads=4,
+        n_kv_heads=2,
+        ffn_dim=192,
+        vocab_size=0,
+        head_dim=32,
+        rotary_dim=16,
+        qkv_bias=True,
+        qk_norm="head",
+    ),
+    # zai-org/GLM-4.5 (355B-A32B): 92 layers, the first 3 dense, 160 experts of 1536, routed_scaling_factor 2.5,
+    # per-head Q/K norms.
+    "glm4_5": _glm(dim=5120, n_layers=92, ffn_dim=12288, qk_norm="head", moe=_moe(160, 1536, 2.5, 3)),  # fmt: skip
+    # zai-org/GLM-4.5-Air (106B-A12B): 46 layers, the first dense, 128 experts of 1408, routed_scaling_factor 1.0,
+    # no Q/K norms.
+    "glm4_5_air": _glm(dim=4096, n_layers=46, ffn_dim=10944, moe=_moe(128, 1408, 1.0, 1)),
+    # zai-org/GLM-4.6: GLM-4.5's shape with a 202,752-token context.
+    "glm4_6": _glm(
+        dim=5120, n_layers=92, ffn_dim=12288, qk_norm="head", max_seq_len=202752, moe=_moe(160, 1536, 2.5, 3)
+    ),  # fmt: skip
+}

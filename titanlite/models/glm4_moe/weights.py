@@ -1,0 +1,110 @@
+"""GLM-4.5's weights under Hugging Face's names (Glm4MoeForCausalLM's checkpoint files): the Llama decoder's
+(self_attn.{q,k,v}_proj weights and biases, o_proj, q_norm / k_norm, input_layernorm, post_attention_layernorm, the
+dense layers' mlp.{gate,up,down}_proj), and at each sparse layer the router (mlp.gate.weight), its correction bias
+(mlp.gate.e_score_correction_bias: our routing bias, a buffer), one tensor per expert (mlp.experts.E.*, stacked into
+experts.w1, w3, w2 on import) and the shared experts (mlp.shared_experts.*).
+
+Rotary rows: Hugging Face rotates the leading rotary_dim channels of each head as two halves (rotate_half), ours as
+adjacent pairs; those rows of the query and key projections (weights and biases) and of the Q/K norms' weights are
+reordered on import and back on export (decoder_weights.rope_from_hf / rope_to_hf), the other channels kept. The
+layers past num_hidden_layers (multi-token prediction) are not trained: carried unchanged into an export
+(hf_carried)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from titanlite.models.common import decoder_weights as llama
+from titanlite.models.common.moe.layer import EXPERT_NAMES, moe_to_hf
+from titanlite.models.common.moe.weights import naming
+from titanlite.models.glm4_moe.args import Glm4MoeArgs
+from titanlite.models.glm4_moe.hf_config import mtp_layers
+
+_MOE = naming()  # the Llama decoder's names, mlp.gate and mlp.experts.E.{gate,up,down}_proj at the sparse layers
+_BIAS = "router.expert_bias"
+_SHARED = tuple(zip(("w1", "w3", "w2"), EXPERT_NAMES["gate_proj"]))  # ours -> the shared experts' projection
+
+
+def hf_sources(args: Glm4MoeArgs) -> dict[str, str | tuple[str, ...]]:
+    """Our parameter (and routing-bias buffer) name -> the HF tensor it is made from; a stacked expert tensor -> its
+    experts' tensors, in expert order."""
+    sources = dict(_MOE.hf_sources(args))
+    for i in range(args.n_layers):
+        if args.moe.is_sparse(i):
+            ours, hf = f"layers.{i}.feed_forward.", f"model.layers.{i}.mlp."
+            if args.moe.balance == "bias":
+                sources[ours + _BIAS] = hf + "gate.e_score_correction_bias"
+            if args.moe.shared_hidden:
+                for w, proj in _SHARED:
+                    sources[f"{ours}shared_expert.{w}.weight"] = f"{hf}shared_experts.{proj}.weight"
+    return sources
+
+
+def hf_keys(args: Glm4MoeArgs, keys: list[str]) -> dict[str, str]:
+    """The folder's tensors the model reads: not a correction bias when this model balances otherwise (the
+    multi-token prediction layers are carried: hf_carried)."""
+    return {k: k for k in keys if args.moe.balance == "bias" or not k.endswith(".e_score_correction_bias")}
+
+
+def hf_carried(args: Glm4MoeArgs, keys: list[str]) -> list[str]:
+    """The multi-token prediction layers (model.layers.N for N past the decoder's): not trained, carried unchanged
+    into an export (titanlite/components/hf_weights.py)."""
+    return llama.layers_past(args.n_layers, keys)
+
+
+def hf_carried_shapes(args: Glm4MoeArgs, carried: list[str], shapes: dict) -> dict[str, tuple[int, ...]]:
+    """What the multi-token prediction layers' tensors must be to belong to this model (decoder_weights)."""
+    return llama.next_token_layer_shapes(args, carried, shapes)
+
+
+def hf_folder(args: Glm4MoeArgs, config: dict, tensors: dict, source: dict) -> tuple[dict, dict]:
+    """An export that carries the folder's multi-token prediction layers says how many there are, as it did."""
+    if mtp_layers(source):
+        config = {**config, "num_nextn_predict_layers": mtp_layers(source)}
+    return config, tensors
+
+
+def _rotary_rows(args: Glm4MoeArgs, w: torch.Tensor, heads: int, reorder: Callable) -> torch.Tensor:
+    """`reorder` (rope_to_hf or rope_from_hf) applied to the rotating rows, the leading rotary_dim of each head of
+    head_dim, of a q/k tensor [heads * head_dim, ...] or a per-head norm's weight [head_dim] (heads 1)."""
+    rows = w.reshape(heads, args.head_dim, -1)
+    rotary = args.rotary_dim
+    turned = reorder(rows[:, :rotary].reshape(heads * rotary, -1), heads).reshape(heads, rotary, -1)
+    return torch.cat([turned, rows[:, rotary:]], dim=1).reshape(w.shape).contiguous()
+
+
+def _sparse_block(args: Glm4MoeArgs, ours: str) -> bool:
+    parts = ours.split(".")
+    return parts[0] == "layers" and parts[2] == "feed_forward" and args.moe.is_sparse(int(parts[1]))
+
+
+def to_hf(args: Glm4MoeArgs, sd: dict[str, torch.Tensor], take) -> dict[str, torch.Tensor]:
+    """Our state dict -> HF names and layouts (lm_head.weight always present); `take(name)` reads sd. A model
+    without routing biases writes zeros for them (transformers' Glm4Moe always has one)."""
+    out = {}
+    for ours, hf in hf_sources(args).items():
+        if isinstance(hf, str) and not _sparse_block(args, ours):
+            heads = llama.rope_heads(args, ours)
+            out[hf] = take(ours) if heads is None else _rotary_rows(args, take(ours), heads, llama.rope_to_hf)
+    for i in range(args.n_layers):
+        if args.moe.is_sparse(i):
+            ours = f"layers.{i}.feed_forward."
+            names = ["router.gate.weight", "experts.w1", "experts.w3", "experts.w2"]
+            names += [f"shared_expert.{w}.weight" for w, _ in _SHARED] if args.moe.shared_hidden else []
+            block = moe_to_hf({name: take(ours + name) for name in names}, shared="shared_experts")
+            bias = take(ours + _BIAS).float() if args.moe.balance == "bias" else torch.zeros(args.moe.n_experts)
+            block["gate.e_score_correction_bias"] = bias
+            out |= {f"model.layers.{i}.mlp.{name}": t for name, t in block.items()}
+    return out
+
+
+def from_hf_tensor(args: Glm4MoeArgs, name: str, hf: torch.Tensor | list[torch.Tensor]) -> torch.Tensor:
+    """Our tensor `name`'s full value from its HF tensor, or from its experts' tensors (hf_sources[name])."""
+    if isinstance(hf, list):
+        return torch.stack(hf).contiguous()
+    if name.endswith(_BIAS):
+        return hf.float()
+    heads = llama.rope_heads(args, name)
+    return hf if heads is None else _rotary_rows(args, hf, heads, llama.rope_from_hf)

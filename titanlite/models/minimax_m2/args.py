@@ -1,0 +1,80 @@
+"""MiniMax-M2's arguments, torch-free: the shared MoE decoder's (MoEDecoderArgs) with partial rotary, and its sizes
+(the published MiniMax-M2, 230B total and about 10B active, beside a tiny debug model)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from titanlite.models.common.decoder_args import MoEDecoderArgs
+from titanlite.models.common.moe.args import MoEArgs
+from titanlite.models.spec import not_math
+
+
+def routing(n_experts: int, top_k: int, expert_dim: int, aux_loss_coef: float = 0.001) -> MoEArgs:
+    """MiniMax-M2's block: every layer's, experts scored by a sigmoid each, chosen by score plus the routing bias
+    (e_score_correction_bias), their weights the chosen scores renormalised; no shared expert, no groups."""
+    return MoEArgs(
+        n_experts=n_experts,
+        top_k=top_k,
+        expert_dim=expert_dim,
+        score_func="sigmoid",
+        norm_topk_prob=True,
+        balance="bias",
+        aux_loss_coef=aux_loss_coef,
+    )
+
+
+@dataclass
+class MiniMaxM2Args(MoEDecoderArgs):
+    """MiniMax-M2 (MiniMaxM2ForCausalLM): the shared MoE decoder with an RMSNorm over each token's whole query and
+    key projection (qk_norm "full"), rotations of the leading `rotary_dim` channels of each head, and on every layer
+    a mixture of sigmoid-routed experts with a routing bias (`routing`)."""
+
+    family: str = not_math("minimax_m2")
+    qk_norm: str = "full"
+    rotary_dim: int = 0
+    """Channels of each head that rotate (config.json's rotary_dim, or head_dim x partial_rotary_factor); 0:
+    head_dim."""
+    moe: MoEArgs = field(default_factory=lambda: routing(8, 2, 32))
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.rotary_dim:
+            self.rotary_dim = self.head_dim
+        if self.rotary_dim % 2 or not 0 < self.rotary_dim <= self.head_dim:
+            raise ValueError(f"MiniMaxM2Args.rotary_dim={self.rotary_dim}; use an even number up to head_dim")
+
+
+# vocab_size 0: the tokenizer's, padded to a multiple of 64.
+FLAVORS = {
+    # dim 64, 4 layers, 4 heads (2 for keys and values) of 16, 8 channels of each rotated; 8 experts of width 32,
+    # 2 per token, on every layer.
+    "debug": MiniMaxM2Args(
+        dim=64,
+        n_layers=4,
+        n_heads=4,
+        n_kv_heads=2,
+        ffn_dim=32,
+        vocab_size=0,
+        head_dim=16,
+        rotary_dim=8,
+        rope_theta=5e6,
+        norm_eps=1e-6,
+    ),
+    # MiniMaxAI/MiniMax-M2: 62 layers, 48 query and 8 key/value heads of 128 (64 channels rotated), 256 experts of
+    # width 1536, 8 per token; untied, 200,064 ids, 196,608 positions.
+    "minimax_m2": MiniMaxM2Args(
+        dim=3072,
+        n_layers=62,
+        n_heads=48,
+        n_kv_heads=8,
+        ffn_dim=1536,
+        vocab_size=200064,
+        max_seq_len=196608,
+        head_dim=128,
+        rotary_dim=64,
+        rope_theta=5e6,
+        norm_eps=1e-6,
+        moe=routing(256, 8, 1536),
+    ),
+}
