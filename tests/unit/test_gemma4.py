@@ -243,3 +243,15 @@ def test_the_layouts_a_model_cannot_take_are_refused_before_launch(flavor, optio
     cfg = parse_config(["--model.name", "gemma4", "--model.flavor", flavor, "--model.tokenizer", "byte", *options])
     with pytest.raises(ConfigError, match=refusal.replace("(", r"\(").replace(")", r"\)")):
         plan_run(cfg, 2)
+
+
+def test_an_export_refuses_the_routing_a_gemma4_config_json_cannot_say():
+    """Routing biases (moe.balance 'bias') have no place in a Gemma 4 folder: left out, the export would route
+    otherwise than the model trained."""
+    from titanlite.components.hf_weights import hf_config
+
+    args = dataclasses.replace(MOE_FLAVORS["debug"], vocab_size=VOCAB, family="gemma4_moe")
+    hf_config(args, "float32", {})  # as trained by default (no biases): expressible
+    biased = dataclasses.replace(args, moe=dataclasses.replace(args.moe, balance="bias"))
+    with pytest.raises(ConfigError, match="a gemma4 config.json cannot express moe.balance='bias'"):
+        hf_config(biased, "float32", {})

@@ -12,6 +12,7 @@ from __future__ import annotations
 from titanlite.base.hf_config import check_types, refuse
 from titanlite.models.common.decoder_config import attention_shape, layer_types_of
 from titanlite.models.common.moe.args import MoEArgs
+from titanlite.models.common.moe.hf_config import check_expressible
 from titanlite.models.gemma4.args import Gemma4Args, layer_types
 
 MODEL_TYPE = "gemma4_text"
@@ -196,12 +197,9 @@ def write(args: Gemma4Args) -> dict:
             "Gemma 4 has one attention_bias",
         )
     m = args.moe
-    if m is not None and (
-        m.score_func != "softmax" or not m.norm_topk_prob or m.route_scale != 1.0 or m.router_bias or m.shared_hidden
-    ):
-        raise refuse(
-            "a gemma4 config.json", "moe", m, "Gemma 4 routes by softmax, the top k renormalised, with no shared expert"
-        )
+    if m is not None:  # softmax routing, the top k renormalised, experts on every layer, no shared expert or bias
+        more = () if m.norm_topk_prob else (f"MoEArgs.norm_topk_prob={m.norm_topk_prob}",)
+        check_expressible(m, "gemma4", dense_layers=False, more=more)
     full = {"rope_type": "proportional", "partial_rotary_factor": args.rotary_fraction, "rope_theta": args.rope_theta}
     if args.rope_factor != 1.0:
         full["factor"] = args.rope_factor
