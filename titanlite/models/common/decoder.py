@@ -22,7 +22,7 @@ from torch import nn
 
 from titanlite.models.common.attention import Sequence
 from titanlite.models.common.auxiliary import add_auxiliary_loss
-from titanlite.models.common.decoder_args import rope_kind, window_of
+from titanlite.models.common.decoder_args import rope_kind, rotary_dim_of, window_of
 from titanlite.models.common.feed_forward import GatedMLP
 from titanlite.models.common.head import OutputHead
 from titanlite.models.common.interface import Decoder
@@ -95,7 +95,8 @@ class Block(nn.Module):
 
 
 def grouped_query_attention(model: Transformer, layer: int, **changes: Any) -> Attention:
-    """The shared arguments' attention for `layer`: their heads, biases, Q/K norms, window and NoPE layers."""
+    """The shared arguments' attention for `layer`: their heads, biases, Q/K norms, window, NoPE layers and rotated
+    channels (rotary_dim, or its kind's own)."""
     a = model.args
     options: dict[str, Any] = {
         "qkv_bias": a.qkv_bias,
@@ -105,9 +106,9 @@ def grouped_query_attention(model: Transformer, layer: int, **changes: Any) -> A
         "rotary": layer not in a.nope_layers,
         "window": window_of(a, layer),
     }
-    own = getattr(a, "layer_rope", {}).get(rope_kind(a, layer)) if getattr(a, "layer_rope", {}) else None
-    if own is not None and own.rotary_dim:  # its kind rotates the leading rotary_dim channels of each head
-        options["rotary_dim"] = own.rotary_dim
+    rotary_dim = rotary_dim_of(a, layer)
+    if rotary_dim < a.head_dim:  # partial rotary: the leading rotary_dim channels of each head rotate
+        options["rotary_dim"] = rotary_dim
     return Attention(a.dim, a.n_heads, a.n_kv_heads, a.head_dim, **(options | changes))
 
 
@@ -208,13 +209,15 @@ class Transformer(nn.Module):
 
     def rotary_tables(self) -> dict[str, RotaryTable]:
         """The rotary tables the layers read, by name (their buffers are <name>_cos and <name>_sin): "rope" of
-        rope_theta and rope_scaling, and "rope_<kind>" of each layer kind's own settings (args.layer_rope), "rope"
-        left out where every layer reads its kind's own."""
+        rope_theta and rope_scaling over rotary_dim channels, and "rope_<kind>" of each layer kind's own settings
+        (args.layer_rope; over rotary_dim channels where the kind names no width of its own), "rope" left out where
+        every layer reads its kind's own."""
         a = self.args
+        rotary_dim = getattr(a, "rotary_dim", 0) or a.head_dim
         own = getattr(a, "layer_rope", {})
-        tables = {f"rope_{kind}": RotaryTable.of(rope, a.head_dim) for kind, rope in own.items()}
+        tables = {f"rope_{kind}": RotaryTable.of(rope, rotary_dim) for kind, rope in own.items()}
         if not own or any(rope_kind(a, i) not in own for i in range(a.n_layers)):
-            tables["rope"] = RotaryTable(a.head_dim, a.rope_theta, a.rope_scaling)
+            tables["rope"] = RotaryTable(rotary_dim, a.rope_theta, a.rope_scaling)
         return tables
 
     def rotary_of(self, layer: int) -> str | None:

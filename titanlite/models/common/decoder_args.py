@@ -35,6 +35,11 @@ class DecoderArgs:
     tie_embeddings: bool = False
     head_dim: int = 0
     """Width of each attention head; 0 means dim // n_heads (some families set it, e.g. 128)."""
+    rotary_dim: int = 0
+    """Partial rotary: the leading rotary_dim channels of each head rotate, at frequencies theta^(-2i / rotary_dim),
+    and the rest pass unchanged (config.json's head_dim x partial_rotary_factor: GLM-4.5, MiniMax-M2, Qwen3.5); an
+    even number up to head_dim. 0 or head_dim: the whole head (0 is set to head_dim). A layer kind's own
+    `layer_rope` rotary_dim, where it names one, overrides it for that kind's layers."""
     rope_scaling: Llama3RopeScaling | YarnRopeScaling | None = None
     """RoPE frequency scaling: Llama 3.1's, or YaRN (titanlite/models/common/rope_args.py); None: plain RoPE."""
     family: str = not_math("")
@@ -73,6 +78,12 @@ class DecoderArgs:
             raise ValueError("DecoderArgs.family is empty; name the model.name (spec) this shape belongs to")
         if not self.head_dim:
             self.head_dim = self.dim // self.n_heads
+        if not self.rotary_dim:
+            self.rotary_dim = self.head_dim
+        if not 0 < self.rotary_dim <= self.head_dim or (self.rotary_dim < self.head_dim and self.rotary_dim % 2):
+            raise ValueError(
+                f"{type(self).__name__}.rotary_dim={self.rotary_dim}; use an even number up to head_dim={self.head_dim}"
+            )
         self.nope_layers = tuple(self.nope_layers)
         self.layer_types = tuple(self.layer_types)
         unknown = sorted(set(self.layer_types) - set(self.layer_kinds))
@@ -157,6 +168,15 @@ def layer_rope_of(args: DecoderArgs, layer: int) -> LayerRope:
     over whole heads."""
     own = getattr(args, "layer_rope", {}).get(rope_kind(args, layer))
     return own if own is not None else LayerRope(args.rope_theta, args.rope_scaling)
+
+
+def rotary_dim_of(args: DecoderArgs, layer: int) -> int:
+    """The leading channels of each head that `layer` rotates: its kind's own (args.layer_rope rotary_dim, where it
+    names one), else args.rotary_dim (the whole head unless set)."""
+    own = getattr(args, "layer_rope", {}).get(rope_kind(args, layer))
+    if own is not None and own.rotary_dim:
+        return own.rotary_dim
+    return getattr(args, "rotary_dim", 0) or args.head_dim
 
 
 def _debug_moe() -> MoEArgs:

@@ -25,6 +25,8 @@ class Expressible(NamedTuple):
     qk_norm: str = "none"
     norm_position: str = "pre"
     nope: bool = False
+    partial_rotary: bool = False
+    """Whether it can say rotary_dim below head_dim (a partial_rotary_factor the family's model honours)."""
 
 
 def attention_biases(config: dict, n_layers: int, where: str) -> dict:
@@ -193,6 +195,8 @@ class DecoderConfig:
                 problems.append(f"layer_types={list(args.layer_types)} (full layers among sliding ones)")
         if args.nope_layers and not can.nope:
             problems.append(f"nope_layers={list(args.nope_layers)}")
+        if args.rotary_dim < args.head_dim and not can.partial_rotary:
+            problems.append(f"rotary_dim={args.rotary_dim} (partial rotary)")
         if problems:
             raise ConfigError(
                 f"a {args.family} config.json cannot express {', '.join(problems)}; this model has no "
@@ -212,6 +216,31 @@ def window_fields(args: DecoderArgs, max_window_layers: bool = True) -> dict:
     if max_window_layers:
         fields["max_window_layers"] = sliding.index(True) if any(sliding) else args.n_layers
     return fields
+
+
+def partial_rotary_dim(factor: object, head_dim: int, where: str, key: str = "partial_rotary_factor") -> int:
+    """The leading channels of each head a partial_rotary_factor rotates, as transformers derives them:
+    int(head_dim x factor); refused, naming `key`, unless a number giving an even count from 2 to head_dim."""
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)):
+        raise refuse(where, key, factor, "it is a number from 0 to 1")
+    rotary_dim = int(head_dim * factor)
+    if rotary_dim % 2 or not 0 < rotary_dim <= head_dim:
+        raise refuse(where, key, factor, f"head_dim x it must be an even number up to {head_dim}")
+    return rotary_dim
+
+
+def partial_rotary_factor(args: DecoderArgs) -> float:
+    """args.rotary_dim as config.json's partial_rotary_factor (1.0: the whole head)."""
+    return args.rotary_dim / args.head_dim
+
+
+def rotary_dim_unsaid(args: DecoderArgs) -> str | None:
+    """args.rotary_dim where no partial_rotary_factor gives it back (transformers reads int(head_dim x factor)), as
+    a refusal names it; None where one does."""
+    factor = partial_rotary_factor(args)
+    if int(args.head_dim * factor) == args.rotary_dim:
+        return None
+    return f"rotary_dim={args.rotary_dim} (no partial_rotary_factor gives it: int({args.head_dim} x {factor}) differs)"
 
 
 def rope_settings(config: dict, where: str) -> tuple[float, Llama3RopeScaling | YarnRopeScaling | None]:

@@ -1,5 +1,6 @@
 """The Llama decoder's weights under Hugging Face's names (every decoder family names its tensors as Llama
-does), and the RoPE row order: ours rotates adjacent pairs, Hugging Face's halves of each head."""
+does), and the RoPE row order: ours rotates adjacent pairs, Hugging Face's halves of each head's rotating channels
+(all of them, or the leading rotary_dim with partial rotary: rotary_rows)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import re
 
 import torch
 
-from titanlite.models.common.decoder_args import DecoderArgs
+from titanlite.models.common.decoder_args import DecoderArgs, rotary_dim_of
 
 
 def hf_names(args: DecoderArgs) -> dict[str, str]:
@@ -83,20 +84,50 @@ def rope_from_hf(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     return rows.view(n_heads, 2, hd // 2, -1).transpose(1, 2).reshape(w.shape)
 
 
+def rotary_rows(w: torch.Tensor, heads: int, rotary_dim: int, to_hf: bool) -> torch.Tensor:
+    """Reorder the rotating rows of a q/k tensor whose rows are `heads` heads (a projection's weight [out, in] or
+    bias [out], a whole-projection Q/K norm's weight, or a per-head one's [head_dim] with heads 1) between our
+    adjacent pairs and Hugging Face's halves (to_hf: ours -> theirs, rope_to_hf; else back, rope_from_hf): the
+    leading rotary_dim rows of each head (partial rotary), the rest kept in place; every row where rotary_dim is
+    the whole head (or 0)."""
+    reorder = rope_to_hf if to_hf else rope_from_hf
+    head_dim = w.shape[0] // heads
+    if not rotary_dim or rotary_dim == head_dim:
+        return reorder(w, heads)
+    rows = w.reshape(heads, head_dim, -1)
+    turned = reorder(rows[:, :rotary_dim].reshape(heads * rotary_dim, -1), heads).reshape(heads, rotary_dim, -1)
+    return torch.cat([turned, rows[:, rotary_dim:]], dim=1).reshape(w.shape)
+
+
+def rotary_dim_at(args: DecoderArgs, name: str) -> int:
+    """The rotated channels of each head in the layer that parameter `name` ("layers.N. ...") belongs to
+    (rotary_dim_of); args.rotary_dim for a name outside the layers."""
+    parts = name.split(".")
+    if parts[0] == "layers" and len(parts) > 1 and parts[1].isdigit():
+        return rotary_dim_of(args, int(parts[1]))
+    return getattr(args, "rotary_dim", 0) or args.head_dim
+
+
+def to_hf_tensor(args: DecoderArgs, name: str, ours: torch.Tensor) -> torch.Tensor:
+    """Our parameter `name`'s value `ours` in HF's layout: a q/k tensor's rotating rows reordered (rope_heads,
+    rotary_rows), any other as it is."""
+    heads = rope_heads(args, name)
+    return ours if heads is None else rotary_rows(ours, heads, rotary_dim_at(args, name), to_hf=True)
+
+
 def to_hf(args: DecoderArgs, sd: dict[str, torch.Tensor], take, names: dict[str, str] | None = None):
     """Our state dict -> HF names and layouts (lm_head.weight always present); `take(name)` reads sd. `names`: a
     family's own name map on this decoder's tensors (default: hf_names)."""
-    out = {}
-    for ours, hf in (hf_names(args) if names is None else names).items():
-        heads = rope_heads(args, ours)
-        out[hf] = take(ours) if heads is None else rope_to_hf(take(ours), heads)
-    return out
+    return {
+        hf: to_hf_tensor(args, ours, take(ours)) for ours, hf in (hf_names(args) if names is None else names).items()
+    }
 
 
 def from_hf_tensor(args: DecoderArgs, name: str, hf: torch.Tensor) -> torch.Tensor:
-    """Our parameter `name`'s full value from its HF tensor (hf_sources[name])."""
+    """Our parameter `name`'s full value from its HF tensor (hf_sources[name]): a q/k tensor's rotating rows
+    reordered back (rotary_rows), any other as it is."""
     heads = rope_heads(args, name)
-    return hf if heads is None else rope_from_hf(hf, heads).contiguous()
+    return hf if heads is None else rotary_rows(hf, heads, rotary_dim_at(args, name), to_hf=False).contiguous()
 
 
 def carried_layer_shapes(

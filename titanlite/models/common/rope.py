@@ -68,9 +68,10 @@ class RotaryTable:
     frequency_dim: int = 0
 
     @classmethod
-    def of(cls, rope: LayerRope, head_dim: int) -> RotaryTable:
-        """The table of a layer kind's rotary settings (DecoderArgs.layer_rope) on heads of head_dim channels."""
-        return cls(rope.rotary_dim or head_dim, rope.theta, rope.scaling, rope.linear_factor, rope.frequency_dim)
+    def of(cls, rope: LayerRope, rotary_dim: int) -> RotaryTable:
+        """The table of a layer kind's rotary settings (DecoderArgs.layer_rope): over its own rotated channels, or
+        `rotary_dim` (the decoder's: DecoderArgs.rotary_dim) where it names none."""
+        return cls(rope.rotary_dim or rotary_dim, rope.theta, rope.scaling, rope.linear_factor, rope.frequency_dim)
 
     def compute(self, seq_len: int, device) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin of the rotation angles, each [seq_len, dim // 2], in float32 (YaRN's scaled by its

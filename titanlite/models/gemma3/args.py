@@ -40,6 +40,8 @@ class Gemma3Args(DecoderArgs):
         super().__post_init__()
         if self.qk_norm != "head" or self.norm_position != "pre" or self.nope_layers or self.rope_scaling:
             raise ValueError("Gemma3Args: qk_norm is 'head', norm_position 'pre', no nope_layers or llama3 scaling")
+        if self.rotary_dim != self.head_dim:
+            raise ValueError(f"Gemma3Args.rotary_dim={self.rotary_dim}: Gemma 3 rotates whole heads")
 
 
 def layer_types(n_layers: int, pattern: int = 6) -> tuple[str, ...]:

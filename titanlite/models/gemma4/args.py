@@ -58,6 +58,11 @@ class Gemma4Args(DecoderArgs):
             raise ValueError("Gemma4Args: qk_norm is 'head', norm_position 'pre', no nope_layers or rope_scaling")
         if self.mlp_bias:
             raise ValueError("Gemma4Args.mlp_bias: Gemma 4's MLPs have no biases")
+        if self.rotary_dim != self.head_dim:
+            raise ValueError(
+                f"Gemma4Args.rotary_dim={self.rotary_dim}: Gemma 4 rotates whole sliding heads and the full layers' "
+                "rotary_fraction (set that)"
+            )
         if self.layer_types and self.layer_types[-1] != "full_attention":
             raise ValueError("Gemma4Args.layer_types: the last layer is full_attention (transformers makes it so)")
         if not self.global_head_dim:

@@ -1,8 +1,9 @@
 """GLM-4.5 (Glm4MoeForCausalLM, model_type glm4_moe: GLM-4.5, GLM-4.5-Air, GLM-4.6): the shared MoE decoder with QKV
 biases, optional per-head Q/K norms, partial rotary, and after the first dense layers mixtures of sigmoid-routed
-experts in groups with a routing bias and shared experts. Its spec; its sizes in args.py, its config.json in
-hf_config.py, its partial-rotary module in model.py, its weight names in weights.py, its tensor-parallel plan (the
-shared MoE one) in parallelize.py. Multi-token prediction is not built (hf_config.py)."""
+experts in groups with a routing bias and shared experts. Its spec (its module is the shared decoder's, which its
+arguments' switches and rotary_dim describe); its sizes in args.py, its config.json in hf_config.py, its weight names
+in weights.py, its tensor-parallel plan (the shared MoE one) in parallelize.py. Multi-token prediction is not built
+(hf_config.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ SPEC = ModelSpec(
     name="glm4_moe",
     args_type=args.Glm4MoeArgs,
     flavors=args.FLAVORS,
-    model="titanlite.models.glm4_moe.model:Glm4Moe",
+    model="titanlite.models.common.decoder:Transformer",
     tp_plan="titanlite.models.glm4_moe.parallelize:tp_plan",
     hf_weights="titanlite.models.glm4_moe.weights",
     tp_split_sizes=moe_split_sizes,

@@ -1,5 +1,5 @@
-"""GLM-4.5's arguments, torch-free: the shared MoE decoder's (MoEDecoderArgs) with partial rotary, and the published
-sizes (GLM-4.5, GLM-4.5-Air, GLM-4.6) beside a tiny debug model."""
+"""GLM-4.5's arguments, torch-free: the shared MoE decoder's (MoEDecoderArgs; partial rotary by its rotary_dim), and
+the published sizes (GLM-4.5, GLM-4.5-Air, GLM-4.6) beside a tiny debug model."""
 
 from __future__ import annotations
 
@@ -31,20 +31,12 @@ def _debug_moe() -> MoEArgs:
 class Glm4MoeArgs(MoEDecoderArgs):
     """GLM-4.5 (Glm4MoeForCausalLM): the shared MoE decoder with biases on the query, key and value projections
     (attention_bias; none on the output), optional per-head Q/K norms (use_qk_norm), rotations of the leading
-    `rotary_dim` channels of each head (partial_rotary_factor), and, after the first moe.dense_layers
-    (first_k_dense_replace), mixtures of sigmoid-routed experts in groups with a routing bias and shared experts."""
+    `rotary_dim` channels of each head (the shared field; config.json's head_dim x partial_rotary_factor), and,
+    after the first moe.dense_layers (first_k_dense_replace), mixtures of sigmoid-routed experts in groups with a
+    routing bias and shared experts."""
 
     family: str = not_math("glm4_moe")
-    rotary_dim: int = 0
-    """Channels of each head that rotate (head_dim x partial_rotary_factor); 0: head_dim."""
     moe: MoEArgs = field(default_factory=_debug_moe)
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if not self.rotary_dim:
-            self.rotary_dim = self.head_dim
-        if self.rotary_dim % 2 or not 0 < self.rotary_dim <= self.head_dim:
-            raise ValueError(f"Glm4MoeArgs.rotary_dim={self.rotary_dim}; use an even number up to head_dim")
 
 
 def _glm(**shape) -> Glm4MoeArgs:

@@ -28,8 +28,11 @@ from titanlite.models.common.decoder_config import (
     attention_shape,
     full_attention,
     no_mlp_bias,
+    partial_rotary_dim,
+    partial_rotary_factor,
     rope_scaling_to_hf,
     rope_settings,
+    rotary_dim_unsaid,
 )
 from titanlite.models.common.moe.args import MoEArgs
 from titanlite.models.common.moe.hf_config import block_from_config
@@ -83,13 +86,7 @@ def mtp_layers(config: dict) -> int:
 def _rotary_dim(config: dict, where: str, head_dim: int) -> int:
     """head_dim x partial_rotary_factor (transformers 5 keeps it in rope_parameters, 4.x at the top level)."""
     rope = {**(config.get("rope_scaling") or {}), **(config.get("rope_parameters") or {})}
-    factor = rope.get("partial_rotary_factor", config["partial_rotary_factor"])
-    if isinstance(factor, bool) or not isinstance(factor, (int, float)):
-        raise refuse(where, "partial_rotary_factor", factor, "it is a number from 0 to 1")
-    rotary_dim = int(head_dim * factor)
-    if rotary_dim % 2 or not 0 < rotary_dim <= head_dim:
-        raise refuse(where, "partial_rotary_factor", factor, f"head_dim x it must be an even number up to {head_dim}")
-    return rotary_dim
+    return partial_rotary_dim(rope.get("partial_rotary_factor", config["partial_rotary_factor"]), head_dim, where)
 
 
 def _moe(config: dict, where: str, n_layers: int) -> MoEArgs:
@@ -182,8 +179,9 @@ def check_expressible(args: Glm4MoeArgs) -> None:
         problems.append(f"sliding_window={args.sliding_window}")
     if args.rope_scaling is not None and not isinstance(args.rope_scaling, YarnRopeScaling):
         problems.append("rope_scaling of Llama 3.1")
-    if int(args.head_dim * (args.rotary_dim / args.head_dim)) != args.rotary_dim:
-        problems.append(f"rotary_dim={args.rotary_dim} (no partial_rotary_factor gives it)")
+    unsaid = rotary_dim_unsaid(args)
+    if unsaid:
+        problems.append(unsaid)
     moe = args.moe
     if moe.dense_layers != tuple(range(len(moe.dense_layers))):
         problems.append(f"MoEArgs.dense_layers={list(moe.dense_layers)} (only the first layers can be dense)")
@@ -201,7 +199,7 @@ def write(args: Glm4MoeArgs) -> dict:
     check_expressible(args)
     moe = args.moe
     rope = rope_scaling_to_hf(args.rope_scaling)
-    factor = args.rotary_dim / args.head_dim
+    factor = partial_rotary_factor(args)
     return {
         "architectures": [ARCHITECTURE],
         "model_type": MODEL_TYPE,

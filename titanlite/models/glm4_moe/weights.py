@@ -6,13 +6,11 @@ experts.w1, w3, w2 on import) and the shared experts (mlp.shared_experts.*).
 
 Rotary rows: Hugging Face rotates the leading rotary_dim channels of each head as two halves (rotate_half), ours as
 adjacent pairs; those rows of the query and key projections (weights and biases) and of the Q/K norms' weights are
-reordered on import and back on export (decoder_weights.rope_from_hf / rope_to_hf), the other channels kept. The
+reordered on import and back on export (the Llama decoder's: decoder_weights.rotary_rows), the other channels kept. The
 layers past num_hidden_layers (multi-token prediction) are not trained: carried unchanged into an export
 (hf_carried)."""
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 import torch
 
@@ -66,15 +64,6 @@ def hf_folder(args: Glm4MoeArgs, config: dict, tensors: dict, source: dict) -> t
     return config, tensors
 
 
-def _rotary_rows(args: Glm4MoeArgs, w: torch.Tensor, heads: int, reorder: Callable) -> torch.Tensor:
-    """`reorder` (rope_to_hf or rope_from_hf) applied to the rotating rows, the leading rotary_dim of each head of
-    head_dim, of a q/k tensor [heads * head_dim, ...] or a per-head norm's weight [head_dim] (heads 1)."""
-    rows = w.reshape(heads, args.head_dim, -1)
-    rotary = args.rotary_dim
-    turned = reorder(rows[:, :rotary].reshape(heads * rotary, -1), heads).reshape(heads, rotary, -1)
-    return torch.cat([turned, rows[:, rotary:]], dim=1).reshape(w.shape).contiguous()
-
-
 def _sparse_block(args: Glm4MoeArgs, ours: str) -> bool:
     parts = ours.split(".")
     return parts[0] == "layers" and parts[2] == "feed_forward" and args.moe.is_sparse(int(parts[1]))
@@ -86,8 +75,7 @@ def to_hf(args: Glm4MoeArgs, sd: dict[str, torch.Tensor], take) -> dict[str, tor
     out = {}
     for ours, hf in hf_sources(args).items():
         if isinstance(hf, str) and not _sparse_block(args, ours):
-            heads = llama.rope_heads(args, ours)
-            out[hf] = take(ours) if heads is None else _rotary_rows(args, take(ours), heads, llama.rope_to_hf)
+            out[hf] = llama.to_hf_tensor(args, ours, take(ours))
     for i in range(args.n_layers):
         if args.moe.is_sparse(i):
             ours = f"layers.{i}.feed_forward."
@@ -106,5 +94,4 @@ def from_hf_tensor(args: Glm4MoeArgs, name: str, hf: torch.Tensor | list[torch.T
         return torch.stack(hf).contiguous()
     if name.endswith(_BIAS):
         return hf.float()
-    heads = llama.rope_heads(args, name)
-    return hf if heads is None else _rotary_rows(args, hf, heads, llama.rope_from_hf)
+    return llama.from_hf_tensor(args, name, hf)

@@ -2,9 +2,9 @@
 an RMSNorm over each token's whole query and key projection (qk_norm "full", as OLMo 2's), rotations of the leading
 rotary_dim channels of each head, and on every layer a mixture of sigmoid-routed experts chosen with a routing bias
 (DeepSeek-V3's routing, without groups, shared experts or scaling). Its spec; its sizes args.py, its config.json
-hf_config.py, its module model.py, its weight names weights.py; its tensor-parallel plan is the shared MoE decoder's
-(titanlite/models/common/parallelize.py: the whole-projection norms sharded with the heads, their sum of squares
-all-reduced)."""
+hf_config.py, its weight names weights.py; its module is the shared decoder's (its arguments' switches and rotary_dim
+describe it) and its tensor-parallel plan the shared MoE decoder's (titanlite/models/common/parallelize.py: the
+whole-projection norms sharded with the heads, their sum of squares all-reduced)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ SPEC = ModelSpec(
     name="minimax_m2",
     args_type=args.MiniMaxM2Args,
     flavors=args.FLAVORS,
-    model="titanlite.models.minimax_m2.model:MiniMaxM2",
+    model="titanlite.models.common.decoder:Transformer",
     tp_plan="titanlite.models.common.parallelize:moe_tp_plan",
     hf_weights="titanlite.models.minimax_m2.weights",
     tp_split_sizes=moe_split_sizes,

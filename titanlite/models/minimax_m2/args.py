@@ -1,5 +1,5 @@
-"""MiniMax-M2's arguments, torch-free: the shared MoE decoder's (MoEDecoderArgs) with partial rotary, and its sizes
-(the published MiniMax-M2, 230B total and about 10B active, beside a tiny debug model)."""
+"""MiniMax-M2's arguments, torch-free: the shared MoE decoder's (MoEDecoderArgs; partial rotary by its rotary_dim),
+and its sizes (the published MiniMax-M2, 230B total and about 10B active, beside a tiny debug model)."""
 
 from __future__ import annotations
 
@@ -27,22 +27,13 @@ def routing(n_experts: int, top_k: int, expert_dim: int, aux_loss_coef: float = 
 @dataclass
 class MiniMaxM2Args(MoEDecoderArgs):
     """MiniMax-M2 (MiniMaxM2ForCausalLM): the shared MoE decoder with an RMSNorm over each token's whole query and
-    key projection (qk_norm "full"), rotations of the leading `rotary_dim` channels of each head, and on every layer
-    a mixture of sigmoid-routed experts with a routing bias (`routing`)."""
+    key projection (qk_norm "full"), rotations of the leading `rotary_dim` channels of each head (the shared field;
+    config.json's rotary_dim, or head_dim x partial_rotary_factor), and on every layer a mixture of sigmoid-routed
+    experts with a routing bias (`routing`)."""
 
     family: str = not_math("minimax_m2")
     qk_norm: str = "full"
-    rotary_dim: int = 0
-    """Channels of each head that rotate (config.json's rotary_dim, or head_dim x partial_rotary_factor); 0:
-    head_dim."""
     moe: MoEArgs = field(default_factory=lambda: routing(8, 2, 32))
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if not self.rotary_dim:
-            self.rotary_dim = self.head_dim
-        if self.rotary_dim % 2 or not 0 < self.rotary_dim <= self.head_dim:
-            raise ValueError(f"MiniMaxM2Args.rotary_dim={self.rotary_dim}; use an even number up to head_dim")
 
 
 # vocab_size 0: the tokenizer's, padded to a multiple of 64.

@@ -31,7 +31,14 @@ import logging
 from titanlite.base.errors import ConfigError
 from titanlite.base.hf_config import refuse
 from titanlite.models.common.decoder_args import DecoderArgs
-from titanlite.models.common.decoder_config import DecoderConfig, Expressible, attention_biases, no_mlp_bias
+from titanlite.models.common.decoder_config import (
+    DecoderConfig,
+    Expressible,
+    attention_biases,
+    no_mlp_bias,
+    partial_rotary_factor,
+    rotary_dim_unsaid,
+)
 from titanlite.models.common.moe.hf_config import FIXED, block_from_config, check_expressible
 from titanlite.models.minimax_m2.args import MiniMaxM2Args
 
@@ -75,7 +82,7 @@ DECODER = DecoderConfig(
     family=MODEL_TYPE,
     model_type=MODEL_TYPE,
     architecture="MiniMaxM2ForCausalLM",
-    expressible=Expressible(qkv_bias=False, out_bias=False, mlp_bias=False, qk_norm="full"),
+    expressible=Expressible(qkv_bias=False, out_bias=False, mlp_bias=False, qk_norm="full", partial_rotary=True),
     switches=_switches,
 )
 
@@ -178,7 +185,7 @@ def read(config: dict, where: str) -> MiniMaxM2Args:
     )
     shared = {f.name: getattr(base, f.name) for f in dataclasses.fields(DecoderArgs)}
     try:
-        return MiniMaxM2Args(**shared, rotary_dim=rotary_dim, moe=moe)
+        return MiniMaxM2Args(**shared | {"rotary_dim": rotary_dim}, moe=moe)
     except ValueError as e:
         raise ConfigError(f"{where} is not supported: {e}") from e
 
@@ -188,14 +195,14 @@ def write(args: MiniMaxM2Args) -> dict:
     moe = args.moe
     fixed = {**FIXED, "score_func": "sigmoid", "norm_topk_prob": True}
     more = [f"sliding_window={args.sliding_window}"] if args.sliding_window else []
-    factor = args.rotary_dim / args.head_dim
-    if int(args.head_dim * factor) != args.rotary_dim:  # transformers reads the factor back as int(head_dim x it)
-        more.append(f"rotary_dim={args.rotary_dim} (partial_rotary_factor {factor} of head_dim {args.head_dim})")
+    unsaid = rotary_dim_unsaid(args)  # transformers reads the factor back as int(head_dim x it)
+    if unsaid:
+        more.append(unsaid)
     check_expressible(moe, MODEL_TYPE, dense_layers=False, fixed=fixed, bias_balance=True, more=tuple(more))
     config = DECODER.write(args)
     return config | {
         "intermediate_size": moe.expert_dim,
-        "rope_parameters": {**config["rope_parameters"], "partial_rotary_factor": factor},
+        "rope_parameters": {**config["rope_parameters"], "partial_rotary_factor": partial_rotary_factor(args)},
         "rotary_dim": args.rotary_dim,
         "num_local_experts": moe.n_experts,
         "num_experts_per_tok": moe.top_k,

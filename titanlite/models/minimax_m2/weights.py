@@ -4,8 +4,9 @@ k_norm over the whole projection), and at every layer block_sparse_moe.gate.weig
 block_sparse_moe.e_score_correction_bias (our routing bias, a buffer) and block_sparse_moe.experts.E.{w1,w3,w2}
 (gate, up, down: stacked into our experts.w1, w3, w2). The rotating rows of each query and key head (its leading
 rotary_dim, and the Q/K norms' weights on them) are reordered between Hugging Face's rotate-half layout and our
-adjacent pairs; the rest are kept. Multi-token prediction layers a folder may hold (model.layers.N past the decoder's,
-or mtp.*: the published folders hold none) are not trained: carried unchanged into an export (hf_carried)."""
+adjacent pairs, the rest kept, as the Llama decoder's conversion does (decoder_weights.rotary_rows). Multi-token
+prediction layers a folder may hold (model.layers.N past the decoder's, or mtp.*: the published folders hold none)
+are not trained: carried unchanged into an export (hf_carried)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import re
 
 import torch
 
-from titanlite.models.common.decoder_weights import rope_from_hf, rope_to_hf
+from titanlite.models.common import decoder_weights as llama
 from titanlite.models.common.moe.layer import moe_to_hf
 from titanlite.models.common.moe.weights import from_hf_tensor as moe_from_hf_tensor
 from titanlite.models.common.moe.weights import naming
@@ -21,7 +22,6 @@ from titanlite.models.minimax_m2.args import MiniMaxM2Args
 
 _BLOCK = naming("block_sparse_moe", "w1")
 _BIAS = "router.expert_bias"
-_ROTATING = {"wq": "q", "q_norm": "q", "wk": "k", "k_norm": "k"}  # our q/k tensors (attention.<kind>.weight)
 # The config.json fields of multi-token prediction an export keeps from the folder it started from.
 MTP_FIELDS = ("use_mtp", "num_mtp_modules", "mtp_transformer_layers")
 
@@ -57,32 +57,13 @@ def hf_folder(args: MiniMaxM2Args, config: dict, tensors: dict, source: dict) ->
     return config | {k: source[k] for k in MTP_FIELDS if k in source}, tensors
 
 
-def _heads(args: MiniMaxM2Args, name: str) -> int | None:
-    """How many heads a q/k tensor's rows hold (None: not one whose rows rotate)."""
-    parts = name.split(".")
-    if len(parts) < 2 or parts[-3:-2] != ["attention"] or parts[-2] not in _ROTATING:
-        return None
-    return args.n_heads if _ROTATING[parts[-2]] == "q" else args.n_kv_heads
-
-
-def rotary_rows(args: MiniMaxM2Args, w: torch.Tensor, heads: int, to_hf: bool) -> torch.Tensor:
-    """Reorder the rotating rows (the leading rotary_dim of each head) of a q/k tensor [heads * head_dim, ...] or a
-    Q/K norm weight [heads * head_dim] between our adjacent pairs and Hugging Face's halves; the rest kept."""
-    rows = w.reshape(heads, args.head_dim, -1)
-    rotating = rows[:, : args.rotary_dim].reshape(heads * args.rotary_dim, -1)
-    turned = rope_to_hf(rotating, heads) if to_hf else rope_from_hf(rotating, heads)
-    rows = torch.cat([turned.reshape(heads, args.rotary_dim, -1), rows[:, args.rotary_dim :]], dim=1)
-    return rows.reshape(w.shape).contiguous()
-
-
 def from_hf_tensor(args: MiniMaxM2Args, name: str, hf: torch.Tensor | list[torch.Tensor]) -> torch.Tensor:
     """Our tensor `name`'s full value from its HF tensor, or from its experts' tensors (hf_sources[name])."""
     if isinstance(hf, list):
         return moe_from_hf_tensor(args, name, hf)
     if name.endswith(_BIAS):
         return hf.float()
-    heads = _heads(args, name)
-    return hf if heads is None else rotary_rows(args, hf, heads, to_hf=False)
+    return llama.from_hf_tensor(args, name, hf)
 
 
 def to_hf(args: MiniMaxM2Args, sd: dict[str, torch.Tensor], take) -> dict[str, torch.Tensor]:
@@ -91,8 +72,7 @@ def to_hf(args: MiniMaxM2Args, sd: dict[str, torch.Tensor], take) -> dict[str, t
     out = {}
     for ours, hf in hf_sources(args).items():
         if isinstance(hf, str) and not ours.endswith(_BIAS):
-            heads = _heads(args, ours)
-            out[hf] = take(ours) if heads is None else rotary_rows(args, take(ours), heads, to_hf=True)
+            out[hf] = llama.to_hf_tensor(args, ours, take(ours))
     for i in range(args.n_layers):
         ours, theirs = f"layers.{i}.feed_forward.", f"model.layers.{i}.block_sparse_moe."
         tensors = ("router.gate.weight", "experts.w1", "experts.w3", "experts.w2")

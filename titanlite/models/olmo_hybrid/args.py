@@ -58,6 +58,8 @@ class OlmoHybridArgs(DecoderArgs):
             raise ValueError(
                 "OlmoHybridArgs: qk_norm is 'full', norm_position 'post', no nope_layers or sliding window"
             )
+        if self.rotary_dim != self.head_dim:
+            raise ValueError(f"OlmoHybridArgs.rotary_dim={self.rotary_dim}: OLMo Hybrid rotates whole heads")
         if set(self.layer_types) != set(LAYER_KINDS):
             raise ValueError(
                 f"OlmoHybridArgs.layer_types={list(self.layer_types)}; OLMo Hybrid needs linear_attention and "

@@ -24,17 +24,16 @@ def hybrid_layers(n_layers: int, interval: int = 4) -> tuple[str, ...]:
 @dataclass
 class HybridArgs(DecoderArgs):
     """The hybrid decoder (titanlite/models/common/hybrid/model.py). Full-attention layers: per-head (1 + w) Q/K norms,
-    rotations of the leading `rotary_dim` channels of each head, the output gated by the sigmoid of a second query
-    projection. Linear layers: Gated DeltaNet (titanlite/models/common/gated_delta_net.py) with `linear_key_heads`
-    key heads of `linear_key_dim` and `linear_value_heads` value heads of `linear_value_dim`, a convolution over
-    `conv_size` tokens. Every norm of the blocks and the final one multiplies by (1 + w)."""
+    rotations of the leading `rotary_dim` channels of each head (the shared field: head_dim x partial_rotary_factor),
+    the output gated by the sigmoid of a second query projection. Linear layers: Gated DeltaNet
+    (titanlite/models/common/gated_delta_net.py) with `linear_key_heads` key heads of `linear_key_dim` and
+    `linear_value_heads` value heads of `linear_value_dim`, a convolution over `conv_size` tokens. Every norm of the
+    blocks and the final one multiplies by (1 + w)."""
 
     layer_kinds: ClassVar[tuple[str, ...]] = LAYER_KINDS
     qk_norm: str = "head"
     norm_eps: float = 1e-6
     rope_theta: float = 1e7
-    rotary_dim: int = 0
-    """Channels of each full-attention head that rotate (head_dim x partial_rotary_factor); 0: head_dim."""
     linear_key_heads: int = 16
     linear_value_heads: int = 32
     linear_key_dim: int = 128
@@ -45,14 +44,12 @@ class HybridArgs(DecoderArgs):
     def __post_init__(self) -> None:
         super().__post_init__()
         name = type(self).__name__
-        if not self.rotary_dim:
-            self.rotary_dim = self.head_dim
         if not self.layer_types:
             self.layer_types = hybrid_layers(self.n_layers)
         if self.qk_norm != "head" or self.norm_position != "pre" or self.nope_layers or self.sliding_window:
             raise ValueError(f"{name}: qk_norm is 'head', norm_position 'pre', no nope_layers or sliding window")
-        if self.rotary_dim % 2 or not 0 < self.rotary_dim <= self.head_dim:
-            raise ValueError(f"{name}.rotary_dim={self.rotary_dim}; use an even number up to head_dim")
+        if self.rope_scaling is not None or self.layer_rope:
+            raise ValueError(f"{name}: the full layers rotate by rope_theta alone (no rope_scaling or layer_rope)")
         if self.linear_value_heads % self.linear_key_heads:
             raise ValueError(
                 f"{name}.linear_value_heads={self.linear_value_heads} must be a multiple of "

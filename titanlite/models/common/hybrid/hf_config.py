@@ -5,8 +5,14 @@ field that changes the text model's math is honoured or refused in one line nami
 
 from __future__ import annotations
 
+from titanlite.base.errors import ConfigError
 from titanlite.base.hf_config import refuse
-from titanlite.models.common.decoder_config import attention_shape
+from titanlite.models.common.decoder_config import (
+    attention_shape,
+    partial_rotary_dim,
+    partial_rotary_factor,
+    rotary_dim_unsaid,
+)
 from titanlite.models.common.hybrid.args import LAYER_KINDS, HybridArgs, HybridMoEArgs, hybrid_layers
 from titanlite.models.common.moe.hf_config import block_from_config
 
@@ -33,10 +39,8 @@ def _rope(config: dict, where: str, head_dim: int) -> tuple[float, int]:
     if rope_type != "default":
         why = "the hybrid decoder's rotations are the default ones"
         raise refuse(where, "rope_parameters rope_type", rope_type, why)
-    factor = float(rope.get("partial_rotary_factor", config.get("partial_rotary_factor", 0.25)))
-    rotary_dim = int(head_dim * factor)
-    if rotary_dim % 2 or rotary_dim <= 0 or rotary_dim > head_dim:
-        raise refuse(where, "partial_rotary_factor", factor, f"head_dim x it must be an even number up to {head_dim}")
+    factor = rope.get("partial_rotary_factor", config.get("partial_rotary_factor", 0.25))
+    rotary_dim = partial_rotary_dim(factor, head_dim, where)
     return float(rope.get("rope_theta", config.get("rope_theta", 1e7))), rotary_dim
 
 
@@ -118,6 +122,9 @@ def read_moe(config: dict, where: str, cls: type[HybridMoEArgs]) -> HybridMoEArg
 
 def write_fields(args: HybridArgs) -> dict:
     """The text config.json fields of the hybrid decoder (all but model_type and architectures)."""
+    unsaid = rotary_dim_unsaid(args)
+    if unsaid:
+        raise ConfigError(f"a {args.family} config.json cannot express {unsaid}")
     return {
         "hidden_size": args.dim,
         "num_hidden_layers": args.n_layers,
@@ -131,7 +138,7 @@ def write_fields(args: HybridArgs) -> dict:
         "rope_parameters": {
             "rope_type": "default",
             "rope_theta": args.rope_theta,
-            "partial_rotary_factor": args.rotary_dim / args.head_dim,
+            "partial_rotary_factor": partial_rotary_factor(args),
         },
         "attention_bias": False,
         "attention_dropout": 0.0,

@@ -17,7 +17,6 @@ from titanlite.models.common.gated_delta_net import GatedDeltaNet
 from titanlite.models.common.hybrid.args import HybridArgs
 from titanlite.models.common.interface import Decoder
 from titanlite.models.common.norms import ZeroCenteredRMSNorm
-from titanlite.models.common.rope import RotaryTable
 
 ZERO_CENTERED = ("attention_norm", "ffn_norm", "norm", "q_norm", "k_norm")  # (1 + w): start at 0
 LINEAR_PROJECTIONS = ("wa", "wb", "wz", "wg")  # input-side projections the shared init does not know (and the MoE's
@@ -25,10 +24,9 @@ LINEAR_PROJECTIONS = ("wa", "wb", "wz", "wg")  # input-side projections the shar
 
 
 def gated_attention(model: Transformer, layer: int) -> nn.Module:
-    """The shared attention with (1 + w) per-head Q/K norms, partial rotary and the sigmoid output gate."""
-    return grouped_query_attention(
-        model, layer, norm=ZeroCenteredRMSNorm, rotary_dim=model.args.rotary_dim, output_gate=True
-    )
+    """The shared attention with (1 + w) per-head Q/K norms, partial rotary (the arguments' rotary_dim) and the
+    sigmoid output gate."""
+    return grouped_query_attention(model, layer, norm=ZeroCenteredRMSNorm, output_gate=True)
 
 
 def gated_delta_net(model: Transformer, layer: int) -> nn.Module:
@@ -52,9 +50,6 @@ class HybridDecoder(Transformer):
 
     def build_norm(self) -> nn.Module:
         return ZeroCenteredRMSNorm(self.args.dim, eps=self.args.norm_eps)
-
-    def rotary_tables(self) -> dict[str, RotaryTable]:
-        return {"rope": RotaryTable(self.args.rotary_dim, self.args.rope_theta)}
 
     def rotary_of(self, layer: int) -> str | None:
         return "rope" if self.layer_kind(layer) == "full_attention" else None

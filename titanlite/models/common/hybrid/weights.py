@@ -3,10 +3,10 @@ multimodal Qwen3_5ForConditionalGeneration stores the same under model.language_
 
 Full-attention layers: q_proj holds each head's query rows and then its gate rows ([H, 2, head_dim, dim]), split into
 our wq and wg; the query and key rows (and the Q/K norms' weights) that rotate, the leading rotary_dim of each head,
-are reordered between Hugging Face's rotate-half layout and our adjacent pairs (decoder_weights.rope_to_hf), the rest
-kept. Linear layers: in_proj_qkv's rows [q | k | v] and conv1d.weight [C, 1, K]'s channels split into wq, wk, wv and
-conv_q, conv_k, conv_v; in_proj_z, in_proj_b, in_proj_a, A_log, dt_bias, norm and out_proj one to one. The MoE
-blocks' router and per-expert tensors as Qwen3-MoE names them (mlp.gate, mlp.experts.E.{gate,up,down}_proj, and
+are reordered between Hugging Face's rotate-half layout and our adjacent pairs (decoder_weights.rotary_rows), the
+rest kept. Linear layers: in_proj_qkv's rows [q | k | v] and conv1d.weight [C, 1, K]'s channels split into wq, wk,
+wv and conv_q, conv_k, conv_v; in_proj_z, in_proj_b, in_proj_a, A_log, dt_bias, norm and out_proj one to one. The
+MoE blocks' router and per-expert tensors as Qwen3-MoE names them (mlp.gate, mlp.experts.E.{gate,up,down}_proj, and
 mlp.shared_expert.*, mlp.shared_expert_gate)."""
 
 from __future__ import annotations
@@ -123,13 +123,9 @@ def hf_folder(args: HybridArgs, config: dict, tensors: dict, source: dict) -> tu
 
 
 def _rotary_rows(args: HybridArgs, w: torch.Tensor, heads: int, to_hf: bool) -> torch.Tensor:
-    """Reorder the rotating rows (the leading rotary_dim of each head of head_dim) of a q/k tensor [heads * hd, ...]
-    or a per-head norm weight [hd] (heads 1) between our adjacent pairs and Hugging Face's halves."""
-    rows = w.reshape(heads, args.head_dim, -1)
-    rotating = rows[:, : args.rotary_dim].reshape(heads * args.rotary_dim, -1)
-    turned = llama.rope_to_hf(rotating, heads) if to_hf else llama.rope_from_hf(rotating, heads)
-    rows = torch.cat([turned.reshape(heads, args.rotary_dim, -1), rows[:, args.rotary_dim :]], dim=1)
-    return rows.reshape(w.shape).contiguous()
+    """The rotating rows (the leading rotary_dim of each head) of a q/k tensor [heads * head_dim, ...] or a per-head
+    norm weight [head_dim] (heads 1) reordered between our adjacent pairs and Hugging Face's halves."""
+    return llama.rotary_rows(w, heads, args.rotary_dim, to_hf).contiguous()
 
 
 def _rope_heads(args: HybridArgs, ours: str) -> int | None:

@@ -41,8 +41,7 @@ def naming(block: str = "mlp", names: str = "gate_proj") -> SimpleNamespace:
         out = {}
         for ours, hf in hf_sources(args).items():
             if isinstance(hf, str):
-                heads = llama.rope_heads(args, ours)
-                out[hf] = take(ours) if heads is None else llama.rope_to_hf(take(ours), heads)
+                out[hf] = llama.to_hf_tensor(args, ours, take(ours))
         for i in range(args.n_layers):
             if args.moe.is_sparse(i):
                 ours = f"layers.{i}.feed_forward."
