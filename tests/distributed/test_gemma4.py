@@ -8,10 +8,11 @@ and values refuse pipeline stages before launch, as the debug model's do: tests/
 
 Under CP x 2 each rank holds 2 chunks of 8 of each sequence of 32: the sliding layers' windows of 16 reach keys
 another rank computed, and the layers reusing keys and values reuse the gathered ones. gemma4_moe is not compared on
-TP x 2 or CP x 2: there its step-1 losses and gradients agree with one process's (gradients to 2e-5, as the dense
-model's do: Gemma's unscaled attention over normed queries and keys makes reordered sums show), but from step 2 the
-top-2 choices among its 8 near-equal router scores flip for a few tokens, moving the losses of steps 4 and 5 by
-3e-5 to 4e-5 (docs/models.md)."""
+TP x 2 or CP x 2: there its step-1 losses and gradients are one process's (gradients to 2e-5, as the dense model's
+are: Gemma's unscaled attention over normed queries and keys shows the reordered sums), and so are its routing choices
+at steps 1 and 2, but from step 3 a few of the 3,072 top-2 choices a step makes among 8 near-equal router scores
+differ (3 on CP x 2 and 6 on TP x 2 at step 3, 11 and 40 at step 5), moving the losses of steps 4 and 5 by 3e-5 to
+4e-5 (docs/models.md)."""
 
 import pytest
 
