@@ -39,6 +39,15 @@ LAYOUTS = {
         ],
     ),
 }
+# What a run's banner says of each layout ("layout: ... on 2 cpu process(es)": titanlite/builder/run.py), with those of
+# EP x 2 and CP x 2 (tests/distributed/test_expert_parallel.py, test_context_parallel.py cp(2)).
+BANNERS = {
+    "fsdp2": "dp_shard 2",
+    "tp2": "tp 2",
+    "pp2": "pp 2",
+    "ep2": "dp_shard 2 x ep 2 (of shard x cp)",
+    "cp2": "cp 2",
+}
 
 
 # PP x 2 is slow (CI runs it); FSDP x 2 and TP x 2 stay in the default suite.
