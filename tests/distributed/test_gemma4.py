@@ -7,12 +7,14 @@ micro-batches. (Per-layer embeddings refuse tensor parallelism before launch; pe
 and values refuse pipeline stages before launch, as the debug model's do: tests/unit/test_gemma4.py.)
 
 Under CP x 2 each rank holds 2 chunks of 8 of each sequence of 32: the sliding layers' windows of 16 reach keys
-another rank computed, and the layers reusing keys and values reuse the gathered ones. gemma4_moe is not compared on
-TP x 2 or CP x 2: there its step-1 losses and gradients are one process's (gradients to 2e-5, as the dense model's
-are: Gemma's unscaled attention over normed queries and keys shows the reordered sums), and so are its routing choices
-at steps 1 and 2, but from step 3 a few of the 3,072 top-2 choices a step makes among 8 near-equal router scores
-differ (3 on CP x 2 and 6 on TP x 2 at step 3, 11 and 40 at step 5), moving the losses of steps 4 and 5 by 3e-5 to
-4e-5 (docs/models.md)."""
+another rank computed, and the layers reusing keys and values reuse the gathered ones.
+
+gemma4_moe on TP x 2 and CP x 2 matches one process's step 1 to 1e-5, and later steps only to 1e-4
+(assert_near_run). Gemma's unscaled attention over normed queries and keys shows the order of the sums: a random
+Gemma 4 folder's logits on TP x 2 differ from transformers' by 1.0e-5 (dense) and 2.0e-5 (with experts) of the
+largest logit, on FSDP x 2 by 0 and 8e-6 (measured 2026-11-29). The experts' model then drifts over the steps: 3e-5
+to 4e-5 by step 5 on its debug config, and up to 7e-5 by step 4 when a random folder routes every token to all 4
+experts, so the drift does not come from flipped top-k choices alone (docs/models.md)."""
 
 import pytest
 
@@ -22,7 +24,7 @@ from tests.distributed.test_context_parallel import (
 )
 from tests.distributed.test_expert_parallel import assert_same_run
 from tests.distributed.test_model_families import BANNERS, LAYOUTS
-from tests.helpers import VALIDATED, assert_matches, metrics, train_in_pool
+from tests.helpers import VALIDATED, assert_close, assert_matches, metrics, train_in_pool
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
@@ -75,3 +77,21 @@ def test_gemma4_moe_on_pipeline_parallelism_matches_one_process_with_the_same_mi
     reference = one_process([*MOE, "--training.local_batch_size", "1", "--training.global_batch_size", "8"])
     nproc, args = LAYOUTS["pp2"]
     assert_same_run(train(nproc, [*MOE, *args], tmp_path, BANNERS["pp2"]), reference)
+
+
+def assert_near_run(records: list[dict], reference: list[dict]) -> None:
+    """Step 1's loss and grad norm to 1e-5, as on every layout; the later losses and the validation losses to 1e-4:
+    the forward's reduction-order noise under TP, 1e-5 of the largest logit (module docstring), grows over the steps.
+    (A window dropped under CP, planted, failed the 1e-5 tests at step 1.)"""
+    first = [records[0]["loss"], records[0]["grad_norm"]]
+    assert_close(first, [reference[0]["loss"], reference[0]["grad_norm"]], 1e-5)
+    assert_close([r["loss"] for r in records], [r["loss"] for r in reference], 1e-4)
+    val = [r["val_loss"] for r in records if "val_loss" in r]
+    assert val and len(val) == len([r for r in reference if "val_loss" in r])
+    assert_close(val, [r["val_loss"] for r in reference if "val_loss" in r], 1e-4)
+
+
+@pytest.mark.parametrize("layout", ["tp2", "cp2"])
+def test_gemma4_moe_on_a_layout_matches_one_process_to_its_noise(tmp_path, one_process, layout):
+    nproc, args = ALL_LAYOUTS[layout]
+    assert_near_run(train(nproc, [*MOE, *args], tmp_path, BANNERS[layout]), one_process([*MOE, *ONE]))

@@ -55,3 +55,23 @@ def test_an_mxfp4_gpt_oss_folder_on_ep2_reads_only_each_ranks_experts(mxfp4):  #
         expert_reads = {rows for name, rows in names if ".mlp.experts." in name}
         half = n_experts // 2
         assert expert_reads == {(rank * half, (rank + 1) * half)}, (rank, expert_reads)
+
+
+@pytest.mark.slow  # the DeepSeek-V3 case keeps the partial reads in the default suite; CI runs this one
+def test_a_glm4_5_fp8_folder_on_ep2_reads_only_each_ranks_experts(tmp_path):
+    """GLM-4.5-FP8's layout (attention, dense MLP, experts and shared expert in 128 x 128 blocks, the edges partial)
+    on EP x 2: the logits of its dequantized copy, each rank reading its 4 of the 8 experts."""
+    from tests.unit.test_glm4_moe import random_glm
+    from tests.unit.test_quantized_folders import fp8_folders
+
+    shape = dict(hidden_size=160, intermediate_size=192, moe_intermediate_size=48, head_dim=40, num_hidden_layers=2)
+    folder, _, reference = fp8_folders(
+        random_glm(**shape), tmp_path, lambda name: name.endswith("_proj.weight"), [128, 128]
+    )
+    tokens = torch.randint(0, 300, (2, 40), generator=torch.Generator().manual_seed(5))
+    logits, reads = ep2(folder, tokens)
+    with torch.no_grad():
+        torch.testing.assert_close(logits, reference(tokens).logits, rtol=1e-5, atol=1e-5)
+    for rank, names in enumerate(reads):
+        experts = {int(m.group(1)) for name, _ in names if (m := re.search(r"experts\.(\d+)\.", name))}
+        assert experts == set(range(rank * 4, (rank + 1) * 4)), (rank, sorted(experts))
