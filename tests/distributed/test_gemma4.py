@@ -2,7 +2,7 @@
 to values, proportional rotary, the last two layers reusing earlier layers' keys and values, the logit softcap) gives
 one process's losses, grad norms and validation losses on FSDP x 2, TP x 2 and CP x 2 (causal, and block-causal on
 short documents); the mixture-of-experts debug model (gemma4_moe: 8 experts beside each MLP) gives one process's on
-EP x 2, load-balancing terms and expert load included, and on PP x 2 those of one process running the same
+EP x 2 and FSDP x 2, load-balancing terms and expert load included, and on PP x 2 those of one process running the same
 micro-batches. (Per-layer embeddings refuse tensor parallelism before launch; per-layer embeddings and shared keys
 and values refuse pipeline stages before launch, as the debug model's do: tests/unit/test_gemma4.py.)
 
@@ -64,11 +64,13 @@ def test_gemma4_on_block_causal_context_parallelism_matches_one_process(tmp_path
     assert_matches(train(nproc, [*run, *args], tmp_path, "cp 2"), one_process([*run, *ONE]))
 
 
-def test_gemma4_moe_on_expert_parallelism_matches_one_process(tmp_path, one_process):
+@pytest.mark.parametrize("layout", ["ep2", "fsdp2"])
+def test_gemma4_moe_on_a_data_parallel_layout_matches_one_process(tmp_path, one_process, layout):
+    """EP x 2 (4 of the 8 experts a rank) and FSDP x 2 (the experts sharded as every parameter is)."""
     one = one_process([*MOE, *ONE])
     assert all(r["aux_load_balance"] > 0 for r in one)
-    nproc, args = ALL_LAYOUTS["ep2"]
-    assert_same_run(train(nproc, [*MOE, *args], tmp_path, BANNERS["ep2"]), one)
+    nproc, args = ALL_LAYOUTS[layout]
+    assert_same_run(train(nproc, [*MOE, *args], tmp_path, BANNERS[layout]), one)
 
 
 def test_gemma4_moe_on_pipeline_parallelism_matches_one_process_with_the_same_micro_batches(tmp_path, one_process):
