@@ -119,7 +119,8 @@ def read(config: dict, where: str) -> DeepseekV3Args:
         _MTP_TOLD.add(where)
         logger.info(
             f"{where} num_nextn_predict_layers={mtp}: titanlite trains DeepSeek-V3 without multi-token prediction; "
-            "those layers' weights are not loaded, and an export carries them unchanged"
+            "the tensors of those layers, where the folder holds them, are left out of the run and carried into its "
+            "export (the checkpoint line says how many)"
         )
     moe, attention = _moe(config, where, n_layers), _attention(config, where)
     try:
