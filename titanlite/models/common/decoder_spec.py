@@ -40,12 +40,19 @@ def decoder_spec(name: str, flavors: dict, hf: DecoderConfig, description: str) 
 
 
 def moe_decoder_spec(
-    name: str, flavors: dict, read: Callable, write: Callable, hf_weights: str, description: str
+    name: str,
+    flavors: dict,
+    read: Callable,
+    write: Callable,
+    hf_weights: str,
+    description: str,
+    args_type: type = decoder_args.MoEDecoderArgs,
 ) -> ModelSpec:
-    """The spec of a family built by the MoE decoder: its module, plan and FLOPs are this folder's."""
+    """The spec of a family built by the MoE decoder: its module, plan and FLOPs are this folder's (`args_type`: the
+    family's subclass of MoEDecoderArgs, where it has its own defaults)."""
     return ModelSpec(
         name=name,
-        args_type=decoder_args.MoEDecoderArgs,
+        args_type=args_type,
         flavors=flavors,
         model="titanlite.models.common.decoder:Transformer",
         tp_plan="titanlite.models.common.parallelize:moe_tp_plan",
