@@ -52,6 +52,13 @@ def test_negative_numbers_are_values_not_flags():
         (["--model.name", "bert"], "model.name='bert' is not a known model; use one of: gpt2, llama3"),
         (["--training.seq_len", "0"], "training.seq_len=0 must be at least 1"),
         (["--optimizer.lr", "0"], "optimizer.lr=0.0 must be positive"),
+        (["--training.spike_factor", "1"], "training.spike_factor=1.0 would skip ordinary steps"),
+        (["--training.spike_factor", "-3"], "set it above 1 (e.g. 5), or 0 to turn the spike guard off"),
+        (
+            ["--training.spike_factor", "5", "--training.spike_window", "0"],
+            "training.spike_window=0 must be at least 1",
+        ),
+        (["--training.max_skipped_steps_in_row", "0"], "training.max_skipped_steps_in_row=0 must be at least 1"),
         (["--config", "missing.toml"], "no such file"),
         (["--training.dataset", "local"], "needs training.dataset_path"),
         (["--compile.mode", "fast"], "compile.mode='fast' is not allowed; use one of: 'default', 'reduce-overhead'"),

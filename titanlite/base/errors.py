@@ -1,5 +1,6 @@
 """The ways a run ends early that titanlite names: the entry points turn each into its own exit status
-(titanlite/base/failures.py): 2 for a ConfigError, 3 for a NonFiniteLoss, 128 + the signal for Preempted."""
+(titanlite/base/failures.py): 2 for a ConfigError, 3 for a NonFiniteLoss or TooManySkippedSteps, 128 + the signal for
+Preempted."""
 
 from __future__ import annotations
 
@@ -14,6 +15,11 @@ class ConfigError(ValueError):
 
 class NonFiniteLoss(Exception):
     """A step's loss or gradient norm is NaN or infinite; the run stops before anything of it is saved."""
+
+
+class TooManySkippedSteps(Exception):
+    """More steps in a row were skipped (spikes, non-finite values) than training.max_skipped_steps_in_row allows; the
+    run stops before anything past them is saved."""
 
 
 class Preempted(Exception):

@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 from torch.distributed.checkpoint.api import CheckpointException
 
-from titanlite.base.errors import ConfigError, NonFiniteLoss, Preempted
+from titanlite.base.errors import ConfigError, NonFiniteLoss, Preempted, TooManySkippedSteps
 
 FAILURE_DIR_ENV = "TITANLITE_FAILURE_DIR"
 # What a rank's collective raises when a peer process has died: gloo's closed or reset connections, NCCL's
@@ -76,6 +76,8 @@ def explain(exc: BaseException, run_dir: Path | None = None) -> tuple[int, str, 
             ),
             False,
         )
+    if isinstance(exc, TooManySkippedSteps):
+        return 3, f"{exc}; stopping before anything past them is saved (resume with a lower optimizer.lr)", False
     if isinstance(exc, torch.OutOfMemoryError):
         first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else "out of memory"
         return (

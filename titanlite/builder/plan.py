@@ -191,9 +191,10 @@ def check_layout_features(cfg: JobConfig, dims: ParallelDims, conv_size: int = 1
     check_cp_degree(dims.cp, cfg.training.seq_len, conv_size=conv_size)
     if dims.cp_enabled and cfg.validation.enable:
         check_cp_degree(dims.cp, cfg.validation.seq_len or cfg.training.seq_len, "validation.seq_len", conv_size)
-    if cfg.training.skip_nonfinite_steps and cfg.optimizer.implementation not in ("auto", "fused"):
+    if cfg.training.skips_steps() and cfg.optimizer.implementation not in ("auto", "fused"):
+        knob = "training.skip_nonfinite_steps" if cfg.training.skip_nonfinite_steps else "training.spike_factor"
         raise ConfigError(
-            "training.skip_nonfinite_steps skips a bad step's update on the device, which only the fused AdamW "
+            f"{knob} skips a bad step's update on the device, which only the fused AdamW "
             f"can do; set optimizer.implementation = 'fused' (or 'auto'), not '{cfg.optimizer.implementation}'"
         )
 

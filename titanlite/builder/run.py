@@ -111,9 +111,7 @@ def build_trainer(cfg: JobConfig, plan: Plan, device: torch.device, rank: int, w
     validator = None
     if cfg.validation.enable:
         validator = build_validator(cfg, plan, setup, mesh, build_validation_data(cfg, tokenizer, corpus))
-    optimizer = Optimizers(
-        setup.rank.parts, cfg.optimizer, device.type, skip_nonfinite=cfg.training.skip_nonfinite_steps
-    )
+    optimizer = Optimizers(setup.rank.parts, cfg.optimizer, device.type, skip_nonfinite=cfg.training.skips_steps())
     lr_scheduler = LRSchedulers(optimizer, cfg.lr_scheduler, cfg.training.steps)
 
     run_dir = Path(cfg.job.dump_folder) / cfg.job.name
@@ -122,7 +120,14 @@ def build_trainer(cfg: JobConfig, plan: Plan, device: torch.device, rank: int, w
         write_atomically(run_dir / "config.toml", to_toml(cfg))
     facts = run_facts(plan.model, corpus)
     checkpointer = build_checkpointer(cfg, run_dir, setup, plan, optimizer, lr_scheduler, loader, facts)
-    train_state: dict[str, Any] = {"step": 0, "tokens_seen": 0, "elapsed_s": 0.0}
+    train_state: dict[str, Any] = {
+        "step": 0,
+        "tokens_seen": 0,
+        "elapsed_s": 0.0,
+        "skipped_total": 0,
+        "skipped_in_row": 0,
+        "kept_grad_norms": [],
+    }
     checkpointer.load(train_state)
     if rank == 0:
         keep_metrics_up_to(run_dir / "metrics.jsonl", train_state["step"])
@@ -154,11 +159,14 @@ def build_trainer(cfg: JobConfig, plan: Plan, device: torch.device, rank: int, w
         resilience=Resilience(
             stop=StopOnSignal(device, saves=cfg.checkpoint.enable),
             faults=Faults(os.environ.get("TITANLITE_FAULT", ""), rank),
-            skip_nonfinite_steps=cfg.training.skip_nonfinite_steps,
+            skip_bad_steps=cfg.training.skips_steps(),
             train_timeout_seconds=cfg.comm.train_timeout_seconds,
+            spike_factor=cfg.training.spike_factor,
+            spike_window=cfg.training.spike_window,
+            max_skipped_steps_in_row=cfg.training.max_skipped_steps_in_row,
         ),
     )
-    trainer.step, trainer.tokens_seen = train_state["step"], train_state["tokens_seen"]
+    trainer.resume(train_state)
     if cfg.profiling.enable_profiling:
         trainer.profiler = Profiler(cfg.profiling, run_dir, rank, device, lambda: trainer.step)
     return trainer
@@ -200,6 +208,8 @@ def startup_lines(
         lines.append(f"  {describe_validation(cfg, corpus, len(validator.windows), plan.dims.dp)}")
     if cut := warmup_cut(cfg.lr_scheduler, cfg.training.steps):
         lines.append(cut)
+    if skipping := describe_skipping(cfg.training):
+        lines.append(skipping)
     if peak is None:
         lines.append(f"  MFU: no known peak for this {device.type} device; set metrics.peak_tflops to report it")
     if cfg.float8.enable:
@@ -211,6 +221,22 @@ def startup_lines(
             f"{pp.n_microbatches} micro-batches of {cfg.parallelism.pipeline_parallel_microbatch_size}; {pp.describe()}"
         )
     return lines
+
+
+def describe_skipping(t) -> str | None:
+    """The start-up line of the steps the run skips (training.skip_nonfinite_steps, the spike guard), or None."""
+    if not t.skips_steps():
+        return None
+    what = "a step with a non-finite loss or gradient norm"
+    if t.spike_factor > 0:
+        what += (
+            f", or whose gradient norm is over {t.spike_factor:g} x the median of the last {t.spike_window} kept "
+            f"steps' (from step {t.spike_window + 1})"
+        )
+    return (
+        f"  skipped steps: {what}, is skipped (no update; its data counts as consumed); more than "
+        f"{t.max_skipped_steps_in_row} in a row stop the run"
+    )
 
 
 def attention_kernels(model: nn.Module, plain: bool, device_type: str) -> str:

@@ -305,6 +305,11 @@ class Checkpointer:
                     f"  checkpoint: {path.name} records no elapsed time (an older titanlite saved it); "
                     "elapsed_s counts from this start"
                 )
+            if "kept_grad_norms" in missing:
+                logger.info(
+                    f"  checkpoint: {path.name} records no skipped-step counts or spike-guard window (an older "
+                    "titanlite saved it); they start from empty here"
+                )
         dcp_load(state, path)
         self.apply(state)
         if "train_state" in state:

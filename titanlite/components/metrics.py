@@ -205,6 +205,8 @@ def format_line(r: dict) -> str:
         line += f"  {key} {r[key]:.4g}"
     if "expert_load" in r:  # MoE: max / mean tokens per expert of the step, the worst block's
         line += f"  expert_load {r['expert_load']:.2f}"
+    if r.get("skipped_total"):  # steps skipped so far (training.skip_nonfinite_steps, the spike guard)
+        line += f"  skipped {r['skipped_total']}"
     if "pp_idle_pct" in r:
         analytic = fmt(r["pp_bubble_analytic"], ".2f")
         line += f"  bubble {analytic} idle/pp-rank {'/'.join(f'{v:.0f}%' for v in r['pp_idle_pct'])}"

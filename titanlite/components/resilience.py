@@ -92,13 +92,16 @@ def set_train_timeout(seconds: float) -> None:
         dist.distributed_c10d._set_pg_timeout(timedelta(seconds=seconds), group)
 
 
-FAULTS = ("kill", "nan", "error", "oom", "segv", "stop", "hang", "wait")  # TITANLITE_FAULT's names
+FAULTS = ("kill", "nan", "spike", "drop", "error", "oom", "segv", "stop", "hang", "wait")  # TITANLITE_FAULT's names
+SPIKE_SCALE = 1000.0  # what `spike@STEP` multiplies that step's loss (and so its gradients) by
 
 
 class Faults:
     """Test hooks, set by TITANLITE_FAULT (comma-separated): `kill@STEP:RANK` SIGKILLs that rank after
     STEP on the first attempt only (so the restarted job can finish); `nan@STEP` makes that step's loss
-    NaN; `error@STEP:RANK` and `oom@STEP:RANK` raise a RuntimeError / torch.OutOfMemoryError on that rank
+    NaN; `spike@STEP` multiplies that step's loss by 1000 (a gradient spike; several items make a run of them);
+    `drop@STEP` discards the batch that step would train on, which the next batch replaces (a run without it);
+    `error@STEP:RANK` and `oom@STEP:RANK` raise a RuntimeError / torch.OutOfMemoryError on that rank
     after STEP; `segv@STEP:RANK` crashes that rank in native code (a null read) after STEP; `stop@STEP:RANK` stops
     that rank with SIGSTOP after STEP and `hang@STEP:RANK` makes it sleep for good there, both on the first attempt
     (a rank that stops answering; its peers' collectives time out); `wait@STEP:RANK` makes that rank wait after STEP
@@ -108,6 +111,8 @@ class Faults:
     def __init__(self, spec: str, rank: int):
         self.kill_step = self.nan_step = self.error_step = self.oom_step = self.segv_step = 0
         self.stop_step = self.hang_step = self.wait_step = 0
+        self.spike_steps: set[int] = set()
+        self.drop_steps: set[int] = set()
         self.release = os.environ.get("TITANLITE_FAULT_RELEASE", "")
         first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
         for item in filter(None, (s.strip() for s in spec.split(","))):
@@ -122,6 +127,10 @@ class Faults:
                 self.kill_step = int(step)
             elif what == "nan":
                 self.nan_step = int(step)
+            elif what == "spike":
+                self.spike_steps.add(int(step))
+            elif what == "drop":
+                self.drop_steps.add(int(step))
             elif what == "error" and here:
                 self.error_step = int(step)
             elif what == "oom" and here:
@@ -167,4 +176,46 @@ class Faults:
                 time.sleep(0.1)
 
     def loss_scale(self, step: int) -> float:
-        return math.nan if step == self.nan_step else 1.0
+        if step == self.nan_step:
+            return math.nan
+        return SPIKE_SCALE if step in self.spike_steps else 1.0
+
+    def drops(self, step: int) -> bool:
+        """Whether the batch of `step` is discarded before the step (drop@STEP)."""
+        if step in self.drop_steps:
+            logger.warning(f"titanlite: fault injection: step {step}'s batch is left out", extra=EVERY_RANK)
+            return True
+        return False
+
+
+class SpikeGuard:
+    """Decides on the device whether a step's update is skipped: its loss, gradient norm or auxiliary terms are
+    not finite, or (factor > 1) its gradient norm is over factor x the median of the last `window` kept steps'
+    norms. Every input is a global value, identical on every rank, so every rank decides the same. The window is
+    a device tensor (NaN where empty); the host reads it only to checkpoint it (state / load)."""
+
+    def __init__(self, factor: float, window: int, device: torch.device):
+        self.factor = factor
+        self.norms = torch.full((window if factor > 0 else 0,), math.nan, device=device)
+
+    def decide(self, row: torch.Tensor, grad_norm: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(skip: a bool device scalar, the window's median before this step: NaN until the window is full)."""
+        bad = ~torch.isfinite(row).all()
+        if self.factor <= 0:
+            return bad, torch.full((), math.nan, device=row.device)
+        norm = grad_norm.detach().float().to(self.norms.device)
+        full = ~torch.isnan(self.norms).any()
+        median = torch.where(full, self.norms.nanmedian(), torch.full_like(norm, math.nan))
+        bad = bad | (full & (norm > self.factor * median))
+        self.norms = torch.where(bad, self.norms, torch.cat([self.norms[1:], norm.reshape(1)]))
+        return bad, median
+
+    def state(self) -> list[float]:
+        """The kept norms, oldest first (a host read: only for a checkpoint)."""
+        return [v for v in self.norms.tolist() if not math.isnan(v)]
+
+    def load(self, norms: list[float]) -> None:
+        """Restore the kept norms a checkpoint saved (the newest, as many as the window holds)."""
+        kept = norms[-len(self.norms) :] if len(self.norms) else []
+        values = [math.nan] * (len(self.norms) - len(kept)) + list(kept)
+        self.norms = torch.tensor(values, dtype=torch.float32, device=self.norms.device)

@@ -327,6 +327,18 @@ def check_not_negative(values: dict[str, Any]) -> None:
             raise ConfigError(f"{key}={value} must not be negative")
 
 
+def check_spike_guard(t: Training) -> None:
+    """The spike guard's threshold is a multiple of the median norm: at or below 1 it would skip ordinary steps."""
+    if t.spike_factor != 0 and t.spike_factor <= 1:
+        raise ConfigError(
+            f"training.spike_factor={t.spike_factor} would skip ordinary steps (the threshold is that multiple of the "
+            "median gradient norm): set it above 1 (e.g. 5), or 0 to turn the spike guard off"
+        )
+    check_at_least_one(
+        {"training.spike_window": t.spike_window, "training.max_skipped_steps_in_row": t.max_skipped_steps_in_row}
+    )
+
+
 def check_job(job) -> None:
     check_job_name(job.name)
 
@@ -346,6 +358,7 @@ def check_training(t: Training) -> None:
         )
     if t.stop_after_step > t.steps:
         raise ConfigError(f"training.stop_after_step={t.stop_after_step} is beyond training.steps={t.steps}")
+    check_spike_guard(t)
     check_dataset_name(t.dataset, "training")
     if t.dataset == "local" and not t.dataset_path and not t.dataset_mixture:
         raise ConfigError("training.dataset='local' needs training.dataset_path (a file, folder or glob of a corpus)")

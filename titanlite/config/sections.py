@@ -135,6 +135,18 @@ class Training:
     """On a NaN/inf loss or gradient norm, skip that step's update and go on (reported at the next log or
     checkpoint step), instead of stopping the run there. The update is skipped on the device by the
     fused AdamW, so optimizer.implementation must be 'auto' or 'fused'."""
+    spike_factor: float = 0.0
+    """0 (the default): off. F > 1: a step whose gradient norm (before clipping) is over F times the median of
+    the last spike_window kept steps' norms is skipped like a non-finite one (which the guard also skips): no
+    update, a line naming the step and its norm, "skipped_steps" in the metrics; its data counts as consumed and
+    the LR schedule moves on. Decided on the device from global values, so every rank skips the same steps; the
+    first spike_window steps are never skipped for a spike. Off by default: a skip changes the run, and the
+    threshold is the model's to choose (OLMo-core's skipping optimizer is opt-in too)."""
+    spike_window: int = 20
+    """How many of the last kept (not skipped) steps' gradient norms the spike guard takes the median of."""
+    max_skipped_steps_in_row: int = 5
+    """Where steps are skipped (spike_factor, skip_nonfinite_steps): more than this many in a row stop the run,
+    exit status 3, found at the next logging or checkpoint step and before anything is saved there."""
     loss_chunk_tokens: int = -1
     """N > 0: the output projection and cross-entropy are computed N tokens at a time, with their
     gradients, so the [batch, seq, vocab] logits never exist (titanlite/components/loss.py). 0: whole logits and
@@ -143,6 +155,10 @@ class Training:
     stop_after_step: int = 0
     """End the run after this step, with a checkpoint, without changing the LR schedule that `steps`
     sets (for jobs split into fixed-length allocations); 0 runs to `steps`."""
+
+    def skips_steps(self) -> bool:
+        """Whether a bad step's update is skipped on the device (skip_nonfinite_steps, or the spike guard)."""
+        return self.skip_nonfinite_steps or self.spike_factor > 0
 
 
 @dataclass

@@ -5,8 +5,10 @@ The loss of a step is the mean over every target token of the global batch, what
 The host never waits for the device in a quiet step: the loss and gradient norm stay on the device and
 are read (one transfer for all the steps since the last read) only where they are needed: on logging
 steps, before a checkpoint, at the last step and before a preemption save. A non-finite step is found
-there: the run stops naming it, before anything is saved, or with training.skip_nonfinite_steps its
-update was already skipped on the device (the fused AdamW's found_inf), and it is reported.
+there: the run stops naming it, before anything is saved, or with training.skip_nonfinite_steps (or the
+spike guard, training.spike_factor, which also skips a step whose gradient norm is a spike) its update was
+already skipped on the device (the fused AdamW's found_inf), and it is reported; more skipped steps in a row
+than training.max_skipped_steps_in_row stop the run there.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import contextlib
 import logging
 import math
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,47 +31,65 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel as tp_loss_parallel
 from torch.nn.parallel import DistributedDataParallel
 
-from titanlite.base.errors import NonFiniteLoss, Preempted
+from titanlite.base.errors import NonFiniteLoss, Preempted, TooManySkippedSteps
 from titanlite.base.failures import mark_progress
 from titanlite.components.loss import cross_entropy
 from titanlite.components.metrics import MetricsLogger, Throughput, peak_memory_gib, reset_peak_memory
 from titanlite.components.optim import clip_grad_norm_
 from titanlite.components.profiling import Profiler
-from titanlite.components.resilience import Faults, StopOnSignal, set_train_timeout
+from titanlite.components.resilience import Faults, SpikeGuard, StopOnSignal, set_train_timeout
 from titanlite.models.common.auxiliary import AuxiliaryLosses, collecting
 from titanlite.parallel.pipeline import StageTimer, TiedEmbeddingSync
 
 logger = logging.getLogger(__name__)
 
 
+@dataclass
+class StepRecord:
+    """One step's values as the host reads them."""
+
+    step: int
+    loss: float
+    grad_norm: float
+    bad: bool  # skipped, where steps are skipped (else: not finite, which stops the run)
+    median: float  # the spike guard's median norm before the step (NaN: no guard, or its window not yet full)
+
+
 class StepRecords:
-    """Each step's loss, grad norm and auxiliary loss terms kept on the device until the host needs them, then read
-    at once."""
+    """Each step's loss, grad norm, auxiliary loss terms and skip verdict kept on the device until the host needs
+    them, then read at once."""
 
     def __init__(self):
         self.pending: list[tuple[int, torch.Tensor]] = []
         self.last_auxiliary: list[float] = []  # the auxiliary terms of the last step read, in the family's order
 
     def add(
-        self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor, auxiliary: torch.Tensor | None = None
+        self,
+        step: int,
+        loss: torch.Tensor,
+        grad_norm: torch.Tensor,
+        auxiliary: torch.Tensor | None,
+        guard: SpikeGuard,
     ) -> torch.Tensor:
-        """Keep the step's values on the loss's device (under CPU offload the norm is computed on the host)."""
+        """Keep the step's values on the loss's device (under CPU offload the norm is computed on the host);
+        returns the guard's verdict: whether the step is bad (a bool device scalar)."""
         values = [loss.detach().float(), grad_norm.detach().float().to(loss.device, non_blocking=True)]
         if auxiliary is not None:
             values += list(auxiliary.detach().float().to(loss.device))
         row = torch.stack(values)
-        self.pending.append((step, row))
-        return row
+        bad, median = guard.decide(row, values[1])
+        self.pending.append((step, torch.cat([row[:2], bad.float().reshape(1), median.reshape(1), row[2:]])))
+        return bad
 
-    def read(self) -> list[tuple[int, float, float]]:
-        """(step, loss, grad norm) of every step since the last read: the one place the host waits."""
+    def read(self) -> list[StepRecord]:
+        """Every step since the last read: the one place the host waits."""
         if not self.pending:
             return []
         steps = [step for step, _ in self.pending]
         values = torch.stack([v for _, v in self.pending]).tolist()
         self.pending = []
-        self.last_auxiliary = values[-1][2:]
-        return [(step, row[0], row[1]) for step, row in zip(steps, values)]
+        self.last_auxiliary = values[-1][4:]
+        return [StepRecord(step, row[0], row[1], row[2] > 0, row[3]) for step, row in zip(steps, values)]
 
 
 @dataclass
@@ -98,11 +119,17 @@ class Resilience:
 
     stop: StopOnSignal | None = None
     faults: Faults | None = None
-    skip_nonfinite_steps: bool = False
+    skip_bad_steps: bool = False  # a bad step's update is skipped (training.skip_nonfinite_steps or the spike guard)
     train_timeout_seconds: float = 0.0
+    spike_factor: float = 0.0  # training.spike_factor (0: no spike guard)
+    spike_window: int = 20
+    max_skipped_steps_in_row: int = 5
 
     def loss_scale(self, step: int) -> float:
         return self.faults.loss_scale(step) if self.faults is not None else 1.0
+
+    def drops(self, step: int) -> bool:
+        return self.faults is not None and self.faults.drops(step)
 
 
 @dataclass
@@ -227,12 +254,32 @@ class Trainer:
         if self.auxiliary.names:
             for part in model.parts:
                 self.auxiliary.watch(part)
-        self.skipped_steps: list[int] = []  # non-finite steps skipped since the last log
         self.expert_load: torch.Tensor | None = None  # the last step's (MoE models), read by log
+        r = self.resilience
+        self.guard = SpikeGuard(r.spike_factor, r.spike_window, self.device)
+        self.skipped_steps: list[int] = []  # steps skipped since the last log
+        self.skipped_total = 0
+        self.skipped_in_row = 0
+        # The guard's window as the host last read it (the device keeps its own): what a checkpoint saves.
+        self.kept_norms: deque[float] = deque(maxlen=r.spike_window if r.spike_factor > 0 else 0)
 
     @property
     def train_state(self) -> dict:
-        return {"step": self.step, "tokens_seen": self.tokens_seen, "elapsed_s": round(self.logger.elapsed(), 3)}
+        return {
+            "step": self.step,
+            "tokens_seen": self.tokens_seen,
+            "elapsed_s": round(self.logger.elapsed(), 3),
+            "skipped_total": self.skipped_total,
+            "skipped_in_row": self.skipped_in_row,
+            "kept_grad_norms": list(self.kept_norms),
+        }
+
+    def resume(self, train_state: dict) -> None:
+        """Continue from a checkpoint's trainer state: the step, the tokens and the skip guard's counts and window."""
+        self.step, self.tokens_seen = train_state["step"], train_state["tokens_seen"]
+        self.skipped_total, self.skipped_in_row = train_state["skipped_total"], train_state["skipped_in_row"]
+        self.kept_norms.extend(train_state["kept_grad_norms"])
+        self.guard.load(list(self.kept_norms))
 
     def train(self, total_steps: int, stop_after_step: int = 0) -> None:
         """Run from the current (possibly resumed) step to `total_steps`, or stop after `stop_after_step`."""
@@ -245,6 +292,9 @@ class Trainer:
                 if self.throughput.steps_seen == self.throughput.warmup_steps > 0:
                     synchronize(self.device)  # the counted steps start with no warm-up work still queued
                 start = time.perf_counter()
+                if self.resilience.drops(self.step + 1):
+                    for _ in range(self.settings.grad_accum_steps):
+                        next(batches)
                 micro_batches = [next(batches) for _ in range(self.settings.grad_accum_steps)]
                 self.throughput.add_data_wait(time.perf_counter() - start)
                 mark_progress(self.step + 1)  # a peer that times out in this step's collectives can name a laggard
@@ -264,8 +314,7 @@ class Trainer:
                 # Evaluated after the step's time is taken: evaluation is not in the training tokens/s.
                 validation = self.validator.run() if will_eval else {}
                 if will_log:
-                    _, loss, grad_norm = records[-1]
-                    self.log(loss, grad_norm, lr, last, validation)
+                    self.log(records[-1].loss, records[-1].grad_norm, lr, last, validation)
                 if self.checkpointer is not None:
                     self.checkpointer.maybe_save(self.step, self.train_state)
                 self.after_step(first)
@@ -275,18 +324,36 @@ class Trainer:
         if self.resilience.stop is not None:
             self.resilience.stop.finish()
 
-    def read_records(self) -> list[tuple[int, float, float]]:
+    def read_records(self) -> list[StepRecord]:
         """The steps since the last read, from the device. A non-finite one stops the run here, naming
-        it, before anything is saved; under skip_nonfinite_steps its update was skipped on the device
-        and it is reported instead."""
+        it, before anything is saved; where steps are skipped (skip_nonfinite_steps, the spike guard) its
+        update was skipped on the device and it is reported instead, and too many in a row stop the run."""
         records = self.records.read()
-        bad = [(step, loss, norm) for step, loss, norm in records if not (math.isfinite(loss) and math.isfinite(norm))]
-        if bad and not self.resilience.skip_nonfinite_steps:
-            step, loss, norm = bad[0]
-            raise NonFiniteLoss(f"loss {loss} / grad norm {norm} at step {step} is not finite")
-        for step, loss, norm in bad:
+        r = self.resilience
+        for record in records:
+            if not record.bad:
+                self.skipped_in_row = 0
+                self.kept_norms.append(record.grad_norm)
+                continue
+            step, loss, norm = record.step, record.loss, record.grad_norm
+            if not r.skip_bad_steps:
+                raise NonFiniteLoss(f"loss {loss} / grad norm {norm} at step {step} is not finite")
             self.skipped_steps.append(step)
-            logger.warning(f"titanlite: step {step}: loss {loss}, grad norm {norm}; its update was skipped")
+            self.skipped_total += 1
+            self.skipped_in_row += 1
+            if math.isfinite(loss) and math.isfinite(norm):
+                reason = (
+                    f"grad norm {norm:.4g} is over training.spike_factor {r.spike_factor:g} x the median "
+                    f"{record.median:.4g} of the last {r.spike_window} kept steps' norms"
+                )
+            else:
+                reason = f"loss {loss}, grad norm {norm}"
+            logger.warning(f"titanlite: step {step}: {reason}; its update was skipped")
+            if self.skipped_in_row > r.max_skipped_steps_in_row:
+                raise TooManySkippedSteps(
+                    f"steps {step - self.skipped_in_row + 1}-{step}: {self.skipped_in_row} updates in a row were "
+                    f"skipped, more than training.max_skipped_steps_in_row={r.max_skipped_steps_in_row}"
+                )
         return records
 
     def after_step(self, first: bool) -> None:
@@ -325,10 +392,10 @@ class Trainer:
         if self.auxiliary.names:
             passes = len(micro_batches) if self.pipeline is None else self.pipeline.microbatches
             auxiliary = self.reduce_loss(self.auxiliary.take(self.device, passes))
-        row = self.records.add(self.step + 1, loss, grad_norm, auxiliary)
-        if self.resilience.skip_nonfinite_steps:
+        bad = self.records.add(self.step + 1, loss, grad_norm, auxiliary, self.guard)
+        if self.resilience.skip_bad_steps:
             # Every value is global (identical on every rank), so every rank skips the same steps.
-            self.optimizer.skip_update_if(~torch.isfinite(row).all())
+            self.optimizer.skip_update_if(bad)
         for hook in self.model.before_optimizer_step:
             hook(self.step + 1)
         self.optimizer.step()
@@ -428,6 +495,8 @@ class Trainer:
             record["expert_load"] = self.expert_load.item()
         if self.skipped_steps:
             record["skipped_steps"], self.skipped_steps = self.skipped_steps, []
+        if self.resilience.skip_bad_steps:
+            record["skipped_total"] = self.skipped_total
         record |= validation or {}
         if self.pipeline is not None:
             record |= self.bubble_figures()

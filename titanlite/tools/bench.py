@@ -100,7 +100,7 @@ class BareLoop:
         param_dtype = DTYPES[cfg.training.mixed_precision_param] if device.type == "cuda" else torch.float32
         self.autocast = autocast_for(device, model, param_dtype)
         o = cfg.optimizer
-        impl = implementation(o, device.type, cfg.training.skip_nonfinite_steps)
+        impl = implementation(o, device.type, cfg.training.skips_steps())
         self.optimizer = torch.optim.AdamW(
             model.parameters(),
             lr=o.lr,
