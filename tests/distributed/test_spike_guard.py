@@ -1,7 +1,7 @@
 """The spike guard (training.spike_factor): a step whose gradient norm is a spike is skipped on every rank alike,
 the run goes on as a run without that step's batch, a resumed run makes the same decisions (the guard's window is
 in the checkpoint), and a run of spikes stops with exit status 3 before anything past them is saved. The spikes
-are injected (TITANLITE_FAULT=spike@STEP multiplies that step's loss by 1000)."""
+are injected (TITANLITE_FAULT=spike@STEP multiplies that step's gradients by 1000)."""
 
 import pytest
 
@@ -51,8 +51,8 @@ def test_a_spike_is_skipped_and_the_run_goes_on_as_one_without_its_batch(tmp_pat
     assert "is over training.spike_factor 5 x the median" in line and "its update was skipped" in line, out[-3000:]
     assert [r.get("skipped_steps") for r in records] == [None] * 5 + [[6]] + [None] * 4
     assert [r["skipped_total"] for r in records] == [0] * 5 + [1] * 5
-    # The spike's loss is logged as it was (1000 x): the step is not hidden.
-    assert records[5]["loss"] > 100 * records[4]["loss"]
+    # The spike's norm is logged as it was: the step is not hidden.
+    assert records[5]["grad_norm"] > 100 * records[4]["grad_norm"]
     # A run of 9 steps that leaves step 6's batch out (drop@6): steps 1-5 alike, then its step k is our step k + 1.
     without = train_in_pool(1, [*GUARDED, *steps(9)], tmp_path / "without", TITANLITE_FAULT="drop@6")
     assert "step 6's batch is left out" in without.stdout, without.stdout[-2000:]
@@ -62,13 +62,19 @@ def test_a_spike_is_skipped_and_the_run_goes_on_as_one_without_its_batch(tmp_pat
     assert_close(ours[6:], theirs[5:], 1e-6)
 
 
-def test_every_rank_skips_the_same_step_and_a_resume_keeps_the_guard(tmp_path, guarded):
+def test_every_rank_skips_the_same_step_on_fsdp_and_pp_and_a_resume_keeps_the_guard(tmp_path, guarded):
     records, _ = guarded
     # FSDP x 2: the decision is taken from global values, so both ranks skip step 6; the losses are one process's.
     train_in_pool(2, [*GUARDED, *steps(10)], tmp_path / "fsdp2", TITANLITE_FAULT="spike@6")
     sharded = metrics(tmp_path / "fsdp2")
     assert [r.get("skipped_steps") for r in sharded] == [r.get("skipped_steps") for r in records]
     assert_close([r["loss"] for r in sharded], [r["loss"] for r in records], 1e-5)
+    # PP x 2: the norm is summed over the stages, the loss sent from the last: both stages skip step 6 too.
+    pp = ["--parallelism.pipeline_parallel_degree", "2", "--parallelism.pipeline_parallel_schedule", "1F1B"]
+    train_in_pool(2, [*GUARDED, *steps(10), *pp], tmp_path / "pp2", TITANLITE_FAULT="spike@6")
+    staged = metrics(tmp_path / "pp2")
+    assert [r.get("skipped_steps") for r in staged] == [r.get("skipped_steps") for r in records]
+    assert_close([r["loss"] for r in staged], [r["loss"] for r in records], 1e-5)
     # Stopped after step 4 with a checkpoint, then resumed: the window of kept norms comes back with it, so the
     # guard (3 steps' median) is ready at step 6 and skips it; without it the spike would be trained on.
     resumed = [*GUARDED, *steps(10), "--checkpoint.enable", "--checkpoint.interval", "4"]

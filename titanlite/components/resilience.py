@@ -93,13 +93,14 @@ def set_train_timeout(seconds: float) -> None:
 
 
 FAULTS = ("kill", "nan", "spike", "drop", "error", "oom", "segv", "stop", "hang", "wait")  # TITANLITE_FAULT's names
-SPIKE_SCALE = 1000.0  # what `spike@STEP` multiplies that step's loss (and so its gradients) by
+SPIKE_SCALE = 1000.0  # what `spike@STEP` multiplies that step's gradients by
 
 
 class Faults:
     """Test hooks, set by TITANLITE_FAULT (comma-separated): `kill@STEP:RANK` SIGKILLs that rank after
     STEP on the first attempt only (so the restarted job can finish); `nan@STEP` makes that step's loss
-    NaN; `spike@STEP` multiplies that step's loss by 1000 (a gradient spike; several items make a run of them);
+    NaN; `spike@STEP` multiplies that step's gradients by 1000 after the backward pass, on every layout alike (a gradient
+    spike; several items make a run of them);
     `drop@STEP` discards the batch that step would train on, which the next batch replaces (a run without it);
     `error@STEP:RANK` and `oom@STEP:RANK` raise a RuntimeError / torch.OutOfMemoryError on that rank
     after STEP; `segv@STEP:RANK` crashes that rank in native code (a null read) after STEP; `stop@STEP:RANK` stops
@@ -176,8 +177,9 @@ class Faults:
                 time.sleep(0.1)
 
     def loss_scale(self, step: int) -> float:
-        if step == self.nan_step:
-            return math.nan
+        return math.nan if step == self.nan_step else 1.0
+
+    def grad_scale(self, step: int) -> float:
         return SPIKE_SCALE if step in self.spike_steps else 1.0
 
     def drops(self, step: int) -> bool:

@@ -131,6 +131,9 @@ class Resilience:
     def drops(self, step: int) -> bool:
         return self.faults is not None and self.faults.drops(step)
 
+    def grad_scale(self, step: int) -> float:
+        return self.faults.grad_scale(step) if self.faults is not None else 1.0
+
 
 @dataclass
 class Pipeline:
@@ -382,6 +385,10 @@ class Trainer:
             if self.pipeline.tied_sync is not None:
                 self.pipeline.tied_sync()
         loss = self.reduce_loss(step_loss)
+        if (spike := self.resilience.grad_scale(self.step + 1)) != 1.0:
+            for p in self.params:  # a test fault (spike@STEP); one by one: DTensor's foreach takes one mesh
+                if p.grad is not None:
+                    p.grad.mul_(spike)
         grad_norm = clip_grad_norm_(
             self.params,
             self.settings.max_norm,
