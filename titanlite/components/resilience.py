@@ -97,17 +97,16 @@ SPIKE_SCALE = 1000.0  # what `spike@STEP` multiplies that step's gradients by
 
 
 class Faults:
-    """Test hooks, set by TITANLITE_FAULT (comma-separated): `kill@STEP:RANK` SIGKILLs that rank after
-    STEP on the first attempt only (so the restarted job can finish); `nan@STEP` makes that step's loss
-    NaN; `spike@STEP` multiplies that step's gradients by 1000 after the backward pass, on every layout alike (a gradient
-    spike; several items make a run of them);
-    `drop@STEP` discards the batch that step would train on, which the next batch replaces (a run without it);
-    `error@STEP:RANK` and `oom@STEP:RANK` raise a RuntimeError / torch.OutOfMemoryError on that rank
-    after STEP; `segv@STEP:RANK` crashes that rank in native code (a null read) after STEP; `stop@STEP:RANK` stops
-    that rank with SIGSTOP after STEP and `hang@STEP:RANK` makes it sleep for good there, both on the first attempt
-    (a rank that stops answering; its peers' collectives time out); `wait@STEP:RANK` makes that rank wait after STEP
-    until the file TITANLITE_FAULT_RELEASE names exists (a job held busy until a test lets it go) (RANK defaults
-    to 0). An item of another form is a ValueError, not a fault that never happens."""
+    """Test hooks, set by TITANLITE_FAULT (comma-separated): `kill@STEP:RANK` SIGKILLs that rank after STEP on the
+    first attempt only (so the restarted job can finish); `nan@STEP` makes that step's loss NaN; `spike@STEP`
+    multiplies that step's gradients by 1000 after the backward pass, on every layout alike (a gradient spike;
+    several items make a run of them); `drop@STEP` discards the batch that step would train on, which the next batch
+    replaces (a run without it); `error@STEP:RANK` and `oom@STEP:RANK` raise a RuntimeError / torch.OutOfMemoryError
+    on that rank after STEP; `segv@STEP:RANK` crashes that rank in native code (a null read) after STEP;
+    `stop@STEP:RANK` stops that rank with SIGSTOP after STEP and `hang@STEP:RANK` makes it sleep for good there,
+    both on the first attempt (a rank that stops answering; its peers' collectives time out); `wait@STEP:RANK` makes
+    that rank wait after STEP until the file TITANLITE_FAULT_RELEASE names exists (a job held busy until a test lets
+    it go) (RANK defaults to 0). An item of another form is a ValueError, not a fault that never happens."""
 
     def __init__(self, spec: str, rank: int):
         self.kill_step = self.nan_step = self.error_step = self.oom_step = self.segv_step = 0
