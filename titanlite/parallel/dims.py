@@ -196,11 +196,14 @@ class ParallelDims:
             return "single device (FSDP on one rank)"
         return " x ".join(used) if used else "single device"
 
-    def overrides(self) -> list[str]:
-        """The command-line overrides that select these degrees, in the order [parallelism] declares them."""
+    def overrides(self, every: bool = False) -> list[str]:
+        """The command-line overrides that select these degrees, in the order [parallelism] declares them; the
+        expert degrees where above 1, or with `every` always (so two lists compare key by key)."""
         args = [arg for dim in CONFIG_ORDER for arg in (f"--parallelism.{dim.key}", str(self.degrees[dim.name]))]
-        args += ["--parallelism.expert_parallel_degree", str(self.ep)] if self.ep_enabled else []
-        return args + (["--parallelism.expert_tensor_parallel_degree", str(self.etp)] if self.etp_enabled else [])
+        args += ["--parallelism.expert_parallel_degree", str(self.ep)] if self.ep_enabled or every else []
+        return args + (
+            ["--parallelism.expert_tensor_parallel_degree", str(self.etp)] if self.etp_enabled or every else []
+        )
 
     def build_mesh(self, device_type: str) -> Mesh | None:
         """One DeviceMesh over the dimensions in use, plus the flattened views the trainer needs.

@@ -142,6 +142,14 @@ def with_experts_split(plan: dict, model: nn.Module, ep: bool) -> dict:
     return out
 
 
+def etp_split_sizes(moe) -> dict[str, int]:
+    """The widths an expert tensor-parallel degree must divide, by the name its refusal gives them."""
+    widths = {"expert_dim": moe.expert_dim}
+    if moe.shared_hidden:
+        widths["the shared experts' width"] = moe.shared_hidden
+    return widths
+
+
 def check_etp_degree(etp: int, args, family: str) -> None:
     """The experts' (and shared experts') intermediate widths split evenly over `etp` ranks, and the family's
     experts carry no biases (a row-wise bias would be added once per rank); refused in one line otherwise."""
@@ -158,10 +166,7 @@ def check_etp_degree(etp: int, args, family: str) -> None:
         raise ConfigError(
             f"parallelism.expert_tensor_parallel_degree={etp} cannot split the {family} {why}; set it to 1"
         )
-    widths = {"expert_dim": moe.expert_dim}
-    if moe.shared_hidden:
-        widths["the shared experts' width"] = moe.shared_hidden
-    bad = {name: width for name, width in widths.items() if width % etp}
+    bad = {name: width for name, width in etp_split_sizes(moe).items() if width % etp}
     if bad:
         what = " and ".join(f"{name}={width}" for name, width in bad.items())
         raise ConfigError(
