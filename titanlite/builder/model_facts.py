@@ -55,7 +55,7 @@ class ModelFacts:
     pp_refusal: str = ""  # why the model cannot be cut into pipeline stages (its spec's pp_refusal); "": it can
     active_params: int = 0  # what one token uses (flops.active_parameters): below params for a mixture of experts
     # Mixtures of experts (0 and empty lists for a dense model). Neither TP nor the norms' rule splits a MoE block:
-    # it runs whole on every TP rank; expert parallelism splits its routed experts.
+    # it runs whole on every TP rank, unless ETP splits its experts; expert parallelism splits its routed experts.
     layer_experts: list[int] = field(default_factory=list)  # routed experts' parameters per block (0: dense block)
     n_experts: int = 0  # routed experts per MoE block
     top_k: int = 0  # experts per token
