@@ -115,12 +115,13 @@ def test_an_ep2_checkpoint_resumes_on_another_ep_degree(tmp_path, ep2, nproc, ep
     assert_close([r["expert_load"] for r in resumed[3:]], [r["expert_load"] for r in expected[3:]], 1e-6)
 
 
-@pytest.mark.slow  # two 2-rank runs, about 12 s: CI runs them
-@pytest.mark.parametrize("layout", ["ep2", "tp2"])
+@pytest.mark.slow  # three 2-rank runs, about 18 s: CI runs them
+@pytest.mark.parametrize("layout", ["ep2", "tp2", "tp2_etp2"])
 def test_a_deepseek_v3_folder_imports_on_a_layout_with_transformers_logits(tmp_path, layout):
-    """EP x 2 (experts stacked from their tensors and sharded, every other weight FSDP-sharded) or TP x 2 (the
-    per-head projections split by heads): each rank reads the folder one tensor at a time, the routing biases
-    too, and the forward gives transformers' logits."""
+    """EP x 2 (experts stacked from their tensors and sharded, every other weight FSDP-sharded), TP x 2 (the
+    per-head projections split by heads) or TP x 2 with the experts split over it (each expert's tensors cut on
+    their width): each rank reads the folder one tensor at a time, the routing biases too, and the forward gives
+    transformers' logits."""
     pytest.importorskip("transformers")
     from tests.distributed.test_hf_layouts import layout_logits
     from tests.unit.test_deepseek_v3 import VOCAB, random_deepseek
