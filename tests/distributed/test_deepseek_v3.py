@@ -182,10 +182,19 @@ def test_experts_split_over_tp_match_one_process_and_resume_on_ep2(tmp_path, ref
     assert_close([r["expert_load"] for r in resumed[3:]], [r["expert_load"] for r in expected[3:]], 1e-6)
 
 
-@pytest.mark.slow  # one 4-rank run, about 20 s: CI runs it
-def test_ep2_by_tp2_with_experts_split_matches_one_process(tmp_path, reference):
-    """EP 2 x TP 2 (4 ranks, ETP 2): each block's experts on the 2-D (ep, tp) mesh, 4 experts an ep rank, each
-    split over its 2 tp ranks; the tokens dispatched over ep give one process's run."""
-    proc = train(4, [EP, "2", *ETP], tmp_path)
-    assert "ep 2 (of shard x cp) x etp 2 (experts split over tp)" in proc.stdout
+@pytest.mark.slow  # two 4-rank runs, about 18 s: CI runs them
+@pytest.mark.parametrize(
+    "layout, args",
+    [
+        # EP 2 x TP 2: each block's experts on the 2-D (ep, tp) mesh, 4 experts an ep rank, each split over its 2 tp
+        # ranks, the tokens dispatched over ep
+        ("ep 2 (of shard x cp) x etp 2", [EP, "2"]),
+        # FSDP 2 x TP 2, EP 1 (TorchTitan's DeepSeek-V3 671B layout in little): FSDP shards the split experts on
+        # dim 0 over dp_shard, as it does the TP-split dense weights
+        ("dp_shard 2 x tp 2 x etp 2", []),
+    ],
+)
+def test_experts_split_over_tp_beside_ep_or_fsdp_match_one_process(tmp_path, reference, layout, args):
+    proc = train(4, [*args, *ETP], tmp_path)
+    assert f"{layout} (experts split over tp)" in proc.stdout
     assert_same_run(metrics(tmp_path), metrics(reference))
