@@ -152,7 +152,8 @@ def etp_split_sizes(moe) -> dict[str, int]:
 
 def check_etp_degree(etp: int, args, family: str) -> None:
     """The experts' (and shared experts') intermediate widths split evenly over `etp` ranks, and the family's
-    experts carry no biases (a row-wise bias would be added once per rank); refused in one line otherwise."""
+    spec does not refuse the split (etp_refusal: gpt-oss's row-wise expert biases would be added once per rank,
+    Gemma 4's MoE output norm would normalise a partial sum); refused in one line otherwise."""
     if etp == 1:
         return
     moe = spec_of(args).moe(args)
