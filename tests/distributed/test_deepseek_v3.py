@@ -115,12 +115,13 @@ def test_an_ep2_checkpoint_resumes_on_another_ep_degree(tmp_path, ep2, nproc, ep
     assert_close([r["expert_load"] for r in resumed[3:]], [r["expert_load"] for r in expected[3:]], 1e-6)
 
 
-@pytest.mark.slow  # two 2-rank runs, about 12 s: CI runs them
-@pytest.mark.parametrize("layout", ["ep2", "tp2"])
+@pytest.mark.slow  # three 2-rank runs, about 18 s: CI runs them
+@pytest.mark.parametrize("layout", ["ep2", "tp2", "tp2_etp2"])
 def test_a_deepseek_v3_folder_imports_on_a_layout_with_transformers_logits(tmp_path, layout):
-    """EP x 2 (experts stacked from their tensors and sharded, every other weight FSDP-sharded) or TP x 2 (the
-    per-head projections split by heads): each rank reads the folder one tensor at a time, the routing biases
-    too, and the forward gives transformers' logits."""
+    """EP x 2 (experts stacked from their tensors and sharded, every other weight FSDP-sharded), TP x 2 (the
+    per-head projections split by heads) or TP x 2 with the experts split over it (each expert's tensors cut on
+    their width): each rank reads the folder one tensor at a time, the routing biases too, and the forward gives
+    transformers' logits."""
     pytest.importorskip("transformers")
     from tests.distributed.test_hf_layouts import layout_logits
     from tests.unit.test_deepseek_v3 import VOCAB, random_deepseek
@@ -148,3 +149,52 @@ def test_the_per_layer_balance_loss_on_ep2_is_one_processs(tmp_path):
     ours, expected = metrics(tmp_path / "ep2"), metrics(tmp_path / "single")
     assert_matches(ours, expected)
     assert_close([r["aux_load_balance"] for r in ours], [r["aux_load_balance"] for r in expected], 1e-5)
+
+
+ETP = ["--parallelism.tensor_parallel_degree", "2", "--parallelism.expert_tensor_parallel_degree", "2"]
+
+
+@pytest.fixture(scope="module")
+def tp2_etp2(tmp_path_factory):
+    """TP x 2 with EP 1, the experts split over the two TP ranks (TorchTitan's 671B layout in little),
+    checkpointed at steps 3 and 5."""
+    run_dir = tmp_path_factory.mktemp("tp2_etp2")
+    proc = train(2, [*ETP, *CHECKPOINTED], run_dir)
+    return run_dir, proc
+
+
+@pytest.mark.slow  # two 2-rank runs and a one-process reference, about 25 s: CI runs them
+def test_experts_split_over_tp_match_one_process_and_resume_on_ep2(tmp_path, reference, tp2_etp2):
+    """TP x 2, ETP 2: every rank routes the same tokens and computes half of each expert's width (and of the shared
+    expert's); the partial outputs summed give one process's losses, grad norms and expert loads. Its step-3
+    checkpoint (experts sharded on their width) continues on EP x 2 (sharded by expert) with the same losses."""
+    run_dir, proc = tp2_etp2
+    assert "tp 2 x etp 2 (experts split over tp)" in proc.stdout
+    assert_same_run(metrics(run_dir), metrics(reference))
+    (tmp_path / "run").mkdir()
+    shutil.copytree(run_dir / "run" / "step-3", tmp_path / "run" / "step-3")
+    first = (run_dir / "run" / "metrics.jsonl").read_text().splitlines()[:3]
+    (tmp_path / "run" / "metrics.jsonl").write_text("\n".join(first) + "\n")
+    proc = train(2, [EP, "2", *CHECKPOINTED], tmp_path)
+    assert "resumed from" in proc.stdout and "at step 3" in proc.stdout
+    resumed, expected = metrics(tmp_path), metrics(run_dir)
+    assert_close([r["loss"] for r in resumed[3:]], [r["loss"] for r in expected[3:]], 1e-5)
+    assert_close([r["expert_load"] for r in resumed[3:]], [r["expert_load"] for r in expected[3:]], 1e-6)
+
+
+@pytest.mark.slow  # two 4-rank runs, about 18 s: CI runs them
+@pytest.mark.parametrize(
+    "layout, args",
+    [
+        # EP 2 x TP 2: each block's experts on the 2-D (ep, tp) mesh, 4 experts an ep rank, each split over its 2 tp
+        # ranks, the tokens dispatched over ep
+        ("ep 2 (of shard x cp) x etp 2", [EP, "2"]),
+        # FSDP 2 x TP 2, EP 1 (TorchTitan's DeepSeek-V3 671B layout in little): FSDP shards the split experts on
+        # dim 0 over dp_shard, as it does the TP-split dense weights
+        ("dp_shard 2 x tp 2 x etp 2", []),
+    ],
+)
+def test_experts_split_over_tp_beside_ep_or_fsdp_match_one_process(tmp_path, reference, layout, args):
+    proc = train(4, [*args, *ETP], tmp_path)
+    assert f"{layout} (experts split over tp)" in proc.stdout
+    assert_same_run(metrics(tmp_path), metrics(reference))

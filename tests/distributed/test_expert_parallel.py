@@ -30,6 +30,20 @@ LAYOUTS = {
     "hsdp_ep2": (4, ["--parallelism.data_parallel_replicate_degree", "2", EP, "2", LOCAL, "2"]),  # 2 x (dp_shard 2)
     "ep2_tp2": (4, [EP, "2", "--parallelism.tensor_parallel_degree", "2", LOCAL, "4"]),  # dp_shard 2
     "ep2_cp2": (4, [EP, "2", "--parallelism.context_parallel_degree", "2", LOCAL, "4"]),  # dp_shard 2 x cp 2
+    # TP with the experts split over it (ETP 2): each rank computes half of every expert's width
+    "tp2_etp2": (
+        2,
+        [
+            "--parallelism.tensor_parallel_degree",
+            "2",
+            "--parallelism.expert_tensor_parallel_degree",
+            "2",
+            "--parallelism.data_parallel_shard_degree",
+            "1",
+            LOCAL,
+            "8",
+        ],
+    ),
     # TP alone: the attention split into DTensors, the MoE blocks whole and plain, one optimizer over both kinds
     "tp2": (
         2,
@@ -98,7 +112,7 @@ def test_fsdp2_ep2_matches_one_process(tmp_path, moe_reference):
     assert_same_run(metrics(tmp_path), moe_reference)
 
 
-@pytest.mark.slow  # four 4-rank runs, about 80 s: CI runs them
+@pytest.mark.slow  # four 4-rank runs and two 2-rank ones, about 100 s: CI runs them
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_expert_parallel_layouts_match_one_process(tmp_path, moe_reference, layout):
     nproc, args = LAYOUTS[layout]
@@ -106,7 +120,7 @@ def test_expert_parallel_layouts_match_one_process(tmp_path, moe_reference, layo
     assert_same_run(metrics(tmp_path), moe_reference)
 
 
-@pytest.mark.slow  # seven runs, about 2 minutes: CI runs them
+@pytest.mark.slow  # eight runs, about 2 minutes: CI runs them
 @pytest.mark.parametrize("layout", ["ep2", "fsdp2_ep2", *LAYOUTS, "ep2_pp2"])
 def test_expert_parallel_layouts_with_the_bias_method_match_one_process(tmp_path, bias_reference, layout):
     """The biases move by the step's counts summed over dp x cp: every layout routes as one process does."""

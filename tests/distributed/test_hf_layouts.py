@@ -10,10 +10,12 @@ from tests.unit.test_hf_shapes import assert_logits_match, perturb, unusual_gpt2
 
 pytestmark = pytest.mark.distributed
 
+TP2 = ["--parallelism.data_parallel_shard_degree", "1", "--parallelism.tensor_parallel_degree", "2"]
 LAYOUTS = {
     "fsdp2": ["--parallelism.data_parallel_shard_degree", "2"],
-    "tp2": ["--parallelism.data_parallel_shard_degree", "1", "--parallelism.tensor_parallel_degree", "2"],
+    "tp2": TP2,
     "ep2": ["--parallelism.data_parallel_shard_degree", "2", "--parallelism.expert_parallel_degree", "2"],
+    "tp2_etp2": [*TP2, "--parallelism.expert_tensor_parallel_degree", "2"],
 }
 CASES = [
     pytest.param("llama", "fsdp2", id="llama-fsdp2"),

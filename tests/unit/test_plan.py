@@ -291,3 +291,30 @@ def test_linear_attention_layers_save_the_same_bytes_per_token_at_any_length():
     kinds = ("linear", "linear", "linear", "full")
     for kind, short, long in zip(kinds, per_token[1024], per_token[4096]):
         assert abs(long / short - 1) < 0.01, (kind, short, long)
+
+
+def test_pipeline_degrees_16_and_32_are_offered_where_they_divide_the_nodes_and_the_layers():
+    def pps(n_layers: int, nnodes: int = 64) -> set[int]:
+        return {lay.dims.pp for lay in candidate_layouts(8, nnodes, n_layers=n_layers)}
+
+    assert {2, 4, 8, 16, 32, 64} <= pps(64)
+    assert 16 in pps(80) and 32 not in pps(80)  # Llama 3 70B's 80 layers: 5 a stage at PP 16
+    assert not {16, 32} & pps(61) and 64 in pps(61)  # DeepSeek-V3's 61: the node count itself, as before
+    assert 32 not in pps(64, nnodes=16)  # a degree must divide the node count
+
+
+def test_deepseek_v3_671b_on_64_nodes_offers_torchtitans_layout_with_the_experts_split(plan):
+    """TorchTitan's DeepSeek-V3 671B layout, FSDP x TP 8 with EP 1 and the experts split over TP (ETP 8), fits and
+    runs at hundreds of tokens/s per GPU; without the split each TP rank holds and computes every expert whole."""
+    stdout, result = plan(
+        "--ngpu", "8", "--nnodes", "64", "--model.name", "deepseek_v3", "--model.flavor", "deepseek_v3_671b",
+        "--model.tokenizer", "byte", "--training.seq_len", "4096", "--training.local_batch_size", "1",
+    )  # fmt: skip
+    rows = {(r["layout"], r["ac"]): r for r in result["rows"]}
+    titan = rows[("ZeRO-3 64 x TP 8, ETP 8", "full")]
+    assert titan["fits"] and titan["ep"] == 1 and titan["etp"] == 8
+    per_gpu = titan["tokens_s"] / 512
+    assert 100 < per_gpu < 2000, per_gpu  # 37.6 B active parameters: about 1,700 at 40 % MFU with no communication
+    whole = rows[("ZeRO-3 64 x TP 8", "full")]
+    assert whole["experts"] == pytest.approx(8 * titan["experts"]) and not whole["fits"]
+    assert whole["tokens_s"] < titan["tokens_s"] / 3  # the MoE blocks' FLOPs repeated on the 8 TP ranks

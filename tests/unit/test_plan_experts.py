@@ -49,17 +49,19 @@ def test_qwen3_moe_30b_on_8_gpus_plans_ep_rows_whose_experts_are_split_ep_ways(t
     rows = {(r["layout"], r["ac"]): r for r in result["rows"]}
     ep_rows = [r for r in result["rows"] if r["ep"] > 1]
     assert {r["ep"] for r in ep_rows} == {2, 4, 8}
-    for r in ep_rows:
-        assert r["layout"].endswith(f", EP {r['ep']}")
+    for r in ep_rows:  # with ETP (= TP) each expert split over the TP ranks too
+        assert r["layout"].endswith(f", EP {r['ep']}" + (f", ETP {r['etp']}" if r["etp"] > 1 else ""))
         tp = int(r["layout"].split("TP ")[1].split(",")[0]) if "TP " in r["layout"] else 1
         efsdp = 8 // tp // r["ep"]  # FSDP shards each EP rank's experts over the rest of dp_shard
-        assert r["experts"] == pytest.approx(state * experts / (r["ep"] * efsdp))
+        assert r["experts"] == pytest.approx(state * experts / (r["ep"] * efsdp * r["etp"]))
     # With ep = dp_shard (no further FSDP sharding of the experts) a rank keeps 1/ep of the experts' bytes.
     ep8 = rows[("ZeRO-3 8, EP 8", "none")]
     assert ep8["experts"] == pytest.approx(state * experts / 8)
     # TP does not split a MoE block: its experts are whole on both TP ranks, sharded by FSDP's 4 only.
     assert rows[("ZeRO-3 4 x TP 2", "none")]["experts"] == pytest.approx(state * experts / 4)
     assert rows[("ZeRO-2 4 x TP 2, EP 4", "none")]["experts"] == pytest.approx(state * experts / 4)
+    # Expert tensor parallelism splits them over the TP ranks too: FSDP's 4 x TP's 2.
+    assert rows[("ZeRO-3 4 x TP 2, ETP 2", "none")]["experts"] == pytest.approx(state * experts / 8)
     # The all-to-all buffers of the MoE layer running: the routed rows [tokens x top_k, dim] in and out, in bf16.
     rows_routed = ep8["micro_batch"] * SEQ * a.moe.top_k
     assert ep8["dispatch"] == pytest.approx(2 * rows_routed * a.dim * 2)
@@ -119,3 +121,37 @@ def test_the_cli_prints_a_bad_ep_degree_in_one_line():
         "titanlite: error: parallelism.expert_parallel_degree=3 does not divide the 8 experts of each qwen3_moe "
         "block; use a degree that divides 8"
     ]
+
+
+def test_expert_tensor_parallel_rows_split_the_experts_and_their_flops_and_count_their_all_reduce(
+    tmp_path, monkeypatch, capsys
+):
+    """Beside every TP row of a MoE model an ETP row (its experts split over TP, with EP or without): its experts'
+    bytes fall by tp, its compute is no longer the MoE blocks' repeated on each TP rank, and backward's all-reduce
+    of the experts' input rows' gradients [tokens x top_k, dim] over TP is counted."""
+    stdout, result = planned(tmp_path, monkeypatch, capsys, *MOE_30B, "--ngpu", "8")
+    a = FLAVORS["qwen3_moe_30b_a3b"]
+    rows = {(r["layout"], r["ac"]): r for r in result["rows"]}
+    whole, split = rows[("ZeRO-3 4 x TP 2", "none")], rows[("ZeRO-3 4 x TP 2, ETP 2", "none")]
+    assert split["etp"] == 2 and whole["etp"] == 1
+    assert split["experts"] == pytest.approx(whole["experts"] / 2)
+    assert split["peak"] < whole["peak"] and split["tokens_s"] > whole["tokens_s"]
+    rows_routed = split["micro_batch"] * SEQ * a.moe.top_k  # Qwen3-MoE: no shared expert
+    volume = 2 * (1 / 2) * rows_routed * a.dim * 2 * a.n_layers * split["microbatches"]
+    assert split["comm_bytes"]["tp expert all-reduce"] == pytest.approx(volume)
+    assert "tp expert all-reduce" not in whole["comm_bytes"]
+    assert any(r["etp"] == 2 and r["ep"] > 1 for r in result["rows"])  # EP x ETP rows too
+
+
+def test_the_etp_overrides_select_the_layout_and_a_bad_degree_gets_the_runs_own_line():
+    lay = Layout(ParallelDims.of(dp_shard=2, tp=2, ep=2, etp=2), "never")
+    cfg = parse_config(["--config", "train_configs/qwen3_moe_debug.toml", *lay.overrides()])
+    assert layout_of(cfg, 4, plan_model(cfg)) == lay
+    assert "--parallelism.expert_tensor_parallel_degree" in Layout(ParallelDims.of(dp_shard=8)).overrides(every=True)
+    args = ["--config", "train_configs/qwen3_moe_debug.toml", "--parallelism.tensor_parallel_degree", "2"]
+    args += ["--parallelism.expert_tensor_parallel_degree", "4"]
+    with pytest.raises(ConfigError) as planner:
+        plan([*args, "--ngpu", "2"])
+    with pytest.raises(ConfigError) as run:
+        plan_run(parse_config(args), 2)
+    assert str(planner.value) == str(run.value)

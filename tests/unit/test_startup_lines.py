@@ -63,3 +63,14 @@ def test_the_experts_line_names_the_kernel_and_why_it_loops():
     assert lines(*moe, "--moe.experts_kernel", "loop")[1].endswith("a loop over the experts (moe.experts_kernel loop)")
     compiled = lines(*moe, "--compile.enable")[1]
     assert compiled.endswith("(torch.compile's grouped_mm takes bfloat16, not torch.float32)"), compiled
+
+
+def test_the_experts_line_says_whether_tp_splits_each_expert_or_runs_it_whole():
+    moe = ["--model.name", "qwen3_moe", "--model.flavor", "debug", "--parallelism.tensor_parallel_degree", "2"]
+    assert lines(*moe)[1] == (
+        "  experts: 3 blocks of 8 experts, whole on each of the 2 tensor-parallel ranks "
+        "(parallelism.expert_tensor_parallel_degree = 2 splits them), torch._grouped_mm (one kernel for every "
+        "expert of a block)"
+    )
+    split = lines(*moe, "--parallelism.expert_tensor_parallel_degree", "2")[1]
+    assert split.startswith("  experts: 3 blocks of 8 experts, each split over the 2 tensor-parallel ranks, ")

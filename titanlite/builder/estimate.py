@@ -67,13 +67,27 @@ the rest of the model is sharded as without EP. The all-to-all buffers (`dispatc
 running MoE layer receives and sends back, [tokens x top_k, dim] each, one layer at a time. Traffic: per MoE layer
 and micro-batch 2 all-to-alls in forward, 2 in backward (2 more where AC recomputes), each moving (e - 1) / e of
 those rows, in the critical path (not overlapped), over NVLink when the e x tp ranks fit in a node.
+
+Expert tensor parallelism (ETP = TP, titanlite/parallel/expert_tensor_parallel.py) splits each routed expert's and
+shared expert's matrices over the TP ranks: their parameters, gradients and AdamW state per rank are divided by tp
+too, their FLOPs are no longer repeated on every TP rank (the router's still are, left out), and the activations
+the block saves are split but for the gathered tokens and the rows handed to the experts ([tokens x (top_k + 1),
+dim], whole). Traffic beside TP's own per-block collectives (the block's all-gather in and reduce-scatter out are
+the dense feed-forward's): in backward, per MoE layer and micro-batch, the all-reduce over TP of the experts' input
+rows' gradients [tokens x top_k, dim] and of the shared expert's input gradients [tokens, dim], in the critical path.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from titanlite.builder.layouts import Layout, candidate_layouts, expert_parallel_layouts, offload_layouts
+from titanlite.builder.layouts import (
+    Layout,
+    candidate_layouts,
+    expert_parallel_layouts,
+    expert_tensor_parallel_layouts,
+    offload_layouts,
+)
 from titanlite.builder.model_facts import ModelFacts
 from titanlite.components.loss import chunk_tokens
 from titanlite.parallel.parallelize import loss_parallel_enabled
@@ -149,16 +163,19 @@ def estimate(facts: ModelFacts, lay: Layout, s: Setting) -> dict:
 
 
 def estimate_rank(facts, lay: Layout, s: Setting, layers: list[int], first: bool, last: bool, pp_rank: int) -> dict:
-    tp, shard, cp, ep = lay.dims.tp, lay.dims.view_degree("dp_shard_cp"), lay.dims.cp, lay.dims.ep
+    tp, shard, cp, ep, etp = lay.dims.tp, lay.dims.view_degree("dp_shard_cp"), lay.dims.cp, lay.dims.ep, lay.dims.etp
     s = replace(s, seq_len=s.seq_len // cp)  # a context-parallel rank holds seq_len / cp tokens of each sequence
 
     def local(full: int, split: int) -> float:
         return (full - split) + split / tp
 
     layer_experts = facts.layer_experts or [0] * facts.n_layers
-    # The routed experts (whole on every TP rank, split over ep by expert parallelism) apart from the rest.
-    experts = float(sum(layer_experts[i] for i in layers))
-    n_params = sum(local(facts.layer_params[i], facts.layer_tp_split[i]) for i in layers) - experts
+    # The routed experts (whole on every TP rank, split over ep by expert parallelism) apart from the rest; with
+    # ETP a TP rank's share of their width, and of the shared experts'.
+    experts = float(sum(layer_experts[i] for i in layers)) / etp
+    n_params = sum(local(facts.layer_params[i], facts.layer_tp_split[i]) for i in layers) - experts * etp
+    if etp > 1 and facts.layer_shared:
+        n_params -= sum(facts.layer_shared[i] for i in layers) * (1 - 1 / etp)
     if first:
         n_params += local(*facts.ends["first"])
     if last:
@@ -190,7 +207,9 @@ def estimate_rank(facts, lay: Layout, s: Setting, layers: list[int], first: bool
         full = facts.act_layer[i] * scale
         moe = facts.act_layer_moe[i] * scale if facts.act_layer_moe else 0.0
         if tp > 1:  # sequence parallel: all but the two gathered norm outputs are split; a MoE block runs whole
-            full = (full - moe - 2 * hidden) / tp + 2 * hidden + moe
+            # (with ETP split too, but for the gathered tokens and the rows handed to the experts)
+            whole = moe if etp == 1 else min(moe, hidden * (facts.top_k + 1))
+            full = (full - moe - 2 * hidden) / tp + 2 * hidden + (moe - whole) / tp + whole
         per_layer.append(full + gathered_kv + (attention_mask_bytes(s, cp) if s.compiled else 0.0))
     recompute = 0.0
     if lay.ac == "full":
@@ -235,7 +254,7 @@ def estimate_rank(facts, lay: Layout, s: Setting, layers: list[int], first: bool
     if lay.dims.fsdp_enabled:
         # Gathered, a rank holds the rest whole (its TP share) and its expert-parallel share of the experts.
         unsharded = (n_params + experts / ep) * s.param_gather_bytes
-        unit = largest_unit(facts, tp, ep)
+        unit = largest_unit(facts, tp, ep, etp)
         gather = unsharded if lay.reshard == "never" else min(unsharded, 2 * unit * s.param_gather_bytes)
         fsdp_buffers = gather + unit * 4  # + one unit's unsharded fp32 gradients
         if s.microbatches > 1 and lay.dims.pp == 1:
@@ -266,12 +285,12 @@ def estimate_rank(facts, lay: Layout, s: Setting, layers: list[int], first: bool
     }
 
 
-def largest_unit(facts, tp: int, ep: int) -> float:
+def largest_unit(facts, tp: int, ep: int, etp: int = 1) -> float:
     """Parameters of the largest FSDP unit as gathered on one rank: a block (the rest of it by TP, its routed experts,
-    their own unit inside it, by expert parallelism) or the root (the ends)."""
+    their own unit inside it, by expert parallelism and ETP) or the root (the ends)."""
     if not facts.layer_experts:
         return facts.largest_unit / tp
-    blocks = [(p - e) / tp + e / ep for p, e in zip(facts.layer_params, facts.layer_experts)]
+    blocks = [(p - e) / tp + e / (ep * etp) for p, e in zip(facts.layer_params, facts.layer_experts)]
     return max(blocks + [(facts.ends["first"][0] + facts.ends["last"][0]) / tp])
 
 
@@ -380,6 +399,12 @@ def communication(
         hidden = s.micro_batch * s.seq_len * facts.dim * s.act_bytes
         per_layer = 8 * ring(lay.dims.tp) * hidden  # 2 all-gathers + 2 reduce-scatters, forward and backward
         comm["tp all-gather/reduce-scatter"] = per_layer * n_layers * s.microbatches
+    if lay.dims.etp > 1 and moe_layers:
+        # Backward: the experts' input rows' gradients [tokens x top_k, dim] and the shared expert's input's
+        # [tokens, dim] all-reduced over TP (the routing weights' [tokens, top_k] left out).
+        rows = s.micro_batch * s.seq_len * (facts.top_k + (1 if any(facts.layer_shared) else 0))
+        volume = 2 * ring(lay.dims.tp) * rows * facts.dim * s.act_bytes
+        comm["tp expert all-reduce"] = volume * moe_layers * s.microbatches
     if lay.dims.cp > 1:  # K and V gathered in forward (again when AC recomputes), their gradients reduce-scattered
         kv = 2 * s.micro_batch * s.seq_len * lay.dims.cp * facts.kv_width / lay.dims.tp * s.act_bytes  # whole sequence
         passes = 3 if lay.ac in ("full", "selective_layer") else 2
@@ -522,8 +547,11 @@ def layout_rows(cfg, facts: ModelFacts, own: Layout, machine: Machine, fits) -> 
 def candidates(cfg, facts: ModelFacts, machine: Machine) -> list[Layout]:
     """The machine's candidate layouts (candidate_layouts) and, for a mixture of experts, those again with expert
     parallelism (expert_parallel_layouts)."""
-    layouts = candidate_layouts(machine.ngpu, machine.nnodes, cfg.training.seq_len)
-    return layouts + expert_parallel_layouts(layouts, facts.n_experts) if facts.n_experts else layouts
+    layouts = candidate_layouts(machine.ngpu, machine.nnodes, cfg.training.seq_len, facts.n_layers)
+    if not facts.n_experts:
+        return layouts
+    layouts += expert_parallel_layouts(layouts, facts.n_experts)
+    return layouts + expert_tensor_parallel_layouts(layouts)
 
 
 def same_run(a: dict, b: dict) -> bool:
@@ -691,7 +719,7 @@ def rows_json(rows: list[dict]) -> dict:
                     "host",
                 )
             }
-            | {"ep": r["layout"].dims.ep}
+            | {"ep": r["layout"].dims.ep, "etp": r["layout"].dims.etp}
             for r in rows
         ],
         "recommended": None if pick is None else {"layout": pick["layout"].name, "ac": pick["layout"].ac, "why": why},
@@ -704,11 +732,12 @@ def compute_seconds(facts: ModelFacts, cfg, lay: Layout, s: Setting, tflops: flo
     FLOPs again (the output head is not checkpointed); selective_layer every k-th block's, 1/k of that;
     selective_op keeps the matmuls' and attention's outputs and recomputes only pointwise work, counted as none.
     A mixture-of-experts block runs whole on every TP rank (titanlite/models/moe_decoder/parallelize.py): its
-    FLOPs (those of its active parameters) are done tp times over."""
+    FLOPs (those of its active parameters) are done tp times over, unless expert tensor parallelism splits it."""
     tokens = s.global_batch * s.seq_len
     blocks = facts.flops_per_token - 6 * facts.vocab * facts.dim  # all but the output projection
     recompute = {"full": 1 / 3, "selective_layer": 1 / (3 * max(1, s.selective_ac_option))}.get(lay.ac, 0.0)
-    repeated = (lay.dims.tp - 1) * facts.moe_flops_per_token  # the MoE blocks' again on the other TP ranks
+    # The MoE blocks' again on the other TP ranks, unless ETP splits them (its router's repeats, left out).
+    repeated = (lay.dims.tp - 1) * facts.moe_flops_per_token if lay.dims.etp == 1 else 0.0
     flops = (facts.flops_per_token + repeated + recompute * (blocks + repeated)) * tokens
     return flops / lay.dims.world_size / (tflops * 1e12 * ASSUMED_MFU)
 
@@ -727,6 +756,14 @@ def layout_allowed(facts: ModelFacts, lay: Layout, cfg) -> bool:
     if lay.dims.pp > 1 and lay.dims.ddp_enabled:  # check_pipeline_data_parallel: PP takes FSDP or HSDP, not DDP
         return False
     if lay.dims.ep > 1 and (not facts.n_experts or facts.n_experts % lay.dims.ep):  # check_ep_degree
+        return False
+    if lay.dims.etp > 1 and (  # check_etp_degree and dims.check_etp
+        not facts.n_experts
+        or facts.etp_refusal
+        or lay.dims.etp != lay.dims.tp
+        or any(size % lay.dims.etp for size in facts.etp_sizes.values())
+        or (lay.dims.ep > 1 and lay.dims.cp > 1)
+    ):
         return False
     return lay.dims.pp <= facts.n_layers
 

@@ -1,6 +1,6 @@
 """The layouts the planner weighs: a config's own, and every candidate a machine allows (single device, DDP,
-ZeRO-2/3, HSDP across nodes, TP within a node, PP across nodes, CP for long sequences, EP for mixtures of experts,
-CPU offload as a last resort), each with the command-line overrides that select it."""
+ZeRO-2/3, HSDP across nodes, TP within a node, PP across nodes, CP for long sequences, EP for mixtures of experts
+and ETP beside TP, CPU offload as a last resort), each with the command-line overrides that select it."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from titanlite.base.errors import ConfigError
 from titanlite.builder.plan import ModelPlan
 from titanlite.parallel.dims import ParallelDims, check_ep
 from titanlite.parallel.expert_parallel import check_ep_degree, check_experts_split
+from titanlite.parallel.expert_tensor_parallel import check_etp_degree
 from titanlite.parallel.parallelize import reshard_after_forward
 
 
@@ -30,9 +31,7 @@ class Layout:
         """The command-line overrides that select this layout. FSDP's resharding comes only where the layout
         uses FSDP; the FSDP-on-one-rank and offload keys only where set (CPU offload turns FSDP on one rank on
         by itself); all of them with `every`, so that two layouts' lists can be compared key by key."""
-        out = [*self.dims.overrides()]
-        if every and not self.dims.ep_enabled:  # the degree's key in every list, at the same place
-            out += ["--parallelism.expert_parallel_degree", "1"]
+        out = [*self.dims.overrides(every)]  # with `every`, the expert degrees' keys in every list, at one place
         if every or self.dims.fsdp_enabled:  # FSDP's resharding means nothing without FSDP
             out += ["--parallelism.fsdp_reshard_after_forward", self.reshard]
         out += ["--activation_checkpoint.mode", self.ac]
@@ -47,7 +46,8 @@ class Layout:
 def layout_of(cfg, world: int, model: ModelPlan) -> Layout:
     """The layout a config runs on `world` ranks, for its planned model (plan_model)."""
     dims = ParallelDims.from_config(cfg.parallelism, world, cpu_offload=cfg.training.enable_cpu_offload)
-    check_ep_degree(dims.ep, model.args, model.family)  # the run's own refusal (plan_run), before any estimate
+    check_ep_degree(dims.ep, model.args, model.family)  # the run's own refusals (plan_run), before any estimate
+    check_etp_degree(dims.etp, model.args, model.family)
     reshard = "always" if reshard_after_forward(cfg.parallelism.fsdp_reshard_after_forward, dims.pp > 1) else "never"
     if not dims.fsdp_enabled:
         reshard = "always"  # nothing to reshard: the field keeps its default, so equal layouts compare equal
@@ -78,17 +78,21 @@ def describe(dims: ParallelDims, reshard: str, offload: bool = False) -> str:
     name = " x ".join(parts) or "single device"
     if dims.ep > 1:  # not a factor of the world size: its ranks are dp_shard x cp's
         name += f", EP {dims.ep}"
+    if dims.etp > 1:  # the experts split over the TP ranks
+        name += f", ETP {dims.etp}"
     return name + " + CPU offload" if offload else name
 
 
-def candidate_layouts(ngpu: int, nnodes: int, seq_len: int = 0) -> list[Layout]:
+def candidate_layouts(ngpu: int, nnodes: int, seq_len: int = 0, n_layers: int = 0) -> list[Layout]:
     """Single device, DDP, ZeRO-2, ZeRO-3, HSDP (replicas across nodes), TP within a node, PP across
-    nodes, and their combinations the world size allows; for sequences of LONG_SEQUENCE tokens or more,
-    also CP within a node (beside TP where both fit), with FSDP over the rest."""
+    nodes (2, 4, 8 and the node count; 16 and 32 where they divide the node count and `n_layers`), and their
+    combinations the world size allows; for sequences of LONG_SEQUENCE tokens or more, also CP within a node
+    (beside TP where both fit), with FSDP over the rest."""
     world = ngpu * nnodes
     out = [Layout()] if world == 1 else []
     tps = [t for t in (2, 4, 8) if t <= ngpu and ngpu % t == 0]
-    pps = sorted({p for p in (2, 4, 8, nnodes) if p > 1 and nnodes % p == 0}) if nnodes > 1 else [1]
+    degrees = (2, 4, 8, nnodes, *(p for p in DEEP_PIPELINES if n_layers and n_layers % p == 0))
+    pps = sorted({p for p in degrees if p > 1 and nnodes % p == 0}) if nnodes > 1 else [1]
     for pp in [1, *[p for p in pps if p > 1]]:
         for tp in [1, *tps]:
             dp = world // (pp * tp)
@@ -111,6 +115,8 @@ def candidate_layouts(ngpu: int, nnodes: int, seq_len: int = 0) -> list[Layout]:
 
 # Sequences from this length on are long enough for the planner to offer context parallelism.
 LONG_SEQUENCE = 8192
+# Pipeline degrees beyond 8 the planner weighs where they divide the node count and the model's layers.
+DEEP_PIPELINES = (16, 32)
 
 
 def context_parallel_layouts(ngpu: int, nnodes: int, seq_len: int) -> list[Layout]:
@@ -145,6 +151,16 @@ def expert_parallel_layouts(layouts: list[Layout], n_experts: int) -> list[Layou
             if allows_ep(d, ep, n_experts):
                 out.append(replace(lay, dims=replace(d, ep=ep)))
     return out
+
+
+def expert_tensor_parallel_layouts(layouts: list[Layout]) -> list[Layout]:
+    """For a mixture of experts: each layout with TP again with the experts split over its TP ranks (ETP = TP),
+    with or without expert parallelism (not beside both EP and CP: dims.check_etp)."""
+    return [
+        replace(lay, dims=replace(lay.dims, etp=lay.dims.tp))
+        for lay in layouts
+        if lay.dims.tp > 1 and lay.dims.etp == 1 and not lay.offload and (lay.dims.ep == 1 or lay.dims.cp == 1)
+    ]
 
 
 def allows_ep(dims: ParallelDims, ep: int, n_experts: int) -> bool:

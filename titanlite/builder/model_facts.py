@@ -28,6 +28,7 @@ from titanlite.models.common.flops import active_parameters
 from titanlite.models.common.moe.layer import GroupedExperts, MoE
 from titanlite.models.registry import spec_of
 from titanlite.parallel.activation_checkpoint import SAVE_OPS
+from titanlite.parallel.expert_tensor_parallel import etp_split_sizes
 from titanlite.parallel.tensor_parallel import tp_refusal, tp_split_sizes
 
 
@@ -54,13 +55,17 @@ class ModelFacts:
     pp_refusal: str = ""  # why the model cannot be cut into pipeline stages (its spec's pp_refusal); "": it can
     active_params: int = 0  # what one token uses (flops.active_parameters): below params for a mixture of experts
     # Mixtures of experts (0 and empty lists for a dense model). Neither TP nor the norms' rule splits a MoE block:
-    # it runs whole on every TP rank; expert parallelism splits its routed experts.
+    # it runs whole on every TP rank, unless ETP splits its experts; expert parallelism splits its routed experts.
     layer_experts: list[int] = field(default_factory=list)  # routed experts' parameters per block (0: dense block)
     n_experts: int = 0  # routed experts per MoE block
     top_k: int = 0  # experts per token
     moe_flops_per_token: float = 0.0  # of flops_per_token, the MoE blocks' (active parameters): TP repeats them
     act_layer_moe: list[float] = field(default_factory=list)  # of act_layer, saved inside the MoE block (whole
     # under TP: the block runs on the gathered sequence)
+    # Expert tensor parallelism (ETP = TP) splits the routed experts and the shared experts' matrices over TP.
+    layer_shared: list[int] = field(default_factory=list)  # the shared experts' parameters per block
+    etp_sizes: dict[str, int] = field(default_factory=dict)  # what an ETP degree must divide (the experts' widths)
+    etp_refusal: str = ""  # why the family's experts cannot be split over TP (its spec's etp_refusal); "": they can
 
     @property
     def params(self) -> int:
@@ -88,7 +93,7 @@ def model_facts(cfg, planned: ModelPlan) -> ModelFacts:
     with torch.device("meta"):
         model = plain_model(cfg, planned)
     args = model.args
-    layer_params, layer_split, layer_experts, moe_params = [], [], [], 0.0
+    layer_params, layer_split, layer_experts, layer_shared, moe_params = [], [], [], [], 0.0
     moes = [m for m in model.modules() if isinstance(m, MoE)]
     for block in model.layers.values():
         named = list(block.named_parameters())
@@ -98,6 +103,8 @@ def model_facts(cfg, planned: ModelPlan) -> ModelFacts:
         layer_experts.append(
             sum(p.numel() for m in block.modules() if isinstance(m, GroupedExperts) for p in m.parameters())
         )
+        shared = [m.shared_expert for m in block.modules() if isinstance(m, MoE) and m.shared_expert is not None]
+        layer_shared.append(sum(p.numel() for m in shared for p in m.parameters()))
     for moe in moes:  # active parameters per token: top_k / n_experts of the routed experts, the rest whole
         routed = sum(p.numel() for p in moe.experts.parameters())
         moe_params += sum(p.numel() for p in moe.parameters()) - routed * (1 - moe.args.top_k / moe.args.n_experts)
@@ -130,6 +137,9 @@ def model_facts(cfg, planned: ModelPlan) -> ModelFacts:
         n_experts=moes[0].args.n_experts if moes else 0,
         top_k=moes[0].args.top_k if moes else 0,
         moe_flops_per_token=6.0 * moe_params,
+        layer_shared=layer_shared if moes else [],
+        etp_sizes=etp_split_sizes(moes[0].args) if moes else {},
+        etp_refusal=spec_of(args).etp_refusal(args) or "",
     )
     measure_saved_tensors(model, facts, seq_len)
     return facts
@@ -222,6 +232,7 @@ FACTS_SOURCES = (
     "builder/model.py",  # plain_model: the attention cores and the experts' path the config picks
     "parallel/activation_checkpoint.py",
     "parallel/tensor_parallel.py",
+    "parallel/expert_tensor_parallel.py",
     "components/loss.py",
     "components/metrics.py",
 )

@@ -22,6 +22,7 @@ from titanlite.models.common.build import configured_args, linear_backend
 from titanlite.parallel.context_parallel import check_cp_degree
 from titanlite.parallel.dims import ParallelDims
 from titanlite.parallel.expert_parallel import check_ep_degree
+from titanlite.parallel.expert_tensor_parallel import check_etp_degree
 from titanlite.parallel.float8 import check_float8
 from titanlite.parallel.parallelize import loss_parallel_enabled
 from titanlite.parallel.pipeline import (
@@ -98,6 +99,7 @@ def plan_run(cfg: JobConfig, world_size: int, evaluation: bool = False) -> Plan:
     check_tp_degree(dims.tp, args, cfg.training.seq_len)
     check_pp_degree(dims.pp, args)
     check_ep_degree(dims.ep, args, model.family)
+    check_etp_degree(dims.etp, args, model.family)
     check_layout_features(cfg, dims, getattr(args, "conv_size", 1))
     check_compile_mode(cfg, dims, accum)
     check_float8(cfg.float8)

@@ -296,9 +296,22 @@ def describe_experts(cfg: JobConfig, model: nn.Module, device: torch.device, dty
         LOOP_UNALIGNED: f"widths {dim} and {hidden} are not 16-byte aligned for grouped_mm",
         LOOP_UNSUPPORTED: f"torch._grouped_mm does not run for {dtype} on {device.type}",
     }[experts[0].loop_reason(device, dtype, compiling=cfg.compile.enable)]
+    what += experts_over_tp(cfg.parallelism)
     if not why:
         return what + "torch._grouped_mm (one kernel for every expert of a block)"
     return what + f"a loop over the experts ({why})"
+
+
+def experts_over_tp(p) -> str:
+    """Under tensor parallelism, whether each expert is split over the TP ranks or whole on each of them."""
+    if p.tensor_parallel_degree == 1:
+        return ""
+    if p.expert_tensor_parallel_degree > 1:
+        return f"each split over the {p.tensor_parallel_degree} tensor-parallel ranks, "
+    return (
+        f"whole on each of the {p.tensor_parallel_degree} tensor-parallel ranks "
+        f"(parallelism.expert_tensor_parallel_degree = {p.tensor_parallel_degree} splits them), "
+    )
 
 
 def describe_active(model, n_params: int) -> str:

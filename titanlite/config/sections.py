@@ -291,6 +291,13 @@ class Parallelism:
     borrowed from data_parallel_shard_degree x context_parallel_degree, as TorchTitan does, so the degree must
     be a multiple of the context-parallel degree and divide that product; FSDP shards the experts over the
     rest. Only for families with mixture-of-experts blocks (docs/parallelism.md)."""
+    expert_tensor_parallel_degree: int = 1
+    """Ranks that split each routed expert's matrices (expert tensor parallelism, TorchTitan's key): 1 runs every
+    mixture-of-experts block whole on each tensor-parallel rank; tensor_parallel_degree splits each expert's gate
+    and up projections by columns and its down projection by rows over the tensor-parallel ranks, as a dense
+    MLP's (the shared experts too), beside expert parallelism or without it (TorchTitan's DeepSeek-V3 671B layout:
+    FSDP x TP 8, EP 1). No other value; the degree must divide the experts' intermediate widths. Default 1, as
+    TorchTitan's, so a TP run's experts stay as they were (docs/parallelism.md)."""
     disable_loss_parallel: bool = False
     """Gather the full-vocabulary logits before the loss instead of computing the loss on the
     vocabulary shards (loss parallelism is on by default when tensor_parallel_degree > 1)."""

@@ -74,6 +74,9 @@ class ModelSpec:
     tp_refusal: Callable[[Any], str | None] = lambda args: None
     pp_refusal: Callable[[Any], str | None] = lambda args: None
     """Why this family's model (at these arguments) cannot be cut into pipeline stages (None: it can)."""
+    etp_refusal: Callable[[Any], str | None] = lambda args: None
+    """Why this family's experts cannot be split over the tensor-parallel ranks (expert tensor parallelism,
+    titanlite/parallel/expert_tensor_parallel.py) though its MoE blocks can be run whole there (None: they can)."""
     with_depth: Callable[[Any, int], dict] = lambda args, n_layers: {"n_layers": n_layers}
     flops: str = "titanlite.models.common.flops:dense_flops_per_token"
     """fn(model, seq_len) -> training FLOPs per token (forward + backward), for tokens/s -> TFLOPS and MFU."""

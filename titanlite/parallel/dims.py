@@ -65,6 +65,7 @@ class ParallelDims:
     sizes: tuple[int, ...]
     fsdp_single_rank: bool = False  # FSDP on a one-rank data-parallel mesh (a single device)
     ep: int = 1  # expert parallelism: ranks borrowed from dp_shard x cp that split the routed experts
+    etp: int = 1  # expert tensor parallelism: 1, or tp (each expert's matrices split over the tp ranks)
 
     def __post_init__(self) -> None:
         if len(self.sizes) != len(MESH_DIMS):
@@ -77,13 +78,14 @@ class ParallelDims:
         raise AttributeError(f"'ParallelDims' object has no attribute '{name}'")
 
     @classmethod
-    def of(cls, fsdp_single_rank: bool = False, ep: int = 1, **degrees: int) -> ParallelDims:
+    def of(cls, fsdp_single_rank: bool = False, ep: int = 1, etp: int = 1, **degrees: int) -> ParallelDims:
         """The layout with these degrees, by dimension name (1 for the others): `ParallelDims.of(dp_shard=4, tp=2)`;
-        `ep`, the expert-parallel degree, borrows its ranks from dp_shard x cp (check_ep)."""
+        `ep`, the expert-parallel degree, borrows its ranks from dp_shard x cp (check_ep); `etp`, 1 or tp, splits
+        the experts' matrices over the tp ranks (check_etp)."""
         unknown = sorted(set(degrees) - set(MESH_ORDER))
         if unknown:
             raise TypeError(f"no mesh dimension {unknown}; the dimensions are {MESH_ORDER}")
-        return cls(tuple(degrees.get(name, 1) for name in MESH_ORDER), fsdp_single_rank, ep)
+        return cls(tuple(degrees.get(name, 1) for name in MESH_ORDER), fsdp_single_rank, ep, etp)
 
     @classmethod
     def from_config(cls, cfg: Parallelism, world_size: int, cpu_offload: bool = False) -> ParallelDims:
@@ -122,7 +124,13 @@ class ParallelDims:
                 "(FSDP shards over data_parallel_shard_degree there); set it to false"
             )
         check_ep(cfg.expert_parallel_degree, degrees["dp_shard"], degrees["cp"])
-        return cls.of(fsdp_single_rank=single_rank, ep=cfg.expert_parallel_degree, **degrees)
+        check_etp(cfg.expert_tensor_parallel_degree, degrees["tp"], cfg.expert_parallel_degree, degrees["cp"])
+        return cls.of(
+            fsdp_single_rank=single_rank,
+            ep=cfg.expert_parallel_degree,
+            etp=cfg.expert_tensor_parallel_degree,
+            **degrees,
+        )
 
     @property
     def degrees(self) -> dict[str, int]:
@@ -170,6 +178,10 @@ class ParallelDims:
         return self.ep > 1
 
     @property
+    def etp_enabled(self) -> bool:
+        return self.etp > 1
+
+    @property
     def efsdp(self) -> int:
         """The ranks FSDP shards each expert-parallel shard of the experts over: dp_shard x cp / ep."""
         return self.view_degree("dp_shard_cp") // self.ep
@@ -178,14 +190,20 @@ class ParallelDims:
         used = [f"{name} {deg}" for name, deg in self.degrees.items() if deg > 1]
         if self.ep_enabled:
             used.append(f"ep {self.ep} (of shard x cp)")
+        if self.etp_enabled:
+            used.append(f"etp {self.etp} (experts split over tp)")
         if self.fsdp_single_rank:
             return "single device (FSDP on one rank)"
         return " x ".join(used) if used else "single device"
 
-    def overrides(self) -> list[str]:
-        """The command-line overrides that select these degrees, in the order [parallelism] declares them."""
+    def overrides(self, every: bool = False) -> list[str]:
+        """The command-line overrides that select these degrees, in the order [parallelism] declares them; the
+        expert degrees where above 1, or with `every` always (so two lists compare key by key)."""
         args = [arg for dim in CONFIG_ORDER for arg in (f"--parallelism.{dim.key}", str(self.degrees[dim.name]))]
-        return args + (["--parallelism.expert_parallel_degree", str(self.ep)] if self.ep_enabled else [])
+        args += ["--parallelism.expert_parallel_degree", str(self.ep)] if self.ep_enabled or every else []
+        return args + (
+            ["--parallelism.expert_tensor_parallel_degree", str(self.etp)] if self.etp_enabled or every else []
+        )
 
     def build_mesh(self, device_type: str) -> Mesh | None:
         """One DeviceMesh over the dimensions in use, plus the flattened views the trainer needs.
@@ -212,6 +230,8 @@ class ParallelDims:
         if self.ep_enabled:
             views["dp_shard"] = root[split["dp_shard"]]._flatten("dp_shard")
             views["ep"] = root[tuple(n for n in ("dp_shard_in_ep", "cp") if n in names)]._flatten("ep")
+        if self.ep_enabled and self.etp_enabled:  # the experts' 2-D mesh: dispatched over ep, split over tp
+            views["ep_tp"] = root[("dp_shard_in_ep", "tp")]  # check_etp: no cp beside EP x ETP, so ep is dp_shard_in_ep
         return Mesh(root, views)
 
 
@@ -245,6 +265,23 @@ def check_ep(ep: int, dp_shard: int, cp: int) -> None:
             f"parallelism.expert_parallel_degree={ep} borrows its ranks from data_parallel_shard_degree x "
             f"context_parallel_degree = {dp_shard} x {cp}, which it does not divide; use a degree that divides "
             f"{dp_shard * cp} and is a multiple of {cp}"
+        )
+
+
+def check_etp(etp: int, tp: int, ep: int, cp: int) -> None:
+    """Expert tensor parallelism splits the experts over the tensor-parallel ranks, all of them or none (as
+    TorchTitan's expert_tensor_parallel_degree)."""
+    if etp == 1:
+        return
+    if etp != tp:
+        raise ConfigError(
+            f"parallelism.expert_tensor_parallel_degree={etp} must be 1 (experts whole on each tensor-parallel rank) "
+            f"or tensor_parallel_degree={tp} (each expert split over them); use 1" + (f" or {tp}" if tp > 1 else "")
+        )
+    if ep > 1 and cp > 1:
+        raise ConfigError(
+            f"parallelism.expert_tensor_parallel_degree={etp} beside expert_parallel_degree={ep} and "
+            f"context_parallel_degree={cp} is not supported (the experts' mesh would be 3-D); set one of them to 1"
         )
 
 

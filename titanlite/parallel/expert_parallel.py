@@ -26,10 +26,13 @@ from torch.distributed.tensor.parallel import ParallelStyle
 from titanlite.base.errors import ConfigError
 from titanlite.models.common.moe.layer import GroupedExperts
 from titanlite.models.registry import spec_of
+from titanlite.parallel.expert_tensor_parallel import HIDDEN_DIM, sum_gradient
 
 
 class ExpertParallel(ParallelStyle):
-    """Shard a GroupedExperts module's stacked weights on dim 0 over a 1-D mesh and route its tokens there."""
+    """Shard a GroupedExperts module's stacked weights on dim 0 over a 1-D mesh and route its tokens there; on a
+    2-D (ep, tp) mesh (expert tensor parallelism beside EP), also each expert's intermediate width over tp, the
+    tokens dispatched over ep and their gradient summed over tp (titanlite/parallel/expert_tensor_parallel.py)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -38,13 +41,16 @@ class ExpertParallel(ParallelStyle):
     @staticmethod
     def partition(name: str, module: nn.Module, mesh: DeviceMesh) -> None:
         for key, param in list(module.named_parameters(recurse=False)):
-            module.register_parameter(key, nn.Parameter(distribute_tensor(param, mesh, [Shard(0)])))
+            placements = [Shard(0)] + [Shard(HIDDEN_DIM[key])] * (mesh.ndim - 1)
+            module.register_parameter(key, nn.Parameter(distribute_tensor(param, mesh, placements)))
 
     def dispatch(self, module: nn.Module, inputs: tuple, mesh: DeviceMesh) -> tuple:
         """(tokens sorted by global expert, counts [E]) -> (the tokens of this rank's experts, sorted by local
         expert, and their counts [E / ep])."""
         x, counts = inputs
-        group, ep = mesh.get_group(), mesh.size()
+        if mesh.ndim == 2:  # each tp rank's rows are the same, its slice of the experts' width its own
+            x = sum_gradient(x, mesh.get_group(1))
+        group, ep = mesh.get_group(0), mesh.size(0)
         local = counts.shape[0] // ep
         with torch.no_grad():
             received = torch.empty_like(counts)  # [source rank, local expert] counts
@@ -65,7 +71,7 @@ class ExpertParallel(ParallelStyle):
         order, send, recv = self.route
         self.route = None
         unsorted = torch.empty_like(out).index_copy(0, order, out)
-        return all_to_all_single_autograd(unsorted, send, recv, mesh.get_group())
+        return all_to_all_single_autograd(unsorted, send, recv, mesh.get_group(0))
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         return distribute_module(

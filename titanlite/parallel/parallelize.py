@@ -1,7 +1,8 @@
 """The one place that turns a plain model into a parallel one, in a fixed order, then materialises it.
 
-Order (docs/architecture.md): tensor parallel → expert parallel → context parallel → float8 → activation checkpointing
-→ compile → FSDP/HSDP (over data-parallel shards x context-parallel ranks) or DDP. Beside them an MoE decoder's
+Order (docs/architecture.md): tensor parallel (with expert tensor parallelism, the experts split too) → expert
+parallel → context parallel → float8 → activation checkpointing → compile → FSDP/HSDP (over data-parallel shards x
+context-parallel ranks) or DDP. Beside them an MoE decoder's
 load-balancing statistics are pooled over the ranks that share each micro-batch (pool_balance_over).
 The float8 module swap itself runs first, because it replaces the linear modules that tensor parallelism
 registers its hooks on; the tensor-parallel plan then shards the float8 layers.
@@ -60,9 +61,16 @@ def parallelize(
     splits the head for it and FSDP keeps a tied head gathered until the loss has read it."""
     apply_float8(model, float8, fsdp=dims.fsdp_enabled, tp=dims.tp)
     if dims.tp_enabled:
-        apply_tp(model, mesh["tp"], loss_parallel=loss_parallel, chunked_loss=chunked_loss)
+        apply_tp(
+            model,
+            mesh["tp"],
+            loss_parallel=loss_parallel,
+            chunked_loss=chunked_loss,
+            experts_split=dims.etp_enabled,
+            ep=dims.ep_enabled,
+        )
     if dims.ep_enabled:
-        apply_ep(model, mesh["ep"])
+        apply_ep(model, mesh["ep_tp"] if dims.etp_enabled else mesh["ep"])
     if dims.cp_enabled:
         apply_cp(model, mesh["cp"])
     if dims.dp * dims.cp > 1:

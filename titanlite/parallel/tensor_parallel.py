@@ -23,14 +23,27 @@ from torch.distributed.tensor.parallel.style import distribute_module
 from titanlite.base.errors import ConfigError
 from titanlite.models.common.interface import DecoderModule
 from titanlite.models.registry import spec_of
+from titanlite.parallel.expert_tensor_parallel import with_experts_split
 
 
-def apply_tp(model: DecoderModule, tp_mesh: DeviceMesh, *, loss_parallel: bool, chunked_loss: bool) -> None:
+def apply_tp(
+    model: DecoderModule,
+    tp_mesh: DeviceMesh,
+    *,
+    loss_parallel: bool,
+    chunked_loss: bool,
+    experts_split: bool = False,
+    ep: bool = False,
+) -> None:
     """Shard `model` (still on the meta device) over `tp_mesh` with its family's plan for the blocks (its spec's
-    tp_plan) and the shared plan for the ends. `chunked_loss`: the loss takes the hidden states and the head."""
+    tp_plan) and the shared plan for the ends. `chunked_loss`: the loss takes the hidden states and the head.
+    `experts_split` (expert tensor parallelism): every MoE block's plan is moe_etp_plan's, its experts split over
+    `tp_mesh` too (with `ep`, expert parallelism shards them on the (ep, tp) mesh instead: apply_ep)."""
     spec = spec_of(model.args)
-    ends = ends_plan(model, loss_parallel, chunked_loss)
-    parallelize_module(model, tp_mesh, ends | spec.load(spec.tp_plan)(model))
+    plan = ends_plan(model, loss_parallel, chunked_loss) | spec.load(spec.tp_plan)(model)
+    if experts_split:
+        plan = with_experts_split(plan, model, ep)
+    parallelize_module(model, tp_mesh, plan)
     # A tied embedding: the vocabulary-parallel embedding and the column-wise output projection both
     # shard the [vocab, dim] matrix by rows (Shard(0)), so one sharded tensor serves both. Each style
     # distributed its own copy above; point the output back at the embedding's so they stay one.

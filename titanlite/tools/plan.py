@@ -175,7 +175,8 @@ def print_plan(cfg, facts: ModelFacts, rows: list[dict], machine: Machine, mem: 
         print(
             f"mixture of experts: {facts.n_experts} experts per MoE block, {facts.top_k} per token; ep: the expert-"
             "parallel degree (ranks of dp_shard x cp); experts: their parameters, gradients and optimizer state (of "
-            "params, grads, optim); a2a: expert parallelism's all-to-all buffers for the MoE layer running"
+            "params, grads, optim); a2a: expert parallelism's all-to-all buffers for the MoE layer running; ETP in a "
+            "layout's name: its experts split over its TP ranks"
         )
     width = max([26] + [len(r["layout"].name + (" (config)" if r["own"] else "")) for r in rows])
     host_head = f" {'host':>7}" if offload else ""

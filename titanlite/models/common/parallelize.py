@@ -7,7 +7,9 @@ Tensor parallelism does not split the experts (expert parallelism does, over the
 takes the full sequence (gathered from the sequence-parallel shards), routes it and runs its experts on every
 tensor-parallel rank alike, then keeps its rank's slice of the sequence. Each rank's router, shared expert and
 experts so see the same tokens and get the same gradients, so nothing needs summing over tensor parallelism; the
-price is the block's compute repeated tp times (TorchTitan instead splits the routed tokens over those ranks)."""
+price is the block's compute repeated tp times. With parallelism.expert_tensor_parallel_degree = tp the parallel
+layer replaces these MoE entries with its own plan, the experts split over TP as a dense MLP's
+(titanlite/parallel/expert_tensor_parallel.py)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """DeepSeek-V3's tensor-parallel plan: latent attention split by heads, the dense layers as Llama's, a
-mixture-of-experts block whole on every tensor-parallel rank (titanlite/models/moe_decoder/parallelize.py).
+mixture-of-experts block whole on every tensor-parallel rank (titanlite/models/common/parallelize.py; with expert
+tensor parallelism its experts split over them instead: titanlite/parallel/expert_tensor_parallel.py).
 
 Attention takes the whole sequence as a plain tensor. The per-head projections are split: the query's (wq, or wq_b
 after the low-rank bottleneck) and the latent's expansion wkv_b column-wise, each rank computing its heads; wo

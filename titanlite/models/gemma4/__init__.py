@@ -31,6 +31,7 @@ def gemma4_spec(name: str, flavors: dict, description: str) -> ModelSpec:
         ),
         tp_refusal=args.tp_refusal,
         pp_refusal=args.pp_refusal,
+        etp_refusal=lambda a: "MoE blocks' output norm (it would normalise each rank's partial sum)",
         with_depth=args.with_depth,
         flops="titanlite.models.gemma4.model:flops_per_token",
         auxiliary_losses=lambda a: moe_auxiliary_losses(a) if a.moe is not None else (),

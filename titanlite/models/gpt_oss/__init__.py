@@ -21,6 +21,7 @@ SPEC = ModelSpec(
     hf=HFConfig(hf_config.MODEL_TYPE, hf_config.read, hf_config.write, experts=True),
     moe=lambda a: a.moe,
     with_depth=args.with_depth,
+    etp_refusal=lambda a: "experts' down-projection biases (each rank's partial output would add them once more)",
     flops="titanlite.models.common.flops:moe_flops_per_token",
     auxiliary_losses=auxiliary_losses,
     description="gpt-oss: the MoE decoder with attention sinks, q/k/v/o biases, alternating sliding and full "

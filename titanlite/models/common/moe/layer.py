@@ -241,7 +241,7 @@ class GroupedExperts(nn.Module):
             return (
                 LOOP_COMPILED  # torch's shape function for the compiler admits bfloat16 only, whatever the device runs
             )
-        hidden, dim = self.w1.shape[1], self.w1.shape[2]
+        hidden, dim = _local(self.w1).shape[1:]  # this rank's widths (expert tensor parallelism splits hidden)
         if not grouped_mm_aligned(dtype, dim, hidden):
             return LOOP_UNALIGNED
         return None if grouped_mm_runs(device, dtype) else LOOP_UNSUPPORTED
