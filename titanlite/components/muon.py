@@ -1,34 +1,49 @@
 """Muon (K. Jordan et al., 2024; the update scale of Moonshot's "Muon is Scalable for LLM Training", 2025): each
 hidden matrix's momentum orthogonalised by a Newton-Schulz iteration before it is applied. A stack of experts'
-matrices [E, A, B] is E matrices, each orthogonalised on its own.
+matrices [E, A, B] is E matrices, each orthogonalised on its own. `muon_parameters` says which parameters it steps
+(the rest go to AdamW, titanlite/components/optim.py).
 
 On one device (plain tensors) a 2-D parameter's update is torch.optim.Muon's, to the bit: the momentum as torch keeps
 it (an exponential average, B <- mu B + (1 - mu) g; Nesterov's update (1 - mu) g + mu B), the iteration in bfloat16 on
 the wide orientation of the matrix, scaled to a Frobenius norm of at most 1, decoupled weight decay, and the learning
 rate adjusted by the matrix's shape ("original": sqrt(max(1, A / B)); "match_rms_adamw": 0.2 sqrt(max(A, B))).
 Where they differ: torch refuses a tensor of more than 2 dimensions; here one of [E, A, B] is E matrices of A x B,
-and its learning rate is adjusted by A x B (torch's rule reads the first two dimensions).
+and its learning rate is adjusted by A x B (torch's rule reads the first two dimensions). torch has no
+skip_update_if (found_inf); here a step with found_inf = 1 leaves weights and momenta as they were.
 
-Not yet here (issue 56): the parameter groups (AdamW for embeddings, head, norms and biases), the config, and the
-distributed forms (FSDP, TP, EP)."""
+Sharded parameters (DTensors: FSDP, TP, EP and their products): the momentum is kept and updated shard by shard;
+the update is made whole over every mesh dimension that splits a matrix (an all-gather), orthogonalised on each rank
+that shares it, and each rank keeps its shard of the result. A stack's expert dimension is never gathered: each rank
+orthogonalises the experts it holds (EP's Shard(0), and FSDP's Shard(0) of the local experts)."""
 
 from __future__ import annotations
 
 import math
+from fnmatch import fnmatchcase
+from typing import cast
 
 import torch
+import torch.nn as nn
 from torch import Tensor
+from torch.distributed.tensor import DTensor, Replicate
+from torch.distributed.tensor.placement_types import Placement
+
+from titanlite.base.errors import ConfigError
+from titanlite.models.common.moe.layer import GroupedExperts, Router
 
 NS_COEFFICIENTS = (3.4445, -4.775, 2.0315)
 ADJUSTMENTS = ("original", "match_rms_adamw", "none")
+NS_DTYPES = ("bfloat16", "float32")
 
 
-def orthogonalize(update: Tensor, coefficients: tuple[float, float, float], steps: int, eps: float) -> Tensor:
+def orthogonalize(
+    update: Tensor, coefficients: tuple[float, float, float], steps: int, eps: float, dtype: str = "bfloat16"
+) -> Tensor:
     """The Newton-Schulz iteration's near-orthogonal matrix of the 2-D `update` (U S' V^T with S' about 1 where
-    update = U S V^T), in bfloat16: the quintic a X + b (X X^T) X + c (X X^T)^2 X, `steps` times, from the matrix in
-    its wide orientation divided by its Frobenius norm (at least eps)."""
+    update = U S V^T), in `dtype` (torch.optim.Muon's is bfloat16): the quintic a X + b (X X^T) X + c (X X^T)^2 X,
+    `steps` times, from the matrix in its wide orientation divided by its Frobenius norm (at least eps)."""
     a, b, c = coefficients
-    x = update.bfloat16()
+    x = update.to(getattr(torch, dtype))
     tall = update.size(0) > update.size(1)
     if tall:
         x = x.T
@@ -62,11 +77,14 @@ class Muon(torch.optim.Optimizer):
         eps: float = 1e-7,
         ns_steps: int = 5,
         adjust_lr: str = "original",
+        ns_dtype: str = "bfloat16",
     ):
         if adjust_lr not in ADJUSTMENTS:
             raise ValueError(f"Muon adjust_lr={adjust_lr!r}; use one of {', '.join(ADJUSTMENTS)}")
         if not 0 <= momentum < 1:
             raise ValueError(f"Muon momentum={momentum}; it must be in [0, 1)")
+        if ns_dtype not in NS_DTYPES:
+            raise ValueError(f"Muon ns_dtype={ns_dtype!r}; use one of {', '.join(NS_DTYPES)}")
         defaults = dict(
             lr=lr,
             weight_decay=weight_decay,
@@ -76,6 +94,7 @@ class Muon(torch.optim.Optimizer):
             eps=eps,
             ns_steps=ns_steps,
             adjust_lr=adjust_lr,
+            ns_dtype=ns_dtype,
         )
         super().__init__(params, defaults)
         for group in self.param_groups:
@@ -92,20 +111,128 @@ class Muon(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        found_inf = getattr(self, "found_inf", None)  # set by Optimizers.skip_update_if, as fused AdamW reads it
         for group in self.param_groups:
-            lr, momentum = group["lr"], group["momentum"]
             for p in group["params"]:
-                if p.grad is None:
-                    continue
-                state = self.state[p]
-                if "momentum_buffer" not in state:
-                    state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                buf = state["momentum_buffer"]
-                buf.lerp_(p.grad, 1 - momentum)
-                update = p.grad.lerp(buf, momentum) if group["nesterov"] else buf
-                rows, cols = p.shape[-2:]
-                matrices = update.reshape(-1, rows, cols)
-                ortho = [orthogonalize(m, group["ns_coefficients"], group["ns_steps"], group["eps"]) for m in matrices]
-                p.mul_(1 - lr * group["weight_decay"])
-                p.add_(torch.stack(ortho).reshape(p.shape), alpha=-adjusted_lr(lr, rows, cols, group["adjust_lr"]))
+                if p.grad is not None:
+                    self.update(p, group, found_inf)
         return loss
+
+    def update(self, p: Tensor, group: dict, found_inf: Tensor | None) -> None:
+        """One parameter's step, on this rank's shard of it; with found_inf (a scalar, 1.0 for a bad step) the
+        weights and momentum are kept where it is 1, decided on the device."""
+        lr, momentum = group["lr"], group["momentum"]
+        state = self.state[p]
+        if "momentum_buffer" not in state:
+            state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        grad = cast(Tensor, p.grad)  # step() passes only parameters with a gradient
+        if isinstance(grad, DTensor) and isinstance(p, DTensor) and grad.placements != p.placements:
+            grad = grad.redistribute(p.device_mesh, p.placements)  # a pending Partial sum, or another layout
+        weight, buf, g = local(p), local(state["momentum_buffer"]), local(grad)
+        skip = None if found_inf is None else found_inf.to(weight.device).bool()
+        if skip is None:
+            buf.lerp_(g, 1 - momentum)
+        else:
+            buf.copy_(torch.where(skip, buf, buf.lerp(g, 1 - momentum)))
+        update = g.lerp(buf, momentum) if group["nesterov"] else buf
+        rows, cols = p.shape[-2:]
+        ortho = orthogonalized_shard(p, update, group)
+        alpha = -adjusted_lr(lr, rows, cols, group["adjust_lr"])
+        if skip is None:
+            weight.mul_(1 - lr * group["weight_decay"])
+            weight.add_(ortho, alpha=alpha)
+        else:
+            stepped = weight.mul(1 - lr * group["weight_decay"]).add_(ortho, alpha=alpha)
+            weight.copy_(torch.where(skip, weight, stepped))
+
+
+def local(t: Tensor) -> Tensor:
+    """This rank's shard of a DTensor (a view: in-place changes reach the DTensor), or the tensor itself."""
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def whole_matrix_placements(p: DTensor) -> list[Placement]:
+    """p's placements with every split of a matrix gathered: what is left sharded is only a stack's expert
+    dimension (dim 0 of a 3-D parameter), whose matrices are each whole on one rank."""
+    stack = p.ndim == 3
+    return [pl if stack and pl.is_shard() and getattr(pl, "dim", None) == 0 else Replicate() for pl in p.placements]
+
+
+def orthogonalized_shard(p: Tensor, update: Tensor, group: dict) -> Tensor:
+    """The orthogonalised update of this rank's shard of p, from this rank's shard of the update: each matrix made
+    whole (an all-gather over the mesh dimensions that split it), orthogonalised, and cut back to the shard."""
+    rows, cols = p.shape[-2:]
+    ns = group["ns_coefficients"], group["ns_steps"], group["eps"], group["ns_dtype"]
+    if not isinstance(p, DTensor):
+        return orthogonalize_matrices(update, rows, cols, *ns)
+    mesh, target = p.device_mesh, whole_matrix_placements(p)
+    sharded = DTensor.from_local(update, mesh, p.placements, shape=p.shape, stride=p.stride())
+    whole = sharded.redistribute(mesh, target).to_local() if list(p.placements) != target else update
+    ortho = orthogonalize_matrices(whole, rows, cols, *ns)
+    if list(p.placements) == target:
+        return ortho
+    return (
+        DTensor.from_local(ortho, mesh, target, shape=p.shape, stride=p.stride())
+        .redistribute(mesh, p.placements)
+        .to_local()
+    )
+
+
+def orthogonalize_matrices(
+    update: Tensor, rows: int, cols: int, coefficients: tuple[float, float, float], steps: int, eps: float, dtype: str
+) -> Tensor:
+    """Each rows x cols matrix of `update` (one matrix, or a stack of them) orthogonalised on its own."""
+    if update.ndim == 2:
+        return orthogonalize(update, coefficients, steps, eps, dtype)
+    matrices = update.reshape(-1, rows, cols)
+    return torch.stack([orthogonalize(m, coefficients, steps, eps, dtype) for m in matrices]).reshape(update.shape)
+
+
+def unwrapped_name(name: str) -> str:
+    """A parameter's name as the plain model has it (without activation checkpointing's or torch.compile's wrapper
+    modules), the name muon_params matches and checkpoints keep."""
+    return name.replace("_checkpoint_wrapped_module.", "").replace("_orig_mod.", "")
+
+
+def muon_parameters(model: nn.Module, globs: list[str]) -> list[tuple[str, nn.Parameter]]:
+    """The (name, parameter) pairs Muon steps. With `globs` (optimizer.muon_params), those whose names match one;
+    without, the hidden matrices: every linear weight and stack of experts' matrices inside the blocks (`layers.`),
+    but not the routers' gates. The embeddings and the output head stay with AdamW (as Keller Jordan's Muon and
+    Moonlight's do); so do the routers: a gate of n_experts x dim orthogonalised gets every expert's score direction
+    the same push whatever its gradient's size, and it is a small fraction of the parameters (Moonlight's example
+    hands it to Muon; name it in muon_params to do so)."""
+    if globs:
+        return [
+            (name, p)
+            for name, p in model.named_parameters()
+            if p.requires_grad and any(fnmatchcase(unwrapped_name(name), glob) for glob in globs)
+        ]
+    chosen = []
+    routers = {unwrapped_name(n) + "." for n, m in model.named_modules() if isinstance(m, Router)}
+    for module_name, module in model.named_modules():
+        name = unwrapped_name(module_name)
+        if not name.startswith("layers.") or any(name.startswith(r) or name + "." == r for r in routers):
+            continue
+        if isinstance(module, GroupedExperts):
+            chosen += [(f"{module_name}.{n}", p) for n, p in module.named_parameters(recurse=False) if p.ndim == 3]
+        elif isinstance(module, nn.Linear):
+            chosen.append((f"{module_name}.weight", cast(nn.Parameter, module.weight)))
+    return [(n, p) for n, p in chosen if p.requires_grad]
+
+
+def check_muon_params(model: nn.Module, globs: list[str]) -> None:
+    """Refuse a muon_params glob that names a parameter Muon cannot orthogonalise (a vector) or names none."""
+    names = [unwrapped_name(n) for n, _ in model.named_parameters()]
+    for glob in globs:
+        if not any(fnmatchcase(n, glob) for n in names):
+            raise ConfigError(
+                f"optimizer.muon_params glob '{glob}' matches no parameter of the model (e.g. '{names[0]}'); "
+                "fix or remove it"
+            )
+    for name, p in muon_parameters(model, globs):
+        if p.ndim < 2:
+            raise ConfigError(
+                f"optimizer.muon_params names {unwrapped_name(name)} of shape {tuple(p.shape)}, which Muon cannot "
+                "orthogonalise (it steps matrices and stacks of them); narrow the globs so that vectors (norms, "
+                "biases) stay with AdamW"
+            )
