@@ -72,7 +72,14 @@ def test_muon_on_fsdp2_matches_one_process(muon_reference, fsdp2_run):
     assert_same_losses(metrics(run_dir), muon_reference)
 
 
-@pytest.mark.parametrize("layout", ["tp2", "ep2", "fsdp2_tp2"])
+@pytest.mark.parametrize(
+    "layout",
+    [
+        pytest.param("tp2", marks=pytest.mark.slow),  # about 10 s; CI runs it
+        "ep2",
+        pytest.param("fsdp2_tp2", marks=pytest.mark.slow),  # 4 ranks, about 8 s; CI runs it
+    ],
+)
 def test_muon_layouts_match_one_process(tmp_path, muon_reference, layout):
     train(*LAYOUTS[layout], tmp_path)
     assert_same_losses(metrics(tmp_path), muon_reference)
