@@ -3,8 +3,9 @@ process's losses on FSDP x 2, TP x 2, EP x 2 and FSDP 2 x TP 2 over 10 steps, an
 layout with the uninterrupted run's losses.
 
 Every layout runs the global batch of 8 as one micro-batch, as the one-process reference does: the attention's
-matrices are FSDP- and TP-sharded DTensors (made whole for each orthogonalisation), the experts' stacks EP-sharded by
-expert (each rank orthogonalises its own) and FSDP-sharded over what EP leaves."""
+matrices are FSDP- and TP-sharded DTensors, each made whole on one owner rank (all-to-all there and back) or, split
+over two mesh dimensions or with muon_orthogonalize_on = "every_rank", on every rank (all-gather); the experts' stacks
+are EP-sharded by expert (each rank orthogonalises its own)."""
 
 import shutil
 
@@ -35,7 +36,9 @@ LAYOUTS = {
     "fsdp2": (2, [LOCAL, "4"]),
     "tp2": (2, [TP, "2", "--parallelism.data_parallel_shard_degree", "1", LOCAL, "8"]),
     "ep2": (2, ["--parallelism.expert_parallel_degree", "2", LOCAL, "4"]),
-    "fsdp2_tp2": (4, [TP, "2", LOCAL, "4"]),
+    "fsdp2_tp2": (4, [TP, "2", LOCAL, "4"]),  # matrices split over two mesh dims: gathered on every rank
+    # each matrix all-gathered and orthogonalised on both ranks, where the others have one owner per matrix
+    "fsdp2_every_rank": (2, [LOCAL, "4", "--optimizer.muon_orthogonalize_on", "every_rank"]),
 }
 CHECKPOINTED = ["--checkpoint.enable", "--checkpoint.interval", "5"]
 
@@ -78,6 +81,7 @@ def test_muon_on_fsdp2_matches_one_process(muon_reference, fsdp2_run):
         pytest.param("tp2", marks=pytest.mark.slow),  # about 10 s; CI runs it
         "ep2",
         pytest.param("fsdp2_tp2", marks=pytest.mark.slow),  # 4 ranks, about 8 s; CI runs it
+        pytest.param("fsdp2_every_rank", marks=pytest.mark.slow),  # about 3 s; CI runs it
     ],
 )
 def test_muon_layouts_match_one_process(tmp_path, muon_reference, layout):

@@ -25,7 +25,7 @@ from typing import cast
 import torch
 import torch.nn as nn
 from torch import Tensor
-from torch.distributed.tensor import DTensor, Replicate
+from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.placement_types import Placement
 
 from titanlite.base.errors import ConfigError
@@ -34,6 +34,7 @@ from titanlite.models.common.moe.layer import GroupedExperts, Router
 NS_COEFFICIENTS = (3.4445, -4.775, 2.0315)
 ADJUSTMENTS = ("original", "match_rms_adamw", "none")
 NS_DTYPES = ("bfloat16", "float32")
+ORTHOGONALIZE_ON = ("owner", "every_rank")
 
 
 def orthogonalize(
@@ -78,11 +79,14 @@ class Muon(torch.optim.Optimizer):
         ns_steps: int = 5,
         adjust_lr: str = "original",
         ns_dtype: str = "bfloat16",
+        orthogonalize_on: str = "owner",
     ):
         if adjust_lr not in ADJUSTMENTS:
             raise ValueError(f"Muon adjust_lr={adjust_lr!r}; use one of {', '.join(ADJUSTMENTS)}")
         if not 0 <= momentum < 1:
             raise ValueError(f"Muon momentum={momentum}; it must be in [0, 1)")
+        if orthogonalize_on not in ORTHOGONALIZE_ON:
+            raise ValueError(f"Muon orthogonalize_on={orthogonalize_on!r}; use one of {', '.join(ORTHOGONALIZE_ON)}")
         if ns_dtype not in NS_DTYPES:
             raise ValueError(f"Muon ns_dtype={ns_dtype!r}; use one of {', '.join(NS_DTYPES)}")
         defaults = dict(
@@ -95,6 +99,7 @@ class Muon(torch.optim.Optimizer):
             ns_steps=ns_steps,
             adjust_lr=adjust_lr,
             ns_dtype=ns_dtype,
+            orthogonalize_on=orthogonalize_on,
         )
         super().__init__(params, defaults)
         for group in self.param_groups:
@@ -113,37 +118,103 @@ class Muon(torch.optim.Optimizer):
                 loss = closure()
         found_inf = getattr(self, "found_inf", None)  # set by Optimizers.skip_update_if, as fused AdamW reads it
         for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is not None:
-                    self.update(p, group, found_inf)
+            params = [p for p in group["params"] if p.grad is not None]
+            for bucket in buckets(params, group["orthogonalize_on"]):
+                updates = [self.momentum_update(p, group, found_inf) for p in bucket]
+                for p, ortho in zip(bucket, orthogonalized_shards(bucket, updates, group)):
+                    self.apply(p, ortho, group, found_inf)
         return loss
 
-    def update(self, p: Tensor, group: dict, found_inf: Tensor | None) -> None:
-        """One parameter's step, on this rank's shard of it; with found_inf (a scalar, 1.0 for a bad step) the
-        weights and momentum are kept where it is 1, decided on the device."""
-        lr, momentum = group["lr"], group["momentum"]
+    def momentum_update(self, p: Tensor, group: dict, found_inf: Tensor | None) -> Tensor:
+        """Update p's momentum (this rank's shard of it) and return the shard of the update to orthogonalise; with
+        found_inf (a scalar, 1.0 for a bad step) the momentum is kept where it is 1, decided on the device."""
+        momentum = group["momentum"]
         state = self.state[p]
         if "momentum_buffer" not in state:
             state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
         grad = cast(Tensor, p.grad)  # step() passes only parameters with a gradient
         if isinstance(grad, DTensor) and isinstance(p, DTensor) and grad.placements != p.placements:
             grad = grad.redistribute(p.device_mesh, p.placements)  # a pending Partial sum, or another layout
-        weight, buf, g = local(p), local(state["momentum_buffer"]), local(grad)
-        skip = None if found_inf is None else found_inf.to(weight.device).bool()
-        if skip is None:
+        buf, g = local(state["momentum_buffer"]), local(grad)
+        if found_inf is None:
             buf.lerp_(g, 1 - momentum)
         else:
-            buf.copy_(torch.where(skip, buf, buf.lerp(g, 1 - momentum)))
-        update = g.lerp(buf, momentum) if group["nesterov"] else buf
+            buf.copy_(torch.where(found_inf.to(buf.device).bool(), buf, buf.lerp(g, 1 - momentum)))
+        return g.lerp(buf, momentum) if group["nesterov"] else buf
+
+    def apply(self, p: Tensor, ortho: Tensor, group: dict, found_inf: Tensor | None) -> None:
+        """Decoupled weight decay and the orthogonalised update on this rank's shard of p (kept where found_inf
+        is 1)."""
+        lr = group["lr"]
+        weight = local(p)
         rows, cols = p.shape[-2:]
-        ortho = orthogonalized_shard(p, update, group)
         alpha = -adjusted_lr(lr, rows, cols, group["adjust_lr"])
-        if skip is None:
+        if found_inf is None:
             weight.mul_(1 - lr * group["weight_decay"])
             weight.add_(ortho, alpha=alpha)
         else:
             stepped = weight.mul(1 - lr * group["weight_decay"]).add_(ortho, alpha=alpha)
-            weight.copy_(torch.where(skip, weight, stepped))
+            weight.copy_(torch.where(found_inf.to(weight.device).bool(), weight, stepped))
+
+
+def buckets(params: list[Tensor], orthogonalize_on: str) -> list[list[Tensor]]:
+    """The parameters in the groups that are orthogonalised together: with orthogonalize_on = "owner", the
+    DTensors whose matrices one mesh dimension splits (owner_split) by mesh, placements and shape, in order of
+    first appearance (the same on every rank); every other parameter alone."""
+    if orthogonalize_on != "owner":
+        return [[p] for p in params]
+    groups: dict[tuple, list[Tensor]] = {}
+    for i, p in enumerate(params):
+        key: tuple = (i,)
+        if isinstance(p, DTensor) and owner_split(p) is not None:
+            key = (p.device_mesh, tuple(p.placements), tuple(p.shape))
+        groups.setdefault(key, []).append(p)
+    return list(groups.values())
+
+
+def owner_split(p: DTensor) -> int | None:
+    """The mesh dimension that splits p's matrices, where it is the only one and a plain Shard (FSDP alone, TP
+    alone, HSDP, EP's experts with FSDP over their rows), and every other one replicates p or holds whole matrices
+    of it (EP's experts); None otherwise (FSDP x TP: the all-gather way)."""
+    target = whole_matrix_placements(p)
+    split = [i for i, (now, whole) in enumerate(zip(p.placements, target)) if now != whole]
+    if len(split) != 1 or type(p.placements[split[0]]) is not Shard:
+        return None
+    if any(not (pl.is_replicate() or type(pl) is Shard) for pl in p.placements):
+        return None
+    return split[0]
+
+
+def orthogonalized_shards(params: list[Tensor], updates: list[Tensor], group: dict) -> list[Tensor]:
+    """The orthogonalised updates of this rank's shards of `params` (a bucket), from this rank's shards of their
+    updates."""
+    if len(params) == 1 and (group["orthogonalize_on"] != "owner" or not isinstance(params[0], DTensor)):
+        return [orthogonalized_shard(params[0], updates[0], group)]
+    if not isinstance(params[0], DTensor) or owner_split(params[0]) is None:
+        return [orthogonalized_shard(p, u, group) for p, u in zip(params, updates)]
+    return owner_orthogonalized(cast(list[DTensor], params), updates, group)
+
+
+def owner_orthogonalized(params: list[DTensor], updates: list[Tensor], group: dict) -> list[Tensor]:
+    """K matrices (or stacks) of one shape and layout, split by one mesh dimension of n ranks: stacked as a
+    [K, ...] DTensor, one all-to-all hands each rank K / n of them whole, it orthogonalises those, and a second
+    all-to-all returns every rank its shards (in the iteration's dtype: bfloat16, half the bytes). Each rank
+    receives 2 (n - 1) / n^2 of the K matrices' elements where an all-gather of each gives it (n - 1) / n of them,
+    and it runs K / n of the iterations rather than K."""
+    p0 = params[0]
+    mesh, split = p0.device_mesh, cast(int, owner_split(p0))
+    shape = torch.Size((len(params), *p0.shape))
+    stride = torch.empty(shape, device="meta").stride()
+    stacked = [Shard(pl.dim + 1) if isinstance(pl, Shard) else pl for pl in p0.placements]
+    owned = list(stacked)
+    owned[split] = Shard(0)
+    mine = DTensor.from_local(torch.stack(updates), mesh, stacked, shape=shape, stride=stride)
+    mine = mine.redistribute(mesh, owned)
+    rows, cols = p0.shape[-2:]
+    ns = group["ns_coefficients"], group["ns_steps"], group["eps"], group["ns_dtype"]
+    ortho = orthogonalize_matrices(mine.to_local(), rows, cols, *ns)  # returned in its dtype: bfloat16 halves it
+    back = DTensor.from_local(ortho, mesh, owned, shape=shape, stride=stride).redistribute(mesh, stacked)
+    return list(back.to_local().unbind(0))
 
 
 def local(t: Tensor) -> Tensor:
@@ -160,7 +231,8 @@ def whole_matrix_placements(p: DTensor) -> list[Placement]:
 
 def orthogonalized_shard(p: Tensor, update: Tensor, group: dict) -> Tensor:
     """The orthogonalised update of this rank's shard of p, from this rank's shard of the update: each matrix made
-    whole (an all-gather over the mesh dimensions that split it), orthogonalised, and cut back to the shard."""
+    whole (an all-gather over the mesh dimensions that split it), orthogonalised on every rank that shares it, and
+    cut back to the shard."""
     rows, cols = p.shape[-2:]
     ns = group["ns_coefficients"], group["ns_steps"], group["eps"], group["ns_dtype"]
     if not isinstance(p, DTensor):
@@ -185,6 +257,8 @@ def orthogonalize_matrices(
     if update.ndim == 2:
         return orthogonalize(update, coefficients, steps, eps, dtype)
     matrices = update.reshape(-1, rows, cols)
+    if not len(matrices):  # a rank that owns none of a bucket's matrices
+        return update.to(getattr(torch, dtype))
     return torch.stack([orthogonalize(m, coefficients, steps, eps, dtype) for m in matrices]).reshape(update.shape)
 
 

@@ -98,6 +98,7 @@ def build_part_optimizers(part: nn.Module, cfg: Optimizer, impl: str) -> list[to
                 ns_steps=cfg.muon_ns_steps,
                 adjust_lr=cfg.muon_adjust_lr,
                 ns_dtype=cfg.muon_ns_dtype,
+                orthogonalize_on=cfg.muon_orthogonalize_on,
             )
         )
     return optimizers
