@@ -23,6 +23,7 @@ from fnmatch import fnmatchcase
 from typing import cast
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 from torch import Tensor
 from torch.distributed.tensor import DTensor, Replicate, Shard
@@ -196,25 +197,60 @@ def orthogonalized_shards(params: list[Tensor], updates: list[Tensor], group: di
 
 
 def owner_orthogonalized(params: list[DTensor], updates: list[Tensor], group: dict) -> list[Tensor]:
-    """K matrices (or stacks) of one shape and layout, split by one mesh dimension of n ranks: stacked as a
-    [K, ...] DTensor, one all-to-all hands each rank K / n of them whole, it orthogonalises those, and a second
-    all-to-all returns every rank its shards (in the iteration's dtype: bfloat16, half the bytes). Each rank
-    receives 2 (n - 1) / n^2 of the K matrices' elements where an all-gather of each gives it (n - 1) / n of them,
-    and it runs K / n of the iterations rather than K."""
+    """K matrices (or stacks) of one shape and layout, split along tensor dim d by one mesh dimension of n ranks:
+    matrix k belongs to rank k mod n. One all-to-all hands each owner the other ranks' shards of its matrices, it
+    orthogonalises them whole, and a second all-to-all returns every rank its shards of the results, in the
+    iteration's dtype (bfloat16: half the bytes; sent as raw bytes, bit for bit). Each rank sends about 2 (n - 1) / n^2
+    of the K matrices where an all-gather of each sends (n - 1) / n of them, and runs K / n of the iterations rather
+    than K. (DTensor's own Shard-to-Shard redistribution falls back to an all-gather on gloo.)"""
     p0 = params[0]
     mesh, split = p0.device_mesh, cast(int, owner_split(p0))
-    shape = torch.Size((len(params), *p0.shape))
-    stride = torch.empty(shape, device="meta").stride()
-    stacked = [Shard(pl.dim + 1) if isinstance(pl, Shard) else pl for pl in p0.placements]
-    owned = list(stacked)
-    owned[split] = Shard(0)
-    mine = DTensor.from_local(torch.stack(updates), mesh, stacked, shape=shape, stride=stride)
-    mine = mine.redistribute(mesh, owned)
+    process_group, n, me = mesh.get_group(split), mesh.size(split), mesh.get_local_rank(split)
+    d = cast(Shard, p0.placements[split]).dim
+    whole = p0.shape[d]
+    chunk = -(-whole // n)
+    sizes = [max(0, min(whole, (r + 1) * chunk) - r * chunk) for r in range(n)]  # torch.chunk's, as DTensor's
+    shapes = [list(updates[0].shape[:d]) + [sizes[r]] + list(updates[0].shape[d + 1 :]) for r in range(n)]
+    numels = [math.prod(shape) for shape in shapes]
+    owned = [[k for k in range(len(params)) if k % n == o] for o in range(n)]
+    # To each owner, this rank's shards of its matrices; from each rank, its shards of this rank's.
+    send = torch.cat([updates[k].reshape(-1) for o in range(n) for k in owned[o]])
+    received = send.new_empty(len(owned[me]) * sum(numels))
+    dist.all_to_all_single(
+        received,
+        send,
+        [len(owned[me]) * numels[r] for r in range(n)],
+        [len(owned[o]) * numels[me] for o in range(n)],
+        group=process_group,
+    )
+    pieces = received.split([len(owned[me]) * numels[r] for r in range(n)])
+    by_rank = [piece.split(numels[r]) for r, piece in enumerate(pieces)]
     rows, cols = p0.shape[-2:]
     ns = group["ns_coefficients"], group["ns_steps"], group["eps"], group["ns_dtype"]
-    ortho = orthogonalize_matrices(mine.to_local(), rows, cols, *ns)  # returned in its dtype: bfloat16 halves it
-    back = DTensor.from_local(ortho, mesh, owned, shape=shape, stride=stride).redistribute(mesh, stacked)
-    return list(back.to_local().unbind(0))
+    results = []
+    for j in range(len(owned[me])):
+        matrix = torch.cat([by_rank[r][j].view(shapes[r]) for r in range(n)], dim=d)
+        results.append(orthogonalize_matrices(matrix, rows, cols, *ns))
+    dtype = getattr(torch, group["ns_dtype"])
+    size = dtype.itemsize  # sent as bytes: gloo has no bfloat16 (nor int16); the bits travel as they are
+    offsets = [sum(sizes[:r]) for r in range(n)]
+    back = [res.narrow(d, offsets[r], sizes[r]).reshape(-1) for r in range(n) for res in results]
+    send_back = torch.cat(back).view(torch.uint8) if back else torch.empty(0, dtype=torch.uint8, device=send.device)
+    returned = torch.empty(
+        sum(len(owned[o]) for o in range(n)) * numels[me] * size, dtype=torch.uint8, device=send.device
+    )
+    dist.all_to_all_single(
+        returned,
+        send_back,
+        [len(owned[o]) * numels[me] * size for o in range(n)],
+        [len(owned[me]) * numels[r] * size for r in range(n)],
+        group=process_group,
+    )
+    shards: list[Tensor] = [send] * len(params)  # placeholders, each replaced below
+    flat = returned.view(dtype).split(numels[me])
+    for index, k in enumerate(k for o in range(n) for k in owned[o]):
+        shards[k] = flat[index].view(shapes[me])
+    return shards
 
 
 def local(t: Tensor) -> Tensor:
