@@ -14,6 +14,7 @@ from titanlite.builder.model import plain_model
 from titanlite.builder.plan import plan_model
 from titanlite.components.muon import Muon, check_muon_params, muon_parameters
 from titanlite.components.optim import Optimizers
+from titanlite.components.resume import flat_config, resume_changes
 from titanlite.config import Optimizer, parse_config
 
 
@@ -152,3 +153,18 @@ def test_a_muon_params_glob_that_matches_nothing_is_refused():
     with pytest.raises(ConfigError, match="optimizer.muon_params glob 'layers.*.mlp.*' matches no parameter"):
         check_muon_params(Tiny(), ["layers.*.weight", "layers.*.mlp.*"])
     check_muon_params(Tiny(), ["layers.*.weight"])
+
+
+def test_a_resume_that_changes_the_optimizers_kind_is_refused_unless_its_state_is_left_out():
+    """An AdamW checkpoint holds two moments per parameter, a Muon run needs a momentum per hidden matrix: refused
+    with the key and both values, unless checkpoint.exclude_from_loading leaves the optimizer's state out."""
+    adamw, muon = parse_config([]), parse_config(["--optimizer.name", "Muon"])
+    facts = {"model": {"dim": 64}, "tokenizer": "t", "windows": 100}
+    with pytest.raises(ConfigError, match="optimizer.name='Muon' differs from the 'AdamW' that step-3 was saved with"):
+        resume_changes(flat_config(adamw), facts, muon, facts, set(), "step-3")
+    assert resume_changes(flat_config(adamw), facts, muon, facts, {"optimizer"}, "step-3") == [
+        "optimizer.name 'AdamW' -> 'Muon'"
+    ]
+    narrowed = parse_config(["--optimizer.name", "Muon", "--optimizer.muon_params", "layers.*.attention.*.weight"])
+    with pytest.raises(ConfigError, match="optimizer.muon_params=.* differs from the \\[\\]"):
+        resume_changes(flat_config(muon), facts, narrowed, facts, set(), "step-3")
