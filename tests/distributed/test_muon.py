@@ -38,6 +38,7 @@ LAYOUTS = {
     "ep2": (2, ["--parallelism.expert_parallel_degree", "2", LOCAL, "4"]),
     "fsdp2_tp2": (4, [TP, "2", LOCAL, "4"]),  # matrices split over two mesh dims: gathered on every rank
     # each matrix all-gathered and orthogonalised on both ranks, where the others have one owner per matrix
+    "hsdp": (4, ["--parallelism.data_parallel_replicate_degree", "2", LOCAL, "2"]),  # owners within each replica
     "fsdp2_every_rank": (2, [LOCAL, "4", "--optimizer.muon_orthogonalize_on", "every_rank"]),
 }
 CHECKPOINTED = ["--checkpoint.enable", "--checkpoint.interval", "5"]
@@ -82,6 +83,7 @@ def test_muon_on_fsdp2_matches_one_process(muon_reference, fsdp2_run):
         "ep2",
         pytest.param("fsdp2_tp2", marks=pytest.mark.slow),  # 4 ranks, about 8 s; CI runs it
         pytest.param("fsdp2_every_rank", marks=pytest.mark.slow),  # about 3 s; CI runs it
+        pytest.param("hsdp", marks=pytest.mark.slow),  # 4 ranks, about 8 s; CI runs it
     ],
 )
 def test_muon_layouts_match_one_process(tmp_path, muon_reference, layout):

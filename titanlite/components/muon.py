@@ -12,9 +12,12 @@ and its learning rate is adjusted by A x B (torch's rule reads the first two dim
 skip_update_if (found_inf); here a step with found_inf = 1 leaves weights and momenta as they were.
 
 Sharded parameters (DTensors: FSDP, TP, EP and their products): the momentum is kept and updated shard by shard;
-the update is made whole over every mesh dimension that splits a matrix (an all-gather), orthogonalised on each rank
-that shares it, and each rank keeps its shard of the result. A stack's expert dimension is never gathered: each rank
-orthogonalises the experts it holds (EP's Shard(0), and FSDP's Shard(0) of the local experts)."""
+the update is made whole over every mesh dimension that splits a matrix and each rank keeps its shard of the result.
+orthogonalize_on = "owner" (the default) hands each matrix whole to one rank, in rounds of one matrix per rank, by
+all-to-all there and back (owner_orthogonalized); "every_rank", and a matrix split over two mesh dimensions either
+way, all-gathers it and orthogonalises it on every rank that shares it (orthogonalized_shard). Both give the same
+bits. A stack's expert dimension is never gathered: each rank orthogonalises the experts it holds (EP's Shard(0), and
+FSDP's Shard(0) of the local experts). docs/optimizers.md has the measured bytes and times of the two ways."""
 
 from __future__ import annotations
 
@@ -160,17 +163,26 @@ class Muon(torch.optim.Optimizer):
 
 def buckets(params: list[Tensor], orthogonalize_on: str) -> list[list[Tensor]]:
     """The parameters in the groups that are orthogonalised together: with orthogonalize_on = "owner", the
-    DTensors whose matrices one mesh dimension splits (owner_split) by mesh, placements and shape, in order of
-    first appearance (the same on every rank); every other parameter alone."""
+    DTensors whose matrices one mesh dimension of n ranks splits (owner_split), by mesh, placements and shape, in
+    order of first appearance (the same on every rank), n at a time (one for each rank to own: the step holds one
+    round's matrices whole, not all of a shape's); every other parameter alone."""
     if orthogonalize_on != "owner":
         return [[p] for p in params]
     groups: dict[tuple, list[Tensor]] = {}
-    for i, p in enumerate(params):
-        key: tuple = (i,)
-        if isinstance(p, DTensor) and owner_split(p) is not None:
-            key = (p.device_mesh, tuple(p.placements), tuple(p.shape))
-        groups.setdefault(key, []).append(p)
-    return list(groups.values())
+    rounds: list[list[Tensor]] = []
+    for p in params:
+        split = owner_split(p) if isinstance(p, DTensor) else None
+        if split is None or not isinstance(p, DTensor):
+            rounds.append([p])
+            continue
+        key = (p.device_mesh, tuple(p.placements), tuple(p.shape))
+        group = groups.setdefault(key, [])
+        if not group:
+            rounds.append(group)
+        group.append(p)
+        if len(group) == p.device_mesh.size(split):  # a full round: the next of this shape starts another
+            del groups[key]
+    return rounds
 
 
 def owner_split(p: DTensor) -> int | None:
