@@ -250,11 +250,12 @@ class Optimizer:
     sqrt(max(1, A / B)); 'match_rms_adamw' (Moonlight's) by 0.2 sqrt(max(A, B)), which gives the update AdamW's
     RMS, so muon_lr = optimizer.lr is a starting point."""
     muon_orthogonalize_on: Literal["owner", "every_rank"] = "owner"
-    """Where a sharded matrix is orthogonalised (FSDP, TP, EP's experts split by FSDP): 'owner', one rank per matrix,
-    which receives the others' shards and sends back theirs of the result (two all-to-alls per round of n
-    same-shaped matrices over n ranks); 'every_rank', every rank that holds a shard, after an all-gather of each matrix. 'owner' moves
-    2/n of the bytes over n ranks and runs 1/n of the iterations per rank (scripts/muon_comm.py measures both;
-    docs/optimizers.md); a matrix split over two mesh dimensions (FSDP x TP) is gathered either way."""
+    """Where a sharded matrix is orthogonalised (FSDP, TP, EP's experts split by FSDP): 'owner', one rank per
+    matrix, which receives the others' shards and sends back theirs of the result (two all-to-alls per round of n
+    same-shaped matrices over n ranks); 'every_rank', every rank that holds a shard, after an all-gather of each
+    matrix. 'owner' sends 1.5/n of the bytes over n ranks (the result in bfloat16) and runs 1/n of the iterations
+    per rank (scripts/muon_comm.py measures both; docs/optimizers.md); a matrix split over two mesh dimensions
+    (FSDP x TP) is gathered either way."""
     muon_weight_decay: float = 0.1
     """Muon's decoupled weight decay (the AdamW parameters keep optimizer.weight_decay)."""
     muon_params: list[str] = field(default_factory=list)
