@@ -277,12 +277,12 @@ def estimate_rank(facts, lay: Layout, s: Setting, layers: list[int], first: bool
 
 def muon_step_bytes(facts, ep: int) -> float:
     """What Muon's step holds beside the weights, gradients and momenta, for its largest tensor (a stack of experts:
-    this rank's 1/ep of them): the momentum-updated gradient made whole (float32, and the gathered copy DTensor's
-    redistribution returns), its orthogonalised matrices stacked in bfloat16, and for the largest matrix the
-    Newton-Schulz iteration's bfloat16 operands (the matrix, its Gram matrix and the polynomial of it: at most
-    three matrices' worth)."""
+    this rank's 1/ep of them) of M elements, in the owner way (muon_orthogonalize_on's default; the every-rank way
+    holds less): a round's n momentum-updated shards (M in all, float32), the same sent and the owner's matrix
+    received (float32), its result, the result's shards sent back and received (bfloat16), and the Newton-Schulz
+    iteration's bfloat16 operands for the largest matrix (the matrix, its Gram matrix and the polynomial of it)."""
     whole = facts.muon_largest_tensor / (ep if facts.muon_largest_tensor > facts.muon_largest_matrix else 1)
-    return 2 * 4 * whole + 2 * whole + 3 * 2 * facts.muon_largest_matrix
+    return 3 * 4 * whole + 3 * 2 * whole + 3 * 2 * facts.muon_largest_matrix
 
 
 def largest_unit(facts, tp: int, ep: int) -> float:
