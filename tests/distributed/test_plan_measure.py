@@ -1,6 +1,6 @@
 """`titanlite plan --measure`: the estimated peak is within 15 % of the tensor-level peak measured on a
 real run, for the debug models on several layouts (expert parallelism among them), with and without activation
-checkpointing.
+checkpointing; within 10 % with the Muon optimizer.
 
 The command runs as users run it (a process of its own launching the measured run's workers) for one layout in the
 default suite and for a failed measurement. The other cases call the same command in this process with its
@@ -20,6 +20,16 @@ from titanlite.tools import plan
 pytestmark = pytest.mark.distributed
 
 BYTE = ["--model.tokenizer", "byte", "--training.seq_len", "512"]  # activations dominate, not the logits
+MUON = [
+    "--optimizer.name",
+    "Muon",
+    "--model.tokenizer",
+    "byte",
+    "--training.seq_len",
+    "32",
+    "--training.local_batch_size",
+    "1",
+]
 HYBRID_4096 = ["--model.tokenizer", "byte", "--training.seq_len", "4096", "--training.local_batch_size", "1"]
 CASES = [
     pytest.param("single", 1, [], marks=pytest.mark.slow),  # ZeRO-3 with the byte tokenizer and full AC stays
@@ -92,6 +102,15 @@ CASES = [
         ["--config", "train_configs/qwen3_5_debug.toml", *HYBRID_4096],
         marks=pytest.mark.slow,
     ),
+    # Muon: one momentum per hidden matrix instead of AdamW's two moments, and each matrix made whole at its step; one
+    # sequence of 32 tokens a rank, so that the weights and their optimizer's state weigh most (within 10 %).
+    ("muon_qwen3_moe_zero3", 2, ["--config", "train_configs/qwen3_moe_debug.toml", *MUON]),
+    pytest.param(  # the experts' momenta by expert over the EP ranks, the attention's FSDP-sharded
+        "muon_qwen3_moe_ep2",
+        2,
+        ["--config", "train_configs/qwen3_moe_debug.toml", *MUON, "--parallelism.expert_parallel_degree", "2"],
+        marks=pytest.mark.slow,
+    ),
     pytest.param(
         "llama_tp2_byte",
         2,
@@ -138,7 +157,7 @@ def test_estimate_within_15_percent_of_measured(tmp_path, plan_measure, name, ng
         f"{name}: estimated {result['estimate_peak'] / 2**20:.1f} MiB, measured {result['measured_peak'] / 2**20:.1f} "
         "MiB"
     )
-    assert abs(ratio - 1) <= 0.15, f"{name}: estimate/measured = {ratio:.3f}"
+    assert abs(ratio - 1) <= (0.10 if name.startswith("muon") else 0.15), f"{name}: estimate/measured = {ratio:.3f}"
     assert (
         f"peak: estimated {result['estimate_peak'] / 2**20:.1f}, measured {result['measured_peak'] / 2**20:.1f}"
         in proc.stdout

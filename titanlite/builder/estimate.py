@@ -5,7 +5,10 @@ compares the config's own layout with the machine before launch. Per rank, for e
   parameters    fp32, divided by TP (split matrices and vocabulary ends; norms stay whole), by the
                 pipeline stage, and by FSDP's shard degree
   gradients     fp32, sharded as the parameters under FSDP; whole under DDP and on one device
-  optimizer     AdamW's two fp32 moments, sharded as the parameters
+  optimizer     AdamW's two fp32 moments, sharded as the parameters; under Muon one fp32 momentum for each
+                parameter it steps (the blocks' matrices, sharded as they are), and, at its step, beside the
+                gradients, its largest tensor made whole with the Newton-Schulz iteration's operands
+                (muon_step_bytes)
   activations   the saved tensors of one micro-batch per layer (by AC mode), in the activation dtype
                 (bf16 under mixed precision on GPUs), x the micro-batches a pipeline stage keeps in
                 flight; under TP+SP divided by TP except the two gathered norm outputs per block. A
@@ -186,11 +189,15 @@ def estimate_rank(facts, lay: Layout, s: Setting, layers: list[int], first: bool
     # (ep x efsdp = dp_shard x cp: with FSDP, the same share of the experts as without expert parallelism).
     sharded_experts = experts / (ep * lay.dims.efsdp) if lay.dims.fsdp_enabled else experts
     sharded = n_params / shard + sharded_experts
+    # Muon keeps one fp32 momentum per parameter it steps, AdamW two moments for the others.
+    muon_experts = float(sum(facts.layer_muon_experts[i] for i in layers)) / etp if facts.layer_muon_experts else 0.0
+    muon_sharded_experts = muon_experts / (ep * lay.dims.efsdp) if lay.dims.fsdp_enabled else muon_experts
+    muon_rest = sum(local(facts.layer_muon[i], facts.layer_muon_split[i]) for i in layers) if facts.layer_muon else 0
     params = 4 * sharded
-    optimizer = 2 * 4 * sharded
+    optimizer = 2 * 4 * sharded - 4 * (muon_rest / shard + muon_sharded_experts)
     grads = 4 * sharded if lay.dims.fsdp_enabled else 4 * (n_params + experts)
     expert_states = (
-        16 * sharded_experts
+        16 * sharded_experts - 4 * muon_sharded_experts
     )  # of params, grads and optimizer: the experts' fp32 weights, gradients, moments
     host = 0.0
     if lay.offload:  # FSDP keeps the shards, their gradients and AdamW's moments in host memory
@@ -269,13 +276,15 @@ def estimate_rank(facts, lay: Layout, s: Setting, layers: list[int], first: bool
     recomputing = activations + recompute + fsdp_buffers + dispatch  # a MoE block's forward again: its all-to-alls
     end_of_backward = grads + fsdp_buffers
     forward_end = activations + fsdp_buffers + dispatch  # the last MoE layer's forward, all activations kept
-    peak = params + optimizer + max(start_of_backward, recomputing, end_of_backward, forward_end)
+    # Muon's step: the gradients, and its largest tensor made whole (muon_step_bytes).
+    optimizer_step = grads + muon_step_bytes(facts, ep) if facts.muon_largest_tensor and layers else 0.0
+    peak = params + optimizer + max(start_of_backward, recomputing, end_of_backward, forward_end, optimizer_step)
     return {
         "parameters": params,
         "gradients": grads,
         "optimizer": optimizer,
         "activations": activations + recompute * (recomputing > start_of_backward),
-        "temporary": loss_grads + fsdp_buffers,
+        "temporary": max(loss_grads + fsdp_buffers, optimizer_step - grads),
         "dispatch": dispatch,
         "experts": expert_states,
         "peak": peak,
@@ -283,6 +292,16 @@ def estimate_rank(facts, lay: Layout, s: Setting, layers: list[int], first: bool
         "in_flight": in_flight,
         "comm": communication(lay, s, n_params, experts, len(layers), facts, first, last, layers),
     }
+
+
+def muon_step_bytes(facts, ep: int) -> float:
+    """What Muon's step holds beside the weights, gradients and momenta, for its largest tensor (a stack of experts:
+    this rank's 1/ep of them) of M elements, in the owner way (muon_orthogonalize_on's default; the every-rank way
+    holds less): a round's n momentum-updated shards (M in all, float32), the same sent and the owner's matrix
+    received (float32), its result, the result's shards sent back and received (bfloat16), and the Newton-Schulz
+    iteration's bfloat16 operands for the largest matrix (the matrix, its Gram matrix and the polynomial of it)."""
+    whole = facts.muon_largest_tensor / (ep if facts.muon_largest_tensor > facts.muon_largest_matrix else 1)
+    return 3 * 4 * whole + 3 * 2 * whole + 3 * 2 * facts.muon_largest_matrix
 
 
 def largest_unit(facts, tp: int, ep: int, etp: int = 1) -> float:

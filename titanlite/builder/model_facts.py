@@ -24,7 +24,9 @@ from titanlite.builder.model import plain_model
 from titanlite.builder.plan import ModelPlan
 from titanlite.components.loss import cross_entropy
 from titanlite.components.metrics import flops_per_token
+from titanlite.components.muon import muon_parameters, unwrapped_name
 from titanlite.models.common.flops import active_parameters
+from titanlite.models.common.interface import DecoderModule
 from titanlite.models.common.moe.layer import GroupedExperts, MoE
 from titanlite.models.registry import spec_of
 from titanlite.parallel.activation_checkpoint import SAVE_OPS
@@ -66,6 +68,15 @@ class ModelFacts:
     layer_shared: list[int] = field(default_factory=list)  # the shared experts' parameters per block
     etp_sizes: dict[str, int] = field(default_factory=dict)  # what an ETP degree must divide (the experts' widths)
     etp_refusal: str = ""  # why the family's experts cannot be split over TP (its spec's etp_refusal); "": they can
+    # Muon (optimizer.name = "Muon"; empty and 0 under AdamW): per block, the parameters Muon steps (one fp32
+    # momentum each, where AdamW keeps two moments) outside the routed experts, of those the ones TP splits, and the
+    # routed experts' ones; the largest tensor Muon makes whole at once (a stack of experts: all of it) and the
+    # largest single matrix it orthogonalises, in elements.
+    layer_muon: list[int] = field(default_factory=list)
+    layer_muon_split: list[int] = field(default_factory=list)
+    layer_muon_experts: list[int] = field(default_factory=list)
+    muon_largest_tensor: int = 0
+    muon_largest_matrix: int = 0
 
     @property
     def params(self) -> int:
@@ -141,8 +152,26 @@ def model_facts(cfg, planned: ModelPlan) -> ModelFacts:
         etp_sizes=etp_split_sizes(moes[0].args) if moes else {},
         etp_refusal=spec_of(args).etp_refusal(args) or "",
     )
+    if cfg.optimizer.name == "Muon":
+        count_muon(model, facts, cfg.optimizer.muon_params)
     measure_saved_tensors(model, facts, seq_len)
     return facts
+
+
+def count_muon(model: DecoderModule, facts: ModelFacts, globs: list[str]) -> None:
+    """Fill in the Muon fields of `facts`: which of the blocks' parameters Muon steps (muon_parameters), by block."""
+    chosen = {unwrapped_name(n): p for n, p in muon_parameters(model, globs)}
+    for index, block in model.layers.items():
+        whole = tuple(f"{n}." for n, m in block.named_modules() if isinstance(m, MoE))
+        experts = {id(p) for m in block.modules() if isinstance(m, GroupedExperts) for p in m.parameters()}
+        named = [(n, p) for n, p in block.named_parameters() if f"layers.{index}.{n}" in chosen]
+        facts.layer_muon.append(sum(p.numel() for _, p in named if id(p) not in experts))
+        facts.layer_muon_split.append(
+            sum(p.numel() for n, p in named if id(p) not in experts and tp_splits(n, p.shape, whole))
+        )
+        facts.layer_muon_experts.append(sum(p.numel() for _, p in named if id(p) in experts))
+    facts.muon_largest_tensor = max((p.numel() for p in chosen.values()), default=0)
+    facts.muon_largest_matrix = max((p.shape[-2] * p.shape[-1] for p in chosen.values()), default=0)
 
 
 class FlashAttentionOnMeta(TorchFunctionMode):
@@ -235,6 +264,7 @@ FACTS_SOURCES = (
     "parallel/expert_tensor_parallel.py",
     "components/loss.py",
     "components/metrics.py",
+    "components/muon.py",  # muon_parameters: which parameters Muon steps
 )
 
 
@@ -243,7 +273,8 @@ def cached_model_facts(cfg, planned: ModelPlan) -> ModelFacts:
     meta forward in a process costs about a second (torch imports its compiler stack for some meta
     kernels), which every launch would otherwise pay again."""
     m = cfg.model
-    key = hashlib.sha256(repr((m.name, m.flavor, m.n_layers, m.tokenizer, cfg.training.seq_len)).encode())
+    muon = (cfg.optimizer.name, cfg.optimizer.muon_params)  # which parameters Muon steps (count_muon)
+    key = hashlib.sha256(repr((m.name, m.flavor, m.n_layers, m.tokenizer, cfg.training.seq_len, muon)).encode())
     if m.flavor == "hf" or m.tokenizer == "hf":  # the shape (and vocabulary) is the folder's
         key.update(repr(planned.tokenizer.fingerprint).encode())
         if m.flavor == "hf":

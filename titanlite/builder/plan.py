@@ -14,11 +14,12 @@ from titanlite.base.errors import ConfigError
 from titanlite.components.checkpoint import initial_weights_path
 from titanlite.components.hf_weights import check_hf_folders
 from titanlite.components.loss import chunk_tokens, schedule_of
+from titanlite.components.muon import check_muon_params
 from titanlite.components.profiling import check_profiling
 from titanlite.components.wandb_run import check_wandb
 from titanlite.config import JobConfig, grad_accum_steps
 from titanlite.data.tokenizer import Tokenizer, build_tokenizer
-from titanlite.models.common.build import configured_args, linear_backend
+from titanlite.models.common.build import configured_args, linear_backend, model_from_args
 from titanlite.parallel.context_parallel import check_cp_degree
 from titanlite.parallel.dims import ParallelDims
 from titanlite.parallel.expert_parallel import check_ep_degree
@@ -101,6 +102,9 @@ def plan_run(cfg: JobConfig, world_size: int, evaluation: bool = False) -> Plan:
     check_ep_degree(dims.ep, args, model.family)
     check_etp_degree(dims.etp, args, model.family)
     check_layout_features(cfg, dims, getattr(args, "conv_size", 1))
+    if cfg.optimizer.name == "Muon" and cfg.optimizer.muon_params and not evaluation:
+        with torch.device("meta"):  # the parameters' names and shapes, no memory
+            check_muon_params(model_from_args(args), cfg.optimizer.muon_params)
     check_compile_mode(cfg, dims, accum)
     check_float8(cfg.float8)
     # "fla" where it cannot import: refused before launch (its smoke check runs in the workers, on their devices)

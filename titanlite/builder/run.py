@@ -19,7 +19,7 @@ from titanlite.builder.model import ModelSetup, build_rank_model
 from titanlite.builder.plan import ModelPlan, Plan, validation_batch_size
 from titanlite.components.checkpoint import Checkpointer
 from titanlite.components.metrics import MetricsLogger, count_params, device_peak_tflops, flops_per_token, read_records
-from titanlite.components.optim import LRSchedulers, Optimizers, warmup_cut
+from titanlite.components.optim import LRSchedulers, Optimizers, describe_muon, warmup_cut
 from titanlite.components.profiling import Profiler
 from titanlite.components.resilience import Faults, StopOnSignal
 from titanlite.components.wandb_run import WandbRun
@@ -206,6 +206,8 @@ def startup_lines(
         lines.append(experts)
     if validator is not None:
         lines.append(f"  {describe_validation(cfg, corpus, len(validator.windows), plan.dims.dp)}")
+    if cfg.optimizer.name == "Muon":
+        lines.append(describe_muon(setup.plain_model, cfg.optimizer))
     if cut := warmup_cut(cfg.lr_scheduler, cfg.training.steps):
         lines.append(cut)
     if skipping := describe_skipping(cfg.training):

@@ -118,8 +118,9 @@ class Checkpointer:
 
     def optimizer_state(self) -> dict:
         state: dict[str, Any] = {}
-        for i, (part, optimizer) in enumerate(zip(self.model_parts, self.optimizers.optimizers)):
-            part_state = get_optimizer_state_dict(part, optimizer, options=OPTIM_OPTIONS)
+        for i, (part, optimizers) in enumerate(zip(self.model_parts, self.optimizers.by_part)):
+            # A part's optimizers (AdamW, and Muon) as one: its state keyed by the part's parameter names.
+            part_state = get_optimizer_state_dict(part, optimizers, options=OPTIM_OPTIONS)
             state |= rename_tied(part_state, TIED_COPY, TIED_NAME) if i in self.tied_copy_parts else part_state
         return state
 
@@ -337,13 +338,13 @@ class Checkpointer:
             for part in self.model_parts:
                 set_model_state_dict(part, state["model"], options=StateDictOptions(strict=False))
         if "optimizer" in state:
-            for i, (part, optimizer) in enumerate(zip(self.model_parts, self.optimizers.optimizers)):
+            for i, (part, optimizers) in enumerate(zip(self.model_parts, self.optimizers.by_part)):
                 part_state = (
                     rename_tied(state["optimizer"], TIED_NAME, TIED_COPY)
                     if i in self.tied_copy_parts
                     else state["optimizer"]
                 )
-                set_optimizer_state_dict(part, optimizer, part_state, options=OPTIM_OPTIONS)
+                set_optimizer_state_dict(part, optimizers, part_state, options=OPTIM_OPTIONS)
             self.optimizers.restore_settings(settings)
         if "lr_scheduler" in state:
             self.lr_schedulers.load_state_dict(state["lr_scheduler"])

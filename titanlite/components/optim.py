@@ -1,4 +1,5 @@
-"""Optimizer (AdamW), learning-rate schedule (warm-up then cosine/linear decay) and gradient clipping.
+"""Optimizers (AdamW, or Muon beside AdamW), learning-rate schedule (warm-up then cosine/linear decay) and gradient
+clipping.
 
 Clipping works on plain and DTensor (sharded) gradients alike, on one mesh or on several (expert parameters
 on their own mesh): the norm is taken over the full model. Partial gradients (a replicated weight used on
@@ -16,19 +17,23 @@ import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate
 
+from titanlite.components.muon import Muon, muon_parameters
 from titanlite.config import LRScheduler, Optimizer
 
 
 class Optimizers:
-    """One AdamW per model part (the whole model, or each local pipeline stage), stepped together.
+    """The optimizers of each model part (the whole model, or each local pipeline stage), stepped together: an
+    AdamW, or with optimizer.name = "Muon" an AdamW and a Muon (titanlite/components/muon.py) over the part's
+    other parameters and its hidden matrices.
 
-    One optimizer per part keeps each part's optimizer state addressable by that part's parameter
-    names, which is what layout-independent checkpoints are keyed by."""
+    Optimizers per part keep each part's optimizer state addressable by that part's parameter names, which is
+    what layout-independent checkpoints are keyed by (`by_part`: the part's optimizers, saved as one)."""
 
     def __init__(self, model_parts: list[nn.Module], cfg: Optimizer, device_type: str, skip_nonfinite: bool = False):
         self.model_parts = model_parts
         impl = implementation(cfg, device_type, skip_nonfinite)
-        self.optimizers = [build_adamw(part, cfg, impl) for part in model_parts]
+        self.by_part = [build_part_optimizers(part, cfg, impl) for part in model_parts]
+        self.optimizers = [optimizer for part in self.by_part for optimizer in part]
 
     @property
     def param_groups(self) -> list[dict]:
@@ -58,7 +63,8 @@ class Optimizers:
 
     def skip_update_if(self, bad: torch.Tensor) -> None:
         """Make the next step() a no-op on the device where `bad` (a bool scalar tensor) is true: the
-        fused AdamW leaves weights, moments and step counts as they were. No host synchronisation."""
+        fused AdamW leaves weights, moments and step counts as they were, Muon its weights and momenta. No host
+        synchronisation."""
         found_inf = bad.float()
         for optimizer in self.optimizers:
             optimizer.found_inf = found_inf  # type: ignore[attr-defined]  # Adam.step reads it by getattr; not in the stubs
@@ -72,14 +78,52 @@ def implementation(cfg: Optimizer, device_type: str, skip_nonfinite: bool = Fals
     return "fused" if device_type == "cuda" or skip_nonfinite else "foreach"
 
 
-def build_adamw(model: nn.Module, cfg: Optimizer, impl: str) -> torch.optim.Optimizer:
+def build_part_optimizers(part: nn.Module, cfg: Optimizer, impl: str) -> list[torch.optim.Optimizer]:
+    """One part's optimizers: its AdamW first (whose first group's LR the logs show), then its Muon, if any."""
+    params = [p for p in part.parameters() if p.requires_grad]
+    if cfg.name == "AdamW":
+        return [build_adamw(params, cfg, impl)]
+    matrices = [p for _, p in muon_parameters(part, cfg.muon_params)]
+    chosen = {id(p) for p in matrices}
+    rest = [p for p in params if id(p) not in chosen]
+    optimizers: list[torch.optim.Optimizer] = [build_adamw(rest, cfg, impl)] if rest else []
+    if matrices:
+        optimizers.append(
+            Muon(
+                matrices,
+                lr=cfg.muon_lr,
+                weight_decay=cfg.muon_weight_decay,
+                momentum=cfg.muon_momentum,
+                nesterov=cfg.muon_nesterov,
+                ns_steps=cfg.muon_ns_steps,
+                adjust_lr=cfg.muon_adjust_lr,
+                ns_dtype=cfg.muon_ns_dtype,
+                orthogonalize_on=cfg.muon_orthogonalize_on,
+            )
+        )
+    return optimizers
+
+
+def describe_muon(model: nn.Module, cfg: Optimizer) -> str:
+    """The start-up line of a Muon run: which parameters each optimizer steps, and at what learning rate."""
+    matrices = muon_parameters(model, cfg.muon_params)
+    n_muon = sum(p.numel() for _, p in matrices)
+    n_all = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    which = "optimizer.muon_params" if cfg.muon_params else "the blocks' linear weights and experts' matrices"
+    return (
+        f"  optimizer: Muon on {len(matrices)} tensors ({which}; {n_muon:,} parameters) at muon_lr {cfg.muon_lr:g} "
+        f"adjusted '{cfg.muon_adjust_lr}', {cfg.muon_ns_steps} Newton-Schulz steps in {cfg.muon_ns_dtype}; AdamW on"
+        f" the other {n_all - n_muon:,} (embeddings, head, routers, norms, biases) at lr {cfg.lr:g}"
+    )
+
+
+def build_adamw(params: list[nn.Parameter], cfg: Optimizer, impl: str) -> torch.optim.Optimizer:
     """AdamW with weight decay on matrices and embeddings only; built after sharding so its state is sharded too.
 
     Sharded (DTensor) and plain parameters go in groups of their own: the foreach and fused kernels take one list
     of either kind per group, and a layout can hold both (tensor parallelism alone splits the attention into
     DTensors and leaves a mixture of experts' blocks whole, plain). Checkpoints keep each parameter's group settings
     under its name (flattened), so the grouping may differ between the layout that saved and the one that loads."""
-    params = [p for p in model.parameters() if p.requires_grad]
     groups = []
     for weight_decay, of_group in ((cfg.weight_decay, lambda p: p.ndim >= 2), (0.0, lambda p: p.ndim < 2)):
         for sharded in (True, False):
@@ -145,7 +189,7 @@ class LRSchedulers:
             scheduler.load_state_dict(state)
 
     def peak_lrs(self) -> list[list[float | torch.Tensor]]:
-        """Each schedule's base (peak) learning rates: the config's optimizer.lr."""
+        """Each schedule's base (peak) learning rates: the config's optimizer.lr (and muon_lr)."""
         return [list(scheduler.base_lrs) for scheduler in self.schedulers]
 
     def resume(self, peak_lrs: list[list[float | torch.Tensor]]) -> None:

@@ -11,6 +11,8 @@ left out of the load (checkpoint.exclude_from_loading, TorchTitan's key):
                                          'model' and 'optimizer' left out: the weights start afresh
   the data (sequence length, seed, sources, held-out split)
                                          'dataloader' left out: the data starts again at its first sample
+  the optimizer's kind (AdamW or Muon, and which parameters Muon steps: AdamW's moments are not Muon's momenta)
+                                         'optimizer' left out: the optimizer's state starts afresh
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ DATA_KEYS = (
 )
 # Keys that decide the model; its shape (a fact) is compared too, for a Hugging Face folder whose files changed.
 MODEL_KEYS = ("model.name", "model.flavor", "model.n_layers", "model.hf_assets_path", "model.tokenizer")
+# Keys that decide which optimizer state each parameter has (Muon's momentum or AdamW's moments).
+OPTIMIZER_KEYS = ("optimizer.name", "optimizer.muon_params")
 # MoEArgs fields that a resume may change (the [moe] section's numbers): training terms, not the model.
 MOE_COEFFICIENTS = tuple(f for f in BALANCE_FIELDS if f != "balance")
 # Keys that say how this invocation loads, logs, profiles or names things: never reported as changes.
@@ -68,6 +72,8 @@ def resume_changes(
         _refuse_model_change(differ, saved_facts, facts, where)
     if not fresh_data:
         _refuse_data_change(differ, saved_facts, facts, where)
+    if "optimizer" not in excluded:
+        _refuse_optimizer_change(differ, where)
     quiet = tuple(f"{section}." for section in QUIET_SECTIONS)
     return [f"{key} {old!r} -> {new!r}" for key, (old, new) in differ.items() if not key.startswith(quiet)]
 
@@ -95,6 +101,16 @@ def _refuse_model_change(differ: dict, saved_facts: dict, facts: dict, where: st
         raise ConfigError(
             f"the model's {field} is {new_model[field]!r}, not the {old_model.get(field)!r} that "
             f"{where} was saved with; {advice}"
+        )
+
+
+def _refuse_optimizer_change(differ: dict, where: str) -> None:
+    changed = _first_changed(differ, OPTIMIZER_KEYS, where)
+    if changed:
+        raise ConfigError(
+            f"{changed}: its optimizer state (AdamW's two moments or Muon's momentum, per parameter) does not fit "
+            "this run's; resume with the checkpoint's value, or keep its weights and start the optimizer's state "
+            "afresh with checkpoint.exclude_from_loading = ['optimizer']"
         )
 
 

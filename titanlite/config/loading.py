@@ -424,6 +424,12 @@ def check_optimizer(optimizer) -> None:
     for key in ("beta1", "beta2"):
         if not 0 <= getattr(optimizer, key) < 1:
             raise ConfigError(f"optimizer.{key}={getattr(optimizer, key)} must be in [0, 1)")
+    check_not_negative({"optimizer.muon_weight_decay": optimizer.muon_weight_decay})
+    check_at_least_one({"optimizer.muon_ns_steps": optimizer.muon_ns_steps})
+    if not optimizer.muon_lr > 0:
+        raise ConfigError(f"optimizer.muon_lr={optimizer.muon_lr} must be positive")
+    if not 0 <= optimizer.muon_momentum < 1:
+        raise ConfigError(f"optimizer.muon_momentum={optimizer.muon_momentum} must be in [0, 1)")
 
 
 def check_lr_scheduler(lr_scheduler) -> None:

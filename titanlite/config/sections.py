@@ -230,10 +230,12 @@ class Validation:
 
 @dataclass
 class Optimizer:
-    """AdamW and its settings."""
+    """AdamW, or Muon for the hidden matrices beside AdamW for the rest, and their settings."""
 
-    name: Literal["AdamW"] = "AdamW"
-    """Optimizer."""
+    name: Literal["AdamW", "Muon"] = "AdamW"
+    """Optimizer. 'Muon' orthogonalises each hidden matrix's momentum (Newton-Schulz; each expert's matrices
+    separately) and steps the other parameters (embeddings, output head, routers, norms, biases) with AdamW at
+    optimizer.lr; both follow the same LR schedule (docs/optimizers.md)."""
     lr: float = 3e-4
     """Peak learning rate."""
     weight_decay: float = 0.1
@@ -247,6 +249,35 @@ class Optimizer:
     implementation: Literal["auto", "fused", "foreach", "for-loop"] = "auto"
     """AdamW kernel: 'auto' picks fused on CUDA (and wherever training.skip_nonfinite_steps is on) and
     foreach elsewhere."""
+    muon_lr: float = 0.02
+    """Muon's peak learning rate (the AdamW parameters keep optimizer.lr), before muon_adjust_lr's scaling."""
+    muon_momentum: float = 0.95
+    """Muon's momentum (an exponential average of the gradients, as torch.optim.Muon keeps it)."""
+    muon_nesterov: bool = True
+    """Orthogonalise Nesterov's look-ahead of the momentum rather than the momentum itself."""
+    muon_ns_steps: int = 5
+    """Newton-Schulz iterations per orthogonalisation."""
+    muon_ns_dtype: Literal["bfloat16", "float32"] = "bfloat16"
+    """The Newton-Schulz iteration's dtype: bfloat16 as torch.optim.Muon (and Keller Jordan's) run it, or float32,
+    twice the memory and several times the time of its matmuls, whose layouts agree with one process to float32's
+    reduction order (~1e-6 in the loss after 10 steps) where bfloat16 roundings of that order give ~1e-4."""
+    muon_adjust_lr: Literal["original", "match_rms_adamw"] = "original"
+    """How a matrix's learning rate follows its shape A x B: 'original' (Keller Jordan's) multiplies muon_lr by
+    sqrt(max(1, A / B)); 'match_rms_adamw' (Moonlight's) by 0.2 sqrt(max(A, B)), which gives the update AdamW's
+    RMS, so muon_lr = optimizer.lr is a starting point."""
+    muon_orthogonalize_on: Literal["owner", "every_rank"] = "owner"
+    """Where a sharded matrix is orthogonalised (FSDP, TP, EP's experts split by FSDP): 'owner', one rank per
+    matrix, which receives the others' shards and sends back theirs of the result (two all-to-alls per round of n
+    same-shaped matrices over n ranks); 'every_rank', every rank that holds a shard, after an all-gather of each
+    matrix. 'owner' sends 1.5/n of the bytes over n ranks (the result in bfloat16) and runs 1/n of the iterations
+    per rank (scripts/muon_comm.py measures both; docs/optimizers.md); a matrix split over two mesh dimensions
+    (FSDP x TP) is gathered either way."""
+    muon_weight_decay: float = 0.1
+    """Muon's decoupled weight decay (the AdamW parameters keep optimizer.weight_decay)."""
+    muon_params: list[str] = field(default_factory=list)
+    """Which parameters Muon steps, as name globs (fnmatch, e.g. 'layers.*.attention.*.weight'); empty: every
+    linear weight and every stack of experts' matrices inside the blocks, but not the routers' gates. Each must
+    be a matrix (2-D) or a stack of them; a vector named here is refused."""
 
 
 @dataclass
