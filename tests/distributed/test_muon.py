@@ -1,5 +1,6 @@
 """Muon (optimizer.name = "Muon", gloo, fp32, the Newton-Schulz iteration too) on the tiny Qwen3-MoE gives one
-process's losses on FSDP x 2, TP x 2, EP x 2 and FSDP 2 x TP 2 over 10 steps, and its checkpoint resumes on another
+process's losses on FSDP x 2, TP x 2, EP x 2, FSDP 2 x TP 2, HSDP, TP x 2 with the experts split (ETP) and PP x 2
+over 10 steps, and its checkpoint resumes on another
 layout with the uninterrupted run's losses.
 
 Every layout runs the global batch of 8 as one micro-batch, as the one-process reference does: the attention's
@@ -40,7 +41,25 @@ LAYOUTS = {
     # each matrix all-gathered and orthogonalised on both ranks, where the others have one owner per matrix
     "hsdp": (4, ["--parallelism.data_parallel_replicate_degree", "2", LOCAL, "2"]),  # owners within each replica
     "fsdp2_every_rank": (2, [LOCAL, "4", "--optimizer.muon_orthogonalize_on", "every_rank"]),
+    # the experts' stacks split over TP on their width (expert tensor parallelism): made whole over TP per expert
+    "etp2": (
+        2,
+        [
+            TP,
+            "2",
+            "--parallelism.expert_tensor_parallel_degree",
+            "2",
+            "--parallelism.data_parallel_shard_degree",
+            "1",
+            LOCAL,
+            "8",
+        ],
+    ),
 }
+# Pipeline stages each step their own layers' matrices. Each pipeline micro-batch would get a load-balancing term of
+# its own, so the PP comparison runs without one (its reference too).
+NO_BALANCE = ["--moe.balance", "none"]
+PP = ["--parallelism.pipeline_parallel_degree", "2", "--parallelism.pipeline_parallel_schedule", "1F1B", LOCAL, "8"]
 CHECKPOINTED = ["--checkpoint.enable", "--checkpoint.interval", "5"]
 
 
@@ -84,6 +103,7 @@ def test_muon_on_fsdp2_matches_one_process(muon_reference, fsdp2_run):
         pytest.param("fsdp2_tp2", marks=pytest.mark.slow),  # 4 ranks, about 8 s; CI runs it
         pytest.param("fsdp2_every_rank", marks=pytest.mark.slow),  # about 3 s; CI runs it
         pytest.param("hsdp", marks=pytest.mark.slow),  # 4 ranks, about 8 s; CI runs it
+        pytest.param("etp2", marks=pytest.mark.slow),  # CI runs it
     ],
 )
 def test_muon_layouts_match_one_process(tmp_path, muon_reference, layout):
@@ -105,3 +125,10 @@ def test_a_muon_checkpoint_resumes_on_another_layout(tmp_path, fsdp2_run):
     resumed, expected = metrics(tmp_path), metrics(straight)
     assert [r["step"] for r in resumed] == list(range(1, 11))
     assert_close([r["loss"] for r in resumed[5:]], [r["loss"] for r in expected[5:]], 1e-5)
+
+
+@pytest.mark.slow  # two runs, about 10 s; CI runs them
+def test_muon_on_pp2_matches_one_process(tmp_path, one_process):
+    reference = one_process([*MUON, *NO_BALANCE, LOCAL, "8"])
+    train(2, [*NO_BALANCE, *PP], tmp_path)
+    assert_same_losses(metrics(tmp_path), reference)

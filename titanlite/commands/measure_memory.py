@@ -75,6 +75,7 @@ def measure_peak(trainer, fsdp: bool, device: torch.device, out: Path, total_ste
     mem: MemTracker
     if fsdp and len(trainer.model_parts) == 1:
         mem = FSDPMemTracker(trainer.model_parts[0], optimizers[0])
+        mem.track_external(*optimizers[1:])  # Muon's beside AdamW: its momenta counted as optimizer state too
     else:
         mem = MemTracker()
         mem.track_external(*trainer.model_parts, *optimizers)
