@@ -9,8 +9,8 @@ DeepseekV3 and DeepSeek's own code score with sigmoid only), topk_method other t
 no group limit applies, which is the same routing), moe_layer_freq other than 1, attention_bias, a
 num_key_value_heads other than the heads (every head has its own key), hidden_act other than silu. The published
 weights' FP8 blocks are dequantized as they are read (titanlite/components/hf_quantized.py). Multi-token prediction
-(num_nextn_predict_layers > 0) is left out: titanlite trains without it, does not load those layers (logged once) and
-carries them unchanged into an export.
+(num_nextn_predict_layers) is honoured: mtp_layers, those layers loaded and trained (model.mtp_layers = 0 leaves them
+out of the run and carries them unchanged into an export; logged once).
 Ignored, as they change no math: aux_loss_alpha and seq_aux (DeepSeek's training loss), ep_size, output_router_logits,
 pretraining_tp, initializer_range, attention_dropout (0), use_cache."""
 
@@ -118,9 +118,8 @@ def read(config: dict, where: str) -> DeepseekV3Args:
     if mtp and where not in _MTP_TOLD:
         _MTP_TOLD.add(where)
         logger.info(
-            f"{where} num_nextn_predict_layers={mtp}: titanlite trains DeepSeek-V3 without multi-token prediction; "
-            "the tensors of those layers, where the folder holds them, are left out of the run and carried into its "
-            "export (the checkpoint line says how many)"
+            f"{where} num_nextn_predict_layers={mtp}: multi-token prediction, its layers loaded and trained "
+            "(model.mtp_layers = 0 leaves them out of the run and carries them into its export)"
         )
     moe, attention = _moe(config, where, n_layers), _attention(config, where)
     try:
@@ -135,6 +134,7 @@ def read(config: dict, where: str) -> DeepseekV3Args:
             tie_embeddings=bool(config.get("tie_word_embeddings", False)),
             rope_scaling=rope_scaling,
             moe=moe,
+            mtp_layers=mtp,
             **attention,
         )
     except ValueError as e:  # the latent attention's widths, which config.json names as DeepseekV3Args does
@@ -198,5 +198,5 @@ def write(args: DeepseekV3Args) -> dict:
         "topk_method": "noaux_tc",
         "scoring_func": "sigmoid",
         "first_k_dense_replace": len(moe.dense_layers),
-        "num_nextn_predict_layers": 0,
+        "num_nextn_predict_layers": args.mtp_layers,
     }

@@ -1,0 +1,46 @@
+"""Multi-token prediction (model.mtp_layers, models/common/multi_token.py) on real layouts (gloo, fp32): DeepSeek-V3's
+debug model with one depth (its block a mixture of experts, as DeepSeek's layer 61 is) trains on FSDP x 2, TP x 2, EP x
+2, PP x 2 and CP x 2 with one process's losses, MTP losses, grad norms, validation losses and expert loads for the
+global batch of 8. PP x 2 puts the depth on the last stage with a copy of the embedding kept equal to the first
+stage's; CP x 2's ranks each hold 2 chunks of 8 tokens of each sequence, the tokens ahead of a chunk made before the
+split (the window's last positions, which have no target ahead, lie on one rank)."""
+
+import pytest
+
+from tests.distributed.test_context_parallel import cp
+from tests.distributed.test_expert_parallel import assert_same_run
+from tests.distributed.test_model_families import BANNERS, LAYOUTS
+from tests.helpers import VALIDATED, assert_close, metrics, train_in_pool
+
+pytestmark = pytest.mark.distributed
+
+MTP = ["--config", "train_configs/deepseek_v3_debug.toml", "--model.mtp_layers", "1", *VALIDATED]
+EP2 = (2, ["--parallelism.expert_parallel_degree", "2", "--training.local_batch_size", "4"])
+CP2 = (2, cp(2))
+
+
+@pytest.fixture(scope="module")
+def mtp_reference(one_process):
+    return one_process([*MTP, "--training.local_batch_size", "8"])
+
+
+def test_multi_token_prediction_logs_its_loss_beside_the_main_one(mtp_reference):
+    """The main loss is logged as `loss`, the depth's as mtp_loss, each falling as the model learns."""
+    print([(r["loss"], r["mtp_loss"]) for r in mtp_reference])
+    assert mtp_reference[-1]["mtp_loss"] < mtp_reference[0]["mtp_loss"]
+    assert mtp_reference[-1]["loss"] < mtp_reference[0]["loss"]
+
+
+@pytest.mark.parametrize(
+    "layout",
+    ["tp2", "pp2", "cp2", pytest.param("fsdp2", marks=pytest.mark.slow), pytest.param("ep2", marks=pytest.mark.slow)],
+)
+def test_multi_token_prediction_on_a_layout_matches_one_process(tmp_path, mtp_reference, layout):
+    nproc, args = {"ep2": EP2, "cp2": CP2, **LAYOUTS}[layout]
+    proc = train_in_pool(nproc, [*MTP, *args], tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert f"layout: {BANNERS[layout]} on 2 cpu" in proc.stdout
+    assert "multi-token prediction: 1 depth(s) after layer 2" in proc.stdout
+    records = metrics(tmp_path)
+    assert_same_run(records, mtp_reference)
+    assert_close([r["mtp_loss"] for r in records], [r["mtp_loss"] for r in mtp_reference], 1e-5)
