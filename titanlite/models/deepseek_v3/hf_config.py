@@ -9,14 +9,13 @@ DeepseekV3 and DeepSeek's own code score with sigmoid only), topk_method other t
 no group limit applies, which is the same routing), moe_layer_freq other than 1, attention_bias, a
 num_key_value_heads other than the heads (every head has its own key), hidden_act other than silu. The published
 weights' FP8 blocks are dequantized as they are read (titanlite/components/hf_quantized.py). Multi-token prediction
-(num_nextn_predict_layers) is honoured: mtp_layers, those layers loaded and trained (model.mtp_layers = 0 leaves them
-out of the run and carries them unchanged into an export; logged once).
+(num_nextn_predict_layers) is honoured: mtp_layers, those layers loaded and trained where the folder holds them
+(titanlite/models/hf_config.py held_mtp_layers; model.mtp_layers = 0 leaves them out of the run and carries them
+unchanged into an export).
 Ignored, as they change no math: aux_loss_alpha and seq_aux (DeepSeek's training loss), ep_size, output_router_logits,
 pretraining_tp, initializer_range, attention_dropout (0), use_cache."""
 
 from __future__ import annotations
-
-import logging
 
 from titanlite.base.errors import ConfigError
 from titanlite.base.hf_config import refuse
@@ -27,11 +26,8 @@ from titanlite.models.common.moe.hf_config import check_expressible as check_exp
 from titanlite.models.common.rope_args import YarnRopeScaling
 from titanlite.models.deepseek_v3.args import DeepseekV3Args, first_dense
 
-logger = logging.getLogger(__name__)
-
 MODEL_TYPE = "deepseek_v3"
 ARCHITECTURE = "DeepseekV3ForCausalLM"
-_MTP_TOLD: set[str] = set()  # the config.json files whose multi-token prediction layers were already named
 
 
 def _mtp_layers(config: dict) -> int:
@@ -114,13 +110,7 @@ def read(config: dict, where: str) -> DeepseekV3Args:
     rope_theta, rope_scaling = rope_settings(config, where)
     if rope_scaling is not None and not isinstance(rope_scaling, YarnRopeScaling):
         raise refuse(where, "rope_type", "llama3", "DeepSeek-V3 reads plain RoPE or 'yarn'")
-    mtp = _mtp_layers(config)
-    if mtp and where not in _MTP_TOLD:
-        _MTP_TOLD.add(where)
-        logger.info(
-            f"{where} num_nextn_predict_layers={mtp}: multi-token prediction, its layers loaded and trained "
-            "(model.mtp_layers = 0 leaves them out of the run and carries them into its export)"
-        )
+    mtp = _mtp_layers(config)  # the folder's weights may hold fewer (models/hf_config.py held_mtp_layers, logged)
     moe, attention = _moe(config, where, n_layers), _attention(config, where)
     try:
         return DeepseekV3Args(

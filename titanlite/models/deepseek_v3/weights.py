@@ -144,7 +144,7 @@ def to_hf(args: DeepseekV3Args, sd: dict[str, torch.Tensor], take) -> dict[str, 
         rows = _rope_rows(args, ours)
         out[hf] = take(ours) if rows is None else _reorder(args, take(ours), rows, rope_to_hf)
     for copy, shared in hf_copies(args).items():
-        out[copy] = out[shared]
+        out[copy] = out[shared].clone()  # a tensor of its own: safetensors refuses tensors that share memory
     for i in range(args.n_layers + args.mtp_layers):
         if args.moe.is_sparse(i):
             ours = f"layers.{i}.feed_forward."

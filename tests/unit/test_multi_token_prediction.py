@@ -1,0 +1,172 @@
+"""Multi-token prediction (model.mtp_layers, titanlite/models/common/multi_token.py) against a reference written out
+here in plain torch around transformers' own DeepseekV3DecoderLayer (fp32, CPU): a random DeepSeek-V3 folder with one
+MTP layer stored as DeepSeek's layer 61 is (model.layers.N: enorm, hnorm, eh_proj, the block, shared_head.norm, and
+copies of the embedding and head) imports with its MTP logits within 1e-5 and exports the same tensors back; a copy
+that differs from the shared embedding is refused, model.mtp_layers = 0 leaves the layer out (carried into the
+export), and a family whose config.json cannot say MTP refuses model.mtp_layers > 0 in one line before launch. The
+labels' columns ahead and the loss's weighting are checked against direct computations."""
+
+import json
+import logging
+import subprocess
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+transformers = pytest.importorskip(
+    "transformers", reason="transformers is an optional test dependency (pip install .[hf])"
+)
+from safetensors.torch import load_file, save_file  # noqa: E402
+
+from tests.helpers import REPO  # noqa: E402
+from tests.unit.test_deepseek_v3 import SHAPE, VOCAB, random_deepseek  # noqa: E402
+from tests.unit.test_hf_families import assert_logits_match, imported  # noqa: E402
+from titanlite.base.errors import ConfigError  # noqa: E402
+from titanlite.components.hf_weights import save_hf  # noqa: E402
+from titanlite.components.loss import MultiTokenLoss, cross_entropy  # noqa: E402
+from titanlite.models.common.auxiliary import AuxiliaryLosses, collecting  # noqa: E402
+from titanlite.models.common.multi_token import IGNORE, future_labels  # noqa: E402
+
+LAYER = SHAPE["num_hidden_layers"]  # the MTP layer's number: DeepSeek-V3's 61 of 61 decoder layers
+
+
+def mtp_folder(folder, embed_copy=None):
+    """A random transformers DeepSeek-V3 saved to `folder`, with one random MTP layer written beside it as DeepSeek
+    stores layer 61 (num_nextn_predict_layers 1). Returns (the transformers model, the MTP layer's tensors)."""
+    hf = random_deepseek()
+    hf.save_pretrained(folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["num_nextn_predict_layers"] = 1
+    (folder / "config.json").write_text(json.dumps(config))
+    # The block: layer LAYER of a random model one layer deeper, as transformers saves it (one tensor per expert).
+    deeper = random_deepseek(num_hidden_layers=LAYER + 1)
+    deeper.save_pretrained(folder / "deeper")
+    prefix = f"model.layers.{LAYER}."
+    mtp = {k: v for k, v in load_file(folder / "deeper" / "model.safetensors").items() if k.startswith(prefix)}
+    dim = SHAPE["hidden_size"]
+    for name in ("enorm", "hnorm", "shared_head.norm"):
+        mtp[f"{prefix}{name}.weight"] = 1 + torch.randn(dim) * 0.1
+    mtp[prefix + "eh_proj.weight"] = torch.randn(dim, 2 * dim) * (2 * dim) ** -0.5
+    weights = load_file(folder / "model.safetensors")
+    mtp[prefix + "embed_tokens.weight"] = (
+        weights["model.embed_tokens.weight"].clone() if embed_copy is None else embed_copy
+    )
+    mtp[prefix + "shared_head.head.weight"] = weights["lm_head.weight"].clone()
+    save_file(weights | mtp, folder / "model.safetensors", metadata={"format": "pt"})
+    return hf, mtp, deeper.model.layers[LAYER]
+
+
+def rms(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    eps = SHAPE.get("rms_norm_eps", 1e-6)
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
+def reference_mtp_logits(hf, block, mtp: dict, inputs: torch.Tensor, ahead: torch.Tensor) -> torch.Tensor:
+    """DeepSeek-V3's depth 1 (its report's eq. 21-22) in plain torch: the main model's final hidden states (after its
+    norm) and the embedding of the token one place ahead, each normed, concatenated (embedding first), projected, one
+    decoder layer (transformers' own `block`, causal), the depth's norm and the shared head."""
+    p = f"model.layers.{LAYER}."
+    with torch.no_grad():
+        h = hf.model(inputs).last_hidden_state
+        e = hf.model.embed_tokens(ahead)
+        x = F.linear(
+            torch.cat([rms(e, mtp[p + "enorm.weight"]), rms(h, mtp[p + "hnorm.weight"])], -1), mtp[p + "eh_proj.weight"]
+        )
+        positions = torch.arange(inputs.shape[1])[None]
+        x = block(x, position_ids=positions, position_embeddings=hf.model.rotary_emb(x, positions))
+        return F.linear(rms(x, mtp[p + "shared_head.norm.weight"]), mtp[p + "shared_head.head.weight"])
+
+
+def window() -> torch.Tensor:
+    return torch.randint(0, VOCAB, (2, 49), generator=torch.Generator().manual_seed(1))
+
+
+def test_a_folder_with_an_mtp_layer_imports_with_the_reference_mtp_logits_and_exports_it_back(tmp_path, caplog):
+    hf, mtp, block = mtp_folder(tmp_path / "hf")
+    with caplog.at_level(logging.INFO, logger="titanlite"):
+        ours = imported(tmp_path / "hf")
+    assert ours.mtp_layers == 1
+    assert "hold 2 copies of the embedding and head, equal to the model's" in caplog.text
+    tokens = window()
+    inputs, labels = tokens[:, :-1], tokens[:, 1:]
+    with torch.no_grad():
+        main, depth = ours(inputs, mtp_tokens=future_labels(labels, 1)[..., :1]).chunk(2)
+        assert_logits_match(main, hf(inputs).logits)
+        assert_logits_match(depth, reference_mtp_logits(hf, block, mtp, inputs, labels))
+        assert_logits_match(ours(inputs), hf(inputs).logits)  # without the tokens ahead: the main model alone
+    save_hf(tmp_path / "export", ours.args, ours.state_dict())
+    exported = load_file(tmp_path / "export" / "model.safetensors")
+    assert all(torch.equal(exported[name], value) for name, value in mtp.items()), [
+        n for n, v in mtp.items() if not torch.equal(exported[n], v)
+    ]
+    assert json.loads((tmp_path / "export" / "config.json").read_text())["num_nextn_predict_layers"] == 1
+
+
+def test_a_folder_whose_mtp_embedding_differs_from_the_model_s_is_refused(tmp_path):
+    mtp_folder(tmp_path, embed_copy=torch.randn(VOCAB, SHAPE["hidden_size"]))
+    with pytest.raises(ConfigError) as e:
+        imported(tmp_path)
+    message = str(e.value)
+    assert f"'model.layers.{LAYER}.embed_tokens.weight' differs from 'model.embed_tokens.weight'" in message
+    assert "model.mtp_layers = 0" in message and "\n" not in message
+
+
+def test_mtp_layers_0_leaves_a_folder_s_mtp_layer_out_and_carries_it(tmp_path, caplog):
+    hf, mtp, _ = mtp_folder(tmp_path / "hf")
+    with caplog.at_level(logging.INFO, logger="titanlite"):
+        ours = imported(tmp_path / "hf", 64, "--model.mtp_layers", "0")
+    assert ours.mtp is None and str(LAYER) not in ours.layers
+    assert f"also holds {len(mtp)} tensors the model does not train" in caplog.text
+    with torch.no_grad():
+        assert_logits_match(ours(window()[:, :-1]), hf(window()[:, :-1]).logits)
+    save_hf(tmp_path / "export", ours.args, ours.state_dict(), carry_from=tmp_path / "hf")
+    exported = load_file(tmp_path / "export" / "model.safetensors")
+    assert all(torch.equal(exported[name], value) for name, value in mtp.items())
+
+
+@pytest.mark.parametrize("mtp_layers", ["2", "-2"])
+def test_a_folder_refuses_another_count_of_mtp_layers(tmp_path, mtp_layers):
+    mtp_folder(tmp_path)
+    with pytest.raises(ConfigError) as e:
+        imported(tmp_path, 64, "--model.mtp_layers", mtp_layers)
+    assert "model.mtp_layers" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_future_labels_are_the_tokens_ahead_with_no_target_past_the_window():
+    labels = torch.tensor([[1, 2, 3, 4]])
+    assert future_labels(labels, 2).tolist() == [[[1, 2, 3], [2, 3, 4], [3, 4, IGNORE], [4, IGNORE, IGNORE]]]
+
+
+def test_the_loss_is_the_main_one_and_its_gradient_adds_the_weighted_depths():
+    """Value: the main cross-entropy; gradient: of main + 0.3 / 2 x (depth 1 + depth 2), each a mean over its
+    positions with a target; the depths logged as mtp_loss_1 and mtp_loss_2."""
+    torch.manual_seed(0)
+    logits = torch.randn(3 * 2, 8, 11, requires_grad=True)
+    labels = future_labels(torch.randint(0, 11, (2, 8)), 2)
+    terms = AuxiliaryLosses(("mtp_loss_1", "mtp_loss_2"))
+    with collecting(terms):
+        terms.begin_forward(0)
+        loss = MultiTokenLoss(cross_entropy, 2, 0.3, seq_len=8)(logits, labels)
+    parts = logits.chunk(3)
+    depths = [F.cross_entropy(parts[k].flatten(0, 1), labels[..., k].flatten()) for k in (1, 2)]
+    main = F.cross_entropy(parts[0].flatten(0, 1), labels[..., 0].flatten())
+    assert loss.item() == main.item()
+    assert torch.allclose(terms.take(torch.device("cpu"), 1), torch.stack(depths).detach())
+    (grad,) = torch.autograd.grad(loss, logits)
+    (expected,) = torch.autograd.grad(main + 0.15 * (depths[0] + depths[1]), logits)
+    assert torch.allclose(grad, expected, atol=1e-7)
+
+
+def test_mtp_layers_on_a_family_that_cannot_say_it_is_one_line_before_launch(tmp_path):
+    proc = subprocess.run(
+        ["./run_train.sh", "--model.name", "llama3", "--model.mtp_layers", "1", "--job.dump_folder", str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert lines[-1].startswith("titanlite: error: model.mtp_layers=1: model llama3 has no multi-token prediction")
+    assert "set model.mtp_layers = 0" in lines[-1]
+    assert not any(tmp_path.iterdir())  # nothing written
