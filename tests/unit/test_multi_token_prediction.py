@@ -170,3 +170,54 @@ def test_mtp_layers_on_a_family_that_cannot_say_it_is_one_line_before_launch(tmp
     assert lines[-1].startswith("titanlite: error: model.mtp_layers=1: model llama3 has no multi-token prediction")
     assert "set model.mtp_layers = 0" in lines[-1]
     assert not any(tmp_path.iterdir())  # nothing written
+
+
+def planned(mtp_layers: str, pp: str = "1"):
+    """The planner's facts and the worst rank's estimate of DeepSeek-V3's debug model on `pp` pipeline stages."""
+    from titanlite.builder.estimate import estimate, setting_for
+    from titanlite.builder.layouts import layout_of
+    from titanlite.builder.model_facts import model_facts
+    from titanlite.builder.plan import plan_model
+    from titanlite.config import parse_config
+
+    cfg = parse_config(
+        ["--config", "train_configs/deepseek_v3_debug.toml", "--model.mtp_layers", mtp_layers]
+        + ["--parallelism.pipeline_parallel_degree", pp, "--parallelism.data_parallel_shard_degree", "1"]
+    )
+    model = plan_model(cfg)
+    ngpu = int(pp)
+    lay = layout_of(cfg, ngpu, model)
+    facts = model_facts(cfg, model)
+    return facts, estimate(facts, lay, setting_for(cfg, lay, ngpu, "cpu"))
+
+
+def test_the_planner_counts_the_depths_flops_parameters_and_activations():
+    """One depth adds its block, projection and norms to the parameters (on the last pipeline stage, with the
+    embedding's copy), its block's attention and the head's second matmul to the FLOPs, its block's saved tensors
+    and its logits to the activations."""
+    from titanlite.builder.plan import plan_model
+    from titanlite.config import parse_config
+    from titanlite.models.common.build import model_from_args
+
+    without, plain = planned("0")
+    with_mtp, ahead = planned("1")
+    cfg = parse_config(["--config", "train_configs/deepseek_v3_debug.toml", "--model.mtp_layers", "1"])
+    with torch.device("meta"):
+        model = model_from_args(plan_model(cfg).args)
+    args = model.args
+    extra = sum(p.numel() for n, p in model.named_parameters() if n.startswith(("mtp.", f"layers.{args.n_layers}.")))
+    assert with_mtp.layer_params == without.layer_params + [with_mtp.layer_params[-1]]
+    # 6 x the depth's matmul parameters (its routed experts at top_k / n_experts), its attention, the head again
+    routed = sum(
+        p.numel() for n, p in model.named_parameters() if n.startswith(f"layers.{args.n_layers}.feed_forward.experts")
+    )
+    idle = routed * (1 - args.moe.top_k / args.moe.n_experts)
+    attention = 12 * args.n_heads * args.head_dim * cfg.training.seq_len
+    head = args.vocab_size * args.dim
+    assert with_mtp.flops_per_token - without.flops_per_token == pytest.approx(6 * (extra - idle + head) + attention)
+    assert ahead["activations"] > plain["activations"]
+    assert ahead["parameters"] - plain["parameters"] == 4 * extra  # fp32
+    _, stages_without = planned("0", pp="2")
+    _, stages = planned("1", pp="2")
+    assert stages["pp_rank"] == 1  # the last stage: the depth and the embedding's copy
+    assert stages["parameters"] - stages_without["parameters"] == 4 * (extra + head)
