@@ -1,9 +1,9 @@
 """Multi-token prediction (model.mtp_layers, models/common/multi_token.py) on real layouts (gloo, fp32): DeepSeek-V3's
 debug model with one depth (its block a mixture of experts, as DeepSeek's layer 61 is) trains on FSDP x 2, TP x 2, EP x
-2, PP x 2 and CP x 2 with one process's losses, MTP losses, grad norms, validation losses and expert loads for the
-global batch of 8. PP x 2 puts the depth on the last stage with a copy of the embedding kept equal to the first
-stage's; CP x 2's ranks each hold 2 chunks of 8 tokens of each sequence, the tokens ahead of a chunk made before the
-split (the window's last positions, which have no target ahead, lie on one rank)."""
+2, PP x 2 and CP x 2 (GLM-4.5's on TP x 2 and PP x 2) with one process's losses, MTP losses, grad norms, validation
+losses and expert loads for the global batch of 8. PP x 2 puts the depth on the last stage with a copy of the
+embedding kept equal to the first stage's; CP x 2's ranks each hold 2 chunks of 8 tokens of each sequence, the tokens
+ahead of a chunk made before the split (the window's last positions, which have no target ahead, lie on one rank)."""
 
 import pytest
 
@@ -15,6 +15,7 @@ from tests.helpers import VALIDATED, assert_close, metrics, train_in_pool
 pytestmark = pytest.mark.distributed
 
 MTP = ["--config", "train_configs/deepseek_v3_debug.toml", "--model.mtp_layers", "1", *VALIDATED]
+GLM = ["--config", "train_configs/glm4_moe_debug.toml", "--model.mtp_layers", "1", *VALIDATED]
 EP2 = (2, ["--parallelism.expert_parallel_degree", "2", "--training.local_batch_size", "4"])
 CP2 = (2, cp(2))
 
@@ -44,3 +45,18 @@ def test_multi_token_prediction_on_a_layout_matches_one_process(tmp_path, mtp_re
     records = metrics(tmp_path)
     assert_same_run(records, mtp_reference)
     assert_close([r["mtp_loss"] for r in records], [r["mtp_loss"] for r in mtp_reference], 1e-5)
+
+
+@pytest.mark.slow  # two 2-rank runs beside their one-process reference, about 12 s: CI runs them
+@pytest.mark.parametrize("layout", ["tp2", "pp2"])
+def test_glm4_5_multi_token_prediction_on_a_layout_matches_one_process(tmp_path, one_process, layout):
+    """GLM-4.5's debug model (QKV biases, per-head Q/K norms, partial rotary) with one depth: its block has the shared
+    MoE decoder's TP plan, and PP puts it on the last stage."""
+    reference = one_process([*GLM, "--training.local_batch_size", "8"])
+    nproc, args = LAYOUTS[layout]
+    proc = train_in_pool(nproc, [*GLM, *args], tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert "multi-token prediction: 1 depth(s) after layer 3" in proc.stdout
+    records = metrics(tmp_path)
+    assert_same_run(records, reference)
+    assert_close([r["mtp_loss"] for r in records], [r["mtp_loss"] for r in reference], 1e-5)

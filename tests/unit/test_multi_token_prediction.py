@@ -1,7 +1,8 @@
 """Multi-token prediction (model.mtp_layers, titanlite/models/common/multi_token.py) against a reference written out
 here in plain torch around transformers' own DeepseekV3DecoderLayer (fp32, CPU): a random DeepSeek-V3 folder with one
 MTP layer stored as DeepSeek's layer 61 is (model.layers.N: enorm, hnorm, eh_proj, the block, shared_head.norm, and
-copies of the embedding and head) imports with its MTP logits within 1e-5 and exports the same tensors back; a copy
+copies of the embedding and head; GLM-4.5 stores its own alike) imports with its MTP logits within 1e-5 and exports the
+same tensors back; a copy
 that differs from the shared embedding is refused, model.mtp_layers = 0 leaves the layer out (carried into the
 export), and a family whose config.json cannot say MTP refuses model.mtp_layers > 0 in one line before launch. The
 labels' columns ahead and the loss's weighting are checked against direct computations."""
@@ -21,6 +22,7 @@ from safetensors.torch import load_file, save_file  # noqa: E402
 
 from tests.helpers import REPO  # noqa: E402
 from tests.unit.test_deepseek_v3 import SHAPE, VOCAB, random_deepseek  # noqa: E402
+from tests.unit.test_glm4_moe import random_glm  # noqa: E402
 from tests.unit.test_hf_families import assert_logits_match, imported  # noqa: E402
 from titanlite.base.errors import ConfigError  # noqa: E402
 from titanlite.components.hf_weights import save_hf  # noqa: E402
@@ -29,18 +31,20 @@ from titanlite.models.common.auxiliary import AuxiliaryLosses, collecting  # noq
 from titanlite.models.common.multi_token import IGNORE, future_labels  # noqa: E402
 
 LAYER = SHAPE["num_hidden_layers"]  # the MTP layer's number: DeepSeek-V3's 61 of 61 decoder layers
+RANDOM = {"deepseek_v3": random_deepseek, "glm4_moe": random_glm}  # both test files' shapes have 3 layers, vocab 300
 
 
-def mtp_folder(folder, embed_copy=None):
-    """A random transformers DeepSeek-V3 saved to `folder`, with one random MTP layer written beside it as DeepSeek
-    stores layer 61 (num_nextn_predict_layers 1). Returns (the transformers model, the MTP layer's tensors)."""
-    hf = random_deepseek()
+def mtp_folder(folder, embed_copy=None, family="deepseek_v3"):
+    """A random transformers DeepSeek-V3 (or GLM-4.5) saved to `folder`, with one random MTP layer written beside it
+    as DeepSeek stores layer 61 (num_nextn_predict_layers 1). Returns (the transformers model, the MTP layer's
+    tensors, transformers' module of its block)."""
+    hf = RANDOM[family]()
     hf.save_pretrained(folder)
     config = json.loads((folder / "config.json").read_text())
     config["num_nextn_predict_layers"] = 1
     (folder / "config.json").write_text(json.dumps(config))
     # The block: layer LAYER of a random model one layer deeper, as transformers saves it (one tensor per expert).
-    deeper = random_deepseek(num_hidden_layers=LAYER + 1)
+    deeper = RANDOM[family](num_hidden_layers=LAYER + 1)
     deeper.save_pretrained(folder / "deeper")
     prefix = f"model.layers.{LAYER}."
     mtp = {k: v for k, v in load_file(folder / "deeper" / "model.safetensors").items() if k.startswith(prefix)}
@@ -57,8 +61,7 @@ def mtp_folder(folder, embed_copy=None):
     return hf, mtp, deeper.model.layers[LAYER]
 
 
-def rms(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    eps = SHAPE.get("rms_norm_eps", 1e-6)
+def rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
 
 
@@ -66,24 +69,24 @@ def reference_mtp_logits(hf, block, mtp: dict, inputs: torch.Tensor, ahead: torc
     """DeepSeek-V3's depth 1 (its report's eq. 21-22) in plain torch: the main model's final hidden states (after its
     norm) and the embedding of the token one place ahead, each normed, concatenated (embedding first), projected, one
     decoder layer (transformers' own `block`, causal), the depth's norm and the shared head."""
-    p = f"model.layers.{LAYER}."
+    p, eps = f"model.layers.{LAYER}.", hf.config.rms_norm_eps
     with torch.no_grad():
         h = hf.model(inputs).last_hidden_state
         e = hf.model.embed_tokens(ahead)
-        x = F.linear(
-            torch.cat([rms(e, mtp[p + "enorm.weight"]), rms(h, mtp[p + "hnorm.weight"])], -1), mtp[p + "eh_proj.weight"]
-        )
+        normed = [rms(e, mtp[p + "enorm.weight"], eps), rms(h, mtp[p + "hnorm.weight"], eps)]
+        x = F.linear(torch.cat(normed, -1), mtp[p + "eh_proj.weight"])
         positions = torch.arange(inputs.shape[1])[None]
         x = block(x, position_ids=positions, position_embeddings=hf.model.rotary_emb(x, positions))
-        return F.linear(rms(x, mtp[p + "shared_head.norm.weight"]), mtp[p + "shared_head.head.weight"])
+        return F.linear(rms(x, mtp[p + "shared_head.norm.weight"], eps), mtp[p + "shared_head.head.weight"])
 
 
 def window() -> torch.Tensor:
     return torch.randint(0, VOCAB, (2, 49), generator=torch.Generator().manual_seed(1))
 
 
-def test_a_folder_with_an_mtp_layer_imports_with_the_reference_mtp_logits_and_exports_it_back(tmp_path, caplog):
-    hf, mtp, block = mtp_folder(tmp_path / "hf")
+@pytest.mark.parametrize("family", RANDOM)
+def test_a_folder_with_an_mtp_layer_imports_with_the_reference_mtp_logits_and_exports_it_back(tmp_path, caplog, family):
+    hf, mtp, block = mtp_folder(tmp_path / "hf", family=family)
     with caplog.at_level(logging.INFO, logger="titanlite"):
         ours = imported(tmp_path / "hf")
     assert ours.mtp_layers == 1

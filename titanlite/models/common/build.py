@@ -57,8 +57,8 @@ def with_mtp_layers(args, mtp_layers: int, folder: str = ""):
             return args
         raise ConfigError(
             f"model.mtp_layers={mtp_layers}: model {spec_of(args).name} has no multi-token prediction its Hugging "
-            "Face config.json can express (DeepSeek-V3 has: num_nextn_predict_layers); set model.mtp_layers = 0 or "
-            "leave it out"
+            "Face config.json can express (DeepSeek-V3's and GLM-4.5's num_nextn_predict_layers can); set "
+            "model.mtp_layers = 0 or leave it out"
         )
     if folder and mtp_layers not in (0, args.mtp_layers):
         raise ConfigError(

@@ -13,7 +13,14 @@ from __future__ import annotations
 
 import torch
 
-from titanlite.models.common.decoder_weights import layers_past, next_token_layer_shapes, rope_from_hf, rope_to_hf
+from titanlite.models.common.decoder_weights import (
+    layers_past,
+    mtp_copies,
+    mtp_names,
+    next_token_layer_shapes,
+    rope_from_hf,
+    rope_to_hf,
+)
 from titanlite.models.common.moe.layer import EXPERT_NAMES, moe_to_hf
 from titanlite.models.deepseek_v3.args import DeepseekV3Args
 
@@ -38,11 +45,7 @@ def hf_names(args: DeepseekV3Args) -> dict[str, str]:
     else:
         attention.append(("wq", "q_proj"))
     mlp = [("w1", "gate_proj"), ("w3", "up_proj"), ("w2", "down_proj")]
-    for i in range(args.n_layers, args.n_layers + args.mtp_layers):
-        ours, hf = f"mtp.{i}.", f"model.layers.{i}."
-        for name in ("enorm", "hnorm", "eh_proj"):
-            names[f"{ours}{name}.weight"] = f"{hf}{name}.weight"
-        names[ours + "norm.weight"] = hf + "shared_head.norm.weight"
+    names |= mtp_names(args)
     for i in range(args.n_layers + args.mtp_layers):
         ours, hf = f"layers.{i}.", f"model.layers.{i}."
         names[ours + "attention_norm.weight"] = hf + "input_layernorm.weight"
@@ -79,11 +82,7 @@ def hf_copies(args: DeepseekV3Args) -> dict[str, str]:
     """Each multi-token prediction layer's copies of the embedding and the head (HF name -> the shared tensor's HF
     name): not read into the model, which shares its own, but checked equal to them on import and written on export
     (titanlite/components/hf_weights.py)."""
-    copies = {}
-    for i in range(args.n_layers, args.n_layers + args.mtp_layers):
-        copies[f"model.layers.{i}.embed_tokens.weight"] = "model.embed_tokens.weight"
-        copies[f"model.layers.{i}.shared_head.head.weight"] = "lm_head.weight"
-    return copies
+    return mtp_copies(args)
 
 
 def hf_carried(args: DeepseekV3Args, keys: list[str]) -> list[str]:
