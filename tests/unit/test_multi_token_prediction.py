@@ -224,3 +224,60 @@ def test_the_planner_counts_the_depths_flops_parameters_and_activations():
     _, stages = planned("1", pp="2")
     assert stages["pp_rank"] == 1  # the last stage: the depth and the embedding's copy
     assert stages["parameters"] - stages_without["parameters"] == 4 * (extra + head)
+
+
+def qwen_mtp_folder(folder, case: str):
+    """A random transformers Qwen3.5 (dense, or MoE) saved to `folder` with a random multi-token prediction layer as
+    Qwen stores it: mtp.layers.0 (a full-attention layer: layer 4 of a random model one layer deeper), mtp.fc,
+    mtp.pre_fc_norm_embedding, mtp.pre_fc_norm_hidden and mtp.norm ((1 + w) norms), mtp_num_hidden_layers 1."""
+    from tests.unit.test_qwen3_5 import TEXT, random_model
+
+    hf = random_model(case)
+    hf.save_pretrained(folder)
+    n = TEXT["num_hidden_layers"]
+    kinds = [*hf.config.layer_types, "full_attention"]
+    torch.manual_seed(5)
+    deeper = type(hf)(type(hf.config)(**{**hf.config.to_dict(), "num_hidden_layers": n + 1, "layer_types": kinds}))
+    deeper.save_pretrained(folder / "deeper")
+    prefix = f"model.layers.{n}."
+    stored = load_file(folder / "deeper" / "model.safetensors")
+    mtp = {"mtp.layers.0." + k[len(prefix) :]: v for k, v in stored.items() if k.startswith(prefix)}
+    dim = TEXT["hidden_size"]
+    mtp |= {
+        f"mtp.{name}.weight": torch.randn(dim) * 0.1 for name in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm")
+    }
+    mtp["mtp.fc.weight"] = torch.randn(dim, 2 * dim) * (2 * dim) ** -0.5
+    save_file(load_file(folder / "model.safetensors") | mtp, folder / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(config | {"mtp_num_hidden_layers": 1}))
+    return hf, mtp, deeper.model.layers[n].eval()
+
+
+@pytest.mark.parametrize("case", ["dense", "moe"])
+def test_a_qwen3_5_folder_with_an_mtp_layer_imports_with_the_reference_mtp_logits_and_exports_it_back(tmp_path, case):
+    """Qwen3.5's multi-token prediction (mtp.*): the same math with (1 + w) norms, its block a gated full-attention
+    layer (a mixture of experts in Qwen3.5-MoE)."""
+    from tests.unit.test_qwen3_5 import imported as imported_qwen  # its own vocabulary of 200 (no tokenizer)
+
+    hf, mtp, block = qwen_mtp_folder(tmp_path / "hf", case)
+    ours = imported_qwen(tmp_path / "hf")
+    assert ours.mtp_layers == 1
+    tokens = torch.randint(0, 200, (2, 33), generator=torch.Generator().manual_seed(1))
+    inputs, labels = tokens[:, :-1], tokens[:, 1:]
+    eps = hf.config.rms_norm_eps
+    with torch.no_grad():
+        main, depth = ours(inputs, mtp_tokens=labels[..., None]).chunk(2)
+        assert_logits_match(main, hf(inputs).logits)
+        h, e = hf.model(inputs).last_hidden_state, hf.model.embed_tokens(labels)
+        normed = [
+            rms(e, 1 + mtp["mtp.pre_fc_norm_embedding.weight"], eps),
+            rms(h, 1 + mtp["mtp.pre_fc_norm_hidden.weight"], eps),
+        ]
+        x = F.linear(torch.cat(normed, -1), mtp["mtp.fc.weight"])
+        positions = torch.arange(inputs.shape[1])[None]
+        x = block(x, position_embeddings=hf.model.rotary_emb(x, positions), position_ids=positions)
+        assert_logits_match(depth, hf.lm_head(rms(x, 1 + mtp["mtp.norm.weight"], eps)))
+    save_hf(tmp_path / "export", ours.args, ours.state_dict())
+    exported = load_file(tmp_path / "export" / "model.safetensors")
+    assert all(torch.equal(exported[name], value) for name, value in mtp.items())
+    assert json.loads((tmp_path / "export" / "config.json").read_text())["mtp_num_hidden_layers"] == 1

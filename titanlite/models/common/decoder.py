@@ -22,7 +22,7 @@ from torch import nn
 
 from titanlite.models.common.attention import Sequence
 from titanlite.models.common.auxiliary import add_auxiliary_loss
-from titanlite.models.common.decoder_args import rope_kind, rotary_dim_of, window_of
+from titanlite.models.common.decoder_args import kind_of, rope_kind, rotary_dim_of, window_of
 from titanlite.models.common.feed_forward import GatedMLP
 from titanlite.models.common.head import OutputHead
 from titanlite.models.common.interface import Decoder
@@ -177,9 +177,9 @@ class Transformer(nn.Module):
     # --- what a family declares (the defaults build the shared arguments' switches) ---
 
     def layer_kind(self, layer: int) -> str:
-        """The kind of `layer`'s mixer: args.layer_types' entry, "full_attention" where there are none."""
-        kinds = getattr(self.args, "layer_types", ())
-        return kinds[layer] if kinds else "full_attention"
+        """The kind of `layer`'s mixer: args.layer_types' entry, "full_attention" where there are none (and for a
+        multi-token prediction depth's block, past them: decoder_args.kind_of)."""
+        return kind_of(self.args, layer)
 
     def build_layer(self, layer: int) -> Block:
         mixer_norms, ffn_norms = self.norm_placement(layer)
