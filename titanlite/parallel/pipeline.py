@@ -193,17 +193,22 @@ def split_model(model: DecoderModule, plan: PipelinePlan, pp_rank: int) -> list[
         for key in list(part.layers):
             if not (first <= int(key) < end or last and int(key) >= end):
                 del part.layers[key]
-        ahead = last and getattr(part, "mtp", None) is not None
+        ahead = last and ahead_of(part)
         if stage != 0:
             for name in part.first_stage_modules:
                 if not (ahead and name == "tok_embeddings"):
                     setattr(part, name, None)
-            setattr(part, "embeds_input", False)  # (a Transformer's switch; DecoderModule does not name it)
+            part.embeds_input = False
         if not last:
-            for name in part.last_stage_modules:
+            for name in (*part.last_stage_modules, *(("mtp",) if ahead_of(part) else ())):
                 setattr(part, name, None)
         parts.append(part)
     return parts
+
+
+def ahead_of(part: nn.Module) -> bool:
+    """Whether the model has multi-token prediction's depths (models/common/multi_token.py), which go with its head."""
+    return getattr(part, "mtp", None) is not None
 
 
 def sequence_from_keywords(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:

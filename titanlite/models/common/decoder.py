@@ -119,7 +119,7 @@ class Transformer(nn.Module):
     tables, `embedding_scale` and `init_param`."""
 
     first_stage_modules: ClassVar[tuple[str, ...]] = ("tok_embeddings",)
-    last_stage_modules: ClassVar[tuple[str, ...]] = ("norm", "output", "mtp")
+    last_stage_modules: ClassVar[tuple[str, ...]] = ("norm", "output")  # and mtp, where it has multi-token prediction
     # A layer kind (args.layer_types) -> fn(model, layer) building its mixer. A family adds its own kinds by
     # overriding it ({**Transformer.mixers, "my_kind": builder}); a kind it does not list is refused.
     mixers: ClassVar[dict[str, Callable[[Any, int], nn.Module]]] = {
