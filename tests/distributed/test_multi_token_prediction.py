@@ -71,3 +71,18 @@ def test_glm4_5_and_qwen3_5_multi_token_prediction_on_a_layout_matches_one_proce
     records = metrics(tmp_path)
     (assert_same_run if "expert_load" in reference[0] else assert_matches)(records, reference)
     assert_close([r["mtp_loss"] for r in records], [r["mtp_loss"] for r in reference], 1e-5)
+
+
+@pytest.mark.slow  # a 2-rank run beside its one-process reference, about 5 s: CI runs it
+def test_two_depths_on_context_parallelism_match_one_process(tmp_path, one_process):
+    """Two depths: the second's targets are two places further, so the window's last two positions have none, and
+    each CP rank weighs its own share of both depths' targets."""
+    run = [*MTP[:2], "--model.mtp_layers", "2", *VALIDATED]
+    reference = one_process([*run, "--training.local_batch_size", "8"])
+    nproc, args = CP2
+    proc = train_in_pool(nproc, [*run, *args], tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    records = metrics(tmp_path)
+    assert_same_run(records, reference)
+    for depth in ("mtp_loss_1", "mtp_loss_2"):
+        assert_close([r[depth] for r in records], [r[depth] for r in reference], 1e-5)
