@@ -96,8 +96,8 @@ def held_mtp_layers(args, folder: str | Path, where: str):
 
 
 def _mtp_key(args) -> str:
-    """The config.json key that counts a family's multi-token prediction layers."""
-    return "mtp_num_hidden_layers" if hasattr(args, "linear_key_heads") else "num_nextn_predict_layers"
+    """The config.json key that counts a family's multi-token prediction layers (its arguments' mtp_config_key)."""
+    return getattr(args, "mtp_config_key", "num_nextn_predict_layers")
 
 
 def folder_args(folder: str | Path, seq_len: int):

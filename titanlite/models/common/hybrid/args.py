@@ -31,6 +31,7 @@ class HybridArgs(DecoderArgs):
     blocks and the final one multiplies by (1 + w)."""
 
     layer_kinds: ClassVar[tuple[str, ...]] = LAYER_KINDS
+    mtp_config_key: ClassVar[str] = "mtp_num_hidden_layers"  # config.json's count of mtp_layers
     qk_norm: str = "head"
     norm_eps: float = 1e-6
     rope_theta: float = 1e7
