@@ -1,7 +1,8 @@
 """DeepSeek-V3 against `transformers`' DeepseekV3ForCausalLM (fp32, CPU): random models (query compression on and
 off, YaRN with mscale_all_dim, 4 expert groups of which 2 are kept, a non-zero correction bias, both rotary layouts)
 import with transformers' logits to 1e-5 and greedy ids; a trained model exports as DeepseekV3ForCausalLM with our
-logits and reads back equal; what is not implemented is refused in one line; multi-token prediction is named once;
+logits and reads back equal; what is not implemented is refused in one line; multi-token prediction is named once
+(tests/unit/test_multi_token_prediction.py imports it);
 the published shapes count transformers' parameters (DeepSeek-V2-Lite's, DeepseekV2ForCausalLM's)."""
 
 import dataclasses
@@ -209,7 +210,9 @@ def test_greedy_without_a_group_limit_is_the_same_routing():
     assert args.moe.n_groups == 1 and args.moe.score_func == "sigmoid"
 
 
-def test_multi_token_prediction_is_named_once_and_its_layers_are_not_read(tmp_path, caplog):
+def test_multi_token_prediction_is_named_once_and_left_out_with_mtp_layers_0(tmp_path, caplog):
+    """model.mtp_layers = 0: the folder's MTP layer (here one tensor of it) is not read (tests/unit/
+    test_multi_token_prediction.py imports a whole one)."""
     hf = random_deepseek()
     hf.save_pretrained(tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
@@ -221,7 +224,7 @@ def test_multi_token_prediction_is_named_once_and_its_layers_are_not_read(tmp_pa
     weights["model.layers.3.enorm.weight"] = torch.ones(64)  # an MTP layer's tensor, past num_hidden_layers
     save_file(weights, tmp_path / "model.safetensors", metadata={"format": "pt"})
     with caplog.at_level(logging.INFO, logger="titanlite"):
-        ours = imported(tmp_path)
+        ours = imported(tmp_path, 64, "--model.mtp_layers", "0")
     told = [r.getMessage() for r in caplog.records if "multi-token prediction" in r.getMessage()]
     assert len(told) == 1 and "num_nextn_predict_layers=1" in told[0], told
     with torch.no_grad():
@@ -365,7 +368,9 @@ PUBLISHED = {
 
 @pytest.mark.parametrize("flavor", PUBLISHED)
 def test_a_published_config_json_reads_as_its_flavor(flavor):
-    assert args_from_hf_config(PUBLISHED[flavor]) == FLAVORS[flavor]
+    """The flavors leave multi-token prediction out (model.mtp_layers adds it); a folder's config.json says it."""
+    mtp = PUBLISHED[flavor]["num_nextn_predict_layers"]
+    assert args_from_hf_config(PUBLISHED[flavor]) == dataclasses.replace(FLAVORS[flavor], mtp_layers=mtp)
     assert args_from_hf_config(hf_config(FLAVORS[flavor])) == FLAVORS[flavor]
 
 

@@ -25,7 +25,7 @@ from titanlite.base.errors import ConfigError  # noqa: E402
 from titanlite.commands.generate import generate  # noqa: E402
 from titanlite.components.hf_quantized import quantize_fp8  # noqa: E402
 from titanlite.components.hf_weights import WeightReader, check_tensors, load_hf_into, save_hf  # noqa: E402
-from titanlite.models.common.build import model_from_args  # noqa: E402
+from titanlite.models.common.build import model_from_args, with_mtp_layers  # noqa: E402
 from titanlite.models.common.init import init_weights  # noqa: E402
 from titanlite.models.common.moe.layer import MoE, update_balance_bias  # noqa: E402
 from titanlite.models.glm4_moe.args import FLAVORS  # noqa: E402
@@ -149,7 +149,8 @@ def test_a_trained_model_exports_as_glm4_moe_with_our_logits(tmp_path):
 @pytest.mark.slow
 def test_a_multi_token_prediction_layer_is_named_once_left_out_and_exported_bit_for_bit(tmp_path, caplog):
     """A published folder's layer past num_hidden_layers (num_nextn_predict_layers 1): a whole decoder layer (built
-    by transformers as a fourth layer) and the prediction head's own tensors."""
+    by transformers as a fourth layer) and the prediction head's own tensors, with model.mtp_layers = 0 (trained by
+    default: tests/unit/test_multi_token_prediction.py)."""
     hf = random_glm(num_hidden_layers=4)
     hf.save_pretrained(tmp_path / "hf")
     weights = load_file(tmp_path / "hf" / "model.safetensors")
@@ -164,7 +165,7 @@ def test_a_multi_token_prediction_layer_is_named_once_left_out_and_exported_bit_
     rewrite(tmp_path / "hf", weights, {"num_hidden_layers": 3, "num_nextn_predict_layers": 1})
     reference = transformers.Glm4MoeForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()
     with caplog.at_level(logging.INFO, logger="titanlite"):
-        ours = imported(tmp_path / "hf")
+        ours = imported(tmp_path / "hf", 64, "--model.mtp_layers", "0")
     told = [r.getMessage() for r in caplog.records if "multi-token prediction" in r.getMessage()]
     assert len(told) == 1 and "num_nextn_predict_layers=1" in told[0], told
     assert f"also holds {len(mtp)} tensors the model does not train (model.layers.*)" in caplog.text
@@ -181,7 +182,7 @@ def test_a_multi_token_prediction_layer_is_named_once_left_out_and_exported_bit_
     weights["model.layers.3.eh_proj.weight"] = torch.randn(64, 96)
     rewrite(tmp_path / "hf", weights, {})
     with pytest.raises(ConfigError, match="'model.layers.3.eh_proj.weight', carried"):
-        check_tensors(folder_model_args(tmp_path / "hf"), WeightReader(tmp_path / "hf"))
+        check_tensors(with_mtp_layers(folder_model_args(tmp_path / "hf"), 0), WeightReader(tmp_path / "hf"))
 
 
 FP8_BLOCK = [128, 128]  # GLM-4.5-FP8's weight_block_size
@@ -290,7 +291,9 @@ def count(model) -> int:
 @pytest.mark.slow
 @pytest.mark.parametrize("flavor", PUBLISHED)
 def test_a_published_config_reads_as_its_flavor_with_transformers_parameter_count(flavor):
-    assert args_from_hf_config({**COMMON, **PUBLISHED[flavor]}) == FLAVORS[flavor]
+    """The flavors leave multi-token prediction out (model.mtp_layers adds it); a folder's config.json says it."""
+    mtp = {**COMMON, **PUBLISHED[flavor]}.get("num_nextn_predict_layers", 0)
+    assert args_from_hf_config({**COMMON, **PUBLISHED[flavor]}) == dataclasses.replace(FLAVORS[flavor], mtp_layers=mtp)
     with torch.device("meta"):
         ours = model_from_args(FLAVORS[flavor])
         theirs = transformers.Glm4MoeForCausalLM(transformers.Glm4MoeConfig(**hf_config(FLAVORS[flavor])))

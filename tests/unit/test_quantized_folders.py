@@ -20,7 +20,7 @@ from tests.unit.test_gpt_oss import SHAPE as GPT_OSS  # noqa: E402
 from titanlite.base.errors import ConfigError  # noqa: E402
 from titanlite.components.hf_quantized import dequantize_fp8, dequantize_mxfp4, quantize_fp8  # noqa: E402
 from titanlite.components.hf_weights import WeightReader, check_tensors, load_hf_into  # noqa: E402
-from titanlite.models.common.build import model_from_args  # noqa: E402
+from titanlite.models.common.build import model_from_args, with_mtp_layers  # noqa: E402
 from titanlite.models.hf_config import folder_args, folder_model_args  # noqa: E402
 
 BLOCK = [16, 24]  # no dimension of the tiny models is a multiple of both: partial edge blocks everywhere
@@ -192,8 +192,8 @@ def test_a_slice_of_rows_reads_as_those_rows_of_the_whole(fp8, mxfp4):
 
 
 def test_multi_token_prediction_layers_are_exported_bit_for_bit_while_not_trained(tmp_path, caplog):
-    """DeepSeek-V3's layer past the decoder (num_nextn_predict_layers): left out of the model with one line, carried
-    into an export unchanged, and the export's config.json still counts it."""
+    """DeepSeek-V3's layer past the decoder (num_nextn_predict_layers) with model.mtp_layers = 0: left out of the model
+    with one line, carried into an export unchanged, and the export's config.json still counts it."""
     from titanlite.components.hf_weights import save_hf
 
     hf = random_deepseek()
@@ -201,7 +201,7 @@ def test_multi_token_prediction_layers_are_exported_bit_for_bit_while_not_traine
     weights = load_file(tmp_path / "hf" / "model.safetensors")
     mtp = {"model.layers.3.enorm.weight": torch.randn(64), "model.layers.3.eh_proj.weight": torch.randn(64, 128)}
     rewrite(tmp_path / "hf", {**weights, **mtp}, {"num_nextn_predict_layers": 1})
-    args = folder_args(tmp_path / "hf", 64)
+    args = with_mtp_layers(folder_args(tmp_path / "hf", 64), 0)
     model = model_from_args(args)
     with caplog.at_level(logging.INFO, logger="titanlite"):
         load_hf_into([model], tmp_path / "hf")
@@ -261,7 +261,7 @@ def test_an_fp8_folders_carried_layer_is_exported_as_stored_or_dequantized_with_
     from titanlite.components.hf_weights import save_hf
 
     mtp = with_mtp_layer(fp8, tmp_path / "hf")
-    args = folder_args(tmp_path / "hf", 64)
+    args = with_mtp_layers(folder_args(tmp_path / "hf", 64), 0)  # model.mtp_layers = 0: the layer is carried
     model = model_from_args(args)
     load_hf_into([model], tmp_path / "hf")
     save_hf(tmp_path / "fp8", args, model.state_dict(), carry_from=tmp_path / "hf", quantized=True)
@@ -294,9 +294,9 @@ def test_a_carried_layer_of_another_width_is_refused_before_the_run_and_the_expo
         f"tensor '{name}', carried \\(not trained\\) into the run's export, has shape \\({shape[0]}, {shape[1]}\\)"
     )
     with pytest.raises(ConfigError, match=refusal) as refused:
-        check_tensors(folder_model_args(tmp_path / "hf"), WeightReader(tmp_path / "hf"))
+        check_tensors(with_mtp_layers(folder_model_args(tmp_path / "hf"), 0), WeightReader(tmp_path / "hf"))
     assert "\n" not in str(refused.value) and len(mtp) > 10
-    args = folder_args(tmp_path / "hf", 64)
+    args = with_mtp_layers(folder_args(tmp_path / "hf", 64), 0)  # model.mtp_layers = 0: the layer is carried
     with pytest.raises(ConfigError, match=refusal):
         save_hf(tmp_path / "export", args, model_from_args(args).state_dict(), carry_from=tmp_path / "hf")
     assert not (tmp_path / "export").exists()

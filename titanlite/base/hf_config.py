@@ -37,6 +37,26 @@ def read_config(folder: str | Path) -> dict:
     return read_json(folder / CONFIG_FILE)
 
 
+def stored_tensor_names(folder: str | Path) -> set[str] | None:
+    """The tensor names a folder's weights hold, from model.safetensors.index.json's weight_map or model.safetensors'
+    header (its first bytes: no tensor is read); None where it holds neither (a folder of config files only)."""
+    folder = Path(folder)
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = read_json(index).get("weight_map")
+        return set(weight_map) if isinstance(weight_map, dict) else None
+    weights = folder / "model.safetensors"
+    if not weights.is_file():
+        return None
+    try:
+        with weights.open("rb") as f:
+            size = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(size))
+    except (OSError, ValueError):
+        return None  # unreadable: the weights' own reader says why, in its words
+    return set(header) - {"__metadata__"} if isinstance(header, dict) else None
+
+
 def check_no_unsupported(config: dict, where: str, experts: bool = False) -> None:
     """Refuse the fields titanlite does not implement in any family (quantization), and the mixture-of-experts
     fields in a family whose MLPs are dense (experts=False)."""

@@ -156,6 +156,8 @@ def estimate(facts: ModelFacts, lay: Layout, s: Setting) -> dict:
     communication (bytes per rank) by collective."""
     worst = None
     stage_sets = stage_layers(facts.n_layers, lay.dims.pp, s.stages_per_rank if lay.dims.pp > 1 else 1)
+    # Multi-token prediction's blocks (layers past the decoder's) go with the head on the last stage.
+    stage_sets[-1] += list(range(facts.n_layers, len(facts.layer_params)))
     for pp_rank, layers in enumerate(stage_sets):
         first, last = pp_rank == 0, pp_rank == lay.dims.pp - 1
         est = estimate_rank(facts, lay, s, layers, first, last, pp_rank)
@@ -183,8 +185,9 @@ def estimate_rank(facts, lay: Layout, s: Setting, layers: list[int], first: bool
         n_params += local(*facts.ends["first"])
     if last:
         n_params += local(*facts.ends["last"])
-    if last and facts.tie and lay.dims.pp > 1 and not first:
-        n_params += local(*facts.ends["first"])  # the last stage's copy of the tied embedding
+    mtp = len(facts.layer_params) > facts.n_layers  # multi-token prediction embeds the tokens ahead on the last stage
+    if last and (facts.tie or mtp) and lay.dims.pp > 1 and not first:
+        n_params += local(*facts.ends["first"])  # the last stage's copy of the tied (or MTP's) embedding
     # FSDP shards the rest over dp_shard x cp, an expert-parallel rank's experts over the efsdp ranks
     # (ep x efsdp = dp_shard x cp: with FSDP, the same share of the experts as without expert parallelism).
     sharded_experts = experts / (ep * lay.dims.efsdp) if lay.dims.fsdp_enabled else experts

@@ -12,7 +12,7 @@ import torch.nn as nn
 from titanlite.base.devices import device_type
 from titanlite.builder.plan import ModelPlan, Plan
 from titanlite.components.expert_balance import ExpertBalance
-from titanlite.components.loss import build_loss, cross_entropy
+from titanlite.components.loss import MultiTokenLoss, build_loss, cross_entropy, mtp_loss_names
 from titanlite.config import JobConfig
 from titanlite.engine.trainer import Pipeline, RankModel, autocast_for
 from titanlite.models.common.build import linear_backend, model_from_args, with_kernels
@@ -81,7 +81,8 @@ def build_pipeline(
     csv = cfg.parallelism.pipeline_parallel_schedule_csv
     schedule, stages = build_schedule(parts, plan.pipeline, group, pp_rank, device, loss_fn, csv, logits)
     stage_ids = plan.pipeline.stage_ids(pp_rank)
-    tied = model.args.tie_embeddings
+    # A tied head, or multi-token prediction's depths on the last stage, use a copy of the first stage's embedding.
+    tied = model.args.tie_embeddings or getattr(model, "mtp", None) is not None
     return Pipeline(
         schedule=schedule,
         has_first=0 in stage_ids,
@@ -121,6 +122,9 @@ def build_rank_model(cfg: JobConfig, plan: Plan, mesh, device: torch.device) -> 
     loss_parallel, chunks = plan.loss.parallel, plan.loss.chunk_tokens
     compile_loss = cfg.compile.enable and "loss" in cfg.compile.components
     loss_fn = compiled_loss(build_loss(parts, chunks, compile_loss, cfg.compile.backend), cfg.compile, loss_parallel)
+    mtp = getattr(plain, "mtp_layers", 0)
+    if mtp:
+        loss_fn = MultiTokenLoss(loss_fn, mtp, cfg.training.mtp_loss_coefficient, cfg.training.seq_len)
     if chunks:
         loss_line = f"  loss: cross-entropy in chunks of {chunks} tokens, no full logits (training.loss_chunk_tokens)"
     elif loss_fn is cross_entropy and compile_loss:
@@ -129,6 +133,12 @@ def build_rank_model(cfg: JobConfig, plan: Plan, mesh, device: torch.device) -> 
         )
     else:
         loss_line = "  loss: cross-entropy on the whole logits" + (" (compiled)" if compile_loss else "")
+    if mtp:
+        loss_line += (
+            f"\n  multi-token prediction: {mtp} depth(s) after layer {plain.args.n_layers - 1}, loss = main + "
+            f"{cfg.training.mtp_loss_coefficient:g} / {mtp} x their cross-entropies (training.mtp_loss_coefficient), "
+            f"logged as {', '.join(mtp_loss_names(mtp))}"
+        )
     pipeline = build_pipeline(cfg, plan, plain, parts, mesh, device, loss_fn, not chunks) if plan.pipeline else None
     param_dtype = DTYPES[cfg.training.mixed_precision_param] if device.type == "cuda" else torch.float32
     hooks = after_optimizer_step_hooks(cfg, plan, parts)
@@ -147,7 +157,8 @@ def build_rank_model(cfg: JobConfig, plan: Plan, mesh, device: torch.device) -> 
         split=sequence_split(cfg, plan, mesh),
         after_optimizer_step=hooks,
         expert_load=None if balance is None else lambda: balance.load,
-        auxiliary_losses=spec_of(plain.args).auxiliary_losses(plain.args),
+        auxiliary_losses=spec_of(plain.args).auxiliary_losses(plain.args) + (mtp_loss_names(mtp) if mtp else ()),
         cuda_graphs=cfg.compile.enable and cfg.compile.mode == "reduce-overhead",
+        mtp_layers=mtp,
     )
     return ModelSetup(plain, rank, param_dtype, loss_line)

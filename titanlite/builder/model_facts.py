@@ -241,8 +241,12 @@ def measure_saved_tensors(model, facts: ModelFacts, seq_len: int) -> None:
         moe.register_forward_pre_hook(lambda mod, inp: in_moe.__setitem__(0, True))
         moe.register_forward_hook(lambda mod, inp, out: in_moe.__setitem__(0, False))
     tokens = torch.zeros(1, seq_len + 1, dtype=torch.long, device="meta")
+    # Multi-token prediction's depths run as in training (after the decoder's blocks: their own blocks' saved
+    # tensors by their keys, the rest, their head's logits included, with the last stage's).
+    depth = getattr(model, "mtp_layers", 0)
+    ahead = {"mtp_tokens": tokens[:, 1:, None].expand(-1, -1, depth)} if depth else {}
     with Producers(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), FlashAttentionOnMeta():
-        cross_entropy(model(tokens[:, :-1]), tokens[:, 1:])
+        cross_entropy(model(tokens[:, :-1], **ahead), tokens[:, 1:].expand(1 + depth, -1))
     keys = list(model.layers.keys())
     facts.act_layer = [sum(b for r, b, *_ in saved.values() if r == k) for k in keys]
     facts.act_layer_moe = [sum(b for r, b, _, _, moe in saved.values() if r == k and moe) for k in keys]
@@ -274,7 +278,8 @@ def cached_model_facts(cfg, planned: ModelPlan) -> ModelFacts:
     kernels), which every launch would otherwise pay again."""
     m = cfg.model
     muon = (cfg.optimizer.name, cfg.optimizer.muon_params)  # which parameters Muon steps (count_muon)
-    key = hashlib.sha256(repr((m.name, m.flavor, m.n_layers, m.tokenizer, cfg.training.seq_len, muon)).encode())
+    mtp = getattr(planned.args, "mtp_layers", 0)  # model.mtp_layers resolved (a folder's: what its weights hold)
+    key = hashlib.sha256(repr((m.name, m.flavor, m.n_layers, m.tokenizer, cfg.training.seq_len, muon, mtp)).encode())
     if m.flavor == "hf" or m.tokenizer == "hf":  # the shape (and vocabulary) is the folder's
         key.update(repr(planned.tokenizer.fingerprint).encode())
         if m.flavor == "hf":

@@ -479,7 +479,7 @@ def check_hf_folders(model_cfg, initial: str, target, training: bool) -> None:
         if training:
             check_training_fields(read_config(folder), f"{Path(folder) / CONFIG_FILE}:")
     if is_hf_folder(initial):
-        source = folder_model_args(initial)
+        source = with_run_mtp_layers(folder_model_args(initial), target)
         _check_compatible(source, target, initial)
         check_tensors(source, WeightReader(initial))
 
@@ -626,10 +626,12 @@ def load_hf_into(model_parts: list, folder: str | Path) -> None:
     time, so no rank ever holds the whole model. A named flavor's vocabulary may be larger than the
     folder's (GPT-2: 50304 padded of 50257): the extra rows start at zero and are never an input token."""
     models = [unwrapped(part) for part in model_parts]  # DDP names its parameters module.*
-    source, target = folder_model_args(folder), models[0].args
+    target = models[0].args
+    source = with_run_mtp_layers(folder_model_args(folder), target)
     _check_compatible(source, target, folder)
     reader = WeightReader(folder)
     keys, sources = check_tensors(source, reader)
+    _check_copies(source, reader)
     _say_conversions(reader, keys, source, target)
 
     def full_source(name: str) -> torch.Tensor:
@@ -664,6 +666,40 @@ def load_hf_into(model_parts: list, folder: str | Path) -> None:
     for model in models:
         fill_parameters(model, full_value, rows_value)
         _fill_buffers(model, sources, full_source, folder)
+
+
+def with_run_mtp_layers(source, target):
+    """The folder's model (`source`) as the run takes it: without its multi-token prediction layers where the run
+    has none (model.mtp_layers = 0), which then carries them (hf_carried)."""
+    if getattr(source, "mtp_layers", 0) and not getattr(target, "mtp_layers", 0):
+        return dataclasses.replace(source, mtp_layers=0)
+    return source
+
+
+def hf_copies(args) -> dict[str, str]:
+    """A folder's tensors that repeat another one the model shares (DeepSeek-V3's multi-token prediction layers'
+    embed_tokens and shared_head.head): stored name -> the shared tensor's. The family's weights module's
+    `hf_copies(args)`; none where it has no such hook."""
+    module = _names(args)
+    return dict(module.hf_copies(args)) if hasattr(module, "hf_copies") else {}
+
+
+def _check_copies(args, reader: WeightReader) -> None:
+    """Each copy (hf_copies) the folder holds equals the tensor the model shares, or the import is refused: one
+    parameter cannot take two values, and choosing one would silently drop the other."""
+    copies = {copy: shared for copy, shared in hf_copies(args).items() if copy in reader.keys()}
+    for copy, shared in copies.items():
+        if not torch.equal(reader.get(copy), reader.get(shared)):
+            raise ConfigError(
+                f"{reader.folder}: {copy!r} differs from {shared!r}, which titanlite's multi-token prediction shares "
+                "with the main model (one embedding, one head); set model.mtp_layers = 0 to leave those layers out "
+                "(they are then carried unchanged into the export)"
+            )
+    if copies:
+        logger.info(
+            f"  checkpoint: {reader.folder}'s multi-token prediction layers hold {len(copies)} copies of the embedding "
+            "and head, equal to the model's, which they share (an export writes them again)"
+        )
 
 
 def rows_stored(args, name: str) -> bool:

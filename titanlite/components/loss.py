@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
 from titanlite.base.errors import ConfigError
+from titanlite.models.common.auxiliary import record_loss_part
 from titanlite.models.common.head import OutputHead
 from titanlite.models.common.interface import unwrapped
 
@@ -226,6 +227,48 @@ def chunk_tokens(training, compile_cfg, loss_parallel: bool, schedule: str = "")
         return training.loss_chunk_tokens
     fused_plain = compile_cfg.enable and "loss" in compile_cfg.components and not loss_parallel
     return 0 if fused_plain or old_split else DEFAULT_CHUNK_TOKENS
+
+
+def mtp_loss_names(depth: int) -> tuple[str, ...]:
+    """The logged names of multi-token prediction's depths: mtp_loss for one, mtp_loss_1 .. mtp_loss_D for more."""
+    return ("mtp_loss",) if depth == 1 else tuple(f"mtp_loss_{k}" for k in range(1, depth + 1))
+
+
+class MultiTokenLoss:
+    """loss_fn(output, labels) with multi-token prediction (models/common/multi_token.py): `output` holds the main
+    output and each depth's, concatenated along the batch (the model's forward with mtp_tokens); `labels` [B, T, D + 1]
+    the tokens 1..D + 1 places ahead (future_labels). Each part's cross-entropy is `base`'s (plain or chunked, on any
+    layout); the value returned is the main one, and its gradient is that of
+
+        main + coefficient / D * (loss_1 + ... + loss_D)
+
+    (DeepSeek-V3's lambda / D; Megatron-LM's mtp_loss_scaling_factor / mtp_num_layers), each loss_k the mean over the
+    window's positions that have a target k + 1 places ahead (T - k of T). The depths' values are logged beside the
+    loss (auxiliary.record_loss_part). On a context-parallel rank those positions are not a fixed share of its slice
+    (the window's last ones are on one rank), so each rank divides its sum by its share of the whole window's count,
+    (its main targets) x (T - k) / T, with T = `seq_len`, the whole window: the mean over ranks is one process's."""
+
+    def __init__(self, base, depth: int, coefficient: float, seq_len: int):
+        self.base, self.depth, self.coefficient, self.seq_len = base, depth, coefficient, seq_len
+        self.names = mtp_loss_names(depth)
+
+    def __call__(self, output: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        if labels.dim() == 2:  # the main model alone (evaluation: titanlite/engine/trainer.py RankModel.ahead)
+            return self.base(output, labels)
+        parts = output.chunk(self.depth + 1, dim=0)
+        main = self.base(parts[0], labels[..., 0])
+        main_targets = (labels[..., 0] != IGNORE).sum()
+        total = None
+        for k in range(1, self.depth + 1):
+            targets = labels[..., k]
+            # base's token mean over this rank's targets, rescaled to its share of the window's (class docstring)
+            share = main_targets * ((self.seq_len - k) / self.seq_len)
+            loss = self.base(parts[k], targets) * ((targets != IGNORE).sum() / share.clamp(min=1))
+            record_loss_part(self.names[k - 1], loss)
+            total = loss if total is None else total + loss
+        assert total is not None  # depth >= 1
+        extra = total * (self.coefficient / self.depth)
+        return main + (extra - extra.detach())  # the value main's, the gradient also extra's
 
 
 def build_loss(parts: list[nn.Module], chunk_tokens: int, compiled: bool = False, backend: str = "inductor"):

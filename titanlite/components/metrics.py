@@ -201,7 +201,8 @@ def format_line(r: dict) -> str:
     )
     if "val_loss" in r:
         line += f"  val_loss {r['val_loss']:.4f}  val_ppl {r['val_perplexity']:.2f} ({r['val_seconds']:.1f}s)"
-    for key in (k for k in r if k.startswith("aux_")):  # a model's auxiliary loss terms (MoE load balancing)
+    # a model's auxiliary loss terms (MoE load balancing), and multi-token prediction's depths
+    for key in (k for k in r if k.startswith(("aux_", "mtp_loss"))):
         line += f"  {key} {r[key]:.4g}"
     if "expert_load" in r:  # MoE: max / mean tokens per expert of the step, the worst block's
         line += f"  expert_load {r['expert_load']:.2f}"

@@ -351,7 +351,13 @@ def check_training(t: Training) -> None:
         raise ConfigError(
             f"training.global_batch_size={t.global_batch_size} must be at least 1, or -1 for local_batch_size x dp"
         )
-    check_not_negative({"training.max_norm": t.max_norm, "training.stop_after_step": t.stop_after_step})
+    check_not_negative(
+        {
+            "training.max_norm": t.max_norm,
+            "training.stop_after_step": t.stop_after_step,
+            "training.mtp_loss_coefficient": t.mtp_loss_coefficient,
+        }
+    )
     if t.loss_chunk_tokens < -1:
         raise ConfigError(
             f"training.loss_chunk_tokens={t.loss_chunk_tokens} must be -1 (auto), 0 (whole logits) or a chunk size"
@@ -409,6 +415,10 @@ def check_parallelism(p) -> None:
 
 def check_model(m) -> None:
     check_not_negative({"model.n_layers": m.n_layers})
+    if m.mtp_layers < -1:
+        raise ConfigError(
+            f"model.mtp_layers={m.mtp_layers} must be -1 (the flavor's or folder's), 0 (none) or a number of depths"
+        )
     if m.hf_assets_path and m.flavor != "hf" and m.tokenizer != "hf":
         raise ConfigError(
             f"model.hf_assets_path='{m.hf_assets_path}' changes nothing with model.flavor={m.flavor!r} and "

@@ -57,6 +57,13 @@ class Model:
     TorchTitan names it: read with flavor "hf" or tokenizer "hf". Nothing is downloaded."""
     n_layers: int = 0
     """Override the flavor's number of transformer layers (0 keeps the flavor's)."""
+    mtp_layers: int = -1
+    """Multi-token prediction depths (DeepSeek-V3's sequential modules: each its own norms, projection and block,
+    with the model's embedding and head; docs/models.md): -1 keeps what the flavor has (what a Hugging Face folder's
+    config.json says, num_nextn_predict_layers; 0 for a named flavor), 0 trains without (a folder's MTP layers are
+    then carried unchanged into its export), N > 0 adds N depths. Only a family whose config.json can say so
+    (DeepSeek-V3) takes N > 0; with a folder, N must be its own count or 0. training.mtp_loss_coefficient weighs
+    their losses."""
     attn_mask_type: Literal["causal", "block_causal"] = "causal"
     """Attention mask, as TorchTitan names it: "causal" lets a token attend to every earlier token of its
     window; "block_causal" only to earlier tokens of its own document (documents end at the tokenizer's
@@ -152,6 +159,11 @@ class Training:
     gradients, so the [batch, seq, vocab] logits never exist (titanlite/components/loss.py). 0: whole logits and
     F.cross_entropy (compiled when compile.components names 'loss'). -1 (auto): chunks of 4096 tokens,
     except where torch.compile fuses the plain loss, which was faster on an H100 (and uses more memory)."""
+    mtp_loss_coefficient: float = 0.1
+    """With multi-token prediction (model.mtp_layers): the loss is the main cross-entropy plus this times the mean of
+    the D depths' cross-entropies (DeepSeek-V3's lambda, 0.3 then 0.1 in its report; Megatron-LM's
+    mtp_loss_scaling_factor, whose default 0.1 this is). The logged `loss` stays the main cross-entropy; each depth's
+    is logged beside it as mtp_loss (mtp_loss_1, mtp_loss_2, ... for several)."""
     stop_after_step: int = 0
     """End the run after this step, with a checkpoint, without changing the LR schedule that `steps`
     sets (for jobs split into fixed-length allocations); 0 runs to `steps`."""

@@ -38,7 +38,8 @@ from titanlite.components.metrics import MetricsLogger, Throughput, peak_memory_
 from titanlite.components.optim import clip_grad_norm_
 from titanlite.components.profiling import Profiler
 from titanlite.components.resilience import Faults, SpikeGuard, StopOnSignal, set_train_timeout
-from titanlite.models.common.auxiliary import AuxiliaryLosses, collecting
+from titanlite.models.common.auxiliary import AuxiliaryLosses, collecting, metric_key
+from titanlite.models.common.multi_token import future_labels
 from titanlite.parallel.pipeline import StageTimer, TiedEmbeddingSync
 
 logger = logging.getLogger(__name__)
@@ -144,7 +145,7 @@ class Pipeline:
     has_last: bool  # this rank computes the loss
     group: dist.ProcessGroup  # the pp process group
     timer: StageTimer
-    tied_sync: TiedEmbeddingSync | None  # when a tied embedding spans stages
+    tied_sync: TiedEmbeddingSync | None  # when a tied embedding spans stages, or MTP's embedding copy
     analytic_bubble: float | None
     microbatches: int = 1  # pipeline micro-batches per step
 
@@ -193,6 +194,22 @@ class RankModel:
     # compile.mode 'reduce-overhead': compiled blocks replay CUDA graphs, and each forward starts a new round of
     # replays (torch.compiler.cudagraph_mark_step_begin). Only then: that call imports all of inductor (seconds).
     cuda_graphs: bool = False
+    # Multi-token prediction depths (models/common/multi_token.py). In training (grad enabled) the labels become the
+    # tokens 1..D + 1 places ahead, made over the whole window before the context-parallel split, and the model gets
+    # the tokens 1..D ahead (mtp_tokens); evaluation runs the main model alone (loss_fn then takes plain labels).
+    mtp_layers: int = 0
+
+    def ahead(self, inputs: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Any]:
+        """`split` with multi-token prediction's labels: this rank's inputs, labels and Sequence (or None)."""
+        if self.mtp_layers and torch.is_grad_enabled():
+            labels = future_labels(labels, self.mtp_layers)
+        if self.split is None:
+            return inputs, labels, None
+        return self.split(inputs, labels)
+
+    def mtp_keywords(self, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The model's keyword for the tokens ahead, where `labels` are multi-token prediction's (ahead)."""
+        return {"mtp_tokens": labels[..., : self.mtp_layers]} if labels.dim() == 3 else {}
 
     def new_graph_round(self) -> None:
         """Under CUDA graphs, let the next replays reuse the last round's buffers; otherwise nothing."""
@@ -202,20 +219,17 @@ class RankModel:
     def forward(self, inputs: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The output (logits, or hidden states for the chunked loss) of this rank's share of the batch, and
         the labels that go with it. For the single-part (not pipelined) model."""
-        sequence = None
-        if self.split is not None:
-            inputs, labels, sequence = self.split(inputs, labels)
-        extra = {} if sequence is None else {"sequence": sequence}
+        inputs, labels, sequence = self.ahead(inputs, labels)
+        extra = ({} if sequence is None else {"sequence": sequence}) | self.mtp_keywords(labels)
         with self.autocast():
             return self.parts[0](inputs, logits=self.logits, **extra), labels
 
     def pipeline_split(self, inputs: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict]:
         """`split` for a pipeline step over the whole local batch: this rank's inputs and labels, and the
         Sequence as the keyword tensors every stage takes (titanlite.parallel.pipeline.sequence_from_keywords)."""
-        sequence = None
-        if self.split is not None:
-            inputs, labels, sequence = self.split(inputs, labels)
-        return inputs, labels, {} if sequence is None else sequence.batch_major(inputs.shape[0])
+        inputs, labels, sequence = self.ahead(inputs, labels)
+        keywords = {} if sequence is None else sequence.batch_major(inputs.shape[0])
+        return inputs, labels, keywords | self.mtp_keywords(labels)
 
     def loss_context(self):
         return tp_loss_parallel() if self.loss_parallel else contextlib.nullcontext()
@@ -241,8 +255,8 @@ class Trainer:
         self.model, self.optimizer, self.lr_scheduler, self.loader = model, optimizer, lr_scheduler, loader
         self.model_parts, self.device, self.pipeline = model.parts, model.device, model.pipeline
         self.params = [p for part in model.parts for p in part.parameters() if p.requires_grad]
-        duplicate = self.pipeline.tied_sync.duplicate if self.pipeline and self.pipeline.tied_sync else None
-        self.norm_params = [p for p in self.params if p is not duplicate]
+        duplicates = self.pipeline.tied_sync.duplicates if self.pipeline and self.pipeline.tied_sync else []
+        self.norm_params = [p for p in self.params if not any(p is d for d in duplicates)]
         self.settings, self.figures, self.logger = settings, figures, logger
         self.throughput = Throughput(figures.warmup_steps)
         self.pipeline_idle = 0.0
@@ -497,7 +511,7 @@ class Trainer:
             "eta_s": self.throughput.eta_seconds(total_steps - self.step),
             "data_wait_pct": self.throughput.take_data_wait_pct(),
         }
-        record |= {f"aux_{name}": v for name, v in zip(self.auxiliary.names, self.records.last_auxiliary)}
+        record |= {metric_key(name): v for name, v in zip(self.auxiliary.names, self.records.last_auxiliary)}
         if self.expert_load is not None:
             record["expert_load"] = self.expert_load.item()
         if self.skipped_steps:

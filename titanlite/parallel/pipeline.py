@@ -181,23 +181,34 @@ def split_model(model: DecoderModule, plan: PipelinePlan, pp_rank: int) -> list[
     """One module per local stage: a copy of the (meta) model without the parts the stage does not own.
 
     Copying and deleting keeps parameter names as in the whole model, so weights initialise and
-    checkpoint identically with or without pipeline parallelism.
+    checkpoint identically with or without pipeline parallelism. Multi-token prediction's depths (their blocks,
+    layers past the decoder's, and `mtp`) go with the head on the last stage, which keeps a copy of the token
+    embedding for them (TiedEmbeddingSync keeps it equal to the first stage's).
     """
     parts = []
     for stage in plan.stage_ids(pp_rank):
         first, end = plan.layer_ranges[stage]
+        last = stage == plan.num_stages - 1
         part = copy.deepcopy(model)
         for key in list(part.layers):
-            if not first <= int(key) < end:
+            if not (first <= int(key) < end or last and int(key) >= end):
                 del part.layers[key]
+        ahead = last and ahead_of(part)
         if stage != 0:
             for name in part.first_stage_modules:
-                setattr(part, name, None)
-        if stage != plan.num_stages - 1:
-            for name in part.last_stage_modules:
+                if not (ahead and name == "tok_embeddings"):
+                    setattr(part, name, None)
+            part.embeds_input = False
+        if not last:
+            for name in (*part.last_stage_modules, *(("mtp",) if ahead_of(part) else ())):
                 setattr(part, name, None)
         parts.append(part)
     return parts
+
+
+def ahead_of(part: nn.Module) -> bool:
+    """Whether the model has multi-token prediction's depths (models/common/multi_token.py), which go with its head."""
+    return getattr(part, "mtp", None) is not None
 
 
 def sequence_from_keywords(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
@@ -255,18 +266,26 @@ def build_schedule(
 
 
 class TiedEmbeddingSync:
-    """Keeps a tied embedding tied when its two uses live on different stages.
+    """Keeps the copies of the embedding one: a tied embedding whose two uses live on different stages, and the
+    last stage's copy that multi-token prediction's depths embed the tokens ahead with (split_model).
 
-    The first stage holds the token embedding and the last the output projection: two copies of one
-    [vocab, dim] matrix. They start equal (both are seeded by the embedding's name) and stay equal:
-    before each optimizer step their gradients are summed, which is the tied parameter's gradient, so
-    both take the same AdamW update. Megatron keeps its embedding group in sync the same way.
+    The first stage holds the token embedding and the last the output projection or its own embedding (or both, the
+    same tensor when tied): copies of one [vocab, dim] matrix. They start equal (each is seeded by the embedding's
+    name, or read from the same Hugging Face tensor) and stay equal: before each optimizer step their gradients are
+    summed, which is the shared parameter's gradient, so every copy takes the same AdamW update. Megatron keeps its
+    embedding group in sync the same way.
     """
 
     def __init__(self, parts: list[nn.Module], plan: PipelinePlan, root_mesh, pp_rank: int):
         models = [unwrapped(p) for p in parts]  # the stage modules inside any DDP wrapper
-        self.embedding = next((m.tok_embeddings.weight for m in models if m.tok_embeddings is not None), None)
-        self.output = next((m.output.weight for m in models if m.output is not None), None)
+        self.copies: list[torch.Tensor] = []  # this rank's, the first stage's first where it holds that stage
+        for m in models:
+            tied_head = m.output if m.args.tie_embeddings else None
+            for module in (m.tok_embeddings, tied_head):
+                if module is not None and not any(module.weight is c for c in self.copies):
+                    self.copies.append(module.weight)
+        self.has_first = 0 in plan.stage_ids(pp_rank)
+        self.has_both = self.has_first and plan.num_stages - 1 in plan.stage_ids(pp_rank)  # V-shaped rank 0
         self.group = None
         # Group creation is collective: every rank creates every first/last pair, keeping its own.
         mesh = root_mesh.mesh  # ranks, pp outermost
@@ -278,23 +297,25 @@ class TiedEmbeddingSync:
                 self.group = group
 
     @property
-    def duplicate(self) -> torch.Tensor | None:
-        """The copy to leave out of the gradient norm (its gradient equals the embedding's)."""
-        return self.output
+    def duplicates(self) -> list[torch.Tensor]:
+        """The copies to leave out of the gradient norm (their gradients equal the first stage's embedding's)."""
+        return self.copies[1:] if self.has_first else self.copies
 
     @torch.no_grad()
     def __call__(self) -> None:
-        if self.embedding is not None and self.output is not None:  # both on this rank (V-shaped)
-            assert self.embedding.grad is not None and self.output.grad is not None  # after backward
-            total = self.embedding.grad + self.output.grad
-            self.embedding.grad.copy_(total)
-            self.output.grad.copy_(total)
+        if not self.copies:
             return
-        param = self.embedding if self.embedding is not None else self.output
-        if param is None:
-            return
-        grad = param.grad.to_local() if isinstance(param.grad, DTensor) else param.grad
-        dist.all_reduce(grad, op=dist.ReduceOp.SUM, group=self.group)
+        grads = []
+        for copy_ in self.copies:
+            assert copy_.grad is not None  # after backward
+            grads.append(copy_.grad)
+        if len(grads) > 1:  # several on this rank (V-shaped: the first and the last stage)
+            total = functools.reduce(torch.add, grads)
+            for g in grads:
+                g.copy_(total)
+        if self.group is not None and not self.has_both:  # the first and the last stage on two ranks
+            grad = grads[0].to_local() if isinstance(grads[0], DTensor) else grads[0]
+            dist.all_reduce(grad, op=dist.ReduceOp.SUM, group=self.group)
 
 
 class StageTimer:

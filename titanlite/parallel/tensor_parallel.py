@@ -67,6 +67,11 @@ def ends_plan(model: DecoderModule, loss_parallel: bool, chunked_loss: bool) -> 
     }
     if chunked_loss:  # the model returns hidden states; the chunked loss splits the vocabulary itself
         plan["output"] = VocabParallelHead()
+    for key in getattr(model, "mtp", None) or {}:
+        # Multi-token prediction's norms run on the sequence shards, as the final norm does; the hidden states'
+        # projection, small and shared, whole on each rank (ReplicatedProjection); its block has the family's plan.
+        plan |= {f"mtp.{key}.{norm}": SequenceParallel() for norm in ("enorm", "hnorm", "norm")}
+        plan[f"mtp.{key}.eh_proj"] = ReplicatedProjection()
     if getattr(model, "pos_embeddings", None) is not None:
         # Positions are looked up for the whole sequence ([T] -> [T, dim]) and come out sharded on the
         # sequence (Shard(0) of [T, dim]), matching the token embedding's [B, T/tp, dim] slice.
@@ -87,6 +92,17 @@ class VocabParallelHead(ParallelStyle):
                 )
 
         return distribute_module(module, device_mesh, shard_weight)
+
+
+class ReplicatedProjection(ParallelStyle):
+    """A linear layer whole on every tensor-parallel rank, applied to its slice of the sequence (a Shard(1) DTensor in,
+    a plain local tensor out, as a block takes it): multi-token prediction's eh_proj [2 dim -> dim]. Its weight is a
+    replicated DTensor, so its gradient, each rank's tokens' share, is summed over the ranks in backward. Column-wise
+    it would need the sequence gathered and its output's features scattered again (two collectives a step for a
+    matrix of 2 dim^2 that costs 1/n_layers-th of a block)."""
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        return distribute_module(module, device_mesh, output_fn=lambda mod, out, mesh: out.to_local())
 
 
 def tp_split_sizes(args) -> dict[str, int]:

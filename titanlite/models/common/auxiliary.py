@@ -18,6 +18,7 @@ from collections.abc import Iterator
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 
 class AuxiliaryLosses:
@@ -85,6 +86,24 @@ class _JoinLoss(torch.autograd.Function):
     def backward(ctx, grad_h: torch.Tensor):
         grad_term = torch.full((), ctx.scale, dtype=ctx.term_dtype, device=grad_h.device)
         return grad_h, grad_term, None
+
+
+def record_loss_part(name: str, value: torch.Tensor) -> None:
+    """Log `value` under `name` beside the loss, reduced like an auxiliary term, without joining anything to the
+    loss: a part the loss function itself already holds (multi-token prediction's depths, components/loss.py).
+    Nothing outside a training step."""
+    terms = _collecting
+    if terms is None or not torch.is_grad_enabled():
+        return
+    if isinstance(value, DTensor):  # a replicated loss under loss parallelism
+        value = value.to_local()
+    terms.add(name, value)
+
+
+def metric_key(name: str) -> str:
+    """The metrics.jsonl key of a logged term: aux_<name> for a term joined to the loss, the name itself for a part
+    of the loss (multi-token prediction's mtp_loss, mtp_loss_<k>)."""
+    return name if name.startswith("mtp_loss") else f"aux_{name}"
 
 
 def add_auxiliary_loss(h: torch.Tensor, name: str, term: torch.Tensor) -> torch.Tensor:

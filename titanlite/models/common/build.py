@@ -42,7 +42,30 @@ def configured_args(model_cfg, vocab_size: int, seq_len: int, moe=None):
                 f"model.tokenizer={m.tokenizer!r} has {vocab_size} ids but {m.hf_assets_path} embeds "
                 f"{args.vocab_size}; use the folder's own tokenizer (leave model.tokenizer out)"
             )
+    args = with_mtp_layers(args, getattr(m, "mtp_layers", -1), m.hf_assets_path if m.flavor == "hf" else "")
     return args if moe is None else with_moe_settings(args, moe)
+
+
+def with_mtp_layers(args, mtp_layers: int, folder: str = ""):
+    """`args` with model.mtp_layers' multi-token prediction depths (-1: the flavor's or the folder's own); a
+    ConfigError for depths on a family whose Hugging Face config cannot say them (its arguments have no mtp_layers),
+    and for a count other than a folder's own or 0 (`folder`: the model's Hugging Face folder, if any)."""
+    if mtp_layers == -1:
+        return args
+    if not any(f.name == "mtp_layers" for f in dataclasses.fields(args)):
+        if mtp_layers == 0:
+            return args
+        raise ConfigError(
+            f"model.mtp_layers={mtp_layers}: model {spec_of(args).name} has no multi-token prediction its Hugging "
+            "Face config.json can express (DeepSeek-V3's and GLM-4.5's num_nextn_predict_layers can); set "
+            "model.mtp_layers = 0 or leave it out"
+        )
+    if folder and mtp_layers not in (0, args.mtp_layers):
+        raise ConfigError(
+            f"model.mtp_layers={mtp_layers}, but {folder} holds {args.mtp_layers} multi-token prediction layers "
+            f"(num_nextn_predict_layers); use {args.mtp_layers} (the folder's), 0 (none), or leave it out"
+        )
+    return dataclasses.replace(args, mtp_layers=mtp_layers)
 
 
 def with_moe_settings(args, moe):

@@ -22,7 +22,7 @@ from torch import nn
 
 from titanlite.models.common.attention import Sequence
 from titanlite.models.common.auxiliary import add_auxiliary_loss
-from titanlite.models.common.decoder_args import rope_kind, rotary_dim_of, window_of
+from titanlite.models.common.decoder_args import kind_of, rope_kind, rotary_dim_of, window_of
 from titanlite.models.common.feed_forward import GatedMLP
 from titanlite.models.common.head import OutputHead
 from titanlite.models.common.interface import Decoder
@@ -31,6 +31,7 @@ from titanlite.models.common.mixers import Attention
 from titanlite.models.common.moe.args import MoEArgs
 from titanlite.models.common.moe.balance import PooledBalance, PooledMoE, pooled_loss
 from titanlite.models.common.moe.layer import GroupedExperts, MoE
+from titanlite.models.common.multi_token import MultiTokenProjection
 from titanlite.models.common.rope import RotaryTable
 
 NORM_PLACEMENTS = ("pre", "post", "both", "none")
@@ -118,7 +119,7 @@ class Transformer(nn.Module):
     tables, `embedding_scale` and `init_param`."""
 
     first_stage_modules: ClassVar[tuple[str, ...]] = ("tok_embeddings",)
-    last_stage_modules: ClassVar[tuple[str, ...]] = ("norm", "output")
+    last_stage_modules: ClassVar[tuple[str, ...]] = ("norm", "output")  # and mtp, where it has multi-token prediction
     # A layer kind (args.layer_types) -> fn(model, layer) building its mixer. A family adds its own kinds by
     # overriding it ({**Transformer.mixers, "my_kind": builder}); a kind it does not list is refused.
     mixers: ClassVar[dict[str, Callable[[Any, int], nn.Module]]] = {
@@ -128,6 +129,9 @@ class Transformer(nn.Module):
     learned_positions: ClassVar[bool] = False  # pos_embeddings for max_seq_len positions (GPT-2)
     embedding_scale: float | None = None  # the embeddings multiplied by it (in their dtype), e.g. sqrt(dim)
     pooled_balance: ClassVar[bool] = True  # MoE blocks pool their balance statistics (moe/balance.py), or not
+    # Whether forward's input is tokens to embed: False on a pipeline stage after the first, even one that keeps
+    # tok_embeddings for its multi-token prediction depths (parallel/pipeline.py split_model).
+    embeds_input: bool = True
 
     def __init__(self, args: Any):
         super().__init__()
@@ -143,13 +147,24 @@ class Transformer(nn.Module):
             nn.Embedding(args.max_seq_len, args.dim) if self.learned_positions else None
         )
         self.rotary = self.rotary_tables()
+        # Multi-token prediction (models/common/multi_token.py): depth k's block is layer n_layers + k - 1, after
+        # the decoder's own, and its norms and projection are mtp[that layer's key].
+        self.mtp_layers: int = getattr(args, "mtp_layers", 0)
+        n_blocks = args.n_layers + self.mtp_layers
         # layer name -> the rotary table its mixer reads (None: none)
-        self.layer_rotary = {str(i): self.rotary_of(i) for i in range(args.n_layers)}
+        self.layer_rotary = {str(i): self.rotary_of(i) for i in range(n_blocks)}
         # A ModuleDict keyed by layer index keeps parameter names stable when a pipeline stage
         # deletes the layers it does not own.
-        self.layers = nn.ModuleDict({str(i): self.build_layer(i) for i in range(args.n_layers)})
+        self.layers = nn.ModuleDict({str(i): self.build_layer(i) for i in range(n_blocks)})
         self.norm: nn.Module | None = self.build_norm()
         self.output: OutputHead | None = OutputHead(args.dim, args.vocab_size)
+        self.mtp: nn.ModuleDict | None = (
+            nn.ModuleDict(
+                {str(i): MultiTokenProjection(args.dim, self.build_norm) for i in range(args.n_layers, n_blocks)}
+            )
+            if self.mtp_layers
+            else None
+        )
         self.tie_weights()
         # The rotary tables [max_seq_len, rotary_dim // 2], non-persistent because they follow from args, so
         # checkpoints need not carry them. Registered empty here to fix their device; init_buffers fills them.
@@ -162,9 +177,9 @@ class Transformer(nn.Module):
     # --- what a family declares (the defaults build the shared arguments' switches) ---
 
     def layer_kind(self, layer: int) -> str:
-        """The kind of `layer`'s mixer: args.layer_types' entry, "full_attention" where there are none."""
-        kinds = getattr(self.args, "layer_types", ())
-        return kinds[layer] if kinds else "full_attention"
+        """The kind of `layer`'s mixer: args.layer_types' entry, "full_attention" where there are none (and for a
+        multi-token prediction depth's block, past them: decoder_args.kind_of)."""
+        return kind_of(self.args, layer)
 
     def build_layer(self, layer: int) -> Block:
         mixer_norms, ffn_norms = self.norm_placement(layer)
@@ -259,6 +274,7 @@ class Transformer(nn.Module):
         *,
         logits: bool = True,
         carry: torch.Tensor | None = None,
+        mtp_tokens: torch.Tensor | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Logits [B, T, vocab] of tokens [B, T] at positions 0..T-1 (training), or at `sequence.positions`,
         attending as `sequence` says (titanlite/models/common/attention.py). With a cache (generation), the tokens
@@ -269,15 +285,20 @@ class Transformer(nn.Module):
         of the blocks that ran joins the output; a pipeline stage part without the output head returns (h, carry):
         carry [3, E] the routing totals of its blocks and of the `carry` it received from the stage before (zeros
         outside training, so every step hands on the same tensors); the part that holds the head adds the one term
-        from them. The whole model takes and returns one tensor."""
+        from them. The whole model takes and returns one tensor.
+
+        With multi-token prediction, `mtp_tokens` [B, T, mtp_layers] (the tokens 1..D places ahead of each position,
+        IGNORE past the window: multi_token.future_labels) make the part that holds the head return the main
+        output and each depth's, concatenated along the batch: [(1 + D) B, T, ...]. Without them (generation,
+        evaluation of the main model alone) the depths do not run."""
         balance, moe = self.balance, self.moe_args
         if balance is None or moe is None:
-            return self.run(tokens, cache, sequence, logits)
+            return self.run(tokens, cache, sequence, logits, mtp_tokens)
         pooled = moe.balance == "aux_loss" and moe.aux_loss_coef > 0
         balance.start(torch.is_grad_enabled() and pooled)
         balance.carry = carry
         try:
-            out = self.run(tokens, cache, sequence, logits)
+            out = self.run(tokens, cache, sequence, logits, mtp_tokens)
         finally:
             balance.active = False  # a recomputing backward (activation checkpointing) records nothing
             balance.carry = None
@@ -294,28 +315,62 @@ class Transformer(nn.Module):
             totals.requires_grad_()
         return out, totals
 
-    def run(self, tokens: torch.Tensor, cache: KVCache | None, sequence: Sequence | None, logits: bool) -> torch.Tensor:
+    def run(
+        self,
+        tokens: torch.Tensor,
+        cache: KVCache | None,
+        sequence: Sequence | None,
+        logits: bool,
+        mtp_tokens: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Embedding (on the first stage: a later one receives hidden states [B, T, dim] instead of tokens), the
-        blocks each with its rotary table, the final norm and head (on the last stage)."""
+        blocks each with its rotary table, the final norm, the multi-token prediction depths and head (on the last
+        stage)."""
         positions = None
         if cache is not None:  # the new tokens start at the first uncached position
             positions = cache.positions(tokens.shape[1], tokens.device)
         elif sequence is not None and sequence.positions is not None:
             positions = sequence.positions
-        h = self.embed(tokens, positions)
+        h = self.embed(tokens, positions) if self.embeds_input else tokens
         # The full tables (attention cuts them to length), or those of the tokens' positions.
         tables: dict[str | None, tuple] = {None: (None, None)}
         for name in self.rotary:
             cos, sin = getattr(self, f"{name}_cos"), getattr(self, f"{name}_sin")
             tables[name] = (cos, sin) if positions is None else (cos[positions], sin[positions])
         for name, layer in self.layers.items():
+            if self.mtp is not None and name in self.mtp:
+                continue  # a multi-token prediction depth's block (predict_ahead)
             cos, sin = tables[self.layer_rotary[name]]
             h = layer(h, cos, sin, cache=None if cache is None else cache.layer(name), sequence=sequence)
         if cache is not None:
             cache.advance(tokens.shape[1])
         h = self.after_blocks(h)
         h = self.norm(h) if self.norm is not None else h
+        if mtp_tokens is not None and self.mtp is not None and self.output is not None:
+            h = torch.cat([h, *self.predict_ahead(h, mtp_tokens, positions, tables, sequence)])
         return self.output(h, project=logits) if self.output is not None else h  # [B, T, vocab], or [B, T, dim]
+
+    def predict_ahead(
+        self,
+        h: torch.Tensor,
+        mtp_tokens: torch.Tensor,
+        positions: torch.Tensor | None,
+        tables: dict,
+        sequence: Sequence | None,
+    ) -> list[torch.Tensor]:
+        """Each multi-token prediction depth's normed output [B, T, dim] (models/common/multi_token.py), from the
+        main model's normed output `h` and the tokens ahead (`mtp_tokens`; positions past the window embed token 0
+        and have no target)."""
+        assert self.mtp is not None
+        outputs = []
+        for k, (name, projection) in enumerate(self.mtp.items()):
+            assert isinstance(projection, MultiTokenProjection)
+            ahead = self.embed(mtp_tokens[..., k].clamp(min=0), positions)
+            cos, sin = tables[self.layer_rotary[name]]
+            x = self.layers[name](projection(ahead, h), cos, sin, sequence=sequence)
+            h = projection.norm(x)
+            outputs.append(h)
+        return outputs
 
     def embed(self, tokens: torch.Tensor, positions: torch.Tensor | None) -> torch.Tensor:
         if self.tok_embeddings is None:
@@ -381,13 +436,13 @@ def standard_init(args: Any, name: str, full: torch.Tensor, generator: torch.Gen
         nn.init.zeros_(full)
     elif leaf != "weight":
         raise KeyError(f"init_param: unknown parameter {name!r}")
-    elif parent in ("attention_norm", "ffn_norm", "norm", "q_norm", "k_norm"):
+    elif parent in ("attention_norm", "ffn_norm", "norm", "q_norm", "k_norm", "enorm", "hnorm"):
         nn.init.ones_(full)
     elif parent == "tok_embeddings" or (parent == "output" and args.tie_embeddings):
         nn.init.normal_(full, mean=0.0, std=std, generator=generator)
     elif parent == "output":
         trunc(args.dim**-0.5, bound=3.0)
-    elif parent in ("wq", "wk", "wv", "w1", "w3"):
+    elif parent in ("wq", "wk", "wv", "w1", "w3", "eh_proj"):
         trunc(std)
     elif parent in ("wo", "w2"):
         trunc(residual_std)

@@ -146,11 +146,18 @@ def with_depth(args: DecoderArgs, n_layers: int) -> dict:
     return depth
 
 
+def kind_of(args, layer: int) -> str:
+    """Layer `layer`'s kind: its layer_types entry; "full_attention" without layer_types, and for a layer past them (a
+    multi-token prediction depth's block: models/common/multi_token.py), which attends to the whole sequence."""
+    kinds = getattr(args, "layer_types", ())
+    return kinds[layer] if layer < len(kinds) else "full_attention"
+
+
 def window_of(args: DecoderArgs, layer: int) -> int | None:
     """The attention window of layer `layer` (None: full causal attention)."""
     if not args.sliding_window:
         return None
-    if args.layer_types and args.layer_types[layer] != "sliding_attention":
+    if args.layer_types and kind_of(args, layer) != "sliding_attention":
         return None
     return args.sliding_window
 
@@ -159,7 +166,7 @@ def rope_kind(args: DecoderArgs, layer: int) -> str:
     """The layer kind whose rotary settings `layer` takes: its layer_types entry, or, without layer_types,
     "sliding_attention" when every layer slides (sliding_window set) and "full_attention" otherwise."""
     if args.layer_types:
-        return args.layer_types[layer]
+        return kind_of(args, layer)
     return "sliding_attention" if args.sliding_window else "full_attention"
 
 

@@ -153,6 +153,29 @@ def carried_layer_shapes(
     return expected
 
 
+def mtp_names(args) -> dict[str, str]:
+    """Multi-token prediction's own tensors (models/common/multi_token.py: mtp.{L}.*, L = n_layers + k - 1 for depth k)
+    under the names DeepSeek-V3 and GLM-4.5 store them with, beside the block as further decoder layers
+    (model.layers.{L}.*): enorm, hnorm, eh_proj, and shared_head.norm (our mtp.{L}.norm)."""
+    names: dict[str, str] = {}
+    for i in range(args.n_layers, args.n_layers + getattr(args, "mtp_layers", 0)):
+        ours, hf = f"mtp.{i}.", f"model.layers.{i}."
+        names |= {f"{ours}{n}.weight": f"{hf}{n}.weight" for n in ("enorm", "hnorm", "eh_proj")}
+        names[ours + "norm.weight"] = hf + "shared_head.norm.weight"
+    return names
+
+
+def mtp_copies(args) -> dict[str, str]:
+    """Each multi-token prediction layer's copies of the embedding and the head, as DeepSeek-V3 and GLM-4.5 store them
+    (HF name -> the shared tensor's HF name): not read into the model, which shares its own, but checked equal to them
+    on import and written on export (titanlite/components/hf_weights.py hf_copies)."""
+    copies: dict[str, str] = {}
+    for i in range(args.n_layers, args.n_layers + getattr(args, "mtp_layers", 0)):
+        copies[f"model.layers.{i}.embed_tokens.weight"] = "model.embed_tokens.weight"
+        copies[f"model.layers.{i}.shared_head.head.weight"] = "lm_head.weight"
+    return copies
+
+
 def layers_past(n_layers: int, keys: list[str]) -> list[str]:
     """The tensors of layers past the decoder's `n_layers` (model.layers.N, N >= n_layers): DeepSeek-V3's and GLM's
     multi-token-prediction layers, stored as further layers."""

@@ -27,8 +27,13 @@ def dense_flops_per_token(model: DecoderModule, seq_len: int) -> float:
     says otherwise) and sequence length T; causal masking is not discounted, as in PaLM and TorchTitan. A
     linear-attention layer (the hybrid families) has no T term: its sequence work is the gated delta rule's, R
     per token (delta_rule_flops_per_token), and its projections and convolution are parameters in N.
+
+    Multi-token prediction's depths (models/common/multi_token.py) count as the layers they are: their blocks and
+    projections in N, their attention in L, and each runs the output projection once more (vocab x dim in N again).
     """
-    return 6.0 * matmul_parameters(model) + sequence_flops_per_token(model, seq_len)
+    head = model.output.weight.numel() if model.output is not None else model.args.vocab_size * model.args.dim
+    ahead = getattr(model, "mtp_layers", 0) * head
+    return 6.0 * (matmul_parameters(model) + ahead) + sequence_flops_per_token(model, seq_len)
 
 
 def matmul_parameters(model: DecoderModule) -> int:
@@ -45,7 +50,7 @@ def sequence_flops_per_token(model: DecoderModule, seq_len: int) -> float:
     layer that attends, the gated delta rule's R in each linear-attention layer (found among the model's modules)."""
     args = model.args
     rules = [m for m in model.modules() if isinstance(m, (GatedDeltaNet, KimiDeltaAttention))]
-    attending = args.n_layers - len(rules)
+    attending = args.n_layers + getattr(model, "mtp_layers", 0) - len(rules)
     return 12.0 * attending * args.n_heads * args.head_dim * seq_len + sum(map(delta_rule_flops_per_token, rules))
 
 

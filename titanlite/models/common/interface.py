@@ -29,6 +29,9 @@ class Decoder(Protocol):
     layers: nn.ModuleDict  # the transformer blocks, keyed by index; FSDP, AC and compile wrap each one
     norm: nn.Module | None  # final norm; None on pipeline stages before the last
     output: OutputHead | None  # the head: output(h) logits, output(h, project=False) h; None before the last stage
+    # Whether forward's input is tokens to embed (False on a pipeline stage after the first, even one that keeps
+    # tok_embeddings for multi-token prediction's tokens ahead).
+    embeds_input: bool
 
     # Attributes only the first pipeline stage keeps (the embeddings), and only the last (norm, output).
     first_stage_modules: ClassVar[tuple[str, ...]]

@@ -61,6 +61,9 @@ class DeepseekV3Args:
     pairs; the weights are reordered on import and export, so this changes no math."""
     family: str = not_math("deepseek_v3")
     moe: MoEArgs = field(default_factory=_debug_moe)
+    mtp_layers: int = 0
+    """Multi-token prediction depths (num_nextn_predict_layers; models/common/multi_token.py), each a sparse
+    block after the decoder's layers."""
 
     def __post_init__(self) -> None:
         if self.qk_rope_head_dim % 2 or self.qk_rope_head_dim < 2:
@@ -68,6 +71,8 @@ class DeepseekV3Args:
         for name in ("kv_lora_rank", "qk_nope_head_dim", "v_head_dim"):
             if getattr(self, name) < 1:
                 raise ValueError(f"DeepseekV3Args.{name}={getattr(self, name)}; it must be at least 1")
+        if self.mtp_layers < 0:
+            raise ValueError(f"DeepseekV3Args.mtp_layers={self.mtp_layers}; use 0 (none) or more")
         if self.q_lora_rank < 0:
             raise ValueError(f"DeepseekV3Args.q_lora_rank={self.q_lora_rank}; use 0 (none) or a positive rank")
         beyond = [i for i in self.moe.dense_layers if i >= self.n_layers]

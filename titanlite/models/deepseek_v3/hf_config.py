@@ -9,14 +9,13 @@ DeepseekV3 and DeepSeek's own code score with sigmoid only), topk_method other t
 no group limit applies, which is the same routing), moe_layer_freq other than 1, attention_bias, a
 num_key_value_heads other than the heads (every head has its own key), hidden_act other than silu. The published
 weights' FP8 blocks are dequantized as they are read (titanlite/components/hf_quantized.py). Multi-token prediction
-(num_nextn_predict_layers > 0) is left out: titanlite trains without it, does not load those layers (logged once) and
-carries them unchanged into an export.
+(num_nextn_predict_layers) is honoured: mtp_layers, those layers loaded and trained where the folder holds them
+(titanlite/models/hf_config.py held_mtp_layers; model.mtp_layers = 0 leaves them out of the run and carries them
+unchanged into an export).
 Ignored, as they change no math: aux_loss_alpha and seq_aux (DeepSeek's training loss), ep_size, output_router_logits,
 pretraining_tp, initializer_range, attention_dropout (0), use_cache."""
 
 from __future__ import annotations
-
-import logging
 
 from titanlite.base.errors import ConfigError
 from titanlite.base.hf_config import refuse
@@ -27,11 +26,8 @@ from titanlite.models.common.moe.hf_config import check_expressible as check_exp
 from titanlite.models.common.rope_args import YarnRopeScaling
 from titanlite.models.deepseek_v3.args import DeepseekV3Args, first_dense
 
-logger = logging.getLogger(__name__)
-
 MODEL_TYPE = "deepseek_v3"
 ARCHITECTURE = "DeepseekV3ForCausalLM"
-_MTP_TOLD: set[str] = set()  # the config.json files whose multi-token prediction layers were already named
 
 
 def _mtp_layers(config: dict) -> int:
@@ -114,14 +110,7 @@ def read(config: dict, where: str) -> DeepseekV3Args:
     rope_theta, rope_scaling = rope_settings(config, where)
     if rope_scaling is not None and not isinstance(rope_scaling, YarnRopeScaling):
         raise refuse(where, "rope_type", "llama3", "DeepSeek-V3 reads plain RoPE or 'yarn'")
-    mtp = _mtp_layers(config)
-    if mtp and where not in _MTP_TOLD:
-        _MTP_TOLD.add(where)
-        logger.info(
-            f"{where} num_nextn_predict_layers={mtp}: titanlite trains DeepSeek-V3 without multi-token prediction; "
-            "the tensors of those layers, where the folder holds them, are left out of the run and carried into its "
-            "export (the checkpoint line says how many)"
-        )
+    mtp = _mtp_layers(config)  # the folder's weights may hold fewer (models/hf_config.py held_mtp_layers, logged)
     moe, attention = _moe(config, where, n_layers), _attention(config, where)
     try:
         return DeepseekV3Args(
@@ -135,6 +124,7 @@ def read(config: dict, where: str) -> DeepseekV3Args:
             tie_embeddings=bool(config.get("tie_word_embeddings", False)),
             rope_scaling=rope_scaling,
             moe=moe,
+            mtp_layers=mtp,
             **attention,
         )
     except ValueError as e:  # the latent attention's widths, which config.json names as DeepseekV3Args does
@@ -198,5 +188,5 @@ def write(args: DeepseekV3Args) -> dict:
         "topk_method": "noaux_tc",
         "scoring_func": "sigmoid",
         "first_k_dense_replace": len(moe.dense_layers),
-        "num_nextn_predict_layers": 0,
+        "num_nextn_predict_layers": args.mtp_layers,
     }

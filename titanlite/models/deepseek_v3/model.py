@@ -2,7 +2,8 @@
 attention (titanlite/models/common/mixers.py LatentAttention) and a mixture of experts (the shared block,
 titanlite/models/common/moe/layer.py: sigmoid scores, group-limited top-k, the balancing bias, shared experts, each
 block its own load-balancing term), the first moe.dense_layers with a dense SwiGLU. Plain modules with no
-parallelism inside; multi-token prediction is not built."""
+parallelism inside; multi-token prediction (mtp_layers, the shared decoder's: models/common/multi_token.py) after
+the decoder's layers, each depth's block a mixture of experts as DeepSeek's layer 61 is."""
 
 from __future__ import annotations
 
@@ -59,13 +60,13 @@ class DeepseekV3(Transformer):
         def trunc(std: float, bound: float = 2.0) -> None:
             nn.init.trunc_normal_(full, mean=0.0, std=std, a=-bound * std, b=bound * std, generator=generator)
 
-        if parent in ("attention_norm", "ffn_norm", "norm", "q_norm", "kv_norm"):
+        if parent in ("attention_norm", "ffn_norm", "norm", "q_norm", "kv_norm", "enorm", "hnorm"):
             nn.init.ones_(full)
         elif parent == "tok_embeddings" or (parent == "output" and self.args.tie_embeddings):
             nn.init.normal_(full, mean=0.0, std=std, generator=generator)
         elif parent == "output":
             trunc(self.args.dim**-0.5, bound=3.0)
-        elif parent in ("wq", "wq_a", "wq_b", "wkv_a", "wkv_b", "w1", "w3", "gate") or leaf in ("w1", "w3"):
+        elif parent in ("wq", "wq_a", "wq_b", "wkv_a", "wkv_b", "w1", "w3", "gate", "eh_proj") or leaf in ("w1", "w3"):
             trunc(std)  # leaf w1, w3: the stacked experts' gate and up
         elif parent in ("wo", "w2") or leaf == "w2":
             trunc(residual_std)

@@ -3,14 +3,24 @@ projections (self_attn.q_proj or q_a_proj / q_a_layernorm / q_b_proj, kv_a_proj_
 o_proj), the dense MLP (mlp.{gate,up,down}_proj), and each sparse layer's router (mlp.gate.weight), correction bias
 (mlp.gate.e_score_correction_bias: our routing bias, a buffer), experts (mlp.experts.E.*, stacked on import) and
 shared experts (mlp.shared_experts.*). With rope_interleave false the rotary rows are stored as halves and reordered
-here (ours rotate adjacent pairs). The layers past num_hidden_layers (multi-token prediction) are not trained: carried
-unchanged into an export (hf_carried)."""
+here (ours rotate adjacent pairs). The multi-token prediction layers (num_nextn_predict_layers, stored as layers
+num_hidden_layers + k) are the model's layers of those numbers and their mtp.* norms and projection (enorm, hnorm,
+eh_proj, shared_head.norm); each one's copies of the embedding and head (embed_tokens, shared_head.head) must equal the
+model's, which it shares (hf_copies). With mtp_layers 0 a folder's such layers are carried unchanged into an export
+(hf_carried)."""
 
 from __future__ import annotations
 
 import torch
 
-from titanlite.models.common.decoder_weights import layers_past, next_token_layer_shapes, rope_from_hf, rope_to_hf
+from titanlite.models.common.decoder_weights import (
+    layers_past,
+    mtp_copies,
+    mtp_names,
+    next_token_layer_shapes,
+    rope_from_hf,
+    rope_to_hf,
+)
 from titanlite.models.common.moe.layer import EXPERT_NAMES, moe_to_hf
 from titanlite.models.deepseek_v3.args import DeepseekV3Args
 
@@ -35,7 +45,8 @@ def hf_names(args: DeepseekV3Args) -> dict[str, str]:
     else:
         attention.append(("wq", "q_proj"))
     mlp = [("w1", "gate_proj"), ("w3", "up_proj"), ("w2", "down_proj")]
-    for i in range(args.n_layers):
+    names |= mtp_names(args)
+    for i in range(args.n_layers + args.mtp_layers):
         ours, hf = f"layers.{i}.", f"model.layers.{i}."
         names[ours + "attention_norm.weight"] = hf + "input_layernorm.weight"
         names[ours + "ffn_norm.weight"] = hf + "post_attention_layernorm.weight"
@@ -58,7 +69,7 @@ def hf_sources(args: DeepseekV3Args) -> dict[str, str | tuple[str, ...]]:
     """Our parameter (and routing-bias buffer) name -> the HF tensor it is made from; a stacked expert tensor ->
     its experts' tensors, in expert order."""
     sources: dict[str, str | tuple[str, ...]] = dict(hf_names(args))
-    for i in range(args.n_layers):
+    for i in range(args.n_layers + args.mtp_layers):
         if args.moe.is_sparse(i):
             for w, proj in zip(("w1", "w3", "w2"), EXPERT_NAMES["gate_proj"]):
                 sources[f"layers.{i}.feed_forward.experts.{w}"] = tuple(
@@ -67,10 +78,18 @@ def hf_sources(args: DeepseekV3Args) -> dict[str, str | tuple[str, ...]]:
     return sources
 
 
+def hf_copies(args: DeepseekV3Args) -> dict[str, str]:
+    """Each multi-token prediction layer's copies of the embedding and the head (HF name -> the shared tensor's HF
+    name): not read into the model, which shares its own, but checked equal to them on import and written on export
+    (titanlite/components/hf_weights.py)."""
+    return mtp_copies(args)
+
+
 def hf_carried(args: DeepseekV3Args, keys: list[str]) -> list[str]:
-    """The multi-token prediction layers (model.layers.N for N past the decoder's): not trained, carried unchanged
-    into an export (titanlite/components/hf_weights.py)."""
-    return layers_past(args.n_layers, keys)
+    """The multi-token prediction layers this model does not have (model.layers.N past its decoder's and its own
+    prediction layers: all of a folder's with model.mtp_layers = 0): not trained, carried unchanged into an export
+    (titanlite/components/hf_weights.py)."""
+    return layers_past(args.n_layers + args.mtp_layers, keys)
 
 
 def hf_carried_shapes(args: DeepseekV3Args, carried: list[str], shapes: dict) -> dict[str, tuple[int, ...]]:
@@ -79,16 +98,23 @@ def hf_carried_shapes(args: DeepseekV3Args, carried: list[str], shapes: dict) ->
 
 
 def hf_folder(args: DeepseekV3Args, config: dict, tensors: dict, source: dict) -> tuple[dict, dict]:
-    """An export that carries the folder's multi-token prediction layers says how many there are, as it did."""
-    if source.get("num_nextn_predict_layers"):
+    """An export that carries the folder's multi-token prediction layers (a run without them) says how many there
+    are, as it did."""
+    if not args.mtp_layers and source.get("num_nextn_predict_layers"):
         config = {**config, "num_nextn_predict_layers": source["num_nextn_predict_layers"]}
     return config, tensors
 
 
 def hf_keys(args: DeepseekV3Args, keys: list[str]) -> dict[str, str]:
     """The folder's tensors the model reads: not a correction bias when this model balances otherwise (the
-    multi-token prediction layers are carried: hf_carried)."""
-    return {k: k for k in keys if args.moe.balance == "bias" or not k.endswith(".e_score_correction_bias")}
+    multi-token prediction layers are carried: hf_carried; their copies of the embedding and head are checked:
+    hf_copies)."""
+    copies = hf_copies(args)
+    return {
+        k: k
+        for k in keys
+        if (args.moe.balance == "bias" or not k.endswith(".e_score_correction_bias")) and k not in copies
+    }
 
 
 def _rope_rows(args: DeepseekV3Args, name: str) -> str | None:
@@ -116,7 +142,9 @@ def to_hf(args: DeepseekV3Args, sd: dict[str, torch.Tensor], take) -> dict[str, 
     for ours, hf in hf_names(args).items():
         rows = _rope_rows(args, ours)
         out[hf] = take(ours) if rows is None else _reorder(args, take(ours), rows, rope_to_hf)
-    for i in range(args.n_layers):
+    for copy, shared in hf_copies(args).items():
+        out[copy] = out[shared].clone()  # a tensor of its own: safetensors refuses tensors that share memory
+    for i in range(args.n_layers + args.mtp_layers):
         if args.moe.is_sparse(i):
             ours = f"layers.{i}.feed_forward."
             tensors = ("router.gate.weight", "experts.w1", "experts.w3", "experts.w2")

@@ -284,8 +284,16 @@ class Gemma4(Transformer):
             if isinstance(module, Gemma4Block):
                 module.layer_scalar.fill_(1.0)
 
-    def run(self, tokens: torch.Tensor, cache: KVCache | None, sequence: Sequence | None, logits: bool) -> torch.Tensor:
-        """The shared decoder's run, with each block handed its per-layer input and the SharedKV of this forward."""
+    def run(
+        self,
+        tokens: torch.Tensor,
+        cache: KVCache | None,
+        sequence: Sequence | None,
+        logits: bool,
+        mtp_tokens: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The shared decoder's run, with each block handed its per-layer input and the SharedKV of this forward
+        (Gemma 4 has no multi-token prediction: `mtp_tokens` is never given)."""
         a = self.args
         if (a.per_layer_dim or a.kv_shared_layers) and (self.tok_embeddings is None or self.output is None):
             raise ConfigError(

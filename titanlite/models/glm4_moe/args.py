@@ -37,6 +37,9 @@ class Glm4MoeArgs(MoEDecoderArgs):
 
     family: str = not_math("glm4_moe")
     moe: MoEArgs = field(default_factory=_debug_moe)
+    mtp_layers: int = 0
+    """Multi-token prediction depths (num_nextn_predict_layers; models/common/multi_token.py), each a sparse block
+    after the decoder's layers."""
 
 
 def _glm(**shape) -> Glm4MoeArgs:

@@ -11,9 +11,10 @@ Refused in one line naming the field: hidden_act other than silu, mlp_bias, a sl
 true or false, a partial_rotary_factor giving an odd or empty rotary width, RoPE types other than plain and "yarn",
 first_k_dense_replace beyond the layers, what MoEArgs refuses (more experts per token than experts, groups that do
 not divide the experts or hold the choices). The published FP8 folders' blocks are dequantized as they are read
-(titanlite/components/hf_quantized.py). Multi-token prediction (num_nextn_predict_layers, or num_mtp_layers, > 0) is
-not trained: named once, its layers (model.layers.N past num_hidden_layers) left out and carried unchanged into an
-export (titanlite/models/glm4_moe/weights.py).
+(titanlite/components/hf_quantized.py). Multi-token prediction (num_nextn_predict_layers, or num_mtp_layers) is
+honoured: mtp_layers, those layers (model.layers.N past num_hidden_layers) loaded and trained where the folder holds
+them (titanlite/models/hf_config.py held_mtp_layers; model.mtp_layers = 0 leaves them out and carries them unchanged
+into an export: titanlite/models/glm4_moe/weights.py).
 Ignored, as they change no math: initializer_range, use_cache, output_router_logits, attention_dropout (0; a training
 run refuses another value), the token ids (bos, eos, pad), dtype / torch_dtype, transformers_version."""
 
@@ -69,7 +70,6 @@ DEFAULTS: dict = {
     "norm_topk_prob": True,
     "partial_rotary_factor": 0.5,
 }
-_MTP_TOLD: set[str] = set()  # the config.json files whose multi-token prediction layers were already named
 
 
 def _with_defaults(config: dict) -> dict:
@@ -113,17 +113,6 @@ def _moe(config: dict, where: str, n_layers: int) -> MoEArgs:
     )
 
 
-def _say_mtp(config: dict, where: str) -> None:
-    mtp = mtp_layers(config)
-    if mtp and where not in _MTP_TOLD:
-        _MTP_TOLD.add(where)
-        logger.info(
-            f"{where} num_nextn_predict_layers={mtp}: titanlite trains GLM-4.5 without multi-token prediction; "
-            "the tensors of those layers, where the folder holds them, are left out of the run and carried into its "
-            "export (the checkpoint line says how many)"
-        )
-
-
 def read(config: dict, where: str) -> Glm4MoeArgs:
     """Glm4MoeArgs of a glm4_moe config.json."""
     full = _with_defaults(config)
@@ -157,10 +146,10 @@ def read(config: dict, where: str) -> Glm4MoeArgs:
             qk_norm="head" if full["use_qk_norm"] else "none",
             rotary_dim=rotary_dim,
             moe=moe,
+            mtp_layers=mtp_layers(config),  # the folder's weights may hold fewer (held_mtp_layers, logged)
         )
     except ValueError as e:  # a check of the arguments' own that no refusal above made in config.json's words
         raise ConfigError(f"{where} is not supported: {e}") from e
-    _say_mtp(config, where)
     return args
 
 
@@ -230,5 +219,5 @@ def write(args: Glm4MoeArgs) -> dict:
         "n_group": moe.n_groups,
         "topk_group": moe.topk_groups,
         "first_k_dense_replace": len(moe.dense_layers),
-        "num_nextn_predict_layers": 0,
+        "num_nextn_predict_layers": args.mtp_layers,
     }

@@ -7,10 +7,14 @@ experts.w1, w3, w2 on import) and the shared experts (mlp.shared_experts.*).
 Rotary rows: Hugging Face rotates the leading rotary_dim channels of each head as two halves (rotate_half), ours as
 adjacent pairs; those rows of the query and key projections (weights and biases) and of the Q/K norms' weights are
 reordered on import and back on export (the Llama decoder's: decoder_weights.rotary_rows), the other channels kept. The
-layers past num_hidden_layers (multi-token prediction) are not trained: carried unchanged into an export
-(hf_carried)."""
+multi-token prediction layers (num_nextn_predict_layers, stored as layers num_hidden_layers + k, as DeepSeek-V3 stores
+them) are the model's layers of those numbers and their mtp.* norms and projection; each one's copies of the embedding
+and head must equal the model's (hf_copies). With mtp_layers 0 a folder's such layers are carried unchanged into an
+export (hf_carried)."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 
@@ -25,11 +29,20 @@ _BIAS = "router.expert_bias"
 _SHARED = tuple(zip(("w1", "w3", "w2"), EXPERT_NAMES["gate_proj"]))  # ours -> the shared experts' projection
 
 
+def _with_mtp_blocks(args: Glm4MoeArgs) -> Glm4MoeArgs:
+    """`args` as a decoder whose layers include the multi-token prediction blocks (their names are those of further
+    decoder layers, ours and Hugging Face's alike)."""
+    if not args.mtp_layers:
+        return args
+    return dataclasses.replace(args, n_layers=args.n_layers + args.mtp_layers, mtp_layers=0)
+
+
 def hf_sources(args: Glm4MoeArgs) -> dict[str, str | tuple[str, ...]]:
     """Our parameter (and routing-bias buffer) name -> the HF tensor it is made from; a stacked expert tensor -> its
     experts' tensors, in expert order."""
-    sources = dict(_MOE.hf_sources(args))
-    for i in range(args.n_layers):
+    blocks = _with_mtp_blocks(args)
+    sources = dict(_MOE.hf_sources(blocks)) | llama.mtp_names(args)
+    for i in range(blocks.n_layers):
         if args.moe.is_sparse(i):
             ours, hf = f"layers.{i}.feed_forward.", f"model.layers.{i}.mlp."
             if args.moe.balance == "bias":
@@ -41,15 +54,26 @@ def hf_sources(args: Glm4MoeArgs) -> dict[str, str | tuple[str, ...]]:
 
 
 def hf_keys(args: Glm4MoeArgs, keys: list[str]) -> dict[str, str]:
-    """The folder's tensors the model reads: not a correction bias when this model balances otherwise (the
-    multi-token prediction layers are carried: hf_carried)."""
-    return {k: k for k in keys if args.moe.balance == "bias" or not k.endswith(".e_score_correction_bias")}
+    """The folder's tensors the model reads: not a correction bias when this model balances otherwise, not the
+    multi-token prediction layers' copies of the embedding and head (hf_copies; layers it does not have are carried:
+    hf_carried)."""
+    copies = hf_copies(args)
+    return {
+        k: k
+        for k in keys
+        if (args.moe.balance == "bias" or not k.endswith(".e_score_correction_bias")) and k not in copies
+    }
+
+
+def hf_copies(args: Glm4MoeArgs) -> dict[str, str]:
+    """The multi-token prediction layers' copies of the embedding and head (decoder_weights.mtp_copies)."""
+    return llama.mtp_copies(args)
 
 
 def hf_carried(args: Glm4MoeArgs, keys: list[str]) -> list[str]:
-    """The multi-token prediction layers (model.layers.N for N past the decoder's): not trained, carried unchanged
-    into an export (titanlite/components/hf_weights.py)."""
-    return llama.layers_past(args.n_layers, keys)
+    """The multi-token prediction layers this model does not have (model.layers.N past its decoder's and its own
+    prediction layers): not trained, carried unchanged into an export (titanlite/components/hf_weights.py)."""
+    return llama.layers_past(args.n_layers + args.mtp_layers, keys)
 
 
 def hf_carried_shapes(args: Glm4MoeArgs, carried: list[str], shapes: dict) -> dict[str, tuple[int, ...]]:
@@ -58,8 +82,9 @@ def hf_carried_shapes(args: Glm4MoeArgs, carried: list[str], shapes: dict) -> di
 
 
 def hf_folder(args: Glm4MoeArgs, config: dict, tensors: dict, source: dict) -> tuple[dict, dict]:
-    """An export that carries the folder's multi-token prediction layers says how many there are, as it did."""
-    if mtp_layers(source):
+    """An export that carries the folder's multi-token prediction layers (a run without them) says how many there
+    are, as it did."""
+    if not args.mtp_layers and mtp_layers(source):
         config = {**config, "num_nextn_predict_layers": mtp_layers(source)}
     return config, tensors
 
@@ -73,10 +98,13 @@ def to_hf(args: Glm4MoeArgs, sd: dict[str, torch.Tensor], take) -> dict[str, tor
     """Our state dict -> HF names and layouts (lm_head.weight always present); `take(name)` reads sd. A model
     without routing biases writes zeros for them (transformers' Glm4Moe always has one)."""
     out = {}
+    blocks = _with_mtp_blocks(args)
     for ours, hf in hf_sources(args).items():
         if isinstance(hf, str) and not _sparse_block(args, ours):
-            out[hf] = llama.to_hf_tensor(args, ours, take(ours))
-    for i in range(args.n_layers):
+            out[hf] = llama.to_hf_tensor(blocks, ours, take(ours))
+    for copy, shared in hf_copies(args).items():
+        out[copy] = out[shared].clone()  # a tensor of its own: safetensors refuses tensors that share memory
+    for i in range(blocks.n_layers):
         if args.moe.is_sparse(i):
             ours = f"layers.{i}.feed_forward."
             names = ["router.gate.weight", "experts.w1", "experts.w3", "experts.w2"]

@@ -5,12 +5,14 @@ k rows, then the v rows and then the z rows of the value heads that read it ([Hk
 heads per key head); in_proj_ba likewise each group's b rows then its a rows ([Hk, r + r, dim]). Import regroups them
 into our wq, wk, wv, wz, wb, wa (value heads in the order g r + j, as transformers' reshape leaves them); export fuses
 them back. conv1d.weight is [q | k | v] of the regrouped heads, as Qwen3.5's. The multi-token prediction layer of the
-published folders (mtp.*) is not part of the model: its tensors are carried (hf_carried), unchanged into an export."""
+published folders (mtp.*) is read as Qwen3.5's (titanlite/models/common/hybrid/weights.py), or, with mtp_layers 0,
+carried (hf_carried), unchanged into an export."""
 
 from __future__ import annotations
 
 import torch
 
+from titanlite.models.common.decoder_args import kind_of
 from titanlite.models.common.hybrid import weights as hybrid
 from titanlite.models.qwen3_next.args import Qwen3NextArgs
 
@@ -23,12 +25,13 @@ MTP_PREFIX = "mtp."
 
 
 def hf_carried(args: Qwen3NextArgs, keys: list[str]) -> list[str]:
-    """The multi-token-prediction layer's tensors (mtp.*): not trained here, carried unchanged into an export."""
-    return [k for k in keys if k.startswith(MTP_PREFIX)]
+    """The multi-token-prediction layer's tensors (mtp.*) where the model has none (mtp_layers 0): not trained,
+    carried unchanged into an export."""
+    return [] if args.mtp_layers else [k for k in keys if k.startswith(MTP_PREFIX)]
 
 
 def _linear_layer(args: Qwen3NextArgs, name: str) -> bool:
-    return name.startswith("layers.") and args.layer_types[int(name.split(".")[1])] == "linear_attention"
+    return name.startswith("layers.") and kind_of(args, int(name.split(".")[1])) == "linear_attention"
 
 
 def hf_sources(args: Qwen3NextArgs) -> dict[str, str | tuple[str, ...]]:
@@ -42,7 +45,7 @@ def hf_sources(args: Qwen3NextArgs) -> dict[str, str | tuple[str, ...]]:
 
 
 def hf_keys(args: Qwen3NextArgs, keys: list[str]) -> dict[str, str]:
-    """A folder's tensor names as they are (the carried mtp.* are left out before this is asked)."""
+    """A folder's tensor names as they are (the carried mtp.*, if any, are left out before this is asked)."""
     return {k: k for k in keys}
 
 

@@ -31,6 +31,7 @@ class HybridArgs(DecoderArgs):
     blocks and the final one multiplies by (1 + w)."""
 
     layer_kinds: ClassVar[tuple[str, ...]] = LAYER_KINDS
+    mtp_config_key: ClassVar[str] = "mtp_num_hidden_layers"  # config.json's count of mtp_layers
     qk_norm: str = "head"
     norm_eps: float = 1e-6
     rope_theta: float = 1e7
@@ -40,6 +41,10 @@ class HybridArgs(DecoderArgs):
     linear_value_dim: int = 128
     conv_size: int = 4
     """Width of the linear layers' causal convolution (linear_conv_kernel_dim)."""
+    mtp_layers: int = 0
+    """Multi-token prediction (mtp_num_hidden_layers; models/common/multi_token.py): 0 or 1 depth, its block a
+    full-attention layer (mtp.layers.0), its norms and projection mtp.pre_fc_norm_embedding, pre_fc_norm_hidden, fc
+    and norm."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -57,6 +62,9 @@ class HybridArgs(DecoderArgs):
             )
         if self.conv_size < 1:
             raise ValueError(f"{name}.conv_size={self.conv_size}; it must be at least 1")
+        if self.mtp_layers not in (0, 1):
+            # Qwen's mtp.layers.J share one fc and its norms, which titanlite's depths (each its own) cannot say
+            raise ValueError(f"{name}.mtp_layers={self.mtp_layers}; Qwen's multi-token prediction has 0 or 1 layer")
 
 
 def debug_moe() -> MoEArgs:

@@ -87,6 +87,8 @@ def read_fields(config: dict, where: str) -> dict:
         "linear_key_dim": config.get("linear_key_head_dim", 128),
         "linear_value_dim": config.get("linear_value_head_dim", 128),
         "conv_size": conv,
+        # what the folder's weights hold may be less (models/hf_config.py held_mtp_layers, logged)
+        "mtp_layers": config.get("mtp_num_hidden_layers", config.get("num_nextn_predict_layers", 0)) or 0,
     }
 
 
@@ -147,7 +149,7 @@ def write_fields(args: HybridArgs) -> dict:
         "linear_value_head_dim": args.linear_value_dim,
         "linear_num_key_heads": args.linear_key_heads,
         "linear_num_value_heads": args.linear_value_heads,
-    }
+    } | ({"mtp_num_hidden_layers": args.mtp_layers} if args.mtp_layers else {})
 
 
 def write(args: HybridArgs) -> dict:

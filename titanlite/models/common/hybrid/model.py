@@ -18,7 +18,8 @@ from titanlite.models.common.hybrid.args import HybridArgs
 from titanlite.models.common.interface import Decoder
 from titanlite.models.common.norms import ZeroCenteredRMSNorm
 
-ZERO_CENTERED = ("attention_norm", "ffn_norm", "norm", "q_norm", "k_norm")  # (1 + w): start at 0
+# (1 + w): start at 0 (enorm, hnorm: multi-token prediction's, models/common/multi_token.py)
+ZERO_CENTERED = ("attention_norm", "ffn_norm", "norm", "q_norm", "k_norm", "enorm", "hnorm")
 LINEAR_PROJECTIONS = ("wa", "wb", "wz", "wg")  # input-side projections the shared init does not know (and the MoE's
 # shared_gate)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from torch.distributed.tensor import Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel
 
+from titanlite.models.common.decoder_args import kind_of
 from titanlite.models.common.interface import DecoderModule
 from titanlite.models.common.parallelize import MixerInput, block_plan, moe_block_plan, per_head_norms
 
@@ -29,7 +30,7 @@ def tp_plan(model: DecoderModule) -> dict:
     moe = getattr(model.args, "moe", None)
     for i in model.layers:
         block = per_head_norms() | block_plan() | {"attention.wg": ColwiseParallel()}
-        if model.args.layer_types[int(i)] == "linear_attention":
+        if kind_of(model.args, int(i)) == "linear_attention":
             block = {k: v for k, v in block.items() if not k.startswith("attention")} | linear_attention_plan()
             block["attention_norm"] = SequenceParallel()
         if moe is not None and moe.is_sparse(int(i)):

@@ -7,9 +7,17 @@ are reordered between Hugging Face's rotate-half layout and our adjacent pairs (
 rest kept. Linear layers: in_proj_qkv's rows [q | k | v] and conv1d.weight [C, 1, K]'s channels split into wq, wk,
 wv and conv_q, conv_k, conv_v; in_proj_z, in_proj_b, in_proj_a, A_log, dt_bias, norm and out_proj one to one. The
 MoE blocks' router and per-expert tensors as Qwen3-MoE names them (mlp.gate, mlp.experts.E.{gate,up,down}_proj, and
-mlp.shared_expert.*, mlp.shared_expert_gate)."""
+mlp.shared_expert.*, mlp.shared_expert_gate).
+
+Multi-token prediction (mtp_layers 1, models/common/multi_token.py): the depth's block, our layers.{n_layers}, is a
+full-attention layer stored as mtp.layers.0 under a decoder layer's names; its norms and projection are
+mtp.pre_fc_norm_embedding (our enorm), mtp.pre_fc_norm_hidden (hnorm), mtp.fc (eh_proj) and mtp.norm. The embedding
+and head are the model's (Qwen's mtp_use_dedicated_embeddings false). With mtp_layers 0 a folder's mtp.* are carried
+unchanged into an export."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 
@@ -42,6 +50,36 @@ SPLIT = {  # ours (under attention.) -> the Hugging Face tensor it is a slice of
 }
 
 
+MTP_OWN = {"enorm": "pre_fc_norm_embedding", "hnorm": "pre_fc_norm_hidden", "eh_proj": "fc", "norm": "norm"}
+
+
+def with_mtp_blocks(args: HybridArgs) -> HybridArgs:
+    """`args` as a decoder whose layers include the multi-token prediction block (a further full-attention layer),
+    for the names and layouts of its tensors (mtp_names renames them)."""
+    if not args.mtp_layers:
+        return args
+    kinds = (*args.layer_types, *("full_attention",) * args.mtp_layers)
+    return dataclasses.replace(args, n_layers=args.n_layers + args.mtp_layers, layer_types=kinds, mtp_layers=0)
+
+
+def mtp_name(args: HybridArgs, hf: str) -> str:
+    """A tensor's Hugging Face name; the multi-token prediction block's (model.layers.{n_layers + J}) mtp.layers.J."""
+    for j in range(args.mtp_layers):
+        layer = f"model.layers.{args.n_layers + j}."
+        if hf.startswith(layer):
+            return f"mtp.layers.{j}." + hf[len(layer) :]
+    return hf
+
+
+def _renamed(args: HybridArgs, sources: dict) -> dict:
+    out = {}
+    for ours, hf in sources.items():
+        out[ours] = mtp_name(args, hf) if isinstance(hf, str) else tuple(mtp_name(args, one) for one in hf)
+    for i in range(args.n_layers, args.n_layers + args.mtp_layers):
+        out |= {f"mtp.{i}.{o}.weight": f"mtp.{h}.weight" for o, h in MTP_OWN.items()}
+    return out
+
+
 def _shared(args: HybridArgs, names: dict) -> dict:
     """The decoder's names, the attention and MLP/MoE ones of the full layers; the linear layers' replaced."""
     out = {}
@@ -62,7 +100,12 @@ def _shared(args: HybridArgs, names: dict) -> dict:
 
 
 def hf_sources(args: HybridArgs) -> dict[str, str | tuple[str, ...]]:
-    """Our parameter name -> the Hugging Face tensor(s) it is made from."""
+    """Our parameter name -> the Hugging Face tensor(s) it is made from (the multi-token prediction block's as
+    mtp.layers.J: _renamed)."""
+    return _renamed(args, _decoder_sources(with_mtp_blocks(args)))
+
+
+def _decoder_sources(args: HybridArgs) -> dict[str, str | tuple[str, ...]]:
     if not isinstance(args, HybridMoEArgs):
         return _shared(args, llama.hf_names(args))
     sources = _shared(args, naming().hf_sources(args))
@@ -81,9 +124,11 @@ def hf_keys(args: HybridArgs, keys: list[str]) -> dict[str, str]:
 
 
 def hf_carried(args: HybridArgs, keys: list[str]) -> list[str]:
-    """The folder's vision tower (model.visual.*) and multi-token-prediction layers (mtp.*): not the text model's,
-    carried unchanged into an export (titanlite/components/hf_weights.py)."""
-    return [k for k in keys if k.startswith(CARRIED_PREFIXES)]
+    """The folder's vision tower (model.visual.*) and, where the model has none (mtp_layers 0), its multi-token-
+    prediction layers (mtp.*): not the text model's, carried unchanged into an export
+    (titanlite/components/hf_weights.py)."""
+    carried = CARRIED_PREFIXES if not args.mtp_layers else tuple(p for p in CARRIED_PREFIXES if p != "mtp.")
+    return [k for k in keys if k.startswith(carried)]
 
 
 def hf_carried_shapes(args: HybridArgs, carried: list[str], shapes: dict) -> dict[str, tuple[int, ...]]:
@@ -146,6 +191,7 @@ def _widths(args: HybridArgs) -> list[int]:
 
 def from_hf_tensor(args: HybridArgs, name: str, hf: torch.Tensor | list[torch.Tensor]) -> torch.Tensor:
     """Our parameter `name`'s full value from its Hugging Face tensor(s) (hf_sources[name])."""
+    args = with_mtp_blocks(args)
     if isinstance(hf, list):  # a stacked expert tensor
         return torch.stack(hf).contiguous()
     leaf = name.split(".attention.")[-1]
@@ -163,9 +209,17 @@ def from_hf_tensor(args: HybridArgs, name: str, hf: torch.Tensor | list[torch.Te
 
 
 def to_hf(args: HybridArgs, sd: dict[str, torch.Tensor], take) -> dict[str, torch.Tensor]:
-    """Our state dict -> the text model's Hugging Face names and layouts (lm_head.weight always present)."""
+    """Our state dict -> the text model's Hugging Face names and layouts (lm_head.weight always present); the multi-
+    token prediction block's under mtp.layers.J, its norms and projection under mtp.*."""
+    out = {mtp_name(args, hf): t for hf, t in _decoder_to_hf(with_mtp_blocks(args), take).items()}
+    for i in range(args.n_layers, args.n_layers + args.mtp_layers):
+        out |= {f"mtp.{h}.weight": take(f"mtp.{i}.{o}.weight") for o, h in MTP_OWN.items()}
+    return out
+
+
+def _decoder_to_hf(args: HybridArgs, take) -> dict[str, torch.Tensor]:
     out: dict[str, torch.Tensor] = {}
-    for ours, hf in hf_sources(args).items():
+    for ours, hf in _decoder_sources(args).items():
         if not isinstance(hf, str) or hf in out:
             continue
         leaf = ours.split(".attention.")[-1]

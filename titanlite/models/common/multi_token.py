@@ -1,0 +1,48 @@
+"""Multi-token prediction (DeepSeek-V3's sequential modules, its report's section 2.2): depth k of D combines each
+position's hidden state of depth k-1 with the embedding of the token k places ahead and runs one more block, whose
+normed output the shared head turns into logits for the token k+1 places ahead.
+
+    h_k = norm_k(Block_k(eh_proj_k(cat[enorm_k(Emb(t_{i+k})), hnorm_k(h_{k-1})])))
+
+h_0 is the main model's output after its final norm, what its head reads, and each depth hands its normed output to
+the next, as Megatron-LM's MultiTokenPredictionLayer does (the concatenation's order, embedding first, is that of
+DeepSeek's eh_proj weights in the published folders and of vLLM, SGLang and Megatron-LM). The embedding and the head
+are the main model's own parameters. The block is a decoder layer like the others (`layers.{n_layers + k - 1}`, built
+by the family's build_layer), so every parallelism's plan reaches it; this module holds what surrounds it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+IGNORE = -100  # F.cross_entropy's ignore_index: a position without a target
+
+
+class MultiTokenProjection(nn.Module):
+    """One depth's norms and projection around its block: `enorm` of the shifted tokens' embeddings, `hnorm` of the
+    previous depth's hidden states, `eh_proj` [2 dim -> dim] of their concatenation, and `norm`, the final norm
+    before the shared head (DeepSeek's shared_head.norm)."""
+
+    def __init__(self, dim: int, norm: Callable[[], nn.Module]):
+        super().__init__()
+        self.enorm = norm()
+        self.hnorm = norm()
+        self.eh_proj = nn.Linear(2 * dim, dim, bias=False)
+        self.norm = norm()
+
+    def forward(self, embedded: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        return self.eh_proj(torch.cat([self.enorm(embedded), self.hnorm(hidden)], dim=-1))
+
+
+def future_labels(labels: torch.Tensor, depth: int) -> torch.Tensor:
+    """[B, T] next-token labels -> [B, T, depth + 1]: column j is the token j + 1 places ahead of each position
+    (column 0 the labels themselves), IGNORE past the window's end (and where the labels already ignore). Made over
+    the whole window before a context-parallel split, so the tokens ahead of a rank's slice come with it."""
+    columns = [labels]
+    for j in range(1, depth + 1):
+        shifted = torch.full_like(labels, IGNORE)
+        shifted[:, :-j] = labels[:, j:]
+        columns.append(shifted)
+    return torch.stack(columns, dim=-1)
