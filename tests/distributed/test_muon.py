@@ -1,12 +1,12 @@
-"""Muon (optimizer.name = "Muon", gloo, fp32, the Newton-Schulz iteration too) on the tiny Qwen3-MoE gives one
-process's losses on FSDP x 2, TP x 2, EP x 2, FSDP 2 x TP 2, HSDP, TP x 2 with the experts split (ETP) and PP x 2
-over 10 steps, and its checkpoint resumes on another
-layout with the uninterrupted run's losses.
+"""Muon (optimizer.name = "Muon", gloo, fp32, the Newton-Schulz iteration too: muon_ns_dtype 'auto' on the CPU) on the
+tiny Qwen3-MoE gives one process's losses on FSDP x 2, TP x 2, EP x 2, FSDP 2 x TP 2, HSDP, TP x 2 with the experts
+split (ETP) and PP x 2 over 10 steps, and its checkpoint resumes on another layout with the uninterrupted run's
+losses.
 
 Every layout runs the global batch of 8 as one micro-batch, as the one-process reference does: the attention's
 matrices are FSDP- and TP-sharded DTensors, each made whole on one owner rank (all-to-all there and back) or, split
-over two mesh dimensions or with muon_orthogonalize_on = "every_rank", on every rank (all-gather); the experts' stacks
-are EP-sharded by expert (each rank orthogonalises its own)."""
+over two mesh dimensions or with muon_orthogonalize_on = "every_rank", on every rank (all-gather); the experts'
+stacks are EP-sharded by expert (each rank orthogonalises its own)."""
 
 import shutil
 
@@ -29,9 +29,7 @@ MUON = [
     "0.003",
     "--optimizer.muon_adjust_lr",
     "match_rms_adamw",
-    "--optimizer.muon_ns_dtype",
-    "float32",  # bfloat16 turns float32's reduction-order noise into ~1e-4 in the losses (docs/optimizers.md)
-]
+]  # muon_ns_dtype 'auto': float32 on the CPU (bfloat16 turns float32's reduction-order noise into ~1e-4)
 TP = "--parallelism.tensor_parallel_degree"
 LAYOUTS = {
     "fsdp2": (2, [LOCAL, "4"]),

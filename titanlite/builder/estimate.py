@@ -93,6 +93,7 @@ from titanlite.builder.layouts import (
 )
 from titanlite.builder.model_facts import ModelFacts
 from titanlite.components.loss import chunk_tokens
+from titanlite.components.optim import muon_ns_dtype
 from titanlite.parallel.parallelize import loss_parallel_enabled
 
 GIB = 2**30
@@ -135,6 +136,7 @@ class Setting:
     compiled: bool = False  # compile.enable: the attention mask is built in each block's graph, not shared
     global_batch: int = 0  # sequences per optimizer step over all data-parallel ranks (the same for every layout)
     flex: bool = False  # model.attn_backend flex: block masks of a few bytes per block pair, no dense mask
+    muon_ns_bytes: int = 2  # bytes per element of Muon's Newton-Schulz iteration (optimizer.muon_ns_dtype)
 
 
 def stage_layers(n_layers: int, pp: int, stages_per_rank: int) -> list[list[int]]:
@@ -280,7 +282,8 @@ def estimate_rank(facts, lay: Layout, s: Setting, layers: list[int], first: bool
     end_of_backward = grads + fsdp_buffers
     forward_end = activations + fsdp_buffers + dispatch  # the last MoE layer's forward, all activations kept
     # Muon's step: the gradients, and its largest tensor made whole (muon_step_bytes).
-    optimizer_step = grads + muon_step_bytes(facts, ep) if facts.muon_largest_tensor and layers else 0.0
+    muon_step = facts.muon_largest_tensor and layers
+    optimizer_step = grads + muon_step_bytes(facts, ep, s.muon_ns_bytes) if muon_step else 0.0
     peak = params + optimizer + max(start_of_backward, recomputing, end_of_backward, forward_end, optimizer_step)
     return {
         "parameters": params,
@@ -297,14 +300,15 @@ def estimate_rank(facts, lay: Layout, s: Setting, layers: list[int], first: bool
     }
 
 
-def muon_step_bytes(facts, ep: int) -> float:
+def muon_step_bytes(facts, ep: int, ns_bytes: int = 2) -> float:
     """What Muon's step holds beside the weights, gradients and momenta, for its largest tensor (a stack of experts:
     this rank's 1/ep of them) of M elements, in the owner way (muon_orthogonalize_on's default; the every-rank way
     holds less): a round's n momentum-updated shards (M in all, float32), the same sent and the owner's matrix
     received (float32), its result, the result's shards sent back and received (bfloat16), and the Newton-Schulz
-    iteration's bfloat16 operands for the largest matrix (the matrix, its Gram matrix and the polynomial of it)."""
+    iteration's operands for the largest matrix (the matrix, its Gram matrix and the polynomial of it), of ns_bytes
+    each (optimizer.muon_ns_dtype)."""
     whole = facts.muon_largest_tensor / (ep if facts.muon_largest_tensor > facts.muon_largest_matrix else 1)
-    return 3 * 4 * whole + 3 * 2 * whole + 3 * 2 * facts.muon_largest_matrix
+    return 3 * 4 * whole + 3 * 2 * whole + 3 * ns_bytes * facts.muon_largest_matrix
 
 
 def largest_unit(facts, tp: int, ep: int, etp: int = 1) -> float:
@@ -515,6 +519,7 @@ def setting_for(cfg, lay: Layout, world: int, device: str, micro_batch: int = 0,
         cfg.compile.enable,
         per_rank * dp,
         cfg.model.attn_backend == "flex",
+        2 if muon_ns_dtype(cfg.optimizer, device) == "bfloat16" else 4,
     )
 
 

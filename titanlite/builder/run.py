@@ -207,7 +207,7 @@ def startup_lines(
     if validator is not None:
         lines.append(f"  {describe_validation(cfg, corpus, len(validator.windows), plan.dims.dp)}")
     if cfg.optimizer.name == "Muon":
-        lines.append(describe_muon(setup.plain_model, cfg.optimizer))
+        lines.append(describe_muon(setup.plain_model, cfg.optimizer, device.type))
     if cut := warmup_cut(cfg.lr_scheduler, cfg.training.steps):
         lines.append(cut)
     if skipping := describe_skipping(cfg.training):

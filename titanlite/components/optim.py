@@ -32,7 +32,7 @@ class Optimizers:
     def __init__(self, model_parts: list[nn.Module], cfg: Optimizer, device_type: str, skip_nonfinite: bool = False):
         self.model_parts = model_parts
         impl = implementation(cfg, device_type, skip_nonfinite)
-        self.by_part = [build_part_optimizers(part, cfg, impl) for part in model_parts]
+        self.by_part = [build_part_optimizers(part, cfg, impl, device_type) for part in model_parts]
         self.optimizers = [optimizer for part in self.by_part for optimizer in part]
 
     @property
@@ -78,7 +78,17 @@ def implementation(cfg: Optimizer, device_type: str, skip_nonfinite: bool = Fals
     return "fused" if device_type == "cuda" or skip_nonfinite else "foreach"
 
 
-def build_part_optimizers(part: nn.Module, cfg: Optimizer, impl: str) -> list[torch.optim.Optimizer]:
+def muon_ns_dtype(cfg: Optimizer, device_type: str) -> str:
+    """optimizer.muon_ns_dtype resolved: 'auto' is bfloat16 on CUDA (torch.optim.Muon's), float32 elsewhere (the CPU
+    computes in float32 throughout, and there layouts give one process's losses to float32's reduction order)."""
+    if cfg.muon_ns_dtype != "auto":
+        return cfg.muon_ns_dtype
+    return "bfloat16" if device_type == "cuda" else "float32"
+
+
+def build_part_optimizers(
+    part: nn.Module, cfg: Optimizer, impl: str, device_type: str = "cpu"
+) -> list[torch.optim.Optimizer]:
     """One part's optimizers: its AdamW first (whose first group's LR the logs show), then its Muon, if any."""
     params = [p for p in part.parameters() if p.requires_grad]
     if cfg.name == "AdamW":
@@ -97,22 +107,23 @@ def build_part_optimizers(part: nn.Module, cfg: Optimizer, impl: str) -> list[to
                 nesterov=cfg.muon_nesterov,
                 ns_steps=cfg.muon_ns_steps,
                 adjust_lr=cfg.muon_adjust_lr,
-                ns_dtype=cfg.muon_ns_dtype,
+                ns_dtype=muon_ns_dtype(cfg, device_type),
                 orthogonalize_on=cfg.muon_orthogonalize_on,
             )
         )
     return optimizers
 
 
-def describe_muon(model: nn.Module, cfg: Optimizer) -> str:
+def describe_muon(model: nn.Module, cfg: Optimizer, device_type: str) -> str:
     """The start-up line of a Muon run: which parameters each optimizer steps, and at what learning rate."""
     matrices = muon_parameters(model, cfg.muon_params)
     n_muon = sum(p.numel() for _, p in matrices)
     n_all = sum(p.numel() for p in model.parameters() if p.requires_grad)
     which = "optimizer.muon_params" if cfg.muon_params else "the blocks' linear weights and experts' matrices"
+    ns = muon_ns_dtype(cfg, device_type)
     return (
         f"  optimizer: Muon on {len(matrices)} tensors ({which}; {n_muon:,} parameters) at muon_lr {cfg.muon_lr:g} "
-        f"adjusted '{cfg.muon_adjust_lr}', {cfg.muon_ns_steps} Newton-Schulz steps in {cfg.muon_ns_dtype}; AdamW on"
+        f"adjusted '{cfg.muon_adjust_lr}', {cfg.muon_ns_steps} Newton-Schulz steps in {ns}; AdamW on"
         f" the other {n_all - n_muon:,} (embeddings, head, routers, norms, biases) at lr {cfg.lr:g}"
     )
 

@@ -269,10 +269,11 @@ class Optimizer:
     """Orthogonalise Nesterov's look-ahead of the momentum rather than the momentum itself."""
     muon_ns_steps: int = 5
     """Newton-Schulz iterations per orthogonalisation."""
-    muon_ns_dtype: Literal["bfloat16", "float32"] = "bfloat16"
+    muon_ns_dtype: Literal["auto", "bfloat16", "float32"] = "auto"
     """The Newton-Schulz iteration's dtype: bfloat16 as torch.optim.Muon (and Keller Jordan's) run it, or float32,
     twice the memory and several times the time of its matmuls, whose layouts agree with one process to float32's
-    reduction order (~1e-6 in the loss after 10 steps) where bfloat16 roundings of that order give ~1e-4."""
+    reduction order (~1e-6 in the loss after 10 steps) where bfloat16 roundings of that order give ~1e-4. 'auto':
+    bfloat16 on CUDA, float32 on the CPU, where titanlite computes in float32 throughout."""
     muon_adjust_lr: Literal["original", "match_rms_adamw"] = "original"
     """How a matrix's learning rate follows its shape A x B: 'original' (Keller Jordan's) multiplies muon_lr by
     sqrt(max(1, A / B)); 'match_rms_adamw' (Moonlight's) by 0.2 sqrt(max(A, B)), which gives the update AdamW's
