@@ -195,6 +195,7 @@ FIELDS: dict[str, tuple[str, bool]] = {
     "v_head_dim": (COUNT, False),
     "num_nextn_predict_layers": (WHOLE, True),
     "num_mtp_layers": (WHOLE, True),
+    "mtp_num_hidden_layers": (WHOLE, True),
     # Kimi Linear's: transformers' names, then those of the published checkpoint that mean the same
     "mlp_layer_types": (TEXTS, True),
     "linear_attn_config": (OBJECT, True),
