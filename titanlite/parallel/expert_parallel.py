@@ -25,8 +25,9 @@ from torch.distributed.tensor.parallel import ParallelStyle
 
 from titanlite.base.errors import ConfigError
 from titanlite.models.common.moe.layer import GroupedExperts
+from titanlite.models.common.parallelize import sum_gradient
 from titanlite.models.registry import spec_of
-from titanlite.parallel.expert_tensor_parallel import HIDDEN_DIM, sum_gradient
+from titanlite.parallel.expert_tensor_parallel import HIDDEN_DIM
 
 
 class ExpertParallel(ParallelStyle):
@@ -41,7 +42,8 @@ class ExpertParallel(ParallelStyle):
     @staticmethod
     def partition(name: str, module: nn.Module, mesh: DeviceMesh) -> None:
         for key, param in list(module.named_parameters(recurse=False)):
-            placements = [Shard(0)] + [Shard(HIDDEN_DIM[key])] * (mesh.ndim - 1)
+            # beside ETP (refused for a family with expert biases, gpt-oss) also their width; by expert alone else
+            placements = [Shard(0)] + ([Shard(HIDDEN_DIM[key])] if mesh.ndim == 2 else [])
             module.register_parameter(key, nn.Parameter(distribute_tensor(param, mesh, placements)))
 
     def dispatch(self, module: nn.Module, inputs: tuple, mesh: DeviceMesh) -> tuple:

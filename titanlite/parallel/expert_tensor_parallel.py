@@ -19,7 +19,6 @@ Beside expert parallelism (EP x ETP) titanlite/parallel/expert_parallel.py shard
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_module, distribute_tensor
@@ -27,29 +26,11 @@ from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, Ro
 
 from titanlite.base.errors import ConfigError
 from titanlite.models.common.moe.layer import MoE, Routing
+from titanlite.models.common.parallelize import sum_gradient
 from titanlite.models.registry import spec_of
 
 # Each stacked expert weight's intermediate (hidden) dimension: what ETP shards.
 HIDDEN_DIM = {"w1": 1, "w3": 1, "w2": 2}
-
-
-class _SumGradient(torch.autograd.Function):
-    """Identity forward; backward sums the gradient over `group`."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
-        ctx.group = group
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        grad = grad.contiguous()
-        dist.all_reduce(grad, group=ctx.group)
-        return grad, None
-
-
-def sum_gradient(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
-    return _SumGradient.apply(x, group)
 
 
 class MoEBlockInputOutput(ParallelStyle):

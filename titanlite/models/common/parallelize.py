@@ -14,6 +14,7 @@ layer replaces these MoE entries with its own plan, the experts split over TP as
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
@@ -28,6 +29,26 @@ from torch.distributed.tensor.parallel import (
 )
 
 from titanlite.models.common.interface import DecoderModule
+
+
+class _SumGradient(torch.autograd.Function):
+    """Identity forward; backward sums the gradient over `group`."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        grad = grad.contiguous()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+def sum_gradient(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    """`x` unchanged; its gradient summed over `group` (a tensor-parallel input that each rank uses on its shard)."""
+    return _SumGradient.apply(x, group)
 
 
 def block_plan() -> dict:

@@ -13,7 +13,6 @@ it holds its own heads' part only, so RotaryKeyGradients sums it over the tensor
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate, Shard
@@ -21,22 +20,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInpu
 from torch.distributed.tensor.parallel.style import ParallelStyle
 
 from titanlite.models.common.interface import DecoderModule
-from titanlite.models.common.parallelize import block_plan, moe_block_plan
-
-
-class _SumGradient(torch.autograd.Function):
-    """Identity forward; backward sums the gradient over `group`."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
-        ctx.group = group
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        grad = grad.contiguous()
-        dist.all_reduce(grad, group=ctx.group)
-        return grad, None
+from titanlite.models.common.parallelize import block_plan, moe_block_plan, sum_gradient
 
 
 class RotaryKeyGradients(ParallelStyle):
@@ -51,7 +35,7 @@ class RotaryKeyGradients(ParallelStyle):
         group, latent = device_mesh.get_group(), self.latent
 
         def hook(module: nn.Module, inputs, out: torch.Tensor) -> torch.Tensor:
-            return torch.cat([out[..., :latent], _SumGradient.apply(out[..., latent:], group)], dim=-1)
+            return torch.cat([out[..., :latent], sum_gradient(out[..., latent:], group)], dim=-1)
 
         module.register_forward_hook(hook)
         return module

@@ -106,9 +106,9 @@ def hf_folder(args: DeepseekV3Args, config: dict, tensors: dict, source: dict) -
 
 
 def hf_keys(args: DeepseekV3Args, keys: list[str]) -> dict[str, str]:
-    """The folder's tensors the model reads: not a correction bias when this model balances otherwise (the
-    multi-token prediction layers are carried: hf_carried; their copies of the embedding and head are checked:
-    hf_copies)."""
+    """The folder's tensors the model reads: not a correction bias when this model balances otherwise, not the
+    multi-token prediction layers' copies of the embedding and head (hf_copies; layers it does not have are carried:
+    hf_carried)."""
     copies = hf_copies(args)
     return {
         k: k
