@@ -326,17 +326,9 @@ class Transformer(nn.Module):
         """Embedding (on the first stage: a later one receives hidden states [B, T, dim] instead of tokens), the
         blocks each with its rotary table, the final norm, the multi-token prediction depths and head (on the last
         stage)."""
-        positions = None
-        if cache is not None:  # the new tokens start at the first uncached position
-            positions = cache.positions(tokens.shape[1], tokens.device)
-        elif sequence is not None and sequence.positions is not None:
-            positions = sequence.positions
+        positions = self.positions_of(tokens, cache, sequence)
         h = self.embed(tokens, positions) if self.embeds_input else tokens
-        # The full tables (attention cuts them to length), or those of the tokens' positions.
-        tables: dict[str | None, tuple] = {None: (None, None)}
-        for name in self.rotary:
-            cos, sin = getattr(self, f"{name}_cos"), getattr(self, f"{name}_sin")
-            tables[name] = (cos, sin) if positions is None else (cos[positions], sin[positions])
+        tables = self.rotary_at(positions)
         for name, layer in self.layers.items():
             if self.mtp is not None and name in self.mtp:
                 continue  # a multi-token prediction depth's block (predict_ahead)
@@ -371,6 +363,24 @@ class Transformer(nn.Module):
             h = projection.norm(x)
             outputs.append(h)
         return outputs
+
+    @staticmethod
+    def positions_of(tokens: torch.Tensor, cache: KVCache | None, sequence: Sequence | None) -> torch.Tensor | None:
+        """The tokens' positions: after the cached ones (generation), the sequence's own, or None for 0..T-1."""
+        if cache is not None:  # the new tokens start at the first uncached position
+            return cache.positions(tokens.shape[1], tokens.device)
+        if sequence is not None and sequence.positions is not None:
+            return sequence.positions
+        return None
+
+    def rotary_at(self, positions: torch.Tensor | None) -> dict[str | None, tuple]:
+        """Each rotary table by name (None: a layer without one): whole (attention cuts them to length), or at the
+        tokens' positions."""
+        tables: dict[str | None, tuple] = {None: (None, None)}
+        for name in self.rotary:
+            cos, sin = getattr(self, f"{name}_cos"), getattr(self, f"{name}_sin")
+            tables[name] = (cos, sin) if positions is None else (cos[positions], sin[positions])
+        return tables
 
     def embed(self, tokens: torch.Tensor, positions: torch.Tensor | None) -> torch.Tensor:
         if self.tok_embeddings is None:

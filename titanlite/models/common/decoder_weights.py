@@ -176,6 +176,18 @@ def mtp_copies(args) -> dict[str, str]:
     return copies
 
 
+def mtp_family_keys(args, keys: list[str]) -> dict[str, str]:
+    """hf_keys of a family with multi-token prediction layers and routing biases (DeepSeek-V3, GLM-4.5): the folder's
+    tensors the model reads: not a correction bias when this model balances otherwise, not the prediction layers'
+    copies of the embedding and head (mtp_copies; layers it does not have are carried: hf_carried)."""
+    copies = mtp_copies(args)
+    return {
+        k: k
+        for k in keys
+        if (args.moe.balance == "bias" or not k.endswith(".e_score_correction_bias")) and k not in copies
+    }
+
+
 def layers_past(n_layers: int, keys: list[str]) -> list[str]:
     """The tensors of layers past the decoder's `n_layers` (model.layers.N, N >= n_layers): DeepSeek-V3's and GLM's
     multi-token-prediction layers, stored as further layers."""

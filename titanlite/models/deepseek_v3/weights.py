@@ -16,6 +16,7 @@ import torch
 from titanlite.models.common.decoder_weights import (
     layers_past,
     mtp_copies,
+    mtp_family_keys,
     mtp_names,
     next_token_layer_shapes,
     rope_from_hf,
@@ -105,16 +106,7 @@ def hf_folder(args: DeepseekV3Args, config: dict, tensors: dict, source: dict) -
     return config, tensors
 
 
-def hf_keys(args: DeepseekV3Args, keys: list[str]) -> dict[str, str]:
-    """The folder's tensors the model reads: not a correction bias when this model balances otherwise, not the
-    multi-token prediction layers' copies of the embedding and head (hf_copies; layers it does not have are carried:
-    hf_carried)."""
-    copies = hf_copies(args)
-    return {
-        k: k
-        for k in keys
-        if (args.moe.balance == "bias" or not k.endswith(".e_score_correction_bias")) and k not in copies
-    }
+hf_keys = mtp_family_keys  # the folder's tensors the model reads (decoder_weights)
 
 
 def _rope_rows(args: DeepseekV3Args, name: str) -> str | None:

@@ -300,17 +300,10 @@ class Gemma4(Transformer):
                 "gemma4 with per-layer embeddings or shared keys and values cannot be split into pipeline stages; "
                 "set parallelism.pipeline_parallel_degree = 1"
             )
-        positions = None
-        if cache is not None:
-            positions = cache.positions(tokens.shape[1], tokens.device)
-        elif sequence is not None and sequence.positions is not None:
-            positions = sequence.positions
+        positions = self.positions_of(tokens, cache, sequence)
         h = self.embed(tokens, positions)
         per_layer = self.per_layer_inputs(tokens, h) if self.per_layer_inputs is not None else None
-        tables: dict[str | None, tuple] = {}
-        for name in self.rotary:
-            cos, sin = getattr(self, f"{name}_cos"), getattr(self, f"{name}_sin")
-            tables[name] = (cos, sin) if positions is None else (cos[positions], sin[positions])
+        tables = self.rotary_at(positions)
         shared = SharedKV()
         for name, layer in self.layers.items():
             cos, sin = tables[self.layer_rotary[name]]

@@ -53,16 +53,7 @@ def hf_sources(args: Glm4MoeArgs) -> dict[str, str | tuple[str, ...]]:
     return sources
 
 
-def hf_keys(args: Glm4MoeArgs, keys: list[str]) -> dict[str, str]:
-    """The folder's tensors the model reads: not a correction bias when this model balances otherwise, not the
-    multi-token prediction layers' copies of the embedding and head (hf_copies; layers it does not have are carried:
-    hf_carried)."""
-    copies = hf_copies(args)
-    return {
-        k: k
-        for k in keys
-        if (args.moe.balance == "bias" or not k.endswith(".e_score_correction_bias")) and k not in copies
-    }
+hf_keys = llama.mtp_family_keys  # the folder's tensors the model reads (decoder_weights)
 
 
 def hf_copies(args: Glm4MoeArgs) -> dict[str, str]:
