@@ -423,6 +423,49 @@ def fault_refused_change(s: Survey, name: str, *change: str) -> None:
     s.record("fault", name, proc.returncode == 2 and before == after, last_line(proc)[:150])
 
 
+@skippable
+def fault_branch_from_older(s: Survey, keep: int) -> None:
+    """A resume from an older checkpoint than the newest (checkpoint.load_step) is refused before launch, every file
+    of the run folder left byte-identical (asked with keep_latest_k too, whose retention would have deleted the
+    original's checkpoints); the branch the line names, in a run folder of its own, trains on with the original's losses."""
+    name = f"branch from an older checkpoint, keep_latest_k {keep}"
+    folder = s.folder(name)
+    first = s.run(folder, 1)  # step-4, step-8, step-12
+    run = folder / "run"
+    before = {p: p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file() and p.name != ".lock"}
+    older = min(int(p.name.removeprefix("step-")) for p in run.glob("step-*"))
+    refused = s.run(folder, 1, "--checkpoint.load_step", str(older), "--checkpoint.keep_latest_k", str(keep))
+    after = {p: p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file() and p.name != ".lock"}
+    line = last_line(refused)
+    branch = [
+        "--checkpoint.initial_load_path",
+        str(run / f"step-{older}"),
+        "--checkpoint.initial_load_model_only",
+        "false",
+    ]
+    cmd = [str(REPO / "run_train.sh"), "--job.dump_folder", str(folder), "--job.name", f"run-from-{older}", *BASE]
+    branched = subprocess.run(
+        [*cmd, *LAYOUTS[1], *branch], cwd=REPO, env=s.env(NGPU="1"), capture_output=True, text=True, timeout=600
+    )
+    path = folder / f"run-from-{older}" / "metrics.jsonl"
+    losses = [json.loads(x)["loss"] for x in path.read_text().splitlines()] if path.exists() else []
+    ok = (
+        first.returncode == 0
+        and refused.returncode == 2
+        and "would train on from step" in line
+        and after == before
+        and branched.returncode == 0
+        and losses == s.reference(1)[older:]
+    )
+    s.record(
+        "fault",
+        name,
+        ok,
+        f"exit {refused.returncode}, {len(before)} files byte-identical: {after == before}; branch exit "
+        f"{branched.returncode}, losses {'equal' if losses == s.reference(1)[older:] else 'differ'}: {line[:80]}",
+    )
+
+
 def faults(s: Survey) -> None:
     fault_kill_restart(s, "SIGKILL rank 1 after step 6, restart", 2, "kill@6:1")
     fault_kill_restart(s, "SIGKILL rank 0 after step 9, restart", 2, "kill@9:0")
@@ -477,6 +520,8 @@ def faults(s: Survey) -> None:
         str(REPO / "tests" / "data" / "validation.txt"),
     )
     fault_refused_change(s, "load_step naming a missing checkpoint", "--checkpoint.load_step", "7")
+    fault_branch_from_older(s, 0)
+    fault_branch_from_older(s, 1)
 
 
 # ---- bad inputs ------------------------------------------------------------------------------------------
@@ -518,6 +563,8 @@ BAD_ARGS = [
     ["--training.dataset", "local"],
     ["--training.dataset", "local", "--training.dataset_path", "/nonexistent/data.jsonl"],
     ["--checkpoint.exclude_from_loading", "bogus"],
+    ["--checkpoint.exclude_from_loading", "model"],  # fresh weights with the old optimizer moments
+    ["--checkpoint.initial_load_model_only", "false"],  # no initial_load_path to take a whole state from
     ["--lr_scheduler.min_lr_factor", "2"],
     ["--optimizer.beta1", "1"],
     ["--model.flavor", "hf", "--model.hf_assets_path", "/nonexistent"],

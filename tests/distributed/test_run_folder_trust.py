@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import REPO, TINY, env, logged, metrics, run_train_sh, train_in_pool, wait_for_steps, worker_pids
+from tests.pool import PoolFailure
 from titanlite.base.failures import reason_in
 from titanlite.components.optim import lr_factor
 from titanlite.config import LRScheduler
@@ -140,6 +141,65 @@ def test_leaving_the_dataloader_out_allows_a_data_change(ten, capsys):
     assert main([*args, "--checkpoint.exclude_from_loading", "dataloader"]) == 0, capsys.readouterr().err
     assert main([*args, "--checkpoint.exclude_from_loading", "dataloader", "--model.n_layers", "2"]) == 2
     assert "model.n_layers=2" in capsys.readouterr().err
+
+
+# ---- a branch never touches what the run saved after it --------------------------------------------------
+
+
+def snapshot(folder: Path) -> dict:
+    """Every file under `folder` and its bytes."""
+    return {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_a_resume_from_an_older_checkpoint_is_refused_and_its_branch_leaves_the_run_byte_identical(
+    tmp_path, ten, capsys
+):
+    from titanlite.commands.cli import main
+
+    run = copy_of(ten, tmp_path)
+    before = snapshot(run / "run")
+    args = [*TEN, "--job.dump_folder", str(run), "--job.name", "run", "--training.steps", "12"]
+    assert main(["check", *args, "--checkpoint.load_step", "5"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert "checkpoint.load_step=5 would train on from step 5" in err[0], err
+    assert "overwriting what the run saved after that (step-10 and its metrics from step 6)" in err[0], err
+    assert f"--job.name run-from-5 --checkpoint.initial_load_path {run / 'run' / 'step-5'}" in err[0], err
+    # Leaving out the step count would train from step 0 over step-5 and step-10: refused the same way.
+    assert main(["check", *args, "--checkpoint.exclude_from_loading", "train_state,lr_scheduler"]) == 2
+    assert "leaves out train_state, so this run would train from step 0" in capsys.readouterr().err
+    # The worker refuses it too (a launch without `check`), before writing anything.
+    with pytest.raises(PoolFailure, match="checkpoint.load_step=5 would train on from step 5"):
+        train_in_pool(1, [*TEN, "--training.steps", "12", "--checkpoint.load_step", "5"], run)
+    # The branch the line names, in a run folder of its own: steps 6-10 of the original, bitwise.
+    step5 = run / "run" / "step-5"
+    branch = ["--checkpoint.initial_load_path", str(step5), "--checkpoint.initial_load_model_only", "false"]
+    proc = train_in_pool(1, [*TEN, *branch], run, job_name="run-from-5")
+    assert f"resumed from {step5} at step 5: loaded model, optimizer, lr_scheduler, dataloader, train_state" in (
+        proc.stdout
+    )
+    records = [json.loads(line) for line in (run / "run-from-5" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(6, 11))
+    assert [r["loss"] for r in records] == [r["loss"] for r in metrics(ten)[5:]]
+    assert snapshot(run / "run") == before
+
+
+def test_retention_and_a_restarted_start_from_scratch_keep_to_their_own_checkpoints(tmp_path, ten):
+    """A start from scratch in a folder of another run's checkpoints: keep_latest_k never deletes those, and an
+    elastic restart of the same launch resumes from what it saved itself rather than starting over again."""
+    run = copy_of(ten, tmp_path)
+    before = snapshot(run / "run")
+    scratch = [*TEN, "--checkpoint.start_from_scratch", "--checkpoint.interval", "2", "--checkpoint.keep_latest_k", "1"]
+    train_in_pool(1, [*scratch, "--training.stop_after_step", "4"], run, TITANLITE_LAUNCH_ID="launch-a")
+    assert sorted(p.name for p in (run / "run").glob("step-*")) == ["step-10", "step-4", "step-5"]
+    restarted = train_in_pool(1, scratch, run, TITANLITE_LAUNCH_ID="launch-a")
+    assert f"resumed from {run / 'run' / 'step-4'} at step 4" in restarted.stdout
+    assert [r["loss"] for r in metrics(run)] == [r["loss"] for r in metrics(ten)]
+    # Its own step-10 replaced the other run's (start_from_scratch says so); the other's step-5 is untouched.
+    assert sorted(p.name for p in (run / "run").glob("step-*")) == ["step-10", "step-5"]
+    assert {k: v for k, v in snapshot(run / "run").items() if k.parts[0] == "step-5"} == {
+        k: v for k, v in before.items() if k.parts[0] == "step-5"
+    }
 
 
 # ---- one job per run folder ------------------------------------------------------------------------------

@@ -59,6 +59,14 @@ def test_negative_numbers_are_values_not_flags():
             "training.spike_window=0 must be at least 1",
         ),
         (["--training.max_skipped_steps_in_row", "0"], "training.max_skipped_steps_in_row=0 must be at least 1"),
+        (
+            ["--checkpoint.exclude_from_loading", "model"],
+            "leaves out 'model' but loads 'optimizer': the saved optimizer moments belong to the saved weights",
+        ),
+        (
+            ["--checkpoint.exclude_from_loading", "train_state"],
+            "leaves out 'train_state' but loads 'lr_scheduler'",
+        ),
         (["--config", "missing.toml"], "no such file"),
         (["--training.dataset", "local"], "needs training.dataset_path"),
         (["--compile.mode", "fast"], "compile.mode='fast' is not allowed; use one of: 'default', 'reduce-overhead'"),

@@ -15,6 +15,8 @@ CLI = "titanlite.commands.cli"
 LAUNCHER = "titanlite.commands.launch"  # torchrun with one-line failures; takes `-m WORKER` and its arguments
 TRAIN_WORKER = "titanlite.commands.train"
 EVAL_WORKER = "titanlite.commands.evaluate"
+# The launcher's id for one job, the same in each of its elastic restarts: the lineage of the checkpoints it saves.
+LAUNCH_ID_ENV = "TITANLITE_LAUNCH_ID"
 
 
 def take_options(

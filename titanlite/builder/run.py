@@ -117,7 +117,6 @@ def build_trainer(cfg: JobConfig, plan: Plan, device: torch.device, rank: int, w
     run_dir = Path(cfg.job.dump_folder) / cfg.job.name
     if rank == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
-        write_atomically(run_dir / "config.toml", to_toml(cfg))
     facts = run_facts(plan.model, corpus)
     checkpointer = build_checkpointer(cfg, run_dir, setup, plan, optimizer, lr_scheduler, loader, facts)
     train_state: dict[str, Any] = {
@@ -129,7 +128,8 @@ def build_trainer(cfg: JobConfig, plan: Plan, device: torch.device, rank: int, w
         "kept_grad_norms": [],
     }
     checkpointer.load(train_state)
-    if rank == 0:
+    if rank == 0:  # only once the load is accepted: a refused resume leaves the run folder as it was
+        write_atomically(run_dir / "config.toml", to_toml(cfg))
         keep_metrics_up_to(run_dir / "metrics.jsonl", train_state["step"])
     peak = device_peak_tflops(device, cfg.metrics.peak_tflops)
     for line in startup_lines(cfg, plan, setup, corpus, validator, peak, device, world_size):

@@ -59,7 +59,7 @@ from torch.distributed.launcher.api import elastic_launch
 from torch.multiprocessing import ProcessExitedException
 
 from titanlite.base import logs
-from titanlite.base.command_line import EVAL_WORKER, TRAIN_WORKER
+from titanlite.base.command_line import EVAL_WORKER, LAUNCH_ID_ENV, TRAIN_WORKER
 from titanlite.base.errors import ConfigError
 from titanlite.base.failures import FAILURE_DIR_ENV, PREFIX, first_failure, latest_failures
 from titanlite.commands.worker import forked
@@ -337,6 +337,8 @@ def start(argv: list[str]) -> None:
         args.master_port = 29500
     config, _, _ = torchrun.config_from_args(args)
     multiprocessing.set_forkserver_preload([FORK_SERVER, module])
+    # One id for this job's checkpoints, kept by its elastic restarts (titanlite/components/checkpoint.py lineage).
+    os.environ.setdefault(LAUNCH_ID_ENV, uuid.uuid4().hex[:16])
     elastic_launch(config=config, entrypoint=forked)(module, dict(os.environ), list(args.training_script_args))
 
 

@@ -14,6 +14,7 @@ import logging
 import os
 import shutil
 import time
+import uuid
 import warnings
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -34,6 +35,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from titanlite.base.command_line import LAUNCH_ID_ENV
 from titanlite.base.devices import uses_cuda
 from titanlite.base.errors import ConfigError
 from titanlite.components.checkpoint_files import (
@@ -57,6 +59,7 @@ logger = logging.getLogger(__name__)
 warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
 
 OPTIM_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
+PARTS = ("model", "optimizer", "lr_scheduler", "dataloader", "train_state", "rng")
 # Under pipeline parallelism the last stage holds a tied embedding's copy as output.weight; its
 # optimizer state is saved and loaded under the embedding's name, the name it has without PP.
 TIED_COPY, TIED_NAME = "output.weight", "tok_embeddings.weight"
@@ -94,6 +97,9 @@ class Checkpointer:
         # (future, tmp, final, meta, start) of an async save in flight
         self.pending: tuple[Future, Path, Path, dict, float] | None = None
         self.saved_step = -1
+        # Which line of checkpoints this run continues (see lineage_of): a new one unless a checkpoint of the run
+        # folder is loaded, whose lineage it then takes.
+        self.lineage = launch_lineage()
         self.mode = self.cfg.async_mode if self.cfg.enable else "disabled"
         # A background save must not share a process group with training collectives (gloo mixes them up).
         self.async_group = dist.new_group(backend="gloo") if self.mode != "disabled" and dist.is_initialized() else None
@@ -179,6 +185,7 @@ class Checkpointer:
             "world_size": self.world_size,
             "config": flat_config(self.job),
             "facts": self.facts,
+            "lineage": self.lineage,
         }
         start = time.perf_counter()
         if self.mode == "disabled":
@@ -248,10 +255,15 @@ class Checkpointer:
         self.apply_retention()
 
     def apply_retention(self) -> None:
+        """keep_latest_k among the checkpoints of this run's lineage only: never one another run (a start from
+        scratch in the same folder, an older titanlite's branch) saved."""
         k = self.cfg.keep_latest_k
         if k <= 0:
             return
-        for step in complete_steps(self.run_dir)[k:]:
+        mine = [
+            step for step in complete_steps(self.run_dir) if lineage_of(step_dir(self.run_dir, step)) == self.lineage
+        ]
+        for step in mine[k:]:
             shutil.rmtree(step_dir(self.run_dir, step), ignore_errors=True)
 
     def close(self) -> None:
@@ -267,8 +279,12 @@ class Checkpointer:
 
     def load(self, train_state: dict) -> bool:
         """Restore the newest usable checkpoint of the run folder (or checkpoint.load_step); else the
-        initial weights of checkpoint.initial_load_path. Returns True when training state was restored."""
+        initial weights of checkpoint.initial_load_path (with initial_load_model_only false, a DCP checkpoint's
+        whole state). Returns True when training state was restored."""
         if self.cfg.enable and self.cfg.start_from_scratch:
+            own = [s for s in complete_steps(self.run_dir) if lineage_of(step_dir(self.run_dir, s)) == self.lineage]
+            if own:  # an elastic restart of this same launch: what it saved since its start is its own to resume
+                return self.load_dcp(step_dir(self.run_dir, own[0]), train_state, adopt=True)
             ignored = complete_steps(self.run_dir)
             if ignored:
                 logger.info(
@@ -280,17 +296,24 @@ class Checkpointer:
             said: set[int] = set()  # those whose skipping was said
             load_step = self.cfg.load_step
             while path := pick_checkpoint(self.run_dir, load_step, distributed=True, known=failed, said=said):
+                refuse_overwriting_newer(self.job, path, read_marker(path))
                 try:
-                    return self.load_dcp(path, train_state)
+                    return self.load_dcp(path, train_state, adopt=True)
                 except UnloadableCheckpoint as e:
                     if load_step != -1:  # the one asked for: no other will do
                         raise
                     failed[int(path.name.removeprefix("step-"))] = e.plain
         if self.initial_load_path:
-            self.load_initial(Path(self.initial_load_path))
+            if self.cfg.initial_load_model_only:
+                self.load_initial(Path(self.initial_load_path))
+            else:
+                whole_state_marker(self.job, Path(self.initial_load_path))
+                return self.load_dcp(Path(self.initial_load_path), train_state, adopt=False)
         return False
 
-    def load_dcp(self, path: Path, train_state: dict) -> bool:
+    def load_dcp(self, path: Path, train_state: dict, *, adopt: bool) -> bool:
+        """Load what checkpoint.exclude_from_loading leaves in; `adopt`: a checkpoint of this run folder, whose
+        lineage this run continues (a branch from another folder's starts its own)."""
         meta = read_marker(path)
         excluded = excluded_parts(self.cfg, meta)
         self.check_resume(path, meta, excluded)
@@ -315,10 +338,9 @@ class Checkpointer:
         self.apply(state)
         if "train_state" in state:
             train_state.update(state["train_state"])
-        logger.info(
-            f"  checkpoint: resumed from {path}"
-            + (" (model weights only)" if meta["model_only"] else f" at step {meta['step']}")
-        )
+        if adopt:
+            self.lineage = meta.get("lineage", "")
+        logger.info(f"  checkpoint: {resume_line(path, meta, excluded, self.cfg.exclude_from_loading)}")
         return "train_state" in state
 
     def check_resume(self, path: Path, meta: dict, excluded: set[str]) -> None:
@@ -385,15 +407,126 @@ def changes_since(path: Path, meta: dict, job: JobConfig, facts: dict, excluded:
 
 
 def check_resume(job: JobConfig, facts: dict) -> None:
-    """Before launch (`titanlite check`): the checkpoint a run would resume from exists and is complete, and its
-    config allows this one; its files' checksums are left to the workers, who share that work."""
+    """Before launch (`titanlite check`): the checkpoint a run would resume from exists and is complete, resuming
+    from it overwrites nothing saved after it, and its config allows this one; its files' checksums are left to the
+    workers, who share that work. The same for a whole state that checkpoint.initial_load_path branches from."""
     c = job.checkpoint
-    if not c.enable or c.start_from_scratch:
-        return
-    path = pick_checkpoint(Path(job.job.dump_folder) / job.job.name, c.load_step, contents=False)
-    if path is not None:
-        meta = read_marker(path)
+    if c.enable and not c.start_from_scratch:
+        path = pick_checkpoint(Path(job.job.dump_folder) / job.job.name, c.load_step, contents=False)
+        if path is not None:
+            meta = read_marker(path)
+            refuse_overwriting_newer(job, path, meta)
+            changes_since(path, meta, job, facts, excluded_parts(c, meta))
+            return
+    if not c.initial_load_model_only:
+        path = Path(initial_weights_path(job))
+        meta = whole_state_marker(job, path)
         changes_since(path, meta, job, facts, excluded_parts(c, meta))
+
+
+def launch_lineage() -> str:
+    """A new lineage: the launcher's id for this job (the same in its elastic restarts), else a random one; rank
+    0's on every rank."""
+    mine = os.environ.get(LAUNCH_ID_ENV) or uuid.uuid4().hex[:16]
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        box = [mine]
+        dist.broadcast_object_list(box, src=0)
+        mine = box[0]
+    return mine
+
+
+def lineage_of(path: Path) -> str | None:
+    """The lineage a checkpoint belongs to: the run that saved it and every run resumed from it in its folder
+    share one ("" for those an older titanlite saved); None when its marker cannot be read. Retention deletes
+    only its own lineage's checkpoints, and an elastic restart of a start from scratch finds its own."""
+    try:
+        return str(read_marker(path).get("lineage", ""))
+    except (OSError, ValueError):
+        return None
+
+
+def refuse_overwriting_newer(job: JobConfig, path: Path, meta: dict) -> None:
+    """A resume that would train steps the run folder already holds checkpoints of (checkpoint.load_step naming an
+    older one, or a load that leaves out the step count) would overwrite them and their metrics: refused, naming
+    both ways on (the newest, or a branch in a run folder of its own). Newer checkpoints that load_step -1 skipped
+    as unusable are not counted: a damaged checkpoint is replaced by design."""
+    c, run_dir, loaded = job.checkpoint, path.parent, int(meta["step"])
+    excluded = excluded_parts(c, meta)
+    start = 0 if "train_state" in excluded else loaded
+    newer = sorted(s for s in complete_steps(run_dir) if s > start and (c.load_step != -1 or s <= loaded))
+    if not newer:
+        return
+    if meta["model_only"]:
+        why, on, whole = f"{path.name} holds model weights only, so this run would train from step 0", "", ""
+    elif start == 0:
+        why = "checkpoint.exclude_from_loading leaves out train_state, so this run would train from step 0"
+        on, whole = "to go on from the newest, load train_state; ", " --checkpoint.initial_load_model_only false"
+    else:
+        why = f"checkpoint.load_step={c.load_step} would train on from step {start}"
+        on, whole = (
+            "to go on from the newest, set checkpoint.load_step = -1; ",
+            " --checkpoint.initial_load_model_only false",
+        )
+    saved = ", ".join(f"step-{s}" for s in newer)
+    raise ConfigError(
+        f"{why} in {run_dir}, overwriting what the run saved after that ({saved} and its metrics from step "
+        f"{start + 1}); {on}to branch from {path.name}, give the branch a run folder of its own: --job.name "
+        f"{Path(job.job.name).name}-from-{loaded} --checkpoint.initial_load_path {path}{whole}"
+    )
+
+
+def whole_state_marker(job: JobConfig, path: Path) -> dict:
+    """checkpoint.initial_load_model_only = false: the marker of the DCP checkpoint whose whole state a run starts
+    from (a branch); refused in one line when there is none to take the whole state of."""
+    if not job.checkpoint.initial_load_path:
+        raise ConfigError(
+            "checkpoint.initial_load_model_only = false starts from a checkpoint's whole state, but "
+            "checkpoint.initial_load_path names none; set it to a step-N folder, or drop initial_load_model_only"
+        )
+    if (path / "config.json").is_file():
+        raise ConfigError(
+            f"checkpoint.initial_load_model_only = false starts from a DCP checkpoint's whole state, but {path} is a "
+            "Hugging Face folder (weights only); set checkpoint.initial_load_model_only = true"
+        )
+    try:
+        meta = read_marker(path)
+    except (OSError, ValueError):
+        raise ConfigError(
+            f"checkpoint.initial_load_path='{path}' is not a complete titanlite checkpoint (its {MARKER} is missing or "
+            "damaged), so it has no whole state to start from; name a step-N folder of a run"
+        ) from None
+    if meta.get("model_only"):
+        raise ConfigError(
+            f"{path} holds model weights only, so it has no whole state to start from; set "
+            "checkpoint.initial_load_model_only = true to start from its weights"
+        )
+    return meta
+
+
+# What leaving each part out of a load means, for the line that says what a resume loaded.
+LEFT_OUT = {
+    "model": "fresh weights",
+    "optimizer": "fresh optimizer moments",
+    "lr_scheduler": "the LR schedule from its start",
+    "dataloader": "the data from its first sample",
+    "train_state": "the step count from 0",
+    "rng": "a fresh random state",
+}
+
+
+def resume_line(path: Path, meta: dict, excluded: set[str], asked: list[str]) -> str:
+    """What a load took from a checkpoint and what it left out, and why (checkpoint.exclude_from_loading's parts,
+    or a model-only checkpoint's missing ones)."""
+    if meta["model_only"]:
+        return f"resumed from {path} (model weights only): the optimizer, LR schedule, data and step count start afresh"
+    head = f"resumed from {path} at step {meta['step']}"
+    if "train_state" in excluded:
+        head = f"loaded {path} (saved at step {meta['step']}), training from step 0"
+    loaded = ", ".join(p for p in PARTS if p not in excluded)
+    if not asked:
+        return f"{head}: loaded {loaded}"
+    left = ", ".join(f"{p} ({LEFT_OUT[p]})" for p in PARTS if p in excluded)
+    return f"{head}: loaded {loaded}; not loaded (checkpoint.exclude_from_loading): {left}"
 
 
 class UnloadableCheckpoint(ConfigError):

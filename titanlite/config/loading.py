@@ -383,6 +383,17 @@ def check_metrics(metrics) -> None:
     )
 
 
+# (part, the part it only makes sense with, why): a load of the one without the other is refused.
+LOAD_DEPENDENCIES = (
+    ("optimizer", "model", "the saved optimizer moments belong to the saved weights, not to fresh ones"),
+    (
+        "lr_scheduler",
+        "train_state",
+        "the saved schedule's position is the saved step, and the step count would start at 0",
+    ),
+)
+
+
 def check_checkpoint(checkpoint) -> None:
     check_at_least_one({"checkpoint.interval": checkpoint.interval})
     if not checkpoint.export_max_shard_gb > 0:
@@ -394,6 +405,13 @@ def check_checkpoint(checkpoint) -> None:
     unknown = sorted(set(checkpoint.exclude_from_loading) - parts)
     if unknown:
         raise ConfigError(f"checkpoint.exclude_from_loading names {unknown}; use some of: {', '.join(sorted(parts))}")
+    left_out = set(checkpoint.exclude_from_loading)
+    for part, needs, why in LOAD_DEPENDENCIES:
+        if needs in left_out and part not in left_out:
+            raise ConfigError(
+                f"checkpoint.exclude_from_loading leaves out '{needs}' but loads '{part}': {why}; leave out "
+                f"'{part}' too, or load '{needs}'"
+            )
 
 
 def check_parallelism(p) -> None:

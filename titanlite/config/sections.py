@@ -461,7 +461,9 @@ class Checkpoint:
     keep_latest_k: int = 0
     """Keep only the newest k complete checkpoints (0 keeps all); the newest is never deleted."""
     load_step: int = -1
-    """Resume from this step's checkpoint; -1 takes the newest complete one."""
+    """Resume from this step's checkpoint; -1 takes the newest complete one. One older than the run folder's newest
+    is refused (training on from it would overwrite the newer ones): branch from it in a run folder of its own with
+    initial_load_path and initial_load_model_only = false."""
     model_only: bool = False
     """Save only the model weights (in export_dtype) at the last step, for export or fine-tuning."""
     export_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
@@ -483,6 +485,10 @@ class Checkpoint:
     initial_load_path: str = ""
     """Weights to start from when the run folder has no checkpoint: a DCP checkpoint folder (step-N)
     or a Hugging Face folder (config.json + safetensors)."""
+    initial_load_model_only: bool = True
+    """With false, initial_load_path's DCP checkpoint is loaded whole (optimizer, LR schedule, data position, step;
+    less checkpoint.exclude_from_loading's parts), as a resume would: a branch of a run from an older checkpoint in
+    a run folder of its own, which leaves the original run's checkpoints and metrics untouched."""
 
 
 @dataclass
