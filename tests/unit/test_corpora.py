@@ -87,7 +87,8 @@ def test_a_folder_of_compressed_shards_is_read_whole_in_parallel_and_named(tmp_p
 
 def test_a_damaged_compressed_file_is_one_line_naming_it(tmp_path):
     path = tmp_path / "bad.jsonl.gz"
-    path.write_bytes(gzip.compress(jsonl(TEXTS))[:-30])
+    full = gzip.compress(jsonl(TEXTS))
+    path.write_bytes(full[:12] + b"\xff" * 40 + full[52:])  # bytes changed mid-stream (a cut one says truncated)
     with pytest.raises(ConfigError, match=r"bad.jsonl.gz is not a readable .gz file \(.*\); re-create or remove it"):
         tokens(path, tmp_path)
 

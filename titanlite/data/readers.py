@@ -12,6 +12,7 @@ import gzip
 import io
 import json
 import lzma
+import os
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -153,29 +154,87 @@ def _read_span(span: Span) -> Iterator[tuple[str, bool]]:
 
 
 def _open_span(span: Span):
-    """A binary stream at the span's first byte: the file itself, or its decompressed bytes from the start."""
+    """A binary stream at the span's first byte: the file itself, or its decompressed bytes from the start. A
+    compressed stream that stops before its end (a file cut short, or empty) raises EOFError where it stops."""
     f = open_file(span.path)  # a file that cannot be read is one line naming it, compressed or not
     if not span.codec:
         f.seek(span.start)
         return f
+    if os.fstat(f.fileno()).st_size == 0:  # gzip reads an empty file as empty text: it holds no stream at all
+        f.close()
+        raise EOFError("Compressed file ended before the end-of-stream marker was reached")
     if span.codec == "zst":
-        import zstandard  # a declared dependency, imported only where a .zst file is read
-
-        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(f, closefd=True), buffer_size=2**20)
+        return io.BufferedReader(_ZstdReader(f), buffer_size=2**20)
     f.close()  # the codec's own opener owns (and closes) the file it opens
     openers: dict[str, Callable[..., io.IOBase]] = {"gz": gzip.open, "bz2": bz2.open, "xz": lzma.open}
     return openers[span.codec](span.path, "rb")
 
 
+class _ZstdReader(io.RawIOBase):
+    """A .zst file's decompressed bytes, frame after frame; a last frame left incomplete (a file cut short) is an
+    EOFError at its end, as gzip, bz2 and lzma raise. zstandard's stream_reader just stops there, and a cut file
+    read as the text before the cut (or as none) is silently wrong."""
+
+    READ = 2**14  # compressed bytes per step: their text, usually some 100 KiB, is what this holds at once
+
+    def __init__(self, f) -> None:
+        import zstandard  # a declared dependency, imported only where a .zst file is read
+
+        self._file = f
+        self._new_frame = zstandard.ZstdDecompressor().decompressobj
+        self._frame = self._new_frame()
+        self._inside = False  # whether the current frame has been fed bytes (and not yet ended)
+        self._pending = memoryview(b"")  # decompressed, not yet read
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        while not self._pending:
+            data = self._file.read(self.READ)
+            if not data:
+                if self._inside:
+                    raise EOFError("Compressed file ended before the end-of-stream marker was reached")
+                return 0
+            self._pending = memoryview(self._decompress(data))
+        n = min(len(buffer), len(self._pending))
+        memoryview(buffer).cast("B")[:n] = self._pending[:n]
+        self._pending = self._pending[n:]
+        return n
+
+    def _decompress(self, data: bytes) -> bytes:
+        """The text of `data`, a frame's end starting the next frame with the bytes after it."""
+        out = []
+        while data:
+            out.append(self._frame.decompress(data))
+            self._inside = True
+            if not self._frame.eof:
+                break
+            data = self._frame.unused_data
+            self._frame, self._inside = self._new_frame(), False
+        return b"".join(out)
+
+    def close(self) -> None:
+        if not self.closed:
+            self._file.close()
+        super().close()
+
+
 @contextlib.contextmanager
 def _stream_errors(span: Span) -> Iterator[None]:
-    """A damaged compressed file is one line naming it, not the codec's traceback."""
+    """A damaged compressed file is one line naming it, not the codec's traceback; one cut short (every codec
+    raises EOFError where its stream stops early) says so."""
     try:
         yield
     except Exception as e:
         codec_error = isinstance(e, (OSError, EOFError, lzma.LZMAError, zlib.error)) or type(e).__name__ == "ZstdError"
         if not span.codec or not codec_error or isinstance(e, ConfigError):
             raise
+        if isinstance(e, EOFError):
+            raise ConfigError(
+                f"{span.path} is truncated: its .{span.codec} stream ends after {span.stop:,} bytes, before its end "
+                "marker (an interrupted download or copy); download or compress it again, or remove it from the corpus"
+            ) from e
         raise ConfigError(
             f"{span.path} is not a readable .{span.codec} file ({short_reason(e)}); re-create or remove it"
         ) from e
@@ -249,9 +308,13 @@ def _jsonl_text(span: Span, number: int, line: bytes) -> str:
         unfinished = isinstance(e, json.JSONDecodeError) and e.pos >= len(line.rstrip())
         if number == 1 and span.start == 0 and line.lstrip().startswith(b"[") and unfinished:
             raise _not_json_lines(path) from e
-        raise ConfigError(
-            f"{path} line {_line_number(span, number)} is not valid JSON ({reason}); fix or remove that line"
-        ) from e
+        where = f"{path} line {_line_number(span, number)} is not valid JSON ({reason})"
+        if not line.endswith(b"\n"):  # only a file's last line ends without a line break: text that stops mid-row
+            raise ConfigError(
+                f"{where}, and it is the file's last line, with no line break after it: the file looks cut short; "
+                "download or compress it again, or fix or remove that line"
+            ) from e
+        raise ConfigError(f"{where}; fix or remove that line") from e
     if isinstance(record, list) and number == 1 and span.start == 0 and not span.codec and _only_line(path, line):
         raise _not_json_lines(path)
     if isinstance(record, list):

@@ -319,8 +319,8 @@ def build_store(
     if documents == 0:
         raise ConfigError(
             f"{source.label}='{source.location or source.kind}'"
-            f"{resolved_against(source.location) if source.kind == 'local' else ''} has no documents; point it at "
-            "data with some text"
+            f"{resolved_against(source.location) if source.kind == 'local' else ''} has no documents"
+            f"{_empty_files(source, files)}; point it at data with some text"
         )
     manifest = {
         "format": STORE_FORMAT,
@@ -342,6 +342,16 @@ def build_store(
             path.unlink(missing_ok=True)
     (folder / JOURNAL).unlink(missing_ok=True)
     return manifest
+
+
+def _empty_files(source: Source, files: list[SourceFile]) -> str:
+    """' (its 2 files hold no text: a.txt, b.jsonl.gz)': which files a local folder or glob without documents
+    holds ('' for a lone file, which the source names, and for the other kinds)."""
+    if source.kind != "local" or len(files) < 2:
+        return ""
+    names = ", ".join(os.path.basename(f.path) for f in files[:3])
+    more = f" and {len(files) - 3:,} more" if len(files) > 3 else ""
+    return f" (its {len(files):,} files hold no text: {names}{more})"
 
 
 def _tidy_failed_build(folder: Path, dtype: type[np.unsignedinteger], created: Path | None) -> None:
