@@ -74,3 +74,25 @@ def test_the_experts_line_says_whether_tp_splits_each_expert_or_runs_it_whole():
     )
     split = lines(*moe, "--parallelism.expert_tensor_parallel_degree", "2")[1]
     assert split.startswith("  experts: 3 blocks of 8 experts, each split over the 2 tensor-parallel ranks, ")
+
+
+def test_the_linear_attention_line_counts_each_layer_once_under_context_parallelism():
+    """Context parallelism wraps each layer's delta rule in one that is a DeltaRule too: still 3 of 4 layers."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from titanlite.builder.run import describe_linear_attention
+    from titanlite.parallel.context_parallel import apply_cp
+
+    cfg = parse_config([*BYTES, "--config", "train_configs/qwen3_5_debug.toml"])
+    with torch.device("meta"):
+        model = plain_model(cfg, plan_model(cfg))
+    before = describe_linear_attention(cfg, model, "cpu")
+    assert before is not None and before.startswith("  linear attention: 3 of 4 layers"), before
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+    try:
+        apply_cp(model, init_device_mesh("cpu", (2,), mesh_dim_names=("cp",)))
+        assert describe_linear_attention(cfg, model, "cpu") == before
+    finally:
+        dist.destroy_process_group()

@@ -273,6 +273,9 @@ def describe_linear_attention(cfg: JobConfig, model: nn.Module, device_type: str
     """Which kernel the linear-attention layers' gated delta rule runs (model.linear_attn_backend, and why the
     PyTorch path where "auto" chose it); None for a model without such layers."""
     rules = [m for m in model.modules() if isinstance(m, DeltaRule)]
+    # A layer's rule once: context parallelism's wrapper is a DeltaRule too, and holds the layer's own as `inner`.
+    wrapped = {id(inner) for m in rules if isinstance(inner := getattr(m, "inner", None), DeltaRule)}
+    rules = [m for m in rules if id(m) not in wrapped]
     if not rules:
         return None
     backend, why = linear_backend(model.args, cfg.model.linear_attn_backend, device_type)
