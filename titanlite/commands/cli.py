@@ -33,6 +33,10 @@ commands:
   generate --prompt TEXT [--max-new-tokens N --temperature T --top-k K --seed S --output F.json]
                             continue TEXT with the run's newest checkpoint (or checkpoint.load_step, else
                             checkpoint.initial_load_path) on one device: greedy at temperature 0, with a KV cache
+  logits --prompt TEXT [--top K --all-positions --compare --no-compare]
+                            the prompt's top K next ids and their logits at its last position (or every one), in
+                            float32 on the CPU; for a Hugging Face folder, beside transformers' (by default where
+                            it is installed), with the largest difference over every position and id
   bench throughput [--steps N --warmup W --repeats R --no-bare --output F.json]
                             tokens/s, TFLOPs, MFU and peak memory of one device, beside a bare
                             PyTorch loop on the same model (see `titanlite bench throughput --help`)
@@ -98,6 +102,12 @@ def generate(argv: list[str]) -> int:
     return run_generate(argv)
 
 
+def logits(argv: list[str]) -> int:
+    from titanlite.commands.logits import main as run_logits  # lazy: start-up time (above)
+
+    return run_logits(argv)
+
+
 BENCHES = ("throughput", "strategies", "batch-sizes", "data")
 
 
@@ -159,6 +169,7 @@ COMMANDS = {
     "seed-checkpoint": seed_checkpoint,
     "convert": convert,
     "generate": generate,
+    "logits": logits,
     "bench": bench,
     "plan": plan,
     "analyze": analyze,

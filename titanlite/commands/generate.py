@@ -290,9 +290,10 @@ def check_prompt_fits(n_tokens: int, context: int) -> None:
         )
 
 
-def load_model(cfg, tokenizer) -> tuple[DecoderModule, str]:
-    """The model on the CPU with its weights, and where they came from (checkpoint.checkpoint_to_load)."""
-    path = checkpoint_to_load(cfg, "generate from")
+def load_model(cfg, tokenizer, path: Path | None = None) -> tuple[DecoderModule, str]:
+    """The model on the CPU with its weights, and where they came from: `path`, the checkpoint or Hugging Face folder
+    a command chose already (`titanlite logits`), else checkpoint.checkpoint_to_load's."""
+    path = path or checkpoint_to_load(cfg, "generate from")
     if (path / "config.json").is_file():
         return _load_hf_folder(path, tokenizer.vocab_size), f"the Hugging Face folder {path}"
     # DCP checkpoints saved on any parallel layout load into the plain model, planned for the tokenizer built above
