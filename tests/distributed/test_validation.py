@@ -113,6 +113,25 @@ def test_eval_of_the_final_checkpoint_prints_the_runs_last_validation_loss(tmp_p
     assert f"val_loss {last['val_loss']:.4f}" in from_hf.stdout
 
 
+@pytest.mark.slow  # about 10 s; CI runs it
+def test_eval_covers_the_runs_validation_windows_without_its_flags(tmp_path):
+    """The run evaluated 2 batches of 2 windows (validation.steps, validation.local_batch_size): `titanlite eval` of
+    its checkpoint, told nothing, takes them from the checkpoint's record and prints the run's last figures; a
+    setting given on its command line is the user's (every window here)."""
+    validated = [*VALIDATED, "--validation.steps", "2", "--validation.local_batch_size", "2"]
+    trained = train_in_pool(1, [*validated, "--checkpoint.enable", "true", "--checkpoint.interval", "5"], tmp_path)
+    assert trained.returncode == 0, trained.stdout[-2000:] + trained.stderr[-4000:]
+    last = [r for r in metrics(tmp_path) if "val_loss" in r][-1]
+    assert last["val_tokens"] == 2 * 2 * 32
+    told_nothing = eval_in_pool(["--output", str(tmp_path / "eval.json")], tmp_path)
+    assert told_nothing.returncode == 0, told_nothing.stdout[-2000:] + told_nothing.stderr[-4000:]
+    result = json.loads((tmp_path / "eval.json").read_text())
+    assert result["val_tokens"] == last["val_tokens"] and result["val_loss"] == pytest.approx(last["val_loss"], 1e-6)
+    every = eval_in_pool(["--validation.steps", "-1", "--output", str(tmp_path / "all.json")], tmp_path)
+    assert every.returncode == 0, every.stdout[-2000:] + every.stderr[-4000:]
+    assert json.loads((tmp_path / "all.json").read_text())["val_tokens"] == VALIDATION_WINDOWS * 32
+
+
 def test_eval_without_a_checkpoint_is_one_line(tmp_path):
     proc = titanlite_eval(VALIDATED, tmp_path)
     assert proc.returncode == 2, proc.stdout + proc.stderr

@@ -37,7 +37,7 @@ def eval_command(argv: list[str]) -> int:
     evaluates here (N = 1) or in N torchrun workers; rank 0 prints the result."""
     opts, rest = take_options(argv, OPTIONS, "eval")
     check_output_file(opts["output"], "eval --output")
-    cfg = parse_run_config(rest)  # the model the checkpoint was trained as, without its flags repeated
+    cfg = parse_run_config(rest, evaluation=True)  # the model and windows the run had, without its flags repeated
     if opts["ngpu"] < 1:
         raise ConfigError(f"eval --ngpu {opts['ngpu']} must be at least 1")
     check_local_ranks(opts["ngpu"])
@@ -99,7 +99,9 @@ def report(result: dict, path: Path, output: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     """A torchrun worker of `titanlite eval --ngpu N`."""
     opts, rest = take_options(sys.argv[1:] if argv is None else argv, {"output": ""}, "eval")
-    return run_worker(lambda cfg: evaluate(cfg, opts["output"]), rest, parse_run_config)
+    return run_worker(
+        lambda cfg: evaluate(cfg, opts["output"]), rest, lambda argv: parse_run_config(argv, evaluation=True)
+    )
 
 
 if __name__ == "__main__":

@@ -644,11 +644,44 @@ def recorded_settings(path: Path) -> dict[str, Any]:
     }
 
 
-def parse_run_config(argv: list[str]) -> JobConfig:
+# Besides validation.*, the settings that decide which held-out windows a run's evaluation read and in which batches:
+# its corpus (the held-out split is its tail) and the batch validation.local_batch_size 0 takes.
+EVALUATION_KEYS = (
+    "training.dataset",
+    "training.dataset_path",
+    "training.dataset_mixture",
+    "training.dataset_text_field",
+    "training.dataset_subset",
+    "training.dataset_split",
+    "training.dataset_data_files",
+    "training.dataset_data_dir",
+    "training.local_batch_size",
+    "data.skip_unsupported_files",
+)
+
+
+def recorded_evaluation(path: Path) -> dict[str, Any]:
+    """The settings of a titanlite checkpoint's run that decide what its evaluation measured (validation.* but
+    whether and how often, and EVALUATION_KEYS): `titanlite eval` takes them where it is told nothing, so it covers
+    the run's windows; {} where no config is recorded."""
+    if not (path / MARKER).is_file():
+        return {}
+    saved = read_marker(path).get("config", {})
+    return {
+        key: value
+        for key, value in saved.items()
+        if key in EVALUATION_KEYS
+        or (key.startswith("validation.") and key not in ("validation.enable", "validation.freq"))
+    }
+
+
+def parse_run_config(argv: list[str], evaluation: bool = False) -> JobConfig:
     """parse_config(argv) for a command that reads a run's checkpoint (`eval`, `convert to-hf`, `generate`): the
     settings the checkpoint it would read was trained under (recorded_settings) are taken where the command line
     and --config set nothing, so no flag of the training run needs repeating; one that contradicts them is refused
-    in one line. Which checkpoint that is follows checkpoint_to_load (its warnings are left to the command's load)."""
+    in one line. `evaluation` (`eval`): the run's evaluation settings too (recorded_evaluation), which the command
+    line may change. Which checkpoint that is follows checkpoint_to_load (its warnings are left to the command's
+    load)."""
     cfg = parse_config(argv)
     run_dir = Path(cfg.job.dump_folder) / cfg.job.name
     quiet = set(complete_steps(run_dir))  # as if already said: the command's own checkpoint_to_load says them
@@ -656,7 +689,10 @@ def parse_run_config(argv: list[str]) -> JobConfig:
     if path is None and (initial := initial_weights_path(cfg)):
         path = Path(initial)
     recorded = recorded_settings(path) if path is not None else {}
-    return parse_config(argv, recorded=(str(path), recorded)) if recorded else cfg
+    measured = recorded_evaluation(path) if path is not None and evaluation else {}
+    if not (recorded or measured):
+        return cfg
+    return parse_config(argv, recorded=(str(path), recorded), defaults=(str(path), measured))
 
 
 def process_saver_stager(pinned: bool):

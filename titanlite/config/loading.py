@@ -195,13 +195,17 @@ MODEL_CHOICE = {"model.name", "model.flavor", "model.hf_assets_path"}
 
 
 def parse_config(
-    argv: list[str], default_config: str | None = DEFAULT_CONFIG, recorded: tuple[str, dict[str, Any]] | None = None
+    argv: list[str],
+    default_config: str | None = DEFAULT_CONFIG,
+    recorded: tuple[str, dict[str, Any]] | None = None,
+    defaults: tuple[str, dict[str, Any]] | None = None,
 ) -> JobConfig:
     """Defaults < TOML file < command-line overrides; then validate the values on their own.
 
     Without --config, a command line that sets model.flavor = "hf" starts from HF_DEFAULT_CONFIG rather than
     the debug model's. `recorded` is (where, {"section.key": value}): what a checkpoint was saved under, taken
-    in place of the defaults; a key the user set to something else is refused."""
+    in place of the defaults; a key the user set to something else is refused. `defaults` is the same kind, taken
+    where the user set nothing, theirs where they did (a run's evaluation settings, for `titanlite eval`)."""
     config_path, overrides = _split_overrides(argv)
     chosen = config_path is not None
     if not chosen and default_config == DEFAULT_CONFIG and dict(overrides).get("model.flavor") == "hf":
@@ -237,6 +241,8 @@ def parse_config(
         explicit.discard("job.description")
     if recorded is not None:
         apply_recorded(cfg, explicit, *recorded)
+    if defaults is not None:
+        apply_defaults(cfg, explicit, *defaults)
     validate_values(cfg)
     import_custom(cfg.model.custom_import)
     if cfg.model.flavor == "hf":
@@ -259,6 +265,15 @@ def apply_recorded(cfg: JobConfig, explicit: set[str], where: str, values: dict[
             )
         _set(cfg, key, value, f"recorded in {where}")
         explicit.add(key)  # as binding as the user's: nothing is derived in its place
+
+
+def apply_defaults(cfg: JobConfig, explicit: set[str], where: str, values: dict[str, Any]) -> None:
+    """Take `values` (a checkpoint's record) where the user set nothing; unlike apply_recorded's, a key they set
+    otherwise is theirs (what is measured, not what the model is)."""
+    for key, value in values.items():
+        if key not in explicit:
+            _set(cfg, key, value, f"recorded in {where}")
+            explicit.add(key)
 
 
 def _same(key: str, ours: Any, recorded: Any) -> bool:
