@@ -159,3 +159,18 @@ def test_the_readmes_gpu_commands_pass_check_at_their_world_size(monkeypatch, tm
         out, err = capsys.readouterr()
         assert code == 0, f"README: {env} ./run_train.sh {' '.join(args)}: {err}"
         assert f"config ok for {ngpu * nnodes} process(es)" in out + err
+
+
+def test_no_page_shows_a_command_as_bare_titanlite():
+    """A fresh clone has no `titanlite` on the PATH (it lives in .venv/bin): a command shown as `titanlite plan ...`
+    fails as written. Output lines (`titanlite plan: ...`) are fine."""
+    bare = re.compile(r"^\s*(\$ )?titanlite [a-z-]+(\s|$)")
+    found = []
+    for page in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        fenced = False
+        for number, line in enumerate(page.read_text().splitlines(), 1):
+            if line.lstrip().startswith("```"):
+                fenced = not fenced
+            elif fenced and bare.match(line):
+                found.append(f"{page.relative_to(REPO)}:{number}: {line.strip()[:60]}")
+    assert not found, "write .venv/bin/titanlite in commands: " + "; ".join(found)
