@@ -18,7 +18,7 @@ from titanlite.components.checkpoint import (
     pick_checkpoint,
     save_model_only,
 )
-from titanlite.components.hf_weights import check_export_folder, is_hf_folder, save_hf
+from titanlite.components.hf_weights import check_export_folder, export_loads, is_hf_folder, save_hf
 from titanlite.config import parse_config
 from titanlite.models.common.init import init_weights
 
@@ -75,8 +75,6 @@ def convert(argv: list[str]) -> int:
         carry_from=carried_folder(cfg),
         quantized=cfg.checkpoint.export_quantized,
     )
-    print(
-        f"titanlite: exported {path} to {output} ({cfg.checkpoint.export_dtype}, tokenizer {cfg.model.tokenizer}); "
-        "AutoModelForCausalLM and AutoTokenizer load it offline"
-    )
+    what, loads = export_loads(output, cfg.checkpoint.export_dtype)  # an fp8 export needs more of transformers
+    print(f"titanlite: exported {path} to {output} ({what}, tokenizer {cfg.model.tokenizer}); {loads}")
     return 0

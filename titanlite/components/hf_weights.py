@@ -20,7 +20,12 @@ import torch
 from titanlite.base.command_line import check_writable_place
 from titanlite.base.errors import ConfigError
 from titanlite.base.hf_config import CONFIG_FILE, check_training_fields, quantization_of, read_config, read_json
-from titanlite.components.hf_quantized import FP8_SCALE, QuantizedTensors, quantize_fp8
+from titanlite.components.hf_quantized import (
+    FP8_SCALE,
+    QuantizedTensors,
+    check_unconfigured_scales,
+    quantize_fp8,
+)
 from titanlite.components.hf_tokenizer import save_tokenizer
 from titanlite.models.common.build import model_from_args
 from titanlite.models.common.init import canonical_name, fill_parameters
@@ -329,6 +334,36 @@ def _carry(
     return config, tensors | carried_tensors
 
 
+def export_loads(folder: str | Path, dtype: str) -> tuple[str, str]:
+    """For the last line of an export to `folder` in `dtype`: what its weights are ("float32", or "fp8 (e4m3) in 128 x
+    128 blocks, the other weights float32" for checkpoint.export_quantized's), and what transformers needs to load it.
+    An fp8 folder needs accelerate (transformers 5's fp8 quantizer refuses to start without it) and, where fp8 is not
+    run (a CPU), whole blocks: its dequantizer takes a weight's block size from its scales' grid (rows // grid rows), so
+    a weight of more than one block ending in a partial one is refused, or read wrong where its size divides by its
+    count of blocks (200 rows in 128-row blocks: read as two blocks of 100)."""
+    quantization = quantization_of(read_config(folder), f"{Path(folder) / CONFIG_FILE}:")
+    if quantization is None or quantization["method"] != "fp8":
+        return dtype, "AutoModelForCausalLM and AutoTokenizer load it offline"
+    reader = WeightReader(folder)
+    rows, cols = reader.logical.block
+    what = f"fp8 (e4m3) in {rows} x {cols} blocks, the other weights {dtype}"
+    shapes = {name: reader.header(name)[1] for name in reader.logical.names}
+    # One block along a dimension is read right whatever its size (the grid's one row is the weight's rows).
+    partial = [(n, shape) for n, shape in shapes.items() if any(s > b and s % b for s, b in zip(shape, (rows, cols)))]
+    if not partial:
+        return what, (
+            "AutoTokenizer loads it offline, and AutoModelForCausalLM with accelerate installed (transformers' fp8 "
+            "reader needs it: pip install accelerate)"
+        )
+    (name, shape), count = partial[0], len(partial)
+    return what, (
+        "AutoTokenizer loads it offline, and AutoModelForCausalLM with accelerate installed (pip install accelerate), "
+        f"but on a CPU transformers 5 dequantizes whole {rows} x {cols} blocks only and {count} of its fp8 weights "
+        f"end{'s' * (count == 1)} in partial blocks (e.g. {name!r} {shape}), which it refuses or reads wrong: for "
+        "transformers on a CPU, export without checkpoint.export_quantized"
+    )
+
+
 def _shards(tensors: dict[str, torch.Tensor], max_bytes: int) -> list[list[str]]:
     """Tensor names in file order, cut into groups of at most max_bytes (a larger tensor gets its own)."""
     shards: list[list[str]] = [[]]
@@ -343,21 +378,33 @@ def _shards(tensors: dict[str, torch.Tensor], max_bytes: int) -> list[list[str]]
     return shards
 
 
-def _weight_files(folder: Path) -> list[Path]:
-    """model.safetensors, or the shards named by model.safetensors.index.json."""
+def _weight_files(folder: Path) -> tuple[list[Path], dict[str, Path]]:
+    """model.safetensors (as transformers, read whether or not an index is beside it), or the shards that
+    model.safetensors.index.json names, in name order; with the index's weight_map, the file each tensor it names is
+    read from ({} without an index)."""
     if (folder / WEIGHTS_FILE).is_file():
-        return [folder / WEIGHTS_FILE]
+        return [folder / WEIGHTS_FILE], {}
     index = folder / INDEX_FILE
     if not index.is_file():
         raise ConfigError(f"{folder} has neither {WEIGHTS_FILE} nor {INDEX_FILE}")
-    weight_map = read_json(index).get("weight_map")
+    content = read_json(index)
+    weight_map = content.get("weight_map") if isinstance(content, dict) else None
     if not isinstance(weight_map, dict) or not weight_map:
-        raise ConfigError(f"{index} has no weight_map")
-    files = [folder / name for name in sorted(set(weight_map.values()))]
+        raise ConfigError(f"{index} has no weight_map; the index is damaged: download the folder again")
+    for name, file in weight_map.items():
+        if not (isinstance(file, str) and file not in ("", ".", "..") and "/" not in file and "\\" not in file):
+            raise ConfigError(
+                f"{index}: weight_map[{name!r}] is {file!r}, not a safetensors file of the folder (a file name beside "
+                "the index); the index is damaged: download the folder again"
+            )
+    paths = {name: folder / file for name, file in weight_map.items()}
+    files = sorted(set(paths.values()))
     for path in files:
         if not path.is_file():
-            raise ConfigError(f"{path} is listed in {index} but does not exist")
-    return files
+            raise ConfigError(
+                f"{path} is listed in {index} but does not exist; the folder is incomplete: download that file again"
+            )
+    return files, paths
 
 
 class WeightReader:
@@ -368,18 +415,68 @@ class WeightReader:
 
         self.folder = Path(folder)
         self.files = {}
-        self.where: dict[str, Path] = {}
-        for path in _weight_files(self.folder):
+        files, indexed = _weight_files(self.folder)
+        held: dict[str, list[Path]] = {}  # each stored tensor's files, in name order
+        for path in files:
             try:
                 handle = safe_open(str(path), framework="pt", device="cpu")
             except Exception as e:  # safetensors raises its own error types for damaged files
                 raise ConfigError(f"cannot read {path}: {e}; the file is damaged or not safetensors") from e
             self.files[path] = handle
-            self.where |= dict.fromkeys(handle.keys(), path)
+            for name in handle.keys():
+                held.setdefault(name, []).append(path)
+        # Tensors stored in more than one file: (name, the file read, the other), identical copies, and copies of other
+        # values the index resolves (said as the folder is loaded: _say_conversions).
+        self.copies: list[tuple[str, Path, Path]] = []
+        self.overridden: list[tuple[str, Path, Path]] = []
+        self.where: dict[str, Path] = self._files_read(held, indexed)
         config = self.folder / CONFIG_FILE
         self.quantization = quantization_of(read_config(self.folder), f"{config}:") if config.is_file() else None
+        if self.quantization is None:
+            check_unconfigured_scales(list(self.where), self.stored_header, self.folder, config)
         # A quantized folder's weights and their scales read as one logical tensor each (hf_quantized.py).
-        self.logical = QuantizedTensors(self.quantization, list(self.where), self.stored_header, self.folder)
+        self.logical = QuantizedTensors(
+            self.quantization, list(self.where), self.stored_header, self.folder, lambda name: self.where[name].name
+        )
+
+    def _files_read(self, held: dict[str, list[Path]], indexed: dict[str, Path]) -> dict[str, Path]:
+        """The file each tensor is read from: the one the index names (as its weight_map says, whatever other file
+        holds a copy), else the only one that holds it. An index entry whose file does not hold the tensor is refused,
+        and so are copies of other values that the index does not resolve: one parameter cannot take two values."""
+        for name, path in indexed.items():
+            if path not in held.get(name, []):
+                others = [p.name for p in held.get(name, [])]
+                holder = f"{others[0]} holds it" if others else "no file of the folder holds it"
+                raise ConfigError(
+                    f"{self.folder / INDEX_FILE}: weight_map puts {name!r} in {path.name}, which does not hold it "
+                    f"({holder}); the index does not match its files: download the folder again"
+                )
+        where: dict[str, Path] = {}
+        for name, paths in held.items():
+            read = indexed.get(name, paths[0])
+            for other in paths:
+                if other == read:
+                    continue
+                if self._same(name, read, other):
+                    self.copies.append((name, read, other))
+                elif name in indexed:
+                    self.overridden.append((name, read, other))
+                else:
+                    raise ConfigError(
+                        f"{self.folder}: tensor {name!r} is stored in both {read.name} and {other.name} with different "
+                        f"values, and {INDEX_FILE} does not name either; one parameter cannot take two values: remove "
+                        "the wrong copy, or name the right file in the index's weight_map"
+                    )
+            where[name] = read
+        return where
+
+    def _same(self, name: str, one: Path, other: Path) -> bool:
+        """Whether the copies of tensor `name` in files `one` and `other` are the same, bit for bit."""
+        views = [self.files[path].get_slice(name) for path in (one, other)]
+        if len({(view.get_dtype(), tuple(view.get_shape())) for view in views}) > 1:
+            return False
+        first, second = (self.files[path].get_tensor(name).reshape(-1).view(torch.uint8) for path in (one, other))
+        return torch.equal(first, second)
 
     def keys(self) -> list[str]:
         """The folder's tensors as the model reads them: a quantized weight once, its scales not listed."""
@@ -559,14 +656,19 @@ def _shape_refusal(args, reader: WeightReader, stored: str, shape: tuple, expect
 def _dtype_refusal(reader: WeightReader, dtype: str, names: list[str]) -> str:
     name = _KINDS[dtype[0]] + dtype[1:].lower() if dtype[0] in _KINDS and dtype[1].isdigit() else dtype.lower()
     which = f"tensor {names[0]!r} is" if len(names) == 1 else f"tensor {names[0]!r} and {len(names) - 1} more are"
-    why = (
-        "float32 parameters would round the values"
-        if dtype == "F64"
-        else "quantized weights, whose scales titanlite does not read"
-    )
+    if dtype == "F64":
+        why = "float32 parameters would round the values"
+    elif dtype.startswith("F8"):  # fp8 is read with its scales, under a quantization_config saying so (hf_quantized)
+        why = (
+            "quantized weights; titanlite reads fp8 as e4m3 with a weight_scale_inv per block, in a folder whose "
+            "quantization_config says fp8"
+        )
+    else:
+        why = "quantized weights, whose scales titanlite does not read"
+    fp8 = ", or give it the weight_scale_inv tensors and quantization_config it was published with"
     return (
         f"{reader.folder}: {which} {name} ({why}); titanlite reads float32, bfloat16 or float16 weights: convert "
-        "the folder to one of them (e.g. bfloat16)"
+        f"the folder to one of them (e.g. bfloat16){fp8 if dtype == 'F8_E4M3' else ''}"
     )
 
 
@@ -723,7 +825,23 @@ def _runs(rows: list[int]) -> list[range]:
 
 def _say_conversions(reader: WeightReader, keys: dict[str, str], source, target) -> None:
     """One line for each change the load makes, as intended: weights widened to float32, the vocabulary's rows
-    padded to a named flavor's (GPT-2's 50257 ids to 50304 rows)."""
+    padded to a named flavor's (GPT-2's 50257 ids to 50304 rows); and for each oddity of the folder's files it reads
+    through: tensors stored in more than one file."""
+    if reader.copies:
+        name, read, other = reader.copies[0]
+        count = len({copy[0] for copy in reader.copies})
+        logger.info(
+            f"  checkpoint: {reader.folder} stores {count} tensor{'s' * (count > 1)} in more than one file, identical "
+            f"copies (e.g. {name!r} in {read.name} and {other.name}): each read once"
+        )
+    if reader.overridden:
+        name, read, other = reader.overridden[0]
+        count = len({copy[0] for copy in reader.overridden})
+        logger.info(
+            f"  checkpoint: {reader.folder} stores {count} tensor{'s' * (count > 1)} again in another file with other "
+            f"values (e.g. {name!r} in {other.name}): each read from the file {INDEX_FILE} names (transformers 5 "
+            "reads the copy in the file last by name, whatever the index says): remove the stray copies"
+        )
     carried = hf_carried(source, reader.keys())
     if carried:
         kinds = sorted({".".join(name.split(".")[:2]) + ".*" for name in carried})

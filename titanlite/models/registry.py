@@ -102,7 +102,11 @@ def spec_of_model_type(model_type: str | None, where: str) -> ModelSpec:
     for spec in _SPECS.values():
         if spec.hf is not None and model_type in (spec.hf.model_type, *spec.hf.also_reads):
             return spec
-    known = ", ".join(repr(s.hf.model_type) for s in _SPECS.values() if s.hf is not None)
+    # Each model_type once (two families may read one: gemma4_text with and without experts), the ones a family also
+    # reads (a multimodal folder's: gemma4, qwen3_5) after its own.
+    known = ", ".join(
+        dict.fromkeys(repr(t) for s in _SPECS.values() if s.hf for t in (s.hf.model_type, *s.hf.also_reads))
+    )
     raise ConfigError(f"{where} model_type={model_type!r} is not supported; titanlite reads {known}")
 
 
@@ -135,11 +139,16 @@ def model_args(name: str, flavor: str, vocab_size: int, max_seq_len: int, n_laye
             f"model.flavor={flavor!r} embeds {base.vocab_size} token ids, fewer than the tokenizer's {vocab_size}; "
             "use the model's own tokenizer (model.tokenizer = 'hf' with its folder), or one with fewer ids"
         )
-    depth = spec.with_depth(base, n_layers) if n_layers else {}
-    # Positions (learned, or RoPE tables) must cover the training sequence length.
-    return dataclasses.replace(
-        base,
-        vocab_size=base.vocab_size or pad_vocab(vocab_size),
-        max_seq_len=max(base.max_seq_len, max_seq_len),
-        **depth,
-    )
+    try:  # a depth the family's arguments refuse (a layer pattern it cannot hold) is the user's, in one line
+        depth = spec.with_depth(base, n_layers) if n_layers else {}
+        # Positions (learned, or RoPE tables) must cover the training sequence length.
+        return dataclasses.replace(
+            base,
+            vocab_size=base.vocab_size or pad_vocab(vocab_size),
+            max_seq_len=max(base.max_seq_len, max_seq_len),
+            **depth,
+        )
+    except ValueError as e:
+        if not n_layers:
+            raise
+        raise ConfigError(f"model.n_layers={n_layers} does not fit model {name} {flavor}: {e}") from None
