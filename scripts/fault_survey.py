@@ -18,7 +18,10 @@ Every case runs ./run_train.sh for real (CPU, gloo, the debug model at seq 32); 
 from __future__ import annotations
 
 import argparse
+import bz2
+import gzip
 import json
+import lzma
 import os
 import shutil
 import signal
@@ -28,6 +31,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import zstandard
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # the tests' helpers: tiny random transformers models, a port that never answers
@@ -427,7 +432,8 @@ def fault_refused_change(s: Survey, name: str, *change: str) -> None:
 def fault_branch_from_older(s: Survey, keep: int) -> None:
     """A resume from an older checkpoint than the newest (checkpoint.load_step) is refused before launch, every file
     of the run folder left byte-identical (asked with keep_latest_k too, whose retention would have deleted the
-    original's checkpoints); the branch the line names, in a run folder of its own, trains on with the original's losses."""
+    original's checkpoints); the branch the line names, in a run folder of its own, trains on with the original's
+    losses."""
     name = f"branch from an older checkpoint, keep_latest_k {keep}"
     folder = s.folder(name)
     first = s.run(folder, 1)  # step-4, step-8, step-12
@@ -628,6 +634,25 @@ def data_and_rendezvous_inputs(s: Survey) -> None:
         said='b.jsonl line 1 has no "text" string',
         nothing_at=cache,
     )
+    rows = "".join(json.dumps({"text": f"{i}: {text}"}) + "\n" for i in range(40)).encode()
+    compressors = {
+        "zst": lambda data: zstandard.ZstdCompressor().compress(data),
+        "gz": gzip.compress,
+        "bz2": bz2.compress,
+        "xz": lzma.compress,
+    }
+    for codec, compress in compressors.items():
+        data = corpus(s.root / f"truncated-{codec}", {"a.txt": text, "b.jsonl": json.dumps({"text": text}) + "\n"})
+        whole = compress(rows)
+        (data / f"c.jsonl.{codec}").write_bytes(whole[: len(whole) // 2])  # an interrupted download
+        cache = s.root / f"truncated-{codec}-cache"
+        case(
+            s,
+            f"dataset folder with a truncated .{codec} beside good files",
+            ["--training.dataset", "local", "--training.dataset_path", str(data), "--data.cache_dir", str(cache)],
+            said=f"{data / f'c.jsonl.{codec}'} is truncated: its .{codec} stream ends after {len(whole) // 2:,} bytes",
+            nothing_at=cache,
+        )
     rendezvous = {"NNODES": "2", "RDZV_TIMEOUT": "5"}
     with listener() as port:  # accepts connections, never answers
         endpoint = {**rendezvous, "RDZV_ENDPOINT": f"127.0.0.1:{port}"}
@@ -721,10 +746,11 @@ def hf_folder_inputs(s: Survey) -> None:
     """Hugging Face folders that would not train as their config.json says (a field of the wrong JSON type, dropout,
     weights of another dtype or shape than config.json makes, a NaN, an MoE field out of range): run_train.sh
     refuses each before launch, naming the field or tensor in the folder's own names."""
-    names = ["wrong JSON type", "dropout", "float64", "shape", "NaN", "experts"]
+    names = ["wrong JSON type", "dropout", "float64", "shape", "NaN", "experts", *QUANTIZED_AND_SHARDED]
     if not any(s.chosen(f"HF folder: {n}") for n in names):
         return
     import safetensors.torch as st
+    import torch
 
     from tests.unit.test_hf_families import random_model
     from tests.unit.test_qwen3_moe import random_model as random_moe
@@ -748,6 +774,55 @@ def hf_folder_inputs(s: Survey) -> None:
         t["model.layers.1.mlp.up_proj.weight"][0, 0] = float("nan")
         return t
 
+    def sharded(name: str) -> Path:
+        """The base folder in two shards with an index, 'lm_head.weight' in both with different values and left out
+        of the index: the copy to read is not said."""
+        folder = variant(name)
+        tensors = st.load_file(folder / "model.safetensors")
+        (folder / "model.safetensors").unlink()
+        names = sorted(tensors)  # 'lm_head.weight' first
+        first, second = names[: len(names) // 2], names[len(names) // 2 :]
+        files = ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")
+        st.save_file({n: tensors[n] for n in first}, folder / files[0], metadata={"format": "pt"})
+        stray = {names[0]: tensors[names[0]] + 1}
+        st.save_file({**{n: tensors[n] for n in second}, **stray}, folder / files[1], metadata={"format": "pt"})
+        weight_map = {**dict.fromkeys(first[1:], files[0]), **dict.fromkeys(second, files[1])}
+        (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+        return folder
+
+    def fp8(name: str, scale: float | None = None, config: bool = True) -> Path:
+        """The base folder with its projections in e4m3 128 x 128 blocks, as published FP8 folders hold them, the
+        first scale of layer 0's o_proj set to `scale` (given one); `config`: with the quantization_config."""
+        from titanlite.components.hf_quantized import quantize_fp8
+
+        def quantized(t: dict) -> dict:
+            for key in [k for k in t if k.endswith("_proj.weight")]:
+                t[key], t[key + "_scale_inv"] = quantize_fp8(t[key], (128, 128))
+            if scale is not None:
+                t["model.layers.0.self_attn.o_proj.weight_scale_inv"][0, 0] = scale
+            return t
+
+        method = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]}
+        return variant(name, {"quantization_config": method} if config else None, tensors=quantized)
+
+    def mxfp4(name: str) -> Path:
+        """A random gpt-oss folder with its experts in MXFP4 (blocks and scales), one exponent 255 (E8M0's NaN)."""
+        from tests.unit.test_gpt_oss import random_gpt_oss
+
+        source = s.root / "hf-gpt-oss"
+        if not source.exists():
+            random_gpt_oss(intermediate_size=64).save_pretrained(source)  # both expert widths multiples of 32
+
+        def packed(t: dict) -> dict:
+            for key in [k for k in t if k.endswith(("experts.gate_up_proj", "experts.down_proj"))]:
+                experts, width, rows = t.pop(key).shape  # [E, in, out]: blocks run over `in`
+                t[key + "_blocks"] = torch.randint(0, 256, (experts, rows, width // 32, 16), dtype=torch.uint8)
+                t[key + "_scales"] = torch.full((experts, rows, width // 32), 120, dtype=torch.uint8)
+            t["model.layers.0.mlp.experts.down_proj_scales"][0, 0, 0] = 255
+            return t
+
+        return variant(name, {"quantization_config": {"quant_method": "mxfp4"}}, tensors=packed, source=source)
+
     moe = s.root / "hf-qwen3-moe"
     random_moe().save_pretrained(moe)
     folders = {
@@ -757,6 +832,11 @@ def hf_folder_inputs(s: Survey) -> None:
         "shape": (variant("vocab", {"vocab_size": 320}), "but its config.json makes it"),
         "NaN": (variant("nan", tensors=nan), "holds 1 NaN value"),
         "experts": (variant("moe", {"num_experts_per_tok": 0}, source=moe), "num_experts_per_tok=0"),
+        "duplicate tensor": (sharded("dup"), "is stored in both model-00001-of-00002.safetensors and model-00002"),
+        "zero FP8 scale": (fp8("fp8-zero", 0.0), "holds 1 scale that is not finite and positive (the first: 0.0)"),
+        "negative FP8 scale": (fp8("fp8-neg", -1.0), "holds 1 scale that is not finite and positive (the first: -1.0)"),
+        "MXFP4 exponent": (mxfp4("mxfp4-255"), "holds 1 exponent above 252 (the first: 255)"),
+        "FP8 scales without config": (fp8("fp8-noconfig", config=False), "has no quantization_config to read them by"),
     }
     for name, (folder, said) in folders.items():
         args = ["--model.flavor", "hf", "--model.hf_assets_path", str(folder), "--model.tokenizer", "byte"]
@@ -806,6 +886,13 @@ def command_inputs(s: Survey) -> None:
     s.record("bad input", "another model's folder kept", left == ["model.safetensors"], f"left {left}")
 
 
+QUANTIZED_AND_SHARDED = [
+    "duplicate tensor",
+    "zero FP8 scale",
+    "negative FP8 scale",
+    "MXFP4 exponent",
+    "FP8 scales without config",
+]
 COMMAND_CASES = [
     "eval with a flag the checkpoint contradicts",
     "generate with a flag the checkpoint contradicts",
