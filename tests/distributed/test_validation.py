@@ -66,8 +66,12 @@ def titanlite_eval(args: list[str], run_dir) -> subprocess.CompletedProcess:
     )
 
 
+def run_folder(run_dir) -> list[str]:
+    return ["--job.dump_folder", str(run_dir), "--job.name", "run"]
+
+
 def eval_in_pool(args: list[str], run_dir) -> subprocess.CompletedProcess:
-    return cli_in_pool(["eval", "--job.dump_folder", str(run_dir), "--job.name", "run", *args])
+    return cli_in_pool(["eval", *run_folder(run_dir), *args])
 
 
 @pytest.mark.slow  # about 23 s; CI runs it
@@ -130,6 +134,13 @@ def test_eval_covers_the_runs_validation_windows_without_its_flags(tmp_path):
     every = eval_in_pool(["--validation.steps", "-1", "--output", str(tmp_path / "all.json")], tmp_path)
     assert every.returncode == 0, every.stdout[-2000:] + every.stderr[-4000:]
     assert json.loads((tmp_path / "all.json").read_text())["val_tokens"] == VALIDATION_WINDOWS * 32
+    # Exported, the folder keeps them: eval of the export, from a run folder of no checkpoint, covers the same.
+    export = cli_in_pool(["convert", "to-hf", "--output", str(tmp_path / "hf"), *run_folder(tmp_path)])
+    assert export.returncode == 0, export.stderr[-3000:]
+    exported = ["--checkpoint.initial_load_path", str(tmp_path / "hf"), "--output", str(tmp_path / "hf.json")]
+    from_hf = cli_in_pool(["eval", "--job.dump_folder", str(tmp_path), "--job.name", "fresh", *exported])
+    assert from_hf.returncode == 0, from_hf.stdout[-2000:] + from_hf.stderr[-4000:]
+    assert json.loads((tmp_path / "hf.json").read_text())["val_tokens"] == last["val_tokens"]
 
 
 def test_eval_without_a_checkpoint_is_one_line(tmp_path):

@@ -16,6 +16,7 @@ from titanlite.components.checkpoint import (
     load_model_only,
     parse_run_config,
     pick_checkpoint,
+    recorded_evaluation,
     save_model_only,
 )
 from titanlite.components.hf_weights import check_export_folder, export_loads, is_hf_folder, save_hf
@@ -74,6 +75,7 @@ def convert(argv: list[str]) -> int:
         max_shard_bytes=int(cfg.checkpoint.export_max_shard_gb * 2**30),
         carry_from=carried_folder(cfg),
         quantized=cfg.checkpoint.export_quantized,
+        evaluation=recorded_evaluation(path),  # what `titanlite eval` of the export reads, as of the run
     )
     what, loads = export_loads(output, cfg.checkpoint.export_dtype)  # an fp8 export needs more of transformers
     print(f"titanlite: exported {path} to {output} ({what}, tokenizer {cfg.model.tokenizer}); {loads}")

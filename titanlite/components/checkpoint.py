@@ -49,7 +49,7 @@ from titanlite.components.checkpoint_files import (
     step_dir,
     write_rank_checksums,
 )
-from titanlite.components.hf_weights import load_hf_into
+from titanlite.components.hf_weights import export_evaluation, load_hf_into
 from titanlite.components.resume import flat_config, resume_changes
 from titanlite.config import JobConfig, parse_config
 
@@ -645,7 +645,7 @@ def recorded_settings(path: Path) -> dict[str, Any]:
 
 
 # Besides validation.*, the settings that decide which held-out windows a run's evaluation read and in which batches:
-# its corpus (the held-out split is its tail) and the batch validation.local_batch_size 0 takes.
+# its corpus (the held-out split is its tail), the window length and the batch validation.local_batch_size 0 takes.
 EVALUATION_KEYS = (
     "training.dataset",
     "training.dataset_path",
@@ -656,6 +656,7 @@ EVALUATION_KEYS = (
     "training.dataset_data_files",
     "training.dataset_data_dir",
     "training.local_batch_size",
+    "training.seq_len",
     "data.skip_unsupported_files",
 )
 
@@ -665,7 +666,7 @@ def recorded_evaluation(path: Path) -> dict[str, Any]:
     whether and how often, and EVALUATION_KEYS): `titanlite eval` takes them where it is told nothing, so it covers
     the run's windows; {} where no config is recorded."""
     if not (path / MARKER).is_file():
-        return {}
+        return export_evaluation(path)  # a titanlite export keeps its run's
     saved = read_marker(path).get("config", {})
     return {
         key: value

@@ -14,6 +14,7 @@ import json
 import logging
 import shutil
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -189,6 +190,7 @@ def save_hf(
     max_shard_bytes: int = 5 * 2**30,
     carry_from: str | Path | None = None,
     quantized: bool = False,
+    evaluation: dict | None = None,
 ) -> None:
     """Write config.json, generation_config.json, the weights cast to `dtype` and (given a tokenizer) its
     files to `folder` (created if needed), so that AutoModelForCausalLM and AutoTokenizer load it offline.
@@ -198,7 +200,8 @@ def save_hf(
     folder out otherwise (a multimodal folder: the family's `hf_folder` hook) the export keeps that layout and the
     folder's config.json with the trained model's fields in it, so the export loads as the folder did. `quantized`
     (with `carry_from` an fp8 folder): the weights it held in FP8 blocks are written so again, scales computed from
-    the trained values, and its quantization_config kept.
+    the trained values, and its quantization_config kept. `evaluation`: the run's evaluation settings, kept in the
+    export's record so that `titanlite eval` of the folder covers the run's windows (export_evaluation).
 
     Weights over max_shard_bytes are split into model-0000i-of-0000n.safetensors files listed by
     model.safetensors.index.json, as save_pretrained does. A tied model's lm_head.weight is left out, as
@@ -215,7 +218,7 @@ def save_hf(
         if staging.exists():  # an export killed while writing (nothing of it reached `folder`)
             shutil.rmtree(staging)
         staging.mkdir(parents=True)
-        _write_export(staging, args, state_dict, dtype, tokenizer, max_shard_bytes, carry_from, quantized)
+        _write_export(staging, args, state_dict, dtype, tokenizer, max_shard_bytes, carry_from, quantized, evaluation)
         folder.mkdir(exist_ok=True)
         for stale in _exported_files(folder):  # a re-export leaves no file of the earlier one (shards of another count)
             (folder / stale).unlink(missing_ok=True)
@@ -242,6 +245,7 @@ def _write_export(
     max_shard_bytes: int,
     carry_from: str | Path | None = None,
     quantized: bool = False,
+    evaluation: dict | None = None,
 ) -> None:
     """save_hf's files, into the new folder `folder`."""
     from safetensors.torch import save_file  # optional dependency (the [hf] extra)
@@ -280,7 +284,19 @@ def _write_export(
     # Every file of the export's folder will be this export's (check_export_folder refused a folder with any other):
     # recorded for the next.
     written = sorted(p.name for p in folder.iterdir() if p.is_file() and p.name != EXPORT_RECORD)
-    (folder / EXPORT_RECORD).write_text(json.dumps({"files": written}, indent=1) + "\n")
+    record = {"files": written, **({"evaluation": evaluation} if evaluation else {})}
+    (folder / EXPORT_RECORD).write_text(json.dumps(record, indent=1) + "\n")
+
+
+def export_evaluation(folder: Path) -> dict[str, Any]:
+    """The evaluation settings of the run a titanlite export came from (save_hf's `evaluation`); {} for any other
+    folder, or a record that cannot be read (it only saves repeating flags)."""
+    try:
+        record = json.loads((folder / EXPORT_RECORD).read_text())
+    except (OSError, ValueError):
+        return {}
+    settings = record.get("evaluation") if isinstance(record, dict) else None
+    return dict(settings) if isinstance(settings, dict) else {}
 
 
 def _carry(
