@@ -1,8 +1,8 @@
 """GLM-4.5 against `transformers`' Glm4MoeForCausalLM (fp32, CPU): random models (half of each head rotated, QKV
 biases, per-head Q/K norms on and off, 2 expert groups of which 1 is kept, a non-zero correction bias, a shared
 expert, a dense first layer) import with transformers' logits to 1e-5 and greedy ids; a trained model exports as
-Glm4MoeForCausalLM with our logits and reads back equal; a folder's multi-token prediction layer is named once, left
-out and carried into an export bit for bit; a GLM-4.5-FP8 folder (e4m3 in 128 x 128 blocks) imports with the logits of
+Glm4MoeForCausalLM with our logits and reads back equal; a folder's multi-token prediction layer is left out in one
+line and carried into an export bit for bit; a GLM-4.5-FP8 folder (e4m3 in 128 x 128 blocks) imports with the logits of
 its dequantized weights; bad config.json values are refused in one line; the published shapes count transformers'
 parameters, and their config.json reads as the flavors."""
 
@@ -147,7 +147,7 @@ def test_a_trained_model_exports_as_glm4_moe_with_our_logits(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_multi_token_prediction_layer_is_named_once_left_out_and_exported_bit_for_bit(tmp_path, caplog):
+def test_a_multi_token_prediction_layer_is_left_out_in_one_line_and_exported_bit_for_bit(tmp_path, caplog):
     """A published folder's layer past num_hidden_layers (num_nextn_predict_layers 1): a whole decoder layer (built
     by transformers as a fourth layer) and the prediction head's own tensors, with model.mtp_layers = 0 (trained by
     default: tests/unit/test_multi_token_prediction.py)."""
@@ -166,9 +166,9 @@ def test_a_multi_token_prediction_layer_is_named_once_left_out_and_exported_bit_
     reference = transformers.Glm4MoeForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()
     with caplog.at_level(logging.INFO, logger="titanlite"):
         ours = imported(tmp_path / "hf", 64, "--model.mtp_layers", "0")
-    told = [r.getMessage() for r in caplog.records if "multi-token prediction" in r.getMessage()]
-    assert len(told) == 1 and "num_nextn_predict_layers=1" in told[0], told
-    assert f"also holds {len(mtp)} tensors the model does not train (model.layers.*)" in caplog.text
+    # Reading the folder says nothing of num_nextn_predict_layers (a run's start-up line does): the import's one line.
+    told = [r.getMessage() for r in caplog.records if any(w in r.getMessage() for w in ("nextn", "also holds"))]
+    assert len(told) == 1 and f"also holds {len(mtp)} tensors the model does not train (model.layers.*)" in told[0]
     with torch.no_grad():
         assert_logits_match(ours(tokens()), reference(tokens()).logits)
     save_hf(tmp_path / "export", ours.args, ours.state_dict(), carry_from=tmp_path / "hf")

@@ -25,10 +25,14 @@ from tests.unit.test_deepseek_v3 import SHAPE, VOCAB, random_deepseek  # noqa: E
 from tests.unit.test_glm4_moe import random_glm  # noqa: E402
 from tests.unit.test_hf_families import assert_logits_match, imported  # noqa: E402
 from titanlite.base.errors import ConfigError  # noqa: E402
-from titanlite.components.hf_weights import save_hf  # noqa: E402
+from titanlite.builder.model import build_rank_model  # noqa: E402
+from titanlite.builder.plan import plan_run  # noqa: E402
+from titanlite.components.hf_weights import load_hf_into, save_hf  # noqa: E402
 from titanlite.components.loss import MultiTokenLoss, cross_entropy  # noqa: E402
+from titanlite.config import parse_config  # noqa: E402
 from titanlite.models.common.auxiliary import AuxiliaryLosses, collecting  # noqa: E402
 from titanlite.models.common.multi_token import IGNORE, future_labels  # noqa: E402
+from titanlite.models.hf_config import folder_model_args  # noqa: E402
 
 LAYER = SHAPE["num_hidden_layers"]  # the MTP layer's number: DeepSeek-V3's 61 of 61 decoder layers
 RANDOM = {"deepseek_v3": random_deepseek, "glm4_moe": random_glm}  # both test files' shapes have 3 layers, vocab 300
@@ -126,6 +130,44 @@ def test_mtp_layers_0_leaves_a_folder_s_mtp_layer_out_and_carries_it(tmp_path, c
     save_hf(tmp_path / "export", ours.args, ours.state_dict(), carry_from=tmp_path / "hf")
     exported = load_file(tmp_path / "export" / "model.safetensors")
     assert all(torch.equal(exported[name], value) for name, value in mtp.items())
+
+
+@pytest.mark.parametrize("holds", [True, False])
+def test_a_folder_s_mtp_layers_are_named_once_on_the_start_up_line(tmp_path, caplog, holds):
+    """What a folder's num_nextn_predict_layers gave the run is said on the start-up's multi-token prediction line
+    alone, once, with its prefix: not where the folder is read (the launcher's check and each worker parse the config,
+    the worker imports the weights, `convert` and `generate` read the folder again). A folder that declares a layer
+    but holds none of its tensors (as transformers saves it) trains without, and the line says so."""
+    mtp_folder(tmp_path / "hf")
+    if not holds:
+        weights = load_file(tmp_path / "hf" / "model.safetensors")
+        kept = {k: v for k, v in weights.items() if not k.startswith(f"model.layers.{LAYER}.")}
+        save_file(kept, tmp_path / "hf" / "model.safetensors", metadata={"format": "pt"})
+    argv = ["--model.flavor", "hf", "--model.hf_assets_path", str(tmp_path / "hf"), "--model.tokenizer", "byte"]
+    argv += ["--training.seq_len", "32", "--training.local_batch_size", "1", "--job.dump_folder", str(tmp_path)]
+    with caplog.at_level(logging.INFO, logger="titanlite"):
+        parse_config(argv)  # the launcher's check
+        cfg = parse_config(argv)  # the worker
+        plan = plan_run(cfg, 1)
+        setup = build_rank_model(cfg, plan, None, torch.device("cpu"))
+        load_hf_into(setup.rank.parts, tmp_path / "hf")
+        folder_model_args(tmp_path / "hf")  # convert, generate
+    assert "num_nextn_predict_layers" not in caplog.text, caplog.text
+    named = [line for line in setup.loss_line.split("\n") if "num_nextn_predict_layers" in line]
+    config = tmp_path / "hf" / "config.json"
+    if holds:
+        assert len(named) == 1 and named[0].startswith(
+            f"  multi-token prediction: 1 depth(s) after layer {LAYER - 1}, "
+        ), named
+        assert named[0].endswith(
+            f"; {config}'s num_nextn_predict_layers=1, 1 layer(s) loaded from the folder (model.mtp_layers = 0 "
+            "leaves them out of the run and carries them into its export)"
+        )
+    else:
+        assert named == [
+            f"  multi-token prediction: none: {config}'s num_nextn_predict_layers=1, but the folder holds no such "
+            "layer's tensors (as transformers saves it)"
+        ]
 
 
 @pytest.mark.parametrize("mtp_layers", ["2", "-2"])

@@ -17,6 +17,7 @@ from titanlite.config import JobConfig
 from titanlite.engine.trainer import Pipeline, RankModel, autocast_for
 from titanlite.models.common.build import linear_backend, model_from_args, with_kernels
 from titanlite.models.common.interface import DecoderModule
+from titanlite.models.hf_config import mtp_note
 from titanlite.models.registry import spec_of
 from titanlite.parallel.compile import compiled_loss
 from titanlite.parallel.context_parallel import SequenceSplit
@@ -133,12 +134,17 @@ def build_rank_model(cfg: JobConfig, plan: Plan, mesh, device: torch.device) -> 
         )
     else:
         loss_line = "  loss: cross-entropy on the whole logits" + (" (compiled)" if compile_loss else "")
+    # A Hugging Face folder's multi-token prediction layers, said here, once: every process that reads the folder
+    # (the launcher's check, each worker, convert) resolves them, and only this start-up line speaks for the run.
+    folder_note = mtp_note(cfg.model.hf_assets_path, mtp) if cfg.model.flavor == "hf" else None
     if mtp:
         loss_line += (
             f"\n  multi-token prediction: {mtp} depth(s) after layer {plain.args.n_layers - 1}, loss = main + "
             f"{cfg.training.mtp_loss_coefficient:g} / {mtp} x their cross-entropies (training.mtp_loss_coefficient), "
-            f"logged as {', '.join(mtp_loss_names(mtp))}"
+            f"logged as {', '.join(mtp_loss_names(mtp))}" + (f"; {folder_note}" if folder_note else "")
         )
+    elif folder_note:
+        loss_line += f"\n  multi-token prediction: {folder_note}"
     pipeline = build_pipeline(cfg, plan, plain, parts, mesh, device, loss_fn, not chunks) if plan.pipeline else None
     param_dtype = DTYPES[cfg.training.mixed_precision_param] if device.type == "cuda" else torch.float32
     hooks = after_optimizer_step_hooks(cfg, plan, parts)

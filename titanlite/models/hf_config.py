@@ -5,7 +5,6 @@ through it. Weights and tokenizer files are titanlite/components/hf_weights.py's
 from __future__ import annotations
 
 import dataclasses
-import logging
 from pathlib import Path
 
 from titanlite.base.errors import ConfigError
@@ -17,8 +16,6 @@ from titanlite.base.hf_config import (
     stored_tensor_names,
 )
 from titanlite.models.registry import spec_of, spec_of_model_type
-
-logger = logging.getLogger(__name__)
 
 
 def hf_config(args, dtype: str = "float32", token_ids: dict | None = None) -> dict:
@@ -60,39 +57,44 @@ def args_from_hf_config(config: dict, where: str = "config.json"):
 def folder_model_args(folder: str | Path):
     """The model a Hugging Face folder holds, from its config.json (errors name the file), with the multi-token
     prediction layers its weights hold (held_mtp_layers)."""
-    where = f"{Path(folder) / CONFIG_FILE}:"
-    return held_mtp_layers(args_from_hf_config(read_config(folder), where), folder, where)
+    declared = args_from_hf_config(read_config(folder), f"{Path(folder) / CONFIG_FILE}:")
+    held = held_mtp_layers(declared, folder)
+    return dataclasses.replace(declared, mtp_layers=held) if held != getattr(declared, "mtp_layers", 0) else declared
 
 
-_MTP_TOLD: set[str] = set()  # the folders whose multi-token prediction was already named
-
-
-def held_mtp_layers(args, folder: str | Path, where: str):
-    """`args` with as many multi-token prediction layers (mtp_layers: num_nextn_predict_layers, Qwen's
-    mtp_num_hidden_layers) as the folder's weights hold, stored as layers past the decoder's (model.layers.N,
+def held_mtp_layers(args, folder: str | Path) -> int:
+    """How many of the multi-token prediction layers `args` declares (mtp_layers: num_nextn_predict_layers, Qwen's
+    mtp_num_hidden_layers) the folder's weights hold, stored as layers past the decoder's (model.layers.N,
     N >= n_layers: DeepSeek-V3's layer 61, GLM-4.5's) or as mtp.layers.J (Qwen3.5's, Qwen3-Next's). A folder saved by
-    transformers says so but holds none (transformers builds no MTP layer and leaves them out): its model then has
-    none. Named once a folder."""
+    transformers declares them but holds none (transformers builds no MTP layer and leaves them out): its model then
+    has none. Said once, by the run's start-up (mtp_note), not here: the launcher's check, each worker, `convert` and
+    `generate` all read the folder."""
     mtp = getattr(args, "mtp_layers", 0)
     names = stored_tensor_names(folder) if mtp else None
     if not mtp or names is None:
-        return args
+        return mtp
     layers = {name.split(".")[2] for name in names if name.startswith("model.layers.")}
     qwen = {name.split(".")[2] for name in names if name.startswith("mtp.layers.")}
-    held = next((k for k in range(mtp) if str(args.n_layers + k) not in layers and str(k) not in qwen), mtp)
-    if where not in _MTP_TOLD:
-        _MTP_TOLD.add(where)
-        if held:
-            logger.info(
-                f"{where} {_mtp_key(args)}={mtp}: multi-token prediction, {held} layer(s) loaded and trained "
-                "(model.mtp_layers = 0 leaves them out of the run and carries them into its export)"
-            )
-        else:
-            logger.info(
-                f"{where} {_mtp_key(args)}={mtp}, but the folder holds no such layer's tensors (as "
-                "transformers saves it): trained without multi-token prediction (model.mtp_layers adds it)"
-            )
-    return dataclasses.replace(args, mtp_layers=held) if held != mtp else args
+    return next((k for k in range(mtp) if str(args.n_layers + k) not in layers and str(k) not in qwen), mtp)
+
+
+def mtp_note(folder: str | Path, run_mtp_layers: int) -> str | None:
+    """What the run's start-up says of a Hugging Face folder's multi-token prediction layers, or None where its
+    config.json declares none: that the run (`run_mtp_layers` depths) trains the layers its weights hold, or that it
+    holds none of those its config.json declares, so the run has no multi-token prediction."""
+    declared = args_from_hf_config(read_config(folder), f"{Path(folder) / CONFIG_FILE}:")
+    mtp = getattr(declared, "mtp_layers", 0)
+    if not mtp:
+        return None
+    said = f"{Path(folder) / CONFIG_FILE}'s {_mtp_key(declared)}={mtp}"
+    if run_mtp_layers:
+        return (
+            f"{said}, {run_mtp_layers} layer(s) loaded from the folder (model.mtp_layers = 0 leaves them out of the "
+            "run and carries them into its export)"
+        )
+    if held_mtp_layers(declared, folder):
+        return None  # model.mtp_layers = 0: the import's line names the tensors left out and carried
+    return f"none: {said}, but the folder holds no such layer's tensors (as transformers saves it)"
 
 
 def _mtp_key(args) -> str:

@@ -41,6 +41,9 @@ def apply_fsdp(
         shard["offload_policy"] = CPUOffloadPolicy()
     if experts is not None:
         shard_experts(experts, reshard_after_forward, **(shard | {"mesh": experts.mesh}))
+    for end in (model.tok_embeddings, model.output):
+        if end is not None:  # before fully_shard, so that it runs before FSDP's own post-forward hook
+            end.register_forward_hook(own_output)
     for block in model.layers.values():
         fully_shard(block, reshard_after_forward=reshard_after_forward, **shard)
     # A tied embedding is one parameter used at both ends: it must live in one FSDP unit, and only
@@ -61,6 +64,16 @@ def apply_fsdp(
     # one, in the root, must still be gathered then.
     keep_root = tied and loss_reads_head
     fully_shard(model, reshard_after_forward=reshard_after_forward and not keep_root, **shard)
+
+
+def own_output(module: nn.Module, args: Any, output: Any) -> Any:
+    """A forward hook on the model's ends: their output as a tensor of its own where it is a view. FSDP registers a
+    unit's pre-backward hook (which gathers its parameters again for backward) on its output, and an in-place op on
+    a view would drop it, so FSDP2 warns of any view ("returned a view tensor"). Under tensor parallelism the
+    embedding's output is one (DTensor.to_local() returns the local shard as a view), and so are the gathered
+    logits without loss parallelism: a copy of [batch, seq / tp, dim] once a forward, or of the logits, whose
+    gathered original is freed at once (the cross-entropy then holds two logits-sized tensors anyway)."""
+    return output.clone() if isinstance(output, torch.Tensor) and output._base is not None else output
 
 
 @dataclass

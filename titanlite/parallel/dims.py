@@ -32,6 +32,8 @@ class MeshDim:
 # Flattened views over several dimensions: dp, which rank reads which data; dp_shard_cp, what FSDP shards over;
 # dp_cp, what the loss is averaged over.
 VIEWS = ("dp", "dp_shard_cp", "dp_cp")
+# The ranks a parameter is sharded over under FSDP x TP (dp_shard x cp x tp), flattened for DTensor (build_mesh).
+SHARDED = "dp_shard_cp_tp"
 
 # Outermost first; degrees of 1 are left out of the mesh. Adding a dimension: its key in sections.py, one entry
 # here, then the apply_* that uses mesh[name] (docs/architecture.md).
@@ -232,6 +234,12 @@ class ParallelDims:
             views["ep"] = root[tuple(n for n in ("dp_shard_in_ep", "cp") if n in names)]._flatten("ep")
         if self.ep_enabled and self.etp_enabled:  # the experts' 2-D mesh: dispatched over ep, split over tp
             views["ep_tp"] = root[("dp_shard_in_ep", "tp")]  # check_etp: no cp beside EP x ETP, so ep is dp_shard_in_ep
+        if self.tp_enabled and self.fsdp_enabled:
+            # FSDP x TP's parameters lie on a (dp_shard_cp, tp) mesh (split experts on (dp_shard_mod_ep, ep_tp)), and a
+            # norm of their gradients is partial over all of it: DTensor reduces it in one all-reduce where a flattened
+            # mesh over those ranks exists (it finds one by its layout; no titanlite code reads this view), else in one
+            # a dimension, warning that this is "suboptimal".
+            views[SHARDED] = root[tuple(n for n in names if n not in ("pp", "dp_replicate"))]._flatten(SHARDED)
         return Mesh(root, views)
 
 

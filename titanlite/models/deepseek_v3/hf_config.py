@@ -110,7 +110,7 @@ def read(config: dict, where: str) -> DeepseekV3Args:
     rope_theta, rope_scaling = rope_settings(config, where)
     if rope_scaling is not None and not isinstance(rope_scaling, YarnRopeScaling):
         raise refuse(where, "rope_type", "llama3", "DeepSeek-V3 reads plain RoPE or 'yarn'")
-    mtp = _mtp_layers(config)  # the folder's weights may hold fewer (models/hf_config.py held_mtp_layers, logged)
+    mtp = _mtp_layers(config)  # the folder's weights may hold fewer (models/hf_config.py held_mtp_layers)
     moe, attention = _moe(config, where, n_layers), _attention(config, where)
     try:
         return DeepseekV3Args(

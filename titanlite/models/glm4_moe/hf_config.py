@@ -146,7 +146,7 @@ def read(config: dict, where: str) -> Glm4MoeArgs:
             qk_norm="head" if full["use_qk_norm"] else "none",
             rotary_dim=rotary_dim,
             moe=moe,
-            mtp_layers=mtp_layers(config),  # the folder's weights may hold fewer (held_mtp_layers, logged)
+            mtp_layers=mtp_layers(config),  # the folder's weights may hold fewer (held_mtp_layers)
         )
     except ValueError as e:  # a check of the arguments' own that no refusal above made in config.json's words
         raise ConfigError(f"{where} is not supported: {e}") from e

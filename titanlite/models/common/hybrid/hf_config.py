@@ -87,7 +87,7 @@ def read_fields(config: dict, where: str) -> dict:
         "linear_key_dim": config.get("linear_key_head_dim", 128),
         "linear_value_dim": config.get("linear_value_head_dim", 128),
         "conv_size": conv,
-        # what the folder's weights hold may be less (models/hf_config.py held_mtp_layers, logged)
+        # what the folder's weights hold may be less (models/hf_config.py held_mtp_layers)
         "mtp_layers": config.get("mtp_num_hidden_layers", config.get("num_nextn_predict_layers", 0)) or 0,
     }
 
