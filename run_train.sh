@@ -4,7 +4,8 @@
 # TITANLITE_DEVICE (cpu: gloo on the CPU whatever GPUs there are; cuda; default: CUDA if visible), NNODES, NODE_RANK,
 # RDZV_ENDPOINT (host:port, multi-node; NODE_RANK 0 hosts the rendezvous store there), RDZV_ID, RDZV_TIMEOUT (seconds a
 # node waits for the store to answer and for every node to join; default 300), MAX_RESTARTS, LOG_RANK (e.g. 0 or 0,1:
-# whose output to show), START_METHOD (spawn: each rank its own interpreter rather than a fork of the launcher's server).
+# whose output to show), START_METHOD (spawn: each rank its own interpreter rather than a fork of the launcher's server),
+# OMP_NUM_THREADS (threads per process, 1 or more; default: the cores / NGPU).
 set -euo pipefail
 cd "$(dirname "$0")"
 source scripts/setup_env.sh
@@ -31,6 +32,10 @@ refuse() { echo "titanlite: error: $1" >&2; exit 2; }
 [[ "$NNODES" =~ ^[1-9][0-9]*(:[1-9][0-9]*)?$ ]] || refuse "NNODES='$NNODES' is not a node count; set NNODES to N or MIN:MAX (e.g. NNODES=2)"
 [[ "${START_METHOD:-forkserver}" =~ ^(forkserver|spawn|fork)$ ]] || refuse "START_METHOD='$START_METHOD' is not a start method; set START_METHOD to forkserver (the default), spawn or fork"
 [[ "$MAX_RESTARTS" =~ ^[0-9]+$ ]] || refuse "MAX_RESTARTS='$MAX_RESTARTS' is not a number of restarts; set MAX_RESTARTS to 0 or more"
+# libgomp takes a positive count (or a comma-separated one per nesting level); anything else it warns about and ignores.
+threads='^[[:space:]]*0*[1-9][0-9]*([[:space:]]*,[[:space:]]*0*[1-9][0-9]*)*[[:space:]]*$'
+[ -z "${OMP_NUM_THREADS:-}" ] || [[ "$OMP_NUM_THREADS" =~ $threads ]] \
+  || refuse "OMP_NUM_THREADS='$OMP_NUM_THREADS' is not a number of threads; set it to 1 or more (e.g. OMP_NUM_THREADS=4), or leave it unset for the cores per process"
 if [ "$NNODES" != 1 ] && [ -z "${RDZV_ENDPOINT:-}" ]; then
   refuse "NNODES=$NNODES needs RDZV_ENDPOINT=host:port, the rendezvous every node joins (the same on every node)"
 fi

@@ -36,6 +36,8 @@ import zstandard
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # the tests' helpers: tiny random transformers models, a port that never answers
+from tests.helpers import last_wins  # noqa: E402 (after the path that finds it)
+
 BASE = [
     "--training.seq_len",
     "32",
@@ -90,16 +92,10 @@ class Survey:
         return path
 
     def args(self, folder: Path, ngpu: int = 1, *extra: str) -> list[str]:
-        return [
-            str(REPO / "run_train.sh"),
-            "--job.dump_folder",
-            str(folder),
-            "--job.name",
-            "run",
-            *BASE,
-            *LAYOUTS[ngpu],
-            *extra,
-        ]
+        """run_train.sh with the survey's base flags and the case's `extra`, each option's last value only (titanlite
+        refuses an option given twice)."""
+        base = ["--job.dump_folder", str(folder), "--job.name", "run", *BASE, *LAYOUTS[ngpu], *extra]
+        return [str(REPO / "run_train.sh"), *last_wins(base)]
 
     def run(self, folder: Path, ngpu: int = 1, *extra: str, timeout: int = 600, **env) -> subprocess.CompletedProcess:
         return subprocess.run(
@@ -341,6 +337,31 @@ def fault_read_only_folder(s: Survey) -> None:
 
 
 @skippable
+def fault_read_only_mid_run(s: Survey) -> None:
+    """The run folder made read-only after step 3 (the run as root without CAP_DAC_OVERRIDE, so that permissions
+    hold): the step-4 save fails, one line naming it, exit 2, no traceback (the lock's release says it could not)."""
+    name = "run folder made read-only mid-run"
+    folder = s.folder(name)
+    job = subprocess.Popen(
+        ["setpriv", "--bounding-set=-dac_override", *s.args(folder, 1)],
+        cwd=REPO,
+        env=s.env(NGPU="1"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    wait_for_steps(folder, 3, job)
+    os.chmod(folder / "run", 0o555)
+    try:
+        _, err = job.communicate(timeout=300)
+    finally:
+        os.chmod(folder / "run", 0o755)
+    line = next((x for x in reversed(err.splitlines()) if x.strip()), "")
+    ok = job.returncode == 2 and err.count("titanlite: error:") == 1 and "Traceback" not in err
+    s.record("fault", name, ok, f"exit {job.returncode}, {err.count('titanlite: error:')} error line(s): {line}")
+
+
+@skippable
 def fault_stopped_rank(s: Survey) -> None:
     """SIGSTOP rank 1 mid-run: the other rank's collective times out; the last line should name rank 1."""
     folder = s.folder("SIGSTOP a rank")
@@ -491,6 +512,7 @@ def faults(s: Survey) -> None:
     fault_torn_file(s, "torn lock file, rerun", torn_lock, "is not a whole lock record (a torn write); taking it over")
     fault_torn_file(s, "lock whose pid a live process reuses", reused_pid_lock, "now belongs to another process")
     fault_read_only_folder(s)
+    fault_read_only_mid_run(s)
     damaged_newest(s, "newest .distcp truncated", lambda p: os.truncate(next(p.glob("*.distcp")), 100))
     damaged_newest(s, "newest .distcp: 16 bytes overwritten", lambda p: overwrite(next(p.glob("*.distcp"))))
     damaged_newest(s, "newest: first record header overwritten", lambda p: overwrite(next(p.glob("*.distcp")), at=0))
@@ -544,12 +566,16 @@ BAD_ENV = [
     ("LOG_RANK", "3"),  # a rank NGPU=1 has not: it would hide every line
     ("LOG_RANK", ","),
     ("START_METHOD", "threads"),
+    ("OMP_NUM_THREADS", "0"),
+    ("OMP_NUM_THREADS", "abc"),
+    ("OMP_NUM_THREADS", "-1"),
 ]
 # Several variables at once: (name, {variable: value}).
 BAD_ENVS = [
     ("RDZV_ENDPOINT without a port", {"NNODES": "2", "RDZV_ENDPOINT": "node0"}),
     ("RDZV_ENDPOINT port 70000", {"NNODES": "2", "RDZV_ENDPOINT": "node0:70000"}),
 ]
+LONG = "a" * 300  # a path component longer than the 255 bytes a name may have
 BAD_ARGS = [
     ["--training.stepz", "3"],
     ["--nosection", "1"],
@@ -597,6 +623,28 @@ BAD_ARGS = [
     ["--data.num_workers", "-1"],
     ["--training.seed", str(10**23)],
     ["--metrics.enable_wandb", "--training.steps", "2"],  # run with the survey's broken wandb on PYTHONPATH, below
+    # every number bounded before launch
+    ["--optimizer.muon_ns_steps", "100000000"],
+    ["--model.mtp_layers", "1000000"],
+    ["--config", "train_configs/deepseek_v3_debug.toml", "--model.mtp_layers", "1000"],  # BASE's seq_len 32
+    ["--model.n_layers", "100000"],
+    ["--optimizer.eps", "0"],
+    # every option meant: a setting of a feature that is off
+    ["--optimizer.muon_lr", "0.01"],
+    ["--optimizer.muon_params", "layers.*.weight"],
+    ["--training.mtp_loss_coefficient", "0.3"],
+    ["--training.spike_window", "50"],
+    ["--float8.filter_fqns", "attention"],
+    ["--float8.enable", "--float8.filter_fqns", "output,atention"],
+    ["--moe.aux_loss_coef", "0.01"],
+    # paths and names
+    ["--job.name", "../escape"],
+    ["--job.name", "/tmp/abs-run"],
+    ["--config", f"/tmp/{LONG}.toml"],
+    ["--training.dataset", "local", "--training.dataset_path", f"/tmp/{LONG}/x.txt"],
+    ["--model.flavor", "hf", "--model.hf_assets_path", f"/tmp/{LONG}"],
+    ["--checkpoint.initial_load_path", f"/tmp/{LONG}/step-3"],
+    ["--training.dataset", "someowner/somedata"],  # no network here: not in the cache, the hub unreachable
 ]
 
 
@@ -732,6 +780,10 @@ def bad_inputs(s: Survey) -> None:
     case(s, "--config a Latin-1 file", ["--config", str(latin1)])
     case(s, "--config a folder", ["--config", str(s.root)])
     case(s, "--config a FIFO", ["--config", str(s.root / "fifo.toml")])
+    case(s, "a key given twice", ["--optimizer.lr", "1e-3", "--optimizer.lr", "2e-3"], "is given twice", twice=True)
+    bom = s.root / "bom.toml"
+    bom.write_bytes(b"\xef\xbb\xbf[optimizer]\nlr = -1.0\n")  # a byte-order mark, then a bad value: read, refused
+    case(s, "--config with a byte-order mark", ["--config", str(bom)], "optimizer.lr=-1.0")
     case(s, "--job.name ''", ["--job.name", ""])
     case(s, "--job.name .", ["--job.name", "."])
     case(s, "dataset_path a FIFO", ["--training.dataset", "local", "--training.dataset_path", str(fifo)])
@@ -878,12 +930,55 @@ def command_inputs(s: Survey) -> None:
         "compare --max-diff inf": (["compare", str(run), str(run), "--max-diff", "inf"], "finite"),
         "plan --gpu-mem-gib 0": (["plan", "--gpu-mem-gib", "0"], "--gpu-mem-gib"),
         "eval --output a folder": (["eval", *folder, "--output", str(s.root)], "is a folder; name a file"),
+        "unknown command": (["trian"], "unknown command 'trian' (did you mean 'train'?); see titanlite --help"),
+        "check --nproc-per-node 0": (["check", "--nproc-per-node", "0"], "check --nproc-per-node must be at least 1"),
+        "check --nproc-per-node above the world size": (
+            ["check", "--world-size", "2", "--nproc-per-node", "4"],
+            "is more than --world-size 2",
+        ),
+        "check --nproc-per-node not dividing the world size": (
+            ["check", "--world-size", "4", "--nproc-per-node", "3"],
+            "does not divide --world-size 4",
+        ),
+        "prepare --workers -1": (["prepare", "--workers", "-1"], "prepare --workers must be at least 0, not -1"),
+        "prepare --workers 100000": (["prepare", "--workers", "100000"], "is more than the"),
+        "a config key twice (check)": (
+            ["check", "--optimizer.lr", "1e-3", "--optimizer.lr", "2e-3"],
+            "optimizer.lr is given twice on the command line",
+        ),
+        "generate --prompt twice": (["generate", "--prompt", "a", "--prompt", "b", *folder], "is given twice"),
+        "eval --output name too long": (["eval", *folder, "--output", f"/tmp/{LONG}.json"], "eval --output: its name"),
+        "export --output name too long": (
+            ["convert", "to-hf", "--output", f"/tmp/{LONG}", *folder],
+            "convert to-hf --output: its name",
+        ),
+        "compare a run folder name too long": (["compare", f"/tmp/{LONG}", str(run)], "compare RUN_DIR: its name"),
+        "compare --metrics no run logged": (
+            ["compare", str(run), str(run), "--metrics", "perplexity"],
+            "no run logged 'perplexity'",
+        ),
+        "plan --top 0": (["plan", "--top", "0"], "--top must be at least 1"),
+        "prepare an unreachable hub dataset": (
+            ["prepare", "--training.dataset", "someowner/somedata"],
+            "is not in this machine's Hugging Face cache",
+        ),
     }
     assert set(cases) == set(COMMAND_CASES)
     for name, (argv, said) in cases.items():
         command_case(s, name, argv, said, empty=(export.parent,))
     left = sorted(p.name for p in other.iterdir())
     s.record("bad input", "another model's folder kept", left == ["model.safetensors"], f"left {left}")
+    out = s.root / "not-yet" / "made" / "generated.json"  # a folder that can be made: made, before generating
+    proc = subprocess.run(
+        [sys.executable, "-m", "titanlite.commands.cli", "generate", "--prompt", "x", "--output", str(out), *folder],
+        cwd=REPO,
+        env=s.env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    made = proc.returncode == 0 and out.is_file()
+    s.record("input", "generate --output into a missing folder", made, last_line(proc) or f"exit {proc.returncode}")
 
 
 QUANTIZED_AND_SHARDED = [
@@ -904,19 +999,42 @@ COMMAND_CASES = [
     "compare --max-diff inf",
     "plan --gpu-mem-gib 0",
     "eval --output a folder",
+    "unknown command",
+    "check --nproc-per-node 0",
+    "check --nproc-per-node above the world size",
+    "check --nproc-per-node not dividing the world size",
+    "prepare --workers -1",
+    "prepare --workers 100000",
+    "a config key twice (check)",
+    "generate --prompt twice",
+    "eval --output name too long",
+    "export --output name too long",
+    "compare a run folder name too long",
+    "compare --metrics no run logged",
+    "plan --top 0",
+    "prepare an unreachable hub dataset",
 ]
 
 
 def case(
-    s: Survey, name: str, args: list[str], said: str = "", nothing_at: Path | None = None, within: float = 300, **env
+    s: Survey,
+    name: str,
+    args: list[str],
+    said: str = "",
+    nothing_at: Path | None = None,
+    within: float = 300,
+    twice: bool = False,
+    **env,
 ) -> None:
     """One bad input: exit 2 with one `titanlite: error:` line (holding `said`), no traceback, no metrics, nothing at
-    `nothing_at`, within `within` seconds."""
+    `nothing_at`, within `within` seconds. The case's options replace the base's (`twice`: the command line keeps
+    both, for the case of an option given twice)."""
     if not s.chosen(name):
         return
     folder = s.folder("bad", case=False)
     ngpu = env.pop("NGPU", "1")
-    cmd = [str(REPO / "run_train.sh"), "--job.dump_folder", str(folder), "--job.name", "run", *BASE, *args]
+    flags = ["--job.dump_folder", str(folder), "--job.name", "run", *BASE, *args]
+    cmd = [str(REPO / "run_train.sh"), *(flags if twice else last_wins(flags))]
     start = time.monotonic()
     try:
         proc = subprocess.run(

@@ -6,7 +6,7 @@ import subprocess
 import pytest
 import torch
 
-from tests.helpers import VALIDATED, metrics, run_train_sh, train_in_pool
+from tests.helpers import VALIDATED, last_wins, metrics, run_train_sh, train_in_pool
 from tests.pool import close_pools
 
 # Every test computes on the CPU with gloo, whatever GPUs the machine has (titanlite/base/devices.py), so the
@@ -138,7 +138,7 @@ def cli(monkeypatch, capsys):
         for key, value in (env or {}).items():
             monkeypatch.setenv(key, value)
         capsys.readouterr()
-        code = entry.main(list(argv))
+        code = entry.main(last_wins(list(argv)))  # a test's base and its changes: each option once
         captured = capsys.readouterr()
         return subprocess.CompletedProcess(list(argv), code, captured.out, captured.err)
 

@@ -17,6 +17,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from tests.pool import PoolFailure, Ran, cli_job, pool, train_job
+from titanlite.base.command_line import override_items
 from titanlite.base.failures import reason_in
 
 REPO = Path(__file__).resolve().parents[1]
@@ -49,6 +50,15 @@ VALIDATED = [
     "--validation.dataset_path",
     str(VALIDATION_TEXT),
 ]
+
+
+def last_wins(argv: list[str]) -> list[str]:
+    """A test's command line made of a base and its changes (`[*TINY, "--training.steps", "20"]`, a helper's
+    `--job.name run` and the test's own): each option's last value only, where it stands. titanlite refuses an option
+    given twice on one command line; the runners below pass what they are given through this."""
+    items = override_items(argv)
+    last = {key: i for i, (key, _) in enumerate(items) if key}
+    return [arg for i, (key, args) in enumerate(items) if not key or last[key] == i for arg in args]
 
 
 def env(**extra: str) -> dict[str, str]:
@@ -85,11 +95,7 @@ def torchrun(nproc: int, args: list[str], run_dir: Path, timeout: int = 300) -> 
         f"--log-dir={run_dir / 'torchrun_logs'}",
         "-m",
         "titanlite.commands.train",
-        "--job.dump_folder",
-        str(run_dir),
-        "--job.name",
-        "run",
-        *args,
+        *last_wins(["--job.dump_folder", str(run_dir), "--job.name", "run", *args]),
     ]
     return subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=timeout)
 
@@ -101,7 +107,7 @@ def train_in_pool(
     test: the worker's own train() on each rank, without starting and importing N interpreters. A failure on any
     rank fails the test with its traceback; the result has the run's stdout (rank 0's, then what other ranks say).
     The run folder is run_dir/job_name."""
-    argv = ["--job.dump_folder", str(run_dir), "--job.name", job_name, *args]
+    argv = last_wins(["--job.dump_folder", str(run_dir), "--job.name", job_name, *args])
     folder = Path(run_dir) / job_name
     with tempfile.TemporaryDirectory() as kept:
         if folder.exists():  # what the test put there (a checkpoint to resume), for a second attempt
@@ -126,7 +132,7 @@ def cli_in_pool(argv: list[str], timeout: float = 300) -> subprocess.CompletedPr
     whose figures a test reads (`eval` on one process), without starting an interpreter that imports torch and
     titanlite; the rank gets its torch switches, environment and folder back afterwards. One-line errors and exit
     statuses stay on the command as a process of its own."""
-    ran = pool(1).run(cli_job, list(argv), timeout=timeout)
+    ran = pool(1).run(cli_job, last_wins(list(argv)), timeout=timeout)
     return subprocess.CompletedProcess(list(argv), ran.values[0], ran.stdout, ran.stderr)
 
 
@@ -134,7 +140,7 @@ def run_train_sh(
     args: list[str], run_dir: Path, ngpu: int | None = 1, timeout: int = 300, **extra_env: str
 ) -> subprocess.CompletedProcess:
     """The user's command, ./run_train.sh, with NGPU processes (ngpu=None: NGPU unset, the launcher's default)."""
-    cmd = [str(REPO / "run_train.sh"), "--job.dump_folder", str(run_dir), "--job.name", "run", *args]
+    cmd = [str(REPO / "run_train.sh"), *last_wins(["--job.dump_folder", str(run_dir), "--job.name", "run", *args])]
     launch_env = env(**({} if ngpu is None else {"NGPU": str(ngpu)}), **extra_env)
     if ngpu is None:
         launch_env.pop("NGPU", None)

@@ -61,7 +61,7 @@ BAD_CONFIGS = [
     ),
     (1, ["--compile.components", "model,optimizer"], "compile.components names ['optimizer']"),
     (2, ["--training.enable_cpu_offload"], "no CUDA device here"),
-    (1, ["--training.seq_len", "100000000"], "too few for training.seq_len=100000000"),
+    (1, ["--training.seq_len", "10000000"], "too few for training.seq_len=10000000"),
     (
         1,
         ["--training.dataset", "local", "--training.dataset_path", "/nonexistent"],
@@ -231,6 +231,19 @@ def test_a_failed_worker_says_why_last_and_sets_the_exit_status(tmp_path, ngpu, 
         line.startswith(f"titanlite: error: rank 0: lost its peers after rank 1 failed (rank 1's error: {reason}")
         for line in peers
     ), peers
+
+
+def test_run_train_sh_refuses_a_thread_count_libgomp_cannot_take(tmp_path):
+    # libgomp warns and trains on with its own count; refused in the shell, before any interpreter starts (a few
+    # milliseconds each, so not a slow test though it runs run_train.sh).
+    for value in ("0", "abc", "-1", "2.5"):
+        proc = run_train_sh([], tmp_path, ngpu=1, OMP_NUM_THREADS=value)
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        assert proc.stderr.splitlines() == [
+            f"titanlite: error: OMP_NUM_THREADS='{value}' is not a number of threads; set it to 1 or more (e.g. "
+            "OMP_NUM_THREADS=4), or leave it unset for the cores per process"
+        ]
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.slow  # run_train.sh's NGPU default; tests/unit/test_devices.py checks the NGPU rules in-process

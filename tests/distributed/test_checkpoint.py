@@ -17,6 +17,7 @@ from tests.helpers import (
     assert_close,
     cli_in_pool,
     env,
+    last_wins,
     losses,
     metrics,
     run_train_sh,
@@ -214,11 +215,7 @@ def test_killed_during_async_saves_leaves_only_loadable_checkpoints(tmp_path):
         f"--log-dir={tmp_path / 'logs'}",
         "-m",
         "titanlite.commands.train",
-        "--job.dump_folder",
-        str(tmp_path),
-        "--job.name",
-        "run",
-        *args,
+        *last_wins(["--job.dump_folder", str(tmp_path), "--job.name", "run", *args]),
     ]
     job = subprocess.Popen(
         cmd, cwd=REPO, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True

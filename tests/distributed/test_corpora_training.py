@@ -15,13 +15,13 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from tests.helpers import TINY, losses, metrics, run_train_sh, train_in_pool
+from tests.helpers import TINY, last_wins, losses, metrics, run_train_sh, train_in_pool
 from tests.unit.test_corpora import megatron_files
 from titanlite.data.tokenizer import GPT2Tokenizer
 
 # The files here hold GPT-2 ids (Megatron's, nanoGPT's), and every format is compared with the plain file's losses:
 # GPT-2's tokenizer throughout (TINY's is the byte one).
-TINY = [*TINY, "--model.tokenizer", "gpt2"]
+TINY = last_wins([*TINY, "--model.tokenizer", "gpt2"])
 # A corpus of about 10,000 GPT-2 tokens: enough windows of 32 for 5 steps of 8 and a held-out split.
 TEXTS = [f"Document {i}. " + " ".join(f"word{(i * 7 + j) % 97}" for j in range(40)) for i in range(120)]
 

@@ -18,6 +18,7 @@ from tests.helpers import (
     assert_matches,
     checkpoint_tensors,
     env,
+    last_wins,
     metrics,
     train_in_pool,
     wait_for_steps,
@@ -38,7 +39,7 @@ TWELVE = [
 
 
 def launch(args, run_dir, ngpu, timeout=300, **extra_env):
-    cmd = [str(REPO / "run_train.sh"), "--job.dump_folder", str(run_dir), "--job.name", "run", *args]
+    cmd = [str(REPO / "run_train.sh"), *last_wins(["--job.dump_folder", str(run_dir), "--job.name", "run", *args])]
     return subprocess.run(
         cmd, cwd=REPO, env=env(NGPU=str(ngpu), **extra_env), capture_output=True, text=True, timeout=timeout
     )
@@ -102,7 +103,7 @@ def test_sigterm_leaves_a_checkpoint_at_the_current_step_and_a_restart_continues
         "--checkpoint.interval",
         "1000",
     ]
-    cmd = [str(REPO / "run_train.sh"), "--job.dump_folder", str(tmp_path), "--job.name", "run", *args]
+    cmd = [str(REPO / "run_train.sh"), *last_wins(["--job.dump_folder", str(tmp_path), "--job.name", "run", *args])]
     job = subprocess.Popen(
         cmd,
         cwd=REPO,

@@ -15,7 +15,18 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, TINY, env, logged, metrics, run_train_sh, train_in_pool, wait_for_steps, worker_pids
+from tests.helpers import (
+    REPO,
+    TINY,
+    env,
+    last_wins,
+    logged,
+    metrics,
+    run_train_sh,
+    train_in_pool,
+    wait_for_steps,
+    worker_pids,
+)
 from tests.pool import PoolFailure
 from titanlite.base.failures import reason_in
 from titanlite.components.optim import lr_factor
@@ -129,7 +140,7 @@ def test_resuming_with_a_lower_lr_gets_past_the_non_finite_step(tmp_path):
 def test_a_change_that_would_make_the_saved_state_wrong_is_refused_before_launch(ten, change, key, capsys):
     from titanlite.commands.cli import main
 
-    assert main(["check", *TEN, "--job.dump_folder", str(ten), "--job.name", "run", *change]) == 2
+    assert main(last_wins(["check", *TEN, "--job.dump_folder", str(ten), "--job.name", "run", *change])) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and key in err[0] and "that step-10 was saved with" in err[0], err
 
@@ -137,7 +148,7 @@ def test_a_change_that_would_make_the_saved_state_wrong_is_refused_before_launch
 def test_leaving_the_dataloader_out_allows_a_data_change(ten, capsys):
     from titanlite.commands.cli import main
 
-    args = ["check", *TEN, "--job.dump_folder", str(ten), "--job.name", "run", "--training.seq_len", "64"]
+    args = last_wins(["check", *TEN, "--job.dump_folder", str(ten), "--job.name", "run", "--training.seq_len", "64"])
     assert main([*args, "--checkpoint.exclude_from_loading", "dataloader"]) == 0, capsys.readouterr().err
     assert main([*args, "--checkpoint.exclude_from_loading", "dataloader", "--model.n_layers", "2"]) == 2
     assert "model.n_layers=2" in capsys.readouterr().err
@@ -158,7 +169,7 @@ def test_a_resume_from_an_older_checkpoint_is_refused_and_its_branch_leaves_the_
 
     run = copy_of(ten, tmp_path)
     before = snapshot(run / "run")
-    args = [*TEN, "--job.dump_folder", str(run), "--job.name", "run", "--training.steps", "12"]
+    args = last_wins([*TEN, "--job.dump_folder", str(run), "--job.name", "run", "--training.steps", "12"])
     assert main(["check", *args, "--checkpoint.load_step", "5"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1, err
@@ -206,7 +217,7 @@ def test_retention_and_a_restarted_start_from_scratch_keep_to_their_own_checkpoi
 
 
 def test_a_second_launch_on_a_busy_run_folder_exits_2_and_the_first_finishes_exactly(tmp_path, ten):
-    args = [*TEN, "--job.dump_folder", str(tmp_path), "--job.name", "run"]
+    args = last_wins([*TEN, "--job.dump_folder", str(tmp_path), "--job.name", "run"])
     release = tmp_path / "release"  # the first job waits after step 1 until this exists: busy for certain
     first = subprocess.Popen(
         [str(REPO / "run_train.sh"), *args],
@@ -344,7 +355,11 @@ def test_a_full_disk_is_one_line_naming_the_folder(tmp_path):
     if wrap is None:
         pytest.skip("no way to mount a small tmpfs here (needs root or user namespaces)")
     gpt2 = ["--model.tokenizer", "gpt2"]  # 50,304 rows of embedding and their AdamW moments: about 39 MB a checkpoint
-    cmd = [*wrap, str(REPO / "run_train.sh"), *TEN, *gpt2, "--job.dump_folder", str(disk), "--job.name", "run"]
+    cmd = [
+        *wrap,
+        str(REPO / "run_train.sh"),
+        *last_wins([*TEN, *gpt2, "--job.dump_folder", str(disk), "--job.name", "run"]),
+    ]
     proc = subprocess.run(cmd, cwd=REPO, env=env(NGPU="1"), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
@@ -364,7 +379,7 @@ def test_the_killed_rank_is_the_one_named(tmp_path):
 def test_a_sigterm_to_a_worker_is_its_own_line_and_status(tmp_path, checkpoints):
     args = [*TINY, "--training.steps", "400", "--training.local_batch_size", "2"]
     args += ["--checkpoint.enable", "--checkpoint.interval", "1000"] if checkpoints else []
-    cmd = [str(REPO / "run_train.sh"), "--job.dump_folder", str(tmp_path), "--job.name", "run", *args]
+    cmd = [str(REPO / "run_train.sh"), *last_wins(["--job.dump_folder", str(tmp_path), "--job.name", "run", *args])]
     job = subprocess.Popen(cmd, cwd=REPO, env=env(NGPU="1"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_for_steps(job, tmp_path, 3)
     workers = worker_pids(job.pid)  # run_train.sh execs the launcher
@@ -384,7 +399,7 @@ def test_the_workers_of_a_sigkilled_launcher_end_with_it(tmp_path):
     # An orphaned worker would train on beside the job a new launch starts in the same run folder. The workers are
     # forked from the launcher's forkserver, which ends with the launcher; each worker ends with the server.
     args = [*TINY, "--training.steps", "400", "--training.local_batch_size", "2"]
-    cmd = [str(REPO / "run_train.sh"), "--job.dump_folder", str(tmp_path), "--job.name", "run", *args]
+    cmd = [str(REPO / "run_train.sh"), *last_wins(["--job.dump_folder", str(tmp_path), "--job.name", "run", *args])]
     job = subprocess.Popen(cmd, cwd=REPO, env=env(NGPU="2"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_for_steps(job, tmp_path, 2)
     workers = worker_pids(job.pid)

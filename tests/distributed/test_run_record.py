@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tests.helpers import VALIDATED, metrics, train_in_pool
+from tests.helpers import VALIDATED, last_wins, metrics, train_in_pool
 from titanlite.commands.cli import main
 
 pytestmark = pytest.mark.distributed
@@ -118,6 +118,7 @@ def test_a_checkpoint_with_tensors_the_model_has_no_place_for_is_refused(biased_
     capfd.readouterr()
     args = ["eval", *DATA, "--config", "train_configs/qwen3_moe_debug.toml", *VALIDATED]
     args += ["--job.dump_folder", str(tmp_path), "--job.name", "other", "--checkpoint.initial_load_path", str(step)]
+    args = last_wins(args)
     # The checkpoint's record is taken as ever (so the flag is refused) ...
     assert main([*args, "--moe.balance", "aux_loss"]) == 2
     assert "contradicts" in capfd.readouterr().err

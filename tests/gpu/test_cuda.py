@@ -19,14 +19,14 @@ import sys
 import pytest
 import torch
 
-from tests.helpers import GRAD_NORM_RTOL, LOSS_RTOL, REPO, TINY, assert_close, env, metrics, run_train_sh
+from tests.helpers import GRAD_NORM_RTOL, LOSS_RTOL, REPO, TINY, assert_close, env, last_wins, metrics, run_train_sh
 
 pytestmark = pytest.mark.gpu
 
 CUDA = {"TITANLITE_DEVICE": "cuda"}
 # GPT-2's tokenizer, which these tests' bounds were set and first passed on (the CPU suite's TINY has the byte
 # tokenizer since 2026-11-28), in every run here: the layouts' runs are compared with SINGLE's.
-TINY = [*TINY, "--model.tokenizer", "gpt2"]
+TINY = last_wins([*TINY, "--model.tokenizer", "gpt2"])
 SINGLE = [*TINY, "--training.local_batch_size", "8"]  # one GPU, global batch 8 x 32 tokens, 5 steps
 # Deterministic kernels and no TF32 (set_determinism in train.py): two runs that should compute the same
 # numbers do, and float32 means float32.

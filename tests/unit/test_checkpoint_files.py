@@ -109,6 +109,7 @@ def test_a_resume_takes_optimizer_changes_and_refuses_data_and_model_ones():
             "0.5",
             "--job.description",
             "x",
+            "--checkpoint.enable",  # (a resume is a run with checkpoints on)
             "--checkpoint.interval",
             "7",
         ]

@@ -9,6 +9,7 @@ import os
 import pickle
 import re
 import socket
+import time
 
 import numpy as np
 import pyarrow as pa
@@ -389,6 +390,7 @@ def test_unreachable_hub_dataset_is_a_one_line_config_error(tmp_path, monkeypatc
         raise ConnectionError(f"Couldn't reach '{name}' on the Hub (LocalEntryNotFoundError)\nlong details")
 
     monkeypatch.setattr(hf_datasets, "load_dataset", offline)
+    monkeypatch.setattr(sources_module, "hub_unreachable", lambda: "")  # the hub answers; the dataset fails to load
     with pytest.raises(ConfigError) as info:
         open_store(Source("hub", "someone/corpus", "training.dataset"), ByteTokenizer(), tmp_path / "cache")
     message = str(info.value)
@@ -399,6 +401,42 @@ def test_unreachable_hub_dataset_is_a_one_line_config_error(tmp_path, monkeypatc
     )
     assert "\n" not in message
     assert not list((tmp_path / "cache").glob("store-*/*.bin")) and not list((tmp_path / "cache").glob("store-*/*.tmp"))
+
+
+def test_a_hub_that_cannot_be_reached_is_one_line_at_once_without_retries(tmp_path, monkeypatch, capfd):
+    # No network (this machine has none): `datasets` retried each request five times over half a minute, printing
+    # each retry. One connection tells instead; the dataset is then read from the cache in offline mode, or refused.
+    import datasets as hf_datasets
+    import huggingface_hub.constants as hub_constants
+
+    monkeypatch.setattr(hf_datasets.config, "HF_HUB_OFFLINE", False)  # restored afterwards: offline mode is global
+    monkeypatch.setattr(hf_datasets.config, "HF_DATASETS_OFFLINE", False)
+    monkeypatch.setattr(hub_constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    reason = "https://huggingface.co cannot be reached ([Errno -2] Name or service not known)"
+    monkeypatch.setattr(sources_module, "hub_unreachable", lambda: reason)
+    start = time.monotonic()
+    with pytest.raises(ConfigError) as info:
+        open_store(Source("hub", "someone/corpus", "training.dataset"), ByteTokenizer(), tmp_path / "cache")
+    assert time.monotonic() - start < 10
+    assert str(info.value) == (
+        f"training.dataset='someone/corpus' is not in this machine's Hugging Face cache, and {reason}; connect this "
+        "machine to the hub (or set HF_ENDPOINT or HTTPS_PROXY), or use dataset = 'local' with dataset_path"
+    )
+    assert "Retry" not in capfd.readouterr().err
+    assert hf_datasets.config.HF_HUB_OFFLINE and hub_constants.HF_HUB_OFFLINE and os.environ["HF_HUB_OFFLINE"] == "1"
+
+
+def test_the_hub_probe_is_one_connection_with_a_deadline():
+    with socket.socket() as closed:  # a port nobody listens on: refused at once
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    said = sources_module.hub_unreachable(f"http://127.0.0.1:{port}")
+    assert said.startswith(f"http://127.0.0.1:{port} cannot be reached ("), said
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        assert sources_module.hub_unreachable(f"http://127.0.0.1:{server.getsockname()[1]}") == ""
 
 
 class FakeStream:
@@ -433,6 +471,7 @@ def test_hub_datasets_stream_into_shards_and_resume_after_a_break(tmp_path, monk
         return streams[-1]
 
     monkeypatch.setattr(hf_datasets, "load_dataset", load_dataset)
+    monkeypatch.setattr(sources_module, "hub_unreachable", lambda: "")
     monkeypatch.setattr(sources_module, "HUB_PIECE_DOCUMENTS", 50)
     monkeypatch.setattr(store_module, "HUB_PIECE_DOCUMENTS", 50)
     source = Source("hub", "someone/corpus", "training.dataset")

@@ -167,6 +167,47 @@ def test_a_rank_that_lost_its_peers_says_which_rank_failed_first(tmp_path, monke
     assert "rank 0: comm.train_timeout_seconds=0 must be positive" in capsys.readouterr().err
 
 
+def test_under_the_launcher_a_failure_is_one_line_the_launchers(tmp_path, monkeypatch, capsys):
+    # A worker on the launcher's last attempt records its line and leaves it to the launcher, which prints it last,
+    # after torchrun's report: the line once, not twice. An attempt that torchrun will restart prints its own (nobody
+    # else would say why it failed), as does a worker without a launcher.
+    from titanlite.base import failures
+
+    monkeypatch.setenv(failures.FAILURE_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "1")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    assert failures.record(RuntimeError("first attempt"), rank=0, run_dir=None) == 1
+    assert "titanlite: error: rank 0: RuntimeError: first attempt" in capsys.readouterr().err
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    assert failures.record(ConfigError("cannot use /x/run/step-4.tmp: permission denied"), rank=0, run_dir=None) == 2
+    assert capsys.readouterr().err == ""
+    line = "titanlite: error: rank 0: cannot use /x/run/step-4.tmp: permission denied"
+    assert json.loads((tmp_path / "rank0.json").read_text())["line"] == line
+
+
+def test_a_launcher_stopped_by_a_signal_prints_its_workers_line(monkeypatch, capsys):
+    # SIGTERM to the launcher: torchrun stops the workers, which record why they stopped; the launcher says it.
+    import os
+    import signal
+    from pathlib import Path
+
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    from titanlite.base import failures
+    from titanlite.commands import launch
+
+    line = "titanlite: error: rank 0: stopped by SIGTERM after step 3, with a checkpoint of it; run the same command"
+
+    def stopped(argv):
+        entry = {"rank": 0, "code": 143, "line": line, "time": 1.0, "attempt": 0, "peer_lost": False}
+        (Path(os.environ[failures.FAILURE_DIR_ENV]) / "rank0.json").write_text(json.dumps(entry))
+        raise SignalException("stopped", signal.SIGTERM)
+
+    monkeypatch.setattr(launch, "start", stopped)
+    assert launch.run(["--standalone", "--nproc-per-node", "1", "-m", "titanlite.commands.train"]) == 143
+    assert capsys.readouterr().err.splitlines() == [line]
+
+
 def test_a_torchrun_failure_is_one_line(monkeypatch, capsys):
     # e.g. RDZV_ENDPOINT naming a host that does not resolve: torchrun retries, then raises from the cause.
     from titanlite.commands import launch

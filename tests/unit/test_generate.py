@@ -239,6 +239,15 @@ def test_generate_from_run_checkpoint_prints_and_writes_json(seeded_run, tmp_pat
     assert "10 new tokens in" in stdout and "tokens/s" in stdout
 
 
+def test_generate_output_into_a_missing_folder_makes_it(seeded_run, tmp_path):
+    # Checked before generating (an unwritable place is refused then), made when the record is written: the
+    # generated text is never lost to a folder that did not exist yet.
+    out_json = tmp_path / "new" / "folder" / "out.json"
+    args = ["generate", *config_args(seeded_run), "--prompt", PROMPTS[1], "--max-new-tokens", "2"]
+    assert main([*args, "--output", str(out_json)]) == 0
+    assert json.loads(out_json.read_text())["new_ids"] == seed_42_greedy(PROMPTS[1], 2)
+
+
 def test_generate_from_initial_load_path_hf_or_dcp(seeded_run, tmp_path, capsys):
     hf_folder = tmp_path / "hf"
     model = debug_model("gpt2", seed=42)

@@ -8,7 +8,7 @@ import sys
 
 import torch
 
-from tests.helpers import REPO, TINY, env
+from tests.helpers import REPO, TINY, env, last_wins
 from titanlite.tools.host_reads import count_host_reads
 
 # A training worker in its own process (the trainer installs SIGTERM/SIGINT handlers): every host read
@@ -84,7 +84,7 @@ def test_quiet_steps_read_nothing_from_the_device(tmp_path):
         "run",
     ]
     proc = subprocess.run(
-        [sys.executable, "-c", WORKER, str(out), *args],
+        [sys.executable, "-c", WORKER, str(out), *last_wins(args)],
         cwd=REPO,
         env=env(TITANLITE_DEVICE="cpu"),
         capture_output=True,

@@ -45,20 +45,22 @@ def test_the_moe_keys_override_the_flavor_s_balancing():
     [
         (
             ["--moe.balance", "bias"],
-            "moe.balance is set but model gpt2 has no mixture-of-experts blocks; remove it",
+            "moe.balance='bias' is set but model gpt2 has no mixture-of-experts blocks: it applies only with a "
+            "mixture-of-experts model; use a model with experts (e.g. --config train_configs/qwen3_moe_debug.toml), "
+            "or remove moe.balance",
         ),
         (
             ["--moe.z_loss_coef", "0.1"],
-            "moe.z_loss_coef is set but model gpt2 has no mixture-of-experts blocks; remove it",
+            "moe.z_loss_coef=0.1 is set but model gpt2 has no mixture-of-experts blocks",
         ),
         (
             [*MOE_CONFIG, "--moe.balance", "bias", "--moe.aux_loss_coef", "0.01"],
-            "moe.aux_loss_coef=0.01 acts only with balance 'aux_loss', but the balance is 'bias'; set moe.balance = "
-            "'aux_loss', or remove moe.aux_loss_coef",
+            "moe.aux_loss_coef=0.01 is set but the balance is 'bias': it applies only with moe.balance = 'aux_loss' "
+            "(the flavor's or set); set moe.balance = 'aux_loss', or remove moe.aux_loss_coef",
         ),
         (
             [*MOE_CONFIG, "--moe.bias_update_rate", "0.01"],
-            "moe.bias_update_rate=0.01 acts only with balance 'bias', but the balance is 'aux_loss'",
+            "moe.bias_update_rate=0.01 is set but the balance is 'aux_loss'",
         ),
         (
             [*MOE_CONFIG, "--moe.balance", "loss"],
@@ -204,5 +206,5 @@ def test_the_loop_kernel_switch_reaches_every_blocks_experts_and_changes_no_numb
     tokens = torch.randint(0, 300, (2, 64), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         torch.testing.assert_close(loop(tokens), auto(tokens), rtol=0, atol=1e-5)
-    with pytest.raises(ConfigError, match="^moe.experts_kernel is set but model gpt2 has no mixture-of-experts"):
+    with pytest.raises(ConfigError, match="^moe.experts_kernel='loop' is set but model gpt2 has no mixture-of-experts"):
         configured_args(parse_config(["--moe.experts_kernel", "loop"]).model, 300, 64, cfg.moe)

@@ -318,3 +318,31 @@ def test_deepseek_v3_671b_on_64_nodes_offers_torchtitans_layout_with_the_experts
     whole = rows[("ZeRO-3 64 x TP 8", "full")]
     assert whole["experts"] == pytest.approx(8 * titan["experts"]) and not whole["fits"]
     assert whole["tokens_s"] < titan["tokens_s"] / 3  # the MoE blocks' FLOPs repeated on the 8 TP ranks
+
+
+def test_top_shows_the_n_best_rows_after_the_configs_own_and_refuses_less_than_one(plan, cli):
+    """--top N: the table holds the config's own row, then the N best of the others (the order without it: those that
+    fit, fastest first), and the recommended one wherever it ranks; a line says how many were left out. The JSON
+    report keeps every row."""
+    args = ("--config", "train_configs/llama3_debug.toml", "--ngpu", "4")
+
+    def table(stdout: str) -> list[str]:
+        lines = stdout.splitlines()
+        start = next(i for i, line in enumerate(lines) if line.startswith("layout "))
+        end = next(i for i, line in enumerate(lines) if line.startswith("communication per step"))
+        return lines[start + 1 : end]
+
+    full_out, full = plan(*args)
+    top_out, top = plan(*args, "--top", "2")
+    every, best = table(full_out), table(top_out)
+    assert len(every) == len(full["rows"]) > 4
+    assert best[:3] == every[:3] and "(config)" in best[0]
+    recommended = full["recommended"]["layout"]
+    assert any(line.startswith(recommended + " ") for line in best[:3])
+    assert best[3:] == [f"... {len(every) - 3} more layouts (--top 2: the config's own, the 2 best, the recommended)"]
+    assert top["rows"] == full["rows"]
+    assert top_out.replace("\n".join(best), "\n".join(every)) == full_out  # the rest is printed as before
+
+    proc = cli("plan", *args, "--top", "0")
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr == "titanlite: error: plan: --top must be at least 1, not 0\n"

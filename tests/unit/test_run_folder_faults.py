@@ -27,7 +27,7 @@ from titanlite.builder.run import keep_metrics_up_to
 from titanlite.components import run_lock
 from titanlite.components.metrics import read_records
 from titanlite.components.resilience import StopOnSignal
-from titanlite.config import parse_config
+from titanlite.config import parse_config, refuse_repeated_keys
 from titanlite.data.sources import Source, local_listing
 
 
@@ -149,6 +149,103 @@ def test_a_config_that_is_not_a_text_file_is_one_line_saying_what_it_is(tmp_path
 @pytest.mark.parametrize("name", ["", " ", ".", ".."])
 def test_a_job_name_that_names_no_run_folder_of_its_own_is_refused(name):
     assert config_error(["--job.name", name]).startswith(f"job.name={name!r} names no run folder of its own")
+
+
+@pytest.mark.parametrize("name", ["/tmp/run", "../run", "a/../../run", "a/.."])
+def test_a_job_name_that_leaves_the_dump_folder_is_refused(name):
+    # The run folder is {dump_folder}/{name}: an absolute name or one that climbs out with '..' would write elsewhere.
+    assert config_error(["--job.name", name]).startswith(f"job.name={name!r} ")
+
+
+def test_a_job_name_may_hold_sub_folders_inside_the_dump_folder(tmp_path):
+    cfg = parse_config(["--job.dump_folder", str(tmp_path), "--job.name", "sweep/lr-3e-3"])
+    assert cfg.job.name == "sweep/lr-3e-3"
+
+
+def repeated(argv: list[str]) -> str:
+    with pytest.raises(ConfigError) as e:
+        refuse_repeated_keys(argv)
+    return str(e.value)
+
+
+def test_a_key_given_twice_on_the_command_line_is_refused_naming_both_values():
+    # As a TOML key given twice is: the one kept would otherwise be the last, silently. The user's command line is
+    # checked (titanlite's commands and the torchrun worker); code composing a run lets the last value win.
+    assert repeated(["--optimizer.lr", "1e-3", "--training.steps", "3", "--optimizer.lr=2e-3"]) == (
+        "optimizer.lr is given twice on the command line ('1e-3', then '2e-3'); give it once"
+    )
+    assert "--config is given twice on the command line ('a.toml', then 'b.toml')" in repeated(
+        ["--config", "a.toml", "--config", "b.toml"]
+    )
+    assert "training.deterministic is given twice" in repeated(
+        ["--training.deterministic", "--training.deterministic", "false"]
+    )
+    refuse_repeated_keys(["--prompt", "x", "--optimizer.lr", "1e-3", "--output", "y"])  # once each: fine
+
+
+def test_a_config_file_with_a_byte_order_mark_is_read(tmp_path):
+    # Editors on Windows save UTF-8 with a BOM (EF BB BF); TOML's parser takes it for a statement.
+    path = tmp_path / "bom.toml"
+    path.write_bytes(b"\xef\xbb\xbf" + b'[job]\nname = "with-bom"\n')
+    assert parse_config(["--config", str(path)]).job.name == "with-bom"
+    bad = tmp_path / "bad.toml"
+    bad.write_bytes(b"\xef\xbb\xbf" + '[job]\nname = "café"\n'.encode("latin-1"))
+    offset = bad.read_bytes().index(0xE9)
+    assert f"byte {offset} (0xe9) is not UTF-8 text" in config_error(["--config", str(bad)])
+
+
+LONG = "a" * 300
+
+
+@pytest.mark.parametrize(
+    "argv, key",
+    [
+        (["--config", f"/tmp/{LONG}.toml"], "--config"),
+        (["--job.dump_folder", f"/tmp/{LONG}"], "job.dump_folder"),
+        (["--job.name", f"sweep/{LONG}"], "job.name"),
+        (["--model.flavor", "hf", "--model.hf_assets_path", f"/tmp/{LONG}"], "model.hf_assets_path"),
+        (["--training.dataset", "local", "--training.dataset_path", f"/tmp/{LONG}/a.txt"], "training.dataset_path"),
+        (["--training.dataset_mixture", f"/tmp/{LONG}:0.5,stdlib:0.5"], "training.dataset_mixture"),
+        (["--data.cache_dir", f"/tmp/{LONG}"], "data.cache_dir"),
+        (["--validation.dataset_path", f"/tmp/{LONG}"], "validation.dataset_path"),
+        (["--checkpoint.initial_load_path", f"/tmp/{LONG}/step-3"], "checkpoint.initial_load_path"),
+        (["--parallelism.pipeline_parallel_schedule_csv", f"{LONG}.csv"], "parallelism.pipeline_parallel_schedule_csv"),
+        (["--profiling.save_traces_folder", LONG], "profiling.save_traces_folder"),
+    ],
+    ids=lambda x: x if isinstance(x, str) else None,
+)
+def test_a_path_with_a_name_too_long_for_any_file_system_is_one_line_naming_the_key(argv, key):
+    message = config_error(argv)
+    assert message.startswith(f"{key}: its name 'aaaaaaaaaaaaaaaaaaaaaaaa...' is 30"), message
+    assert "bytes long, more than the 255 a file or folder name may have; shorten it" in message
+
+
+def test_a_path_too_long_for_the_system_is_one_line_naming_the_key(tmp_path):
+    deep = "/".join(["b" * 200] * 21)  # 4220 bytes, each name within the limit
+    message = config_error(["--training.dataset", "local", "--training.dataset_path", deep])
+    assert message == "training.dataset_path is 4220 bytes long, more than the 4095 a path may have; use a shorter one"
+    dump = "/tmp/" + "/".join(["c" * 200] * 20)  # 4024 bytes; the run folder adds the name
+    message = config_error(["--job.dump_folder", dump, "--job.name", "d" * 100])
+    assert message.startswith("the run folder (job.dump_folder/job.name) is 4125 bytes long, more than the 4095")
+
+
+def test_a_lock_that_cannot_be_removed_is_left_with_a_note_not_a_traceback(tmp_path, monkeypatch, caplog):
+    # The run folder made read-only mid-run: the launcher's release of its lock must not end the job in a traceback
+    # after the worker's one line.
+    lock = run_lock.acquire(tmp_path / "run", "launcher 1")
+
+    def refuse(path, *args, **kwargs):
+        raise PermissionError(errno.EACCES, "Permission denied", str(path))
+
+    monkeypatch.setattr(run_lock.Path, "unlink", refuse)
+    with caplog.at_level(logging.WARNING, logger="titanlite"):
+        lock.release()
+    assert lock.path.exists()
+    notes = [r.getMessage() for r in caplog.records]
+    assert notes == [
+        f"titanlite: note: could not remove the run folder's lock {lock.path} (Permission denied); the next launch "
+        "on this folder takes it over, its job being gone"
+    ]
 
 
 def test_a_fifo_or_socket_as_the_dataset_is_named_as_what_it_is(tmp_path):

@@ -186,7 +186,7 @@ def test_compare_prints_each_metrics_largest_relative_difference_and_writes_a_pn
     assert "grad_norm differs by 1.000e-03 at step 2" in capsys.readouterr().err
     assert main(["compare", str(a), str(b), "--output", str(png), "--metrics", "loss", "--max-diff", "1e-5"]) == 0
     assert main(["compare", str(a), str(b), "--metrics", "los"]) == 2
-    assert f"compare --metrics: {a} logged no 'los'; it logged step, loss," in capsys.readouterr().err
+    assert "compare --metrics: no run logged 'los'; they logged loss, grad_norm, lr, tps," in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
@@ -222,6 +222,44 @@ def test_compares_picture_labels_every_panel_with_its_legend_and_shows_validatio
             assert ax.get_xlabel() == "step" and ax.get_ylabel()
             labels = [t.get_text() for t in ax.get_legend().get_texts()]
             assert labels == [str(r) for r in runs if read_run(r).series(ax.get_ylabel())], (ax.get_title(), labels)
+
+
+def test_compare_metrics_choose_the_panels_and_identical_runs_both_show(tmp_path, capsys, monkeypatch):
+    """--metrics chooses the table's rows and the picture's panels, in its order (a metric only a later run logged
+    too: its panel holds that run's line); two identical runs draw two visible lines (their own line styles), and
+    the step axis has whole-number ticks."""
+    from titanlite.commands import compare
+
+    records = [record(s, 10.0 - s, grad_norm=2.0 + s, tps=900.0) for s in range(1, 13)]
+    a = write_run(tmp_path / "a", records)
+    b = write_run(tmp_path / "b", [{**r, "val_loss": 9.0} if r["step"] % 4 == 0 else r for r in records])
+    drawn = []
+    real_figure = compare.figure
+    monkeypatch.setattr(compare, "figure", lambda *args: drawn.append(real_figure(*args)) or drawn[-1])
+    png = tmp_path / "cmp.png"
+
+    assert main(["compare", str(a), str(b), "--output", str(png), "--metrics", "grad_norm,val_loss,loss"]) == 0
+    out = capsys.readouterr().out
+    assert [line.split()[0] for line in out.splitlines()[4:-1]] == ["grad_norm", "val_loss", "loss"], out
+    (fig,) = drawn
+    assert [ax.get_ylabel() for ax in fig.axes] == ["grad_norm", "val_loss", "loss"]
+    assert [ax.get_title() for ax in fig.axes] == ["gradient norm", "validation loss", "training loss"]
+    for ax in fig.axes:
+        ticks = list(ax.get_xticks())
+        assert ticks and all(float(t).is_integer() for t in ticks), (ax.get_title(), ticks)
+    styles = [[line.get_linestyle() for line in ax.get_lines()] for ax in fig.axes]
+    assert styles[0] == styles[2] == ["-", "--"] and styles[1] == ["--"], styles  # only b logged val_loss
+    assert all(line.get_marker() not in (None, "None", "") for ax in fig.axes for line in ax.get_lines())
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    png.unlink()
+    assert main(["compare", str(a), str(b), "--output", str(png), "--metrics", "loss,perplexity"]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        "titanlite: error: compare --metrics: no run logged 'perplexity'; they logged loss, grad_norm, lr, tps, "
+        "mem_peak_gib, data_wait_pct, val_loss\n"
+    )
+    assert not png.exists()
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from titanlite.base.errors import ConfigError
+from titanlite.base.errors import ConfigError, check_path_length
 
 # `python -m` names of the entry points (titanlite/commands/) that tools start as processes.
 CLI = "titanlite.commands.cli"
@@ -23,10 +23,12 @@ def take_options(
     argv: list[str], defaults: dict[str, Any], command: str, at_least: dict[str, float] | None = None
 ) -> tuple[dict, list[str]]:
     """Pull a tool's `--name value` options out of argv, typed by their defaults (a bool default is a
-    flag that takes no value); the rest of argv is config overrides. `command` prefixes errors. A number given
-    must be finite (NaN and infinity are never a setting), and at least `at_least[name]` where that is set (a
-    default below it, like -1 for "off", is the command's own and is not checked)."""
+    flag that takes no value); the rest of argv is config overrides. `command` prefixes errors. An option given
+    twice is refused (which one was meant cannot be told). A number given must be finite (NaN and infinity are
+    never a setting), and at least `at_least[name]` where that is set (a default below it, like -1 for "off", is
+    the command's own and is not checked). A path option (PATH_OPTIONS) must be one a file system can hold."""
     values, rest, it = dict(defaults), [], iter(argv)
+    given: dict[str, str] = {}
     for arg in it:
         key, has_inline, inline = arg.partition("=")
         name = key[2:]
@@ -35,9 +37,17 @@ def take_options(
             continue
         default = defaults[name]
         if isinstance(default, bool):
+            if name in given:
+                raise ConfigError(f"{command} {key} is given twice; give it once")
+            given[name] = ""
             values[name] = True
             continue
         value = inline if has_inline else next(it, "")
+        if name in given:
+            raise ConfigError(f"{command} {key} is given twice ('{given[name]}', then '{value}'); give it once")
+        given[name] = value
+        if name in PATH_OPTIONS and value:
+            check_path_length(value, f"{command} {key}")
         kind = "a whole number" if isinstance(default, int) else "a number"
         try:
             values[name] = type(default)(value)
@@ -52,20 +62,71 @@ def take_options(
     return values, rest
 
 
+def with_overrides(argv: list[str], changes: list[str]) -> list[str]:
+    """The config overrides `argv` with `changes` (`--section.key VALUE`, `--section.key=VALUE` or a bare `--flag`) in
+    place of any of the same keys: the command line of a run a command makes from the user's (a benchmark's jobs, a
+    measured run), which sets some keys itself, since a key given twice on one command line is refused."""
+    replaced = {key for key, _ in override_items(changes)}
+    return [arg for key, args in override_items(argv) if key not in replaced for arg in args] + changes
+
+
+def override_items(argv: list[str]) -> list[tuple[str, list[str]]]:
+    """argv's overrides, each its key ('config' for --config) and its arguments, read as the config loader reads
+    them (titanlite/config/loading.py): `--key=VALUE`; `--key VALUE`; a bare `--flag` when what follows is another
+    option. An argument that is no option is an item of its own, with no key ('')."""
+    items, i = [], 0
+    while i < len(argv):
+        arg = argv[i]
+        key, eq, _ = arg[2:].partition("=")
+        nxt = argv[i + 1] if i + 1 < len(argv) else None
+        if not arg.startswith("--"):
+            items.append(("", [arg]))
+        elif eq or nxt is None or (nxt.startswith("--") and not is_number(nxt)):
+            items.append((key, [arg]))
+        else:
+            items.append((key, [arg, nxt]))
+            i += 1
+        i += 1
+    return items
+
+
+def is_number(text: str) -> bool:
+    try:
+        float(text)
+        return True
+    except ValueError:
+        return False
+
+
+# The commands' options that name a path (a file or folder they write).
+PATH_OPTIONS = ("output", "keep")
+
+
 def check_output_file(path: str, option: str) -> None:
     """Refuse, before any work, an output file (`option` names it, e.g. "eval --output") that could not be written:
-    an existing folder, or a path under a file or an unwritable folder (missing folders are made when it is)."""
+    a path too long for the file system, an existing folder, or a path under a file or an unwritable folder
+    (missing folders are made when it is written)."""
     if not path:
         return
+    check_path_length(path, option)
     target = Path(path)
     if target.is_dir():
         raise ConfigError(f"{option} {path} is a folder; name a file")
     check_writable_place(target.parent, f"{option} {path}")
 
 
+def write_output(path: str | Path, text: str) -> None:
+    """Write a command's output file, making its missing folders (check_output_file, before any work, refused a place
+    where they could not be made): the result of minutes of work is never lost to a folder that was not there."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(text)
+
+
 def check_writable_place(folder: Path, what: str) -> None:
-    """Refuse a folder that cannot be made and written (`what` starts the line): its nearest existing ancestor
-    (itself, if it exists) must be a folder this process may write in."""
+    """Refuse a folder that cannot be made and written (`what` starts the line): a path too long for the file system,
+    or one whose nearest existing ancestor (itself, if it exists) is not a folder this process may write in."""
+    check_path_length(folder, what)
     ancestor = folder
     while not ancestor.exists() and ancestor != ancestor.parent:
         ancestor = ancestor.parent

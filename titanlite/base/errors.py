@@ -50,6 +50,30 @@ def resolved_against(path: str | os.PathLike) -> str:
     return "" if not text or os.path.isabs(text) else f" (resolved against {os.getcwd()})"
 
 
+# Linux's limits, in bytes: a name (one file or folder) of at most NAME_MAX, a path of fewer than PATH_MAX (its end
+# included). Past either, every call that takes the path fails with ENAMETOOLONG.
+NAME_MAX, PATH_MAX = 255, 4096
+
+
+def check_path_length(path: str | os.PathLike, what: str) -> None:
+    """Refuse a path that no file system could hold, before anything uses it (ConfigError; `what` names where it was
+    given: a config key, "--config", "generate --output"): a name in it over NAME_MAX bytes, or the whole path (with
+    ~ expanded) PATH_MAX bytes or more."""
+    text = os.path.expanduser(os.fspath(path))
+    for name in text.split(os.sep):
+        size = len(os.fsencode(name))
+        if size > NAME_MAX:
+            raise ConfigError(
+                f"{what}: its name '{name[:24]}...' is {size} bytes long, more than the {NAME_MAX} a file or folder "
+                "name may have; shorten it"
+            )
+    size = len(os.fsencode(text))
+    if size >= PATH_MAX:
+        raise ConfigError(
+            f"{what} is {size} bytes long, more than the {PATH_MAX - 1} a path may have; use a shorter one"
+        )
+
+
 def special_file(path: str | os.PathLike) -> str | None:
     """'a FIFO (named pipe)', 'a socket', 'a character device' or 'a block device' for a path that exists as
     one, else None: what a message says instead of 'does not exist' for a path that is there but no file."""

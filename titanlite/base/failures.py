@@ -1,12 +1,14 @@
 """A failed worker explains itself in one line, and its exit status says what kind of failure it was.
 
 Worker side (`record`): the exception becomes one line (rank, what failed; for an unexpected exception
-its type, message and the innermost titanlite file:line), printed to stderr; the full traceback goes to
-<run folder>/logs/error-rank<R>.log, named in that line. Under a launcher the line is also written to
-$TITANLITE_FAILURE_DIR/rank<R>.json, so the launcher (titanlite/commands/launch.py) can print it last, after
-torchrun's own report, and exit with the worker's status. A rank whose collective fails because another rank
-died (a lost connection, or a timeout after another rank's recorded failure) says so, quoting that rank's reason
-("rank 0: lost its peers after rank 1 failed (rank 1's error: ...); here: ..."); the launcher names the other.
+its type, message and the innermost titanlite file:line); the full traceback goes to
+<run folder>/logs/error-rank<R>.log, named in that line. Under a launcher the line is written to
+$TITANLITE_FAILURE_DIR/rank<R>.json, and the launcher (titanlite/commands/launch.py) prints it last, after
+torchrun's own report, and exits with the worker's status; the worker prints it to stderr itself only where no
+launcher will (no launcher, its folder gone, or an attempt torchrun restarts after the failure). A rank whose
+collective fails because another rank died (a lost connection, or a timeout after another rank's recorded failure)
+says so, quoting that rank's reason ("rank 0: lost its peers after rank 1 failed (rank 1's error: ...); here:
+..."); the launcher names the other.
 A rank that stops answering without failing (stopped by SIGSTOP or a debugger, or hung before its step's
 collectives) is named by the ranks whose collectives time out waiting for it: each rank marks its pid and the step
 it is working on in $TITANLITE_FAILURE_DIR/alive-rank<R>.json (`mark_progress`), and a timed-out rank reads its
@@ -196,9 +198,7 @@ def record(exc: BaseException, rank: int, run_dir: Path | None) -> int:
             line += f"; no traceback log (no room in {run_dir})"
         else:  # no run folder to put it in: the traceback goes to stderr, before the line
             traceback.print_exception(exc)
-    # One write (ranks share the stream), and not through logging: the line must appear whatever its set-up.
-    sys.stderr.write(line + "\n")
-    sys.stderr.flush()
+    recorded = False
     if folder:
         entry = {
             "rank": rank,
@@ -213,9 +213,21 @@ def record(exc: BaseException, rank: int, run_dir: Path | None) -> int:
         try:
             target.with_suffix(".tmp").write_text(json.dumps(entry))
             target.with_suffix(".tmp").replace(target)
-        except OSError:  # the launcher's folder is gone (it ended first): the line above is the report
+            recorded = True
+        except OSError:  # the launcher's folder is gone (it ended first): the line below is the report
             pass
+    if not (recorded and last_attempt()):  # else the launcher prints it, last: once, not twice
+        # One write (ranks share the stream), and not through logging: the line must appear whatever its set-up.
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
     return code
+
+
+def last_attempt() -> bool:
+    """Whether this torchrun worker runs its job's last attempt (no restart follows a failure: torchrun's
+    TORCHELASTIC_MAX_RESTARTS used up), whose failure the launcher reports; False outside torchrun."""
+    most = os.environ.get("TORCHELASTIC_MAX_RESTARTS")
+    return most is not None and attempt_number() >= int(most)
 
 
 def write_traceback(exc: BaseException, rank: int, run_dir: Path | None) -> Path | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +33,11 @@ from titanlite.models.registry import spec_of
 from titanlite.parallel.activation_checkpoint import SAVE_OPS
 from titanlite.parallel.expert_tensor_parallel import etp_split_sizes
 from titanlite.parallel.tensor_parallel import tp_refusal, tp_split_sizes
+
+logger = logging.getLogger(__name__)
+# From this many blocks on, measuring them is said first: each costs tens of milliseconds on the meta device (a
+# minute or more for the 1,000 model.n_layers allows), which would otherwise pass in silence.
+SAID_BLOCKS = 64
 
 
 @dataclass
@@ -296,6 +302,12 @@ def cached_model_facts(cfg, planned: ModelPlan) -> ModelFacts:
         return ModelFacts(**fields)
     except (OSError, ValueError, TypeError, KeyError):
         pass
+    blocks = planned.args.n_layers + mtp
+    if blocks >= SAID_BLOCKS:
+        logger.info(
+            f"titanlite: memory: measuring what each of the model's {blocks} blocks saves for backward, on the meta "
+            "device (tens of milliseconds a block; once per model shape, then cached)"
+        )
     facts = model_facts(cfg, planned)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

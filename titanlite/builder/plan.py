@@ -24,7 +24,7 @@ from titanlite.parallel.context_parallel import check_cp_degree
 from titanlite.parallel.dims import ParallelDims
 from titanlite.parallel.expert_parallel import check_ep_degree
 from titanlite.parallel.expert_tensor_parallel import check_etp_degree
-from titanlite.parallel.float8 import check_float8
+from titanlite.parallel.float8 import check_float8, check_float8_filter
 from titanlite.parallel.parallelize import loss_parallel_enabled
 from titanlite.parallel.pipeline import (
     V_SHAPED,
@@ -102,11 +102,17 @@ def plan_run(cfg: JobConfig, world_size: int, evaluation: bool = False) -> Plan:
     check_ep_degree(dims.ep, args, model.family)
     check_etp_degree(dims.etp, args, model.family)
     check_layout_features(cfg, dims, getattr(args, "conv_size", 1))
-    if cfg.optimizer.name == "Muon" and cfg.optimizer.muon_params and not evaluation:
-        with torch.device("meta"):  # the parameters' names and shapes, no memory
-            check_muon_params(model_from_args(args), cfg.optimizer.muon_params)
+    muon_names = cfg.optimizer.name == "Muon" and bool(cfg.optimizer.muon_params) and not evaluation
+    float8_names = cfg.float8.enable and bool(cfg.float8.filter_fqns) and not evaluation
+    if muon_names or float8_names:
+        with torch.device("meta"):  # the parameters' and layers' names and shapes, no memory
+            named = model_from_args(args)
+        if muon_names:
+            check_muon_params(named, cfg.optimizer.muon_params)
     check_compile_mode(cfg, dims, accum)
     check_float8(cfg.float8)
+    if float8_names:
+        check_float8_filter(named, cfg.float8.filter_fqns, model.family)
     # "fla" where it cannot import: refused before launch (its smoke check runs in the workers, on their devices)
     linear_backend(args, cfg.model.linear_attn_backend, device_type(), smoke=False)
     check_profiling(cfg.profiling)

@@ -38,7 +38,7 @@ from titanlite.builder.run import run_facts
 from titanlite.components import run_lock
 from titanlite.components.checkpoint import check_resume, initial_weights_path
 from titanlite.components.hf_weights import check_hf_values, is_hf_folder
-from titanlite.config import parse_config
+from titanlite.config import parse_config, refuse_repeated_keys
 
 GIB = 2**30
 # GPU memory a CUDA rank uses besides its tensors: the CUDA context (about 0.5 GiB on Hopper with lazy
@@ -228,12 +228,22 @@ def changed_overrides(own, lay) -> list[str]:
 
 def check(argv: list[str]) -> int:
     """`titanlite check --world-size N [--nproc-per-node K]`: validate the config for N processes (K per
-    node), prepare its data and check its memory."""
-    opts, rest = take_options(argv, {"world-size": 1, "nproc-per-node": 0}, "check")
+    node, N / K nodes; K defaults to N, one node), prepare its data and check its memory."""
+    at_least = {"world-size": 1.0, "nproc-per-node": 1.0}
+    opts, rest = take_options(argv, {"world-size": 1, "nproc-per-node": 0}, "check", at_least=at_least)
+    refuse_repeated_keys(rest)  # the launcher's --check comes here without titanlite's command line
     world_size = opts["world-size"]
     local_ranks = opts["nproc-per-node"] or world_size
-    if world_size < 1 or local_ranks < 1:
-        raise ConfigError(f"check --world-size {world_size} --nproc-per-node {local_ranks}: both must be at least 1")
+    if local_ranks > world_size:
+        raise ConfigError(
+            f"check --nproc-per-node {local_ranks} is more than --world-size {world_size}: the world size is every "
+            "node's processes together; give --world-size N x nodes, or fewer processes per node"
+        )
+    if world_size % local_ranks:
+        raise ConfigError(
+            f"check --nproc-per-node {local_ranks} does not divide --world-size {world_size}: each node runs the "
+            "same number of processes (world size = processes per node x nodes)"
+        )
     cfg = parse_config(rest)
     if world_size == local_ranks:  # one node: a second launch on a busy run folder stops here, at once
         run_lock.check_free(Path(cfg.job.dump_folder) / cfg.job.name)

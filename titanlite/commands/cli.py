@@ -5,13 +5,14 @@
 
 from __future__ import annotations
 
+import difflib
 import os
 import sys
 from pathlib import Path
 
 from titanlite.base import logs
 from titanlite.base.errors import ConfigError
-from titanlite.config import help_text, parse_config, reference_markdown  # torch-free: cheap at start-up
+from titanlite.config import help_text, parse_config, reference_markdown, refuse_repeated_keys  # torch-free
 
 USAGE = """usage: titanlite <command> [--config FILE] [--section.key VALUE ...]
 commands:
@@ -31,6 +32,7 @@ commands:
                             Face folder (config.json, safetensors in checkpoint.export_dtype, tokenizer files,
                             generation_config.json) that transformers loads offline
   generate --prompt TEXT [--max-new-tokens N --temperature T --top-k K --seed S --output F.json]
+                            [--cuda-graph | --no-cuda-graph]
                             continue TEXT with the run's newest checkpoint (or checkpoint.load_step, else
                             checkpoint.initial_load_path) on one device: greedy at temperature 0, with a KV cache
   logits --prompt TEXT [--top K --all-positions --compare --no-compare]
@@ -43,21 +45,22 @@ commands:
   bench strategies [--ngpu N --steps S --output DIR]
                             single device, DDP, ZeRO-2, ZeRO-3, HSDP, TP, PP on N processes, profiled:
                             one Markdown table and a PNG chart
-  bench data [--mb M --output F.json]
+  bench data [--mb M --zst --files N --workers N --repeats R --output F.json --keep DIR]
                             prepare speed beside raw tiktoken, prepare's peak memory and the time to
                             open a prepared store, on a generated JSONL corpus of M MB
   bench batch-sizes [--steps S --max-batch-size B --output DIR]
                             tokens/s and peak memory at local batch 1, 2, 4, ... until out of memory
-  plan [--ngpu N --nnodes M --gpu-mem-gib G --interconnect nvlink|pcie --measure]
+  plan [--ngpu N --nnodes M --gpu-mem-gib G --gpu-tflops T --headroom F --device cuda|cpu]
+                            [--interconnect nvlink|pcie|infiniband --top N --measure]
                             per-rank memory and communication of every layout, on the meta device;
                             which fit, which to use; --measure checks the estimate on a real run
   analyze <trace folder or file> [--top N]
                             compute / communication / idle shares, overlap and collectives of a run's
                             torch.profiler traces (profiling.enable_profiling); writes analysis.json/.md
-  compare RUN_DIR RUN_DIR [...] [--output FILE.png --max-diff X]
+  compare RUN_DIR RUN_DIR [...] [--output FILE.png --metrics M,M --max-diff X]
                             per metric of the runs' metrics.jsonl (loss, grad_norm, val_loss, aux
                             terms, ...): the steps in common and the largest relative difference from
-                            the first run; a PNG of loss, val_loss, grad norm and tokens/s by step
+                            the first run; a PNG of loss, val_loss, grad norm and tokens/s (or --metrics) by step
   help [--markdown]         list every config key with its default and meaning (--markdown: the table
                             of docs/configuration.md)"""
 
@@ -217,12 +220,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if command in COMMANDS:
         try:
+            refuse_repeated_keys(rest)
             return COMMANDS[command](rest)
         except ConfigError as e:
             print(f"titanlite: error: {e}", file=sys.stderr)
             return 2
     if command == "train":
         try:
+            refuse_repeated_keys(rest)
             train(rest)
         except ConfigError as e:
             print(f"titanlite: error: {e}", file=sys.stderr)
@@ -230,8 +235,20 @@ def main(argv: list[str] | None = None) -> int:
     if command in ("help", "--help", "-h"):
         print(reference_markdown() if "--markdown" in rest else USAGE + "\n\n" + help_text())
         return 0
-    print(f"titanlite: error: unknown command '{command}'\n{USAGE}", file=sys.stderr)
+    print(f"titanlite: error: {unknown_command(command)}", file=sys.stderr)
     return 2
+
+
+def unknown_command(command: str) -> str:
+    """The one line for a command titanlite does not have: the closest ones it has, and where they are listed."""
+    close = difflib.get_close_matches(command, [*COMMANDS, "train", "help"], n=2, cutoff=0.6)
+    if command.startswith("-"):
+        hint = " (the command comes first: titanlite COMMAND [--config FILE] [--section.key VALUE ...])"
+    elif close:
+        hint = f" (did you mean {' or '.join(repr(c) for c in close)}?)"
+    else:
+        hint = ""
+    return f"unknown command '{command}'{hint}; see titanlite --help"
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """`titanlite compare RUN_DIR...`: how far runs' metrics.jsonl records lie apart, metric by metric, against the
-first run (what to check after changing a layout), and a PNG of loss, grad norm and tokens/s against the step."""
+first run (what to check after changing a layout), and a PNG of loss, grad norm and tokens/s (or of --metrics) against
+the step, each run in its own line style so that identical runs both show."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from titanlite.base.command_line import take_options
-from titanlite.base.errors import ConfigError
+from titanlite.base.errors import ConfigError, check_path_length
 
 logger = logging.getLogger(__name__)
 
@@ -33,13 +34,20 @@ PERFORMANCE = {
     "val_seconds",
     "pp_bubble_analytic",
 }
-# The picture's panels: (metric, title); val_loss's only when a run has one.
+# The picture's panels without --metrics: (metric, title); val_loss's only when a run has one. With --metrics, a
+# panel per chosen metric, titled as here or by its name.
 PLOTTED = (
     ("loss", "training loss"),
     ("val_loss", "validation loss"),
     ("grad_norm", "gradient norm"),
     ("tps", "tokens/s per device"),
 )
+# Each run's line: solid, dashed, dotted, dash-dot (then again), with its own marker on about MARKS of its points, so
+# that a run drawn exactly over another (the same seed and layout) still shows.
+LINE_STYLES = ("-", "--", ":", "-.")
+MARKERS = ("o", "s", "^", "D", "v", "x")
+MARKS = 10
+PANELS_PER_ROW = 4
 
 
 @dataclass
@@ -97,18 +105,27 @@ def read_run(folder: Path) -> Run:
     return Run(str(folder), records)
 
 
-def differences(runs: list[Run], chosen: list[str]) -> list[Difference]:
-    """For each metric of the first run that is a figure of the training (not of speed or memory), or each of
-    `chosen`: the steps every run logged it at, and the largest relative difference |x - x_first| / |x_first|
-    among them."""
-    reference, others = runs[0], runs[1:]
-    logged = dict.fromkeys(k for r in reference.records.values() for k, v in r.items() if is_number(v))
+def logged_metrics(runs: list[Run]) -> list[str]:
+    """The numeric fields any of the runs logged (step aside), in the order they first appear."""
+    found = (k for run in runs for r in run.records.values() for k, v in r.items() if is_number(v) and k != "step")
+    return list(dict.fromkeys(found))
+
+
+def check_chosen(runs: list[Run], chosen: list[str]) -> None:
+    """--metrics names only metrics some run logged: else one line naming the first it did not, and those logged."""
+    logged = logged_metrics(runs)
     unknown = [m for m in chosen if m not in logged]
     if unknown:
-        raise ConfigError(
-            f"compare --metrics: {reference.label} logged no '{unknown[0]}'; it logged {', '.join(logged)}"
-        )
-    metrics = chosen or [m for m in logged if m != "step" and m not in PERFORMANCE]
+        raise ConfigError(f"compare --metrics: no run logged '{unknown[0]}'; they logged {', '.join(logged)}")
+
+
+def differences(runs: list[Run], chosen: list[str]) -> list[Difference]:
+    """For each metric of the first run that is a figure of the training (not of speed or memory), or each of
+    `chosen` (metrics some run logged: check_chosen): the steps every run logged it at, and the largest relative
+    difference |x - x_first| / |x_first| among them."""
+    reference, others = runs[0], runs[1:]
+    check_chosen(runs, chosen)
+    metrics = chosen or [m for m in logged_metrics([reference]) if m not in PERFORMANCE]
     found = []
     for metric in metrics:
         ref = reference.series(metric)
@@ -147,37 +164,60 @@ def table(runs: list[Run], found: list[Difference]) -> list[str]:
     return lines
 
 
-def figure(runs: list[Run]):
-    """The picture: each of PLOTTED that a run logged (training loss, validation loss, grad norm, tokens/s) against
-    the step, a panel each with its title, axis labels and legend, one line per run."""
+def figure(runs: list[Run], chosen: list[str] | None = None):
+    """The picture, returned as a matplotlib Figure: a panel per metric of `chosen` (--metrics), else per metric of
+    PLOTTED that a run logged (training loss, validation loss, grad norm, tokens/s), at most PANELS_PER_ROW a row,
+    against the step (whole-number ticks), each with its title, axis labels and legend; one line per run that
+    logged the metric, each run in its own line style and marker (LINE_STYLES, MARKERS), so that identical runs
+    both show."""
     try:
         import matplotlib  # optional dependency (the [bench] extra), needed only for the picture
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt  # after choosing the Agg backend (no display)
+        from matplotlib.ticker import MaxNLocator  # matplotlib's, with it
     except ImportError:
         raise ConfigError("compare: the PNG needs matplotlib; pip install -e '.[bench]'") from None
-    panels = [(metric, title) for metric, title in PLOTTED if any(run.series(metric) for run in runs)]
-    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.6), squeeze=False)
-    for ax, (metric, title) in zip(axes[0], panels):
-        for run in runs:
+    titles = dict(PLOTTED)
+    if chosen:
+        panels = [(metric, titles.get(metric, metric)) for metric in chosen]
+    else:
+        panels = [(metric, title) for metric, title in PLOTTED if any(run.series(metric) for run in runs)]
+    columns = min(len(panels), PANELS_PER_ROW)
+    rows = math.ceil(len(panels) / columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(5 * columns, 3.6 * rows), squeeze=False)
+    for ax in axes.flat[len(panels) :]:  # the last row's unused places
+        ax.remove()
+    for ax, (metric, title) in zip(axes.flat, panels):
+        for i, run in enumerate(runs):
             points = sorted(run.series(metric).items())
             if points:
-                ax.plot([s for s, _ in points], [v for _, v in points], label=run.label, marker=".", linewidth=1)
+                ax.plot(
+                    [s for s, _ in points],
+                    [v for _, v in points],
+                    label=run.label,
+                    linestyle=LINE_STYLES[i % len(LINE_STYLES)],
+                    linewidth=2.0 if i == 0 else 1.4,
+                    marker=MARKERS[i % len(MARKERS)],
+                    markevery=(i % max(1, len(points) // MARKS), max(1, len(points) // MARKS)),
+                    markersize=4,
+                    fillstyle="none",
+                )
         ax.set_title(title)
         ax.set_xlabel("step")
         ax.set_ylabel(metric)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
 
 
-def plot(runs: list[Run], output: Path) -> None:
-    """The picture, written to `output`."""
+def plot(runs: list[Run], output: Path, chosen: list[str] | None = None) -> None:
+    """The picture (figure()), written to `output`."""
     import matplotlib.pyplot as plt  # figure() imported it (or said how to install it)
 
-    fig = figure(runs)
+    fig = figure(runs, chosen)
     try:
         fig.savefig(output, dpi=80)
     except OSError as e:
@@ -188,7 +228,8 @@ def plot(runs: list[Run], output: Path) -> None:
 
 def compare(argv: list[str]) -> int:
     """`titanlite compare RUN_DIR...`: the differences table (of --metrics, else every training metric), then the
-    PNG; with --max-diff X, exit status 1 when a compared metric's largest relative difference exceeds X."""
+    PNG (of --metrics, else of PLOTTED); with --max-diff X, exit status 1 when a compared metric's largest relative
+    difference exceeds X."""
     if "--help" in argv or "-h" in argv:
         print(USAGE)
         return 0
@@ -211,11 +252,14 @@ def compare(argv: list[str]) -> int:
     )
     if why:  # before any run is read, and never a file the picture was not written to
         raise ConfigError(f"compare --output {output} is {why}; name a .png file in an existing folder")
+    for folder in folders:
+        check_path_length(folder, "compare RUN_DIR")
     runs = [read_run(Path(f)) for f in folders]
-    found = differences(runs, [m for m in opts["metrics"].split(",") if m])
+    chosen = list(dict.fromkeys(m.strip() for m in opts["metrics"].split(",") if m.strip()))
+    found = differences(runs, chosen)
     for line in table(runs, found):
         print(line)
-    plot(runs, output)
+    plot(runs, output, chosen)
     print(f"compare: wrote {output}")
     limit = opts["max-diff"]
     worst = max((d for d in found if d.steps), key=lambda d: d.largest, default=None)

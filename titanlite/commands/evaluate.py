@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from titanlite.base.command_line import EVAL_WORKER, LAUNCHER, check_output_file, take_options
+from titanlite.base.command_line import EVAL_WORKER, LAUNCHER, check_output_file, take_options, write_output
 from titanlite.base.devices import check_local_ranks
 from titanlite.base.errors import ConfigError
 from titanlite.builder.data import build_data, build_validation_data, describe_validation
@@ -92,8 +92,7 @@ def report(result: dict, path: Path, output: str) -> None:
         f"val_tokens {result['val_tokens']:,}  ({result['val_seconds']:.1f}s)"
     )
     if output and (not dist.is_initialized() or dist.get_rank() == 0):
-        Path(output).parent.mkdir(parents=True, exist_ok=True)
-        Path(output).write_text(json.dumps({**result, "checkpoint": str(path)}, indent=2) + "\n")
+        write_output(output, json.dumps({**result, "checkpoint": str(path)}, indent=2) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:

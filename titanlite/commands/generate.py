@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from titanlite.base.command_line import check_output_file, take_options
+from titanlite.base.command_line import check_output_file, take_options, write_output
 from titanlite.base.devices import uses_cuda
 from titanlite.base.errors import ConfigError
 from titanlite.builder.model import plain_model
@@ -241,7 +241,7 @@ def write_record(path: Path, prompt: str, prompt_ids: list[int], result: Generat
         "tokens_per_s": result.tokens_per_s,
         "stop": result.stop,
     }
-    path.write_text(json.dumps(record, indent=2) + "\n")
+    write_output(path, json.dumps(record, indent=2) + "\n")
 
 
 def decode_with_graphs(model: nn.Module, device: torch.device, opts: dict) -> tuple[bool, str | None]:

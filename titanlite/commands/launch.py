@@ -4,9 +4,10 @@
 `eval --ngpu`, `plan --measure`, `bench strategies` and the tests run) is torchrun, run in this process, with one
 difference: torchrun ends a failed job with its multi-line summary and status 1 whatever the worker's
 was. Here every worker records its failure (titanlite/base/failures.py) in a temporary folder; after a
-failure the first one's line is printed last and its status (2 config, 3 non-finite loss, 4 out of
-memory, 1 other) is this command's. A signal to the launcher ends it with 128 + the signal number;
-torchrun's own failure is one line and status 1.
+failure the first one's line is printed last (the workers of the last attempt leave it to this command: the line
+once) and its status (2 config, 3 non-finite loss, 4 out of memory, 1 other) is this command's. A signal to the
+launcher ends it with 128 + the signal number, after the line of a worker it stopped; torchrun's own failure is
+one line and status 1.
 
 A multi-node rendezvous that cannot form ends, in bounded time, before any worker starts, in one line and status 2:
 the store at --rdzv-endpoint taken by another program, nothing answering there, or not every node joining within
@@ -167,7 +168,10 @@ def run(argv: list[str], release: Callable[[], None] | None = None) -> int:
         return 0
     except ChildFailedError as error:
         return report(folder, error)
-    except SignalException as e:
+    except SignalException as e:  # torchrun stopped the workers: why they stopped, where they left it to this one
+        stopped = first_failure(folder)
+        if stopped is not None and stopped["attempt"] >= torchrun.parse_args(argv).max_restarts:
+            print(stopped["line"], file=sys.stderr, flush=True)
         return 128 + int(e.sigval)
     except (RendezvousConnectionError, RendezvousTimeoutError) as e:  # the nodes could not meet: their settings
         where = rendezvous or Rendezvous("(torchrun's default)")

@@ -21,7 +21,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from titanlite.base import logs
 from titanlite.base.failures import record
-from titanlite.config import JobConfig, parse_config
+from titanlite.config import JobConfig, parse_config, refuse_repeated_keys
 
 
 def run_worker(
@@ -34,6 +34,7 @@ def run_worker(
     logs.set_up(int(os.environ.get("RANK", 0)))
     cfg = None
     try:
+        refuse_repeated_keys(argv)  # the user's command line, as `titanlite check` refuses it before launch
         cfg = parse(argv)
         body(cfg)
         return 0

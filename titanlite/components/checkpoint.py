@@ -682,8 +682,9 @@ def parse_run_config(argv: list[str], evaluation: bool = False) -> JobConfig:
     and --config set nothing, so no flag of the training run needs repeating; one that contradicts them is refused
     in one line. `evaluation` (`eval`): the run's evaluation settings too (recorded_evaluation), which the command
     line may change. Which checkpoint that is follows checkpoint_to_load (its warnings are left to the command's
-    load)."""
-    cfg = parse_config(argv)
+    load). Settings of features that are off are taken as they are (parse_config's `training`): the command
+    trains nothing."""
+    cfg = parse_config(argv, training=False)
     run_dir = Path(cfg.job.dump_folder) / cfg.job.name
     quiet = set(complete_steps(run_dir))  # as if already said: the command's own checkpoint_to_load says them
     path = pick_checkpoint(run_dir, cfg.checkpoint.load_step, contents=False, said=quiet)
@@ -693,7 +694,7 @@ def parse_run_config(argv: list[str], evaluation: bool = False) -> JobConfig:
     measured = recorded_evaluation(path) if path is not None and evaluation else {}
     if not (recorded or measured):
         return cfg
-    return parse_config(argv, recorded=(str(path), recorded), defaults=(str(path), measured))
+    return parse_config(argv, recorded=(str(path), recorded), defaults=(str(path), measured), training=False)
 
 
 def process_saver_stager(pinned: bool):

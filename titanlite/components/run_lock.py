@@ -41,8 +41,17 @@ class RunLock:
     mine: bool  # made by this process, so removed by it
 
     def release(self) -> None:
+        """Remove the lock if this process made it and it still names this job. One that cannot be removed (its
+        folder made read-only or unwritable during the run) is left with a note: its job is gone, so the next
+        launch on the folder takes it over."""
         if self.mine and read_holder(self.path) == self.holder:
-            self.path.unlink(missing_ok=True)
+            try:
+                self.path.unlink(missing_ok=True)
+            except OSError as e:
+                logger.warning(
+                    f"titanlite: note: could not remove the run folder's lock {self.path} ({e.strerror or e}); the "
+                    "next launch on this folder takes it over, its job being gone"
+                )
 
 
 def acquire(run_dir: Path, job: str) -> RunLock:

@@ -3,7 +3,7 @@
 The public names are re-exported here, so that every layer above imports them from `titanlite.config`.
 """
 
-from titanlite.config.loading import grad_accum_steps, load_toml, parse_config, validate_values
+from titanlite.config.loading import grad_accum_steps, load_toml, parse_config, refuse_repeated_keys, validate_values
 from titanlite.config.reference import help_text, reference_markdown, to_toml
 from titanlite.config.sections import (
     DEFAULT_CONFIG,
@@ -29,6 +29,7 @@ from titanlite.config.sections import (
 )
 
 __all__ = [
+    "refuse_repeated_keys",
     "DEFAULT_CONFIG",
     "HF_DEFAULT_CONFIG",
     "ActivationCheckpoint",

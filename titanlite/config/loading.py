@@ -5,8 +5,9 @@ Unknown keys and wrong types are rejected with one line naming the key.
 
 from __future__ import annotations
 
+import codecs
 import difflib
-import math
+import os
 import sys
 import typing
 from collections.abc import Callable
@@ -18,7 +19,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
-from titanlite.base.errors import ConfigError, resolved_against, special_file
+from titanlite.base.errors import ConfigError, check_path_length, resolved_against, special_file
+from titanlite.config.rules import MODEL_SWITCHES, check_bounds, check_features, check_model_counts, model_view
 from titanlite.config.sections import (
     DEFAULT_CONFIG,
     HF_DEFAULT_CONFIG,
@@ -126,7 +128,9 @@ CHECKOUT = Path(__file__).resolve().parents[2]
 
 def load_toml(path: str | Path, label: str | None = None) -> dict[str, Any]:
     """A TOML file's tables; `label` names it in errors (default: '--config PATH', with the folder a relative
-    PATH was resolved against, and the checkout's file of that name when there is one)."""
+    PATH was resolved against, and the checkout's file of that name when there is one). A UTF-8 byte-order mark
+    (what editors on Windows write first) is skipped."""
+    check_path_length(path, label or "--config")
     path = Path(path)
     label = label or f"--config {path}{resolved_against(path)}"
     if path.is_dir():
@@ -144,22 +148,46 @@ def load_toml(path: str | Path, label: str | None = None) -> dict[str, Any]:
             else f"the configs are in {CHECKOUT / 'train_configs'}"
         )
         raise ConfigError(f"{label}: no such file; {hint}")
+    bom = 0
     try:
-        with path.open("rb") as f:
-            return tomllib.load(f)
+        data = path.read_bytes()
+        bom = len(codecs.BOM_UTF8) if data.startswith(codecs.BOM_UTF8) else 0
+        return tomllib.loads(data[bom:].decode("utf-8"))
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{label}: not valid TOML ({e})") from None
-    except UnicodeDecodeError as e:  # tomllib decodes the whole file first
+    except UnicodeDecodeError as e:
         raise ConfigError(
-            f"{label}: not a TOML file: byte {e.start} (0x{e.object[e.start]:02x}) is not UTF-8 text (a binary or "
-            "otherwise encoded file?); name a UTF-8 .toml file"
+            f"{label}: not a TOML file: byte {bom + e.start} (0x{e.object[e.start]:02x}) is not UTF-8 text (a binary "
+            "or otherwise encoded file?); name a UTF-8 .toml file"
         ) from None
     except OSError as e:
         raise ConfigError(f"{label}: cannot be read ({e.strerror or e}); make it readable") from None
 
 
+def refuse_repeated_keys(argv: list[str]) -> None:
+    """A user's command line (`titanlite COMMAND ...`, a torchrun worker's) with `--config` or a `--section.key` given
+    twice is refused, as a TOML file's repeated key is: which value was meant cannot be told. The command's own
+    options (`--prompt`, `--output`) are take_options'. parse_config itself lets the last value win, for code that
+    composes a run from a base and its changes (the tools' runs, tests)."""
+    given: dict[str, str] = {}
+    for i, arg in enumerate(argv):
+        key, eq, value = arg[2:].partition("=") if arg.startswith("--") else ("", "", "")
+        if key != "config" and "." not in key:
+            continue
+        if not eq:
+            nxt = argv[i + 1] if i + 1 < len(argv) else None
+            value = "true" if nxt is None or (nxt.startswith("--") and not _is_number(nxt)) else nxt
+        if key in given:
+            raise ConfigError(
+                f"{'--config' if key == 'config' else key} is given twice on the command line ('{given[key]}', then "
+                f"'{value}'); give it once"
+            )
+        given[key] = value
+
+
 def _split_overrides(argv: list[str]) -> tuple[str | None, list[tuple[str, str]]]:
-    """Split `--config FILE` and `--section.key VALUE` / `--section.key=VALUE` / `--flag` arguments."""
+    """Split `--config FILE` and `--section.key VALUE` / `--section.key=VALUE` / `--flag` arguments (a key given
+    twice: the last value; a user's command line is refused one first, refuse_repeated_keys)."""
     config_path, pairs, i = None, [], 0
     while i < len(argv):
         arg = argv[i]
@@ -172,10 +200,10 @@ def _split_overrides(argv: list[str]) -> tuple[str | None, list[tuple[str, str]]
                 value = "true"  # a bare flag, e.g. --training.deterministic
             else:
                 value, i = nxt, i + 1
+        if key != "config" and "." not in key:
+            raise _unknown_key_error(key, "command line")
         if key == "config":
             config_path = value
-        elif "." not in key:
-            raise _unknown_key_error(key, "command line")
         else:
             pairs.append((key, value))
         i += 1
@@ -191,7 +219,7 @@ def _is_number(s: str) -> bool:
 
 
 # The keys that choose the model: set on the command line, they replace the config file's model and its description.
-MODEL_CHOICE = {"model.name", "model.flavor", "model.hf_assets_path"}
+MODEL_CHOICE = set(MODEL_SWITCHES)
 
 
 def parse_config(
@@ -199,13 +227,16 @@ def parse_config(
     default_config: str | None = DEFAULT_CONFIG,
     recorded: tuple[str, dict[str, Any]] | None = None,
     defaults: tuple[str, dict[str, Any]] | None = None,
+    training: bool = True,
 ) -> JobConfig:
     """Defaults < TOML file < command-line overrides; then validate the values on their own.
 
     Without --config, a command line that sets model.flavor = "hf" starts from HF_DEFAULT_CONFIG rather than
     the debug model's. `recorded` is (where, {"section.key": value}): what a checkpoint was saved under, taken
     in place of the defaults; a key the user set to something else is refused. `defaults` is the same kind, taken
-    where the user set nothing, theirs where they did (a run's evaluation settings, for `titanlite eval`)."""
+    where the user set nothing, theirs where they did (a run's evaluation settings, for `titanlite eval`).
+    `training`: refuse the settings of features that are off (rules.FEATURES); false for the commands that read a
+    checkpoint rather than train (eval, convert, generate), which take a training run's flags as they are."""
     config_path, overrides = _split_overrides(argv)
     chosen = config_path is not None
     if not chosen and default_config == DEFAULT_CONFIG and dict(overrides).get("model.flavor") == "hf":
@@ -245,11 +276,16 @@ def parse_config(
         apply_defaults(cfg, explicit, *defaults)
     validate_values(cfg)
     import_custom(cfg.model.custom_import)
+    folder_args = None
     if cfg.model.flavor == "hf":
         folder_args = resolve_model_folder(cfg.model, explicit)
         name_hf_run(cfg, explicit, folder_args.max_seq_len, config_path or default_config)
     else:
         resolve_flavor_family(cfg.model, explicit)
+    model = model_view(cfg.model, cfg.moe, folder_args)
+    check_model_counts(cfg, model)
+    if training:
+        check_features(cfg, explicit, cli_keys, model)
     return cfg
 
 
@@ -310,48 +346,14 @@ def resolve_flavor_family(model, explicit: set[str]) -> None:
     model.name = families[0]
 
 
-# The [moe] keys that are numbers: -1 keeps the model flavor's value.
-MOE_COEFFICIENTS = ("aux_loss_coef", "z_loss_coef", "bias_update_rate")
-
-
 def validate_values(cfg: JobConfig) -> None:
-    """Checks that need no knowledge of the world size (the layout is checked by ParallelDims): every number of
-    every section finite, then each section's own checks (SECTION_CHECKS)."""
-    for section, cls in section_classes().items():
-        check_finite(section, getattr(cfg, section), cls)
+    """Checks that need no knowledge of the world size (the layout is checked by ParallelDims): every path a file
+    system can hold, every number of every section finite and within its bounds (rules.BOUNDS), then each
+    section's own checks (SECTION_CHECKS)."""
+    check_path_keys(cfg)
+    check_bounds(cfg)
     for section, check in SECTION_CHECKS.items():
         check(getattr(cfg, section))
-
-
-def check_finite(name: str, section, cls: type) -> None:
-    for key, tp in field_types(cls).items():
-        value = getattr(section, key)
-        if tp is float and not math.isfinite(value):
-            raise ConfigError(f"{name}.{key}={value} is not a finite number")
-
-
-def check_at_least_one(values: dict[str, Any]) -> None:
-    for key, value in values.items():
-        if value < 1:
-            raise ConfigError(f"{key}={value} must be at least 1")
-
-
-def check_not_negative(values: dict[str, Any]) -> None:
-    for key, value in values.items():
-        if value < 0:
-            raise ConfigError(f"{key}={value} must not be negative")
-
-
-def check_spike_guard(t: Training) -> None:
-    """The spike guard's threshold is a multiple of the median norm: at or below 1 it would skip ordinary steps."""
-    if t.spike_factor != 0 and t.spike_factor <= 1:
-        raise ConfigError(
-            f"training.spike_factor={t.spike_factor} would skip ordinary steps (the threshold is that multiple of the "
-            "median gradient norm): set it above 1 (e.g. 5), or 0 to turn the spike guard off"
-        )
-    check_at_least_one(
-        {"training.spike_window": t.spike_window, "training.max_skipped_steps_in_row": t.max_skipped_steps_in_row}
-    )
 
 
 def check_job(job) -> None:
@@ -359,43 +361,14 @@ def check_job(job) -> None:
 
 
 def check_training(t: Training) -> None:
-    check_at_least_one(
-        {"training.steps": t.steps, "training.local_batch_size": t.local_batch_size, "training.seq_len": t.seq_len}
-    )
-    if t.global_batch_size < 1 and t.global_batch_size != -1:
-        raise ConfigError(
-            f"training.global_batch_size={t.global_batch_size} must be at least 1, or -1 for local_batch_size x dp"
-        )
-    check_not_negative(
-        {
-            "training.max_norm": t.max_norm,
-            "training.stop_after_step": t.stop_after_step,
-            "training.mtp_loss_coefficient": t.mtp_loss_coefficient,
-        }
-    )
-    if t.loss_chunk_tokens < -1:
-        raise ConfigError(
-            f"training.loss_chunk_tokens={t.loss_chunk_tokens} must be -1 (auto), 0 (whole logits) or a chunk size"
-        )
     if t.stop_after_step > t.steps:
         raise ConfigError(f"training.stop_after_step={t.stop_after_step} is beyond training.steps={t.steps}")
-    check_spike_guard(t)
     check_dataset_name(t.dataset, "training")
     if t.dataset == "local" and not t.dataset_path and not t.dataset_mixture:
         raise ConfigError("training.dataset='local' needs training.dataset_path (a file, folder or glob of a corpus)")
     if not t.dataset_text_field:
         raise ConfigError("training.dataset_text_field is empty; name the field that holds the text (e.g. 'text')")
     check_hub_keys(t, "training", hub=not t.dataset_mixture and t.dataset not in ("stdlib", "local"))
-
-
-def check_metrics(metrics) -> None:
-    check_at_least_one({"metrics.log_freq": metrics.log_freq})
-    check_not_negative(
-        {
-            "metrics.throughput_warmup_steps": metrics.throughput_warmup_steps,
-            "metrics.peak_tflops": metrics.peak_tflops,
-        }
-    )
 
 
 # (part, the part it only makes sense with, why): a load of the one without the other is refused.
@@ -410,12 +383,6 @@ LOAD_DEPENDENCIES = (
 
 
 def check_checkpoint(checkpoint) -> None:
-    check_at_least_one({"checkpoint.interval": checkpoint.interval})
-    if not checkpoint.export_max_shard_gb > 0:
-        raise ConfigError(f"checkpoint.export_max_shard_gb={checkpoint.export_max_shard_gb} must be positive")
-    check_not_negative({"checkpoint.keep_latest_k": checkpoint.keep_latest_k})
-    if checkpoint.load_step < -1:
-        raise ConfigError(f"checkpoint.load_step={checkpoint.load_step} must be -1 (newest) or a step number")
     parts = {"model", "optimizer", "lr_scheduler", "dataloader", "train_state", "rng"}
     unknown = sorted(set(checkpoint.exclude_from_loading) - parts)
     if unknown:
@@ -429,79 +396,13 @@ def check_checkpoint(checkpoint) -> None:
             )
 
 
-def check_parallelism(p) -> None:
-    check_at_least_one(
-        {
-            "parallelism.data_parallel_replicate_degree": p.data_parallel_replicate_degree,
-            "parallelism.tensor_parallel_degree": p.tensor_parallel_degree,
-            "parallelism.pipeline_parallel_degree": p.pipeline_parallel_degree,
-            "parallelism.pipeline_parallel_microbatch_size": p.pipeline_parallel_microbatch_size,
-        }
-    )
-    if p.data_parallel_shard_degree < 1 and p.data_parallel_shard_degree != -1:
-        raise ConfigError(
-            f"parallelism.data_parallel_shard_degree={p.data_parallel_shard_degree} must be at least 1, or -1 for the "
-            "rest of the world size"
-        )
-    check_not_negative({"parallelism.pipeline_parallel_layers_per_stage": p.pipeline_parallel_layers_per_stage})
-
-
 def check_model(m) -> None:
-    check_not_negative({"model.n_layers": m.n_layers})
-    if m.mtp_layers < -1:
-        raise ConfigError(
-            f"model.mtp_layers={m.mtp_layers} must be -1 (the flavor's or folder's), 0 (none) or a number of depths"
-        )
     if m.hf_assets_path and m.flavor != "hf" and m.tokenizer != "hf":
         raise ConfigError(
             f"model.hf_assets_path='{m.hf_assets_path}' changes nothing with model.flavor={m.flavor!r} and "
             f"model.tokenizer={m.tokenizer!r}: only flavor 'hf' (the folder's model) or tokenizer 'hf' (its "
             "tokenizer) read it; add --model.flavor hf to train the folder's model, or leave model.hf_assets_path out"
         )
-
-
-def check_optimizer(optimizer) -> None:
-    check_not_negative({"optimizer.weight_decay": optimizer.weight_decay})
-    if not optimizer.lr > 0:
-        raise ConfigError(f"optimizer.lr={optimizer.lr} must be positive")
-    for key in ("beta1", "beta2"):
-        if not 0 <= getattr(optimizer, key) < 1:
-            raise ConfigError(f"optimizer.{key}={getattr(optimizer, key)} must be in [0, 1)")
-    check_not_negative({"optimizer.muon_weight_decay": optimizer.muon_weight_decay})
-    check_at_least_one({"optimizer.muon_ns_steps": optimizer.muon_ns_steps})
-    if not optimizer.muon_lr > 0:
-        raise ConfigError(f"optimizer.muon_lr={optimizer.muon_lr} must be positive")
-    if not 0 <= optimizer.muon_momentum < 1:
-        raise ConfigError(f"optimizer.muon_momentum={optimizer.muon_momentum} must be in [0, 1)")
-
-
-def check_lr_scheduler(lr_scheduler) -> None:
-    check_not_negative({"lr_scheduler.warmup_steps": lr_scheduler.warmup_steps})
-    if not 0 <= lr_scheduler.min_lr_factor <= 1:
-        raise ConfigError(f"lr_scheduler.min_lr_factor={lr_scheduler.min_lr_factor} must be between 0 and 1")
-
-
-def check_data(data) -> None:
-    check_not_negative(
-        {
-            "data.num_workers": data.num_workers,
-            "data.prefetch": data.prefetch,
-            "data.prepare_workers": data.prepare_workers,
-        }
-    )
-    if not data.shard_size_mb > 0:
-        raise ConfigError(f"data.shard_size_mb={data.shard_size_mb} must be positive")
-
-
-def check_comm(comm) -> None:
-    for key in ("init_timeout_seconds", "train_timeout_seconds"):
-        if not getattr(comm, key) > 0:
-            raise ConfigError(f"comm.{key}={getattr(comm, key)} must be positive")
-
-
-def check_activation_checkpoint(ac) -> None:
-    if ac.selective_ac_option < 1:
-        raise ConfigError(f"activation_checkpoint.selective_ac_option={ac.selective_ac_option} must be at least 1")
 
 
 def check_compile(compile_cfg) -> None:
@@ -516,15 +417,6 @@ def check_compile(compile_cfg) -> None:
 
 
 def check_validation(v) -> None:
-    if v.freq < 1:
-        raise ConfigError(f"validation.freq={v.freq} must be at least 1 (steps between evaluations)")
-    if v.steps < 1 and v.steps != -1:
-        raise ConfigError(f"validation.steps={v.steps} must be at least 1, or -1 for the whole validation split")
-    for key in ("local_batch_size", "seq_len"):
-        if getattr(v, key) < 0:
-            raise ConfigError(f"validation.{key}={getattr(v, key)} must not be negative (0 uses training.{key})")
-    if not 0 <= v.split_fraction < 1:
-        raise ConfigError(f"validation.split_fraction={v.split_fraction} must be in [0, 1)")
     check_dataset_name(v.dataset, "validation")
     if v.dataset == "local" and not v.dataset_path:
         raise ConfigError("validation.dataset='local' needs validation.dataset_path")
@@ -535,40 +427,62 @@ def check_validation(v) -> None:
     check_hub_keys(v, "validation", hub=bool(v.dataset) and v.dataset not in ("stdlib", "local"))
 
 
-def check_moe(moe) -> None:
-    for key in MOE_COEFFICIENTS:
-        value = getattr(moe, key)
-        if value < 0 and value != -1:
-            raise ConfigError(f"moe.{key}={value} must be at least 0, or -1 to keep the model flavor's")
-
-
 # Each section's own checks, by its name in JobConfig, in the order they run; a section that has none is absent.
 SECTION_CHECKS: dict[str, Callable[[Any], None]] = {
     "job": check_job,
     "training": check_training,
-    "metrics": check_metrics,
     "checkpoint": check_checkpoint,
-    "parallelism": check_parallelism,
     "model": check_model,
-    "optimizer": check_optimizer,
-    "lr_scheduler": check_lr_scheduler,
-    "data": check_data,
-    "comm": check_comm,
-    "activation_checkpoint": check_activation_checkpoint,
     "compile": check_compile,
     "validation": check_validation,
-    "moe": check_moe,
 }
 
 
 def check_job_name(name: str) -> None:
-    """The run folder is {dump_folder}/{name}: a name that is no folder of its own ('', '.', '..') would put the
-    run's files in the dump folder itself or above it, beside other runs'."""
+    """The run folder is {dump_folder}/{name}, a folder inside the dump folder (sub-folders, as in sweep/lr-3e-3, are
+    folders inside it too). A name that is no folder of its own ('', '.', '..') would put the run's files in the dump
+    folder itself or above it, beside other runs'; an absolute one, or one that climbs out with '..', elsewhere."""
     if name.strip() in ("", ".", ".."):
         raise ConfigError(
             f"job.name={name!r} names no run folder of its own (the run would write into job.dump_folder itself or "
             "above it); give the run a name, e.g. --job.name my-run"
         )
+    if os.path.isabs(name) or ".." in name.split(os.sep):
+        how = "is an absolute path" if os.path.isabs(name) else "climbs out with '..'"
+        raise ConfigError(
+            f"job.name={name!r} {how}: the run folder job.dump_folder/job.name would not be inside job.dump_folder; "
+            "give a relative name without '..' (e.g. --job.name my-run, or sweep/run-1 for a sub-folder), and "
+            "job.dump_folder for where runs go"
+        )
+
+
+# The keys that name a path of this machine (a file, folder or glob). Each is checked for lengths a file system can
+# hold before anything opens it: past them, every call fails with 'File name too long'.
+PATH_KEYS = (
+    "job.dump_folder",
+    "job.name",
+    "model.hf_assets_path",
+    "training.dataset_path",
+    "data.cache_dir",
+    "validation.dataset_path",
+    "checkpoint.initial_load_path",
+    "parallelism.pipeline_parallel_schedule_csv",
+    "profiling.save_traces_folder",
+)
+
+
+def check_path_keys(cfg: JobConfig) -> None:
+    """Each path the config names (PATH_KEYS, the mixture's sources, the run folder they make) within the file
+    system's lengths (check_path_length): one line naming the key, not a traceback where it is first opened."""
+    for key in PATH_KEYS:
+        section, _, name = key.partition(".")
+        value = getattr(getattr(cfg, section), name)
+        if value:
+            check_path_length(value, key)
+    for entry in cfg.training.dataset_mixture:  # SOURCE:WEIGHT
+        check_path_length(entry.rpartition(":")[0] or entry, "training.dataset_mixture")
+    run_dir = os.path.join(cfg.job.dump_folder, cfg.job.name)
+    check_path_length(run_dir, "the run folder (job.dump_folder/job.name)")
 
 
 def grad_accum_steps(training: Training, dp_degree: int) -> int:

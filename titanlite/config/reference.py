@@ -7,6 +7,7 @@ import inspect
 import textwrap
 from typing import Any
 
+from titanlite.config.rules import rule_text
 from titanlite.config.sections import (
     DEFAULT_CONFIG,
     HF_DEFAULT_CONFIG,
@@ -54,9 +55,8 @@ def help_text() -> str:
         for name, tp in types.items():
             default = _toml_value(getattr(getattr(defaults, section), name))
             out.append(f"  --{section}.{name}  ({type_name(tp)}, default {default})")
-            out.append(
-                textwrap.fill(docs.get(name, ""), width=100, initial_indent="      ", subsequent_indent="      ")
-            )
+            text = " ".join(t for t in (docs.get(name, ""), rule_text(f"{section}.{name}")) if t)
+            out.append(textwrap.fill(text, width=100, initial_indent="      ", subsequent_indent="      "))
         out.append("")
     return "\n".join(out)
 
@@ -74,7 +74,9 @@ def reference_markdown() -> str:
         "Every key is set in a TOML file (`[section]`, then `key = value`; `--config FILE`, default the checkout's",
         f"`{DEFAULT_CONFIG}`, or its `{HF_DEFAULT_CONFIG}` when the command line sets `--model.flavor hf`, from any",
         "working folder) or on the command line (`--section.key VALUE`, which wins over the file).",
-        "Unknown keys and wrong types stop the run with one line naming the key. The defaults below are",
+        "Unknown keys and wrong types stop the run with one line naming the key, and so do a number outside its",
+        "*Bounds* and a key set while the feature it *Applies only* with is off (titanlite/config/rules.py;",
+        "[Configuring a run](configuration-guide.md#what-is-checked-before-launch)). The defaults below are",
         "`titanlite/config/sections.py`'s; the shipped configs in `train_configs/` override some of them (the default "
         "file sets",
         '`job.name = "debug_model"` and `optimizer.lr = 3e-3`, for example).',
@@ -93,7 +95,7 @@ def reference_markdown() -> str:
         docs, types = field_docs(cls), field_types(cls)
         for name, tp in types.items():
             default = _toml_value(getattr(getattr(defaults, section), name))
-            meaning = " ".join(docs.get(name, "").split())
+            meaning = " ".join(f"{docs.get(name, '')} {rule_text(f'{section}.{name}')}".split())
             cells = [f"`{section}.{name}`", type_name(tp), f"`{default}`", meaning]
             out.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
         out.append("")

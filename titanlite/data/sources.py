@@ -11,9 +11,13 @@ import dataclasses
 import errno
 import glob
 import hashlib
+import logging
 import os
 import re
+import socket
 import sysconfig
+import urllib.parse
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,8 +47,13 @@ STDLIB_SKIP_DIRS = frozenset({"site-packages", "dist-packages", "test", "tests",
 
 FINGERPRINT_SAMPLES = 16
 FINGERPRINT_BLOCK = 4096
+logger = logging.getLogger(__name__)
+
 # Hub datasets are streamed in pieces of this many documents.
 HUB_PIECE_DOCUMENTS = 20_000
+# How long the one connection that tells whether the hub can be reached may take (`datasets` itself retries each
+# request five times over half a minute, printing each retry).
+HUB_PROBE_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
@@ -453,9 +462,18 @@ def hub_documents(source: Source, skip: int = 0) -> Iterator[str]:
     where = f"{source.label}='{source.location}'"
     section = source.label.rpartition(".")[0]
     options = {"data_files": list(source.data_files) or None, "data_dir": source.data_dir or None}
+    unreachable = ""
     try:
         import datasets  # seconds to import: only for hub sources
+        import huggingface_hub.constants  # datasets' own dependency: its offline switch
 
+        offline = getattr(datasets.config, "HF_HUB_OFFLINE", False) or datasets.config.HF_DATASETS_OFFLINE
+        if not offline and not os.path.exists(source.location):
+            unreachable = hub_unreachable()
+        if unreachable:  # offline mode: what is in this machine's cache is read, at once; the rest is refused below
+            os.environ["HF_HUB_OFFLINE"] = "1"
+            datasets.config.HF_HUB_OFFLINE = datasets.config.HF_DATASETS_OFFLINE = True
+            huggingface_hub.constants.HF_HUB_OFFLINE = True
         data = datasets.load_dataset(
             source.location, source.subset or None, split=source.split, streaming=True, **options
         )
@@ -464,9 +482,16 @@ def hub_documents(source: Source, skip: int = 0) -> Iterator[str]:
         rows = iter(data)
         first = next(rows, None)
     except Exception as e:
+        if unreachable:
+            raise ConfigError(
+                f"{where} is not in this machine's Hugging Face cache, and {unreachable}; connect this machine to the "
+                "hub (or set HF_ENDPOINT or HTTPS_PROXY), or use dataset = 'local' with dataset_path"
+            ) from e
         raise ConfigError(
             f"{where} could not be loaded from the Hugging Face hub ({short_reason(e)}); {_hub_advice(e, section)}"
         ) from e
+    if unreachable:
+        logger.warning(f"titanlite: note: {unreachable}; {where} is read from this machine's Hugging Face cache")
     if first is None:
         return
     field = source.text_field
@@ -486,6 +511,27 @@ def hub_documents(source: Source, skip: int = 0) -> Iterator[str]:
             f"the stream of {where} broke after {skip + count} documents ({short_reason(e)}); "
             "run the same command again to continue from the last finished shard"
         ) from e
+
+
+def hub_unreachable(endpoint: str = "") -> str:
+    """'' when one connection to the Hugging Face hub (`endpoint`, default HF_ENDPOINT's or huggingface.co; through
+    the proxy the environment names for it, if any) opens within HUB_PROBE_SECONDS, else why not: 'ENDPOINT cannot
+    be reached (REASON)'."""
+    if not endpoint:
+        import huggingface_hub.constants  # a dependency of datasets, which hub sources import anyway
+
+        endpoint = huggingface_hub.constants.ENDPOINT
+    url = urllib.parse.urlsplit(endpoint)
+    host, port = url.hostname or "", url.port or (443 if url.scheme == "https" else 80)
+    proxy, through = urllib.request.getproxies().get(url.scheme, ""), ""
+    if proxy and not urllib.request.proxy_bypass(host):
+        via = urllib.parse.urlsplit(proxy if "://" in proxy else f"http://{proxy}")
+        host, port, through = via.hostname or "", via.port or 80, f"through the proxy {proxy}: "
+    try:
+        socket.create_connection((host, port), timeout=HUB_PROBE_SECONDS).close()
+        return ""
+    except OSError as e:
+        return f"{endpoint} cannot be reached ({through}{short_reason(e)})"
 
 
 def _hub_advice(error: Exception, section: str) -> str:

@@ -151,4 +151,7 @@ def model_args(name: str, flavor: str, vocab_size: int, max_seq_len: int, n_laye
     except ValueError as e:
         if not n_layers:
             raise
-        raise ConfigError(f"model.n_layers={n_layers} does not fit model {name} {flavor}: {e}") from None
+        raise ConfigError(
+            f"model.n_layers={n_layers} does not fit model {name} {flavor}: {e}; set another depth, or leave "
+            "model.n_layers out"
+        ) from None

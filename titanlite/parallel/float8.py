@@ -16,6 +16,7 @@ gloo, which has no float8 concatenation, so they wait for a test on GPUs.)
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import importlib.util
 import logging
 from contextlib import contextmanager
@@ -76,6 +77,32 @@ def check_float8(cfg: Float8) -> None:
                 "H100, H200, L4, RTX 40xx); set float8.emulate = true to run float8 numerics in high precision (no "
                 "speed-up)"
             )
+
+
+def check_float8_filter(model: nn.Module, filter_fqns: list[str], family: str) -> None:
+    """Refuse a float8.filter_fqns entry that is part of no linear layer's name of the model (float8_filter's
+    test): it would keep nothing in high precision, without a word. Names the closest parts of the real names."""
+    linears = [fqn for fqn, module in model.named_modules() if isinstance(module, nn.Linear)]
+    for name in filter_fqns:
+        if any(name in fqn for fqn in linears):
+            continue
+        # each name's parts, and what follows its layer index ('attention.wq' of layers.0.attention.wq)
+        parts: set[str] = set()
+        for fqn in linears:
+            words = fqn.split(".")
+            parts.update(w for w in words if not w.isdigit())
+            index = max((i for i, w in enumerate(words) if w.isdigit()), default=-1)
+            parts.add(".".join(words[index + 1 :]))
+        close = difflib.get_close_matches(name, sorted(parts), n=3, cutoff=0.5)
+        hint = (
+            f"did you mean {' or '.join(repr(c) for c in close)}?"
+            if close
+            else f"its linear layers are named like {', '.join(linears[:3])}"
+        )
+        raise ConfigError(
+            f"float8.filter_fqns names {name!r}, which is part of no linear layer's name in model {family} (it would "
+            f"keep nothing in high precision); {hint} Fix it or remove it"
+        )
 
 
 def float8_filter(filter_fqns: list[str], tp: int):

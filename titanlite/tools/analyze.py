@@ -30,7 +30,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from titanlite.base.errors import ConfigError
+from titanlite.base.errors import ConfigError, check_path_length
 
 USAGE = "usage: titanlite analyze <trace folder or file> [--top N]"
 
@@ -504,6 +504,7 @@ def main(argv: list[str]) -> int:
             rest.append(arg)
     if len(rest) != 1:
         raise ConfigError(f"analyze takes one trace folder or file; got {len(rest)}. {USAGE}")
+    check_path_length(rest[0], "analyze")
     folder, result = analyze(Path(rest[0]), top)
     markdown = write_results(folder, result)
     print(markdown + f"\nwritten: {folder / 'analysis.json'} and {folder / 'analysis.md'}")

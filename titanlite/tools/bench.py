@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from titanlite.base.command_line import take_options
+from titanlite.base.command_line import check_output_file, take_options, write_output
 from titanlite.base.errors import ConfigError
 from titanlite.builder.data import build_data
 from titanlite.builder.model import plain_model
@@ -72,6 +72,7 @@ def parse_options(argv: list[str]) -> tuple[dict, list[str]]:
     opts, rest = take_options(argv, defaults, "bench throughput")
     if opts["steps"] < 1 or opts["repeats"] < 1 or opts["warmup"] < 0:
         raise ConfigError("bench throughput needs --steps >= 1, --repeats >= 1 and --warmup >= 0")
+    check_output_file(opts["output"], "bench throughput --output")
     return opts, rest
 
 
@@ -190,8 +191,7 @@ def throughput(argv: list[str]) -> int:
     report = summarize(figures, trainer.figures, device)
     print(format_report(report, cfg, device))
     if opts["output"]:
-        with open(opts["output"], "w") as f:
-            json.dump(report, f, indent=2)
+        write_output(opts["output"], json.dumps(report, indent=2))
     return 0
 
 

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from titanlite.base.command_line import CLI, take_options
+from titanlite.base.command_line import CLI, check_output_file, take_options, write_output
 from titanlite.base.errors import ConfigError
 from titanlite.base.logs import STDERR
 from titanlite.data.sources import Source, stdlib_files
@@ -73,6 +73,7 @@ def bench_data(argv: list[str]) -> int:
     opts, rest = take_options(argv, defaults, "bench data")
     if rest:
         raise ConfigError(f"bench data does not take '{rest[0]}'; see `titanlite bench data --help`")
+    check_output_file(opts["output"], "bench data --output")
     sizes = parse_sizes(opts["mb"])
     file_counts = parse_sizes(opts["files"], "--files", "file counts") if opts["files"] else []
     if opts["repeats"] < 1:
@@ -98,7 +99,7 @@ def bench_data(argv: list[str]) -> int:
     }
     print(format_report(report))
     if opts["output"]:
-        Path(opts["output"]).write_text(json.dumps(report, indent=2) + "\n")
+        write_output(opts["output"], json.dumps(report, indent=2) + "\n")
     return 0
 
 

@@ -16,7 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from titanlite.base.command_line import LAUNCHER, TRAIN_WORKER, take_options
+from titanlite.base.command_line import LAUNCHER, TRAIN_WORKER, take_options, with_overrides
 from titanlite.base.devices import check_local_ranks, uses_cuda
 from titanlite.base.errors import ConfigError
 from titanlite.base.failures import reason_in
@@ -42,9 +42,9 @@ from titanlite.builder.model_facts import ModelFacts, model_facts
 from titanlite.builder.plan import plan_model
 from titanlite.config import parse_config
 
-USAGE = """usage: titanlite plan [--config FILE] [--ngpu N] [--nnodes M] [--gpu-mem-gib G]
-                      [--interconnect nvlink|pcie|infiniband] [--headroom F] [--device cuda|cpu] [--measure]
-                      [--section.key VALUE ...]
+USAGE = """usage: titanlite plan [--config FILE] [--ngpu N] [--nnodes M] [--gpu-mem-gib G] [--gpu-tflops T]
+                      [--interconnect nvlink|pcie|infiniband] [--headroom F] [--device cuda|cpu] [--top N]
+                      [--measure] [--section.key VALUE ...]
   --ngpu N          GPUs (processes) per node (default 8, or $NGPU)
   --nnodes M        nodes (default 1); between nodes the link is InfiniBand
   --gpu-mem-gib G   memory of one device (default 80)
@@ -54,6 +54,8 @@ USAGE = """usage: titanlite plan [--config FILE] [--ngpu N] [--nnodes M] [--gpu-
   --gpu-tflops T    peak bf16 TFLOP/s of one device, for the step-time column (default 989, H100 SXM)
   --device          what the estimate is for: cuda (bf16 activations under mixed precision; default) or
                     cpu (float32, as titanlite runs there); --measure on a CPU machine implies cpu
+  --top N           the table's N best layouts (those that fit, fastest first) after the config's own, and
+                    the recommended one (default: every layout)
   --measure         run 3 real steps of the config's own layout (torchrun, N x M processes) and print
                     the estimate beside the measured tensor peak per rank (PyTorch's MemTracker, or
                     FSDPMemTracker under FSDP)"""
@@ -71,9 +73,10 @@ def plan(argv: list[str]) -> int:
         "headroom": 0.1,
         "device": "",
         "gpu-tflops": 989.0,
+        "top": 0,  # 0: every layout (the least that can be given is 1)
         "measure": False,
     }
-    opts, rest = take_options(argv, defaults, "plan:")
+    opts, rest = take_options(argv, defaults, "plan:", at_least={"top": 1})
     ngpu, nnodes, measure = opts["ngpu"], opts["nnodes"], opts["measure"]
     mem, headroom, tflops = opts["gpu-mem-gib"], opts["headroom"], opts["gpu-tflops"]
     if ngpu < 1 or nnodes < 1 or mem <= 0 or not 0 <= headroom < 1 or tflops <= 0:
@@ -93,7 +96,7 @@ def plan(argv: list[str]) -> int:
     facts = model_facts(cfg, model)
     budget = mem * (1 - headroom) * GIB
     rows = layout_rows(cfg, facts, own, machine, lambda est: est["peak"] <= budget)
-    print_plan(cfg, facts, rows, machine, mem, headroom)
+    print_plan(cfg, facts, rows, machine, mem, headroom, opts["top"])
     pick, _ = recommend(rows)
     print(verdict(cfg, rows, pick, budget))
     excluded = excluded_layouts(cfg, facts, own, machine)
@@ -136,7 +139,11 @@ def active_part(facts: ModelFacts) -> str:
     return f", {facts.active_params:,} active per token ({facts.active_params / 1e9:.2f} B)"
 
 
-def print_plan(cfg, facts: ModelFacts, rows: list[dict], machine: Machine, mem: float, headroom: float) -> None:
+def print_plan(
+    cfg, facts: ModelFacts, rows: list[dict], machine: Machine, mem: float, headroom: float, top: int = 0
+) -> None:
+    """The plan's header, its table (with `top`, only the config's own row, the `top` best others and the recommended
+    one), the communication, the recommendation and the pipeline bubbles."""
     device, tflops = machine.device, machine.tflops
     dtype = (
         "bf16 activations (mixed precision)"
@@ -187,7 +194,9 @@ def print_plan(cfg, facts: ModelFacts, rows: list[dict], machine: Machine, mem: 
         f"{'tok/s/GPU':>9} {'tok/s':>10}"
     )
     ordered = [own] + sorted((r for r in rows if r is not own), key=lambda r: (not r["fits"], -r["tokens_s"]))
-    for r in ordered:
+    pick, why = recommend(rows)
+    shown = [r for i, r in enumerate(ordered) if not top or i <= top or r is pick]
+    for r in shown:
         e, lay, s = r["est"], r["layout"], r["setting"]
         name = lay.name + (" (config)" if r["own"] else "")
         host = f" {e['host'] / GIB:>7.2f}" if offload else ""
@@ -201,7 +210,9 @@ def print_plan(cfg, facts: ModelFacts, rows: list[dict], machine: Machine, mem: 
             f"{sum(e['comm'].values()) / 1e9:>8.2f} {1e3 * r['comm_s']:>8.1f} {r['bubble']:>6.0%} "
             f"{1e3 * r['step_s']:>8.0f} {r['tokens_s'] / lay.dims.world_size:>9,.0f} {r['tokens_s']:>10,.0f}"
         )
-    pick, why = recommend(rows)
+    left = len(ordered) - len(shown)
+    if left:
+        print(f"... {left} more layouts (--top {top}: the config's own, the {top} best, the recommended)")
     for label, row in (("config", own), ("recommended", pick)):
         if row is not None:
             parts = ", ".join(f"{kind} {volume / 1e9:.2f} GB" for kind, volume in row["est"]["comm"].items()) or "none"
@@ -221,21 +232,23 @@ def measure_layout(cfg, argv: list[str], lay: Layout, facts: ModelFacts, s: Sett
     est = estimate(facts, lay, s)
     folder = tempfile.mkdtemp(prefix="titanlite-plan-")  # kept when the run fails: its logs explain why
     out = Path(folder) / "memory"
-    train_argv = [
-        *argv,
-        "--training.steps",
-        "3",
-        "--metrics.log_freq",
-        "3",
-        "--checkpoint.enable",
-        "false",
-        "--profiling.enable_profiling",
-        "false",
-        "--job.dump_folder",
-        folder,
-        "--job.name",
-        "measure",
-    ]
+    train_argv = with_overrides(
+        argv,
+        [
+            "--training.steps",
+            "3",
+            "--metrics.log_freq",
+            "3",
+            "--checkpoint.enable",
+            "false",
+            "--profiling.enable_profiling",
+            "false",
+            "--job.dump_folder",
+            folder,
+            "--job.name",
+            "measure",
+        ],
+    )
     print(f"measure: 3 steps of {lay.name} on {world} process(es) ...", flush=True)
     proc = run_measured(train_argv, world, Path(folder), {"TITANLITE_MEASURE_MEMORY": str(out)})
     if proc.returncode != 0:  # the worker's own line (the launcher's last), and its exit status

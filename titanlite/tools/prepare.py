@@ -8,16 +8,18 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import time
 
 from titanlite.base.command_line import take_options
+from titanlite.base.errors import ConfigError
 from titanlite.builder.data import describe_tokenizer, run_tokenizer, store_options, training_sources
 from titanlite.builder.run import describe_model
 from titanlite.config import DEFAULT_CONFIG, parse_config
 from titanlite.data.store import describe
 
 USAGE = """usage: titanlite prepare [--config FILE] [--workers N] [--rebuild] [--section.key VALUE ...]
-  --workers N   tokenising processes (default: data.prepare_workers, 0 = every core)
+  --workers N   tokenising processes, at most one per core (default: data.prepare_workers, 0 = every core)
   --rebuild     tokenise everything again, even where the store looks current (e.g. a hub dataset
                 that changed upstream)
 Sources are training.dataset / dataset_path, or every entry of training.dataset_mixture. A store is
@@ -31,7 +33,8 @@ def prepare(argv: list[str]) -> int:
     if "--help" in argv or "-h" in argv:
         print(USAGE)
         return 0
-    opts, rest = take_options(argv, {"workers": -1, "rebuild": False}, "prepare")
+    opts, rest = take_options(argv, {"workers": -1, "rebuild": False}, "prepare", at_least={"workers": 0})
+    check_workers(opts["workers"])
     cfg = parse_config(rest)
     options = store_options(cfg, "sample")
     if opts["workers"] >= 0:
@@ -48,6 +51,26 @@ def prepare(argv: list[str]) -> int:
             f"({time.perf_counter() - start:.1f} s)"
         )
     return 0
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity: a container's or a batch job's share), else the
+    machine's."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def check_workers(workers: int) -> None:
+    """Tokenising is CPU-bound: past one process per usable core, more only share the same cores (and each holds its
+    own tokenizer and buffers in memory), so a count above them is a mistake, refused before any work."""
+    cores = usable_cores()
+    if workers > cores:
+        raise ConfigError(
+            f"prepare --workers {workers} is more than the {cores} core(s) this process may use (tokenising is "
+            f"CPU-bound: more processes than cores only share them); use at most {cores}, or 0 for every core"
+        )
 
 
 def tokenizer_line(cfg, tokenizer, argv: list[str]) -> str:

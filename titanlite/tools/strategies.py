@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from titanlite.base.command_line import LAUNCHER, TRAIN_WORKER, take_options
+from titanlite.base.command_line import LAUNCHER, TRAIN_WORKER, check_writable_place, take_options, with_overrides
 from titanlite.base.devices import uses_cuda
 from titanlite.base.errors import ConfigError
 from titanlite.base.failures import reason_in
@@ -112,7 +112,7 @@ def strategies_for(n: int, base_args: list[str]) -> list[Strategy]:
     usable = []
     for s in candidates:
         try:
-            plan_run(parse_config([*base_args, *s.args]), s.ranks)
+            plan_run(parse_config(with_overrides(base_args, s.args)), s.ranks)
             usable.append(s)
         except ConfigError as e:
             print(f"bench: leaving out {s.name}: {e}")
@@ -133,11 +133,7 @@ def launch(
         f"--log-dir={run_root / name / 'torchrun_logs'}",
         "-m",
         TRAIN_WORKER,
-        *args,
-        "--job.dump_folder",
-        str(run_root),
-        "--job.name",
-        name,
+        *with_overrides(args, ["--job.dump_folder", str(run_root), "--job.name", name]),
     ]
     env = {**os.environ, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
     if "OMP_NUM_THREADS" not in os.environ:
@@ -173,34 +169,37 @@ def strategies(argv: list[str]) -> int:
             f"bench strategies needs --steps >= {PROFILED + 4} (2 warm-up, some timed, {PROFILED} profiled)"
         )
     out = Path(opts["output"] or Path(cfg.job.dump_folder) / cfg.job.name / "bench_strategies")
+    check_writable_place(out, f"bench strategies --output {out}")
     out.mkdir(parents=True, exist_ok=True)
     global_batch = cfg.training.local_batch_size * n
-    common = [
-        *rest,
-        "--training.steps",
-        str(steps),
-        "--training.global_batch_size",
-        str(global_batch),
-        "--metrics.log_freq",
-        str(steps - PROFILED - 1),
-        "--metrics.throughput_warmup_steps",
-        "2",
-        "--checkpoint.enable",
-        "false",
-        "--profiling.enable_profiling",
-        "true",
-        "--profiling.profile_freq",
-        str(steps),
-        "--profiling.profile_active_steps",
-        str(PROFILED),
-        "--profiling.save_traces_folder",
-        "profile",
-    ]
+    common = with_overrides(
+        rest,
+        [
+            "--training.steps",
+            str(steps),
+            "--training.global_batch_size",
+            str(global_batch),
+            "--metrics.log_freq",
+            str(steps - PROFILED - 1),
+            "--metrics.throughput_warmup_steps",
+            "2",
+            "--checkpoint.enable",
+            "false",
+            "--profiling.enable_profiling",
+            "true",
+            "--profiling.profile_freq",
+            str(steps),
+            "--profiling.profile_active_steps",
+            str(PROFILED),
+            "--profiling.save_traces_folder",
+            "profile",
+        ],
+    )
     rows = []
     for s in strategies_for(n, common):
         print(f"bench: {s.name} on {s.ranks} process(es) ...", flush=True)
         name = s.name.lower().replace(" ", "").replace("-", "")
-        proc = launch(s.ranks, [*common, *s.args], out, name)
+        proc = launch(s.ranks, with_overrides(common, s.args), out, name)
         row: dict[str, Any] = {"strategy": s.name, "ranks": s.ranks, "run": name}
         records = read_metrics(out / name)
         timed = [r for r in records if r["step"] == steps - PROFILED - 1]
@@ -341,26 +340,29 @@ def batch_sizes(argv: list[str]) -> int:
             "bench batch-sizes needs --steps >= 3 (2 warm-up steps, then timed ones) and --max-batch-size >= 1"
         )
     out = Path(opts["output"] or Path(cfg.job.dump_folder) / cfg.job.name / "bench_batch_sizes")
+    check_writable_place(out, f"bench batch-sizes --output {out}")
     out.mkdir(parents=True, exist_ok=True)
     rows, batch, stop = [], 1, ""
     while batch <= opts["max-batch-size"]:
         print(f"bench: local batch {batch} ...", flush=True)
         name = f"batch{batch}"
-        args = [
-            *rest,
-            "--training.local_batch_size",
-            str(batch),
-            "--training.global_batch_size",
-            str(batch),
-            "--training.steps",
-            str(steps),
-            "--metrics.log_freq",
-            str(steps),
-            "--checkpoint.enable",
-            "false",
-            "--parallelism.data_parallel_shard_degree",
-            "1",
-        ]
+        args = with_overrides(
+            rest,
+            [
+                "--training.local_batch_size",
+                str(batch),
+                "--training.global_batch_size",
+                str(batch),
+                "--training.steps",
+                str(steps),
+                "--metrics.log_freq",
+                str(steps),
+                "--checkpoint.enable",
+                "false",
+                "--parallelism.data_parallel_shard_degree",
+                "1",
+            ],
+        )
         proc = launch(1, args, out, name)
         records = read_metrics(out / name)
         if proc.returncode != 0 or not records:

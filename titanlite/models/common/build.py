@@ -65,29 +65,25 @@ def with_mtp_layers(args, mtp_layers: int, folder: str = ""):
             f"model.mtp_layers={mtp_layers}, but {folder} holds {args.mtp_layers} multi-token prediction layers "
             f"(num_nextn_predict_layers); use {args.mtp_layers} (the folder's), 0 (none), or leave it out"
         )
-    return dataclasses.replace(args, mtp_layers=mtp_layers)
+    try:
+        return dataclasses.replace(args, mtp_layers=mtp_layers)
+    except ValueError as e:  # a count the family's arguments refuse (Qwen's: 0 or 1)
+        raise ConfigError(
+            f"model.mtp_layers={mtp_layers} does not fit model {spec_of(args).name}: {e}; set one it takes, or leave "
+            "model.mtp_layers out"
+        ) from None
 
 
 def with_moe_settings(args, moe):
-    """`args` with the [moe] keys that are set (balance not "", coefficients not -1) in its MoEArgs; a ConfigError
-    for a key set on a family without mixture-of-experts blocks, or one that the resulting balance ignores."""
+    """`args` with the [moe] keys that are set (balance not "", coefficients not -1) in its MoEArgs. A key set for a
+    model without mixture-of-experts blocks, or one that the balance ignores, is refused by the config's one rule
+    for settings of a feature that is off (titanlite/config/rules.py, FEATURES), before this: a dense model takes
+    none of them here (the command line replaced the config file's model of experts: they were that model's)."""
     set_keys = {key: value for key, value in dataclasses.asdict(moe).items() if value not in ("", -1, "auto")}
-    if not set_keys:
+    if not set_keys or not isinstance(getattr(args, "moe", None), MoEArgs):
         return args
-    if not isinstance(getattr(args, "moe", None), MoEArgs):
-        raise ConfigError(
-            f"moe.{next(iter(set_keys))} is set but model {spec_of(args).name} has no mixture-of-experts blocks; "
-            "remove it"
-        )
     set_keys.pop("experts_kernel", None)  # how the experts compute, not what (configured_model)
-    settings = dataclasses.replace(args.moe, **set_keys)
-    for key, balance in (("aux_loss_coef", "aux_loss"), ("bias_update_rate", "bias")):
-        if key in set_keys and settings.balance != balance:
-            raise ConfigError(
-                f"moe.{key}={set_keys[key]} acts only with balance {balance!r}, but the balance is "
-                f"{settings.balance!r}; set moe.balance = {balance!r}, or remove moe.{key}"
-            )
-    return dataclasses.replace(args, moe=settings)
+    return dataclasses.replace(args, moe=dataclasses.replace(args.moe, **set_keys))
 
 
 def configured_model(model_cfg, vocab_size: int, seq_len: int, moe=None) -> DecoderModule:
