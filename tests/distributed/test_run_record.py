@@ -54,11 +54,11 @@ def test_eval_and_generate_take_the_trained_settings_from_the_checkpoint(biased_
     results, ids = {}, {}
     for name, flags in (("recorded", []), ("repeated", TRAINED)):
         out = tmp_path / f"{name}.json"
-        assert main(["eval", *run_folder(biased_run), *DATA, *flags, "--output", str(out)]) == 0
+        assert main(last_wins(["eval", *run_folder(biased_run), *DATA, *flags, "--output", str(out)])) == 0
         results[name] = json.loads(out.read_text())["val_loss"]
         out = tmp_path / f"{name}-ids.json"
         generate = ["generate", "--prompt", "def main(", "--max-new-tokens", "12", "--output", str(out)]
-        assert main([*generate, *run_folder(biased_run), *flags]) == 0
+        assert main(last_wins([*generate, *run_folder(biased_run), *flags])) == 0
         ids[name] = json.loads(out.read_text())["new_ids"]
     # The same to float32 summation order (the evaluation batch follows training.local_batch_size, not recorded);
     # evaluated without the routing biases it was 1.6e-4 away.
@@ -90,7 +90,7 @@ def test_a_flag_that_contradicts_the_record_is_one_line(biased_run, tmp_path, ca
         ["convert", "to-hf", "--output", str(tmp_path / "hf")],
     ):
         capfd.readouterr()
-        assert main([*command, *run_folder(biased_run), *flag]) == 2, command
+        assert main(last_wins([*command, *run_folder(biased_run), *flag])) == 2, command
         err = capfd.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("titanlite: error: " + line.format(step=step)), (command, err)
     assert not (tmp_path / "hf").exists()
@@ -103,7 +103,7 @@ def test_an_export_its_family_cannot_express_writes_nothing_with_or_without_the_
     for name, flags in (("recorded", []), ("repeated", TRAINED)):
         capfd.readouterr()
         output = tmp_path / name / "hf"
-        assert main(["convert", "to-hf", "--output", str(output), *run_folder(biased_run), *flags]) == 2
+        assert main(last_wins(["convert", "to-hf", "--output", str(output), *run_folder(biased_run), *flags])) == 2
         err = capfd.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "cannot express moe.balance='bias'" in err[0], err
         lines.append(err[0])
@@ -120,7 +120,7 @@ def test_a_checkpoint_with_tensors_the_model_has_no_place_for_is_refused(biased_
     args += ["--job.dump_folder", str(tmp_path), "--job.name", "other", "--checkpoint.initial_load_path", str(step)]
     args = last_wins(args)
     # The checkpoint's record is taken as ever (so the flag is refused) ...
-    assert main([*args, "--moe.balance", "aux_loss"]) == 2
+    assert main(last_wins([*args, "--moe.balance", "aux_loss"])) == 2
     assert "contradicts" in capfd.readouterr().err
     # ... and a model built without the biases is refused at the load, not left without them.
     from titanlite.base.errors import ConfigError
@@ -145,7 +145,7 @@ def test_an_export_takes_the_balance_from_the_checkpoint(tmp_path):
     exports = {}
     for name, flags in (("recorded", []), ("repeated", trained[:-4] + trained[-2:])):
         out = tmp_path / name
-        assert main(["convert", "to-hf", "--output", str(out), *run_folder(tmp_path), *flags]) == 0
+        assert main(last_wins(["convert", "to-hf", "--output", str(out), *run_folder(tmp_path), *flags])) == 0
         exports[name] = {p.name: p.read_bytes() for p in out.iterdir() if p.suffix in (".safetensors", ".json")}
     assert exports["recorded"].keys() == exports["repeated"].keys() and "model.safetensors" in exports["recorded"]
     assert exports["recorded"] == exports["repeated"]
