@@ -954,7 +954,7 @@ def command_inputs(s: Survey) -> None:
         ),
         "compare a run folder name too long": (["compare", f"/tmp/{LONG}", str(run)], "compare RUN_DIR: its name"),
         "compare --metrics no run logged": (
-            ["compare", str(run), str(run), "--metrics", "perplexity"],
+            ["compare", str(run / "run"), str(run / "run"), "--metrics", "perplexity"],
             "no run logged 'perplexity'",
         ),
         "plan --top 0": (["plan", "--top", "0"], "--top must be at least 1"),
