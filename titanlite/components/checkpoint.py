@@ -50,7 +50,7 @@ from titanlite.components.checkpoint_files import (
     write_rank_checksums,
 )
 from titanlite.components.hf_weights import export_evaluation, load_hf_into
-from titanlite.components.resume import flat_config, resume_changes
+from titanlite.components.resume import CORPUS_KEYS, flat_config, resume_changes
 from titanlite.config import JobConfig, parse_config
 
 logger = logging.getLogger(__name__)
@@ -646,19 +646,7 @@ def recorded_settings(path: Path) -> dict[str, Any]:
 
 # Besides validation.*, the settings that decide which held-out windows a run's evaluation read and in which batches:
 # its corpus (the held-out split is its tail), the window length and the batch validation.local_batch_size 0 takes.
-EVALUATION_KEYS = (
-    "training.dataset",
-    "training.dataset_path",
-    "training.dataset_mixture",
-    "training.dataset_text_field",
-    "training.dataset_subset",
-    "training.dataset_split",
-    "training.dataset_data_files",
-    "training.dataset_data_dir",
-    "training.local_batch_size",
-    "training.seq_len",
-    "data.skip_unsupported_files",
-)
+EVALUATION_KEYS = (*CORPUS_KEYS, "training.local_batch_size", "training.seq_len")
 
 
 def recorded_evaluation(path: Path) -> dict[str, Any]:

@@ -25,9 +25,8 @@ from titanlite.models.common.moe.args import BALANCE_FIELDS
 
 # Keys that decide which token windows sample i of the run is: the saved data position means nothing under
 # other values.
-DATA_KEYS = (
-    "training.seq_len",
-    "training.seed",
+# The training corpus: which files and records, hence which tokens (and which of them are held out).
+CORPUS_KEYS = (
     "training.dataset",
     "training.dataset_path",
     "training.dataset_mixture",
@@ -36,8 +35,13 @@ DATA_KEYS = (
     "training.dataset_split",
     "training.dataset_data_files",
     "training.dataset_data_dir",
-    "data.shuffle",
     "data.skip_unsupported_files",
+)
+DATA_KEYS = (
+    "training.seq_len",
+    "training.seed",
+    *CORPUS_KEYS,
+    "data.shuffle",
     "validation.split_fraction",
     "validation.dataset",
     "validation.dataset_path",
