@@ -8,6 +8,9 @@ reductions become reduce-scatters. The vocabulary is split across ranks at both 
 
 from __future__ import annotations
 
+import warnings
+from fnmatch import fnmatch
+
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
@@ -43,11 +46,36 @@ def apply_tp(
     plan = ends_plan(model, loss_parallel, chunked_loss) | spec.load(spec.tp_plan)(model)
     if experts_split:
         plan = with_experts_split(plan, model, ep)
-    parallelize_module(model, tp_mesh, plan)
+    apply_plan(model, tp_mesh, plan)
     # A tied embedding: the vocabulary-parallel embedding and the column-wise output projection both
     # shard the [vocab, dim] matrix by rows (Shard(0)), so one sharded tensor serves both. Each style
     # distributed its own copy above; point the output back at the embedding's so they stay one.
     model.tie_weights()
+
+
+def apply_plan(model: nn.Module, mesh: DeviceMesh, plan: dict[str, ParallelStyle]) -> None:
+    """parallelize_module(model, mesh, plan), keeping the module each style returns: a style may build a module to
+    take the place of the one it is given (WholeProjectionNorm: a ShardedRMSNorm for an nn.RMSNorm), which is set on
+    the parent under the same name (parallelize_module drops what a style returns for a nested path). Keys are matched
+    as parallelize_module matches them: each dotted part an fnmatch pattern of a child's name."""
+    for path, style in plan.items():
+        targets = plan_targets(model, path)
+        if not targets:
+            warnings.warn(f"tensor-parallel plan key {path!r} names no submodule; skipped", stacklevel=2)
+        for parent, name in targets:
+            child = parent.get_submodule(name)
+            new = parallelize_module(child, mesh, style)
+            if new is not child:
+                parent.register_module(name, new)
+
+
+def plan_targets(model: nn.Module, path: str) -> list[tuple[nn.Module, str]]:
+    """(parent, name) of each submodule of `model` that the plan key `path` matches."""
+    *parents, leaf = path.split(".")
+    found = [model]
+    for token in parents:
+        found = [child for module in found for name, child in module.named_children() if fnmatch(name, token)]
+    return [(module, name) for module in found for name, _ in module.named_children() if fnmatch(name, leaf)]
 
 
 def ends_plan(model: DecoderModule, loss_parallel: bool, chunked_loss: bool) -> dict:

@@ -1,7 +1,7 @@
 """The shared decoder's tensor-parallel plans for its blocks (titanlite/parallel/tensor_parallel.py adds the
 embedding, final norm and output ends and applies it): the dense blocks', and the mixture-of-experts blocks'; the
-Q/K norms, per head (replicated) or over the whole projection (WholeProjectionNorm: sharded with the heads, their
-sums of squares all-reduced).
+Q/K norms, per head (replicated) or over the whole projection (WholeProjectionNorm: a ShardedRMSNorm in the norm's
+place, sharded with the heads, its sums of squares all-reduced).
 
 Tensor parallelism does not split the experts (expert parallelism does, over the data-parallel ranks): the block
 takes the full sequence (gathered from the sequence-parallel shards), routes it and runs its experts on every
@@ -97,12 +97,18 @@ def per_head_norms() -> dict:
 
 
 class ShardedRMSNorm(nn.RMSNorm):
-    """nn.RMSNorm over a width whose features are split over the tensor-parallel ranks (WholeProjectionNorm makes
-    one of a norm in place): each rank holds its slice of the input [..., width / tp] and of the weight (a DTensor,
+    """nn.RMSNorm over a width whose features are split over the tensor-parallel ranks (WholeProjectionNorm builds one
+    in place of a norm): each rank holds its slice of the input [..., width / tp] and of the weight (a DTensor,
     Shard(0)); the sum of squares is all-reduced over the ranks (a differentiable all-reduce: its backward sums the
     gradients the ranks' outputs send back), so each rank normalises its slice by the whole width's RMS."""
 
-    mesh: DeviceMesh
+    def __init__(
+        self, normalized_shape: tuple[int, ...], eps: float | None, weight: nn.Parameter | None, mesh: DeviceMesh
+    ) -> None:
+        # The placeholder weight nn.RMSNorm makes is on the meta device (no memory); `weight` takes its place.
+        super().__init__(normalized_shape, eps, elementwise_affine=weight is not None, device="meta")
+        self.register_parameter("weight", weight)
+        self.mesh = mesh
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         width = self.normalized_shape[-1]  # the whole width (the module's own, not the slice's)
@@ -115,21 +121,21 @@ class ShardedRMSNorm(nn.RMSNorm):
 
 class WholeProjectionNorm(ParallelStyle):
     """Tensor parallelism for a norm over a whole column-wise projection's output (qk_norm "full": OLMo 2's Q/K
-    norms): its weight sharded as the projection's output features are (Shard(0)), and the norm made a
-    ShardedRMSNorm (the module's class swapped in place, as FSDP's fully_shard swaps classes): each rank normalises
-    its heads by the RMS of every head's features, one small all-reduce (a number per token) per norm. The norm's
-    input is the projection's local output, its output local too."""
+    norms): its weight sharded as the projection's output features are (Shard(0)), and a ShardedRMSNorm holding that
+    weight returned to take the norm's place (titanlite/parallel/tensor_parallel.py apply_plan sets it on the
+    parent): each rank normalises its heads by the RMS of every head's features, one small all-reduce (a number per
+    token) per norm. The norm's input is the projection's local output, its output local too."""
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         if type(module) is not nn.RMSNorm:
             raise TypeError(f"WholeProjectionNorm shards an nn.RMSNorm, not a {type(module).__name__}")
+        weight = None
         if module.weight is not None:
-            weight = distribute_tensor(module.weight, device_mesh, [Shard(0)], src_data_rank=self.src_data_rank)
-            module.register_parameter("weight", nn.Parameter(weight))
-        module.__class__ = ShardedRMSNorm
-        assert isinstance(module, ShardedRMSNorm)
-        module.mesh = device_mesh
-        return module
+            weight = nn.Parameter(
+                distribute_tensor(module.weight, device_mesh, [Shard(0)], src_data_rank=self.src_data_rank)
+            )
+        sharded = ShardedRMSNorm(module.normalized_shape, module.eps, weight, device_mesh)
+        return sharded.train(module.training)
 
 
 def whole_projection_norms() -> dict:
