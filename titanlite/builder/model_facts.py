@@ -209,7 +209,9 @@ class FlashAttentionOnMeta(TorchFunctionMode):
 def measure_saved_tensors(model, facts: ModelFacts, seq_len: int) -> None:
     """Run forward and the loss on meta tensors for one sequence and record the bytes autograd saves
     for backward: per block, and before/after the blocks; also which of them selective-op AC keeps."""
-    params = {p.untyped_storage()._cdata for p in model.parameters()}
+    # Storages are keyed by their Python object's id: torch keeps one object per storage while it lives (views share
+    # it), and every storage here stays alive until the measurement ends (the model's, the inputs, `alive`).
+    params = {id(p.untyped_storage()) for p in model.parameters()}
     produced_by: dict[int, object] = {}
     region = ["first"]
     # Selective-op AC stores every output of its save ops, also those autograd itself does not save
@@ -223,7 +225,7 @@ def measure_saved_tensors(model, facts: ModelFacts, seq_len: int) -> None:
             for t in out if isinstance(out, (tuple, list)) else [out]:
                 if isinstance(t, torch.Tensor):
                     alive.append(t)
-                    key = t.untyped_storage()._cdata
+                    key = id(t.untyped_storage())
                     produced_by.setdefault(key, func)
                     if func in SAVE_OPS:
                         sac_outputs.setdefault(key, (region[0], float(t.untyped_storage().nbytes())))
@@ -233,7 +235,7 @@ def measure_saved_tensors(model, facts: ModelFacts, seq_len: int) -> None:
     in_moe = [False]  # inside a mixture-of-experts block (what TP leaves whole)
 
     def pack(t):
-        key = t.untyped_storage()._cdata
+        key = id(t.untyped_storage())
         if key not in params and key not in saved:
             vocab = t.dim() > 0 and t.shape[-1] == facts.vocab
             nbytes = float(t.untyped_storage().nbytes())

@@ -29,7 +29,7 @@ class LiveTensorBytes:
         if not isinstance(t, torch.Tensor) or t.device != self.device or t.is_meta:
             return
         storage = t.untyped_storage()
-        key = storage._cdata
+        key = id(storage)  # torch keeps one Python object per storage while it lives; the weakref below ends with it
         if key in self.live:
             return
         size = storage.nbytes()

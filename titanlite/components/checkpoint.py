@@ -51,6 +51,7 @@ from titanlite.components.checkpoint_files import (
 )
 from titanlite.components.hf_weights import export_evaluation, load_hf_into
 from titanlite.components.resume import CORPUS_KEYS, flat_config, resume_changes
+from titanlite.components.torch_private import stager_closed, stop_process_saver
 from titanlite.config import JobConfig, parse_config
 
 logger = logging.getLogger(__name__)
@@ -698,34 +699,6 @@ def process_saver_stager(pinned: bool):
             use_pinned_memory=pinned, use_shared_memory=True, use_async_staging=False, use_non_blocking_copy=pinned
         )
     )
-
-
-def stager_closed(stager) -> bool:
-    """Whether DCP closed the stager while staging. Some torch releases (2.11 among them) close a DefaultStager's
-    inner stager at the end of every stage, which empties its copy table: the next save then fails inside
-    async_save with "KeyError: <class 'type'>". Such a stager is replaced before the next save (its pinned
-    buffers were released by that close anyway). Private attributes, read defensively: where a torch version
-    lacks them, the stager counts as closed and is replaced, which is always safe."""
-    inner = getattr(stager, "_state_dict_stager", None)
-    return not getattr(inner, "_deepcopy_dispatch", None)
-
-
-def stop_process_saver() -> None:
-    """End DCP's writing process. DCP keeps it for the trainer's lifetime and ends it only in a finaliser,
-    which titanlite's exit skips (os._exit, titanlite/commands/worker.py's shutdown): left alone, it would notice its
-    parent gone and die with a traceback. Private names: if a torch version moves them, nothing is done."""
-    # Imported here: a private module, which a torch version may move (then nothing is done).
-    from torch.distributed.checkpoint import _async_process_executor as executor
-
-    process = getattr(executor, "_CHECKPOINT_PROCESS", None)
-    send, child = getattr(process, "_send", None), getattr(process, "_save_process", None)
-    if send is None or child is None or not child.is_alive():
-        return
-    send(executor._CheckpointSaveProcessControlOpts.TERMINATE)
-    child.join(timeout=30)
-    if child.is_alive():
-        child.terminate()
-    executor._CHECKPOINT_PROCESS = None
 
 
 def needs_process_group(cfg) -> bool:

@@ -134,9 +134,9 @@ def materialize(model: DecoderModule, device: torch.device, seed: int, cpu_offlo
     model.to_empty(device="cpu" if cpu_offload else device)
     model.tie_weights()  # to_empty gives each module a new Parameter, which unties shared ones
     for module in model.modules():  # buffers (RoPE tables) are used where the compute runs
-        for key, buffer in module._buffers.items():
-            if buffer is not None:
-                module._buffers[key] = buffer.to(device)
+        # Setting a registered buffer's name replaces the tensor and keeps its registration (persistent or not).
+        for key, buffer in list(module.named_buffers(recurse=False, remove_duplicate=False)):
+            setattr(module, key, buffer.to(device))
     model.init_buffers()
     # Drawn on the compute device even when the shards live in host memory: a CPU generator draws other
     # numbers than a CUDA one from the same seed, and offload must start from the same weights.
