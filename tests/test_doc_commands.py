@@ -2,7 +2,7 @@
 written, on the CPU, each in its own `bash -e` (so every command in it must succeed), with its /tmp/ paths
 moved into a fresh folder. Blocks are marked `tested` where they are cheap: the debug models, a few steps;
 `tested slow` where another test already runs the same thing (they run with the slow tests, to keep the
-default suite under 15 minutes). Other blocks (GPUs, many nodes, corpora you bring) are documentation
+default suite within its 7 minutes). Other blocks (GPUs, many nodes, corpora you bring) are documentation
 only; tests elsewhere cover their code. Markdown renderers take the info string's first word, `bash`."""
 
 import re

@@ -14,7 +14,7 @@ gemma4_moe on TP x 2 and CP x 2 matches one process's step 1 to 1e-5, and later 
 Gemma 4 folder's logits on TP x 2 differ from transformers' by 1.0e-5 (dense) and 2.0e-5 (with experts) of the
 largest logit, on FSDP x 2 by 0 and 8e-6 (measured 2026-11-29). The experts' model then drifts over the steps: 3e-5
 to 4e-5 by step 5 on its debug config, and up to 7e-5 by step 4 when a random folder routes every token to all 4
-experts, so the drift does not come from flipped top-k choices alone (docs/models.md)."""
+experts, so the drift does not come from flipped top-k choices alone (docs/models-dense.md#gemma-4)."""
 
 import pytest
 
