@@ -190,7 +190,7 @@ FLAVORS = {
     # key/value heads, keys equal to values, proportional rotary), the last two layers reusing keys and values, the
     # softcap. No per-layer embeddings, which tensor parallelism cannot split (the unit tests build models with them).
     "debug": DEBUG,
-    # google/gemma-4-E2B, -E4B and -31B, text_config of their config.json (docs/models-dense.md#gemma-4 says where from).
+    # google/gemma-4-E2B, -E4B and -31B, text_config of their config.json (docs/models-dense.md#gemma-4).
     "gemma4_e2b": Gemma4Args(
         dim=1536, n_layers=35, n_heads=8, n_kv_heads=1, head_dim=256, ffn_dim=6144, vocab_size=GEMMA4_VOCAB,
         max_seq_len=131072, sliding_window=512, layer_types=layer_types(35, 5), global_head_dim=512,
