@@ -27,6 +27,8 @@ LAYERS = (
     (0, "models.common.rope_args", "rotary scalings' arguments (Llama 3.1's, YaRN) and their config.json; torch-free"),
     (0, "models.common.hybrid.args", "the hybrid (linear + full attention) decoder's arguments; torch-free"),
     (0, "models.common.hybrid.hf_config", "the hybrid decoder's config.json both ways; torch-free"),
+    (0, "models.common.latent.args", "multi-head latent attention's arguments (LatentArgs); torch-free"),
+    (0, "models.common.latent.hf_config", "multi-head latent attention's config.json fields both ways; torch-free"),
     (1, "config", "the run configuration: sections, loading and validation, reference text"),
     (2, "models.common", "blocks every family may use: the model interface, attention, KV cache, weight init, build"),
     (2, "models.*.model", "a family's plain module, no parallelism inside"),
@@ -35,6 +37,7 @@ LAYERS = (
     (3, "parallel", "one apply_* per parallelism, parallelize() in its order, the mesh, pipeline schedules"),
     (3, "models.*.parallelize", "a family's tensor-parallel plan for its blocks"),
     (3, "models.common.hybrid.parallelize", "the hybrid decoder's tensor-parallel plan"),
+    (3, "models.common.latent.parallelize", "multi-head latent attention's tensor-parallel plan"),
     (
         3,
         "components",

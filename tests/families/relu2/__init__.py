@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from titanlite.models.common.decoder_args import TransformerDefaults
 from titanlite.models.registry import register
 from titanlite.models.spec import ModelSpec
 
 
 @dataclass
-class Relu2Args:
+class Relu2Args(TransformerDefaults):  # the shared decoder's switches it does not set (no experts, pre-norm, ...)
     dim: int
     n_layers: int
     n_heads: int

@@ -22,7 +22,14 @@ from torch import nn
 
 from titanlite.models.common.attention import Sequence
 from titanlite.models.common.auxiliary import add_auxiliary_loss
-from titanlite.models.common.decoder_args import kind_of, rope_kind, rotary_dim_of, window_of
+from titanlite.models.common.decoder_args import (
+    DecoderArgs,
+    TransformerArgs,
+    kind_of,
+    rope_kind,
+    rotary_dim_of,
+    window_of,
+)
 from titanlite.models.common.feed_forward import GatedMLP
 from titanlite.models.common.head import OutputHead
 from titanlite.models.common.interface import Decoder
@@ -99,6 +106,7 @@ def grouped_query_attention(model: Transformer, layer: int, **changes: Any) -> A
     """The shared arguments' attention for `layer`: their heads, biases, Q/K norms, window, NoPE layers and rotated
     channels (rotary_dim, or its kind's own)."""
     a = model.args
+    assert isinstance(a, DecoderArgs)  # their switches; a family of other arguments builds its own attention
     options: dict[str, Any] = {
         "qkv_bias": a.qkv_bias,
         "out_bias": a.out_bias,
@@ -133,11 +141,10 @@ class Transformer(nn.Module):
     # tok_embeddings for its multi-token prediction depths (parallel/pipeline.py split_model).
     embeds_input: bool = True
 
-    def __init__(self, args: Any):
+    def __init__(self, args: TransformerArgs):
         super().__init__()
         self.args = args
-        moe = getattr(args, "moe", None)
-        self.moe_args: MoEArgs | None = moe if isinstance(moe, MoEArgs) else None
+        self.moe_args: MoEArgs | None = args.moe
         # The pooled load-balancing statistics of the MoE blocks (one term for them all), where they pool.
         self.balance: PooledBalance | None = (
             PooledBalance() if self.moe_args is not None and self.pooled_balance else None
@@ -149,7 +156,7 @@ class Transformer(nn.Module):
         self.rotary = self.rotary_tables()
         # Multi-token prediction (models/common/multi_token.py): depth k's block is layer n_layers + k - 1, after
         # the decoder's own, and its norms and projection are mtp[that layer's key].
-        self.mtp_layers: int = getattr(args, "mtp_layers", 0)
+        self.mtp_layers: int = args.mtp_layers
         n_blocks = args.n_layers + self.mtp_layers
         # layer name -> the rotary table its mixer reads (None: none)
         self.layer_rotary = {str(i): self.rotary_of(i) for i in range(n_blocks)}
@@ -206,7 +213,7 @@ class Transformer(nn.Module):
             if self.balance is not None:
                 return PooledMoE(a.dim, moe, self.balance, experts=experts)
             return MoE(a.dim, moe, experts=experts)
-        return GatedMLP(a.dim, a.ffn_dim, bias=getattr(a, "mlp_bias", False))
+        return GatedMLP(a.dim, a.ffn_dim, bias=a.mlp_bias)
 
     def build_experts(self) -> GroupedExperts | None:
         """A MoE block's routed experts where the family's differ from the plain SwiGLU ones; None: those."""
@@ -219,8 +226,7 @@ class Transformer(nn.Module):
 
     def norm_placement(self, layer: int) -> tuple[str, str]:
         """The placement of the mixer's norms and the feed-forward's (Block): args.norm_position's."""
-        placement = getattr(self.args, "norm_position", "pre")
-        return placement, placement
+        return self.args.norm_position, self.args.norm_position
 
     def rotary_tables(self) -> dict[str, RotaryTable]:
         """The rotary tables the layers read, by name (their buffers are <name>_cos and <name>_sin): "rope" of
@@ -228,8 +234,8 @@ class Transformer(nn.Module):
         (args.layer_rope; over rotary_dim channels where the kind names no width of its own), "rope" left out where
         every layer reads its kind's own."""
         a = self.args
-        rotary_dim = getattr(a, "rotary_dim", 0) or a.head_dim
-        own = getattr(a, "layer_rope", {})
+        rotary_dim = a.rotary_dim or a.head_dim
+        own = a.layer_rope
         tables = {f"rope_{kind}": RotaryTable.of(rope, rotary_dim) for kind, rope in own.items()}
         if not own or any(rope_kind(a, i) not in own for i in range(a.n_layers)):
             tables["rope"] = RotaryTable(rotary_dim, a.rope_theta, a.rope_scaling)
@@ -239,7 +245,7 @@ class Transformer(nn.Module):
         """The table `layer` reads (None: its mixer takes no rotations): its kind's own, or "rope"."""
         if not self.rotary:
             return None
-        own = getattr(self.args, "layer_rope", {})
+        own = self.args.layer_rope
         kind = rope_kind(self.args, layer) if own else None
         return f"rope_{kind}" if kind in own else "rope"
 
@@ -420,7 +426,7 @@ class Transformer(nn.Module):
         standard_init(self.args, name, full, generator)
 
 
-def standard_init(args: Any, name: str, full: torch.Tensor, generator: torch.Generator) -> None:
+def standard_init(args: TransformerArgs, name: str, full: torch.Tensor, generator: torch.Generator) -> None:
     """The shared initialisation of parameter `name` (its full value `full`, in place, drawing only from
     `generator`): norms at one, the embedding normal std 0.02, input-side projections (and the router's gate and
     each expert's gate and up) trunc normal std 0.02, residual-side ones (wo, w2, the experts' down) at

@@ -1,13 +1,15 @@
 """The shared decoder's arguments, torch-free (titanlite/models/common/decoder.py builds them): the shape and the
 switches most families set (biases, Q/K norms, norm placement, NoPE layers, windows, per-layer kinds and their
 own rotary settings), and the helpers that read them. A family's folder sets them, or extends the dataclass with
-what only it has."""
+what only it has. TransformerArgs: what the decoder reads of any family's arguments, DecoderArgs' or not."""
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import ClassVar
+from types import MappingProxyType
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from titanlite.models.common.moe.args import MoEArgs
 from titanlite.models.common.rope_args import LayerRope, Llama3RopeScaling, YarnRopeScaling
@@ -19,8 +21,73 @@ NORM_POSITIONS = ("pre", "post")
 LAYER_KINDS = ("full_attention", "sliding_attention")
 
 
+class TransformerArgs(Protocol):
+    """What the shared decoder (titanlite/models/common/decoder.py Transformer) reads of a family's arguments, the
+    one contract every family's arguments meet: mypy holds each family's module to it through its `args`
+    annotation. Read-only, so a dataclass field, a property and a class attribute meet a member alike; a family
+    without the switches (from `moe` on) takes TransformerDefaults' values."""
+
+    @property
+    def dim(self) -> int: ...
+    @property
+    def n_layers(self) -> int: ...
+    @property
+    def n_heads(self) -> int: ...
+    @property
+    def ffn_dim(self) -> int: ...
+    @property
+    def head_dim(self) -> int: ...
+    @property
+    def vocab_size(self) -> int: ...
+    @property
+    def max_seq_len(self) -> int: ...
+    @property
+    def norm_eps(self) -> float: ...
+    @property
+    def tie_embeddings(self) -> bool: ...
+    @property
+    def layer_types(self) -> tuple[str, ...]: ...
+    @property
+    def moe(self) -> MoEArgs | None: ...
+    @property
+    def mtp_layers(self) -> int: ...
+    @property
+    def mlp_bias(self) -> bool: ...
+    @property
+    def norm_position(self) -> str: ...
+    @property
+    def rope_theta(self) -> float: ...
+    @property
+    def rope_scaling(self) -> Llama3RopeScaling | YarnRopeScaling | None: ...
+    @property
+    def rotary_dim(self) -> int: ...
+    @property
+    def layer_rope(self) -> Mapping[str, LayerRope]: ...
+    @property
+    def sliding_window(self) -> int: ...
+
+
+class TransformerDefaults:
+    """TransformerArgs' switches at the values of a family that has none of them: no mixture of experts, no
+    multi-token prediction, a SwiGLU without biases, pre-norm blocks, one rotary table over whole heads at
+    rope_theta, no window. A base of a family's arguments: class attributes, not dataclass fields, so a family
+    gains no field by them (its config.json and checkpoints stay its own). A field of the same name replaces one;
+    it must give a default of its own, or a dataclass would take the class attribute's."""
+
+    moe: MoEArgs | None = None
+    mtp_layers: int = 0
+    mlp_bias: bool = False
+    norm_position: str = "pre"
+    rope_theta: float = 10000.0
+    rope_scaling: Llama3RopeScaling | YarnRopeScaling | None = None
+    rotary_dim: int = 0
+    """0: the whole head (head_dim)."""
+    layer_rope: Mapping[str, LayerRope] = MappingProxyType({})
+    sliding_window: int = 0
+
+
 @dataclass
-class DecoderArgs:
+class DecoderArgs(TransformerDefaults):
     """The shared decoder (titanlite/models/common/decoder.py): its shape and the switches families set on it."""
 
     dim: int
@@ -146,10 +213,10 @@ def with_depth(args: DecoderArgs, n_layers: int) -> dict:
     return depth
 
 
-def kind_of(args, layer: int) -> str:
+def kind_of(args: TransformerArgs, layer: int) -> str:
     """Layer `layer`'s kind: its layer_types entry; "full_attention" without layer_types, and for a layer past them (a
     multi-token prediction depth's block: models/common/multi_token.py), which attends to the whole sequence."""
-    kinds = getattr(args, "layer_types", ())
+    kinds = args.layer_types
     return kinds[layer] if layer < len(kinds) else "full_attention"
 
 
@@ -162,7 +229,7 @@ def window_of(args: DecoderArgs, layer: int) -> int | None:
     return args.sliding_window
 
 
-def rope_kind(args: DecoderArgs, layer: int) -> str:
+def rope_kind(args: TransformerArgs, layer: int) -> str:
     """The layer kind whose rotary settings `layer` takes: its layer_types entry, or, without layer_types,
     "sliding_attention" when every layer slides (sliding_window set) and "full_attention" otherwise."""
     if args.layer_types:
@@ -170,20 +237,20 @@ def rope_kind(args: DecoderArgs, layer: int) -> str:
     return "sliding_attention" if args.sliding_window else "full_attention"
 
 
-def layer_rope_of(args: DecoderArgs, layer: int) -> LayerRope:
+def layer_rope_of(args: TransformerArgs, layer: int) -> LayerRope:
     """The rotary settings of `layer`: its kind's own (args.layer_rope), or the shared rope_theta and rope_scaling
     over whole heads."""
-    own = getattr(args, "layer_rope", {}).get(rope_kind(args, layer))
+    own = args.layer_rope.get(rope_kind(args, layer))
     return own if own is not None else LayerRope(args.rope_theta, args.rope_scaling)
 
 
-def rotary_dim_of(args: DecoderArgs, layer: int) -> int:
+def rotary_dim_of(args: TransformerArgs, layer: int) -> int:
     """The leading channels of each head that `layer` rotates: its kind's own (args.layer_rope rotary_dim, where it
     names one), else args.rotary_dim (the whole head unless set)."""
-    own = getattr(args, "layer_rope", {}).get(rope_kind(args, layer))
+    own = args.layer_rope.get(rope_kind(args, layer))
     if own is not None and own.rotary_dim:
         return own.rotary_dim
-    return getattr(args, "rotary_dim", 0) or args.head_dim
+    return args.rotary_dim or args.head_dim
 
 
 def _debug_moe() -> MoEArgs:
@@ -204,7 +271,14 @@ class MoEDecoderArgs(DecoderArgs):
             raise ValueError(f"MoEArgs.dense_layers={list(self.moe.dense_layers)} names layers beyond n_layers")
 
 
-def moe_with_depth(args: MoEDecoderArgs, n_layers: int) -> dict:
+class WithExperts(TransformerArgs, Protocol):
+    """The arguments of a family whose blocks hold mixtures of experts (MoEDecoderArgs', DeepSeek-V3's, ...)."""
+
+    @property
+    def moe(self) -> MoEArgs: ...
+
+
+def moe_with_depth(args: WithExperts, n_layers: int) -> dict:
     """model.n_layers: the depth, keeping the dense layers that still exist."""
     dense = tuple(i for i in args.moe.dense_layers if i < n_layers)
     return {"n_layers": n_layers, "moe": dataclasses.replace(args.moe, dense_layers=dense)}
@@ -214,6 +288,12 @@ def moe_split_sizes(args: MoEDecoderArgs) -> dict[str, int]:
     return tp_split_sizes(args)
 
 
-def moe_auxiliary_losses(args: MoEDecoderArgs) -> tuple[str, ...]:
+def moe_auxiliary_losses(args: WithExperts) -> tuple[str, ...]:
     names = ("load_balance",) if args.moe.balance == "aux_loss" and args.moe.aux_loss_coef > 0 else ()
     return names + (("router_z",) if args.moe.z_loss_coef > 0 else ())
+
+
+if TYPE_CHECKING:  # mypy holds the shared arguments to the decoder's contract (a family's own: its module's `args`)
+
+    def _meets_the_contract(args: DecoderArgs) -> TransformerArgs:
+        return args

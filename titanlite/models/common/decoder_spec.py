@@ -47,20 +47,26 @@ def moe_decoder_spec(
     hf_weights: str,
     description: str,
     args_type: type = decoder_args.MoEDecoderArgs,
+    model: str = "titanlite.models.common.decoder:Transformer",
+    tp_plan: str = "titanlite.models.common.parallelize:moe_tp_plan",
+    tp_split_sizes: Callable = decoder_args.moe_split_sizes,
+    with_depth: Callable = decoder_args.moe_with_depth,
 ) -> ModelSpec:
-    """The spec of a family built by the MoE decoder: its module, plan and FLOPs are this folder's (`args_type`: the
-    family's subclass of MoEDecoderArgs, where it has its own defaults)."""
+    """The spec of a family whose blocks hold mixtures of experts (`args_type`: its arguments, a subclass of
+    MoEDecoderArgs where it has its own defaults, or another WithExperts): its experts, FLOPs and auxiliary losses
+    are the shared ones; its module, tensor-parallel plan, split sizes and depth rule the MoE decoder's unless it
+    names its own (DeepSeek-V3's and Kimi Linear's latent attention)."""
     return ModelSpec(
         name=name,
         args_type=args_type,
         flavors=flavors,
-        model="titanlite.models.common.decoder:Transformer",
-        tp_plan="titanlite.models.common.parallelize:moe_tp_plan",
+        model=model,
+        tp_plan=tp_plan,
         hf_weights=hf_weights,
-        tp_split_sizes=decoder_args.moe_split_sizes,
+        tp_split_sizes=tp_split_sizes,
         hf=HFConfig(name, read, write, experts=True),
         moe=lambda a: a.moe,
-        with_depth=decoder_args.moe_with_depth,
+        with_depth=with_depth,
         flops="titanlite.models.common.flops:moe_flops_per_token",
         auxiliary_losses=decoder_args.moe_auxiliary_losses,
         description=description,

@@ -5,22 +5,19 @@ both ways and its spec. Multi-token prediction is not built (titanlite/models/de
 
 from __future__ import annotations
 
+from titanlite.models.common.decoder_spec import moe_decoder_spec
 from titanlite.models.deepseek_v3 import args, hf_config
-from titanlite.models.spec import HFConfig, ModelSpec
 
-SPEC = ModelSpec(
-    name="deepseek_v3",
+SPEC = moe_decoder_spec(
+    "deepseek_v3",
+    args.FLAVORS,
+    hf_config.read,
+    hf_config.write,
+    "titanlite.models.deepseek_v3.weights",
+    "DeepSeek-V3: multi-head latent attention, sigmoid-routed experts in groups with a balancing bias and shared "
+    "experts, the first layers dense",
     args_type=args.DeepseekV3Args,
-    flavors=args.FLAVORS,
     model="titanlite.models.deepseek_v3.model:DeepseekV3",
-    tp_plan="titanlite.models.deepseek_v3.parallelize:tp_plan",
-    hf_weights="titanlite.models.deepseek_v3.weights",
+    tp_plan="titanlite.models.common.latent.parallelize:tp_plan",
     tp_split_sizes=args.split_sizes,
-    hf=HFConfig(hf_config.MODEL_TYPE, hf_config.read, hf_config.write, experts=True),
-    moe=lambda a: a.moe,
-    with_depth=args.with_depth,
-    flops="titanlite.models.common.flops:moe_flops_per_token",
-    auxiliary_losses=args.auxiliary_losses,
-    description="DeepSeek-V3: multi-head latent attention, sigmoid-routed experts in groups with a balancing bias "
-    "and shared experts, the first layers dense",
 )

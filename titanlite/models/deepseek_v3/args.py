@@ -1,37 +1,23 @@
-"""DeepSeek-V3's arguments, torch-free: multi-head latent attention's ranks and head widths, the mixture-of-experts
-block (titanlite/models/common/moe/args.py) and the dense layers before it; the published sizes."""
+"""DeepSeek-V3's arguments, torch-free: the shared latent attention's (titanlite/models/common/latent/args.py) with
+the model's shape and YaRN, the mixture-of-experts block (titanlite/models/common/moe/args.py) and the dense layers
+before it; the published sizes."""
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
+from typing import ClassVar
 
-from titanlite.models.common.moe.args import MoEArgs
-from titanlite.models.common.rope_args import YarnRopeScaling, yarn_mscale
+from titanlite.models.common.latent.args import LatentArgs
+from titanlite.models.common.moe.args import MoEArgs, bias_routed, debug_bias_routed
+from titanlite.models.common.rope_args import YarnRopeScaling
 from titanlite.models.spec import not_math
 
 
-def _debug_moe() -> MoEArgs:
-    # 8 experts in 4 groups, 2 groups kept per token; one shared expert; the first layer dense.
-    return MoEArgs(
-        n_experts=8,
-        top_k=2,
-        expert_dim=32,
-        score_func="sigmoid",
-        norm_topk_prob=True,
-        route_scale=2.5,
-        n_shared_experts=1,
-        balance="bias",
-        n_groups=4,
-        topk_groups=2,
-        dense_layers=(0,),
-    )
-
-
 @dataclass
-class DeepseekV3Args:
-    """DeepSeek-V3 (titanlite/models/deepseek_v3/model.py): pre-norm blocks of multi-head latent attention and,
-    except at moe.dense_layers (first_k_dense_replace), a mixture of experts."""
+class DeepseekV3Args(LatentArgs):
+    """DeepSeek-V3 (titanlite/models/deepseek_v3/model.py): pre-norm blocks of multi-head latent attention (its ranks
+    and widths: LatentArgs, titanlite/models/common/latent/args.py) and, except at moe.dense_layers
+    (first_k_dense_replace), a mixture of experts."""
 
     dim: int
     n_layers: int
@@ -43,15 +29,6 @@ class DeepseekV3Args:
     rope_theta: float = 10000.0
     norm_eps: float = 1e-6
     tie_embeddings: bool = False
-    q_lora_rank: int = 0
-    """Rank of the query's low-rank projection (q_a_proj, its norm, q_b_proj); 0: one q_proj (DeepSeek-V2-Lite)."""
-    kv_lora_rank: int = 512
-    """Width of the compressed key/value latent every head's key and value are expanded from (kv_b_proj)."""
-    qk_nope_head_dim: int = 128
-    """Each head's query/key channels without rotary position (the key's from the latent)."""
-    qk_rope_head_dim: int = 64
-    """Each head's rotary query channels; the rotary key of this width is one, shared by every head."""
-    v_head_dim: int = 128
     rope_scaling: YarnRopeScaling | None = None
     """YaRN (titanlite/models/common/rope_args.py); with mscale_all_dim, the softmax scale is multiplied by
     yarn_mscale(factor, mscale_all_dim)**2, as transformers does; None: plain RoPE."""
@@ -60,49 +37,20 @@ class DeepseekV3Args:
     rope_interleave, DeepSeek's own layout); False, halves (rotate_half). The model always rotates adjacent
     pairs; the weights are reordered on import and export, so this changes no math."""
     family: str = not_math("deepseek_v3")
-    moe: MoEArgs = field(default_factory=_debug_moe)
+    # 8 experts in 4 groups, 2 groups kept per token; one shared expert; the first layer dense.
+    moe: MoEArgs = field(default_factory=lambda: debug_bias_routed(2.5, n_groups=4, topk_groups=2))
     mtp_layers: int = 0
     """Multi-token prediction depths (num_nextn_predict_layers; models/common/multi_token.py), each a sparse
     block after the decoder's layers."""
+    layer_types: ClassVar[tuple[str, ...]] = ()  # every layer latent attention
 
     def __post_init__(self) -> None:
-        if self.qk_rope_head_dim % 2 or self.qk_rope_head_dim < 2:
-            raise ValueError(f"DeepseekV3Args.qk_rope_head_dim={self.qk_rope_head_dim}; RoPE rotates pairs")
-        for name in ("kv_lora_rank", "qk_nope_head_dim", "v_head_dim"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"DeepseekV3Args.{name}={getattr(self, name)}; it must be at least 1")
+        super().__post_init__()
         if self.mtp_layers < 0:
             raise ValueError(f"DeepseekV3Args.mtp_layers={self.mtp_layers}; use 0 (none) or more")
-        if self.q_lora_rank < 0:
-            raise ValueError(f"DeepseekV3Args.q_lora_rank={self.q_lora_rank}; use 0 (none) or a positive rank")
         beyond = [i for i in self.moe.dense_layers if i >= self.n_layers]
         if beyond:
             raise ValueError(f"MoEArgs.dense_layers={list(self.moe.dense_layers)} names layers beyond n_layers")
-
-    @property
-    def qk_head_dim(self) -> int:
-        """Each head's query and key width: the non-rotary channels, then the rotary ones."""
-        return self.qk_nope_head_dim + self.qk_rope_head_dim
-
-    @property
-    def n_kv_heads(self) -> int:
-        """Every head has its own key and value (expanded from the shared latent)."""
-        return self.n_heads
-
-    @property
-    def head_dim(self) -> int:
-        """The mean of the key and value head widths, what the shared FLOP formula and the planner read
-        (12 * L * H * head_dim * T is attention's 6 * L * H * (qk_head_dim + v_head_dim) * T)."""
-        return (self.qk_head_dim + self.v_head_dim) // 2
-
-    @property
-    def softmax_scale(self) -> float:
-        """qk_head_dim**-0.5, times yarn_mscale(factor, mscale_all_dim)**2 under YaRN with mscale_all_dim."""
-        scale = self.qk_head_dim**-0.5
-        yarn = self.rope_scaling
-        if yarn is not None and yarn.mscale_all_dim:
-            scale *= yarn_mscale(yarn.factor, yarn.mscale_all_dim) ** 2
-        return scale
 
 
 def first_dense(k: int) -> tuple[int, ...]:
@@ -110,21 +58,10 @@ def first_dense(k: int) -> tuple[int, ...]:
     return tuple(range(k))
 
 
-def with_depth(args: DeepseekV3Args, n_layers: int) -> dict:
-    """model.n_layers: the depth, keeping the dense layers that still exist."""
-    dense = tuple(i for i in args.moe.dense_layers if i < n_layers)
-    return {"n_layers": n_layers, "moe": dataclasses.replace(args.moe, dense_layers=dense)}
-
-
 def split_sizes(args: DeepseekV3Args) -> dict[str, int]:
     """The sizes a tensor-parallel degree must divide: the heads (each rank holds whole heads), the dense width,
     the vocabulary (the latent projections are not split)."""
     return {"n_heads": args.n_heads, "ffn_dim": args.ffn_dim, "vocab_size": args.vocab_size}
-
-
-def auxiliary_losses(args: DeepseekV3Args) -> tuple[str, ...]:
-    names = ("load_balance",) if args.moe.balance == "aux_loss" and args.moe.aux_loss_coef > 0 else ()
-    return names + (("router_z",) if args.moe.z_loss_coef > 0 else ())
 
 
 def _deepseek_v3_671b() -> DeepseekV3Args:
@@ -150,19 +87,7 @@ def _deepseek_v3_671b() -> DeepseekV3Args:
             mscale=1.0,
             mscale_all_dim=1.0,
         ),
-        moe=MoEArgs(
-            n_experts=256,
-            top_k=8,
-            expert_dim=2048,
-            score_func="sigmoid",
-            norm_topk_prob=True,
-            route_scale=2.5,
-            n_shared_experts=1,
-            balance="bias",
-            n_groups=8,
-            topk_groups=4,
-            dense_layers=first_dense(3),
-        ),
+        moe=bias_routed(256, 8, 2048, 2.5, n_groups=8, topk_groups=4, dense_layers=first_dense(3)),
     )
 
 
@@ -222,17 +147,7 @@ def _moonlight_16b_a3b() -> DeepseekV3Args:
         qk_nope_head_dim=128,
         qk_rope_head_dim=64,
         v_head_dim=128,
-        moe=MoEArgs(
-            n_experts=64,
-            top_k=6,
-            expert_dim=1408,
-            score_func="sigmoid",
-            norm_topk_prob=True,
-            route_scale=2.446,
-            n_shared_experts=2,
-            balance="bias",
-            dense_layers=first_dense(1),
-        ),
+        moe=bias_routed(64, 6, 1408, 2.446, n_shared_experts=2, dense_layers=first_dense(1)),
     )
 
 

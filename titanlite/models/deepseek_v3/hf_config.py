@@ -20,9 +20,9 @@ from __future__ import annotations
 from titanlite.base.errors import ConfigError
 from titanlite.base.hf_config import refuse
 from titanlite.models.common.decoder_config import rope_scaling_to_hf, rope_settings
+from titanlite.models.common.latent.hf_config import LATENT_KEYS, latent_from_config, latent_to_config
 from titanlite.models.common.moe.args import MoEArgs
-from titanlite.models.common.moe.hf_config import block_from_config, in_config_names
-from titanlite.models.common.moe.hf_config import check_expressible as check_expressible_moe
+from titanlite.models.common.moe.hf_config import bias_routed_config, block_from_config, in_config_names
 from titanlite.models.common.rope_args import YarnRopeScaling
 from titanlite.models.deepseek_v3.args import DeepseekV3Args, first_dense
 
@@ -83,23 +83,8 @@ def _moe(config: dict, where: str, n_layers: int) -> MoEArgs:
 
 def _attention(config: dict, where: str) -> dict:
     n_heads = config["num_attention_heads"]
-    kv_heads = config.get("num_key_value_heads") or n_heads
-    if kv_heads != n_heads:
-        raise refuse(
-            where, "num_key_value_heads", kv_heads, f"latent attention gives every head its own key and value; "
-            f"set it to num_attention_heads={n_heads}",
-        )  # fmt: skip
-    if config.get("attention_bias"):
-        raise refuse(where, "attention_bias", True, "DeepSeek-V3's attention projections have no biases")
-    return {
-        "n_heads": n_heads,
-        "q_lora_rank": config.get("q_lora_rank", 1536) or 0,
-        "kv_lora_rank": config.get("kv_lora_rank", 512),
-        "qk_nope_head_dim": config.get("qk_nope_head_dim", 128),
-        "qk_rope_head_dim": config.get("qk_rope_head_dim", 64),
-        "v_head_dim": config.get("v_head_dim", 128),
-        "rope_interleave": bool(config.get("rope_interleave", True)),
-    }
+    latent = latent_from_config(config, where, "DeepSeek-V3", n_heads, q_lora_rank=1536)
+    return {"n_heads": n_heads, **latent, "rope_interleave": bool(config.get("rope_interleave", True))}
 
 
 def read(config: dict, where: str) -> DeepseekV3Args:
@@ -128,32 +113,14 @@ def read(config: dict, where: str) -> DeepseekV3Args:
             **attention,
         )
     except ValueError as e:  # the latent attention's widths, which config.json names as DeepseekV3Args does
-        raise ConfigError(f"{where} is not supported: {in_config_names(str(e), _LATENT_KEYS)}") from e
-
-
-_LATENT_KEYS = {k: k for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")}
-
-
-def check_expressible(args: DeepseekV3Args) -> None:
-    """What a deepseek_v3 config.json cannot say is refused, naming the field (transformers' DeepseekV3 would
-    compute another model): the shared check with DeepSeek's sigmoid router, its stored routing biases, its shared
-    expert width and group-limited routing free, and dense layers only first."""
-    moe = args.moe
-    leading = moe.dense_layers == first_dense(len(moe.dense_layers))
-    check_expressible_moe(
-        moe,
-        "deepseek_v3",
-        fixed={"score_func": "sigmoid", "router_bias": False, "shared_expert_dim": 0, "shared_gate": False},
-        bias_balance=True,
-        more=()
-        if leading
-        else (f"MoEArgs.dense_layers={list(moe.dense_layers)} (only the first layers can be dense)",),
-    )
+        raise ConfigError(f"{where} is not supported: {in_config_names(str(e), LATENT_KEYS)}") from e
 
 
 def write(args: DeepseekV3Args) -> dict:
-    check_expressible(args)
-    moe = args.moe
+    """DeepSeek-V3's config.json; what it cannot say is refused, naming the field (transformers' DeepseekV3 would
+    compute another model): a block other than DeepSeek's (moe/hf_config.py bias_routed_config), dense layers other
+    than the first ones."""
+    moe = bias_routed_config(args.moe, "deepseek_v3")
     rope = rope_scaling_to_hf(args.rope_scaling)
     return {
         "architectures": [ARCHITECTURE],
@@ -170,23 +137,9 @@ def write(args: DeepseekV3Args) -> dict:
         "rope_parameters": {"rope_theta": args.rope_theta, **rope},
         "rope_scaling": rope if args.rope_scaling else None,
         "rope_interleave": args.rope_interleave,
-        "attention_bias": False,
-        "attention_dropout": 0.0,
-        "q_lora_rank": args.q_lora_rank or None,
-        "kv_lora_rank": args.kv_lora_rank,
-        "qk_nope_head_dim": args.qk_nope_head_dim,
-        "qk_rope_head_dim": args.qk_rope_head_dim,
-        "v_head_dim": args.v_head_dim,
-        "n_routed_experts": moe.n_experts,
-        "num_experts_per_tok": moe.top_k,
-        "moe_intermediate_size": moe.expert_dim,
-        "n_shared_experts": moe.n_shared_experts,
-        "routed_scaling_factor": moe.route_scale,
-        "norm_topk_prob": moe.norm_topk_prob,
-        "n_group": moe.n_groups,
-        "topk_group": moe.topk_groups,
+        **latent_to_config(args),
+        **moe,
         "topk_method": "noaux_tc",
         "scoring_func": "sigmoid",
-        "first_k_dense_replace": len(moe.dense_layers),
         "num_nextn_predict_layers": args.mtp_layers,
     }

@@ -22,61 +22,23 @@ from titanlite.models.common.decoder_weights import (
     rope_from_hf,
     rope_to_hf,
 )
-from titanlite.models.common.moe.layer import EXPERT_NAMES, moe_to_hf
+from titanlite.models.common.latent.weights import ENDS, block_names, latent_names
+from titanlite.models.common.moe.weights import bias_routed_from_hf, bias_routed_sources, bias_routed_to_hf
 from titanlite.models.deepseek_v3.args import DeepseekV3Args
-
-_BIAS = "router.expert_bias"
 
 
 def hf_names(args: DeepseekV3Args) -> dict[str, str]:
-    """Our tensor name -> its HF name, except the stacked experts (hf_sources)."""
-    names = {
-        "tok_embeddings.weight": "model.embed_tokens.weight",
-        "norm.weight": "model.norm.weight",
-        "output.weight": "lm_head.weight",
-    }
-    attention = [
-        ("wkv_a", "kv_a_proj_with_mqa"),
-        ("kv_norm", "kv_a_layernorm"),
-        ("wkv_b", "kv_b_proj"),
-        ("wo", "o_proj"),
-    ]
-    if args.q_lora_rank:
-        attention += [("wq_a", "q_a_proj"), ("q_norm", "q_a_layernorm"), ("wq_b", "q_b_proj")]
-    else:
-        attention.append(("wq", "q_proj"))
-    mlp = [("w1", "gate_proj"), ("w3", "up_proj"), ("w2", "down_proj")]
-    names |= mtp_names(args)
+    """Our tensor name -> its HF name, except the sparse layers' blocks (hf_sources)."""
+    names = ENDS | mtp_names(args)
     for i in range(args.n_layers + args.mtp_layers):
-        ours, hf = f"layers.{i}.", f"model.layers.{i}."
-        names[ours + "attention_norm.weight"] = hf + "input_layernorm.weight"
-        names[ours + "ffn_norm.weight"] = hf + "post_attention_layernorm.weight"
-        for w, proj in attention:
-            names[f"{ours}attention.{w}.weight"] = f"{hf}self_attn.{proj}.weight"
-        if not args.moe.is_sparse(i):
-            for w, proj in mlp:
-                names[f"{ours}feed_forward.{w}.weight"] = f"{hf}mlp.{proj}.weight"
-            continue
-        names[ours + "feed_forward.router.gate.weight"] = hf + "mlp.gate.weight"
-        if args.moe.balance == "bias":
-            names[ours + "feed_forward." + _BIAS] = hf + "mlp.gate.e_score_correction_bias"
-        if args.moe.shared_hidden:
-            for w, proj in mlp:
-                names[f"{ours}feed_forward.shared_expert.{w}.weight"] = f"{hf}mlp.shared_experts.{proj}.weight"
+        names |= block_names(i, latent_names(args), dense=not args.moe.is_sparse(i))
     return names
 
 
 def hf_sources(args: DeepseekV3Args) -> dict[str, str | tuple[str, ...]]:
     """Our parameter (and routing-bias buffer) name -> the HF tensor it is made from; a stacked expert tensor ->
-    its experts' tensors, in expert order."""
-    sources: dict[str, str | tuple[str, ...]] = dict(hf_names(args))
-    for i in range(args.n_layers + args.mtp_layers):
-        if args.moe.is_sparse(i):
-            for w, proj in zip(("w1", "w3", "w2"), EXPERT_NAMES["gate_proj"]):
-                sources[f"layers.{i}.feed_forward.experts.{w}"] = tuple(
-                    f"model.layers.{i}.mlp.experts.{e}.{proj}.weight" for e in range(args.moe.n_experts)
-                )
-    return sources
+    its experts' tensors, in expert order (the sparse layers' blocks: moe/weights.py bias_routed_sources)."""
+    return hf_names(args) | bias_routed_sources(args.moe, args.n_layers + args.mtp_layers)
 
 
 def hf_copies(args: DeepseekV3Args) -> dict[str, str]:
@@ -136,22 +98,14 @@ def to_hf(args: DeepseekV3Args, sd: dict[str, torch.Tensor], take) -> dict[str, 
         out[hf] = take(ours) if rows is None else _reorder(args, take(ours), rows, rope_to_hf)
     for copy, shared in hf_copies(args).items():
         out[copy] = out[shared].clone()  # a tensor of its own: safetensors refuses tensors that share memory
-    for i in range(args.n_layers + args.mtp_layers):
-        if args.moe.is_sparse(i):
-            ours = f"layers.{i}.feed_forward."
-            tensors = ("router.gate.weight", "experts.w1", "experts.w3", "experts.w2")
-            block = moe_to_hf({name: take(ours + name) for name in tensors})
-            out |= {f"model.layers.{i}.mlp.{name}": t for name, t in block.items()}
-            bias = take(ours + _BIAS).float() if args.moe.balance == "bias" else torch.zeros(args.moe.n_experts)
-            out[f"model.layers.{i}.mlp.gate.e_score_correction_bias"] = bias
-    return out
+    return out | bias_routed_to_hf(args.moe, take, args.n_layers + args.mtp_layers)
 
 
 def from_hf_tensor(args: DeepseekV3Args, name: str, hf: torch.Tensor | list[torch.Tensor]) -> torch.Tensor:
     """Our tensor `name`'s full value from its HF tensor, or from its experts' tensors (hf_sources[name])."""
-    if isinstance(hf, list):
-        return torch.stack(hf).contiguous()
-    if name.endswith(_BIAS):
-        return hf.float()
+    expert = bias_routed_from_hf(name, hf)
+    if expert is not None:
+        return expert
+    assert isinstance(hf, torch.Tensor)
     rows = _rope_rows(args, name)
     return hf if rows is None else _reorder(args, hf, rows, rope_from_hf).contiguous()

@@ -19,7 +19,7 @@ from titanlite.models.gemma3.args import Gemma3Args
 NORMS = ("attention_norm", "post_attention_norm", "ffn_norm", "post_ffn_norm", "norm", "q_norm", "k_norm")
 
 
-def gemma_attention(model: Transformer, layer: int) -> nn.Module:
+def gemma_attention(model: Gemma3, layer: int) -> nn.Module:
     """The shared attention with per-head (1 + weight) Q/K norms and Gemma's score scale."""
     return grouped_query_attention(model, layer, norm=ZeroCenteredRMSNorm, scale=model.args.query_pre_attn_scalar**-0.5)
 

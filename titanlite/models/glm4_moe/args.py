@@ -6,25 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from titanlite.models.common.decoder_args import MoEDecoderArgs
-from titanlite.models.common.moe.args import MoEArgs
+from titanlite.models.common.moe.args import MoEArgs, bias_routed, debug_bias_routed
 from titanlite.models.spec import not_math
-
-
-def _debug_moe() -> MoEArgs:
-    # 8 experts of width 32 in 2 groups (1 kept per token), 2 per token, one shared expert; the first layer dense.
-    return MoEArgs(
-        n_experts=8,
-        top_k=2,
-        expert_dim=32,
-        score_func="sigmoid",
-        norm_topk_prob=True,
-        route_scale=2.5,
-        n_shared_experts=1,
-        balance="bias",
-        n_groups=2,
-        topk_groups=1,
-        dense_layers=(0,),
-    )
 
 
 @dataclass
@@ -36,7 +19,8 @@ class Glm4MoeArgs(MoEDecoderArgs):
     routing bias and shared experts."""
 
     family: str = not_math("glm4_moe")
-    moe: MoEArgs = field(default_factory=_debug_moe)
+    # 8 experts of width 32 in 2 groups (1 kept per token), 2 per token, one shared expert; the first layer dense.
+    moe: MoEArgs = field(default_factory=lambda: debug_bias_routed(2.5, n_groups=2, topk_groups=1))
     mtp_layers: int = 0
     """Multi-token prediction depths (num_nextn_predict_layers; models/common/multi_token.py), each a sparse block
     after the decoder's layers."""
@@ -61,17 +45,7 @@ def _glm(**shape) -> Glm4MoeArgs:
 
 
 def _moe(n_experts: int, expert_dim: int, route_scale: float, dense: int) -> MoEArgs:
-    return MoEArgs(
-        n_experts=n_experts,
-        top_k=8,
-        expert_dim=expert_dim,
-        score_func="sigmoid",
-        norm_topk_prob=True,
-        route_scale=route_scale,
-        n_shared_experts=1,
-        balance="bias",
-        dense_layers=tuple(range(dense)),
-    )
+    return bias_routed(n_experts, 8, expert_dim, route_scale, dense_layers=tuple(range(dense)))
 
 
 # vocab_size 0: the tokenizer's, padded to a multiple of 64.

@@ -36,8 +36,7 @@ from titanlite.models.common.decoder_config import (
     rotary_dim_unsaid,
 )
 from titanlite.models.common.moe.args import MoEArgs
-from titanlite.models.common.moe.hf_config import block_from_config
-from titanlite.models.common.moe.hf_config import check_expressible as check_expressible_moe
+from titanlite.models.common.moe.hf_config import bias_routed_config, block_from_config
 from titanlite.models.common.rope_args import YarnRopeScaling
 from titanlite.models.glm4_moe.args import Glm4MoeArgs
 
@@ -153,9 +152,8 @@ def read(config: dict, where: str) -> Glm4MoeArgs:
     return args
 
 
-def check_expressible(args: Glm4MoeArgs) -> None:
-    """What a glm4_moe config.json cannot say is refused, naming the field (transformers' Glm4Moe would compute
-    another model)."""
+def _unsaid(args: Glm4MoeArgs) -> tuple[str, ...]:
+    """What a glm4_moe config.json cannot say of the decoder (transformers' Glm4Moe would compute another model)."""
     problems = []
     if args.out_bias or args.mlp_bias:
         problems.append(f"out_bias={args.out_bias}, mlp_bias={args.mlp_bias} (only q, k and v have biases)")
@@ -172,22 +170,14 @@ def check_expressible(args: Glm4MoeArgs) -> None:
     unsaid = rotary_dim_unsaid(args)
     if unsaid:
         problems.append(unsaid)
-    moe = args.moe
-    if moe.dense_layers != tuple(range(len(moe.dense_layers))):
-        problems.append(f"MoEArgs.dense_layers={list(moe.dense_layers)} (only the first layers can be dense)")
-    if problems:
-        raise ConfigError(f"a glm4_moe config.json cannot express {', '.join(problems)}")
-    check_expressible_moe(
-        moe,
-        "glm4_moe",
-        fixed={"score_func": "sigmoid", "router_bias": False, "shared_expert_dim": 0, "shared_gate": False},
-        bias_balance=True,
-    )
+    return tuple(problems)
 
 
 def write(args: Glm4MoeArgs) -> dict:
-    check_expressible(args)
-    moe = args.moe
+    """GLM-4.5's config.json; what it cannot say is refused in one line naming the field: the decoder's switches
+    it has no key for, a block other than DeepSeek's (moe/hf_config.py bias_routed_config), dense layers other than
+    the first ones."""
+    moe = bias_routed_config(args.moe, "glm4_moe", more=_unsaid(args))
     rope = rope_scaling_to_hf(args.rope_scaling)
     factor = partial_rotary_factor(args)
     return {
@@ -210,14 +200,6 @@ def write(args: Glm4MoeArgs) -> dict:
         "attention_bias": args.qkv_bias,
         "attention_dropout": 0.0,
         "use_qk_norm": args.qk_norm == "head",
-        "n_routed_experts": moe.n_experts,
-        "num_experts_per_tok": moe.top_k,
-        "moe_intermediate_size": moe.expert_dim,
-        "n_shared_experts": moe.n_shared_experts,
-        "routed_scaling_factor": moe.route_scale,
-        "norm_topk_prob": moe.norm_topk_prob,
-        "n_group": moe.n_groups,
-        "topk_group": moe.topk_groups,
-        "first_k_dense_replace": len(moe.dense_layers),
+        **moe,
         "num_nextn_predict_layers": args.mtp_layers,
     }

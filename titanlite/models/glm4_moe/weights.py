@@ -19,14 +19,9 @@ import dataclasses
 import torch
 
 from titanlite.models.common import decoder_weights as llama
-from titanlite.models.common.moe.layer import EXPERT_NAMES, moe_to_hf
-from titanlite.models.common.moe.weights import naming
+from titanlite.models.common.moe.weights import bias_routed_from_hf, bias_routed_sources, bias_routed_to_hf
 from titanlite.models.glm4_moe.args import Glm4MoeArgs
 from titanlite.models.glm4_moe.hf_config import mtp_layers
-
-_MOE = naming()  # the Llama decoder's names, mlp.gate and mlp.experts.E.{gate,up,down}_proj at the sparse layers
-_BIAS = "router.expert_bias"
-_SHARED = tuple(zip(("w1", "w3", "w2"), EXPERT_NAMES["gate_proj"]))  # ours -> the shared experts' projection
 
 
 def _with_mtp_blocks(args: Glm4MoeArgs) -> Glm4MoeArgs:
@@ -37,20 +32,16 @@ def _with_mtp_blocks(args: Glm4MoeArgs) -> Glm4MoeArgs:
     return dataclasses.replace(args, n_layers=args.n_layers + args.mtp_layers, mtp_layers=0)
 
 
+def _names(args: Glm4MoeArgs) -> dict[str, str]:
+    """Our tensor name -> its HF name (the Llama decoder's), except the sparse layers' blocks."""
+    names = llama.hf_names(_with_mtp_blocks(args)) | llama.mtp_names(args)
+    return {ours: hf for ours, hf in names.items() if not _sparse_block(args, ours)}
+
+
 def hf_sources(args: Glm4MoeArgs) -> dict[str, str | tuple[str, ...]]:
     """Our parameter (and routing-bias buffer) name -> the HF tensor it is made from; a stacked expert tensor -> its
-    experts' tensors, in expert order."""
-    blocks = _with_mtp_blocks(args)
-    sources = dict(_MOE.hf_sources(blocks)) | llama.mtp_names(args)
-    for i in range(blocks.n_layers):
-        if args.moe.is_sparse(i):
-            ours, hf = f"layers.{i}.feed_forward.", f"model.layers.{i}.mlp."
-            if args.moe.balance == "bias":
-                sources[ours + _BIAS] = hf + "gate.e_score_correction_bias"
-            if args.moe.shared_hidden:
-                for w, proj in _SHARED:
-                    sources[f"{ours}shared_expert.{w}.weight"] = f"{hf}shared_experts.{proj}.weight"
-    return sources
+    experts' tensors, in expert order (the sparse layers' blocks: moe/weights.py bias_routed_sources)."""
+    return _names(args) | bias_routed_sources(args.moe, _with_mtp_blocks(args).n_layers)
 
 
 hf_keys = llama.mtp_family_keys  # the folder's tensors the model reads (decoder_weights)
@@ -88,29 +79,17 @@ def _sparse_block(args: Glm4MoeArgs, ours: str) -> bool:
 def to_hf(args: Glm4MoeArgs, sd: dict[str, torch.Tensor], take) -> dict[str, torch.Tensor]:
     """Our state dict -> HF names and layouts (lm_head.weight always present); `take(name)` reads sd. A model
     without routing biases writes zeros for them (transformers' Glm4Moe always has one)."""
-    out = {}
     blocks = _with_mtp_blocks(args)
-    for ours, hf in hf_sources(args).items():
-        if isinstance(hf, str) and not _sparse_block(args, ours):
-            out[hf] = llama.to_hf_tensor(blocks, ours, take(ours))
+    out = {hf: llama.to_hf_tensor(blocks, ours, take(ours)) for ours, hf in _names(args).items()}
     for copy, shared in hf_copies(args).items():
         out[copy] = out[shared].clone()  # a tensor of its own: safetensors refuses tensors that share memory
-    for i in range(blocks.n_layers):
-        if args.moe.is_sparse(i):
-            ours = f"layers.{i}.feed_forward."
-            names = ["router.gate.weight", "experts.w1", "experts.w3", "experts.w2"]
-            names += [f"shared_expert.{w}.weight" for w, _ in _SHARED] if args.moe.shared_hidden else []
-            block = moe_to_hf({name: take(ours + name) for name in names}, shared="shared_experts")
-            bias = take(ours + _BIAS).float() if args.moe.balance == "bias" else torch.zeros(args.moe.n_experts)
-            block["gate.e_score_correction_bias"] = bias
-            out |= {f"model.layers.{i}.mlp.{name}": t for name, t in block.items()}
-    return out
+    return out | bias_routed_to_hf(args.moe, take, blocks.n_layers)
 
 
 def from_hf_tensor(args: Glm4MoeArgs, name: str, hf: torch.Tensor | list[torch.Tensor]) -> torch.Tensor:
     """Our tensor `name`'s full value from its HF tensor, or from its experts' tensors (hf_sources[name])."""
-    if isinstance(hf, list):
-        return torch.stack(hf).contiguous()
-    if name.endswith(_BIAS):
-        return hf.float()
+    expert = bias_routed_from_hf(name, hf)
+    if expert is not None:
+        return expert
+    assert isinstance(hf, torch.Tensor)
     return llama.from_hf_tensor(args, name, hf)

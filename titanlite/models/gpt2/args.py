@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from titanlite.models.common.decoder_args import TransformerDefaults
 from titanlite.models.spec import not_math
 
 # GPT-2's MLP activations: "gelu_tanh" (GPT-2's tanh approximation) and "gelu" (the exact, erf-based one).
@@ -12,7 +13,7 @@ GPT2_ACTIVATIONS = ("gelu_tanh", "gelu")
 
 
 @dataclass
-class GPT2Args:
+class GPT2Args(TransformerDefaults):
     dim: int
     n_layers: int
     n_heads: int
@@ -26,6 +27,7 @@ class GPT2Args:
     activation: str = "gelu_tanh"
     """The MLP's GELU: "gelu_tanh" (GPT-2's tanh approximation) or "gelu" (the exact, erf-based one)."""
     family: ClassVar[str] = "gpt2"  # the spec these arguments belong to (not a field: checkpoints keep theirs)
+    layer_types: ClassVar[tuple[str, ...]] = ()  # every layer attends alike
 
     def __post_init__(self) -> None:
         if not self.ffn_dim:

@@ -18,7 +18,7 @@ from titanlite.models.common.rope import RotaryTable
 from titanlite.models.gpt2.args import GPT2Args
 
 
-def gpt2_attention(model: Transformer, layer: int) -> nn.Module:
+def gpt2_attention(model: GPT2, layer: int) -> nn.Module:
     a = model.args
     return Attention(a.dim, a.n_heads, a.n_heads, a.head_dim, qkv_bias=True, out_bias=True, rotary=False)
 

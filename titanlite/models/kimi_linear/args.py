@@ -6,34 +6,23 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import ClassVar
 
-from titanlite.models.common.moe.args import MoEArgs
+from titanlite.models.common.latent.args import LatentArgs
+from titanlite.models.common.moe.args import MoEArgs, bias_routed, debug_bias_routed
 from titanlite.models.spec import not_math
 
 LAYER_KINDS = ("linear_attention", "full_attention")  # Kimi Delta Attention, latent attention
 
 
-def _debug_moe() -> MoEArgs:
-    # 8 experts, 2 per token, sigmoid scores with the balancing bias, one shared expert; the first layer dense.
-    return MoEArgs(
-        n_experts=8,
-        top_k=2,
-        expert_dim=32,
-        score_func="sigmoid",
-        norm_topk_prob=True,
-        route_scale=2.446,
-        n_shared_experts=1,
-        balance="bias",
-        dense_layers=(0,),
-    )
-
-
 @dataclass
-class KimiLinearArgs:
+class KimiLinearArgs(LatentArgs):
     """Kimi Linear (titanlite/models/kimi_linear/model.py): pre-norm blocks whose mixer is, per `layer_types`, Kimi
     Delta Attention ("linear_attention": titanlite/models/common/kimi_delta.py) or multi-head latent attention with no
-    rotary positions ("full_attention"), and whose feed-forward is, except at moe.dense_layers, a mixture of
-    experts."""
+    rotary positions ("full_attention"; its ranks and widths: LatentArgs, titanlite/models/common/latent/args.py),
+    and whose feed-forward is, except at moe.dense_layers, a mixture of experts."""
+
+    latent_rotary: ClassVar[bool] = False  # the qk_rope_head_dim channels are kept, not rotated
 
     dim: int
     n_layers: int
@@ -48,14 +37,6 @@ class KimiLinearArgs:
     norm_eps: float = 1e-5
     """The blocks' RMSNorms' and KDA's output norm's epsilon (rms_norm_eps; the latent norms use 1e-6)."""
     tie_embeddings: bool = False
-    q_lora_rank: int = 0
-    """Rank of the query's low-rank projection; 0: one q_proj (Kimi Linear's)."""
-    kv_lora_rank: int = 512
-    qk_nope_head_dim: int = 128
-    qk_rope_head_dim: int = 64
-    """Each head's query/key channels that DeepSeek rotates; Kimi Linear keeps them (the key's shared by every
-    head, from the latent projection) but rotates nothing."""
-    v_head_dim: int = 128
     linear_heads: int = 32
     """KDA's heads (linear_attn_config.num_heads): queries, keys and values alike."""
     linear_head_dim: int = 128
@@ -63,9 +44,11 @@ class KimiLinearArgs:
     conv_size: int = 4
     """KDA's short convolution's width in tokens (linear_attn_config.short_conv_kernel_size)."""
     family: str = not_math("kimi_linear")
-    moe: MoEArgs = field(default_factory=_debug_moe)
+    # 8 experts, 2 per token, one shared expert; the first layer dense.
+    moe: MoEArgs = field(default_factory=lambda: debug_bias_routed(2.446))
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         self.layer_types = tuple(self.layer_types)
         if len(self.layer_types) != self.n_layers:
             raise ValueError(
@@ -74,33 +57,12 @@ class KimiLinearArgs:
         unknown = sorted(set(self.layer_types) - set(LAYER_KINDS))
         if unknown:
             raise ValueError(f"KimiLinearArgs.layer_types has {unknown[0]!r}; use {' or '.join(LAYER_KINDS)}")
-        for name in ("kv_lora_rank", "qk_nope_head_dim", "v_head_dim", "linear_heads", "linear_head_dim", "conv_size"):
+        for name in ("linear_heads", "linear_head_dim", "conv_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"KimiLinearArgs.{name}={getattr(self, name)}; it must be at least 1")
-        for name in ("q_lora_rank", "qk_rope_head_dim"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"KimiLinearArgs.{name}={getattr(self, name)}; it must not be negative")
         beyond = [i for i in self.moe.dense_layers if i >= self.n_layers]
         if beyond:
             raise ValueError(f"MoEArgs.dense_layers={list(self.moe.dense_layers)} names layers beyond n_layers")
-
-    @property
-    def qk_head_dim(self) -> int:
-        return self.qk_nope_head_dim + self.qk_rope_head_dim
-
-    @property
-    def n_kv_heads(self) -> int:
-        """Every latent-attention head has its own key and value (expanded from the shared latent)."""
-        return self.n_heads
-
-    @property
-    def head_dim(self) -> int:
-        """The mean of latent attention's key and value head widths (what the FLOP formula and the planner read)."""
-        return (self.qk_head_dim + self.v_head_dim) // 2
-
-    @property
-    def softmax_scale(self) -> float:
-        return self.qk_head_dim**-0.5
 
     def attention_layers(self) -> tuple[int, ...]:
         """The latent-attention layers."""
@@ -132,11 +94,6 @@ def split_sizes(args: KimiLinearArgs) -> dict[str, int]:
     }
 
 
-def auxiliary_losses(args: KimiLinearArgs) -> tuple[str, ...]:
-    names = ("load_balance",) if args.moe.balance == "aux_loss" and args.moe.aux_loss_coef > 0 else ()
-    return names + (("router_z",) if args.moe.z_loss_coef > 0 else ())
-
-
 def _kimi_linear_48b_a3b() -> KimiLinearArgs:
     """moonshotai/Kimi-Linear-48B-A3B (Base and Instruct): 27 layers of width 2304, latent attention at layers
     4, 8, ..., 24 and 27 (config.json's 1-based full_attn_layers), KDA with 32 heads of 128 elsewhere; 256 experts
@@ -158,17 +115,7 @@ def _kimi_linear_48b_a3b() -> KimiLinearArgs:
         linear_heads=32,
         linear_head_dim=128,
         conv_size=4,
-        moe=MoEArgs(
-            n_experts=256,
-            top_k=8,
-            expert_dim=1024,
-            score_func="sigmoid",
-            norm_topk_prob=True,
-            route_scale=2.446,
-            n_shared_experts=1,
-            balance="bias",
-            dense_layers=(0,),
-        ),
+        moe=bias_routed(256, 8, 1024, 2.446),
     )
 
 

@@ -23,9 +23,9 @@ from __future__ import annotations
 
 from titanlite.base.errors import ConfigError
 from titanlite.base.hf_config import refuse
+from titanlite.models.common.latent.hf_config import LATENT_KEYS, latent_from_config, latent_to_config
 from titanlite.models.common.moe.args import MoEArgs
-from titanlite.models.common.moe.hf_config import block_from_config, in_config_names
-from titanlite.models.common.moe.hf_config import check_expressible as check_expressible_moe
+from titanlite.models.common.moe.hf_config import bias_routed_config, block_from_config, in_config_names
 from titanlite.models.kimi_linear.args import LAYER_KINDS, KimiLinearArgs
 
 MODEL_TYPE = "kimi_linear"
@@ -114,20 +114,15 @@ def _check_linear(config: dict, where: str) -> dict:
     }
 
 
-def _check_attention(config: dict, where: str) -> None:
+def _attention(config: dict, where: str) -> dict:
+    """The heads and the latent attention's fields (latent/hf_config.py), refusing what Kimi Linear's do not compute."""
     n_heads = config.get("num_attention_heads", 32)
-    kv_heads = config.get("num_key_value_heads") or n_heads
-    if kv_heads != n_heads:
-        raise refuse(
-            where, "num_key_value_heads", kv_heads, f"latent attention gives every head its own key and value; "
-            f"set it to num_attention_heads={n_heads}",
-        )  # fmt: skip
-    if config.get("attention_bias"):
-        raise refuse(where, "attention_bias", True, "Kimi Linear's attention projections have no biases")
+    latent = latent_from_config(config, where, "Kimi Linear", n_heads)
     if config.get("mla_use_nope") is False:
         raise refuse(where, "mla_use_nope", False, "Kimi Linear's latent attention rotates nothing")
     if config.get("hidden_act", "silu") != "silu":
         raise refuse(where, "hidden_act", config["hidden_act"], "the MLPs are SwiGLU and KDA's convolution SiLU")
+    return {"n_heads": n_heads, **latent}
 
 
 def _moe(config: dict, where: str, dense_layers: tuple[int, ...]) -> MoEArgs:
@@ -155,22 +150,30 @@ def _moe(config: dict, where: str, dense_layers: tuple[int, ...]) -> MoEArgs:
     )
 
 
-_KEYS = {
-    "q_lora_rank": "q_lora_rank",
-    "kv_lora_rank": "kv_lora_rank",
-    "qk_nope_head_dim": "qk_nope_head_dim",
-    "qk_rope_head_dim": "qk_rope_head_dim",
-    "v_head_dim": "v_head_dim",
+# KimiLinearArgs' fields -> their config.json keys, for refusals in config.json's words.
+_KEYS = LATENT_KEYS | {
     "linear_heads": "linear_num_heads",
     "linear_head_dim": "linear_head_dim",
     "conv_size": "linear_conv_kernel_dim",
+}
+# The experts' fields (moe/hf_config.py bias_routed_config) in the published checkpoint's names, which its own code
+# (and vLLM) reads; transformers reads them too.
+_MOE_KEYS = {
+    "n_experts": "num_experts",
+    "top_k": "num_experts_per_token",
+    "expert_dim": "moe_intermediate_size",
+    "n_shared_experts": "num_shared_experts",
+    "route_scale": "routed_scaling_factor",
+    "norm_topk_prob": "moe_renormalize",
+    "n_groups": "num_expert_group",
+    "topk_groups": "topk_group",
 }
 
 
 def read(config: dict, where: str) -> KimiLinearArgs:
     """KimiLinearArgs of a kimi_linear config.json (absent keys take KimiLinearConfig's defaults)."""
     n_layers = config.get("num_hidden_layers", 27)
-    _check_attention(config, where)
+    attention = _attention(config, where)
     linear = _check_linear(config, where)
     layer_types = _layer_types(config, where, n_layers)
     moe = _moe(config, where, _dense_layers(config, where, n_layers))
@@ -178,40 +181,24 @@ def read(config: dict, where: str) -> KimiLinearArgs:
         return KimiLinearArgs(
             dim=config.get("hidden_size", 2304),
             n_layers=n_layers,
-            n_heads=config.get("num_attention_heads", 32),
             ffn_dim=config.get("intermediate_size", 9216),
             layer_types=layer_types,
             vocab_size=config.get("vocab_size", 163840),
             max_seq_len=_get(config, ("max_position_embeddings", "model_max_length"), 1048576),
             norm_eps=config.get("rms_norm_eps", 1e-5),
             tie_embeddings=bool(config.get("tie_word_embeddings", False)),
-            q_lora_rank=config.get("q_lora_rank") or 0,
-            kv_lora_rank=config.get("kv_lora_rank", 512),
-            qk_nope_head_dim=config.get("qk_nope_head_dim", 128),
-            qk_rope_head_dim=config.get("qk_rope_head_dim", 64),
-            v_head_dim=config.get("v_head_dim", 128),
             moe=moe,
+            **attention,
             **linear,
         )
     except ValueError as e:  # the widths' own checks, in config.json's names
         raise ConfigError(f"{where} is not supported: {in_config_names(str(e), _KEYS)}") from e
 
 
-def check_expressible(args: KimiLinearArgs) -> None:
-    """What a kimi_linear config.json cannot say is refused, naming the field: the shared check with the sigmoid
-    router, its stored routing biases, its shared expert width and group-limited routing free; any dense layers
-    (mlp_layer_types names them)."""
-    check_expressible_moe(
-        args.moe,
-        "kimi_linear",
-        fixed={"score_func": "sigmoid", "router_bias": False, "shared_expert_dim": 0, "shared_gate": False},
-        bias_balance=True,
-    )
-
-
 def write(args: KimiLinearArgs) -> dict:
-    check_expressible(args)
-    moe = args.moe
+    """Kimi Linear's config.json; a block other than DeepSeek's (moe/hf_config.py bias_routed_config) is refused,
+    naming the field. Any dense layers: mlp_layer_types names them."""
+    moe = bias_routed_config(args.moe, "kimi_linear", _MOE_KEYS, first_dense=False)
     kinds = list(args.layer_types)
     return {
         "architectures": [ARCHITECTURE],
@@ -224,16 +211,10 @@ def write(args: KimiLinearArgs) -> dict:
         "hidden_act": "silu",
         "rms_norm_eps": args.norm_eps,
         "model_max_length": args.max_seq_len,
-        "attention_bias": False,
-        "attention_dropout": 0.0,
-        "q_lora_rank": args.q_lora_rank or None,
-        "kv_lora_rank": args.kv_lora_rank,
-        "qk_nope_head_dim": args.qk_nope_head_dim,
-        "qk_rope_head_dim": args.qk_rope_head_dim,
-        "v_head_dim": args.v_head_dim,
+        **latent_to_config(args),
         "mla_use_nope": True,
         "layer_types": kinds,
-        "mlp_layer_types": ["sparse" if moe.is_sparse(i) else "dense" for i in range(args.n_layers)],
+        "mlp_layer_types": ["sparse" if args.moe.is_sparse(i) else "dense" for i in range(args.n_layers)],
         "linear_head_dim": args.linear_head_dim,
         "linear_num_heads": args.linear_heads,
         "linear_conv_kernel_dim": args.conv_size,
@@ -245,13 +226,6 @@ def write(args: KimiLinearArgs) -> dict:
             "head_dim": args.linear_head_dim,
             "short_conv_kernel_size": args.conv_size,
         },
-        "num_experts": moe.n_experts,
-        "num_experts_per_token": moe.top_k,
-        "moe_intermediate_size": moe.expert_dim,
-        "num_shared_experts": moe.n_shared_experts,
-        "routed_scaling_factor": moe.route_scale,
-        "moe_renormalize": moe.norm_topk_prob,
+        **moe,
         "moe_router_activation_func": "sigmoid",
-        "num_expert_group": moe.n_groups,
-        "topk_group": moe.topk_groups,
     }

@@ -11,10 +11,10 @@ import re
 
 import torch
 
-from titanlite.models.common.moe.layer import EXPERT_NAMES, moe_to_hf
+from titanlite.models.common.latent.weights import ENDS, block_names, latent_names
+from titanlite.models.common.moe.weights import bias_routed_from_hf, bias_routed_sources, bias_routed_to_hf
 from titanlite.models.kimi_linear.args import KimiLinearArgs
 
-_BIAS = "router.expert_bias"
 _MOE = "block_sparse_moe"
 _KDA = [
     ("wq", "q_proj"),
@@ -36,57 +36,25 @@ _KDA_PARAMS = {
     "A_log": "A_log",
     "dt_bias": "dt_bias",
 }
-_MLP = [("w1", "gate_proj"), ("w3", "up_proj"), ("w2", "down_proj")]
-
-
-def _latent(args: KimiLinearArgs) -> list[tuple[str, str]]:
-    names = [("wkv_a", "kv_a_proj_with_mqa"), ("kv_norm", "kv_a_layernorm"), ("wkv_b", "kv_b_proj"), ("wo", "o_proj")]
-    if args.q_lora_rank:
-        return names + [("wq_a", "q_a_proj"), ("q_norm", "q_a_layernorm"), ("wq_b", "q_b_proj")]
-    return names + [("wq", "q_proj")]
 
 
 def hf_names(args: KimiLinearArgs) -> dict[str, str]:
-    """Our tensor name -> its HF name, except the stacked experts (hf_sources)."""
-    names = {
-        "tok_embeddings.weight": "model.embed_tokens.weight",
-        "norm.weight": "model.norm.weight",
-        "output.weight": "lm_head.weight",
-    }
+    """Our tensor name -> its HF name, except the sparse layers' blocks (hf_sources)."""
+    names = dict(ENDS)
     for i, kind in enumerate(args.layer_types):
-        ours, hf = f"layers.{i}.", f"model.layers.{i}."
-        names[ours + "attention_norm.weight"] = hf + "input_layernorm.weight"
-        names[ours + "ffn_norm.weight"] = hf + "post_attention_layernorm.weight"
-        mixer = _KDA if kind == "linear_attention" else _latent(args)
-        for w, proj in mixer:
-            names[f"{ours}attention.{w}.weight"] = f"{hf}self_attn.{proj}.weight"
-        if kind == "linear_attention":
-            for w, theirs in _KDA_PARAMS.items():
-                names[f"{ours}attention.{w}"] = f"{hf}self_attn.{theirs}"
-        if not args.moe.is_sparse(i):
-            for w, proj in _MLP:
-                names[f"{ours}feed_forward.{w}.weight"] = f"{hf}mlp.{proj}.weight"
-            continue
-        names[ours + "feed_forward.router.gate.weight"] = f"{hf}{_MOE}.gate.weight"
-        if args.moe.balance == "bias":
-            names[ours + "feed_forward." + _BIAS] = f"{hf}{_MOE}.gate.e_score_correction_bias"
-        if args.moe.shared_hidden:
-            for w, proj in _MLP:
-                names[f"{ours}feed_forward.shared_expert.{w}.weight"] = f"{hf}{_MOE}.shared_experts.{proj}.weight"
+        linear = kind == "linear_attention"
+        names |= block_names(i, _KDA if linear else latent_names(args), dense=not args.moe.is_sparse(i))
+        if linear:
+            names |= {
+                f"layers.{i}.attention.{w}": f"model.layers.{i}.self_attn.{theirs}" for w, theirs in _KDA_PARAMS.items()
+            }
     return names
 
 
 def hf_sources(args: KimiLinearArgs) -> dict[str, str | tuple[str, ...]]:
     """Our parameter (and routing-bias buffer) name -> the HF tensor it is made from; a stacked expert tensor ->
-    its experts' tensors, in expert order."""
-    sources: dict[str, str | tuple[str, ...]] = dict(hf_names(args))
-    for i in range(args.n_layers):
-        if args.moe.is_sparse(i):
-            for w, theirs in zip(("w1", "w3", "w2"), EXPERT_NAMES["w1"]):
-                sources[f"layers.{i}.feed_forward.experts.{w}"] = tuple(
-                    f"model.layers.{i}.{_MOE}.experts.{e}.{theirs}.weight" for e in range(args.moe.n_experts)
-                )
-    return sources
+    its experts' tensors, in expert order (the sparse layers' blocks: moe/weights.py bias_routed_sources)."""
+    return hf_names(args) | bias_routed_sources(args.moe, args.n_layers, _MOE, names="w1")
 
 
 def hf_keys(args: KimiLinearArgs, keys: list[str]) -> dict[str, str]:
@@ -123,27 +91,17 @@ def to_hf(args: KimiLinearArgs, sd: dict[str, torch.Tensor], take) -> dict[str, 
     without routing biases writes zeros for them (transformers' KimiLinear always has one)."""
     out = {}
     for ours, hf in hf_names(args).items():
-        if ours.endswith(_BIAS):
-            continue
         t, layout = take(ours), _layout(args, ours)
         out[hf] = t.unsqueeze(1) if layout == "conv" else t.view(1, 1, -1, 1) if layout == "A_log" else t
-    for i in range(args.n_layers):
-        if args.moe.is_sparse(i):
-            ours = f"layers.{i}.feed_forward."
-            tensors = ("router.gate.weight", "experts.w1", "experts.w3", "experts.w2")
-            block = moe_to_hf({name: take(ours + name) for name in tensors}, names="w1")
-            out |= {f"model.layers.{i}.{_MOE}.{name}": t for name, t in block.items()}
-            bias = take(ours + _BIAS).float() if args.moe.balance == "bias" else torch.zeros(args.moe.n_experts)
-            out[f"model.layers.{i}.{_MOE}.gate.e_score_correction_bias"] = bias
-    return out
+    return out | bias_routed_to_hf(args.moe, take, args.n_layers, _MOE, names="w1")
 
 
 def from_hf_tensor(args: KimiLinearArgs, name: str, hf: torch.Tensor | list[torch.Tensor]) -> torch.Tensor:
     """Our tensor `name`'s full value from its HF tensor, or from its experts' tensors (hf_sources[name])."""
-    if isinstance(hf, list):
-        return torch.stack(hf).contiguous()
-    if name.endswith(_BIAS):
-        return hf.float()
+    expert = bias_routed_from_hf(name, hf)
+    if expert is not None:
+        return expert
+    assert isinstance(hf, torch.Tensor)
     layout = _layout(args, name)
     if layout == "conv":
         return hf.squeeze(1).contiguous()

@@ -27,7 +27,7 @@ A_RANGE = (0.0, 16.0)
 DT_RANGE, DT_FLOOR = (0.001, 0.1), 1e-4
 
 
-def gated_delta_net(model: Transformer, layer: int) -> nn.Module:
+def gated_delta_net(model: OlmoHybrid, layer: int) -> nn.Module:
     a = model.args
     return GatedDeltaNet(
         a.dim,

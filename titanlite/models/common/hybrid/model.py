@@ -30,7 +30,7 @@ def gated_attention(model: Transformer, layer: int) -> nn.Module:
     return grouped_query_attention(model, layer, norm=ZeroCenteredRMSNorm, output_gate=True)
 
 
-def gated_delta_net(model: Transformer, layer: int) -> nn.Module:
+def gated_delta_net(model: HybridDecoder, layer: int) -> nn.Module:
     a = model.args
     return GatedDeltaNet(
         a.dim,

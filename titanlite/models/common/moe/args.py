@@ -124,3 +124,37 @@ def dense_layers_from_hf(
     if sparse_step < 1:
         raise ValueError(f"decoder_sparse_step={sparse_step}; it must be at least 1")
     return tuple(i for i in range(n_layers) if i in mlp_only_layers or (i + 1) % sparse_step != 0)
+
+
+def bias_routed(
+    n_experts: int,
+    top_k: int,
+    expert_dim: int,
+    route_scale: float,
+    n_shared_experts: int = 1,
+    n_groups: int = 1,
+    topk_groups: int = 1,
+    dense_layers: tuple[int, ...] = (0,),
+) -> MoEArgs:
+    """A DeepSeek-V3-style block (DeepSeek-V3, Kimi Linear, GLM-4.5): each expert scored by a sigmoid of its own, chosen
+    by score plus the routing bias (balance "bias", no auxiliary loss), in groups where n_groups > 1; the chosen scores
+    renormalised, then scaled by route_scale; shared experts beside them; the dense_layers dense."""
+    return MoEArgs(
+        n_experts=n_experts,
+        top_k=top_k,
+        expert_dim=expert_dim,
+        score_func="sigmoid",
+        norm_topk_prob=True,
+        route_scale=route_scale,
+        n_shared_experts=n_shared_experts,
+        balance="bias",
+        n_groups=n_groups,
+        topk_groups=topk_groups,
+        dense_layers=dense_layers,
+    )
+
+
+def debug_bias_routed(route_scale: float = 2.5, n_groups: int = 1, topk_groups: int = 1) -> MoEArgs:
+    """The debug flavors' bias_routed block: 8 experts of width 32, 2 per token, one shared expert; the first layer
+    dense."""
+    return bias_routed(8, 2, 32, route_scale, n_groups=n_groups, topk_groups=topk_groups)

@@ -92,3 +92,37 @@ def check_expressible(
     problems += more
     if problems:
         raise ConfigError(f"a {family} config.json cannot express {', '.join(problems)}")
+
+
+# A bias_routed block's (moe/args.py) config.json keys as DeepSeek-V3 and GLM-4.5 name them: MoEArgs field -> key.
+BIAS_ROUTED_KEYS = {
+    "n_experts": "n_routed_experts",
+    "top_k": "num_experts_per_tok",
+    "expert_dim": "moe_intermediate_size",
+    "n_shared_experts": "n_shared_experts",
+    "route_scale": "routed_scaling_factor",
+    "norm_topk_prob": "norm_topk_prob",
+    "n_groups": "n_group",
+    "topk_groups": "topk_group",
+}
+
+
+def bias_routed_config(
+    moe: MoEArgs, family: str, keys: dict[str, str] = BIAS_ROUTED_KEYS, first_dense: bool = True, more: tuple = ()
+) -> dict:
+    """The config.json fields of a DeepSeek-style block (moe/args.py bias_routed: sigmoid scores, stored routing
+    biases, groups, shared experts of the routed experts' width) under `keys`, and with `first_dense` its dense layers
+    as first_k_dense_replace (leading ones only). What the family's config.json cannot say is refused in one line
+    naming the field, with the family's own `more` problems."""
+    problems = list(more)
+    if first_dense and moe.dense_layers != tuple(range(len(moe.dense_layers))):
+        problems.append(f"MoEArgs.dense_layers={list(moe.dense_layers)} (only the first layers can be dense)")
+    check_expressible(
+        moe,
+        family,
+        fixed={"score_func": "sigmoid", "router_bias": False, "shared_expert_dim": 0, "shared_gate": False},
+        bias_balance=True,
+        more=tuple(problems),
+    )
+    fields = {key: getattr(moe, name) for name, key in keys.items()}
+    return fields | ({"first_k_dense_replace": len(moe.dense_layers)} if first_dense else {})

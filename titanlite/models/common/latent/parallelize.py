@@ -1,6 +1,7 @@
-"""DeepSeek-V3's tensor-parallel plan: latent attention split by heads, the dense layers as Llama's, a
-mixture-of-experts block whole on every tensor-parallel rank (titanlite/models/common/parallelize.py; with expert
-tensor parallelism its experts split over them instead: titanlite/parallel/expert_tensor_parallel.py).
+"""Multi-head latent attention's tensor-parallel plan (the latent decoder's: titanlite/models/common/latent/model.py;
+DeepSeek-V3's): latent attention split by heads on every layer, the dense layers as Llama's, a mixture-of-experts block
+whole on every tensor-parallel rank (titanlite/models/common/parallelize.py; with expert tensor parallelism its experts
+split over them instead: titanlite/parallel/expert_tensor_parallel.py).
 
 Attention takes the whole sequence as a plain tensor. The per-head projections are split: the query's (wq, or wq_b
 after the low-rank bottleneck) and the latent's expansion wkv_b column-wise, each rank computing its heads; wo
@@ -41,7 +42,7 @@ class RotaryKeyGradients(ParallelStyle):
         return module
 
 
-def attention_plan(q_lora_rank: int, kv_lora_rank: int) -> dict:
+def latent_attention_plan(q_lora_rank: int, kv_lora_rank: int) -> dict:
     query = "attention.wq_b" if q_lora_rank else "attention.wq"
     return {
         # attention(x, cos, sin): gather x's sequence, as a plain tensor (the latent layers are not DTensors).
@@ -58,13 +59,15 @@ def attention_plan(q_lora_rank: int, kv_lora_rank: int) -> dict:
 
 
 def tp_plan(model: DecoderModule) -> dict:
+    """Every layer's: latent attention (latent_attention_plan), and the dense feed-forward or, at args.moe's sparse
+    layers, the MoE block."""
     args = model.args
     llama = block_plan()
     plan: dict = {}
     for i in model.layers:
         block = {name: style for name, style in llama.items() if name.partition(".")[0] != "attention"}
-        block |= attention_plan(args.q_lora_rank, args.kv_lora_rank)
-        if args.moe.is_sparse(int(i)):
+        block |= latent_attention_plan(args.q_lora_rank, args.kv_lora_rank)
+        if args.moe is not None and args.moe.is_sparse(int(i)):
             block = {name: style for name, style in block.items() if name.partition(".")[0] != "feed_forward"}
             block["feed_forward"] = moe_block_plan()
         plan |= {f"layers.{i}.{name}": style for name, style in block.items()}
