@@ -30,7 +30,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from titanlite.commands.generate import generate, inference_weights
 from titanlite.components.hf_weights import load_hf_into
-from titanlite.models.common.build import model_from_args
+from titanlite.models.build import model_from_args
 from titanlite.models.common.rope_args import Llama3RopeScaling
 from titanlite.models.hf_config import folder_model_args, hf_config
 from titanlite.models.registry import spec_named

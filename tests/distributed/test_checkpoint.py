@@ -267,7 +267,7 @@ def test_export_to_hugging_face_matches_titanlite_logits(tmp_path, fsdp4_runs):
     import torch
 
     from titanlite.components.checkpoint import load_model_only
-    from titanlite.models.common.build import build_model
+    from titanlite.models.build import build_model
 
     straight, _ = fsdp4_runs
     out = tmp_path / "hf"

@@ -90,7 +90,7 @@ def test_train_then_export_loads_in_transformers(tmp_path, hf_folder):
     from titanlite.components.checkpoint import load_model_only
     from titanlite.config import parse_config
     from titanlite.data.tokenizer import build_tokenizer
-    from titanlite.models.common.build import configured_model
+    from titanlite.models.build import configured_model
 
     folder, hf, tok, corpus = hf_folder
     args = hf_args(folder, corpus)

@@ -24,7 +24,7 @@ def test_a_multimodal_folder_trains_and_converts_back_into_its_layout(tmp_path):
     from safetensors.torch import load_file, save_file
 
     from titanlite.components.checkpoint import load_model_only
-    from titanlite.models.common.build import model_from_args
+    from titanlite.models.build import model_from_args
     from titanlite.models.hf_config import folder_args
 
     torch.manual_seed(0)

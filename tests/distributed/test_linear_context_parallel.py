@@ -15,8 +15,8 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from tests.helpers import run_ranks
 from titanlite.base.errors import ConfigError
+from titanlite.models.build import build_model
 from titanlite.models.common.attention import Sequence
-from titanlite.models.common.build import build_model
 from titanlite.models.common.gated_delta_net import DeltaRule, GatedDeltaNet
 from titanlite.parallel.context_parallel import (
     ContextParallelConvolution,

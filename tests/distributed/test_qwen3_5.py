@@ -15,7 +15,7 @@ from tests.distributed.test_expert_parallel import assert_same_run
 from tests.distributed.test_model_families import LAYOUTS
 from tests.helpers import VALIDATED, assert_matches, metrics, train_in_pool
 from titanlite.components.hf_weights import save_hf
-from titanlite.models.common.build import build_model
+from titanlite.models.build import build_model
 from titanlite.models.common.init import init_weights
 
 pytestmark = pytest.mark.distributed

@@ -6,7 +6,7 @@ from torch.distributed._tools.mem_tracker import MemTracker
 
 from titanlite.components.loss import cross_entropy
 from titanlite.config import ActivationCheckpoint
-from titanlite.models.common.build import build_model
+from titanlite.models.build import build_model
 from titanlite.models.common.init import init_weights
 from titanlite.parallel.activation_checkpoint import apply_ac
 

@@ -11,6 +11,7 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from tests.helpers import run_ranks
 from titanlite.base.errors import ConfigError
+from titanlite.models.build import build_model
 from titanlite.models.common.attention import (
     ATTENTION_CORES,
     CoreAttention,
@@ -21,7 +22,6 @@ from titanlite.models.common.attention import (
     build_core,
     document_ids,
 )
-from titanlite.models.common.build import build_model
 from titanlite.models.common.init import init_weights
 from titanlite.parallel.context_parallel import (
     ContextParallelCore,

@@ -8,8 +8,8 @@ import torch
 
 from titanlite.components.loss import cross_entropy
 from titanlite.models import registry
+from titanlite.models.build import build_model
 from titanlite.models.common.auxiliary import AuxiliaryLosses, add_auxiliary_loss, collecting
-from titanlite.models.common.build import build_model
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from tests.unit.test_hf_families import assert_logits_match, imported  # noqa: E
 from titanlite.base.errors import ConfigError  # noqa: E402
 from titanlite.commands.generate import generate  # noqa: E402
 from titanlite.components.hf_weights import save_hf  # noqa: E402
-from titanlite.models.common.build import model_from_args  # noqa: E402
+from titanlite.models.build import model_from_args  # noqa: E402
 from titanlite.models.common.init import init_weights  # noqa: E402
 from titanlite.models.common.moe.args import MoEArgs  # noqa: E402
 from titanlite.models.common.moe.layer import MoE, update_balance_bias  # noqa: E402
@@ -276,7 +276,7 @@ def _tp_gradients(rank: int) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor
 
-    from titanlite.models.common.build import build_model
+    from titanlite.models.build import build_model
     from titanlite.parallel.parallelize import materialize
     from titanlite.parallel.tensor_parallel import apply_tp
 
@@ -379,7 +379,7 @@ def test_a_folder_with_routing_biases_is_refused_into_a_model_balanced_otherwise
     """--moe.balance aux_loss builds routers without a bias: the folder's non-zero biases would be silently lost."""
     from titanlite.components.hf_weights import load_hf_into
     from titanlite.config import parse_config
-    from titanlite.models.common.build import configured_model
+    from titanlite.models.build import configured_model
 
     random_deepseek().save_pretrained(tmp_path)
     cfg = parse_config(

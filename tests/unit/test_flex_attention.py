@@ -174,7 +174,7 @@ def test_a_windowed_model_trains_the_same_on_flex_and_on_sdpas_explicit_mask(seq
     the first step's gradients."""
     import dataclasses
 
-    from titanlite.models.common.build import model_from_args
+    from titanlite.models.build import model_from_args
     from titanlite.models.common.init import init_weights
     from titanlite.models.registry import spec_named
 

@@ -6,7 +6,7 @@ import torch.nn as nn
 
 from titanlite.base.errors import ConfigError
 from titanlite.config import Float8, parse_config
-from titanlite.models.common.build import build_model
+from titanlite.models.build import build_model
 from titanlite.parallel.float8 import apply_float8, check_float8, float8_filter
 
 

@@ -21,8 +21,8 @@ from tests.unit.test_hf_families import assert_logits_match, imported  # noqa: E
 from titanlite.base.errors import ConfigError  # noqa: E402
 from titanlite.commands.generate import generate  # noqa: E402
 from titanlite.components.hf_weights import save_hf  # noqa: E402
+from titanlite.models.build import build_model, model_from_args  # noqa: E402
 from titanlite.models.common.attention import FlexAttention  # noqa: E402
-from titanlite.models.common.build import build_model, model_from_args  # noqa: E402
 from titanlite.models.common.init import init_weights  # noqa: E402
 from titanlite.models.gemma3.args import FLAVORS  # noqa: E402
 from titanlite.models.hf_config import args_from_hf_config  # noqa: E402

@@ -22,7 +22,7 @@ from tests.unit.test_hf_families import assert_logits_match, imported  # noqa: E
 from titanlite.base.errors import ConfigError  # noqa: E402
 from titanlite.commands.generate import generate  # noqa: E402
 from titanlite.components.hf_weights import WeightReader, save_hf  # noqa: E402
-from titanlite.models.common.build import model_from_args  # noqa: E402
+from titanlite.models.build import model_from_args  # noqa: E402
 from titanlite.models.common.init import init_weights  # noqa: E402
 from titanlite.models.gemma4.args import FLAVORS, MOE_FLAVORS, layer_types  # noqa: E402
 from titanlite.models.hf_config import args_from_hf_config  # noqa: E402

@@ -21,8 +21,8 @@ from titanlite.commands.generate import (
 )
 from titanlite.components.hf_weights import save_hf
 from titanlite.data.tokenizer import ByteTokenizer
+from titanlite.models.build import build_model
 from titanlite.models.common.attention import build_core
-from titanlite.models.common.build import build_model
 from titanlite.models.common.init import init_weights
 from titanlite.models.common.kv_cache import KVCache, StaticKVCache
 

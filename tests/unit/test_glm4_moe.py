@@ -25,7 +25,7 @@ from titanlite.base.errors import ConfigError  # noqa: E402
 from titanlite.commands.generate import generate  # noqa: E402
 from titanlite.components.hf_quantized import quantize_fp8  # noqa: E402
 from titanlite.components.hf_weights import WeightReader, check_tensors, load_hf_into, save_hf  # noqa: E402
-from titanlite.models.common.build import model_from_args, with_mtp_layers  # noqa: E402
+from titanlite.models.build import model_from_args, with_mtp_layers  # noqa: E402
 from titanlite.models.common.init import init_weights  # noqa: E402
 from titanlite.models.common.moe.layer import MoE, update_balance_bias  # noqa: E402
 from titanlite.models.glm4_moe.args import FLAVORS  # noqa: E402

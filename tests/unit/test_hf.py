@@ -18,7 +18,7 @@ from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 from tests.helpers import run_ranks  # noqa: E402
 from titanlite.base.errors import ConfigError  # noqa: E402
 from titanlite.components.hf_weights import from_hf, load_hf, load_hf_into, save_hf, to_hf  # noqa: E402
-from titanlite.models.common.build import build_model  # noqa: E402
+from titanlite.models.build import build_model  # noqa: E402
 from titanlite.models.common.decoder import Transformer as Llama  # noqa: E402
 from titanlite.models.common.init import init_weights  # noqa: E402
 from titanlite.models.gpt2.model import GPT2  # noqa: E402

@@ -18,7 +18,7 @@ from titanlite.base.errors import ConfigError  # noqa: E402
 from titanlite.commands.generate import generate  # noqa: E402
 from titanlite.components.hf_weights import load_hf_into, save_hf  # noqa: E402
 from titanlite.config import parse_config  # noqa: E402
-from titanlite.models.common.build import configured_model, model_from_args  # noqa: E402
+from titanlite.models.build import configured_model, model_from_args  # noqa: E402
 from titanlite.models.common.init import init_weights  # noqa: E402
 from titanlite.models.common.rope_args import YarnRopeScaling  # noqa: E402
 from titanlite.models.hf_config import args_from_hf_config, folder_args, hf_config  # noqa: E402

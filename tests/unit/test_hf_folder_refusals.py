@@ -27,7 +27,7 @@ from titanlite.base.errors import ConfigError  # noqa: E402
 from titanlite.base.hf_config import FIELDS, ROPE_FIELDS, check_training_fields, check_types  # noqa: E402
 from titanlite.components.hf_weights import check_hf_values, load_hf_into, save_hf  # noqa: E402
 from titanlite.config import parse_config  # noqa: E402
-from titanlite.models.common.build import configured_model, model_from_args  # noqa: E402
+from titanlite.models.build import configured_model, model_from_args  # noqa: E402
 from titanlite.models.hf_config import args_from_hf_config  # noqa: E402
 from titanlite.models.registry import spec_named  # noqa: E402
 

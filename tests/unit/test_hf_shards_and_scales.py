@@ -16,7 +16,7 @@ from safetensors.torch import load_file, save_file
 
 from titanlite.base.errors import ConfigError
 from titanlite.components.hf_weights import INDEX_FILE, WeightReader, export_loads, load_hf_into, save_hf
-from titanlite.models.common.build import model_from_args
+from titanlite.models.build import model_from_args
 from titanlite.models.hf_config import folder_args
 from titanlite.models.registry import model_args, spec_of_model_type
 

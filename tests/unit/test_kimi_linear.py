@@ -19,7 +19,7 @@ from tests.unit.test_hf_families import assert_logits_match, imported  # noqa: E
 from titanlite.base.errors import ConfigError  # noqa: E402
 from titanlite.commands.generate import generate  # noqa: E402
 from titanlite.components.hf_weights import save_hf  # noqa: E402
-from titanlite.models.common.build import model_from_args  # noqa: E402
+from titanlite.models.build import model_from_args  # noqa: E402
 from titanlite.models.common.init import init_weights  # noqa: E402
 from titanlite.models.common.kimi_delta import KimiDeltaAttention  # noqa: E402
 from titanlite.models.common.moe.layer import MoE, update_balance_bias  # noqa: E402
@@ -216,7 +216,7 @@ def _tp_gradients(rank: int) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor
 
-    from titanlite.models.common.build import build_model
+    from titanlite.models.build import build_model
     from titanlite.parallel.parallelize import materialize
     from titanlite.parallel.tensor_parallel import apply_tp
 

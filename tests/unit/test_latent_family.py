@@ -10,7 +10,7 @@ import torch
 
 from titanlite.components.loss import cross_entropy
 from titanlite.models import registry
-from titanlite.models.common.build import build_model
+from titanlite.models.build import build_model
 from titanlite.models.common.feed_forward import GatedMLP
 from titanlite.models.common.init import init_weights
 from titanlite.models.common.mixers import LatentAttention

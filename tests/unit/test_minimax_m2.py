@@ -20,7 +20,7 @@ from tests.unit.test_hf_families import assert_logits_match, imported  # noqa: E
 from titanlite.base.errors import ConfigError  # noqa: E402
 from titanlite.commands.generate import generate  # noqa: E402
 from titanlite.components.hf_weights import load_hf_into, save_hf  # noqa: E402
-from titanlite.models.common.build import model_from_args  # noqa: E402
+from titanlite.models.build import model_from_args  # noqa: E402
 from titanlite.models.common.flops import active_parameters  # noqa: E402
 from titanlite.models.common.init import init_weights  # noqa: E402
 from titanlite.models.common.moe.layer import MoE, update_balance_bias  # noqa: E402

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from titanlite.base.errors import ConfigError
-from titanlite.models.common.build import build_model
+from titanlite.models.build import build_model
 from titanlite.models.common.decoder import Transformer as Llama
 from titanlite.models.common.decoder_args import DecoderArgs
 from titanlite.models.common.init import init_weights, param_seed

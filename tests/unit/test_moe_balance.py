@@ -19,7 +19,7 @@ from titanlite.builder.run import run_facts
 from titanlite.components.expert_balance import ExpertBalance
 from titanlite.components.resume import flat_config, resume_changes
 from titanlite.config import parse_config
-from titanlite.models.common.build import configured_args, configured_model, model_from_args
+from titanlite.models.build import configured_args, configured_model, model_from_args
 from titanlite.models.common.init import init_weights
 from titanlite.models.common.moe.layer import GroupedExperts, MoE, expert_load
 

@@ -16,7 +16,7 @@ transformers = pytest.importorskip(
 from tests.helpers import REPO, env  # noqa: E402
 from tests.unit.test_qwen3_moe import CONFIGS  # noqa: E402
 from titanlite.commands.cli import main  # noqa: E402
-from titanlite.models.common.build import model_from_args  # noqa: E402
+from titanlite.models.build import model_from_args  # noqa: E402
 from titanlite.models.common.flops import active_parameters, moe_flops_per_token  # noqa: E402
 from titanlite.models.registry import spec_named  # noqa: E402
 

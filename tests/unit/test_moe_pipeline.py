@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from titanlite.components.loss import cross_entropy
+from titanlite.models.build import model_from_args
 from titanlite.models.common.auxiliary import AuxiliaryLosses, collecting
-from titanlite.models.common.build import model_from_args
 from titanlite.models.registry import model_args, spec_named
 from titanlite.parallel.pipeline import PipelinePlan, carry_as_keyword, split_model
 

@@ -242,7 +242,7 @@ def test_the_planner_counts_the_depths_flops_parameters_and_activations():
     and its logits to the activations."""
     from titanlite.builder.plan import plan_model
     from titanlite.config import parse_config
-    from titanlite.models.common.build import model_from_args
+    from titanlite.models.build import model_from_args
 
     without, plain = planned("0")
     with_mtp, ahead = planned("1")

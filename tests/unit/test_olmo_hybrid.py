@@ -17,8 +17,8 @@ transformers = pytest.importorskip(
 from titanlite.base.errors import ConfigError  # noqa: E402
 from titanlite.commands.generate import generate  # noqa: E402
 from titanlite.components.hf_weights import load_hf_into, save_hf  # noqa: E402
+from titanlite.models.build import model_from_args  # noqa: E402
 from titanlite.models.common.attention import Sequence  # noqa: E402
-from titanlite.models.common.build import model_from_args  # noqa: E402
 from titanlite.models.hf_config import args_from_hf_config, folder_args  # noqa: E402
 from titanlite.models.olmo_hybrid import hf_config, weights  # noqa: E402
 

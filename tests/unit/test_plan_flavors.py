@@ -4,7 +4,7 @@ counts `transformers` gives the published configurations (both built on the meta
 import pytest
 import torch
 
-from titanlite.models.common.build import build_model
+from titanlite.models.build import build_model
 
 LLAMA31 = {
     "vocab_size": 128256,

@@ -20,7 +20,7 @@ from tests.unit.test_gpt_oss import SHAPE as GPT_OSS  # noqa: E402
 from titanlite.base.errors import ConfigError  # noqa: E402
 from titanlite.components.hf_quantized import dequantize_fp8, dequantize_mxfp4, quantize_fp8  # noqa: E402
 from titanlite.components.hf_weights import WeightReader, check_tensors, load_hf_into  # noqa: E402
-from titanlite.models.common.build import model_from_args, with_mtp_layers  # noqa: E402
+from titanlite.models.build import model_from_args, with_mtp_layers  # noqa: E402
 from titanlite.models.hf_config import folder_args, folder_model_args  # noqa: E402
 
 BLOCK = [16, 24]  # no dimension of the tiny models is a multiple of both: partial edge blocks everywhere

@@ -15,8 +15,8 @@ transformers = pytest.importorskip(
 from titanlite.base.errors import ConfigError  # noqa: E402
 from titanlite.commands.generate import generate  # noqa: E402
 from titanlite.components.hf_weights import load_hf_into, save_hf  # noqa: E402
+from titanlite.models.build import model_from_args  # noqa: E402
 from titanlite.models.common.attention import Sequence  # noqa: E402
-from titanlite.models.common.build import model_from_args  # noqa: E402
 from titanlite.models.hf_config import args_from_hf_config, folder_args  # noqa: E402
 
 VOCAB = 200
@@ -148,7 +148,7 @@ def test_what_qwen3_5_cannot_mean_is_refused_naming_the_field(change, field):
 
 
 def test_the_linear_attention_backend_is_chosen_for_the_device_or_refused_in_one_line():
-    from titanlite.models.common.build import linear_backend
+    from titanlite.models.build import linear_backend
     from titanlite.models.registry import model_args
 
     hybrid, dense = model_args("qwen3_5", "debug", 256, 64), model_args("qwen3", "debug", 256, 64)

@@ -23,8 +23,8 @@ from titanlite.base.errors import ConfigError  # noqa: E402
 from titanlite.builder.plan import plan_run  # noqa: E402
 from titanlite.components.hf_weights import save_hf  # noqa: E402
 from titanlite.config import parse_config  # noqa: E402
+from titanlite.models.build import model_from_args  # noqa: E402
 from titanlite.models.common.auxiliary import AuxiliaryLosses, collecting  # noqa: E402
-from titanlite.models.common.build import model_from_args  # noqa: E402
 from titanlite.models.common.flops import dense_flops_per_token, moe_flops_per_token  # noqa: E402
 from titanlite.models.common.init import init_weights  # noqa: E402
 from titanlite.models.common.moe.layer import MoE, load_balancing_loss  # noqa: E402

@@ -14,7 +14,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from titanlite.base.errors import ConfigError
 from titanlite.components.optim import clip_grad_norm_
-from titanlite.models.common.build import build_model
+from titanlite.models.build import build_model
 from titanlite.models.registry import spec_named
 from titanlite.parallel.data_parallel import apply_fsdp
 from titanlite.parallel.dims import ParallelDims

@@ -13,7 +13,7 @@ from titanlite.data.datasets import split_point, validation_windows
 from titanlite.data.store import TokenStore
 from titanlite.engine.trainer import RankModel
 from titanlite.engine.validator import IGNORE, EvalBatches, Validator, eval_batches
-from titanlite.models.common.build import build_model
+from titanlite.models.build import build_model
 from titanlite.models.common.init import init_weights
 
 EOT = 9

@@ -10,7 +10,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Shard
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
-from titanlite.models.common.build import build_model
+from titanlite.models.build import build_model
 from titanlite.models.common.parallelize import ShardedRMSNorm, WholeProjectionNorm
 from titanlite.parallel.parallelize import materialize
 from titanlite.parallel.tensor_parallel import apply_plan, apply_tp

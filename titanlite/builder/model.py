@@ -15,7 +15,7 @@ from titanlite.components.expert_balance import ExpertBalance
 from titanlite.components.loss import MultiTokenLoss, build_loss, cross_entropy, mtp_loss_names
 from titanlite.config import JobConfig
 from titanlite.engine.trainer import Pipeline, RankModel, autocast_for
-from titanlite.models.common.build import linear_backend, model_from_args, with_kernels
+from titanlite.models.build import linear_backend, model_from_args, with_kernels
 from titanlite.models.common.interface import DecoderModule
 from titanlite.models.hf_config import mtp_note
 from titanlite.models.registry import spec_of
@@ -40,7 +40,7 @@ def plain_model(cfg: JobConfig, model: ModelPlan) -> DecoderModule:
     """The planned model, whole, on the current default device, parameters uninitialised: built from the plan's
     arguments (not from the config again), its attention cores of model.attn_backend's kind and its experts on
     moe.experts_kernel's path, its linear-attention layers on model.linear_attn_backend's, as configured_model
-    (titanlite/models/common/build.py) makes them."""
+    (titanlite/models/build.py) makes them."""
     linear = linear_backend(model.args, cfg.model.linear_attn_backend, device_type())[0]
     return with_kernels(model_from_args(model.args), cfg.model.attn_backend, cfg.moe.experts_kernel, linear)
 

@@ -19,7 +19,7 @@ from titanlite.components.profiling import check_profiling
 from titanlite.components.wandb_run import check_wandb
 from titanlite.config import JobConfig, grad_accum_steps
 from titanlite.data.tokenizer import Tokenizer, build_tokenizer
-from titanlite.models.common.build import configured_args, linear_backend, model_from_args
+from titanlite.models.build import configured_args, linear_backend, model_from_args
 from titanlite.parallel.context_parallel import check_cp_degree
 from titanlite.parallel.dims import ParallelDims
 from titanlite.parallel.expert_parallel import check_ep_degree

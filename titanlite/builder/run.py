@@ -26,8 +26,8 @@ from titanlite.components.wandb_run import WandbRun
 from titanlite.config import JobConfig, to_toml
 from titanlite.engine.trainer import Resilience, StepFigures, StepSettings, Trainer
 from titanlite.engine.validator import EvalBatches, Validator
+from titanlite.models.build import linear_backend
 from titanlite.models.common.attention import CoreAttention, FlexAttention, SDPAttention
-from titanlite.models.common.build import linear_backend
 from titanlite.models.common.flops import active_parameters
 from titanlite.models.common.gated_delta_net import DeltaRule
 from titanlite.models.common.interface import unwrapped

@@ -26,8 +26,8 @@ from titanlite.builder.plan import ModelPlan
 from titanlite.components.checkpoint import checkpoint_to_load, load_weights, parse_run_config
 from titanlite.components.hf_weights import load_hf_into
 from titanlite.data.tokenizer import build_tokenizer
+from titanlite.models.build import model_from_args
 from titanlite.models.common.attention import FlexAttention
-from titanlite.models.common.build import model_from_args
 from titanlite.models.common.interface import DecoderModule
 from titanlite.models.common.kv_cache import KVCache, StaticKVCache
 from titanlite.models.common.moe.layer import MoE

@@ -28,7 +28,7 @@ from titanlite.components.hf_quantized import (
     quantize_fp8,
 )
 from titanlite.components.hf_tokenizer import save_tokenizer
-from titanlite.models.common.build import model_from_args
+from titanlite.models.build import model_from_args
 from titanlite.models.common.init import canonical_name, fill_parameters
 from titanlite.models.common.interface import unwrapped
 from titanlite.models.common.moe.args import BALANCE_FIELDS, MoEArgs
