@@ -18,6 +18,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate
 
 from titanlite.components.muon import Muon, muon_parameters
+from titanlite.components.torch_private import set_last_lrs
 from titanlite.config import LRScheduler, Optimizer
 
 
@@ -212,7 +213,7 @@ class LRSchedulers:
             lrs = [peak * factor(scheduler.last_epoch) for peak, factor in zip(peaks, scheduler.lr_lambdas)]
             for group, lr in zip(scheduler.optimizer.param_groups, lrs):
                 group["lr"] = lr
-            scheduler._last_lr = lrs
+            set_last_lrs(scheduler, lrs)
 
 
 @torch.no_grad()

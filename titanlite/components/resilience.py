@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from titanlite.base.logs import EVERY_RANK
+from titanlite.components.torch_private import set_every_group_timeout
 
 logger = logging.getLogger(__name__)
 
@@ -88,8 +89,7 @@ def set_train_timeout(seconds: float) -> None:
     collective that waits longer than this fails, so a dead peer stops the job instead of hanging it."""
     if not dist.is_initialized():
         return
-    for group in list(dist.distributed_c10d._world.pg_map):
-        dist.distributed_c10d._set_pg_timeout(timedelta(seconds=seconds), group)
+    set_every_group_timeout(timedelta(seconds=seconds))
 
 
 FAULTS = ("kill", "nan", "spike", "drop", "error", "oom", "segv", "stop", "hang", "wait")  # TITANLITE_FAULT's names

@@ -13,6 +13,7 @@ from dataclasses import dataclass, fields
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from titanlite.base.errors import ConfigError
+from titanlite.components.torch_private import flatten_mesh
 from titanlite.config import Parallelism
 
 
@@ -228,10 +229,10 @@ class ParallelDims:
             dims = [dim.name for dim in MESH_DIMS if view in dim.views and dim.name in sizes]
             used = tuple(part for n in dims for part in split.get(n, (n,)))
             if used:
-                views[view] = root[used]._flatten(view)
+                views[view] = flatten_mesh(root[used], view)
         if self.ep_enabled:
-            views["dp_shard"] = root[split["dp_shard"]]._flatten("dp_shard")
-            views["ep"] = root[tuple(n for n in ("dp_shard_in_ep", "cp") if n in names)]._flatten("ep")
+            views["dp_shard"] = flatten_mesh(root[split["dp_shard"]], "dp_shard")
+            views["ep"] = flatten_mesh(root[tuple(n for n in ("dp_shard_in_ep", "cp") if n in names)], "ep")
         if self.ep_enabled and self.etp_enabled:  # the experts' 2-D mesh: dispatched over ep, split over tp
             views["ep_tp"] = root[("dp_shard_in_ep", "tp")]  # check_etp: no cp beside EP x ETP, so ep is dp_shard_in_ep
         if self.tp_enabled and self.fsdp_enabled:
@@ -239,7 +240,7 @@ class ParallelDims:
             # norm of their gradients is partial over all of it: DTensor reduces it in one all-reduce where a flattened
             # mesh over those ranks exists (it finds one by its layout; no titanlite code reads this view), else in one
             # a dimension, warning that this is "suboptimal".
-            views[SHARDED] = root[tuple(n for n in names if n not in ("pp", "dp_replicate"))]._flatten(SHARDED)
+            views[SHARDED] = flatten_mesh(root[tuple(n for n in names if n not in ("pp", "dp_replicate"))], SHARDED)
         return Mesh(root, views)
 
 

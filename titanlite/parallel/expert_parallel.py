@@ -21,7 +21,7 @@ from torch import nn
 from torch.distributed._functional_collectives import all_to_all_single_autograd
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Shard, distribute_module, distribute_tensor
-from torch.distributed.tensor.parallel import ParallelStyle
+from torch.distributed.tensor.parallel import ParallelStyle, parallelize_module
 
 from titanlite.base.errors import ConfigError
 from titanlite.models.common.moe.layer import GroupedExperts
@@ -94,7 +94,7 @@ def apply_ep(model: nn.Module, ep_mesh: DeviceMesh) -> None:
     """Split every MoE block's routed experts over ep_mesh (refused before launch unless each block's
     n_experts divides by the degree: titanlite/builder/plan.py)."""
     for experts in expert_modules(model):
-        ExpertParallel()._apply(experts, ep_mesh)
+        parallelize_module(experts, ep_mesh, ExpertParallel())
 
 
 def check_ep_degree(ep: int, args, family: str) -> None:

@@ -18,15 +18,11 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.pipelining import PipelineStage
-from torch.distributed.pipelining.schedules import (
-    PipelineScheduleMulti,
-    PipelineScheduleSingle,
-    _PipelineScheduleRuntime,
-    get_schedule_class,
-)
+from torch.distributed.pipelining.schedules import PipelineScheduleMulti, PipelineScheduleSingle, get_schedule_class
 from torch.distributed.tensor import DTensor
 
 from titanlite.base.errors import ConfigError
+from titanlite.components.torch_private import pipeline_schedule_from_csv
 from titanlite.config import Parallelism
 from titanlite.models.common.attention import Sequence
 from titanlite.models.common.interface import DecoderModule, unwrapped
@@ -253,15 +249,15 @@ def build_schedule(
         TimedStage(part, stage, plan.num_stages, device, group=pp_group)
         for part, stage in zip(parts, plan.stage_ids(pp_rank))
     ]
-    cls = _PipelineScheduleRuntime if plan.schedule == "csv" else get_schedule_class(plan.schedule)
     # scale_grads: each micro-batch's loss is its own token mean, so the summed gradients are divided
     # by the micro-batch count, giving the gradient of the mean over the whole local batch.
+    if plan.schedule == "csv":
+        return pipeline_schedule_from_csv(stages, plan.n_microbatches, loss_fn, scale_grads=True, path=csv), stages
+    cls = get_schedule_class(plan.schedule)
     if issubclass(cls, PipelineScheduleSingle):
         schedule = cls(stages[0], n_microbatches=plan.n_microbatches, loss_fn=loss_fn, scale_grads=True)
     else:
         schedule = cls(stages, n_microbatches=plan.n_microbatches, loss_fn=loss_fn, scale_grads=True)
-    if plan.schedule == "csv":
-        schedule._load_csv(csv)
     return schedule, stages
 
 
