@@ -2,13 +2,17 @@
 compares every logged figure that the model's math decides, bit for bit.
 
     .venv/bin/python scripts/same_numbers.py BASE [--steps 20] [--only NAME,...]
+    .venv/bin/python scripts/same_numbers.py BASE --init-only
 
 BASE is any commit (e.g. HEAD~3 or main): it is checked out into a temporary git worktree and run with this
 checkout's interpreter. The runs: the default config, and the debug configs of llama3, qwen3, gemma3, gpt_oss,
 deepseek_v3 and qwen3_moe (one process each, the CPU). Compared per step: loss, grad_norm, lr, and where logged
 val_loss, aux_load_balance, expert_load; timings and memory are left out (they vary from run to run). Prints one
 line per run and exits 1 if any figure differs. A refactor that must not change the math (one shared decoder,
-say) shows it with this.
+say) shows it with this. --init-only trains nothing: it builds every registered family's debug flavor and the
+families' under tests/families (each also with a multi-token prediction depth, per-layer inputs and a tied head's own
+copy where its arguments have them) in both trees, starts each with init_weights(model, seed=0) and compares every
+parameter bit for bit, one line per family.
 """
 
 from __future__ import annotations
@@ -26,6 +30,37 @@ REPO = Path(__file__).resolve().parents[1]
 FAMILIES = ("llama3", "qwen3", "gemma3", "gpt_oss", "deepseek_v3", "qwen3_moe")
 RUNS = {"default": [], **{name: ["--config", f"train_configs/{name}_debug.toml"] for name in FAMILIES}}
 FIGURES = ("loss", "grad_norm", "lr", "val_loss", "aux_load_balance", "expert_load")
+# Run in each tree (--init-only): every family's debug flavor started from seed 0, its parameters saved by family.
+INIT_SNAPSHOT = """
+import dataclasses, sys, torch
+from titanlite.models import registry
+from titanlite.models.common.init import init_weights
+import tests.families.dense_mla, tests.families.relu2  # registered on import
+
+def variants(name, args):
+    fields = {f.name for f in dataclasses.fields(args)}
+    yield name, args, False
+    if "mtp_layers" in fields:
+        yield name + "+mtp", dataclasses.replace(args, mtp_layers=1), False
+    if "per_layer_dim" in fields and not args.per_layer_dim:
+        yield name + "+per_layer", dataclasses.replace(args, per_layer_dim=8), False
+    if args.tie_embeddings:  # a pipeline's last stage: the tied head's own copy
+        yield name + "+head_copy", args, True
+
+weights = {}
+for name in registry.names():
+    for key, args, head_copy in variants(name, registry.model_args(name, "debug", 256, 64)):
+        try:
+            spec = registry.spec_of(args)
+            model = spec.load(spec.model)(args)
+            if head_copy:
+                model.output.weight = torch.nn.Parameter(torch.empty_like(model.output.weight))
+            init_weights(model, seed=0)
+            weights[key] = {k: v.detach().clone() for k, v in model.named_parameters()}
+        except Exception as e:  # a variant the family refuses: the same refusal in both trees
+            weights[key] = {"refused": torch.tensor(list(type(e).__name__.encode()))}
+torch.save(weights, sys.argv[1])
+"""
 
 
 def train(tree: Path, folder: Path, args: list[str], steps: int) -> list[dict]:
@@ -37,6 +72,41 @@ def train(tree: Path, folder: Path, args: list[str], steps: int) -> list[dict]:
         raise SystemExit(f"same_numbers: {' '.join(args) or 'default'} failed in {tree}:\n{proc.stderr[-2000:]}")
     lines = (folder / "run" / "metrics.jsonl").read_text().splitlines()
     return [{k: r[k] for k in ("step", *FIGURES) if k in r} for r in map(json.loads, lines)]
+
+
+def init_snapshot(tree: Path, path: Path) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(tree), "TITANLITE_DEVICE": "cpu", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-c", INIT_SNAPSHOT, str(path)], cwd=tree, env=env, capture_output=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"same_numbers: the init snapshot failed in {tree}:\n{proc.stderr.decode()[-2000:]}")
+    import torch  # lazy: only --init-only reads the snapshots
+
+    return torch.load(path)
+
+
+def compare_inits(tree: Path, scratch: Path) -> int:
+    """Print one line per family: its debug flavor's initial parameters here against the base's; the count differing."""
+    base, ours = init_snapshot(tree, scratch / "base.pt"), init_snapshot(REPO, scratch / "ours.pt")
+    differ = 0
+    for name in sorted(set(base) | set(ours)):
+        a, b = base.get(name, {}), ours.get(name, {})
+        problem = "" if name in base and name in ours else "missing in one tree"
+        if not problem and a.keys() != b.keys():
+            problem = f"parameter names differ: {sorted(set(a) ^ set(b))[:4]}"
+        if not problem:
+            bad = [k for k in a if not torch_equal(a[k], b[k])]
+            problem = f"{len(bad)} of {len(a)} parameters differ, first {bad[0]}" if bad else ""
+        differ += bool(problem)
+        said = f"{name:<20} {len(b)} parameters"
+        print(f"DIFFERS {said}: {problem}" if problem else f"same    {said}", flush=True)
+    print(f"{len(base) - differ} of {len(base)} families start from the base's weights bit for bit")
+    return differ
+
+
+def torch_equal(a, b) -> bool:
+    """Bit for bit: the same shape, dtype and bytes."""
+    same_kind = a.shape == b.shape and a.dtype == b.dtype
+    return same_kind and a.contiguous().numpy().tobytes() == b.contiguous().numpy().tobytes()
 
 
 def first_difference(base: list[dict], ours: list[dict]) -> str:
@@ -54,6 +124,7 @@ def main() -> int:
     parser.add_argument("base")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--only", default="", help="comma-separated run names: " + ", ".join(RUNS))
+    parser.add_argument("--init-only", action="store_true", help="compare every family's initial weights only")
     opts = parser.parse_args()
     chosen = [n for n in RUNS if not opts.only or n in opts.only.split(",")]
     scratch = Path(tempfile.mkdtemp(prefix="titanlite-same-numbers-"))
@@ -62,6 +133,8 @@ def main() -> int:
     subprocess.run([*git, "add", "--detach", str(tree), opts.base], cwd=REPO, check=True, capture_output=True)
     differ = 0
     try:
+        if opts.init_only:
+            return 1 if compare_inits(tree, scratch) else 0
         for name in chosen:
             base = train(tree, scratch / "runs-base" / name, RUNS[name], opts.steps)
             ours = train(REPO, scratch / "runs-ours" / name, RUNS[name], opts.steps)

@@ -10,6 +10,7 @@ from torch import nn
 
 from titanlite.models.common.auxiliary import add_auxiliary_loss
 from titanlite.models.common.decoder import Block, Transformer
+from titanlite.models.common.init_scheme import InitScheme, NormalInit, start_linears
 from titanlite.models.common.mixers import Attention
 
 
@@ -35,6 +36,9 @@ class TokenShift(nn.Module):
             previous = previous * same[..., None].to(x.dtype)
         return self.wo(self.wa(x) + self.wb(previous))
 
+    def init_own(self, name: str, full: torch.Tensor, generator: torch.Generator, scheme: InitScheme) -> None:
+        start_linears(name, full, generator, scheme, inputs=("wa", "wb"), outputs=("wo",))
+
 
 class SquaredReLU(nn.Module):
     def __init__(self, dim: int, hidden: int):
@@ -44,6 +48,9 @@ class SquaredReLU(nn.Module):
 
     def forward(self, x):
         return self.w2(F.relu(self.w1(x)).square())
+
+    def init_own(self, name: str, full: torch.Tensor, generator: torch.Generator, scheme: InitScheme) -> None:
+        start_linears(name, full, generator, scheme, inputs=("w1",), outputs=("w2",))
 
 
 class AuxBlock(Block):
@@ -87,13 +94,9 @@ class Relu2(Transformer):
     def rotary_tables(self) -> dict:
         return {}  # learned positions
 
-    def init_param(self, name: str, full: torch.Tensor, generator: torch.Generator) -> None:
-        parent = name.rpartition(".")[0].rpartition(".")[2]
-        if parent in ("attention_norm", "ffn_norm", "norm"):
-            nn.init.ones_(full)
-        else:
-            std = 0.02 / (2 * self.args.n_layers) ** 0.5 if parent in ("wo", "w2") else 0.02
-            nn.init.normal_(full, mean=0.0, std=std, generator=generator)
+    def init_scheme(self) -> InitScheme:
+        """Plain normal draws, std 0.02 (the head and the positions too), the residual-side projections scaled down."""
+        return NormalInit(self.args.n_layers, self.args.dim, self.args.tie_embeddings)
 
 
 def flops_per_token(model: Relu2, seq_len: int) -> float:

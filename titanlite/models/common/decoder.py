@@ -13,7 +13,6 @@ windows, NoPE layers, pre- or post-norm, mixtures of experts from args.moe) that
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -32,6 +31,8 @@ from titanlite.models.common.decoder_args import (
 )
 from titanlite.models.common.feed_forward import GatedMLP
 from titanlite.models.common.head import OutputHead
+from titanlite.models.common.init import start_param
+from titanlite.models.common.init_scheme import InitScheme
 from titanlite.models.common.interface import Decoder
 from titanlite.models.common.kv_cache import KVCache, LayerCache
 from titanlite.models.common.mixers import Attention
@@ -124,7 +125,8 @@ def grouped_query_attention(model: Transformer, layer: int, **changes: Any) -> A
 class Transformer(nn.Module):
     """Implements titanlite.models.common.interface.Decoder for every family (module docstring). A family's module
     is this class (its arguments' switches say the rest) or a subclass overriding the `build_*` hooks, the rotary
-    tables, `embedding_scale` and `init_param`."""
+    tables, `embedding_scale` and, where its parameters start otherwise than the shared scheme says, `init_scheme`.
+    Each module starts its own parameters (its `init_own`: models/common/init.py start_param)."""
 
     first_stage_modules: ClassVar[tuple[str, ...]] = ("tok_embeddings",)
     last_stage_modules: ClassVar[tuple[str, ...]] = ("norm", "output")  # and mtp, where it has multi-token prediction
@@ -421,49 +423,24 @@ class Transformer(nn.Module):
             )
         return h
 
+    def init_scheme(self) -> InitScheme:
+        """How this model's parameters start (models/common/init_scheme.py): the shared scheme, depth-scaled by the
+        decoder's n_layers; a family with a scheme of its own returns that."""
+        return InitScheme(self.args.n_layers, self.args.dim, self.args.tie_embeddings)
+
     def init_param(self, name: str, full: torch.Tensor, generator: torch.Generator) -> None:
-        """Fill `full` (the full-size value of parameter `name`) in place, using only `generator`."""
-        standard_init(self.args, name, full, generator)
+        """Fill `full` (the full-size value of parameter `name`) in place, using only `generator`: the module that
+        holds the parameter starts it, as init_scheme() says (models/common/init.py start_param)."""
+        start_param(self, name, full, generator, self.init_scheme())
 
-
-def standard_init(args: TransformerArgs, name: str, full: torch.Tensor, generator: torch.Generator) -> None:
-    """The shared initialisation of parameter `name` (its full value `full`, in place, drawing only from
-    `generator`): norms at one, the embedding normal std 0.02, input-side projections (and the router's gate and
-    each expert's gate and up) trunc normal std 0.02, residual-side ones (wo, w2, the experts' down) at
-    0.02 / sqrt(2 * n_layers), an untied head at dim**-0.5, biases zero."""
-    # Match on the last two name components, so wrapper prefixes (e.g. "_orig_mod.") do not matter.
-    path, _, leaf = name.rpartition(".")
-    parent = path.rpartition(".")[2]
-    std = 0.02
-    # Residual projections are scaled down so the residual stream's variance does not grow with depth.
-    residual_std = std / math.sqrt(2 * args.n_layers)
-
-    def trunc(std: float, bound: float = 2.0) -> None:
-        nn.init.trunc_normal_(full, mean=0.0, std=std, a=-bound * std, b=bound * std, generator=generator)
-
-    if parent == "experts" and leaf in ("w1", "w3") or parent == "gate" and path.endswith("router.gate"):
-        if leaf == "bias":
-            nn.init.zeros_(full)
+    def init_own(self, name: str, full: torch.Tensor, generator: torch.Generator, scheme: InitScheme) -> None:
+        """The decoder's own parameters: the token embedding and the learned positions."""
+        if name == "tok_embeddings.weight":
+            scheme.embedding(full, generator)
+        elif name == "pos_embeddings.weight":
+            scheme.positions(full, generator)
         else:
-            trunc(std)
-    elif parent == "experts" and leaf == "w2":
-        trunc(std / (2 * args.n_layers) ** 0.5)
-    elif leaf == "bias" and parent in ("wq", "wk", "wv", "wo", "w1", "w2", "w3"):
-        nn.init.zeros_(full)
-    elif leaf != "weight":
-        raise KeyError(f"init_param: unknown parameter {name!r}")
-    elif parent in ("attention_norm", "ffn_norm", "norm", "q_norm", "k_norm", "enorm", "hnorm"):
-        nn.init.ones_(full)
-    elif parent == "tok_embeddings" or (parent == "output" and args.tie_embeddings):
-        nn.init.normal_(full, mean=0.0, std=std, generator=generator)
-    elif parent == "output":
-        trunc(args.dim**-0.5, bound=3.0)
-    elif parent in ("wq", "wk", "wv", "w1", "w3", "eh_proj"):
-        trunc(std)
-    elif parent in ("wo", "w2"):
-        trunc(residual_std)
-    else:
-        raise KeyError(f"init_param: unknown parameter {name!r}")
+            raise KeyError(f"{type(self).__name__} has no parameter {name!r} of its own")
 
 
 if TYPE_CHECKING:  # mypy (.ci/run) holds the class to the model interface and names any member that differs

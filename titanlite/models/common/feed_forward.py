@@ -9,6 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from titanlite.models.common.init_scheme import InitScheme, start_linears
+
 
 def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     return F.gelu(x, approximate="tanh")
@@ -35,6 +37,9 @@ class GatedMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.w2(self.act(self.w1(x)) * self.w3(x))
 
+    def init_own(self, name: str, full: torch.Tensor, generator: torch.Generator, scheme: InitScheme) -> None:
+        start_linears(name, full, generator, scheme, inputs=("w1", "w3"), outputs=("w2",))
+
 
 class MLP(nn.Module):
     """w2(act(w1 x)) with biases (GPT-2's)."""
@@ -47,3 +52,6 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.w2(self.act(self.w1(x)))
+
+    def init_own(self, name: str, full: torch.Tensor, generator: torch.Generator, scheme: InitScheme) -> None:
+        start_linears(name, full, generator, scheme, inputs=("w1",), outputs=("w2",))

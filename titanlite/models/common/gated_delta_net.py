@@ -19,12 +19,15 @@ across the window. With a cache (generation) the layer keeps its recurrent state
 from __future__ import annotations
 
 import functools
+import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from titanlite.models.common.attention import Sequence, local_sinks
+from titanlite.models.common.init_scheme import InitScheme, start_linears
 from titanlite.models.common.kv_cache import LayerCache
 from titanlite.models.common.linear_attention import (
     causal_conv1d,
@@ -35,6 +38,39 @@ from titanlite.models.common.linear_attention import (
 GATES = ("silu", "sigmoid")
 BACKENDS = ("torch", "fla")  # how DeltaRule computes (model.linear_attn_backend), never what
 L2_EPS = 1e-6  # q and k are divided by sqrt(sum of squares + L2_EPS), as flash-linear-attention and transformers do
+
+
+@dataclass(frozen=True)
+class DecayInit:
+    """How a linear-attention layer's decay starts: A = exp(A_log) uniform in `a_range`; dt_bias at one, or with
+    `dt_range` the softplus inverse of a dt log-uniform in that range, floored at `dt_floor`."""
+
+    a_range: tuple[float, float]
+    dt_range: tuple[float, float] | None = None
+    dt_floor: float = 1e-4
+
+    def start(self, name: str, full: torch.Tensor, generator: torch.Generator) -> None:
+        """Fill `full`, the layer's A_log or dt_bias, drawing only from `generator`."""
+        if name == "A_log":
+            full.copy_(torch.empty_like(full).uniform_(*self.a_range, generator=generator).log_())
+        elif name == "dt_bias" and self.dt_range is None:
+            nn.init.ones_(full)
+        elif name == "dt_bias" and self.dt_range is not None:
+            low, high = math.log(self.dt_range[0]), math.log(self.dt_range[1])
+            dt = torch.empty_like(full).uniform_(low, high, generator=generator).exp_().clamp_(min=self.dt_floor)
+            full.copy_(dt + torch.log(-torch.expm1(-dt)))  # softplus(dt_bias) = dt
+        else:
+            raise KeyError(f"no decay parameter {name!r}")
+
+
+# transformers' Qwen3.5 (and Qwen3-Next) init: A uniform in [0.01, 16], dt_bias at one.
+QWEN_DECAY = DecayInit(a_range=(0.01, 16.0))
+
+
+def start_convolution(full: torch.Tensor, generator: torch.Generator) -> None:
+    """A depthwise convolution's weight [C, K] as nn.Conv1d starts one: uniform within 1/sqrt(K)."""
+    bound = 1.0 / math.sqrt(full.shape[1])
+    nn.init.uniform_(full, -bound, bound, generator=generator)
 
 
 def l2_normalize(x: torch.Tensor) -> torch.Tensor:
@@ -180,13 +216,32 @@ class DeltaRule(nn.Module):
             return gated_delta_rule_recurrent(q, k, v, g, beta, state, documents)
         return gated_delta_rule_chunked(q, k, v, g, beta, state, documents, chunk_size=self.chunk_size)
 
+    def flops_per_token(self, heads: int, key_dim: int, value_dim: int, score_terms: int = 5) -> float:
+        """Training FLOPs per token of the rule, as its chunked kernel (linear_attention.gated_delta_rule_chunked,
+        chunk size C) computes it, for `heads` value heads with key width Dk and value width Dv, for each chunk of C
+        tokens:
+
+            two C x C score matrices, A (keys with keys) and Q K^T      2 x 2 C^2 Dk
+            two triangular solves (I + A) X = ..., Dv and Dk columns    C^2 (Dv + Dk)
+            the scores times the chunk's writes                         2 C^2 Dv
+            the state read by the writes and by the queries, and
+            written with the chunk's keys, a [Dk, Dv] state            3 x 2 C Dk Dv
+
+        so per token R = 3 * H * (5 C Dk + 3 C Dv + 6 Dk Dv), x3 for backward as every matmul in the formula. One
+        decay per key channel (Kimi Delta Attention) makes each score an einsum over a [C, C, Dk] decay: one multiply
+        more per term, `score_terms` 7 in place of 5. T's padding to a multiple of C and the exponentials of the decays
+        are not counted, as norms are not. Linear in T (a fixed C), where attention's term grows with it."""
+        chunk = self.chunk_size
+        forward = score_terms * chunk * key_dim + 3 * chunk * value_dim + 6 * key_dim * value_dim
+        return 3.0 * heads * forward
+
 
 class GatedDeltaNet(nn.Module):
     """Gated DeltaNet (module docstring): `key_heads` x `key_dim` queries and keys, `value_heads` x `value_dim`
     values, a convolution over `conv_size` tokens, one decay per value head, the output norm's epsilon `norm_eps`,
-    `beta_scale` on the write strength and the output gate's activation `gate` ("silu": Qwen3.5, Qwen3-Next, OLMo
-    Hybrid; "sigmoid"). Every projection a separate nn.Linear and each convolution's weight [C, K] its own
-    parameter, so tensor parallelism splits them all by heads."""
+    `beta_scale` on the write strength, the output gate's activation `gate` ("silu": Qwen3.5, Qwen3-Next, OLMo
+    Hybrid; "sigmoid") and how the decay starts, `decay_init`. Every projection a separate nn.Linear and each
+    convolution's weight [C, K] its own parameter, so tensor parallelism splits them all by heads."""
 
     def __init__(
         self,
@@ -200,6 +255,7 @@ class GatedDeltaNet(nn.Module):
         norm_eps: float = 1e-6,
         beta_scale: float = 1.0,
         gate: str = "silu",
+        decay_init: DecayInit = QWEN_DECAY,
     ):
         super().__init__()
         if value_heads % key_heads:
@@ -209,6 +265,7 @@ class GatedDeltaNet(nn.Module):
         if gate not in GATES:
             raise ValueError(f"GatedDeltaNet gate={gate!r}; use one of {', '.join(GATES)}")
         self.key_dim, self.value_dim, self.beta_scale, self.gate = key_dim, value_dim, beta_scale, gate
+        self.decay_init = decay_init
         q_width, v_width = key_heads * key_dim, value_heads * value_dim
         self.wq = nn.Linear(dim, q_width, bias=False)
         self.wk = nn.Linear(dim, q_width, bias=False)
@@ -225,6 +282,11 @@ class GatedDeltaNet(nn.Module):
         self.wo = nn.Linear(v_width, dim, bias=False)
         self.conv = ShortConvolution()  # context parallelism wraps these two
         self.rule = DeltaRule()
+
+    def sequence_flops_per_token(self, seq_len: int) -> float:
+        """Training FLOPs per token that mix the sequence (models/common/flops.py): the gated delta rule's over this
+        layer's value heads, whatever `seq_len` (its projections and convolution are parameters, counted apart)."""
+        return self.rule.flops_per_token(self.wv.out_features // self.value_dim, self.key_dim, self.value_dim)
 
     def forward(
         self, x: torch.Tensor, cache: LayerCache | None = None, sequence: Sequence | None = None
@@ -254,6 +316,17 @@ class GatedDeltaNet(nn.Module):
         o = (o * (F.silu(z) if self.gate == "silu" else torch.sigmoid(z))).to(x.dtype)
         return self.wo(o.reshape(bsz, seqlen, -1))
 
+    def init_own(self, name: str, full: torch.Tensor, generator: torch.Generator, scheme: InitScheme) -> None:
+        """The projections input-side, wo residual-side, the convolutions as nn.Conv1d's, the decay as `decay_init`
+        says (the output norm starts at one, its own way)."""
+        if name in ("conv_q", "conv_k", "conv_v"):
+            start_convolution(full, generator)
+        elif name in ("A_log", "dt_bias"):
+            self.decay_init.start(name, full, generator)
+        else:
+            inputs = ("wq", "wk", "wv", "wa", "wb", "wz")
+            start_linears(name, full, generator, scheme, inputs=inputs, outputs=("wo",))
+
 
 class HeadRMSNorm(nn.Module):
     """RMSNorm of each head's output [..., D], computed in float32 and cast back before the weight multiplies it (the
@@ -266,3 +339,6 @@ class HeadRMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
+
+    def init_own(self, name: str, full: torch.Tensor, generator: torch.Generator, scheme: InitScheme) -> None:
+        scheme.norm(name, full)

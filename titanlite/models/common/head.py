@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from titanlite.models.common.init_scheme import InitScheme
+
 
 class OutputHead(nn.Linear):
     """The output projection [dim -> vocab], a bias-free linear layer whose weight a family may tie to its
@@ -26,3 +28,8 @@ class OutputHead(nn.Linear):
             return h
         logits = F.linear(h, self.weight)
         return self.softcap * torch.tanh(logits / self.softcap) if self.softcap else logits
+
+    def init_own(self, name: str, full: torch.Tensor, generator: torch.Generator, scheme: InitScheme) -> None:
+        if name != "weight":
+            raise KeyError(f"OutputHead has no parameter {name!r}")
+        scheme.head(full, generator)

@@ -1,5 +1,6 @@
 """Weight initialisation that does not depend on the layout, and filling a (sharded) model one full
-parameter at a time: the fresh weights of a run, and the weights read from a Hugging Face folder."""
+parameter at a time: the fresh weights of a run, and the weights read from a Hugging Face folder. Each parameter
+is started by the module that holds it (start_param), from a generator of its own."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch
 import torch.nn as nn
 from torch.distributed.tensor import DTensor, Placement, Replicate, Shard, distribute_tensor
 
+from titanlite.models.common.init_scheme import InitScheme
 from titanlite.models.common.interface import DecoderModule
 
 
@@ -18,12 +20,49 @@ def param_seed(seed: int, name: str) -> int:
     return (zlib.crc32(name.encode()) ^ (seed * 1_000_003)) & ((1 << 63) - 1)
 
 
+# The modules activation checkpointing and compile wrap a module in, by the name of the module they hold.
+WRAPPERS = ("_checkpoint_wrapped_module", "_orig_mod")
+
+
 def canonical_name(name: str) -> str:
     """A parameter's name without the components activation checkpointing and compile insert, so that
     they do not change which generator seeds it."""
-    for wrapper in ("_checkpoint_wrapped_module.", "_orig_mod."):
-        name = name.replace(wrapper, "")
+    for wrapper in WRAPPERS:
+        name = name.replace(wrapper + ".", "")
     return name
+
+
+def start_param(
+    model: nn.Module, name: str, full: torch.Tensor, generator: torch.Generator, scheme: InitScheme
+) -> None:
+    """Fill `full`, the full value of `model`'s parameter `name`, in place, drawing only from `generator`: the
+    innermost module on the parameter's path that starts its own parameters does, its `init_own(local name, full,
+    generator, scheme)` (the name below it, e.g. "wq.weight" for an attention), so a module's roles live with the
+    module. PyTorch's own norms, which have no such method, start as `scheme.norm` says. A KeyError for a name
+    `model` does not have or whose owner does not know it."""
+    *path, leaf = canonical_name(name).split(".")
+    chain = [_unwrapped(model)]
+    for key in path:
+        children = dict(chain[-1].named_children())
+        if key not in children:
+            raise KeyError(f"{type(model).__name__} has no parameter {name!r}")
+        chain.append(_unwrapped(children[key]))
+    for depth in range(len(chain) - 1, -1, -1):
+        init_own = getattr(chain[depth], "init_own", None)
+        if init_own is not None:
+            init_own(".".join([*path[depth:], leaf]), full, generator, scheme)
+            return
+        if depth == len(chain) - 1 and isinstance(chain[depth], (nn.RMSNorm, nn.LayerNorm)):
+            scheme.norm(leaf, full)
+            return
+    raise KeyError(f"no module of {type(model).__name__} starts parameter {name!r}")
+
+
+def _unwrapped(module: nn.Module) -> nn.Module:
+    """The module inside activation checkpointing's and compile's wrappers (WRAPPERS), or `module` itself."""
+    children = dict(module.named_children())
+    inner = next((children[w] for w in WRAPPERS if w in children), None)
+    return module if inner is None else _unwrapped(inner)
 
 
 @torch.no_grad()

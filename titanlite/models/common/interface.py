@@ -4,7 +4,8 @@ implements it, with no parallelism inside.
 
 Parameter names are part of the contract: blocks live in `layers` keyed "0".."n_layers-1" (a pipeline stage
 keeps its own keys, so names do not depend on the layout), and each parameter's full value is made by
-`init_param` from its name alone, so the weights do not depend on the layout either.
+`init_param` from its name and its own generator alone (the module that holds it starts it: models/common/init.py
+start_param), so the weights do not depend on the layout either.
 """
 
 from __future__ import annotations

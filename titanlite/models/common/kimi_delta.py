@@ -21,8 +21,21 @@ import torch.nn.functional as F
 from torch import nn
 
 from titanlite.models.common.attention import Sequence
-from titanlite.models.common.gated_delta_net import DeltaRule, HeadRMSNorm, ShortConvolution, l2_normalize, local
+from titanlite.models.common.gated_delta_net import (
+    DecayInit,
+    DeltaRule,
+    HeadRMSNorm,
+    ShortConvolution,
+    l2_normalize,
+    local,
+    start_convolution,
+)
+from titanlite.models.common.init_scheme import InitScheme, start_linears
 from titanlite.models.common.kv_cache import LayerCache
+
+# flash-linear-attention's and transformers' KDA init: A uniform in [1, 16], dt log-uniform in [1e-3, 1e-1] floored at
+# 1e-4, dt_bias its softplus inverse.
+KDA_DECAY = DecayInit(a_range=(1.0, 16.0), dt_range=(1e-3, 1e-1))
 
 
 class KimiDeltaAttention(nn.Module):
@@ -55,6 +68,12 @@ class KimiDeltaAttention(nn.Module):
         self.conv = ShortConvolution()  # context parallelism wraps these two
         self.rule = DeltaRule()
 
+    def sequence_flops_per_token(self, seq_len: int) -> float:
+        """Training FLOPs per token that mix the sequence (models/common/flops.py): the gated delta rule's, each score
+        carrying the per-channel decay (7 C D where Gated DeltaNet's is 5 C D; DeltaRule.flops_per_token)."""
+        d = self.head_dim
+        return self.rule.flops_per_token(self.wv.out_features // d, d, d, score_terms=7)
+
     def decay(self, x: torch.Tensor) -> torch.Tensor:
         """g [B, T, H, D]: -exp(A_log) softplus(wf_b(wf_a(x)) + dt_bias), in float32."""
         bsz, seqlen, _ = x.shape
@@ -85,3 +104,14 @@ class KimiDeltaAttention(nn.Module):
         gate = self.wg_b(self.wg_a(x)).view(shape).float()
         o = (self.norm(o.to(x.dtype).float()) * torch.sigmoid(gate)).to(x.dtype)
         return self.wo(o.reshape(bsz, seqlen, -1))
+
+    def init_own(self, name: str, full: torch.Tensor, generator: torch.Generator, scheme: InitScheme) -> None:
+        """The projections input-side, wo residual-side, the convolutions as nn.Conv1d's, the decay as KDA_DECAY
+        says (the output norm starts at one, its own way)."""
+        if name in ("conv_q", "conv_k", "conv_v"):
+            start_convolution(full, generator)
+        elif name in ("A_log", "dt_bias"):
+            KDA_DECAY.start(name, full, generator)
+        else:
+            inputs = ("wq", "wk", "wv", "wf_a", "wf_b", "wb", "wg_a", "wg_b")
+            start_linears(name, full, generator, scheme, inputs=inputs, outputs=("wo",))

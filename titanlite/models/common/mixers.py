@@ -18,6 +18,7 @@ from torch import nn
 
 from titanlite.models.common.attention import Sequence, attend, build_core, local_sinks
 from titanlite.models.common.decoder_args import QK_NORMS
+from titanlite.models.common.init_scheme import InitScheme, start_linears
 from titanlite.models.common.kv_cache import LayerCache
 from titanlite.models.common.rope import apply_rope
 
@@ -110,6 +111,14 @@ class Attention(nn.Module):
             out = out * torch.sigmoid(self.wg(x))
         return self.wo(out)
 
+    def init_own(self, name: str, full: torch.Tensor, generator: torch.Generator, scheme: InitScheme) -> None:
+        """The query, key, value and gate projections input-side, wo residual-side, biases zero; the sinks normal
+        (transformers' gpt-oss)."""
+        if name == "sinks":
+            scheme.normal(full, generator)
+        else:
+            start_linears(name, full, generator, scheme, inputs=("wq", "wk", "wv", "wg"), outputs=("wo",))
+
 
 LATENT_NORM_EPS = 1e-6  # the latent norms' epsilon in DeepSeek's code and transformers', whatever rms_norm_eps says
 
@@ -182,3 +191,8 @@ class LatentAttention(nn.Module):
         out = self.core(q, k, v, sequence) if cache is None else cache.attend(q, k, v, self.core)
         out = out[..., : self.v_dim].transpose(1, 2).reshape(bsz, seqlen, -1)  # [B, T, H * v]
         return self.wo(out)
+
+    def init_own(self, name: str, full: torch.Tensor, generator: torch.Generator, scheme: InitScheme) -> None:
+        """The query's and the latent's projections input-side, wo residual-side (DeepSeek-V3's); the norms at one."""
+        inputs = ("wq", "wq_a", "wq_b", "wkv_a", "wkv_b")
+        start_linears(name, full, generator, scheme, inputs=inputs, outputs=("wo",))

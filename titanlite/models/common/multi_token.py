@@ -17,6 +17,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from titanlite.models.common.init_scheme import InitScheme, start_linears
+
 IGNORE = -100  # F.cross_entropy's ignore_index: a position without a target
 
 
@@ -34,6 +36,10 @@ class MultiTokenProjection(nn.Module):
 
     def forward(self, embedded: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         return self.eh_proj(torch.cat([self.enorm(embedded), self.hnorm(hidden)], dim=-1))
+
+    def init_own(self, name: str, full: torch.Tensor, generator: torch.Generator, scheme: InitScheme) -> None:
+        """eh_proj input-side (the norms start as their own kind does)."""
+        start_linears(name, full, generator, scheme, inputs=("eh_proj",), outputs=())
 
 
 def future_labels(labels: torch.Tensor, depth: int) -> torch.Tensor:

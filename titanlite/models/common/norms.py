@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from titanlite.models.common.init_scheme import InitScheme
+
 
 class ZeroCenteredRMSNorm(nn.Module):
     """RMSNorm that multiplies by (1 + weight), weight starting at 0, all in float32 (then the input's dtype):
@@ -19,3 +21,9 @@ class ZeroCenteredRMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps) * (1.0 + self.weight.float())
         return out.type_as(x)
+
+    def init_own(self, name: str, full: torch.Tensor, generator: torch.Generator, scheme: InitScheme) -> None:
+        """The weight at zero: the norm starts as a plain RMSNorm."""
+        if name != "weight":
+            raise KeyError(f"ZeroCenteredRMSNorm has no parameter {name!r}")
+        nn.init.zeros_(full)

@@ -19,8 +19,6 @@ class DeepseekV3(LatentDecoder):
 
     args: DeepseekV3Args
     pooled_balance = False  # each MoE block adds its own term (transformers' DeepSeek-V3 has no pooled one)
-    own_norms = ("enorm", "hnorm")  # multi-token prediction's (models/common/multi_token.py)
-    own_projections = ("eh_proj",)
 
 
 if TYPE_CHECKING:  # mypy holds the class to the model interface and names any member that differs

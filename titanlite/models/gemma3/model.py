@@ -7,16 +7,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import torch
 from torch import nn
 
-from titanlite.models.common.decoder import Transformer, grouped_query_attention, standard_init
+from titanlite.models.common.decoder import Transformer, grouped_query_attention
 from titanlite.models.common.feed_forward import GatedMLP
 from titanlite.models.common.interface import Decoder
 from titanlite.models.common.norms import ZeroCenteredRMSNorm
 from titanlite.models.gemma3.args import Gemma3Args
-
-NORMS = ("attention_norm", "post_attention_norm", "ffn_norm", "post_ffn_norm", "norm", "q_norm", "k_norm")
 
 
 def gemma_attention(model: Gemma3, layer: int) -> nn.Module:
@@ -42,14 +39,6 @@ class Gemma3(Transformer):
 
     def build_feed_forward(self, layer: int) -> nn.Module:
         return GatedMLP(self.args.dim, self.args.ffn_dim, bias=self.args.mlp_bias, activation="gelu_tanh")
-
-    def init_param(self, name: str, full: torch.Tensor, generator: torch.Generator) -> None:
-        """The shared initialisation, except the (1 + weight) norms, which start at 0."""
-        path, _, leaf = name.rpartition(".")
-        if leaf == "weight" and path.rpartition(".")[2] in NORMS:
-            nn.init.zeros_(full)
-        else:
-            standard_init(self.args, name, full, generator)
 
 
 if TYPE_CHECKING:

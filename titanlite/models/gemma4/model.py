@@ -25,18 +25,17 @@ from torch import nn
 
 from titanlite.base.errors import ConfigError
 from titanlite.models.common.attention import Sequence, attend, build_core
-from titanlite.models.common.decoder import Block, Transformer, standard_init
+from titanlite.models.common.decoder import Block, Transformer
 from titanlite.models.common.feed_forward import GatedMLP, gelu_tanh
 from titanlite.models.common.flops import moe_flops_per_token, sequence_flops_per_token
 from titanlite.models.common.head import OutputHead
+from titanlite.models.common.init_scheme import InitScheme, start_linears
 from titanlite.models.common.interface import Decoder, DecoderModule
 from titanlite.models.common.kv_cache import KVCache, LayerCache
 from titanlite.models.common.moe.args import MoEArgs
 from titanlite.models.common.moe.layer import GroupedExperts, MoE, Router, Routing
 from titanlite.models.common.rope import RotaryTable
 from titanlite.models.gemma4.args import Gemma4Args
-
-NORMS = ("norm", "q_norm", "k_norm", "input_norm", "output_norm")  # and every name ending in "_norm"
 
 
 class GemmaNorm(nn.Module):
@@ -52,6 +51,9 @@ class GemmaNorm(nn.Module):
         if self.weight is not None:
             out = out * self.weight.float()
         return out.type_as(x)
+
+    def init_own(self, name: str, full: torch.Tensor, generator: torch.Generator, scheme: InitScheme) -> None:
+        scheme.norm(name, full)
 
 
 def rotate_halves(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -124,6 +126,9 @@ class Gemma4Attention(nn.Module):
         out = attend(self.core, q, k, v, sequence) if cache is None else cache.attend(q, k, v, self.core)
         return self.wo(out.transpose(1, 2).reshape(bsz, seqlen, -1))
 
+    def init_own(self, name: str, full: torch.Tensor, generator: torch.Generator, scheme: InitScheme) -> None:
+        start_linears(name, full, generator, scheme, inputs=("wq", "wk", "wv"), outputs=("wo",))
+
 
 def gelu_gated(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """The experts' activation: gelu_tanh(gate) * up."""
@@ -149,6 +154,13 @@ class Gemma4Router(Router):
         weights = scores.gather(-1, indices)
         weights = weights / weights.sum(dim=-1, keepdim=True) * self.per_expert_scale[indices].float()
         return Routing(logits, scores, indices, weights)
+
+    def init_own(self, name: str, full: torch.Tensor, generator: torch.Generator, scheme: InitScheme) -> None:
+        """The scales at one, the gate as the shared router's."""
+        if name in ("scale", "per_expert_scale"):
+            nn.init.ones_(full)
+        else:
+            super().init_own(name, full, generator, scheme)
 
 
 class Gemma4MoE(MoE):
@@ -200,6 +212,13 @@ class PerLayerInputs(nn.Module):
         projected = self.norm((self.projection(embedded) * self.dim**-0.5).view(shape))
         return (projected + rows) * 2**-0.5
 
+    def init_own(self, name: str, full: torch.Tensor, generator: torch.Generator, scheme: InitScheme) -> None:
+        """The embedding as the token embedding, the projection input-side."""
+        if name == "embedding.weight":
+            scheme.embedding(full, generator)
+        else:
+            start_linears(name, full, generator, scheme, inputs=("projection",), outputs=())
+
 
 class Gemma4Block(Block):
     """One Gemma 4 layer (module docstring): Block's modules with norms "both", and `post_mlp_norm` and `moe` (the
@@ -242,6 +261,10 @@ class Gemma4Block(Block):
             gated = gelu_tanh(self.per_layer_gate(h)) * per_layer
             h = h + self.per_layer_norm(self.per_layer_proj(gated))
         return h * self.layer_scalar
+
+    def init_own(self, name: str, full: torch.Tensor, generator: torch.Generator, scheme: InitScheme) -> None:
+        """The per-layer input's gate input-side, its projection back residual-side."""
+        start_linears(name, full, generator, scheme, inputs=("per_layer_gate",), outputs=("per_layer_proj",))
 
 
 class Gemma4(Transformer):
@@ -321,30 +344,6 @@ class Gemma4(Transformer):
             cache.advance(tokens.shape[1])
         h = self.norm(h) if self.norm is not None else h
         return self.output(h, project=logits) if self.output is not None else h
-
-    def init_param(self, name: str, full: torch.Tensor, generator: torch.Generator) -> None:
-        """The shared initialisation, with Gemma 4's own tensors: its norms and the router's scales at one, the
-        per-layer embedding as the embedding, its projections as the input-side ones, per_layer_proj as a
-        residual-side one."""
-        path, _, leaf = name.rpartition(".")
-        parent = path.rpartition(".")[2]
-        std = 0.02
-        if (leaf == "weight" and (parent in NORMS or parent.endswith("_norm"))) or leaf in (
-            "scale",
-            "per_expert_scale",
-        ):
-            nn.init.ones_(full)
-        elif parent == "embedding":
-            nn.init.normal_(full, mean=0.0, std=std, generator=generator)
-        elif parent in ("projection", "per_layer_gate"):
-            nn.init.trunc_normal_(full, std=std, a=-2 * std, b=2 * std, generator=generator)
-        elif parent == "per_layer_proj":
-            residual = std / (2 * self.args.n_layers) ** 0.5
-            nn.init.trunc_normal_(full, std=residual, a=-2 * residual, b=2 * residual, generator=generator)
-        elif path.endswith("moe.router.gate"):
-            nn.init.trunc_normal_(full, std=std, a=-2 * std, b=2 * std, generator=generator)
-        else:
-            standard_init(self.args, name, full, generator)
 
 
 def flops_per_token(model: DecoderModule, seq_len: int) -> float:

@@ -8,10 +8,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import torch
 from torch import nn
 
-from titanlite.models.common.decoder import Transformer, grouped_query_attention, standard_init
+from titanlite.models.common.decoder import Transformer, grouped_query_attention
 from titanlite.models.common.interface import Decoder
 from titanlite.models.common.moe.layer import ClampedSwiGLU, GroupedExperts
 from titanlite.models.gpt_oss.args import GptOssArgs
@@ -33,16 +32,6 @@ class GptOss(Transformer):
         a = self.args
         activation = ClampedSwiGLU(alpha=a.swiglu_alpha, limit=a.swiglu_limit)
         return GroupedExperts(a.dim, a.moe.expert_dim, a.moe.n_experts, bias=True, activation=activation)
-
-    def init_param(self, name: str, full: torch.Tensor, generator: torch.Generator) -> None:
-        """The shared initialisation; the sinks as transformers' (normal, std 0.02), the experts' biases zero."""
-        path, _, leaf = name.rpartition(".")
-        if leaf == "sinks":
-            nn.init.normal_(full, mean=0.0, std=0.02, generator=generator)
-        elif path.endswith("experts") and leaf in ("b1", "b3", "b2"):
-            nn.init.zeros_(full)
-        else:
-            standard_init(self.args, name, full, generator)
 
 
 if TYPE_CHECKING:  # mypy (.ci/run) holds the class to the model interface and names any member that differs

@@ -5,14 +5,12 @@ inside."""
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
-import torch
 from torch import nn
 
-from titanlite.models.common.decoder import Transformer, grouped_query_attention, standard_init
-from titanlite.models.common.gated_delta_net import GatedDeltaNet
+from titanlite.models.common.decoder import Transformer, grouped_query_attention
+from titanlite.models.common.gated_delta_net import DecayInit, GatedDeltaNet
 from titanlite.models.common.interface import Decoder
 from titanlite.models.common.rope import RotaryTable
 from titanlite.models.olmo_hybrid.args import OlmoHybridArgs
@@ -20,11 +18,9 @@ from titanlite.models.olmo_hybrid.args import OlmoHybridArgs
 # The linear layers' output norm's epsilon, whatever rms_norm_eps says (transformers' OlmoHybridRMSNormGated, as
 # flash-linear-attention's FusedRMSNormGated).
 LINEAR_NORM_EPS = 1e-5
-LINEAR_PROJECTIONS = ("wa", "wb", "wz")  # input-side projections the shared init does not know
 # transformers' OlmoHybridConfig init ranges: A = exp(A_log) uniform in [0, 16]; dt log-uniform in [0.001, 0.1],
 # floored at 1e-4, dt_bias its softplus inverse.
-A_RANGE = (0.0, 16.0)
-DT_RANGE, DT_FLOOR = (0.001, 0.1), 1e-4
+OLMO_DECAY = DecayInit(a_range=(0.0, 16.0), dt_range=(0.001, 0.1), dt_floor=1e-4)
 
 
 def gated_delta_net(model: OlmoHybrid, layer: int) -> nn.Module:
@@ -38,6 +34,7 @@ def gated_delta_net(model: OlmoHybrid, layer: int) -> nn.Module:
         a.conv_size,
         norm_eps=LINEAR_NORM_EPS,
         beta_scale=2.0 if a.allow_neg_eigval else 1.0,
+        decay_init=OLMO_DECAY,
     )
 
 
@@ -56,26 +53,6 @@ class OlmoHybrid(Transformer):
 
     def rotary_of(self, layer: int) -> str | None:
         return "rope" if self.args.rope and self.layer_kind(layer) == "full_attention" else None
-
-    def init_param(self, name: str, full: torch.Tensor, generator: torch.Generator) -> None:
-        """The shared initialisation, and transformers' for the linear layers: A_log and dt_bias from the ranges
-        above, the convolutions uniform in +-1/sqrt(conv_size) (nn.Conv1d's default for a depthwise one, as
-        Qwen3.5's), the gate projections as the other input-side ones."""
-        path, _, leaf = name.rpartition(".")
-        parent = path.rpartition(".")[2]
-        if leaf == "A_log":
-            full.copy_(torch.empty_like(full).uniform_(*A_RANGE, generator=generator).log_())
-        elif leaf == "dt_bias":
-            low, high = math.log(DT_RANGE[0]), math.log(DT_RANGE[1])
-            dt = torch.empty_like(full).uniform_(low, high, generator=generator).exp_().clamp_(min=DT_FLOOR)
-            full.copy_(dt + torch.log(-torch.expm1(-dt)))
-        elif leaf in ("conv_q", "conv_k", "conv_v"):
-            bound = 1.0 / math.sqrt(self.args.conv_size)
-            nn.init.uniform_(full, -bound, bound, generator=generator)
-        elif leaf == "weight" and parent in LINEAR_PROJECTIONS:
-            nn.init.trunc_normal_(full, mean=0.0, std=0.02, a=-0.04, b=0.04, generator=generator)
-        else:
-            standard_init(self.args, name, full, generator)
 
 
 if TYPE_CHECKING:

@@ -6,22 +6,15 @@ with a gated shared expert. No parallelism inside."""
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
-import torch
 from torch import nn
 
-from titanlite.models.common.decoder import Transformer, grouped_query_attention, standard_init
+from titanlite.models.common.decoder import Transformer, grouped_query_attention
 from titanlite.models.common.gated_delta_net import GatedDeltaNet
 from titanlite.models.common.hybrid.args import HybridArgs
 from titanlite.models.common.interface import Decoder
 from titanlite.models.common.norms import ZeroCenteredRMSNorm
-
-# (1 + w): start at 0 (enorm, hnorm: multi-token prediction's, models/common/multi_token.py)
-ZERO_CENTERED = ("attention_norm", "ffn_norm", "norm", "q_norm", "k_norm", "enorm", "hnorm")
-LINEAR_PROJECTIONS = ("wa", "wb", "wz", "wg")  # input-side projections the shared init does not know (and the MoE's
-# shared_gate)
 
 
 def gated_attention(model: Transformer, layer: int) -> nn.Module:
@@ -54,29 +47,6 @@ class HybridDecoder(Transformer):
 
     def rotary_of(self, layer: int) -> str | None:
         return "rope" if self.layer_kind(layer) == "full_attention" else None
-
-    def init_param(self, name: str, full: torch.Tensor, generator: torch.Generator) -> None:
-        """The shared initialisation, and: the (1 + w) norms at 0, the linear layers' output norms at 1, their
-        decays A = exp(A_log) uniform in [0.01, 16] and dt_bias at 1 (transformers' Qwen3.5 init), their convolutions
-        uniform in +-1/sqrt(conv_size) (nn.Conv1d's default for a depthwise one), the gate projections as the
-        other input-side ones."""
-        path, _, leaf = name.rpartition(".")
-        parent = path.rpartition(".")[2]
-        if leaf == "weight" and path.endswith("attention.norm"):  # a linear layer's output norm: a plain weight
-            nn.init.ones_(full)
-        elif leaf == "weight" and parent in ZERO_CENTERED:
-            nn.init.zeros_(full)
-        elif leaf == "A_log":
-            full.copy_(torch.empty_like(full).uniform_(0.01, 16.0, generator=generator).log_())
-        elif leaf == "dt_bias":
-            nn.init.ones_(full)
-        elif leaf in ("conv_q", "conv_k", "conv_v"):
-            bound = 1.0 / math.sqrt(self.args.conv_size)
-            nn.init.uniform_(full, -bound, bound, generator=generator)
-        elif leaf == "weight" and parent in LINEAR_PROJECTIONS + ("shared_gate",):
-            nn.init.trunc_normal_(full, mean=0.0, std=0.02, a=-0.04, b=0.04, generator=generator)
-        else:
-            standard_init(self.args, name, full, generator)
 
 
 if TYPE_CHECKING:

@@ -4,8 +4,9 @@ routed SwiGLU experts stored stacked, optional shared experts, load balancing; p
 Routing: the router's scores are computed in float32 (softmax over all experts, or a sigmoid per expert); each
 token takes its top_k experts, with the chosen scores (optionally renormalised, times route_scale) as the weights
 of their outputs. No token is dropped. The tokens are sorted by expert and each expert's rows run as one group of
-`torch._grouped_mm` where it runs for the device and dtype (CUDA sm90+; the CPU in recent torch), else a loop over
-the experts that gives the same numbers (it reads the per-expert counts on the host, the grouped path does not).
+torch.nn.functional.grouped_mm (torch._grouped_mm's public name) where it runs for the device and dtype (CUDA sm90+;
+the CPU in recent torch), else a loop over the experts that gives the same numbers (it reads the per-expert counts on
+the host, the grouped path does not).
 
 Balancing: with balance="aux_loss" the block adds aux_loss_coef * its load-balancing loss to the training loss as
 the auxiliary term "load_balance", and with z_loss_coef > 0 the router z-loss as "router_z"
@@ -16,8 +17,9 @@ load metric and the bias update (titanlite/components/expert_balance.py).
 
 Weights: router.gate.weight [E, dim]; experts.w1 and experts.w3 [E, hidden, dim] (gate and up), experts.w2
 [E, dim, hidden] (down), each expert's matrix laid out as nn.Linear's; shared_expert.w1/w2/w3.weight and
-shared_gate.weight as nn.Linear's. A family's init fills the stacked tensors like E linear weights
-(reset_parameters shows one such fill); moe_from_hf and moe_to_hf map one block's Hugging Face tensors."""
+shared_gate.weight as nn.Linear's. Each module starts its own (init_own): the stacked tensors like E linear weights
+of their side (reset_parameters shows nn.Linear's own fill); moe_from_hf and moe_to_hf map one block's Hugging Face
+tensors."""
 
 from __future__ import annotations
 
@@ -33,19 +35,18 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from titanlite.models.common.auxiliary import add_auxiliary_loss
+from titanlite.models.common.init_scheme import InitScheme, start_linears
 from titanlite.models.common.moe.args import MoEArgs
 
 _GROUPED_MM_RUNS: dict[tuple[str, torch.dtype], bool] = {}
 
 
 def _try_grouped_mm(device: torch.device, dtype: torch.dtype) -> bool:
-    """Run torch._grouped_mm forward and backward once on tiny aligned tensors; False if it raises.
+    """Run F.grouped_mm forward and backward once on tiny aligned tensors; False if it raises.
 
     In a thread of its own, whose autograd state is fresh (gradients on, no inference mode, no saved-tensor
     hooks): the first forward may run under no_grad or inference_mode, or inside activation checkpointing,
     whose hooks would count the probe's tensors in the block's forward but not in its recomputation."""
-    if not hasattr(torch, "_grouped_mm"):
-        return False
     result = [False]
 
     def probe() -> None:
@@ -64,14 +65,14 @@ def _run_grouped_mm(device: torch.device, dtype: torch.dtype) -> bool:
     x = torch.ones(8, 8, device=device, dtype=dtype, requires_grad=True)
     w = torch.ones(2, 8, 8, device=device, dtype=dtype, requires_grad=True)
     offs = torch.tensor([3, 8], device=device, dtype=torch.int32)
-    out = torch._grouped_mm(x, w.transpose(-2, -1), offs=offs)
+    out = F.grouped_mm(x, w.transpose(-2, -1), offs=offs)
     out.backward(torch.ones_like(out))
     return True
 
 
 @torch.compiler.disable
 def grouped_mm_runs(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether torch._grouped_mm runs, forward and backward, for tensors of `dtype` on `device` (tried once per
+    """Whether F.grouped_mm runs, forward and backward, for tensors of `dtype` on `device` (tried once per
     device and dtype): on CUDA sm90+ for bfloat16; on the CPU in torch 2.9+ for float32, bfloat16 and float16."""
     key = (str(device), dtype)
     if key not in _GROUPED_MM_RUNS:
@@ -79,12 +80,12 @@ def grouped_mm_runs(device: torch.device, dtype: torch.dtype) -> bool:
     return _GROUPED_MM_RUNS[key]
 
 
-# Why GroupedExperts loops over its experts rather than taking torch._grouped_mm (loop_reason).
+# Why GroupedExperts loops over its experts rather than taking F.grouped_mm (loop_reason).
 LOOP_CHOSEN, LOOP_COMPILED, LOOP_UNALIGNED, LOOP_UNSUPPORTED = "chosen", "compiled", "unaligned", "unsupported"
 
 
 def grouped_mm_aligned(dtype: torch.dtype, *widths: int) -> bool:
-    """Whether rows of these widths have 16-byte-aligned strides, as torch._grouped_mm requires."""
+    """Whether rows of these widths have 16-byte-aligned strides, as F.grouped_mm requires."""
     itemsize = torch.empty((), dtype=dtype, device="meta").element_size()
     return all(width * itemsize % 16 == 0 for width in widths)
 
@@ -114,6 +115,10 @@ class Router(nn.Module):
             self.register_buffer("expert_bias", torch.zeros(args.n_experts, dtype=torch.float32))
         else:
             self.expert_bias = None
+
+    def init_own(self, name: str, full: torch.Tensor, generator: torch.Generator, scheme: InitScheme) -> None:
+        """The gate input-side, its bias zero."""
+        start_linears(name, full, generator, scheme, inputs=("gate",), outputs=())
 
     def forward(self, x: torch.Tensor) -> Routing:
         """Route x [N, dim]."""
@@ -196,7 +201,7 @@ class GroupedExperts(nn.Module):
     activations: swiglu by default, ClampedSwiGLU for gpt-oss.
 
     forward takes the tokens sorted by expert and each expert's row count. use_grouped_mm: None chooses
-    torch._grouped_mm wherever it runs for the tensors (grouped_mm_runs, 16-byte-aligned widths), True insists on
+    F.grouped_mm wherever it runs for the tensors (grouped_mm_runs, 16-byte-aligned widths), True insists on
     it, False always loops over the experts."""
 
     def __init__(
@@ -218,9 +223,20 @@ class GroupedExperts(nn.Module):
         self.b3 = nn.Parameter(torch.empty(n_experts, hidden)) if bias else None
         self.b2 = nn.Parameter(torch.empty(n_experts, dim)) if bias else None
 
+    def init_own(self, name: str, full: torch.Tensor, generator: torch.Generator, scheme: InitScheme) -> None:
+        """Gate and up (w1, w3) input-side, down (w2) residual-side, the biases zero."""
+        if name in ("w1", "w3"):
+            scheme.projection(full, generator)
+        elif name == "w2":
+            scheme.residual(full, generator)
+        elif name in ("b1", "b3", "b2"):
+            nn.init.zeros_(full)
+        else:
+            raise KeyError(f"GroupedExperts has no parameter {name!r}")
+
     def reset_parameters(self) -> None:
-        """Each expert's matrices as nn.Linear initialises its weight, its biases zero (a family's init_param fills
-        them its way)."""
+        """Each expert's matrices as nn.Linear initialises its weight, its biases zero (a run starts them by
+        init_own)."""
         for w in (self.w1, self.w3, self.w2):
             bound = 1 / math.sqrt(w.shape[-1])
             nn.init.uniform_(w, -bound, bound)
@@ -229,12 +245,12 @@ class GroupedExperts(nn.Module):
                 nn.init.zeros_(b)
 
     def grouped(self, x: torch.Tensor) -> bool:
-        """Whether forward takes torch._grouped_mm for x."""
+        """Whether forward takes F.grouped_mm for x."""
         return self.loop_reason(x.device, x.dtype, torch.compiler.is_compiling()) is None
 
     def loop_reason(self, device: torch.device, dtype: torch.dtype, compiling: bool) -> str | None:
         """Why forward loops over the experts for inputs of `dtype` on `device` (one of the LOOP_ reasons), or None
-        where it takes torch._grouped_mm; what forward chooses and the start-up line says."""
+        where it takes F.grouped_mm; what forward chooses and the start-up line says."""
         if self.use_grouped_mm is not None:
             return None if self.use_grouped_mm else LOOP_CHOSEN
         if compiling and dtype != torch.bfloat16:
@@ -255,7 +271,7 @@ class GroupedExperts(nn.Module):
         autocast = torch.amp.is_autocast_available(x.device.type) and torch.is_autocast_enabled(x.device.type)
         if autocast:  # as autocast would run the experts' matmuls (the loop's do); none on "meta" (the planner's)
             x = x.to(torch.get_autocast_dtype(x.device.type))
-        # No rows at all (an expert-parallel rank no token was sent to): torch._grouped_mm's backward refuses them.
+        # No rows at all (an expert-parallel rank no token was sent to): F.grouped_mm's backward refuses them.
         if x.shape[0] and self.grouped(x):
             return self.forward_grouped(x, counts, step)
         return self.forward_loop(x, counts, step)
@@ -282,14 +298,14 @@ class GroupedExperts(nn.Module):
     ) -> torch.Tensor:
         offs = counts.cumsum(0).to(torch.int32)  # each group's end row, on the device: no host read
         w1, w3, w2 = (w.to(x.dtype).transpose(-2, -1) for w in self.local_weights(step))
-        gate, up = torch._grouped_mm(x, w1, offs=offs), torch._grouped_mm(x, w3, offs=offs)  # [M, hidden]
+        gate, up = F.grouped_mm(x, w1, offs=offs), F.grouped_mm(x, w3, offs=offs)  # [M, hidden]
         biases = self.local_biases()
         if biases is None:
-            return torch._grouped_mm(self.activation(gate, up), w2, offs=offs)
+            return F.grouped_mm(self.activation(gate, up), w2, offs=offs)
         # each row's expert, without reading the counts on the host (output_size: the rows are known)
         expert = torch.repeat_interleave(torch.arange(counts.shape[0], device=x.device), counts, output_size=x.shape[0])
         b1, b3, b2 = (b.to(x.dtype)[expert] for b in biases)
-        return torch._grouped_mm(self.activation(gate + b1, up + b3), w2, offs=offs) + b2
+        return F.grouped_mm(self.activation(gate + b1, up + b3), w2, offs=offs) + b2
 
     def forward_loop(
         self, x: torch.Tensor, counts: torch.Tensor, step: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -344,6 +360,9 @@ class SharedExpert(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
+    def init_own(self, name: str, full: torch.Tensor, generator: torch.Generator, scheme: InitScheme) -> None:
+        start_linears(name, full, generator, scheme, inputs=("w1", "w3"), outputs=("w2",))
+
 
 class MoE(nn.Module):
     """The block: router, routed experts, optional shared expert (with Qwen2-MoE's sigmoid gate); [B, T, D] in and
@@ -380,8 +399,12 @@ class MoE(nn.Module):
         # zeroes them.
         self.register_buffer("step_tokens", torch.zeros(args.n_experts, dtype=torch.int64), persistent=False)
 
+    def init_own(self, name: str, full: torch.Tensor, generator: torch.Generator, scheme: InitScheme) -> None:
+        """The shared expert's sigmoid gate input-side (router, experts and shared expert start their own)."""
+        start_linears(name, full, generator, scheme, inputs=("shared_gate",), outputs=())
+
     def reset_parameters(self) -> None:
-        """Fill every weight as nn.Linear would (tests, and a model built outside a family's init); zero the bias."""
+        """Fill every weight as nn.Linear would (tests, and a model built outside a run's init); zero the bias."""
         self.router.gate.reset_parameters()
         self.experts.reset_parameters()
         for module in (self.shared_expert, self.shared_gate):
