@@ -1,17 +1,26 @@
 """Training FLOPs per token of a decoder: the formula every dense family's spec names (`ModelSpec.flops`), attention's
-sequence term counted over the full-attention layers and the gated delta rule's over the linear-attention ones (the
-hybrid families). A family whose matmuls differ (a mixture of experts: only the routed experts' parameters work per
-token) names its own function of (model, seq_len) instead. Also the parameters one token uses (active_parameters),
-which the start-up log and `titanlite plan` show beside the total for a mixture of experts."""
+sequence term counted over the attention layers and, in place of it, what each other sequence mixer reports as its own
+(`SequenceMixer`: the hybrid families' linear attention). A family whose matmuls differ (a mixture of experts: only
+the routed experts' parameters work per token) names its own function of (model, seq_len) instead. Also the
+parameters one token uses (active_parameters), which the start-up log and `titanlite plan` show beside the total for a
+mixture of experts."""
 
 from __future__ import annotations
 
+from typing import Protocol, runtime_checkable
+
 from torch import nn
 
-from titanlite.models.common.gated_delta_net import GatedDeltaNet
 from titanlite.models.common.interface import DecoderModule
-from titanlite.models.common.kimi_delta import KimiDeltaAttention
 from titanlite.models.common.moe.layer import GroupedExperts, MoE
+
+
+@runtime_checkable
+class SequenceMixer(Protocol):
+    """A mixer whose sequence work is not attention's 12 * d * T (a linear-attention layer: GatedDeltaNet,
+    KimiDeltaAttention): it says its own training FLOPs per token, beyond its parameters' matmuls."""
+
+    def sequence_flops_per_token(self, seq_len: int) -> float: ...
 
 
 def dense_flops_per_token(model: DecoderModule, seq_len: int) -> float:
@@ -25,8 +34,9 @@ def dense_flops_per_token(model: DecoderModule, seq_len: int) -> float:
     QK^T and AV matmuls (2 matmuls x 2 FLOPs x d x T per layer, x3 for backward), with L the layers that
     attend over the sequence, attention width d (heads x head_dim: the model width unless a Hugging Face shape
     says otherwise) and sequence length T; causal masking is not discounted, as in PaLM and TorchTitan. A
-    linear-attention layer (the hybrid families) has no T term: its sequence work is the gated delta rule's, R
-    per token (delta_rule_flops_per_token), and its projections and convolution are parameters in N.
+    linear-attention layer (the hybrid families) has no T term: its sequence work is what it reports (a
+    SequenceMixer; the gated delta rule's R per token, DeltaRule.flops_per_token), and its projections and
+    convolution are parameters in N.
 
     Multi-token prediction's depths (models/common/multi_token.py) count as the layers they are: their blocks and
     projections in N, their attention in L, and each runs the output projection once more (vocab x dim in N again).
@@ -46,46 +56,14 @@ def matmul_parameters(model: DecoderModule) -> int:
 
 
 def sequence_flops_per_token(model: DecoderModule, seq_len: int) -> float:
-    """The work per token that mixes the sequence, beyond the parameters' matmuls: attention's 12 * d * T in each
-    layer that attends, the gated delta rule's R in each linear-attention layer (found among the model's modules)."""
+    """The work per token that mixes the sequence, beyond the parameters' matmuls: what each SequenceMixer among the
+    model's modules reports for its layer, and attention's 12 * d * T in each other layer (every layer attends but
+    those)."""
     args = model.args
-    rules = [m for m in model.modules() if isinstance(m, (GatedDeltaNet, KimiDeltaAttention))]
-    attending = args.n_layers + getattr(model, "mtp_layers", 0) - len(rules)
-    return 12.0 * attending * args.n_heads * args.head_dim * seq_len + sum(map(delta_rule_flops_per_token, rules))
-
-
-def delta_rule_flops_per_token(layer: GatedDeltaNet | KimiDeltaAttention) -> float:
-    """Training FLOPs per token of a linear-attention layer's gated delta rule, as its chunked kernel
-    (linear_attention.gated_delta_rule_chunked, chunk size C) computes it, per value head with key width Dk and
-    value width Dv, for each chunk of C tokens:
-
-        two C x C score matrices, A (keys with keys) and Q K^T      2 x 2 C^2 Dk
-        two triangular solves (I + A) X = ..., Dv and Dk columns    C^2 (Dv + Dk)
-        the scores times the chunk's writes                         2 C^2 Dv
-        the state read by the writes and by the queries, and
-        written with the chunk's keys, a [Dk, Dv] state            3 x 2 C Dk Dv
-
-    so per token R = 3 * H * (5 C Dk + 3 C Dv + 6 Dk Dv), x3 for backward as every matmul in the formula. One decay per
-    key channel (Kimi Delta Attention) makes each score an einsum over a [C, C, Dk] decay: one multiply more per
-    term, 7 C Dk in place of 5 C Dk. T's padding to a multiple of C and the exponentials of the decays are not
-    counted, as norms are not. Linear in T (a fixed C), where attention's term grows with it."""
-    chunk = layer.rule.chunk_size
-    if isinstance(layer, GatedDeltaNet):
-        heads, key_dim, value_dim, score_terms = (
-            layer.wv.out_features // layer.value_dim,
-            layer.key_dim,
-            layer.value_dim,
-            5,
-        )
-    else:
-        heads, key_dim, value_dim, score_terms = (
-            layer.wv.out_features // layer.head_dim,
-            layer.head_dim,
-            layer.head_dim,
-            7,
-        )
-    forward = score_terms * chunk * key_dim + 3 * chunk * value_dim + 6 * key_dim * value_dim
-    return 3.0 * heads * forward
+    mixers = [m for m in model.modules() if isinstance(m, SequenceMixer)]
+    attending = args.n_layers + getattr(model, "mtp_layers", 0) - len(mixers)
+    reported = sum(m.sequence_flops_per_token(seq_len) for m in mixers)
+    return 12.0 * attending * args.n_heads * args.head_dim * seq_len + reported
 
 
 def moe_flops_per_token(model: DecoderModule, seq_len: int) -> float:
