@@ -32,10 +32,12 @@ RUNS = {"default": [], **{name: ["--config", f"train_configs/{name}_debug.toml"]
 FIGURES = ("loss", "grad_norm", "lr", "val_loss", "aux_load_balance", "expert_load")
 # Run in each tree (--init-only): every family's debug flavor started from seed 0, its parameters saved by family.
 INIT_SNAPSHOT = """
-import dataclasses, sys, torch
+import dataclasses, importlib, pkgutil, sys, torch
+import tests.families
 from titanlite.models import registry
 from titanlite.models.common.init import init_weights
-import tests.families.dense_mla, tests.families.relu2  # registered on import
+for found in pkgutil.iter_modules(tests.families.__path__):  # the families this tree has under tests/families
+    importlib.import_module(f"tests.families.{found.name}")  # registered on import
 
 def variants(name, args):
     fields = {f.name for f in dataclasses.fields(args)}
@@ -90,7 +92,10 @@ def compare_inits(tree: Path, scratch: Path) -> int:
     differ = 0
     for name in sorted(set(base) | set(ours)):
         a, b = base.get(name, {}), ours.get(name, {})
-        problem = "" if name in base and name in ours else "missing in one tree"
+        if name not in base:  # a family this tree adds: nothing to compare it with
+            print(f"new     {name:<20} {len(b)} parameters (not in the base)", flush=True)
+            continue
+        problem = "" if name in ours else "missing in this tree"
         if not problem and a.keys() != b.keys():
             problem = f"parameter names differ: {sorted(set(a) ^ set(b))[:4]}"
         if not problem:
