@@ -12,6 +12,10 @@ from titanlite.models.common.decoder import Transformer
 from titanlite.models.common.init import init_weights
 from titanlite.models.common.init_scheme import InitScheme
 
+# torch.compile loads dynamo, whose import of torch.utils.mkldnn defines TorchScript classes that torch itself warns
+# about (torch's own modules, once per process); the wrapping is what this file tests, not TorchScript.
+pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
+
 
 def weights(model: nn.Module) -> dict[str, torch.Tensor]:
     return {
