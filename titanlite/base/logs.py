@@ -70,6 +70,25 @@ def restyled(restyle: Callable[[str], str]) -> Iterator[None]:
             handler.removeFilter(rewrite)
 
 
+# The loggers of torchao's import (and of the pytree registrations it makes), which warn once per optional CUDA
+# extension that cannot load on this machine: nothing a titanlite user acts on.
+TORCHAO_IMPORT_LOGGERS = ("torchao", "torch.utils._pytree")
+
+
+@contextmanager
+def quieted(names: tuple[str, ...] = TORCHAO_IMPORT_LOGGERS) -> Iterator[None]:
+    """Inside the block, the loggers `names` pass on errors only; their levels are restored after it."""
+    loggers = [logging.getLogger(name) for name in names]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
+
+
 class StatusLine:
     """A line redrawn in place on stderr (a progress bar), where stderr is a terminal and this process prints
     (prints_here). A stream, not a record: logging writes whole lines, a bar rewrites its own with '\\r'."""

@@ -51,25 +51,30 @@ def build_model(cfg: JobConfig, plan: Plan, mesh, device: torch.device):
     with torch.device("meta"):
         model = plain_model(cfg, plan.model)
     parts = split_model(model, plan.pipeline, mesh["pp"].get_local_rank()) if plan.pipeline else [model]
-    parts = [
-        parallelize(
-            part,
-            plan.dims,
-            mesh,
-            cfg.parallelism,
-            cfg.training,
-            device,
-            cfg.activation_checkpoint,
-            cfg.compile,
-            cfg.float8,
-            loss_parallel=plan.loss.parallel,
-            chunked_loss=plan.loss.chunk_tokens > 0,
-        )
-        for part in parts
-    ]
+    parts = [parallelize_planned(part, cfg, plan, mesh, device, plan.loss.chunk_tokens > 0) for part in parts]
     for part in parts:
         materialize(part, device, cfg.training.seed, cpu_offload=cfg.training.enable_cpu_offload)
     return model, [wrap_ddp(part, plan.dims, mesh) for part in parts]
+
+
+def parallelize_planned(
+    part: DecoderModule, cfg: JobConfig, plan: Plan, mesh, device: torch.device, chunked_loss: bool
+) -> DecoderModule:
+    """`part` (on the meta device) with the configured parallelisms applied as `plan` lays them out
+    (titanlite/parallel/parallelize.py); `chunked_loss`: the loss takes the hidden states and the head."""
+    return parallelize(
+        part,
+        plan.dims,
+        mesh,
+        cfg.parallelism,
+        cfg.training,
+        device,
+        cfg.activation_checkpoint,
+        cfg.compile,
+        cfg.float8,
+        loss_parallel=plan.loss.parallel,
+        chunked_loss=chunked_loss,
+    )
 
 
 def build_pipeline(

@@ -10,8 +10,6 @@ be made). A folder that transformers cannot load is one line too, not a tracebac
 from __future__ import annotations
 
 import importlib.util
-import logging
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +17,7 @@ import torch
 
 from titanlite.base.command_line import take_options
 from titanlite.base.errors import ConfigError
+from titanlite.base.logs import quieted
 from titanlite.commands.generate import load_model
 from titanlite.components.checkpoint import checkpoint_to_load, parse_run_config
 from titanlite.data.tokenizer import Tokenizer, build_tokenizer
@@ -67,21 +66,6 @@ def top_ids(logits: torch.Tensor, k: int, vocab_size: int) -> list[tuple[int, fl
 # ---- transformers -----------------------------------------------------------------------------------------------
 
 
-@contextmanager
-def _quiet_import():
-    """transformers imports torchao where it is installed (as it builds a model), which logs a warning per CUDA
-    extension it cannot load on this machine; they say nothing about the logits, so keep them out of the output."""
-    loggers = [logging.getLogger(name) for name in ("torchao", "torch.utils._pytree")]
-    levels = [logger.level for logger in loggers]
-    for logger in loggers:
-        logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        for logger, level in zip(loggers, levels):
-            logger.setLevel(level)
-
-
 def why_no_comparison(path: Path, opts: dict) -> str | None:
     """Why transformers' logits are not printed beside ours (None: they are), or a ConfigError where --compare
     insists and they cannot be."""
@@ -105,7 +89,7 @@ def why_no_comparison(path: Path, opts: dict) -> str | None:
 def transformers_logits(folder: Path, ids: list[int]) -> tuple[torch.Tensor, str]:
     """transformers' logits [T, V] of ids for the folder, in float32 on the CPU, offline, and its model's class."""
     try:
-        with _quiet_import():
+        with quieted():
             import transformers  # the optional [hf] extra: only a comparison needs it (seconds to import)
     except Exception as e:  # installed is not enough: one built for another torch fails here
         raise ConfigError(
@@ -113,7 +97,7 @@ def transformers_logits(folder: Path, ids: list[int]) -> tuple[torch.Tensor, str
         ) from None
     transformers.utils.logging.disable_progress_bar()  # a bar for reading a folder's weights says nothing here
     try:
-        with _quiet_import():  # its integrations import torchao as the model is built
+        with quieted():  # its integrations import torchao (and its warnings) as the model is built
             model = transformers.AutoModelForCausalLM.from_pretrained(
                 str(folder), dtype=torch.float32, local_files_only=True
             )

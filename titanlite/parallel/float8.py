@@ -18,33 +18,17 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import importlib.util
-import logging
-from contextlib import contextmanager
 
 import torch
 import torch.nn as nn
 
 from titanlite.base.devices import uses_cuda
 from titanlite.base.errors import ConfigError
+from titanlite.base.logs import quieted
 from titanlite.config import Float8
 from titanlite.models.common.head import OutputHead
 
 INSTALL_HINT = "pip install '.[float8]' (or pip install torchao) in the environment that runs titanlite"
-
-
-@contextmanager
-def _quiet_import():
-    """torchao logs a warning per optional CUDA extension it cannot load on this machine; they say
-    nothing about float8 training, so keep them out of the user's log."""
-    loggers = [logging.getLogger(name) for name in ("torchao", "torch.utils._pytree")]
-    levels = [logger.level for logger in loggers]
-    for logger in loggers:
-        logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        for logger, level in zip(loggers, levels):
-            logger.setLevel(level)
 
 
 def torchao_float8():
@@ -54,7 +38,7 @@ def torchao_float8():
             f"float8.enable needs torchao, which is not installed; {INSTALL_HINT}, or set float8.enable = false"
         )
     try:
-        with _quiet_import():
+        with quieted():
             import torchao.float8 as float8  # optional dependency (the [float8] extra)
     except Exception as e:  # a torchao built for another torch fails here, not at find_spec
         raise ConfigError(

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from titanlite.base.command_line import check_output_file, take_options, write_output
 from titanlite.base.errors import ConfigError
 from titanlite.builder.data import build_data
-from titanlite.builder.model import plain_model
+from titanlite.builder.model import parallelize_planned, plain_model
 from titanlite.builder.plan import plan_run
 from titanlite.builder.run import build_trainer
 from titanlite.builder.runtime import start_rank
@@ -40,7 +40,7 @@ from titanlite.components.metrics import peak_memory_gib, reset_peak_memory
 from titanlite.components.optim import implementation
 from titanlite.config import parse_config
 from titanlite.engine.trainer import autocast_for, synchronize
-from titanlite.parallel.parallelize import DTYPES, materialize, parallelize
+from titanlite.parallel.parallelize import DTYPES, materialize
 from titanlite.tools.host_reads import count_cuda_syncs, count_host_reads, outside_torch
 
 USAGE = """usage: titanlite bench throughput [--config FILE] [--steps N] [--warmup W] [--repeats R] [--no-bare]
@@ -82,19 +82,7 @@ class BareLoop:
     def __init__(self, cfg, plan, windows, device: torch.device, loss_compiled: bool):
         with torch.device("meta"):
             model = plain_model(cfg, plan.model)
-        parallelize(
-            model,
-            plan.dims,
-            None,
-            cfg.parallelism,
-            cfg.training,
-            device,
-            cfg.activation_checkpoint,
-            cfg.compile,
-            cfg.float8,
-            loss_parallel=plan.loss.parallel,
-            chunked_loss=False,  # logits and F.cross_entropy
-        )
+        parallelize_planned(model, cfg, plan, None, device, chunked_loss=False)  # logits and F.cross_entropy
         materialize(model, device, cfg.training.seed)
         self.model, self.device, self.windows = model, device, windows
         self.batch, self.max_norm = cfg.training.local_batch_size, cfg.training.max_norm

@@ -9,7 +9,7 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from titanlite.models.common.moe.args import MoEArgs
 from titanlite.models.common.rope_args import LayerRope, Llama3RopeScaling, YarnRopeScaling
@@ -189,10 +189,20 @@ def every(interval: int, n_layers: int) -> tuple[int, ...]:
     return tuple(i for i in range(n_layers) if (i + 1) % interval == 0)
 
 
+def sizes(dim: int, n_layers: int, n_heads: int, n_kv_heads: int, ffn_dim: int) -> dict[str, Any]:
+    """A flavor's sizes as its arguments' keywords: the width, the depth, the query and key/value heads, the MLP's
+    width (a mixture's experts': MoEDecoderArgs.ffn_dim)."""
+    return {"dim": dim, "n_layers": n_layers, "n_heads": n_heads, "n_kv_heads": n_kv_heads, "ffn_dim": ffn_dim}
+
+
+# The debug flavors' sizes: dim 64, 4 layers, 4 heads (2 for keys and values), an MLP of 192; vocab_size 0, the
+# tokenizer's, padded.
+DEBUG_SIZES: dict[str, Any] = sizes(64, 4, 4, 2, 192) | {"vocab_size": 0}
+
+
 def debug(family: str, **switches) -> DecoderArgs:
-    """A tiny decoder of `family` for tests and CPU runs: dim 64, 4 layers, 4 heads (2 for keys and values)."""
-    shape = {"dim": 64, "n_layers": 4, "n_heads": 4, "n_kv_heads": 2, "ffn_dim": 192, "vocab_size": 0}
-    return DecoderArgs(**(shape | switches), family=family)
+    """A tiny decoder of `family` for tests and CPU runs: DEBUG_SIZES, and `switches` (sizes too) over them."""
+    return DecoderArgs(**(DEBUG_SIZES | switches), family=family)
 
 
 def tp_split_sizes(args: DecoderArgs) -> dict[str, int]:

@@ -7,12 +7,47 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 from titanlite.base.errors import ConfigError
 from titanlite.base.hf_config import refuse
-from titanlite.models.common.decoder_args import LAYER_KINDS, DecoderArgs, window_of
+from titanlite.models.common.decoder_args import LAYER_KINDS, DecoderArgs, TransformerArgs, window_of
 from titanlite.models.common.rope_args import LayerRope, Llama3RopeScaling, YarnRopeScaling, yarn_from_hf, yarn_to_hf
+
+
+class DecoderShape(TransformerArgs, Protocol):
+    """What a config.json's opening fields read of a family's arguments: the decoder's contract and the key/value
+    heads."""
+
+    @property
+    def n_kv_heads(self) -> int: ...
+
+
+def decoder_fields(
+    args: DecoderShape,
+    architecture: str,
+    model_type: str,
+    activation: tuple[str, str] = ("hidden_act", "silu"),
+    omit: tuple[str, ...] = (),
+) -> dict:
+    """The fields every decoder family's config.json opens with: its architecture and model_type, the sizes, the
+    activation (`activation`: its key and value; Gemma's key is hidden_activation), rms_norm_eps and the context
+    length. `omit`: those the family's config.json does not hold (latent attention's head_dim)."""
+    key, value = activation
+    fields = {
+        "architectures": [architecture],
+        "model_type": model_type,
+        "hidden_size": args.dim,
+        "intermediate_size": args.ffn_dim,
+        "num_hidden_layers": args.n_layers,
+        "num_attention_heads": args.n_heads,
+        "num_key_value_heads": args.n_kv_heads,
+        "head_dim": args.head_dim,
+        key: value,
+        "rms_norm_eps": args.norm_eps,
+        "max_position_embeddings": args.max_seq_len,
+    }
+    return {name: field for name, field in fields.items() if name not in omit}
 
 
 class Expressible(NamedTuple):
@@ -51,6 +86,24 @@ def attention_shape(config: dict, where: str) -> tuple[int, int, int, int]:
     if head_dim % 2:
         raise refuse(where, "head_dim", head_dim, "RoPE rotates pairs, so it must be even")
     return dim, n_heads, n_kv_heads, head_dim
+
+
+def decoder_sizes(config: dict, where: str, max_seq_len: int, tie: bool = False) -> dict:
+    """DecoderArgs' sizes of a decoder config.json (its heads as attention_shape reads them) with the family's config
+    defaults where a key is absent: `max_seq_len` positions, rms_norm_eps 1e-6, tie_word_embeddings `tie`."""
+    dim, n_heads, n_kv_heads, head_dim = attention_shape(config, where)
+    return {
+        "dim": dim,
+        "n_layers": config["num_hidden_layers"],
+        "n_heads": n_heads,
+        "n_kv_heads": n_kv_heads,
+        "head_dim": head_dim,
+        "ffn_dim": config["intermediate_size"],
+        "vocab_size": config["vocab_size"],
+        "max_seq_len": config.get("max_position_embeddings", max_seq_len),
+        "norm_eps": config.get("rms_norm_eps", 1e-6),
+        "tie_embeddings": config.get("tie_word_embeddings", tie),
+    }
 
 
 Window = tuple[int, tuple[str, ...]]  # (sliding_window, layer_types): (0, ()) for full attention everywhere
@@ -128,27 +181,17 @@ class DecoderConfig:
         """DecoderArgs of a config.json of this family."""
         if config.get("hidden_act", "silu") != "silu":
             raise refuse(where, "hidden_act", config["hidden_act"], "the MLP is SwiGLU (silu)")
-        dim, n_heads, n_kv_heads, head_dim = attention_shape(config, where)
+        sizes = decoder_sizes(config, where, max_seq_len=2048)
         rope_theta, rope_scaling = rope_settings(config, where)
-        n_layers = config["num_hidden_layers"]
         window, layer_types = self.window(config, where, self.family)
         return DecoderArgs(
-            dim=dim,
-            n_layers=n_layers,
-            n_heads=n_heads,
-            n_kv_heads=n_kv_heads,
-            ffn_dim=config["intermediate_size"],
-            vocab_size=config["vocab_size"],
-            max_seq_len=config.get("max_position_embeddings", 2048),
+            **sizes,
             rope_theta=rope_theta,
-            norm_eps=config.get("rms_norm_eps", 1e-6),  # the configs' defaults where a key is absent
-            tie_embeddings=config.get("tie_word_embeddings", False),
-            head_dim=head_dim,
             rope_scaling=rope_scaling,
             sliding_window=window,
             layer_types=layer_types,
             family=self.family,
-            **self.switches(config, n_layers, where),
+            **self.switches(config, sizes["n_layers"], where),
         )
 
     def write(self, args: DecoderArgs) -> dict:
@@ -156,17 +199,7 @@ class DecoderConfig:
         the family's config cannot express it)."""
         self.check_expressible(args)
         config = {
-            "architectures": [self.architecture],
-            "model_type": self.model_type,
-            "hidden_size": args.dim,
-            "intermediate_size": args.ffn_dim,
-            "num_hidden_layers": args.n_layers,
-            "num_attention_heads": args.n_heads,
-            "num_key_value_heads": args.n_kv_heads,
-            "head_dim": args.head_dim,
-            "hidden_act": "silu",
-            "rms_norm_eps": args.norm_eps,
-            "max_position_embeddings": args.max_seq_len,
+            **decoder_fields(args, self.architecture, self.model_type),
             # transformers 5 reads rope_parameters; 4.x reads the top-level rope_theta and rope_scaling.
             "rope_theta": args.rope_theta,
             "rope_parameters": {"rope_theta": args.rope_theta, **rope_scaling_to_hf(args.rope_scaling)},

@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -317,15 +318,51 @@ class GatedDeltaNet(nn.Module):
         return self.wo(o.reshape(bsz, seqlen, -1))
 
     def init_own(self, name: str, full: torch.Tensor, generator: torch.Generator, scheme: InitScheme) -> None:
-        """The projections input-side, wo residual-side, the convolutions as nn.Conv1d's, the decay as `decay_init`
-        says (the output norm starts at one, its own way)."""
-        if name in ("conv_q", "conv_k", "conv_v"):
-            start_convolution(full, generator)
-        elif name in ("A_log", "dt_bias"):
-            self.decay_init.start(name, full, generator)
-        else:
-            inputs = ("wq", "wk", "wv", "wa", "wb", "wz")
-            start_linears(name, full, generator, scheme, inputs=inputs, outputs=("wo",))
+        """start_linear_mixer's, the decay as `decay_init` says (the output norm starts at one, its own way)."""
+        inputs = ("wq", "wk", "wv", "wa", "wb", "wz")
+        start_linear_mixer(name, full, generator, scheme, self.decay_init, inputs)
+
+
+def start_linear_mixer(
+    name: str,
+    full: torch.Tensor,
+    generator: torch.Generator,
+    scheme: InitScheme,
+    decay_init: DecayInit,
+    inputs: tuple[str, ...],
+) -> None:
+    """Start a linear-attention mixer's parameter `name` (Gated DeltaNet's, Kimi Delta Attention's): the convolutions
+    as nn.Conv1d's, the decay (A_log, dt_bias) as `decay_init` says, the projections `inputs` input-side and wo
+    residual-side."""
+    if name in ("conv_q", "conv_k", "conv_v"):
+        start_convolution(full, generator)
+    elif name in ("A_log", "dt_bias"):
+        decay_init.start(name, full, generator)
+    else:
+        start_linears(name, full, generator, scheme, inputs=inputs, outputs=("wo",))
+
+
+class LinearLayerShape(Protocol):
+    """The fields of a hybrid family's arguments that shape its linear layers (HybridArgs', OlmoHybridArgs')."""
+
+    @property
+    def dim(self) -> int: ...
+    @property
+    def linear_key_heads(self) -> int: ...
+    @property
+    def linear_value_heads(self) -> int: ...
+    @property
+    def linear_key_dim(self) -> int: ...
+    @property
+    def linear_value_dim(self) -> int: ...
+    @property
+    def conv_size(self) -> int: ...
+
+
+def gated_delta_net_of(args: LinearLayerShape, **options) -> GatedDeltaNet:
+    """The Gated DeltaNet that `args` shape (`options`: GatedDeltaNet's keywords, from norm_eps on)."""
+    shape = (args.linear_key_heads, args.linear_value_heads, args.linear_key_dim, args.linear_value_dim)
+    return GatedDeltaNet(args.dim, *shape, args.conv_size, **options)
 
 
 class HeadRMSNorm(nn.Module):

@@ -28,9 +28,9 @@ from titanlite.models.common.gated_delta_net import (
     ShortConvolution,
     l2_normalize,
     local,
-    start_convolution,
+    start_linear_mixer,
 )
-from titanlite.models.common.init_scheme import InitScheme, start_linears
+from titanlite.models.common.init_scheme import InitScheme
 from titanlite.models.common.kv_cache import LayerCache
 
 # flash-linear-attention's and transformers' KDA init: A uniform in [1, 16], dt log-uniform in [1e-3, 1e-1] floored at
@@ -106,12 +106,6 @@ class KimiDeltaAttention(nn.Module):
         return self.wo(o.reshape(bsz, seqlen, -1))
 
     def init_own(self, name: str, full: torch.Tensor, generator: torch.Generator, scheme: InitScheme) -> None:
-        """The projections input-side, wo residual-side, the convolutions as nn.Conv1d's, the decay as KDA_DECAY
-        says (the output norm starts at one, its own way)."""
-        if name in ("conv_q", "conv_k", "conv_v"):
-            start_convolution(full, generator)
-        elif name in ("A_log", "dt_bias"):
-            KDA_DECAY.start(name, full, generator)
-        else:
-            inputs = ("wq", "wk", "wv", "wf_a", "wf_b", "wb", "wg_a", "wg_b")
-            start_linears(name, full, generator, scheme, inputs=inputs, outputs=("wo",))
+        """start_linear_mixer's, the decay as KDA_DECAY says (the output norm starts at one, its own way)."""
+        inputs = ("wq", "wk", "wv", "wf_a", "wf_b", "wb", "wg_a", "wg_b")
+        start_linear_mixer(name, full, generator, scheme, KDA_DECAY, inputs)

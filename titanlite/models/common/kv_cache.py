@@ -76,15 +76,25 @@ class KVCache:
         core: CoreAttention | None = None,
         sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """LayerCache.attend for layer `name`."""
-        start = self.length
+        """LayerCache.attend for layer `name`: through the core where it asks for more than plain causal attention,
+        with the queries' positions and the stored keys' (stored_positions), else by causal_attention."""
+        query_positions = self.positions(q.shape[2], q.device)  # before store(): its writes do not move them
         k, v = self.store(name, k, v)
         if core is not None and (shaped(core) or sinks is not None):
-            positions = torch.arange(start, start + q.shape[2], device=q.device)
-            sequence = Sequence(positions=positions, key_positions=torch.arange(k.shape[2], device=q.device))
+            sequence = Sequence(positions=query_positions, key_positions=self.stored_positions(k.shape[2], q.device))
             return attend(core, q, k, v, sequence, sinks)
+        return self.causal_attention(q, k, v, query_positions)
+
+    def stored_positions(self, keys: int, device: torch.device) -> torch.Tensor:
+        """The positions [keys] of the keys store() returned: 0..keys-1."""
+        return torch.arange(keys, device=device)
+
+    def causal_attention(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, query_positions: torch.Tensor
+    ) -> torch.Tensor:
+        """Causal attention of the new queries (at `query_positions`) over the stored keys and values, by SDPA."""
         gqa = q.shape[1] != k.shape[1]
-        t = q.shape[2]
+        start, t = self.length, q.shape[2]
         if start == 0 or t == 1:
             # A prefill is the usual lower triangle; a single new token is the newest position and sees all.
             return F.scaled_dot_product_attention(q, k, v, is_causal=t > 1, enable_gqa=gqa)
@@ -132,21 +142,13 @@ class StaticKVCache(KVCache):
     def advance(self, n: int) -> None:
         self.position += n
 
-    def attend(
-        self,
-        name: str,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        core: CoreAttention | None = None,
-        sinks: torch.Tensor | None = None,
+    def stored_positions(self, keys: int, device: torch.device) -> torch.Tensor:
+        """The whole buffer's positions: those past the cached ones are later than every query, so masked."""
+        return self.key_positions
+
+    def causal_attention(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, query_positions: torch.Tensor
     ) -> torch.Tensor:
-        query_positions = self.positions(q.shape[2], q.device)  # before store(): its writes do not move it
-        k, v = self.store(name, k, v)
-        if core is not None and (shaped(core) or sinks is not None):
-            # positions past the cached ones are later than every query: the core masks them
-            sequence = Sequence(positions=query_positions, key_positions=self.key_positions)
-            return attend(core, q, k, v, sequence, sinks)
         mask = self.key_positions[None, :] <= query_positions[:, None]  # [T, max_len]
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=q.shape[1] != k.shape[1])
 

@@ -51,14 +51,17 @@ def sum_gradient(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
     return _SumGradient.apply(x, group)
 
 
-def block_plan() -> dict:
+def block_plan(rotary: bool = True, gated: bool = True) -> dict:
     """One block: biases shard with their column-wise weights (and stay whole after the row-wise ones);
-    post-norm blocks normalise the sequence-sharded outputs of the sublayers with the same norms."""
+    post-norm blocks normalise the sequence-sharded outputs of the sublayers with the same norms. `rotary`: the
+    attention takes the RoPE tables after x (GPT-2's takes x alone); `gated`: the MLP has a gate, w3 (SwiGLU)."""
+    tables = (None, None) if rotary else ()  # the RoPE tables are plain replicated tensors
+    gate = {"feed_forward.w3": ColwiseParallel()} if gated else {}
     return {
         "attention_norm": SequenceParallel(),
-        # attention(x, cos, sin): gather x's sequence; the RoPE tables are plain replicated tensors.
+        # attention(x, cos, sin): gather x's sequence
         "attention": PrepareModuleInput(
-            input_layouts=(Shard(1), None, None), desired_input_layouts=(Replicate(), None, None)
+            input_layouts=(Shard(1), *tables), desired_input_layouts=(Replicate(), *tables)
         ),
         "attention.wq": ColwiseParallel(),
         "attention.wk": ColwiseParallel(),
@@ -67,7 +70,7 @@ def block_plan() -> dict:
         "ffn_norm": SequenceParallel(),
         "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
         "feed_forward.w1": ColwiseParallel(),
-        "feed_forward.w3": ColwiseParallel(),
+        **gate,
         "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
     }
 

@@ -64,6 +64,21 @@ def split_sizes(args: DeepseekV3Args) -> dict[str, int]:
     return {"n_heads": args.n_heads, "ffn_dim": args.ffn_dim, "vocab_size": args.vocab_size}
 
 
+def _yarn_40x(mscale: float) -> YarnRopeScaling:
+    """DeepSeek's YaRN: 40 times the 4096 positions trained on, with `mscale` (and mscale_all_dim) as given."""
+    return YarnRopeScaling(
+        factor=40.0,
+        original_max_position_embeddings=4096,
+        beta_fast=32.0,
+        beta_slow=1.0,
+        mscale=mscale,
+        mscale_all_dim=mscale,
+    )
+
+
+# The published flavors' latent widths are LatentArgs' defaults, DeepSeek's: latent 512, key 128 + 64 rotary, value 128.
+
+
 def _deepseek_v3_671b() -> DeepseekV3Args:
     """deepseek-ai/DeepSeek-V3 (and V3-0324, R1): 61 layers, the first 3 dense, 256 routed experts in 8 groups
     (4 kept), 8 per token, one shared; YaRN 40x over 4096 positions."""
@@ -75,18 +90,7 @@ def _deepseek_v3_671b() -> DeepseekV3Args:
         vocab_size=129280,
         max_seq_len=163840,
         q_lora_rank=1536,
-        kv_lora_rank=512,
-        qk_nope_head_dim=128,
-        qk_rope_head_dim=64,
-        v_head_dim=128,
-        rope_scaling=YarnRopeScaling(
-            factor=40.0,
-            original_max_position_embeddings=4096,
-            beta_fast=32.0,
-            beta_slow=1.0,
-            mscale=1.0,
-            mscale_all_dim=1.0,
-        ),
+        rope_scaling=_yarn_40x(1.0),
         moe=bias_routed(256, 8, 2048, 2.5, n_groups=8, topk_groups=4, dense_layers=first_dense(3)),
     )
 
@@ -103,18 +107,7 @@ def _deepseek_v2_lite() -> DeepseekV3Args:
         vocab_size=102400,
         max_seq_len=163840,
         q_lora_rank=0,
-        kv_lora_rank=512,
-        qk_nope_head_dim=128,
-        qk_rope_head_dim=64,
-        v_head_dim=128,
-        rope_scaling=YarnRopeScaling(
-            factor=40.0,
-            original_max_position_embeddings=4096,
-            beta_fast=32.0,
-            beta_slow=1.0,
-            mscale=0.707,
-            mscale_all_dim=0.707,
-        ),
+        rope_scaling=_yarn_40x(0.707),
         moe=MoEArgs(
             n_experts=64,
             top_k=6,
@@ -143,10 +136,6 @@ def _moonlight_16b_a3b() -> DeepseekV3Args:
         rope_theta=50000.0,
         norm_eps=1e-5,
         q_lora_rank=0,
-        kv_lora_rank=512,
-        qk_nope_head_dim=128,
-        qk_rope_head_dim=64,
-        v_head_dim=128,
         moe=bias_routed(64, 6, 1408, 2.446, n_shared_experts=2, dense_layers=first_dense(1)),
     )
 

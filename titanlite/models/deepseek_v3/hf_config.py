@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from titanlite.base.errors import ConfigError
 from titanlite.base.hf_config import refuse
-from titanlite.models.common.decoder_config import rope_scaling_to_hf, rope_settings
-from titanlite.models.common.latent.hf_config import LATENT_KEYS, latent_from_config, latent_to_config
+from titanlite.models.common.decoder_config import decoder_fields, rope_scaling_to_hf, rope_settings
+from titanlite.models.common.latent.hf_config import LATENT_KEYS, LATENT_OMITS, latent_from_config, latent_to_config
 from titanlite.models.common.moe.args import MoEArgs
 from titanlite.models.common.moe.hf_config import bias_routed_config, block_from_config, in_config_names
 from titanlite.models.common.rope_args import YarnRopeScaling
@@ -123,16 +123,7 @@ def write(args: DeepseekV3Args) -> dict:
     moe = bias_routed_config(args.moe, "deepseek_v3")
     rope = rope_scaling_to_hf(args.rope_scaling)
     return {
-        "architectures": [ARCHITECTURE],
-        "model_type": MODEL_TYPE,
-        "hidden_size": args.dim,
-        "intermediate_size": args.ffn_dim,
-        "num_hidden_layers": args.n_layers,
-        "num_attention_heads": args.n_heads,
-        "num_key_value_heads": args.n_heads,
-        "hidden_act": "silu",
-        "rms_norm_eps": args.norm_eps,
-        "max_position_embeddings": args.max_seq_len,
+        **decoder_fields(args, ARCHITECTURE, MODEL_TYPE, omit=LATENT_OMITS),
         "rope_theta": args.rope_theta,
         "rope_parameters": {"rope_theta": args.rope_theta, **rope},
         "rope_scaling": rope if args.rope_scaling else None,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from titanlite.base.hf_config import refuse
 from titanlite.models.common.decoder_args import window_of
-from titanlite.models.common.decoder_config import attention_shape, layer_types_of
+from titanlite.models.common.decoder_config import decoder_fields, decoder_sizes, layer_types_of
 from titanlite.models.gemma3.args import Gemma3Args, layer_types
 
 MODEL_TYPE = "gemma3_text"
@@ -50,8 +50,8 @@ def rope_of(config: dict, where: str) -> tuple[float, float, float]:
 def read(config: dict, where: str) -> Gemma3Args:
     """Gemma3Args of a gemma3_text config.json."""
     refuse_unused(config, where)
-    dim, n_heads, n_kv_heads, head_dim = attention_shape(config, where)
-    n_layers = config["num_hidden_layers"]
+    sizes = decoder_sizes(config, where, max_seq_len=131072, tie=True)
+    n_layers = sizes["n_layers"]
     kinds = tuple(layer_types_of(config, where)) or layer_types(n_layers, config.get("sliding_window_pattern", 6))
     if len(kinds) != n_layers:
         raise refuse(where, "layer_types", f"[{len(kinds)} entries]", f"it needs one per layer ({n_layers})")
@@ -63,17 +63,8 @@ def read(config: dict, where: str) -> Gemma3Args:
     rope_theta, rope_local_theta, factor = rope_of(config, where)
     bias = bool(config.get("attention_bias"))
     return Gemma3Args(
-        dim=dim,
-        n_layers=n_layers,
-        n_heads=n_heads,
-        n_kv_heads=n_kv_heads,
-        ffn_dim=config["intermediate_size"],
-        vocab_size=config["vocab_size"],
-        max_seq_len=config.get("max_position_embeddings", 131072),
+        **sizes,
         rope_theta=rope_theta,
-        norm_eps=config.get("rms_norm_eps", 1e-6),
-        tie_embeddings=config.get("tie_word_embeddings", True),
-        head_dim=head_dim,
         qkv_bias=bias,
         out_bias=bias,
         sliding_window=window,
@@ -96,17 +87,7 @@ def write(args: Gemma3Args) -> dict:
     if args.rope_linear_factor != 1.0:
         full = {"rope_type": "linear", "factor": args.rope_linear_factor, "rope_theta": args.rope_theta}
     return {
-        "architectures": ["Gemma3ForCausalLM"],
-        "model_type": MODEL_TYPE,
-        "hidden_size": args.dim,
-        "intermediate_size": args.ffn_dim,
-        "num_hidden_layers": args.n_layers,
-        "num_attention_heads": args.n_heads,
-        "num_key_value_heads": args.n_kv_heads,
-        "head_dim": args.head_dim,
-        "hidden_activation": ACTIVATION,
-        "rms_norm_eps": args.norm_eps,
-        "max_position_embeddings": args.max_seq_len,
+        **decoder_fields(args, "Gemma3ForCausalLM", MODEL_TYPE, ("hidden_activation", ACTIVATION)),
         "query_pre_attn_scalar": args.query_pre_attn_scalar,
         # Without sliding layers the window is unused; transformers still builds its mask from a number.
         "sliding_window": args.sliding_window or args.max_seq_len,

@@ -10,7 +10,7 @@ attention only, which the text model never sees; "all" is refused); attention_dr
 from __future__ import annotations
 
 from titanlite.base.hf_config import check_types, refuse
-from titanlite.models.common.decoder_config import attention_shape, layer_types_of
+from titanlite.models.common.decoder_config import attention_shape, decoder_fields, layer_types_of
 from titanlite.models.common.moe.args import MoEArgs
 from titanlite.models.common.moe.hf_config import check_expressible
 from titanlite.models.gemma4.args import Gemma4Args, layer_types
@@ -204,20 +204,10 @@ def write(args: Gemma4Args) -> dict:
     if args.rope_factor != 1.0:
         full["factor"] = args.rope_factor
     return {
-        "architectures": ["Gemma4ForCausalLM"],
-        "model_type": MODEL_TYPE,
-        "hidden_size": args.dim,
-        "intermediate_size": args.ffn_dim,
-        "num_hidden_layers": args.n_layers,
-        "num_attention_heads": args.n_heads,
-        "num_key_value_heads": args.n_kv_heads,
-        "head_dim": args.head_dim,
+        **decoder_fields(args, "Gemma4ForCausalLM", MODEL_TYPE, ("hidden_activation", ACTIVATION)),
         "global_head_dim": args.global_head_dim,
         "num_global_key_value_heads": args.n_global_kv_heads if args.k_eq_v else None,
         "attention_k_eq_v": args.k_eq_v,
-        "hidden_activation": ACTIVATION,
-        "rms_norm_eps": args.norm_eps,
-        "max_position_embeddings": args.max_seq_len,
         # Without sliding layers the window is unused; transformers still builds its mask from a number.
         "sliding_window": args.sliding_window or args.max_seq_len,
         "layer_types": list(args.kinds()),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from titanlite.models.common.decoder_args import MoEDecoderArgs
+from titanlite.models.common.decoder_args import DEBUG_SIZES, MoEDecoderArgs
 from titanlite.models.common.moe.args import MoEArgs, bias_routed, debug_bias_routed
 from titanlite.models.spec import not_math
 
@@ -53,12 +53,7 @@ FLAVORS = {
     # dim 64, 4 layers (the first dense, FFN 192), 4 heads (2 for keys and values) of 32, 16 channels rotated,
     # QKV biases, per-head Q/K norms.
     "debug": Glm4MoeArgs(
-        dim=64,
-        n_layers=4,
-        n_heads=4,
-        n_kv_heads=2,
-        ffn_dim=192,
-        vocab_size=0,
+        **DEBUG_SIZES,
         head_dim=32,
         rotary_dim=16,
         qkv_bias=True,

@@ -27,6 +27,7 @@ from titanlite.base.hf_config import refuse
 from titanlite.models.common.decoder_args import window_of
 from titanlite.models.common.decoder_config import (
     attention_shape,
+    decoder_fields,
     full_attention,
     no_mlp_bias,
     partial_rotary_dim,
@@ -181,17 +182,7 @@ def write(args: Glm4MoeArgs) -> dict:
     rope = rope_scaling_to_hf(args.rope_scaling)
     factor = partial_rotary_factor(args)
     return {
-        "architectures": [ARCHITECTURE],
-        "model_type": MODEL_TYPE,
-        "hidden_size": args.dim,
-        "intermediate_size": args.ffn_dim,
-        "num_hidden_layers": args.n_layers,
-        "num_attention_heads": args.n_heads,
-        "num_key_value_heads": args.n_kv_heads,
-        "head_dim": args.head_dim,
-        "hidden_act": "silu",
-        "rms_norm_eps": args.norm_eps,
-        "max_position_embeddings": args.max_seq_len,
+        **decoder_fields(args, ARCHITECTURE, MODEL_TYPE),
         # transformers 5 reads rope_parameters; 4.x the top-level rope_theta, partial_rotary_factor and rope_scaling.
         "rope_parameters": {"rope_theta": args.rope_theta, "partial_rotary_factor": factor, **rope},
         "rope_theta": args.rope_theta,

@@ -107,11 +107,7 @@ def _kimi_linear_48b_a3b() -> KimiLinearArgs:
         vocab_size=163840,
         max_seq_len=1048576,
         norm_eps=1e-5,
-        q_lora_rank=0,
-        kv_lora_rank=512,
-        qk_nope_head_dim=128,
-        qk_rope_head_dim=64,
-        v_head_dim=128,
+        q_lora_rank=0,  # its latent widths: LatentArgs' defaults (DeepSeek's)
         linear_heads=32,
         linear_head_dim=128,
         conv_size=4,

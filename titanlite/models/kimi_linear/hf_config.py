@@ -23,7 +23,8 @@ from __future__ import annotations
 
 from titanlite.base.errors import ConfigError
 from titanlite.base.hf_config import refuse
-from titanlite.models.common.latent.hf_config import LATENT_KEYS, latent_from_config, latent_to_config
+from titanlite.models.common.decoder_config import decoder_fields
+from titanlite.models.common.latent.hf_config import LATENT_KEYS, LATENT_OMITS, latent_from_config, latent_to_config
 from titanlite.models.common.moe.args import MoEArgs
 from titanlite.models.common.moe.hf_config import bias_routed_config, block_from_config, in_config_names
 from titanlite.models.kimi_linear.args import LAYER_KINDS, KimiLinearArgs
@@ -201,15 +202,8 @@ def write(args: KimiLinearArgs) -> dict:
     moe = bias_routed_config(args.moe, "kimi_linear", _MOE_KEYS, first_dense=False)
     kinds = list(args.layer_types)
     return {
-        "architectures": [ARCHITECTURE],
-        "model_type": MODEL_TYPE,
-        "hidden_size": args.dim,
-        "intermediate_size": args.ffn_dim,
-        "num_hidden_layers": args.n_layers,
-        "num_attention_heads": args.n_heads,
-        "num_key_value_heads": args.n_heads,
-        "hidden_act": "silu",
-        "rms_norm_eps": args.norm_eps,
+        # its context length is model_max_length
+        **decoder_fields(args, ARCHITECTURE, MODEL_TYPE, omit=(*LATENT_OMITS, "max_position_embeddings")),
         "model_max_length": args.max_seq_len,
         **latent_to_config(args),
         "mla_use_nope": True,

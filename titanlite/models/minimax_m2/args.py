@@ -6,22 +6,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from titanlite.models.common.decoder_args import MoEDecoderArgs
-from titanlite.models.common.moe.args import MoEArgs
+from titanlite.models.common.moe.args import MoEArgs, bias_routed
 from titanlite.models.spec import not_math
 
 
-def routing(n_experts: int, top_k: int, expert_dim: int, aux_loss_coef: float = 0.001) -> MoEArgs:
+def routing(n_experts: int, top_k: int, expert_dim: int) -> MoEArgs:
     """MiniMax-M2's block: every layer's, experts scored by a sigmoid each, chosen by score plus the routing bias
-    (e_score_correction_bias), their weights the chosen scores renormalised; no shared expert, no groups."""
-    return MoEArgs(
-        n_experts=n_experts,
-        top_k=top_k,
-        expert_dim=expert_dim,
-        score_func="sigmoid",
-        norm_topk_prob=True,
-        balance="bias",
-        aux_loss_coef=aux_loss_coef,
-    )
+    (e_score_correction_bias), their weights the chosen scores renormalised (bias_routed's, DeepSeek-V3's); no
+    shared expert, no groups, no scaling."""
+    return bias_routed(n_experts, top_k, expert_dim, route_scale=1.0, n_shared_experts=0, dense_layers=())
 
 
 @dataclass

@@ -6,7 +6,7 @@ spec."""
 from __future__ import annotations
 
 from titanlite.base.hf_config import refuse
-from titanlite.models.common.decoder_args import MoEDecoderArgs
+from titanlite.models.common.decoder_args import MoEDecoderArgs, sizes
 from titanlite.models.common.decoder_config import (
     DecoderConfig,
     Expressible,
@@ -21,11 +21,7 @@ from titanlite.models.common.moe.hf_config import block_from_config, check_expre
 
 def _mixtral(dim, n_layers, n_heads, n_kv_heads, expert_dim, vocab_size=32000, max_seq_len=32768):
     return MoEDecoderArgs(
-        dim=dim,
-        n_layers=n_layers,
-        n_heads=n_heads,
-        n_kv_heads=n_kv_heads,
-        ffn_dim=expert_dim,
+        **sizes(dim, n_layers, n_heads, n_kv_heads, expert_dim),
         vocab_size=vocab_size,
         max_seq_len=max_seq_len,
         rope_theta=1e6,

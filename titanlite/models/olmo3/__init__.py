@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from titanlite.models.common.decoder_args import DecoderArgs, debug
+from titanlite.models.common.decoder_args import DecoderArgs, debug, sizes
 from titanlite.models.common.decoder_spec import decoder_spec
 from titanlite.models.common.rope_args import LayerRope, YarnRopeScaling
 from titanlite.models.olmo3 import hf_config
@@ -34,11 +34,7 @@ LONG_CONTEXT = YarnRopeScaling(factor=8.0, original_max_position_embeddings=8192
 
 def _olmo3(dim: int, n_layers: int, n_heads: int, n_kv_heads: int, ffn_dim: int) -> DecoderArgs:
     return DecoderArgs(
-        dim=dim,
-        n_layers=n_layers,
-        n_heads=n_heads,
-        n_kv_heads=n_kv_heads,
-        ffn_dim=ffn_dim,
+        **sizes(dim, n_layers, n_heads, n_kv_heads, ffn_dim),
         vocab_size=100278,
         max_seq_len=65536,
         norm_eps=1e-6,

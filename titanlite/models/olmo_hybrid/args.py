@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from titanlite.models.common.decoder_args import DecoderArgs, tp_split_sizes
+from titanlite.models.common.decoder_args import DEBUG_SIZES, DecoderArgs, tp_split_sizes
 from titanlite.models.spec import not_math
 
 LAYER_KINDS = ("linear_attention", "full_attention")
@@ -95,12 +95,7 @@ def with_depth(args: OlmoHybridArgs, n_layers: int) -> dict:
 FLAVORS = {
     # Tiny, for tests and CPU runs: three linear layers and one attention layer, grouped value heads.
     "debug": OlmoHybridArgs(
-        dim=64,
-        n_layers=4,
-        n_heads=4,
-        n_kv_heads=2,
-        ffn_dim=192,
-        vocab_size=0,
+        **DEBUG_SIZES,
         max_seq_len=2048,
         linear_key_heads=2,
         linear_value_heads=4,

@@ -5,7 +5,7 @@ that changes the math is honoured or refused in one line naming it."""
 from __future__ import annotations
 
 from titanlite.base.hf_config import refuse
-from titanlite.models.common.decoder_config import attention_shape
+from titanlite.models.common.decoder_config import decoder_fields, decoder_sizes
 from titanlite.models.olmo_hybrid.args import LAYER_KINDS, OlmoHybridArgs, hybrid_layers
 
 MODEL_TYPE = "olmo_hybrid"
@@ -57,33 +57,23 @@ def read(config: dict, where: str) -> OlmoHybridArgs:
         )
     if config.get("attention_bias"):
         raise refuse(where, "attention_bias", True, "OLMo Hybrid's attention has no biases")
-    dim, n_heads, n_kv_heads, head_dim = attention_shape(config, where)
-    n_layers = config["num_hidden_layers"]
-    key_heads = _count(config, "linear_num_key_heads", n_heads, where)
-    value_heads = _count(config, "linear_num_value_heads", n_heads, where)
+    sizes = decoder_sizes(config, where, max_seq_len=65536)
+    key_heads = _count(config, "linear_num_key_heads", sizes["n_heads"], where)
+    value_heads = _count(config, "linear_num_value_heads", sizes["n_heads"], where)
     if value_heads % key_heads:
         raise refuse(
             where, "linear_num_value_heads", value_heads, f"it must be a multiple of linear_num_key_heads={key_heads}"
         )
-    key_dim = _count(config, "linear_key_head_dim", int(0.75 * dim / key_heads), where)
+    key_dim = _count(config, "linear_key_head_dim", int(0.75 * sizes["dim"] / key_heads), where)
     allow_neg_eigval = config.get("linear_allow_neg_eigval", True)
     if not isinstance(allow_neg_eigval, bool):
         raise refuse(where, "linear_allow_neg_eigval", allow_neg_eigval, "it must be true or false")
     rope, rope_theta = _rope(config, where)
     return OlmoHybridArgs(
-        dim=dim,
-        n_layers=n_layers,
-        n_heads=n_heads,
-        n_kv_heads=n_kv_heads,
-        ffn_dim=config["intermediate_size"],
-        vocab_size=config["vocab_size"],
-        max_seq_len=config.get("max_position_embeddings", 65536),
+        **sizes,
         rope_theta=rope_theta,
         rope=rope,
-        norm_eps=config.get("rms_norm_eps", 1e-6),
-        tie_embeddings=config.get("tie_word_embeddings", False),
-        head_dim=head_dim,
-        layer_types=_layer_types(config, where, n_layers),
+        layer_types=_layer_types(config, where, sizes["n_layers"]),
         linear_key_heads=key_heads,
         linear_value_heads=value_heads,
         linear_key_dim=key_dim,
@@ -96,17 +86,7 @@ def read(config: dict, where: str) -> OlmoHybridArgs:
 def write(args: OlmoHybridArgs) -> dict:
     """The olmo_hybrid config.json fields of this model (rope_theta null where it does not rotate)."""
     return {
-        "architectures": ["OlmoHybridForCausalLM"],
-        "model_type": MODEL_TYPE,
-        "hidden_size": args.dim,
-        "intermediate_size": args.ffn_dim,
-        "num_hidden_layers": args.n_layers,
-        "num_attention_heads": args.n_heads,
-        "num_key_value_heads": args.n_kv_heads,
-        "head_dim": args.head_dim,
-        "hidden_act": ACTIVATION,
-        "rms_norm_eps": args.norm_eps,
-        "max_position_embeddings": args.max_seq_len,
+        **decoder_fields(args, "OlmoHybridForCausalLM", MODEL_TYPE, ("hidden_act", ACTIVATION)),
         "layer_types": list(args.layer_types),
         "rope_parameters": {"rope_type": "default", "rope_theta": args.rope_theta if args.rope else None},
         "attention_bias": False,

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from torch import nn
 
 from titanlite.models.common.decoder import Transformer, grouped_query_attention
-from titanlite.models.common.gated_delta_net import DecayInit, GatedDeltaNet
+from titanlite.models.common.gated_delta_net import DecayInit, gated_delta_net_of
 from titanlite.models.common.interface import Decoder
 from titanlite.models.common.rope import RotaryTable
 from titanlite.models.olmo_hybrid.args import OlmoHybridArgs
@@ -25,17 +25,8 @@ OLMO_DECAY = DecayInit(a_range=(0.0, 16.0), dt_range=(0.001, 0.1), dt_floor=1e-4
 
 def gated_delta_net(model: OlmoHybrid, layer: int) -> nn.Module:
     a = model.args
-    return GatedDeltaNet(
-        a.dim,
-        a.linear_key_heads,
-        a.linear_value_heads,
-        a.linear_key_dim,
-        a.linear_value_dim,
-        a.conv_size,
-        norm_eps=LINEAR_NORM_EPS,
-        beta_scale=2.0 if a.allow_neg_eigval else 1.0,
-        decay_init=OLMO_DECAY,
-    )
+    beta_scale = 2.0 if a.allow_neg_eigval else 1.0
+    return gated_delta_net_of(a, norm_eps=LINEAR_NORM_EPS, beta_scale=beta_scale, decay_init=OLMO_DECAY)
 
 
 class OlmoHybrid(Transformer):

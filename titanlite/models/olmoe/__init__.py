@@ -5,7 +5,7 @@ experts' width is config.json's intermediate_size. Its sizes, its config.json an
 from __future__ import annotations
 
 from titanlite.base.hf_config import refuse
-from titanlite.models.common.decoder_args import MoEDecoderArgs
+from titanlite.models.common.decoder_args import MoEDecoderArgs, sizes
 from titanlite.models.common.decoder_config import DecoderConfig, Expressible, attention_biases, no_mlp_bias
 from titanlite.models.common.decoder_spec import moe_decoder_spec
 from titanlite.models.common.moe.args import MoEArgs
@@ -14,11 +14,7 @@ from titanlite.models.common.moe.hf_config import block_from_config, check_expre
 
 def _olmoe(dim, n_layers, n_heads, n_experts, top_k, expert_dim, vocab_size=50304, max_seq_len=4096):
     return MoEDecoderArgs(
-        dim=dim,
-        n_layers=n_layers,
-        n_heads=n_heads,
-        n_kv_heads=n_heads,
-        ffn_dim=expert_dim,
+        **sizes(dim, n_layers, n_heads, n_heads, expert_dim),
         vocab_size=vocab_size,
         max_seq_len=max_seq_len,
         rope_theta=10000.0,

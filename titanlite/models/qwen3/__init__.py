@@ -3,7 +3,7 @@ shared by the heads), head_dim 128. Its sizes, its config.json and its spec."""
 
 from __future__ import annotations
 
-from titanlite.models.common.decoder_args import DecoderArgs, debug
+from titanlite.models.common.decoder_args import DecoderArgs, debug, sizes
 from titanlite.models.common.decoder_config import (
     DecoderConfig,
     Expressible,
@@ -17,11 +17,7 @@ from titanlite.models.common.decoder_spec import decoder_spec
 
 def _qwen3(dim, n_layers, n_heads, n_kv_heads, ffn_dim, tie, vocab_size=151936) -> DecoderArgs:
     return DecoderArgs(
-        dim=dim,
-        n_layers=n_layers,
-        n_heads=n_heads,
-        n_kv_heads=n_kv_heads,
-        ffn_dim=ffn_dim,
+        **sizes(dim, n_layers, n_heads, n_kv_heads, ffn_dim),
         vocab_size=vocab_size,
         max_seq_len=40960,
         rope_theta=1e6,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from titanlite.models.common.decoder_args import sizes
 from titanlite.models.common.hybrid.args import DEBUG_SHAPE, HybridArgs
 from titanlite.models.spec import not_math
 
@@ -18,11 +19,7 @@ class Qwen35Args(HybridArgs):
 
 def _dense(dim, n_layers, n_heads, n_kv_heads, ffn_dim, value_heads, tie) -> Qwen35Args:
     return Qwen35Args(
-        dim=dim,
-        n_layers=n_layers,
-        n_heads=n_heads,
-        n_kv_heads=n_kv_heads,
-        ffn_dim=ffn_dim,
+        **sizes(dim, n_layers, n_heads, n_kv_heads, ffn_dim),
         vocab_size=248320,
         max_seq_len=262144,
         head_dim=256,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from titanlite.base.errors import ConfigError
 from titanlite.base.hf_config import refuse
-from titanlite.models.common.decoder_args import MoEDecoderArgs
+from titanlite.models.common.decoder_args import DEBUG_SIZES, MoEDecoderArgs
 from titanlite.models.common.decoder_config import (
     DecoderConfig,
     Expressible,
@@ -51,12 +51,7 @@ def _qwen3_moe_30b_a3b() -> MoEDecoderArgs:
 FLAVORS = {
     # dim 64, 4 layers (layer 1 dense, as mlp_only_layers=[1]), 8 experts of width 32, 2 per token.
     "debug": MoEDecoderArgs(
-        dim=64,
-        n_layers=4,
-        n_heads=4,
-        n_kv_heads=2,
-        ffn_dim=192,
-        vocab_size=0,
+        **DEBUG_SIZES,
         head_dim=32,
         qk_norm="head",
         family="qwen3_moe",

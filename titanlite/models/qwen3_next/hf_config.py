@@ -72,11 +72,8 @@ def write(args: Qwen3NextArgs) -> dict:
     m = args.moe
     more = () if m.shared_hidden else ("no shared expert",)
     check_expressible(m, MODEL_TYPE, fixed=MOE_FIXED, more=more)
-    # The hybrid decoder's text fields (the decoder's, the linear layers', the rotations), and the dense MLP's width.
-    return hybrid.write_fields(args) | {
-        "intermediate_size": args.ffn_dim,
-        "architectures": [ARCHITECTURE],
-        "model_type": MODEL_TYPE,
+    # The hybrid decoder's text fields (the decoder's, the dense MLP's width, the linear layers', the rotations).
+    return hybrid.write_fields(args, ARCHITECTURE, MODEL_TYPE) | {
         "num_experts": m.n_experts,
         "num_experts_per_tok": m.top_k,
         "moe_intermediate_size": m.expert_dim,

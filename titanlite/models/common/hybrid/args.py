@@ -9,7 +9,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from titanlite.models.common.decoder_args import DecoderArgs, tp_split_sizes
+from titanlite.models.common.decoder_args import DEBUG_SIZES, DecoderArgs, tp_split_sizes
 from titanlite.models.common.moe.args import MoEArgs
 
 LAYER_KINDS = ("linear_attention", "full_attention")
@@ -101,15 +101,9 @@ def with_depth(args: HybridArgs, n_layers: int) -> dict:
     return depth
 
 
-# Tiny, for tests and CPU runs: three linear layers and one full one, grouped value heads, partial rotary. vocab_size 0:
-# the tokenizer's, padded.
+# Tiny, for tests and CPU runs (DEBUG_SIZES): three linear layers and one full one, grouped value heads, partial rotary.
 DEBUG_SHAPE: dict = {
-    "dim": 64,
-    "n_layers": 4,
-    "n_heads": 4,
-    "n_kv_heads": 2,
-    "ffn_dim": 192,
-    "vocab_size": 0,
+    **DEBUG_SIZES,
     "head_dim": 16,
     "rotary_dim": 8,
     "max_seq_len": 2048,

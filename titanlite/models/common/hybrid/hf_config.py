@@ -9,6 +9,7 @@ from titanlite.base.errors import ConfigError
 from titanlite.base.hf_config import refuse
 from titanlite.models.common.decoder_config import (
     attention_shape,
+    decoder_fields,
     partial_rotary_dim,
     partial_rotary_factor,
     rotary_dim_unsaid,
@@ -122,20 +123,14 @@ def read_moe(config: dict, where: str, cls: type[HybridMoEArgs]) -> HybridMoEArg
     return cls(**fields | {"ffn_dim": expert_dim}, moe=moe)
 
 
-def write_fields(args: HybridArgs) -> dict:
-    """The text config.json fields of the hybrid decoder (all but model_type and architectures)."""
+def write_fields(args: HybridArgs, architecture: str, model_type: str, omit: tuple[str, ...] = ()) -> dict:
+    """The text config.json fields of the hybrid decoder, under the family's `architecture` and `model_type` (`omit`:
+    the shared fields its config.json does not hold, decoder_config.decoder_fields')."""
     unsaid = rotary_dim_unsaid(args)
     if unsaid:
         raise ConfigError(f"a {args.family} config.json cannot express {unsaid}")
     return {
-        "hidden_size": args.dim,
-        "num_hidden_layers": args.n_layers,
-        "num_attention_heads": args.n_heads,
-        "num_key_value_heads": args.n_kv_heads,
-        "head_dim": args.head_dim,
-        "hidden_act": ACTIVATION,
-        "rms_norm_eps": args.norm_eps,
-        "max_position_embeddings": args.max_seq_len,
+        **decoder_fields(args, architecture, model_type, ("hidden_act", ACTIVATION), omit),
         "layer_types": list(args.layer_types),
         "rope_parameters": {
             "rope_type": "default",
@@ -155,12 +150,9 @@ def write_fields(args: HybridArgs) -> dict:
 def write(args: HybridArgs) -> dict:
     """The qwen3_5_text (or, for HybridMoEArgs, qwen3_5_moe_text) config.json fields of this model."""
     if not isinstance(args, HybridMoEArgs):
-        return (
-            write_fields(args)
-            | {"architectures": ["Qwen3_5ForCausalLM"], "model_type": TEXT}
-            | {"intermediate_size": args.ffn_dim}
-        )
-    config = write_fields(args) | {"architectures": ["Qwen3_5MoeForCausalLM"], "model_type": MOE_TEXT}
+        return write_fields(args, "Qwen3_5ForCausalLM", TEXT)
+    # the experts' width is moe_intermediate_size; no MLP is dense
+    config = write_fields(args, "Qwen3_5MoeForCausalLM", MOE_TEXT, omit=("intermediate_size",))
     m = args.moe
     if m.dense_layers or not m.norm_topk_prob or not m.shared_gate or m.score_func != "softmax":
         raise refuse(

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from torch import nn
 
 from titanlite.models.common.decoder import Transformer, grouped_query_attention
-from titanlite.models.common.gated_delta_net import GatedDeltaNet
+from titanlite.models.common.gated_delta_net import gated_delta_net_of
 from titanlite.models.common.hybrid.args import HybridArgs
 from titanlite.models.common.interface import Decoder
 from titanlite.models.common.norms import ZeroCenteredRMSNorm
@@ -24,16 +24,7 @@ def gated_attention(model: Transformer, layer: int) -> nn.Module:
 
 
 def gated_delta_net(model: HybridDecoder, layer: int) -> nn.Module:
-    a = model.args
-    return GatedDeltaNet(
-        a.dim,
-        a.linear_key_heads,
-        a.linear_value_heads,
-        a.linear_key_dim,
-        a.linear_value_dim,
-        a.conv_size,
-        norm_eps=a.norm_eps,
-    )
+    return gated_delta_net_of(model.args, norm_eps=model.args.norm_eps)
 
 
 class HybridDecoder(Transformer):

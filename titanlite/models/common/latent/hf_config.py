@@ -9,6 +9,9 @@ from titanlite.models.common.latent.args import LatentArgs
 WIDTHS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 # LatentArgs' fields -> their config.json keys (the same names), for refusals in config.json's words.
 LATENT_KEYS = {name: name for name in WIDTHS}
+# The decoder's config.json fields (decoder_config.decoder_fields) a latent family's leaves out: each head's widths
+# are WIDTHS.
+LATENT_OMITS = ("head_dim",)
 
 
 def latent_from_config(config: dict, where: str, family: str, n_heads: int, q_lora_rank: int = 0) -> dict:
