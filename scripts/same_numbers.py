@@ -5,14 +5,14 @@ compares every logged figure that the model's math decides, bit for bit.
     .venv/bin/python scripts/same_numbers.py BASE --init-only
 
 BASE is any commit (e.g. HEAD~3 or main): it is checked out into a temporary git worktree and run with this
-checkout's interpreter. The runs: the default config, and the debug configs of llama3, qwen3, gemma3, gpt_oss,
-deepseek_v3 and qwen3_moe (one process each, the CPU). Compared per step: loss, grad_norm, lr, and where logged
-val_loss, aux_load_balance, expert_load; timings and memory are left out (they vary from run to run). Prints one
-line per run and exits 1 if any figure differs. A refactor that must not change the math (one shared decoder,
-say) shows it with this. --init-only trains nothing: it builds every registered family's debug flavor and the
-families' under tests/families (each also with a multi-token prediction depth, per-layer inputs and a tied head's own
-copy where its arguments have them) in both trees, starts each with init_weights(model, seed=0) and compares every
-parameter bit for bit, one line per family.
+checkout's interpreter. The runs: the default config, and the debug configs of llama3, qwen3, gemma3, gemma4,
+gemma4_moe, gpt_oss, deepseek_v3 and qwen3_moe (one process each, the CPU). Compared per step: loss, grad_norm, lr,
+and where logged val_loss, aux_load_balance, expert_load; timings and memory are left out (they vary from run to
+run). Prints one line per run and exits 1 if any figure differs. A refactor that must not change the math (one
+shared decoder, say) shows it with this. --init-only trains nothing: it builds every registered family's debug
+flavor and the families' under tests/families (each also with a multi-token prediction depth, per-layer inputs and
+a tied head's own copy where its arguments have them) in both trees, starts each with init_weights(model, seed=0)
+and compares every parameter bit for bit, one line per family.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-FAMILIES = ("llama3", "qwen3", "gemma3", "gpt_oss", "deepseek_v3", "qwen3_moe")
+FAMILIES = ("llama3", "qwen3", "gemma3", "gemma4", "gemma4_moe", "gpt_oss", "deepseek_v3", "qwen3_moe")
 RUNS = {"default": [], **{name: ["--config", f"train_configs/{name}_debug.toml"] for name in FAMILIES}}
 FIGURES = ("loss", "grad_norm", "lr", "val_loss", "aux_load_balance", "expert_load")
 # Run in each tree (--init-only): every family's debug flavor started from seed 0, its parameters saved by family.

@@ -7,9 +7,10 @@ Each layer is a Block: a *mixer* (attention of some kind: titanlite/models/commo
 own kind) and a *feed-forward* (a dense MLP, titanlite/models/common/feed_forward.py, or a mixture of experts,
 titanlite/models/common/moe/), each with its norms placed before it, after it, both or neither. A family declares its
 layers: which mixer each layer's kind (args.layer_types, "full_attention" where a family gives none) builds
-(`Transformer.mixers`), which feed-forward, which norms, which rotary table it reads; it overrides the `build_*`
-methods where it differs from the defaults, which build the switches of the shared arguments (qk norms, biases,
-windows, NoPE layers, pre- or post-norm, mixtures of experts from args.moe) that most families set."""
+(`Transformer.mixers`), which feed-forward, which norms, which rotary table it reads, what else its block reads
+(`Transformer.layer_inputs`); it overrides the `build_*` methods where it differs from the defaults, which build the
+switches of the shared arguments (qk norms, biases, windows, NoPE layers, pre- or post-norm, mixtures of experts from
+args.moe) that most families set."""
 
 from __future__ import annotations
 
@@ -332,16 +333,18 @@ class Transformer(nn.Module):
         mtp_tokens: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Embedding (on the first stage: a later one receives hidden states [B, T, dim] instead of tokens), the
-        blocks each with its rotary table, the final norm, the multi-token prediction depths and head (on the last
-        stage)."""
+        blocks each with its rotary table (and its extra inputs: layer_inputs), the final norm, the multi-token
+        prediction depths and head (on the last stage)."""
         positions = self.positions_of(tokens, cache, sequence)
         h = self.embed(tokens, positions) if self.embeds_input else tokens
+        inputs = self.layer_inputs(tokens, h)
         tables = self.rotary_at(positions)
         for name, layer in self.layers.items():
             if self.mtp is not None and name in self.mtp:
                 continue  # a multi-token prediction depth's block (predict_ahead)
             cos, sin = tables[self.layer_rotary[name]]
-            h = layer(h, cos, sin, cache=None if cache is None else cache.layer(name), sequence=sequence)
+            extra = inputs[name] if inputs is not None else {}
+            h = layer(h, cos, sin, cache=None if cache is None else cache.layer(name), sequence=sequence, **extra)
         if cache is not None:
             cache.advance(tokens.shape[1])
         h = self.after_blocks(h)
@@ -371,6 +374,13 @@ class Transformer(nn.Module):
             h = projection.norm(x)
             outputs.append(h)
         return outputs
+
+    def layer_inputs(self, tokens: torch.Tensor, h: torch.Tensor) -> dict[str, dict[str, Any]] | None:
+        """Each block's extra keyword arguments for this forward, by layer name, made once from its input (`tokens`,
+        or a later pipeline stage's hidden states) and the embedded `h`; None: the blocks take none. A family whose
+        blocks read more than the residual stream overrides it (Gemma 4: each layer's per-layer input, and the keys
+        and values its layers hand on)."""
+        return None
 
     @staticmethod
     def positions_of(tokens: torch.Tensor, cache: KVCache | None, sequence: Sequence | None) -> torch.Tensor | None:

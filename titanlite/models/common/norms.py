@@ -1,4 +1,5 @@
-"""The norms the families share beside torch's own (nn.RMSNorm, nn.LayerNorm): the zero-centred RMSNorm."""
+"""The norms the families share beside torch's own (nn.RMSNorm, nn.LayerNorm): RMSNorm computed in float32, its weight
+zero-centred (1 + weight), plain, or absent."""
 
 from __future__ import annotations
 
@@ -9,21 +10,35 @@ from torch import nn
 from titanlite.models.common.init_scheme import InitScheme
 
 
-class ZeroCenteredRMSNorm(nn.Module):
-    """RMSNorm that multiplies by (1 + weight), weight starting at 0, all in float32 (then the input's dtype):
-    Gemma's norm, and the hybrid families' (Qwen3.5, Qwen3-Next)."""
+class Float32RMSNorm(nn.Module):
+    """RMSNorm in float32 (then the input's dtype) times its weight: (1 + weight), the weight starting at 0, where
+    `zero_centered` (Gemma 3's norm, and the hybrid families': Qwen3.5, Qwen3-Next); the weight itself, starting at 1,
+    otherwise (Gemma 4's); no weight with `scale=False` (Gemma 4's value norm)."""
 
-    def __init__(self, dim: int, eps: float):
+    def __init__(self, dim: int, eps: float, *, zero_centered: bool = False, scale: bool = True):
         super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.zeros(dim))
+        self.eps, self.zero_centered = eps, zero_centered
+        self.weight = nn.Parameter(torch.zeros(dim) if zero_centered else torch.ones(dim)) if scale else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps) * (1.0 + self.weight.float())
+        out = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
+        if self.weight is not None:
+            weight = self.weight.float()
+            out = out * (1.0 + weight if self.zero_centered else weight)
         return out.type_as(x)
 
     def init_own(self, name: str, full: torch.Tensor, generator: torch.Generator, scheme: InitScheme) -> None:
-        """The weight at zero: the norm starts as a plain RMSNorm."""
-        if name != "weight":
-            raise KeyError(f"ZeroCenteredRMSNorm has no parameter {name!r}")
-        nn.init.zeros_(full)
+        """The weight at zero where zero-centred (the norm starts as a plain RMSNorm), else at one."""
+        if not self.zero_centered:
+            scheme.norm(name, full)
+        elif name == "weight":
+            nn.init.zeros_(full)
+        else:
+            raise KeyError(f"{type(self).__name__} has no parameter {name!r}")
+
+
+class ZeroCenteredRMSNorm(Float32RMSNorm):
+    """Float32RMSNorm(dim, eps, zero_centered=True), as the families that use it build their norms (and Q/K norms)."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__(dim, eps, zero_centered=True)

@@ -1,6 +1,6 @@
 """Rotary position embeddings shared by the families: the frequencies (plain, Llama 3.1's scaling, YaRN's, linear),
-the cos/sin tables a decoder keeps as buffers, and the rotation itself (titanlite/models/common/rope_args.py holds
-the scalings' arguments)."""
+the cos/sin tables a decoder keeps as buffers, and the rotation itself, of adjacent pairs (Meta's layout) or of halves
+(Hugging Face's) (titanlite/models/common/rope_args.py holds the scalings' arguments)."""
 
 from __future__ import annotations
 
@@ -100,3 +100,14 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary_dim
     cos, sin = cos[None, :, None, :], sin[None, :, None, :]  # [1, T, 1, hd/2]
     out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
     return out.type_as(x)
+
+
+def apply_rope_halves(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate the pairs (x[i], x[i + hd/2]) of x [B, T, H, hd], Hugging Face's layout (rotate_half: no row of its
+    weights is reordered on import), by the tables [T, r] for i < r; the other pairs pass unchanged (r < hd/2: Gemma
+    4's proportional RoPE, whose other frequencies are zero)."""
+    half, r = x.shape[-1] // 2, cos.shape[-1]
+    x1, x2 = x[..., :r].float(), x[..., half : half + r].float()
+    cos, sin = cos[None, :, None, :], sin[None, :, None, :]  # [1, T, 1, r]
+    turned = (x1 * cos - x2 * sin).type_as(x), (x2 * cos + x1 * sin).type_as(x)
+    return torch.cat([turned[0], x[..., r:half], turned[1], x[..., half + r :]], dim=-1)

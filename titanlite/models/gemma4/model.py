@@ -11,13 +11,14 @@ Hugging Face's weights are laid out, so no row is reordered on import: with keys
 are the unrotated key projection, which a reordering would scramble. The last kv_shared_layers layers take the keys
 and values of the last earlier layer of their kind (handed on through a SharedKV the forward makes).
 
-Norms multiply by their weight (ones at init; Gemma 3's added one), in float32. The logits are softcapped; the
-chunked loss, which applies the head itself, cannot cap them, so such a model asks for the whole logits. No
-parallelism inside."""
+Norms multiply by their weight (ones at init; Gemma 3's added one), in float32 (models/common/norms.py
+Float32RMSNorm). The per-layer inputs and the SharedKV reach the blocks through the shared decoder's layer_inputs.
+The logits are softcapped; the chunked loss, which applies the head itself, cannot cap them, so such a model asks for
+the whole logits. No parallelism inside."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -31,39 +32,12 @@ from titanlite.models.common.flops import moe_flops_per_token, sequence_flops_pe
 from titanlite.models.common.head import OutputHead
 from titanlite.models.common.init_scheme import InitScheme, start_linears
 from titanlite.models.common.interface import Decoder, DecoderModule
-from titanlite.models.common.kv_cache import KVCache, LayerCache
+from titanlite.models.common.kv_cache import LayerCache
 from titanlite.models.common.moe.args import MoEArgs
 from titanlite.models.common.moe.layer import GroupedExperts, MoE, Router, Routing
-from titanlite.models.common.rope import RotaryTable
+from titanlite.models.common.norms import Float32RMSNorm
+from titanlite.models.common.rope import RotaryTable, apply_rope_halves
 from titanlite.models.gemma4.args import Gemma4Args
-
-
-class GemmaNorm(nn.Module):
-    """RMSNorm in float32 times its weight (ones at init), or without one (`scale=False`: the value norm's)."""
-
-    def __init__(self, dim: int, eps: float, scale: bool = True):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim)) if scale else None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
-        if self.weight is not None:
-            out = out * self.weight.float()
-        return out.type_as(x)
-
-    def init_own(self, name: str, full: torch.Tensor, generator: torch.Generator, scheme: InitScheme) -> None:
-        scheme.norm(name, full)
-
-
-def rotate_halves(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate the pairs (x[i], x[i + hd/2]) of x [B, T, H, hd] by the tables [T, r] for i < r; the other pairs
-    (proportional RoPE's zero frequencies) pass unchanged."""
-    half, r = x.shape[-1] // 2, cos.shape[-1]
-    x1, x2 = x[..., :r].float(), x[..., half : half + r].float()
-    cos, sin = cos[None, :, None, :], sin[None, :, None, :]
-    turned = (x1 * cos - x2 * sin).type_as(x), (x2 * cos + x1 * sin).type_as(x)
-    return torch.cat([turned[0], x[..., r:half], turned[1], x[..., half + r :]], dim=-1)
 
 
 class SharedKV:
@@ -84,15 +58,15 @@ class Gemma4Attention(nn.Module):
         head_dim, n_kv_heads = a.attention_shape(layer)
         self.head_dim, self.kind, self.kv = head_dim, a.kinds()[layer], a.kv_mode(layer)
         self.wq = nn.Linear(a.dim, a.n_heads * head_dim, bias=a.qkv_bias)
-        self.q_norm = GemmaNorm(head_dim, a.norm_eps)
+        self.q_norm = Float32RMSNorm(head_dim, a.norm_eps)
         self.wk: nn.Linear | None = None
         self.wv: nn.Linear | None = None
         if self.kv != "reuse":
             self.wk = nn.Linear(a.dim, n_kv_heads * head_dim, bias=a.qkv_bias)
             if not (a.k_eq_v and self.kind == "full_attention"):
                 self.wv = nn.Linear(a.dim, n_kv_heads * head_dim, bias=a.qkv_bias)
-            self.k_norm = GemmaNorm(head_dim, a.norm_eps)
-            self.v_norm = GemmaNorm(head_dim, a.norm_eps, scale=False)
+            self.k_norm = Float32RMSNorm(head_dim, a.norm_eps)
+            self.v_norm = Float32RMSNorm(head_dim, a.norm_eps, scale=False)
         self.wo = nn.Linear(a.n_heads * head_dim, a.dim, bias=a.out_bias)
         window = a.sliding_window if self.kind == "sliding_attention" and a.sliding_window else None
         self.core = build_core("sdpa", window=window, scale=1.0)  # context parallelism wraps it
@@ -109,7 +83,7 @@ class Gemma4Attention(nn.Module):
         bsz, seqlen, _ = x.shape
         cos, sin = cos[:seqlen], sin[:seqlen]  # the full tables come in (sequence parallelism cuts x, not them)
         # -1 heads: under tensor parallelism the local head counts follow from the sharded weights.
-        q = rotate_halves(self.q_norm(self.wq(x).view(bsz, seqlen, -1, self.head_dim)), cos, sin).transpose(1, 2)
+        q = apply_rope_halves(self.q_norm(self.wq(x).view(bsz, seqlen, -1, self.head_dim)), cos, sin).transpose(1, 2)
         if self.kv == "reuse":
             if shared is None or self.kind not in shared.by_kind:
                 raise ValueError(f"a {self.kind} layer that reuses keys and values got none to reuse")
@@ -118,7 +92,7 @@ class Gemma4Attention(nn.Module):
             assert self.wk is not None
             keys = self.wk(x).view(bsz, seqlen, -1, self.head_dim)
             values = keys if self.wv is None else self.wv(x).view(bsz, seqlen, -1, self.head_dim)
-            k = rotate_halves(self.k_norm(keys), cos, sin).transpose(1, 2)  # [B, Hkv, T, hd]
+            k = apply_rope_halves(self.k_norm(keys), cos, sin).transpose(1, 2)  # [B, Hkv, T, hd]
             v = self.v_norm(values).transpose(1, 2)
             if self.kv == "store" and shared is not None:
                 shared.by_kind[self.kind] = (k, v)
@@ -170,8 +144,8 @@ class Gemma4MoE(MoE):
     def __init__(self, dim: int, args: MoEArgs, eps: float):
         super().__init__(dim, args, experts=GroupedExperts(dim, args.expert_dim, args.n_experts, activation=gelu_gated))
         self.router = Gemma4Router(dim, args, eps)
-        self.input_norm = GemmaNorm(dim, eps)
-        self.output_norm = GemmaNorm(dim, eps)
+        self.input_norm = Float32RMSNorm(dim, eps)
+        self.output_norm = Float32RMSNorm(dim, eps)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         bsz, seqlen, dim = x.shape
@@ -203,7 +177,7 @@ class PerLayerInputs(nn.Module):
         self.n_layers, self.per_dim, self.dim = args.n_layers, args.per_layer_dim, args.dim
         self.embedding = nn.Embedding(args.vocab_size, args.n_layers * args.per_layer_dim)
         self.projection = nn.Linear(args.dim, args.n_layers * args.per_layer_dim, bias=False)
-        self.norm = GemmaNorm(args.per_layer_dim, args.norm_eps)
+        self.norm = Float32RMSNorm(args.per_layer_dim, args.norm_eps)
 
     def forward(self, tokens: torch.Tensor, embedded: torch.Tensor) -> torch.Tensor:
         shape = (*tokens.shape, self.n_layers, self.per_dim)
@@ -285,7 +259,7 @@ class Gemma4(Transformer):
         return Gemma4Block(self.args, layer, self.build_norm)
 
     def build_norm(self) -> nn.Module:
-        return GemmaNorm(self.args.dim, self.args.norm_eps)
+        return Float32RMSNorm(self.args.dim, self.args.norm_eps)
 
     def rotary_tables(self) -> dict[str, RotaryTable]:
         """The full layers' proportional table (its rotated_pairs frequencies) and the sliding layers' whole one."""
@@ -300,50 +274,28 @@ class Gemma4(Transformer):
     def rotary_of(self, layer: int) -> str:
         return "rope" if self.args.kinds()[layer] == "full_attention" else "local_rope"
 
-    def init_buffers(self) -> None:
-        """The rotary tables, and each block's layer_scalar at one (a folder or a checkpoint then restores it)."""
-        super().init_buffers()
-        for module in self.modules():  # the blocks, under whatever wraps them
-            if isinstance(module, Gemma4Block):
-                module.layer_scalar.fill_(1.0)
-
-    def run(
-        self,
-        tokens: torch.Tensor,
-        cache: KVCache | None,
-        sequence: Sequence | None,
-        logits: bool,
-        mtp_tokens: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """The shared decoder's run, with each block handed its per-layer input and the SharedKV of this forward
-        (Gemma 4 has no multi-token prediction: `mtp_tokens` is never given)."""
+    def layer_inputs(self, tokens: torch.Tensor, h: torch.Tensor) -> dict[str, dict[str, Any]]:
+        """Each block's per-layer input (its slice of PerLayerInputs') and the SharedKV of this forward, through
+        which the layers that store keys and values hand them to those that reuse them."""
         a = self.args
         if (a.per_layer_dim or a.kv_shared_layers) and (self.tok_embeddings is None or self.output is None):
             raise ConfigError(
                 "gemma4 with per-layer embeddings or shared keys and values cannot be split into pipeline stages; "
                 "set parallelism.pipeline_parallel_degree = 1"
             )
-        positions = self.positions_of(tokens, cache, sequence)
-        h = self.embed(tokens, positions)
-        per_layer = self.per_layer_inputs(tokens, h) if self.per_layer_inputs is not None else None
-        tables = self.rotary_at(positions)
+        per_layer = self.per_layer_inputs(tokens, h) if self.per_layer_inputs is not None else None  # [B, T, L, P]
         shared = SharedKV()
-        for name, layer in self.layers.items():
-            cos, sin = tables[self.layer_rotary[name]]
-            extra = per_layer[:, :, int(name)] if per_layer is not None else None
-            h = layer(
-                h,
-                cos,
-                sin,
-                cache=None if cache is None else cache.layer(name),
-                sequence=sequence,
-                shared=shared,
-                per_layer=extra,
-            )
-        if cache is not None:
-            cache.advance(tokens.shape[1])
-        h = self.norm(h) if self.norm is not None else h
-        return self.output(h, project=logits) if self.output is not None else h
+        return {
+            name: {"shared": shared, "per_layer": None if per_layer is None else per_layer[:, :, int(name)]}
+            for name in self.layers
+        }
+
+    def init_buffers(self) -> None:
+        """The rotary tables, and each block's layer_scalar at one (a folder or a checkpoint then restores it)."""
+        super().init_buffers()
+        for module in self.modules():  # the blocks, under whatever wraps them
+            if isinstance(module, Gemma4Block):
+                module.layer_scalar.fill_(1.0)
 
 
 def flops_per_token(model: DecoderModule, seq_len: int) -> float:
