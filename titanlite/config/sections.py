@@ -59,11 +59,11 @@ class Model:
     """Override the flavor's number of transformer layers (0 keeps the flavor's)."""
     mtp_layers: int = -1
     """Multi-token prediction depths (DeepSeek-V3's sequential modules: each its own norms, projection and block,
-    with the model's embedding and head; docs/models.md): -1 keeps what the flavor has (what a Hugging Face folder's
-    config.json says, num_nextn_predict_layers; 0 for a named flavor), 0 trains without (a folder's MTP layers are
-    then carried unchanged into its export), N > 0 adds N depths. Only a family whose config.json can say so
-    (DeepSeek-V3) takes N > 0; with a folder, N must be its own count or 0. training.mtp_loss_coefficient weighs
-    their losses."""
+    with the model's embedding and head; docs/models-moe.md#multi-token-prediction): -1 keeps what the flavor has
+    (what a Hugging Face folder's config.json says, num_nextn_predict_layers; 0 for a named flavor), 0 trains
+    without (a folder's MTP layers are then carried unchanged into its export), N > 0 adds N depths. Only a family
+    whose config.json can say so takes N > 0 (DeepSeek-V3, GLM-4.5; Qwen3.5, Qwen3.5-MoE and Qwen3-Next one at
+    most); with a folder, N must be its own count or 0. training.mtp_loss_coefficient weighs their losses."""
     attn_mask_type: Literal["causal", "block_causal"] = "causal"
     """Attention mask, as TorchTitan names it: "causal" lets a token attend to every earlier token of its
     window; "block_causal" only to earlier tokens of its own document (documents end at the tokenizer's
