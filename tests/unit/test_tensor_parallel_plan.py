@@ -8,7 +8,6 @@ import warnings
 import pytest
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
@@ -22,13 +21,6 @@ from titanlite.parallel.parallelize import materialize
 from titanlite.parallel.tensor_parallel import apply_tp, check_tp_degree
 
 VOCAB, SEQ = 256, 16
-
-
-@pytest.fixture
-def tp_mesh():
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
-    yield init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
-    dist.destroy_process_group()
 
 
 def tp_model(name, mesh, loss_parallel):

@@ -4,25 +4,14 @@ group (shapes, placements and names; the losses on TP x 2: tests/distributed/tes
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
-from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Shard
-from torch.testing._internal.distributed.fake_pg import FakeStore
 
+from tests.unit.test_tensor_parallel_plan import SEQ, VOCAB
 from titanlite.models.build import build_model
 from titanlite.models.common.parallelize import ShardedRMSNorm, WholeProjectionNorm
 from titanlite.parallel.parallelize import materialize
 from titanlite.parallel.tensor_parallel import apply_plan, apply_tp
-
-VOCAB, SEQ = 256, 16
-
-
-@pytest.fixture
-def tp_mesh():
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
-    yield init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
-    dist.destroy_process_group()
 
 
 def test_whole_projection_norms_become_sharded_rms_norms_under_the_same_names(tp_mesh):
