@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
 
 from titanlite.base.errors import ConfigError
 
@@ -116,9 +118,13 @@ TEXT = "a string"
 TEXTS = "a list of strings"
 WHOLES = "a list of whole numbers of 0 or more"
 OBJECT = "a JSON object"
-# Every config.json field a family reads: (what it must be, whether null stands for "absent", as the readers take
-# it). Names mean the same in every family's config.json, so one table serves them all; a field no family reads is
-# not checked.
+# The config.json fields every decoder family shares (the shared decoder's reader, titanlite/models/common/
+# decoder_config.py, its rotations and windows; the front door's model_type; quantization): (what it must be, whether
+# null stands for "absent", as the readers take it). A family declares the fields it reads beyond these in its own
+# table (its spec's HFConfig.fields: its folder's hf_config.py, with the shared tables of the blocks it reads, as
+# titanlite/models/common/moe/hf_config.py's); check_types checks both. A field no table of the family names is not
+# checked (its reader does not take it).
+FieldTypes = Mapping[str, tuple[str, bool]]
 FIELDS: dict[str, tuple[str, bool]] = {
     "model_type": (TEXT, False),
     "hidden_size": (COUNT, False),
@@ -133,107 +139,17 @@ FIELDS: dict[str, tuple[str, bool]] = {
     "rms_norm_eps": (NONNEGATIVE, False),
     "tie_word_embeddings": (FLAG, False),
     "hidden_act": (TEXT, False),
-    "hidden_activation": (TEXT, True),
     "attention_bias": (FLAG, False),
     "mlp_bias": (FLAG, False),
     "rope_theta": (POSITIVE, False),
     "rope_scaling": (OBJECT, True),
     "rope_parameters": (OBJECT, True),
-    "rope_local_base_freq": (POSITIVE, False),
-    "rope_interleave": (FLAG, False),
+    "partial_rotary_factor": (POSITIVE, False),
     "sliding_window": (WHOLE, True),
     "use_sliding_window": (FLAG, False),
     "max_window_layers": (WHOLE, False),
     "layer_types": (TEXTS, True),
-    "sliding_window_pattern": (COUNT, False),
-    "query_pre_attn_scalar": (POSITIVE, False),
-    "final_logit_softcapping": (NUMBER, True),
-    "attn_logit_softcapping": (NUMBER, True),
-    "use_bidirectional_attention": (FLAG, True),
-    "no_rope_layers": (WHOLES, True),
-    "no_rope_layer_interval": (COUNT, False),
-    "clip_qkv": (NUMBER, True),
     "quantization_config": (OBJECT, True),
-    # GPT-2's
-    "n_embd": (COUNT, False),
-    "n_layer": (COUNT, False),
-    "n_head": (COUNT, False),
-    "n_inner": (COUNT, True),
-    "n_positions": (COUNT, False),
-    "layer_norm_epsilon": (NONNEGATIVE, False),
-    "activation_function": (TEXT, False),
-    "scale_attn_weights": (FLAG, False),
-    "scale_attn_by_inverse_layer_idx": (FLAG, False),
-    "add_cross_attention": (FLAG, False),
-    # mixture of experts
-    "num_experts": (WHOLE, True),
-    "num_local_experts": (WHOLE, True),
-    "n_routed_experts": (WHOLE, True),
-    "num_experts_per_tok": (COUNT, False),
-    "experts_per_token": (COUNT, False),
-    "moe_intermediate_size": (COUNT, False),
-    "shared_expert_intermediate_size": (WHOLE, True),
-    "n_shared_experts": (WHOLE, True),
-    "norm_topk_prob": (FLAG, False),
-    "router_aux_loss_coef": (NONNEGATIVE, False),
-    "decoder_sparse_step": (COUNT, False),
-    "mlp_only_layers": (WHOLES, True),
-    "routed_scaling_factor": (POSITIVE, False),
-    "n_group": (COUNT, True),
-    "topk_group": (COUNT, True),
-    "first_k_dense_replace": (WHOLE, True),
-    "moe_layer_freq": (COUNT, False),
-    "scoring_func": (TEXT, False),
-    "topk_method": (TEXT, False),
-    "swiglu_alpha": (NUMBER, False),
-    "swiglu_limit": (POSITIVE, False),
-    # latent attention, multi-token prediction
-    "q_lora_rank": (WHOLE, True),
-    "kv_lora_rank": (COUNT, False),
-    "qk_nope_head_dim": (COUNT, False),
-    "qk_rope_head_dim": (COUNT, False),
-    "v_head_dim": (COUNT, False),
-    "num_nextn_predict_layers": (WHOLE, True),
-    "num_mtp_layers": (WHOLE, True),
-    "mtp_num_hidden_layers": (WHOLE, True),
-    # Kimi Linear's: transformers' names, then those of the published checkpoint that mean the same
-    "mlp_layer_types": (TEXTS, True),
-    "linear_attn_config": (OBJECT, True),
-    "linear_num_heads": (COUNT, False),
-    "linear_head_dim": (COUNT, False),
-    "linear_conv_kernel_dim": (COUNT, False),
-    "mla_use_nope": (FLAG, True),
-    "moe_router_activation_func": (TEXT, True),
-    "num_experts_per_token": (COUNT, False),
-    "num_shared_experts": (WHOLE, True),
-    "moe_renormalize": (FLAG, False),
-    "num_expert_group": (COUNT, True),
-    "model_max_length": (COUNT, False),
-    # the hybrid decoders' (Qwen3.5, Qwen3-Next, OLMo Hybrid): the linear layers, the full layers' partial rotary
-    "linear_num_key_heads": (COUNT, False),
-    "linear_num_value_heads": (COUNT, False),
-    "linear_key_head_dim": (COUNT, False),
-    "linear_value_head_dim": (COUNT, False),
-    "linear_allow_neg_eigval": (FLAG, False),
-    "full_attention_interval": (COUNT, False),
-    "partial_rotary_factor": (POSITIVE, False),
-    "text_config": (OBJECT, False),
-    # Gemma 4's: the full layers' heads, keys equal to values, per-layer embeddings, shared keys and values, experts
-    "global_head_dim": (COUNT, False),
-    "num_global_key_value_heads": (COUNT, True),
-    "per_layer_config": (OBJECT, True),
-    "attention_k_eq_v": (FLAG, False),
-    "hidden_size_per_layer_input": (WHOLE, True),
-    "vocab_size_per_layer_input": (COUNT, False),
-    "num_kv_shared_layers": (WHOLE, False),
-    "use_double_wide_mlp": (FLAG, False),
-    "enable_moe_block": (FLAG, False),
-    "top_k_experts": (COUNT, True),
-    # MiniMax-M2's: which layers are softmax attention (all, 1), its rotated channels, multi-token prediction
-    "attn_type_list": (WHOLES, True),
-    "rotary_dim": (COUNT, True),
-    "use_mtp": (FLAG, True),
-    "num_mtp_modules": (WHOLE, True),
 }
 # The fields of a rope_scaling / rope_parameters object (and of each per-layer-type object Gemma 3's holds).
 ROPE_FIELDS: dict[str, tuple[str, bool]] = {
@@ -254,14 +170,18 @@ ROPE_FIELDS: dict[str, tuple[str, bool]] = {
 _LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
-def check_types(config: dict, where: str, nullable: tuple[str, ...] = ()) -> None:
+def check_types(
+    config: dict, where: str, fields: FieldTypes = MappingProxyType({}), nullable: tuple[str, ...] = ()
+) -> None:
     """Refuse, in one line naming it, a field whose JSON value is not what every reader of it takes ("4" or [96]
     where a count goes, true where a number goes, null where a value is needed): a family would otherwise pass it
-    on to the model's constructor, a traceback, or read it as something else (bool("false") is True). `nullable`:
-    the fields whose null the family's reader takes itself (OLMo Hybrid's rope_theta: no rotation)."""
+    on to the model's constructor, a traceback, or read it as something else (bool("false") is True). The fields
+    checked: the shared ones (FIELDS) and the family's own, `fields` (its spec's HFConfig.fields). `nullable`: the
+    fields whose null the family's reader takes itself (OLMo Hybrid's rope_theta: no rotation)."""
+    types = {**FIELDS, **fields}
     for key, value in config.items():
-        if key in FIELDS and not (value is None and key in nullable):
-            _check_value(key, value, *FIELDS[key], where)
+        if key in types and not (value is None and key in nullable):
+            _check_value(key, value, *types[key], where)
     for key in ("rope_scaling", "rope_parameters"):
         rope = config.get(key) or {}
         if rope and set(rope) <= set(_LAYER_TYPES):  # Gemma 3's: one object per layer type

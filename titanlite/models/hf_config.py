@@ -42,7 +42,7 @@ def args_from_hf_config(config: dict, where: str = "config.json"):
     model_type = config.get("model_type")
     spec = spec_of_model_type(model_type, where)
     assert spec.hf is not None  # found by its Hugging Face model_type
-    check_types(config, where, spec.hf.nullable)
+    check_types(config, where, spec.hf.fields, spec.hf.nullable)
     check_no_unsupported(config, where, experts=spec.hf.experts)
     try:
         return spec.hf.read(config, where)

@@ -9,6 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from titanlite.base.hf_config import FieldTypes
+
 MATH = "math"  # the metadata key of a field of a family's arguments: False where the field changes no math
 
 
@@ -35,7 +37,8 @@ class HFConfig:
     (model_type and architectures included). `tokenizer(args)`: the built-in tokenizer a folder without a
     tokenizer.json uses (None: the user must name one). `experts`: whether `read` honours the mixture-of-experts
     fields (num_experts, moe_intermediate_size, ...); a dense family's config.json with them is refused.
-    `also_reads`: more model_types `read` takes."""
+    `also_reads`: more model_types `read` takes. `fields`: the JSON types of the config.json fields `read` takes
+    beyond those every decoder family shares (titanlite/base/hf_config.py FIELDS), checked before it reads any."""
 
     model_type: str
     read: Callable[[dict, str], Any]
@@ -46,6 +49,9 @@ class HFConfig:
     """More model_types `read` takes (a published multimodal folder whose text model this family is)."""
     nullable: tuple[str, ...] = ()
     """Fields whose null `read` takes itself (OLMo Hybrid's rope_theta: no rotation); null is refused elsewhere."""
+    fields: FieldTypes = field(default_factory=dict)
+    """The family's own config.json fields: name -> (what it must be, whether null stands for "absent"), its folder's
+    hf_config.py FIELDS (with the shared tables of the blocks it reads: MoE, latent attention, Gated DeltaNet)."""
 
 
 @dataclass(frozen=True)

@@ -5,9 +5,12 @@ family's folder calls one with its flavors and config.json, and keeps nothing el
 from __future__ import annotations
 
 from collections.abc import Callable
+from types import MappingProxyType
 
+from titanlite.base.hf_config import FieldTypes
 from titanlite.models.common import decoder_args
 from titanlite.models.common.decoder_config import DecoderConfig
+from titanlite.models.common.moe.hf_config import MOE_FIELDS
 from titanlite.models.spec import HFConfig, ModelSpec
 
 
@@ -23,8 +26,11 @@ def tp_refusal(a: decoder_args.DecoderArgs) -> str | None:
     return None
 
 
-def decoder_spec(name: str, flavors: dict, hf: DecoderConfig, description: str) -> ModelSpec:
-    """The spec of a family built by the Llama decoder: its module, weight names and TP plan are this folder's."""
+def decoder_spec(
+    name: str, flavors: dict, hf: DecoderConfig, description: str, fields: FieldTypes = MappingProxyType({})
+) -> ModelSpec:
+    """The spec of a family built by the Llama decoder: its module, weight names and TP plan are this folder's;
+    `fields`, the config.json fields its reader takes beyond the shared ones (HFConfig.fields)."""
     return ModelSpec(
         name=name,
         args_type=decoder_args.DecoderArgs,
@@ -33,7 +39,7 @@ def decoder_spec(name: str, flavors: dict, hf: DecoderConfig, description: str) 
         tp_plan="titanlite.models.common.parallelize:tp_plan",
         hf_weights="titanlite.models.common.decoder_weights",
         tp_split_sizes=decoder_args.tp_split_sizes,
-        hf=HFConfig(hf.model_type, hf.read, hf.write),
+        hf=HFConfig(hf.model_type, hf.read, hf.write, fields=fields),
         with_depth=decoder_args.with_depth,
         description=description,
     )
@@ -51,11 +57,13 @@ def moe_decoder_spec(
     tp_plan: str = "titanlite.models.common.parallelize:moe_tp_plan",
     tp_split_sizes: Callable = decoder_args.moe_split_sizes,
     with_depth: Callable = decoder_args.moe_with_depth,
+    fields: FieldTypes = MOE_FIELDS,
 ) -> ModelSpec:
     """The spec of a family whose blocks hold mixtures of experts (`args_type`: its arguments, a subclass of
     MoEDecoderArgs where it has its own defaults, or another WithExperts): its experts, FLOPs and auxiliary losses
     are the shared ones; its module, tensor-parallel plan, split sizes and depth rule the MoE decoder's unless it
-    names its own (DeepSeek-V3's and Kimi Linear's latent attention)."""
+    names its own (DeepSeek-V3's and Kimi Linear's latent attention). `fields`: the config.json fields its reader
+    takes beyond the shared ones (HFConfig.fields), the mixture of experts' unless it names more."""
     return ModelSpec(
         name=name,
         args_type=args_type,
@@ -64,7 +72,7 @@ def moe_decoder_spec(
         tp_plan=tp_plan,
         hf_weights=hf_weights,
         tp_split_sizes=tp_split_sizes,
-        hf=HFConfig(name, read, write, experts=True),
+        hf=HFConfig(name, read, write, experts=True, fields=fields),
         moe=lambda a: a.moe,
         with_depth=with_depth,
         flops="titanlite.models.common.flops:moe_flops_per_token",

@@ -21,7 +21,6 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -35,6 +34,7 @@ from titanlite.models.common.linear_attention import (
     gated_delta_rule_chunked,
     gated_delta_rule_recurrent,
 )
+from titanlite.models.common.linear_attention_args import GatedDeltaNetArgs
 
 GATES = ("silu", "sigmoid")
 BACKENDS = ("torch", "fla")  # how DeltaRule computes (model.linear_attn_backend), never what
@@ -342,25 +342,9 @@ def start_linear_mixer(
         start_linears(name, full, generator, scheme, inputs=inputs, outputs=("wo",))
 
 
-class LinearLayerShape(Protocol):
-    """The fields of a hybrid family's arguments that shape its linear layers (HybridArgs', OlmoHybridArgs')."""
-
-    @property
-    def dim(self) -> int: ...
-    @property
-    def linear_key_heads(self) -> int: ...
-    @property
-    def linear_value_heads(self) -> int: ...
-    @property
-    def linear_key_dim(self) -> int: ...
-    @property
-    def linear_value_dim(self) -> int: ...
-    @property
-    def conv_size(self) -> int: ...
-
-
-def gated_delta_net_of(args: LinearLayerShape, **options) -> GatedDeltaNet:
-    """The Gated DeltaNet that `args` shape (`options`: GatedDeltaNet's keywords, from norm_eps on)."""
+def gated_delta_net_of(args: GatedDeltaNetArgs, **options) -> GatedDeltaNet:
+    """The Gated DeltaNet that `args` shape (their linear-layer fields: models/common/linear_attention_args.py;
+    `options`: GatedDeltaNet's keywords, from norm_eps on)."""
     shape = (args.linear_key_heads, args.linear_value_heads, args.linear_key_dim, args.linear_value_dim)
     return GatedDeltaNet(args.dim, *shape, args.conv_size, **options)
 

@@ -91,6 +91,23 @@ class MixerInput(PrepareModuleInput):
         return super()._apply(module, device_mesh)
 
 
+LINEAR_BY_HEAD = ("conv_q", "conv_k", "conv_v", "A_log", "dt_bias")
+"""A linear-attention mixer's own parameters whose rows are its heads' (Gated DeltaNet's and Kimi Delta Attention's)."""
+
+
+def linear_attention_plan() -> dict:
+    """A Gated DeltaNet layer's mixer (titanlite/models/common/gated_delta_net.py; the Qwen hybrids', OLMo Hybrid's):
+    every projection split column-wise by heads (each rank holds whole key heads and the value heads that read them),
+    the convolutions' weights, A_log and dt_bias sharded with them, the per-head output norm replicated (its gradient
+    summed over TP), and the output projection row-wise."""
+    return {
+        "attention": MixerInput(LINEAR_BY_HEAD),
+        **{f"attention.{w}": ColwiseParallel() for w in ("wq", "wk", "wv", "wz", "wa", "wb")},
+        "attention.norm": SequenceParallel(sequence_dim=2, use_local_output=True),
+        "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+    }
+
+
 def per_head_norms() -> dict:
     """Per-head Q/K norms see this rank's heads: their weight is replicated and its gradient, a partial sum per
     rank, is summed over TP (SequenceParallel over the heads' dimension)."""

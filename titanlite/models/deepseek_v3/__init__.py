@@ -20,4 +20,5 @@ SPEC = moe_decoder_spec(
     model="titanlite.models.deepseek_v3.model:DeepseekV3",
     tp_plan="titanlite.models.common.latent.parallelize:tp_plan",
     tp_split_sizes=args.split_sizes,
+    fields=hf_config.FIELDS,
 )

@@ -18,13 +18,39 @@ pretraining_tp, initializer_range, attention_dropout (0), use_cache."""
 from __future__ import annotations
 
 from titanlite.base.errors import ConfigError
-from titanlite.base.hf_config import refuse
+from titanlite.base.hf_config import COUNT, FLAG, TEXT, WHOLE, FieldTypes, refuse
 from titanlite.models.common.decoder_config import decoder_fields, rope_scaling_to_hf, rope_settings
-from titanlite.models.common.latent.hf_config import LATENT_KEYS, LATENT_OMITS, latent_from_config, latent_to_config
+from titanlite.models.common.latent.hf_config import (
+    LATENT_FIELDS,
+    LATENT_KEYS,
+    LATENT_OMITS,
+    latent_from_config,
+    latent_to_config,
+)
 from titanlite.models.common.moe.args import MoEArgs
-from titanlite.models.common.moe.hf_config import bias_routed_config, block_from_config, in_config_names
+from titanlite.models.common.moe.hf_config import (
+    BIAS_ROUTED_FIELDS,
+    MOE_FIELDS,
+    bias_routed_config,
+    block_from_config,
+    in_config_names,
+)
 from titanlite.models.common.rope_args import YarnRopeScaling
 from titanlite.models.deepseek_v3.args import DeepseekV3Args, first_dense
+
+# The config.json fields DeepSeek-V3 reads beyond the shared ones (titanlite/base/hf_config.py FIELDS): the experts'
+# and their routing, latent attention's, the interleaved rotary channels, multi-token prediction's.
+FIELDS: FieldTypes = {
+    **MOE_FIELDS,
+    **BIAS_ROUTED_FIELDS,
+    **LATENT_FIELDS,
+    "moe_layer_freq": (COUNT, False),
+    "scoring_func": (TEXT, False),
+    "topk_method": (TEXT, False),
+    "rope_interleave": (FLAG, False),
+    "num_nextn_predict_layers": (WHOLE, True),
+    "num_mtp_layers": (WHOLE, True),
+}
 
 MODEL_TYPE = "deepseek_v3"
 ARCHITECTURE = "DeepseekV3ForCausalLM"

@@ -15,7 +15,7 @@ SPEC = ModelSpec(
     tp_plan="titanlite.models.gemma3.parallelize:tp_plan",
     hf_weights="titanlite.models.gemma3.weights",
     tp_split_sizes=tp_split_sizes,
-    hf=HFConfig(hf_config.MODEL_TYPE, hf_config.read, hf_config.write),
+    hf=HFConfig(hf_config.MODEL_TYPE, hf_config.read, hf_config.write, fields=hf_config.FIELDS),
     with_depth=args.with_depth,
     description="Gemma 3 (text): (1 + w) RMSNorms before and after each sublayer, scaled embeddings, GELU-tanh "
     "MLP, 5 sliding : 1 full layers with two RoPE bases",

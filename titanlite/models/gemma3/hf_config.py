@@ -5,10 +5,21 @@ RoPE types or activations) is refused in one line naming the field."""
 
 from __future__ import annotations
 
-from titanlite.base.hf_config import refuse
+from titanlite.base.hf_config import COUNT, FLAG, NUMBER, POSITIVE, TEXT, FieldTypes, refuse
 from titanlite.models.common.decoder_args import window_of
 from titanlite.models.common.decoder_config import decoder_fields, decoder_sizes, layer_types_of
 from titanlite.models.gemma3.args import Gemma3Args, layer_types
+
+# The config.json fields Gemma 3 reads beyond the shared ones (titanlite/base/hf_config.py FIELDS).
+FIELDS: FieldTypes = {
+    "hidden_activation": (TEXT, True),
+    "rope_local_base_freq": (POSITIVE, False),
+    "sliding_window_pattern": (COUNT, False),
+    "query_pre_attn_scalar": (POSITIVE, False),
+    "final_logit_softcapping": (NUMBER, True),
+    "attn_logit_softcapping": (NUMBER, True),
+    "use_bidirectional_attention": (FLAG, True),
+}
 
 MODEL_TYPE = "gemma3_text"
 ACTIVATION = "gelu_pytorch_tanh"

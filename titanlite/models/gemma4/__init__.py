@@ -28,6 +28,7 @@ def gemma4_spec(name: str, flavors: dict, description: str) -> ModelSpec:
             experts=True,
             also_reads=(hf_config.MULTIMODAL,),
             nullable=hf_config.NULLABLE,
+            fields=hf_config.FIELDS,
         ),
         tp_refusal=args.tp_refusal,
         pp_refusal=args.pp_refusal,

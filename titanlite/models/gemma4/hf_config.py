@@ -9,16 +9,38 @@ attention only, which the text model never sees; "all" is refused); attention_dr
 
 from __future__ import annotations
 
-from titanlite.base.hf_config import check_types, refuse
+from titanlite.base.hf_config import COUNT, FLAG, NUMBER, OBJECT, TEXT, WHOLE, FieldTypes, check_types, refuse
 from titanlite.models.common.decoder_config import attention_shape, decoder_fields, layer_types_of
 from titanlite.models.common.moe.args import MoEArgs
-from titanlite.models.common.moe.hf_config import check_expressible
+from titanlite.models.common.moe.hf_config import MOE_FIELDS, check_expressible
 from titanlite.models.gemma4.args import Gemma4Args, layer_types
 
 MODEL_TYPE = "gemma4_text"
 MULTIMODAL = "gemma4"
 ACTIVATION = "gelu_pytorch_tanh"
 KINDS = ("full_attention", "sliding_attention")
+# The config.json fields Gemma 4 reads beyond the shared ones (titanlite/base/hf_config.py FIELDS): Gemma's, the
+# multimodal folder's text_config, the full layers' heads, keys equal to values, per-layer embeddings, shared keys
+# and values, experts.
+FIELDS: FieldTypes = {
+    **MOE_FIELDS,
+    "hidden_activation": (TEXT, True),
+    "final_logit_softcapping": (NUMBER, True),
+    "attn_logit_softcapping": (NUMBER, True),
+    "use_bidirectional_attention": (FLAG, True),
+    "text_config": (OBJECT, False),
+    "global_head_dim": (COUNT, False),
+    "num_global_key_value_heads": (COUNT, True),
+    "per_layer_config": (OBJECT, True),
+    "attention_k_eq_v": (FLAG, False),
+    "hidden_size_per_layer_input": (WHOLE, True),
+    "vocab_size_per_layer_input": (COUNT, False),
+    "num_kv_shared_layers": (WHOLE, False),
+    "use_double_wide_mlp": (FLAG, False),
+    "enable_moe_block": (FLAG, False),
+    "top_k_experts": (COUNT, True),
+}
+
 # Null in every dense model's config.json transformers writes: no experts.
 NULLABLE = ("moe_intermediate_size",)
 
@@ -32,7 +54,7 @@ def text_config(config: dict, where: str) -> tuple[dict, str]:
     if not isinstance(text, dict):
         raise refuse(where, "text_config", text, "a gemma4 config.json holds the text model there")
     where = f"{where} text_config"
-    check_types({k: v for k, v in text.items() if k != "use_bidirectional_attention"}, where, NULLABLE)
+    check_types({k: v for k, v in text.items() if k != "use_bidirectional_attention"}, where, FIELDS, NULLABLE)
     return {"tie_word_embeddings": config.get("tie_word_embeddings", True), **text}, where
 
 

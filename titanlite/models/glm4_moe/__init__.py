@@ -19,4 +19,5 @@ SPEC = moe_decoder_spec(
     "GLM-4.5: QKV biases, per-head Q/K norms, partial rotary; sigmoid-routed experts in groups with a "
     "balancing bias and shared experts, the first layers dense",
     args_type=args.Glm4MoeArgs,
+    fields=hf_config.FIELDS,
 )

@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 
 from titanlite.base.errors import ConfigError
-from titanlite.base.hf_config import refuse
+from titanlite.base.hf_config import WHOLE, FieldTypes, refuse
 from titanlite.models.common.decoder_args import window_of
 from titanlite.models.common.decoder_config import (
     attention_shape,
@@ -37,11 +37,20 @@ from titanlite.models.common.decoder_config import (
     rotary_dim_unsaid,
 )
 from titanlite.models.common.moe.args import MoEArgs
-from titanlite.models.common.moe.hf_config import bias_routed_config, block_from_config
+from titanlite.models.common.moe.hf_config import BIAS_ROUTED_FIELDS, MOE_FIELDS, bias_routed_config, block_from_config
 from titanlite.models.common.rope_args import YarnRopeScaling
 from titanlite.models.glm4_moe.args import Glm4MoeArgs
 
 logger = logging.getLogger(__name__)
+
+# The config.json fields GLM-4.5 reads beyond the shared ones (titanlite/base/hf_config.py FIELDS): the experts' and
+# their routing (DeepSeek-V3's), multi-token prediction's.
+FIELDS: FieldTypes = {
+    **MOE_FIELDS,
+    **BIAS_ROUTED_FIELDS,
+    "num_nextn_predict_layers": (WHOLE, True),
+    "num_mtp_layers": (WHOLE, True),
+}
 
 MODEL_TYPE = "glm4_moe"
 ARCHITECTURE = "Glm4MoeForCausalLM"

@@ -12,7 +12,7 @@ SPEC = ModelSpec(
     tp_plan="titanlite.models.gpt2.parallelize:tp_plan",
     hf_weights="titanlite.models.gpt2.weights",
     tp_split_sizes=args.tp_split_sizes,
-    hf=HFConfig("gpt2", hf_config.read, hf_config.write, hf_config.tokenizer),
+    hf=HFConfig("gpt2", hf_config.read, hf_config.write, hf_config.tokenizer, fields=hf_config.FIELDS),
     learned_positions=True,
     description="GPT-2: learned positions, pre-LayerNorm blocks, GELU MLP, tied embeddings",
 )

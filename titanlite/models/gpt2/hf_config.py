@@ -2,8 +2,22 @@
 
 from __future__ import annotations
 
-from titanlite.base.hf_config import refuse
+from titanlite.base.hf_config import COUNT, FLAG, NONNEGATIVE, TEXT, FieldTypes, refuse
 from titanlite.models.gpt2.args import GPT2Args
+
+# The config.json fields GPT-2 reads beyond the shared ones (titanlite/base/hf_config.py FIELDS): its own names.
+FIELDS: FieldTypes = {
+    "n_embd": (COUNT, False),
+    "n_layer": (COUNT, False),
+    "n_head": (COUNT, False),
+    "n_inner": (COUNT, True),
+    "n_positions": (COUNT, False),
+    "layer_norm_epsilon": (NONNEGATIVE, False),
+    "activation_function": (TEXT, False),
+    "scale_attn_weights": (FLAG, False),
+    "scale_attn_by_inverse_layer_idx": (FLAG, False),
+    "add_cross_attention": (FLAG, False),
+}
 
 # HF activation names that are our GPT-2 MLP's GELUs ("gelu_fast" is the tanh formula written differently).
 _ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh", "gelu": "gelu"}

@@ -18,7 +18,7 @@ SPEC = ModelSpec(
     tp_plan="titanlite.models.gpt_oss.parallelize:tp_plan",
     hf_weights="titanlite.models.gpt_oss.weights",
     tp_split_sizes=split_sizes,
-    hf=HFConfig(hf_config.MODEL_TYPE, hf_config.read, hf_config.write, experts=True),
+    hf=HFConfig(hf_config.MODEL_TYPE, hf_config.read, hf_config.write, experts=True, fields=hf_config.FIELDS),
     moe=lambda a: a.moe,
     with_depth=args.with_depth,
     etp_refusal=lambda a: "experts' down-projection biases (each rank's partial output would add them once more)",

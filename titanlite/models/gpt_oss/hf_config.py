@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 
 from titanlite.base.errors import ConfigError
-from titanlite.base.hf_config import refuse
+from titanlite.base.hf_config import COUNT, NUMBER, POSITIVE, FieldTypes, refuse
 from titanlite.models.common.decoder_args import DecoderArgs, window_of
 from titanlite.models.common.decoder_config import (
     DecoderConfig,
@@ -24,8 +24,17 @@ from titanlite.models.common.decoder_config import (
     layer_types_of,
     no_mlp_bias,
 )
-from titanlite.models.common.moe.hf_config import FIXED, block_from_config, check_expressible
+from titanlite.models.common.moe.hf_config import FIXED, MOE_FIELDS, block_from_config, check_expressible
 from titanlite.models.gpt_oss.args import GptOssArgs, alternating
+
+# The config.json fields gpt-oss reads beyond the shared ones (titanlite/base/hf_config.py FIELDS): the experts' and
+# its clamped SwiGLU's.
+FIELDS: FieldTypes = {
+    **MOE_FIELDS,
+    "experts_per_token": (COUNT, False),
+    "swiglu_alpha": (NUMBER, False),
+    "swiglu_limit": (POSITIVE, False),
+}
 
 MODEL_TYPE = "gpt_oss"
 

@@ -21,4 +21,5 @@ SPEC = moe_decoder_spec(
     tp_plan="titanlite.models.kimi_linear.parallelize:tp_plan",
     tp_split_sizes=args.split_sizes,
     with_depth=args.with_depth,
+    fields=hf_config.FIELDS,
 )

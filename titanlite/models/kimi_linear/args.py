@@ -9,10 +9,9 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from titanlite.models.common.latent.args import LatentArgs
+from titanlite.models.common.linear_attention_args import LAYER_KINDS, hybrid_layers
 from titanlite.models.common.moe.args import MoEArgs, bias_routed, debug_bias_routed
 from titanlite.models.spec import not_math
-
-LAYER_KINDS = ("linear_attention", "full_attention")  # Kimi Delta Attention, latent attention
 
 
 @dataclass
@@ -69,16 +68,9 @@ class KimiLinearArgs(LatentArgs):
         return tuple(i for i, kind in enumerate(self.layer_types) if kind == "full_attention")
 
 
-def every_fourth(n_layers: int, last: bool = False) -> tuple[str, ...]:
-    """Latent attention at every fourth layer (3, 7, 11, ...) and, with `last`, the last one too; KDA elsewhere."""
-    return tuple(
-        "full_attention" if i % 4 == 3 or (last and i == n_layers - 1) else "linear_attention" for i in range(n_layers)
-    )
-
-
 def with_depth(args: KimiLinearArgs, n_layers: int) -> dict:
     """model.n_layers: the depth, the layer kinds cut or continued every fourth, the dense layers that still exist."""
-    kinds = args.layer_types[:n_layers] + every_fourth(n_layers)[len(args.layer_types) :]
+    kinds = args.layer_types[:n_layers] + hybrid_layers(n_layers)[len(args.layer_types) :]
     dense = tuple(i for i in args.moe.dense_layers if i < n_layers)
     return {"n_layers": n_layers, "layer_types": kinds, "moe": dataclasses.replace(args.moe, dense_layers=dense)}
 
@@ -103,7 +95,7 @@ def _kimi_linear_48b_a3b() -> KimiLinearArgs:
         n_layers=27,
         n_heads=32,
         ffn_dim=9216,
-        layer_types=every_fourth(27, last=True),
+        layer_types=hybrid_layers(27, last_full=True),
         vocab_size=163840,
         max_seq_len=1048576,
         norm_eps=1e-5,
@@ -124,7 +116,7 @@ FLAVORS = {
         n_layers=4,
         n_heads=4,
         ffn_dim=128,
-        layer_types=every_fourth(4),
+        layer_types=hybrid_layers(4),
         vocab_size=0,
         max_seq_len=2048,
         kv_lora_rank=32,

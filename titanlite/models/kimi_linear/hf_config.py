@@ -22,15 +22,50 @@ decides), head_dim, output_router_logits, pretraining_tp, initializer_range, att
 from __future__ import annotations
 
 from titanlite.base.errors import ConfigError
-from titanlite.base.hf_config import refuse
+from titanlite.base.hf_config import COUNT, FLAG, OBJECT, TEXT, TEXTS, WHOLE, FieldTypes, refuse
 from titanlite.models.common.decoder_config import decoder_fields
-from titanlite.models.common.latent.hf_config import LATENT_KEYS, LATENT_OMITS, latent_from_config, latent_to_config
+from titanlite.models.common.latent.hf_config import (
+    LATENT_FIELDS,
+    LATENT_KEYS,
+    LATENT_OMITS,
+    latent_from_config,
+    latent_to_config,
+)
+from titanlite.models.common.linear_attention_args import LAYER_KINDS
 from titanlite.models.common.moe.args import MoEArgs
-from titanlite.models.common.moe.hf_config import bias_routed_config, block_from_config, in_config_names
-from titanlite.models.kimi_linear.args import LAYER_KINDS, KimiLinearArgs
+from titanlite.models.common.moe.hf_config import (
+    BIAS_ROUTED_FIELDS,
+    MOE_FIELDS,
+    bias_routed_config,
+    block_from_config,
+    in_config_names,
+)
+from titanlite.models.kimi_linear.args import KimiLinearArgs
 
 MODEL_TYPE = "kimi_linear"
 ARCHITECTURE = "KimiLinearForCausalLM"
+# The config.json fields Kimi Linear reads beyond the shared ones (titanlite/base/hf_config.py FIELDS): the experts'
+# and their routing (DeepSeek-V3's), latent attention's, and its own: transformers' names, then those of the
+# published checkpoint that mean the same.
+FIELDS: FieldTypes = {
+    **MOE_FIELDS,
+    **BIAS_ROUTED_FIELDS,
+    **LATENT_FIELDS,
+    "moe_layer_freq": (COUNT, False),
+    "mlp_layer_types": (TEXTS, True),
+    "linear_attn_config": (OBJECT, True),
+    "linear_num_heads": (COUNT, False),
+    "linear_head_dim": (COUNT, False),
+    "linear_conv_kernel_dim": (COUNT, False),
+    "mla_use_nope": (FLAG, True),
+    "moe_router_activation_func": (TEXT, True),
+    "num_experts_per_token": (COUNT, False),
+    "num_shared_experts": (WHOLE, True),
+    "moe_renormalize": (FLAG, False),
+    "num_expert_group": (COUNT, True),
+    "model_max_length": (COUNT, False),
+}
+
 MLP_KINDS = ("dense", "sparse")
 # linear_attn_config's keys for KDA variants transformers' KimiLinear does not compute: key -> (the value it
 # computes, what another value would be).

@@ -23,9 +23,7 @@ from torch.distributed.tensor.parallel import (
 from torch.distributed.tensor.parallel.style import ParallelStyle
 
 from titanlite.models.common.interface import DecoderModule
-from titanlite.models.common.parallelize import MixerInput, block_plan, moe_block_plan
-
-_BY_HEAD = ("conv_q", "conv_k", "conv_v", "A_log", "dt_bias")  # KDA's parameters whose rows are its heads'
+from titanlite.models.common.parallelize import LINEAR_BY_HEAD, MixerInput, block_plan, moe_block_plan
 
 
 class SharedKeyGradients(ParallelStyle):
@@ -50,7 +48,7 @@ class SharedKeyGradients(ParallelStyle):
 
 def kda_plan() -> dict:
     return {
-        "attention": MixerInput(_BY_HEAD),
+        "attention": MixerInput(LINEAR_BY_HEAD),
         **{f"attention.{w}": ColwiseParallel() for w in ("wq", "wk", "wv", "wf_b", "wb", "wg_b")},
         "attention.norm": SequenceParallel(sequence_dim=2, use_local_output=True),
         "attention.wo": RowwiseParallel(output_layouts=Shard(1)),

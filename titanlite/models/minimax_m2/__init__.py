@@ -20,4 +20,5 @@ SPEC = moe_decoder_spec(
     "MiniMax-M2: the MoE decoder with whole-projection Q/K norms, partial rotary and sigmoid routing "
     "with a routing bias, 256 experts top-8",
     args_type=args.MiniMaxM2Args,
+    fields=hf_config.FIELDS,
 )

@@ -29,7 +29,7 @@ import dataclasses
 import logging
 
 from titanlite.base.errors import ConfigError
-from titanlite.base.hf_config import refuse
+from titanlite.base.hf_config import COUNT, FLAG, POSITIVE, TEXT, WHOLE, WHOLES, FieldTypes, refuse
 from titanlite.models.common.decoder_args import DecoderArgs
 from titanlite.models.common.decoder_config import (
     DecoderConfig,
@@ -39,10 +39,22 @@ from titanlite.models.common.decoder_config import (
     partial_rotary_factor,
     rotary_dim_unsaid,
 )
-from titanlite.models.common.moe.hf_config import FIXED, block_from_config, check_expressible
+from titanlite.models.common.moe.hf_config import FIXED, MOE_FIELDS, block_from_config, check_expressible
 from titanlite.models.minimax_m2.args import MiniMaxM2Args
 
 logger = logging.getLogger(__name__)
+
+# The config.json fields MiniMax-M2 reads beyond the shared ones (titanlite/base/hf_config.py FIELDS): the experts'
+# and their routing, which layers are softmax attention (all, 1), its rotated channels, multi-token prediction.
+FIELDS: FieldTypes = {
+    **MOE_FIELDS,
+    "scoring_func": (TEXT, False),
+    "routed_scaling_factor": (POSITIVE, False),
+    "attn_type_list": (WHOLES, True),
+    "rotary_dim": (COUNT, True),
+    "use_mtp": (FLAG, True),
+    "num_mtp_modules": (WHOLE, True),
+}
 
 MODEL_TYPE = "minimax_m2"
 # MiniMaxM2Config's defaults, for the keys the shared reader needs (an absent key reads as transformers reads it).

@@ -5,6 +5,7 @@ norms are sharded with the heads (titanlite/models/common/parallelize.py WholePr
 
 from __future__ import annotations
 
+from titanlite.models.common.linear_attention_args import split_sizes
 from titanlite.models.olmo_hybrid import args, hf_config
 from titanlite.models.spec import HFConfig, ModelSpec
 
@@ -15,8 +16,10 @@ SPEC = ModelSpec(
     model="titanlite.models.olmo_hybrid.model:OlmoHybrid",
     tp_plan="titanlite.models.olmo_hybrid.parallelize:tp_plan",
     hf_weights="titanlite.models.olmo_hybrid.weights",
-    tp_split_sizes=args.split_sizes,
-    hf=HFConfig(hf_config.MODEL_TYPE, hf_config.read, hf_config.write, nullable=("rope_theta",)),
+    tp_split_sizes=split_sizes,
+    hf=HFConfig(
+        hf_config.MODEL_TYPE, hf_config.read, hf_config.write, nullable=("rope_theta",), fields=hf_config.FIELDS
+    ),
     with_depth=args.with_depth,
     description="OLMo Hybrid: 3 pre-norm Gated DeltaNet (beta x2) : 1 OLMo 2 post-norm attention layers, "
     "whole-projection Q/K norms, NoPE in the published checkpoints",

@@ -1,36 +1,30 @@
-"""OLMo Hybrid's arguments, torch-free: the shared decoder's (DecoderArgs) with its layer kinds (Gated DeltaNet linear
-attention, pre-norm; OLMo 2's post-norm full attention with whole-projection Q/K norms), the linear layers' shape,
-their doubled write strength, and whether the attention layers rotate at all; the published size."""
+"""OLMo Hybrid's arguments, torch-free: the shared decoder's with Gated DeltaNet layers (GatedDeltaNetArgs,
+titanlite/models/common/linear_attention_args.py: linear attention, pre-norm) beside OLMo 2's post-norm full attention
+with whole-projection Q/K norms, the linear layers' doubled write strength, and whether the attention layers rotate at
+all; the published size."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
 
-from titanlite.models.common.decoder_args import DEBUG_SIZES, DecoderArgs, tp_split_sizes
+from titanlite.models.common.decoder_args import DEBUG_SIZES
+from titanlite.models.common.linear_attention_args import LAYER_KINDS, GatedDeltaNetArgs, hybrid_layers
 from titanlite.models.spec import not_math
 
-LAYER_KINDS = ("linear_attention", "full_attention")
 
-
-def hybrid_layers(n_layers: int, interval: int = 4) -> tuple[str, ...]:
+def olmo_layers(n_layers: int, interval: int = 4) -> tuple[str, ...]:
     """Every `interval`-th layer full attention, the others linear, and the last one full where that leaves none
     (transformers' OlmoHybridConfig default: three Gated DeltaNet layers before each attention layer)."""
-    kinds = ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(n_layers)]
-    if "full_attention" not in kinds:
-        kinds[-1] = "full_attention"
-    return tuple(kinds)
+    return hybrid_layers(n_layers, interval, last_full=n_layers < interval)
 
 
 @dataclass
-class OlmoHybridArgs(DecoderArgs):
+class OlmoHybridArgs(GatedDeltaNetArgs):
     """OLMo Hybrid's decoder (titanlite/models/olmo_hybrid/model.py). Attention layers (OLMo 2's): post-norm blocks,
     RMSNorms over each token's whole query and key projections, rotations by `rope_theta` where `rope`. Linear
-    layers: pre-norm blocks around Gated DeltaNet (titanlite/models/common/gated_delta_net.py) with
-    `linear_key_heads` key heads of `linear_key_dim`, `linear_value_heads` value heads of `linear_value_dim`, a
-    convolution over `conv_size` tokens, the write strength doubled where `allow_neg_eigval`."""
+    layers: pre-norm blocks around Gated DeltaNet (their shape: GatedDeltaNetArgs), the write strength doubled where
+    `allow_neg_eigval`."""
 
-    layer_kinds: ClassVar[tuple[str, ...]] = LAYER_KINDS
     family: str = not_math("olmo_hybrid")
     qk_norm: str = "full"
     norm_position: str = "post"
@@ -44,8 +38,6 @@ class OlmoHybridArgs(DecoderArgs):
     linear_value_heads: int = 30
     linear_key_dim: int = 96
     linear_value_dim: int = 192
-    conv_size: int = 4
-    """Width of the linear layers' causal convolution (linear_conv_kernel_dim)."""
     allow_neg_eigval: bool = True
     """The write strength beta = 2 sigmoid(b), in (0, 2), so the state update's eigenvalues may turn negative
     (linear_allow_neg_eigval); False: sigmoid(b)."""
@@ -53,7 +45,7 @@ class OlmoHybridArgs(DecoderArgs):
     def __post_init__(self) -> None:
         super().__post_init__()
         if not self.layer_types:
-            self.layer_types = hybrid_layers(self.n_layers)
+            self.layer_types = olmo_layers(self.n_layers)
         if self.qk_norm != "full" or self.norm_position != "post" or self.nope_layers or self.sliding_window:
             raise ValueError(
                 "OlmoHybridArgs: qk_norm is 'full', norm_position 'post', no nope_layers or sliding window"
@@ -65,28 +57,12 @@ class OlmoHybridArgs(DecoderArgs):
                 f"OlmoHybridArgs.layer_types={list(self.layer_types)}; OLMo Hybrid needs linear_attention and "
                 "full_attention layers both"
             )
-        if self.linear_value_heads % self.linear_key_heads:
-            raise ValueError(
-                f"OlmoHybridArgs.linear_value_heads={self.linear_value_heads} must be a multiple of "
-                f"linear_key_heads={self.linear_key_heads}"
-            )
-        if self.conv_size < 1:
-            raise ValueError(f"OlmoHybridArgs.conv_size={self.conv_size}; it must be at least 1")
-
-
-def split_sizes(args: OlmoHybridArgs) -> dict[str, int]:
-    """What a tensor-parallel degree must divide: the attention's heads, the MLP's width, the vocabulary, and the
-    linear layers' key and value heads (each rank holds whole heads of both)."""
-    return tp_split_sizes(args) | {
-        "linear_key_heads": args.linear_key_heads,
-        "linear_value_heads": args.linear_value_heads,
-    }
 
 
 def with_depth(args: OlmoHybridArgs, n_layers: int) -> dict:
     """model.n_layers: the depth, the layer pattern kept (one attention layer every `interval`)."""
     interval = args.layer_types.index("full_attention") + 1
-    return {"n_layers": n_layers, "layer_types": hybrid_layers(n_layers, interval)}
+    return {"n_layers": n_layers, "layer_types": olmo_layers(n_layers, interval)}
 
 
 # The published allenai/Olmo-Hybrid-7B: transformers' OlmoHybridConfig defaults ("a similar configuration to that of

@@ -4,9 +4,14 @@ that changes the math is honoured or refused in one line naming it."""
 
 from __future__ import annotations
 
-from titanlite.base.hf_config import refuse
+from titanlite.base.hf_config import FLAG, FieldTypes, refuse
 from titanlite.models.common.decoder_config import decoder_fields, decoder_sizes
-from titanlite.models.olmo_hybrid.args import LAYER_KINDS, OlmoHybridArgs, hybrid_layers
+from titanlite.models.common.linear_attention_args import GATED_DELTA_NET_FIELDS, LAYER_KINDS
+from titanlite.models.olmo_hybrid.args import OlmoHybridArgs, olmo_layers
+
+# The config.json fields OLMo Hybrid reads beyond the shared ones (titanlite/base/hf_config.py FIELDS): the linear
+# layers' (GatedDeltaNetArgs'), their doubled write strength.
+FIELDS: FieldTypes = {**GATED_DELTA_NET_FIELDS, "linear_allow_neg_eigval": (FLAG, False)}
 
 MODEL_TYPE = "olmo_hybrid"
 ACTIVATION = "silu"
@@ -38,7 +43,7 @@ def _rope(config: dict, where: str) -> tuple[bool, float]:
 
 
 def _layer_types(config: dict, where: str, n_layers: int) -> tuple[str, ...]:
-    kinds = tuple(config.get("layer_types") or ()) or hybrid_layers(n_layers)
+    kinds = tuple(config.get("layer_types") or ()) or olmo_layers(n_layers)
     unknown = sorted(set(kinds) - set(LAYER_KINDS))
     if unknown:
         raise refuse(where, "layer_types", unknown[0], f"OLMo Hybrid's layers are {' or '.join(LAYER_KINDS)}")

@@ -1,16 +1,16 @@
-"""OLMo Hybrid's tensor-parallel plan, from shared pieces: the Gated DeltaNet layers as Qwen3.5's (every projection
-split by heads, the per-head parameters sharded with them), the attention layers as the shared block plan (OLMo 2's
-post norms sequence-parallel, handing back local tensors) with their whole-projection Q/K norms (qk_norm "full")
-sharded with the heads, the sum of squares all-reduced over the ranks (WholeProjectionNorm)."""
+"""OLMo Hybrid's tensor-parallel plan, from shared pieces (titanlite/models/common/parallelize.py): the Gated DeltaNet
+layers as every Gated DeltaNet layer is split (linear_attention_plan: every projection by heads, the per-head
+parameters sharded with them), the attention layers as the shared block plan (OLMo 2's post norms sequence-parallel,
+handing back local tensors) with their whole-projection Q/K norms (qk_norm "full") sharded with the heads, the sum of
+squares all-reduced over the ranks (WholeProjectionNorm)."""
 
 from __future__ import annotations
 
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import PrepareModuleInput, SequenceParallel
 
-from titanlite.models.common.hybrid.parallelize import linear_attention_plan
 from titanlite.models.common.interface import DecoderModule
-from titanlite.models.common.parallelize import block_plan, post_norms, qk_norms
+from titanlite.models.common.parallelize import block_plan, linear_attention_plan, post_norms, qk_norms
 
 
 def tp_plan(model: DecoderModule) -> dict:

@@ -4,12 +4,12 @@ experts' width is config.json's intermediate_size. Its sizes, its config.json an
 
 from __future__ import annotations
 
-from titanlite.base.hf_config import refuse
+from titanlite.base.hf_config import NUMBER, refuse
 from titanlite.models.common.decoder_args import MoEDecoderArgs, sizes
 from titanlite.models.common.decoder_config import DecoderConfig, Expressible, attention_biases, no_mlp_bias
 from titanlite.models.common.decoder_spec import moe_decoder_spec
 from titanlite.models.common.moe.args import MoEArgs
-from titanlite.models.common.moe.hf_config import block_from_config, check_expressible, with_moe
+from titanlite.models.common.moe.hf_config import MOE_FIELDS, block_from_config, check_expressible, with_moe
 
 
 def _olmoe(dim, n_layers, n_heads, n_experts, top_k, expert_dim, vocab_size=50304, max_seq_len=4096):
@@ -80,4 +80,5 @@ def write(args: MoEDecoderArgs) -> dict:
 SPEC = moe_decoder_spec(
     "olmoe", FLAVORS, read, write, "titanlite.models.olmoe.weights",
     "OLMoE: the MoE decoder with whole-projection Q/K norms, 64 experts top-8",
+    fields={**MOE_FIELDS, "clip_qkv": (NUMBER, True)},  # beyond the shared fields: the experts', clip_qkv
 )  # fmt: skip

@@ -1,17 +1,17 @@
-"""Qwen3.5's arguments, torch-free: the hybrid decoder's (titanlite/models/common/hybrid/args.py) under its name, and
-the published sizes of its dense text models."""
+"""Qwen3.5's arguments, torch-free: the hybrid decoder's (titanlite/models/common/qwen_hybrid/args.py) under its name,
+and the published sizes of its dense text models."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from titanlite.models.common.decoder_args import sizes
-from titanlite.models.common.hybrid.args import DEBUG_SHAPE, HybridArgs
+from titanlite.models.common.qwen_hybrid.args import DEBUG_SHAPE, QwenHybridArgs
 from titanlite.models.spec import not_math
 
 
 @dataclass
-class Qwen35Args(HybridArgs):
+class Qwen35Args(QwenHybridArgs):
     """Qwen3.5's text decoder: three Gated DeltaNet layers before each gated full-attention layer."""
 
     family: str = not_math("qwen3_5")

@@ -1,17 +1,17 @@
 """Qwen3.5-MoE's arguments, torch-free: the hybrid decoder's with mixtures of experts
-(titanlite/models/common/hybrid/args.py) under its name, and the published sizes."""
+(titanlite/models/common/qwen_hybrid/args.py) under its name, and the published sizes."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from titanlite.models.common.hybrid.args import DEBUG_SHAPE, HybridMoEArgs
 from titanlite.models.common.moe.args import MoEArgs
+from titanlite.models.common.qwen_hybrid.args import DEBUG_SHAPE, QwenHybridMoEArgs
 from titanlite.models.spec import not_math
 
 
 @dataclass
-class Qwen35MoEArgs(HybridMoEArgs):
+class Qwen35MoEArgs(QwenHybridMoEArgs):
     """Qwen3.5-MoE: Qwen3.5's decoder whose every feed-forward is a mixture of experts (softmax router, top-k
     renormalised, one shared expert scaled by a sigmoid gate); ffn_dim is the experts' width."""
 

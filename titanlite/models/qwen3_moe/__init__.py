@@ -24,7 +24,13 @@ from titanlite.models.common.decoder_config import (
 )
 from titanlite.models.common.decoder_spec import moe_decoder_spec
 from titanlite.models.common.moe.args import MoEArgs, dense_layers_from_hf
-from titanlite.models.common.moe.hf_config import block_from_config, check_expressible, with_moe
+from titanlite.models.common.moe.hf_config import (
+    MOE_FIELDS,
+    QWEN_MOE_FIELDS,
+    block_from_config,
+    check_expressible,
+    with_moe,
+)
 
 
 def _qwen3_moe_30b_a3b() -> MoEDecoderArgs:
@@ -131,4 +137,5 @@ def write(args: MoEDecoderArgs) -> dict:
 SPEC = moe_decoder_spec(
     "qwen3_moe", FLAVORS, read, write, "titanlite.models.qwen3_moe.weights",
     "Qwen3-MoE: Qwen3's decoder with mixture-of-experts feed-forwards (top-k of softmax, no shared expert)",
+    fields={**MOE_FIELDS, **QWEN_MOE_FIELDS},  # beyond the shared fields: the experts', in Qwen's names
 )  # fmt: skip

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from titanlite.models.common.hybrid.args import DEBUG_SHAPE, HybridMoEArgs, debug_moe
 from titanlite.models.common.moe.args import MoEArgs
+from titanlite.models.common.qwen_hybrid.args import DEBUG_SHAPE, QwenHybridMoEArgs, debug_moe
 from titanlite.models.spec import not_math
 
 
 @dataclass
-class Qwen3NextArgs(HybridMoEArgs):
+class Qwen3NextArgs(QwenHybridMoEArgs):
     """Qwen3-Next (Qwen3NextForCausalLM): Qwen3.5-MoE's decoder; its folders fuse the linear layers' projections by
     key-head group (titanlite/models/qwen3_next/weights.py). ffn_dim is the dense layers' MLP width
     (intermediate_size), moe.expert_dim each routed expert's (moe_intermediate_size)."""

@@ -1,17 +1,18 @@
-"""Qwen3-Next's config.json both ways (model_type "qwen3_next", Qwen3NextForCausalLM), torch-free: Qwen3.5's text
-fields (titanlite/models/common/hybrid/hf_config.py reads and writes them) and the mixture of experts'. Every field that
+"""Qwen3-Next's config.json both ways (model_type "qwen3_next", Qwen3NextForCausalLM), torch-free: Qwen3.5's text fields
+(titanlite/models/common/qwen_hybrid/hf_config.py reads and writes them) and the mixture of experts'. Every field that
 changes the math is honoured or refused in one line naming it; an absent key takes Qwen3NextConfig's default."""
 
 from __future__ import annotations
 
 from titanlite.base.errors import ConfigError
 from titanlite.base.hf_config import refuse
-from titanlite.models.common.hybrid import hf_config as hybrid
 from titanlite.models.common.moe.args import MoEArgs, dense_layers_from_hf
 from titanlite.models.common.moe.hf_config import FIXED, block_from_config, check_expressible
+from titanlite.models.common.qwen_hybrid import hf_config as hybrid
 from titanlite.models.qwen3_next.args import Qwen3NextArgs
 
 MODEL_TYPE, ARCHITECTURE = "qwen3_next", "Qwen3NextForCausalLM"
+FIELDS = hybrid.EXPERT_FIELDS  # the config.json fields it reads beyond the shared ones: Qwen3.5-MoE's
 # Qwen3NextConfig's defaults (transformers 5) of the fields Qwen3.5's reader requires or defaults otherwise. They are
 # not all Qwen3-Next-80B-A3B's: its config.json sets intermediate_size 5120, max_position_embeddings 262144 and
 # rope_theta 1e7.

@@ -1,19 +1,19 @@
 """Qwen3-Next's weights under Hugging Face's names (Qwen3NextForCausalLM), both ways: Qwen3.5-MoE's
-(titanlite/models/common/hybrid/weights.py) but for the linear layers' input projections, which Qwen3-Next fuses by key-
-head group. linear_attn.in_proj_qkvz holds, for each of the linear_key_heads groups in turn, that key head's q rows, its
-k rows, then the v rows and then the z rows of the value heads that read it ([Hk, Dk + Dk + r Dv + r Dv, dim], r = value
-heads per key head); in_proj_ba likewise each group's b rows then its a rows ([Hk, r + r, dim]). Import regroups them
-into our wq, wk, wv, wz, wb, wa (value heads in the order g r + j, as transformers' reshape leaves them); export fuses
-them back. conv1d.weight is [q | k | v] of the regrouped heads, as Qwen3.5's. The multi-token prediction layer of the
-published folders (mtp.*) is read as Qwen3.5's (titanlite/models/common/hybrid/weights.py), or, with mtp_layers 0,
-carried (hf_carried), unchanged into an export."""
+(titanlite/models/common/qwen_hybrid/weights.py) but for the linear layers' input projections, which Qwen3-Next fuses by
+key-head group. linear_attn.in_proj_qkvz holds, for each of the linear_key_heads groups in turn, that key head's q
+rows, its k rows, then the v rows and then the z rows of the value heads that read it ([Hk, Dk + Dk + r Dv + r Dv, dim],
+r = value heads per key head); in_proj_ba likewise each group's b rows then its a rows ([Hk, r + r, dim]). Import
+regroups them into our wq, wk, wv, wz, wb, wa (value heads in the order g r + j, as transformers' reshape leaves them);
+export fuses them back. conv1d.weight is [q | k | v] of the regrouped heads, as Qwen3.5's. The multi-token prediction
+layer of the published folders (mtp.*) is read as Qwen3.5's (titanlite/models/common/qwen_hybrid/weights.py), or, with
+mtp_layers 0, carried (hf_carried), unchanged into an export."""
 
 from __future__ import annotations
 
 import torch
 
 from titanlite.models.common.decoder_args import kind_of
-from titanlite.models.common.hybrid import weights as hybrid
+from titanlite.models.common.qwen_hybrid import weights as hybrid
 from titanlite.models.qwen3_next.args import Qwen3NextArgs
 
 FUSED = {  # Hugging Face's fused tensor (under linear_attn.) -> ours (under attention.), in its per-group row order

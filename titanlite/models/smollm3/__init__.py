@@ -3,7 +3,7 @@ and its spec."""
 
 from __future__ import annotations
 
-from titanlite.base.hf_config import refuse
+from titanlite.base.hf_config import COUNT, WHOLES, FieldTypes, refuse
 from titanlite.models.common.decoder_args import DecoderArgs, debug, every
 from titanlite.models.common.decoder_config import (
     DecoderConfig,
@@ -65,4 +65,7 @@ HF = DecoderConfig(
     window=window_if_used(),
     fields=fields,
 )
-SPEC = decoder_spec("smollm3", FLAVORS, HF, "SmolLM3: the Llama decoder with NoPE layers")
+# The config.json fields SmolLM3 reads beyond the shared ones (titanlite/base/hf_config.py FIELDS): its NoPE layers.
+FIELDS: FieldTypes = {"no_rope_layers": (WHOLES, True), "no_rope_layer_interval": (COUNT, False)}
+
+SPEC = decoder_spec("smollm3", FLAVORS, HF, "SmolLM3: the Llama decoder with NoPE layers", FIELDS)

@@ -3,7 +3,7 @@ config.json shares): read into LatentArgs' fields with the refusals every latent
 
 from __future__ import annotations
 
-from titanlite.base.hf_config import refuse
+from titanlite.base.hf_config import COUNT, WHOLE, FieldTypes, refuse
 from titanlite.models.common.latent.args import LatentArgs
 
 WIDTHS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
@@ -12,6 +12,14 @@ LATENT_KEYS = {name: name for name in WIDTHS}
 # The decoder's config.json fields (decoder_config.decoder_fields) a latent family's leaves out: each head's widths
 # are WIDTHS.
 LATENT_OMITS = ("head_dim",)
+# Their JSON types (check_types' table, titanlite/base/hf_config.py): a latent family's spec declares them.
+LATENT_FIELDS: FieldTypes = {
+    "q_lora_rank": (WHOLE, True),
+    "kv_lora_rank": (COUNT, False),
+    "qk_nope_head_dim": (COUNT, False),
+    "qk_rope_head_dim": (COUNT, False),
+    "v_head_dim": (COUNT, False),
+}
 
 
 def latent_from_config(config: dict, where: str, family: str, n_heads: int, q_lora_rank: int = 0) -> dict:

@@ -1,6 +1,7 @@
-"""The MoE decoder's config.json helpers, torch-free: its arguments from a family's Llama decoder fields and MoE
-block (`with_moe`, `block_from_config`), and what a family's config.json cannot say about the block
-(`check_expressible`)."""
+"""The MoE decoder's config.json helpers, torch-free: the JSON types of the mixture-of-experts fields the families
+share (MOE_FIELDS, and the groups some of them read: QWEN_MOE_FIELDS, BIAS_ROUTED_FIELDS), its arguments from a
+family's Llama decoder fields and MoE block (`with_moe`, `block_from_config`), and what a family's config.json cannot
+say about the block (`check_expressible`)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,37 @@ import dataclasses
 import re
 
 from titanlite.base.errors import ConfigError
+from titanlite.base.hf_config import COUNT, FLAG, NONNEGATIVE, POSITIVE, WHOLE, WHOLES, FieldTypes
 from titanlite.models.common.decoder_args import DecoderArgs, MoEDecoderArgs
 from titanlite.models.common.moe.args import MoEArgs
+
+# The config.json fields of a mixture of experts, under the names most families' folders give them (check_types'
+# table, titanlite/base/hf_config.py): the experts' count (one name or another), how many a token takes, their
+# width, the renormalisation and the auxiliary loss. Every family with experts reads them.
+MOE_FIELDS: FieldTypes = {
+    "num_experts": (WHOLE, True),
+    "num_local_experts": (WHOLE, True),
+    "n_routed_experts": (WHOLE, True),
+    "num_experts_per_tok": (COUNT, False),
+    "moe_intermediate_size": (COUNT, False),
+    "norm_topk_prob": (FLAG, False),
+    "router_aux_loss_coef": (NONNEGATIVE, False),
+}
+# Qwen's (Qwen3-MoE, Qwen3.5-MoE, Qwen3-Next): the gated shared expert's width, which layers are sparse.
+QWEN_MOE_FIELDS: FieldTypes = {
+    "shared_expert_intermediate_size": (WHOLE, True),
+    "decoder_sparse_step": (COUNT, False),
+    "mlp_only_layers": (WHOLES, True),
+}
+# DeepSeek-V3's routing, which GLM-4.5 and Kimi Linear share (bias_routed_config): shared experts, the routed
+# weights' scale, expert groups, the dense layers before the first sparse one.
+BIAS_ROUTED_FIELDS: FieldTypes = {
+    "n_shared_experts": (WHOLE, True),
+    "routed_scaling_factor": (POSITIVE, False),
+    "n_group": (COUNT, True),
+    "topk_group": (COUNT, True),
+    "first_k_dense_replace": (WHOLE, True),
+}
 
 
 def with_moe(base: DecoderArgs, moe: MoEArgs) -> MoEDecoderArgs:

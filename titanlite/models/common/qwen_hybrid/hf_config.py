@@ -1,12 +1,12 @@
-"""The hybrid decoder's config.json both ways, torch-free: Qwen3.5's text model's fields (model_type "qwen3_5_text",
-Qwen3_5ForCausalLM; "qwen3_5_moe_text" with mixtures of experts), which Qwen3-Next's extend, and the multimodal
-folders' as published ("qwen3_5" / "qwen3_5_moe", Qwen3_5ForConditionalGeneration), whose text_config is read. Every
-field that changes the text model's math is honoured or refused in one line naming it."""
+"""The Qwen hybrid decoder's config.json both ways, torch-free: Qwen3.5's text model's fields (model_type
+"qwen3_5_text", Qwen3_5ForCausalLM; "qwen3_5_moe_text" with mixtures of experts), which Qwen3-Next's extend, and the
+multimodal folders' as published ("qwen3_5" / "qwen3_5_moe", Qwen3_5ForConditionalGeneration), whose text_config is
+read. Every field that changes the text model's math is honoured or refused in one line naming it."""
 
 from __future__ import annotations
 
 from titanlite.base.errors import ConfigError
-from titanlite.base.hf_config import refuse
+from titanlite.base.hf_config import COUNT, OBJECT, WHOLE, FieldTypes, refuse
 from titanlite.models.common.decoder_config import (
     attention_shape,
     decoder_fields,
@@ -14,8 +14,22 @@ from titanlite.models.common.decoder_config import (
     partial_rotary_factor,
     rotary_dim_unsaid,
 )
-from titanlite.models.common.hybrid.args import LAYER_KINDS, HybridArgs, HybridMoEArgs, hybrid_layers
-from titanlite.models.common.moe.hf_config import block_from_config
+from titanlite.models.common.linear_attention_args import GATED_DELTA_NET_FIELDS, LAYER_KINDS, hybrid_layers
+from titanlite.models.common.moe.hf_config import MOE_FIELDS, QWEN_MOE_FIELDS, block_from_config
+from titanlite.models.common.qwen_hybrid.args import QwenHybridArgs, QwenHybridMoEArgs
+
+# The config.json fields the Qwen hybrids read beyond the shared ones (titanlite/base/hf_config.py FIELDS): the
+# linear layers' (GatedDeltaNetArgs'), their interval, multi-token prediction's, a multimodal folder's text_config;
+# EXPERT_FIELDS with the mixtures of experts' (Qwen3.5-MoE, Qwen3-Next).
+FIELDS: FieldTypes = {
+    **GATED_DELTA_NET_FIELDS,
+    "moe_intermediate_size": (COUNT, False),  # the dense reader's MLP width where intermediate_size is absent
+    "full_attention_interval": (COUNT, False),
+    "mtp_num_hidden_layers": (WHOLE, True),
+    "num_nextn_predict_layers": (WHOLE, True),
+    "text_config": (OBJECT, False),
+}
+EXPERT_FIELDS: FieldTypes = {**FIELDS, **MOE_FIELDS, **QWEN_MOE_FIELDS}
 
 TEXT, MOE_TEXT = "qwen3_5_text", "qwen3_5_moe_text"
 MULTIMODAL = {"qwen3_5": TEXT, "qwen3_5_moe": MOE_TEXT}  # a published folder's model_type -> its text model's
@@ -46,7 +60,7 @@ def _rope(config: dict, where: str, head_dim: int) -> tuple[float, int]:
 
 
 def read_fields(config: dict, where: str) -> dict:
-    """The fields of HybridArgs a (text) config.json sets."""
+    """The fields of QwenHybridArgs a (text) config.json sets."""
     for key in ("hidden_act",):
         if config.get(key, ACTIVATION) != ACTIVATION:
             raise refuse(where, key, config[key], f"the hybrid decoder's MLP and convolutions use {ACTIVATION!r}")
@@ -93,14 +107,14 @@ def read_fields(config: dict, where: str) -> dict:
     }
 
 
-def read(config: dict, where: str, cls: type[HybridArgs]) -> HybridArgs:
-    """`cls` (a family's HybridArgs) of a text config.json, or of a multimodal one's text_config."""
+def read(config: dict, where: str, cls: type[QwenHybridArgs]) -> QwenHybridArgs:
+    """`cls` (a family's QwenHybridArgs) of a text config.json, or of a multimodal one's text_config."""
     text, where = text_config(config, where)
     return cls(**read_fields(text, where))
 
 
-def read_moe(config: dict, where: str, cls: type[HybridMoEArgs]) -> HybridMoEArgs:
-    """`cls` (a family's HybridMoEArgs) of a qwen3_5_moe_text config.json, or of a qwen3_5_moe (multimodal) one's
+def read_moe(config: dict, where: str, cls: type[QwenHybridMoEArgs]) -> QwenHybridMoEArgs:
+    """`cls` (a family's QwenHybridMoEArgs) of a qwen3_5_moe_text config.json, or of a qwen3_5_moe (multimodal) one's
     text_config: every layer a mixture of experts, top-k renormalised, a gated shared expert."""
     text, where = text_config(config, where)
     fields = read_fields(text, where)
@@ -123,7 +137,7 @@ def read_moe(config: dict, where: str, cls: type[HybridMoEArgs]) -> HybridMoEArg
     return cls(**fields | {"ffn_dim": expert_dim}, moe=moe)
 
 
-def write_fields(args: HybridArgs, architecture: str, model_type: str, omit: tuple[str, ...] = ()) -> dict:
+def write_fields(args: QwenHybridArgs, architecture: str, model_type: str, omit: tuple[str, ...] = ()) -> dict:
     """The text config.json fields of the hybrid decoder, under the family's `architecture` and `model_type` (`omit`:
     the shared fields its config.json does not hold, decoder_config.decoder_fields')."""
     unsaid = rotary_dim_unsaid(args)
@@ -147,9 +161,9 @@ def write_fields(args: HybridArgs, architecture: str, model_type: str, omit: tup
     } | ({"mtp_num_hidden_layers": args.mtp_layers} if args.mtp_layers else {})
 
 
-def write(args: HybridArgs) -> dict:
-    """The qwen3_5_text (or, for HybridMoEArgs, qwen3_5_moe_text) config.json fields of this model."""
-    if not isinstance(args, HybridMoEArgs):
+def write(args: QwenHybridArgs) -> dict:
+    """The qwen3_5_text (or, for QwenHybridMoEArgs, qwen3_5_moe_text) config.json fields of this model."""
+    if not isinstance(args, QwenHybridMoEArgs):
         return write_fields(args, "Qwen3_5ForCausalLM", TEXT)
     # the experts' width is moe_intermediate_size; no MLP is dense
     config = write_fields(args, "Qwen3_5MoeForCausalLM", MOE_TEXT, omit=("intermediate_size",))

@@ -1,4 +1,4 @@
-"""The hybrid decoder's weights under Qwen3.5's Hugging Face names (Qwen3_5ForCausalLM / Qwen3_5MoeForCausalLM; the
+"""The Qwen hybrid decoder's weights under Qwen3.5's Hugging Face names (Qwen3_5ForCausalLM / Qwen3_5MoeForCausalLM; the
 multimodal Qwen3_5ForConditionalGeneration stores the same under model.language_model.*), both ways.
 
 Full-attention layers: q_proj holds each head's query rows and then its gate rows ([H, 2, head_dim, dim]), split into
@@ -22,10 +22,10 @@ import dataclasses
 import torch
 
 from titanlite.models.common import decoder_weights as llama
-from titanlite.models.common.hybrid.args import HybridArgs, HybridMoEArgs
-from titanlite.models.common.hybrid.hf_config import MULTIMODAL
 from titanlite.models.common.moe.layer import moe_to_hf
 from titanlite.models.common.moe.weights import naming
+from titanlite.models.common.qwen_hybrid.args import QwenHybridArgs, QwenHybridMoEArgs
+from titanlite.models.common.qwen_hybrid.hf_config import MULTIMODAL
 
 TEXT_PREFIX = "model.language_model."  # where the multimodal folders keep the text model's "model."
 # What a published folder holds beside the text model: the vision tower, the multi-token-prediction layers.
@@ -53,7 +53,7 @@ SPLIT = {  # ours (under attention.) -> the Hugging Face tensor it is a slice of
 MTP_OWN = {"enorm": "pre_fc_norm_embedding", "hnorm": "pre_fc_norm_hidden", "eh_proj": "fc", "norm": "norm"}
 
 
-def with_mtp_blocks(args: HybridArgs) -> HybridArgs:
+def with_mtp_blocks(args: QwenHybridArgs) -> QwenHybridArgs:
     """`args` as a decoder whose layers include the multi-token prediction block (a further full-attention layer),
     for the names and layouts of its tensors (mtp_names renames them)."""
     if not args.mtp_layers:
@@ -62,7 +62,7 @@ def with_mtp_blocks(args: HybridArgs) -> HybridArgs:
     return dataclasses.replace(args, n_layers=args.n_layers + args.mtp_layers, layer_types=kinds, mtp_layers=0)
 
 
-def mtp_name(args: HybridArgs, hf: str) -> str:
+def mtp_name(args: QwenHybridArgs, hf: str) -> str:
     """A tensor's Hugging Face name; the multi-token prediction block's (model.layers.{n_layers + J}) mtp.layers.J."""
     for j in range(args.mtp_layers):
         layer = f"model.layers.{args.n_layers + j}."
@@ -71,7 +71,7 @@ def mtp_name(args: HybridArgs, hf: str) -> str:
     return hf
 
 
-def _renamed(args: HybridArgs, sources: dict) -> dict:
+def _renamed(args: QwenHybridArgs, sources: dict) -> dict:
     out = {}
     for ours, hf in sources.items():
         out[ours] = mtp_name(args, hf) if isinstance(hf, str) else tuple(mtp_name(args, one) for one in hf)
@@ -80,7 +80,7 @@ def _renamed(args: HybridArgs, sources: dict) -> dict:
     return out
 
 
-def _shared(args: HybridArgs, names: dict) -> dict:
+def _shared(args: QwenHybridArgs, names: dict) -> dict:
     """The decoder's names, the attention and MLP/MoE ones of the full layers; the linear layers' replaced."""
     out = {}
     for ours, hf in names.items():
@@ -99,14 +99,14 @@ def _shared(args: HybridArgs, names: dict) -> dict:
     return out
 
 
-def hf_sources(args: HybridArgs) -> dict[str, str | tuple[str, ...]]:
+def hf_sources(args: QwenHybridArgs) -> dict[str, str | tuple[str, ...]]:
     """Our parameter name -> the Hugging Face tensor(s) it is made from (the multi-token prediction block's as
     mtp.layers.J: _renamed)."""
     return _renamed(args, _decoder_sources(with_mtp_blocks(args)))
 
 
-def _decoder_sources(args: HybridArgs) -> dict[str, str | tuple[str, ...]]:
-    if not isinstance(args, HybridMoEArgs):
+def _decoder_sources(args: QwenHybridArgs) -> dict[str, str | tuple[str, ...]]:
+    if not isinstance(args, QwenHybridMoEArgs):
         return _shared(args, llama.hf_names(args))
     sources = _shared(args, naming().hf_sources(args))
     for i in range(args.n_layers):
@@ -118,12 +118,12 @@ def _decoder_sources(args: HybridArgs) -> dict[str, str | tuple[str, ...]]:
     return sources
 
 
-def hf_keys(args: HybridArgs, keys: list[str]) -> dict[str, str]:
+def hf_keys(args: QwenHybridArgs, keys: list[str]) -> dict[str, str]:
     """A folder's tensor names as the text model's: the multimodal folders' model.language_model.* as model.*."""
     return {("model." + k[len(TEXT_PREFIX) :] if k.startswith(TEXT_PREFIX) else k): k for k in keys}
 
 
-def hf_carried(args: HybridArgs, keys: list[str]) -> list[str]:
+def hf_carried(args: QwenHybridArgs, keys: list[str]) -> list[str]:
     """The folder's vision tower (model.visual.*) and, where the model has none (mtp_layers 0), its multi-token-
     prediction layers (mtp.*): not the text model's, carried unchanged into an export
     (titanlite/components/hf_weights.py)."""
@@ -131,7 +131,7 @@ def hf_carried(args: HybridArgs, keys: list[str]) -> list[str]:
     return [k for k in keys if k.startswith(carried)]
 
 
-def hf_carried_shapes(args: HybridArgs, carried: list[str], shapes: dict) -> dict[str, tuple[int, ...]]:
+def hf_carried_shapes(args: QwenHybridArgs, carried: list[str], shapes: dict) -> dict[str, tuple[int, ...]]:
     """What the multi-token-prediction tensors (mtp.*) must be to belong to this model: each mtp.layers.J's block as
     the last full-attention layer's, the norms of the hidden state and the next token's embedding and the final one
     ([dim]), their projection (mtp.fc: [dim, 2 dim]). The vision tower is carried unchecked (its own vision_config
@@ -151,7 +151,7 @@ def hf_carried_shapes(args: HybridArgs, carried: list[str], shapes: dict) -> dic
     return llama.carried_layer_shapes(carried, shapes, within_layer, like, own)
 
 
-def hf_folder(args: HybridArgs, config: dict, tensors: dict, source: dict) -> tuple[dict, dict]:
+def hf_folder(args: QwenHybridArgs, config: dict, tensors: dict, source: dict) -> tuple[dict, dict]:
     """An export in the layout of the folder it started from: a multimodal one (model_type qwen3_5 / qwen3_5_moe)
     gets its own config.json back with the trained text model's fields in text_config, and the text tensors under
     model.language_model.* (lm_head.weight where it was); a text model's folder, the export as it is."""
@@ -167,13 +167,13 @@ def hf_folder(args: HybridArgs, config: dict, tensors: dict, source: dict) -> tu
     return out, renamed
 
 
-def _rotary_rows(args: HybridArgs, w: torch.Tensor, heads: int, to_hf: bool) -> torch.Tensor:
+def _rotary_rows(args: QwenHybridArgs, w: torch.Tensor, heads: int, to_hf: bool) -> torch.Tensor:
     """The rotating rows (the leading rotary_dim of each head) of a q/k tensor [heads * head_dim, ...] or a per-head
     norm weight [head_dim] (heads 1) reordered between our adjacent pairs and Hugging Face's halves."""
     return llama.rotary_rows(w, heads, args.rotary_dim, to_hf).contiguous()
 
 
-def _rope_heads(args: HybridArgs, ours: str) -> int | None:
+def _rope_heads(args: QwenHybridArgs, ours: str) -> int | None:
     kind = ours.rsplit(".", 2)[-2]
     if kind in ("wq", "wk") and ".attention." in ours:
         layer = int(ours.split(".")[1])
@@ -184,12 +184,12 @@ def _rope_heads(args: HybridArgs, ours: str) -> int | None:
     return None
 
 
-def _widths(args: HybridArgs) -> list[int]:
+def _widths(args: QwenHybridArgs) -> list[int]:
     key = args.linear_key_heads * args.linear_key_dim
     return [key, key, args.linear_value_heads * args.linear_value_dim]
 
 
-def from_hf_tensor(args: HybridArgs, name: str, hf: torch.Tensor | list[torch.Tensor]) -> torch.Tensor:
+def from_hf_tensor(args: QwenHybridArgs, name: str, hf: torch.Tensor | list[torch.Tensor]) -> torch.Tensor:
     """Our parameter `name`'s full value from its Hugging Face tensor(s) (hf_sources[name])."""
     args = with_mtp_blocks(args)
     if isinstance(hf, list):  # a stacked expert tensor
@@ -208,7 +208,7 @@ def from_hf_tensor(args: HybridArgs, name: str, hf: torch.Tensor | list[torch.Te
     return hf.contiguous() if heads is None else _rotary_rows(args, hf, heads, to_hf=False)
 
 
-def to_hf(args: HybridArgs, sd: dict[str, torch.Tensor], take) -> dict[str, torch.Tensor]:
+def to_hf(args: QwenHybridArgs, sd: dict[str, torch.Tensor], take) -> dict[str, torch.Tensor]:
     """Our state dict -> the text model's Hugging Face names and layouts (lm_head.weight always present); the multi-
     token prediction block's under mtp.layers.J, its norms and projection under mtp.*."""
     out = {mtp_name(args, hf): t for hf, t in _decoder_to_hf(with_mtp_blocks(args), take).items()}
@@ -217,7 +217,7 @@ def to_hf(args: HybridArgs, sd: dict[str, torch.Tensor], take) -> dict[str, torc
     return out
 
 
-def _decoder_to_hf(args: HybridArgs, take) -> dict[str, torch.Tensor]:
+def _decoder_to_hf(args: QwenHybridArgs, take) -> dict[str, torch.Tensor]:
     out: dict[str, torch.Tensor] = {}
     for ours, hf in _decoder_sources(args).items():
         if not isinstance(hf, str) or hf in out:
@@ -237,7 +237,7 @@ def _decoder_to_hf(args: HybridArgs, take) -> dict[str, torch.Tensor]:
         else:
             heads = _rope_heads(args, ours)
             out[hf] = take(ours) if heads is None else _rotary_rows(args, take(ours), heads, to_hf=True)
-    if isinstance(args, HybridMoEArgs):  # the experts, stacked in ours, one tensor per expert in Hugging Face's
+    if isinstance(args, QwenHybridMoEArgs):  # the experts, stacked in ours, one tensor per expert in Hugging Face's
         for i in range(args.n_layers):
             if args.moe.is_sparse(i):
                 ours = f"layers.{i}.feed_forward."
