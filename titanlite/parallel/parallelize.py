@@ -16,9 +16,9 @@ import torch.distributed.nn.functional as dist_nn
 import torch.nn as nn
 
 from titanlite.config import ActivationCheckpoint, Compile, Float8, Parallelism, Training
+from titanlite.models.common.decoder import Transformer
 from titanlite.models.common.init import init_weights
 from titanlite.models.common.interface import DecoderModule
-from titanlite.models.common.moe.balance import PooledBalance
 from titanlite.models.common.moe.layer import MoE
 from titanlite.models.registry import spec_of
 from titanlite.parallel.activation_checkpoint import apply_ac
@@ -111,9 +111,8 @@ def pool_balance_over(model: nn.Module, group: dist.ProcessGroup) -> None:
     def reduce(totals: torch.Tensor) -> torch.Tensor:
         return dist_nn.all_reduce(totals, op=dist.ReduceOp.SUM, group=group)
 
-    balance = getattr(model, "balance", None)
-    if isinstance(balance, PooledBalance):
-        balance.reduce = reduce
+    if isinstance(model, Transformer) and model.balance is not None:  # even a part with no MoE block forms the term
+        model.balance.reduce = reduce
     for module in model.modules():
         if isinstance(module, MoE):
             module.reduce = reduce

@@ -219,8 +219,9 @@ def sequence_from_keywords(module: nn.Module, args: tuple, kwargs: dict) -> tupl
 
 def carry_as_keyword(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     """A stage part's forward pre-hook: the schedule hands a part the previous part's outputs positionally, so
-    where a family's part returns (h, carry) (MoE families: the pooled routing statistics, for the one
-    load-balancing term the last stage adds), the carry goes to the next part's forward as the keyword `carry`."""
+    where a family's part returns (h, carry) (models/common/interface.py WithCarry; MoE families: the pooled routing
+    totals, for the one load-balancing term the last stage adds), the carry goes to the next part's forward as the
+    keyword `carry`, an argument like any other."""
     if len(args) == 2:
         h, carry = args
         return (h,), {**kwargs, "carry": carry}

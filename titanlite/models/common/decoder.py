@@ -34,7 +34,7 @@ from titanlite.models.common.feed_forward import GatedMLP
 from titanlite.models.common.head import OutputHead
 from titanlite.models.common.init import start_param
 from titanlite.models.common.init_scheme import InitScheme
-from titanlite.models.common.interface import Decoder
+from titanlite.models.common.interface import Decoder, WithCarry
 from titanlite.models.common.kv_cache import KVCache, LayerCache
 from titanlite.models.common.mixers import Attention
 from titanlite.models.common.moe.args import MoEArgs
@@ -284,61 +284,63 @@ class Transformer(nn.Module):
         logits: bool = True,
         carry: torch.Tensor | None = None,
         mtp_tokens: torch.Tensor | None = None,
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    ) -> torch.Tensor | WithCarry:
         """Logits [B, T, vocab] of tokens [B, T] at positions 0..T-1 (training), or at `sequence.positions`,
         attending as `sequence` says (titanlite/models/common/attention.py). With a cache (generation), the tokens
         continue the cached sequence, and their keys and values are added to the cache. logits=False: the final
         hidden states [B, T, dim] instead, for a loss that applies `output` itself.
 
-        With pooled MoE balance (balance "aux_loss", aux_loss_coef > 0: moe/balance.py), the load-balancing term
-        of the blocks that ran joins the output; a pipeline stage part without the output head returns (h, carry):
-        carry [3, E] the routing totals of its blocks and of the `carry` it received from the stage before (zeros
-        outside training, so every step hands on the same tensors); the part that holds the head adds the one term
-        from them. The whole model takes and returns one tensor.
+        What it returns: the whole model, and a pipeline stage part that holds the output head, one tensor; a part
+        before the head its hidden states [B, T, dim], or, with the pooled MoE balance term on (balance "aux_loss",
+        aux_loss_coef > 0: moe/balance.py), (h, carry) (interface.WithCarry): carry [3, E] the routing totals of its
+        blocks plus the `carry` it received from the part before (zeros outside training, so every step hands on
+        the same tensors). The part that holds the head adds the one term, from its blocks' totals plus `carry`
+        (after_blocks).
 
         With multi-token prediction, `mtp_tokens` [B, T, mtp_layers] (the tokens 1..D places ahead of each position,
         IGNORE past the window: multi_token.future_labels) make the part that holds the head return the main
         output and each depth's, concatenated along the batch: [(1 + D) B, T, ...]. Without them (generation,
         evaluation of the main model alone) the depths do not run."""
+        positions = self.positions_of(tokens, cache, sequence)
+        tables = self.rotary_at(positions)
         balance, moe = self.balance, self.moe_args
-        if balance is None or moe is None:
-            return self.run(tokens, cache, sequence, logits, mtp_tokens)
-        pooled = moe.balance == "aux_loss" and moe.aux_loss_coef > 0
-        balance.start(torch.is_grad_enabled() and pooled)
-        balance.carry = carry
-        try:
-            out = self.run(tokens, cache, sequence, logits, mtp_tokens)
-        finally:
-            balance.active = False  # a recomputing backward (activation checkpointing) records nothing
-            balance.carry = None
-        if self.output is not None or not pooled:  # the head's part joined its term in after_blocks
-            balance.start(False)
-            return out
-        # A pipeline stage before the last: the routing totals travel with the activations.
-        totals = balance.totals(moe.n_experts, out.device)
-        balance.start(False)
-        if carry is not None:
-            totals = carry + totals
-        if torch.is_grad_enabled() and not totals.requires_grad:
-            # no routing block before this point: the next stage still sends a gradient for the carry back
-            totals.requires_grad_()
-        return out, totals
+        if balance is None or moe is None or not (moe.balance == "aux_loss" and moe.aux_loss_coef > 0):
+            h, totals = self.run(tokens, positions, tables, cache, sequence), None
+        else:
+            # This forward's blocks record their routing into the tally; it closes before anything else runs.
+            with balance.recording(torch.is_grad_enabled()) as tally:
+                h = self.run(tokens, positions, tables, cache, sequence)
+            totals = tally.totals(moe.n_experts, h.device)
+            totals = totals if carry is None else carry + totals
+            if self.output is None:  # a pipeline stage before the last: the totals travel with the activations
+                if torch.is_grad_enabled() and not totals.requires_grad:
+                    # no routing block before this point: the next stage still sends a gradient for the carry back
+                    totals.requires_grad_()
+                return h, totals
+            if not torch.is_grad_enabled() or (carry is None and not tally.rows):
+                totals = None  # no term: evaluation, or no block of the whole model routed a token
+        if self.output is None:  # a pipeline stage before the last, with nothing to hand on beside h
+            return h
+        h = self.after_blocks(h, totals)
+        h = self.norm(h) if self.norm is not None else h
+        if mtp_tokens is not None and self.mtp is not None:
+            h = torch.cat([h, *self.predict_ahead(h, mtp_tokens, positions, tables, sequence)])
+        return self.output(h, project=logits)  # [B, T, vocab], or [B, T, dim]
 
     def run(
         self,
         tokens: torch.Tensor,
+        positions: torch.Tensor | None,
+        tables: dict[str | None, tuple],
         cache: KVCache | None,
         sequence: Sequence | None,
-        logits: bool,
-        mtp_tokens: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Embedding (on the first stage: a later one receives hidden states [B, T, dim] instead of tokens), the
-        blocks each with its rotary table (and its extra inputs: layer_inputs), the final norm, the multi-token
-        prediction depths and head (on the last stage)."""
-        positions = self.positions_of(tokens, cache, sequence)
+        """This part's blocks over its input, the hidden states [B, T, dim] after the last: the embedding first (on
+        the first stage: a later one receives hidden states [B, T, dim] instead of tokens), then each block with its
+        rotary table (and its extra inputs: layer_inputs). Not the multi-token prediction depths' blocks
+        (predict_ahead, after the final norm)."""
         h = self.embed(tokens, positions) if self.embeds_input else tokens
         inputs = self.layer_inputs(tokens, h)
-        tables = self.rotary_at(positions)
         for name, layer in self.layers.items():
             if self.mtp is not None and name in self.mtp:
                 continue  # a multi-token prediction depth's block (predict_ahead)
@@ -347,11 +349,7 @@ class Transformer(nn.Module):
             h = layer(h, cos, sin, cache=None if cache is None else cache.layer(name), sequence=sequence, **extra)
         if cache is not None:
             cache.advance(tokens.shape[1])
-        h = self.after_blocks(h)
-        h = self.norm(h) if self.norm is not None else h
-        if mtp_tokens is not None and self.mtp is not None and self.output is not None:
-            h = torch.cat([h, *self.predict_ahead(h, mtp_tokens, positions, tables, sequence)])
-        return self.output(h, project=logits) if self.output is not None else h  # [B, T, vocab], or [B, T, dim]
+        return h
 
     def predict_ahead(
         self,
@@ -412,26 +410,17 @@ class Transformer(nn.Module):
             h = h + self.pos_embeddings(pos)
         return h
 
-    def after_blocks(self, h: torch.Tensor) -> torch.Tensor:
-        """The hidden states after this part's last block, before the final norm; in the part that holds the output
-        head, with the pooled load-balancing term joined: over this part's blocks, or with the routing totals
-        `carry` of the stages before (forward). Here the norm that follows makes the part's output a tensor of its
-        own, not a view of h, which FSDP would warn about at the root."""
+    def after_blocks(self, h: torch.Tensor, totals: torch.Tensor | None) -> torch.Tensor:
+        """The hidden states after the last block of the part that holds the output head, before the final norm,
+        with the pooled load-balancing term joined when `totals` [3, E] are given: the routing totals of every block
+        of the model that ran in this training forward (this part's, plus the `carry` of the stages before: forward).
+        Here the norm that follows makes the part's output a tensor of its own, not a view of h, which FSDP would
+        warn about at the root."""
         balance, moe = self.balance, self.moe_args
-        if balance is None or moe is None or self.output is None:
+        if totals is None or balance is None or moe is None:
             return h
-        carry = balance.carry
-        balance.active = False
-        if carry is None:  # the whole model
-            if balance.rows:
-                h = add_auxiliary_loss(h, "load_balance", moe.aux_loss_coef * balance.loss(moe.n_experts))
-            return h
-        if torch.is_grad_enabled() and moe.balance == "aux_loss" and moe.aux_loss_coef > 0:
-            totals = carry + balance.totals(moe.n_experts, h.device)
-            h = add_auxiliary_loss(
-                h, "load_balance", moe.aux_loss_coef * pooled_loss(balance.reduced(totals), moe.n_experts)
-            )
-        return h
+        term = moe.aux_loss_coef * pooled_loss(balance.reduced(totals), moe.n_experts)
+        return add_auxiliary_loss(h, "load_balance", term)
 
     def init_scheme(self) -> InitScheme:
         """How this model's parameters start (models/common/init_scheme.py): the shared scheme, depth-scaled by the

@@ -20,6 +20,12 @@ from titanlite.models.common.attention import Sequence
 from titanlite.models.common.head import OutputHead
 from titanlite.models.common.kv_cache import KVCache
 
+# What a pipeline stage part before the last returns where its family hands the next part a tensor beside its hidden
+# states: (h, carry) (the MoE families' pooled routing totals: models/common/moe/balance.py). A plain tuple, which
+# torch.distributed.pipelining sends tensor by tensor (a NamedTuple it would take for one value); the next part's
+# forward pre-hook turns it back into its positional h and the keyword `carry` (parallel/pipeline.py carry_as_keyword).
+WithCarry = tuple[torch.Tensor, torch.Tensor]
+
 
 class Decoder(Protocol):
     """A decoder-only language model as a plain nn.Module."""
@@ -45,15 +51,15 @@ class Decoder(Protocol):
         sequence: Sequence | None = None,
         *,
         logits: bool = True,
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    ) -> torch.Tensor | WithCarry:
         """Logits [B, T, vocab] of tokens [B, T]; with logits=False, the final hidden states [B, T, dim] (after
         the final norm), which the training losses take together with `output` (titanlite/components/loss.py).
         Either way the last stage calls `output` (as `output(h, project=logits)`), so FSDP and tensor
         parallelism see the same module calls. A later pipeline stage receives hidden states instead of tokens
         and returns hidden states unless it holds `output`; a family may hand the next stage a tensor beside
-        them, returning (h, carry) from a part without `output` and taking the keyword `carry=` in the next
-        (titanlite/parallel/pipeline.py passes it on; the MoE families' pooled routing statistics). The whole
-        model returns one tensor. With a cache, the tokens continue the cached
+        them, returning (h, carry) (WithCarry) from a part without `output` and taking the keyword `carry=` in the
+        next (titanlite/parallel/pipeline.py passes it on; the MoE families' pooled routing totals). The whole
+        model, and the part that holds `output`, return one tensor. With a cache, the tokens continue the cached
         sequence (generation). `sequence`: the tokens' positions and documents
         (titanlite/models/common/attention.py), for block-causal masks and context parallelism; each block's
         attention runs through its `core` module (a CoreAttention, built by name: build_core), which context
