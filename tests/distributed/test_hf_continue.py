@@ -85,6 +85,7 @@ def cli(*args: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow  # CI runs it; test_checkpoint.py's export matches titanlite's logits in the default suite
 def test_train_then_export_loads_in_transformers(tmp_path, hf_folder):
     from titanlite.builder.data import build_data, run_tokenizer
     from titanlite.components.checkpoint import load_model_only

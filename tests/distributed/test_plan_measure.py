@@ -164,6 +164,7 @@ def test_estimate_within_15_percent_of_measured(tmp_path, plan_measure, name, ng
     )
 
 
+@pytest.mark.slow  # CI runs it; the default suite measures one layout (above)
 def test_a_failed_measurement_says_why_with_the_workers_status(tmp_path):
     # A simulated out-of-memory error in the measured run: plan --measure quotes the worker's line, exits 4.
     cmd = [sys.executable, "-m", "titanlite.commands.cli", "plan", "--ngpu", "1", "--measure"]

@@ -88,7 +88,8 @@ def test_two_launchers_as_two_nodes_match_one_node(tmp_path, reference):
     assert_matches(metrics(tmp_path), reference("gpt2"))
 
 
-@pytest.mark.parametrize("to", ["launcher", "every process"])
+# To every process slow (CI runs it): the default suite sends it to the launcher, and resumes.
+@pytest.mark.parametrize("to", ["launcher", pytest.param("every process", marks=pytest.mark.slow)])
 def test_sigterm_leaves_a_checkpoint_at_the_current_step_and_a_restart_continues(tmp_path, to):
     """SIGTERM to the launcher (`kill PID`), which forwards it to the workers, or to every process of the job at once
     (Slurm at its time limit, `scancel`, `kill -TERM -PGID`), the launcher's forkserver among them: it ignores the

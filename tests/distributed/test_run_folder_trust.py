@@ -348,6 +348,7 @@ def mount_tmpfs_command(folder, megabytes):
     return None
 
 
+@pytest.mark.slow  # a launch on a tmpfs of 1 MB; CI runs it
 def test_a_full_disk_is_one_line_naming_the_folder(tmp_path):
     disk = tmp_path / "disk"
     disk.mkdir()
@@ -375,7 +376,10 @@ def test_the_killed_rank_is_the_one_named(tmp_path):
     assert last_line(proc).startswith("titanlite: error: rank 1: killed by SIGKILL"), proc.stderr[-3000:]
 
 
-@pytest.mark.parametrize("checkpoints", [True, False], ids=["checkpointed", "no-checkpoints"])
+# Without checkpoints slow (CI runs it): the checkpointed one keeps the line and the status in the default suite.
+@pytest.mark.parametrize(
+    "checkpoints", [True, pytest.param(False, marks=pytest.mark.slow)], ids=["checkpointed", "no-checkpoints"]
+)
 def test_a_sigterm_to_a_worker_is_its_own_line_and_status(tmp_path, checkpoints):
     args = [*TINY, "--training.steps", "400", "--training.local_batch_size", "2"]
     args += ["--checkpoint.enable", "--checkpoint.interval", "1000"] if checkpoints else []
@@ -486,6 +490,7 @@ def test_a_dump_folder_that_is_a_file_is_one_line(tmp_path, capsys):
     )
 
 
+@pytest.mark.slow  # CI runs it; the default suite names a killed rank (test_the_killed_rank_is_the_one_named)
 def test_a_native_crash_names_the_rank_and_prints_its_python_stack(tmp_path):
     """A rank that dies in C (SIGSEGV) is named, and faulthandler printed where its Python code was."""
     args = [*TINY, "--training.steps", "6", "--training.local_batch_size", "2"]

@@ -87,6 +87,7 @@ def test_every_rank_skips_the_same_step_on_fsdp_and_pp_and_a_resume_keeps_the_gu
     assert [r.get("skipped_steps") for r in after] == [r.get("skipped_steps") for r in records]
 
 
+@pytest.mark.slow  # a launch; CI runs it (the default suite skips a spike on FSDP and PP, in the pool)
 def test_a_run_of_spikes_stops_with_exit_3_and_leaves_the_last_checkpoint(tmp_path):
     args = [*GUARDED, *steps(10), "--training.max_skipped_steps_in_row", "2", "--checkpoint.enable"]
     proc = launch([*args, "--checkpoint.interval", "1"], tmp_path, ngpu=1, TITANLITE_FAULT="spike@5,spike@6,spike@7")

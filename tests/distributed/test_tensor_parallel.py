@@ -44,6 +44,8 @@ def test_tensor_parallel_matches_single_device(tmp_path, reference, model, name,
     assert_matches(metrics(tmp_path), reference(model))
 
 
+@pytest.mark.slow  # CI runs it; the default suite launches FSDP x 2 through NGPU=2 ./run_train.sh
+# (test_data_parallel.py) and runs TP x 2 in the pool (above)
 def test_tp_via_run_train_sh(tmp_path, reference):
     proc = run_train_sh([*VALIDATED, *TP2, "--training.local_batch_size", "8"], tmp_path, ngpu=2)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
