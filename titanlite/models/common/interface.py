@@ -10,13 +10,14 @@ start_param), so the weights do not depend on the layout either.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
+from typing import TYPE_CHECKING, ClassVar, Protocol, cast
 
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from titanlite.models.common.attention import Sequence
+from titanlite.models.common.decoder_args import TransformerArgs
 from titanlite.models.common.head import OutputHead
 from titanlite.models.common.kv_cache import KVCache
 
@@ -30,8 +31,13 @@ WithCarry = tuple[torch.Tensor, torch.Tensor]
 class Decoder(Protocol):
     """A decoder-only language model as a plain nn.Module."""
 
-    # Its family's arguments (ModelSpec.args_type): dim, n_layers, n_heads, head_dim, vocab_size, max_seq_len, ...
-    args: Any
+    @property
+    def args(self) -> TransformerArgs:
+        """Its family's arguments (ModelSpec.args_type), which meet the shared decoder's contract (dim, n_layers,
+        n_heads, head_dim, vocab_size, max_seq_len, ...: models/common/decoder_args.py TransformerArgs); read-only
+        here, so a family's module may hold its own subclass."""
+        ...
+
     tok_embeddings: nn.Embedding | None  # None on pipeline stages after the first
     layers: nn.ModuleDict  # the transformer blocks, keyed by index; FSDP, AC and compile wrap each one
     norm: nn.Module | None  # final norm; None on pipeline stages before the last

@@ -198,9 +198,11 @@ def moe_tp_plan(model: DecoderModule) -> dict:
     """The MoE decoder's plan: the shared blocks' for attention (its Q/K norms as args.qk_norm has them: qk_norms)
     and the dense layers' feed-forward; a mixture-of-experts block whole on every tensor-parallel rank
     (moe_block_plan)."""
+    moe = model.args.moe
+    assert moe is not None, "moe_tp_plan is the plan of a model with experts (args.moe)"
     plan = {}
     for i in model.layers:
-        dense = not model.args.moe.is_sparse(int(i))
+        dense = not moe.is_sparse(int(i))
         for name, style in (qk_norms(model.args) | block_plan()).items():
             if dense or not name.startswith("feed_forward"):
                 plan[f"layers.{i}.{name}"] = style

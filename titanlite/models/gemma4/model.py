@@ -303,6 +303,7 @@ def flops_per_token(model: DecoderModule, seq_len: int) -> float:
     experts) with the per-layer embedding table counted as the lookup it is, not a matmul, and attention's term over
     each layer's own head width (the full layers' global_head_dim)."""
     args = model.args
+    assert isinstance(args, Gemma4Args), type(args).__name__
     flops = moe_flops_per_token(model, seq_len) - sequence_flops_per_token(model, seq_len)
     per_layer = getattr(model, "per_layer_inputs", None)
     if per_layer is not None:

@@ -24,6 +24,7 @@ from torch.distributed.tensor.parallel.style import ParallelStyle
 
 from titanlite.models.common.interface import DecoderModule
 from titanlite.models.common.parallelize import LINEAR_BY_HEAD, MixerInput, block_plan, moe_block_plan
+from titanlite.models.kimi_linear.args import KimiLinearArgs
 
 
 class SharedKeyGradients(ParallelStyle):
@@ -67,6 +68,7 @@ def latent_plan(q_lora_rank: int, kv_lora_rank: int) -> dict:
 
 def tp_plan(model: DecoderModule) -> dict:
     args = model.args
+    assert isinstance(args, KimiLinearArgs), type(args).__name__
     llama = {name: style for name, style in block_plan().items() if name.partition(".")[0] != "attention"}
     plan: dict = {}
     for i in model.layers:
@@ -75,7 +77,7 @@ def tp_plan(model: DecoderModule) -> dict:
             block |= kda_plan()
         else:
             block |= latent_plan(args.q_lora_rank, args.kv_lora_rank)
-        if args.moe.is_sparse(int(i)):
+        if args.moe is not None and args.moe.is_sparse(int(i)):
             block = {name: style for name, style in block.items() if name.partition(".")[0] != "feed_forward"}
             block["feed_forward"] = moe_block_plan()
         plan |= {f"layers.{i}.{name}": style for name, style in block.items()}

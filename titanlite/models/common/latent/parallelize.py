@@ -21,6 +21,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInpu
 from torch.distributed.tensor.parallel.style import ParallelStyle
 
 from titanlite.models.common.interface import DecoderModule
+from titanlite.models.common.latent.args import LatentArgs
 from titanlite.models.common.parallelize import block_plan, moe_block_plan, sum_gradient
 
 
@@ -62,6 +63,7 @@ def tp_plan(model: DecoderModule) -> dict:
     """Every layer's: latent attention (latent_attention_plan), and the dense feed-forward or, at args.moe's sparse
     layers, the MoE block."""
     args = model.args
+    assert isinstance(args, LatentArgs), type(args).__name__
     llama = block_plan()
     plan: dict = {}
     for i in model.layers:
