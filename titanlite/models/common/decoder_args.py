@@ -5,7 +5,6 @@ what only it has. TransformerArgs: what the decoder reads of any family's argume
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -276,9 +275,7 @@ class MoEDecoderArgs(DecoderArgs):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        beyond = [i for i in self.moe.dense_layers if i >= self.n_layers]
-        if beyond:
-            raise ValueError(f"MoEArgs.dense_layers={list(self.moe.dense_layers)} names layers beyond n_layers")
+        self.moe.check_depth(self.n_layers)
 
 
 class WithExperts(TransformerArgs, Protocol):
@@ -290,8 +287,7 @@ class WithExperts(TransformerArgs, Protocol):
 
 def moe_with_depth(args: WithExperts, n_layers: int) -> dict:
     """model.n_layers: the depth, keeping the dense layers that still exist."""
-    dense = tuple(i for i in args.moe.dense_layers if i < n_layers)
-    return {"n_layers": n_layers, "moe": dataclasses.replace(args.moe, dense_layers=dense)}
+    return {"n_layers": n_layers, "moe": args.moe.at_depth(n_layers)}
 
 
 def moe_split_sizes(args: MoEDecoderArgs) -> dict[str, int]:

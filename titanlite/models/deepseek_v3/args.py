@@ -48,9 +48,7 @@ class DeepseekV3Args(LatentArgs):
         super().__post_init__()
         if self.mtp_layers < 0:
             raise ValueError(f"DeepseekV3Args.mtp_layers={self.mtp_layers}; use 0 (none) or more")
-        beyond = [i for i in self.moe.dense_layers if i >= self.n_layers]
-        if beyond:
-            raise ValueError(f"MoEArgs.dense_layers={list(self.moe.dense_layers)} names layers beyond n_layers")
+        self.moe.check_depth(self.n_layers)
 
 
 def first_dense(k: int) -> tuple[int, ...]:

@@ -4,7 +4,6 @@ dense layers before it; the published size."""
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -59,9 +58,7 @@ class KimiLinearArgs(LatentArgs):
         for name in ("linear_heads", "linear_head_dim", "conv_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"KimiLinearArgs.{name}={getattr(self, name)}; it must be at least 1")
-        beyond = [i for i in self.moe.dense_layers if i >= self.n_layers]
-        if beyond:
-            raise ValueError(f"MoEArgs.dense_layers={list(self.moe.dense_layers)} names layers beyond n_layers")
+        self.moe.check_depth(self.n_layers)
 
     def attention_layers(self) -> tuple[int, ...]:
         """The latent-attention layers."""
@@ -71,8 +68,7 @@ class KimiLinearArgs(LatentArgs):
 def with_depth(args: KimiLinearArgs, n_layers: int) -> dict:
     """model.n_layers: the depth, the layer kinds cut or continued every fourth, the dense layers that still exist."""
     kinds = args.layer_types[:n_layers] + hybrid_layers(n_layers)[len(args.layer_types) :]
-    dense = tuple(i for i in args.moe.dense_layers if i < n_layers)
-    return {"n_layers": n_layers, "layer_types": kinds, "moe": dataclasses.replace(args.moe, dense_layers=dense)}
+    return {"n_layers": n_layers, "layer_types": kinds, "moe": args.moe.at_depth(n_layers)}
 
 
 def split_sizes(args: KimiLinearArgs) -> dict[str, int]:

@@ -4,6 +4,7 @@ their own arguments and Hugging Face config.json."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 SCORE_FUNCS = ("softmax", "sigmoid")
@@ -114,6 +115,16 @@ class MoEArgs:
     def is_sparse(self, layer: int) -> bool:
         """Whether block `layer` holds the MoE block (else a dense feed-forward)."""
         return layer not in self.dense_layers
+
+    def check_depth(self, n_layers: int) -> None:
+        """Refuse (ValueError) dense_layers naming a layer a decoder of `n_layers` does not have."""
+        if any(i >= n_layers for i in self.dense_layers):
+            raise ValueError(f"MoEArgs.dense_layers={list(self.dense_layers)} names layers beyond n_layers")
+
+    def at_depth(self, n_layers: int) -> MoEArgs:
+        """These arguments for a decoder cut or grown to `n_layers` (model.n_layers): the dense layers that still
+        exist."""
+        return dataclasses.replace(self, dense_layers=tuple(i for i in self.dense_layers if i < n_layers))
 
 
 def dense_layers_from_hf(

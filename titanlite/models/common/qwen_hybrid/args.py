@@ -5,7 +5,6 @@ that read them. A family's folder subclasses them with its name and gives its si
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -64,8 +63,7 @@ def with_depth(args: QwenHybridArgs, n_layers: int) -> dict:
     interval = full_interval(args.layer_types, n_layers + 1)
     depth: dict = {"n_layers": n_layers, "layer_types": hybrid_layers(n_layers, interval)}
     if isinstance(args, QwenHybridMoEArgs):
-        dense = tuple(i for i in args.moe.dense_layers if i < n_layers)
-        depth["moe"] = dataclasses.replace(args.moe, dense_layers=dense)
+        depth["moe"] = args.moe.at_depth(n_layers)
     return depth
 
 
