@@ -11,40 +11,17 @@ here) get their gradient summed over the ranks in backward."""
 
 from __future__ import annotations
 
-import torch
-from torch import nn
-from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+from torch.distributed.tensor import Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     RowwiseParallel,
     SequenceParallel,
 )
-from torch.distributed.tensor.parallel.style import ParallelStyle
 
 from titanlite.models.common.interface import DecoderModule
+from titanlite.models.common.latent.parallelize import RotaryKeyGradients
 from titanlite.models.common.parallelize import LINEAR_BY_HEAD, MixerInput, block_plan, moe_block_plan
 from titanlite.models.kimi_linear.args import KimiLinearArgs
-
-
-class SharedKeyGradients(ParallelStyle):
-    """On wkv_a: its output's channels from `latent` on (the key channels every head shares) pass through unchanged,
-    their gradient summed over the tensor-parallel ranks (each holds some heads' part of it): a replicated DTensor
-    whose local gradient is declared partial."""
-
-    def __init__(self, latent: int):
-        super().__init__()
-        self.latent = latent
-
-    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        latent = self.latent
-
-        def hook(module: nn.Module, inputs, out: torch.Tensor) -> torch.Tensor:
-            shared = DTensor.from_local(out[..., latent:], device_mesh, [Replicate()], run_check=False)
-            return torch.cat([out[..., :latent], shared.to_local(grad_placements=[Partial()])], dim=-1)
-
-        module.register_forward_hook(hook)
-        return module
 
 
 def kda_plan() -> dict:
@@ -60,7 +37,7 @@ def latent_plan(q_lora_rank: int, kv_lora_rank: int) -> dict:
     return {
         "attention": MixerInput(),
         "attention.wq_b" if q_lora_rank else "attention.wq": ColwiseParallel(),
-        "attention.wkv_a": SharedKeyGradients(kv_lora_rank),
+        "attention.wkv_a": RotaryKeyGradients(kv_lora_rank),  # the key channels every head shares
         "attention.wkv_b": ColwiseParallel(),
         "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
     }
