@@ -94,11 +94,8 @@ def resume_copy(stopped, dest):
     return dest
 
 
-# PP x 2 (~23 s) is slow, beside one process and FSDP x 4 in the default suite.
-# One process is slow (CI runs it): FSDP x 4 stays in the default suite.
-@pytest.mark.parametrize(
-    "layout", [pytest.param("single", marks=pytest.mark.slow), "fsdp4", pytest.param("pp2", marks=pytest.mark.slow)]
-)
+# Slow (CI runs them): the default suite's bitwise resume is test_resilience.py's killed FSDP x 4 worker, restarted.
+@pytest.mark.parametrize("layout", [pytest.param(name, marks=pytest.mark.slow) for name in ("single", "fsdp4", "pp2")])
 def test_resume_is_bitwise_exact(tmp_path, fsdp4_runs, straight_run, layout):
     if layout == "fsdp4":
         straight, stopped = fsdp4_runs
@@ -115,8 +112,8 @@ def test_resume_is_bitwise_exact(tmp_path, fsdp4_runs, straight_run, layout):
     assert [r["grad_norm"] for r in resumed[10:]] == [r["grad_norm"] for r in expected[10:]]
 
 
-# PP x 2 is slow (CI runs it): TP x 2 already shows a checkpoint of FSDP x 4 continuing on another layout.
-@pytest.mark.parametrize("layout", ["tp2", pytest.param("pp2", marks=pytest.mark.slow)])
+# Slow (CI runs them): the default suite resumes on another layout in test_muon.py (a Muon checkpoint).
+@pytest.mark.parametrize("layout", [pytest.param(name, marks=pytest.mark.slow) for name in ("tp2", "pp2")])
 def test_resume_on_another_layout_continues_the_same_run(tmp_path, fsdp4_runs, layout):
     straight, stopped = fsdp4_runs
     run(layout, resume_copy(stopped, tmp_path))
@@ -190,6 +187,7 @@ def test_process_saver_resumes_exactly_and_leaves_no_tmp(tmp_path, fsdp4_runs, s
     assert not list((tmp_path / "run").glob("*.tmp"))
 
 
+@pytest.mark.slow  # a launch killed at a moment; CI runs it (damaged checkpoints are skipped in the default suite)
 def test_killed_during_async_saves_leaves_only_loadable_checkpoints(tmp_path):
     from titanlite.components.checkpoint_files import verify
 

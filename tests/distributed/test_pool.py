@@ -84,6 +84,7 @@ def test_a_hung_rank_fails_within_the_timeout_with_its_stack(bare_pool):
     assert bare_pool.run(sum_of_ranks).values == [1, 1]
 
 
+@pytest.mark.slow  # CI runs it (the launch is test_data_parallel.py's, in the default suite)
 def test_a_run_in_the_pool_equals_a_torchrun_launch_bit_for_bit(tmp_path, zero3_launch):
     """FSDP x 4 (ZeRO-3): the trainer in processes that ran other tests' bodies before gives what the fresh workers of
     `NGPU=4 ./run_train.sh` (torchrun's) give; the launch is the one test_data_parallel.py compares with one process."""

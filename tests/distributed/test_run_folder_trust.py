@@ -216,6 +216,7 @@ def test_retention_and_a_restarted_start_from_scratch_keep_to_their_own_checkpoi
 # ---- one job per run folder ------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # CI runs it; unit/test_run_lock.py stops a second launch in `check` in the default suite
 def test_a_second_launch_on_a_busy_run_folder_exits_2_and_the_first_finishes_exactly(tmp_path, ten):
     args = last_wins([*TEN, "--job.dump_folder", str(tmp_path), "--job.name", "run"])
     release = tmp_path / "release"  # the first job waits after step 1 until this exists: busy for certain
@@ -399,6 +400,7 @@ def test_a_sigterm_to_a_worker_is_its_own_line_and_status(tmp_path, checkpoints)
         assert line.endswith("nothing was saved (checkpoint.enable is false)"), line
 
 
+@pytest.mark.slow  # CI runs it; the default suite names a killed rank (above)
 def test_the_workers_of_a_sigkilled_launcher_end_with_it(tmp_path):
     # An orphaned worker would train on beside the job a new launch starts in the same run folder. The workers are
     # forked from the launcher's forkserver, which ends with the launcher; each worker ends with the server.

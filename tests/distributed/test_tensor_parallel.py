@@ -30,7 +30,7 @@ CASES = [
         "llama3",
         marks=SLOW,
     ),
-    ("fsdp2_x_tp2", 4, ["--training.local_batch_size", "4"], "gpt2"),
+    pytest.param("fsdp2_x_tp2", 4, ["--training.local_batch_size", "4"], "gpt2", marks=SLOW),  # 2-D: PP x FSDP stays
     pytest.param("fsdp2_x_tp2", 4, ["--training.local_batch_size", "4"], "llama3", marks=SLOW),
 ]
 
