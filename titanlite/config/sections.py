@@ -388,9 +388,9 @@ class MoE:
     """How far each expert's routing bias moves after each step, with balance "bias" (DeepSeek-V3 used 0.001):
     up for an expert that got fewer tokens than the mean, down for one that got more; -1 keeps the flavor's."""
     experts_kernel: Literal["auto", "loop"] = "auto"
-    """How the routed experts compute: "auto" runs each block's experts as one torch._grouped_mm wherever it runs
-    for the device and dtype (CUDA sm90+ in bfloat16; the CPU in torch 2.9+), else a loop over the experts;
-    "loop" always loops (the same numbers; for comparing the two, e.g. tokens/s on a GPU)."""
+    """How the routed experts compute: "auto" runs each block's experts as one torch.nn.functional.grouped_mm
+    wherever it runs for the device and dtype (CUDA sm90+ in bfloat16; the CPU in torch 2.9+), else a loop over the
+    experts; "loop" always loops (the same numbers; for comparing the two, e.g. tokens/s on a GPU)."""
 
 
 @dataclass
