@@ -14,11 +14,6 @@ from tests.pool import close_pools
 # themselves (TITANLITE_DEVICE=cuda in their runs' environment).
 os.environ["TITANLITE_DEVICE"] = "cpu"
 
-# torch.compile's inductor compiles in the process that compiles, not in a pool of compile workers (each a new
-# interpreter that imports torch): on the 2-core machine the pool cost more than it saved (the single-process compile
-# test from a cold cache: 40 s with it, 33 s without). Runs started as processes inherit it (tests/helpers.py env).
-os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
-
 # Under pytest-xdist each worker takes its share of the cores for torch's intra-op threads: torch's default is every
 # core in every worker (12 workers on a 16-core GPU box ran about 190 threads). The pool's ranks and the runs started
 # as processes use one thread each already (tests/pool.py, tests/helpers.py env).
