@@ -8,7 +8,9 @@ import multiprocessing
 import os
 import pickle
 import re
+import signal
 import socket
+import threading
 import time
 
 import numpy as np
@@ -356,6 +358,45 @@ def test_bad_jsonl_lines_are_config_errors_naming_file_and_line(tmp_path, line, 
     with pytest.raises(ConfigError, match=message) as info:
         load(path, ByteTokenizer(), tmp_path / "cache", shard_bytes=100)  # the bad line is in a later shard
     assert str(path) in str(info.value)
+
+
+TOKENIZE_PIECE = store_module.tokenize_piece
+
+
+def _first_one_killed(task):
+    """tokenize_piece, except that the process that starts the first piece is killed (what the kernel's
+    out-of-memory killer does)."""
+    try:
+        (task[0] / "killed").touch(exist_ok=False)
+    except FileExistsError:
+        return TOKENIZE_PIECE(task)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_a_tokenising_process_that_dies_is_an_error_not_a_hang(tmp_path, monkeypatch):
+    path = tmp_path / "docs.jsonl"
+    path.write_text('{"text": "fine"}\n' * 50)
+    monkeypatch.setattr(store_module, "tokenize_piece", _first_one_killed)  # forked workers inherit it
+    failed: list[BaseException] = []
+
+    def build():
+        try:
+            load(path, ByteTokenizer(), tmp_path / "cache", shard_bytes=100, workers=2)
+        except BaseException as e:
+            failed.append(e)
+
+    # In a process whose SIGTERM handler only notes the signal, as a training run's does (its forked workers start
+    # with the default one again). multiprocessing.Pool would wait for the killed piece's result forever.
+    before = signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    try:
+        builder = threading.Thread(target=build, daemon=True)
+        builder.start()
+        builder.join(timeout=60)
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert not builder.is_alive(), "the build still waits for its tokenising processes after 60 s"
+    assert len(failed) == 1 and isinstance(failed[0], RuntimeError), failed
+    assert re.search(r"a tokenising process died .*data\.prepare_workers.*it was 2", str(failed[0]))
 
 
 def test_bad_parquet_and_non_utf8_text_are_config_errors(tmp_path):

@@ -271,6 +271,22 @@ def test_a_sighup_stops_the_run_after_a_step_like_a_sigterm():
             signal.signal(sig, handler)
 
 
+def test_a_finished_run_gives_the_stop_signals_their_handlers_back():
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    try:
+        stop = StopOnSignal(torch.device("cpu"))
+        assert signal.getsignal(signal.SIGTERM) == stop.handle
+        stop.close()  # a run no signal stopped
+        assert {sig: signal.getsignal(sig) for sig in before} == before
+        stop = StopOnSignal(torch.device("cpu"))
+        os.kill(os.getpid(), signal.SIGTERM)
+        stop.close()  # a stopped run keeps its handler: the launcher's echo of the signal must not kill it
+        assert signal.getsignal(signal.SIGTERM) == stop.handle
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
 def mark(folder, rank: int, pid: int, step: int, attempt: int = 0) -> None:
     entry = {"rank": rank, "pid": pid, "step": step, "time": time.time(), "attempt": attempt}
     (folder / f"alive-rank{rank}.json").write_text(json.dumps(entry))

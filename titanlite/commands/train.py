@@ -29,18 +29,22 @@ def train(cfg: JobConfig) -> None:
     trainer = build_trainer(cfg, plan, device, rank, world_size)
     measure_to = os.environ.get("TITANLITE_MEASURE_MEMORY", "")
     try:
-        if measure_to:  # `titanlite plan --measure`: tensor-level peak memory of this rank, by category
-            out = Path(measure_to) / f"rank{rank}.json"
-            measure_peak(trainer, plan.dims.fsdp_enabled, device, out, cfg.training.steps)
-        else:
-            first = trainer.step
-            trainer.train(cfg.training.steps, cfg.training.stop_after_step)
-            metrics_path = Path(cfg.job.dump_folder) / cfg.job.name / "metrics.jsonl"
-            logger.info(done_line(first, trainer.step, cfg, metrics_path))
-    finally:  # the thread building batches ahead would otherwise poll its full queue for as long as the process lives
-        trainer.loader.close()
-    trainer.checkpointer.close()
-    trainer.logger.close()
+        try:
+            if measure_to:  # `titanlite plan --measure`: tensor-level peak memory of this rank, by category
+                out = Path(measure_to) / f"rank{rank}.json"
+                measure_peak(trainer, plan.dims.fsdp_enabled, device, out, cfg.training.steps)
+            else:
+                first = trainer.step
+                trainer.train(cfg.training.steps, cfg.training.stop_after_step)
+                metrics_path = Path(cfg.job.dump_folder) / cfg.job.name / "metrics.jsonl"
+                logger.info(done_line(first, trainer.step, cfg, metrics_path))
+        finally:  # the thread building batches ahead would otherwise poll its full queue while the process lives
+            trainer.loader.close()
+        trainer.checkpointer.close()
+        trainer.logger.close()
+    finally:  # the stop signals' own handlers back, once the last checkpoint is written
+        if trainer.resilience.stop is not None:
+            trainer.resilience.stop.close()
 
 
 def done_line(first: int, last: int, cfg: JobConfig, metrics_path: Path) -> str:

@@ -41,8 +41,15 @@ class StopOnSignal:
         self.pending: tuple[dist.Work, bytearray] | None = None
         if dist.is_initialized() and dist.get_world_size() > 1:
             self.group = dist.new_group(backend="gloo")  # host tensors, off the NCCL stream
-        for sig in STOP_SIGNALS:
-            signal.signal(sig, self.handle)
+        self.before = {sig: signal.signal(sig, self.handle) for sig in STOP_SIGNALS}
+
+    def close(self) -> None:
+        """Give the signals back the handlers they had, at the end of a run no signal stopped: a process that goes
+        on (a library caller, a test) would otherwise keep a handler that only asks a finished run to stop. After a
+        signal the handler stays, as the process is on its way out and must not die of the launcher's echo."""
+        if not self.signum:
+            for sig, handler in self.before.items():
+                signal.signal(sig, handler)
 
     def handle(self, signum, frame) -> None:
         # Ctrl-C reaches the launcher and the workers, and the launcher then forwards a SIGTERM: a

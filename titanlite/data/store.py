@@ -15,10 +15,12 @@ import fcntl
 import hashlib
 import json
 import logging
-import multiprocessing
 import os
+import signal
 import tempfile
 from collections.abc import Iterator
+from concurrent.futures import Future, ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
@@ -454,14 +456,42 @@ def _build_pieces(folder, source, files, recorded, tokenizer, dtype, shard_bytes
 
 @contextlib.contextmanager
 def _results(todo: list[tuple], workers: int) -> Iterator[Iterator[dict]]:
-    """tokenize_piece over `todo`, in worker processes when there is more than one to run."""
+    """tokenize_piece over `todo`, in worker processes when there is more than one to run, in the order they finish.
+
+    concurrent.futures rather than multiprocessing.Pool: after a failure (a bad line in one piece) it cancels the
+    pieces not started and waits for the few running, where Pool.terminate can wait forever on its own task thread
+    (it did, about once in forty failed builds); and a worker that dies (the kernel's out-of-memory killer) is an
+    error here, where Pool waits for its result forever. The platform's default start method (fork on Linux, as
+    DataLoader workers): spawn would re-import the caller's main module, which fails for scripts without a
+    __main__ guard."""
     if workers <= 1:
         yield (tokenize_piece(task) for task in todo)
         return
-    # The platform's default start method (fork on Linux, as DataLoader workers): spawn would re-import
-    # the caller's main module, which fails for scripts without a __main__ guard.
-    with multiprocessing.Pool(workers) as pool:
-        yield pool.imap_unordered(tokenize_piece, todo)
+    pool = ProcessPoolExecutor(workers, initializer=_default_signals)
+    try:
+        futures = [pool.submit(tokenize_piece, task) for task in todo]
+        yield (_result(future, workers) for future in as_completed(futures))
+    except BaseException:
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
+
+
+def _default_signals() -> None:
+    """A tokenising process ends on SIGTERM/SIGHUP, whatever handler the process that forked it had (a training
+    run's only asks for a stop): the pool terminates its processes with SIGTERM when one of them dies."""
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+
+
+def _result(future: Future, workers: int) -> dict:
+    try:
+        return future.result()
+    except BrokenProcessPool as e:
+        raise RuntimeError(
+            f"a tokenising process died ({e}); if the machine ran out of memory, use fewer of them "
+            f"(data.prepare_workers, or titanlite prepare --workers; it was {workers})"
+        ) from e
 
 
 def tokenize_piece(task: tuple) -> dict:
