@@ -123,9 +123,9 @@ def test_a_deepseek_v3_folder_imports_on_a_layout_with_transformers_logits(tmp_p
     their width): each rank reads the folder one tensor at a time, the routing biases too, and the forward gives
     transformers' logits."""
     pytest.importorskip("transformers")
+    from tests.conformance import assert_logits_match
     from tests.distributed.test_hf_layouts import layout_logits
     from tests.unit.test_deepseek_v3 import VOCAB, random_deepseek
-    from tests.unit.test_hf_families import assert_logits_match
 
     hf = random_deepseek()
     hf.save_pretrained(tmp_path / "hf", max_shard_size="100KB")

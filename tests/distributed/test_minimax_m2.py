@@ -14,8 +14,8 @@ def test_a_minimax_m2_folder_imports_on_a_layout_with_transformers_logits(tmp_pa
     reordered per head) or EP x 2 (experts stacked from their tensors and sharded): each rank reads the folder one
     tensor at a time, the routing biases too, and the forward gives transformers' logits."""
     pytest.importorskip("transformers")
+    from tests.conformance import assert_logits_match
     from tests.distributed.test_hf_layouts import layout_logits
-    from tests.unit.test_hf_families import assert_logits_match
     from tests.unit.test_minimax_m2 import VOCAB, random_minimax
 
     hf = random_minimax()

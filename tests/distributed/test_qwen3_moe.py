@@ -79,8 +79,8 @@ def test_the_bias_method_on_a_pipeline_matches_one_process(tmp_path):
 def test_a_qwen3_moe_folder_imports_on_ep_and_fsdp_with_transformers_logits(tmp_path):
     """EP x 2 on 2 ranks (every other weight FSDP-sharded over both): each rank reads the experts' tensors one
     parameter at a time, stacks them and keeps its expert-parallel shard; the forward routes tokens across ranks."""
+    from tests.conformance import assert_logits_match
     from tests.distributed.test_hf_layouts import layout_logits
-    from tests.unit.test_hf_families import assert_logits_match
     from tests.unit.test_qwen3_moe import VOCAB, random_model
 
     hf = random_model()

@@ -16,9 +16,18 @@ transformers = pytest.importorskip(
     "transformers", reason="transformers is an optional test dependency (pip install .[hf])"
 )
 
-from tests.unit.test_hf_families import assert_logits_match, imported  # noqa: E402
+from tests.conformance import (  # noqa: E402
+    assert_logits_match,
+    debug_args,
+    exports_as,
+    greedy_ids_match,
+    imported,
+    imports_with_its_logits,
+    random_hf,
+    tokens,
+    trained,
+)
 from titanlite.base.errors import ConfigError  # noqa: E402
-from titanlite.commands.generate import generate  # noqa: E402
 from titanlite.components.hf_weights import save_hf  # noqa: E402
 from titanlite.models.build import model_from_args  # noqa: E402
 from titanlite.models.common.init import init_weights  # noqa: E402
@@ -75,28 +84,15 @@ CASES = {
 
 def random_deepseek(**changes):
     """transformers' DeepseekV3ForCausalLM, its weights moved off their init and its correction biases non-zero."""
-    torch.manual_seed(0)
-    model = transformers.DeepseekV3ForCausalLM(transformers.DeepseekV3Config(**{**SHAPE, **changes}))
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
-        for name, b in model.named_buffers():
-            if name.endswith("e_score_correction_bias"):
-                b.copy_(torch.randn_like(b) * 0.1)
-    return model.eval()
-
-
-def tokens(n: int = 48) -> torch.Tensor:
-    return torch.randint(0, VOCAB, (2, n), generator=torch.Generator().manual_seed(1))
+    return random_hf(
+        lambda: transformers.DeepseekV3ForCausalLM(transformers.DeepseekV3Config(**{**SHAPE, **changes})),
+        buffers=lambda name: name.endswith("e_score_correction_bias"),
+    )
 
 
 @pytest.mark.parametrize("case", CASES)
 def test_a_folder_imports_with_transformers_logits(tmp_path, case):
-    hf = random_deepseek(**CASES[case])
-    hf.save_pretrained(tmp_path)
-    ours = imported(tmp_path)
-    with torch.no_grad():
-        assert_logits_match(ours(tokens()), hf(tokens()).logits)
+    imports_with_its_logits(random_deepseek(**CASES[case]), tmp_path, tokens(VOCAB))
 
 
 def test_the_correction_bias_and_the_group_limit_choose_the_experts(tmp_path):
@@ -105,58 +101,42 @@ def test_the_correction_bias_and_the_group_limit_choose_the_experts(tmp_path):
     hf.save_pretrained(tmp_path)
     ours = imported(tmp_path)
     with torch.no_grad():
-        expected = hf(tokens()).logits
+        expected = hf(tokens(VOCAB)).logits
         biases = [m.router.expert_bias for m in ours.modules() if isinstance(m, MoE)]
         assert all(b is not None and b.count_nonzero() for b in biases)  # imported, not left at zero
         saved = [b.clone() for b in biases]
         for b in biases:
             b.zero_()
-        assert (ours(tokens()) - expected).abs().max() > 1e-3 * expected.abs().max()
+        assert (ours(tokens(VOCAB)) - expected).abs().max() > 1e-3 * expected.abs().max()
         for b, s in zip(biases, saved):
             b.copy_(s)
         for m in ours.modules():
             if isinstance(m, MoE):
                 m.router.args = dataclasses.replace(m.args, topk_groups=4)
-        assert (ours(tokens()) - expected).abs().max() > 1e-3 * expected.abs().max()
+        assert (ours(tokens(VOCAB)) - expected).abs().max() > 1e-3 * expected.abs().max()
 
 
 @pytest.mark.parametrize("case", ["q_lora-groups", "yarn"])
 def test_greedy_generation_equals_transformers(tmp_path, case):
     hf = random_deepseek(**CASES[case])
     hf.save_pretrained(tmp_path)
-    ours = imported(tmp_path)
-    prompt = [5, 17, 42, 7, 99]
-    result = generate(ours, prompt, max_new_tokens=12, vocab_size=VOCAB)
-    with torch.no_grad():
-        theirs = hf.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, pad_token_id=0)
-    assert result.new_ids == theirs[0, len(prompt) :].tolist()
+    greedy_ids_match(hf, imported(tmp_path), [5, 17, 42, 7, 99], 12, VOCAB)
+
+
+def balance_biases(model) -> None:
+    """Bias balancing after a step, as a run does: the routing biases move."""
+    for m in model.modules():
+        if isinstance(m, MoE):
+            update_balance_bias(m, m.step_tokens, 0.05)
+            m.step_tokens.zero_()
 
 
 def test_a_trained_model_exports_as_deepseek_v3_with_our_logits(tmp_path):
     """A few steps of training with bias balancing (the biases move), then an export that transformers loads."""
-    args = dataclasses.replace(FLAVORS["debug"], vocab_size=320, max_seq_len=64)
-    ours = model_from_args(args)
-    init_weights(ours, 0)
-    optimizer = torch.optim.AdamW(ours.parameters(), lr=1e-2)
-    batch = torch.randint(0, 320, (4, 33), generator=torch.Generator().manual_seed(3))
-    for _ in range(3):
-        logits = ours(batch[:, :-1])
-        torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten()).backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        for m in ours.modules():
-            if isinstance(m, MoE):
-                update_balance_bias(m, m.step_tokens, 0.05)
-                m.step_tokens.zero_()
+    args = debug_args(FLAVORS)
+    ours, batch = trained(args, after_step=balance_biases)
     assert all(m.router.expert_bias.count_nonzero() for m in ours.modules() if isinstance(m, MoE))
-    ours.eval()
-    save_hf(tmp_path, args, ours.state_dict())
-    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
-    assert type(hf).__name__ == "DeepseekV3ForCausalLM"
-    with torch.no_grad():
-        assert_logits_match(ours(batch), hf(batch).logits)
-    assert args_from_hf_config(json.loads((tmp_path / "config.json").read_text())) == args
-    assert args_from_hf_config(hf.config.to_dict()) == args
+    exports_as(ours, args, tmp_path, "DeepseekV3ForCausalLM", batch)
 
 
 def test_a_rotate_half_folder_exports_back_in_its_own_layout(tmp_path):
@@ -167,7 +147,7 @@ def test_a_rotate_half_folder_exports_back_in_its_own_layout(tmp_path):
     back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
     assert back.config.rope_interleave is False
     with torch.no_grad():
-        assert_logits_match(back(tokens()).logits, hf(tokens()).logits)
+        assert_logits_match(back(tokens(VOCAB)).logits, hf(tokens(VOCAB)).logits)
 
 
 def config_json(**changes) -> dict:
@@ -229,7 +209,7 @@ def test_multi_token_prediction_is_left_out_with_mtp_layers_0_in_one_line(tmp_pa
     told = [r.getMessage() for r in caplog.records if any(w in r.getMessage() for w in ("nextn", "also holds"))]
     assert len(told) == 1 and "also holds 1 tensors the model does not train (model.layers.*)" in told[0], told
     with torch.no_grad():
-        assert_logits_match(ours(tokens()), hf(tokens()).logits)
+        assert_logits_match(ours(tokens(VOCAB)), hf(tokens(VOCAB)).logits)
 
 
 def test_what_a_deepseek_v3_config_cannot_say_is_not_exported():

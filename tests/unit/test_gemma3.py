@@ -4,8 +4,6 @@ layers; a trained model exports as Gemma3ForCausalLM with our logits and reads b
 config.json fields read as our flavors; what Gemma 3 does not use is refused in one line; tensor parallelism
 (2 ranks) gives the one-process logits; `titanlite check` takes the debug flavor."""
 
-import dataclasses
-import json
 import subprocess
 import sys
 
@@ -16,12 +14,20 @@ transformers = pytest.importorskip(
     "transformers", reason="transformers is an optional test dependency (pip install .[hf])"
 )
 
+from tests.conformance import (  # noqa: E402
+    assert_logits_match,
+    debug_args,
+    exports_as,
+    greedy_ids_match,
+    imported,
+    imports_with_its_logits,
+    random_hf,
+    tokens,
+    trained,
+)
 from tests.helpers import REPO, env, run_ranks  # noqa: E402
-from tests.unit.test_hf_families import assert_logits_match, imported  # noqa: E402
 from titanlite.base.errors import ConfigError  # noqa: E402
-from titanlite.commands.generate import generate  # noqa: E402
-from titanlite.components.hf_weights import save_hf  # noqa: E402
-from titanlite.models.build import build_model, model_from_args  # noqa: E402
+from titanlite.models.build import build_model  # noqa: E402
 from titanlite.models.common.attention import FlexAttention  # noqa: E402
 from titanlite.models.common.init import init_weights  # noqa: E402
 from titanlite.models.gemma3.args import FLAVORS  # noqa: E402
@@ -54,23 +60,13 @@ CASES = {"tied": {}, "untied-bias": {"tie_word_embeddings": False, "attention_bi
 
 def random_gemma3(**changes):
     """transformers' Gemma3ForCausalLM, its weights moved off their init (the zero norms too)."""
-    torch.manual_seed(0)
-    model = transformers.Gemma3ForCausalLM(transformers.Gemma3TextConfig(**{**SHAPE, **changes}))
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
-    return model.eval()
+    return random_hf(lambda: transformers.Gemma3ForCausalLM(transformers.Gemma3TextConfig(**{**SHAPE, **changes})))
 
 
 @pytest.mark.parametrize("case", CASES)
 def test_a_transformers_gemma3_imports_with_its_logits(tmp_path, case):
-    hf = random_gemma3(**CASES[case])
-    hf.save_pretrained(tmp_path)
-    ours = imported(tmp_path)
+    ours = imports_with_its_logits(random_gemma3(**CASES[case]), tmp_path, tokens(VOCAB))
     assert ours.args.layer_types == ("sliding_attention", "sliding_attention", "full_attention") * 2
-    tokens = torch.randint(0, VOCAB, (2, 48), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        assert_logits_match(ours(tokens), hf(tokens).logits)
 
 
 def test_gemma3_on_the_flex_backend_gives_transformers_logits_and_sdpas_gradients(tmp_path):
@@ -78,16 +74,16 @@ def test_gemma3_on_the_flex_backend_gives_transformers_logits_and_sdpas_gradient
     chunks of 16, so a 48-token prompt spans several): transformers' logits, and SDPA's gradients."""
     hf = random_gemma3()
     hf.save_pretrained(tmp_path)
-    tokens = torch.randint(0, VOCAB, (2, 48), generator=torch.Generator().manual_seed(1))
+    batch = tokens(VOCAB)
     grads = {}
     for backend in ("sdpa", "flex"):
         ours = imported(tmp_path, 64, "--model.attn_backend", backend)
         assert isinstance(ours.layers["0"].attention.core, FlexAttention) == (backend == "flex")
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(FlexAttention, "CHUNK", 16)
-            logits = ours(tokens)
+            logits = ours(batch)
         with torch.no_grad():
-            assert_logits_match(logits, hf(tokens).logits)
+            assert_logits_match(logits, hf(batch).logits)
         logits.square().mean().backward()
         grads[backend] = {name: p.grad for name, p in ours.named_parameters()}
     for name, grad in grads["flex"].items():
@@ -97,33 +93,14 @@ def test_gemma3_on_the_flex_backend_gives_transformers_logits_and_sdpas_gradient
 def test_greedy_generation_equals_transformers_past_the_window(tmp_path):
     hf = random_gemma3()
     hf.save_pretrained(tmp_path)
-    prompt = torch.randint(0, VOCAB, (12,), generator=torch.Generator().manual_seed(2)).tolist()
-    result = generate(imported(tmp_path), prompt, max_new_tokens=20, vocab_size=VOCAB)
-    with torch.no_grad():
-        theirs = hf.generate(torch.tensor([prompt]), max_new_tokens=20, do_sample=False, pad_token_id=0)
-    assert result.new_ids == theirs[0, len(prompt) :].tolist()
+    greedy_ids_match(hf, imported(tmp_path), tokens(VOCAB, (12,), seed=2).tolist(), 20, VOCAB)
 
 
 def test_a_trained_gemma3_exports_as_gemma3_for_causal_lm_with_our_logits(tmp_path):
-    args = dataclasses.replace(FLAVORS["debug"], vocab_size=320, max_seq_len=64)
-    ours = model_from_args(args)
-    init_weights(ours, 0)
-    optimizer = torch.optim.AdamW(ours.parameters(), lr=1e-2)
-    tokens = torch.randint(0, 320, (4, 41), generator=torch.Generator().manual_seed(3))
-    for _ in range(3):  # the (1 + w) norms leave their zeros
-        logits = ours(tokens[:, :-1])
-        torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten()).backward()
-        optimizer.step()
-        optimizer.zero_grad()
-    assert ours.layers["0"].post_ffn_norm.weight.abs().max() > 0
-    ours.eval()
-    save_hf(tmp_path, args, ours.state_dict())
-    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
-    assert type(hf).__name__ == "Gemma3ForCausalLM"
-    assert json.loads((tmp_path / "config.json").read_text())["model_type"] == "gemma3_text"
-    with torch.no_grad():
-        assert_logits_match(ours(tokens), hf(tokens).logits)
-    assert args_from_hf_config(hf.config.to_dict()) == args
+    args = debug_args(FLAVORS)
+    ours, batch = trained(args, length=41)
+    assert ours.layers["0"].post_ffn_norm.weight.abs().max() > 0  # the (1 + w) norms leave their zeros
+    exports_as(ours, args, tmp_path, "Gemma3ForCausalLM", batch, model_type="gemma3_text")
 
 
 # The text fields of google/gemma-3-*-pt's config.json (the 4B, 12B and 27B ones under text_config), in

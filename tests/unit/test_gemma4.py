@@ -18,12 +18,18 @@ transformers = pytest.importorskip(
     "transformers", reason="transformers is an optional test dependency (pip install .[hf])"
 )
 
-from tests.unit.test_hf_families import assert_logits_match, imported  # noqa: E402
+from tests.conformance import (  # noqa: E402
+    assert_logits_match,
+    debug_args,
+    exports_as,
+    greedy_ids_match,
+    imported,
+    imports_with_its_logits,
+    random_hf,
+    trained,
+)
 from titanlite.base.errors import ConfigError  # noqa: E402
-from titanlite.commands.generate import generate  # noqa: E402
 from titanlite.components.hf_weights import WeightReader, save_hf  # noqa: E402
-from titanlite.models.build import model_from_args  # noqa: E402
-from titanlite.models.common.init import init_weights  # noqa: E402
 from titanlite.models.gemma4.args import FLAVORS, MOE_FLAVORS, layer_types  # noqa: E402
 from titanlite.models.hf_config import args_from_hf_config  # noqa: E402
 
@@ -51,15 +57,13 @@ CASES = {
 
 
 def moved_off_init(model):
-    """The model with every weight moved off its init (norms and scales too) and its layer scalars off one."""
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
-        for name, buffer in model.named_buffers():
-            if name.endswith("layer_scalar"):
-                buffer.fill_(0.9)
-    return model.eval()
+    """The model (built under seed 0) with every weight moved off its init (norms and scales too, seeded with 0
+    again) and its layer scalars off one."""
+    model = random_hf(lambda: model)
+    for name, buffer in model.named_buffers():
+        if name.endswith("layer_scalar"):
+            buffer.fill_(0.9)
+    return model
 
 
 def random_gemma4(**changes):
@@ -72,22 +76,15 @@ def tokens(batch: int = 2, length: int = 40, seed: int = 1) -> torch.Tensor:
 
 
 def test_a_transformers_gemma4_with_every_switch_imports_with_its_logits(tmp_path):
-    hf = random_gemma4()
-    hf.save_pretrained(tmp_path)
-    ours = imported(tmp_path, 64)
+    ours = imports_with_its_logits(random_gemma4(), tmp_path, tokens())
     assert ours.layers["4"].attention.wk is None and ours.layers["2"].attention.wv is None
     assert ours.layers["5"].feed_forward.w1.out_features == 192
-    with torch.no_grad():
-        assert_logits_match(ours(tokens()), hf(tokens()).logits)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", [c for c in CASES if c != "moe"])
 def test_other_switches_import_with_their_logits(tmp_path, case):
-    hf = random_gemma4(**CASES[case])
-    hf.save_pretrained(tmp_path)
-    with torch.no_grad():
-        assert_logits_match(imported(tmp_path, 64)(tokens()), hf(tokens()).logits)
+    imports_with_its_logits(random_gemma4(**CASES[case]), tmp_path, tokens())
 
 
 @pytest.mark.slow
@@ -95,38 +92,19 @@ def test_greedy_generation_equals_transformers_past_the_window(tmp_path):
     """The KV cache: layers that reuse keys and values keep the new tokens' in their own cache."""
     hf = random_gemma4()
     hf.save_pretrained(tmp_path)
-    prompt = tokens(1, 12, 2)[0].tolist()
-    result = generate(imported(tmp_path, 64), prompt, max_new_tokens=20, vocab_size=VOCAB)
-    with torch.no_grad():
-        theirs = hf.generate(torch.tensor([prompt]), max_new_tokens=20, do_sample=False, pad_token_id=0)
-    assert result.new_ids == theirs[0, len(prompt) :].tolist()
+    greedy_ids_match(hf, imported(tmp_path, 64), tokens(1, 12, 2)[0].tolist(), 20, VOCAB)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("family", ["gemma4", "gemma4_moe"])
 def test_a_trained_gemma4_exports_as_gemma4_for_causal_lm_with_our_logits(tmp_path, family):
-    flavors = FLAVORS if family == "gemma4" else MOE_FLAVORS
-    args = dataclasses.replace(flavors["debug"], vocab_size=320, max_seq_len=64, per_layer_dim=8)
-    ours = model_from_args(args)
-    init_weights(ours, 0)
-    optimizer = torch.optim.AdamW(ours.parameters(), lr=1e-2)
-    batch = torch.randint(0, 320, (4, 41), generator=torch.Generator().manual_seed(3))
-    for _ in range(2):
-        logits = ours(batch[:, :-1])
-        torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten()).backward()
-        optimizer.step()
-        optimizer.zero_grad()
+    args = debug_args(FLAVORS if family == "gemma4" else MOE_FLAVORS, per_layer_dim=8)
+    ours, batch = trained(args, steps=2, length=41)
     for layer in ours.layers.values():
         layer.layer_scalar.fill_(0.75)  # a buffer: exported too
-    ours.eval()
-    save_hf(tmp_path, args, ours.state_dict())
-    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
-    assert type(hf).__name__ == "Gemma4ForCausalLM"
-    assert json.loads((tmp_path / "config.json").read_text())["model_type"] == "gemma4_text"
-    with torch.no_grad():
-        assert_logits_match(ours(batch), hf(batch).logits)
     # transformers' own save (per_layer_config), read by the one reader as family gemma4
-    assert args_from_hf_config(hf.config.to_dict()) == dataclasses.replace(args, family="gemma4")
+    gemma4 = dataclasses.replace(args, family="gemma4")
+    exports_as(ours, args, tmp_path, "Gemma4ForCausalLM", batch, model_type="gemma4_text", reads_back=gemma4)
 
 
 VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,

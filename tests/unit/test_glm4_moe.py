@@ -19,14 +19,22 @@ transformers = pytest.importorskip(
 
 from safetensors.torch import load_file  # noqa: E402
 
-from tests.unit.test_hf_families import assert_logits_match, imported  # noqa: E402
+from tests.conformance import (  # noqa: E402
+    assert_logits_match,
+    debug_args,
+    exports_as,
+    greedy_ids_match,
+    imported,
+    imports_with_its_logits,
+    random_hf,
+    tokens,
+    trained,
+)
 from tests.unit.test_quantized_folders import fp8_folders, imported_logits, rewrite  # noqa: E402
 from titanlite.base.errors import ConfigError  # noqa: E402
-from titanlite.commands.generate import generate  # noqa: E402
 from titanlite.components.hf_quantized import quantize_fp8  # noqa: E402
 from titanlite.components.hf_weights import WeightReader, check_tensors, load_hf_into, save_hf  # noqa: E402
 from titanlite.models.build import model_from_args, with_mtp_layers  # noqa: E402
-from titanlite.models.common.init import init_weights  # noqa: E402
 from titanlite.models.common.moe.layer import MoE, update_balance_bias  # noqa: E402
 from titanlite.models.glm4_moe.args import FLAVORS  # noqa: E402
 from titanlite.models.hf_config import args_from_hf_config, folder_args, folder_model_args, hf_config  # noqa: E402
@@ -77,19 +85,10 @@ CASES = {
 def random_glm(**changes):
     """transformers' Glm4MoeForCausalLM, its weights (biases and norms too) moved off their init and its correction
     biases non-zero."""
-    torch.manual_seed(0)
-    model = transformers.Glm4MoeForCausalLM(transformers.Glm4MoeConfig(**{**SHAPE, **changes}))
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
-        for name, b in model.named_buffers():
-            if name.endswith("e_score_correction_bias"):
-                b.copy_(torch.randn_like(b) * 0.1)
-    return model.eval()
-
-
-def tokens(n: int = 48) -> torch.Tensor:
-    return torch.randint(0, VOCAB, (2, n), generator=torch.Generator().manual_seed(1))
+    return random_hf(
+        lambda: transformers.Glm4MoeForCausalLM(transformers.Glm4MoeConfig(**{**SHAPE, **changes})),
+        buffers=lambda name: name.endswith("e_score_correction_bias"),
+    )
 
 
 @pytest.mark.parametrize(
@@ -97,53 +96,34 @@ def tokens(n: int = 48) -> torch.Tensor:
 )
 def test_a_folder_imports_with_transformers_logits(tmp_path, case):
     hf = random_glm(**CASES[case])
-    hf.save_pretrained(tmp_path)
-    ours = imported(tmp_path)
+    ours = imports_with_its_logits(hf, tmp_path, tokens(VOCAB))
     assert ours.args.rotary_dim == int(ours.args.head_dim * hf.config.rope_parameters["partial_rotary_factor"])
     biases = [m.router.expert_bias for m in ours.modules() if isinstance(m, MoE)]
     assert len(biases) == 2 and all(b is not None and b.count_nonzero() for b in biases)  # imported, not left at 0
-    with torch.no_grad():
-        assert_logits_match(ours(tokens()), hf(tokens()).logits)
 
 
 @pytest.mark.slow
 def test_greedy_generation_equals_transformers(tmp_path):
     hf = random_glm()
     hf.save_pretrained(tmp_path)
-    ours = imported(tmp_path)
-    prompt = [5, 17, 42, 7, 99]
-    result = generate(ours, prompt, max_new_tokens=12, vocab_size=VOCAB)
-    with torch.no_grad():
-        theirs = hf.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, pad_token_id=0)
-    assert result.new_ids == theirs[0, len(prompt) :].tolist()
+    greedy_ids_match(hf, imported(tmp_path), [5, 17, 42, 7, 99], 12, VOCAB)
+
+
+def balance_biases(model) -> None:
+    """Bias balancing after a step, as a run does: the routing biases move."""
+    for m in model.modules():
+        if isinstance(m, MoE):
+            update_balance_bias(m, m.step_tokens, 0.05)
+            m.step_tokens.zero_()
 
 
 @pytest.mark.slow
 def test_a_trained_model_exports_as_glm4_moe_with_our_logits(tmp_path):
     """A few steps of training with bias balancing (the biases move), then an export that transformers loads."""
-    args = dataclasses.replace(FLAVORS["debug"], vocab_size=320, max_seq_len=64)
-    ours = model_from_args(args)
-    init_weights(ours, 0)
-    optimizer = torch.optim.AdamW(ours.parameters(), lr=1e-2)
-    batch = torch.randint(0, 320, (4, 33), generator=torch.Generator().manual_seed(3))
-    for _ in range(3):
-        logits = ours(batch[:, :-1])
-        torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten()).backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        for m in ours.modules():
-            if isinstance(m, MoE):
-                update_balance_bias(m, m.step_tokens, 0.05)
-                m.step_tokens.zero_()
+    args = debug_args(FLAVORS)
+    ours, batch = trained(args, after_step=balance_biases)
     assert all(m.router.expert_bias.count_nonzero() for m in ours.modules() if isinstance(m, MoE))
-    ours.eval()
-    save_hf(tmp_path, args, ours.state_dict())
-    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
-    assert type(hf).__name__ == "Glm4MoeForCausalLM"
-    with torch.no_grad():
-        assert_logits_match(ours(batch), hf(batch).logits)
-    assert args_from_hf_config(json.loads((tmp_path / "config.json").read_text())) == args
-    assert args_from_hf_config(hf.config.to_dict()) == args
+    exports_as(ours, args, tmp_path, "Glm4MoeForCausalLM", batch)
 
 
 @pytest.mark.slow
@@ -170,14 +150,14 @@ def test_a_multi_token_prediction_layer_is_left_out_in_one_line_and_exported_bit
     told = [r.getMessage() for r in caplog.records if any(w in r.getMessage() for w in ("nextn", "also holds"))]
     assert len(told) == 1 and f"also holds {len(mtp)} tensors the model does not train (model.layers.*)" in told[0]
     with torch.no_grad():
-        assert_logits_match(ours(tokens()), reference(tokens()).logits)
+        assert_logits_match(ours(tokens(VOCAB)), reference(tokens(VOCAB)).logits)
     save_hf(tmp_path / "export", ours.args, ours.state_dict(), carry_from=tmp_path / "hf")
     exported = load_file(tmp_path / "export" / "model.safetensors")
     assert all(torch.equal(exported[k], v) for k, v in mtp.items())
     assert json.loads((tmp_path / "export" / "config.json").read_text())["num_nextn_predict_layers"] == 1
     back = transformers.Glm4MoeForCausalLM.from_pretrained(tmp_path / "export", dtype=torch.float32).eval()
     with torch.no_grad():
-        assert_logits_match(back(tokens()).logits, ours(tokens()))
+        assert_logits_match(back(tokens(VOCAB)).logits, ours(tokens(VOCAB)))
     # A prediction layer of another width is not this model's: refused before a run (hf_carried_shapes)
     weights["model.layers.3.eh_proj.weight"] = torch.randn(64, 96)
     rewrite(tmp_path / "hf", weights, {})
@@ -201,12 +181,12 @@ def test_a_glm4_5_fp8_folder_imports_with_the_logits_of_its_dequantized_weights(
     # MLP, layer 1's experts and shared expert
     assert stored["model.layers.0.self_attn.q_proj.weight_scale_inv"].shape == (2, 2)
     with caplog.at_level(logging.INFO, logger="titanlite"):
-        ours = imported_logits(folder, tokens())
+        ours = imported_logits(folder, tokens(VOCAB))
     assert "is quantized (fp8 (e4m3) in 128 x 128 blocks, quantization_config)" in caplog.text
     with torch.no_grad():
-        theirs = reference(tokens()).logits
+        theirs = reference(tokens(VOCAB)).logits
     torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
-    assert (theirs - random_glm(**shape)(tokens()).logits).abs().max() > 1e-4  # the blocks' rounding shows
+    assert (theirs - random_glm(**shape)(tokens(VOCAB)).logits).abs().max() > 1e-4  # the blocks' rounding shows
 
 
 def config_json(**changes) -> dict:
@@ -316,5 +296,5 @@ def test_an_fp8_folder_exports_its_blocks_and_reads_back(tmp_path):
     exported = load_file(tmp_path / "export" / "model.safetensors")
     assert exported["model.layers.1.mlp.experts.7.down_proj.weight"].dtype == torch.float8_e4m3fn
     with torch.no_grad():
-        first = model.eval()(tokens())
-    torch.testing.assert_close(imported_logits(tmp_path / "export", tokens()), first, rtol=1e-5, atol=1e-5)
+        first = model.eval()(tokens(VOCAB))
+    torch.testing.assert_close(imported_logits(tmp_path / "export", tokens(VOCAB)), first, rtol=1e-5, atol=1e-5)

@@ -6,7 +6,6 @@ what titanlite does not implement is refused in one line; the experts' biases an
 loop paths equal their definition; the flex backend gives SDPA's logits; tensor parallelism (2 ranks) gives the
 one-process logits."""
 
-import dataclasses
 import json
 import subprocess
 import sys
@@ -18,12 +17,19 @@ transformers = pytest.importorskip(
     "transformers", reason="transformers is an optional test dependency (pip install .[hf])"
 )
 
+from tests.conformance import (  # noqa: E402
+    debug_args,
+    exports_as,
+    greedy_ids_match,
+    imported,
+    imports_with_its_logits,
+    random_hf,
+    tokens,
+    trained,
+)
 from tests.helpers import REPO, env, run_ranks  # noqa: E402
-from tests.unit.test_hf_families import assert_logits_match, imported  # noqa: E402
 from titanlite.base.errors import ConfigError  # noqa: E402
-from titanlite.commands.generate import generate  # noqa: E402
-from titanlite.components.hf_weights import save_hf  # noqa: E402
-from titanlite.models.build import build_model, model_from_args  # noqa: E402
+from titanlite.models.build import build_model  # noqa: E402
 from titanlite.models.common.attention import FlexAttention, build_core  # noqa: E402
 from titanlite.models.common.init import init_weights  # noqa: E402
 from titanlite.models.common.moe.layer import ClampedSwiGLU, GroupedExperts  # noqa: E402
@@ -59,12 +65,7 @@ CASES = {"published-activation": {}, "clamped": {"swiglu_limit": 0.3, "swiglu_al
 
 def random_gpt_oss(**changes):
     """transformers' GptOssForCausalLM, its weights moved off their init (biases and sinks too)."""
-    torch.manual_seed(0)
-    model = transformers.GptOssForCausalLM(transformers.GptOssConfig(**{**SHAPE, **changes}))
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
-    return model.eval()
+    return random_hf(lambda: transformers.GptOssForCausalLM(transformers.GptOssConfig(**{**SHAPE, **changes})))
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -74,58 +75,31 @@ def test_a_transformers_gpt_oss_imports_with_its_logits(tmp_path, case):
     if case == "clamped" and (experts.alpha, experts.limit) != (1.5, 0.3):  # transformers 5.17 (an H100's, 2026-11-28)
         pytest.skip(f"transformers {transformers.__version__} reads neither swiglu_alpha nor swiglu_limit from the "
                     f"config (it keeps alpha {experts.alpha}, limit {experts.limit})")  # fmt: skip
-    hf.save_pretrained(tmp_path)
-    ours = imported(tmp_path)
+    ours = imports_with_its_logits(hf, tmp_path, tokens(VOCAB))
     assert ours.args.layer_types == ("sliding_attention", "full_attention") * 2 and ours.args.sliding_window == 8
-    tokens = torch.randint(0, VOCAB, (2, 48), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        assert_logits_match(ours(tokens), hf(tokens).logits)
 
 
 def test_greedy_generation_equals_transformers_past_the_window(tmp_path):
     hf = random_gpt_oss()
     hf.save_pretrained(tmp_path)
-    prompt = torch.randint(0, VOCAB, (12,), generator=torch.Generator().manual_seed(2)).tolist()
-    result = generate(imported(tmp_path), prompt, max_new_tokens=20, vocab_size=VOCAB)
-    with torch.no_grad():
-        theirs = hf.generate(torch.tensor([prompt]), max_new_tokens=20, do_sample=False, pad_token_id=0)
-    assert result.new_ids == theirs[0, len(prompt) :].tolist()
-
-
-def trained(steps: int = 3):
-    args = dataclasses.replace(FLAVORS["debug"], vocab_size=320, max_seq_len=64)
-    ours = model_from_args(args)
-    init_weights(ours, 0)
-    optimizer = torch.optim.AdamW(ours.parameters(), lr=1e-2)
-    tokens = torch.randint(0, 320, (4, 41), generator=torch.Generator().manual_seed(3))
-    for _ in range(steps):  # the biases and sinks leave their initial values
-        logits = ours(tokens[:, :-1])
-        torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten()).backward()
-        optimizer.step()
-        optimizer.zero_grad()
-    return args, ours.eval(), tokens
+    greedy_ids_match(hf, imported(tmp_path), tokens(VOCAB, (12,), seed=2).tolist(), 20, VOCAB)
 
 
 def test_a_trained_gpt_oss_exports_as_gpt_oss_for_causal_lm_with_our_logits(tmp_path):
-    args, ours, tokens = trained()
+    args = debug_args(FLAVORS)
+    ours, batch = trained(args, length=41)  # the biases and sinks leave their initial values
     assert ours.layers["0"].feed_forward.experts.b1.abs().max() > 0
-    save_hf(tmp_path, args, ours.state_dict())
-    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
-    assert type(hf).__name__ == "GptOssForCausalLM"
-    assert json.loads((tmp_path / "config.json").read_text())["model_type"] == "gpt_oss"
-    with torch.no_grad():
-        assert_logits_match(ours(tokens), hf(tokens).logits)
-    assert args_from_hf_config(hf.config.to_dict()) == args
+    exports_as(ours, args, tmp_path, "GptOssForCausalLM", batch, model_type="gpt_oss")
 
 
 def test_the_flex_backend_gives_sdpas_logits():
-    args, ours, tokens = trained(steps=1)
+    ours, batch = trained(debug_args(FLAVORS), steps=1, length=41)
     with torch.no_grad():
-        sdpa = ours(tokens)
+        sdpa = ours(batch)
         for block in ours.layers.values():
             block.attention.core = build_core("flex", **block.attention.core.options())
         assert all(isinstance(b.attention.core, FlexAttention) and b.attention.core.sinks for b in ours.layers.values())
-        torch.testing.assert_close(ours(tokens), sdpa, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(ours(batch), sdpa, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("grouped", [False, True])

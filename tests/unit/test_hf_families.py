@@ -14,19 +14,26 @@ transformers = pytest.importorskip(
     "transformers", reason="transformers is an optional test dependency (pip install .[hf])"
 )
 
+from tests.conformance import (  # noqa: E402
+    assert_logits_match,
+    debug_args,
+    exports_as,
+    greedy_ids_match,
+    imported,
+    imports_with_its_logits,
+    random_hf,
+    tokens,
+    trained,
+)
 from titanlite.base.errors import ConfigError  # noqa: E402
-from titanlite.commands.generate import generate  # noqa: E402
-from titanlite.components.hf_weights import load_hf_into, save_hf  # noqa: E402
 from titanlite.config import parse_config  # noqa: E402
-from titanlite.models.build import configured_model, model_from_args  # noqa: E402
-from titanlite.models.common.init import init_weights  # noqa: E402
+from titanlite.models.build import model_from_args  # noqa: E402
 from titanlite.models.common.rope_args import YarnRopeScaling  # noqa: E402
 from titanlite.models.hf_config import args_from_hf_config, folder_args, hf_config  # noqa: E402
 from titanlite.models.registry import names, spec_named  # noqa: E402
 from titanlite.parallel.tensor_parallel import check_tp_degree  # noqa: E402
 
 FLAVORS = {name: spec_named(name).flavors for name in names()}  # every family's sizes, by model.name
-RTOL = 1e-5
 VOCAB = 300
 # GQA (6 query heads, 2 key/value heads) and head_dim 24, not 96 / 6 = 16; untied; 4 layers.
 SHAPE = dict(
@@ -101,48 +108,12 @@ CLASSES = {
 
 def random_model(case: str):
     """A transformers model of the case's family, its weights moved off their init (norms and biases too)."""
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(FAMILIES[case]())
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
-    return model.eval()
-
-
-def imported(folder, seq_len: int = 64, *options: str):
-    """The folder's model built and filled as a run does (model.flavor = "hf"), on the CPU; `options`: more
-    command-line settings."""
-    cfg = parse_config(
-        [
-            "--model.flavor",
-            "hf",
-            "--model.hf_assets_path",
-            str(folder),
-            "--model.tokenizer",
-            "byte",
-            "--training.seq_len",
-            str(seq_len),
-            *options,
-        ]
-    )
-    model = configured_model(cfg.model, 257, seq_len)
-    load_hf_into([model], folder)
-    return model.eval()
-
-
-def assert_logits_match(ours: torch.Tensor, theirs: torch.Tensor) -> None:
-    scale = theirs.abs().max()
-    assert (ours - theirs).abs().max() <= RTOL * scale, ((ours - theirs).abs().max() / scale).item()
+    return random_hf(lambda: transformers.AutoModelForCausalLM.from_config(FAMILIES[case]()))
 
 
 @pytest.mark.parametrize("case", FAMILIES)
 def test_a_family_imports_with_transformers_logits(tmp_path, case):
-    hf = random_model(case)
-    hf.save_pretrained(tmp_path)
-    ours = imported(tmp_path)
-    tokens = torch.randint(0, VOCAB, (2, 48), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        assert_logits_match(ours(tokens), hf(tokens).logits)
+    imports_with_its_logits(random_model(case), tmp_path, tokens(VOCAB))
 
 
 @pytest.mark.parametrize("case", ["qwen3", "smollm3"])
@@ -155,21 +126,16 @@ def test_the_older_top_level_rope_form_reads_the_same(tmp_path, case):
     config.pop("rope_parameters")
     (tmp_path / "config.json").write_text(json.dumps({**config, "rope_theta": theta, "rope_scaling": None}))
     assert args_from_hf_config(config | {"rope_theta": theta}).rope_theta == theta
-    tokens = torch.randint(0, VOCAB, (1, 40), generator=torch.Generator().manual_seed(2))
+    batch = tokens(VOCAB, (1, 40), seed=2)
     with torch.no_grad():
-        assert_logits_match(imported(tmp_path)(tokens), hf(tokens).logits)
+        assert_logits_match(imported(tmp_path)(batch), hf(batch).logits)
 
 
 @pytest.mark.parametrize("case", FAMILIES)
 def test_greedy_generation_equals_transformers(tmp_path, case):
     hf = random_model(case)
     hf.save_pretrained(tmp_path)
-    ours = imported(tmp_path)
-    prompt = [5, 17, 42, 7, 99]
-    result = generate(ours, prompt, max_new_tokens=12, vocab_size=VOCAB)
-    with torch.no_grad():
-        theirs = hf.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, pad_token_id=0)
-    assert result.new_ids == theirs[0, len(prompt) :].tolist()
+    greedy_ids_match(hf, imported(tmp_path), [5, 17, 42, 7, 99], 12, VOCAB)
 
 
 @pytest.mark.parametrize("case", ["qwen3", pytest.param("smollm3", marks=pytest.mark.slow)])
@@ -204,24 +170,9 @@ WINDOWS = {  # the windowed exports: every layer (Mistral), the layers layer_typ
 @pytest.mark.parametrize("family", ["llama3", "qwen2", "qwen3", "smollm3", "olmo2", "mistral", *WINDOWS])
 def test_a_trained_model_exports_as_its_own_class_with_our_logits(tmp_path, family):
     family, changes = WINDOWS.get(family, (family, {}))
-    args = dataclasses.replace(FLAVORS[family]["debug"], vocab_size=320, max_seq_len=64, **changes)
-    ours = model_from_args(args)
-    init_weights(ours, 0)
-    optimizer = torch.optim.AdamW(ours.parameters(), lr=1e-2)
-    tokens = torch.randint(0, 320, (4, 33), generator=torch.Generator().manual_seed(3))
-    for _ in range(3):  # a few steps, so the norms and biases leave their initial ones and zeros
-        logits = ours(tokens[:, :-1])
-        torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten()).backward()
-        optimizer.step()
-        optimizer.zero_grad()
-    ours.eval()
-    save_hf(tmp_path, args, ours.state_dict())
-    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
-    assert type(hf).__name__ == CLASSES[family]
-    assert json.loads((tmp_path / "config.json").read_text())["model_type"] == hf.config.model_type
-    with torch.no_grad():
-        assert_logits_match(ours(tokens), hf(tokens).logits)
-    assert args_from_hf_config(hf.config.to_dict()) == dataclasses.replace(args, vocab_size=320)
+    args = debug_args(FLAVORS[family], **changes)
+    ours, batch = trained(args)
+    exports_as(ours, args, tmp_path, CLASSES[family], batch)
 
 
 REFUSED = {

@@ -6,7 +6,6 @@ published checkpoint's config.json form reads as the flavor; what is not impleme
 flavor counts transformers' parameters; tensor parallelism gives the one-process logits and gradients."""
 
 import dataclasses
-import json
 
 import pytest
 import torch
@@ -15,10 +14,17 @@ transformers = pytest.importorskip(
     "transformers", reason="transformers is an optional test dependency (pip install .[hf])"
 )
 
-from tests.unit.test_hf_families import assert_logits_match, imported  # noqa: E402
+from tests.conformance import (  # noqa: E402
+    debug_args,
+    exports_as,
+    greedy_ids_match,
+    imported,
+    imports_with_its_logits,
+    random_hf,
+    tokens,
+    trained,
+)
 from titanlite.base.errors import ConfigError  # noqa: E402
-from titanlite.commands.generate import generate  # noqa: E402
-from titanlite.components.hf_weights import save_hf  # noqa: E402
 from titanlite.models.build import model_from_args  # noqa: E402
 from titanlite.models.common.init import init_weights  # noqa: E402
 from titanlite.models.common.kimi_delta import KimiDeltaAttention  # noqa: E402
@@ -61,30 +67,17 @@ CASES = {
 
 def random_kimi(**changes):
     """transformers' KimiLinearForCausalLM, its weights moved off their init and its correction biases non-zero."""
-    torch.manual_seed(0)
-    model = transformers.KimiLinearForCausalLM(transformers.KimiLinearConfig(**{**SHAPE, **changes}))
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
-        for name, b in model.named_buffers():
-            if name.endswith("e_score_correction_bias"):
-                b.copy_(torch.randn_like(b) * 0.1)
-    return model.eval()
-
-
-def tokens(n: int = 80) -> torch.Tensor:
-    """Longer than KDA's chunk of 64, so the chunked rule carries its state from one chunk to the next."""
-    return torch.randint(0, VOCAB, (2, n), generator=torch.Generator().manual_seed(1))
+    return random_hf(
+        lambda: transformers.KimiLinearForCausalLM(transformers.KimiLinearConfig(**{**SHAPE, **changes})),
+        buffers=lambda name: name.endswith("e_score_correction_bias"),
+    )
 
 
 @pytest.mark.parametrize("case", CASES)
 def test_a_folder_imports_with_transformers_logits(tmp_path, case):
-    hf = random_kimi(**CASES[case])
-    hf.save_pretrained(tmp_path)
-    ours = imported(tmp_path, 96)
+    # 80 tokens: longer than KDA's chunk of 64, so the chunked rule carries its state from one chunk to the next.
+    ours = imports_with_its_logits(random_kimi(**CASES[case]), tmp_path, tokens(VOCAB, (2, 80)), seq_len=96)
     assert sum(isinstance(m, KimiDeltaAttention) for m in ours.modules()) == 3
-    with torch.no_grad():
-        assert_logits_match(ours(tokens()), hf(tokens()).logits)
 
 
 def test_greedy_generation_equals_transformers(tmp_path):
@@ -92,40 +85,22 @@ def test_greedy_generation_equals_transformers(tmp_path):
     and its convolution's last inputs."""
     hf = random_kimi()
     hf.save_pretrained(tmp_path)
-    ours = imported(tmp_path)
-    prompt = [5, 17, 42, 7, 99]
-    result = generate(ours, prompt, max_new_tokens=12, vocab_size=VOCAB)
-    with torch.no_grad():
-        theirs = hf.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, pad_token_id=0)
-    assert result.new_ids == theirs[0, len(prompt) :].tolist()
-    assert len(set(result.new_ids)) > 6, result.new_ids  # not one id over and over
+    greedy_ids_match(hf, imported(tmp_path), [5, 17, 42, 7, 99], 12, VOCAB, distinct=6)
 
 
 def test_a_trained_model_exports_as_kimi_linear_with_our_logits(tmp_path):
     """A few steps of training with bias balancing (the biases move), then an export that transformers loads."""
-    args = dataclasses.replace(FLAVORS["debug"], vocab_size=320, max_seq_len=64)
-    ours = model_from_args(args)
-    init_weights(ours, 0)
-    optimizer = torch.optim.AdamW(ours.parameters(), lr=1e-2)
-    batch = torch.randint(0, 320, (4, 33), generator=torch.Generator().manual_seed(3))
-    for _ in range(3):
-        logits = ours(batch[:, :-1])
-        torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten()).backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        for m in ours.modules():
+    args = debug_args(FLAVORS)
+
+    def balance(model):
+        for m in model.modules():
             if isinstance(m, MoE):
                 update_balance_bias(m, m.step_tokens, 0.05)
                 m.step_tokens.zero_()
+
+    ours, batch = trained(args, after_step=balance)
     assert all(m.router.expert_bias.count_nonzero() for m in ours.modules() if isinstance(m, MoE))
-    ours.eval()
-    save_hf(tmp_path, args, ours.state_dict())
-    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
-    assert type(hf).__name__ == "KimiLinearForCausalLM"
-    with torch.no_grad():
-        assert_logits_match(ours(batch), hf(batch).logits)
-    assert args_from_hf_config(json.loads((tmp_path / "config.json").read_text())) == args
-    assert args_from_hf_config(hf.config.to_dict()) == args
+    exports_as(ours, args, tmp_path, "KimiLinearForCausalLM", batch)
 
 
 def config_json(**changes) -> dict:

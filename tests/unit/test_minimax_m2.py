@@ -16,13 +16,21 @@ transformers = pytest.importorskip(
     "transformers", reason="transformers is an optional test dependency (pip install .[hf])"
 )
 
-from tests.unit.test_hf_families import assert_logits_match, imported  # noqa: E402
+from tests.conformance import (  # noqa: E402
+    assert_logits_match,
+    debug_args,
+    exports_as,
+    greedy_ids_match,
+    imported,
+    imports_with_its_logits,
+    random_hf,
+    tokens,
+    trained,
+)
 from titanlite.base.errors import ConfigError  # noqa: E402
-from titanlite.commands.generate import generate  # noqa: E402
 from titanlite.components.hf_weights import load_hf_into, save_hf  # noqa: E402
 from titanlite.models.build import model_from_args  # noqa: E402
 from titanlite.models.common.flops import active_parameters  # noqa: E402
-from titanlite.models.common.init import init_weights  # noqa: E402
 from titanlite.models.common.moe.layer import MoE, update_balance_bias  # noqa: E402
 from titanlite.models.hf_config import args_from_hf_config, folder_args, hf_config  # noqa: E402
 from titanlite.models.minimax_m2.args import FLAVORS  # noqa: E402
@@ -83,19 +91,10 @@ PUBLISHED = {
 def random_minimax(**changes):
     """transformers' MiniMaxM2ForCausalLM, its weights (norms too) moved off their init, its correction biases
     non-zero."""
-    torch.manual_seed(0)
-    model = transformers.MiniMaxM2ForCausalLM(transformers.MiniMaxM2Config(**{**SHAPE, **changes}))
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
-        for name, b in model.named_buffers():
-            if name.endswith("e_score_correction_bias"):
-                b.copy_(torch.randn_like(b) * 0.1)
-    return model.eval()
-
-
-def tokens(n: int = 48) -> torch.Tensor:
-    return torch.randint(0, VOCAB, (2, n), generator=torch.Generator().manual_seed(1))
+    return random_hf(
+        lambda: transformers.MiniMaxM2ForCausalLM(transformers.MiniMaxM2Config(**{**SHAPE, **changes})),
+        buffers=lambda name: name.endswith("e_score_correction_bias"),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -108,55 +107,39 @@ def folder(tmp_path_factory):
 
 def test_a_folder_imports_with_transformers_logits(folder):
     hf, path = folder
-    ours = imported(path)
+    ours = imports_with_its_logits(hf, path, tokens(VOCAB))  # (saved again: the same files)
     assert ours.args.rotary_dim == 12 and ours.args.qk_norm == "full" and ours.args.moe.score_func == "sigmoid"
     with torch.no_grad():
-        expected = hf(tokens()).logits
-        assert_logits_match(ours(tokens()), expected)
+        expected = hf(tokens(VOCAB)).logits
         # the imported correction biases choose the experts: without them the logits differ
         for m in ours.modules():
             if isinstance(m, MoE):
                 m.router.expert_bias.zero_()
-        assert (ours(tokens()) - expected).abs().max() > 1e-3 * expected.abs().max()
+        assert (ours(tokens(VOCAB)) - expected).abs().max() > 1e-3 * expected.abs().max()
 
 
 @pytest.mark.slow
 def test_greedy_generation_equals_transformers(folder):
     hf, path = folder
-    prompt = [5, 17, 42, 7, 99]
-    result = generate(imported(path), prompt, max_new_tokens=12, vocab_size=VOCAB)
-    with torch.no_grad():
-        theirs = hf.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, pad_token_id=0)
-    assert result.new_ids == theirs[0, len(prompt) :].tolist()
+    greedy_ids_match(hf, imported(path), [5, 17, 42, 7, 99], 12, VOCAB)
+
+
+def balance_biases(model) -> None:
+    """Bias balancing after a step, as a run does: the routing biases move."""
+    for m in model.modules():
+        if isinstance(m, MoE):
+            update_balance_bias(m, m.step_tokens, 0.05)
+            m.step_tokens.zero_()
 
 
 @pytest.mark.slow
 def test_a_trained_model_exports_as_minimax_m2_with_our_logits(tmp_path):
     """A few steps of training with bias balancing (the biases move), then an export that transformers loads."""
-    args = dataclasses.replace(FLAVORS["debug"], vocab_size=320, max_seq_len=64)
-    ours = model_from_args(args)
-    init_weights(ours, 0)
-    optimizer = torch.optim.AdamW(ours.parameters(), lr=1e-2)
-    batch = torch.randint(0, 320, (4, 33), generator=torch.Generator().manual_seed(3))
-    for _ in range(3):
-        logits = ours(batch[:, :-1])
-        torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten()).backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        for m in ours.modules():
-            if isinstance(m, MoE):
-                update_balance_bias(m, m.step_tokens, 0.05)
-                m.step_tokens.zero_()
+    args = debug_args(FLAVORS)
+    ours, batch = trained(args, after_step=balance_biases)
     assert all(m.router.expert_bias.count_nonzero() for m in ours.modules() if isinstance(m, MoE))
-    ours.eval()
-    save_hf(tmp_path, args, ours.state_dict())
-    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
-    assert type(hf).__name__ == "MiniMaxM2ForCausalLM"
+    hf = exports_as(ours, args, tmp_path, "MiniMaxM2ForCausalLM", batch)
     assert hf.config.rope_parameters["partial_rotary_factor"] == 0.5 and hf.config.rotary_dim == 8
-    with torch.no_grad():
-        assert_logits_match(ours(batch), hf(batch).logits)
-    assert args_from_hf_config(json.loads((tmp_path / "config.json").read_text())) == args
-    assert args_from_hf_config(hf.config.to_dict()) == args
 
 
 @pytest.mark.slow
@@ -245,8 +228,8 @@ def test_multi_token_prediction_is_named_once_left_out_and_carried_bit_for_bit(f
     assert (config["use_mtp"], config["num_mtp_modules"]) == (True, 1)
     back = transformers.MiniMaxM2ForCausalLM.from_pretrained(tmp_path / "export", dtype=torch.float32).eval()
     with torch.no_grad():
-        assert_logits_match(model.eval()(tokens()), back(tokens()).logits)
-        assert_logits_match(back(tokens()).logits, hf(tokens()).logits)
+        assert_logits_match(model.eval()(tokens(VOCAB)), back(tokens(VOCAB)).logits)
+        assert_logits_match(back(tokens(VOCAB)).logits, hf(tokens(VOCAB)).logits)
 
 
 @pytest.mark.slow
@@ -270,5 +253,6 @@ def test_a_published_style_fp8_folder_imports_with_the_logits_of_its_dequantized
         random_minimax(), tmp_path, lambda n: n.endswith(("_proj.weight", ".w1.weight", ".w2.weight", ".w3.weight")),
         [128, 128], "float8_e4m3fn",
     )  # fmt: skip
+    batch = tokens(VOCAB)
     with torch.no_grad():
-        torch.testing.assert_close(imported_logits(folder, tokens()), reference(tokens()).logits, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(imported_logits(folder, batch), reference(batch).logits, rtol=1e-5, atol=1e-5)

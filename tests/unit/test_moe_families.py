@@ -3,6 +3,7 @@ folder continues a prompt greedily exactly as transformers' generate does; a con
 more experts than there are is refused in one line, exit 2, before launch; the start-up log and `titanlite plan`
 show total and active parameters, and the FLOPs behind MFU count the active ones."""
 
+import functools
 import json
 import subprocess
 
@@ -13,6 +14,7 @@ transformers = pytest.importorskip(
     "transformers", reason="transformers is an optional test dependency (pip install .[hf])"
 )
 
+from tests.conformance import random_hf  # noqa: E402
 from tests.helpers import REPO, env  # noqa: E402
 from tests.unit.test_qwen3_moe import CONFIGS  # noqa: E402
 from titanlite.commands.cli import main  # noqa: E402
@@ -31,13 +33,10 @@ def folders(tmp_path_factory) -> dict:
     wanders through many ids and routes each new token to other experts, instead of repeating one id."""
     out = {}
     for family in FAMILIES:
-        torch.manual_seed(0)
-        hf = transformers.AutoModelForCausalLM.from_config(CONFIGS[family](vocab_size=257))
-        with torch.no_grad():
-            for p in hf.parameters():
-                p.add_(torch.randn_like(p) * 0.5)
+        build = functools.partial(transformers.AutoModelForCausalLM.from_config, CONFIGS[family](vocab_size=257))
+        hf = random_hf(build, scale=0.5)
         folder = tmp_path_factory.mktemp(family)
-        hf.eval().save_pretrained(folder)
+        hf.save_pretrained(folder)
         out[family] = (hf, folder)
     return out
 

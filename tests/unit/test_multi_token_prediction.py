@@ -20,10 +20,10 @@ transformers = pytest.importorskip(
 )
 from safetensors.torch import load_file, save_file  # noqa: E402
 
+from tests.conformance import assert_logits_match, imported  # noqa: E402
 from tests.helpers import REPO  # noqa: E402
 from tests.unit.test_deepseek_v3 import SHAPE, VOCAB, random_deepseek  # noqa: E402
 from tests.unit.test_glm4_moe import random_glm  # noqa: E402
-from tests.unit.test_hf_families import assert_logits_match, imported  # noqa: E402
 from titanlite.base.errors import ConfigError  # noqa: E402
 from titanlite.builder.model import build_rank_model  # noqa: E402
 from titanlite.builder.plan import plan_run  # noqa: E402

@@ -4,7 +4,6 @@ top-level rope_scaling reads the same; greedy ids equal; a trained model exports
 and reads back equal; the published config.json fields read as our flavors (their parameter counts:
 tests/unit/test_hf_families.py); what OLMo 3 does not use is refused in one line."""
 
-import dataclasses
 import json
 
 import pytest
@@ -14,12 +13,18 @@ transformers = pytest.importorskip(
     "transformers", reason="transformers is an optional test dependency (pip install .[hf])"
 )
 
-from tests.unit.test_hf_families import assert_logits_match, imported  # noqa: E402
+from tests.conformance import (  # noqa: E402
+    assert_logits_match,
+    debug_args,
+    exports_as,
+    greedy_ids_match,
+    imported,
+    imports_with_its_logits,
+    random_hf,
+    tokens,
+    trained,
+)
 from titanlite.base.errors import ConfigError  # noqa: E402
-from titanlite.commands.generate import generate  # noqa: E402
-from titanlite.components.hf_weights import save_hf  # noqa: E402
-from titanlite.models.build import model_from_args  # noqa: E402
-from titanlite.models.common.init import init_weights  # noqa: E402
 from titanlite.models.hf_config import args_from_hf_config  # noqa: E402
 from titanlite.models.olmo3 import FLAVORS  # noqa: E402
 
@@ -51,29 +56,20 @@ ROPE = {
 
 def random_olmo3(rope: str = "yarn", **changes):
     """transformers' Olmo3ForCausalLM, its weights moved off their init (the norms too)."""
-    torch.manual_seed(0)
     config = transformers.Olmo3Config(**{**SHAPE, "rope_parameters": ROPE[rope], **changes})
-    model = transformers.Olmo3ForCausalLM(config)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
-    return model.eval()
+    return random_hf(lambda: transformers.Olmo3ForCausalLM(config))
 
 
-TOKENS = torch.randint(0, VOCAB, (2, 48), generator=torch.Generator().manual_seed(1))
+TOKENS = tokens(VOCAB)
 
 
 @pytest.mark.parametrize("rope", ["yarn", pytest.param("plain", marks=pytest.mark.slow)])
 def test_a_transformers_olmo3_imports_with_its_logits(tmp_path, rope):
-    hf = random_olmo3(rope)
-    hf.save_pretrained(tmp_path)
-    ours = imported(tmp_path)
+    ours = imports_with_its_logits(random_olmo3(rope), tmp_path, TOKENS)
     assert ours.args.layer_types == ("sliding_attention",) * 3 + ("full_attention",)
     assert (ours.args.sliding_window, ours.args.qk_norm, ours.args.norm_position) == (8, "full", "post")
     full, sliding = ours.args.layer_rope["full_attention"], ours.args.layer_rope["sliding_attention"]
     assert (full.scaling is not None, sliding.scaling) == (rope == "yarn", None)
-    with torch.no_grad():
-        assert_logits_match(ours(TOKENS), hf(TOKENS).logits)
 
 
 @pytest.mark.slow
@@ -98,34 +94,16 @@ def test_the_older_top_level_rope_scaling_applies_to_the_full_layers_only(tmp_pa
 def test_greedy_generation_equals_transformers_past_the_window(tmp_path):
     hf = random_olmo3()
     hf.save_pretrained(tmp_path)
-    prompt = torch.randint(0, VOCAB, (12,), generator=torch.Generator().manual_seed(2)).tolist()
-    result = generate(imported(tmp_path), prompt, max_new_tokens=20, vocab_size=VOCAB)
-    with torch.no_grad():
-        theirs = hf.generate(torch.tensor([prompt]), max_new_tokens=20, do_sample=False, pad_token_id=0)
-    assert result.new_ids == theirs[0, len(prompt) :].tolist()
+    greedy_ids_match(hf, imported(tmp_path), tokens(VOCAB, (12,), seed=2).tolist(), 20, VOCAB)
 
 
 @pytest.mark.slow
 def test_a_trained_olmo3_exports_as_olmo3_for_causal_lm_with_our_logits(tmp_path):
-    args = dataclasses.replace(FLAVORS["debug"], vocab_size=320, max_seq_len=64)
-    ours = model_from_args(args)
-    init_weights(ours, 0)
-    optimizer = torch.optim.AdamW(ours.parameters(), lr=1e-2)
-    tokens = torch.randint(0, 320, (4, 41), generator=torch.Generator().manual_seed(3))
-    for _ in range(3):  # the norms leave their ones
-        logits = ours(tokens[:, :-1])
-        torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten()).backward()
-        optimizer.step()
-        optimizer.zero_grad()
-    ours.eval()
-    save_hf(tmp_path, args, ours.state_dict())
+    args = debug_args(FLAVORS)
+    ours, batch = trained(args, length=41)  # the norms leave their ones
+    exports_as(ours, args, tmp_path, "Olmo3ForCausalLM", batch, model_type="olmo3")
     config = json.loads((tmp_path / "config.json").read_text())
-    assert config["model_type"] == "olmo3" and config["rope_parameters"]["full_attention"]["rope_type"] == "yarn"
-    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
-    assert type(hf).__name__ == "Olmo3ForCausalLM"
-    with torch.no_grad():
-        assert_logits_match(ours(tokens), hf(tokens).logits)
-    assert args_from_hf_config(hf.config.to_dict()) == args
+    assert config["rope_parameters"]["full_attention"]["rope_type"] == "yarn"
 
 
 # allenai/Olmo-3-1025-7B's and Olmo-3-1125-32B's config.json (transformers 4.x's form, as published).

@@ -14,9 +14,9 @@ transformers = pytest.importorskip(
     "transformers", reason="transformers is an optional test dependency (pip install .[hf])"
 )
 
+from tests.conformance import exports_as, greedy_ids_match, random_hf, tokens  # noqa: E402
 from titanlite.base.errors import ConfigError  # noqa: E402
-from titanlite.commands.generate import generate  # noqa: E402
-from titanlite.components.hf_weights import load_hf_into, save_hf  # noqa: E402
+from titanlite.components.hf_weights import load_hf_into  # noqa: E402
 from titanlite.models.build import model_from_args  # noqa: E402
 from titanlite.models.common.attention import Sequence  # noqa: E402
 from titanlite.models.hf_config import args_from_hf_config, folder_args  # noqa: E402
@@ -57,13 +57,11 @@ NOPE = {"rope_parameters": {"rope_type": "default", "rope_theta": None}}  # the 
 
 def random_model(changes: dict):
     """A transformers model of CONFIG with `changes`, its norms and dt_bias moved off their init too."""
-    torch.manual_seed(0)
-    model = transformers.OlmoHybridForCausalLM(transformers.OlmoHybridConfig(**{**CONFIG, **changes})).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name or "dt_bias" in name:
-                p.add_(torch.randn_like(p) * 0.1)
-    return model
+    return random_hf(
+        lambda: transformers.OlmoHybridForCausalLM(transformers.OlmoHybridConfig(**{**CONFIG, **changes})),
+        scale=0.1,
+        moved=lambda name: "norm" in name or "dt_bias" in name,
+    )
 
 
 def imported(folder):
@@ -80,21 +78,22 @@ def folder(request, tmp_path_factory):
     return hf, path
 
 
-TOKENS = torch.randint(0, VOCAB, (2, 70), generator=torch.Generator().manual_seed(1))  # past one 64-token chunk
+TOKENS = tokens(VOCAB, (2, 70))  # past one 64-token chunk
 
 
 def test_logits_equal_transformers_and_an_export_loads_back_with_ours(folder, tmp_path):
+    """Imported by the family's reader (`imported` here: the folder's 200 ids, which the byte tokenizer's 257 in
+    tests/conformance.py's would refuse), its logits to rtol = atol = 1e-5; `exports_as` adds 1e-5 of their scale."""
     hf, path = folder
     ours = imported(path)
     with torch.no_grad():
         logits = ours(TOKENS)
         torch.testing.assert_close(logits, hf(TOKENS).logits, rtol=1e-5, atol=1e-5)
     args = folder_args(path, 64)
-    save_hf(tmp_path / "export", args, ours.state_dict())
+    back = exports_as(ours, args, tmp_path / "export", "OlmoHybridForCausalLM", TOKENS)
     config = json.loads((tmp_path / "export" / "config.json").read_text())
     assert config["architectures"] == ["OlmoHybridForCausalLM"]
     assert args_from_hf_config(config) == dataclasses.replace(args, max_seq_len=256)
-    back = transformers.OlmoHybridForCausalLM.from_pretrained(tmp_path / "export").eval()
     with torch.no_grad():
         torch.testing.assert_close(back(TOKENS).logits, logits, rtol=1e-5, atol=1e-5)
     llama = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -106,11 +105,7 @@ def test_logits_equal_transformers_and_an_export_loads_back_with_ours(folder, tm
 
 def test_greedy_generation_equals_transformers(folder):
     hf, path = folder
-    prompt = [5, 17, 42, 7, 99, 3, 150]
-    result = generate(imported(path), prompt, max_new_tokens=10, vocab_size=VOCAB)
-    with torch.no_grad():
-        theirs = hf.generate(torch.tensor([prompt]), max_new_tokens=10, do_sample=False, pad_token_id=0)
-    assert result.new_ids == theirs[0, len(prompt) :].tolist()
+    greedy_ids_match(hf, imported(path), [5, 17, 42, 7, 99, 3, 150], 10, VOCAB)
 
 
 def test_packed_documents_compute_as_if_each_were_alone(folder):
@@ -145,9 +140,8 @@ def test_the_published_checkpoints_attention_without_rotations_equals_transforme
     with torch.no_grad():
         logits = ours(TOKENS)
         torch.testing.assert_close(logits, hf(TOKENS).logits, rtol=1e-5, atol=1e-5)
-    save_hf(tmp_path / "export", args, ours.state_dict())
+    back = exports_as(ours, args, tmp_path / "export", "OlmoHybridForCausalLM", TOKENS)
     assert json.loads((tmp_path / "export" / "config.json").read_text())["rope_parameters"]["rope_theta"] is None
-    back = transformers.OlmoHybridForCausalLM.from_pretrained(tmp_path / "export").eval()
     assert back.model.rotary_emb is None
     with torch.no_grad():
         torch.testing.assert_close(back(TOKENS).logits, logits, rtol=1e-5, atol=1e-5)

@@ -12,8 +12,8 @@ transformers = pytest.importorskip(
     "transformers", reason="transformers is an optional test dependency (pip install .[hf])"
 )
 
+from tests.conformance import exports_as, greedy_ids_match, random_hf, tokens  # noqa: E402
 from titanlite.base.errors import ConfigError  # noqa: E402
-from titanlite.commands.generate import generate  # noqa: E402
 from titanlite.components.hf_weights import load_hf_into, save_hf  # noqa: E402
 from titanlite.models.build import model_from_args  # noqa: E402
 from titanlite.models.common.attention import Sequence  # noqa: E402
@@ -53,13 +53,7 @@ CASES = {
 
 def random_model(case: str):
     """A transformers model of the case, its norms moved off their init too."""
-    torch.manual_seed(0)
-    model = CASES[case]().eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name or "dt_bias" in name:
-                p.add_(torch.randn_like(p) * 0.1)
-    return model
+    return random_hf(CASES[case], scale=0.1, moved=lambda name: "norm" in name or "dt_bias" in name)
 
 
 def imported(folder):
@@ -77,28 +71,23 @@ def folder(request, tmp_path_factory):
 
 
 def test_logits_equal_transformers_and_an_export_loads_back_with_ours(folder, tmp_path):
+    """Imported by the family's reader (`imported` here: the folder's 200 ids, which the byte tokenizer's 257 in
+    tests/conformance.py's would refuse), its logits to rtol = atol = 1e-5; `exports_as` adds 1e-5 of their scale."""
     hf, path = folder
     ours = imported(path)
-    tokens = torch.randint(0, VOCAB, (2, 70), generator=torch.Generator().manual_seed(1))  # past one 64-token chunk
+    batch = tokens(VOCAB, (2, 70))  # past one 64-token chunk
     with torch.no_grad():
-        logits = ours(tokens)
-        torch.testing.assert_close(logits, hf(tokens).logits, rtol=1e-5, atol=1e-5)
-    args = folder_args(path, 64)
-    save_hf(tmp_path / "export", args, ours.state_dict())
-    config = json.loads((tmp_path / "export" / "config.json").read_text())
-    assert config["architectures"] == [type(hf).__name__]
-    back = type(hf).from_pretrained(tmp_path / "export").eval()
+        logits = ours(batch)
+        torch.testing.assert_close(logits, hf(batch).logits, rtol=1e-5, atol=1e-5)
+    back = exports_as(ours, folder_args(path, 64), tmp_path / "export", type(hf).__name__, batch)
+    assert json.loads((tmp_path / "export" / "config.json").read_text())["architectures"] == [type(hf).__name__]
     with torch.no_grad():
-        torch.testing.assert_close(back(tokens).logits, logits, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(back(batch).logits, logits, rtol=1e-5, atol=1e-5)
 
 
 def test_greedy_generation_equals_transformers(folder):
     hf, path = folder
-    prompt = [5, 17, 42, 7, 99, 3, 150]
-    result = generate(imported(path), prompt, max_new_tokens=10, vocab_size=VOCAB)
-    with torch.no_grad():
-        theirs = hf.generate(torch.tensor([prompt]), max_new_tokens=10, do_sample=False, pad_token_id=0)
-    assert result.new_ids == theirs[0, len(prompt) :].tolist()
+    greedy_ids_match(hf, imported(path), [5, 17, 42, 7, 99, 3, 150], 10, VOCAB)
 
 
 def test_packed_documents_compute_as_if_each_were_alone(folder):

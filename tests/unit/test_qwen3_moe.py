@@ -17,11 +17,18 @@ transformers = pytest.importorskip(
     "transformers", reason="transformers is an optional test dependency (pip install .[hf])"
 )
 
+from tests.conformance import (  # noqa: E402
+    debug_args,
+    exports_as,
+    imported,
+    imports_with_its_logits,
+    random_hf,
+    tokens,
+    trained,
+)
 from tests.helpers import REPO, env, metrics, train_in_pool  # noqa: E402
-from tests.unit.test_hf_families import assert_logits_match, imported  # noqa: E402
 from titanlite.base.errors import ConfigError  # noqa: E402
 from titanlite.builder.plan import plan_run  # noqa: E402
-from titanlite.components.hf_weights import save_hf  # noqa: E402
 from titanlite.config import parse_config  # noqa: E402
 from titanlite.models.build import model_from_args  # noqa: E402
 from titanlite.models.common.auxiliary import AuxiliaryLosses, collecting  # noqa: E402
@@ -88,16 +95,7 @@ CONFIGS = {
 
 
 def random_model(family: str = "qwen3_moe", **changes):
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(CONFIGS[family](**changes))
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
-    return model.eval()
-
-
-def tokens(seed: int = 1):
-    return torch.randint(0, VOCAB, (2, 48), generator=torch.Generator().manual_seed(seed))
+    return random_hf(lambda: transformers.AutoModelForCausalLM.from_config(CONFIGS[family](**changes)))
 
 
 def aux_terms(model, x) -> dict[str, float]:
@@ -114,15 +112,13 @@ def aux_terms(model, x) -> dict[str, float]:
 )
 def test_a_folder_imports_with_transformers_logits_and_aux_loss(tmp_path, changes):
     hf = random_model(**changes)
-    hf.save_pretrained(tmp_path)
-    ours = imported(tmp_path)
+    x = tokens(VOCAB)
+    ours = imports_with_its_logits(hf, tmp_path, x)
     assert [type(ours.layers[str(i)].feed_forward).__name__ for i in range(4)] == (
         ["PooledMoE", "GatedMLP", "PooledMoE", "PooledMoE"] if changes == {} else ["PooledMoE"] * 4
     )
-    x = tokens()
     with torch.no_grad():
         theirs = hf(x, output_router_logits=True)
-        assert_logits_match(ours(x), theirs.logits)
     # transformers pools every layer's router logits into one load-balancing loss; so does our one term.
     logged = aux_terms(ours, x)
     assert logged["load_balance"] == pytest.approx(COEF * theirs.aux_loss.item(), rel=1e-5)
@@ -133,7 +129,7 @@ def test_the_pooled_term_is_not_the_mean_of_per_layer_terms(tmp_path):
     hf = random_model()
     hf.save_pretrained(tmp_path)
     ours = imported(tmp_path)
-    x = tokens()
+    x = tokens(VOCAB)
     routes = {}
     blocks = [m for m in ours.modules() if isinstance(m, MoE)]
     hooks = [m.router.register_forward_hook(lambda mod, i, out: routes.__setitem__(mod, out)) for m in blocks]
@@ -152,13 +148,11 @@ def test_the_pooled_term_is_not_the_mean_of_per_layer_terms(tmp_path):
 @pytest.mark.parametrize("family", ["olmoe", "mixtral"])
 def test_olmoe_and_mixtral_import_with_transformers_logits_and_aux_loss(tmp_path, family):
     hf = random_model(family)
-    hf.save_pretrained(tmp_path)
-    ours = imported(tmp_path)
+    x = tokens(VOCAB)
+    ours = imports_with_its_logits(hf, tmp_path, x)
     assert ours.args.family == family and ours.args.qk_norm == ("full" if family == "olmoe" else "none")
-    x = tokens()
     with torch.no_grad():
         theirs = hf(x, output_router_logits=True)
-        assert_logits_match(ours(x), theirs.logits)
     assert aux_terms(ours, x)["load_balance"] == pytest.approx(COEF * theirs.aux_loss.item(), rel=1e-5)
 
 
@@ -167,25 +161,11 @@ CLASSES = {"qwen3_moe": "Qwen3MoeForCausalLM", "olmoe": "OlmoeForCausalLM", "mix
 
 @pytest.mark.parametrize("family", CLASSES)
 def test_a_trained_model_exports_as_its_class_with_our_logits(tmp_path, family):
-    args = dataclasses.replace(spec_named(family).flavors["debug"], vocab_size=320, max_seq_len=64)
-    ours = model_from_args(args)
-    init_weights(ours, 0)
-    optimizer = torch.optim.AdamW(ours.parameters(), lr=1e-2)
-    x = torch.randint(0, 320, (4, 33), generator=torch.Generator().manual_seed(3))
-    for _ in range(3):  # a few steps, so norms leave their ones and the router its start
-        logits = ours(x[:, :-1])
-        torch.nn.functional.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten()).backward()
-        optimizer.step()
-        optimizer.zero_grad()
-    ours.eval()
-    save_hf(tmp_path, args, ours.state_dict())
-    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
-    assert type(hf).__name__ == CLASSES[family]
+    args = debug_args(spec_named(family).flavors)
+    ours, batch = trained(args)  # a few steps, so norms leave their ones and the router its start
+    exports_as(ours, args, tmp_path, CLASSES[family], batch)
     if family == "qwen3_moe":
         assert json.loads((tmp_path / "config.json").read_text())["mlp_only_layers"] == [1]
-    with torch.no_grad():
-        assert_logits_match(ours(x), hf(x).logits)
-    assert args_from_hf_config(hf.config.to_dict()) == dataclasses.replace(args, vocab_size=320)
 
 
 def test_qwen3_30b_a3b_counts_transformers_parameters():

@@ -15,9 +15,9 @@ transformers = pytest.importorskip(
     "transformers", reason="transformers is an optional test dependency (pip install .[hf])"
 )
 
+from tests.conformance import exports_as, greedy_ids_match, random_hf, tokens  # noqa: E402
 from titanlite.base.errors import ConfigError  # noqa: E402
-from titanlite.commands.generate import generate  # noqa: E402
-from titanlite.components.hf_weights import load_hf_into, save_hf  # noqa: E402
+from titanlite.components.hf_weights import load_hf_into  # noqa: E402
 from titanlite.models.build import model_from_args  # noqa: E402
 from titanlite.models.hf_config import args_from_hf_config, folder_args, hf_config  # noqa: E402
 from titanlite.models.qwen3_next import weights  # noqa: E402
@@ -55,13 +55,11 @@ CONFIG = dict(
 
 def random_model():
     """A transformers Qwen3-Next, its norms and dt_bias moved off their init too."""
-    torch.manual_seed(0)
-    model = transformers.Qwen3NextForCausalLM(transformers.Qwen3NextConfig(**CONFIG)).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name or "dt_bias" in name:
-                p.add_(torch.randn_like(p) * 0.1)
-    return model
+    return random_hf(
+        lambda: transformers.Qwen3NextForCausalLM(transformers.Qwen3NextConfig(**CONFIG)),
+        scale=0.1,
+        moved=lambda name: "norm" in name or "dt_bias" in name,
+    )
 
 
 def imported(folder):
@@ -86,29 +84,25 @@ def test_the_folder_reads_as_grouped_value_heads_with_a_dense_layer(folder):
 
 
 def test_logits_equal_transformers_and_an_export_loads_back_with_ours(folder, tmp_path):
+    """Imported by the family's reader (`imported` here: the folder's 200 ids, which the byte tokenizer's 257 in
+    tests/conformance.py's would refuse), its logits to rtol = atol = 1e-5; `exports_as` adds 1e-5 of their scale."""
     hf, path = folder
     ours = imported(path)
-    tokens = torch.randint(0, VOCAB, (2, 70), generator=torch.Generator().manual_seed(1))  # past one 64-token chunk
+    batch = tokens(VOCAB, (2, 70))  # past one 64-token chunk
     with torch.no_grad():
-        logits = ours(tokens)
-        torch.testing.assert_close(logits, hf(tokens).logits, rtol=1e-5, atol=1e-5)
+        logits = ours(batch)
+        torch.testing.assert_close(logits, hf(batch).logits, rtol=1e-5, atol=1e-5)
     args = folder_args(path, 64)
-    save_hf(tmp_path / "export", args, ours.state_dict())
-    config = json.loads((tmp_path / "export" / "config.json").read_text())
-    assert (config["architectures"], config["model_type"]) == (["Qwen3NextForCausalLM"], "qwen3_next")
-    back = transformers.Qwen3NextForCausalLM.from_pretrained(tmp_path / "export").eval()
+    back = exports_as(ours, args, tmp_path / "export", "Qwen3NextForCausalLM", batch, model_type="qwen3_next")
+    assert json.loads((tmp_path / "export" / "config.json").read_text())["architectures"] == ["Qwen3NextForCausalLM"]
     with torch.no_grad():
-        torch.testing.assert_close(back(tokens).logits, logits, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(back(batch).logits, logits, rtol=1e-5, atol=1e-5)
     assert folder_args(tmp_path / "export", 64) == args
 
 
 def test_greedy_generation_equals_transformers(folder):
     hf, path = folder
-    prompt = [5, 17, 42, 7, 99, 3, 150]
-    result = generate(imported(path), prompt, max_new_tokens=10, vocab_size=VOCAB)
-    with torch.no_grad():
-        theirs = hf.generate(torch.tensor([prompt]), max_new_tokens=10, do_sample=False, pad_token_id=0)
-    assert result.new_ids == theirs[0, len(prompt) :].tolist()
+    greedy_ids_match(hf, imported(path), [5, 17, 42, 7, 99, 3, 150], 10, VOCAB)
 
 
 def test_fused_projections_regroup_by_key_head_and_back():
