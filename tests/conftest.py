@@ -129,9 +129,9 @@ def zero3_launch(tmp_path_factory):
 def cli(monkeypatch, capsys):
     """cli(*argv, env={...}) -> CompletedProcess: `titanlite ARGV` run in this process, as the `titanlite` entry point
     runs it (titanlite/commands/cli.py main: its status and what it printed), with `env` set meanwhile. For the
-    commands whose output a test reads (plan's figures, generate's ids, a check that passes); the one-line errors
-    and exit statuses of bad input are checked on the command as a process of its own, where the interpreter's exit
-    is part of what is shown."""
+    commands whose output a test reads (plan's figures, generate's ids, a check that passes) and the one-line
+    refusals (tests/helpers.py titanlite_here does the same without the fixture); a few refusals run as processes of
+    their own, where the interpreter's exit is part of what is shown (docs/testing.md, the pool)."""
     from titanlite.commands import cli as entry  # imports torch and titanlite: only the tests that use it pay
 
     def run(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

@@ -4,6 +4,8 @@ processes, for a check of collectives that needs no training run."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -130,10 +132,23 @@ def train_in_pool(
 def cli_in_pool(argv: list[str], timeout: float = 300) -> subprocess.CompletedProcess:
     """`titanlite ARGV` run by the pool's one rank (tests/pool.py), its status and what it printed: for a command
     whose figures a test reads (`eval` on one process), without starting an interpreter that imports torch and
-    titanlite; the rank gets its torch switches, environment and folder back afterwards. One-line errors and exit
-    statuses stay on the command as a process of its own."""
+    titanlite; the rank gets its torch switches, environment and folder back afterwards."""
     ran = pool(1).run(cli_job, last_wins(list(argv)), timeout=timeout)
     return subprocess.CompletedProcess(list(argv), ran.values[0], ran.stdout, ran.stderr)
+
+
+def titanlite_here(*argv: str) -> subprocess.CompletedProcess:
+    """`titanlite ARGV` in this pytest process (titanlite/commands/cli.py main, as the `titanlite` entry point runs
+    it): its status and what it printed, without an interpreter of its own (about 4 s of CPU each). For the one-line
+    refusals of `check`, `plan` and `generate`: the path from a refusal to its line and status 2 is one `except` in
+    main, and a process of its own shows it where the launch is what is tested (tests/test_launcher.py,
+    tests/distributed/test_run_folder_trust.py, tests/unit/test_preflight.py)."""
+    from titanlite.commands.cli import main  # imports torch and titanlite: only the tests that use it pay
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(last_wins(list(argv)))
+    return subprocess.CompletedProcess(list(argv), code, out.getvalue(), err.getvalue())
 
 
 def run_train_sh(

@@ -4,15 +4,13 @@ with one line, resume on a store mixture is exact on any layout, and ranks reuse
 import json
 import os
 import shutil
-import subprocess
-import sys
 import sysconfig
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.helpers import REPO, TINY, assert_close, env, losses, metrics, run_train_sh, train_in_pool
+from tests.helpers import TINY, assert_close, losses, metrics, run_train_sh, titanlite_here, train_in_pool
 from tests.pool import Ran
 
 pytestmark = pytest.mark.distributed
@@ -223,14 +221,7 @@ def test_ranks_reuse_the_store_without_reading_the_source(tmp_path, corpus_jsonl
     after = losses(train_in_pool(1, args, tmp_path / "after"), tmp_path / "after")
     assert after == before  # bitwise: the rank used the store and never read the changed text
 
-    check = subprocess.run(
-        [sys.executable, "-m", "titanlite.commands.cli", "check", "--world-size", "1", *args],
-        cwd=REPO,
-        env=env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    check = titanlite_here("check", "--world-size", "1", *args)
     said = check.stdout + check.stderr
     assert check.returncode == 0, said[-3000:]
     assert f"prepare {source}:" in said, said[-3000:]  # it noticed and re-tokenised

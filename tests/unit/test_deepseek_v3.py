@@ -290,12 +290,10 @@ def test_tensor_parallel_gives_the_one_process_logits_and_gradients():
 def test_check_refuses_an_fp8_folder_missing_a_scale_in_one_line_with_exit_2(tmp_path):
     """An FP8 folder (tests/unit/test_quantized_folders.py imports them) whose weight lost its scale_inv: exit 2,
     one line naming the tensor, before anything runs."""
-    import subprocess
-    import sys
 
     from safetensors.torch import load_file, save_file
 
-    from tests.helpers import REPO, env
+    from tests.helpers import titanlite_here
 
     random_deepseek().save_pretrained(tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
@@ -305,11 +303,8 @@ def test_check_refuses_an_fp8_folder_missing_a_scale_in_one_line_with_exit_2(tmp
     name = "model.layers.0.self_attn.o_proj.weight"
     weights[name] = weights[name].to(torch.float8_e4m3fn)  # and no o_proj.weight_scale_inv
     save_file(weights, tmp_path / "model.safetensors", metadata={"format": "pt"})
-    proc = subprocess.run(
-        [sys.executable, "-m", "titanlite.commands.cli", "check", "--model.flavor", "hf",
-         "--model.hf_assets_path", str(tmp_path), "--model.tokenizer", "byte"],
-        cwd=REPO, env=env(), capture_output=True, text=True,
-    )  # fmt: skip
+    proc = titanlite_here("check", "--model.flavor", "hf", "--model.hf_assets_path", str(tmp_path), "--model.tokenizer",
+                          "byte")  # fmt: skip
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert f"tensor {name!r} is fp8 but the folder has no '{name}_scale_inv'" in proc.stderr
 

@@ -2,12 +2,10 @@
 Its parity with one process runs in tests/distributed/test_deepseek_v3.py (TP x 2 and EP 2 x TP 2, experts split)."""
 
 import dataclasses
-import subprocess
-import sys
 
 import pytest
 
-from tests.helpers import REPO, env
+from tests.helpers import titanlite_here
 from titanlite.base.errors import ConfigError
 from titanlite.builder.plan import plan_run
 from titanlite.config import parse_config
@@ -56,6 +54,5 @@ def test_a_degree_that_does_not_divide_the_expert_widths_is_refused_naming_them(
 
 def test_titanlite_check_refuses_it_in_one_line_with_exit_2():
     world, args, message = REFUSALS[0]
-    cmd = [sys.executable, "-m", "titanlite.commands.cli", "check", "--world-size", str(world), *args]
-    proc = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=120)
+    proc = titanlite_here("check", "--world-size", str(world), *args)
     assert proc.returncode == 2 and proc.stderr == f"titanlite: error: {message}\n", proc.stderr

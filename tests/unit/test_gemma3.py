@@ -5,7 +5,6 @@ config.json fields read as our flavors; what Gemma 3 does not use is refused in 
 (2 ranks) gives the one-process logits; `titanlite check` takes the debug flavor."""
 
 import subprocess
-import sys
 
 import pytest
 import torch
@@ -25,7 +24,7 @@ from tests.conformance import (  # noqa: E402
     tokens,
     trained,
 )
-from tests.helpers import REPO, env, run_ranks  # noqa: E402
+from tests.helpers import run_ranks, titanlite_here  # noqa: E402
 from titanlite.base.errors import ConfigError  # noqa: E402
 from titanlite.models.build import build_model  # noqa: E402
 from titanlite.models.common.attention import FlexAttention  # noqa: E402
@@ -163,10 +162,7 @@ def test_what_gemma3_does_not_use_is_refused_in_one_line(field):
 
 
 def check(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "titanlite.commands.cli", "check", *args],
-        cwd=REPO, env=env(), capture_output=True, text=True,
-    )  # fmt: skip
+    return titanlite_here("check", *args)
 
 
 def test_check_takes_the_debug_flavor_and_refuses_a_softcapped_folder_with_exit_2(tmp_path, cli):

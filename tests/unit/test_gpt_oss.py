@@ -7,8 +7,6 @@ loop paths equal their definition; the flex backend gives SDPA's logits; tensor 
 one-process logits."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -27,7 +25,7 @@ from tests.conformance import (  # noqa: E402
     tokens,
     trained,
 )
-from tests.helpers import REPO, env, run_ranks  # noqa: E402
+from tests.helpers import run_ranks, titanlite_here  # noqa: E402
 from titanlite.base.errors import ConfigError  # noqa: E402
 from titanlite.models.build import build_model  # noqa: E402
 from titanlite.models.common.attention import FlexAttention, build_core  # noqa: E402
@@ -191,11 +189,8 @@ def test_check_refuses_a_quantization_it_does_not_read_with_exit_2(tmp_path):
     random_gpt_oss().save_pretrained(tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps({**config, "quantization_config": {"quant_method": "bnb"}}))
-    proc = subprocess.run(
-        [sys.executable, "-m", "titanlite.commands.cli", "check", "--model.flavor", "hf", "--model.hf_assets_path",
-         str(tmp_path), "--model.tokenizer", "byte"],
-        cwd=REPO, env=env(), capture_output=True, text=True,
-    )  # fmt: skip
+    proc = titanlite_here("check", "--model.flavor", "hf", "--model.hf_assets_path", str(tmp_path), "--model.tokenizer",
+                          "byte")  # fmt: skip
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert "quant_method 'bnb'" in proc.stderr and "titanlite reads fp8" in proc.stderr
 

@@ -237,28 +237,10 @@ def test_each_unsupported_field_is_refused_in_one_line_naming_it(field):
 
 
 def test_an_unsupported_field_stops_check_with_exit_2(tmp_path):
-    import subprocess
-    import sys
-
-    from tests.helpers import REPO, env
+    from tests.helpers import titanlite_here
 
     unusual_llama(hidden_act="gelu").save_pretrained(tmp_path)
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "titanlite.commands.cli",
-            "check",
-            "--model.flavor",
-            "hf",
-            "--model.hf_assets_path",
-            str(tmp_path),
-        ],
-        cwd=REPO,
-        env=env(),
-        capture_output=True,
-        text=True,
-    )
+    proc = titanlite_here("check", "--model.flavor", "hf", "--model.hf_assets_path", str(tmp_path))
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "hidden_act='gelu' is not supported" in proc.stderr, proc.stderr
 

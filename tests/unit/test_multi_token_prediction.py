@@ -9,7 +9,6 @@ labels' columns ahead and the loss's weighting are checked against direct comput
 
 import json
 import logging
-import subprocess
 
 import pytest
 import torch
@@ -21,7 +20,7 @@ transformers = pytest.importorskip(
 from safetensors.torch import load_file, save_file  # noqa: E402
 
 from tests.conformance import assert_logits_match, imported  # noqa: E402
-from tests.helpers import REPO  # noqa: E402
+from tests.helpers import titanlite_here  # noqa: E402
 from tests.unit.test_deepseek_v3 import SHAPE, VOCAB, random_deepseek  # noqa: E402
 from tests.unit.test_glm4_moe import random_glm  # noqa: E402
 from titanlite.base.errors import ConfigError  # noqa: E402
@@ -204,11 +203,8 @@ def test_the_loss_is_the_main_one_and_its_gradient_adds_the_weighted_depths():
 
 
 def test_mtp_layers_on_a_family_that_cannot_say_it_is_one_line_before_launch(tmp_path):
-    proc = subprocess.run(
-        ["./run_train.sh", "--model.name", "llama3", "--model.mtp_layers", "1", "--job.dump_folder", str(tmp_path)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
+    proc = titanlite_here(
+        "check", "--model.name", "llama3", "--model.mtp_layers", "1", "--job.dump_folder", str(tmp_path)
     )
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()

@@ -2,13 +2,10 @@
 them (2-D matrices, every option), and a stack of experts' matrices as those matrices one by one; which parameters a
 Muon run hands to Muon, the refusal of a vector named into its group, and a skipped (non-finite) step."""
 
-import subprocess
-import sys
-
 import pytest
 import torch
 
-from tests.helpers import REPO, env
+from tests.helpers import titanlite_here
 from titanlite.base.errors import ConfigError
 from titanlite.builder.model import plain_model
 from titanlite.builder.plan import plan_model
@@ -137,11 +134,9 @@ def test_the_default_muon_parameters_are_the_blocks_matrices_and_experts_but_not
 
 
 def test_muon_params_naming_a_vector_is_one_line_before_launch(tmp_path):
-    proc = subprocess.run(
-        [sys.executable, "-m", "titanlite.commands.cli", "check", "--config", "train_configs/qwen3_moe_debug.toml",
-         "--model.tokenizer", "byte", "--optimizer.name", "Muon", "--optimizer.muon_params", "layers.*",
-         "--job.dump_folder", str(tmp_path)],
-        cwd=REPO, env=env(), capture_output=True, text=True, timeout=120,
+    proc = titanlite_here(
+        "check", "--config", "train_configs/qwen3_moe_debug.toml", "--model.tokenizer", "byte", "--optimizer.name",
+        "Muon", "--optimizer.muon_params", "layers.*", "--job.dump_folder", str(tmp_path),
     )  # fmt: skip
     assert proc.returncode == 2, proc.stdout + proc.stderr
     message = "optimizer.muon_params names layers.0.attention_norm.weight of shape (64,), which Muon cannot"

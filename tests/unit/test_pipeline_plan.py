@@ -1,11 +1,8 @@
 """The pipeline planner: stage counts, layer splits, placement, micro-batches, and what it refuses."""
 
-import subprocess
-import sys
-
 import pytest
 
-from tests.helpers import REPO, env
+from tests.helpers import titanlite_here
 from titanlite.base.errors import ConfigError
 from titanlite.builder.plan import plan_run
 from titanlite.components import loss
@@ -135,10 +132,7 @@ def test_pipeline_with_ddp_is_refused_before_launch_naming_fsdp():
     """PP x DDP fails inside torch's schedules (check_pipeline_data_parallel says how): the reported command
     (`NGPU=4 ./run_train.sh` with PP 2 x DDP 2, whose `titanlite check` runs first) stops with status 2 and one
     line saying what to set instead, which is accepted."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "titanlite.commands.cli", "check", "--world-size", "4", *PP_DDP],
-        cwd=REPO, env=env(), capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    proc = titanlite_here("check", "--world-size", "4", *PP_DDP)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert proc.stderr == (
         "titanlite: error: parallelism.pipeline_parallel_degree=2 with DDP (data_parallel_replicate_degree=2, "

@@ -2,12 +2,10 @@
 
 import dataclasses
 import json
-import subprocess
-import sys
 
 import pytest
 
-from tests.helpers import REPO, env
+from tests.helpers import REPO, titanlite_here
 from titanlite.builder.estimate import pipeline_bubbles, stage_layers
 from titanlite.builder.layouts import candidate_layouts, layout_of, offload_layouts
 from titanlite.builder.model_facts import model_facts
@@ -131,8 +129,7 @@ def test_bubble_table_and_stage_split():
 
 
 def test_bad_options_are_one_line(tmp_path):
-    cmd = [sys.executable, "-m", "titanlite.commands.cli", "plan", "--ngpu", "two"]
-    proc = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=60)
+    proc = titanlite_here("plan", "--ngpu", "two")
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "titanlite: error: plan:" in proc.stderr
 
 
@@ -167,10 +164,7 @@ CP_REFUSED = [
 
 @pytest.mark.parametrize("world, args, message", CP_REFUSED)
 def test_impossible_context_parallel_layouts_are_one_line_before_launch(world, args, message):
-    proc = subprocess.run(
-        [sys.executable, "-m", "titanlite.commands.cli", "check", "--world-size", str(world), *args],
-        cwd=REPO, env=env(), capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    proc = titanlite_here("check", "--world-size", str(world), *args)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert proc.stderr.count("\n") == 1 and message in proc.stderr, proc.stderr
 

@@ -3,12 +3,10 @@ per-rank memory, all-to-all buffers and traffic derived from the model's shape, 
 run's own line."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 
-from tests.helpers import REPO, env
+from tests.helpers import titanlite_here
 from titanlite.base.errors import ConfigError
 from titanlite.builder.layouts import Layout, layout_of
 from titanlite.builder.plan import plan_model, plan_run
@@ -113,9 +111,15 @@ def test_a_bad_ep_degree_is_refused_with_the_runs_own_line(config, world, ep, me
 
 
 def test_the_cli_prints_a_bad_ep_degree_in_one_line():
-    cmd = [sys.executable, "-m", "titanlite.commands.cli", "plan", "--config", "train_configs/qwen3_moe_debug.toml"]
-    cmd += ["--ngpu", "6", "--parallelism.expert_parallel_degree", "3"]
-    proc = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=120)
+    proc = titanlite_here(
+        "plan",
+        "--config",
+        "train_configs/qwen3_moe_debug.toml",
+        "--ngpu",
+        "6",
+        "--parallelism.expert_parallel_degree",
+        "3",
+    )
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.strip().splitlines() == [
         "titanlite: error: parallelism.expert_parallel_degree=3 does not divide the 8 experts of each qwen3_moe "

@@ -8,7 +8,6 @@ import dataclasses
 import json
 import re
 import subprocess
-import sys
 
 import pytest
 import torch
@@ -26,7 +25,7 @@ from tests.conformance import (  # noqa: E402
     tokens,
     trained,
 )
-from tests.helpers import REPO, env, metrics, train_in_pool  # noqa: E402
+from tests.helpers import metrics, titanlite_here, train_in_pool  # noqa: E402
 from titanlite.base.errors import ConfigError  # noqa: E402
 from titanlite.builder.plan import plan_run  # noqa: E402
 from titanlite.config import parse_config  # noqa: E402
@@ -194,8 +193,7 @@ def test_flops_count_the_active_experts_only():
 
 
 def check(*args: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "titanlite.commands.cli", "check", "--model.name", "qwen3_moe", *args]
-    return subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=120)
+    return titanlite_here("check", "--model.name", "qwen3_moe", *args)
 
 
 EP_REFUSALS = [
