@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.helpers import REPO, env, train_in_pool
+from tests.helpers import REPO, env, titanlite_here, train_in_pool
 from tests.pool import PoolFailure
 
 
@@ -58,10 +58,10 @@ def test_bench_prints_and_writes_both_loops(tmp_path):
 
 
 def test_bench_refuses_bad_options_in_one_line():
-    proc = bench("--steps", "many")
+    proc = titanlite_here("bench", "throughput", "--steps", "many")  # in this process (tests/helpers.py)
     assert proc.returncode == 2
     assert proc.stderr.strip() == "titanlite: error: bench throughput --steps takes a whole number, not 'many'"
-    proc = bench("--repeats", "0")
+    proc = titanlite_here("bench", "throughput", "--repeats", "0")
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1
 
 
