@@ -116,11 +116,11 @@ def one_process(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def zero3_launch(tmp_path_factory):
-    """(the CompletedProcess, the run folder's parent) of `NGPU=4 ./run_train.sh` on the default config, ZeRO-3 over 4
+    """(the CompletedProcess, the run folder's parent) of `NGPU=2 ./run_train.sh` on the default config, ZeRO-3 over 2
     fresh workers, validated: one launch that test_data_parallel.py compares with one process and test_pool.py with
     the same run in the pool (run once per pytest worker that asks)."""
     run_dir = tmp_path_factory.mktemp("zero3_launch")
-    proc = run_train_sh([*VALIDATED, "--training.local_batch_size", "2"], run_dir, ngpu=4)
+    proc = run_train_sh([*VALIDATED, "--training.local_batch_size", "4"], run_dir, ngpu=2)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     return proc, run_dir
 

@@ -11,9 +11,9 @@ pytestmark = pytest.mark.distributed
 
 
 def test_zero3_via_run_train_sh_matches_single_device(zero3_launch, reference):
-    # NGPU=4 with the default config is FSDP over 4 ranks, resharding after forward (ZeRO-3).
+    # NGPU=2 with the default config is FSDP over 2 ranks, resharding after forward (ZeRO-3).
     proc, run_dir = zero3_launch
-    assert "layout: dp_shard 4 on 4 cpu process(es)" in proc.stdout
+    assert "layout: dp_shard 2 on 2 cpu process(es)" in proc.stdout
     assert_matches(metrics(run_dir), reference())
 
 

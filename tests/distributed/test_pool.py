@@ -86,10 +86,10 @@ def test_a_hung_rank_fails_within_the_timeout_with_its_stack(bare_pool):
 
 @pytest.mark.slow  # CI runs it (the launch is test_data_parallel.py's, in the default suite)
 def test_a_run_in_the_pool_equals_a_torchrun_launch_bit_for_bit(tmp_path, zero3_launch):
-    """FSDP x 4 (ZeRO-3): the trainer in processes that ran other tests' bodies before gives what the fresh workers of
-    `NGPU=4 ./run_train.sh` (torchrun's) give; the launch is the one test_data_parallel.py compares with one process."""
+    """FSDP x 2 (ZeRO-3): the trainer in processes that ran other tests' bodies before gives what the fresh workers of
+    `NGPU=2 ./run_train.sh` (torchrun's) give; the launch is the one test_data_parallel.py compares with one process."""
     launched, launched_dir = zero3_launch
-    pooled = train_in_pool(4, [*VALIDATED, "--training.local_batch_size", "2"], tmp_path)
+    pooled = train_in_pool(2, [*VALIDATED, "--training.local_batch_size", "4"], tmp_path)
     workers = launched.stdout.splitlines()  # check's lines first, then the workers' from their banner on
     banners = [i for i, line in enumerate(workers) if line.startswith("titanlite: run ")]
     assert banners, f"no 'titanlite: run' banner in the launch's output:\n{launched.stdout[-3000:]}"
