@@ -36,12 +36,15 @@ from titanlite.models.common.init import start_param
 from titanlite.models.common.init_scheme import InitScheme
 from titanlite.models.common.interface import Decoder, WithCarry
 from titanlite.models.common.kv_cache import KVCache, LayerCache
-from titanlite.models.common.mixers import Attention
+from titanlite.models.common.mixers import Attention, AttentionOptions
 from titanlite.models.common.moe.args import MoEArgs
 from titanlite.models.common.moe.balance import PooledBalance, PooledMoE, pooled_loss
 from titanlite.models.common.moe.layer import GroupedExperts, MoE
 from titanlite.models.common.multi_token import MultiTokenProjection
 from titanlite.models.common.rope import RotaryTable
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing's own from Python 3.11; titanlite runs on 3.10
 
 NORM_PLACEMENTS = ("pre", "post", "both", "none")
 
@@ -104,12 +107,12 @@ class Block(nn.Module):
         return h + y
 
 
-def grouped_query_attention(model: Transformer, layer: int, **changes: Any) -> Attention:
+def grouped_query_attention(model: Transformer, layer: int, **changes: Unpack[AttentionOptions]) -> Attention:
     """The shared arguments' attention for `layer`: their heads, biases, Q/K norms, window, NoPE layers and rotated
     channels (rotary_dim, or its kind's own)."""
     a = model.args
     assert isinstance(a, DecoderArgs)  # their switches; a family of other arguments builds its own attention
-    options: dict[str, Any] = {
+    options: AttentionOptions = {
         "qkv_bias": a.qkv_bias,
         "out_bias": a.out_bias,
         "qk_norm": a.qk_norm,

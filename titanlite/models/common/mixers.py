@@ -11,6 +11,7 @@ the cached sequence and the mixer adds its state (keys and values) to it."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TypedDict
 
 import torch
 import torch.nn.functional as F
@@ -21,6 +22,23 @@ from titanlite.models.common.decoder_args import QK_NORMS
 from titanlite.models.common.init_scheme import InitScheme, start_linears
 from titanlite.models.common.kv_cache import LayerCache
 from titanlite.models.common.rope import apply_rope
+
+
+class AttentionOptions(TypedDict, total=False):
+    """Attention's keyword options (its __init__ says what each does): what a family's attention builder changes of
+    the shared arguments' (models/common/decoder.py grouped_query_attention)."""
+
+    qkv_bias: bool
+    out_bias: bool
+    qk_norm: str
+    norm: Callable[..., nn.Module]
+    norm_eps: float
+    rotary: bool
+    window: int | None
+    scale: float | None
+    sinks: bool
+    rotary_dim: int | None
+    output_gate: bool
 
 
 class Attention(nn.Module):
