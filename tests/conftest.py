@@ -6,7 +6,7 @@ import subprocess
 import pytest
 import torch
 
-from tests.helpers import VALIDATED, last_wins, metrics, run_train_sh, train_in_pool
+from tests.helpers import VALIDATED, metrics, run_train_sh, titanlite_here, train_in_pool
 from tests.pool import close_pools
 
 # Every test computes on the CPU with gloo, whatever GPUs the machine has (titanlite/base/devices.py), so the
@@ -126,21 +126,17 @@ def zero3_launch(tmp_path_factory):
 
 
 @pytest.fixture
-def cli(monkeypatch, capsys):
-    """cli(*argv, env={...}) -> CompletedProcess: `titanlite ARGV` run in this process, as the `titanlite` entry point
-    runs it (titanlite/commands/cli.py main: its status and what it printed), with `env` set meanwhile. For the
-    commands whose output a test reads (plan's figures, generate's ids, a check that passes) and the one-line
-    refusals (tests/helpers.py titanlite_here does the same without the fixture); a few refusals run as processes of
-    their own, where the interpreter's exit is part of what is shown (docs/testing.md, the pool)."""
-    from titanlite.commands import cli as entry  # imports torch and titanlite: only the tests that use it pay
+def cli(monkeypatch):
+    """cli(*argv, env={...}) -> CompletedProcess: tests/helpers.py titanlite_here (`titanlite ARGV` in this process,
+    as the entry point runs it: its status and what it printed) with `env` set meanwhile. For the commands whose
+    output a test reads (plan's figures, generate's ids, a check that passes) and the one-line refusals; a few
+    refusals run as processes of their own, where the interpreter's exit is part of what is shown (docs/testing.md,
+    the pool)."""
 
     def run(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
         for key, value in (env or {}).items():
             monkeypatch.setenv(key, value)
-        capsys.readouterr()
-        code = entry.main(last_wins(list(argv)))  # a test's base and its changes: each option once
-        captured = capsys.readouterr()
-        return subprocess.CompletedProcess(list(argv), code, captured.out, captured.err)
+        return titanlite_here(*argv)
 
     return run
 
