@@ -32,7 +32,7 @@ from titanlite.components.hf_weights import load_hf_into, save_hf
 from titanlite.config import parse_config
 from titanlite.models.build import configured_model, model_from_args
 from titanlite.models.common.init import init_weights
-from titanlite.models.hf_config import args_from_hf_config
+from titanlite.models.hf_config import args_from_hf_config, folder_args
 
 RTOL = 1e-5  # of the largest |logit|: fp32 sums in another order
 
@@ -64,6 +64,14 @@ def imported(folder: Path, seq_len: int = 64, *options: str) -> torch.nn.Module:
     folder_flags = ["--model.flavor", "hf", "--model.hf_assets_path", str(folder), "--model.tokenizer", "byte"]
     cfg = parse_config([*folder_flags, "--training.seq_len", str(seq_len), *options])
     model = configured_model(cfg.model, 257, seq_len)
+    load_hf_into([model], folder)
+    return model.eval()
+
+
+def imported_by_config(folder: Path, seq_len: int = 64) -> torch.nn.Module:
+    """The folder's model from its config.json alone (its own vocabulary, no tokenizer: for folders whose ids the
+    byte tokenizer does not cover), filled from its weights, on the CPU."""
+    model = model_from_args(folder_args(folder, seq_len))
     load_hf_into([model], folder)
     return model.eval()
 

@@ -14,7 +14,7 @@ transformers = pytest.importorskip(
     "transformers", reason="transformers is an optional test dependency (pip install .[hf])"
 )
 
-from tests.conformance import exports_as, greedy_ids_match, random_hf, tokens  # noqa: E402
+from tests.conformance import exports_as, greedy_ids_match, imported_by_config, random_hf, tokens  # noqa: E402
 from titanlite.base.errors import ConfigError  # noqa: E402
 from titanlite.components.hf_weights import load_hf_into  # noqa: E402
 from titanlite.models.build import model_from_args  # noqa: E402
@@ -64,12 +64,6 @@ def random_model(changes: dict):
     )
 
 
-def imported(folder):
-    model = model_from_args(folder_args(folder, 64))
-    load_hf_into([model], folder)
-    return model.eval()
-
-
 @pytest.fixture(scope="module", params=list(CASES))
 def folder(request, tmp_path_factory):
     hf = random_model(CASES[request.param])
@@ -85,7 +79,7 @@ def test_logits_equal_transformers_and_an_export_loads_back_with_ours(folder, tm
     """Imported by the family's reader (`imported` here: the folder's 200 ids, which the byte tokenizer's 257 in
     tests/conformance.py's would refuse), its logits to rtol = atol = 1e-5; `exports_as` adds 1e-5 of their scale."""
     hf, path = folder
-    ours = imported(path)
+    ours = imported_by_config(path)
     with torch.no_grad():
         logits = ours(TOKENS)
         torch.testing.assert_close(logits, hf(TOKENS).logits, rtol=1e-5, atol=1e-5)
@@ -105,14 +99,14 @@ def test_logits_equal_transformers_and_an_export_loads_back_with_ours(folder, tm
 
 def test_greedy_generation_equals_transformers(folder):
     hf, path = folder
-    greedy_ids_match(hf, imported(path), [5, 17, 42, 7, 99, 3, 150], 10, VOCAB)
+    greedy_ids_match(hf, imported_by_config(path), [5, 17, 42, 7, 99, 3, 150], 10, VOCAB)
 
 
 def test_packed_documents_compute_as_if_each_were_alone(folder):
     """Block-causal: the linear layers' state and convolution window restart at each document (the attention
     layers' mask too), so the logits of a packed row are those of its documents run one by one."""
     _, path = folder
-    ours = imported(path)
+    ours = imported_by_config(path)
     tokens = torch.randint(0, VOCAB, (1, 90), generator=torch.Generator().manual_seed(2))
     cuts = [0, 23, 24, 71, 90]  # a one-token document, and one crossing the 64-token chunk boundary
     documents = torch.zeros(1, 90, dtype=torch.long)

@@ -15,10 +15,8 @@ transformers = pytest.importorskip(
     "transformers", reason="transformers is an optional test dependency (pip install .[hf])"
 )
 
-from tests.conformance import exports_as, greedy_ids_match, random_hf, tokens  # noqa: E402
+from tests.conformance import exports_as, greedy_ids_match, imported_by_config, random_hf, tokens  # noqa: E402
 from titanlite.base.errors import ConfigError  # noqa: E402
-from titanlite.components.hf_weights import load_hf_into  # noqa: E402
-from titanlite.models.build import model_from_args  # noqa: E402
 from titanlite.models.hf_config import args_from_hf_config, folder_args, hf_config  # noqa: E402
 from titanlite.models.qwen3_next import weights  # noqa: E402
 from titanlite.models.qwen3_next.args import FLAVORS  # noqa: E402
@@ -62,12 +60,6 @@ def random_model():
     )
 
 
-def imported(folder):
-    model = model_from_args(folder_args(folder, 64))
-    load_hf_into([model], folder)
-    return model.eval()
-
-
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
     hf = random_model()
@@ -87,7 +79,7 @@ def test_logits_equal_transformers_and_an_export_loads_back_with_ours(folder, tm
     """Imported by the family's reader (`imported` here: the folder's 200 ids, which the byte tokenizer's 257 in
     tests/conformance.py's would refuse), its logits to rtol = atol = 1e-5; `exports_as` adds 1e-5 of their scale."""
     hf, path = folder
-    ours = imported(path)
+    ours = imported_by_config(path)
     batch = tokens(VOCAB, (2, 70))  # past one 64-token chunk
     with torch.no_grad():
         logits = ours(batch)
@@ -102,7 +94,7 @@ def test_logits_equal_transformers_and_an_export_loads_back_with_ours(folder, tm
 
 def test_greedy_generation_equals_transformers(folder):
     hf, path = folder
-    greedy_ids_match(hf, imported(path), [5, 17, 42, 7, 99, 3, 150], 10, VOCAB)
+    greedy_ids_match(hf, imported_by_config(path), [5, 17, 42, 7, 99, 3, 150], 10, VOCAB)
 
 
 def test_fused_projections_regroup_by_key_head_and_back():
@@ -125,7 +117,7 @@ def test_the_multi_token_prediction_tensors_of_a_published_folder_are_skipped(fo
     save_file({**tensors, "mtp.fc.weight": torch.zeros(64, 128)}, tmp_path / "model.safetensors")
     tokens = torch.tensor([[5, 17, 42, 7]])
     with torch.no_grad():
-        torch.testing.assert_close(imported(tmp_path)(tokens), hf(tokens).logits, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(imported_by_config(tmp_path)(tokens), hf(tokens).logits, rtol=1e-5, atol=1e-5)
 
 
 def test_the_published_flavor_writes_qwen3_next_80b_a3b_config():
