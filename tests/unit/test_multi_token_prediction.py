@@ -19,7 +19,7 @@ transformers = pytest.importorskip(
 )
 from safetensors.torch import load_file, save_file  # noqa: E402
 
-from tests.conformance import assert_logits_match, imported  # noqa: E402
+from tests.conformance import assert_logits_match, imported, imported_by_config  # noqa: E402
 from tests.helpers import titanlite_here  # noqa: E402
 from tests.unit.test_deepseek_v3 import SHAPE, VOCAB, random_deepseek  # noqa: E402
 from tests.unit.test_glm4_moe import random_glm  # noqa: E402
@@ -295,10 +295,8 @@ def qwen_mtp_folder(folder, case: str):
 def test_a_qwen3_5_folder_with_an_mtp_layer_imports_with_the_reference_mtp_logits_and_exports_it_back(tmp_path, case):
     """Qwen3.5's multi-token prediction (mtp.*): the same math with (1 + w) norms, its block a gated full-attention
     layer (a mixture of experts in Qwen3.5-MoE)."""
-    from tests.unit.test_qwen3_5 import imported as imported_qwen  # its own vocabulary of 200 (no tokenizer)
-
     hf, mtp, block = qwen_mtp_folder(tmp_path / "hf", case)
-    ours = imported_qwen(tmp_path / "hf")
+    ours = imported_by_config(tmp_path / "hf")  # its own vocabulary of 200 (no tokenizer)
     assert ours.mtp_layers == 1
     tokens = torch.randint(0, 200, (2, 33), generator=torch.Generator().manual_seed(1))
     inputs, labels = tokens[:, :-1], tokens[:, 1:]
