@@ -28,8 +28,9 @@ from pathlib import Path
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from titanlite.commands.generate import generate, inference_weights
+from titanlite.commands.generate import inference_weights
 from titanlite.components.hf_weights import load_hf_into
+from titanlite.engine.decoding import generate
 from titanlite.models.build import model_from_args
 from titanlite.models.common.rope_args import Llama3RopeScaling
 from titanlite.models.hf_config import folder_model_args, hf_config

@@ -27,9 +27,9 @@ from typing import Any
 
 import torch
 
-from titanlite.commands.generate import generate
 from titanlite.components.hf_weights import load_hf_into, save_hf
 from titanlite.config import parse_config
+from titanlite.engine.decoding import generate
 from titanlite.models.build import configured_model, model_from_args
 from titanlite.models.common.init import init_weights
 from titanlite.models.hf_config import args_from_hf_config, folder_args

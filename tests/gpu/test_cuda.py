@@ -389,7 +389,7 @@ def test_default_device_on_a_gpu_box_is_cuda(tmp_path):
 def test_cuda_graph_decoding_matches_eager_decoding(name):
     """The graphed decode (static cache, one captured step replayed) gives the eager decode's greedy ids and,
     step by step, the full forward's logits. float32 (TF32 off), a random debug model, a 12-token prompt."""
-    from titanlite.commands.generate import GraphedDecoder, generate
+    from titanlite.engine.decoding import GraphedDecoder, generate
     from titanlite.models.build import build_model
     from titanlite.models.common.init import init_weights
 

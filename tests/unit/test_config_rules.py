@@ -84,6 +84,7 @@ FEATURE_ON = {
     "training.max_skipped_steps_in_row": ["--training.skip_nonfinite_steps"],
     "training.stop_after_step": ["--training.steps", "1000000000"],
     "validation.": ["--validation.enable"],
+    "downstream.": ["--downstream.tasks", "hellaswag", "--training.steps", "1000000000"],
     "optimizer.muon_": ["--optimizer.name", "Muon"],
     "parallelism.pipeline_parallel_microbatch_size": ["--parallelism.pipeline_parallel_degree", "2"],
     "parallelism.pipeline_parallel_layers_per_stage": ["--parallelism.pipeline_parallel_degree", "2"],

@@ -9,18 +9,10 @@ import torch
 
 from tests.helpers import REPO
 from titanlite.commands.cli import main
-from titanlite.commands.generate import (
-    CONTEXT_FULL,
-    END_OF_TEXT,
-    MAX_NEW_TOKENS,
-    Sampling,
-    decode_with_graphs,
-    generate,
-    next_token,
-    sample,
-)
+from titanlite.commands.generate import decode_with_graphs
 from titanlite.components.hf_weights import save_hf
 from titanlite.data.tokenizer import ByteTokenizer
+from titanlite.engine.decoding import CONTEXT_FULL, END_OF_TEXT, MAX_NEW_TOKENS, Sampling, generate, next_token, sample
 from titanlite.models.build import build_model
 from titanlite.models.common.attention import build_core
 from titanlite.models.common.init import init_weights

@@ -14,7 +14,7 @@ from titanlite.builder.plan import ModelPlan, Plan
 from titanlite.components.expert_balance import ExpertBalance
 from titanlite.components.loss import MultiTokenLoss, build_loss, cross_entropy, mtp_loss_names
 from titanlite.config import JobConfig
-from titanlite.engine.trainer import Pipeline, RankModel, autocast_for
+from titanlite.engine.trainer import Pipeline, RankModel, StageLoss, autocast_for
 from titanlite.models.build import linear_backend, model_from_args, with_kernels
 from titanlite.models.common.interface import DecoderModule
 from titanlite.models.hf_config import mtp_note
@@ -85,12 +85,14 @@ def build_pipeline(
     assert plan.pipeline is not None  # built only under pipeline parallelism
     pp_rank, group = mesh["pp"].get_local_rank(), mesh["pp"].get_group()
     csv = cfg.parallelism.pipeline_parallel_schedule_csv
-    schedule, stages = build_schedule(parts, plan.pipeline, group, pp_rank, device, loss_fn, csv, logits)
+    loss = StageLoss(loss_fn)
+    schedule, stages = build_schedule(parts, plan.pipeline, group, pp_rank, device, loss, csv, logits)
     stage_ids = plan.pipeline.stage_ids(pp_rank)
     # A tied head, or multi-token prediction's depths on the last stage, use a copy of the first stage's embedding.
     tied = model.args.tie_embeddings or getattr(model, "mtp", None) is not None
     return Pipeline(
         schedule=schedule,
+        loss=loss,
         has_first=0 in stage_ids,
         has_last=plan.pipeline.num_stages - 1 in stage_ids,
         group=group,

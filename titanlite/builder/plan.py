@@ -129,7 +129,9 @@ def plan_run(cfg: JobConfig, world_size: int, evaluation: bool = False) -> Plan:
         )
     check_hf_folders(cfg.model, initial_weights_path(cfg), args, training=not evaluation)
     pipeline = plan_pipeline(cfg.parallelism, args.n_layers, cfg.training.local_batch_size * accum)
-    if cfg.validation.enable or evaluation:
+    if cfg.downstream.tasks:
+        check_downstream(cfg, pipeline, evaluation)
+    if cfg.validation.enable or evaluation or cfg.downstream.tasks:
         check_validation(cfg, pipeline, args.max_seq_len)
     batch = cfg.training.local_batch_size * dims.dp * accum
     return Plan(dims, accum, batch, pipeline, model, plan_loss(cfg, dims))
@@ -246,4 +248,27 @@ def check_validation(cfg: JobConfig, pipeline: PipelinePlan | None, max_seq_len:
         raise ConfigError(
             f"validation.seq_len={seq_len} is longer than the model's {max_seq_len} positions; "
             f"use validation.seq_len <= {max_seq_len}"
+        )
+
+
+def check_downstream(cfg: JobConfig, pipeline: PipelinePlan | None, evaluation: bool) -> None:
+    """What [downstream] asks that the run cannot do: an interval past the last step, or under pipeline parallelism a
+    schedule without a forward-only path or a batch other than the validation batch (the stages keep one shape)."""
+    d = cfg.downstream
+    if not evaluation and d.interval > cfg.training.steps:
+        raise ConfigError(
+            f"downstream.interval={d.interval} is past the run's last step (training.steps={cfg.training.steps}); set "
+            f"downstream.interval to at most {cfg.training.steps} (the last step is always scored)"
+        )
+    if pipeline and pipeline.schedule in V_SHAPED:
+        raise ConfigError(
+            f"downstream tasks under pipeline_parallel_schedule={pipeline.schedule} would fail inside torch's "
+            "forward-only path (schedule.eval steals backward inputs); use Interleaved1F1B or InterleavedZeroBubble, "
+            "or score the run's checkpoints with `titanlite eval --tasks` on another schedule"
+        )
+    if pipeline and d.batch_size not in (0, validation_batch_size(cfg)):
+        raise ConfigError(
+            f"downstream.batch_size={d.batch_size} under pipeline parallelism: the stages score in the validation "
+            f"batch's shape ({validation_batch_size(cfg)} rows per rank, validation.local_batch_size or "
+            "training.local_batch_size); set downstream.batch_size = 0, or change validation.local_batch_size"
         )

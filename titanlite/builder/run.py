@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 from collections import Counter
 from dataclasses import asdict
@@ -15,15 +16,18 @@ import torch
 import torch.nn as nn
 
 from titanlite.builder.data import build_data, build_loader, build_validation_data, describe_validation, dp_rank
-from titanlite.builder.model import ModelSetup, build_rank_model
+from titanlite.builder.model import ModelSetup, build_rank_model, plain_model
 from titanlite.builder.plan import ModelPlan, Plan, validation_batch_size
 from titanlite.components.checkpoint import Checkpointer
+from titanlite.components.loss import build_scores
 from titanlite.components.metrics import MetricsLogger, count_params, device_peak_tflops, flops_per_token, read_records
 from titanlite.components.optim import LRSchedulers, Optimizers, describe_muon, warmup_cut
 from titanlite.components.profiling import Profiler
 from titanlite.components.resilience import Faults, StopOnSignal
 from titanlite.components.wandb_run import WandbRun
 from titanlite.config import JobConfig, to_toml
+from titanlite.engine.downstream import InLoopScoring, task_manager, titanlite_lm
+from titanlite.engine.scorer import Scorer, ScoringShape, gathered_state
 from titanlite.engine.trainer import Resilience, StepFigures, StepSettings, Trainer
 from titanlite.engine.validator import EvalBatches, Validator
 from titanlite.models.build import linear_backend
@@ -51,6 +55,40 @@ def describe_model(cfg: JobConfig) -> str:
 def build_validator(cfg: JobConfig, plan: Plan, setup: ModelSetup, mesh, windows) -> Validator:
     batches = EvalBatches(validation_batch_size(cfg), cfg.validation.steps, dp_rank(mesh), plan.dims.dp)
     return Validator(setup.rank, windows, batches)
+
+
+def scoring_shape(cfg: JobConfig, plan: Plan) -> ScoringShape:
+    """How the Scorer batches requests: downstream.batch_size rows per dp rank (the validation batch under PP), inputs
+    of at most the validation window, a multiple of what CP and TP cut the sequence by, fixed under PP and compile."""
+    rows = validation_batch_size(cfg) if plan.pipeline else cfg.downstream.batch_size or validation_batch_size(cfg)
+    dims = plan.dims
+    multiple = math.lcm(2 * dims.cp if dims.cp > 1 else 1, dims.tp)
+    fixed = plan.pipeline is not None or cfg.compile.enable
+    return ScoringShape(rows, cfg.validation.seq_len or cfg.training.seq_len, multiple, fixed)
+
+
+def build_scorer(cfg: JobConfig, plan: Plan, setup: ModelSetup, mesh, device: torch.device) -> Scorer:
+    """The Scorer of this rank's model: its loss's output scored at the targets, and for generation a whole copy of
+    the model gathered from the layout when a task asks for one."""
+
+    def whole_model():
+        state = gathered_state(setup.rank.parts, mesh["pp"].get_group() if plan.pipeline else None)
+        model = plain_model(cfg, plan.model)  # on the CPU, as `titanlite generate` builds it, then filled and moved
+        model.load_state_dict(state)
+        return model.to(device)
+
+    scores = build_scores(setup.rank.parts, plan.loss.chunk_tokens)
+    shape = scoring_shape(cfg, plan)
+    return Scorer(setup.rank, scores, shape, dp_rank(mesh), plan.dims.dp, whole_model)
+
+
+def build_downstream(cfg: JobConfig, plan: Plan, setup: ModelSetup, mesh, device: torch.device, rank: int):
+    """[downstream]'s scoring during training, or None without tasks."""
+    if not cfg.downstream.tasks:
+        return None
+    scorer = build_scorer(cfg, plan, setup, mesh, device)
+    lm = titanlite_lm(scorer, plan.model.tokenizer, scorer.shape.max_len)
+    return InLoopScoring(lm, cfg.downstream, task_manager(cfg.downstream), speaks=rank == 0)
 
 
 def build_checkpointer(
@@ -111,6 +149,7 @@ def build_trainer(cfg: JobConfig, plan: Plan, device: torch.device, rank: int, w
     validator = None
     if cfg.validation.enable:
         validator = build_validator(cfg, plan, setup, mesh, build_validation_data(cfg, tokenizer, corpus))
+    downstream = build_downstream(cfg, plan, setup, mesh, device, rank)
     optimizer = Optimizers(setup.rank.parts, cfg.optimizer, device.type, skip_nonfinite=cfg.training.skips_steps())
     lr_scheduler = LRSchedulers(optimizer, cfg.lr_scheduler, cfg.training.steps)
 
@@ -156,6 +195,7 @@ def build_trainer(cfg: JobConfig, plan: Plan, device: torch.device, rank: int, w
         ),
         checkpointer=checkpointer,
         validator=validator,
+        downstream=downstream,
         resilience=Resilience(
             stop=StopOnSignal(device, saves=cfg.checkpoint.enable),
             faults=Faults(os.environ.get("TITANLITE_FAULT", ""), rank),

@@ -23,9 +23,11 @@ commands:
                             tokenise the configured corpus (or mixture) into its prepared token
                             store, with progress; an interrupted prepare continues where it stopped
   eval [--ngpu N --output F.json]
+       [--tasks T1,T2 --include-path DIR --limit N --num-fewshot K --bootstrap-iters N]
                             the validation loss and perplexity of the run's newest checkpoint (or
                             checkpoint.load_step, else checkpoint.initial_load_path) on the configured
-                            layout over N processes; the same windows as the run's evaluations
+                            layout over N processes; the same windows as the run's evaluations; with
+                            --tasks, its lm-evaluation-harness scores on those tasks instead
   seed-checkpoint           write step-0/ (initial weights, model only) to the run folder, in one process
   convert to-hf --output DIR
                             export the run's newest checkpoint (or checkpoint.load_step) as a Hugging

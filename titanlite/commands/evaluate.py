@@ -1,7 +1,9 @@
-"""`titanlite eval`: the validation loss and perplexity of a run's checkpoint on the configured layout.
+"""`titanlite eval`: the validation loss and perplexity of a run's checkpoint on the configured layout, or with
+`--tasks` its scores on lm-evaluation-harness tasks (titanlite/engine/downstream.py).
 
-The command checks everything it can in its own process, then evaluates there (one process) or in N
-torchrun workers, each running this module (`-m titanlite.commands.evaluate`); rank 0 prints the result.
+The command checks everything it can in its own process (the tasks' documents load there, once), then evaluates
+there (one process) or in N torchrun workers, each running this module (`-m titanlite.commands.evaluate`); rank 0
+prints the result.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import logging
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import torch.distributed as dist
@@ -21,32 +24,63 @@ from titanlite.base.errors import ConfigError
 from titanlite.builder.data import build_data, build_validation_data, describe_validation
 from titanlite.builder.model import build_rank_model
 from titanlite.builder.plan import Plan, plan_run
-from titanlite.builder.run import build_validator, describe_model
+from titanlite.builder.run import build_scorer, build_validator, describe_model
 from titanlite.builder.runtime import start_rank
 from titanlite.commands.worker import exit_from, run_worker
 from titanlite.components.checkpoint import checkpoint_to_load, load_weights, parse_run_config
 from titanlite.config import JobConfig
+from titanlite.engine.downstream import (
+    check_tasks,
+    results_json,
+    results_table,
+    score_tasks,
+    task_manager,
+    titanlite_lm,
+)
 
-OPTIONS = {"ngpu": 1, "output": ""}
+OPTIONS = {
+    "ngpu": 1,
+    "output": "",
+    # downstream tasks: each sets its [downstream] key for this command (the config's, or the run's recorded one,
+    # otherwise); without --tasks the command evaluates the validation loss
+    "tasks": "",
+    "include-path": "",
+    "limit": -1,
+    "num-fewshot": -2,
+    "bootstrap-iters": 100000,  # lm-eval's resamplings for the standard errors of its non-mean metrics (0: none)
+}
+TASK_KEYS = {"tasks": "tasks", "include-path": "include_path", "limit": "limit", "num-fewshot": "num_fewshot"}
+UNSET = {"tasks": "", "include-path": "", "limit": -1, "num-fewshot": -2}
+WORKER_OPTIONS = {"output": "", "bootstrap-iters": 100000}
 
 logger = logging.getLogger(__spec__.name)  # not __name__: under `python -m` this module is __main__
 
 
 def eval_command(argv: list[str]) -> int:
-    """`titanlite eval [--ngpu N] [--output F.json]`: checks everything it can in this process, then
-    evaluates here (N = 1) or in N torchrun workers; rank 0 prints the result."""
-    opts, rest = take_options(argv, OPTIONS, "eval")
+    """`titanlite eval [--ngpu N] [--output F.json] [--tasks T1,T2 ...]`: checks everything it can in this process,
+    then evaluates here (N = 1) or in N torchrun workers; rank 0 prints the result."""
+    opts, rest = take_options(argv, OPTIONS, "eval", at_least={"bootstrap-iters": 0, "limit": 0, "num-fewshot": -1})
     check_output_file(opts["output"], "eval --output")
+    task_options = [f"--downstream.{TASK_KEYS[k]}={opts[k]}" for k in TASK_KEYS if opts[k] != UNSET[k]]
+    if task_options and not opts["tasks"]:
+        raise ConfigError(f"eval {task_options[0].split('=')[0]} applies to --tasks; name the tasks with --tasks T1,T2")
+    rest = [*rest, *task_options]
     cfg = parse_run_config(rest, evaluation=True)  # the model and windows the run had, without its flags repeated
+    if not opts["tasks"]:
+        cfg.downstream.tasks = []  # the run's in-loop tasks are its own: `eval` scores the tasks --tasks names
     if opts["ngpu"] < 1:
         raise ConfigError(f"eval --ngpu {opts['ngpu']} must be at least 1")
     check_local_ranks(opts["ngpu"])
     plan = plan_run(cfg, opts["ngpu"], evaluation=True)
     checkpoint_to_load(cfg, "evaluate", contents=False)  # its workers verify the contents, sharing the work
-    corpus = build_data(cfg, plan.model.tokenizer, verify="sample")
-    build_validation_data(cfg, plan.model.tokenizer, corpus, verify="sample")
+    if cfg.downstream.tasks:
+        check_tasks(cfg.downstream, plan.model.tokenizer)
+    else:
+        corpus = build_data(cfg, plan.model.tokenizer, verify="sample")
+        build_validation_data(cfg, plan.model.tokenizer, corpus, verify="sample")
+    worker_opts = {k: opts[k] for k in WORKER_OPTIONS}
     if opts["ngpu"] == 1:  # no process group: the worker runs here, on the config and plan made above, and returns
-        return run_worker(lambda cfg: evaluate(cfg, opts["output"], plan), rest, lambda _: cfg)
+        return run_worker(lambda cfg: evaluate(cfg, worker_opts, plan), rest, lambda _: cfg)
     env = {**os.environ, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
     cmd = [
         sys.executable,
@@ -58,18 +92,23 @@ def eval_command(argv: list[str]) -> int:
         EVAL_WORKER,
         "--output",
         opts["output"],
+        "--bootstrap-iters",
+        str(opts["bootstrap-iters"]),
         *rest,
     ]
     return subprocess.run(cmd, env=env).returncode
 
 
-def evaluate(cfg: JobConfig, output: str = "", plan: Plan | None = None) -> dict:
-    """One worker of `titanlite eval`: the configured layout's model with a checkpoint's weights, evaluated once.
-    `plan`: the one `titanlite eval` made in this process already (one process: no torchrun worker plans again)."""
+def evaluate(cfg: JobConfig, opts: dict, plan: Plan | None = None) -> dict:
+    """One worker of `titanlite eval`: the configured layout's model with a checkpoint's weights, evaluated once
+    (validation, or the downstream tasks). `plan`: the one `titanlite eval` made in this process already (one
+    process: no torchrun worker plans again)."""
     world_size = int(os.environ.get("WORLD_SIZE", 1))
     plan = plan or plan_run(cfg, world_size, evaluation=True)
     device = start_rank(cfg, plan, world_size)
     mesh = plan.dims.build_mesh(device.type)
+    if cfg.downstream.tasks:
+        return score(cfg, plan, mesh, device, opts)
     corpus = build_data(cfg, plan.model.tokenizer)
     windows = build_validation_data(cfg, plan.model.tokenizer, corpus)
     setup = build_rank_model(cfg, plan, mesh, device)
@@ -81,8 +120,38 @@ def evaluate(cfg: JobConfig, output: str = "", plan: Plan | None = None) -> dict
     path = checkpoint_to_load(cfg, "evaluate")
     load_weights(setup.rank.parts, path)
     result = validator.run()
-    report(result, path, output)
+    report(result, path, opts["output"])
     return result
+
+
+def score(cfg: JobConfig, plan: Plan, mesh, device, opts: dict) -> dict:
+    """`titanlite eval --tasks`: lm-eval's results for the tasks, scored on this layout; rank 0 prints lm-eval's
+    table and writes its results JSON to --output."""
+    setup = build_rank_model(cfg, plan, mesh, device)
+    scorer = build_scorer(cfg, plan, setup, mesh, device)
+    manager = task_manager(cfg.downstream)
+    lm = titanlite_lm(scorer, plan.model.tokenizer, scorer.shape.max_len)
+    path = checkpoint_to_load(cfg, "evaluate")
+    load_weights(setup.rank.parts, path)
+    speaks = not dist.is_initialized() or dist.get_rank() == 0
+    if speaks:
+        logger.info(
+            f"titanlite eval: {describe_model(cfg)} on {plan.dims.describe()}; "
+            f"tasks {', '.join(cfg.downstream.tasks)}; "
+            f"{scorer.shape.rows} requests per rank per forward, inputs up to {scorer.shape.max_len} tokens"
+        )
+    start = time.perf_counter()
+    results = score_tasks(lm, cfg.downstream, manager, opts["bootstrap-iters"])
+    seconds = time.perf_counter() - start
+    if speaks:
+        print(results_table(results), flush=True)
+        logger.info(
+            f"titanlite eval: {path}: {scorer.requests} requests in {seconds:.1f}s ({scorer.forwards} forwards)"
+        )
+        if opts["output"]:
+            results = {**results, "checkpoint": str(path)}
+            write_output(opts["output"], results_json(results))
+    return results
 
 
 def report(result: dict, path: Path, output: str) -> None:
@@ -97,10 +166,8 @@ def report(result: dict, path: Path, output: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """A torchrun worker of `titanlite eval --ngpu N`."""
-    opts, rest = take_options(sys.argv[1:] if argv is None else argv, {"output": ""}, "eval")
-    return run_worker(
-        lambda cfg: evaluate(cfg, opts["output"]), rest, lambda argv: parse_run_config(argv, evaluation=True)
-    )
+    opts, rest = take_options(sys.argv[1:] if argv is None else argv, WORKER_OPTIONS, "eval")
+    return run_worker(lambda cfg: evaluate(cfg, opts), rest, lambda argv: parse_run_config(argv, evaluation=True))
 
 
 if __name__ == "__main__":

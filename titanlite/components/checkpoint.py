@@ -647,7 +647,16 @@ def recorded_settings(path: Path) -> dict[str, Any]:
 
 # Besides validation.*, the settings that decide which held-out windows a run's evaluation read and in which batches:
 # its corpus (the held-out split is its tail), the window length and the batch validation.local_batch_size 0 takes.
-EVALUATION_KEYS = (*CORPUS_KEYS, "training.local_batch_size", "training.seq_len")
+# ... and how its downstream tasks were scored (but which tasks and how often: `eval --tasks` names its own)
+EVALUATION_KEYS = (
+    *CORPUS_KEYS,
+    "training.local_batch_size",
+    "training.seq_len",
+    "downstream.include_path",
+    "downstream.limit",
+    "downstream.num_fewshot",
+    "downstream.batch_size",
+)
 
 
 def recorded_evaluation(path: Path) -> dict[str, Any]:

@@ -54,33 +54,41 @@ class ChunkedCrossEntropy:
         )
 
     def __call__(self, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        weight = self.head.weight  # FSDP's gathered weight during the step; a plain parameter otherwise
-        group, vocab_start = None, 0
-        if isinstance(weight, DTensor):  # tensor parallel: this rank's rows of the vocabulary
-            mesh = weight.device_mesh
-            if weight.placements != (Shard(0),) or mesh.mesh_dim_names != ("tp",):
-                raise RuntimeError(
-                    f"chunked loss: the output weight is {weight.placements} on {mesh} at the loss, "
-                    "not gathered by FSDP nor split by TP alone"
-                )
-            group = mesh.get_group()
-            weight = weight.to_local()
-            vocab_start = mesh.get_local_rank() * weight.shape[0]
-            if isinstance(hidden, DTensor):
-                # All tokens on every TP rank; each rank's input gradient covers its vocabulary rows only
-                # (Partial), which the gather's backward turns into the sequence shards' sums.
-                hidden = hidden.redistribute(placements=[Replicate()]).to_local(grad_placements=[Partial()])
-        flat = hidden.flatten(0, 1)
-        device_type = flat.device.type
-        if torch.is_autocast_enabled(device_type):  # the projection in the autocast dtype, as nn.Linear would be
-            dtype = torch.get_autocast_dtype(device_type)
-            flat, weight = flat.to(dtype), weight.to(dtype)
+        flat, weight, group, vocab_start = local_projection(self.head, hidden)
         compute_grads = torch.is_grad_enabled() and (flat.requires_grad or weight.requires_grad)
         chunk_fn = self.chunk_fn if group is None else None
         return _ChunkedCrossEntropy.apply(
             flat, weight, labels.flatten(), self.chunk_tokens, group, vocab_start, compute_grads, chunk_fn,
             self.head.softcap,
         )  # fmt: skip
+
+
+def local_projection(head: OutputHead, hidden: torch.Tensor):
+    """The hidden states [B * T, dim] and this rank's rows of the output weight, in the autocast dtype where autocast
+    is on (as nn.Linear would compute), with the vocabulary-parallel group and this rank's first row (None, 0: the
+    whole vocabulary here). `hidden` [B, T, dim] may be a TP-sharded DTensor: every rank then gets all tokens."""
+    weight = head.weight  # FSDP's gathered weight during the step; a plain parameter otherwise
+    group, vocab_start = None, 0
+    if isinstance(weight, DTensor):  # tensor parallel: this rank's rows of the vocabulary
+        mesh = weight.device_mesh
+        if weight.placements != (Shard(0),) or mesh.mesh_dim_names != ("tp",):
+            raise RuntimeError(
+                f"chunked loss: the output weight is {weight.placements} on {mesh} at the loss, "
+                "not gathered by FSDP nor split by TP alone"
+            )
+        group = mesh.get_group()
+        weight = weight.to_local()
+        vocab_start = mesh.get_local_rank() * weight.shape[0]
+        if isinstance(hidden, DTensor):
+            # All tokens on every TP rank; each rank's input gradient covers its vocabulary rows only
+            # (Partial), which the gather's backward turns into the sequence shards' sums.
+            hidden = hidden.redistribute(placements=[Replicate()]).to_local(grad_placements=[Partial()])
+    flat = hidden.flatten(0, 1)
+    device_type = flat.device.type
+    if torch.is_autocast_enabled(device_type):  # the projection in the autocast dtype, as nn.Linear would be
+        dtype = torch.get_autocast_dtype(device_type)
+        flat, weight = flat.to(dtype), weight.to(dtype)
+    return flat, weight, group, vocab_start
 
 
 def kept_log_loss(logits: torch.Tensor, target: torch.Tensor, keep: torch.Tensor):
@@ -271,6 +279,67 @@ class MultiTokenLoss:
         return main + (extra - extra.detach())  # the value main's, the gradient also extra's
 
 
+class TokenScores:
+    """score_fn(output, labels) -> [R, 2] float64: for each row of labels [R, T], the summed log-probability of its
+    targets (labels != IGNORE) and how many of them are not the most likely id there (0: the row's targets are the
+    greedy continuation), what lm-eval's loglikelihood requests ask for. `output` is what the model returns for the
+    run's loss: logits (whole, or split by vocabulary under loss parallelism) or, with `head`, the final hidden states,
+    projected here `chunk_tokens` targets at a time and only at the targets. On a context-parallel rank the sums are
+    of its share of the sequence; summed over the cp ranks they are the row's."""
+
+    def __init__(self, head: OutputHead | None, chunk_tokens: int = DEFAULT_CHUNK_TOKENS):
+        self.head, self.chunk_tokens = head, max(chunk_tokens, 1)
+
+    def __call__(self, output: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        keep = (labels != IGNORE).flatten()
+        rows = keep.nonzero()[:, 0] // labels.shape[-1]
+        targets = labels.flatten()[keep]
+        if self.head is not None:
+            flat, weight, group, vocab_start = local_projection(self.head, output)
+            flat = flat[keep]
+        else:
+            weight, group, vocab_start = None, None, 0
+            if isinstance(output, DTensor):  # loss parallelism: [B, T, vocab/tp] on each rank, or whole
+                mesh, vocab_split = output.device_mesh, output.placements[0].is_shard(output.dim() - 1)
+                local = output.to_local() if vocab_split else output.full_tensor()
+                if vocab_split:
+                    group, vocab_start = mesh.get_group(), mesh.get_local_rank() * local.shape[-1]
+                output = local
+            flat = output.flatten(0, 1)[keep]
+        log_probs, greedy = [], []
+        for start in range(0, len(targets), self.chunk_tokens):
+            z = flat[start : start + self.chunk_tokens]
+            if weight is not None:
+                z = z @ weight.t()
+                if self.head is not None and self.head.softcap:
+                    z = self.head.softcap * torch.tanh(z.float() / self.head.softcap)
+            lp, best = target_log_probs(z.float(), targets[start : start + self.chunk_tokens] - vocab_start, group)
+            log_probs.append(lp)
+            greedy.append(best)
+        out = torch.zeros(labels.shape[0], 2, dtype=torch.float64, device=labels.device)
+        if log_probs:
+            out[:, 0].index_add_(0, rows, torch.cat(log_probs).double())
+            out[:, 1].index_add_(0, rows, (~torch.cat(greedy)).double())
+        return out
+
+
+def target_log_probs(z: torch.Tensor, local: torch.Tensor, group) -> tuple[torch.Tensor, torch.Tensor]:
+    """Float32 logits z [n, vocab] (this rank's columns of a vocabulary split over `group`, or all): each target's
+    log-probability and whether it is the most likely id (its logit the largest; lm-eval compares the argmax, which
+    differs only where two ids tie exactly). `local`: the targets as indices into this rank's columns."""
+    vocab = z.shape[1]
+    mine = (local >= 0) & (local < vocab)
+    picked = torch.where(mine, z.gather(1, local.clamp(0, vocab - 1)[:, None])[:, 0], 0.0)
+    peak = z.max(dim=1).values
+    if group is not None:
+        dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=group)
+    sum_exp = (z - peak[:, None]).exp().sum(dim=1)
+    if group is not None:
+        dist.all_reduce(sum_exp, op=dist.ReduceOp.SUM, group=group)
+        dist.all_reduce(picked, op=dist.ReduceOp.SUM, group=group)
+    return picked - peak - sum_exp.log(), picked >= peak
+
+
 def build_loss(parts: list[nn.Module], chunk_tokens: int, compiled: bool = False, backend: str = "inductor"):
     """The loss function for these model parts: chunked with the head of the part that holds it (the model then
     runs with logits=False), else the plain cross-entropy of logits."""
@@ -279,3 +348,12 @@ def build_loss(parts: list[nn.Module], chunk_tokens: int, compiled: bool = False
     if chunk_tokens <= 0 or head is None:  # plain; or a pipeline rank without the last stage (never called)
         return cross_entropy
     return ChunkedCrossEntropy(head, chunk_tokens, compiled, backend)
+
+
+def build_scores(parts: list[nn.Module], chunk_tokens: int) -> TokenScores:
+    """The scoring function (TokenScores) for these model parts, on the output the run's loss takes: hidden states
+    with the head of the part that holds it when the loss is chunked, else logits."""
+    heads = [head for head in (getattr(unwrapped(p), "output", None) for p in parts) if isinstance(head, OutputHead)]
+    if chunk_tokens > 0 and heads:
+        return TokenScores(heads[0], chunk_tokens)
+    return TokenScores(None)

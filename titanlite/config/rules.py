@@ -162,6 +162,12 @@ BOUNDS: dict[str, Bound] = {
     "validation.local_batch_size": Bound(0, MAX_SEQUENCES, SEQUENCES_WHY),
     "validation.seq_len": Bound(0, MAX_TOKENS, TOKENS_WHY),
     "validation.split_fraction": FRACTION_BELOW_ONE,
+    "downstream.interval": STEPS,
+    "downstream.limit": Bound(1, MAX_SEQUENCES, SEQUENCES_WHY, special=((0, "for all of them"),)),
+    "downstream.num_fewshot": Bound(
+        0, 1024, "each example lengthens every prompt", special=((-1, "for each task's own setting"),)
+    ),
+    "downstream.batch_size": Bound(0, MAX_SEQUENCES, SEQUENCES_WHY),
     "optimizer.lr": POSITIVE,
     "optimizer.weight_decay": NOT_NEGATIVE,
     "optimizer.eps": Bound(
@@ -373,6 +379,14 @@ FEATURES: tuple[Feature, ...] = (
         lambda c, m: "validation.enable is false",
         lambda c, m: "set validation.enable = true (`titanlite eval` reads them without it)",
         ("validation.enable",),
+    ),
+    Feature(
+        keys_of("downstream", but=("tasks",)),
+        "with downstream.tasks set (or in `titanlite eval --tasks`)",
+        lambda c, m: bool(c.downstream.tasks),
+        lambda c, m: "downstream.tasks is empty",
+        lambda c, m: "name the tasks in downstream.tasks",
+        ("downstream.tasks",),
     ),
     Feature(
         ("validation.dataset_split", "validation.dataset_text_field"),

@@ -241,6 +241,28 @@ class Validation:
 
 
 @dataclass
+class Downstream:
+    """Downstream tasks (HellaSwag, ARC, a task of your own) scored during training with lm-evaluation-harness: the
+    `eval` extra, pip install -e .[eval]."""
+
+    tasks: list[str] = field(default_factory=list)
+    """lm-eval task names (e.g. ["hellaswag", "arc_easy"], a group such as "mmlu") or paths of task YAML files;
+    empty: no downstream scoring. Scored every `interval` steps and at the last; each metric is logged as
+    downstream/<task>/<metric>."""
+    include_path: str = ""
+    """A folder of task YAML files (lm-eval's --include_path) whose tasks `tasks` may name."""
+    interval: int = 1000
+    """Steps between scorings (at most training.steps); the last step is always scored."""
+    limit: int = 0
+    """Documents scored per task: the first N; 0: all of them."""
+    num_fewshot: int = -1
+    """Worked examples before each prompt; -1: each task's own setting."""
+    batch_size: int = 0
+    """Requests per data-parallel rank per forward; 0: the validation batch (validation.local_batch_size, else
+    training.local_batch_size), which a pipeline-parallel run always uses."""
+
+
+@dataclass
 class Optimizer:
     """AdamW, or Muon for the hidden matrices beside AdamW for the rest, and their settings."""
 
@@ -549,6 +571,7 @@ class JobConfig:
     training: Training = field(default_factory=Training)
     data: Data = field(default_factory=Data)
     validation: Validation = field(default_factory=Validation)
+    downstream: Downstream = field(default_factory=Downstream)
     optimizer: Optimizer = field(default_factory=Optimizer)
     lr_scheduler: LRScheduler = field(default_factory=LRScheduler)
     parallelism: Parallelism = field(default_factory=Parallelism)

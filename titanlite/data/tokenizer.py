@@ -48,6 +48,11 @@ class Tokenizer(ABC):
     eot_id: int
     bos_id: int | None = None
 
+    @property
+    def decodes(self) -> bool:
+        """Whether decode turns ids back into the text they came from (a tokenizer.json without a decoder does not)."""
+        return True
+
     @abstractmethod
     def encode(self, text: str) -> list[int]:
         """Token ids of `text`, without an end-of-text id appended."""
@@ -193,6 +198,10 @@ class HFTokenizer(Tokenizer):
         except TypeError:
             # The library refuses a lone surrogate (legal in JSON strings); it becomes U+FFFD, as in GPT2Tokenizer.
             return encode([_replace_surrogates(text) for text in texts], add_special_tokens=False)
+
+    @property
+    def decodes(self) -> bool:
+        return self.backend.decoder is not None
 
     def decode(self, ids: Iterable[int]) -> str:
         # Byte-level and byte-fallback decoders turn a cut UTF-8 sequence into U+FFFD; unknown ids are dropped.

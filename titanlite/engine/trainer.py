@@ -136,11 +136,31 @@ class Resilience:
         return self.faults.grad_scale(step) if self.faults is not None else 1.0
 
 
+class StageLoss:
+    """The loss function a pipeline schedule holds (fixed when the schedule is built): the run's, or for the length of
+    a `replaced` block another one the last stage applies to each micro-batch's output (the Scorer's token scores)."""
+
+    def __init__(self, fn: Callable):
+        self.fn = fn
+
+    def __call__(self, output, labels):
+        return self.fn(output, labels)
+
+    @contextlib.contextmanager
+    def replaced(self, fn: Callable):
+        kept, self.fn = self.fn, fn
+        try:
+            yield
+        finally:
+            self.fn = kept
+
+
 @dataclass
 class Pipeline:
     """This rank's share of a pipeline: the schedule and what it needs around each step."""
 
     schedule: PipelineScheduleSingle | PipelineScheduleMulti
+    loss: StageLoss  # the loss function the schedule holds
     has_first: bool  # this rank feeds the inputs
     has_last: bool  # this rank computes the loss
     group: dist.ProcessGroup  # the pp process group
@@ -251,6 +271,7 @@ class Trainer:
         checkpointer=None,
         resilience: Resilience | None = None,
         validator=None,
+        downstream=None,
     ):
         self.model, self.optimizer, self.lr_scheduler, self.loader = model, optimizer, lr_scheduler, loader
         self.model_parts, self.device, self.pipeline = model.parts, model.device, model.pipeline
@@ -263,6 +284,8 @@ class Trainer:
         self.checkpointer = checkpointer
         self.resilience = resilience or Resilience()
         self.validator = validator  # titanlite.engine.validator.Validator, every settings.val_freq steps
+        # titanlite.engine.downstream.InLoopScoring: lm-eval tasks every downstream.interval steps and at the last
+        self.downstream = downstream
         self.profiler: Profiler | None = None  # stepped after every training step
         self.step = 0
         self.tokens_seen = 0
@@ -319,7 +342,12 @@ class Trainer:
                 will_eval = self.validator is not None and (
                     (self.step + 1) % self.settings.val_freq == 0 or self.step + 1 == last
                 )
-                will_log = (self.step + 1) % self.settings.log_freq == 0 or self.step + 1 == last or will_eval
+                will_score = self.downstream is not None and (
+                    (self.step + 1) % self.downstream.interval == 0 or self.step + 1 == last
+                )
+                will_log = (
+                    (self.step + 1) % self.settings.log_freq == 0 or self.step + 1 == last or will_eval or will_score
+                )
                 will_save = self.checkpointer is not None and self.checkpointer.due(self.step + 1)
                 self.train_step(micro_batches, measure=will_log)
                 self.step += 1
@@ -330,6 +358,8 @@ class Trainer:
                 self.throughput.add(self.figures.tokens_per_step, elapsed)
                 # Evaluated after the step's time is taken: evaluation is not in the training tokens/s.
                 validation = self.validator.run() if will_eval else {}
+                if will_score:  # also after the step's time; with the random states as they were
+                    validation |= self.downstream.run(self.step)
                 if will_log:
                     self.log(records[-1].loss, records[-1].grad_norm, lr, last, validation)
                 if self.checkpointer is not None:
