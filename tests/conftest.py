@@ -97,6 +97,14 @@ def token_cache(tmp_path_factory):
     return path
 
 
+@pytest.fixture(scope="session", autouse=True)
+def datasets_cache(tmp_path_factory):
+    """lm-eval's task documents (read through `datasets`) cached in the session's folder, not the user's home."""
+    path = os.environ.get("HF_DATASETS_CACHE") or str(shared_temp(tmp_path_factory) / "datasets_cache")
+    os.environ["HF_DATASETS_CACHE"] = path
+    return path
+
+
 @pytest.fixture(scope="session")
 def one_process(tmp_path_factory):
     """one_process(args) -> the per-step records of one process training `args` (in the pool of one rank,

@@ -371,6 +371,15 @@ def train_job(argv: list[str]) -> None:
     train(parse_config(argv))
 
 
+def eval_job(argv: list[str]) -> int:
+    """A `titanlite eval --ngpu N` worker's body on this rank: what `python -m titanlite.commands.evaluate ARGV` runs
+    under torchrun (its options --output, --bootstrap-iters, --log-samples, then the config), its exit status."""
+    from titanlite.commands.evaluate import main
+
+    with contextlib.redirect_stderr(_WithFileno(sys.stderr, 2)):
+        return main(argv)
+
+
 def cli_job(argv: list[str]) -> int:
     """`titanlite ARGV` on this rank (titanlite/commands/cli.py main, as the `titanlite` entry point runs it): its
     exit status. A command that runs a worker here enables faulthandler on stderr, which needs a file descriptor:

@@ -23,7 +23,7 @@ commands:
                             tokenise the configured corpus (or mixture) into its prepared token
                             store, with progress; an interrupted prepare continues where it stopped
   eval [--ngpu N --output F.json]
-       [--tasks T1,T2 --include-path DIR --limit N --num-fewshot K --bootstrap-iters N]
+       [--tasks T1,T2 --include-path DIR --limit N --num-fewshot K --bootstrap-iters N --log-samples]
                             the validation loss and perplexity of the run's newest checkpoint (or
                             checkpoint.load_step, else checkpoint.initial_load_path) on the configured
                             layout over N processes; the same windows as the run's evaluations; with

@@ -48,10 +48,11 @@ OPTIONS = {
     "limit": -1,
     "num-fewshot": -2,
     "bootstrap-iters": 100000,  # lm-eval's resamplings for the standard errors of its non-mean metrics (0: none)
+    "log-samples": False,  # --output also holds every document's requests and the model's answers (lm-eval's samples)
 }
 TASK_KEYS = {"tasks": "tasks", "include-path": "include_path", "limit": "limit", "num-fewshot": "num_fewshot"}
 UNSET = {"tasks": "", "include-path": "", "limit": -1, "num-fewshot": -2}
-WORKER_OPTIONS = {"output": "", "bootstrap-iters": 100000}
+WORKER_OPTIONS = {"output": "", "bootstrap-iters": 100000, "log-samples": False}
 
 logger = logging.getLogger(__spec__.name)  # not __name__: under `python -m` this module is __main__
 
@@ -62,6 +63,8 @@ def eval_command(argv: list[str]) -> int:
     opts, rest = take_options(argv, OPTIONS, "eval", at_least={"bootstrap-iters": 0, "limit": 0, "num-fewshot": -1})
     check_output_file(opts["output"], "eval --output")
     task_options = [f"--downstream.{TASK_KEYS[k]}={opts[k]}" for k in TASK_KEYS if opts[k] != UNSET[k]]
+    if opts["log-samples"] and not (opts["tasks"] and opts["output"]):
+        raise ConfigError("eval --log-samples writes lm-eval's samples into --output F.json; give --tasks and --output")
     if task_options and not opts["tasks"]:
         raise ConfigError(f"eval {task_options[0].split('=')[0]} applies to --tasks; name the tasks with --tasks T1,T2")
     rest = [*rest, *task_options]
@@ -94,6 +97,7 @@ def eval_command(argv: list[str]) -> int:
         opts["output"],
         "--bootstrap-iters",
         str(opts["bootstrap-iters"]),
+        *(["--log-samples"] if opts["log-samples"] else []),
         *rest,
     ]
     return subprocess.run(cmd, env=env).returncode
@@ -141,7 +145,7 @@ def score(cfg: JobConfig, plan: Plan, mesh, device, opts: dict) -> dict:
             f"{scorer.shape.rows} requests per rank per forward, inputs up to {scorer.shape.max_len} tokens"
         )
     start = time.perf_counter()
-    results = score_tasks(lm, cfg.downstream, manager, opts["bootstrap-iters"])
+    results = score_tasks(lm, cfg.downstream, manager, opts["bootstrap-iters"], opts["log-samples"])
     seconds = time.perf_counter() - start
     if speaks:
         print(results_table(results), flush=True)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import functools
 import io
 import json
 import logging
@@ -113,15 +114,29 @@ def task_specs(d: Downstream) -> list[Any]:
 
 
 def task_manager(d: Downstream):
-    """lm-eval's index of its tasks and those under downstream.include_path (a few seconds: it reads every YAML)."""
-    _, tasks, _, _ = lm_eval_modules()
+    """lm-eval's index of the tasks downstream.tasks may name: those under downstream.include_path alone where they are
+    all there (or YAML files), else lm-eval's own too (reading its thousands of YAML files takes seconds)."""
     if d.include_path and not Path(d.include_path).expanduser().is_dir():
         raise ConfigError(
             f"downstream.include_path={d.include_path!r} is not a folder; name the folder that holds your task "
             "YAML files"
         )
+    include = str(Path(d.include_path).expanduser().resolve()) if d.include_path else None
+    names = [spec for spec in task_specs(d) if isinstance(spec, str)]
+    if include is not None or not names:
+        local = _task_index(include, False)
+        if all(name in local.all_tasks for name in names):
+            return local
+    return _task_index(include, True)
+
+
+@functools.lru_cache(maxsize=8)
+def _task_index(include: str | None, defaults: bool):
+    """lm-eval's TaskManager over `include` (and its own tasks, `defaults`), made once per process: a process that
+    scores again (every interval, or a test's next layout) reads no YAML file twice."""
+    _, tasks, _, _ = lm_eval_modules()
     with lm_eval_quiet():
-        return tasks.TaskManager(include_path=str(Path(d.include_path).expanduser()) if d.include_path else None)
+        return tasks.TaskManager(include_path=include, include_defaults=defaults)
 
 
 def check_tasks(d: Downstream, tokenizer: Tokenizer, manager=None) -> dict[str, str]:
@@ -257,9 +272,9 @@ def titanlite_lm(scorer: Scorer, tokenizer: Tokenizer, max_length: int):
     return TitanliteLM()
 
 
-def score_tasks(lm, d: Downstream, manager, bootstrap_iters: int = 0) -> dict[str, Any]:
-    """lm-eval's results for downstream.tasks (its simple_evaluate: the dict its CLI writes as JSON), with the random
-    states of the process as they were."""
+def score_tasks(lm, d: Downstream, manager, bootstrap_iters: int = 0, log_samples: bool = False) -> dict[str, Any]:
+    """lm-eval's results for downstream.tasks (its simple_evaluate: the dict its CLI writes as JSON; with
+    `log_samples`, every document's requests and answers under "samples"), with the process's random states kept."""
     evaluator, _, _, _ = lm_eval_modules()
     with rng_kept(), lm_eval_quiet():
         return evaluator.simple_evaluate(
@@ -269,7 +284,7 @@ def score_tasks(lm, d: Downstream, manager, bootstrap_iters: int = 0) -> dict[st
             limit=d.limit or None,
             task_manager=manager,
             bootstrap_iters=bootstrap_iters,
-            log_samples=False,
+            log_samples=log_samples,
         )
 
 

@@ -1,0 +1,291 @@
+"""Downstream tasks (lm-evaluation-harness) scored from titanlite checkpoints: during training and by `titanlite eval
+--tasks`, on every layout, against lm-eval's own `hf` model on the exported folder, and generations against `titanlite
+generate`. The tasks are local (YAML files and JSON-lines documents written here): nothing is fetched.
+
+One 5-step run (scored in the loop at steps 2, 4 and 5, checkpointed at each) gives the checkpoints; one process's
+`eval --tasks --log-samples` of step 5 is the reference every layout's answers are compared with, request by request.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import TINY, cli_in_pool, metrics, train_in_pool
+from tests.pool import eval_job, pool
+
+pytestmark = pytest.mark.distributed
+
+TASKS = "tl_choice,tl_text,tl_sum"
+CHOICE_YAML = """task: tl_choice
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {folder}/tl_choice.jsonl
+test_split: test
+output_type: multiple_choice
+doc_to_text: "Question: {{{{question}}}}\\nAnswer:"
+doc_to_choice: "{{{{choices}}}}"
+doc_to_target: "{{{{answer}}}}"
+metric_list:
+  - metric: acc
+    aggregation: mean
+    higher_is_better: true
+  - metric: acc_norm
+    aggregation: mean
+    higher_is_better: true
+"""
+TEXT_YAML = """task: tl_text
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {folder}/tl_text.jsonl
+test_split: test
+output_type: loglikelihood_rolling
+doc_to_text: ""
+doc_to_target: "{{{{text}}}}"
+metric_list:
+  - metric: word_perplexity
+    aggregation: weighted_perplexity
+    higher_is_better: false
+  - metric: bits_per_byte
+    aggregation: bits_per_byte
+    higher_is_better: false
+"""
+SUM_YAML = """task: tl_sum
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {folder}/tl_sum.jsonl
+test_split: test
+output_type: generate_until
+doc_to_text: "{{{{question}}}}="
+doc_to_target: "{{{{answer}}}}"
+generation_kwargs:
+  until: ["\\n"]
+  max_gen_toks: 6
+  do_sample: false
+metric_list:
+  - metric: exact_match
+    aggregation: mean
+    higher_is_better: true
+"""
+QUESTIONS = [
+    ("Which is a colour?", [" red", " seven", " under"], 0),
+    ("What do bees make?", [" honey", " bricks", " rain"], 0),
+    ("How many legs has a cat?", [" two", " four", " nine"], 1),
+    ("Where does a fish live?", [" in a tree", " in the sky", " in the water"], 2),
+    ("Which number is even?", [" 3", " 8", " 11"], 1),
+    ("What opens a lock?", [" a key", " a spoon", " a cloud"], 0),
+]
+TEXTS = [
+    "def add(a, b):\n    return a + b\n\nprint(add(2, 3))\n",
+    "The standard library holds modules for files, text, numbers and the network; each has its tests.",
+    "import os\nfor name in sorted(os.listdir('.')):\n    print(name)\n",
+]
+SUMS = [("2+3", "5"), ("10+7", "17"), ("4+4", "8"), ("21+1", "22")]
+
+
+def write_tasks(folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, text in (("tl_choice", CHOICE_YAML), ("tl_text", TEXT_YAML), ("tl_sum", SUM_YAML)):
+        (folder / f"{name}.yaml").write_text(text.format(folder=folder))
+    rows = {
+        "tl_choice": [{"question": q, "choices": c, "answer": a} for q, c, a in QUESTIONS],
+        "tl_text": [{"text": t} for t in TEXTS],
+        "tl_sum": [{"question": q, "answer": a} for q, a in SUMS],
+    }
+    for name, docs in rows.items():
+        (folder / f"{name}.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def tasks(tmp_path_factory) -> Path:
+    return write_tasks(tmp_path_factory.mktemp("tasks"))
+
+
+def downstream(tasks: Path) -> list[str]:
+    return ["--downstream.tasks", TASKS, "--downstream.include_path", str(tasks)]
+
+
+@pytest.fixture(scope="module")
+def run(tasks, tmp_path_factory) -> tuple[Path, list[dict]]:
+    """A 5-step run scored in the loop at steps 2, 4 and 5 and checkpointed there: its folder and records."""
+    run_dir = tmp_path_factory.mktemp("downstream_run")
+    args = [*TINY, *downstream(tasks), "--downstream.interval", "2", "--checkpoint.enable", "--checkpoint.interval", "2"]
+    proc = train_in_pool(1, args, run_dir)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert "downstream at step 4: tl_choice/acc " in proc.stdout, proc.stdout[-3000:]
+    return run_dir, metrics(run_dir)
+
+
+def folder_args(run_dir: Path) -> list[str]:
+    return ["--job.dump_folder", str(run_dir), "--job.name", "run"]
+
+
+def eval_tasks(run_dir: Path, tasks: Path, output: Path, *extra: str) -> dict:
+    """`titanlite eval --tasks` of the run on one process (the pool's rank), its results JSON."""
+    argv = ["eval", *folder_args(run_dir), "--tasks", TASKS, "--include-path", str(tasks), "--bootstrap-iters", "0"]
+    proc = cli_in_pool([*argv, "--output", str(output), *extra])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-4000:]
+    return json.loads(output.read_text())
+
+
+@pytest.fixture(scope="module")
+def single(run, tasks, tmp_path_factory) -> dict:
+    """One process's results for the step-5 checkpoint, with every request's answer (--log-samples)."""
+    return eval_tasks(run[0], tasks, tmp_path_factory.mktemp("single") / "r.json", "--log-samples")
+
+
+def answers(results: dict) -> dict[str, list]:
+    """Each task's documents' answers, in document order: per request (log-likelihood, greedy) or the text."""
+    return {
+        task: [sample["resps"] for sample in sorted(samples, key=lambda s: s["doc_id"])]
+        for task, samples in results["samples"].items()
+    }
+
+
+def figures(results: dict) -> dict[str, float]:
+    return {
+        f"downstream/{task}/{key.split(',')[0]}": value
+        for task, row in results["results"].items()
+        for key, value in row.items()
+        if "," in key and "_stderr" not in key
+    }
+
+
+def assert_same_answers(ours: dict, theirs: dict, rel: float = 1e-5) -> None:
+    """Equal accuracies and generations; log-likelihoods to `rel`; the same greedy flags."""
+    a, b = answers(ours), answers(theirs)
+    assert a.keys() == b.keys() == {"tl_choice", "tl_text", "tl_sum"}
+    for task in a:
+        assert len(a[task]) == len(b[task])
+        for mine, other in zip(a[task], b[task]):
+            flat_mine, flat_other = json.loads(json.dumps(mine)), json.loads(json.dumps(other))
+            if task == "tl_sum":
+                assert flat_mine == flat_other, (task, mine, other)
+                continue
+            for x, y in zip(flat_mine, flat_other):  # one entry per request of the document
+                x, y = x[0], y[0]
+                if isinstance(x, list):  # (log-likelihood, greedy)
+                    assert x[0] == pytest.approx(y[0], rel=rel, abs=1e-5) and x[1] == y[1], (task, mine, other)
+                else:  # a rolling log-likelihood
+                    assert x == pytest.approx(y, rel=rel, abs=1e-5), (task, mine, other)
+    counted = [key for key in figures(theirs) if "/tl_text/" not in key]  # accuracies and exact matches
+    assert [figures(ours)[key] for key in counted] == [figures(theirs)[key] for key in counted]
+
+
+def test_in_loop_figures_equal_eval_of_the_same_steps_checkpoint(run, tasks, single, tmp_path):
+    run_dir, records = run
+    scored = {r["step"]: r for r in records if "downstream/tl_choice/acc" in r}
+    assert sorted(scored) == [2, 4, 5]
+    at_4 = eval_tasks(run_dir, tasks, tmp_path / "step4.json", "--checkpoint.load_step", "4")
+    assert at_4["checkpoint"].endswith("step-4") and single["checkpoint"].endswith("step-5")
+    for step, results in ((4, at_4), (5, single)):
+        found = figures(results)
+        assert len(found) == 5, found  # acc, acc_norm, word_perplexity, bits_per_byte, exact_match
+        for key, value in found.items():
+            assert scored[step][key] == pytest.approx(value, rel=1e-9), (step, key)
+    # the in-loop scoring changed nothing about training: the same losses as the run without it
+    assert all(r["tps"] is None or r["tps"] > 0 for r in records)
+
+
+LAYOUTS = {  # each as the eval's first line names it: its arguments
+    "dp_shard 2": [],
+    "tp 2": ["--parallelism.tensor_parallel_degree", "2"],
+    "cp 2": ["--parallelism.context_parallel_degree", "2"],
+    "pp 2": [
+        "--parallelism.pipeline_parallel_degree",
+        "2",
+        "--parallelism.pipeline_parallel_microbatch_size",
+        "2",
+        "--parallelism.pipeline_parallel_schedule",
+        "Interleaved1F1B",
+    ],
+}
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_every_layout_answers_as_one_process(layout, run, tasks, single, tmp_path):
+    out = tmp_path / "r.json"
+    argv = ["--output", str(out), "--bootstrap-iters", "0", "--log-samples", *folder_args(run[0]), *downstream(tasks)]
+    ran = pool(2).run(eval_job, [*argv, *LAYOUTS[layout]], timeout=300)
+    assert ran.values == [0, 0], ran.stdout[-3000:] + ran.stderr[-4000:]
+    assert f"titanlite eval: gpt2 debug on {layout}; tasks {TASKS.replace(',', ', ')};" in ran.stdout, ran.stdout
+    results = json.loads(out.read_text())
+    assert_same_answers(results, single)
+
+
+@pytest.fixture(scope="module")
+def folder(run, tmp_path_factory) -> Path:
+    """The step-5 checkpoint exported to a Hugging Face folder, every weight then moved by N(0, 1): a model whose
+    greedy generations are not one repeated byte, which both scorers then read."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    path = tmp_path_factory.mktemp("hf") / "model"
+    export = cli_in_pool(["convert", "to-hf", "--output", str(path), *folder_args(run[0])])
+    assert export.returncode == 0, export.stderr[-3000:]
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p))
+    model.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def folder_scored(folder, tasks, tmp_path_factory) -> dict:
+    """`titanlite eval --tasks` of the folder on one process, from a run folder with no checkpoint of its own."""
+    output = tmp_path_factory.mktemp("folder") / "r.json"
+    argv = ["eval", *TINY, "--job.dump_folder", str(output.parent), "--job.name", "fresh"]
+    argv += ["--checkpoint.initial_load_path", str(folder), "--tasks", TASKS, "--include-path", str(tasks)]
+    proc = cli_in_pool([*argv, "--bootstrap-iters", "0", "--log-samples", "--output", str(output)])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-4000:]
+    return json.loads(output.read_text())
+
+
+def test_lm_evals_own_hf_model_on_the_exported_folder_answers_as_titanlite(folder, folder_scored, tasks):
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    theirs = simple_evaluate(
+        model="hf",
+        model_args={"pretrained": str(folder), "max_length": 32, "dtype": "float32", "device": "cpu"},
+        batch_size=8,
+        tasks=TASKS.split(","),
+        task_manager=TaskManager(include_path=str(tasks), include_defaults=False),
+        bootstrap_iters=0,
+        log_samples=True,
+    )
+    assert_same_answers(folder_scored, theirs)
+    texts = [resps[0][0] for resps in answers(folder_scored)["tl_sum"]]
+    assert len(set(texts)) > 1 and all(t.strip() for t in texts), texts  # generations worth comparing
+
+
+def test_generations_are_what_titanlite_generate_prints(folder, folder_scored, cli, tmp_path):
+    texts = [resps[0][0] for resps in answers(folder_scored)["tl_sum"]]
+    for (question, _), text in zip(SUMS, texts):
+        out = tmp_path / "g.json"
+        argv = [*TINY, "--job.dump_folder", str(tmp_path), "--job.name", "fresh"]
+        proc = cli("generate", *argv, "--checkpoint.initial_load_path", str(folder), "--prompt", f"{question}=",
+                   "--max-new-tokens", "6", "--output", str(out))  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert json.loads(out.read_text())["text"].split("\n")[0] == text, question
+
+
+def test_expert_parallel_answers_as_one_process(tasks, tmp_path):
+    moe = ["--config", "train_configs/qwen3_moe_debug.toml", *TINY, "--training.steps", "2"]
+    proc = train_in_pool(1, [*moe, "--checkpoint.enable", "--checkpoint.interval", "2"], tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    one = eval_tasks(tmp_path, tasks, tmp_path / "one.json", "--log-samples")
+    out = tmp_path / "ep2.json"
+    argv = ["--output", str(out), "--bootstrap-iters", "0", "--log-samples", *folder_args(tmp_path), *downstream(tasks)]
+    ran = pool(2).run(eval_job, [*argv, "--parallelism.expert_parallel_degree", "2"], timeout=300)
+    assert ran.values == [0, 0], ran.stdout[-3000:] + ran.stderr[-4000:]
+    assert "titanlite eval: qwen3_moe debug on dp_shard 2 x ep 2 (of shard x cp);" in ran.stdout, ran.stdout[-2000:]
+    assert_same_answers(json.loads(out.read_text()), one)
