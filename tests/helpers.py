@@ -260,3 +260,91 @@ def _in_default_group(worker: Callable[[int], None]) -> None:
     rank = int(os.environ["RANK"])
     dist.init_process_group("gloo", rank=rank, world_size=int(os.environ["WORLD_SIZE"]), timeout=timedelta(seconds=60))
     worker(rank)
+
+
+# ---- downstream tasks: three local lm-eval tasks (a YAML file and JSON-lines documents each) ----
+
+TASKS = "tl_choice,tl_text,tl_sum"
+CHOICE_YAML = """task: tl_choice
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {folder}/tl_choice.jsonl
+test_split: test
+output_type: multiple_choice
+doc_to_text: "Question: {{{{question}}}}\\nAnswer:"
+doc_to_choice: "{{{{choices}}}}"
+doc_to_target: "{{{{answer}}}}"
+metric_list:
+  - metric: acc
+    aggregation: mean
+    higher_is_better: true
+  - metric: acc_norm
+    aggregation: mean
+    higher_is_better: true
+"""
+TEXT_YAML = """task: tl_text
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {folder}/tl_text.jsonl
+test_split: test
+output_type: loglikelihood_rolling
+doc_to_text: ""
+doc_to_target: "{{{{text}}}}"
+metric_list:
+  - metric: word_perplexity
+    aggregation: weighted_perplexity
+    higher_is_better: false
+  - metric: bits_per_byte
+    aggregation: bits_per_byte
+    higher_is_better: false
+"""
+SUM_YAML = """task: tl_sum
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {folder}/tl_sum.jsonl
+test_split: test
+output_type: generate_until
+doc_to_text: "{{{{question}}}}="
+doc_to_target: "{{{{answer}}}}"
+generation_kwargs:
+  until: ["\\n"]
+  max_gen_toks: 6
+  do_sample: false
+metric_list:
+  - metric: exact_match
+    aggregation: mean
+    higher_is_better: true
+"""
+QUESTIONS = [
+    ("Which is a colour?", ["red", "seven", "under"], 0),
+    ("What do bees make?", ["honey", "bricks", "rain"], 0),
+    ("How many legs has a cat?", ["two", "four", "nine"], 1),
+    ("Where does a fish live?", ["in a tree", "in the sky", "in the water"], 2),
+    ("Which number is even?", ["3", "8", "11"], 1),
+    ("What opens a lock?", ["a key", "a spoon", "a cloud"], 0),
+]
+TEXTS = [
+    "def add(a, b):\n    return a + b\n\nprint(add(2, 3))\n",
+    "The standard library holds modules for files, text, numbers and the network; each has its tests.",
+    "import os\nfor name in sorted(os.listdir('.')):\n    print(name)\n",
+]
+SUMS = [("2+3", "5"), ("10+7", "17"), ("4+4", "8"), ("21+1", "22")]
+
+
+def write_tasks(folder: Path) -> Path:
+    """TASKS in `folder`: multiple choice (acc, acc_norm), a perplexity task (rolling log-likelihoods) and sums to
+    generate (exact match), each a YAML file naming its documents there; nothing needs the hub."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, text in (("tl_choice", CHOICE_YAML), ("tl_text", TEXT_YAML), ("tl_sum", SUM_YAML)):
+        (folder / f"{name}.yaml").write_text(text.format(folder=folder))
+    rows = {
+        "tl_choice": [{"question": q, "choices": c, "answer": a} for q, c, a in QUESTIONS],
+        "tl_text": [{"text": t} for t in TEXTS],
+        "tl_sum": [{"question": q, "answer": a} for q, a in SUMS],
+    }
+    for name, docs in rows.items():
+        (folder / f"{name}.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    return folder

@@ -13,93 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import TINY, cli_in_pool, metrics, train_in_pool
+from tests.helpers import SUMS, TASKS, TINY, VALIDATED, cli_in_pool, metrics, train_in_pool, write_tasks
 from tests.pool import eval_job, pool
 
 pytestmark = pytest.mark.distributed
-
-TASKS = "tl_choice,tl_text,tl_sum"
-CHOICE_YAML = """task: tl_choice
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {folder}/tl_choice.jsonl
-test_split: test
-output_type: multiple_choice
-doc_to_text: "Question: {{{{question}}}}\\nAnswer:"
-doc_to_choice: "{{{{choices}}}}"
-doc_to_target: "{{{{answer}}}}"
-metric_list:
-  - metric: acc
-    aggregation: mean
-    higher_is_better: true
-  - metric: acc_norm
-    aggregation: mean
-    higher_is_better: true
-"""
-TEXT_YAML = """task: tl_text
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {folder}/tl_text.jsonl
-test_split: test
-output_type: loglikelihood_rolling
-doc_to_text: ""
-doc_to_target: "{{{{text}}}}"
-metric_list:
-  - metric: word_perplexity
-    aggregation: weighted_perplexity
-    higher_is_better: false
-  - metric: bits_per_byte
-    aggregation: bits_per_byte
-    higher_is_better: false
-"""
-SUM_YAML = """task: tl_sum
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {folder}/tl_sum.jsonl
-test_split: test
-output_type: generate_until
-doc_to_text: "{{{{question}}}}="
-doc_to_target: "{{{{answer}}}}"
-generation_kwargs:
-  until: ["\\n"]
-  max_gen_toks: 6
-  do_sample: false
-metric_list:
-  - metric: exact_match
-    aggregation: mean
-    higher_is_better: true
-"""
-QUESTIONS = [
-    ("Which is a colour?", [" red", " seven", " under"], 0),
-    ("What do bees make?", [" honey", " bricks", " rain"], 0),
-    ("How many legs has a cat?", [" two", " four", " nine"], 1),
-    ("Where does a fish live?", [" in a tree", " in the sky", " in the water"], 2),
-    ("Which number is even?", [" 3", " 8", " 11"], 1),
-    ("What opens a lock?", [" a key", " a spoon", " a cloud"], 0),
-]
-TEXTS = [
-    "def add(a, b):\n    return a + b\n\nprint(add(2, 3))\n",
-    "The standard library holds modules for files, text, numbers and the network; each has its tests.",
-    "import os\nfor name in sorted(os.listdir('.')):\n    print(name)\n",
-]
-SUMS = [("2+3", "5"), ("10+7", "17"), ("4+4", "8"), ("21+1", "22")]
-
-
-def write_tasks(folder: Path) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    for name, text in (("tl_choice", CHOICE_YAML), ("tl_text", TEXT_YAML), ("tl_sum", SUM_YAML)):
-        (folder / f"{name}.yaml").write_text(text.format(folder=folder))
-    rows = {
-        "tl_choice": [{"question": q, "choices": c, "answer": a} for q, c, a in QUESTIONS],
-        "tl_text": [{"text": t} for t in TEXTS],
-        "tl_sum": [{"question": q, "answer": a} for q, a in SUMS],
-    }
-    for name, docs in rows.items():
-        (folder / f"{name}.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
-    return folder
 
 
 @pytest.fixture(scope="module")
@@ -113,9 +30,18 @@ def downstream(tasks: Path) -> list[str]:
 
 @pytest.fixture(scope="module")
 def run(tasks, tmp_path_factory) -> tuple[Path, list[dict]]:
-    """A 5-step run scored in the loop at steps 2, 4 and 5 and checkpointed there: its folder and records."""
+    """The reference run (validated at steps 2, 4 and 5), scored in the loop at those steps too and checkpointed there:
+    its folder and records."""
     run_dir = tmp_path_factory.mktemp("downstream_run")
-    args = [*TINY, *downstream(tasks), "--downstream.interval", "2", "--checkpoint.enable", "--checkpoint.interval", "2"]
+    args = [
+        *VALIDATED,
+        *downstream(tasks),
+        "--downstream.interval",
+        "2",
+        "--checkpoint.enable",
+        "--checkpoint.interval",
+    ]
+    args.append("2")
     proc = train_in_pool(1, args, run_dir)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert "downstream at step 4: tl_choice/acc " in proc.stdout, proc.stdout[-3000:]
@@ -178,8 +104,13 @@ def assert_same_answers(ours: dict, theirs: dict, rel: float = 1e-5) -> None:
     assert [figures(ours)[key] for key in counted] == [figures(theirs)[key] for key in counted]
 
 
-def test_in_loop_figures_equal_eval_of_the_same_steps_checkpoint(run, tasks, single, tmp_path):
+def test_in_loop_figures_equal_eval_of_the_same_steps_checkpoint_and_training_is_untouched(
+    run, tasks, single, tmp_path, reference
+):
     run_dir, records = run
+    # the scoring (lm-eval seeds every random generator it knows) changed no loss, norm or learning rate, bit for bit
+    figures_of = [(r["step"], r["loss"], r["grad_norm"], r["lr"], r.get("val_loss")) for r in records]
+    assert figures_of == [(r["step"], r["loss"], r["grad_norm"], r["lr"], r.get("val_loss")) for r in reference()]
     scored = {r["step"]: r for r in records if "downstream/tl_choice/acc" in r}
     assert sorted(scored) == [2, 4, 5]
     at_4 = eval_tasks(run_dir, tasks, tmp_path / "step4.json", "--checkpoint.load_step", "4")
@@ -189,8 +120,6 @@ def test_in_loop_figures_equal_eval_of_the_same_steps_checkpoint(run, tasks, sin
         assert len(found) == 5, found  # acc, acc_norm, word_perplexity, bits_per_byte, exact_match
         for key, value in found.items():
             assert scored[step][key] == pytest.approx(value, rel=1e-9), (step, key)
-    # the in-loop scoring changed nothing about training: the same losses as the run without it
-    assert all(r["tps"] is None or r["tps"] > 0 for r in records)
 
 
 LAYOUTS = {  # each as the eval's first line names it: its arguments

@@ -39,6 +39,7 @@ from titanlite.components import run_lock
 from titanlite.components.checkpoint import check_resume, initial_weights_path
 from titanlite.components.hf_weights import check_hf_values, is_hf_folder
 from titanlite.config import parse_config, refuse_repeated_keys
+from titanlite.engine.downstream import check_tasks
 
 GIB = 2**30
 # GPU memory a CUDA rank uses besides its tensors: the CUDA context (about 0.5 GiB on Hopper with lazy
@@ -261,6 +262,10 @@ def check(argv: list[str]) -> int:
     if cfg.validation.enable:
         windows = build_validation_data(cfg, tokenizer, corpus, verify="sample")
         logger.info(f"titanlite: {describe_validation(cfg, corpus, len(windows), plan.dims.dp)}")
+    if cfg.downstream.tasks:
+        kinds = check_tasks(cfg.downstream, tokenizer)
+        named = ", ".join(f"{name} ({kind})" for name, kind in kinds.items())
+        logger.info(f"titanlite: downstream: {named}, scored every {cfg.downstream.interval} steps and at the last")
     logger.info(
         f"titanlite: config ok for {world_size} process(es): {plan.dims.describe()}, "
         f"global batch {plan.global_batch_size}, accumulation {plan.grad_accum_steps}"

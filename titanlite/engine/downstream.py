@@ -92,24 +92,20 @@ def rng_kept() -> Iterator[None]:
             torch.cuda.set_rng_state_all(cuda)
 
 
-def task_specs(d: Downstream) -> list[Any]:
-    """downstream.tasks as lm-eval takes them: names as they are, a YAML file as its config (lm-eval's CLI does the
-    same for a path)."""
-    _, _, utils, _ = lm_eval_modules()
-    specs: list[Any] = []
+def is_task_file(name: str) -> bool:
+    return name.endswith((".yaml", ".yml"))
+
+
+def task_specs(d: Downstream) -> list[str]:
+    """downstream.tasks as lm-eval takes them: names, and YAML files as absolute paths (which must exist)."""
+    specs = []
     for name in d.tasks:
-        path = Path(name).expanduser()
-        if name.endswith((".yaml", ".yml")) or path.is_file():
+        if is_task_file(name):
+            path = Path(name).expanduser()
             if not path.is_file():
                 raise ConfigError(f"downstream.tasks names the file {name}, which does not exist; fix the path")
-            try:
-                specs.append(utils.load_yaml_config(str(path)))
-            except Exception as e:
-                raise ConfigError(
-                    f"downstream task file {name} does not read as lm-eval YAML: {short_reason(e)}"
-                ) from e
-        else:
-            specs.append(name)
+            name = str(path.resolve())
+        specs.append(name)
     return specs
 
 
@@ -122,7 +118,8 @@ def task_manager(d: Downstream):
             "YAML files"
         )
     include = str(Path(d.include_path).expanduser().resolve()) if d.include_path else None
-    names = [spec for spec in task_specs(d) if isinstance(spec, str)]
+    lm_eval_modules()  # one line where lm-eval cannot be imported, before anything else is looked at
+    names = [spec for spec in task_specs(d) if not is_task_file(spec)]
     if include is not None or not names:
         local = _task_index(include, False)
         if all(name in local.all_tasks for name in names):
@@ -146,13 +143,13 @@ def check_tasks(d: Downstream, tokenizer: Tokenizer, manager=None) -> dict[str, 
     manager = manager or task_manager(d)
     known = set(manager.all_tasks)
     for spec in task_specs(d):
-        if isinstance(spec, str) and spec not in known:
-            near = difflib.get_close_matches(spec, sorted(known), n=3, cutoff=0.6)
+        if not is_task_file(spec) and spec not in known:
+            near = difflib.get_close_matches(spec, sorted(known), n=3, cutoff=0.75)
             hint = f"; did you mean {', '.join(near)}?" if near else ""
-            where = f" or under downstream.include_path={d.include_path!r}" if d.include_path else ""
+            where = f"neither lm-eval nor downstream.include_path={d.include_path!r}" if d.include_path else "lm-eval"
             raise ConfigError(
-                f"downstream.tasks: lm-eval knows no task {spec!r}{where}{hint} (`lm-eval ls tasks` lists them; a task "
-                "of your own is a YAML file named in downstream.tasks or found in downstream.include_path)"
+                f"downstream.tasks: {where} has a task {spec!r}{hint} (`lm-eval ls tasks` lists lm-eval's; a task of "
+                "your own is a YAML file named in downstream.tasks or found in downstream.include_path)"
             )
     loaded = load_tasks(d, manager)
     kinds = {}
@@ -167,12 +164,11 @@ def check_tasks(d: Downstream, tokenizer: Tokenizer, manager=None) -> dict[str, 
 
 
 def load_tasks(d: Downstream, manager) -> dict[str, Any]:
-    """Every task downstream.tasks names (a group's members one by one), its documents loaded; one line where any
-    cannot load."""
-    evaluator, tasks, _, _ = lm_eval_modules()
+    """Every task downstream.tasks names (a group's members one by one), by name, its documents loaded; one line where
+    any cannot load."""
     try:
         with lm_eval_quiet():
-            tree = tasks.get_task_dict(task_specs(d), manager)
+            return dict(manager.load(task_specs(d))["tasks"])
     except ConfigError:
         raise
     except Exception as e:
@@ -181,15 +177,6 @@ def load_tasks(d: Downstream, manager) -> dict[str, Any]:
             f"downstream.tasks {d.tasks} cannot load their documents{offline}: {short_reason(e)}; on a machine without "
             "the hub, use local tasks (a YAML file whose dataset_path is 'json' with data_files, docs/evaluation.md)"
         ) from e
-    return dict(_leaves(tree))
-
-
-def _leaves(tree) -> Iterator[tuple[str, Any]]:
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            yield from _leaves(value)
-        else:
-            yield getattr(key, "group_name", None) or getattr(value, "task_name", None) or str(key), value
 
 
 def titanlite_lm(scorer: Scorer, tokenizer: Tokenizer, max_length: int):
