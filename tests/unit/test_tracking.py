@@ -210,10 +210,16 @@ def test_compare_bad_input_is_one_line(tmp_path, capsys, setup, message):
 def test_compares_picture_labels_every_panel_with_its_legend_and_shows_validation_when_logged(tmp_path):
     from titanlite.commands.compare import figure, read_run
 
-    a = write_run(tmp_path / "a", [record(s, 10.0 - s, grad_norm=2.0, val_loss=9.0, tps=800.0) for s in (1, 2)])
+    scored = {"downstream/tl_choice/acc": 0.5, "val_loss/code": 8.5}  # a task's metric, a validation set's loss
+    a = write_run(
+        tmp_path / "a", [record(s, 10.0 - s, grad_norm=2.0, val_loss=9.0, tps=800.0, **scored) for s in (1, 2)]
+    )
     b = write_run(tmp_path / "b", [record(s, 10.0 - s, grad_norm=2.0, tps=900.0) for s in (1, 2)])
     for runs, titles in (
-        ([a, b], ["training loss", "validation loss", "gradient norm", "tokens/s per device"]),
+        (
+            [a, b],
+            ["training loss", "validation loss", "gradient norm", "tokens/s per device", *sorted(scored)],
+        ),
         ([b, b], ["training loss", "gradient norm", "tokens/s per device"]),  # no validation logged: no panel
     ):
         fig = figure([read_run(r) for r in runs])

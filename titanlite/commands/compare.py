@@ -32,10 +32,12 @@ PERFORMANCE = {
     "data_wait_pct",
     "elapsed_s",
     "val_seconds",
+    "downstream_seconds",
     "pp_bubble_analytic",
 }
-# The picture's panels without --metrics: (metric, title); val_loss's only when a run has one. With --metrics, a
-# panel per chosen metric, titled as here or by its name.
+# The picture's panels without --metrics: (metric, title); val_loss's only when a run has one; then one per
+# metric under DRAWN_FAMILIES a run logged (each validation set's loss, each downstream task's metric), by name. With
+# --metrics, a panel per chosen metric, titled as here or by its name.
 PLOTTED = (
     ("loss", "training loss"),
     ("val_loss", "validation loss"),
@@ -44,6 +46,7 @@ PLOTTED = (
 )
 # Each run's line: solid, dashed, dotted, dash-dot (then again), with its own marker on about MARKS of its points, so
 # that a run drawn exactly over another (the same seed and layout) still shows.
+DRAWN_FAMILIES = ("val_loss/", "downstream/")
 LINE_STYLES = ("-", "--", ":", "-.")
 MARKERS = ("o", "s", "^", "D", "v", "x")
 MARKS = 10
@@ -166,7 +169,8 @@ def table(runs: list[Run], found: list[Difference]) -> list[str]:
 
 def figure(runs: list[Run], chosen: list[str] | None = None):
     """The picture, returned as a matplotlib Figure: a panel per metric of `chosen` (--metrics), else per metric of
-    PLOTTED that a run logged (training loss, validation loss, grad norm, tokens/s), at most PANELS_PER_ROW a row,
+    PLOTTED that a run logged (training loss, validation loss, grad norm, tokens/s) and of DRAWN_FAMILIES (each
+    validation set's loss, each downstream metric), at most PANELS_PER_ROW a row,
     against the step (whole-number ticks), each with its title, axis labels and legend; one line per run that
     logged the metric, each run in its own line style and marker (LINE_STYLES, MARKERS), so that identical runs
     both show."""
@@ -183,6 +187,8 @@ def figure(runs: list[Run], chosen: list[str] | None = None):
         panels = [(metric, titles.get(metric, metric)) for metric in chosen]
     else:
         panels = [(metric, title) for metric, title in PLOTTED if any(run.series(metric) for run in runs)]
+        logged = {key for run in runs for record in run.records.values() for key in record}
+        panels += [(m, m) for m in sorted(logged) if m.startswith(DRAWN_FAMILIES) and any(r.series(m) for r in runs)]
     columns = min(len(panels), PANELS_PER_ROW)
     rows = math.ceil(len(panels) / columns)
     fig, axes = plt.subplots(rows, columns, figsize=(5 * columns, 3.6 * rows), squeeze=False)
