@@ -331,12 +331,12 @@ def target_log_probs(z: torch.Tensor, local: torch.Tensor, group) -> tuple[torch
     mine = (local >= 0) & (local < vocab)
     picked = torch.where(mine, z.gather(1, local.clamp(0, vocab - 1)[:, None])[:, 0], 0.0)
     peak = z.max(dim=1).values
-    if group is not None:
-        dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=group)
+    if group is None:  # one fused pass for the normaliser
+        return picked - torch.logsumexp(z, dim=1), picked >= peak
+    dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=group)
     sum_exp = (z - peak[:, None]).exp().sum(dim=1)
-    if group is not None:
-        dist.all_reduce(sum_exp, op=dist.ReduceOp.SUM, group=group)
-        dist.all_reduce(picked, op=dist.ReduceOp.SUM, group=group)
+    dist.all_reduce(sum_exp, op=dist.ReduceOp.SUM, group=group)
+    dist.all_reduce(picked, op=dist.ReduceOp.SUM, group=group)
     return picked - peak - sum_exp.log(), picked >= peak
 
 
