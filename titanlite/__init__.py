@@ -49,7 +49,7 @@ LAYERS = (
         "components",
         "loss, optimizer, metrics, profiling, resilience, checkpoints, Hugging Face weights and tokenizer files",
     ),
-    (4, "engine", "the Trainer (the loop for every layout) and the Validator"),
+    (4, "engine", "the Trainer (the loop for every layout), the Validator, decoding, the Scorer and lm-eval's model"),
     (5, "builder", "from a config to a run: the layout plan, data, model, Trainer; the memory planner's estimator"),
     (
         6,

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.helpers import REPO, VALIDATED, VALIDATION_WINDOWS, cli_in_pool, env, metrics, train_in_pool
+from tests.helpers import REPO, TINY, VALIDATED, VALIDATION_WINDOWS, cli_in_pool, env, metrics, train_in_pool
 
 pytestmark = pytest.mark.distributed
 
@@ -148,3 +148,42 @@ def test_eval_without_a_checkpoint_is_one_line(tmp_path):
     assert proc.returncode == 2, proc.stdout + proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("titanlite: error: no checkpoint to evaluate in "), lines
+
+
+def test_each_validation_set_is_logged_and_is_its_own_validation_loss(tmp_path):
+    """A mixture of two sources with their own validation files: each set's loss is logged as val_loss/<name>, the
+    total is their token-weighted mean, and each equals the loss `titanlite eval` gives that set alone."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    for name, size in (("web", 40 * 32 + 1), ("code", 24 * 32 + 1)):  # 40 and 24 windows of 32 targets
+        folder = tmp_path / "data" / name
+        folder.mkdir(parents=True)
+        rng.integers(0, 256, 4000, dtype=np.uint16).tofile(folder / "train.bin")
+        # each set its own kind of text: web's ids below 128, code's above, so the two losses differ
+        low = 0 if name == "web" else 128
+        rng.integers(low, low + 128, size, dtype=np.uint16).tofile(folder / "val.bin")
+    mixture = f"{tmp_path}/data/web:0.5,{tmp_path}/data/code:0.5"
+    args = [*TINY, "--training.dataset_mixture", mixture, "--validation.enable", "--validation.freq", "5"]
+    args += ["--checkpoint.enable", "--checkpoint.interval", "5"]
+    proc = train_in_pool(1, args, tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert "2 sets, each logged as val_loss/<name> (web, code)" in proc.stdout, proc.stdout[-3000:]
+    last = metrics(tmp_path)[-1]
+    web, code = last["val_loss/web"], last["val_loss/code"]
+    assert web != code and f"[val_loss/web {web:.4f}  val_loss/code {code:.4f}]" in proc.stdout
+    assert last["val_tokens"] == (40 + 24) * 32
+    assert last["val_loss"] == pytest.approx((web * 40 + code * 24) / 64, rel=1e-9)
+    for name, expected in (("web", web), ("code", code)):
+        alone = eval_in_pool(
+            [
+                *args,
+                "--validation.dataset_path",
+                f"{tmp_path}/data/{name}/val.bin",
+                "--output",
+                str(tmp_path / "e.json"),
+            ],
+            tmp_path,
+        )
+        assert alone.returncode == 0, alone.stdout[-2000:] + alone.stderr[-3000:]
+        assert json.loads((tmp_path / "e.json").read_text())["val_loss"] == pytest.approx(expected, rel=1e-6), name

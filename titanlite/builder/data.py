@@ -12,7 +12,7 @@ import torch
 
 from titanlite.builder.plan import Plan, validation_batch_size
 from titanlite.config import JobConfig
-from titanlite.data.datasets import build_corpus, configured_sources, validation_windows
+from titanlite.data.datasets import build_corpus, configured_sources, set_names, validation_windows
 from titanlite.data.loader import TokenLoader
 from titanlite.data.sources import Source
 from titanlite.data.store import StoreOptions
@@ -107,10 +107,16 @@ def build_validation_data(cfg: JobConfig, tokenizer, corpus, verify: str = "stat
     own = validation_sources(cfg, corpus)
     stores = [options.open(source, tokenizer) for source, _ in own]
     starts = [0] * len(stores)
+    sources = [source for source, _ in own]
     if not separate_validation(cfg):
-        tails = [(store, at) for store, at in zip(corpus.stores, corpus.split) if at < len(store)]
-        stores, starts = stores + [s for s, _ in tails], starts + [at for _, at in tails]
-    return validation_windows(stores, starts, seq_len)
+        tails = [
+            (store, at, source)
+            for store, at, (source, _) in zip(corpus.stores, corpus.split, training_sources(cfg))
+            if at < len(store)
+        ]
+        stores, starts = stores + [s for s, _, _ in tails], starts + [at for _, at, _ in tails]
+        sources += [source for _, _, source in tails]
+    return validation_windows(stores, starts, seq_len, set_names(sources))
 
 
 def build_loader(cfg: JobConfig, corpus, mesh, plan: Plan, device: torch.device) -> TokenLoader:
@@ -132,8 +138,11 @@ def dp_rank(mesh) -> int:
     return mesh["dp"].get_local_rank() if mesh is not None and "dp" in mesh else 0
 
 
-def describe_validation(cfg: JobConfig, corpus, windows: int, dp: int, schedule: bool = True) -> str:
-    """One line: which windows each evaluation reads, from where, and (schedule) when it runs."""
+def describe_validation(
+    cfg: JobConfig, corpus, windows: int, dp: int, schedule: bool = True, sets: list[tuple[str, int]] | None = None
+) -> str:
+    """One line: which windows each evaluation reads, from where, (schedule) when it runs, and the validation `sets`
+    (their names and windows) where there are several."""
     v = cfg.validation
     if separate_validation(cfg):
         source = (
@@ -145,10 +154,14 @@ def describe_validation(cfg: JobConfig, corpus, windows: int, dp: int, schedule:
             source += f" and the held-out last {v.split_fraction * 100:g}% of the other training sources"
     else:
         source = f"the held-out last {v.split_fraction * 100:g}% of each training source"
-    n = num_windows(windows, validation_batch_size(cfg), v.steps, dp)
+    sizes = [size for _, size in sets] if sets else [windows]
+    n = sum(num_windows(size, validation_batch_size(cfg), v.steps, dp) for size in sizes)
     seq_len = v.seq_len or cfg.training.seq_len
     when = f", every {v.freq} steps and at the last" if schedule else ""
-    return (
+    line = (
         f"validation: {n:,} windows of {seq_len} tokens ({n * seq_len:,} targets) from {source}{when}; "
         f"{validation_batch_size(cfg)} windows per rank per batch"
     )
+    if sets:
+        line += f"; {len(sets)} sets, each logged as val_loss/<name> ({', '.join(name for name, _ in sets)})"
+    return line

@@ -29,7 +29,7 @@ from titanlite.config import JobConfig, to_toml
 from titanlite.engine.downstream import InLoopScoring, task_manager, titanlite_lm
 from titanlite.engine.scorer import Scorer, ScoringShape, gathered_state
 from titanlite.engine.trainer import Resilience, StepFigures, StepSettings, Trainer
-from titanlite.engine.validator import EvalBatches, Validator
+from titanlite.engine.validator import EvalBatches, Validator, set_sizes
 from titanlite.models.build import linear_backend
 from titanlite.models.common.attention import CoreAttention, FlexAttention, SDPAttention
 from titanlite.models.common.flops import active_parameters
@@ -245,7 +245,8 @@ def startup_lines(
     if experts := describe_experts(cfg, setup.plain_model, device, setup.param_dtype):
         lines.append(experts)
     if validator is not None:
-        lines.append(f"  {describe_validation(cfg, corpus, len(validator.windows), plan.dims.dp)}")
+        windows = validator.windows
+        lines.append(f"  {describe_validation(cfg, corpus, len(windows), plan.dims.dp, sets=set_sizes(windows))}")
     if cfg.optimizer.name == "Muon":
         lines.append(describe_muon(setup.plain_model, cfg.optimizer, device.type))
     if cut := warmup_cut(cfg.lr_scheduler, cfg.training.steps):

@@ -40,6 +40,7 @@ from titanlite.components.checkpoint import check_resume, initial_weights_path
 from titanlite.components.hf_weights import check_hf_values, is_hf_folder
 from titanlite.config import parse_config, refuse_repeated_keys
 from titanlite.engine.downstream import check_tasks
+from titanlite.engine.validator import set_sizes
 
 GIB = 2**30
 # GPU memory a CUDA rank uses besides its tensors: the CUDA context (about 0.5 GiB on Hopper with lazy
@@ -261,7 +262,9 @@ def check(argv: list[str]) -> int:
         check_resume(cfg, run_facts(plan.model, corpus))
     if cfg.validation.enable:
         windows = build_validation_data(cfg, tokenizer, corpus, verify="sample")
-        logger.info(f"titanlite: {describe_validation(cfg, corpus, len(windows), plan.dims.dp)}")
+        logger.info(
+            f"titanlite: {describe_validation(cfg, corpus, len(windows), plan.dims.dp, sets=set_sizes(windows))}"
+        )
     if cfg.downstream.tasks:
         kinds = check_tasks(cfg.downstream, tokenizer)
         named = ", ".join(f"{name} ({kind})" for name, kind in kinds.items())

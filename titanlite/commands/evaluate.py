@@ -37,6 +37,7 @@ from titanlite.engine.downstream import (
     task_manager,
     titanlite_lm,
 )
+from titanlite.engine.validator import set_sizes
 
 OPTIONS = {
     "ngpu": 1,
@@ -119,7 +120,7 @@ def evaluate(cfg: JobConfig, opts: dict, plan: Plan | None = None) -> dict:
     validator = build_validator(cfg, plan, setup, mesh, windows)
     logger.info(
         f"titanlite eval: {describe_model(cfg)} on {plan.dims.describe()}; "
-        f"{describe_validation(cfg, corpus, len(windows), plan.dims.dp, schedule=False)}"
+        f"{describe_validation(cfg, corpus, len(windows), plan.dims.dp, False, set_sizes(windows))}"
     )
     path = checkpoint_to_load(cfg, "evaluate")
     load_weights(setup.rank.parts, path)

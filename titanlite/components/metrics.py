@@ -201,6 +201,9 @@ def format_line(r: dict) -> str:
     )
     if "val_loss" in r:
         line += f"  val_loss {r['val_loss']:.4f}  val_ppl {r['val_perplexity']:.2f} ({r['val_seconds']:.1f}s)"
+        sets = [f"{key} {value:.4f}" for key, value in r.items() if key.startswith("val_loss/")]
+        if sets:
+            line += f" [{'  '.join(sets)}]"
     # a model's auxiliary loss terms (MoE load balancing), and multi-token prediction's depths
     for key in (k for k in r if k.startswith(("aux_", "mtp_loss"))):
         line += f"  {key} {r[key]:.4g}"

@@ -58,10 +58,11 @@ class PackedWindows(Dataset):
 
 
 class MixedWindows(Dataset):
-    """The windows of several sources, numbered one source after another."""
+    """The windows of several sources, numbered one source after another; `names`, where given, name each part (the
+    validation sets, each logged as val_loss/<name>)."""
 
-    def __init__(self, parts: list[PackedWindows]) -> None:
-        self.parts = parts
+    def __init__(self, parts: list[PackedWindows], names: list[str] | None = None) -> None:
+        self.parts, self.names = parts, names
         self.offsets = np.cumsum([0, *[len(p) for p in parts]]).tolist()
 
     def __len__(self) -> int:
@@ -127,9 +128,12 @@ def split_point(store: TokenStore, eot_id: int, fraction: float, search: int = 2
     return first + int(behind[-1]) if len(behind) else nominal
 
 
-def validation_windows(stores: list[TokenStore], starts: list[int], seq_len: int) -> Dataset:
+def validation_windows(
+    stores: list[TokenStore], starts: list[int], seq_len: int, names: list[str] | None = None
+) -> Dataset:
     """Windows over each store's tokens from `starts` on (a held-out tail, or 0 for a whole validation
-    corpus), one source after another; every window in corpus order, the same on any layout."""
+    corpus), one source after another; every window in corpus order, the same on any layout. `names`: each store's
+    validation set's name, where there are several."""
     if not stores:
         raise ConfigError("validation has no data: set validation.split_fraction > 0 or validation.dataset_path")
     parts = []
@@ -141,7 +145,22 @@ def validation_windows(stores: list[TokenStore], starts: list[int], seq_len: int
                 "validation.seq_len, or name a separate corpus with validation.dataset_path"
             )
         parts.append(PackedWindows(store, seq_len, start=start, what="validation.seq_len"))
-    return parts[0] if len(parts) == 1 else MixedWindows(parts)
+    return parts[0] if len(parts) == 1 else MixedWindows(parts, names)
+
+
+def set_names(sources: list[Source]) -> list[str]:
+    """A short name for each validation source, as val_loss/<name> logs it: its file or folder name without
+    extensions ('web' for data/web.jsonl.zst), 'stdlib', or a hub dataset's last part; a name taken twice gets the
+    source's number after it (web_2)."""
+    names = []
+    for source in sources:
+        if source.kind == "stdlib":
+            name = "stdlib"
+        else:
+            name = source.location.rstrip("/").rsplit("/", 1)[-1].split("*")[0] or source.kind
+            name = name.split(".")[0] or name
+        names.append(name)
+    return [f"{n}_{i + 1}" if names.count(n) > 1 else n for i, n in enumerate(names)]
 
 
 def parse_mixture(entries: list[str], **options) -> list[tuple[Source, float]]:

@@ -1,9 +1,12 @@
 """Validation: the token-mean loss over fixed held-out windows, on any layout (`titanlite eval` runs it alone).
 
 Every evaluation visits the same windows in corpus order (the whole validation split, or its first
-`validation.steps` batches). The last batch is padded with ignored rows, so no window is dropped or
-counted twice whatever the data-parallel degree. Evaluation runs without gradients, in eval mode,
-reads no training data and draws no random numbers: a run with validation trains exactly as one without.
+`validation.steps` batches). Where the windows come from several sources (a mixture's held-out tails, the sources'
+validation files), each is a validation set of its own, batched apart (the first `validation.steps` batches of each),
+and its loss is logged as val_loss/<name> beside the loss over all of them. The last batch is padded with ignored
+rows, so no window is dropped or counted twice whatever the data-parallel degree. Evaluation runs without gradients,
+in eval mode, reads no training data and draws no random numbers: a run with validation trains exactly as one
+without.
 """
 
 from __future__ import annotations
@@ -58,6 +61,20 @@ class EvalBatches:
         return eval_batches(windows, self.local_batch_size, self.steps, self.dp_rank, self.dp_degree)
 
 
+def validation_sets(windows) -> list[tuple[str | None, object]]:
+    """(name, windows) of each validation set: the parts of windows from several named sources, else (None, all)."""
+    names = getattr(windows, "names", None)
+    if names and len(names) > 1:
+        return list(zip(names, windows.parts))
+    return [(None, windows)]
+
+
+def set_sizes(windows) -> list[tuple[str, int]] | None:
+    """(name, windows) of each validation set where there are several (None: one), for the start-up's line."""
+    sets = validation_sets(windows)
+    return [(name, len(part)) for name, part in sets if name is not None] or None  # type: ignore[arg-type]
+
+
 class Validator:
     """Evaluates this rank's model parts on the validation windows; every rank returns the global figures.
     The loss function is the training one (the token mean over non-ignored labels)."""
@@ -71,13 +88,15 @@ class Validator:
         start = time.perf_counter()
         for part in self.model.parts:
             part.eval()
-        totals = torch.zeros(2, dtype=torch.float64, device=self.device)  # summed loss, target tokens
+        sets = validation_sets(self.windows)
+        totals = torch.zeros(len(sets), 2, dtype=torch.float64, device=self.device)  # summed loss, target tokens
         try:
-            for inputs, labels in self.batches.of(self.windows):
-                self.model.new_graph_round()  # compile.mode 'reduce-overhead': a new round of replays
-                inputs = inputs.to(self.device, non_blocking=True)
-                labels = labels.to(self.device, non_blocking=True)
-                totals += self.pipelined_totals(inputs, labels) if self.pipeline else self.totals(inputs, labels)
+            for k, (_, windows) in enumerate(sets):
+                for inputs, labels in self.batches.of(windows):
+                    self.model.new_graph_round()  # compile.mode 'reduce-overhead': a new round of replays
+                    inputs = inputs.to(self.device, non_blocking=True)
+                    labels = labels.to(self.device, non_blocking=True)
+                    totals[k] += self.pipelined_totals(inputs, labels) if self.pipeline else self.totals(inputs, labels)
         finally:
             for part in self.model.parts:
                 part.train()
@@ -85,14 +104,18 @@ class Validator:
             dist.all_reduce(totals, op=dist.ReduceOp.SUM, group=self.pipeline.group)
         if self.model.loss_group is not None:
             dist.all_reduce(totals, op=dist.ReduceOp.SUM, group=self.model.loss_group)
-        loss_sum, tokens = totals.tolist()
+        loss_sum, tokens = totals.sum(dim=0).tolist()
         loss = loss_sum / tokens
-        return {
+        result = {
             "val_loss": loss,
             "val_perplexity": math.exp(loss) if loss < 700 else math.inf,
             "val_tokens": int(tokens),
             "val_seconds": round(time.perf_counter() - start, 3),
         }
+        for (name, _), (set_sum, set_tokens) in zip(sets, totals.tolist()):
+            if name is not None:
+                result[f"val_loss/{name}"] = set_sum / set_tokens
+        return result
 
     def totals(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """The training loss function's token mean times the batch's target count: its sum (a batch of
