@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import random
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -51,8 +52,10 @@ def test_a_scoring_reads_lm_evals_requests_and_leaves_every_random_state_as_it_w
     random.seed(5)
     np.random.seed(5)
     torch.manual_seed(5)
+    threads = {t.name for t in threading.enumerate()}
     results = score_tasks(titanlite_lm(scorer, tok, max_length=32), d, task_manager(d))
     assert (random.random(), np.random.rand(), torch.rand(1).item()) == before  # lm-eval seeded all three inside
+    assert {t.name for t in threading.enumerate()} == threads  # no progress bar's monitor left behind
     values = metric_values(results)
     # the shortest choice in bytes (the first of a tie) is right for 2 of the 6 questions: " red" and " a key"
     assert values["downstream/tl_choice/acc"] == pytest.approx(2 / 6)
@@ -133,3 +136,19 @@ def test_what_cannot_be_scored_is_one_line_before_launch(case, tasks, cli, monke
     assert proc.returncode == 2 and len(lines) == 1, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert lines[0].startswith("titanlite: error: ") and all(w in lines[0] for w in words), lines[0]
     assert not (tmp_path / "runs").exists()  # nothing written
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--limit", "5"], "eval --limit applies to downstream tasks; name them with --tasks T1,T2"),
+        (["--tasks", "tl_choice", "--log-samples"], "eval --log-samples writes lm-eval's samples into --output F.json"),
+        (["--tasks", "tl_choice", "--num-fewshot", "-3"], "eval --num-fewshot must be at least -1, not -3"),
+    ],
+)
+def test_evals_task_options_that_cannot_work_are_one_line(argv, words, cli, tmp_path):
+    proc = cli("eval", "--job.dump_folder", str(tmp_path / "runs"), *argv)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert lines[0].startswith("titanlite: error: ") and words in lines[0], lines[0]
+    assert not (tmp_path / "runs").exists()

@@ -63,11 +63,12 @@ def eval_command(argv: list[str]) -> int:
     then evaluates here (N = 1) or in N torchrun workers; rank 0 prints the result."""
     opts, rest = take_options(argv, OPTIONS, "eval", at_least={"bootstrap-iters": 0, "limit": 0, "num-fewshot": -1})
     check_output_file(opts["output"], "eval --output")
-    task_options = [f"--downstream.{TASK_KEYS[k]}={opts[k]}" for k in TASK_KEYS if opts[k] != UNSET[k]]
+    given = [k for k in TASK_KEYS if opts[k] != UNSET[k]]
     if opts["log-samples"] and not (opts["tasks"] and opts["output"]):
         raise ConfigError("eval --log-samples writes lm-eval's samples into --output F.json; give --tasks and --output")
-    if task_options and not opts["tasks"]:
-        raise ConfigError(f"eval {task_options[0].split('=')[0]} applies to --tasks; name the tasks with --tasks T1,T2")
+    if given and not opts["tasks"]:
+        raise ConfigError(f"eval --{given[0]} applies to downstream tasks; name them with --tasks T1,T2")
+    task_options = [f"--downstream.{TASK_KEYS[k]}={opts[k]}" for k in given]
     rest = [*rest, *task_options]
     cfg = parse_run_config(rest, evaluation=True)  # the model and windows the run had, without its flags repeated
     if not opts["tasks"]:

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import tqdm
 
 from titanlite.base.errors import ConfigError, short_reason
 from titanlite.config import Downstream
@@ -66,10 +67,13 @@ def lm_eval_quiet() -> Iterator[None]:
     for one in loggers:
         one.setLevel(logging.WARNING)
     captured = io.StringIO()
+    # tqdm's documented switch for its monitor thread, which a bar would otherwise start and leave running
+    monitor, tqdm.tqdm.monitor_interval = tqdm.tqdm.monitor_interval, 0
     try:
         with contextlib.redirect_stderr(captured):
             yield
     finally:
+        tqdm.tqdm.monitor_interval = monitor
         for one, level in zip(loggers, levels):
             one.setLevel(level)
         kept = [line for line in captured.getvalue().split("\n") if line and not PROGRESS_BAR.search(line)]
