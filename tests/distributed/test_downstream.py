@@ -137,12 +137,23 @@ LAYOUTS = {  # each as the eval's first line names it: its arguments
 }
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
+COMBINED = {  # on 4 ranks: each as the eval's first line names it
+    "pp 2 x dp_shard 2": LAYOUTS["pp 2"],
+    "dp_shard 2 x cp 2": LAYOUTS["cp 2"],
+    "dp_shard 2 x tp 2": LAYOUTS["tp 2"],
+}
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [*LAYOUTS, *(pytest.param(name, marks=pytest.mark.slow) for name in COMBINED)],  # slow: 4 ranks each
+)
 def test_every_layout_answers_as_one_process(layout, run, tasks, single, tmp_path):
     out = tmp_path / "r.json"
     argv = ["--output", str(out), "--bootstrap-iters", "0", "--log-samples", *folder_args(run[0]), *downstream(tasks)]
-    ran = pool(2).run(eval_job, [*argv, *LAYOUTS[layout]], timeout=300)
-    assert ran.values == [0, 0], ran.stdout[-3000:] + ran.stderr[-4000:]
+    ranks = 4 if layout in COMBINED else 2
+    ran = pool(ranks).run(eval_job, [*argv, *{**LAYOUTS, **COMBINED}[layout]], timeout=300)
+    assert ran.values == [0] * ranks, ran.stdout[-3000:] + ran.stderr[-4000:]
     assert f"titanlite eval: gpt2 debug on {layout}; tasks {TASKS.replace(',', ', ')};" in ran.stdout, ran.stdout
     results = json.loads(out.read_text())
     assert_same_answers(results, single)
