@@ -9,11 +9,13 @@ One 5-step run (scored in the loop at steps 2, 4 and 5, checkpointed at each) gi
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import SUMS, TASKS, TINY, VALIDATED, cli_in_pool, metrics, train_in_pool, write_tasks
+from tests.helpers import REPO, SUMS, TASKS, TINY, VALIDATED, cli_in_pool, env, metrics, train_in_pool, write_tasks
 from tests.pool import eval_job, pool
 
 pytestmark = pytest.mark.distributed
@@ -229,3 +231,20 @@ def test_expert_parallel_answers_as_one_process(tasks, tmp_path):
     assert ran.values == [0, 0], ran.stdout[-3000:] + ran.stderr[-4000:]
     assert "titanlite eval: qwen3_moe debug on dp_shard 2 x ep 2 (of shard x cp);" in ran.stdout, ran.stdout[-2000:]
     assert_same_answers(json.loads(out.read_text()), one)
+
+
+@pytest.mark.parametrize("ngpu", ["1", pytest.param("2", marks=pytest.mark.slow)])  # 2: torchrun workers, 20 s
+def test_eval_without_tasks_is_the_validation_loss_whatever_the_config_file_scores(ngpu, run, tasks, tmp_path):
+    """A config file's [downstream] tasks are its run's, scored in its loop: `titanlite eval` without --tasks reads the
+    same file and gives the validation loss, in this process and in workers that parse the command line again."""
+    config = tmp_path / "run.toml"
+    config.write_text(f'[downstream]\ntasks = ["tl_choice"]\ninclude_path = "{tasks}"\ninterval = 2\n')
+    argv = ["eval", "--ngpu", ngpu, "--config", str(config), *folder_args(run[0]), *VALIDATED]
+    if ngpu == "1":
+        proc = cli_in_pool(argv)
+    else:  # the workers print to the launch's own stdout
+        cmd = [sys.executable, "-m", "titanlite.commands.cli", *argv]
+        proc = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    last = [r for r in run[1] if "val_loss" in r][-1]
+    assert f"val_loss {last['val_loss']:.4f}" in proc.stdout and "tl_choice" not in proc.stdout, proc.stdout[-2000:]

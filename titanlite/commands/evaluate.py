@@ -64,15 +64,16 @@ def eval_command(argv: list[str]) -> int:
     opts, rest = take_options(argv, OPTIONS, "eval", at_least={"bootstrap-iters": 0, "limit": 0, "num-fewshot": -1})
     check_output_file(opts["output"], "eval --output")
     given = [k for k in TASK_KEYS if opts[k] != UNSET[k]]
-    if opts["log-samples"] and not (opts["tasks"] and opts["output"]):
+    # The tasks are --tasks's (or --downstream.tasks's): a config file's [downstream] tasks are its run's, scored in
+    # its loop, so without either none, in this process and in every worker that reads the same command line.
+    tasks = bool(opts["tasks"]) or any(arg.partition("=")[0] == "--downstream.tasks" for arg in rest)
+    if opts["log-samples"] and not (tasks and opts["output"]):
         raise ConfigError("eval --log-samples writes lm-eval's samples into --output F.json; give --tasks and --output")
-    if given and not opts["tasks"]:
+    if given and not tasks:
         raise ConfigError(f"eval --{given[0]} applies to downstream tasks; name them with --tasks T1,T2")
     task_options = [f"--downstream.{TASK_KEYS[k]}={opts[k]}" for k in given]
-    rest = [*rest, *task_options]
+    rest = [*rest, *task_options, *([] if tasks else ["--downstream.tasks="])]
     cfg = parse_run_config(rest, evaluation=True)  # the model and windows the run had, without its flags repeated
-    if not opts["tasks"]:
-        cfg.downstream.tasks = []  # the run's in-loop tasks are its own: `eval` scores the tasks --tasks names
     if opts["ngpu"] < 1:
         raise ConfigError(f"eval --ngpu {opts['ngpu']} must be at least 1")
     check_local_ranks(opts["ngpu"])

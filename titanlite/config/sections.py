@@ -213,8 +213,8 @@ class Validation:
     freq: int = 100
     """Steps between evaluations; the last step is always evaluated."""
     steps: int = -1
-    """Batches per evaluation, each local_batch_size x dp windows; -1 evaluates every validation window
-    once (the same windows on any layout)."""
+    """Batches per evaluation (of each validation set, where there are several), each local_batch_size x dp
+    windows; -1 evaluates every validation window once (the same windows on any layout)."""
     local_batch_size: int = 0
     """Validation windows per data-parallel rank per batch; 0 uses training.local_batch_size."""
     seq_len: int = 0
