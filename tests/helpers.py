@@ -103,19 +103,25 @@ def torchrun(nproc: int, args: list[str], run_dir: Path, timeout: int = 300) -> 
 
 
 def train_in_pool(
-    nproc: int, args: list[str], run_dir: Path, timeout: float = 300, job_name: str = "run", **extra_env: str
+    nproc: int,
+    args: list[str],
+    run_dir: Path,
+    timeout: float = 300,
+    job_name: str = "run",
+    kind: str = "",
+    **extra_env: str,
 ) -> Ran:
     """What torchrun(nproc, args, run_dir) runs, on `nproc` ranks of the pool (tests/pool.py) that outlives the
     test: the worker's own train() on each rank, without starting and importing N interpreters. A failure on any
     rank fails the test with its traceback; the result has the run's stdout (rank 0's, then what other ranks say).
-    The run folder is run_dir/job_name."""
+    The run folder is run_dir/job_name; `kind`: the pool's (tests/pool.py pool)."""
     argv = last_wins(["--job.dump_folder", str(run_dir), "--job.name", job_name, *args])
     folder = Path(run_dir) / job_name
     with tempfile.TemporaryDirectory() as kept:
         if folder.exists():  # what the test put there (a checkpoint to resume), for a second attempt
             shutil.copytree(folder, Path(kept) / "run", symlinks=True)
         try:
-            return pool(nproc).run(train_job, argv, env=extra_env, timeout=timeout)
+            return pool(nproc, kind).run(train_job, argv, env=extra_env, timeout=timeout)
         except PoolFailure as failure:
             # A rank killed by a signal inside glibc or gloo (seen once: 'tcache_thread_shutdown(): unaligned tcache
             # chunk detected', SIGABRT, in a rank that had run many bodies) is the long-lived rank's, not the run's:
@@ -126,14 +132,14 @@ def train_in_pool(
             shutil.rmtree(folder, ignore_errors=True)
             if (Path(kept) / "run").exists():
                 shutil.copytree(Path(kept) / "run", folder, symlinks=True)
-            return pool(nproc).run(train_job, argv, env=extra_env, timeout=timeout)
+            return pool(nproc, kind).run(train_job, argv, env=extra_env, timeout=timeout)
 
 
-def cli_in_pool(argv: list[str], timeout: float = 300) -> subprocess.CompletedProcess:
+def cli_in_pool(argv: list[str], timeout: float = 300, kind: str = "") -> subprocess.CompletedProcess:
     """`titanlite ARGV` run by the pool's one rank (tests/pool.py), its status and what it printed: for a command
     whose figures a test reads (`eval` on one process), without starting an interpreter that imports torch and
     titanlite; the rank gets its torch switches, environment and folder back afterwards."""
-    ran = pool(1).run(cli_job, last_wins(list(argv)), timeout=timeout)
+    ran = pool(1, kind).run(cli_job, last_wins(list(argv)), timeout=timeout)
     return subprocess.CompletedProcess(list(argv), ran.values[0], ran.stdout, ran.stderr)
 
 

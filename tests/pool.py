@@ -189,7 +189,7 @@ class RankPool:
         self.kill()
 
 
-_POOLS: dict[int, RankPool] = {}
+_POOLS: dict[tuple[int, str], RankPool] = {}
 PRELOAD = ["torch", "titanlite.commands.train", "tests.pool"]
 
 
@@ -204,17 +204,20 @@ def _context():
     return ctx
 
 
-def pool(world_size: int) -> RankPool:
-    """The pool of `world_size` ranks, started on first use and kept for the rest of the pytest run."""
-    if world_size not in _POOLS:
-        _POOLS[world_size] = RankPool(world_size)
-    return _POOLS[world_size]
+def pool(world_size: int, kind: str = "") -> RankPool:
+    """The pool of `world_size` ranks, started on first use and kept for the rest of the pytest run. `kind`: a pool of
+    its own for bodies that load what the others should not share a process with (lm-eval's task and metric
+    libraries: a rank that had scored tasks was seen to abort at a later run's profiler thread shutdown,
+    'tcache_thread_shutdown(): unaligned tcache chunk detected'); close_pool ends it."""
+    if (world_size, kind) not in _POOLS:
+        _POOLS[(world_size, kind)] = RankPool(world_size)
+    return _POOLS[(world_size, kind)]
 
 
-def close_pool(world_size: int) -> None:
-    """End the pool of `world_size` ranks now (the 8-rank pool: 8 idle interpreters hold about 5 GB)."""
-    if world_size in _POOLS:
-        _POOLS.pop(world_size).close()
+def close_pool(world_size: int, kind: str = "") -> None:
+    """End the pool of `world_size` ranks (of `kind`) now (the 8-rank pool: 8 idle interpreters hold about 5 GB)."""
+    if (world_size, kind) in _POOLS:
+        _POOLS.pop((world_size, kind)).close()
 
 
 @atexit.register

@@ -16,9 +16,17 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import REPO, SUMS, TASKS, TINY, VALIDATED, cli_in_pool, env, metrics, train_in_pool, write_tasks
-from tests.pool import eval_job, pool
+from tests.pool import close_pool, eval_job, pool
 
 pytestmark = pytest.mark.distributed
+KIND = "lm-eval"  # the bodies here run in pools of their own, ended after the module (tests/pool.py pool's `kind`)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def own_pools():
+    yield
+    for ranks in (1, 2, 4):
+        close_pool(ranks, KIND)
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +52,7 @@ def run(tasks, tmp_path_factory) -> tuple[Path, list[dict]]:
         "--checkpoint.interval",
     ]
     args.append("2")
-    proc = train_in_pool(1, args, run_dir)
+    proc = train_in_pool(1, args, run_dir, kind=KIND)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert "downstream at step 4: tl_choice/acc " in proc.stdout, proc.stdout[-3000:]
     return run_dir, metrics(run_dir)
@@ -57,7 +65,7 @@ def folder_args(run_dir: Path) -> list[str]:
 def eval_tasks(run_dir: Path, tasks: Path, output: Path, *extra: str) -> dict:
     """`titanlite eval --tasks` of the run on one process (the pool's rank), its results JSON."""
     argv = ["eval", *folder_args(run_dir), "--tasks", TASKS, "--include-path", str(tasks), "--bootstrap-iters", "0"]
-    proc = cli_in_pool([*argv, "--output", str(output), *extra])
+    proc = cli_in_pool([*argv, "--output", str(output), *extra], kind=KIND)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-4000:]
     return json.loads(output.read_text())
 
@@ -154,7 +162,7 @@ def test_every_layout_answers_as_one_process(layout, run, tasks, single, tmp_pat
     out = tmp_path / "r.json"
     argv = ["--output", str(out), "--bootstrap-iters", "0", "--log-samples", *folder_args(run[0]), *downstream(tasks)]
     ranks = 4 if layout in COMBINED else 2
-    ran = pool(ranks).run(eval_job, [*argv, *{**LAYOUTS, **COMBINED}[layout]], timeout=300)
+    ran = pool(ranks, KIND).run(eval_job, [*argv, *{**LAYOUTS, **COMBINED}[layout]], timeout=300)
     assert ran.values == [0] * ranks, ran.stdout[-3000:] + ran.stderr[-4000:]
     assert f"titanlite eval: gpt2 debug on {layout}; tasks {TASKS.replace(',', ', ')};" in ran.stdout, ran.stdout
     results = json.loads(out.read_text())
@@ -169,7 +177,7 @@ def folder(run, tmp_path_factory) -> Path:
     from transformers import AutoModelForCausalLM
 
     path = tmp_path_factory.mktemp("hf") / "model"
-    export = cli_in_pool(["convert", "to-hf", "--output", str(path), *folder_args(run[0])])
+    export = cli_in_pool(["convert", "to-hf", "--output", str(path), *folder_args(run[0])], kind=KIND)
     assert export.returncode == 0, export.stderr[-3000:]
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     torch.manual_seed(0)
@@ -186,7 +194,7 @@ def folder_scored(folder, tasks, tmp_path_factory) -> dict:
     output = tmp_path_factory.mktemp("folder") / "r.json"
     argv = ["eval", *TINY, "--job.dump_folder", str(output.parent), "--job.name", "fresh"]
     argv += ["--checkpoint.initial_load_path", str(folder), "--tasks", TASKS, "--include-path", str(tasks)]
-    proc = cli_in_pool([*argv, "--bootstrap-iters", "0", "--log-samples", "--output", str(output)])
+    proc = cli_in_pool([*argv, "--bootstrap-iters", "0", "--log-samples", "--output", str(output)], kind=KIND)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-4000:]
     return json.loads(output.read_text())
 
@@ -222,12 +230,12 @@ def test_generations_are_what_titanlite_generate_prints(folder, folder_scored, c
 
 def test_expert_parallel_answers_as_one_process(tasks, tmp_path):
     moe = ["--config", "train_configs/qwen3_moe_debug.toml", *TINY, "--training.steps", "2"]
-    proc = train_in_pool(1, [*moe, "--checkpoint.enable", "--checkpoint.interval", "2"], tmp_path)
+    proc = train_in_pool(1, [*moe, "--checkpoint.enable", "--checkpoint.interval", "2"], tmp_path, kind=KIND)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     one = eval_tasks(tmp_path, tasks, tmp_path / "one.json", "--log-samples")
     out = tmp_path / "ep2.json"
     argv = ["--output", str(out), "--bootstrap-iters", "0", "--log-samples", *folder_args(tmp_path), *downstream(tasks)]
-    ran = pool(2).run(eval_job, [*argv, "--parallelism.expert_parallel_degree", "2"], timeout=300)
+    ran = pool(2, KIND).run(eval_job, [*argv, "--parallelism.expert_parallel_degree", "2"], timeout=300)
     assert ran.values == [0, 0], ran.stdout[-3000:] + ran.stderr[-4000:]
     assert "titanlite eval: qwen3_moe debug on dp_shard 2 x ep 2 (of shard x cp);" in ran.stdout, ran.stdout[-2000:]
     assert_same_answers(json.loads(out.read_text()), one)
@@ -241,10 +249,24 @@ def test_eval_without_tasks_is_the_validation_loss_whatever_the_config_file_scor
     config.write_text(f'[downstream]\ntasks = ["tl_choice"]\ninclude_path = "{tasks}"\ninterval = 2\n')
     argv = ["eval", "--ngpu", ngpu, "--config", str(config), *folder_args(run[0]), *VALIDATED]
     if ngpu == "1":
-        proc = cli_in_pool(argv)
+        proc = cli_in_pool(argv, kind=KIND)
     else:  # the workers print to the launch's own stdout
         cmd = [sys.executable, "-m", "titanlite.commands.cli", *argv]
         proc = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     last = [r for r in run[1] if "val_loss" in r][-1]
     assert f"val_loss {last['val_loss']:.4f}" in proc.stdout and "tl_choice" not in proc.stdout, proc.stdout[-2000:]
+
+
+def test_in_loop_scoring_on_fsdp_gives_one_process_figures(run, tasks, tmp_path):
+    """[downstream] on 2 ranks: every rank scores (lm-eval answers each), rank 0 logs one process's figures."""
+    args = [*VALIDATED, *downstream(tasks), "--downstream.interval", "2", "--training.local_batch_size", "4"]
+    proc = train_in_pool(2, args, tmp_path, kind=KIND)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    ours = {r["step"]: r for r in metrics(tmp_path) if "downstream/tl_choice/acc" in r}
+    theirs = {r["step"]: r for r in run[1] if "downstream/tl_choice/acc" in r}
+    assert sorted(ours) == sorted(theirs) == [2, 4, 5]
+    for step, record in ours.items():
+        for key, value in record.items():
+            if key.startswith("downstream/"):
+                assert value == pytest.approx(theirs[step][key], rel=1e-5), (step, key)

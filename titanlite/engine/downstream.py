@@ -82,6 +82,22 @@ def lm_eval_quiet() -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def one_process_to_lm_eval() -> Iterator[None]:
+    """LOCAL_RANK=0 while lm-eval runs, then as it was. Every titanlite process is lm-eval's rank 0 of 1 (the Scorer
+    shares the work), but lm-eval returns its results only where LOCAL_RANK is 0 (for a model it splits over a
+    node's torchrun processes itself): every rank gets them, as every rank needs them."""
+    kept = os.environ.get("LOCAL_RANK")
+    os.environ["LOCAL_RANK"] = "0"
+    try:
+        yield
+    finally:
+        if kept is None:
+            os.environ.pop("LOCAL_RANK", None)
+        else:
+            os.environ["LOCAL_RANK"] = kept
+
+
+@contextlib.contextmanager
 def rng_kept() -> Iterator[None]:
     """Python's, numpy's and torch's random states as they were before the block: lm-eval seeds all three."""
     states = random.getstate(), np.random.get_state(), torch.get_rng_state()
@@ -267,7 +283,7 @@ def score_tasks(lm, d: Downstream, manager, bootstrap_iters: int = 0, log_sample
     """lm-eval's results for downstream.tasks (its simple_evaluate: the dict its CLI writes as JSON; with
     `log_samples`, every document's requests and answers under "samples"), with the process's random states kept."""
     evaluator, _, _, _ = lm_eval_modules()
-    with rng_kept(), lm_eval_quiet():
+    with rng_kept(), lm_eval_quiet(), one_process_to_lm_eval():
         return evaluator.simple_evaluate(
             model=lm,
             tasks=task_specs(d),
