@@ -38,6 +38,15 @@ TINY = [
     "--lr_scheduler.warmup_steps",
     "2",
 ]
+# Two pipeline stages in micro-batches of 2 on the interleaved schedule (whose forward-only path evaluates).
+PP2 = [
+    "--parallelism.pipeline_parallel_degree",
+    "2",
+    "--parallelism.pipeline_parallel_microbatch_size",
+    "2",
+    "--parallelism.pipeline_parallel_schedule",
+    "Interleaved1F1B",
+]
 # A small validation corpus: 25 windows of 32 byte tokens (the last global batch of 8 is padded, one window in it).
 VALIDATION_TEXT = REPO / "tests" / "data" / "validation.txt"
 VALIDATION_WINDOWS = 25
@@ -271,16 +280,10 @@ def _in_default_group(worker: Callable[[int], None]) -> None:
 # ---- downstream tasks: three local lm-eval tasks (a YAML file and JSON-lines documents each) ----
 
 TASKS = "tl_choice,tl_text,tl_sum"
-CHOICE_YAML = """task: tl_choice
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {folder}/tl_choice.jsonl
-test_split: test
-output_type: multiple_choice
-doc_to_text: "Question: {{{{question}}}}\\nAnswer:"
-doc_to_choice: "{{{{choices}}}}"
-doc_to_target: "{{{{answer}}}}"
+CHOICE_YAML = """output_type: multiple_choice
+doc_to_text: "Question: {{question}}\\nAnswer:"
+doc_to_choice: "{{choices}}"
+doc_to_target: "{{answer}}"
 metric_list:
   - metric: acc
     aggregation: mean
@@ -289,15 +292,9 @@ metric_list:
     aggregation: mean
     higher_is_better: true
 """
-TEXT_YAML = """task: tl_text
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {folder}/tl_text.jsonl
-test_split: test
-output_type: loglikelihood_rolling
+TEXT_YAML = """output_type: loglikelihood_rolling
 doc_to_text: ""
-doc_to_target: "{{{{text}}}}"
+doc_to_target: "{{text}}"
 metric_list:
   - metric: word_perplexity
     aggregation: weighted_perplexity
@@ -306,15 +303,9 @@ metric_list:
     aggregation: bits_per_byte
     higher_is_better: false
 """
-SUM_YAML = """task: tl_sum
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {folder}/tl_sum.jsonl
-test_split: test
-output_type: generate_until
-doc_to_text: "{{{{question}}}}="
-doc_to_target: "{{{{answer}}}}"
+SUM_YAML = """output_type: generate_until
+doc_to_text: "{{question}}="
+doc_to_target: "{{answer}}"
 generation_kwargs:
   until: ["\\n"]
   max_gen_toks: 6
@@ -345,7 +336,8 @@ def write_tasks(folder: Path) -> Path:
     generate (exact match), each a YAML file naming its documents there; nothing needs the hub."""
     folder.mkdir(parents=True, exist_ok=True)
     for name, text in (("tl_choice", CHOICE_YAML), ("tl_text", TEXT_YAML), ("tl_sum", SUM_YAML)):
-        (folder / f"{name}.yaml").write_text(text.format(folder=folder))
+        header = f"task: {name}\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {folder}/{name}.jsonl\n"
+        (folder / f"{name}.yaml").write_text(header + "test_split: test\n" + text)
     rows = {
         "tl_choice": [{"question": q, "choices": c, "answer": a} for q, c, a in QUESTIONS],
         "tl_text": [{"text": t} for t in TEXTS],

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, SUMS, TASKS, TINY, VALIDATED, cli_in_pool, env, metrics, train_in_pool, write_tasks
+from tests.helpers import PP2, REPO, SUMS, TASKS, TINY, VALIDATED, cli_in_pool, env, metrics, train_in_pool, write_tasks
 from tests.pool import close_pool, eval_job, pool
 
 pytestmark = pytest.mark.distributed
@@ -136,14 +136,7 @@ LAYOUTS = {  # each as the eval's first line names it: its arguments
     "dp_shard 2": [],
     "tp 2": ["--parallelism.tensor_parallel_degree", "2"],
     "cp 2": ["--parallelism.context_parallel_degree", "2"],
-    "pp 2": [
-        "--parallelism.pipeline_parallel_degree",
-        "2",
-        "--parallelism.pipeline_parallel_microbatch_size",
-        "2",
-        "--parallelism.pipeline_parallel_schedule",
-        "Interleaved1F1B",
-    ],
+    "pp 2": PP2,
 }
 
 

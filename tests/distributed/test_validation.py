@@ -10,19 +10,11 @@ import sys
 
 import pytest
 
-from tests.helpers import REPO, TINY, VALIDATED, VALIDATION_WINDOWS, cli_in_pool, env, metrics, train_in_pool
+from tests.helpers import PP2, REPO, TINY, VALIDATED, VALIDATION_WINDOWS, cli_in_pool, env, metrics, train_in_pool
 
 pytestmark = pytest.mark.distributed
 
 NO_VALIDATION = [*VALIDATED, "--validation.enable", "false"]  # same data (validation.dataset_path still set)
-PP2 = [
-    "--parallelism.pipeline_parallel_degree",
-    "2",
-    "--parallelism.pipeline_parallel_microbatch_size",
-    "2",
-    "--parallelism.pipeline_parallel_schedule",
-    "Interleaved1F1B",
-]
 
 
 def training_figures(records: list[dict]) -> list[tuple]:

@@ -340,11 +340,16 @@ def target_log_probs(z: torch.Tensor, local: torch.Tensor, group) -> tuple[torch
     return picked - peak - sum_exp.log(), picked >= peak
 
 
+def output_head(parts: list[nn.Module]) -> OutputHead | None:
+    """The output head of the part that holds it (None: a pipeline rank without the last stage)."""
+    heads = [head for head in (getattr(unwrapped(p), "output", None) for p in parts) if isinstance(head, OutputHead)]
+    return heads[0] if heads else None
+
+
 def build_loss(parts: list[nn.Module], chunk_tokens: int, compiled: bool = False, backend: str = "inductor"):
     """The loss function for these model parts: chunked with the head of the part that holds it (the model then
     runs with logits=False), else the plain cross-entropy of logits."""
-    heads = [head for head in (getattr(unwrapped(p), "output", None) for p in parts) if isinstance(head, OutputHead)]
-    head = heads[0] if heads else None
+    head = output_head(parts)
     if chunk_tokens <= 0 or head is None:  # plain; or a pipeline rank without the last stage (never called)
         return cross_entropy
     return ChunkedCrossEntropy(head, chunk_tokens, compiled, backend)
@@ -353,7 +358,5 @@ def build_loss(parts: list[nn.Module], chunk_tokens: int, compiled: bool = False
 def build_scores(parts: list[nn.Module], chunk_tokens: int) -> TokenScores:
     """The scoring function (TokenScores) for these model parts, on the output the run's loss takes: hidden states
     with the head of the part that holds it when the loss is chunked, else logits."""
-    heads = [head for head in (getattr(unwrapped(p), "output", None) for p in parts) if isinstance(head, OutputHead)]
-    if chunk_tokens > 0 and heads:
-        return TokenScores(heads[0], chunk_tokens)
-    return TokenScores(None)
+    head = output_head(parts)
+    return TokenScores(head if chunk_tokens > 0 else None, chunk_tokens)
