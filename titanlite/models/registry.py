@@ -11,9 +11,11 @@ from typing import Any
 from titanlite.base.errors import ConfigError
 from titanlite.models import (
     deepseek_v3,
+    deepseek_v32,
     gemma3,
     gemma4,
     glm4_moe,
+    glm_moe_dsa,
     gpt2,
     gpt_oss,
     kimi_linear,
@@ -60,12 +62,14 @@ for _family in (
     gemma4_moe,
     gpt_oss,
     deepseek_v3,
+    deepseek_v32,
     qwen3_5,
     qwen3_5_moe,
     kimi_linear,
     qwen3_next,
     olmo_hybrid,
     glm4_moe,
+    glm_moe_dsa,
     olmo3,
     minimax_m2,
 ):

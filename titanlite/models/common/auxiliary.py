@@ -102,14 +102,22 @@ def record_loss_part(name: str, value: torch.Tensor) -> None:
 
 def metric_key(name: str) -> str:
     """The metrics.jsonl key of a logged term: aux_<name> for a term joined to the loss, the name itself for a part
-    of the loss (multi-token prediction's mtp_loss, mtp_loss_<k>)."""
-    return name if name.startswith("mtp_loss") else f"aux_{name}"
+    of the loss (multi-token prediction's mtp_loss, mtp_loss_<k>) and the sparse attention's indexer_loss (a loss of its
+    own, logged unweighted)."""
+    return name if name.startswith("mtp_loss") or name == "indexer_loss" else f"aux_{name}"
 
 
-def add_auxiliary_loss(h: torch.Tensor, name: str, term: torch.Tensor) -> torch.Tensor:
-    """h, with the scalar `term` joined to the training loss under `name` (see the module's docstring)."""
+def auxiliary_wanted() -> bool:
+    """Whether a term added now joins the loss (inside a training step): a block whose term costs a computation of
+    its own (the sparse attention's indexer loss) makes it only then."""
+    return _collecting is not None and torch.is_grad_enabled()
+
+
+def add_auxiliary_loss(h: torch.Tensor, name: str, term: torch.Tensor, weight: float = 1.0) -> torch.Tensor:
+    """h, with the scalar `term` joined to the training loss under `name` (see the module's docstring), times
+    `weight` (its logged value is `term`'s: a weight of 0 logs the term and trains nothing by it)."""
     terms = _collecting
     if terms is None or not torch.is_grad_enabled():
         return h
     terms.add(name, term)
-    return _JoinLoss.apply(h, term, terms.grad_scale)
+    return _JoinLoss.apply(h, term, terms.grad_scale * weight)

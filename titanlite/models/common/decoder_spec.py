@@ -58,11 +58,13 @@ def moe_decoder_spec(
     tp_split_sizes: Callable = decoder_args.moe_split_sizes,
     with_depth: Callable = decoder_args.moe_with_depth,
     fields: FieldTypes = MOE_FIELDS,
+    auxiliary_losses: Callable = decoder_args.moe_auxiliary_losses,
 ) -> ModelSpec:
     """The spec of a family whose blocks hold mixtures of experts (`args_type`: its arguments, a subclass of
     MoEDecoderArgs where it has its own defaults, or another WithExperts): its experts, FLOPs and auxiliary losses
     are the shared ones; its module, tensor-parallel plan, split sizes and depth rule the MoE decoder's unless it
-    names its own (DeepSeek-V3's and Kimi Linear's latent attention). `fields`: the config.json fields its reader
+    names its own (DeepSeek-V3's and Kimi Linear's latent attention), and its auxiliary losses too where it adds its own
+    (DeepSeek-V3.2's indexer loss). `fields`: the config.json fields its reader
     takes beyond the shared ones (HFConfig.fields), the mixture of experts' unless it names more."""
     return ModelSpec(
         name=name,
@@ -76,6 +78,6 @@ def moe_decoder_spec(
         moe=lambda a: a.moe,
         with_depth=with_depth,
         flops="titanlite.models.common.flops:moe_flops_per_token",
-        auxiliary_losses=decoder_args.moe_auxiliary_losses,
+        auxiliary_losses=auxiliary_losses,
         description=description,
     )

@@ -30,6 +30,7 @@ class KVCache:
         self.keys: dict[str, torch.Tensor] = {}  # layer name -> [B, H_kv, max_len, head_dim]
         self.values: dict[str, torch.Tensor] = {}
         self.states: dict[str, dict[str, torch.Tensor]] = {}  # layer name -> its states by key (linear attention)
+        self.rows: dict[tuple[str, str], torch.Tensor] = {}  # (layer name, key) -> [B, max_len, C] (extend)
 
     def layer(self, name: str) -> LayerCache:
         """The part of the cache that the model's layer `name` (its key in model.layers) reads and writes."""
@@ -52,6 +53,18 @@ class KVCache:
         self.keys[name][:, :, start:end] = k
         self.values[name][:, :, start:end] = v
         return self.keys[name][:, :, :end], self.values[name][:, :, :end]
+
+    def extend(self, name: str, key: str, rows: torch.Tensor) -> torch.Tensor:
+        """Write rows [B, T, C] (one per token: what a layer keeps of each, e.g. the sparse attention's latents and
+        indexer keys) at positions length..length+T-1 of layer `name`'s `key`; return those of all positions so far
+        [B, length+T, C] (a view of the buffer)."""
+        start, end = self.length, self.length + rows.shape[1]
+        if end > self.max_len:
+            raise ValueError(f"KV cache holds {self.max_len} positions; cannot add {rows.shape[1]} to {start}")
+        if (name, key) not in self.rows:
+            self.rows[name, key] = rows.new_empty((rows.shape[0], self.max_len, rows.shape[2]))
+        self.rows[name, key][:, start:end] = rows
+        return self.rows[name, key][:, :end]
 
     def advance(self, n: int) -> None:
         """Count n new positions as cached; the model calls this after its last layer has stored them."""
@@ -116,6 +129,7 @@ class StaticKVCache(KVCache):
         self.keys: dict[str, torch.Tensor] = {}
         self.values: dict[str, torch.Tensor] = {}
         self.states: dict[str, dict[str, torch.Tensor]] = {}
+        self.rows: dict[tuple[str, str], torch.Tensor] = {}
         self.position = torch.zeros((), dtype=torch.long, device=device)  # positions cached so far
         self.key_positions = torch.arange(max_len, device=device)  # [max_len]
 
@@ -138,6 +152,13 @@ class StaticKVCache(KVCache):
         self.keys[name].index_copy_(2, where, k)
         self.values[name].index_copy_(2, where, v)
         return self.keys[name], self.values[name]
+
+    def extend(self, name: str, key: str, rows: torch.Tensor) -> torch.Tensor:
+        """Write rows [B, T, C] at positions position..position+T-1; return the whole buffer [B, max_len, C]."""
+        if (name, key) not in self.rows:
+            self.rows[name, key] = rows.new_zeros((rows.shape[0], self.max_len, rows.shape[2]))
+        self.rows[name, key].index_copy_(1, self.positions(rows.shape[1], rows.device), rows)
+        return self.rows[name, key]
 
     def advance(self, n: int) -> None:
         self.position += n
@@ -175,6 +196,19 @@ class LayerCache:
         the layer's attention core; where it has a window, a softcap, a scale or `sinks` (the block's sink logits
         [Hq]), it attends with them, over the cached positions."""
         return self.cache.attend(self.name, q, k, v, core, sinks)
+
+    def extend(self, key: str, rows: torch.Tensor) -> torch.Tensor:
+        """This layer's rows `key` of every cached position and the new ones [B, S, C] (KVCache.extend)."""
+        return self.cache.extend(self.name, key, rows)
+
+    def positions(self, t: int, device: torch.device) -> torch.Tensor:
+        """The positions [t] of the t new tokens (before the model advances the cache past them)."""
+        return self.cache.positions(t, device)
+
+    def stored_positions(self, keys: int, device: torch.device) -> torch.Tensor:
+        """The positions of the `keys` rows extend returned (a static cache's whole buffer: those past the cached
+        ones are later than every query, so masked)."""
+        return self.cache.stored_positions(keys, device)
 
     def state(self, key: str) -> torch.Tensor | None:
         """This layer's state `key` after the cached positions (None before the first forward): a linear-attention

@@ -138,6 +138,18 @@ class Attention(nn.Module):
             start_linears(name, full, generator, scheme, inputs=("wq", "wk", "wv", "wg"), outputs=("wo",))
 
 
+class LatentWidths(TypedDict):
+    """LatentAttention's keyword arguments (its __init__ says what each does)."""
+
+    q_lora_rank: int
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    softmax_scale: float | None
+    rotary: bool
+
+
 LATENT_NORM_EPS = 1e-6  # the latent norms' epsilon in DeepSeek's code and transformers', whatever rms_norm_eps says
 
 
@@ -180,7 +192,42 @@ class LatentAttention(nn.Module):
         self.kv_norm = nn.RMSNorm(kv_lora_rank, eps=LATENT_NORM_EPS)
         self.wkv_b = nn.Linear(kv_lora_rank, n_heads * (qk_nope_head_dim + v_head_dim), bias=False)
         self.wo = nn.Linear(n_heads * v_head_dim, dim, bias=False)
+        self.scale = (qk_nope_head_dim + qk_rope_head_dim) ** -0.5 if softmax_scale is None else softmax_scale
         self.core = build_core("sdpa", scale=softmax_scale)  # context parallelism wraps it
+
+    def queries(
+        self, x: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Each head's query [B, T, H, nope + rope] (its rotary channels rotated), and the query's low-rank
+        residual q_norm(wq_a(x)) [B, T, q_lora_rank] that it is expanded from (None without query compression)."""
+        bsz, seqlen, _ = x.shape
+        residual = None if self.wq is not None else self.q_norm(self.wq_a(x))
+        q = self.wq(x) if self.wq is not None else self.wq_b(residual)
+        # -1 heads: under tensor parallelism the local head count follows from the sharded weights.
+        q_nope, q_rot = q.view(bsz, seqlen, -1, self.nope + self.rope).split([self.nope, self.rope], dim=-1)
+        if self.use_rope and cos is not None and sin is not None:
+            q_rot = apply_rope(q_rot, cos[:seqlen], sin[:seqlen])
+        return torch.cat([q_nope, q_rot], dim=-1), residual
+
+    def latent(
+        self, x: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each token's normed latent kv_norm(c) [B, T, kv_lora_rank] and its rotary key [B, T, rope], rotated:
+        all a key and a value are expanded from (expand)."""
+        seqlen = x.shape[1]
+        latent, k_rot = self.wkv_a(x).split([self.kv_rank, self.rope], dim=-1)
+        if self.use_rope and cos is not None and sin is not None:
+            # The full tables come in and are cut here: under sequence parallelism the block's input holds a slice
+            # of the sequence, but attention sees the whole of it.
+            k_rot = apply_rope(k_rot.unsqueeze(2), cos[:seqlen], sin[:seqlen]).squeeze(2)
+        return self.kv_norm(latent), k_rot
+
+    def expand(self, latent: torch.Tensor, k_rot: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each head's key [B, S, H, nope + rope] and value [B, S, H, v] of the latents and rotary keys (latent)."""
+        bsz, keys, _ = latent.shape
+        kv = self.wkv_b(latent).view(bsz, keys, -1, self.nope + self.v_dim)
+        k_nope, v = kv.split([self.nope, self.v_dim], dim=-1)  # [B, S, H, nope], [B, S, H, v]
+        return torch.cat([k_nope, k_rot.unsqueeze(2).expand(-1, -1, k_nope.shape[2], -1)], dim=-1), v
 
     def forward(
         self,
@@ -190,25 +237,25 @@ class LatentAttention(nn.Module):
         cache: LayerCache | None = None,
         sequence: Sequence | None = None,
     ) -> torch.Tensor:
-        bsz, seqlen, _ = x.shape
-        q = self.wq(x) if self.wq is not None else self.wq_b(self.q_norm(self.wq_a(x)))
-        # -1 heads: under tensor parallelism the local head count follows from the sharded weights.
-        q_nope, q_rot = q.view(bsz, seqlen, -1, self.nope + self.rope).split([self.nope, self.rope], dim=-1)
-        latent, k_rot = self.wkv_a(x).split([self.kv_rank, self.rope], dim=-1)
-        kv = self.wkv_b(self.kv_norm(latent)).view(bsz, seqlen, -1, self.nope + self.v_dim)
-        k_nope, v = kv.split([self.nope, self.v_dim], dim=-1)  # [B, T, H, nope], [B, T, H, v]
-        k_rot = k_rot.unsqueeze(2)  # [B, T, 1, r]
-        if self.use_rope and cos is not None and sin is not None:
-            cos, sin = cos[:seqlen], sin[:seqlen]  # the full tables come in (sequence parallelism: see Attention)
-            q_rot, k_rot = apply_rope(q_rot, cos, sin), apply_rope(k_rot, cos, sin)
-        q = torch.cat([q_nope, q_rot], dim=-1)
-        k = torch.cat([k_nope, k_rot.expand(-1, -1, k_nope.shape[2], -1)], dim=-1)  # [B, T, H, nope + rope]
+        q, _ = self.queries(x, cos, sin)
+        k, v = self.expand(*self.latent(x, cos, sin))
+        return self.wo(self.attend_dense(q, k, v, cache, sequence).flatten(2))
+
+    def attend_dense(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        cache: LayerCache | None,
+        sequence: Sequence | None,
+    ) -> torch.Tensor:
+        """Attention [B, T, H, v] of queries q [B, T, H, w] over keys [B, T, H, w] and values [B, T, H, v] through
+        the core (context parallelism's, which gathers the other ranks' keys, where it wraps it), or the cache."""
         width = max(q.shape[-1], self.v_dim)
         q, k, v = (F.pad(t, (0, width - t.shape[-1])) if t.shape[-1] < width else t for t in (q, k, v))
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H, T, width]
         out = self.core(q, k, v, sequence) if cache is None else cache.attend(q, k, v, self.core)
-        out = out[..., : self.v_dim].transpose(1, 2).reshape(bsz, seqlen, -1)  # [B, T, H * v]
-        return self.wo(out)
+        return out[..., : self.v_dim].transpose(1, 2)  # [B, T, H, v]
 
     def init_own(self, name: str, full: torch.Tensor, generator: torch.Generator, scheme: InitScheme) -> None:
         """The query's and the latent's projections input-side, wo residual-side (DeepSeek-V3's); the norms at one."""

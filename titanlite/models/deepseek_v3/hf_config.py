@@ -115,6 +115,13 @@ def _attention(config: dict, where: str) -> dict:
 
 def read(config: dict, where: str) -> DeepseekV3Args:
     """DeepseekV3Args of a deepseek_v3 config.json (absent keys take DeepseekV3Config's defaults)."""
+    return read_as(DeepseekV3Args, config, where)
+
+
+def read_as(args_type: type, config: dict, where: str, interleave: bool | None = None, **more):
+    """`args_type` (DeepseekV3Args or a subclass) of a config.json in DeepSeek-V3's fields, with `more` of its own;
+    `interleave`: how the folder lays out its rotary rows where the family has one layout whatever config.json says
+    (None: its rope_interleave)."""
     if config.get("hidden_act", "silu") != "silu":
         raise refuse(where, "hidden_act", config["hidden_act"], "the MLPs are SwiGLU (silu)")
     n_layers = config.get("num_hidden_layers", 61)
@@ -123,8 +130,10 @@ def read(config: dict, where: str) -> DeepseekV3Args:
         raise refuse(where, "rope_type", "llama3", "DeepSeek-V3 reads plain RoPE or 'yarn'")
     mtp = _mtp_layers(config)  # the folder's weights may hold fewer (models/hf_config.py held_mtp_layers)
     moe, attention = _moe(config, where, n_layers), _attention(config, where)
+    if interleave is not None:
+        attention["rope_interleave"] = interleave
     try:
-        return DeepseekV3Args(
+        return args_type(
             dim=config.get("hidden_size", 7168),
             n_layers=n_layers,
             ffn_dim=config.get("intermediate_size", 18432),
@@ -137,6 +146,7 @@ def read(config: dict, where: str) -> DeepseekV3Args:
             moe=moe,
             mtp_layers=mtp,
             **attention,
+            **more,
         )
     except ValueError as e:  # the latent attention's widths, which config.json names as DeepseekV3Args does
         raise ConfigError(f"{where} is not supported: {in_config_names(str(e), LATENT_KEYS)}") from e
@@ -145,15 +155,21 @@ def read(config: dict, where: str) -> DeepseekV3Args:
 def write(args: DeepseekV3Args) -> dict:
     """DeepSeek-V3's config.json; what it cannot say is refused, naming the field (transformers' DeepseekV3 would
     compute another model): a block other than DeepSeek's (moe/hf_config.py bias_routed_config), dense layers other
-    than the first ones."""
-    moe = bias_routed_config(args.moe, "deepseek_v3")
+    than the first ones, an indexer (DeepSeek-V3.2's, model_type deepseek_v32)."""
+    if args.indexer is not None:
+        raise ConfigError("a deepseek_v3 config.json cannot express an indexer; export it as model deepseek_v32")
+    return {**write_as(args, ARCHITECTURE, MODEL_TYPE, "deepseek_v3"), "rope_interleave": args.rope_interleave}
+
+
+def write_as(args: DeepseekV3Args, architecture: str, model_type: str, family: str) -> dict:
+    """The config.json fields DeepSeek-V3's reader takes, for `model_type` (`family`: how refusals name it)."""
+    moe = bias_routed_config(args.moe, family)
     rope = rope_scaling_to_hf(args.rope_scaling)
     return {
-        **decoder_fields(args, ARCHITECTURE, MODEL_TYPE, omit=LATENT_OMITS),
+        **decoder_fields(args, architecture, model_type, omit=LATENT_OMITS),
         "rope_theta": args.rope_theta,
         "rope_parameters": {"rope_theta": args.rope_theta, **rope},
         "rope_scaling": rope if args.rope_scaling else None,
-        "rope_interleave": args.rope_interleave,
         **latent_to_config(args),
         **moe,
         "topk_method": "noaux_tc",

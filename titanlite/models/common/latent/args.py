@@ -11,6 +11,40 @@ from titanlite.models.common.decoder_args import TransformerArgs, TransformerDef
 from titanlite.models.common.rope_args import YarnRopeScaling, yarn_mscale
 
 
+@dataclass(frozen=True)
+class IndexerArgs:
+    """DeepSeek Sparse Attention's lightning indexer (DeepSeek-V3.2, GLM-5; titanlite/models/common/latent/sparse.py):
+    the shape of each layer's indexer and how many keys it keeps, and how the run trains it."""
+
+    n_heads: int = 64
+    """The indexer's heads (config.json index_n_heads)."""
+    head_dim: int = 128
+    """Each indexer head's width (index_head_dim); its first qk_rope_head_dim channels rotate."""
+    topk: int = 2048
+    """The keys each query attends to (index_topk); where a query sees no more than that, it attends to all."""
+    interleaved: bool = False
+    """How the indexer rotates its rotary channels: adjacent pairs (GLM-5), or halves (DeepSeek-V3.2)."""
+    loss_coefficient: float = 1.0
+    """The indexer loss's weight in the training loss (training.indexer_loss_coefficient); not math."""
+    dense_warmup: bool = False
+    """Attend densely and train the indexer alone (training.indexer_dense_warmup); not math."""
+
+    TRAINING = ("loss_coefficient", "dense_warmup")  # how the run trains it, not what the weights compute
+
+    def check(self, rope_dim: int, q_lora_rank: int) -> None:
+        """A ValueError, in config.json's words, for an indexer the model cannot build."""
+        if self.n_heads < 1 or self.head_dim < 1:
+            raise ValueError(f"index_n_heads={self.n_heads}, index_head_dim={self.head_dim}; both must be at least 1")
+        if self.topk < 1:
+            raise ValueError(f"index_topk={self.topk}; each query must attend to at least 1 key")
+        if self.head_dim < rope_dim:
+            raise ValueError(
+                f"index_head_dim={self.head_dim} cannot hold the qk_rope_head_dim={rope_dim} channels it rotates"
+            )
+        if not q_lora_rank:
+            raise ValueError("q_lora_rank=null; the indexer's queries are read from the query's low-rank residual")
+
+
 @dataclass(kw_only=True)
 class LatentArgs(TransformerDefaults):
     """Multi-head latent attention (DeepSeek-V2/V3; titanlite/models/common/mixers.py LatentAttention): each head's
@@ -30,6 +64,9 @@ class LatentArgs(TransformerDefaults):
     """Each head's rotary query channels; the rotary key of this width is one, shared by every head (kept but not
     rotated where latent_rotary is False)."""
     v_head_dim: int = 128
+    indexer: IndexerArgs | None = None
+    """DeepSeek Sparse Attention's indexer on every layer (IndexerArgs); None: every query attends to every earlier
+    key."""
 
     def __post_init__(self) -> None:
         name = type(self).__name__
@@ -41,6 +78,8 @@ class LatentArgs(TransformerDefaults):
         for field in ("q_lora_rank", "qk_rope_head_dim"):
             if getattr(self, field) < 0:
                 raise ValueError(f"{name}.{field}={getattr(self, field)}; use 0 (none) or more")
+        if self.indexer is not None:
+            self.indexer.check(self.qk_rope_head_dim, self.q_lora_rank)
 
     @property
     def qk_head_dim(self) -> int:

@@ -1,0 +1,341 @@
+"""DeepSeek Sparse Attention (DeepSeek-V3.2, GLM-5): multi-head latent attention whose every query reads only the
+`topk` earlier tokens a small "lightning indexer" picks for it, and the indexer trained to pick what the attention
+would have weighed most. Plain modules with no parallelism inside.
+
+The indexer (Indexer) scores query t against key s as I[t, s] = sum_h w[t, h] relu(scale q[t, h] . k[s]): its own
+heads' queries from the latent query's residual (wq_b of q_norm(wq_a(x))), one key per token shared by its heads
+(wk, then a LayerNorm), a weight per head from the token (weights_proj), the first qk_rope_head_dim channels of
+queries and key rotated (DeepSeek-V3.2 as halves, GLM-5 in adjacent pairs, as transformers' indexers do). Each query
+keeps the topk keys of highest score among those the mask lets it see (earlier positions, and under a block-causal
+mask its own document's); fewer than topk visible: all of them. The scores are computed a chunk of queries at a time
+(select), so the T x S matrix of them never exists whole.
+
+The attention (sparse_attention) then gathers each query's selected keys and values and attends over them alone: a
+chunk of queries at a time, each chunk recomputed in backward, so the gathered copies live one chunk at a time and
+attention's memory grows as T x topk, not T x S. Where topk covers every key (topk >= the keys a query can see),
+the selection changes nothing and the layer attends densely through its attention core (the fast kernels).
+
+Training the indexer (DeepSeek-V3.2's report, section 2.1): its input is detached from the model (the model's loss
+never reaches it, nor its loss the model), and its loss is the KL divergence from the main attention's distribution
+over the selected keys (each query's attention weights summed over the heads, renormalised: `target`) to the
+softmax of the indexer's scores over the same keys, averaged over the queries (indexer_kl); in the dense warm-up,
+over every key the query sees."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from titanlite.models.common.attention import Sequence, block_of, mask_function
+from titanlite.models.common.auxiliary import add_auxiliary_loss, auxiliary_wanted
+from titanlite.models.common.init_scheme import InitScheme, start_linears
+from titanlite.models.common.kv_cache import LayerCache
+from titanlite.models.common.mixers import LatentAttention, LatentWidths
+from titanlite.models.common.rope import apply_rope, apply_rope_halves
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing's own from Python 3.11; titanlite runs on 3.10
+
+# Elements of one chunk's per-head indexer scores [B, Q, H_index, S] (and of a chunk's gathered keys): chunks of
+# queries are cut to stay near it, so memory does not grow with T x S.
+CHUNK_ELEMENTS = 1 << 22
+INDEXER_NORM_EPS = 1e-6  # the key's LayerNorm epsilon in DeepSeek's code and transformers'
+
+
+class Indexer(nn.Module):
+    """The lightning indexer of one layer: `n_heads` heads of `head_dim` channels, the first `rope_dim` rotated
+    (`interleaved`: adjacent pairs, GLM-5's; else halves, DeepSeek-V3.2's). forward gives what the scores are made
+    of (index_scores): the queries [B, T, H_i, D], the keys [B, T, D] and the head weights [B, T, H_i] (times
+    H_i^-0.5), all float32."""
+
+    def __init__(
+        self, dim: int, q_lora_rank: int, n_heads: int, head_dim: int, rope_dim: int, topk: int, interleaved: bool
+    ):
+        super().__init__()
+        if rope_dim > head_dim:
+            raise ValueError(f"Indexer head_dim={head_dim} cannot hold the {rope_dim} rotary channels")
+        self.n_heads, self.head_dim, self.rope_dim = n_heads, head_dim, rope_dim
+        self.topk, self.interleaved = topk, interleaved
+        self.scale = head_dim**-0.5
+        self.wq_b = nn.Linear(q_lora_rank, n_heads * head_dim, bias=False)
+        self.wk = nn.Linear(dim, head_dim, bias=False)
+        self.k_norm = nn.LayerNorm(head_dim, eps=INDEXER_NORM_EPS)
+        self.weights_proj = nn.Linear(dim, n_heads, bias=False)
+
+    def forward(
+        self, x: torch.Tensor, q_residual: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        bsz, seqlen, _ = x.shape
+        q = self.wq_b(q_residual).view(bsz, seqlen, self.n_heads, self.head_dim)
+        k = self.k_norm(self.wk(x)).unsqueeze(2)  # [B, T, 1, D]
+        if cos is not None and sin is not None:
+            q, k = self.rotate(q, cos[:seqlen], sin[:seqlen]), self.rotate(k, cos[:seqlen], sin[:seqlen])
+        weights = self.weights_proj(x).float() * self.n_heads**-0.5
+        return q.float(), k.squeeze(2).float(), weights
+
+    def rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """x [B, T, H, D] with its first rope_dim channels rotated, the rest passed unchanged."""
+        r = self.rope_dim
+        turned = apply_rope(x[..., :r], cos, sin) if self.interleaved else apply_rope_halves(x[..., :r], cos, sin)
+        return torch.cat([turned, x[..., r:]], dim=-1)
+
+    def init_own(self, name: str, full: torch.Tensor, generator: torch.Generator, scheme: InitScheme) -> None:
+        """Every projection input-side (the indexer writes nothing into the residual stream); the key norm's
+        scale at one, its bias at zero."""
+        if name.startswith("k_norm."):
+            scheme.norm(name.partition(".")[2], full)
+        else:
+            start_linears(name, full, generator, scheme, inputs=("wq_b", "wk", "weights_proj"), outputs=())
+
+
+def index_scores(q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, scale: float) -> torch.Tensor:
+    """The indexer's scores [B, Q, S] of queries q [B, Q, H, D] (head weights [B, Q, H]) against keys k [B, S, D], in
+    transformers' order of operations (the same rounding, so the same keys tie)."""
+    per_head = F.relu(torch.matmul(q, k.transpose(-1, -2).unsqueeze(1)) * scale)  # [B, Q, H, S]
+    return torch.matmul(weights.unsqueeze(-2), per_head).squeeze(-2)
+
+
+def query_chunk(width: int) -> int:
+    """How many queries a chunk takes when each costs `width` elements."""
+    return max(1, CHUNK_ELEMENTS // max(width, 1))
+
+
+def keys_in_order(sequence: Sequence | None, *keys: torch.Tensor) -> tuple[Sequence | None, list[torch.Tensor]]:
+    """The keys [B, S, ...] put in position order where `sequence` gives them another (context parallelism's
+    gathered keys), and the Sequence that describes them so (key positions 0..S-1): the indexer's scores then come
+    in the order one process computes them, and equal scores break alike."""
+    if sequence is None or sequence.key_positions is None:
+        return sequence, list(keys)
+    order = sequence.key_positions.argsort()
+    documents = None if sequence.key_documents is None else sequence.key_documents[:, order]
+    ordered = Sequence(
+        positions=sequence.positions,
+        documents=sequence.documents,
+        key_positions=sequence.key_positions[order],
+        key_documents=documents,
+    )
+    return ordered, [k[:, order] for k in keys]
+
+
+@torch.no_grad()
+def select(
+    indexer: Indexer,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    weights: torch.Tensor,
+    sequence: Sequence | None,
+    topk: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each query's `topk` keys (at most the S there are): their indices [B, T, K] and whether each is one the
+    query may see [B, T, K] (where fewer than K are, the rest are filler); the scores a chunk of queries at a time."""
+    queries, keys = q.shape[1], k.shape[1]
+    allowed = mask_function(sequence, queries, q.device)
+    chunk = query_chunk(q.shape[0] * indexer.n_heads * keys)
+    indices, valid = [], []
+    for start in range(0, queries, chunk):
+        end = min(queries, start + chunk)
+        scores = index_scores(q[:, start:end], k, weights[:, start:end], indexer.scale)
+        seen = block_of(allowed, start, end, 0, keys, q.device)[:, 0]  # [B or 1, Q, S]
+        top = scores.masked_fill(~seen, float("-inf")).topk(min(topk, keys), dim=-1)
+        indices.append(top.indices)
+        valid.append(top.values > float("-inf"))
+    return torch.cat(indices, dim=1), torch.cat(valid, dim=1)
+
+
+def _gather(x: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+    """x [B, S, ...] at indices [B, Q, K]: [B, Q, K, ...]."""
+    batch = torch.arange(x.shape[0], device=x.device)[:, None, None]
+    return x[batch, indices]
+
+
+def _sparse_span(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, indices: torch.Tensor, valid: torch.Tensor, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A chunk of queries q [B, Q, H, w] over their selected keys: the output [B, Q, H, v] and the attention
+    weights summed over the heads [B, Q, K] (no gradient)."""
+    keys, values = _gather(k, indices), _gather(v, indices)  # [B, Q, K, H, w], [B, Q, K, H, v]
+    scores = torch.einsum("bqhd,bqkhd->bqhk", q, keys) * scale
+    scores = scores.masked_fill(~valid[:, :, None, :], float("-inf"))
+    weights = torch.softmax(scores.float(), dim=-1)
+    out = torch.einsum("bqhk,bqkhd->bqhd", weights.to(v.dtype), values)
+    return out, weights.detach().sum(dim=2)
+
+
+def sparse_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, indices: torch.Tensor, valid: torch.Tensor, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention of queries q [B, T, H, w] over the keys k [B, S, H, w] and values v [B, S, H, v] each selected
+    (indices, valid: select): the output [B, T, H, v] and each query's attention weights over its selected keys
+    summed over this rank's heads [B, T, K]. A chunk of queries at a time, each recomputed in backward: nothing of
+    the gathered keys is kept for it."""
+    chunk = query_chunk(q.shape[0] * indices.shape[-1] * k.shape[2] * (k.shape[3] + v.shape[3]))
+    training = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    outs, sums = [], []
+    for start in range(0, q.shape[1], chunk):
+        span = (q[:, start : start + chunk], k, v, indices[:, start : start + chunk], valid[:, start : start + chunk])
+        out, summed = (
+            checkpoint(_sparse_span, *span, scale, use_reentrant=False) if training else _sparse_span(*span, scale)
+        )
+        outs.append(out)
+        sums.append(summed)
+    return torch.cat(outs, dim=1), torch.cat(sums, dim=1)
+
+
+@torch.no_grad()
+def dense_head_sums(
+    q: torch.Tensor, k: torch.Tensor, sequence: Sequence | None, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each query's attention weights over every key [B, T, S] summed over this rank's heads, and which keys it may
+    see [B or 1, T, S]: the indexer's target where the attention is dense (the warm-up, or topk over every key)."""
+    queries, keys = q.shape[1], k.shape[1]
+    allowed = mask_function(sequence, queries, q.device)
+    chunk = query_chunk(q.shape[0] * q.shape[2] * keys)
+    sums, seen_all = [], []
+    for start in range(0, queries, chunk):
+        end = min(queries, start + chunk)
+        seen = block_of(allowed, start, end, 0, keys, q.device)[:, 0]  # [B or 1, Q, S]
+        scores = torch.einsum("bqhd,bshd->bqhs", q[:, start:end], k) * scale
+        weights = torch.softmax(scores.float().masked_fill(~seen[:, :, None, :], float("-inf")), dim=-1)
+        sums.append(weights.sum(dim=2))
+        seen_all.append(seen)
+    return torch.cat(sums, dim=1), torch.cat(seen_all, dim=1)
+
+
+def _kl_span(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    weights: torch.Tensor,
+    indices: torch.Tensor | None,
+    valid: torch.Tensor,
+    target: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """The summed KL divergence of a chunk of queries (indexer_kl)."""
+    if indices is None:  # every key
+        logits = index_scores(q, k, weights, scale)  # [B, Q, S]
+    else:
+        keys = _gather(k, indices)  # [B, Q, K, D]
+        logits = torch.einsum("bqh,bqhk->bqk", weights, F.relu(torch.einsum("bqhd,bqkd->bqhk", q, keys) * scale))
+    log_q = torch.log_softmax(logits.masked_fill(~valid, float("-inf")), dim=-1)
+    p = target.masked_fill(~valid, 0.0)
+    terms = torch.where(p > 0, p * (torch.log(p.clamp_min(torch.finfo(p.dtype).tiny)) - log_q), 0.0)
+    return terms.sum()
+
+
+def indexer_kl(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    weights: torch.Tensor,
+    indices: torch.Tensor | None,
+    valid: torch.Tensor,
+    head_sums: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """The indexer's loss: the mean over queries of KL(p || softmax(I)), p each query's attention weights over its
+    keys summed over every head (`head_sums` [B, T, K], all heads' sums) and renormalised, I the indexer's scores
+    there (q, k, weights: Indexer's output, with their gradients). The keys: `indices` [B, T, K] (select's), or
+    None for every key (then K is S); `valid` says which of them the query sees. Chunked and recomputed as the
+    attention is."""
+    target = head_sums / head_sums.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(head_sums.dtype).tiny)
+    width = q.shape[0] * q.shape[2] * (indices.shape[-1] if indices is not None else k.shape[1])
+    chunk = query_chunk(width)
+    total = q.new_zeros(())
+    training = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, weights))
+    for start in range(0, q.shape[1], chunk):
+        end = start + chunk
+        picked = None if indices is None else indices[:, start:end]
+        span = (q[:, start:end], k, weights[:, start:end], picked, valid[:, start:end], target[:, start:end], scale)
+        total = total + (checkpoint(_kl_span, *span, use_reentrant=False) if training else _kl_span(*span))
+    return total / (q.shape[0] * q.shape[1])
+
+
+class SequenceKeys(nn.Module):
+    """The keys a layer's queries read: those of the tokens this forward holds [B, T, C], as they are. Context
+    parallelism replaces it by one that gathers every rank's (titanlite/parallel/context_parallel.py)."""
+
+    def forward(self, keys: torch.Tensor, sequence: Sequence | None) -> torch.Tensor:
+        return keys
+
+
+class HeadSums(nn.Module):
+    """Attention weights summed over this module's heads [B, T, K], as they are: the sum over every head. Tensor
+    parallelism, which gives each rank some of the heads, sums them over its ranks here (models/common/latent/
+    parallelize.py)."""
+
+    def forward(self, sums: torch.Tensor) -> torch.Tensor:
+        return sums
+
+
+class SparseLatentAttention(LatentAttention):
+    """Multi-head latent attention (LatentAttention: its projections and widths, `latent` its keyword arguments)
+    whose queries each read the keys `indexer` selects (module docstring). `dense_warmup`: attend densely and train
+    only the indexer toward the dense attention (DeepSeek-V3.2's first stage; the run freezes the rest); `loss_weight`:
+    the indexer loss's weight in the training loss (its logged value, `indexer_loss`, is unweighted)."""
+
+    def __init__(
+        self,
+        dim: int,
+        n_heads: int,
+        *,
+        indexer: Indexer,
+        dense_warmup: bool = False,
+        loss_weight: float = 1.0,
+        **latent: Unpack[LatentWidths],
+    ):
+        super().__init__(dim, n_heads, **latent)
+        if not latent["q_lora_rank"]:
+            raise ValueError("SparseLatentAttention's indexer reads the query's low-rank residual: set q_lora_rank")
+        self.indexer = indexer
+        self.keys = SequenceKeys()
+        self.head_sums = HeadSums()
+        self.dense_warmup, self.loss_weight = dense_warmup, loss_weight
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor | None = None,
+        sin: torch.Tensor | None = None,
+        cache: LayerCache | None = None,
+        sequence: Sequence | None = None,
+    ) -> torch.Tensor:
+        q, residual = self.queries(x, cos, sin)
+        assert residual is not None  # q_lora_rank, checked at construction
+        latent, k_rot = self.latent(x, cos, sin)
+        index_q, index_k, index_w = self.indexer(x.detach(), residual.detach(), cos, sin)
+        widths = [latent.shape[-1], k_rot.shape[-1], index_k.shape[-1]]
+        own = torch.cat([latent, k_rot, index_k.to(latent.dtype)], dim=-1)  # [B, T, C]: all a key is made of
+        if cache is not None:  # generation: the cached tokens' keys, then these
+            every = cache.extend("latent", own)  # [B, S, C]
+            given: Sequence | None = Sequence(
+                positions=cache.positions(x.shape[1], x.device),
+                key_positions=cache.stored_positions(every.shape[1], x.device),
+            )
+        else:
+            every, given = self.keys(own, sequence), sequence  # context parallelism: every rank's keys
+        ordered, (every,) = keys_in_order(given, every)
+        latent_all, k_rot_all, index_k_all = every.split(widths, dim=-1)
+        index_k_all = index_k_all.float()
+        k, v = self.expand(latent_all, k_rot_all)  # [B, S, H, w], [B, S, H, v]
+        learn = auxiliary_wanted()
+        kl: torch.Tensor | None = None
+        if self.dense_warmup or self.indexer.topk >= k.shape[1]:  # every key a query sees is selected
+            # Keys from elsewhere (context parallelism's) reach the core by its own means, in its own order.
+            out = self.attend_dense(q, k, v, None, given) if every is own or cache is not None else None
+            if out is None:
+                out = self.attend_dense(q, *self.expand(latent, k_rot), None, given)
+            if learn:
+                sums, seen = dense_head_sums(q, k, ordered, self.scale)
+                kl = indexer_kl(index_q, index_k_all, index_w, None, seen, self.head_sums(sums), self.indexer.scale)
+        else:
+            indices, valid = select(self.indexer, index_q, index_k_all, index_w, ordered, self.indexer.topk)
+            out, sums = sparse_attention(q, k, v, indices, valid, self.scale)
+            if learn:
+                sums = self.head_sums(sums)
+                kl = indexer_kl(index_q, index_k_all, index_w, indices, valid, sums, self.indexer.scale)
+        if kl is not None:
+            out = add_auxiliary_loss(out, "indexer_loss", kl, self.loss_weight)
+        return self.wo(out.flatten(2))

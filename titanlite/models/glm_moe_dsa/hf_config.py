@@ -1,0 +1,54 @@
+"""GLM-5's config.json (model_type glm_moe_dsa, GlmMoeDsaForCausalLM) both ways, torch-free: DeepSeek-V3.2's fields
+(titanlite/models/deepseek_v32/hf_config.py, honoured and refused as there), absent keys taking GlmMoeDsaConfig's
+defaults, and the indexer rotating adjacent pairs. Refused: indexer_types with a "shared" layer (GLM's cross-layer
+reuse of an earlier layer's selection, or index_topk_freq / index_topk_pattern making one): titanlite builds an
+indexer on every layer."""
+
+from __future__ import annotations
+
+from titanlite.base.errors import ConfigError
+from titanlite.base.hf_config import TEXTS, FieldTypes, refuse
+from titanlite.models.deepseek_v32 import hf_config as v32
+from titanlite.models.glm_moe_dsa.args import GlmMoeDsaArgs
+
+FIELDS: FieldTypes = {**v32.FIELDS, "indexer_types": (TEXTS, True)}
+MODEL_TYPE = "glm_moe_dsa"
+ARCHITECTURE = "GlmMoeDsaForCausalLM"
+# GlmMoeDsaConfig's defaults where they differ from DeepseekV32Config's (which the shared reader takes for absent keys).
+DEFAULTS = {
+    "vocab_size": 154880,
+    "hidden_size": 6144,
+    "intermediate_size": 12288,
+    "num_hidden_layers": 78,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 64,
+    "q_lora_rank": 2048,
+    "v_head_dim": 256,
+    "qk_nope_head_dim": 192,
+    "n_group": 1,
+    "topk_group": 1,
+    "max_position_embeddings": 202752,
+    "rms_norm_eps": 1e-5,
+}
+
+
+def read(config: dict, where: str) -> GlmMoeDsaArgs:
+    """GlmMoeDsaArgs of a glm_moe_dsa config.json (absent keys take GlmMoeDsaConfig's defaults)."""
+    kinds = config.get("indexer_types") or []
+    shared = [i for i, kind in enumerate(kinds) if kind != "full"]
+    pattern = config.get("index_topk_pattern")
+    if shared or (config.get("index_topk_freq") or 1) > 1 or (pattern and set(pattern) - {"F", "full"}):
+        raise refuse(
+            where, "indexer_types", kinds or pattern or config.get("index_topk_freq"), "titanlite builds an "
+            "indexer on every layer; layers that reuse an earlier layer's selection ('shared') are not built",
+        )  # fmt: skip
+    return v32.read_family(GlmMoeDsaArgs, {**DEFAULTS, **config}, where, n_index_heads=32, interleaved=True)
+
+
+def write(args: GlmMoeDsaArgs) -> dict:
+    """GLM-5's config.json: DeepSeek-V3.2's fields, every layer's indexer its own ("full"); an indexer rotating halves
+    (DeepSeek-V3.2's) is refused."""
+    if args.indexer is not None and not args.indexer.interleaved:
+        raise ConfigError("a glm_moe_dsa config.json cannot express an indexer rotating halves; export deepseek_v32")
+    written = v32.write_family(args, ARCHITECTURE, MODEL_TYPE, "glm_moe_dsa")
+    return {**written, "indexer_types": ["full"] * args.n_layers}
