@@ -189,7 +189,7 @@ def test_a_field_of_the_wrong_json_type_is_refused_naming_it(cli, qwen3_folder, 
 
 CONFIG_CLASSES = ["GPT2Config", "LlamaConfig", "Qwen2Config", "Qwen3Config", "SmolLM3Config", "MistralConfig",
                   "Olmo2Config", "Gemma3TextConfig", "Qwen3MoeConfig", "OlmoeConfig", "MixtralConfig", "GptOssConfig",
-                  "DeepseekV3Config"]  # fmt: skip
+                  "DeepseekV3Config", "DeepseekV32Config", "GlmMoeDsaConfig"]  # fmt: skip
 
 
 @pytest.mark.parametrize("name", CONFIG_CLASSES)

@@ -7,11 +7,16 @@ indexer on every layer."""
 from __future__ import annotations
 
 from titanlite.base.errors import ConfigError
-from titanlite.base.hf_config import TEXTS, FieldTypes, refuse
+from titanlite.base.hf_config import COUNT, TEXT, TEXTS, FieldTypes, refuse
 from titanlite.models.deepseek_v32 import hf_config as v32
 from titanlite.models.glm_moe_dsa.args import GlmMoeDsaArgs
 
-FIELDS: FieldTypes = {**v32.FIELDS, "indexer_types": (TEXTS, True)}
+FIELDS: FieldTypes = {
+    **v32.FIELDS,
+    "indexer_types": (TEXTS, True),
+    "index_topk_freq": (COUNT, True),
+    "index_topk_pattern": (TEXT, True),
+}
 MODEL_TYPE = "glm_moe_dsa"
 ARCHITECTURE = "GlmMoeDsaForCausalLM"
 # GlmMoeDsaConfig's defaults where they differ from DeepseekV32Config's (which the shared reader takes for absent keys).
@@ -37,7 +42,7 @@ def read(config: dict, where: str) -> GlmMoeDsaArgs:
     kinds = config.get("indexer_types") or []
     shared = [i for i, kind in enumerate(kinds) if kind != "full"]
     pattern = config.get("index_topk_pattern")
-    if shared or (config.get("index_topk_freq") or 1) > 1 or (pattern and set(pattern) - {"F", "full"}):
+    if shared or (config.get("index_topk_freq") or 1) > 1 or (pattern and set(pattern) != {"F"}):
         raise refuse(
             where, "indexer_types", kinds or pattern or config.get("index_topk_freq"), "titanlite builds an "
             "indexer on every layer; layers that reuse an earlier layer's selection ('shared') are not built",
