@@ -17,6 +17,7 @@ from titanlite.config import JobConfig
 from titanlite.engine.trainer import Pipeline, RankModel, StageLoss, autocast_for
 from titanlite.models.build import linear_backend, model_from_args, with_kernels
 from titanlite.models.common.interface import DecoderModule
+from titanlite.models.common.latent.sparse import train_indexers_only
 from titanlite.models.hf_config import mtp_note
 from titanlite.models.registry import spec_of
 from titanlite.parallel.compile import compiled_loss
@@ -51,10 +52,19 @@ def build_model(cfg: JobConfig, plan: Plan, mesh, device: torch.device):
     with torch.device("meta"):
         model = plain_model(cfg, plan.model)
     parts = split_model(model, plan.pipeline, mesh["pp"].get_local_rank()) if plan.pipeline else [model]
+    if indexer_warmup(model):
+        for part in parts:  # before sharding, so every wrapper sees the weights it must not train
+            train_indexers_only(part)
     parts = [parallelize_planned(part, cfg, plan, mesh, device, plan.loss.chunk_tokens > 0) for part in parts]
     for part in parts:
         materialize(part, device, cfg.training.seed, cpu_offload=cfg.training.enable_cpu_offload)
     return model, [wrap_ddp(part, plan.dims, mesh) for part in parts]
+
+
+def indexer_warmup(model: DecoderModule) -> bool:
+    """Whether the run is sparse attention's dense warm-up (training.indexer_dense_warmup): only the indexers train."""
+    indexer = getattr(model.args, "indexer", None)
+    return indexer is not None and indexer.dense_warmup
 
 
 def parallelize_planned(
@@ -124,6 +134,32 @@ def expert_balance(plan: Plan, mesh, parts: list[nn.Module], device: torch.devic
     return ExpertBalance(parts, device, group, mesh["pp"].get_group() if plan.pipeline else None)
 
 
+def indexer_line(model: DecoderModule, seq_len: int) -> str:
+    """The start-up line of sparse attention (none without an indexer): how many keys a query reads, how the indexer
+    trains, and where a sequence is too short for the selection to leave any key out."""
+    indexer = getattr(model.args, "indexer", None)
+    if indexer is None:
+        return ""
+    if indexer.dense_warmup:
+        trained = sum(p.numel() for name, p in model.named_parameters() if ".indexer." in f".{name}")
+        return (
+            f"\n  sparse attention: dense warm-up (training.indexer_dense_warmup): the attention dense, the indexers "
+            f"alone trained ({trained:,} weights, the rest frozen) on their loss x "
+            f"{indexer.loss_coefficient:g} (training.indexer_loss_coefficient), logged as indexer_loss"
+        )
+    if indexer.topk >= seq_len:
+        return (
+            f"\n  sparse attention: index_topk={indexer.topk} covers training.seq_len={seq_len}, so every query reads "
+            f"every key it sees: the attention runs dense, the indexer trained on its loss over every key x "
+            f"{indexer.loss_coefficient:g} (training.indexer_loss_coefficient), logged as indexer_loss"
+        )
+    return (
+        f"\n  sparse attention: each query reads the {indexer.topk} keys its layer's indexer selects (index_topk); "
+        f"the indexer trained on its loss x {indexer.loss_coefficient:g} (training.indexer_loss_coefficient), "
+        "logged as indexer_loss"
+    )
+
+
 def build_rank_model(cfg: JobConfig, plan: Plan, mesh, device: torch.device) -> ModelSetup:
     """This rank's parallelised model with its loss (chunked or plain, compiled or not) and pipeline."""
     plain, parts = build_model(cfg, plan, mesh, device)
@@ -152,6 +188,7 @@ def build_rank_model(cfg: JobConfig, plan: Plan, mesh, device: torch.device) -> 
         )
     elif folder_note:
         loss_line += f"\n  multi-token prediction: {folder_note}"
+    loss_line += indexer_line(plain, cfg.training.seq_len)
     pipeline = build_pipeline(cfg, plan, plain, parts, mesh, device, loss_fn, not chunks) if plan.pipeline else None
     param_dtype = DTYPES[cfg.training.mixed_precision_param] if device.type == "cuda" else torch.float32
     hooks = after_optimizer_step_hooks(cfg, plan, parts)

@@ -48,7 +48,7 @@ class ModelPlan:
     @classmethod
     def of(cls, cfg: JobConfig, tokenizer: Tokenizer) -> ModelPlan:
         """The model arguments for a tokenizer that the caller has built already (`titanlite generate`)."""
-        args = configured_args(cfg.model, tokenizer.vocab_size, cfg.training.seq_len, cfg.moe)
+        args = configured_args(cfg.model, tokenizer.vocab_size, cfg.training.seq_len, cfg.moe, cfg.training)
         return cls(tokenizer, args, getattr(args, "family", cfg.model.name))
 
 

@@ -35,6 +35,7 @@ from titanlite.models.common.attention import CoreAttention, FlexAttention, SDPA
 from titanlite.models.common.flops import active_parameters
 from titanlite.models.common.gated_delta_net import DeltaRule
 from titanlite.models.common.interface import unwrapped
+from titanlite.models.common.latent.sparse import SparseLatentAttention
 from titanlite.models.common.moe.layer import (
     LOOP_CHOSEN,
     LOOP_COMPILED,
@@ -282,12 +283,16 @@ def describe_skipping(t) -> str | None:
     )
 
 
-def attention_kernels(model: nn.Module, plain: bool, device_type: str) -> str:
-    """What each layer's attention core runs, grouped: "sdpa's fused causal kernel in 4 of 6 layers, ..."."""
+def attention_kernels(model: nn.Module, plain: bool, device_type: str, seq_len: int = 0) -> str:
+    """What each layer's attention core runs, grouped: "sdpa's fused causal kernel in 4 of 6 layers, ..."; a sparse
+    attention layer's own path where its indexer leaves keys out of sequences of `seq_len` tokens."""
     kinds: Counter[str] = Counter()
     for module in model.modules():
         core = getattr(module, "core", None)
         if not isinstance(core, CoreAttention):
+            continue
+        if isinstance(module, SparseLatentAttention) and not module.dense_warmup and module.indexer.topk < seq_len:
+            kinds["PyTorch's gather of each query's selected keys, chunks of queries"] += 1
             continue
         extras = [f"window {core.window}"] if core.window else []
         extras += [f"logit softcap {core.softcap:g}"] if core.softcap else []
@@ -373,7 +378,8 @@ def describe_attention(cfg: JobConfig, cp: int, model: nn.Module, device_type: s
     context parallelism splits each sequence."""
     mask = "block-causal (a token sees earlier tokens of its own document only)"
     line = "  attention: " + (mask if cfg.model.attn_mask_type == "block_causal" else "causal")
-    line += "; " + attention_kernels(model, cfg.model.attn_mask_type == "causal" and cp == 1, device_type)
+    plain = cfg.model.attn_mask_type == "causal" and cp == 1
+    line += "; " + attention_kernels(model, plain, device_type, cfg.training.seq_len)
     if cp > 1:
         chunk = cfg.training.seq_len // (2 * cp)
         line += (

@@ -204,8 +204,9 @@ def format_line(r: dict) -> str:
         sets = [f"{key} {value:.4f}" for key, value in r.items() if key.startswith("val_loss/")]
         if sets:
             line += f" [{'  '.join(sets)}]"
-    # a model's auxiliary loss terms (MoE load balancing), and multi-token prediction's depths
-    for key in (k for k in r if k.startswith(("aux_", "mtp_loss"))):
+    # a model's auxiliary loss terms (MoE load balancing), multi-token prediction's depths, the sparse attention's
+    # indexer loss
+    for key in (k for k in r if k.startswith(("aux_", "mtp_loss", "indexer_loss"))):
         line += f"  {key} {r[key]:.4g}"
     if "expert_load" in r:  # MoE: max / mean tokens per expert of the step, the worst block's
         line += f"  expert_load {r['expert_load']:.2f}"

@@ -150,6 +150,7 @@ BOUNDS: dict[str, Bound] = {
     "training.max_skipped_steps_in_row": STEPS,
     "training.loss_chunk_tokens": Bound(0, MAX_TOKENS, TOKENS_WHY, special=((-1, "for auto"),)),
     "training.mtp_loss_coefficient": NOT_NEGATIVE,
+    "training.indexer_loss_coefficient": NOT_NEGATIVE,
     "training.stop_after_step": STEPS_OR_NONE,
     "data.num_workers": Bound(0, MAX_PROCESSES, PROCESSES_WHY),
     "data.prefetch": Bound(0, 1024, "each is a micro-batch held in host memory ahead of the step"),
@@ -256,6 +257,7 @@ class ModelView:
     balance: str | None
     mtp_layers: int
     mtp_capable: bool  # the family's arguments can hold multi-token prediction depths
+    indexer: bool = False  # its latent attention is sparse, through a lightning indexer
 
 
 def model_view(model_cfg, moe_cfg, folder_args: Any = None) -> ModelView | None:
@@ -271,7 +273,8 @@ def model_view(model_cfg, moe_cfg, folder_args: Any = None) -> ModelView | None:
     moe = spec.moe(args)
     depth = model_cfg.mtp_layers if model_cfg.mtp_layers != -1 else getattr(args, "mtp_layers", 0)
     capable = any(f.name == "mtp_layers" for f in dataclasses.fields(args))
-    return ModelView(spec.name, None if moe is None else (moe_cfg.balance or moe.balance), depth, capable)
+    indexer = getattr(args, "indexer", None) is not None
+    return ModelView(spec.name, None if moe is None else (moe_cfg.balance or moe.balance), depth, capable, indexer)
 
 
 def mtp_families() -> str:
@@ -336,6 +339,15 @@ FEATURES: tuple[Feature, ...] = (
         _mtp_off,
         _mtp_on,
         (*MODEL_SWITCHES, "model.mtp_layers"),
+        needs_model=True,
+    ),
+    Feature(
+        ("training.indexer_loss_coefficient", "training.indexer_dense_warmup"),
+        "with sparse attention (model.name deepseek_v32 or glm_moe_dsa, or such a folder)",
+        lambda c, m: m.indexer,
+        lambda c, m: f"model {m.family} attends densely: it has no indexer to train",
+        lambda c, m: "use a model with sparse attention (deepseek_v32, glm_moe_dsa)",
+        MODEL_SWITCHES,
         needs_model=True,
     ),
     Feature(

@@ -164,6 +164,16 @@ class Training:
     the D depths' cross-entropies (DeepSeek-V3's lambda, 0.3 then 0.1 in its report; Megatron-LM's
     mtp_loss_scaling_factor, whose default 0.1 this is). The logged `loss` stays the main cross-entropy; each depth's
     is logged beside it as mtp_loss (mtp_loss_1, mtp_loss_2, ... for several)."""
+    indexer_loss_coefficient: float = 1.0
+    """With sparse attention (deepseek_v32, glm_moe_dsa: each query reads the keys a lightning indexer selects): the
+    weight of the indexer's loss in the training loss, the KL divergence from the attention's weights (summed over
+    its heads) to the indexer's over the selected keys, averaged over the queries and summed over the layers. The
+    indexer's input is detached from the model, so this trains the indexer alone. Logged unweighted as indexer_loss;
+    0 logs it and trains the indexer by nothing (weight decay still applies to it as to every weight)."""
+    indexer_dense_warmup: bool = False
+    """With sparse attention: DeepSeek-V3.2's first stage, the attention dense and only the indexers trained (every
+    other weight frozen), on their loss over every earlier key. Off (the default): sparse attention, the whole model
+    trained."""
     stop_after_step: int = 0
     """End the run after this step, with a checkpoint, without changing the LR schedule that `steps`
     sets (for jobs split into fixed-length allocations); 0 runs to `steps`."""

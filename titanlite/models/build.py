@@ -28,10 +28,11 @@ def model_from_args(args) -> DecoderModule:
     return spec.load(spec.model)(args)
 
 
-def configured_args(model_cfg, vocab_size: int, seq_len: int, moe=None):
+def configured_args(model_cfg, vocab_size: int, seq_len: int, moe=None, training=None):
     """The [model] section's model for a tokenizer of vocab_size ids and training.seq_len: a named flavor,
     or with flavor "hf" the shape of the Hugging Face folder model.hf_assets_path, vocabulary unpadded; with
-    the [moe] section's load balancing (with_moe_settings) when `moe` is given."""
+    the [moe] section's load balancing (with_moe_settings) when `moe` is given, and [training]'s indexer settings
+    (with_indexer_training) when `training` is."""
     m = model_cfg
     if m.flavor != "hf":
         args = model_args(m.name, m.flavor, vocab_size, seq_len, m.n_layers)
@@ -43,7 +44,18 @@ def configured_args(model_cfg, vocab_size: int, seq_len: int, moe=None):
                 f"{args.vocab_size}; use the folder's own tokenizer (leave model.tokenizer out)"
             )
     args = with_mtp_layers(args, getattr(m, "mtp_layers", -1), m.hf_assets_path if m.flavor == "hf" else "")
+    args = args if training is None else with_indexer_training(args, training)
     return args if moe is None else with_moe_settings(args, moe)
+
+
+def with_indexer_training(args, training):
+    """`args` with [training]'s indexer settings (indexer_loss_coefficient, indexer_dense_warmup) in its indexer, where
+    it has one (the config's rules refuse them set for a model without)."""
+    indexer = getattr(args, "indexer", None)
+    if indexer is None:
+        return args
+    settings = {"loss_coefficient": training.indexer_loss_coefficient, "dense_warmup": training.indexer_dense_warmup}
+    return dataclasses.replace(args, indexer=dataclasses.replace(indexer, **settings))
 
 
 def with_mtp_layers(args, mtp_layers: int, folder: str = ""):

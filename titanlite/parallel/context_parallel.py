@@ -22,6 +22,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from titanlite.base.errors import ConfigError
 from titanlite.models.common.attention import CoreAttention, Sequence, attend, document_ids
 from titanlite.models.common.gated_delta_net import DeltaRule, ShortConvolution
+from titanlite.models.common.latent.sparse import SequenceKeys
 
 # torch 2.13 renamed the autograd all-gather; either gathers on gloo and NCCL, and compiles.
 _all_gather_autograd = getattr(functional, "all_gather_single_autograd", None) or functional.all_gather_tensor_autograd
@@ -142,6 +143,22 @@ class ContextParallelCore(CoreAttention):
     ) -> torch.Tensor:
         kv = gather_sequence(torch.stack([k, v]), self.group, 3)  # one collective for both: [2, B, Hkv, S, hd]
         return attend(self.inner, q, kv[0], kv[1], sequence, sinks)  # sinks see no key: nothing to gather
+
+
+class ContextParallelKeys(SequenceKeys):
+    """Wraps a sparse attention layer's SequenceKeys (models/common/latent/sparse.py): what each token's keys are made
+    of [B, T, C] (its latent, rotary key and indexer key: a few hundred channels, far fewer than the heads' keys and
+    values) gathered from every rank of the cp group, rank 0's first, as the Sequence's key_positions say; the layer
+    puts them in position order, selects each query's keys and expands them itself. Backward sums each rank's
+    gradient into the rank that holds the token."""
+
+    def __init__(self, inner: SequenceKeys, group: dist.ProcessGroup):
+        super().__init__()
+        self.inner = inner
+        self.group = group
+
+    def forward(self, keys: torch.Tensor, sequence: Sequence | None) -> torch.Tensor:
+        return gather_sequence(keys, self.group, 1)
 
 
 def _chunk_slots(cp: int) -> list[int]:
@@ -277,13 +294,15 @@ class ContextParallelDeltaRule(DeltaRule):
 
 
 def apply_cp(model: nn.Module, cp_mesh: DeviceMesh) -> None:
-    """Wrap every block's attention core (its `core`) in one that gathers keys and values over `cp_mesh`, and every
+    """Wrap every block's attention core (its `core`) in one that gathers keys and values over `cp_mesh`, every
+    sparse attention layer's key source (`keys`) in one that gathers what its keys are made of, and every
     linear-attention layer's convolution (`conv`) and delta rule (`rule`) in ones that hand state across ranks."""
     group = cp_mesh.get_group()
     wrappers: dict[str, tuple[type[nn.Module], type[nn.Module]]] = {
         "core": (CoreAttention, ContextParallelCore),
         "conv": (ShortConvolution, ContextParallelConvolution),
         "rule": (DeltaRule, ContextParallelDeltaRule),
+        "keys": (SequenceKeys, ContextParallelKeys),
     }
     for name, (kind, wrapper) in wrappers.items():
         found = [

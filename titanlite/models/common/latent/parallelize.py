@@ -14,6 +14,7 @@ it holds its own heads' part only, so RotaryKeyGradients sums it over the tensor
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate, Shard
@@ -43,9 +44,30 @@ class RotaryKeyGradients(ParallelStyle):
         return module
 
 
-def latent_attention_plan(q_lora_rank: int, kv_lora_rank: int) -> dict:
+class SumOverHeads(ParallelStyle):
+    """On a sparse attention layer's HeadSums: its output, this rank's heads' attention weights summed, is summed over
+    the tensor-parallel ranks (one all-reduce of [B, T, topk], no gradient: the indexer's target), so that every rank
+    trains its whole indexer toward every head's attention."""
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        group = device_mesh.get_group()
+
+        def hook(module: nn.Module, inputs, out: torch.Tensor) -> torch.Tensor:
+            summed = out.detach().clone()
+            dist.all_reduce(summed, group=group)
+            return summed
+
+        module.register_forward_hook(hook)
+        return module
+
+
+def latent_attention_plan(q_lora_rank: int, kv_lora_rank: int, indexer: bool = False) -> dict:
+    """One layer's latent attention split by heads; with an `indexer`, the indexer kept whole on every rank (its
+    heads are few and narrow, and its input is the attention's, whole on each rank: splitting it would cost an
+    all-reduce of [B, T, S] scores where keeping it costs one of [B, T, topk] weights, SumOverHeads)."""
     query = "attention.wq_b" if q_lora_rank else "attention.wq"
-    return {
+    sparse = {"attention.head_sums": SumOverHeads()} if indexer else {}
+    return sparse | {
         # attention(x, cos, sin): gather x's sequence, as a plain tensor (the latent layers are not DTensors).
         "attention": PrepareModuleInput(
             input_layouts=(Shard(1), None, None),
@@ -68,7 +90,7 @@ def tp_plan(model: DecoderModule) -> dict:
     plan: dict = {}
     for i in model.layers:
         block = {name: style for name, style in llama.items() if name.partition(".")[0] != "attention"}
-        block |= latent_attention_plan(args.q_lora_rank, args.kv_lora_rank)
+        block |= latent_attention_plan(args.q_lora_rank, args.kv_lora_rank, args.indexer is not None)
         if args.moe is not None and args.moe.is_sparse(int(i)):
             block = {name: style for name, style in block.items() if name.partition(".")[0] != "feed_forward"}
             block["feed_forward"] = moe_block_plan()

@@ -220,10 +220,12 @@ def _kl_span(
     else:
         keys = _gather(k, indices)  # [B, Q, K, D]
         logits = torch.einsum("bqh,bqhk->bqk", weights, F.relu(torch.einsum("bqhd,bqkd->bqhk", q, keys) * scale))
-    log_q = torch.log_softmax(logits.masked_fill(~valid, float("-inf")), dim=-1)
-    p = target.masked_fill(~valid, 0.0)
+    # In float64: the divergence is a small difference of terms near p log p (1e-4 of them at the start of training),
+    # which float32's rounding would swamp, and it would differ from layout to layout by more than the losses do.
+    log_q = torch.log_softmax(logits.double().masked_fill(~valid, float("-inf")), dim=-1)
+    p = target.double().masked_fill(~valid, 0.0)
     terms = torch.where(p > 0, p * (torch.log(p.clamp_min(torch.finfo(p.dtype).tiny)) - log_q), 0.0)
-    return terms.sum()
+    return terms.sum().float()
 
 
 def indexer_kl(
@@ -240,6 +242,7 @@ def indexer_kl(
     there (q, k, weights: Indexer's output, with their gradients). The keys: `indices` [B, T, K] (select's), or
     None for every key (then K is S); `valid` says which of them the query sees. Chunked and recomputed as the
     attention is."""
+    head_sums = head_sums.double()
     target = head_sums / head_sums.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(head_sums.dtype).tiny)
     width = q.shape[0] * q.shape[2] * (indices.shape[-1] if indices is not None else k.shape[1])
     chunk = query_chunk(width)
@@ -339,3 +342,14 @@ class SparseLatentAttention(LatentAttention):
         if kl is not None:
             out = add_auxiliary_loss(out, "indexer_loss", kl, self.loss_weight)
         return self.wo(out.flatten(2))
+
+
+def train_indexers_only(model: nn.Module) -> int:
+    """The dense warm-up's freeze: every parameter of `model` but its indexers' stops requiring a gradient (so no
+    optimizer, gradient norm or clip sees it). Returns how many indexer parameters train."""
+    trained = 0
+    for name, param in model.named_parameters():
+        own = ".indexer." in f".{name}"
+        param.requires_grad_(own)
+        trained += param.numel() if own else 0
+    return trained
