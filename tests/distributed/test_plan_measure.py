@@ -102,6 +102,12 @@ CASES = [
         ["--config", "train_configs/qwen3_5_debug.toml", *HYBRID_4096],
         marks=pytest.mark.slow,
     ),
+    pytest.param(  # sparse attention: each query's 16 selected keys of up to 4096 gathered a chunk at a time
+        "deepseek_v32_byte_4096",
+        1,
+        ["--config", "train_configs/deepseek_v32_debug.toml", *HYBRID_4096],
+        marks=pytest.mark.slow,
+    ),
     # Muon: one momentum per hidden matrix instead of AdamW's two moments, and each matrix made whole at its step; one
     # sequence of 32 tokens a rank, so that the weights and their optimizer's state weigh most (within 10 %).
     ("muon_qwen3_moe_zero3", 2, ["--config", "train_configs/qwen3_moe_debug.toml", *MUON]),

@@ -13,6 +13,7 @@ import torch
 transformers = pytest.importorskip("transformers", reason="transformers is an optional test dependency")
 
 from safetensors.torch import load_file, save_file  # noqa: E402
+from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
 from tests.conformance import (  # noqa: E402
     assert_logits_match,
@@ -28,9 +29,11 @@ from tests.unit.test_deepseek_v3 import SHAPE, VOCAB  # noqa: E402
 from tests.unit.test_quantized_folders import fp8_folders, imported_logits  # noqa: E402
 from titanlite.base.errors import ConfigError  # noqa: E402
 from titanlite.components.hf_weights import load_hf_into  # noqa: E402
+from titanlite.components.metrics import flops_per_token  # noqa: E402
 from titanlite.models.build import model_from_args  # noqa: E402
 from titanlite.models.common.attention import Sequence, attention_mask  # noqa: E402
 from titanlite.models.common.auxiliary import AuxiliaryLosses, collecting  # noqa: E402
+from titanlite.models.common.flops import SequenceMixer  # noqa: E402
 from titanlite.models.common.latent import sparse  # noqa: E402
 from titanlite.models.common.latent.sparse import SparseLatentAttention  # noqa: E402
 from titanlite.models.deepseek_v32.args import FLAVORS as V32  # noqa: E402
@@ -252,3 +255,29 @@ def test_the_indexer_learns_the_attention_it_stands_for_and_not_at_a_weight_of_z
         for (name, p), q in zip(ours.indexer.named_parameters(), first.indexer.parameters()):
             assert torch.equal(p, q), name
     assert any(not torch.equal(p, q) for p, q in zip(model.parameters(), start.parameters()))  # the rest trained
+
+
+def test_the_flop_count_follows_torchs_counter_and_reads_k_keys_not_t():
+    """The forward's matmuls of the selection, the sparse attention and the indexer loss, as torch's FLOP counter sees
+    them, are the forward third of the layer's count (SequenceMixer: models/common/flops.py), which past topk grows
+    with T only by the selection's scores."""
+    with torch.device("meta"):
+        model = model_from_args(debug_args(V32))
+    layer = indexers(model)[0]
+    assert isinstance(layer, SequenceMixer)
+    heads, width, index = 4, 16 + 8 + 16, layer.indexer
+    g = torch.Generator().manual_seed(0)
+    t = 64
+    q, k, v = torch.randn(1, t, heads, 24, generator=g), torch.randn(1, t, heads, 24), torch.randn(1, t, heads, 16)
+    iq, ik, iw = torch.randn(1, t, 4, 16), torch.randn(1, t, 16), torch.randn(1, t, 4)
+    with FlopCounterMode(display=False) as counter:
+        indices, valid = sparse.select(index, iq, ik, iw, None, index.topk)
+        _, sums = sparse.sparse_attention(q, k, v, indices, valid, 0.1)
+        sparse.indexer_kl(iq, ik, iw, indices, valid, sums, index.scale)
+    forward = counter.get_total_flops()
+    # the count is forward and backward (3x) but for the selection, which runs forward only
+    selection = 2 * 4 * 17 * t * t
+    assert 3 * (forward - selection) + selection == t * layer.sequence_flops_per_token(t)
+    assert layer.sequence_flops_per_token(t) == 6 * heads * width * 16 + 2 * 4 * 17 * t + 6 * 4 * 17 * 16
+    growth = flops_per_token(model, 8192) - flops_per_token(model, 4096)
+    assert growth == 3 * 2 * 4 * 17 * 4096  # three layers' selections: the attention reads 16 keys at any length

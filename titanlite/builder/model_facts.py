@@ -26,6 +26,7 @@ from titanlite.builder.plan import ModelPlan
 from titanlite.components.loss import cross_entropy
 from titanlite.components.metrics import flops_per_token
 from titanlite.components.muon import muon_parameters, unwrapped_name
+from titanlite.models.common.auxiliary import AuxiliaryLosses, collecting
 from titanlite.models.common.flops import active_parameters
 from titanlite.models.common.interface import DecoderModule
 from titanlite.models.common.moe.layer import GroupedExperts, MoE
@@ -253,8 +254,12 @@ def measure_saved_tensors(model, facts: ModelFacts, seq_len: int) -> None:
     # tensors by their keys, the rest, their head's logits included, with the last stage's).
     depth = getattr(model, "mtp_layers", 0)
     ahead = {"mtp_tokens": tokens[:, 1:, None].expand(-1, -1, depth)} if depth else {}
+    # Inside a training step's collection, as a run's forward is: the terms a model computes for its auxiliary losses
+    # (sparse attention's indexer loss) keep their tensors too.
+    terms = AuxiliaryLosses(spec_of(model.args).auxiliary_losses(model.args))
     with Producers(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), FlashAttentionOnMeta():
-        cross_entropy(model(tokens[:, :-1], **ahead), tokens[:, 1:].expand(1 + depth, -1))
+        with collecting(terms):
+            cross_entropy(model(tokens[:, :-1], **ahead), tokens[:, 1:].expand(1 + depth, -1))
     keys = list(model.layers.keys())
     facts.act_layer = [sum(b for r, b, *_ in saved.values() if r == k) for k in keys]
     facts.act_layer_moe = [sum(b for r, b, _, _, moe in saved.values() if r == k and moe) for k in keys]
@@ -287,7 +292,9 @@ def cached_model_facts(cfg, planned: ModelPlan) -> ModelFacts:
     m = cfg.model
     muon = (cfg.optimizer.name, cfg.optimizer.muon_params)  # which parameters Muon steps (count_muon)
     mtp = getattr(planned.args, "mtp_layers", 0)  # model.mtp_layers resolved (a folder's: what its weights hold)
-    key = hashlib.sha256(repr((m.name, m.flavor, m.n_layers, m.tokenizer, cfg.training.seq_len, muon, mtp)).encode())
+    indexer = getattr(planned.args, "indexer", None)  # sparse attention's: the dense warm-up keeps more
+    shape = (m.name, m.flavor, m.n_layers, m.tokenizer, cfg.training.seq_len, muon, mtp, indexer)
+    key = hashlib.sha256(repr(shape).encode())
     if m.flavor == "hf" or m.tokenizer == "hf":  # the shape (and vocabulary) is the folder's
         key.update(repr(planned.tokenizer.fingerprint).encode())
         if m.flavor == "hf":

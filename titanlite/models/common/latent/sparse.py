@@ -297,6 +297,21 @@ class SparseLatentAttention(LatentAttention):
         self.head_sums = HeadSums()
         self.dense_warmup, self.loss_weight = dense_warmup, loss_weight
 
+    def sequence_flops_per_token(self, seq_len: int) -> float:
+        """Training FLOPs per token that mix the sequence (models/common/flops.py; its projections, the indexer's
+        too, are parameters counted apart), for sequences of seq_len = T tokens: attention's QK^T and AV over the K
+        keys a query reads (K = min(topk, T); T in the dense warm-up), forward and backward, 6 H (w_qk + w_v) K, in
+        place of dense attention's 6 H (w_qk + w_v) T; the indexer's scores (a product of D channels and a weighted
+        sum over its H_i heads: 2 H_i (D + 1) per key), over every key without a gradient for the selection where
+        it leaves keys out, and over the K keys its loss reads forward and backward, 6 H_i (D + 1) K. Recomputation
+        in backward is not counted, as activation checkpointing's is not."""
+        heads = self.wkv_b.out_features // (self.nope + self.v_dim)
+        keys = seq_len if self.dense_warmup else min(self.indexer.topk, seq_len)
+        attention = 6.0 * heads * (self.nope + self.rope + self.v_dim) * keys
+        score = 2.0 * self.indexer.n_heads * (self.indexer.head_dim + 1)
+        selection = score * seq_len if keys < seq_len else 0.0
+        return attention + selection + 3.0 * score * keys
+
     def forward(
         self,
         x: torch.Tensor,
