@@ -144,13 +144,14 @@ def test_a_folder_without_an_indexer_tensor_is_refused_naming_it(tmp_path, name)
 # ---- the sparse pieces alone -------------------------------------------------------------------------------------
 
 
-def dense_reference(q, k, v, allowed, indices, valid, scale):
-    """Dense attention whose mask keeps the selected keys only: what transformers computes."""
-    chosen = torch.zeros(*indices.shape[:2], k.shape[1], dtype=torch.bool)
+def dense_reference(q_latent, q_rot, latent, k_rot, allowed, indices, valid, scale):
+    """Dense latent attention whose mask keeps the selected keys only: what transformers computes, in the latent's
+    space."""
+    chosen = torch.zeros(*indices.shape[:2], latent.shape[1], dtype=torch.bool)
     chosen.scatter_(-1, indices, valid)
-    scores = torch.einsum("bqhd,bshd->bhqs", q, k) * scale
-    scores = scores.masked_fill(~(chosen[:, None] & allowed), float("-inf"))
-    return torch.einsum("bhqs,bshd->bqhd", scores.softmax(-1), v)
+    scores = torch.einsum("bqhr,bsr->bhqs", q_latent, latent) + torch.einsum("bqhd,bsd->bhqs", q_rot, k_rot)
+    scores = (scores * scale).masked_fill(~(chosen[:, None] & allowed), float("-inf"))
+    return torch.einsum("bhqs,bsr->bqhr", scores.softmax(-1), latent)
 
 
 @pytest.mark.parametrize("chunk_elements", [1 << 22, 64])
@@ -158,20 +159,22 @@ def test_gathered_attention_equals_dense_attention_under_the_selection_with_its_
     """Block-causal (two documents), 4 of at most 24 keys a query; chunks of one query too (64 elements)."""
     monkeypatch.setattr(sparse, "CHUNK_ELEMENTS", chunk_elements)
     g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(2, 24, 3, 8, generator=g, requires_grad=True) for _ in range(3))
+    q_latent, q_rot = torch.randn(2, 24, 3, 8, generator=g), torch.randn(2, 24, 3, 4, generator=g)
+    latent, k_rot = torch.randn(2, 24, 8, generator=g), torch.randn(2, 24, 4, generator=g)
+    inputs = [t.requires_grad_() for t in (q_latent, q_rot, latent, k_rot)]
     iq, ik, iw = torch.randn(2, 24, 2, 8, generator=g), torch.randn(2, 24, 8, generator=g), torch.randn(2, 24, 2)
     documents = torch.tensor([[0] * 10 + [1] * 14, [0] * 17 + [1] * 7])
     sequence = Sequence(documents=documents)
     indexer = sparse.Indexer(16, 8, 2, 8, 4, topk=4, interleaved=False)
     indices, valid = sparse.select(indexer, iq, ik, iw, sequence, 4)
     assert not valid[:, :3].all() and valid[:, 3:10].all()  # the first queries see fewer than 4 keys
-    ours, sums = sparse.sparse_attention(q, k, v, indices, valid, 0.3)
-    allowed = attention_mask(sequence, 24, 24, q.device)
-    expected = dense_reference(q, k, v, allowed, indices, valid, 0.3)
+    ours, sums = sparse.sparse_attention(*inputs, indices, valid, 0.3)
+    allowed = attention_mask(sequence, 24, 24, latent.device)
+    expected = dense_reference(*inputs, allowed, indices, valid, 0.3)
     torch.testing.assert_close(ours, expected)
     torch.testing.assert_close(sums.sum(-1), torch.full((2, 24), 3.0))  # each head's weights sum to one
-    grads = torch.autograd.grad(ours.square().sum(), (q, k, v))
-    torch.testing.assert_close(grads, torch.autograd.grad(expected.square().sum(), (q, k, v)))
+    grads = torch.autograd.grad(ours.square().sum(), inputs)
+    torch.testing.assert_close(grads, torch.autograd.grad(expected.square().sum(), inputs))
 
 
 def test_the_selection_does_not_depend_on_the_order_the_keys_come_in():
@@ -265,19 +268,19 @@ def test_the_flop_count_follows_torchs_counter_and_reads_k_keys_not_t():
         model = model_from_args(debug_args(V32))
     layer = indexers(model)[0]
     assert isinstance(layer, SequenceMixer)
-    heads, width, index = 4, 16 + 8 + 16, layer.indexer
+    heads, rank, rope, index, t = 4, 32, 8, layer.indexer, 64
     g = torch.Generator().manual_seed(0)
-    t = 64
-    q, k, v = torch.randn(1, t, heads, 24, generator=g), torch.randn(1, t, heads, 24), torch.randn(1, t, heads, 16)
+    q_latent, q_rot = torch.randn(1, t, heads, rank, generator=g), torch.randn(1, t, heads, rope, generator=g)
+    latent, k_rot = torch.randn(1, t, rank, generator=g), torch.randn(1, t, rope, generator=g)
     iq, ik, iw = torch.randn(1, t, 4, 16), torch.randn(1, t, 16), torch.randn(1, t, 4)
     with FlopCounterMode(display=False) as counter:
         indices, valid = sparse.select(index, iq, ik, iw, None, index.topk)
-        _, sums = sparse.sparse_attention(q, k, v, indices, valid, 0.1)
+        _, sums = sparse.sparse_attention(q_latent, q_rot, latent, k_rot, indices, valid, 0.1)
         sparse.indexer_kl(iq, ik, iw, indices, valid, sums, index.scale)
     forward = counter.get_total_flops()
     # the count is forward and backward (3x) but for the selection, which runs forward only
     selection = 2 * 4 * 17 * t * t
     assert 3 * (forward - selection) + selection == t * layer.sequence_flops_per_token(t)
-    assert layer.sequence_flops_per_token(t) == 6 * heads * width * 16 + 2 * 4 * 17 * t + 6 * 4 * 17 * 16
+    assert layer.sequence_flops_per_token(t) == 6 * heads * (2 * rank + rope) * 16 + 2 * 4 * 17 * t + 6 * 4 * 17 * 16
     growth = flops_per_token(model, 8192) - flops_per_token(model, 4096)
     assert growth == 3 * 2 * 4 * 17 * 4096  # three layers' selections: the attention reads 16 keys at any length

@@ -94,6 +94,7 @@ from titanlite.builder.layouts import (
 from titanlite.builder.model_facts import ModelFacts
 from titanlite.components.loss import chunk_tokens
 from titanlite.components.optim import muon_ns_dtype
+from titanlite.models.common.latent.sparse import chunk_elements
 from titanlite.parallel.parallelize import loss_parallel_enabled
 
 GIB = 2**30
@@ -137,6 +138,7 @@ class Setting:
     global_batch: int = 0  # sequences per optimizer step over all data-parallel ranks (the same for every layout)
     flex: bool = False  # model.attn_backend flex: block masks of a few bytes per block pair, no dense mask
     muon_ns_bytes: int = 2  # bytes per element of Muon's Newton-Schulz iteration (optimizer.muon_ns_dtype)
+    device: str = "cuda"  # what the ranks run on (the chunk of a sparse layer's selection is the device's)
 
 
 def stage_layers(n_layers: int, pp: int, stages_per_rank: int) -> list[list[int]]:
@@ -281,6 +283,9 @@ def estimate_rank(facts, lay: Layout, s: Setting, layers: list[int], first: bool
     recomputing = activations + recompute + fsdp_buffers + dispatch  # a MoE block's forward again: its all-to-alls
     end_of_backward = grads + fsdp_buffers
     forward_end = activations + fsdp_buffers + dispatch  # the last MoE layer's forward, all activations kept
+    if facts.index_heads and layers:  # a sparse layer's chunk of indexer scores, made and dropped in its forward
+        working = selection_chunk_bytes(facts, s, cp)
+        forward_end, recomputing = forward_end + working, recomputing + working
     # Muon's step: the gradients, and its largest tensor made whole (muon_step_bytes).
     muon_step = facts.muon_largest_tensor and layers
     optimizer_step = grads + muon_step_bytes(facts, ep, s.muon_ns_bytes) if muon_step else 0.0
@@ -298,6 +303,13 @@ def estimate_rank(facts, lay: Layout, s: Setting, layers: list[int], first: bool
         "in_flight": in_flight,
         "comm": communication(lay, s, n_params, experts, len(layers), facts, first, last, layers),
     }
+
+
+def selection_chunk_bytes(facts, s: Setting, cp: int) -> float:
+    """The indexer scores of one chunk of queries against every key of the sequence (float32): as many queries as
+    keep them under the chunk size (models/common/latent/sparse.py CHUNK_ELEMENTS), at most a rank's share."""
+    per_query = s.micro_batch * facts.index_heads * s.seq_len * cp  # s.seq_len is a rank's share: keys are all
+    return 4.0 * min(chunk_elements(s.device), per_query * s.seq_len)
 
 
 def muon_step_bytes(facts, ep: int, ns_bytes: int = 2) -> float:
@@ -520,6 +532,7 @@ def setting_for(cfg, lay: Layout, world: int, device: str, micro_batch: int = 0,
         per_rank * dp,
         cfg.model.attn_backend == "flex",
         2 if muon_ns_dtype(cfg.optimizer, device) == "bfloat16" else 4,
+        device,
     )
 
 

@@ -83,6 +83,9 @@ class ModelFacts:
     layer_muon_split: list[int] = field(default_factory=list)
     layer_muon_experts: list[int] = field(default_factory=list)
     muon_largest_tensor: int = 0
+    # Sparse attention (a lightning indexer's layers): the indexer's heads, whose scores of a chunk of queries against
+    # every key are the largest tensor its layer makes and drops (models/common/latent/sparse.py select); 0: none.
+    index_heads: int = 0
     muon_largest_matrix: int = 0
 
     @property
@@ -158,6 +161,7 @@ def model_facts(cfg, planned: ModelPlan) -> ModelFacts:
         layer_shared=layer_shared if moes else [],
         etp_sizes=etp_split_sizes(moes[0].args) if moes else {},
         etp_refusal=spec_of(args).etp_refusal(args) or "",
+        index_heads=indexer.n_heads if (indexer := getattr(args, "indexer", None)) is not None else 0,
     )
     if cfg.optimizer.name == "Muon":
         count_muon(model, facts, cfg.optimizer.muon_params)

@@ -61,12 +61,22 @@ class SumOverHeads(ParallelStyle):
         return module
 
 
+class SumKeyGradients(ParallelStyle):
+    """On a sparse attention layer's SharedKeys: the latents its heads read as keys and values pass through unchanged,
+    their gradient (this rank's heads' part) summed over the tensor-parallel ranks in backward."""
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        group = device_mesh.get_group()
+        module.register_forward_hook(lambda module, inputs, out: sum_gradient(out, group))
+        return module
+
+
 def latent_attention_plan(q_lora_rank: int, kv_lora_rank: int, indexer: bool = False) -> dict:
     """One layer's latent attention split by heads; with an `indexer`, the indexer kept whole on every rank (its
     heads are few and narrow, and its input is the attention's, whole on each rank: splitting it would cost an
     all-reduce of [B, T, S] scores where keeping it costs one of [B, T, topk] weights, SumOverHeads)."""
     query = "attention.wq_b" if q_lora_rank else "attention.wq"
-    sparse = {"attention.head_sums": SumOverHeads()} if indexer else {}
+    sparse = {"attention.head_sums": SumOverHeads(), "attention.shared_keys": SumKeyGradients()} if indexer else {}
     return sparse | {
         # attention(x, cos, sin): gather x's sequence, as a plain tensor (the latent layers are not DTensors).
         "attention": PrepareModuleInput(

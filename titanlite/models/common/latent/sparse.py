@@ -31,6 +31,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from titanlite.models.common.attention import Sequence, block_of, mask_function
+from titanlite.models.common.attention import local_sinks as local_weight
 from titanlite.models.common.auxiliary import add_auxiliary_loss, auxiliary_wanted
 from titanlite.models.common.init_scheme import InitScheme, start_linears
 from titanlite.models.common.kv_cache import LayerCache
@@ -41,8 +42,17 @@ if TYPE_CHECKING:
     from typing_extensions import Unpack  # typing's own from Python 3.11; titanlite runs on 3.10
 
 # Elements of one chunk's per-head indexer scores [B, Q, H_index, S] (and of a chunk's gathered keys): chunks of
-# queries are cut to stay near it, so memory does not grow with T x S.
+# queries are cut to stay near it, so memory does not grow with T x S. 16 MiB of float32 on the CPU; 1 GiB on a GPU,
+# where many small chunks would cost a launch each (a real model's indexer has 64 heads over 100k keys and more).
 CHUNK_ELEMENTS = 1 << 22
+CUDA_CHUNK_ELEMENTS = 1 << 28
+
+
+def chunk_elements(device: str) -> int:
+    """The elements of a chunk on `device` ("cuda", "cpu", ...)."""
+    return CUDA_CHUNK_ELEMENTS if device == "cuda" else CHUNK_ELEMENTS
+
+
 INDEXER_NORM_EPS = 1e-6  # the key's LayerNorm epsilon in DeepSeek's code and transformers'
 
 
@@ -94,14 +104,19 @@ class Indexer(nn.Module):
 
 def index_scores(q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, scale: float) -> torch.Tensor:
     """The indexer's scores [B, Q, S] of queries q [B, Q, H, D] (head weights [B, Q, H]) against keys k [B, S, D], in
-    transformers' order of operations (the same rounding, so the same keys tie)."""
-    per_head = F.relu(torch.matmul(q, k.transpose(-1, -2).unsqueeze(1)) * scale)  # [B, Q, H, S]
+    transformers' order of operations (the same rounding, so the same keys tie); without a gradient, the per-head
+    scores scaled and cut at zero in place (one [B, Q, H, S] tensor, not three)."""
+    per_head = torch.matmul(q, k.transpose(-1, -2).unsqueeze(1))  # [B, Q, H, S]
+    if torch.is_grad_enabled():
+        per_head = F.relu(per_head * scale)
+    else:
+        per_head = per_head.mul_(scale).relu_()
     return torch.matmul(weights.unsqueeze(-2), per_head).squeeze(-2)
 
 
-def query_chunk(width: int) -> int:
+def query_chunk(width: int, device: torch.device) -> int:
     """How many queries a chunk takes when each costs `width` elements."""
-    return max(1, CHUNK_ELEMENTS // max(width, 1))
+    return max(1, chunk_elements(device.type) // max(width, 1))
 
 
 def keys_in_order(sequence: Sequence | None, *keys: torch.Tensor) -> tuple[Sequence | None, list[torch.Tensor]]:
@@ -134,7 +149,7 @@ def select(
     query may see [B, T, K] (where fewer than K are, the rest are filler); the scores a chunk of queries at a time."""
     queries, keys = q.shape[1], k.shape[1]
     allowed = mask_function(sequence, queries, q.device)
-    chunk = query_chunk(q.shape[0] * indexer.n_heads * keys)
+    chunk = query_chunk(q.shape[0] * indexer.n_heads * keys, q.device)
     indices, valid = [], []
     for start in range(0, queries, chunk):
         end = min(queries, start + chunk)
@@ -153,33 +168,51 @@ def _gather(x: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
 
 
 def _sparse_span(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, indices: torch.Tensor, valid: torch.Tensor, scale: float
+    q_latent: torch.Tensor,
+    q_rot: torch.Tensor,
+    latent: torch.Tensor,
+    k_rot: torch.Tensor,
+    indices: torch.Tensor,
+    valid: torch.Tensor,
+    scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """A chunk of queries q [B, Q, H, w] over their selected keys: the output [B, Q, H, v] and the attention
-    weights summed over the heads [B, Q, K] (no gradient)."""
-    keys, values = _gather(k, indices), _gather(v, indices)  # [B, Q, K, H, w], [B, Q, K, H, v]
-    scores = torch.einsum("bqhd,bqkhd->bqhk", q, keys) * scale
-    scores = scores.masked_fill(~valid[:, :, None, :], float("-inf"))
+    """A chunk of queries over their selected keys (sparse_attention): the output [B, Q, H, r] in the latent's width
+    and the attention weights summed over the heads [B, Q, K] (no gradient)."""
+    keys, rotary = _gather(latent, indices), _gather(k_rot, indices)  # [B, Q, K, r], [B, Q, K, rope]
+    scores = torch.einsum("bqhr,bqkr->bqhk", q_latent, keys) + torch.einsum("bqhd,bqkd->bqhk", q_rot, rotary)
+    scores = (scores * scale).masked_fill(~valid[:, :, None, :], float("-inf"))
     weights = torch.softmax(scores.float(), dim=-1)
-    out = torch.einsum("bqhk,bqkhd->bqhd", weights.to(v.dtype), values)
+    out = torch.einsum("bqhk,bqkr->bqhr", weights.to(latent.dtype), keys)
     return out, weights.detach().sum(dim=2)
 
 
 def sparse_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, indices: torch.Tensor, valid: torch.Tensor, scale: float
+    q_latent: torch.Tensor,
+    q_rot: torch.Tensor,
+    latent: torch.Tensor,
+    k_rot: torch.Tensor,
+    indices: torch.Tensor,
+    valid: torch.Tensor,
+    scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Attention of queries q [B, T, H, w] over the keys k [B, S, H, w] and values v [B, S, H, v] each selected
-    (indices, valid: select): the output [B, T, H, v] and each query's attention weights over its selected keys
-    summed over this rank's heads [B, T, K]. A chunk of queries at a time, each recomputed in backward: nothing of
-    the gathered keys is kept for it."""
-    chunk = query_chunk(q.shape[0] * indices.shape[-1] * k.shape[2] * (k.shape[3] + v.shape[3]))
-    training = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    """Latent attention over each query's selected keys, in the latent's space (DeepSeek's "absorbed" form: one key
+    per token, the latent, shared by every head, as DeepSeek's own sparse kernels read it): queries q_latent
+    [B, T, H, r] (each head's non-rotary query through its part of wkv_b's key rows) and q_rot [B, T, H, rope] over
+    the keys' latents [B, S, r] and rotary keys [B, S, rope] at `indices` where `valid` (select). Returns the output
+    [B, T, H, r], which each head's value rows of wkv_b turn into its value, and each query's attention weights over
+    its keys summed over this rank's heads [B, T, K]. A chunk of queries at a time, each recomputed in backward: the
+    gathered keys, K x (r + rope) a query whatever the heads, are never kept."""
+    batch, keys = q_latent.shape[0], indices.shape[-1]
+    chunk = query_chunk(batch * keys * (latent.shape[-1] + k_rot.shape[-1] + 2 * q_latent.shape[2]), latent.device)
+    training = torch.is_grad_enabled() and any(t.requires_grad for t in (q_latent, q_rot, latent, k_rot))
     outs, sums = [], []
-    for start in range(0, q.shape[1], chunk):
-        span = (q[:, start : start + chunk], k, v, indices[:, start : start + chunk], valid[:, start : start + chunk])
-        out, summed = (
-            checkpoint(_sparse_span, *span, scale, use_reentrant=False) if training else _sparse_span(*span, scale)
-        )
+    for start in range(0, q_latent.shape[1], chunk):
+        end = start + chunk
+        span = (q_latent[:, start:end], q_rot[:, start:end], latent, k_rot, indices[:, start:end], valid[:, start:end])
+        if training:
+            out, summed = checkpoint(_sparse_span, *span, scale, use_reentrant=False)
+        else:
+            out, summed = _sparse_span(*span, scale)
         outs.append(out)
         sums.append(summed)
     return torch.cat(outs, dim=1), torch.cat(sums, dim=1)
@@ -193,7 +226,7 @@ def dense_head_sums(
     see [B or 1, T, S]: the indexer's target where the attention is dense (the warm-up, or topk over every key)."""
     queries, keys = q.shape[1], k.shape[1]
     allowed = mask_function(sequence, queries, q.device)
-    chunk = query_chunk(q.shape[0] * q.shape[2] * keys)
+    chunk = query_chunk(q.shape[0] * q.shape[2] * keys, q.device)
     sums, seen_all = [], []
     for start in range(0, queries, chunk):
         end = min(queries, start + chunk)
@@ -245,7 +278,7 @@ def indexer_kl(
     head_sums = head_sums.double()
     target = head_sums / head_sums.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(head_sums.dtype).tiny)
     width = q.shape[0] * q.shape[2] * (indices.shape[-1] if indices is not None else k.shape[1])
-    chunk = query_chunk(width)
+    chunk = query_chunk(width, q.device)
     total = q.new_zeros(())
     training = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, weights))
     for start in range(0, q.shape[1], chunk):
@@ -262,6 +295,15 @@ class SequenceKeys(nn.Module):
 
     def forward(self, keys: torch.Tensor, sequence: Sequence | None) -> torch.Tensor:
         return keys
+
+
+class SharedKeys(nn.Module):
+    """The latents every head reads as its keys and values in the sparse path [B, S, r], as they are. Tensor
+    parallelism, whose ranks each read them for some heads only, sums their gradient over its ranks here (what
+    wkv_b's column-wise split does for the dense path's; models/common/latent/parallelize.py)."""
+
+    def forward(self, latent: torch.Tensor) -> torch.Tensor:
+        return latent
 
 
 class HeadSums(nn.Module):
@@ -294,22 +336,27 @@ class SparseLatentAttention(LatentAttention):
             raise ValueError("SparseLatentAttention's indexer reads the query's low-rank residual: set q_lora_rank")
         self.indexer = indexer
         self.keys = SequenceKeys()
+        self.shared_keys = SharedKeys()
         self.head_sums = HeadSums()
         self.dense_warmup, self.loss_weight = dense_warmup, loss_weight
 
     def sequence_flops_per_token(self, seq_len: int) -> float:
         """Training FLOPs per token that mix the sequence (models/common/flops.py; its projections, the indexer's
-        too, are parameters counted apart), for sequences of seq_len = T tokens: attention's QK^T and AV over the K
-        keys a query reads (K = min(topk, T); T in the dense warm-up), forward and backward, 6 H (w_qk + w_v) K, in
-        place of dense attention's 6 H (w_qk + w_v) T; the indexer's scores (a product of D channels and a weighted
-        sum over its H_i heads: 2 H_i (D + 1) per key), over every key without a gradient for the selection where
-        it leaves keys out, and over the K keys its loss reads forward and backward, 6 H_i (D + 1) K. Recomputation
-        in backward is not counted, as activation checkpointing's is not."""
+        too, are parameters counted apart), for sequences of seq_len = T tokens. Where the indexer leaves keys out
+        (K = topk < T): attention in the latent's space (sparse_attention) over the K keys, scores of r + rope
+        channels and outputs of r, forward and backward, 6 H (2 r + rope) K (each head's query and output through
+        wkv_b's rows are wkv_b's parameters, counted once each in N, as the dense path's expansion is); the indexer's
+        scores (a product of D channels and a weighted sum over its H_i heads: 2 H_i (D + 1) per key) over every
+        key without a gradient for the selection, and over the K keys its loss reads forward and backward,
+        6 H_i (D + 1) K. Dense (the warm-up, or topk >= T): dense attention's 6 H (w_qk + w_v) T and the indexer's
+        loss over every key. Recomputation in backward is not counted, as activation checkpointing's is not."""
         heads = self.wkv_b.out_features // (self.nope + self.v_dim)
-        keys = seq_len if self.dense_warmup else min(self.indexer.topk, seq_len)
-        attention = 6.0 * heads * (self.nope + self.rope + self.v_dim) * keys
+        dense = self.dense_warmup or self.indexer.topk >= seq_len
+        keys = seq_len if dense else self.indexer.topk
+        width = self.nope + self.rope + self.v_dim if dense else 2 * self.kv_rank + self.rope
+        attention = 6.0 * heads * width * keys
         score = 2.0 * self.indexer.n_heads * (self.indexer.head_dim + 1)
-        selection = score * seq_len if keys < seq_len else 0.0
+        selection = 0.0 if dense else score * seq_len
         return attention + selection + 3.0 * score * keys
 
     def forward(
@@ -337,20 +384,25 @@ class SparseLatentAttention(LatentAttention):
         ordered, (every,) = keys_in_order(given, every)
         latent_all, k_rot_all, index_k_all = every.split(widths, dim=-1)
         index_k_all = index_k_all.float()
-        k, v = self.expand(latent_all, k_rot_all)  # [B, S, H, w], [B, S, H, v]
         learn = auxiliary_wanted()
         kl: torch.Tensor | None = None
-        if self.dense_warmup or self.indexer.topk >= k.shape[1]:  # every key a query sees is selected
+        if self.dense_warmup or self.indexer.topk >= every.shape[1]:  # every key a query sees is selected
+            k, v = self.expand(latent_all, k_rot_all)  # [B, S, H, w], [B, S, H, v]
             # Keys from elsewhere (context parallelism's) reach the core by its own means, in its own order.
-            out = self.attend_dense(q, k, v, None, given) if every is own or cache is not None else None
-            if out is None:
-                out = self.attend_dense(q, *self.expand(latent, k_rot), None, given)
+            local = every is own or cache is not None
+            out = self.attend_dense(q, *((k, v) if local else self.expand(latent, k_rot)), None, given)
             if learn:
                 sums, seen = dense_head_sums(q, k, ordered, self.scale)
                 kl = indexer_kl(index_q, index_k_all, index_w, None, seen, self.head_sums(sums), self.indexer.scale)
         else:
             indices, valid = select(self.indexer, index_q, index_k_all, index_w, ordered, self.indexer.topk)
-            out, sums = sparse_attention(q, k, v, indices, valid, self.scale)
+            # Each head's key and value rows of wkv_b (this rank's heads: its shard under tensor parallelism).
+            rows = local_weight(self.wkv_b.weight).view(-1, self.nope + self.v_dim, latent.shape[-1])
+            q_latent = torch.einsum("bthn,hnr->bthr", q[..., : self.nope], rows[:, : self.nope])
+            out, sums = sparse_attention(
+                q_latent, q[..., self.nope :], self.shared_keys(latent_all), k_rot_all, indices, valid, self.scale
+            )
+            out = torch.einsum("bthr,hvr->bthv", out, rows[:, self.nope :])
             if learn:
                 sums = self.head_sums(sums)
                 kl = indexer_kl(index_q, index_k_all, index_w, indices, valid, sums, self.indexer.scale)
