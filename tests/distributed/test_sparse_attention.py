@@ -10,8 +10,9 @@ Every run takes micro-batches of 2 sequences (a global batch of 8), as the one-p
 import shutil
 
 import pytest
+import torch
 
-from tests.helpers import TINY, assert_close, assert_matches, metrics, train_in_pool
+from tests.helpers import TINY, assert_close, assert_matches, checkpoint_tensors, metrics, train_in_pool
 
 pytestmark = pytest.mark.distributed
 
@@ -99,3 +100,22 @@ def test_a_cp2_checkpoint_resumes_on_one_process_with_the_same_losses(tmp_path, 
     assert [r["step"] for r in resumed] == [1, 2, 3, 4, 5]
     assert_close([r["loss"] for r in resumed[3:]], [r["loss"] for r in expected[3:]], 1e-5)
     assert_close([r["indexer_loss"] for r in resumed[3:]], [r["indexer_loss"] for r in expected[3:]], 1e-5)
+
+
+@pytest.mark.slow  # two runs, about 10 s: CI runs them
+def test_the_dense_warmup_trains_the_indexers_alone_and_fsdp_gives_one_processs(tmp_path):
+    """training.indexer_dense_warmup: every weight but the indexers' frozen (FSDP shards them frozen), the attention
+    dense; FSDP x 2 gives one process's losses and indexer losses, and between the step-3 and step-5 checkpoints only
+    the indexers' weights (and their optimizer's moments) change."""
+    warmup = ["--training.indexer_dense_warmup", "true", *CHECKPOINTED]
+    proc = train(1, warmup, tmp_path / "single")
+    assert "sparse attention: dense warm-up (training.indexer_dense_warmup)" in proc.stdout
+    train(2, warmup, tmp_path / "fsdp2")
+    assert_same_run(metrics(tmp_path / "fsdp2"), metrics(tmp_path / "single"))
+    run = tmp_path / "fsdp2" / "run"
+    before = checkpoint_tensors(run / "step-3", tmp_path / "a")
+    after = checkpoint_tensors(run / "step-5", tmp_path / "b")
+    weights = [name for name in after if name.startswith("model.")]
+    moved = {name for name in weights if not torch.equal(before[name], after[name])}
+    assert moved and all(".indexer." in name for name in moved), sorted(moved)
+    assert {name for name in weights if ".indexer." in name} == moved

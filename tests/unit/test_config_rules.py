@@ -196,6 +196,11 @@ def test_a_key_of_a_feature_that_is_off_is_refused_naming_the_switch(key):
             "set model.mtp_layers = 1, or remove training.mtp_loss_coefficient",
         ),
         (
+            [*DEEPSEEK, "--training.indexer_dense_warmup", "true"],
+            "training.indexer_dense_warmup=True is set but model deepseek_v3 attends densely: it has no indexer to "
+            "train: it applies only with sparse attention",
+        ),
+        (
             ["--training.spike_window", "50"],
             "training.spike_window=50 is set but training.spike_factor is 0 (the spike guard is off)",
         ),
@@ -229,6 +234,7 @@ def test_the_issues_ignored_settings_are_refused_in_one_line(argv, line):
     [
         ["--optimizer.name", "Muon", "--optimizer.muon_lr", "0.01", "--optimizer.muon_params", "layers.*.weight"],
         [*DEEPSEEK, "--model.mtp_layers", "1", "--training.mtp_loss_coefficient", "0.3"],
+        ["--model.name", "deepseek_v32", "--training.indexer_dense_warmup", "--training.indexer_loss_coefficient", "2"],
         ["--training.spike_factor", "5", "--training.spike_window", "50"],
         ["--training.skip_nonfinite_steps", "--training.max_skipped_steps_in_row", "2"],
         ["--float8.enable", "--float8.filter_fqns", "attention", "--float8.recipe", "rowwise"],
