@@ -7,6 +7,8 @@ attention equals dense attention under the same mask, gradients too, whatever th
 on the order the keys come in (context parallelism's); the indexer learns from its KL loss and stands still at a weight
 of 0."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -284,3 +286,37 @@ def test_the_flop_count_follows_torchs_counter_and_reads_k_keys_not_t():
     assert layer.sequence_flops_per_token(t) == 6 * heads * (2 * rank + rope) * 16 + 2 * 4 * 17 * t + 6 * 4 * 17 * 16
     growth = flops_per_token(model, 8192) - flops_per_token(model, 4096)
     assert growth == 3 * 2 * 4 * 17 * 4096  # three layers' selections: the attention reads 16 keys at any length
+
+
+def test_the_start_up_line_says_how_the_indexer_attends_and_trains():
+    """A sequence no longer than index_topk leaves no key out: the attention runs dense, and the line says so; the
+    warm-up names the weights it trains."""
+    from titanlite.builder.model import indexer_line
+
+    with torch.device("meta"):
+        sparse_model = model_from_args(debug_args(V32))
+        warm = model_from_args(debug_args(V32, indexer=dataclasses.replace(V32["debug"].indexer, dense_warmup=True)))
+    assert "each query reads the 16 keys its layer's indexer selects (index_topk)" in indexer_line(sparse_model, 32)
+    line = indexer_line(sparse_model, 16)
+    assert "index_topk=16 covers training.seq_len=16" in line and "the attention runs dense" in line
+    assert "the indexers alone trained (10,080 weights, the rest frozen)" in indexer_line(warm, 32)
+
+
+def test_the_multi_token_prediction_layer_and_its_indexer_export_and_read_back(tmp_path):
+    """DeepSeek-V3.2's MTP layer (model.layers.N, N the decoder's layers) is a sparse layer with an indexer of its own,
+    written and read under transformers' names."""
+    from titanlite.components.hf_weights import save_hf
+    from titanlite.models.common.init import init_weights
+
+    args = debug_args(V32, mtp_layers=1)
+    ours = model_from_args(args)
+    init_weights(ours, 0)
+    save_hf(tmp_path, args, ours.state_dict())
+    assert "model.layers.3.self_attn.indexer.wq_b.weight" in load_file(tmp_path / "model.safetensors")
+    read = folder_args(tmp_path, 64)
+    assert read.mtp_layers == 1
+    back = model_from_args(read)
+    load_hf_into([back], tmp_path)
+    expected = ours.state_dict()
+    assert back.state_dict().keys() == expected.keys()
+    assert all(torch.equal(value, expected[name]) for name, value in back.state_dict().items())
