@@ -83,12 +83,12 @@ def test_context_parallel_under_a_block_causal_mask_gives_one_processs_losses(tm
     assert_same_run(metrics(tmp_path), metrics(block_causal))
 
 
-def test_a_cp2_checkpoint_resumes_on_one_process_with_the_same_losses(tmp_path, reference):
-    """CP x 2 matches one process, and its step-3 checkpoint continues on one process as the CP x 2 run went on."""
+def test_a_cp2_checkpoint_resumes_on_one_process_with_the_same_losses(tmp_path):
+    """CP x 2's step-3 checkpoint continues on one process as the CP x 2 run went on (CP x 2 and x 4 against one
+    process: the slow tests above)."""
     straight = tmp_path / "cp2"
     train(2, [CP, "2", *CHECKPOINTED], straight)
     expected = metrics(straight)
-    assert_same_run(expected, metrics(reference))
     resumed_dir = tmp_path / "resumed"
     (resumed_dir / "run").mkdir(parents=True)
     shutil.copytree(straight / "run" / "step-3", resumed_dir / "run" / "step-3")
