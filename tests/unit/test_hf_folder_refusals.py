@@ -227,8 +227,13 @@ def _fields_read(spec) -> set[str]:
     config.get("x") or config["x"], and the front door's (titanlite/models/hf_config.py)."""
     read = sys.modules[getattr(spec.hf.read, "func", spec.hf.read).__module__].__file__
     assert read is not None
+    # The family's own modules (its folder's standard ones: docs/models.md, "Adding a family"), not those of another
+    # family its folder holds (Gemma 4's MoE sizes, DeepSeek-V3.2 and GLM-5 in DeepSeek-V3's), which reach their own
+    # through their readers' imports.
+    standard = ("__init__.py", "args.py", "hf_config.py", "weights.py", "model.py", "parallelize.py")
     folders = {MODELS / spec.name, Path(read).parent}
-    todo = {Path(read)} | {f for folder in folders if folder.parent == MODELS for f in folder.glob("*.py")}
+    todo = {Path(read)} | {folder / name for folder in folders if folder.parent == MODELS for name in standard}
+    todo = {path for path in todo if path.is_file()}
     seen = {MODELS / "hf_config.py", MODELS / "registry.py"}  # the front door: read, not followed (it reaches all)
     while todo:
         path = todo.pop()

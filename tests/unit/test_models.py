@@ -313,6 +313,8 @@ def test_unknown_flavor_and_name():
         "gemma4_moe",
         "gpt_oss",
         "deepseek_v3",
+        "deepseek_v32",
+        "glm_moe_dsa",
         "qwen3_5",
         "qwen3_5_moe",
         "kimi_linear",

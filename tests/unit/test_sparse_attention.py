@@ -38,8 +38,8 @@ from titanlite.models.common.auxiliary import AuxiliaryLosses, collecting  # noq
 from titanlite.models.common.flops import SequenceMixer  # noqa: E402
 from titanlite.models.common.latent import sparse  # noqa: E402
 from titanlite.models.common.latent.sparse import SparseLatentAttention  # noqa: E402
-from titanlite.models.deepseek_v32.args import FLAVORS as V32  # noqa: E402
-from titanlite.models.glm_moe_dsa.args import FLAVORS as GLM  # noqa: E402
+from titanlite.models.deepseek_v3.sparse_args import GLM_FLAVORS as GLM  # noqa: E402
+from titanlite.models.deepseek_v3.sparse_args import V32_FLAVORS as V32  # noqa: E402
 from titanlite.models.hf_config import args_from_hf_config, folder_args  # noqa: E402
 
 INDEXER = dict(index_n_heads=4, index_head_dim=16, index_topk=8)

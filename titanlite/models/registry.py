@@ -11,11 +11,9 @@ from typing import Any
 from titanlite.base.errors import ConfigError
 from titanlite.models import (
     deepseek_v3,
-    deepseek_v32,
     gemma3,
     gemma4,
     glm4_moe,
-    glm_moe_dsa,
     gpt2,
     gpt_oss,
     kimi_linear,
@@ -35,6 +33,7 @@ from titanlite.models import (
     qwen3_next,
     smollm3,
 )
+from titanlite.models.deepseek_v3 import deepseek_v32, glm_moe_dsa  # DeepSeek-V3's folder's sparse-attention families
 from titanlite.models.gemma4 import moe_family as gemma4_moe  # Gemma 4's MoE sizes, a family of gemma4's folder
 from titanlite.models.spec import ModelSpec
 

@@ -1,7 +1,9 @@
 """DeepSeek-V3 (DeepseekV3ForCausalLM): multi-head latent attention and a mixture of experts with sigmoid scores,
 group-limited top-k, a correction bias balanced without an auxiliary loss, and shared experts; the first layers
 dense. Its sizes (a tiny debug model, DeepSeek-V3 671B, DeepSeek-V2-Lite's and Moonlight's shapes), config.json
-both ways and its spec. Multi-token prediction is not built (titanlite/models/deepseek_v3/hf_config.py)."""
+both ways and its spec. The folder also holds two families built on DeepSeek-V3's module, weights and plan, whose
+latent attention is sparse: DeepSeek-V3.2 (deepseek_v32.py) and GLM-5 (glm_moe_dsa.py), their sizes in sparse_args.py
+and DeepSeek-V3.2's config.json in sparse_hf_config.py."""
 
 from __future__ import annotations
 

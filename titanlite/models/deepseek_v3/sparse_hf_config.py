@@ -6,7 +6,9 @@ layers are dense: the first ones, as first_k_dense_replace says). Refused: a lay
 "indexed_attention" (every layer attends through its indexer), q_lora_rank null (the indexer reads the query's
 low-rank residual), rope_interleave false (transformers' DeepseekV32 rotates the main attention's channels in pairs
 whatever it says, and reads no such field). The published weights' FP8 blocks are dequantized as they are read
-(titanlite/components/hf_quantized.py)."""
+(titanlite/components/hf_quantized.py).
+
+GLM-5's reader (glm_moe_dsa.py) is this one, with GLM's defaults and its indexer rotating adjacent pairs."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from titanlite.base.errors import ConfigError
 from titanlite.base.hf_config import COUNT, TEXTS, FieldTypes, refuse
 from titanlite.models.common.latent.args import IndexerArgs
 from titanlite.models.deepseek_v3 import hf_config as v3
-from titanlite.models.deepseek_v32.args import DeepseekV32Args
+from titanlite.models.deepseek_v3.sparse_args import DeepseekV32Args
 
 # Beyond DeepSeek-V3's: the indexer's shape, the layers' kinds.
 FIELDS: FieldTypes = {
