@@ -130,12 +130,20 @@ def test_glm5_layers_that_reuse_an_earlier_selection_are_refused_in_one_line():
     assert "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("name", ["indexer.wk.weight", "indexer.k_norm.bias"])
-def test_a_folder_without_an_indexer_tensor_is_refused_naming_it(tmp_path, name):
+@pytest.mark.parametrize(
+    "name, damage",
+    [("indexer.wk.weight", None), ("indexer.k_norm.bias", None), ("indexer.wq_b.weight", lambda t: t[:-1])],
+    ids=["missing wk", "missing k_norm bias", "misshaped wq_b"],
+)
+def test_a_folder_whose_indexer_tensor_is_missing_or_misshaped_is_refused_naming_it(tmp_path, name, damage):
     random_sparse("deepseek_v32").save_pretrained(tmp_path)
     path = tmp_path / "model.safetensors"
     tensors = load_file(path)
-    del tensors[f"model.layers.1.self_attn.{name}"]
+    key = f"model.layers.1.self_attn.{name}"
+    if damage is None:
+        del tensors[key]
+    else:
+        tensors[key] = damage(tensors[key]).contiguous()
     save_file(tensors, path, metadata={"format": "pt"})
     model = model_from_args(folder_args(tmp_path, 64))
     with pytest.raises(ConfigError, match=f"model.layers.1.self_attn.{name}") as e:
