@@ -35,6 +35,7 @@ LAYOUTS = {
     "ep2": (2, ["--parallelism.expert_parallel_degree", "2"]),
     "pp2": (2, PP),
     "cp2": (2, [CP, "2"]),
+    "ac_full": (1, ["--activation_checkpoint.mode", "full"]),
     "cp4": (4, [CP, "4"]),
     # combinations: the heads split and the keys gathered; the stages each sharded
     "tp2_cp2": (4, ["--parallelism.tensor_parallel_degree", "2", CP, "2"]),
@@ -69,7 +70,7 @@ def block_causal(tmp_path_factory):
     return run_dir
 
 
-@pytest.mark.slow  # eight runs on 2 and 4 ranks, about 35 s: CI runs them
+@pytest.mark.slow  # nine runs on 1, 2 and 4 ranks, about 40 s: CI runs them
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_a_layout_gives_one_processs_losses_and_indexer_losses(tmp_path, reference, layout):
     nproc, args = LAYOUTS[layout]

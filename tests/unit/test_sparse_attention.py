@@ -328,3 +328,31 @@ def test_the_multi_token_prediction_layer_and_its_indexer_export_and_read_back(t
     expected = ours.state_dict()
     assert back.state_dict().keys() == expected.keys()
     assert all(torch.equal(value, expected[name]) for name, value in back.state_dict().items())
+
+
+@pytest.mark.parametrize("mode", ["full", "selective_op"])
+def test_activation_checkpointing_records_the_indexer_loss_once(mode):
+    """The indexer loss is added inside the block, where activation checkpointing's recompute runs again (it stops
+    only after the block's last saved tensor): recorded once per trained forward all the same, and the gradients are
+    the unwrapped model's."""
+    from titanlite.config import ActivationCheckpoint
+    from titanlite.models.common.init import init_weights
+    from titanlite.parallel.activation_checkpoint import apply_ac
+
+    batch = tokens(320, (2, 33))
+    runs = []
+    for wrap in (False, True):
+        model = model_from_args(debug_args(V32))
+        init_weights(model, 0)
+        if wrap:
+            apply_ac(model, ActivationCheckpoint(mode=mode))
+        terms = AuxiliaryLosses(("indexer_loss",))
+        terms.watch(model)
+        with collecting(terms):
+            logits = model(batch[:, :-1])
+            torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten()).backward()
+        grads = [p.grad for p in model.parameters()]
+        runs.append((float(terms.take(torch.device("cpu"), 1)[0]), grads))
+    (plain, plain_grads), (wrapped, wrapped_grads) = runs
+    assert wrapped == pytest.approx(plain, rel=1e-6) and plain > 0
+    torch.testing.assert_close(wrapped_grads, plain_grads)

@@ -75,7 +75,7 @@ def parallelize(
         apply_cp(model, mesh["cp"])
     if dims.dp * dims.cp > 1:
         pool_balance_over(model, mesh["dp_cp"].get_group())
-    apply_ac(model, ac)
+    apply_ac(model, ac, compiled=compile_cfg.enable and "model" in compile_cfg.components)
     apply_compile(model, compile_cfg)
     if dims.fsdp_enabled:
         dp_mesh = mesh[("dp_replicate", "dp_shard_cp")] if dims.dp_replicate > 1 else mesh["dp_shard_cp"]

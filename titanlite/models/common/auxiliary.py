@@ -61,6 +61,7 @@ class AuxiliaryLosses:
 
 
 _collecting: AuxiliaryLosses | None = None
+_recomputing = False  # inside activation checkpointing's recompute of a block (recomputation)
 
 
 @contextlib.contextmanager
@@ -72,6 +73,20 @@ def collecting(terms: AuxiliaryLosses) -> Iterator[AuxiliaryLosses]:
         yield terms
     finally:
         _collecting = previous
+
+
+@contextlib.contextmanager
+def recomputation() -> Iterator[None]:
+    """Around activation checkpointing's recompute of a block in backward (titanlite/parallel/
+    activation_checkpoint.py): the terms its forward runs again join the recomputed graph as before but are not
+    recorded again, the trained forward having recorded them. (A recompute usually stops at the block's last saved
+    tensor, before a term added at the block's end; one added inside it, as the sparse attention's, runs again.)"""
+    global _recomputing
+    previous, _recomputing = _recomputing, True
+    try:
+        yield
+    finally:
+        _recomputing = previous
 
 
 class _JoinLoss(torch.autograd.Function):
@@ -93,7 +108,7 @@ def record_loss_part(name: str, value: torch.Tensor) -> None:
     loss: a part the loss function itself already holds (multi-token prediction's depths, components/loss.py).
     Nothing outside a training step."""
     terms = _collecting
-    if terms is None or not torch.is_grad_enabled():
+    if terms is None or not torch.is_grad_enabled() or _recomputing:
         return
     if isinstance(value, DTensor):  # a replicated loss under loss parallelism
         value = value.to_local()
@@ -119,5 +134,6 @@ def add_auxiliary_loss(h: torch.Tensor, name: str, term: torch.Tensor, weight: f
     terms = _collecting
     if terms is None or not torch.is_grad_enabled():
         return h
-    terms.add(name, term)
+    if not _recomputing:
+        terms.add(name, term)
     return _JoinLoss.apply(h, term, terms.grad_scale * weight)
