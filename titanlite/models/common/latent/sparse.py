@@ -114,8 +114,11 @@ def index_scores(q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, scale:
     return torch.matmul(weights.unsqueeze(-2), per_head).squeeze(-2)
 
 
-def query_chunk(width: int, device: torch.device) -> int:
-    """How many queries a chunk takes when each costs `width` elements."""
+def query_chunk(width: int, device: torch.device, queries: int) -> int:
+    """How many of `queries` a chunk takes when each costs `width` elements: all of them on the meta device (the
+    planner's shapes, where a chunk costs no memory and each costs time; the planner adds one chunk's scores itself)."""
+    if device.type == "meta":
+        return max(1, queries)
     return max(1, chunk_elements(device.type) // max(width, 1))
 
 
@@ -149,7 +152,7 @@ def select(
     query may see [B, T, K] (where fewer than K are, the rest are filler); the scores a chunk of queries at a time."""
     queries, keys = q.shape[1], k.shape[1]
     allowed = mask_function(sequence, queries, q.device)
-    chunk = query_chunk(q.shape[0] * indexer.n_heads * keys, q.device)
+    chunk = query_chunk(q.shape[0] * indexer.n_heads * keys, q.device, queries)
     picked = min(topk, keys)
     # Written in place chunk by chunk: small results kept between the chunks' large scores would pin the heap's
     # freed blocks (the process's memory grew to 25 times its tensors' at 65,536 tokens).
@@ -208,7 +211,9 @@ def sparse_attention(
     its keys summed over this rank's heads [B, T, K]. A chunk of queries at a time, each recomputed in backward: the
     gathered keys, K x (r + rope) a query whatever the heads, are never kept."""
     batch, keys = q_latent.shape[0], indices.shape[-1]
-    chunk = query_chunk(batch * keys * (latent.shape[-1] + k_rot.shape[-1] + 2 * q_latent.shape[2]), latent.device)
+    chunk = query_chunk(
+        batch * keys * (latent.shape[-1] + k_rot.shape[-1] + 2 * q_latent.shape[2]), latent.device, q_latent.shape[1]
+    )
     training = torch.is_grad_enabled() and any(t.requires_grad for t in (q_latent, q_rot, latent, k_rot))
     outs, sums = [], []
     for start in range(0, q_latent.shape[1], chunk):
@@ -231,7 +236,7 @@ def dense_head_sums(
     see [B or 1, T, S]: the indexer's target where the attention is dense (the warm-up, or topk over every key)."""
     queries, keys = q.shape[1], k.shape[1]
     allowed = mask_function(sequence, queries, q.device)
-    chunk = query_chunk(q.shape[0] * q.shape[2] * keys, q.device)
+    chunk = query_chunk(q.shape[0] * q.shape[2] * keys, q.device, queries)
     sums, seen_all = [], []
     for start in range(0, queries, chunk):
         end = min(queries, start + chunk)
@@ -283,7 +288,7 @@ def indexer_kl(
     head_sums = head_sums.double()
     target = head_sums / head_sums.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(head_sums.dtype).tiny)
     width = q.shape[0] * q.shape[2] * (indices.shape[-1] if indices is not None else k.shape[1])
-    chunk = query_chunk(width, q.device)
+    chunk = query_chunk(width, q.device, q.shape[1])
     total = q.new_zeros(())
     training = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, weights))
     for start in range(0, q.shape[1], chunk):
