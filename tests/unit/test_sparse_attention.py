@@ -176,7 +176,7 @@ def test_gathered_attention_equals_dense_attention_under_the_selection_with_its_
     documents = torch.tensor([[0] * 10 + [1] * 14, [0] * 17 + [1] * 7])
     sequence = Sequence(documents=documents)
     indexer = sparse.Indexer(16, 8, 2, 8, 4, topk=4, interleaved=False)
-    indices, valid = sparse.select(indexer, iq, ik, iw, sequence, 4)
+    indices, valid = sparse.select(indexer, iq, ik, iw, sequence)
     assert not valid[:, :3].all() and valid[:, 3:10].all()  # the first queries see fewer than 4 keys
     ours, sums = sparse.sparse_attention(*inputs, indices, valid, 0.3)
     allowed = attention_mask(sequence, 24, 24, latent.device)
@@ -193,12 +193,12 @@ def test_the_selection_does_not_depend_on_the_order_the_keys_come_in():
     g = torch.Generator().manual_seed(1)
     iq, ik, iw = torch.randn(1, 16, 2, 8, generator=g), torch.randn(1, 16, 8, generator=g), torch.randn(1, 16, 2)
     indexer = sparse.Indexer(16, 8, 2, 8, 4, topk=5, interleaved=False)
-    whole = sparse.select(indexer, iq, ik, iw, None, 5)
+    whole = sparse.select(indexer, iq, ik, iw, None)
     order = torch.tensor([0, 1, 2, 3, 12, 13, 14, 15, 4, 5, 6, 7, 8, 9, 10, 11])  # cp 2's gathered positions
     shuffled = Sequence(key_positions=order)
     ordered, (keys,) = sparse.keys_in_order(shuffled, ik[:, order])
     assert torch.equal(keys, ik)
-    picked = sparse.select(indexer, iq, keys, iw, ordered, 5)
+    picked = sparse.select(indexer, iq, keys, iw, ordered)
     assert torch.equal(picked[0], whole[0]) and torch.equal(picked[1], whole[1])
 
 
@@ -219,7 +219,7 @@ def recall(model, batch) -> float:
         k, _ = layer.expand(*layer.latent(x, cos, sin))
         sums, _ = sparse.dense_head_sums(q, k, None, layer.scale)
         index_q, index_k, index_w = layer.indexer(x, residual, cos, sin)
-        picked, _ = sparse.select(layer.indexer, index_q, index_k, index_w, None, layer.indexer.topk)
+        picked, _ = sparse.select(layer.indexer, index_q, index_k, index_w, None)
         wanted = sums.topk(layer.indexer.topk, dim=-1).indices
         for t in range(layer.indexer.topk, x.shape[1]):
             hits = torch.isin(picked[:, t], wanted[:, t]).sum()
@@ -284,7 +284,7 @@ def test_the_flop_count_follows_torchs_counter_and_reads_k_keys_not_t():
     latent, k_rot = torch.randn(1, t, rank, generator=g), torch.randn(1, t, rope, generator=g)
     iq, ik, iw = torch.randn(1, t, 4, 16), torch.randn(1, t, 16), torch.randn(1, t, 4)
     with FlopCounterMode(display=False) as counter:
-        indices, valid = sparse.select(index, iq, ik, iw, None, index.topk)
+        indices, valid = sparse.select(index, iq, ik, iw, None)
         _, sums = sparse.sparse_attention(q_latent, q_rot, latent, k_rot, indices, valid, 0.1)
         sparse.indexer_kl(iq, ik, iw, indices, valid, sums, index.scale)
     forward = counter.get_total_flops()

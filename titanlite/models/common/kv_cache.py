@@ -43,28 +43,24 @@ class KVCache:
     def store(self, name: str, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write k, v [B, H_kv, T, hd] at positions length..length+T-1 of layer `name`; return the keys and
         values of all positions so far, [B, H_kv, length+T, hd] (views of the buffers, not copies)."""
-        start, end = self.length, self.length + k.shape[2]
-        if end > self.max_len:
-            raise ValueError(f"KV cache holds {self.max_len} positions; cannot add {k.shape[2]} to {start}")
-        if name not in self.keys:
-            shape = (k.shape[0], k.shape[1], self.max_len, k.shape[3])
-            self.keys[name] = k.new_empty(shape)
-            self.values[name] = v.new_empty(shape)
-        self.keys[name][:, :, start:end] = k
-        self.values[name][:, :, start:end] = v
-        return self.keys[name][:, :, :end], self.values[name][:, :, :end]
+        return self.write(self.keys, name, k, 2), self.write(self.values, name, v, 2)
 
     def extend(self, name: str, key: str, rows: torch.Tensor) -> torch.Tensor:
         """Write rows [B, T, C] (one per token: what a layer keeps of each, e.g. the sparse attention's latents and
         indexer keys) at positions length..length+T-1 of layer `name`'s `key`; return those of all positions so far
         [B, length+T, C] (a view of the buffer)."""
-        start, end = self.length, self.length + rows.shape[1]
+        return self.write(self.rows, (name, key), rows, 1)
+
+    def write(self, buffers: dict, key, new: torch.Tensor, dim: int) -> torch.Tensor:
+        """Write `new` at positions length..length+n-1 along its dimension `dim` (n its size there) into
+        buffers[key], made for max_len positions at the first write; return the positions so far (a view)."""
+        start, end = self.length, self.length + new.shape[dim]
         if end > self.max_len:
-            raise ValueError(f"KV cache holds {self.max_len} positions; cannot add {rows.shape[1]} to {start}")
-        if (name, key) not in self.rows:
-            self.rows[name, key] = rows.new_empty((rows.shape[0], self.max_len, rows.shape[2]))
-        self.rows[name, key][:, start:end] = rows
-        return self.rows[name, key][:, :end]
+            raise ValueError(f"KV cache holds {self.max_len} positions; cannot add {new.shape[dim]} to {start}")
+        if key not in buffers:
+            buffers[key] = new.new_empty((*new.shape[:dim], self.max_len, *new.shape[dim + 1 :]))
+        buffers[key].narrow(dim, start, end - start).copy_(new)
+        return buffers[key].narrow(dim, 0, end)
 
     def advance(self, n: int) -> None:
         """Count n new positions as cached; the model calls this after its last layer has stored them."""
@@ -142,23 +138,13 @@ class StaticKVCache(KVCache):
     def positions(self, t: int, device: torch.device) -> torch.Tensor:
         return self.position + torch.arange(t, device=device)
 
-    def store(self, name: str, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write k, v [B, H_kv, T, hd] at positions position..position+T-1; return the whole buffers."""
-        if name not in self.keys:
-            shape = (k.shape[0], k.shape[1], self.max_len, k.shape[3])
-            self.keys[name] = k.new_zeros(shape)  # zeros: the masked positions are read, never used
-            self.values[name] = v.new_zeros(shape)
-        where = self.positions(k.shape[2], k.device)
-        self.keys[name].index_copy_(2, where, k)
-        self.values[name].index_copy_(2, where, v)
-        return self.keys[name], self.values[name]
-
-    def extend(self, name: str, key: str, rows: torch.Tensor) -> torch.Tensor:
-        """Write rows [B, T, C] at positions position..position+T-1; return the whole buffer [B, max_len, C]."""
-        if (name, key) not in self.rows:
-            self.rows[name, key] = rows.new_zeros((rows.shape[0], self.max_len, rows.shape[2]))
-        self.rows[name, key].index_copy_(1, self.positions(rows.shape[1], rows.device), rows)
-        return self.rows[name, key]
+    def write(self, buffers: dict, key, new: torch.Tensor, dim: int) -> torch.Tensor:
+        """Write `new` at positions position..position+n-1 along `dim` by index; return the whole buffer (zeros
+        where nothing is cached: those positions are masked, read but never used)."""
+        if key not in buffers:
+            buffers[key] = new.new_zeros((*new.shape[:dim], self.max_len, *new.shape[dim + 1 :]))
+        buffers[key].index_copy_(dim, self.positions(new.shape[dim], new.device), new)
+        return buffers[key]
 
     def advance(self, n: int) -> None:
         self.position += n

@@ -23,6 +23,7 @@ over every key the query sees."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import torch
@@ -114,12 +115,19 @@ def index_scores(q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, scale:
     return torch.matmul(weights.unsqueeze(-2), per_head).squeeze(-2)
 
 
-def query_chunk(width: int, device: torch.device, queries: int) -> int:
-    """How many of `queries` a chunk takes when each costs `width` elements: all of them on the meta device (the
-    planner's shapes, where a chunk costs no memory and each costs time; the planner adds one chunk's scores itself)."""
-    if device.type == "meta":
-        return max(1, queries)
-    return max(1, chunk_elements(device.type) // max(width, 1))
+def spans(queries: int, width: int, device: torch.device) -> Iterator[tuple[int, int]]:
+    """(start, end) of each chunk of `queries` when each query costs `width` elements: as many as keep a chunk under
+    chunk_elements, all of them on the meta device (the planner's shapes, where a chunk costs no memory and each costs
+    time; the planner adds one chunk's scores itself)."""
+    chunk = queries if device.type == "meta" else chunk_elements(device.type) // max(width, 1)
+    chunk = max(1, chunk)
+    for start in range(0, queries, chunk):
+        yield start, min(queries, start + chunk)
+
+
+def recomputed(fn, training: bool, *args):
+    """fn(*args), recomputed in backward where `training` (nothing it makes is kept for backward but its inputs)."""
+    return checkpoint(fn, *args, use_reentrant=False) if training else fn(*args)
 
 
 def keys_in_order(sequence: Sequence | None, *keys: torch.Tensor) -> tuple[Sequence | None, list[torch.Tensor]]:
@@ -141,25 +149,18 @@ def keys_in_order(sequence: Sequence | None, *keys: torch.Tensor) -> tuple[Seque
 
 @torch.no_grad()
 def select(
-    indexer: Indexer,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    weights: torch.Tensor,
-    sequence: Sequence | None,
-    topk: int,
+    indexer: Indexer, q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, sequence: Sequence | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each query's `topk` keys (at most the S there are): their indices [B, T, K] and whether each is one the
+    """Each query's indexer.topk keys (at most the S there are): their indices [B, T, K] and whether each is one the
     query may see [B, T, K] (where fewer than K are, the rest are filler); the scores a chunk of queries at a time."""
     queries, keys = q.shape[1], k.shape[1]
     allowed = mask_function(sequence, queries, q.device)
-    chunk = query_chunk(q.shape[0] * indexer.n_heads * keys, q.device, queries)
-    picked = min(topk, keys)
+    picked = min(indexer.topk, keys)
     # Written in place chunk by chunk: small results kept between the chunks' large scores would pin the heap's
     # freed blocks (the process's memory grew to 25 times its tensors' at 65,536 tokens).
     indices = torch.empty(q.shape[0], queries, picked, dtype=torch.long, device=q.device)
     valid = torch.empty(q.shape[0], queries, picked, dtype=torch.bool, device=q.device)
-    for start in range(0, queries, chunk):
-        end = min(queries, start + chunk)
+    for start, end in spans(queries, q.shape[0] * indexer.n_heads * keys, q.device):
         scores = index_scores(q[:, start:end], k, weights[:, start:end], indexer.scale)
         seen = block_of(allowed, start, end, 0, keys, q.device)[:, 0]  # [B or 1, Q, S]
         top = scores.masked_fill_(~seen, float("-inf")).topk(picked, dim=-1)
@@ -210,19 +211,12 @@ def sparse_attention(
     [B, T, H, r], which each head's value rows of wkv_b turn into its value, and each query's attention weights over
     its keys summed over this rank's heads [B, T, K]. A chunk of queries at a time, each recomputed in backward: the
     gathered keys, K x (r + rope) a query whatever the heads, are never kept."""
-    batch, keys = q_latent.shape[0], indices.shape[-1]
-    chunk = query_chunk(
-        batch * keys * (latent.shape[-1] + k_rot.shape[-1] + 2 * q_latent.shape[2]), latent.device, q_latent.shape[1]
-    )
+    width = q_latent.shape[0] * indices.shape[-1] * (latent.shape[-1] + k_rot.shape[-1] + 2 * q_latent.shape[2])
     training = torch.is_grad_enabled() and any(t.requires_grad for t in (q_latent, q_rot, latent, k_rot))
     outs, sums = [], []
-    for start in range(0, q_latent.shape[1], chunk):
-        end = start + chunk
+    for start, end in spans(q_latent.shape[1], width, latent.device):
         span = (q_latent[:, start:end], q_rot[:, start:end], latent, k_rot, indices[:, start:end], valid[:, start:end])
-        if training:
-            out, summed = checkpoint(_sparse_span, *span, scale, use_reentrant=False)
-        else:
-            out, summed = _sparse_span(*span, scale)
+        out, summed = recomputed(_sparse_span, training, *span, scale)
         outs.append(out)
         sums.append(summed)
     return torch.cat(outs, dim=1), torch.cat(sums, dim=1)
@@ -236,10 +230,8 @@ def dense_head_sums(
     see [B or 1, T, S]: the indexer's target where the attention is dense (the warm-up, or topk over every key)."""
     queries, keys = q.shape[1], k.shape[1]
     allowed = mask_function(sequence, queries, q.device)
-    chunk = query_chunk(q.shape[0] * q.shape[2] * keys, q.device, queries)
     sums, seen_all = [], []
-    for start in range(0, queries, chunk):
-        end = min(queries, start + chunk)
+    for start, end in spans(queries, q.shape[0] * q.shape[2] * keys, q.device):
         seen = block_of(allowed, start, end, 0, keys, q.device)[:, 0]  # [B or 1, Q, S]
         scores = torch.einsum("bqhd,bshd->bqhs", q[:, start:end], k) * scale
         weights = torch.softmax(scores.float().masked_fill(~seen[:, :, None, :], float("-inf")), dim=-1)
@@ -288,14 +280,12 @@ def indexer_kl(
     head_sums = head_sums.double()
     target = head_sums / head_sums.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(head_sums.dtype).tiny)
     width = q.shape[0] * q.shape[2] * (indices.shape[-1] if indices is not None else k.shape[1])
-    chunk = query_chunk(width, q.device, q.shape[1])
     total = q.new_zeros(())
     training = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, weights))
-    for start in range(0, q.shape[1], chunk):
-        end = start + chunk
+    for start, end in spans(q.shape[1], width, q.device):
         picked = None if indices is None else indices[:, start:end]
         span = (q[:, start:end], k, weights[:, start:end], picked, valid[:, start:end], target[:, start:end], scale)
-        total = total + (checkpoint(_kl_span, *span, use_reentrant=False) if training else _kl_span(*span))
+        total = total + recomputed(_kl_span, training, *span)
     return total / (q.shape[0] * q.shape[1])
 
 
@@ -405,7 +395,7 @@ class SparseLatentAttention(LatentAttention):
                 sums, seen = dense_head_sums(q, k, ordered, self.scale)
                 kl = indexer_kl(index_q, index_k_all, index_w, None, seen, self.head_sums(sums), self.indexer.scale)
         else:
-            indices, valid = select(self.indexer, index_q, index_k_all, index_w, ordered, self.indexer.topk)
+            indices, valid = select(self.indexer, index_q, index_k_all, index_w, ordered)
             # Each head's key and value rows of wkv_b (this rank's heads: its shard under tensor parallelism).
             rows = local_weight(self.wkv_b.weight).view(-1, self.nope + self.v_dim, latent.shape[-1])
             q_latent = torch.einsum("bthn,hnr->bthr", q[..., : self.nope], rows[:, : self.nope])
