@@ -31,8 +31,6 @@ from titanlite.components.hf_tokenizer import save_tokenizer
 from titanlite.models.build import model_from_args
 from titanlite.models.common.init import canonical_name, fill_parameters
 from titanlite.models.common.interface import unwrapped
-from titanlite.models.common.latent.args import IndexerArgs
-from titanlite.models.common.moe.args import BALANCE_FIELDS, MoEArgs
 from titanlite.models.hf_config import folder_model_args, hf_config
 from titanlite.models.registry import spec_of
 from titanlite.models.spec import math_fields
@@ -558,14 +556,12 @@ def load_hf(folder: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
 
 
 def _math(args, field: str):
-    """args.field as far as it decides what the weights compute: an MoE block's balancing ([moe] section) does not
-    (a routing bias starts at zero), nor how the run trains an indexer."""
+    """args.field as far as it decides what the weights compute: a block's fields of how the run trains it (its
+    TRAINING: an MoE block's balancing, the [moe] section, where a routing bias starts at zero; how the run trains an
+    indexer) do not."""
     value = getattr(args, field)
-    if isinstance(value, MoEArgs):
-        return dataclasses.replace(value, **{f: getattr(MoEArgs, f) for f in BALANCE_FIELDS})
-    if isinstance(value, IndexerArgs):  # how the run trains the indexer ([training]), not what it computes
-        return dataclasses.replace(value, **{f: getattr(IndexerArgs, f) for f in IndexerArgs.TRAINING})
-    return value
+    training = getattr(type(value), "TRAINING", ())  # a block's fields of how the run trains it (MoEArgs, IndexerArgs)
+    return dataclasses.replace(value, **{f: getattr(type(value), f) for f in training}) if training else value
 
 
 # What a float32 parameter holds every value of, in safetensors' names: read into the model without a change

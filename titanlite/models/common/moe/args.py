@@ -18,6 +18,8 @@ AUX_LOSS_STYLES = ("switch",)
 class MoEArgs:
     """One MoE block's shape and routing; every field is checked on construction (ValueError naming it)."""
 
+    TRAINING = BALANCE_FIELDS  # how the run balances the experts ([moe]), not what the weights compute
+
     n_experts: int
     """Routed experts per block (num_experts / num_local_experts)."""
     top_k: int
