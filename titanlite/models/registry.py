@@ -21,6 +21,7 @@ from titanlite.models import (
     minimax_m2,
     mistral,
     mixtral,
+    nemotron_h,
     olmo2,
     olmo3,
     olmo_hybrid,
@@ -71,6 +72,7 @@ for _family in (
     glm_moe_dsa,
     olmo3,
     minimax_m2,
+    nemotron_h,
 ):
     register(_family.SPEC)
 

@@ -210,11 +210,12 @@ class ContextParallelConvolution(ShortConvolution):
         weight: torch.Tensor,
         sequence: Sequence | None = None,
         state: torch.Tensor | None = None,
+        bias: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         cp, rank = dist.get_world_size(self.group), dist.get_rank(self.group)
         width, (batch, length, channels) = weight.shape[1] - 1, x.shape  # width: the inputs read before a token
         if width == 0:  # no token reads another: nothing crosses a chunk boundary
-            return self.inner(x, weight, sequence, state)
+            return self.inner(x, weight, sequence, state, bias)
         check_cp_degree(cp, length * cp, "the sequence's length", width + 1)
         documents = None if sequence is None or sequence.documents is None else _chunks_on_batch(sequence.documents)
         chunks = _chunks_on_batch(x)  # [2B, L, C]
@@ -232,7 +233,7 @@ class ContextParallelConvolution(ShortConvolution):
             return tail if continues is None else tail * continues[:, c, None, None]
 
         states = torch.cat([before(rank), before(2 * cp - 1 - rank)]).transpose(1, 2)  # [2B, C, K-1]
-        y, _ = self.inner(chunks, weight, None if documents is None else Sequence(documents=documents), states)
+        y, _ = self.inner(chunks, weight, None if documents is None else Sequence(documents=documents), states, bias)
         return _chunks_in_sequence(y), tails[slots[-1]].transpose(1, 2)
 
 

@@ -107,6 +107,50 @@ class Block(nn.Module):
         return h + y
 
 
+class MixerBlock(nn.Module):
+    """A layer of one sublayer, a mixer behind its pre-norm: x + mixer(norm(x)) (Nemotron-H's Mamba-2 and attention
+    layers). Its parts are named as Block's (`attention_norm`, `attention`), so plans and checkpoints name a mixer
+    alike whichever block holds it."""
+
+    def __init__(self, mixer: nn.Module, norm: Callable[[], nn.Module], rotary: bool = True):
+        super().__init__()
+        self.rotary = rotary
+        self.attention_norm = norm()
+        self.attention = mixer
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor | None = None,
+        sin: torch.Tensor | None = None,
+        cache: LayerCache | None = None,
+        sequence: Sequence | None = None,
+    ) -> torch.Tensor:
+        rope = (cos, sin) if self.rotary else ()
+        return x + self.attention(self.attention_norm(x), *rope, cache=cache, sequence=sequence)
+
+
+class FeedForwardBlock(nn.Module):
+    """A layer of one sublayer, a feed-forward behind its pre-norm: x + feed_forward(norm(x)) (Nemotron-H's MLP and
+    mixture-of-experts layers); named as Block's (`ffn_norm`, `feed_forward`). It mixes no tokens, so it takes the
+    rotary tables, cache and sequence only to be called as every block is."""
+
+    def __init__(self, feed_forward: nn.Module, norm: Callable[[], nn.Module]):
+        super().__init__()
+        self.ffn_norm = norm()
+        self.feed_forward = feed_forward
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor | None = None,
+        sin: torch.Tensor | None = None,
+        cache: LayerCache | None = None,
+        sequence: Sequence | None = None,
+    ) -> torch.Tensor:
+        return x + self.feed_forward(self.ffn_norm(x))
+
+
 def grouped_query_attention(model: Transformer, layer: int, **changes: Unpack[AttentionOptions]) -> Attention:
     """The shared arguments' attention for `layer`: their heads, biases, Q/K norms, window, NoPE layers and rotated
     channels (rotary_dim, or its kind's own)."""
@@ -194,7 +238,9 @@ class Transformer(nn.Module):
         multi-token prediction depth's block, past them: decoder_args.kind_of)."""
         return kind_of(self.args, layer)
 
-    def build_layer(self, layer: int) -> Block:
+    def build_layer(self, layer: int) -> nn.Module:
+        """Layer `layer`'s block: a Block of its mixer and feed-forward (a family of other layer shapes builds
+        MixerBlock or FeedForwardBlock, or a block of its own)."""
         mixer_norms, ffn_norms = self.norm_placement(layer)
         return Block(
             self.build_mixer(layer),

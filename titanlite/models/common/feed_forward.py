@@ -16,11 +16,17 @@ def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     return F.gelu(x, approximate="tanh")
 
 
+def relu_squared(x: torch.Tensor) -> torch.Tensor:
+    """relu(x)^2 (Primer's; Nemotron-H's MLP, transformers' "relu2")."""
+    return torch.square(F.relu(x))
+
+
 # Our activation names -> the function of the gate (or, in the plain MLP, of the hidden layer).
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "silu": F.silu,
     "gelu_tanh": gelu_tanh,
     "gelu": F.gelu,
+    "relu2": relu_squared,
 }
 
 
@@ -42,12 +48,12 @@ class GatedMLP(nn.Module):
 
 
 class MLP(nn.Module):
-    """w2(act(w1 x)) with biases (GPT-2's)."""
+    """w2(act(w1 x)), with biases (GPT-2's, GELU-tanh) or without (`bias` False: Nemotron-H's, relu^2)."""
 
-    def __init__(self, dim: int, hidden_dim: int, activation: str = "gelu_tanh"):
+    def __init__(self, dim: int, hidden_dim: int, activation: str = "gelu_tanh", bias: bool = True):
         super().__init__()
-        self.w1 = nn.Linear(dim, hidden_dim)  # up
-        self.w2 = nn.Linear(hidden_dim, dim)  # down
+        self.w1 = nn.Linear(dim, hidden_dim, bias=bias)  # up
+        self.w2 = nn.Linear(hidden_dim, dim, bias=bias)  # down
         self.act = ACTIVATIONS[activation]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -85,9 +85,10 @@ def local(t: torch.Tensor) -> torch.Tensor:
 
 
 class ShortConvolution(nn.Module):
-    """The causal depthwise convolution of a sequence x [B, T, C] with `weight` [C, K], then SiLU
-    (linear_attention.causal_conv1d), restarting at each document of `sequence`; `state` [B, C, K-1] the inputs
-    before x (generation). Returns the output and the new state. Parameter-free: the mixer holds the weights."""
+    """The causal depthwise convolution of a sequence x [B, T, C] with `weight` [C, K] (and `bias` [C], where the
+    layer has one: Mamba-2's), then SiLU (linear_attention.causal_conv1d), restarting at each document of `sequence`;
+    `state` [B, C, K-1] the inputs before x (generation). Returns the output and the new state. Parameter-free: the
+    mixer holds the weights."""
 
     def forward(
         self,
@@ -95,9 +96,10 @@ class ShortConvolution(nn.Module):
         weight: torch.Tensor,
         sequence: Sequence | None = None,
         state: torch.Tensor | None = None,
+        bias: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         documents = None if sequence is None else sequence.documents
-        return causal_conv1d(x, weight, None, documents, state, activation=True)
+        return causal_conv1d(x, weight, bias, documents, state, activation=True)
 
 
 @functools.cache

@@ -28,7 +28,7 @@ def _computing_dtype(*tensors: torch.Tensor | None) -> torch.dtype:
     return torch.float64 if any(t is not None and t.dtype == torch.float64 for t in tensors) else torch.float32
 
 
-def _document_starts(documents: torch.Tensor) -> torch.Tensor:
+def document_starts(documents: torch.Tensor) -> torch.Tensor:
     """[B, T] bool: the tokens whose document is not the previous token's. Never the window's first token: what came
     before the window (a state handed in) belongs to the first token's document."""
     starts = torch.zeros_like(documents, dtype=torch.bool)
@@ -99,7 +99,7 @@ def gated_delta_rule_recurrent(
     for float64 inputs), the dtype a generation cache keeps it in."""
     out_dtype = q.dtype
     q, k, v, g, beta, state = _heads_first(q, k, v, g, beta, initial_state, scale)
-    keep = None if documents is None else (~_document_starts(documents)).to(state.dtype)
+    keep = None if documents is None else (~document_starts(documents)).to(state.dtype)
     outputs = []
     for t in range(v.shape[2]):
         if keep is not None:
@@ -112,7 +112,7 @@ def gated_delta_rule_recurrent(
     return torch.stack(outputs, dim=1).to(out_dtype), state
 
 
-def _decayed_scores(a: torch.Tensor, b: torch.Tensor, decay: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def decayed_scores(a: torch.Tensor, b: torch.Tensor, decay: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """[..., C, C]: sum over channels d of a_i[d] b_j[d] exp(decay_i[d] - decay_j[d]) where mask[i, j], else 0.
     a, b [..., C, Dk]; decay, the cumulative log-decay, [..., C, 1] (one per head) or [..., C, Dk]. The gaps are
     masked before the exponential: those where j is after i are positive and could overflow."""
@@ -158,7 +158,7 @@ def gated_delta_rule_chunked(
     # no start, so the padded tokens (which write nothing and decay nothing) extend the last document.
     starts = torch.zeros(batch, length + pad, dtype=torch.int64, device=v.device)
     if documents is not None:
-        starts[:, :length] = _document_starts(documents)
+        starts[:, :length] = document_starts(documents)
     segment = starts.reshape(batch, 1, chunks, chunk_size).cumsum(dim=-1)  # [B, 1, N, C]
     causal = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=v.device).tril()
     same = segment[..., :, None] == segment[..., None, :]
@@ -170,13 +170,13 @@ def gated_delta_rule_chunked(
     decay = g.cumsum(dim=3)  # [B, H, N, C, 1 or Dk]: the log of D_i
     chunk_decay = decay[:, :, :, -1].exp() * through[..., None]  # [B, H, N, 1 or Dk]
     k_beta = k * beta
-    system = _decayed_scores(k_beta, k, decay, reads.tril(-1))  # A, strictly below the diagonal
+    system = decayed_scores(k_beta, k, decay, reads.tril(-1))  # A, strictly below the diagonal
     eye = torch.eye(chunk_size, dtype=system.dtype, device=system.device)
     writes_without_state = torch.linalg.solve_triangular(system + eye, v * beta, upper=False, unitriangular=True)
     writes_per_state = torch.linalg.solve_triangular(
         system + eye, k_beta * decay.exp() * first, upper=False, unitriangular=True
     )
-    scores = _decayed_scores(q, k, decay, reads)
+    scores = decayed_scores(q, k, decay, reads)
     q_reading_state = q * decay.exp() * first
     k_writing_state = k * (decay[:, :, :, -1:] - decay).exp() * last
 
@@ -218,7 +218,7 @@ def causal_conv1d(
     segment = None
     if documents is not None:
         # Each token's document counted from the first token's; the state's inputs are in that first one (0).
-        segment = F.pad(_document_starts(documents).to(torch.int64).cumsum(dim=1), (width - 1, 0))
+        segment = F.pad(document_starts(documents).to(torch.int64).cumsum(dim=1), (width - 1, 0))
     y = torch.zeros(batch, length, channels, dtype=weight.dtype, device=x.device)
     for j in range(width):
         term = inputs[:, j : j + length].to(weight.dtype) * weight[:, j]

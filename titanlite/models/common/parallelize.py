@@ -77,17 +77,21 @@ def block_plan(rotary: bool = True, gated: bool = True) -> dict:
 
 class MixerInput(PrepareModuleInput):
     """A mixer that reads no rotary tables (mixer(x)): its input's sequence gathered, as a plain tensor; `by_head`,
-    the mixer's own parameters whose rows are its heads' (a linear layer's convolution weights, A_log, dt_bias),
-    sharded by rows over the tensor-parallel ranks, as its column-wise projections are."""
+    the mixer's parameters whose rows are its heads' (a linear layer's convolution weights, A_log, dt_bias; a module's
+    of it by a dotted name, Mamba-2's "norm.weight"), sharded by rows over the tensor-parallel ranks, as its
+    column-wise projections are; one the layer goes without (None: a bias it has not) is passed over."""
 
     def __init__(self, by_head: tuple[str, ...] = ()) -> None:
         super().__init__(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_output=True)
         self.by_head = by_head
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        for name in self.by_head:
-            param = module.get_parameter(name)
-            module.register_parameter(name, nn.Parameter(distribute_tensor(param, device_mesh, [Shard(0)])))
+        for name in self.by_head:  # a parameter of the mixer's own, or of a module of it ("norm.weight")
+            path, _, leaf = name.rpartition(".")
+            owner = module.get_submodule(path)
+            param = getattr(owner, leaf)
+            if param is not None:  # an optional one the layer goes without (a bias)
+                owner.register_parameter(leaf, nn.Parameter(distribute_tensor(param, device_mesh, [Shard(0)])))
         return super()._apply(module, device_mesh)
 
 

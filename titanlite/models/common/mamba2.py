@@ -1,0 +1,320 @@
+"""The state-space mixer of the hybrid families: Mamba-2 (state-space duality, Dao & Gu 2024), a layer kind of the
+shared decoder (titanlite/models/common/decoder.py) beside attention (Nemotron-H). Plain modules with no parallelism
+inside.
+
+Per token x [dim]: projections give the gate z and the input xs [H, P] (H heads of width P), B and C [G, N] (G groups
+of state width N; head h reads group h // (H / G)) and one step size per head dt. A short causal depthwise
+convolution (with a bias) and SiLU run over xs, B and C together. dt = clamp(softplus(dt + dt_bias), dt_min, dt_max);
+A = -exp(A_log) per head. Each head keeps a state S [N, P]:
+
+    S = exp(dt A) S + B (dt xs)^T;    y = S^T C + D xs
+
+which is linear attention with one decay per head (q = C, k = B, v = dt xs, log-decay g = dt A) and no write
+correction, so the kernels here are the gated delta rule's (titanlite/models/common/linear_attention.py) without its
+triangular solve. y [H, P] is flattened, gated by SiLU(z) and normalised by an RMSNorm over each of `norm_groups`
+slices of the width (the gate before the norm or after it, as the family says), then projected back to dim.
+
+Two parameter-free cores do the sequence work, so context parallelism (titanlite/parallel/context_parallel.py) can
+wrap them: the gated delta net's `ShortConvolution` and `StateScan` (the recurrence). With a block-causal `Sequence`
+both restart at every document start, so packed documents are computed as if each were alone. With a cache
+(generation) the layer keeps its state S and its convolution's last inputs (`LayerCache.state`)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from titanlite.models.common.attention import Sequence
+from titanlite.models.common.gated_delta_net import ShortConvolution, local, start_convolution
+from titanlite.models.common.init_scheme import InitScheme, start_linears
+from titanlite.models.common.kv_cache import LayerCache
+from titanlite.models.common.linear_attention import decayed_scores, document_starts
+
+CONVOLVED = ("conv_x", "conv_b", "conv_c")  # the convolution's weights [C, K], by the channels they read
+CONVOLVED_BIASES = ("conv_x_bias", "conv_b_bias", "conv_c_bias")
+
+
+def _shaped(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    initial_state: torch.Tensor | None,
+) -> tuple[torch.Tensor, ...]:
+    """q, k, v [B, H, T, ...] and g [B, H, T, 1] in the computing dtype (float32; float64 where an input is), q and k
+    repeated from their G groups to the H heads; and the state the window starts from (zeros where None)."""
+    batch, length, groups, state_dim = k.shape
+    heads, head_dim = v.shape[2], v.shape[3]
+    if q.shape != k.shape or v.shape[:2] != (batch, length) or heads % groups:
+        raise ValueError(
+            f"C {tuple(q.shape)} and B {tuple(k.shape)} must be equal [B, T, G, N], x {tuple(v.shape)} [B, T, H, P] "
+            "with H a multiple of G"
+        )
+    if g.shape != (batch, length, heads):
+        raise ValueError(f"the log-decay {tuple(g.shape)} must be [B, T, H] = {[batch, length, heads]}")
+    state_shape = (batch, heads, state_dim, head_dim)
+    if initial_state is not None and initial_state.shape != state_shape:
+        raise ValueError(f"initial_state {tuple(initial_state.shape)} must be [B, H, N, P] = {list(state_shape)}")
+    dtype = torch.float64 if any(t is not None and t.dtype == torch.float64 for t in (q, k, v, g)) else torch.float32
+    if heads != groups:
+        q, k = (t.repeat_interleave(heads // groups, dim=2) for t in (q, k))
+    q, k, v, g = (t.transpose(1, 2).to(dtype) for t in (q, k, v, g.unsqueeze(-1)))
+    state = torch.zeros(state_shape, dtype=dtype, device=v.device) if initial_state is None else initial_state
+    return q, k, v, g, state.to(dtype)
+
+
+def ssd_recurrent(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    initial_state: torch.Tensor | None = None,
+    documents: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The SSD recurrence one token at a time: S = exp(g_t) S + k_t v_t^T, o_t = S^T q_t. q (C), k (B) [B, T, G, N];
+    v (dt x) [B, T, H, P], H a multiple of G (head h reads group h // (H / G)); g (dt A, <= 0) [B, T, H];
+    initial_state [B, H, N, P] (None: zeros); `documents` [B, T] (attention.Sequence.documents): the state goes back
+    to zero at each token whose document is not the previous token's, so every packed document is computed as if
+    alone, the first one continuing initial_state.
+
+    Returns o [B, T, H, P] in v's dtype and the final state [B, H, N, P] in the computing dtype (float32, float64 for
+    float64 inputs), the dtype a generation cache keeps it in. The reference, and the kernel of a decoding step."""
+    out_dtype = v.dtype
+    q, k, v, g, state = _shaped(q, k, v, g, initial_state)
+    keep = None if documents is None else (~document_starts(documents)).to(state.dtype)
+    outputs = []
+    for t in range(v.shape[2]):
+        if keep is not None:
+            state = state * keep[:, t, None, None, None]
+        state = state * g[:, :, t, :, None].exp() + k[:, :, t, :, None] * v[:, :, t, None, :]
+        outputs.append(torch.einsum("bhnp,bhn->bhp", state, q[:, :, t]))
+    return torch.stack(outputs, dim=1).to(out_dtype), state
+
+
+def ssd_chunked(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    initial_state: torch.Tensor | None = None,
+    documents: torch.Tensor | None = None,
+    chunk_size: int = 64,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`ssd_recurrent` (same arguments, same results) chunk_size tokens at a time, T padded to a multiple of it.
+
+    With D_i the decay from a chunk's start through token i and S0 the state before the chunk, token i's output is
+    (D_i q_i)^T S0 + sum_{j <= i} (D_i / D_j) (q_i . k_j) v_j: a masked, decayed attention inside the chunk (the
+    quadratic, "dual" form) plus a read of the carried state; the chunk hands on D_C S0 + sum_j (D_C / D_j) k_j v_j^T.
+    Every chunk's inner terms are computed at once; only the step from one chunk's state to the next, a [N, P] product
+    per head, is sequential. Documents mask the pairs that straddle a document start, keep S0 from the tokens after
+    one, and keep the chunk's state from passing through it."""
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size={chunk_size} must be at least 1")
+    out_dtype = v.dtype
+    q, k, v, g, state = _shaped(q, k, v, g, initial_state)
+    batch, heads, length, head_dim = v.shape
+    pad = -length % chunk_size
+    chunks = (length + pad) // chunk_size
+    q, k, v, g = (F.pad(t, (0, 0, 0, pad)).reshape(batch, heads, chunks, chunk_size, -1) for t in (q, k, v, g))
+
+    # Each token's document counted from its chunk's first (0: the one the chunk starts in); the padding adds none.
+    starts = torch.zeros(batch, length + pad, dtype=torch.int64, device=v.device)
+    if documents is not None:
+        starts[:, :length] = document_starts(documents)
+    segment = starts.reshape(batch, 1, chunks, chunk_size).cumsum(dim=-1)  # [B, 1, N, C]
+    causal = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=v.device).tril()
+    reads = causal & (segment[..., :, None] == segment[..., None, :])  # token i reads what token j wrote
+    first = (segment == 0)[..., None]  # the tokens that read the state carried into the chunk
+    last = (segment == segment[..., -1:])[..., None]  # the tokens whose writes the chunk carries out
+    through = first[:, :, :, -1]  # [B, 1, N, 1]: one document throughout, the carried state passes through
+
+    decay = g.cumsum(dim=3)  # [B, H, N, C, 1]: the log of D_i
+    inner = decayed_scores(q, k, decay, reads) @ v  # [B, H, N, C, P]
+    q_reading_state = q * decay.exp() * first
+    written = (k * (decay[:, :, :, -1:] - decay).exp() * last).transpose(-1, -2) @ v  # [B, H, N, N_state, P]
+    chunk_decay = (decay[:, :, :, -1].exp() * through)[..., None]  # [B, H, N, 1, 1]
+    incoming = []
+    for n in range(chunks):
+        incoming.append(state)
+        state = chunk_decay[:, :, n] * state + written[:, :, n]
+    o = inner + q_reading_state @ torch.stack(incoming, dim=2)
+    o = o.reshape(batch, heads, chunks * chunk_size, head_dim)[:, :, :length]
+    return o.transpose(1, 2).to(out_dtype), state
+
+
+class StateScan(nn.Module):
+    """The SSD scan over a sequence (ssd_chunked's arguments: q, k [B, T, G, N], v [B, T, H, P], g [B, T, H]),
+    restarting at each document of `sequence`, from `state` [B, H, N, P] (generation; None: zeros). Returns o
+    [B, T, H, P] and the final state. One token (a decoding step) runs the recurrence itself; more, the chunked
+    path in chunks of `chunk_size`."""
+
+    def __init__(self, chunk_size: int = 64):
+        super().__init__()
+        self.chunk_size = chunk_size
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        g: torch.Tensor,
+        sequence: Sequence | None = None,
+        state: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        documents = None if sequence is None else sequence.documents
+        if v.shape[1] == 1:
+            return ssd_recurrent(q, k, v, g, state, documents)
+        return ssd_chunked(q, k, v, g, state, documents, chunk_size=self.chunk_size)
+
+    def flops_per_token(self, heads: int, state_dim: int, head_dim: int) -> float:
+        """Training FLOPs per token of the scan as ssd_chunked computes it, for `heads` heads of width P over a state
+        of width N, for each chunk of C tokens and head:
+
+            the C x C scores C K^T                          2 C^2 N
+            the scores times the chunk's values             2 C^2 P
+            the chunk's writes into its [N, P] state        2 C N P
+            the carried state read by the chunk's queries   2 C N P
+
+        so per token R = 3 * H * (2 C N + 2 C P + 4 N P), x3 for backward as every matmul in the formula. The
+        decays' exponentials, the masks, T's padding to a multiple of C and the one [N, P] update per chunk are not
+        counted, as norms are not. Linear in T (a fixed C), where attention's term grows with it."""
+        chunk = self.chunk_size
+        return 3.0 * heads * (2 * chunk * state_dim + 2 * chunk * head_dim + 4 * state_dim * head_dim)
+
+
+class GroupedGatedRMSNorm(nn.Module):
+    """Mamba-2's output norm: x [..., W] gated by SiLU(z) before the norm (or after it, `norm_before_gate`), each of
+    `groups` equal slices of W normalised by its own RMS, times a weight [W]; computed in float32, returned in x's
+    dtype (transformers' Nemotron-H and Falcon-H1 gated norms). Under tensor parallelism each rank holds whole groups
+    of the width (the weight sharded with them), so it is the same module on the local width."""
+
+    def __init__(self, width: int, groups: int = 1, eps: float = 1e-5, norm_before_gate: bool = False):
+        super().__init__()
+        if width % groups:
+            raise ValueError(f"GroupedGatedRMSNorm width={width} must be a multiple of groups={groups}")
+        self.group_size, self.eps, self.norm_before_gate = width // groups, eps, norm_before_gate
+        self.weight = nn.Parameter(torch.ones(width))
+
+    def forward(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        gate = F.silu(z.float())
+        y = x.float() if self.norm_before_gate else x.float() * gate
+        shape = y.shape
+        y = F.rms_norm(y.view(*shape[:-1], -1, self.group_size), (self.group_size,), eps=self.eps).view(shape)
+        y = local(self.weight).float() * y
+        return (y * gate if self.norm_before_gate else y).to(x.dtype)
+
+    def init_own(self, name: str, full: torch.Tensor, generator: torch.Generator, scheme: InitScheme) -> None:
+        scheme.norm(name, full)
+
+
+def start_step_bias(
+    full: torch.Tensor, generator: torch.Generator, dt_range: tuple[float, float], floor: float
+) -> None:
+    """dt_bias as Mamba-2 starts it: the softplus inverse of a step log-uniform in `dt_range`, floored at `floor`."""
+    low, high = math.log(dt_range[0]), math.log(dt_range[1])
+    dt = torch.empty_like(full).uniform_(low, high, generator=generator).exp_().clamp_(min=floor)
+    full.copy_(dt + torch.log(-torch.expm1(-dt)))  # softplus(dt_bias) = dt
+
+
+class Mamba2(nn.Module):
+    """The Mamba-2 mixer (module docstring): `heads` x `head_dim` inputs, `groups` x `state_dim` B and C, a
+    convolution over `conv_size` tokens (with a bias where `conv_bias`), the step clamped to `dt_limit`, biases on the
+    projections where `bias`, the output norm over `norm_groups` slices (`norm_eps`, the gate before the norm
+    where not `norm_before_gate`), the scan in chunks of `chunk_size`. Every projection a separate nn.Linear and each
+    convolution's weight its own parameter, so tensor parallelism splits them by heads and groups; dt_bias starts
+    log-uniform in `dt_init` floored at `dt_floor`, A_log at log(1..H), D at one (Mamba-2's)."""
+
+    def __init__(
+        self,
+        dim: int,
+        heads: int,
+        head_dim: int,
+        groups: int,
+        state_dim: int,
+        conv_size: int = 4,
+        *,
+        conv_bias: bool = True,
+        bias: bool = False,
+        dt_limit: tuple[float, float] = (0.0, math.inf),
+        norm_groups: int | None = None,
+        norm_eps: float = 1e-5,
+        norm_before_gate: bool = False,
+        chunk_size: int = 64,
+        dt_init: tuple[float, float] = (0.001, 0.1),
+        dt_floor: float = 1e-4,
+    ):
+        super().__init__()
+        if heads % groups:
+            raise ValueError(f"Mamba2 heads={heads} must be a multiple of groups={groups}")
+        if conv_size < 1:
+            raise ValueError(f"Mamba2 conv_size={conv_size}; it must be at least 1")
+        self.head_dim, self.state_dim, self.dt_limit = head_dim, state_dim, dt_limit
+        self.dt_init, self.dt_floor = dt_init, dt_floor
+        width, bc_width = heads * head_dim, groups * state_dim
+        self.wz = nn.Linear(dim, width, bias=bias)  # the gate's
+        self.wx = nn.Linear(dim, width, bias=bias)
+        self.wb = nn.Linear(dim, bc_width, bias=bias)
+        self.wc = nn.Linear(dim, bc_width, bias=bias)
+        self.wdt = nn.Linear(dim, heads, bias=bias)
+        for name, channels in zip(CONVOLVED, (width, bc_width, bc_width)):
+            self.register_parameter(name, nn.Parameter(torch.empty(channels, conv_size)))
+        for name, channels in zip(CONVOLVED_BIASES, (width, bc_width, bc_width)):
+            self.register_parameter(name, nn.Parameter(torch.empty(channels)) if conv_bias else None)
+        self.dt_bias = nn.Parameter(torch.empty(heads))
+        self.A_log = nn.Parameter(torch.empty(heads))
+        self.D = nn.Parameter(torch.empty(heads))
+        norm_groups = groups if norm_groups is None else norm_groups
+        self.norm = GroupedGatedRMSNorm(width, norm_groups, norm_eps, norm_before_gate)
+        self.wo = nn.Linear(width, dim, bias=bias)
+        self.conv = ShortConvolution()  # context parallelism wraps these two
+        self.scan = StateScan(chunk_size)
+
+    def sequence_flops_per_token(self, seq_len: int) -> float:
+        """Training FLOPs per token that mix the sequence (models/common/flops.py): the scan's over this layer's
+        heads, whatever `seq_len` (its projections and convolution are parameters, counted apart)."""
+        return self.scan.flops_per_token(self.wdt.out_features, self.state_dim, self.head_dim)
+
+    def forward(
+        self, x: torch.Tensor, cache: LayerCache | None = None, sequence: Sequence | None = None
+    ) -> torch.Tensor:
+        bsz, seqlen, _ = x.shape
+        xs, b, c = self.wx(x), self.wb(x), self.wc(x)  # this rank's heads and groups under tensor parallelism
+        widths = [xs.shape[-1], b.shape[-1], c.shape[-1]]
+        weight = torch.cat([local(getattr(self, name)) for name in CONVOLVED])
+        biases = [getattr(self, name) for name in CONVOLVED_BIASES]
+        bias = torch.cat([local(t) for t in biases]) if biases[0] is not None else None
+        conv_state = None if cache is None else cache.state("conv")
+        xbc, conv_state = self.conv(torch.cat([xs, b, c], dim=-1), weight, sequence, conv_state, bias)
+        xs, b, c = xbc.split(widths, dim=-1)
+        xs = xs.view(bsz, seqlen, -1, self.head_dim)  # [B, T, H, P]
+        dt = F.softplus(self.wdt(x).float() + local(self.dt_bias).float()).clamp(*self.dt_limit)  # [B, T, H]
+        g = -local(self.A_log).float().exp() * dt
+        v = xs.float() * dt[..., None]
+        k, q = (t.view(bsz, seqlen, -1, self.state_dim) for t in (b, c))  # [B, T, G, N]
+        state = None if cache is None else cache.state("recurrent")
+        y, state = self.scan(q, k, v, g, sequence, state)
+        if cache is not None:
+            cache.set_state("conv", conv_state)
+            cache.set_state("recurrent", state)
+        y = y + local(self.D).float()[:, None] * xs.float()
+        y = self.norm(y.reshape(bsz, seqlen, -1), self.wz(x))
+        return self.wo(y.to(x.dtype))
+
+    def init_own(self, name: str, full: torch.Tensor, generator: torch.Generator, scheme: InitScheme) -> None:
+        """The projections input-side and wo residual-side, the convolution as nn.Conv1d starts one (its biases at
+        zero), dt_bias log-uniform (start_step_bias), A_log at log(1..H), D at one."""
+        if name in CONVOLVED:
+            start_convolution(full, generator)
+        elif name in CONVOLVED_BIASES:
+            nn.init.zeros_(full)
+        elif name == "dt_bias":
+            start_step_bias(full, generator, self.dt_init, self.dt_floor)
+        elif name == "A_log":
+            full.copy_(torch.arange(1, full.numel() + 1, dtype=full.dtype).log())
+        elif name == "D":
+            nn.init.ones_(full)
+        else:
+            start_linears(name, full, generator, scheme, inputs=("wz", "wx", "wb", "wc", "wdt"), outputs=("wo",))

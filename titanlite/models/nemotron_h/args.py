@@ -1,0 +1,96 @@
+"""Nemotron-H's arguments, torch-free: the shared decoder's with Mamba-2 layers (Mamba2Args,
+titanlite/models/common/mamba2_args.py), each layer one sublayer behind its own pre-norm, as `layer_types` says:
+a Mamba-2 mixer, attention without positions, a relu^2 MLP; the published sizes."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+from titanlite.models.common.mamba2_args import Mamba2Args
+from titanlite.models.spec import not_math
+
+LAYER_KINDS = ("mamba", "full_attention", "mlp")
+# hybrid_override_pattern's characters -> our layer kinds (and back); "E", a mixture of experts, is read and refused
+PATTERN = {"M": "mamba", "*": "full_attention", "-": "mlp"}
+
+
+def layers_of(pattern: str) -> tuple[str, ...]:
+    """The layer kinds of a hybrid_override_pattern such as "M-M*-" (a ValueError naming a character it does not
+    know and those it does)."""
+    unknown = sorted(set(pattern) - set(PATTERN))
+    if unknown:
+        raise ValueError(f"pattern character {unknown[0]!r}; Nemotron-H's are {', '.join(PATTERN)}")
+    return tuple(PATTERN[c] for c in pattern)
+
+
+def pattern_of(layer_types: tuple[str, ...]) -> str:
+    mark = {kind: c for c, kind in PATTERN.items()}
+    return "".join(mark[kind] for kind in layer_types)
+
+
+@dataclass
+class NemotronHArgs(Mamba2Args):
+    """Nemotron-H's decoder (titanlite/models/nemotron_h/model.py): n_layers layers, each of `layer_types`' kind
+    ("mamba": a Mamba-2 mixer; "full_attention": grouped-query attention with no rotations, the causal order its only
+    positions; "mlp": up and down projections around relu^2, of width ffn_dim), each behind its own RMSNorm and inside
+    a residual add."""
+
+    layer_kinds: ClassVar[tuple[str, ...]] = LAYER_KINDS
+    family: str = not_math("nemotron_h")
+    norm_eps: float = 1e-5
+    dt_min: float = 0.001  # transformers' mixer clamps the step below at time_step_min
+
+    def __post_init__(self) -> None:
+        if not self.layer_types:
+            self.layer_types = layers_of("M-M*-" * (self.n_layers // 5) + "M-M*-"[: self.n_layers % 5])
+        super().__post_init__()
+        if self.qkv_bias or self.out_bias or self.qk_norm != "none" or self.norm_position != "pre":
+            raise ValueError("NemotronHArgs: no attention biases or Q/K norms; pre-norm layers")
+        if self.sliding_window or self.nope_layers:
+            raise ValueError("NemotronHArgs: its attention has no window and no rotations to turn off")
+
+
+def with_depth(args: NemotronHArgs, n_layers: int) -> dict:
+    """model.n_layers: the depth, the pattern repeated (or cut) to it."""
+    pattern = pattern_of(args.layer_types)
+    return {"n_layers": n_layers, "layer_types": layers_of((pattern * math.ceil(n_layers / len(pattern)))[:n_layers])}
+
+
+# The published Nemotron-H-8B-Base-8K (Nemotron-H v0.1): 52 layers, 24 Mamba-2, 4 attention and 24 MLP, in this order
+# (the hybrid_override_pattern of its config.json, which Megatron-Bridge and vLLM take as their defaults).
+NEMOTRON_H_8B_PATTERN = "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-"
+FLAVORS = {
+    # Tiny, for tests and CPU runs: every kind of layer, grouped B and C, grouped key/value heads.
+    "debug": NemotronHArgs(
+        dim=64,
+        n_layers=6,
+        n_heads=4,
+        n_kv_heads=2,
+        ffn_dim=128,
+        vocab_size=0,
+        max_seq_len=2048,
+        layer_types=layers_of("M-M*-"[:5] + "M"),
+        mamba_heads=8,
+        mamba_head_dim=8,
+        mamba_groups=2,
+        state_dim=16,
+        mamba_chunk_size=16,
+    ),
+    "nemotron_h_8b": NemotronHArgs(
+        dim=4096,
+        n_layers=len(NEMOTRON_H_8B_PATTERN),
+        n_heads=32,
+        n_kv_heads=8,
+        head_dim=128,
+        ffn_dim=21504,
+        vocab_size=131072,
+        max_seq_len=8192,
+        layer_types=layers_of(NEMOTRON_H_8B_PATTERN),
+        mamba_heads=128,
+        mamba_head_dim=64,
+        mamba_groups=8,
+        state_dim=128,
+    ),
+}

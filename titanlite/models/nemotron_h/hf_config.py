@@ -1,0 +1,200 @@
+"""Nemotron-H's config.json both ways (model_type "nemotron_h", NemotronHForCausalLM), torch-free. The layers come
+from `layers_block_type` (transformers' names) or the published `hybrid_override_pattern` ("M", "*", "-"); the
+mixer's fields under transformers' names or the published mamba_* ones. An absent key takes NemotronHConfig's
+default; every field that changes the math is honoured or refused in one line naming it.
+
+transformers' mixer clamps the step below at time_step_min and reads no time_step_limit; nor do we. Its attention has
+no biases whatever attention_bias says, and its Mamba projections' biases follow use_bias (not mamba_proj_bias): a
+config.json asking for either bias is refused, as transformers would build a model without it."""
+
+from __future__ import annotations
+
+import math
+
+from titanlite.base.hf_config import COUNT, FLAG, NONNEGATIVE, POSITIVE, TEXT, TEXTS, WHOLE, FieldTypes, refuse
+from titanlite.models.nemotron_h.args import NemotronHArgs, layers_of, pattern_of
+
+MODEL_TYPE, ARCHITECTURE = "nemotron_h", "NemotronHForCausalLM"
+# transformers' layers_block_type names -> ours
+HF_KINDS = {"linear_attention": "mamba", "mamba": "mamba", "full_attention": "full_attention", "attention":
+            "full_attention", "mlp": "mlp"}  # fmt: skip
+# The mixer's fields under their published names (mamba_*) -> transformers' (it reads both)
+ALIASES = {
+    "mamba_n_groups": "n_groups",
+    "mamba_d_conv": "conv_kernel",
+    "mamba_dt_min": "time_step_min",
+    "mamba_dt_max": "time_step_max",
+    "mamba_dt_init_floor": "time_step_floor",
+    "mamba_conv_bias": "use_conv_bias",
+    "mamba_chunk_size": "chunk_size",
+}
+FIELDS: FieldTypes = {
+    "layers_block_type": (TEXTS, True),
+    "hybrid_override_pattern": (TEXT, True),
+    "layer_norm_epsilon": (NONNEGATIVE, False),
+    "mlp_hidden_act": (TEXT, False),
+    "mamba_hidden_act": (TEXT, False),
+    "mamba_num_heads": (COUNT, False),
+    "mamba_head_dim": (COUNT, False),
+    "ssm_state_size": (COUNT, False),
+    "n_groups": (COUNT, False),
+    "conv_kernel": (COUNT, False),
+    "use_conv_bias": (FLAG, False),
+    "use_bias": (FLAG, False),
+    "mamba_proj_bias": (FLAG, False),
+    "chunk_size": (COUNT, False),
+    "time_step_min": (NONNEGATIVE, False),
+    "time_step_max": (POSITIVE, False),
+    "time_step_floor": (NONNEGATIVE, False),
+    "num_nextn_predict_layers": (WHOLE, False),
+    **{alias: (kind, False) for alias, kind in (
+        ("mamba_n_groups", COUNT), ("mamba_d_conv", COUNT), ("mamba_dt_min", NONNEGATIVE), ("mamba_dt_max", POSITIVE),
+        ("mamba_dt_init_floor", NONNEGATIVE), ("mamba_conv_bias", FLAG), ("mamba_chunk_size", COUNT))},
+}  # fmt: skip
+# NemotronHConfig's defaults (transformers 5) of what a config.json may leave out
+DEFAULTS = {
+    "vocab_size": 131072,
+    "hidden_size": 4096,
+    "intermediate_size": 21504,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "max_position_embeddings": 4096,
+    "layer_norm_epsilon": 1e-5,
+    "mamba_num_heads": 128,
+    "mamba_head_dim": 64,
+    "ssm_state_size": 128,
+    "n_groups": 8,
+    "conv_kernel": 4,
+    "use_conv_bias": True,
+    "use_bias": False,
+    "chunk_size": 128,
+    "time_step_min": 0.001,
+    "time_step_max": 0.1,
+    "time_step_floor": 1e-4,
+    "tie_word_embeddings": False,
+}
+
+
+def _layer_types(config: dict, where: str) -> tuple[str, ...]:
+    """The layers, from layers_block_type (transformers' names) or hybrid_override_pattern (the published
+    characters), the first where both are given (as transformers reads them); "moe" layers (E) refused for now."""
+    kinds = config.get("layers_block_type")
+    if kinds is None and config.get("layer_types") is not None:
+        kinds = config["layer_types"]
+    if kinds is not None:
+        for kind in kinds:
+            if kind not in HF_KINDS:
+                known = ", ".join(sorted({*HF_KINDS, "moe"}))
+                raise refuse(where, "layers_block_type", kind, f"Nemotron-H's layer kinds are {known}")
+        if "moe" in kinds:
+            raise refuse(where, "layers_block_type", "moe", "titanlite builds Nemotron-H's dense layers (M, *, -) only")
+        layers = tuple(HF_KINDS[kind] for kind in kinds)
+    else:
+        pattern = config.get("hybrid_override_pattern", "ME*-")  # transformers' default when neither is given
+        if "E" in pattern:
+            raise refuse(where, "hybrid_override_pattern", pattern, "titanlite builds Nemotron-H's dense layers "
+                         "(M, *, -) only, no mixture-of-experts layers (E)")  # fmt: skip
+        try:
+            layers = layers_of(pattern)
+        except ValueError as e:
+            raise refuse(where, "hybrid_override_pattern", pattern, f"{e} (and E)") from None
+    declared = config.get("num_hidden_layers")
+    if declared is not None and declared != len(layers):
+        raise refuse(where, "num_hidden_layers", declared, f"the layer pattern has {len(layers)} layers")
+    if not layers:
+        raise refuse(where, "hybrid_override_pattern", "", "Nemotron-H needs at least one layer")
+    return layers
+
+
+def read(config: dict, where: str) -> NemotronHArgs:
+    """NemotronHArgs of a nemotron_h config.json."""
+    c = {**DEFAULTS, **{ALIASES.get(key, key): value for key, value in config.items()}}
+    for key, value, must in (
+        ("mlp_hidden_act", c.get("mlp_hidden_act", "relu2"), "relu2"),
+        ("mamba_hidden_act", c.get("mamba_hidden_act", "silu"), "silu"),
+    ):
+        if value != must:
+            raise refuse(where, key, value, f"transformers' Nemotron-H uses {must!r} there")
+    for key, why in (
+        ("attention_bias", "transformers' Nemotron-H attention has no biases"),
+        ("mamba_proj_bias", "transformers' Nemotron-H reads use_bias for the Mamba projections"),
+    ):
+        if c.get(key):
+            raise refuse(where, key, True, why)
+    if c.get("sliding_window") is not None:
+        raise refuse(where, "sliding_window", c["sliding_window"], "Nemotron-H's attention sees the whole sequence")
+    if c.get("num_nextn_predict_layers"):
+        raise refuse(where, "num_nextn_predict_layers", c["num_nextn_predict_layers"],
+                     "titanlite builds Nemotron-H without multi-token prediction layers for now")  # fmt: skip
+    layers = _layer_types(config, where)
+    heads, groups = c["mamba_num_heads"], c["n_groups"]
+    if heads % groups:
+        raise refuse(where, "mamba_num_heads", heads, f"it must be a multiple of n_groups={groups}")
+    if c["time_step_min"] >= math.inf or c["time_step_max"] <= 0:
+        raise refuse(where, "time_step_min", c["time_step_min"], "the step's lower clamp must be finite")
+    return NemotronHArgs(
+        dim=c["hidden_size"],
+        n_layers=len(layers),
+        n_heads=c["num_attention_heads"],
+        n_kv_heads=c["num_key_value_heads"] or c["num_attention_heads"],
+        head_dim=c["head_dim"],
+        ffn_dim=c["intermediate_size"],
+        vocab_size=c["vocab_size"],
+        max_seq_len=c["max_position_embeddings"],
+        norm_eps=c["layer_norm_epsilon"],
+        tie_embeddings=c["tie_word_embeddings"],
+        mlp_bias=c.get("mlp_bias", False),
+        layer_types=layers,
+        mamba_heads=heads,
+        mamba_head_dim=c["mamba_head_dim"],
+        mamba_groups=groups,
+        state_dim=c["ssm_state_size"],
+        conv_size=c["conv_kernel"],
+        conv_bias=c["use_conv_bias"],
+        mamba_bias=c["use_bias"],
+        dt_min=c["time_step_min"],
+        mamba_chunk_size=c["chunk_size"],
+        dt_init_min=c["time_step_min"],
+        dt_init_max=c["time_step_max"],
+        dt_init_floor=c["time_step_floor"],
+    )
+
+
+def write(args: NemotronHArgs) -> dict:
+    """The nemotron_h config.json fields of this model, its layers as the published hybrid_override_pattern."""
+    if args.dt_max != math.inf or args.dt_min != args.dt_init_min or args.mamba_norm_groups != args.mamba_groups:
+        raise ValueError("a nemotron_h config.json says no upper step clamp, the lower one at time_step_min and "
+                         "the output norm over n_groups slices")  # fmt: skip
+    return {
+        "architectures": [ARCHITECTURE],
+        "model_type": MODEL_TYPE,
+        "hidden_size": args.dim,
+        "intermediate_size": args.ffn_dim,
+        "num_hidden_layers": args.n_layers,
+        "hybrid_override_pattern": pattern_of(args.layer_types),
+        "num_attention_heads": args.n_heads,
+        "num_key_value_heads": args.n_kv_heads,
+        "head_dim": args.head_dim,
+        "vocab_size": args.vocab_size,
+        "max_position_embeddings": args.max_seq_len,
+        "layer_norm_epsilon": args.norm_eps,
+        "tie_word_embeddings": args.tie_embeddings,
+        "attention_bias": False,
+        "mlp_bias": args.mlp_bias,
+        "mlp_hidden_act": "relu2",
+        "mamba_hidden_act": "silu",
+        "mamba_num_heads": args.mamba_heads,
+        "mamba_head_dim": args.mamba_head_dim,
+        "n_groups": args.mamba_groups,
+        "ssm_state_size": args.state_dim,
+        "conv_kernel": args.conv_size,
+        "use_conv_bias": args.conv_bias,
+        "use_bias": args.mamba_bias,
+        "chunk_size": args.mamba_chunk_size,
+        "time_step_min": args.dt_min,
+        "time_step_max": args.dt_init_max,
+        "time_step_floor": args.dt_init_floor,
+        **({"expand": args.mamba_width // args.dim} if args.mamba_width % args.dim == 0 else {}),  # read by no code
+        "num_nextn_predict_layers": 0,
+    }

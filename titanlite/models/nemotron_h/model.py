@@ -1,0 +1,63 @@
+"""Nemotron-H on the shared decoder (titanlite/models/common/decoder.py): every layer one sublayer behind its own
+RMSNorm, as args.layer_types says: a Mamba-2 mixer (titanlite/models/common/mamba2.py) or attention without positions
+(MixerBlock), or a relu^2 MLP (FeedForwardBlock). No layer reads a rotary table. Plain modules with no parallelism
+inside."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from torch import nn
+
+from titanlite.models.common.decoder import FeedForwardBlock, MixerBlock, Transformer, grouped_query_attention
+from titanlite.models.common.feed_forward import MLP
+from titanlite.models.common.interface import Decoder
+from titanlite.models.common.mamba2 import Mamba2
+from titanlite.models.common.rope import RotaryTable
+from titanlite.models.nemotron_h.args import NemotronHArgs
+
+
+def mamba2(model: NemotronH, layer: int) -> nn.Module:
+    a = model.args
+    return Mamba2(
+        a.dim,
+        a.mamba_heads,
+        a.mamba_head_dim,
+        a.mamba_groups,
+        a.state_dim,
+        a.conv_size,
+        conv_bias=a.conv_bias,
+        bias=a.mamba_bias,
+        dt_limit=(a.dt_min, a.dt_max),
+        norm_groups=a.mamba_norm_groups,
+        norm_eps=a.norm_eps,
+        chunk_size=a.mamba_chunk_size,
+        dt_init=(a.dt_init_min, a.dt_init_max),
+        dt_floor=a.dt_init_floor,
+    )
+
+
+def attention(model: NemotronH, layer: int) -> nn.Module:
+    return grouped_query_attention(model, layer, rotary=False)
+
+
+class NemotronH(Transformer):
+    """Implements titanlite.models.common.interface.Decoder (Nemotron-H)."""
+
+    args: NemotronHArgs
+    mixers = {"mamba": mamba2, "full_attention": attention}
+
+    def build_layer(self, layer: int) -> nn.Module:
+        if self.layer_kind(layer) == "mlp":
+            mlp = MLP(self.args.dim, self.args.ffn_dim, activation="relu2", bias=self.args.mlp_bias)
+            return FeedForwardBlock(mlp, self.build_norm)
+        return MixerBlock(self.build_mixer(layer), self.build_norm, rotary=False)
+
+    def rotary_tables(self) -> dict[str, RotaryTable]:
+        return {}
+
+
+if TYPE_CHECKING:
+
+    def _implements_decoder(model: NemotronH) -> Decoder:
+        return model

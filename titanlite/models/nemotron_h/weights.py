@@ -1,0 +1,111 @@
+"""Nemotron-H's weights under Hugging Face's names (NemotronHForCausalLM), both ways, as the published folders hold
+them (backbone.*, which transformers' save_pretrained writes back; a folder under transformers' module names,
+model.*, reads the same).
+
+Each layer's norm is backbone.layers.i.norm (our attention_norm or ffn_norm) and its sublayer backbone.layers.i.mixer.
+Mamba-2: in_proj's rows are [z | x | B | C | dt] (our wz, wx, wb, wc, wdt), conv1d's [x | B | C] channels, weight
+[C, 1, K] (our conv_x, conv_b, conv_c [C, K] and their biases); A_log, D, dt_bias, the gated norm and out_proj one to
+one. Attention: q_proj, k_proj, v_proj, o_proj, with no rotations to reorder. MLP: up_proj and down_proj (w1, w2)."""
+
+from __future__ import annotations
+
+import torch
+
+from titanlite.models.common.mamba2 import CONVOLVED, CONVOLVED_BIASES
+from titanlite.models.nemotron_h.args import NemotronHArgs
+
+PREFIX, MODULE_PREFIX = "backbone.", "model."  # the stored names' and transformers' modules'
+IN_PROJ = ("wz", "wx", "wb", "wc", "wdt")  # in_proj's row blocks, in order
+ATTENTION = {"wq": "q_proj", "wk": "k_proj", "wv": "v_proj", "wo": "o_proj"}
+MLP = {"w1": "up_proj", "w2": "down_proj"}
+
+
+def _in_proj_widths(args: NemotronHArgs) -> list[int]:
+    bc = args.mamba_groups * args.state_dim
+    return [args.mamba_width, args.mamba_width, bc, bc, args.mamba_heads]
+
+
+def _conv_widths(args: NemotronHArgs) -> list[int]:
+    bc = args.mamba_groups * args.state_dim
+    return [args.mamba_width, bc, bc]
+
+
+def _mamba_sources(args: NemotronHArgs, ours: str, hf: str) -> dict[str, str]:
+    names = {f"{ours}{w}.weight": f"{hf}in_proj.weight" for w in IN_PROJ}
+    names |= {f"{ours}{w}": f"{hf}conv1d.weight" for w in CONVOLVED}
+    if args.conv_bias:
+        names |= {f"{ours}{w}": f"{hf}conv1d.bias" for w in CONVOLVED_BIASES}
+    names |= {f"{ours}{w}": f"{hf}{w}" for w in ("A_log", "D", "dt_bias")}
+    names |= {f"{ours}norm.weight": f"{hf}norm.weight", f"{ours}wo.weight": f"{hf}out_proj.weight"}
+    if args.mamba_bias:
+        names |= {f"{ours}{w}.bias": f"{hf}in_proj.bias" for w in IN_PROJ} | {f"{ours}wo.bias": f"{hf}out_proj.bias"}
+    return names
+
+
+def hf_sources(args: NemotronHArgs) -> dict[str, str]:
+    """Our parameter name -> the Hugging Face tensor it is made from (output.weight included even when tied)."""
+    names = {
+        "tok_embeddings.weight": f"{PREFIX}embeddings.weight",
+        "norm.weight": f"{PREFIX}norm_f.weight",
+        "output.weight": "lm_head.weight",
+    }
+    for i, kind in enumerate(args.layer_types):
+        ours, hf = f"layers.{i}.", f"{PREFIX}layers.{i}."
+        norm = "ffn_norm" if kind == "mlp" else "attention_norm"
+        names[f"{ours}{norm}.weight"] = f"{hf}norm.weight"
+        if kind == "mamba":
+            names |= _mamba_sources(args, f"{ours}attention.", f"{hf}mixer.")
+        elif kind == "full_attention":
+            names |= {f"{ours}attention.{o}.weight": f"{hf}mixer.{h}.weight" for o, h in ATTENTION.items()}
+        else:
+            biases = (".weight", ".bias") if args.mlp_bias else (".weight",)
+            names |= {f"{ours}feed_forward.{o}{b}": f"{hf}mixer.{h}{b}" for o, h in MLP.items() for b in biases}
+    return names
+
+
+def hf_keys(args: NemotronHArgs, keys: list[str]) -> dict[str, str]:
+    """A folder's tensor names as the stored ones: transformers' module names (model.*) read as backbone.*."""
+    return {(PREFIX + k[len(MODULE_PREFIX) :] if k.startswith(MODULE_PREFIX) else k): k for k in keys}
+
+
+def _part(args: NemotronHArgs, name: str) -> tuple[list[int], int] | None:
+    """Where our `name` lies in a fused Hugging Face tensor: the row widths and its block (None: a tensor alone)."""
+    leaf = name.rpartition(".attention.")[2]
+    base = leaf.partition(".")[0]
+    if base in IN_PROJ and name.startswith("layers.") and ".attention." in name:
+        return _in_proj_widths(args), IN_PROJ.index(base)
+    if leaf in CONVOLVED:
+        return _conv_widths(args), CONVOLVED.index(leaf)
+    if leaf in CONVOLVED_BIASES:
+        return _conv_widths(args), CONVOLVED_BIASES.index(leaf)
+    return None
+
+
+def _is_mamba(args: NemotronHArgs, name: str) -> bool:
+    return name.startswith("layers.") and args.layer_types[int(name.split(".")[1])] == "mamba"
+
+
+def from_hf_tensor(args: NemotronHArgs, name: str, hf: torch.Tensor) -> torch.Tensor:
+    """Our parameter `name`'s full value from its Hugging Face tensor (hf_sources[name])."""
+    part = _part(args, name) if _is_mamba(args, name) else None
+    if part is None:
+        return hf.contiguous()
+    widths, block = part
+    t = hf.split(widths, dim=0)[block]
+    return (t.squeeze(1) if t.dim() == 3 else t).contiguous()
+
+
+def to_hf(args: NemotronHArgs, sd: dict[str, torch.Tensor], take) -> dict[str, torch.Tensor]:
+    """Our state dict -> Hugging Face's names and layouts (lm_head.weight always present); `take(name)` reads sd."""
+    fused: dict[str, list[tuple[int, torch.Tensor]]] = {}
+    out: dict[str, torch.Tensor] = {}
+    for ours, hf in hf_sources(args).items():
+        part = _part(args, ours) if _is_mamba(args, ours) else None
+        if part is None:
+            out[hf] = take(ours)
+            continue
+        t = take(ours)
+        fused.setdefault(hf, []).append((part[1], t.unsqueeze(1) if ours.endswith(CONVOLVED) else t))
+    for hf, parts in fused.items():
+        out[hf] = torch.cat([t for _, t in sorted(parts, key=lambda p: p[0])])
+    return out
