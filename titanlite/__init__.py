@@ -30,6 +30,7 @@ LAYERS = (
         "models.common.linear_attention_args",
         "the linear-attention layers' kinds and pattern, Gated DeltaNet's arguments (GatedDeltaNetArgs); torch-free",
     ),
+    (0, "models.common.mamba2_args", "the Mamba-2 layers' arguments (Mamba2Args); torch-free"),
     (0, "models.common.qwen_hybrid.args", "the Qwen hybrid (linear + full attention) decoder's arguments; torch-free"),
     (0, "models.common.qwen_hybrid.hf_config", "the Qwen hybrid decoder's config.json both ways; torch-free"),
     (0, "models.common.latent.args", "multi-head latent attention's arguments (LatentArgs); torch-free"),

@@ -105,6 +105,7 @@ CLASSES = {
     "kimi_linear": "KimiLinearForCausalLM",
     "glm4_moe": "Glm4MoeForCausalLM",
     "minimax_m2": "MiniMaxM2ForCausalLM",
+    "nemotron_h": "NemotronHForCausalLM",
 }
 
 

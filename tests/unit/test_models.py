@@ -323,6 +323,7 @@ def test_unknown_flavor_and_name():
         "olmo3",
         "glm4_moe",
         "minimax_m2",
+        "nemotron_h",
     }
 
 

@@ -4,8 +4,9 @@ mixer's fields under transformers' names or the published mamba_* ones. An absen
 default; every field that changes the math is honoured or refused in one line naming it.
 
 transformers' mixer clamps the step below at time_step_min and reads no time_step_limit; nor do we. Its attention has
-no biases whatever attention_bias says, and its Mamba projections' biases follow use_bias (not mamba_proj_bias): a
-config.json asking for either bias is refused, as transformers would build a model without it."""
+no biases whatever attention_bias says, its Mamba projections' biases follow use_bias (not mamba_proj_bias), and its
+lm_head is never tied to the embeddings: a config.json asking for either bias or for tying is refused, as
+transformers would build a model without it."""
 
 from __future__ import annotations
 
@@ -119,6 +120,7 @@ def read(config: dict, where: str) -> NemotronHArgs:
     for key, why in (
         ("attention_bias", "transformers' Nemotron-H attention has no biases"),
         ("mamba_proj_bias", "transformers' Nemotron-H reads use_bias for the Mamba projections"),
+        ("tie_word_embeddings", "transformers' Nemotron-H keeps lm_head apart from the embeddings whatever it says"),
     ):
         if c.get(key):
             raise refuse(where, key, True, why)
@@ -143,7 +145,7 @@ def read(config: dict, where: str) -> NemotronHArgs:
         vocab_size=c["vocab_size"],
         max_seq_len=c["max_position_embeddings"],
         norm_eps=c["layer_norm_epsilon"],
-        tie_embeddings=c["tie_word_embeddings"],
+        tie_embeddings=False,
         mlp_bias=c.get("mlp_bias", False),
         layer_types=layers,
         mamba_heads=heads,
@@ -163,9 +165,14 @@ def read(config: dict, where: str) -> NemotronHArgs:
 
 def write(args: NemotronHArgs) -> dict:
     """The nemotron_h config.json fields of this model, its layers as the published hybrid_override_pattern."""
-    if args.dt_max != math.inf or args.dt_min != args.dt_init_min or args.mamba_norm_groups != args.mamba_groups:
-        raise ValueError("a nemotron_h config.json says no upper step clamp, the lower one at time_step_min and "
-                         "the output norm over n_groups slices")  # fmt: skip
+    if (
+        args.dt_max != math.inf
+        or args.dt_min != args.dt_init_min
+        or args.mamba_norm_groups != args.mamba_groups
+        or args.tie_embeddings
+    ):
+        raise ValueError("a nemotron_h config.json says no upper step clamp, the lower one at time_step_min, the "
+                         "output norm over n_groups slices and an lm_head of its own")  # fmt: skip
     return {
         "architectures": [ARCHITECTURE],
         "model_type": MODEL_TYPE,
@@ -179,7 +186,7 @@ def write(args: NemotronHArgs) -> dict:
         "vocab_size": args.vocab_size,
         "max_position_embeddings": args.max_seq_len,
         "layer_norm_epsilon": args.norm_eps,
-        "tie_word_embeddings": args.tie_embeddings,
+        "tie_word_embeddings": False,
         "attention_bias": False,
         "mlp_bias": args.mlp_bias,
         "mlp_hidden_act": "relu2",

@@ -1,0 +1,182 @@
+"""Mamba-2 and Nemotron-H. The SSD scan: the chunked path equals the recurrence in float64 (outputs, final state and
+every gradient) with packed documents resetting the state and a state handed in. Nemotron-H against `transformers`
+itself: random NemotronHForCausalLM folders (config.json written with hybrid_override_pattern, as published; grouped
+B and C and grouped key/value heads; conv and projection biases on and off; lm_head never tied, as transformers'
+never ties it) import with transformers' logits to 1e-5
+(fp32), greedy generation (the SSM state and convolution window in the cache) equals transformers', an export loads
+back in transformers with our logits and says hybrid_override_pattern again; packed documents are computed as if
+each were alone; what a nemotron_h config.json cannot mean is refused in one line naming the field."""
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+transformers = pytest.importorskip(
+    "transformers", reason="transformers is an optional test dependency (pip install .[hf])"
+)
+
+from tests.conformance import exports_as, greedy_ids_match, imported_by_config, random_hf, tokens  # noqa: E402
+from titanlite.base.errors import ConfigError  # noqa: E402
+from titanlite.models.common.attention import Sequence  # noqa: E402
+from titanlite.models.common.mamba2 import ssd_chunked, ssd_recurrent  # noqa: E402
+from titanlite.models.hf_config import args_from_hf_config, folder_args  # noqa: E402
+from titanlite.models.nemotron_h.args import FLAVORS, with_depth  # noqa: E402
+
+VOCAB = 200
+CONFIG = dict(
+    hidden_size=64,
+    intermediate_size=96,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=24,  # not 64 / 4
+    vocab_size=VOCAB,
+    max_position_embeddings=256,
+    mamba_num_heads=8,
+    mamba_head_dim=8,
+    n_groups=2,  # four heads read each group's B and C
+    ssm_state_size=16,
+    conv_kernel=4,
+    chunk_size=16,  # the window of 70 tokens crosses four chunks (ours: the same size)
+    pad_token_id=None,
+    bos_token_id=None,
+    eos_token_id=None,
+)
+CASES = {
+    "published": {"hybrid_override_pattern": "M-M*-M"},
+    "biases": {"hybrid_override_pattern": "M*M-", "use_bias": True, "mlp_bias": True, "use_conv_bias": False},
+}
+
+
+def random_model(changes: dict):
+    """A transformers model of CONFIG with `changes`, every parameter moved off its init (norms, A_log, D, dt_bias
+    and the biases that start at zero too)."""
+    return random_hf(lambda: transformers.NemotronHForCausalLM(transformers.NemotronHConfig(**{**CONFIG, **changes})))
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def folder(request, tmp_path_factory):
+    hf = random_model(CASES[request.param])
+    path = tmp_path_factory.mktemp(request.param)
+    hf.save_pretrained(path)
+    config = json.loads((path / "config.json").read_text())
+    # The published config.json names the layers by hybrid_override_pattern; transformers writes layers_block_type.
+    config.pop("layers_block_type")
+    config["hybrid_override_pattern"] = CASES[request.param]["hybrid_override_pattern"]
+    (path / "config.json").write_text(json.dumps(config))
+    return hf, path
+
+
+TOKENS = tokens(VOCAB, (2, 70))
+
+
+def test_the_chunked_scan_equals_the_recurrence_with_documents_and_a_state():
+    """float64, 1e-10: outputs, the final state and the gradients of every input (q, k, v, the log-decay, the state
+    handed in), with a one-token document, documents crossing chunk boundaries, and none."""
+    generator = torch.Generator().manual_seed(0)
+    batch, length, groups, state, heads, width = 2, 37, 2, 5, 4, 3
+
+    def draw(*shape):
+        return torch.randn(*shape, dtype=torch.float64, generator=generator).requires_grad_()
+
+    q, k, v, s0 = draw(batch, length, groups, state), draw(batch, length, groups, state), draw(
+        batch, length, heads, width), draw(batch, heads, state, width)  # fmt: skip
+    g = (-torch.rand(batch, length, heads, dtype=torch.float64, generator=generator)).requires_grad_()
+    documents = torch.zeros(batch, length, dtype=torch.long)
+    documents[0, 10:], documents[0, 11:], documents[1, 16:] = 1, 2, 1
+    for docs in (None, documents):
+        ours = ssd_chunked(q, k, v, g, s0, docs, chunk_size=8)
+        reference = ssd_recurrent(q, k, v, g, s0, docs)
+        for a, b in zip(ours, reference):
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
+        inputs = (q, k, v, g, s0)
+        grads = torch.autograd.grad(ours[0].square().sum() + ours[1].sum(), inputs)
+        expected = torch.autograd.grad(reference[0].square().sum() + reference[1].sum(), inputs)
+        for a, b in zip(grads, expected):
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
+    # documents change what the later tokens see (the reset is real)
+    assert (ssd_chunked(q, k, v, g, s0, documents)[0] - ssd_chunked(q, k, v, g, s0)[0]).abs().max() > 1e-3
+
+
+def test_logits_equal_transformers_and_an_export_loads_back_with_ours(folder, tmp_path):
+    hf, path = folder
+    ours = imported_by_config(path)
+    with torch.no_grad():
+        logits = ours(TOKENS)
+        torch.testing.assert_close(logits, hf(TOKENS).logits, rtol=1e-5, atol=1e-5)
+    args = folder_args(path, 64)
+    back = exports_as(ours, args, tmp_path / "export", "NemotronHForCausalLM", TOKENS)
+    config = json.loads((tmp_path / "export" / "config.json").read_text())
+    assert config["hybrid_override_pattern"] == json.loads((path / "config.json").read_text())["hybrid_override_pattern"]
+    assert args_from_hf_config(config) == dataclasses.replace(args, max_seq_len=256)
+    with torch.no_grad():
+        torch.testing.assert_close(back(TOKENS).logits, logits, rtol=1e-5, atol=1e-5)
+
+
+def test_greedy_generation_equals_transformers(folder):
+    """A prompt of 20 tokens (more than one chunk of 16) and 12 new ones, each decoded from the cached SSM state and
+    convolution window."""
+    hf, path = folder
+    prompt = tokens(VOCAB, (1, 20), seed=5)[0].tolist()
+    greedy_ids_match(hf, imported_by_config(path), prompt, 12, VOCAB, distinct=2)
+
+
+def test_packed_documents_compute_as_if_each_were_alone(folder):
+    """Block-causal: the Mamba layers' state and convolution window restart at each document (the attention layers'
+    mask too), so the logits of a packed row are those of its documents run one by one."""
+    _, path = folder
+    ours = imported_by_config(path)
+    row = torch.randint(0, VOCAB, (1, 90), generator=torch.Generator().manual_seed(2))
+    cuts = [0, 23, 24, 71, 90]  # a one-token document, and ones crossing the 16-token chunk boundaries
+    documents = torch.zeros(1, 90, dtype=torch.long)
+    for i, (a, b) in enumerate(zip(cuts, cuts[1:])):
+        documents[:, a:b] = i
+    with torch.no_grad():
+        packed = ours(row, sequence=Sequence(documents=documents))
+        alone = torch.cat([ours(row[:, a:b]) for a, b in zip(cuts, cuts[1:])], dim=1)
+        whole = ours(row)
+    torch.testing.assert_close(packed, alone, rtol=1e-5, atol=1e-5)
+    assert (packed[:, 30:] - whole[:, 30:]).abs().max() > 1e-3
+
+
+def test_transformers_module_names_read_as_the_published_ones():
+    from titanlite.models.nemotron_h import weights
+
+    args = FLAVORS["debug"]
+    assert weights.hf_keys(args, ["model.layers.0.mixer.A_log", "lm_head.weight"]) == {
+        "backbone.layers.0.mixer.A_log": "model.layers.0.mixer.A_log",
+        "lm_head.weight": "lm_head.weight",
+    }
+
+
+def test_a_deeper_model_repeats_the_pattern():
+    assert with_depth(FLAVORS["nemotron_h_8b"], 12)["layer_types"] == FLAVORS["nemotron_h_8b"].layer_types[:12]
+    kinds = with_depth(FLAVORS["debug"], 8)["layer_types"]
+    assert kinds == (*FLAVORS["debug"].layer_types, *FLAVORS["debug"].layer_types[:2])
+
+
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        ({"hybrid_override_pattern": "M-X*"}, "hybrid_override_pattern"),
+        ({"hybrid_override_pattern": "ME*-"}, "hybrid_override_pattern"),
+        ({"layers_block_type": ["linear_attention", "mamba2"]}, "layers_block_type"),
+        ({"hybrid_override_pattern": "M-M*", "num_hidden_layers": 5}, "num_hidden_layers"),
+        ({"mamba_num_heads": 6}, "mamba_num_heads"),  # not a multiple of n_groups=4
+        ({"n_groups": "2"}, "n_groups"),
+        ({"mlp_hidden_act": "silu"}, "mlp_hidden_act"),
+        ({"mamba_hidden_act": "gelu"}, "mamba_hidden_act"),
+        ({"attention_bias": True}, "attention_bias"),
+        ({"tie_word_embeddings": True}, "tie_word_embeddings"),  # transformers' never ties it
+        ({"mamba_proj_bias": True}, "mamba_proj_bias"),
+        ({"sliding_window": 64}, "sliding_window"),
+        ({"num_nextn_predict_layers": 1}, "num_nextn_predict_layers"),
+        ({"ssm_state_size": 0}, "ssm_state_size"),
+    ],
+)
+def test_what_nemotron_h_cannot_mean_is_refused_naming_the_field(change, field):
+    config = {**CONFIG, "model_type": "nemotron_h", "hybrid_override_pattern": "M-M*", "n_groups": 4, **change}
+    with pytest.raises(ConfigError, match=field) as refused:
+        args_from_hf_config(config, "config.json:")
+    assert "\n" not in str(refused.value)
