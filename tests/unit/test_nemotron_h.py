@@ -108,7 +108,8 @@ def test_logits_equal_transformers_and_an_export_loads_back_with_ours(folder, tm
     args = folder_args(path, 64)
     back = exports_as(ours, args, tmp_path / "export", "NemotronHForCausalLM", TOKENS)
     config = json.loads((tmp_path / "export" / "config.json").read_text())
-    assert config["hybrid_override_pattern"] == json.loads((path / "config.json").read_text())["hybrid_override_pattern"]
+    published = json.loads((path / "config.json").read_text())
+    assert config["hybrid_override_pattern"] == published["hybrid_override_pattern"]
     assert args_from_hf_config(config) == dataclasses.replace(args, max_seq_len=256)
     with torch.no_grad():
         torch.testing.assert_close(back(TOKENS).logits, logits, rtol=1e-5, atol=1e-5)
