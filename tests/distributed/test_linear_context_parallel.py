@@ -2,7 +2,8 @@
 apply_cp wrapped gives, on 2 and 4 gloo ranks, the outputs and gradients (input and parameters) of one process
 over the whole sequence, causal and with documents that cross the ranks' chunks, one starting exactly at a chunk
 boundary; Qwen3.5's layers are all wrapped; the delta rule alone matches with one decay per key channel (Kimi's);
-a chunk shorter than the convolution's reach is refused at plan time."""
+a chunk shorter than the convolution's reach is refused at plan time. A Mamba-2 layer (its convolution with a bias,
+its SSD scan) likewise, and the scan alone with a state handed in."""
 
 import copy
 import functools
@@ -18,9 +19,11 @@ from titanlite.base.errors import ConfigError
 from titanlite.models.build import build_model
 from titanlite.models.common.attention import Sequence
 from titanlite.models.common.gated_delta_net import DeltaRule, GatedDeltaNet
+from titanlite.models.common.mamba2 import Mamba2, StateScan
 from titanlite.parallel.context_parallel import (
     ContextParallelConvolution,
     ContextParallelDeltaRule,
+    ContextParallelStateScan,
     SequenceSplit,
     apply_cp,
     check_cp_degree,
@@ -146,3 +149,67 @@ def test_a_chunk_shorter_than_the_convolution_reach_is_refused_at_plan_time():
     check_cp_degree(4, 24, conv_size=4)  # chunks of 3 tokens: just enough
     with pytest.raises(ConfigError, match=r"chunks of 2 tokens, fewer than the 3 earlier inputs .*\(conv_size=4\)"):
         check_cp_degree(4, 16, conv_size=4)
+
+
+def cp_mamba_equals_one_process(rank: int, length: int) -> None:
+    """One rank of test_mamba2_under_cp_equals_one_process."""
+    cp = dist.get_world_size()
+    torch.manual_seed(0)
+    whole = Mamba2(DIM, heads=4, head_dim=6, groups=2, state_dim=5, conv_size=4, chunk_size=4).double()
+    with torch.no_grad():
+        for name, param in whole.named_parameters():
+            param.copy_(torch.randn_like(param) * (0.5 if name.startswith("conv") else 0.3))
+        whole.A_log.uniform_(-1.0, 1.0)
+    ids = tokens(length)
+    x = torch.randn(2, length, DIM, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    weights = torch.randn(2, length, DIM, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    x_whole = x.clone().requires_grad_()
+    out_whole = whole(x_whole, sequence=SequenceSplit(eot_id=EOT)(ids, ids)[2])
+    (out_whole * weights).sum().backward()
+
+    mixer = copy.deepcopy(whole)
+    mixer.zero_grad()
+    apply_cp(mixer, init_device_mesh("cpu", (cp,), mesh_dim_names=("cp",)))
+    assert type(mixer.conv) is ContextParallelConvolution and type(mixer.scan) is ContextParallelStateScan
+    sequence = SequenceSplit(cp=cp, rank=rank, eot_id=EOT)(ids, ids)[2]
+    assert sequence is not None and sequence.positions is not None
+    x_mine = x[:, sequence.positions].clone().requires_grad_()
+    out = mixer(x_mine, sequence=sequence)
+    (out * weights[:, sequence.positions]).sum().backward()
+    torch.testing.assert_close(out, out_whole[:, sequence.positions].detach(), **LAYER_TOLERANCE)
+    assert x_mine.grad is not None and x_whole.grad is not None
+    torch.testing.assert_close(x_mine.grad, x_whole.grad[:, sequence.positions], **LAYER_TOLERANCE)
+    for (name, mine), theirs in zip(mixer.named_parameters(), whole.parameters()):
+        assert mine.grad is not None and theirs.grad is not None, name
+        dist.all_reduce(mine.grad)
+        torch.testing.assert_close(mine.grad, theirs.grad, **LAYER_TOLERANCE, msg=name)
+
+    # The scan alone, float64 throughout, with a state handed in: outputs, the whole sequence's final state (on every
+    # rank) and every input's gradient to 1e-10, plain causal and with documents.
+    gen = torch.Generator().manual_seed(3)
+    q, k = (torch.randn(2, length, 2, 5, generator=gen, dtype=torch.float64) for _ in range(2))
+    v = torch.randn(2, length, 4, 6, generator=gen, dtype=torch.float64)
+    g = -torch.nn.functional.softplus(torch.randn(2, length, 4, generator=gen, dtype=torch.float64) - 1.0)
+    s0 = torch.randn(2, 4, 5, 6, generator=gen, dtype=torch.float64)
+    for eot in (None, EOT):
+        inputs = [t.clone().requires_grad_() for t in (q, k, v, g)]
+        expected, final = StateScan(chunk_size=4)(*inputs, SequenceSplit(eot_id=eot)(ids, ids)[2], s0)
+        (expected.square().sum() + final.sum()).backward()
+        sequence = SequenceSplit(cp=cp, rank=rank, eot_id=eot)(ids, ids)[2]
+        assert sequence is not None and sequence.positions is not None
+        mine = [t[:, sequence.positions].clone().requires_grad_() for t in (q, k, v, g)]
+        out, state = ContextParallelStateScan(StateScan(chunk_size=4), dist.group.WORLD)(*mine, sequence, s0)
+        (out.square().sum() + state.sum() / cp).backward()
+        torch.testing.assert_close(out, expected[:, sequence.positions].detach(), rtol=1e-9, atol=1e-10)
+        torch.testing.assert_close(state, final.detach(), rtol=1e-9, atol=1e-10)
+        for part, whole_input in zip(mine, inputs):
+            assert part.grad is not None and whole_input.grad is not None
+            torch.testing.assert_close(part.grad, whole_input.grad[:, sequence.positions], rtol=1e-9, atol=1e-10)
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("cp, length", [(2, 32), (4, 64)], ids=["cp2", "cp4"])
+def test_mamba2_under_cp_equals_one_process(cp, length):
+    """A Mamba-2 layer whose convolution (with its bias) and SSD scan apply_cp wrapped gives, block-causal, the
+    outputs and gradients (input and parameters) of one process over the whole sequence; the scan alone to 1e-10."""
+    run_ranks(functools.partial(cp_mamba_equals_one_process, length=length), cp)

@@ -2,9 +2,10 @@
 gathers the keys and values of the other ranks' tokens (Llama 3's method: cheap with grouped-query attention,
 any mask composes with it, and it runs on gloo as on NCCL; docs/parallelism.md says why not ring attention).
 It wraps each block's attention core, whichever it is (titanlite/models/common/attention.py ATTENTION_CORES), and
-the two sequence cores of each linear-attention layer (titanlite/models/common/gated_delta_net.py): the short
-convolution takes the last inputs of the chunk before each of its chunks, and the delta rule scans the chunks'
-state transitions, gathered from every rank, in sequence order (`ContextParallelDeltaRule` says how).
+the two sequence cores of each linear-attention layer (titanlite/models/common/gated_delta_net.py) and Mamba-2 layer
+(titanlite/models/common/mamba2.py): the short convolution takes the last inputs of the chunk before each of its
+chunks, and the delta rule or the SSD scan scans the chunks' state transitions, gathered from every rank, in sequence
+order (`ContextParallelDeltaRule`, `ContextParallelStateScan` say how).
 
 Load balance: a sequence is cut into 2 x cp chunks and rank r holds chunks r and 2cp-1-r, so under a causal
 mask every rank attends over the same number of keys. Each token keeps its true position (for RoPE and the
@@ -23,6 +24,8 @@ from titanlite.base.errors import ConfigError
 from titanlite.models.common.attention import CoreAttention, Sequence, attend, document_ids
 from titanlite.models.common.gated_delta_net import DeltaRule, ShortConvolution
 from titanlite.models.common.latent.sparse import SequenceKeys
+from titanlite.models.common.linear_attention import document_starts
+from titanlite.models.common.mamba2 import StateScan
 
 # torch 2.13 renamed the autograd all-gather; either gathers on gloo and NCCL, and compiles.
 _all_gather_autograd = getattr(functional, "all_gather_single_autograd", None) or functional.all_gather_tensor_autograd
@@ -294,15 +297,70 @@ class ContextParallelDeltaRule(DeltaRule):
         return _chunks_in_sequence(out[..., :value_dim] + reads.to(out.dtype)), carried
 
 
+class ContextParallelStateScan(StateScan):
+    """Wraps a Mamba-2 layer's StateScan (`inner`). With one decay per head, a chunk hands on S_out = a S_in + Q, a
+    a number per head (the exponential of the chunk's summed log-decay; 0 where a document starts inside it), and each
+    of its tokens reads o_t = o0_t + d_t q_t^T S_in (d_t its decay from the chunk's start; 0 after a document start).
+    So the inner scan runs once over this rank's two chunks (as two rows of the batch) from a zero state, giving o0
+    and Q; every rank gathers every chunk's Q and a, scans them in sequence order (the state set back to zero where a
+    chunk starts a document) and adds to its outputs what its chunks' incoming states contribute. Cost per layer: one
+    gather of 2cp x [B, H, N, P] and a scan of 2cp small products, no widened values (the delta rule's transition is
+    a matrix: ContextParallelDeltaRule). Returns the outputs of this rank's tokens and the whole sequence's final
+    state."""
+
+    def __init__(self, inner: StateScan, group: dist.ProcessGroup):
+        super().__init__(inner.chunk_size)
+        self.inner = inner
+        self.group = group
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        g: torch.Tensor,
+        sequence: Sequence | None = None,
+        state: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        cp, rank = dist.get_world_size(self.group), dist.get_rank(self.group)
+        batch, heads = v.shape[0], v.shape[2]
+        documents = None if sequence is None or sequence.documents is None else _chunks_on_batch(sequence.documents)
+        out, end = self.inner(
+            *(_chunks_on_batch(t) for t in (q, k, v, g)), None if documents is None else Sequence(documents=documents)
+        )
+        dtype = end.dtype  # the inner scan's computing dtype
+        decay = _chunks_on_batch(g).to(dtype).cumsum(dim=1)  # [2B, L, H]: each token's decay from its chunk's start
+        reads = decay.exp()
+        if documents is not None:  # the tokens after a document start inside the chunk read no incoming state
+            reads = reads * (document_starts(documents).cumsum(dim=1) == 0)[..., None]
+        passes = reads[:, -1].contiguous()  # [2B, H]: the number a chunk multiplies its incoming state by
+        ends = gather_sequence(end.view(2, batch, *end.shape[1:]), self.group, 0)  # [2cp, B, H, N, P]
+        factors = gather_sequence(passes.view(2, batch, heads), self.group, 0)  # [2cp, B, H]
+        slots, continues = _chunk_slots(cp), _chunk_continues(sequence, cp, dtype)
+        carried = end.new_zeros(batch, *end.shape[1:]) if state is None else state.to(dtype)
+        incoming = []  # the state before each chunk
+        for c in range(2 * cp):
+            if c and continues is not None:
+                carried = carried * continues[:, c, None, None, None]
+            incoming.append(carried)
+            carried = factors[slots[c]][..., None, None] * carried + ends[slots[c]]
+        before = torch.cat([incoming[rank], incoming[2 * cp - 1 - rank]])  # [2B, H, N, P]
+        queries = _chunks_on_batch(q).to(dtype).repeat_interleave(heads // q.shape[2], dim=2)  # [2B, L, H, N]
+        read = torch.einsum("blhn,bhnp->blhp", queries * reads[..., None], before)
+        return _chunks_in_sequence(out + read.to(out.dtype)), carried
+
+
 def apply_cp(model: nn.Module, cp_mesh: DeviceMesh) -> None:
     """Wrap every block's attention core (its `core`) in one that gathers keys and values over `cp_mesh`, every
     sparse attention layer's key source (`keys`) in one that gathers what its keys are made of, and every
-    linear-attention layer's convolution (`conv`) and delta rule (`rule`) in ones that hand state across ranks."""
+    linear-attention layer's convolution (`conv`) and delta rule (`rule`), and every Mamba-2 layer's scan (`scan`),
+    in ones that hand state across ranks."""
     group = cp_mesh.get_group()
     wrappers: dict[str, tuple[type[nn.Module], type[nn.Module]]] = {
         "core": (CoreAttention, ContextParallelCore),
         "conv": (ShortConvolution, ContextParallelConvolution),
         "rule": (DeltaRule, ContextParallelDeltaRule),
+        "scan": (StateScan, ContextParallelStateScan),
         "keys": (SequenceKeys, ContextParallelKeys),
     }
     for name, (kind, wrapper) in wrappers.items():
