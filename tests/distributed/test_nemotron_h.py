@@ -1,0 +1,65 @@
+"""Nemotron-H on real layouts (gloo, fp32, block-causal short documents, so every window crosses documents and
+documents cross the ranks' chunks): its debug model (Mamba-2, attention and MLP layers of one sublayer each) gives one
+process's losses, grad norms and validation losses on FSDP x 2, TP x 2 (the Mamba layers split by heads and groups:
+projections, convolution, A_log, D, dt_bias, the gated norm's slices), PP x 2, CP x 2 and CP x 4; a CP x 2
+checkpoint resumed on one process continues the uninterrupted losses. The Mamba layers' carried state shows in these
+losses: from the debug flavor's init the steps are small (dt_bias log-uniform in [0.001, 0.1]) and the decays
+slow (exp(-dt A) with A = 1..H): with the bug planted in ContextParallelStateScan (its `read` of the incoming state
+left out), the CP x 2 and CP x 4 runs' step-2 losses moved by 2.0e-4 and 1.7e-4 relative, 20 x the tolerance."""
+
+import pytest
+
+from tests.distributed.test_context_parallel import (
+    cp,
+    short_documents,  # noqa: F401 (the fixture `documents` asks for)
+)
+from tests.distributed.test_model_families import LAYOUTS
+from tests.helpers import assert_matches, metrics, train_in_pool
+
+pytestmark = pytest.mark.distributed
+
+CONFIG = ["--config", "train_configs/nemotron_h_debug.toml"]
+CHECKPOINTED = ["--checkpoint.enable", "--checkpoint.interval", "2"]
+ONE = ["--training.local_batch_size", "8"]  # the global batch of 8 on one process
+
+
+@pytest.fixture(scope="module")
+def whole(one_process, short_documents) -> list[dict]:  # noqa: F811
+    """One process over the global batch of 8, block-causal short documents (once per pytest run)."""
+    return one_process([*CONFIG, *short_documents, *ONE])
+
+
+def train(nproc: int, args: list[str], run_dir) -> list[dict]:
+    proc = train_in_pool(nproc, args, run_dir)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return metrics(run_dir)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "layout",
+    [*LAYOUTS, "cp4"],
+)
+def test_nemotron_h_on_a_layout_matches_one_process(tmp_path, whole, short_documents, layout):  # noqa: F811
+    nproc, args = (4, cp(4)) if layout == "cp4" else LAYOUTS[layout]
+    assert_matches(train(nproc, [*CONFIG, *short_documents, *args], tmp_path), whole)
+
+
+def test_a_nemotron_h_cp2_checkpoint_resumes_on_one_process_with_the_uninterrupted_losses(
+    tmp_path,
+    whole,
+    short_documents,  # noqa: F811
+):
+    """CP x 2 saves at step 2 (its two steps one process's), one process resumes there, and steps 3 to 5 are the
+    uninterrupted one-process run's."""
+    args = [*CONFIG, *short_documents]
+    first = train_in_pool(2, [*args, *cp(2), *CHECKPOINTED, "--training.stop_after_step", "2"], tmp_path)
+    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-4000:]
+    assert "layout: cp 2 on 2 cpu" in first.stdout
+    assert_matches(metrics(tmp_path), whole[:2])
+    again = train_in_pool(1, [*args, *ONE, *CHECKPOINTED], tmp_path)
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-4000:]
+    assert "resumed from" in again.stdout and "at step 2" in again.stdout
+    resumed = [r for r in metrics(tmp_path) if r["step"] > 2]
+    assert [r["step"] for r in resumed] == [3, 4, 5]
+    assert_matches(resumed, whole[2:])
