@@ -112,6 +112,35 @@ def linear_attention_plan() -> dict:
     }
 
 
+MAMBA_BY_HEAD = (
+    "conv_x",
+    "conv_b",
+    "conv_c",
+    "conv_x_bias",
+    "conv_b_bias",
+    "conv_c_bias",
+    "A_log",
+    "D",
+    "dt_bias",
+    "norm.weight",
+)
+"""A Mamba-2 mixer's own parameters whose rows are its heads' or groups' (titanlite/models/common/mamba2.py)."""
+
+
+def mamba2_plan() -> dict:
+    """A Mamba-2 layer's mixer (titanlite/models/common/mamba2.py; Nemotron-H's, Granite 4.0 H's), under `attention`:
+    the input projections column-wise, by heads (z, x, dt) and by groups (B, C), so each rank holds whole groups and
+    the heads that read them; the convolution's weights and biases, A_log, D, dt_bias and the gated norm's weight
+    sharded with them by rows (the norm's slices whole on a rank: the degree divides mamba_norm_groups); the output
+    projection row-wise."""
+    return {
+        "attention_norm": SequenceParallel(),
+        "attention": MixerInput(MAMBA_BY_HEAD),
+        **{f"attention.{w}": ColwiseParallel() for w in ("wz", "wx", "wb", "wc", "wdt")},
+        "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+    }
+
+
 def per_head_norms() -> dict:
     """Per-head Q/K norms see this rank's heads: their weight is replicated and its gradient, a partial sum per
     rank, is summed over TP (SequenceParallel over the heads' dimension)."""
