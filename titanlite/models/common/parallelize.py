@@ -29,6 +29,7 @@ from torch.distributed.tensor.parallel import (
 )
 
 from titanlite.models.common.interface import DecoderModule
+from titanlite.models.common.mamba2 import CONVOLVED, CONVOLVED_BIASES
 
 
 class _SumGradient(torch.autograd.Function):
@@ -112,18 +113,7 @@ def linear_attention_plan() -> dict:
     }
 
 
-MAMBA_BY_HEAD = (
-    "conv_x",
-    "conv_b",
-    "conv_c",
-    "conv_x_bias",
-    "conv_b_bias",
-    "conv_c_bias",
-    "A_log",
-    "D",
-    "dt_bias",
-    "norm.weight",
-)
+MAMBA_BY_HEAD = (*CONVOLVED, *CONVOLVED_BIASES, "A_log", "D", "dt_bias", "norm.weight")
 """A Mamba-2 mixer's own parameters whose rows are its heads' or groups' (titanlite/models/common/mamba2.py)."""
 
 
