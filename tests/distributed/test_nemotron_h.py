@@ -1,11 +1,12 @@
-"""Nemotron-H on real layouts (gloo, fp32, block-causal short documents, so every window crosses documents and
-documents cross the ranks' chunks): its debug model (Mamba-2, attention and MLP layers of one sublayer each) gives one
+"""Nemotron-H on real layouts (gloo, fp32, block-causal short documents, so every window crosses documents and documents
+cross the ranks' chunks): its debug model (Mamba-2, attention and MLP layers of one sublayer each) gives one
 process's losses, grad norms and validation losses on FSDP x 2, TP x 2 (the Mamba layers split by heads and groups:
-projections, convolution, A_log, D, dt_bias, the gated norm's slices), PP x 2, CP x 2 and CP x 4; a CP x 2
-checkpoint resumed on one process continues the uninterrupted losses. The Mamba layers' carried state shows in these
-losses: from the debug flavor's init the steps are small (dt_bias log-uniform in [0.001, 0.1]) and the decays
-slow (exp(-dt A) with A = 1..H): with the bug planted in ContextParallelStateScan (its `read` of the incoming state
-left out), the CP x 2 and CP x 4 runs' step-2 losses moved by 2.0e-4 and 1.7e-4 relative, 20 x the tolerance."""
+projections, convolution, A_log, D, dt_bias, the gated norm's slices), PP x 2, CP x 2 and CP x 4, and its mixture-of-
+experts flavor on EP x 2, TP x 2 and PP x 2; a CP x 2 checkpoint resumed on one process continues the uninterrupted
+losses. The Mamba layers' carried state shows in these losses: from the debug flavor's init the steps are small
+(dt_bias log-uniform in [0.001, 0.1]) and the decays slow (exp(-dt A) with A = 1..H): with the bug planted in
+ContextParallelStateScan (its `read` of the incoming state left out), the CP x 2 and CP x 4 runs' step-2 losses moved
+by 2.0e-4 and 1.7e-4 relative, 20 x the tolerance."""
 
 import pytest
 
@@ -13,6 +14,7 @@ from tests.distributed.test_context_parallel import (
     cp,
     short_documents,  # noqa: F401 (the fixture `documents` asks for)
 )
+from tests.distributed.test_expert_parallel import EP2, assert_same_run
 from tests.distributed.test_model_families import LAYOUTS
 from tests.helpers import assert_matches, metrics, train_in_pool
 
@@ -21,6 +23,7 @@ pytestmark = pytest.mark.distributed
 CONFIG = ["--config", "train_configs/nemotron_h_debug.toml"]
 CHECKPOINTED = ["--checkpoint.enable", "--checkpoint.interval", "2"]
 ONE = ["--training.local_batch_size", "8"]  # the global batch of 8 on one process
+MOE = ["--model.flavor", "debug_moe"]
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +46,25 @@ def train(nproc: int, args: list[str], run_dir) -> list[dict]:
 def test_nemotron_h_on_a_layout_matches_one_process(tmp_path, whole, short_documents, layout):  # noqa: F811
     nproc, args = (4, cp(4)) if layout == "cp4" else LAYOUTS[layout]
     assert_matches(train(nproc, [*CONFIG, *short_documents, *args], tmp_path), whole)
+
+
+@pytest.fixture(scope="module")
+def moe_whole(one_process, short_documents) -> list[dict]:  # noqa: F811
+    """One process of the mixture-of-experts debug flavor (relu^2 experts in a latent width, a shared expert, routing
+    biases moved by the step's counts)."""
+    return one_process([*CONFIG, *short_documents, *MOE, *ONE])
+
+
+@pytest.mark.slow  # a 2-rank run each, beside the one-process reference
+@pytest.mark.parametrize("layout", ["ep2", "tp2", "pp2"])
+def test_nemotron3_moe_on_a_layout_matches_one_process(tmp_path, moe_whole, short_documents, layout):  # noqa: F811
+    """EP x 2 over dp_shard 2 (the experts split), TP x 2 (the block whole on each rank), PP x 2: one process's
+    losses, grad norms, validation losses and expert loads."""
+    nproc, args = EP2 if layout == "ep2" else LAYOUTS[layout]
+    proc = train_in_pool(nproc, [*CONFIG, *short_documents, *MOE, *args], tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert layout != "ep2" or "ep 2 (of shard x cp)" in proc.stdout
+    assert_same_run(metrics(tmp_path), moe_whole)
 
 
 def test_a_nemotron_h_cp2_checkpoint_resumes_on_one_process_with_the_uninterrupted_losses(

@@ -1,11 +1,12 @@
 """Mamba-2 and Nemotron-H. The SSD scan: the chunked path equals the recurrence in float64 (outputs, final state and
 every gradient) with packed documents resetting the state and a state handed in. Nemotron-H against `transformers`
 itself: random NemotronHForCausalLM folders (config.json written with hybrid_override_pattern, as published; grouped
-B and C and grouped key/value heads; conv and projection biases on and off; lm_head never tied, as transformers'
-never ties it) import with transformers' logits to 1e-5
-(fp32), greedy generation (the SSM state and convolution window in the cache) equals transformers', an export loads
-back in transformers with our logits and says hybrid_override_pattern again; packed documents are computed as if
-each were alone; what a nemotron_h config.json cannot mean is refused in one line naming the field."""
+B and C and grouped key/value heads; Nemotron 3's mixture-of-experts layers, relu^2 experts with and without a latent
+width, a shared expert, routing biases and grouped routing; conv and projection biases on and off; lm_head never
+tied, as transformers' never ties it) import with transformers' logits to 1e-5 (fp32), greedy generation (the SSM
+state and convolution window in the cache) equals transformers', an export loads back in transformers with our logits
+and says hybrid_override_pattern again; packed documents are computed as if each were alone; what a nemotron_h
+config.json cannot mean is refused in one line naming the field."""
 
 import dataclasses
 import json
@@ -43,16 +44,29 @@ CONFIG = dict(
     bos_token_id=None,
     eos_token_id=None,
 )
+MOE = dict(
+    n_routed_experts=8,
+    num_experts_per_tok=2,
+    moe_intermediate_size=32,
+    moe_shared_expert_intermediate_size=48,
+    routed_scaling_factor=2.5,
+)
 CASES = {
     "published": {"hybrid_override_pattern": "M-M*-M"},
     "biases": {"hybrid_override_pattern": "M*M-", "use_bias": True, "mlp_bias": True, "use_conv_bias": False},
+    # Nemotron 3: mixture-of-experts layers, relu^2 experts in a latent width, a shared expert, grouped routing
+    "latent-moe": {"hybrid_override_pattern": "ME*EM-", **MOE, "moe_latent_size": 24, "n_group": 2, "topk_group": 1},
+    "moe": {"hybrid_override_pattern": "MEM*E", **MOE},
 }
 
 
 def random_model(changes: dict):
     """A transformers model of CONFIG with `changes`, every parameter moved off its init (norms, A_log, D, dt_bias
     and the biases that start at zero too)."""
-    return random_hf(lambda: transformers.NemotronHForCausalLM(transformers.NemotronHConfig(**{**CONFIG, **changes})))
+    return random_hf(
+        lambda: transformers.NemotronHForCausalLM(transformers.NemotronHConfig(**{**CONFIG, **changes})),
+        buffers=lambda name: name.endswith("e_score_correction_bias"),  # the routing biases, which start at zero
+    )
 
 
 @pytest.fixture(scope="module", params=list(CASES))
@@ -161,7 +175,9 @@ def test_a_deeper_model_repeats_the_pattern():
     "change, field",
     [
         ({"hybrid_override_pattern": "M-X*"}, "hybrid_override_pattern"),
-        ({"hybrid_override_pattern": "ME*-"}, "hybrid_override_pattern"),
+        ({"hybrid_override_pattern": "ME*-", "mlp_bias": True}, "mlp_bias"),  # the shared expert's
+        ({"hybrid_override_pattern": "ME*-", "num_experts_per_tok": 9}, "num_experts_per_tok"),  # of 8 experts
+        ({"hybrid_override_pattern": "ME*-", "n_group": 3}, "n_group"),  # not dividing the 8 experts
         ({"layers_block_type": ["linear_attention", "mamba2"]}, "layers_block_type"),
         ({"hybrid_override_pattern": "M-M*", "num_hidden_layers": 5}, "num_hidden_layers"),
         ({"mamba_num_heads": 6}, "mamba_num_heads"),  # not a multiple of n_groups=4

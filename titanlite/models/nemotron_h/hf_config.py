@@ -13,12 +13,14 @@ from __future__ import annotations
 import math
 
 from titanlite.base.hf_config import COUNT, FLAG, NONNEGATIVE, POSITIVE, TEXT, TEXTS, WHOLE, FieldTypes, refuse
+from titanlite.models.common.moe.args import MoEArgs
+from titanlite.models.common.moe.hf_config import BIAS_ROUTED_FIELDS, MOE_FIELDS, block_from_config
 from titanlite.models.nemotron_h.args import NemotronHArgs, layers_of, pattern_of
 
 MODEL_TYPE, ARCHITECTURE = "nemotron_h", "NemotronHForCausalLM"
 # transformers' layers_block_type names -> ours
 HF_KINDS = {"linear_attention": "mamba", "mamba": "mamba", "full_attention": "full_attention", "attention":
-            "full_attention", "mlp": "mlp"}  # fmt: skip
+            "full_attention", "mlp": "mlp", "moe": "moe"}  # fmt: skip
 # The mixer's fields under their published names (mamba_*) -> transformers' (it reads both)
 ALIASES = {
     "mamba_n_groups": "n_groups",
@@ -30,6 +32,10 @@ ALIASES = {
     "mamba_chunk_size": "chunk_size",
 }
 FIELDS: FieldTypes = {
+    **MOE_FIELDS,
+    **BIAS_ROUTED_FIELDS,
+    "moe_shared_expert_intermediate_size": (COUNT, False),
+    "moe_latent_size": (COUNT, True),
     "layers_block_type": (TEXTS, True),
     "hybrid_override_pattern": (TEXT, True),
     "layer_norm_epsilon": (NONNEGATIVE, False),
@@ -74,32 +80,42 @@ DEFAULTS = {
     "time_step_max": 0.1,
     "time_step_floor": 1e-4,
     "tie_word_embeddings": False,
+    "n_routed_experts": 8,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 7688,
+    "moe_shared_expert_intermediate_size": 7688,
+    "routed_scaling_factor": 1.0,
+    "n_group": 1,
+    "topk_group": 1,
+    "norm_topk_prob": True,
+}
+# Our MoEArgs fields -> the config.json keys that set them (block_from_config's refusals name these)
+MOE_KEYS = {
+    "n_experts": "n_routed_experts",
+    "expert_dim": "moe_intermediate_size",
+    "shared_expert_dim": "moe_shared_expert_intermediate_size",
+    "latent_dim": "moe_latent_size",
 }
 
 
 def _layer_types(config: dict, where: str) -> tuple[str, ...]:
     """The layers, from layers_block_type (transformers' names) or hybrid_override_pattern (the published
-    characters), the first where both are given (as transformers reads them); "moe" layers (E) refused for now."""
+    characters), the first where both are given (as transformers reads them)."""
     kinds = config.get("layers_block_type")
     if kinds is None and config.get("layer_types") is not None:
         kinds = config["layer_types"]
     if kinds is not None:
         for kind in kinds:
             if kind not in HF_KINDS:
-                known = ", ".join(sorted({*HF_KINDS, "moe"}))
+                known = ", ".join(sorted(HF_KINDS))
                 raise refuse(where, "layers_block_type", kind, f"Nemotron-H's layer kinds are {known}")
-        if "moe" in kinds:
-            raise refuse(where, "layers_block_type", "moe", "titanlite builds Nemotron-H's dense layers (M, *, -) only")
         layers = tuple(HF_KINDS[kind] for kind in kinds)
     else:
         pattern = config.get("hybrid_override_pattern", "ME*-")  # transformers' default when neither is given
-        if "E" in pattern:
-            raise refuse(where, "hybrid_override_pattern", pattern, "titanlite builds Nemotron-H's dense layers "
-                         "(M, *, -) only, no mixture-of-experts layers (E)")  # fmt: skip
         try:
             layers = layers_of(pattern)
         except ValueError as e:
-            raise refuse(where, "hybrid_override_pattern", pattern, f"{e} (and E)") from None
+            raise refuse(where, "hybrid_override_pattern", pattern, str(e)) from None
     declared = config.get("num_hidden_layers")
     if declared is not None and declared != len(layers):
         raise refuse(where, "num_hidden_layers", declared, f"the layer pattern has {len(layers)} layers")
@@ -135,6 +151,9 @@ def read(config: dict, where: str) -> NemotronHArgs:
         raise refuse(where, "mamba_num_heads", heads, f"it must be a multiple of n_groups={groups}")
     if c["time_step_min"] >= math.inf or c["time_step_max"] <= 0:
         raise refuse(where, "time_step_min", c["time_step_min"], "the step's lower clamp must be finite")
+    moe = _moe(c, where) if "moe" in layers else None
+    if moe is not None and c.get("mlp_bias"):
+        raise refuse(where, "mlp_bias", True, "titanlite's shared expert has no biases; Nemotron-H's MoE layers' does")
     return NemotronHArgs(
         dim=c["hidden_size"],
         n_layers=len(layers),
@@ -160,7 +179,30 @@ def read(config: dict, where: str) -> NemotronHArgs:
         dt_init_min=c["time_step_min"],
         dt_init_max=c["time_step_max"],
         dt_init_floor=c["time_step_floor"],
+        moe=moe,
     )
+
+
+def _moe(c: dict, where: str) -> MoEArgs:
+    """The "moe" layers' block: relu^2 experts without gates (and a shared one of
+    moe_shared_expert_intermediate_size, which transformers builds whatever n_shared_experts says), sigmoid scores
+    with the stored routing biases (e_score_correction_bias) choosing, group-limited routing, the chosen weights
+    renormalised (norm_topk_prob) and scaled (routed_scaling_factor), the experts in moe_latent_size where it is set."""
+    fields = dict(
+        n_experts=c["n_routed_experts"],
+        top_k=c["num_experts_per_tok"],
+        expert_dim=c["moe_intermediate_size"],
+        score_func="sigmoid",
+        norm_topk_prob=c["norm_topk_prob"],
+        route_scale=c["routed_scaling_factor"],
+        shared_expert_dim=c["moe_shared_expert_intermediate_size"],
+        balance="bias",
+        n_groups=c["n_group"] or 1,
+        topk_groups=c["topk_group"] or 1,
+        activation="relu2",
+        latent_dim=c.get("moe_latent_size") or 0,
+    )
+    return block_from_config(where, c, MOE_KEYS, **fields)
 
 
 def write(args: NemotronHArgs) -> dict:
@@ -204,4 +246,28 @@ def write(args: NemotronHArgs) -> dict:
         "time_step_floor": args.dt_init_floor,
         **({"expand": args.mamba_width // args.dim} if args.mamba_width % args.dim == 0 else {}),  # read by no code
         "num_nextn_predict_layers": 0,
+        **(_moe_fields(args.moe) if args.moe is not None else {}),
+    }
+
+
+def _moe_fields(moe: MoEArgs) -> dict:
+    """The "moe" layers' config.json fields; what a nemotron_h config.json cannot say refused in one line."""
+    fixed = {"score_func": "sigmoid", "router_bias": False, "shared_gate": False, "n_shared_experts": 0,
+             "activation": "relu2", "z_loss_coef": 0.0}  # fmt: skip
+    problems = [f"MoEArgs.{name}={getattr(moe, name)!r}" for name, want in fixed.items() if getattr(moe, name) != want]
+    if not moe.shared_expert_dim:
+        problems.append("no shared expert (transformers' Nemotron-H always has one)")
+    if problems:
+        raise ValueError(f"a nemotron_h config.json cannot express {', '.join(problems)}")
+    return {
+        "n_routed_experts": moe.n_experts,
+        "num_experts_per_tok": moe.top_k,
+        "moe_intermediate_size": moe.expert_dim,
+        "moe_shared_expert_intermediate_size": moe.shared_expert_dim,
+        "moe_latent_size": moe.latent_dim or None,
+        "n_shared_experts": 1,
+        "routed_scaling_factor": moe.route_scale,
+        "n_group": moe.n_groups,
+        "topk_group": moe.topk_groups,
+        "norm_topk_prob": moe.norm_topk_prob,
     }

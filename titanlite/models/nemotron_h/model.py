@@ -1,7 +1,7 @@
 """Nemotron-H on the shared decoder (titanlite/models/common/decoder.py): every layer one sublayer behind its own
 RMSNorm, as args.layer_types says: a Mamba-2 mixer (titanlite/models/common/mamba2.py) or attention without positions
-(MixerBlock), or a relu^2 MLP (FeedForwardBlock). No layer reads a rotary table. Plain modules with no parallelism
-inside."""
+(MixerBlock), or a relu^2 MLP or the shared mixture of experts (FeedForwardBlock). No layer reads a rotary table.
+Plain modules with no parallelism inside."""
 
 from __future__ import annotations
 
@@ -46,9 +46,13 @@ class NemotronH(Transformer):
 
     args: NemotronHArgs
     mixers = {"mamba": mamba2, "full_attention": attention}
+    pooled_balance = False  # transformers' Nemotron-H has no load-balancing term to pool: its experts balance by bias
 
     def build_layer(self, layer: int) -> nn.Module:
-        if self.layer_kind(layer) == "mlp":
+        kind = self.layer_kind(layer)
+        if kind == "moe":  # the shared decoder's mixture of experts (args.moe: relu^2 experts, maybe latent)
+            return FeedForwardBlock(self.build_feed_forward(layer), self.build_norm)
+        if kind == "mlp":
             mlp = MLP(self.args.dim, self.args.ffn_dim, activation="relu2", bias=self.args.mlp_bias)
             return FeedForwardBlock(mlp, self.build_norm)
         return MixerBlock(self.build_mixer(layer), self.build_norm, rotary=False)

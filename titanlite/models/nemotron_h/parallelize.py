@@ -1,6 +1,7 @@
 """Nemotron-H's tensor-parallel plan, from shared pieces (titanlite/models/common/parallelize.py): each layer's one
 sublayer split as the shared plans split it: Mamba-2 by heads and groups (mamba2_plan), attention (which reads no
-rotary tables) and the MLP (which has no gate) as the shared block plan."""
+rotary tables) and the MLP (which has no gate) as the shared block plan, a mixture of experts whole on every rank
+(moe_block_plan; expert parallelism splits the experts)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import PrepareModuleInput
 
 from titanlite.models.common.interface import DecoderModule
-from titanlite.models.common.parallelize import block_plan, mamba2_plan
+from titanlite.models.common.parallelize import block_plan, mamba2_plan, moe_block_plan
 from titanlite.models.nemotron_h.args import NemotronHArgs
 
 
@@ -19,9 +20,11 @@ def tp_plan(model: DecoderModule) -> dict:
     attention = {k: v for k, v in shared.items() if k.startswith("attention")}
     attention["attention"] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
     mlp = {k: v for k, v in shared.items() if k.startswith(("ffn_norm", "feed_forward"))}
+    moe = {"ffn_norm": shared["ffn_norm"], "feed_forward": moe_block_plan()}  # the block whole on every rank
+    kinds = {"full_attention": attention, "mlp": mlp, "moe": moe}
     plan: dict = {}
     for i in model.layers:
         kind = args.layer_types[int(i)]
-        block = mamba2_plan() if kind == "mamba" else attention if kind == "full_attention" else mlp
+        block = mamba2_plan() if kind == "mamba" else kinds[kind]
         plan |= {f"layers.{i}.{name}": style for name, style in block.items()}
     return plan

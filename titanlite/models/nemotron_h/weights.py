@@ -5,7 +5,10 @@ model.*, reads the same).
 Each layer's norm is backbone.layers.i.norm (our attention_norm or ffn_norm) and its sublayer backbone.layers.i.mixer.
 Mamba-2: in_proj's rows are [z | x | B | C | dt] (our wz, wx, wb, wc, wdt), conv1d's [x | B | C] channels, weight
 [C, 1, K] (our conv_x, conv_b, conv_c [C, K] and their biases); A_log, D, dt_bias, the gated norm and out_proj one to
-one. Attention: q_proj, k_proj, v_proj, o_proj, with no rotations to reorder. MLP: up_proj and down_proj (w1, w2)."""
+one. Attention: q_proj, k_proj, v_proj, o_proj, with no rotations to reorder. MLP: up_proj and down_proj (w1, w2).
+MoE: the router gate and its e_score_correction_bias (our routing bias, a buffer), one up_proj and down_proj per
+expert (stacked into our experts.w1 and w2), shared_experts.up_proj and down_proj, and LatentMoE's fc1_latent_proj
+and fc2_latent_proj (our latent_down and latent_up)."""
 
 from __future__ import annotations
 
@@ -18,6 +21,8 @@ PREFIX, MODULE_PREFIX = "backbone.", "model."  # the stored names' and transform
 IN_PROJ = ("wz", "wx", "wb", "wc", "wdt")  # in_proj's row blocks, in order
 ATTENTION = {"wq": "q_proj", "wk": "k_proj", "wv": "v_proj", "wo": "o_proj"}
 MLP = {"w1": "up_proj", "w2": "down_proj"}
+BIAS = "router.expert_bias"  # our routing bias (a buffer); Hugging Face's gate.e_score_correction_bias
+LATENT = {"latent_down": "fc1_latent_proj", "latent_up": "fc2_latent_proj"}
 
 
 def _in_proj_widths(args: NemotronHArgs) -> list[int]:
@@ -42,18 +47,34 @@ def _mamba_sources(args: NemotronHArgs, ours: str, hf: str) -> dict[str, str]:
     return names
 
 
-def hf_sources(args: NemotronHArgs) -> dict[str, str]:
+def _moe_sources(args: NemotronHArgs, ours: str, hf: str) -> dict[str, str | tuple[str, ...]]:
+    moe = args.moe
+    assert moe is not None
+    names: dict[str, str | tuple[str, ...]] = {f"{ours}router.gate.weight": f"{hf}gate.weight"}
+    if moe.balance == "bias":
+        names[ours + BIAS] = f"{hf}gate.e_score_correction_bias"
+    for w, proj in MLP.items():
+        names[f"{ours}experts.{w}"] = tuple(f"{hf}experts.{e}.{proj}.weight" for e in range(moe.n_experts))
+        names[f"{ours}shared_expert.{w}.weight"] = f"{hf}shared_experts.{proj}.weight"
+    if moe.latent_dim:
+        names |= {f"{ours}{o}.weight": f"{hf}{h}.weight" for o, h in LATENT.items()}
+    return names
+
+
+def hf_sources(args: NemotronHArgs) -> dict[str, str | tuple[str, ...]]:
     """Our parameter name -> the Hugging Face tensor it is made from (output.weight included even when tied)."""
-    names = {
+    names: dict[str, str | tuple[str, ...]] = {
         "tok_embeddings.weight": f"{PREFIX}embeddings.weight",
         "norm.weight": f"{PREFIX}norm_f.weight",
         "output.weight": "lm_head.weight",
     }
     for i, kind in enumerate(args.layer_types):
         ours, hf = f"layers.{i}.", f"{PREFIX}layers.{i}."
-        norm = "ffn_norm" if kind == "mlp" else "attention_norm"
+        norm = "ffn_norm" if kind in ("mlp", "moe") else "attention_norm"
         names[f"{ours}{norm}.weight"] = f"{hf}norm.weight"
-        if kind == "mamba":
+        if kind == "moe":
+            names |= _moe_sources(args, f"{ours}feed_forward.", f"{hf}mixer.")
+        elif kind == "mamba":
             names |= _mamba_sources(args, f"{ours}attention.", f"{hf}mixer.")
         elif kind == "full_attention":
             names |= {f"{ours}attention.{o}.weight": f"{hf}mixer.{h}.weight" for o, h in ATTENTION.items()}
@@ -85,8 +106,13 @@ def _is_mamba(args: NemotronHArgs, name: str) -> bool:
     return name.startswith("layers.") and args.layer_types[int(name.split(".")[1])] == "mamba"
 
 
-def from_hf_tensor(args: NemotronHArgs, name: str, hf: torch.Tensor) -> torch.Tensor:
-    """Our parameter `name`'s full value from its Hugging Face tensor (hf_sources[name])."""
+def from_hf_tensor(args: NemotronHArgs, name: str, hf: torch.Tensor | list[torch.Tensor]) -> torch.Tensor:
+    """Our parameter `name`'s full value from its Hugging Face tensor (hf_sources[name]); a stacked expert tensor from
+    its experts' tensors, in expert order; the routing bias in float32."""
+    if isinstance(hf, list):
+        return torch.stack(hf).contiguous()
+    if name.endswith(BIAS):
+        return hf.float()
     part = _part(args, name) if _is_mamba(args, name) else None
     if part is None:
         return hf.contiguous()
@@ -100,6 +126,9 @@ def to_hf(args: NemotronHArgs, sd: dict[str, torch.Tensor], take) -> dict[str, t
     fused: dict[str, list[tuple[int, torch.Tensor]]] = {}
     out: dict[str, torch.Tensor] = {}
     for ours, hf in hf_sources(args).items():
+        if isinstance(hf, tuple):  # a stacked expert tensor: one per expert
+            out |= dict(zip(hf, take(ours).unbind(0)))
+            continue
         part = _part(args, ours) if _is_mamba(args, ours) else None
         if part is None:
             out[hf] = take(ours)

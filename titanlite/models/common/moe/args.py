@@ -12,6 +12,7 @@ SCORE_FUNCS = ("softmax", "sigmoid")
 BALANCE_FIELDS = ("balance", "aux_loss_coef", "z_loss_coef", "bias_update_rate")
 BALANCES = ("aux_loss", "bias", "none")
 AUX_LOSS_STYLES = ("switch",)
+EXPERT_ACTIVATIONS = ("swiglu", "relu2")
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,12 @@ class MoEArgs:
     """Hidden width of the shared expert (Qwen2-MoE's shared_expert_intermediate_size); 0: from n_shared_experts."""
     shared_gate: bool = False
     """Scale the shared expert's output by sigmoid(a linear dim -> 1 of the input), as Qwen2-MoE does."""
+    activation: str = "swiglu"
+    """The experts' (routed and shared) feed-forward: "swiglu", down(silu(gate x) * up x); "relu2", down(relu(up
+    x)^2) with no gate (Nemotron-H's)."""
+    latent_dim: int = 0
+    """LatentMoE (Nemotron 3): the routed experts work in this smaller width, between a projection down from the
+    model's width (after the router, which reads the full width) and one back up; 0: in the model's width."""
     balance: str = "aux_loss"
     """"aux_loss": the auxiliary loss of aux_loss_style added to the training loss; "bias": auxiliary-loss-free
     balancing, a per-expert bias added to the scores for choosing experts only, updated after each step
@@ -76,12 +83,20 @@ class MoEArgs:
             ("score_func", SCORE_FUNCS),
             ("balance", BALANCES),
             ("aux_loss_style", AUX_LOSS_STYLES),
+            ("activation", EXPERT_ACTIVATIONS),
         ):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"MoEArgs.{name}={getattr(self, name)!r}; use one of {', '.join(allowed)}")
         if self.route_scale <= 0:
             raise ValueError(f"MoEArgs.route_scale={self.route_scale}; it must be positive")
-        for name in ("n_shared_experts", "shared_expert_dim", "aux_loss_coef", "z_loss_coef", "bias_update_rate"):
+        for name in (
+            "n_shared_experts",
+            "shared_expert_dim",
+            "aux_loss_coef",
+            "z_loss_coef",
+            "bias_update_rate",
+            "latent_dim",
+        ):
             if getattr(self, name) < 0:
                 raise ValueError(f"MoEArgs.{name}={getattr(self, name)}; it must not be negative")
         if self.shared_gate and not self.shared_hidden:

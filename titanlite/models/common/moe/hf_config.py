@@ -99,6 +99,10 @@ FIXED = {
 }
 
 
+# The experts' shape every family's config.json but Nemotron-H's fixes: SwiGLU experts in the model's width.
+SWIGLU_EXPERTS = {"activation": "swiglu", "latent_dim": 0}
+
+
 def check_expressible(
     moe: MoEArgs,
     family: str,
@@ -108,11 +112,12 @@ def check_expressible(
     more: tuple[str, ...] = (),
 ) -> None:
     """What a family's config.json cannot say about the MoE block is refused, naming the field: the fields it
-    fixes (`fixed`, FIXED by default), the bias balancing unless it stores the biases (`bias_balance`), dense
+    fixes (`fixed`, FIXED by default; the experts' activation and width SWIGLU_EXPERTS unless `fixed` says), the bias
+    balancing unless it stores the biases (`bias_balance`), dense
     layers unless it names them, and the family's own `more` problems."""
     problems = [
         f"MoEArgs.{name}={getattr(moe, name)!r}"
-        for name, value in (fixed or FIXED).items()
+        for name, value in {**SWIGLU_EXPERTS, **(fixed or FIXED)}.items()
         if getattr(moe, name) != value
     ]
     if moe.balance == "bias" and not bias_balance:

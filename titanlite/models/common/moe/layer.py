@@ -195,10 +195,16 @@ class ClampedSwiGLU:
         return (up + 1) * (gate * torch.sigmoid(self.alpha * gate))
 
 
+def relu_squared(up: torch.Tensor) -> torch.Tensor:
+    """The ungated experts' activation (Nemotron-H's): relu(up)^2."""
+    return torch.square(F.relu(up))
+
+
 class GroupedExperts(nn.Module):
     """n_experts gated feed-forwards stored stacked: w1, w3 [E, hidden, dim] (gate, up), w2 [E, dim, hidden] (down);
     with `bias`, b1, b3 [E, hidden] and b2 [E, dim] (gpt-oss). `activation(gate, up)` makes the hidden
-    activations: swiglu by default, ClampedSwiGLU for gpt-oss.
+    activations: swiglu by default, ClampedSwiGLU for gpt-oss. Not `gated`: no w3 (nor b3), w1 the up projection and
+    `activation(up)` the hidden activations (relu_squared: Nemotron-H's experts).
 
     forward takes the tokens sorted by expert and each expert's row count. use_grouped_mm: None chooses
     F.grouped_mm wherever it runs for the tensors (grouped_mm_runs, 16-byte-aligned widths), True insists on
@@ -211,16 +217,17 @@ class GroupedExperts(nn.Module):
         n_experts: int,
         use_grouped_mm: bool | None = None,
         bias: bool = False,
-        activation: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = swiglu,
+        activation: Callable[..., torch.Tensor] = swiglu,
+        gated: bool = True,
     ):
         super().__init__()
         self.use_grouped_mm = use_grouped_mm
         self.activation = activation
         self.w1 = nn.Parameter(torch.empty(n_experts, hidden, dim))
-        self.w3 = nn.Parameter(torch.empty(n_experts, hidden, dim))
+        self.w3 = nn.Parameter(torch.empty(n_experts, hidden, dim)) if gated else None
         self.w2 = nn.Parameter(torch.empty(n_experts, dim, hidden))
         self.b1 = nn.Parameter(torch.empty(n_experts, hidden)) if bias else None
-        self.b3 = nn.Parameter(torch.empty(n_experts, hidden)) if bias else None
+        self.b3 = nn.Parameter(torch.empty(n_experts, hidden)) if bias and gated else None
         self.b2 = nn.Parameter(torch.empty(n_experts, dim)) if bias else None
 
     def init_own(self, name: str, full: torch.Tensor, generator: torch.Generator, scheme: InitScheme) -> None:
@@ -238,8 +245,9 @@ class GroupedExperts(nn.Module):
         """Each expert's matrices as nn.Linear initialises its weight, its biases zero (a run starts them by
         init_own)."""
         for w in (self.w1, self.w3, self.w2):
-            bound = 1 / math.sqrt(w.shape[-1])
-            nn.init.uniform_(w, -bound, bound)
+            if w is not None:
+                bound = 1 / math.sqrt(w.shape[-1])
+                nn.init.uniform_(w, -bound, bound)
         for b in (self.b1, self.b3, self.b2):
             if b is not None:
                 nn.init.zeros_(b)
@@ -278,34 +286,42 @@ class GroupedExperts(nn.Module):
 
     def local_weights(
         self, step: tuple[torch.Tensor, torch.Tensor] | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """w1, w3, w2 of the experts this rank computes: all of them, or under expert parallelism (whose hooks
-        hand forward the tokens and counts of this rank's experts only) its shard of each DTensor; w1 counting
-        `step` on backward when given."""
-        w1, w3, w2 = (_local(w) for w in (self.w1, self.w3, self.w2))
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """w1, w3 (None: ungated), w2 of the experts this rank computes: all of them, or under expert parallelism
+        (whose hooks hand forward the tokens and counts of this rank's experts only) its shard of each DTensor; w1
+        counting `step` on backward when given."""
+        w1, w2 = _local(self.w1), _local(self.w2)
+        w3 = None if self.w3 is None else _local(self.w3)
         if step is not None:
             w1 = CountOnBackward.apply(w1, *step)
         return w1, w3, w2
 
-    def local_biases(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-        """b1, b3, b2 of this rank's experts, as local_weights; None without biases."""
-        if self.b1 is None or self.b3 is None or self.b2 is None:
+    def local_biases(self) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor] | None:
+        """b1, b3 (None: ungated), b2 of this rank's experts, as local_weights; None without biases."""
+        if self.b1 is None or self.b2 is None:
             return None
-        return _local(self.b1), _local(self.b3), _local(self.b2)
+        return _local(self.b1), None if self.b3 is None else _local(self.b3), _local(self.b2)
+
+    def hidden(self, gate: torch.Tensor, up: torch.Tensor | None) -> torch.Tensor:
+        """The hidden activations of w1's output `gate` and w3's `up` (None: ungated, w1's output alone)."""
+        return self.activation(gate) if up is None else self.activation(gate, up)
 
     def forward_grouped(
         self, x: torch.Tensor, counts: torch.Tensor, step: tuple[torch.Tensor, torch.Tensor] | None = None
     ) -> torch.Tensor:
         offs = counts.cumsum(0).to(torch.int32)  # each group's end row, on the device: no host read
-        w1, w3, w2 = (w.to(x.dtype).transpose(-2, -1) for w in self.local_weights(step))
-        gate, up = F.grouped_mm(x, w1, offs=offs), F.grouped_mm(x, w3, offs=offs)  # [M, hidden]
+        w1, w3, w2 = (None if w is None else w.to(x.dtype).transpose(-2, -1) for w in self.local_weights(step))
+        assert w1 is not None and w2 is not None
+        gate = F.grouped_mm(x, w1, offs=offs)  # [M, hidden]
+        up = None if w3 is None else F.grouped_mm(x, w3, offs=offs)
         biases = self.local_biases()
         if biases is None:
-            return F.grouped_mm(self.activation(gate, up), w2, offs=offs)
+            return F.grouped_mm(self.hidden(gate, up), w2, offs=offs)
         # each row's expert, without reading the counts on the host (output_size: the rows are known)
         expert = torch.repeat_interleave(torch.arange(counts.shape[0], device=x.device), counts, output_size=x.shape[0])
-        b1, b3, b2 = (b.to(x.dtype)[expert] for b in biases)
-        return F.grouped_mm(self.activation(gate + b1, up + b3), w2, offs=offs) + b2
+        b1, b3, b2 = (None if b is None else b.to(x.dtype)[expert] for b in biases)
+        assert b1 is not None and b2 is not None
+        return F.grouped_mm(self.hidden(gate + b1, None if up is None or b3 is None else up + b3), w2, offs=offs) + b2
 
     def forward_loop(
         self, x: torch.Tensor, counts: torch.Tensor, step: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -316,7 +332,8 @@ class GroupedExperts(nn.Module):
 
         def expert(rows: torch.Tensor, e: int) -> torch.Tensor:
             at = (lambda b: None) if b1 is None else (lambda b: b[e])
-            h = self.activation(F.linear(rows, w1[e], at(b1)), F.linear(rows, w3[e], at(b3)))
+            up = None if w3 is None else F.linear(rows, w3[e], at(b3))
+            h = self.hidden(F.linear(rows, w1[e], at(b1)), up)
             return F.linear(h, w2[e], at(b2))
 
         if x.device.type == "meta":  # shapes only (the planner's meta runs): no counts to read
@@ -349,15 +366,18 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 
 class SharedExpert(nn.Module):
-    """The SwiGLU feed-forward every token goes through beside the routed experts."""
+    """The SwiGLU feed-forward every token goes through beside the routed experts; not `gated`, down(relu(up x)^2)
+    with w1 the up projection and no w3 (Nemotron-H's)."""
 
-    def __init__(self, dim: int, hidden: int):
+    def __init__(self, dim: int, hidden: int, gated: bool = True):
         super().__init__()
-        self.w1 = nn.Linear(dim, hidden, bias=False)  # gate
+        self.w1 = nn.Linear(dim, hidden, bias=False)  # gate (up where not gated)
         self.w2 = nn.Linear(hidden, dim, bias=False)  # down
-        self.w3 = nn.Linear(dim, hidden, bias=False)  # up
+        self.w3 = nn.Linear(dim, hidden, bias=False) if gated else None  # up
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.w3 is None:
+            return self.w2(relu_squared(self.w1(x)))
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
     def init_own(self, name: str, full: torch.Tensor, generator: torch.Generator, scheme: InitScheme) -> None:
@@ -384,10 +404,16 @@ class MoE(nn.Module):
         super().__init__()
         self.args = args
         self.router = Router(dim, args)
+        gated = args.activation == "swiglu"
+        width = args.latent_dim or dim  # the routed experts' (LatentMoE: between latent_down and latent_up)
         if experts is None:
-            experts = GroupedExperts(dim, args.expert_dim, args.n_experts, use_grouped_mm)
+            activation = swiglu if gated else relu_squared
+            experts = GroupedExperts(width, args.expert_dim, args.n_experts, use_grouped_mm, activation=activation,
+                                     gated=gated)  # fmt: skip
+        self.latent_down = nn.Linear(dim, width, bias=False) if args.latent_dim else None
         self.experts = experts
-        self.shared_expert = SharedExpert(dim, args.shared_hidden) if args.shared_hidden else None
+        self.latent_up = nn.Linear(width, dim, bias=False) if args.latent_dim else None
+        self.shared_expert = SharedExpert(dim, args.shared_hidden, gated) if args.shared_hidden else None
         self.shared_gate = nn.Linear(dim, 1, bias=False) if args.shared_gate else None
         # Sums the load-balancing statistics, differentiably, over the ranks that hold the rest of the micro-batch
         # (the layout sets it: titanlite/parallel/parallelize.py pool_balance_over); None: this rank holds it all.
@@ -400,14 +426,15 @@ class MoE(nn.Module):
         self.register_buffer("step_tokens", torch.zeros(args.n_experts, dtype=torch.int64), persistent=False)
 
     def init_own(self, name: str, full: torch.Tensor, generator: torch.Generator, scheme: InitScheme) -> None:
-        """The shared expert's sigmoid gate input-side (router, experts and shared expert start their own)."""
-        start_linears(name, full, generator, scheme, inputs=("shared_gate",), outputs=())
+        """The shared expert's sigmoid gate and the latent projections input-side (router, experts and shared expert
+        start their own)."""
+        start_linears(name, full, generator, scheme, inputs=("shared_gate", "latent_down", "latent_up"), outputs=())
 
     def reset_parameters(self) -> None:
         """Fill every weight as nn.Linear would (tests, and a model built outside a run's init); zero the bias."""
         self.router.gate.reset_parameters()
         self.experts.reset_parameters()
-        for module in (self.shared_expert, self.shared_gate):
+        for module in (self.shared_expert, self.shared_gate, self.latent_down, self.latent_up):
             for linear in module.modules() if module is not None else ():
                 if isinstance(linear, nn.Linear):
                     linear.reset_parameters()
@@ -427,11 +454,14 @@ class MoE(nn.Module):
         token = order // self.args.top_k  # the token of each sorted choice
         # A training forward's counts join the step's when its backward reaches the experts (CountOnBackward).
         step = (counts, self.step_tokens) if torch.is_grad_enabled() else None
-        expert_out = self.experts(flat[token], counts, step=step)  # [N*k, D]
+        rows = flat if self.latent_down is None else self.latent_down(flat)  # [N, D or latent]
+        expert_out = self.experts(rows[token], counts, step=step)  # [N*k, D or latent]
         weights = route.weights.reshape(-1)[order, None]  # [N*k, 1], float32
         # The k outputs of each token are summed in float32 (as transformers does under float32 weights).
-        out = torch.zeros(flat.shape, dtype=torch.float32, device=x.device)
+        out = torch.zeros(rows.shape, dtype=torch.float32, device=x.device)
         out = out.index_add(0, token, expert_out.float() * weights).to(x.dtype)
+        if self.latent_up is not None:
+            out = self.latent_up(out)
         if self.shared_expert is not None:
             shared = self.shared_expert(flat)
             if self.shared_gate is not None:
