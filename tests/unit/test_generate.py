@@ -37,11 +37,12 @@ CACHES = {"host": lambda n: KVCache(max_len=n), "static": lambda n: StaticKVCach
 
 
 @pytest.mark.parametrize("kind", CACHES)
-@pytest.mark.parametrize("name", [*MODELS, "deepseek_v32"])
+@pytest.mark.parametrize("name", [*MODELS, "deepseek_v32", "nemotron_h"])
 def test_cached_decoding_matches_full_forward_logits(name, kind):
     """Both caches: the host-counted one, and the static one (device-side position, masked whole-buffer
     attention) that CUDA-graph decoding replays. DeepSeek-V3.2's sparse layers keep their latents and indexer keys
-    (16 selected of up to 20: the last steps select)."""
+    (16 selected of up to 20: the last steps select); Nemotron-H's Mamba-2 layers their SSM state and convolution
+    window (a chunk of 5 after the cache runs the chunked scan from the cached state)."""
     model = debug_model(name)
     tokens = torch.randint(0, TOK.vocab_size, (2, 20), generator=torch.Generator().manual_seed(0))
     # A prefill, single-token steps, a several-token chunk after the cache (the shifted causal mask), more steps.

@@ -18,10 +18,14 @@ transformers = pytest.importorskip(
     "transformers", reason="transformers is an optional test dependency (pip install .[hf])"
 )
 
+from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
+
 from tests.conformance import exports_as, greedy_ids_match, imported_by_config, random_hf, tokens  # noqa: E402
 from titanlite.base.errors import ConfigError  # noqa: E402
+from titanlite.components.metrics import flops_per_token  # noqa: E402
+from titanlite.models.build import model_from_args  # noqa: E402
 from titanlite.models.common.attention import Sequence  # noqa: E402
-from titanlite.models.common.mamba2 import ssd_chunked, ssd_recurrent  # noqa: E402
+from titanlite.models.common.mamba2 import StateScan, ssd_chunked, ssd_recurrent  # noqa: E402
 from titanlite.models.hf_config import args_from_hf_config, folder_args  # noqa: E402
 from titanlite.models.nemotron_h.args import FLAVORS, with_depth  # noqa: E402
 
@@ -111,6 +115,25 @@ def test_the_chunked_scan_equals_the_recurrence_with_documents_and_a_state():
             torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
     # documents change what the later tokens see (the reset is real)
     assert (ssd_chunked(q, k, v, g, s0, documents)[0] - ssd_chunked(q, k, v, g, s0)[0]).abs().max() > 1e-3
+
+
+def test_the_scan_counts_the_flops_torch_counts_and_only_attention_grows_with_length():
+    """StateScan.flops_per_token (x3 for backward) is what torch's FLOP counter counts of the chunked scan's forward
+    (a length a multiple of the chunk); a Nemotron-H's FLOPs per token grow with the length by its attention layers'
+    12 d T alone: the Mamba layers' work is linear in T, the MLP layers' (FeedForwardBlock) mix no tokens."""
+    generator = torch.Generator().manual_seed(0)
+    length, groups, state, heads, width = 32, 2, 5, 4, 3
+    q, k = (torch.randn(1, length, groups, state, generator=generator) for _ in range(2))
+    v, g = torch.randn(1, length, heads, width, generator=generator), -torch.rand(1, length, heads, generator=generator)
+    scan = StateScan(chunk_size=8)
+    with FlopCounterMode(display=False) as counter:
+        scan(q, k, v, g)
+    assert 3 * counter.get_total_flops() == length * scan.flops_per_token(heads, state, width)
+    with torch.device("meta"):
+        model = model_from_args(dataclasses.replace(FLAVORS["debug"], vocab_size=256))
+    attention = sum(kind == "full_attention" for kind in model.args.layer_types)
+    growth = flops_per_token(model, 8192) - flops_per_token(model, 4096)
+    assert attention == 1 and growth == 12 * attention * model.args.n_heads * model.args.head_dim * 4096
 
 
 def test_logits_equal_transformers_and_an_export_loads_back_with_ours(folder, tmp_path):

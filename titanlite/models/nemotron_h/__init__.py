@@ -13,6 +13,7 @@ from titanlite.models.spec import HFConfig, ModelSpec
 def etp_refusal(model_args: args.NemotronHArgs) -> str | None:
     return "its experts are relu^2 feed-forwards without gates, which expert tensor parallelism does not split"
 
+
 SPEC = ModelSpec(
     name="nemotron_h",
     args_type=args.NemotronHArgs,

@@ -89,6 +89,22 @@ FLAVORS = {
         state_dim=16,
         mamba_chunk_size=16,
     ),
+    # The debug model's all-attention cut: the same six layers, each Mamba-2 layer an attention layer (a baseline).
+    "debug_attention": NemotronHArgs(
+        dim=64,
+        n_layers=6,
+        n_heads=4,
+        n_kv_heads=2,
+        ffn_dim=128,
+        vocab_size=0,
+        max_seq_len=2048,
+        layer_types=layers_of("*-**-*"),
+        mamba_heads=8,
+        mamba_head_dim=8,
+        mamba_groups=2,
+        state_dim=16,
+        mamba_chunk_size=16,
+    ),
     # Tiny, with mixture-of-experts layers (relu^2 experts in a latent width, a shared expert, grouped routing).
     "debug_moe": NemotronHArgs(
         dim=64,
@@ -104,9 +120,20 @@ FLAVORS = {
         mamba_groups=2,
         state_dim=16,
         mamba_chunk_size=16,
-        moe=MoEArgs(n_experts=8, top_k=2, expert_dim=32, score_func="sigmoid", norm_topk_prob=True, route_scale=2.5,
-                    shared_expert_dim=48, balance="bias", n_groups=2, topk_groups=1, activation="relu2",
-                    latent_dim=32),  # fmt: skip
+        moe=MoEArgs(
+            n_experts=8,
+            top_k=2,
+            expert_dim=32,
+            score_func="sigmoid",
+            norm_topk_prob=True,
+            route_scale=2.5,
+            shared_expert_dim=48,
+            balance="bias",
+            n_groups=2,
+            topk_groups=1,
+            activation="relu2",
+            latent_dim=32,
+        ),  # fmt: skip
     ),
     "nemotron_h_8b": NemotronHArgs(
         dim=4096,
@@ -139,7 +166,16 @@ FLAVORS = {
         mamba_head_dim=64,
         mamba_groups=8,
         state_dim=128,
-        moe=MoEArgs(n_experts=128, top_k=6, expert_dim=1856, score_func="sigmoid", norm_topk_prob=True,
-                    route_scale=2.5, shared_expert_dim=3712, balance="bias", activation="relu2"),  # fmt: skip
+        moe=MoEArgs(
+            n_experts=128,
+            top_k=6,
+            expert_dim=1856,
+            score_func="sigmoid",
+            norm_topk_prob=True,
+            route_scale=2.5,
+            shared_expert_dim=3712,
+            balance="bias",
+            activation="relu2",
+        ),  # fmt: skip
     ),
 }
