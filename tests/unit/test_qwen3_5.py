@@ -141,8 +141,12 @@ def test_the_linear_attention_backend_is_chosen_for_the_device_or_refused_in_one
     with pytest.raises(ConfigError, match="model.linear_attn_backend='fla' cannot run here: its Triton kernels"):
         linear_backend(hybrid, "fla", "cpu")
     assert linear_backend(dense, "auto", "cpu") == ("torch", "")
-    with pytest.raises(ConfigError, match="'torch' changes nothing: model qwen3 has no linear-attention layers"):
+    with pytest.raises(ConfigError, match="'torch' changes nothing: model qwen3 has no linear-attention or Mamba-2"):
         linear_backend(dense, "torch", "cpu")
+    mamba = model_args("nemotron_h", "debug", 256, 64)  # its Mamba-2 layers' scan takes the same choice
+    assert linear_backend(mamba, "auto", "cpu") == ("torch", why)
+    with pytest.raises(ConfigError, match="model.linear_attn_backend='fla' cannot run here: its Triton kernels"):
+        linear_backend(mamba, "fla", "cpu")
 
 
 VISION = dict(depth=1, hidden_size=32, intermediate_size=48, num_heads=2, patch_size=4, out_hidden_size=64,

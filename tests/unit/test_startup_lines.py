@@ -76,8 +76,16 @@ def test_the_experts_line_says_whether_tp_splits_each_expert_or_runs_it_whole():
     assert split.startswith("  experts: 3 blocks of 8 experts, each split over the 2 tensor-parallel ranks, ")
 
 
-def test_the_linear_attention_line_counts_each_layer_once_under_context_parallelism():
-    """Context parallelism wraps each layer's delta rule in one that is a DeltaRule too: still 3 of 4 layers."""
+@pytest.mark.parametrize(
+    "config, says",
+    [
+        ("qwen3_5_debug", "  linear attention: gated delta rule in 3 of 4 layers, by the chunked PyTorch path"),
+        ("nemotron_h_debug", "  linear attention: SSD scan in 3 of 6 layers, by the chunked PyTorch path"),
+    ],
+)
+def test_the_linear_attention_line_counts_each_layer_once_under_context_parallelism(config, says):
+    """Context parallelism wraps each layer's delta rule (Mamba-2's scan) in one that is a DeltaRule (a StateScan)
+    too: still 3 of 4 layers (3 of 6)."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.testing._internal.distributed.fake_pg import FakeStore
@@ -85,11 +93,11 @@ def test_the_linear_attention_line_counts_each_layer_once_under_context_parallel
     from titanlite.builder.run import describe_linear_attention
     from titanlite.parallel.context_parallel import apply_cp
 
-    cfg = parse_config([*BYTES, "--config", "train_configs/qwen3_5_debug.toml"])
+    cfg = parse_config([*BYTES, "--config", f"train_configs/{config}.toml"])
     with torch.device("meta"):
         model = plain_model(cfg, plan_model(cfg))
     before = describe_linear_attention(cfg, model, "cpu")
-    assert before is not None and before.startswith("  linear attention: 3 of 4 layers"), before
+    assert before is not None and before.startswith(says), before
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
     try:
         apply_cp(model, init_device_mesh("cpu", (2,), mesh_dim_names=("cp",)))

@@ -36,6 +36,7 @@ from titanlite.models.common.flops import active_parameters
 from titanlite.models.common.gated_delta_net import DeltaRule
 from titanlite.models.common.interface import unwrapped
 from titanlite.models.common.latent.sparse import SparseLatentAttention
+from titanlite.models.common.mamba2 import StateScan
 from titanlite.models.common.moe.layer import (
     LOOP_CHOSEN,
     LOOP_COMPILED,
@@ -316,20 +317,23 @@ def attention_kernels(model: nn.Module, plain: bool, device_type: str, seq_len: 
 
 
 def describe_linear_attention(cfg: JobConfig, model: nn.Module, device_type: str) -> str | None:
-    """Which kernel the linear-attention layers' gated delta rule runs (model.linear_attn_backend, and why the
-    PyTorch path where "auto" chose it); None for a model without such layers."""
-    rules = [m for m in model.modules() if isinstance(m, DeltaRule)]
-    # A layer's rule once: context parallelism's wrapper is a DeltaRule too, and holds the layer's own as `inner`.
-    wrapped = {id(inner) for m in rules if isinstance(inner := getattr(m, "inner", None), DeltaRule)}
-    rules = [m for m in rules if id(m) not in wrapped]
-    if not rules:
+    """Which kernel the linear-attention layers' gated delta rule and the Mamba-2 layers' scan run
+    (model.linear_attn_backend, and why the PyTorch path where "auto" chose it; context parallelism hands each chunk
+    its state, which only the PyTorch path takes); None for a model without such layers."""
+    kinds = {"gated delta rule": DeltaRule, "SSD scan": StateScan}
+    cores = [m for m in model.modules() if isinstance(m, (DeltaRule, StateScan))]
+    # A layer's core once: context parallelism's wrapper is one too, and holds the layer's own as `inner`.
+    wrapped = {id(inner) for m in cores if isinstance(inner := getattr(m, "inner", None), (DeltaRule, StateScan))}
+    if not cores:
         return None
+    layers = sum(1 for _ in unwrapped(model).layers)
     backend, why = linear_backend(model.args, cfg.model.linear_attn_backend, device_type)
     kernel = "flash-linear-attention's chunked Triton kernels" if backend == "fla" else "the chunked PyTorch path"
-    layers = sum(1 for _ in unwrapped(model).layers)
-    return f"  linear attention: {len(rules)} of {layers} layers, gated delta rule by {kernel}" + (
-        f" ({why})" if why else ""
-    )
+    if wrapped and backend == "fla":
+        kernel, why = "the chunked PyTorch path", "context parallelism hands each chunk its state"
+    counts = [(name, sum(isinstance(m, kind) and id(m) not in wrapped for m in cores)) for name, kind in kinds.items()]
+    what = " and ".join(f"{name} in {n} of {layers} layers" for name, n in counts if n)
+    return f"  linear attention: {what}, by {kernel}" + (f" ({why})" if why else "")
 
 
 def describe_experts(cfg: JobConfig, model: nn.Module, device: torch.device, dtype: torch.dtype) -> str | None:

@@ -76,11 +76,12 @@ class Model:
     use it for block-causal masks and long sequences. On CUDA flex runs torch's compiled kernel; on the CPU (where
     torch has no FlexAttention backward) titanlite's blockwise loop, the same numbers to rounding."""
     linear_attn_backend: Literal["auto", "torch", "fla"] = "auto"
-    """How the linear-attention layers' gated delta rule computes (never what), in the hybrid families (Qwen3.5,
-    Qwen3-Next, OLMo Hybrid, Kimi Linear): "torch" is titanlite's chunked PyTorch path (any device); "fla" is
-    flash-linear-attention's Triton kernels (`pip install flash-linear-attention`; CUDA only, refused before launch
-    elsewhere); "auto" takes "fla" on CUDA where it imports and its kernels, run once at start-up on a tiny input,
-    agree with the PyTorch path, and "torch" otherwise; the start-up line says which and why."""
+    """How the linear-attention layers' gated delta rule and the Mamba-2 layers' SSD scan compute (never what), in
+    the hybrid families (Qwen3.5, Qwen3-Next, OLMo Hybrid, Kimi Linear; Nemotron-H, Granite 4.0 H, Falcon-H1):
+    "torch" is titanlite's chunked PyTorch path (any device); "fla" is flash-linear-attention's Triton kernels (`pip
+    install flash-linear-attention`; CUDA only, refused before launch elsewhere); "auto" takes "fla" on CUDA where it
+    imports and its kernels, run once at start-up on a tiny input, agree with the PyTorch path, and "torch" otherwise;
+    the start-up line says which and why. Context parallelism runs the PyTorch path (it hands each chunk its state)."""
 
 
 @dataclass

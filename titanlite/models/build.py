@@ -10,6 +10,8 @@ from titanlite.base.errors import ConfigError
 from titanlite.models.common.attention import CoreAttention, build_core
 from titanlite.models.common.gated_delta_net import DeltaRule, resolve_backend
 from titanlite.models.common.interface import DecoderModule
+from titanlite.models.common.mamba2 import StateScan, fla_scan_unavailable
+from titanlite.models.common.mamba2_args import Mamba2Args
 from titanlite.models.common.moe.args import MoEArgs
 from titanlite.models.common.moe.layer import GroupedExperts
 from titanlite.models.hf_config import folder_args
@@ -111,33 +113,38 @@ def linear_backend(args, choice: str, device: str, smoke: bool = True) -> tuple[
     PyTorch path where it is that; a ConfigError for a choice that cannot run here, or that changes nothing (set
     explicitly for a model without linear-attention layers). `smoke`: run fla's kernels once on the device
     (resolve_backend; not in the launcher, which must not initialise CUDA before its workers fork)."""
-    if "linear_attention" not in getattr(args, "layer_types", ()):
+    mamba = isinstance(args, Mamba2Args)
+    if "linear_attention" not in getattr(args, "layer_types", ()) and not mamba:
         if choice != "auto":
             raise ConfigError(
                 f"model.linear_attn_backend={choice!r} changes nothing: model {args.family} has no linear-attention "
-                "layers; leave it out"
+                "or Mamba-2 layers; leave it out"
             )
         return "torch", ""
     try:
-        return resolve_backend(choice, device, smoke)
+        backend, why = resolve_backend(choice, device, smoke)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    scan_why = fla_scan_unavailable(device, smoke) if mamba and backend == "fla" else None
+    if scan_why is not None and choice == "fla":
+        raise ConfigError(f"model.linear_attn_backend='fla' cannot run here: {scan_why}; use 'auto' or 'torch'")
+    return ("torch", scan_why) if scan_why is not None else (backend, why)
 
 
 def with_kernels(
     model: DecoderModule, attn_backend: str, experts_kernel: str, linear_backend: str = "torch"
 ) -> DecoderModule:
-    """`model` with its attention cores of `attn_backend`'s kind (model.attn_backend), its experts looping over
-    each expert where `experts_kernel` (moe.experts_kernel) says "loop", and its linear-attention layers' delta rule
-    on `linear_backend` ("torch" or "fla": model.linear_attn_backend resolved for the device): how it computes, not
-    what."""
+    """`model` with its attention cores of `attn_backend`'s kind (model.attn_backend), its experts looping over each
+    expert where `experts_kernel` (moe.experts_kernel) says "loop", and its linear-attention layers' delta rule and
+    Mamba-2 layers' scan on `linear_backend` ("torch" or "fla": model.linear_attn_backend resolved for the device): how
+    it computes, not what."""
     if attn_backend != "sdpa":
         for module in list(model.modules()):
             core = getattr(module, "core", None)
             if isinstance(core, CoreAttention):
                 module.core = build_core(attn_backend, **core.options())
     for module in model.modules():
-        if isinstance(module, DeltaRule):
+        if isinstance(module, (DeltaRule, StateScan)):
             module.backend = linear_backend
     if experts_kernel == "loop":
         for module in model.modules():

@@ -299,14 +299,14 @@ class ContextParallelDeltaRule(DeltaRule):
 
 class ContextParallelStateScan(StateScan):
     """Wraps a Mamba-2 layer's StateScan (`inner`). With one decay per head, a chunk hands on S_out = a S_in + Q, a
-    a number per head (the exponential of the chunk's summed log-decay; 0 where a document starts inside it), and each
-    of its tokens reads o_t = o0_t + d_t q_t^T S_in (d_t its decay from the chunk's start; 0 after a document start).
-    So the inner scan runs once over this rank's two chunks (as two rows of the batch) from a zero state, giving o0
-    and Q; every rank gathers every chunk's Q and a, scans them in sequence order (the state set back to zero where a
-    chunk starts a document) and adds to its outputs what its chunks' incoming states contribute. Cost per layer: one
-    gather of 2cp x [B, H, N, P] and a scan of 2cp small products, no widened values (the delta rule's transition is
-    a matrix: ContextParallelDeltaRule). Returns the outputs of this rank's tokens and the whole sequence's final
-    state."""
+    number per head (the exponential of the chunk's summed log-decay; 0 where a document starts inside it), and each of
+    its tokens reads o_t = o0_t + d_t q_t^T S_in (d_t its decay from the chunk's start; 0 after a document start). So
+    the inner scan runs once over this rank's two chunks (as two rows of the batch) from a zero state (handed in: its
+    PyTorch path, whatever model.linear_attn_backend says), giving o0 and Q; every rank gathers every chunk's Q and a,
+    scans them in sequence order (the state set back to zero where a chunk starts a document) and adds to its outputs
+    what its chunks' incoming states contribute. Cost per layer: one gather of 2cp x [B, H, N, P] and a scan of 2cp
+    small products, no widened values (the delta rule's transition is a matrix: ContextParallelDeltaRule). Returns the
+    outputs of this rank's tokens and the whole sequence's final state."""
 
     def __init__(self, inner: StateScan, group: dist.ProcessGroup):
         super().__init__(inner.chunk_size)
@@ -325,9 +325,14 @@ class ContextParallelStateScan(StateScan):
         cp, rank = dist.get_world_size(self.group), dist.get_rank(self.group)
         batch, heads = v.shape[0], v.shape[2]
         documents = None if sequence is None or sequence.documents is None else _chunks_on_batch(sequence.documents)
+        # A zero state handed in: the inner scan's PyTorch path, which returns the final state of packed documents too
+        zeros = v.new_zeros(2 * batch, heads, k.shape[3], v.shape[3], dtype=torch.promote_types(v.dtype, torch.float32))
         out, end = self.inner(
-            *(_chunks_on_batch(t) for t in (q, k, v, g)), None if documents is None else Sequence(documents=documents)
+            *(_chunks_on_batch(t) for t in (q, k, v, g)),
+            None if documents is None else Sequence(documents=documents),
+            zeros,
         )
+        assert end is not None  # a state was handed in
         dtype = end.dtype  # the inner scan's computing dtype
         decay = _chunks_on_batch(g).to(dtype).cumsum(dim=1)  # [2B, L, H]: each token's decay from its chunk's start
         reads = decay.exp()

@@ -21,6 +21,7 @@ both restart at every document start, so packed documents are computed as if eac
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -28,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from titanlite.models.common.attention import Sequence
-from titanlite.models.common.gated_delta_net import ShortConvolution, local, start_convolution
+from titanlite.models.common.gated_delta_net import BACKENDS, ShortConvolution, local, start_convolution
 from titanlite.models.common.init_scheme import InitScheme, start_linears
 from titanlite.models.common.kv_cache import LayerCache
 from titanlite.models.common.linear_attention import decayed_scores, document_starts
@@ -145,15 +146,72 @@ def ssd_chunked(
     return o.transpose(1, 2).to(out_dtype), state
 
 
+def fla_scan(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, documents: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The SSD scan by flash-linear-attention's chunked Triton kernel for gated linear attention with one decay per
+    head (chunk_simple_gla, at scale 1: Mamba-2's C . B is not scaled), from a zero state: packed documents become one
+    row cut at every document start (cu_seqlens), which the kernel computes each alone (then no final state is
+    returned). C and B are repeated from their groups to the heads and cast to the values' dtype, as it takes them."""
+    from fla.ops.simple_gla import chunk_simple_gla  # optional dependency (the [linear] extra)
+
+    heads, groups = v.shape[2], k.shape[2]
+    if heads != groups:
+        q, k = (t.repeat_interleave(heads // groups, dim=2) for t in (q, k))
+    q, k = q.to(v.dtype), k.to(v.dtype)
+    if documents is None:
+        o, state = chunk_simple_gla(q, k, v, g, scale=1.0, output_final_state=True)
+        return o, state.transpose(-1, -2) if state is not None else None  # its state is [N, P] as ours
+    bsz, seqlen = v.shape[:2]
+    starts = torch.ones_like(documents, dtype=torch.bool)
+    starts[:, 1:] = documents[:, 1:] != documents[:, :-1]  # every row's first token starts a sequence too
+    cu_seqlens = torch.cat([starts.flatten().nonzero().flatten(), torch.tensor([bsz * seqlen], device=v.device)])
+    flat = [t.reshape(1, bsz * seqlen, *t.shape[2:]) for t in (q, k, v, g)]
+    o, _ = chunk_simple_gla(*flat, scale=1.0, cu_seqlens=cu_seqlens.to(torch.long), output_final_state=False)
+    return o.reshape(v.shape), None
+
+
+@functools.cache
+def fla_scan_unavailable(device_type: str, smoke: bool = True) -> str | None:
+    """Why flash-linear-attention's scan kernel (chunk_simple_gla) cannot run on `device_type` here (None: it can):
+    not CUDA, not importable, or (`smoke`) its result on a tiny packed input differing from ssd_chunked's by more than
+    1e-3 (the launcher asks without the smoke check, which touches the device). Asked once per process."""
+    if device_type != "cuda":
+        return f"its Triton kernels need a CUDA device, and this run is on {device_type}"
+    try:
+        import fla.ops.simple_gla  # noqa: F401  (the optional dependency: pip install flash-linear-attention)
+    except Exception as e:  # not installed, or installed for another torch or Triton
+        return f"flash-linear-attention's simple_gla does not import ({type(e).__name__}: {e})"
+    if not smoke:
+        return None
+    generator = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(1, 40, 1, 16, generator=generator).cuda() for _ in range(2))
+    v = torch.randn(1, 40, 2, 16, generator=generator).cuda()
+    g = (-0.3 * torch.rand(1, 40, 2, generator=generator)).cuda()
+    documents = torch.zeros(1, 40, dtype=torch.long, device="cuda")
+    documents[:, 23:] = 1
+    try:
+        ours = ssd_chunked(q, k, v, g, documents=documents)[0]
+        theirs = fla_scan(q, k, v, g, documents)[0].float()
+    except Exception as e:  # a kernel that does not compile or launch on this device
+        return f"flash-linear-attention's scan fails its check here ({type(e).__name__}: {e})"
+    gap = (theirs - ours).abs().max().item()
+    return None if gap <= 1e-3 else f"flash-linear-attention's scan differs from the PyTorch path by {gap:.2g} here"
+
+
 class StateScan(nn.Module):
     """The SSD scan over a sequence (ssd_chunked's arguments: q, k [B, T, G, N], v [B, T, H, P], g [B, T, H]),
     restarting at each document of `sequence`, from `state` [B, H, N, P] (generation; None: zeros). Returns o
-    [B, T, H, P] and the final state. One token (a decoding step) runs the recurrence itself; more, the chunked
-    path in chunks of `chunk_size`."""
+    [B, T, H, P] and the final state (None where `backend` "fla" computed packed documents). `backend` "torch": one
+    token (a decoding step) by the recurrence itself, more by the chunked path in chunks of `chunk_size`; "fla":
+    flash-linear-attention's kernel (CUDA) from a zero state, the PyTorch path from a given one
+    (model.linear_attn_backend, which says how the gated delta rule computes too)."""
 
-    def __init__(self, chunk_size: int = 64):
+    def __init__(self, chunk_size: int = 64, backend: str = "torch"):
         super().__init__()
-        self.chunk_size = chunk_size
+        if backend not in BACKENDS:
+            raise ValueError(f"StateScan backend={backend!r}; use one of {', '.join(BACKENDS)}")
+        self.chunk_size, self.backend = chunk_size, backend
 
     def forward(
         self,
@@ -163,8 +221,10 @@ class StateScan(nn.Module):
         g: torch.Tensor,
         sequence: Sequence | None = None,
         state: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         documents = None if sequence is None else sequence.documents
+        if self.backend == "fla" and state is None:
+            return fla_scan(q, k, v, g, documents)
         if v.shape[1] == 1:
             return ssd_recurrent(q, k, v, g, state, documents)
         return ssd_chunked(q, k, v, g, state, documents, chunk_size=self.chunk_size)
@@ -210,6 +270,11 @@ class GroupedGatedRMSNorm(nn.Module):
         scheme.norm(name, full)
 
 
+def _times(t: torch.Tensor, multiplier: float) -> torch.Tensor:
+    """`t` times a multiplier of the projections (Mamba2's `multipliers`); `t` itself where it is one."""
+    return t if multiplier == 1.0 else t * multiplier
+
+
 def start_step_bias(
     full: torch.Tensor, generator: torch.Generator, dt_range: tuple[float, float], floor: float
 ) -> None:
@@ -222,10 +287,15 @@ def start_step_bias(
 class Mamba2(nn.Module):
     """The Mamba-2 mixer (module docstring): `heads` x `head_dim` inputs, `groups` x `state_dim` B and C, a
     convolution over `conv_size` tokens (with a bias where `conv_bias`), the step clamped to `dt_limit`, biases on the
-    projections where `bias`, the output norm over `norm_groups` slices (`norm_eps`, the gate before the norm
-    where not `norm_before_gate`), the scan in chunks of `chunk_size`. Every projection a separate nn.Linear and each
-    convolution's weight its own parameter, so tensor parallelism splits them by heads and groups; dt_bias starts
-    log-uniform in `dt_init` floored at `dt_floor`, A_log at log(1..H), D at one (Mamba-2's)."""
+    projections where `bias` (on the output projection where `out_bias`, `bias` when None), the output norm over
+    `norm_groups` slices (`norm_eps`, the gate before the norm where not `norm_before_gate`), the scan in chunks of
+    `chunk_size`. Every projection a separate nn.Linear and each convolution's weight its own parameter, so tensor
+    parallelism splits them by heads and groups; dt_bias starts log-uniform in `dt_init` floored at `dt_floor`, A_log
+    at log(1..H), D at one (Mamba-2's).
+
+    Falcon-H1's options: `multipliers`, five numbers (z, x, B, C, dt) each projection's output is multiplied by (its
+    ssm_multipliers, transformers' mup_vector), before the convolution, the gate and the step's bias; `gated_norm`
+    False, no output norm (its mamba_rms_norm false): the scan's output is gated by SiLU(z) alone."""
 
     def __init__(
         self,
@@ -238,10 +308,13 @@ class Mamba2(nn.Module):
         *,
         conv_bias: bool = True,
         bias: bool = False,
+        out_bias: bool | None = None,
         dt_limit: tuple[float, float] = (0.0, math.inf),
         norm_groups: int | None = None,
         norm_eps: float = 1e-5,
         norm_before_gate: bool = False,
+        gated_norm: bool = True,
+        multipliers: tuple[float, float, float, float, float] = (1.0, 1.0, 1.0, 1.0, 1.0),
         chunk_size: int = 64,
         dt_init: tuple[float, float] = (0.001, 0.1),
         dt_floor: float = 1e-4,
@@ -251,7 +324,10 @@ class Mamba2(nn.Module):
             raise ValueError(f"Mamba2 heads={heads} must be a multiple of groups={groups}")
         if conv_size < 1:
             raise ValueError(f"Mamba2 conv_size={conv_size}; it must be at least 1")
+        if len(multipliers) != 5:
+            raise ValueError(f"Mamba2 multipliers={multipliers}; give five, of z, x, B, C and dt")
         self.head_dim, self.state_dim, self.dt_limit = head_dim, state_dim, dt_limit
+        self.multipliers = tuple(multipliers)
         self.dt_init, self.dt_floor = dt_init, dt_floor
         width, bc_width = heads * head_dim, groups * state_dim
         self.wz = nn.Linear(dim, width, bias=bias)  # the gate's
@@ -267,8 +343,10 @@ class Mamba2(nn.Module):
         self.A_log = nn.Parameter(torch.empty(heads))
         self.D = nn.Parameter(torch.empty(heads))
         norm_groups = groups if norm_groups is None else norm_groups
-        self.norm = GroupedGatedRMSNorm(width, norm_groups, norm_eps, norm_before_gate)
-        self.wo = nn.Linear(width, dim, bias=bias)
+        self.norm: GroupedGatedRMSNorm | None = (
+            GroupedGatedRMSNorm(width, norm_groups, norm_eps, norm_before_gate) if gated_norm else None
+        )
+        self.wo = nn.Linear(width, dim, bias=bias if out_bias is None else out_bias)
         self.conv = ShortConvolution()  # context parallelism wraps these two
         self.scan = StateScan(chunk_size)
 
@@ -281,7 +359,9 @@ class Mamba2(nn.Module):
         self, x: torch.Tensor, cache: LayerCache | None = None, sequence: Sequence | None = None
     ) -> torch.Tensor:
         bsz, seqlen, _ = x.shape
-        xs, b, c = self.wx(x), self.wb(x), self.wc(x)  # this rank's heads and groups under tensor parallelism
+        mz, mx, mb, mc, mdt = self.multipliers
+        # this rank's heads and groups under tensor parallelism
+        xs, b, c = _times(self.wx(x), mx), _times(self.wb(x), mb), _times(self.wc(x), mc)
         widths = [xs.shape[-1], b.shape[-1], c.shape[-1]]
         weight = torch.cat([local(getattr(self, name)) for name in CONVOLVED])
         biases = [getattr(self, name) for name in CONVOLVED_BIASES]
@@ -290,7 +370,8 @@ class Mamba2(nn.Module):
         xbc, conv_state = self.conv(torch.cat([xs, b, c], dim=-1), weight, sequence, conv_state, bias)
         xs, b, c = xbc.split(widths, dim=-1)
         xs = xs.view(bsz, seqlen, -1, self.head_dim)  # [B, T, H, P]
-        dt = F.softplus(self.wdt(x).float() + local(self.dt_bias).float()).clamp(*self.dt_limit)  # [B, T, H]
+        dt = _times(self.wdt(x), mdt).float() + local(self.dt_bias).float()
+        dt = F.softplus(dt).clamp(*self.dt_limit)  # [B, T, H]
         g = -local(self.A_log).float().exp() * dt
         v = xs.float() * dt[..., None]
         k, q = (t.view(bsz, seqlen, -1, self.state_dim) for t in (b, c))  # [B, T, G, N]
@@ -299,8 +380,9 @@ class Mamba2(nn.Module):
         if cache is not None:
             cache.set_state("conv", conv_state)
             cache.set_state("recurrent", state)
-        y = y + local(self.D).float()[:, None] * xs.float()
-        y = self.norm(y.reshape(bsz, seqlen, -1), self.wz(x))
+        y = (y + local(self.D).float()[:, None] * xs.float()).reshape(bsz, seqlen, -1)
+        z = _times(self.wz(x), mz)
+        y = self.norm(y, z) if self.norm is not None else y * F.silu(z)
         return self.wo(y.to(x.dtype))
 
     def init_own(self, name: str, full: torch.Tensor, generator: torch.Generator, scheme: InitScheme) -> None:
