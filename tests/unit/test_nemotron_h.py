@@ -5,8 +5,8 @@ B and C and grouped key/value heads; Nemotron 3's mixture-of-experts layers, rel
 width, a shared expert, routing biases and grouped routing; conv and projection biases on and off; lm_head never
 tied, as transformers' never ties it) import with transformers' logits to 1e-5 (fp32), greedy generation (the SSM
 state and convolution window in the cache) equals transformers', an export loads back in transformers with our logits
-and says hybrid_override_pattern again; packed documents are computed as if each were alone; what a nemotron_h
-config.json cannot mean is refused in one line naming the field."""
+and says hybrid_override_pattern again; multi-token prediction layers are carried, not built; packed documents are
+computed as if each were alone; what a nemotron_h config.json cannot mean is refused in one line naming the field."""
 
 import dataclasses
 import json
@@ -178,6 +178,42 @@ def test_packed_documents_compute_as_if_each_were_alone(folder):
     assert (packed[:, 30:] - whole[:, 30:]).abs().max() > 1e-3
 
 
+def test_multi_token_prediction_layers_are_named_once_left_out_and_carried_bit_for_bit(tmp_path, caplog):
+    """A Nemotron 3 folder declaring MTP (num_nextn_predict_layers) and holding mtp.* tensors: one line at the
+    config, the layers left out of the model (transformers builds none either), carried unchanged into an export whose
+    config.json still declares them; the export loads in transformers with our logits."""
+    import logging
+
+    from safetensors.torch import load_file, save_file
+
+    from titanlite.components.hf_weights import load_hf_into, save_hf
+
+    hf = random_model(CASES["moe"])
+    source = tmp_path / "hf"
+    hf.save_pretrained(source)
+    config = json.loads((source / "config.json").read_text())
+    (source / "config.json").write_text(json.dumps({**config, "num_nextn_predict_layers": 1}))
+    mtp = {"mtp.layers.0.norm.weight": torch.randn(64), "mtp.layers.0.mixer.q_proj.weight": torch.randn(96, 64)}
+    save_file(
+        {**load_file(source / "model.safetensors"), **mtp}, source / "model.safetensors", metadata={"format": "pt"}
+    )
+    with caplog.at_level(logging.INFO, logger="titanlite"):
+        args = folder_args(source, 64)
+        model = model_from_args(args).eval()
+        load_hf_into([model], source)  # reads config.json again: not named again
+    named = [r.getMessage() for r in caplog.records if "multi-token" in r.getMessage()]
+    assert len(named) == 1 and "num_nextn_predict_layers=1" in named[0], named
+    assert "also holds 2 tensors the model does not train (mtp.layers.*)" in caplog.text
+    save_hf(tmp_path / "export", args, model.state_dict(), carry_from=source)
+    exported = load_file(tmp_path / "export" / "model.safetensors")
+    assert all(torch.equal(exported[k], v) for k, v in mtp.items())
+    assert json.loads((tmp_path / "export" / "config.json").read_text())["num_nextn_predict_layers"] == 1
+    back = transformers.NemotronHForCausalLM.from_pretrained(tmp_path / "export", dtype=torch.float32).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(model(TOKENS), back(TOKENS).logits, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(back(TOKENS).logits, hf(TOKENS).logits, rtol=1e-5, atol=1e-5)
+
+
 def test_transformers_module_names_read_as_the_published_ones():
     from titanlite.models.nemotron_h import weights
 
@@ -211,7 +247,6 @@ def test_a_deeper_model_repeats_the_pattern():
         ({"tie_word_embeddings": True}, "tie_word_embeddings"),  # transformers' never ties it
         ({"mamba_proj_bias": True}, "mamba_proj_bias"),
         ({"sliding_window": 64}, "sliding_window"),
-        ({"num_nextn_predict_layers": 1}, "num_nextn_predict_layers"),
         ({"ssm_state_size": 0}, "ssm_state_size"),
     ],
 )

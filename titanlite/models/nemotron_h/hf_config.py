@@ -6,16 +6,21 @@ default; every field that changes the math is honoured or refused in one line na
 transformers' mixer clamps the step below at time_step_min and reads no time_step_limit; nor do we. Its attention has
 no biases whatever attention_bias says, its Mamba projections' biases follow use_bias (not mamba_proj_bias), and its
 lm_head is never tied to the embeddings: a config.json asking for either bias or for tying is refused, as
-transformers would build a model without it."""
+transformers would build a model without it. Multi-token prediction layers (num_nextn_predict_layers, Nemotron 3's)
+are not built, as transformers builds none: a folder's mtp.* tensors are carried unchanged into an export."""
 
 from __future__ import annotations
 
+import logging
 import math
 
 from titanlite.base.hf_config import COUNT, FLAG, NONNEGATIVE, POSITIVE, TEXT, TEXTS, WHOLE, FieldTypes, refuse
 from titanlite.models.common.moe.args import MoEArgs
 from titanlite.models.common.moe.hf_config import BIAS_ROUTED_FIELDS, MOE_FIELDS, block_from_config
 from titanlite.models.nemotron_h.args import NemotronHArgs, layers_of, pattern_of
+
+logger = logging.getLogger(__name__)
+_MTP_TOLD: set[str] = set()  # the config.json files whose multi-token prediction layers were named once
 
 MODEL_TYPE, ARCHITECTURE = "nemotron_h", "NemotronHForCausalLM"
 # transformers' layers_block_type names -> ours
@@ -142,9 +147,13 @@ def read(config: dict, where: str) -> NemotronHArgs:
             raise refuse(where, key, True, why)
     if c.get("sliding_window") is not None:
         raise refuse(where, "sliding_window", c["sliding_window"], "Nemotron-H's attention sees the whole sequence")
-    if c.get("num_nextn_predict_layers"):
-        raise refuse(where, "num_nextn_predict_layers", c["num_nextn_predict_layers"],
-                     "titanlite builds Nemotron-H without multi-token prediction layers for now")  # fmt: skip
+    mtp = c.get("num_nextn_predict_layers") or 0
+    if mtp and where not in _MTP_TOLD:
+        _MTP_TOLD.add(where)
+        logger.info(
+            f"{where} num_nextn_predict_layers={mtp}: titanlite trains Nemotron-H without multi-token prediction, as "
+            "transformers builds it; a folder's MTP layers (mtp.*) are not loaded, and an export carries them unchanged"
+        )
     layers = _layer_types(config, where)
     heads, groups = c["mamba_num_heads"], c["n_groups"]
     if heads % groups:

@@ -8,7 +8,8 @@ Mamba-2: in_proj's rows are [z | x | B | C | dt] (our wz, wx, wb, wc, wdt), conv
 one. Attention: q_proj, k_proj, v_proj, o_proj, with no rotations to reorder. MLP: up_proj and down_proj (w1, w2).
 MoE: the router gate and its e_score_correction_bias (our routing bias, a buffer), one up_proj and down_proj per
 expert (stacked into our experts.w1 and w2), shared_experts.up_proj and down_proj, and LatentMoE's fc1_latent_proj
-and fc2_latent_proj (our latent_down and latent_up)."""
+and fc2_latent_proj (our latent_down and latent_up). Multi-token prediction layers (mtp.*, Nemotron 3's) are not
+trained: carried unchanged into an export, with the config.json fields that declare them (hf_carried, hf_folder)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,21 @@ ATTENTION = {"wq": "q_proj", "wk": "k_proj", "wv": "v_proj", "wo": "o_proj"}
 MLP = {"w1": "up_proj", "w2": "down_proj"}
 BIAS = "router.expert_bias"  # our routing bias (a buffer); Hugging Face's gate.e_score_correction_bias
 LATENT = {"latent_down": "fc1_latent_proj", "latent_up": "fc2_latent_proj"}
+
+
+# The config.json fields of multi-token prediction an export keeps from the folder it started from.
+MTP_FIELDS = ("num_nextn_predict_layers", "mtp_layers_block_type", "mtp_hybrid_override_pattern")
+
+
+def hf_carried(args: NemotronHArgs, keys: list[str]) -> list[str]:
+    """A folder's multi-token prediction layers (mtp.*): not built (transformers builds none), carried unchanged into
+    an export (titanlite/components/hf_weights.py)."""
+    return [k for k in keys if k.startswith("mtp.")]
+
+
+def hf_folder(args: NemotronHArgs, config: dict, tensors: dict, source: dict) -> tuple[dict, dict]:
+    """An export from a folder says of multi-token prediction what the folder said (its MTP layers carried)."""
+    return config | {k: source[k] for k in MTP_FIELDS if k in source}, tensors
 
 
 def _in_proj_widths(args: NemotronHArgs) -> list[int]:
