@@ -16,6 +16,7 @@ from titanlite.models import (
     glm4_moe,
     gpt2,
     gpt_oss,
+    granitemoehybrid,
     kimi_linear,
     llama3,
     minimax_m2,
@@ -73,6 +74,7 @@ for _family in (
     olmo3,
     minimax_m2,
     nemotron_h,
+    granitemoehybrid,
 ):
     register(_family.SPEC)
 
