@@ -11,6 +11,7 @@ CONFIGS = {
     "qwen3_moe": "train_configs/qwen3_moe_debug.toml",
     "qwen3_5": "train_configs/qwen3_5_debug.toml",
     "nemotron_h": "train_configs/nemotron_h_debug.toml",
+    "falcon_h1": "train_configs/falcon_h1_debug.toml",
     "granitemoehybrid": "train_configs/granitemoehybrid_debug.toml",
 }
 

@@ -106,6 +106,7 @@ CLASSES = {
     "glm4_moe": "Glm4MoeForCausalLM",
     "minimax_m2": "MiniMaxM2ForCausalLM",
     "nemotron_h": "NemotronHForCausalLM",
+    "falcon_h1": "FalconH1ForCausalLM",
     "granitemoehybrid": "GraniteMoeHybridForCausalLM",
 }
 

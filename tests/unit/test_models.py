@@ -324,6 +324,7 @@ def test_unknown_flavor_and_name():
         "glm4_moe",
         "minimax_m2",
         "nemotron_h",
+        "falcon_h1",
         "granitemoehybrid",
     }
 

@@ -11,6 +11,7 @@ from typing import Any
 from titanlite.base.errors import ConfigError
 from titanlite.models import (
     deepseek_v3,
+    falcon_h1,
     gemma3,
     gemma4,
     glm4_moe,
@@ -74,6 +75,7 @@ for _family in (
     olmo3,
     minimax_m2,
     nemotron_h,
+    falcon_h1,
     granitemoehybrid,
 ):
     register(_family.SPEC)

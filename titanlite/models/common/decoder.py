@@ -151,6 +151,55 @@ class FeedForwardBlock(nn.Module):
         return x + self.feed_forward(self.ffn_norm(x))
 
 
+class ParallelBlock(nn.Module):
+    """A layer of two mixers side by side on one pre-norm (Falcon-H1's attention and Mamba-2): each reads the normed
+    input times its input multiplier, their outputs times their output multipliers are added into the residual, then
+    the feed-forward runs behind its own pre-norm. Its parts are named as Block's (`attention_norm`, `attention`,
+    `ffn_norm`, `feed_forward`) and the second mixer `mamba`, so plans and checkpoints name the attention alike
+    whichever block holds it. `multipliers`: (attention in, attention out, mamba in, mamba out); `rotary`: the
+    attention reads the rotary table the decoder hands in (the second mixer never does)."""
+
+    def __init__(
+        self,
+        attention: nn.Module,
+        mamba: nn.Module,
+        feed_forward: nn.Module,
+        norm: Callable[[], nn.Module],
+        multipliers: tuple[float, float, float, float] = (1.0, 1.0, 1.0, 1.0),
+        rotary: bool = True,
+    ):
+        super().__init__()
+        if len(multipliers) != 4:
+            raise ValueError(f"ParallelBlock multipliers={multipliers}; give attention in, out, mamba in, out")
+        self.multipliers, self.rotary = tuple(multipliers), rotary
+        self.attention_norm = norm()
+        self.attention = attention
+        self.mamba = mamba
+        self.ffn_norm = norm()
+        self.feed_forward = feed_forward
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor | None = None,
+        sin: torch.Tensor | None = None,
+        cache: LayerCache | None = None,
+        sequence: Sequence | None = None,
+    ) -> torch.Tensor:
+        rope = (cos, sin) if self.rotary else ()
+        attention_in, attention_out, mamba_in, mamba_out = self.multipliers
+        y = self.attention_norm(x)
+        m = _times(self.mamba(_times(y, mamba_in), cache=cache, sequence=sequence), mamba_out)
+        a = _times(self.attention(_times(y, attention_in), *rope, cache=cache, sequence=sequence), attention_out)
+        h = x + (m + a)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+def _times(t: torch.Tensor, multiplier: float) -> torch.Tensor:
+    """`t` times a block's multiplier; `t` itself where it is one."""
+    return t if multiplier == 1.0 else t * multiplier
+
+
 def grouped_query_attention(model: Transformer, layer: int, **changes: Unpack[AttentionOptions]) -> Attention:
     """The shared arguments' attention for `layer`: their heads, biases, Q/K norms, window, NoPE layers and rotated
     channels (rotary_dim, or its kind's own)."""

@@ -11,7 +11,6 @@ from typing import Protocol, runtime_checkable
 
 from torch import nn
 
-from titanlite.models.common.decoder import FeedForwardBlock
 from titanlite.models.common.interface import DecoderModule
 from titanlite.models.common.moe.layer import GroupedExperts, MoE
 
@@ -58,13 +57,16 @@ def matmul_parameters(model: DecoderModule) -> int:
 
 def sequence_flops_per_token(model: DecoderModule, seq_len: int) -> float:
     """The work per token that mixes the sequence, beyond the parameters' matmuls: what each SequenceMixer among the
-    model's modules reports for its layer, and attention's 12 * d * T in each other layer (every layer attends but
-    those, and those of a feed-forward alone: FeedForwardBlock, Nemotron-H's MLP and MoE layers)."""
+    model's modules reports for its layer, and attention's 12 * d * T in each block whose mixer (`attention`) is
+    attention: not a SequenceMixer, and present (a block of a feed-forward alone, Nemotron-H's MLP and MoE layers,
+    mixes no tokens; a block of two mixers side by side, Falcon-H1's, counts its attention and reports its Mamba)."""
     args = model.args
-    mixers = [m for m in model.modules() if isinstance(m, SequenceMixer)]
-    mixing_nothing = sum(isinstance(m, FeedForwardBlock) for m in model.modules())
-    attending = args.n_layers + getattr(model, "mtp_layers", 0) - len(mixers) - mixing_nothing
-    reported = sum(m.sequence_flops_per_token(seq_len) for m in mixers)
+    reported = sum(m.sequence_flops_per_token(seq_len) for m in model.modules() if isinstance(m, SequenceMixer))
+    attending = sum(
+        1
+        for block in model.layers.values()
+        if (mixer := getattr(block, "attention", None)) is not None and not isinstance(mixer, SequenceMixer)
+    )
     return 12.0 * attending * args.n_heads * args.head_dim * seq_len + reported
 
 
