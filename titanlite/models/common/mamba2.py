@@ -33,6 +33,7 @@ from titanlite.models.common.gated_delta_net import BACKENDS, ShortConvolution, 
 from titanlite.models.common.init_scheme import InitScheme, start_linears
 from titanlite.models.common.kv_cache import LayerCache
 from titanlite.models.common.linear_attention import decayed_scores, document_starts
+from titanlite.models.common.mamba2_args import Mamba2Args
 
 CONVOLVED = ("conv_x", "conv_b", "conv_c")  # the convolution's weights [C, K], by the channels they read
 CONVOLVED_BIASES = ("conv_x_bias", "conv_b_bias", "conv_c_bias")
@@ -400,3 +401,25 @@ class Mamba2(nn.Module):
             nn.init.ones_(full)
         else:
             start_linears(name, full, generator, scheme, inputs=("wz", "wx", "wb", "wc", "wdt"), outputs=("wo",))
+
+
+def mamba2_of(args: Mamba2Args, **options) -> Mamba2:
+    """The Mamba-2 mixer that `args` shape (their Mamba fields: models/common/mamba2_args.py; the output norm's epsilon
+    the decoder's norm_eps); `options`: Mamba2's keywords a family sets beyond them (Falcon-H1's multipliers)."""
+    return Mamba2(
+        args.dim,
+        args.mamba_heads,
+        args.mamba_head_dim,
+        args.mamba_groups,
+        args.state_dim,
+        args.conv_size,
+        conv_bias=args.conv_bias,
+        bias=args.mamba_bias,
+        dt_limit=(args.dt_min, args.dt_max),
+        norm_groups=args.mamba_norm_groups,
+        norm_eps=args.norm_eps,
+        chunk_size=args.mamba_chunk_size,
+        dt_init=(args.dt_init_min, args.dt_init_max),
+        dt_floor=args.dt_init_floor,
+        **options,
+    )

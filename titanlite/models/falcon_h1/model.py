@@ -15,7 +15,7 @@ from torch import nn
 from titanlite.models.common.decoder import ParallelBlock, Transformer, grouped_query_attention
 from titanlite.models.common.feed_forward import GatedMLP
 from titanlite.models.common.interface import Decoder
-from titanlite.models.common.mamba2 import Mamba2
+from titanlite.models.common.mamba2 import mamba2_of
 from titanlite.models.falcon_h1.args import FalconH1Args
 
 
@@ -54,25 +54,12 @@ def attention(model: FalconH1, layer: int) -> nn.Module:
 
 def mamba2(model: FalconH1, layer: int) -> nn.Module:
     a = model.args
-    return Mamba2(
-        a.dim,
-        a.mamba_heads,
-        a.mamba_head_dim,
-        a.mamba_groups,
-        a.state_dim,
-        a.conv_size,
-        conv_bias=a.conv_bias,
-        bias=a.mamba_bias,
+    return mamba2_of(
+        a,
         out_bias=a.mamba_out_bias,
-        dt_limit=(a.dt_min, a.dt_max),
-        norm_groups=a.mamba_norm_groups,
-        norm_eps=a.norm_eps,
         norm_before_gate=a.mamba_norm_before_gate,
         gated_norm=a.mamba_gated_norm,
         multipliers=a.ssm_multipliers,
-        chunk_size=a.mamba_chunk_size,
-        dt_init=(a.dt_init_min, a.dt_init_max),
-        dt_floor=a.dt_init_floor,
     )
 
 

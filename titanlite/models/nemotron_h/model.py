@@ -12,29 +12,13 @@ from torch import nn
 from titanlite.models.common.decoder import FeedForwardBlock, MixerBlock, Transformer, grouped_query_attention
 from titanlite.models.common.feed_forward import MLP
 from titanlite.models.common.interface import Decoder
-from titanlite.models.common.mamba2 import Mamba2
+from titanlite.models.common.mamba2 import mamba2_of
 from titanlite.models.common.rope import RotaryTable
 from titanlite.models.nemotron_h.args import NemotronHArgs
 
 
 def mamba2(model: NemotronH, layer: int) -> nn.Module:
-    a = model.args
-    return Mamba2(
-        a.dim,
-        a.mamba_heads,
-        a.mamba_head_dim,
-        a.mamba_groups,
-        a.state_dim,
-        a.conv_size,
-        conv_bias=a.conv_bias,
-        bias=a.mamba_bias,
-        dt_limit=(a.dt_min, a.dt_max),
-        norm_groups=a.mamba_norm_groups,
-        norm_eps=a.norm_eps,
-        chunk_size=a.mamba_chunk_size,
-        dt_init=(a.dt_init_min, a.dt_init_max),
-        dt_floor=a.dt_init_floor,
-    )
+    return mamba2_of(model.args)
 
 
 def attention(model: NemotronH, layer: int) -> nn.Module:
