@@ -12,38 +12,15 @@ from __future__ import annotations
 import torch
 
 from titanlite.models.common import decoder_weights
-from titanlite.models.common.mamba2 import CONVOLVED, CONVOLVED_BIASES
+from titanlite.models.common.mamba2_weights import Fusing, from_fused, mamba_sources
 from titanlite.models.falcon_h1.args import FalconH1Args
 
-IN_PROJ = ("wz", "wx", "wb", "wc", "wdt")  # in_proj's row blocks, in order
 ATTENTION = {"wq": "q_proj", "wk": "k_proj", "wv": "v_proj", "wo": "o_proj"}
 MLP = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
 
 
-def _in_proj_widths(args: FalconH1Args) -> list[int]:
-    bc = args.mamba_groups * args.state_dim
-    return [args.mamba_width, args.mamba_width, bc, bc, args.mamba_heads]
-
-
-def _conv_widths(args: FalconH1Args) -> list[int]:
-    bc = args.mamba_groups * args.state_dim
-    return [args.mamba_width, bc, bc]
-
-
 def _leaves(bias: bool) -> tuple[str, ...]:
     return ("weight", "bias") if bias else ("weight",)
-
-
-def _mamba_sources(args: FalconH1Args, ours: str, hf: str) -> dict[str, str]:
-    names = {f"{ours}{w}.{leaf}": f"{hf}in_proj.{leaf}" for w in IN_PROJ for leaf in _leaves(args.mamba_bias)}
-    names |= {f"{ours}{w}": f"{hf}conv1d.weight" for w in CONVOLVED}
-    if args.conv_bias:
-        names |= {f"{ours}{w}": f"{hf}conv1d.bias" for w in CONVOLVED_BIASES}
-    names |= {f"{ours}{w}": f"{hf}{w}" for w in ("A_log", "D", "dt_bias")}
-    if args.mamba_gated_norm:
-        names[f"{ours}norm.weight"] = f"{hf}norm.weight"
-    names |= {f"{ours}wo.{leaf}": f"{hf}out_proj.{leaf}" for leaf in _leaves(args.mamba_out_bias)}
-    return names
 
 
 def hf_sources(args: FalconH1Args) -> dict[str, str]:
@@ -63,7 +40,9 @@ def hf_sources(args: FalconH1Args) -> dict[str, str]:
             names |= {
                 f"{ours}feed_forward.{o}.{leaf}": f"{hf}feed_forward.{h}.{leaf}" for leaf in _leaves(args.mlp_bias)
             }
-        names |= _mamba_sources(args, f"{ours}mamba.", f"{hf}mamba.")
+        names |= mamba_sources(
+            args, f"{ours}mamba.", f"{hf}mamba.", out_bias=args.mamba_out_bias, gated_norm=args.mamba_gated_norm
+        )
     return names
 
 
@@ -72,42 +51,18 @@ def hf_keys(args: FalconH1Args, keys: list[str]) -> dict[str, str]:
     return {k: k for k in keys}
 
 
-def _part(args: FalconH1Args, name: str) -> tuple[list[int], int] | None:
-    """Where our `name` lies in a fused Hugging Face tensor: the row widths and its block (None: a tensor alone)."""
-    if ".mamba." not in name:
-        return None
-    leaf = name.rpartition(".mamba.")[2]
-    base = leaf.partition(".")[0]
-    if base in IN_PROJ:
-        return _in_proj_widths(args), IN_PROJ.index(base)
-    if leaf in CONVOLVED:
-        return _conv_widths(args), CONVOLVED.index(leaf)
-    if leaf in CONVOLVED_BIASES:
-        return _conv_widths(args), CONVOLVED_BIASES.index(leaf)
-    return None
-
-
 def from_hf_tensor(args: FalconH1Args, name: str, hf: torch.Tensor) -> torch.Tensor:
     """Our parameter `name`'s full value from its Hugging Face tensor (hf_sources[name])."""
-    part = _part(args, name)
-    if part is None:
-        return decoder_weights.from_hf_tensor(args, name, hf).contiguous()
-    widths, block = part
-    t = hf.split(widths, dim=0)[block]
-    return (t.squeeze(1) if t.dim() == 3 else t).contiguous()
+    part = from_fused(args, name.partition(".mamba.")[2], hf) if ".mamba." in name else None
+    return decoder_weights.from_hf_tensor(args, name, hf).contiguous() if part is None else part
 
 
 def to_hf(args: FalconH1Args, sd: dict[str, torch.Tensor], take) -> dict[str, torch.Tensor]:
     """Our state dict -> Hugging Face's names and layouts (lm_head.weight always present); `take(name)` reads sd."""
-    fused: dict[str, list[tuple[int, torch.Tensor]]] = {}
+    fusing = Fusing()
     out: dict[str, torch.Tensor] = {}
     for ours, hf in hf_sources(args).items():
-        part = _part(args, ours)
-        if part is None:
+        mamba = ".mamba." in ours and fusing.add(args, ours.partition(".mamba.")[2], hf, take(ours))
+        if not mamba:
             out[hf] = decoder_weights.to_hf_tensor(args, ours, take(ours))
-            continue
-        t = take(ours)
-        fused.setdefault(hf, []).append((part[1], t.unsqueeze(1) if ours.endswith(CONVOLVED) else t))
-    for hf, parts in fused.items():
-        out[hf] = torch.cat([t for _, t in sorted(parts, key=lambda p: p[0])])
-    return out
+    return out | fusing.tensors()

@@ -18,11 +18,11 @@ import re
 import torch
 
 from titanlite.models.common import decoder_weights as llama
-from titanlite.models.common.mamba2 import CONVOLVED, CONVOLVED_BIASES
+from titanlite.models.common.mamba2 import CONVOLVED
+from titanlite.models.common.mamba2_weights import fused_part, mamba_sources
 from titanlite.models.granitemoehybrid.args import GraniteMoeHybridArgs
 
 PREFIX = "model."
-IN_PROJ = ("wz", "wx", "wb", "wc", "wdt")  # in_proj's row blocks, in order
 ATTENTION = {"wq": "q_proj", "wk": "k_proj", "wv": "v_proj", "wo": "o_proj"}
 # transformers' in-memory names of the experts (its loading renames the stored ones) -> the stored names
 IN_MEMORY = {
@@ -30,22 +30,8 @@ IN_MEMORY = {
     "block_sparse_moe.experts.down_proj": "block_sparse_moe.output_linear.weight",
     "block_sparse_moe.router.weight": "block_sparse_moe.router.layer.weight",
 }
-_MAMBA_PROJECTION = re.compile(r"layers\.\d+\.attention\.(wz|wx|wb|wc|wdt)\.(weight|bias)$")
-_CONVOLUTION = re.compile(r"layers\.\d+\.attention\.(conv_[xbc])(_bias)?$")
 _EXPERTS = re.compile(r"feed_forward\.experts\.(w1|w3)$")
 _SHARED = re.compile(r"feed_forward\.(shared_expert\.)?(w1|w3)\.weight$")
-
-
-def _mamba_sources(args: GraniteMoeHybridArgs, ours: str, hf: str) -> dict[str, str]:
-    names = {f"{ours}{w}.weight": f"{hf}in_proj.weight" for w in IN_PROJ}
-    names |= {f"{ours}{w}": f"{hf}conv1d.weight" for w in CONVOLVED}
-    if args.conv_bias:
-        names |= {f"{ours}{w}": f"{hf}conv1d.bias" for w in CONVOLVED_BIASES}
-    names |= {f"{ours}{w}": f"{hf}{w}" for w in ("A_log", "D", "dt_bias")}
-    names |= {f"{ours}norm.weight": f"{hf}norm.weight", f"{ours}wo.weight": f"{hf}out_proj.weight"}
-    if args.mamba_bias:
-        names |= {f"{ours}{w}.bias": f"{hf}in_proj.bias" for w in IN_PROJ} | {f"{ours}wo.bias": f"{hf}out_proj.bias"}
-    return names
 
 
 def _attention_sources(args: GraniteMoeHybridArgs, ours: str, hf: str) -> dict[str, str]:
@@ -77,7 +63,7 @@ def hf_sources(args: GraniteMoeHybridArgs) -> dict[str, str]:
         names[f"{ours}attention_norm.weight"] = f"{hf}input_layernorm.weight"
         names[f"{ours}ffn_norm.weight"] = f"{hf}post_attention_layernorm.weight"
         if kind == "mamba":
-            names |= _mamba_sources(args, f"{ours}attention.", f"{hf}mamba.")
+            names |= mamba_sources(args, f"{ours}attention.", f"{hf}mamba.")
         else:
             names |= _attention_sources(args, f"{ours}attention.", f"{hf}self_attn.")
         names |= _feed_forward_sources(args, f"{ours}feed_forward.", hf)
@@ -96,14 +82,10 @@ def hf_keys(args: GraniteMoeHybridArgs, keys: list[str]) -> dict[str, str]:
 def _layout(args: GraniteMoeHybridArgs, name: str) -> tuple[int, list[int], int] | None:
     """Where our `name` lies in a fused Hugging Face tensor: the dimension it is cut along, the blocks' widths along
     it and its block (None: a tensor of its own)."""
-    bc = args.mamba_groups * args.state_dim
-    projection = _MAMBA_PROJECTION.search(name)
-    if projection:
-        widths = [args.mamba_width, args.mamba_width, bc, bc, args.mamba_heads]
-        return 0, widths, IN_PROJ.index(projection.group(1))
-    convolution = _CONVOLUTION.search(name)
-    if convolution:
-        return 0, [args.mamba_width, bc, bc], CONVOLVED.index(convolution.group(1))
+    if name.startswith("layers.") and args.layer_types[int(name.split(".")[1])] == "mamba":
+        part = fused_part(args, name.partition(".attention.")[2])
+        if part is not None:  # a Mamba layer's in_proj or conv1d block
+            return 0, *part
     experts = _EXPERTS.search(name)
     if experts and args.moe is not None:
         return 1, [args.moe.expert_dim] * 2, ("w1", "w3").index(experts.group(1))
@@ -120,7 +102,7 @@ def from_hf_tensor(args: GraniteMoeHybridArgs, name: str, hf: torch.Tensor) -> t
         return llama.from_hf_tensor(args, name, hf) if args.rope else hf.contiguous()
     dim, widths, block = layout
     t = hf.split(widths, dim=dim)[block]
-    return (t.squeeze(1) if t.dim() == 3 and name.endswith(CONVOLVED) else t).contiguous()
+    return (t.squeeze(1) if name.endswith(CONVOLVED) else t).contiguous()
 
 
 def to_hf(args: GraniteMoeHybridArgs, sd: dict[str, torch.Tensor], take) -> dict[str, torch.Tensor]:

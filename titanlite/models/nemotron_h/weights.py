@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import torch
 
-from titanlite.models.common.mamba2 import CONVOLVED, CONVOLVED_BIASES
+from titanlite.models.common.mamba2_weights import Fusing, from_fused, mamba_sources
 from titanlite.models.nemotron_h.args import NemotronHArgs
 
 PREFIX, MODULE_PREFIX = "backbone.", "model."  # the stored names' and transformers' modules'
-IN_PROJ = ("wz", "wx", "wb", "wc", "wdt")  # in_proj's row blocks, in order
 ATTENTION = {"wq": "q_proj", "wk": "k_proj", "wv": "v_proj", "wo": "o_proj"}
 MLP = {"w1": "up_proj", "w2": "down_proj"}
 BIAS = "router.expert_bias"  # our routing bias (a buffer); Hugging Face's gate.e_score_correction_bias
@@ -39,28 +38,6 @@ def hf_carried(args: NemotronHArgs, keys: list[str]) -> list[str]:
 def hf_folder(args: NemotronHArgs, config: dict, tensors: dict, source: dict) -> tuple[dict, dict]:
     """An export from a folder says of multi-token prediction what the folder said (its MTP layers carried)."""
     return config | {k: source[k] for k in MTP_FIELDS if k in source}, tensors
-
-
-def _in_proj_widths(args: NemotronHArgs) -> list[int]:
-    bc = args.mamba_groups * args.state_dim
-    return [args.mamba_width, args.mamba_width, bc, bc, args.mamba_heads]
-
-
-def _conv_widths(args: NemotronHArgs) -> list[int]:
-    bc = args.mamba_groups * args.state_dim
-    return [args.mamba_width, bc, bc]
-
-
-def _mamba_sources(args: NemotronHArgs, ours: str, hf: str) -> dict[str, str]:
-    names = {f"{ours}{w}.weight": f"{hf}in_proj.weight" for w in IN_PROJ}
-    names |= {f"{ours}{w}": f"{hf}conv1d.weight" for w in CONVOLVED}
-    if args.conv_bias:
-        names |= {f"{ours}{w}": f"{hf}conv1d.bias" for w in CONVOLVED_BIASES}
-    names |= {f"{ours}{w}": f"{hf}{w}" for w in ("A_log", "D", "dt_bias")}
-    names |= {f"{ours}norm.weight": f"{hf}norm.weight", f"{ours}wo.weight": f"{hf}out_proj.weight"}
-    if args.mamba_bias:
-        names |= {f"{ours}{w}.bias": f"{hf}in_proj.bias" for w in IN_PROJ} | {f"{ours}wo.bias": f"{hf}out_proj.bias"}
-    return names
 
 
 def _moe_sources(args: NemotronHArgs, ours: str, hf: str) -> dict[str, str | tuple[str, ...]]:
@@ -91,7 +68,7 @@ def hf_sources(args: NemotronHArgs) -> dict[str, str | tuple[str, ...]]:
         if kind == "moe":
             names |= _moe_sources(args, f"{ours}feed_forward.", f"{hf}mixer.")
         elif kind == "mamba":
-            names |= _mamba_sources(args, f"{ours}attention.", f"{hf}mixer.")
+            names |= mamba_sources(args, f"{ours}attention.", f"{hf}mixer.")
         elif kind == "full_attention":
             names |= {f"{ours}attention.{o}.weight": f"{hf}mixer.{h}.weight" for o, h in ATTENTION.items()}
         else:
@@ -105,21 +82,11 @@ def hf_keys(args: NemotronHArgs, keys: list[str]) -> dict[str, str]:
     return {(PREFIX + k[len(MODULE_PREFIX) :] if k.startswith(MODULE_PREFIX) else k): k for k in keys}
 
 
-def _part(args: NemotronHArgs, name: str) -> tuple[list[int], int] | None:
-    """Where our `name` lies in a fused Hugging Face tensor: the row widths and its block (None: a tensor alone)."""
-    leaf = name.rpartition(".attention.")[2]
-    base = leaf.partition(".")[0]
-    if base in IN_PROJ and name.startswith("layers.") and ".attention." in name:
-        return _in_proj_widths(args), IN_PROJ.index(base)
-    if leaf in CONVOLVED:
-        return _conv_widths(args), CONVOLVED.index(leaf)
-    if leaf in CONVOLVED_BIASES:
-        return _conv_widths(args), CONVOLVED_BIASES.index(leaf)
-    return None
-
-
-def _is_mamba(args: NemotronHArgs, name: str) -> bool:
-    return name.startswith("layers.") and args.layer_types[int(name.split(".")[1])] == "mamba"
+def _mamba_leaf(args: NemotronHArgs, name: str) -> str | None:
+    """The name under its mixer of a Mamba layer's parameter (None: not one)."""
+    if not name.startswith("layers.") or args.layer_types[int(name.split(".")[1])] != "mamba":
+        return None
+    return name.partition(".attention.")[2] or None
 
 
 def from_hf_tensor(args: NemotronHArgs, name: str, hf: torch.Tensor | list[torch.Tensor]) -> torch.Tensor:
@@ -129,28 +96,20 @@ def from_hf_tensor(args: NemotronHArgs, name: str, hf: torch.Tensor | list[torch
         return torch.stack(hf).contiguous()
     if name.endswith(BIAS):
         return hf.float()
-    part = _part(args, name) if _is_mamba(args, name) else None
-    if part is None:
-        return hf.contiguous()
-    widths, block = part
-    t = hf.split(widths, dim=0)[block]
-    return (t.squeeze(1) if t.dim() == 3 else t).contiguous()
+    leaf = _mamba_leaf(args, name)
+    part = None if leaf is None else from_fused(args, leaf, hf)
+    return hf.contiguous() if part is None else part
 
 
 def to_hf(args: NemotronHArgs, sd: dict[str, torch.Tensor], take) -> dict[str, torch.Tensor]:
     """Our state dict -> Hugging Face's names and layouts (lm_head.weight always present); `take(name)` reads sd."""
-    fused: dict[str, list[tuple[int, torch.Tensor]]] = {}
+    fusing = Fusing()
     out: dict[str, torch.Tensor] = {}
     for ours, hf in hf_sources(args).items():
         if isinstance(hf, tuple):  # a stacked expert tensor: one per expert
             out |= dict(zip(hf, take(ours).unbind(0)))
             continue
-        part = _part(args, ours) if _is_mamba(args, ours) else None
-        if part is None:
+        leaf = _mamba_leaf(args, ours)
+        if leaf is None or not fusing.add(args, leaf, hf, take(ours)):
             out[hf] = take(ours)
-            continue
-        t = take(ours)
-        fused.setdefault(hf, []).append((part[1], t.unsqueeze(1) if ours.endswith(CONVOLVED) else t))
-    for hf, parts in fused.items():
-        out[hf] = torch.cat([t for _, t in sorted(parts, key=lambda p: p[0])])
-    return out
+    return out | fusing.tensors()
