@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from titanlite.models.common.mamba2_args import Mamba2Args
 from titanlite.models.common.moe.args import MoEArgs
@@ -72,54 +72,37 @@ def with_depth(args: NemotronHArgs, n_layers: int) -> dict:
 # The published Nemotron-H-8B-Base-8K (Nemotron-H v0.1): 52 layers, 24 Mamba-2, 4 attention and 24 MLP, in this order
 # (the hybrid_override_pattern of its config.json, which Megatron-Bridge and vLLM take as their defaults).
 NEMOTRON_H_8B_PATTERN = "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-"
+# The debug flavors' sizes: dim 64, six layers, 4 attention heads over 2 key/value heads, an MLP of 128, 8 Mamba heads
+# of 8 in 2 groups over a state of 16, scanned in chunks of 16; vocab_size 0, the tokenizer's, padded.
+DEBUG_SHAPE: dict[str, Any] = dict(
+    dim=64,
+    n_layers=6,
+    n_heads=4,
+    n_kv_heads=2,
+    ffn_dim=128,
+    vocab_size=0,
+    max_seq_len=2048,
+    mamba_heads=8,
+    mamba_head_dim=8,
+    mamba_groups=2,
+    state_dim=16,
+    mamba_chunk_size=16,
+)
 FLAVORS = {
     # Tiny, for tests and CPU runs: every kind of layer, grouped B and C, grouped key/value heads.
     "debug": NemotronHArgs(
-        dim=64,
-        n_layers=6,
-        n_heads=4,
-        n_kv_heads=2,
-        ffn_dim=128,
-        vocab_size=0,
-        max_seq_len=2048,
-        layer_types=layers_of("M-M*-"[:5] + "M"),
-        mamba_heads=8,
-        mamba_head_dim=8,
-        mamba_groups=2,
-        state_dim=16,
-        mamba_chunk_size=16,
+        **DEBUG_SHAPE,
+        layer_types=layers_of("M-M*-M"),
     ),
     # The debug model's all-attention cut: the same six layers, each Mamba-2 layer an attention layer (a baseline).
     "debug_attention": NemotronHArgs(
-        dim=64,
-        n_layers=6,
-        n_heads=4,
-        n_kv_heads=2,
-        ffn_dim=128,
-        vocab_size=0,
-        max_seq_len=2048,
+        **DEBUG_SHAPE,
         layer_types=layers_of("*-**-*"),
-        mamba_heads=8,
-        mamba_head_dim=8,
-        mamba_groups=2,
-        state_dim=16,
-        mamba_chunk_size=16,
     ),
     # Tiny, with mixture-of-experts layers (relu^2 experts in a latent width, a shared expert, grouped routing).
     "debug_moe": NemotronHArgs(
-        dim=64,
-        n_layers=6,
-        n_heads=4,
-        n_kv_heads=2,
-        ffn_dim=128,
-        vocab_size=0,
-        max_seq_len=2048,
+        **DEBUG_SHAPE,
         layer_types=layers_of("ME*EM-"),
-        mamba_heads=8,
-        mamba_head_dim=8,
-        mamba_groups=2,
-        state_dim=16,
-        mamba_chunk_size=16,
         moe=MoEArgs(
             n_experts=8,
             top_k=2,
