@@ -8,8 +8,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from titanlite.base.hf_config import refuse
 from titanlite.models.common.decoder_args import DecoderArgs, tp_split_sizes
 from titanlite.models.spec import not_math
+
+INFINITY = {"__float__": "Infinity"}  # how transformers 5 writes float("inf") into a config.json (and reads it)
 
 
 @dataclass
@@ -79,3 +82,23 @@ def mamba_split_sizes(args: Mamba2Args) -> dict[str, int]:
     Mamba-2 layers' groups (each rank holds whole groups of B and C and the heads that read them) and their output
     norm's slices (each rank normalises whole slices)."""
     return tp_split_sizes(args) | {"mamba_groups": args.mamba_groups, "mamba_norm_groups": args.mamba_norm_groups}
+
+
+def step_limit(value: object, where: str) -> tuple[float, float]:
+    """config.json's time_step_limit, [low, high], as the bounds the step is clamped to (Granite 4.0 H's and
+    Falcon-H1's): high may be infinite (Infinity, or transformers 5's {"__float__": "Infinity"}); refused in one line
+    unless two numbers with 0 <= low < high."""
+    bounds = []
+    for bound in value if isinstance(value, (list, tuple)) and len(value) == 2 else ():
+        if bound == INFINITY or bound == math.inf:
+            bounds.append(math.inf)
+        elif isinstance(bound, (int, float)) and not isinstance(bound, bool) and math.isfinite(bound):
+            bounds.append(float(bound))
+    if len(bounds) != 2 or not 0.0 <= bounds[0] < bounds[1]:
+        raise refuse(where, "time_step_limit", value, "it must be [low, high] with 0 <= low < high (high may be inf)")
+    return bounds[0], bounds[1]
+
+
+def step_limit_json(low: float, high: float) -> list:
+    """time_step_limit as transformers 5 writes it: an infinite bound as {"__float__": "Infinity"}."""
+    return [low, INFINITY if high == math.inf else high]

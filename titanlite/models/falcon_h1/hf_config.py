@@ -16,6 +16,7 @@ import math
 
 from titanlite.base.hf_config import COUNT, FLAG, NUMBER, TEXTS, FieldTypes, refuse
 from titanlite.models.common.decoder_config import decoder_fields, decoder_sizes, rope_scaling_to_hf, rope_settings
+from titanlite.models.common.mamba2_args import step_limit, step_limit_json
 from titanlite.models.falcon_h1.args import ONES5, SCALAR_MULTIPLIERS, FalconH1Args
 
 MODEL_TYPE, ARCHITECTURE = "falcon_h1", "FalconH1ForCausalLM"
@@ -79,31 +80,6 @@ def _numbers(c: dict, key: str, count: int, where: str) -> tuple[float, ...]:
     return tuple(float(v) for v in value)
 
 
-# transformers 5 writes the numbers JSON has no word for as {"__float__": "Infinity"} (4.x: Infinity, read by Python)
-TAGGED = {"Infinity": math.inf, "-Infinity": -math.inf, "NaN": math.nan}
-
-
-def _float(value: object) -> object:
-    """A number of config.json, a tagged one (TAGGED) decoded; anything else as it is."""
-    if isinstance(value, dict) and set(value) == {"__float__"} and value["__float__"] in TAGGED:
-        return TAGGED[value["__float__"]]
-    return value
-
-
-def _step_limit(c: dict, where: str) -> tuple[float, float]:
-    """time_step_limit [low, high]: the step clamped to it (high may be infinite: Infinity, or transformers 5's
-    {"__float__": "Infinity"})."""
-    value = c["time_step_limit"]
-    value = [_float(v) for v in value] if isinstance(value, (list, tuple)) else value
-    pair = isinstance(value, (list, tuple)) and len(value) == 2
-    if not pair or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
-        raise refuse(where, "time_step_limit", value, "it is [low, high], two numbers (transformers' mixer indexes it)")
-    low, high = float(value[0]), float(value[1])
-    if not 0.0 <= low < high or math.isnan(high):
-        raise refuse(where, "time_step_limit", value, "the step is clamped to [low, high] with 0 <= low < high")
-    return low, high
-
-
 def _mamba_width(c: dict, where: str) -> tuple[int, int, int]:
     """The mixer's width (mamba_d_ssm, or mamba_expand x hidden_size where it is null), heads and head width
     (mamba_d_head, or the width over the heads where "auto"), as FalconH1Config derives and checks them."""
@@ -149,7 +125,7 @@ def read(config: dict, where: str) -> FalconH1Args:
     sizes = decoder_sizes(c, where, max_seq_len=8192)  # FalconH1Config's default, as in DEFAULTS
     rope_theta, rope_scaling = rope_settings(c, where)
     width, heads, head_dim = _mamba_width(c, where)
-    low, high = _step_limit(c, where)
+    low, high = step_limit(c["time_step_limit"], where)
     bias = bool(c.get("attention_bias"))
     return FalconH1Args(
         **sizes,
@@ -211,7 +187,7 @@ def write(args: FalconH1Args) -> dict:
         "mamba_rms_norm": args.mamba_gated_norm,
         "mamba_norm_before_gate": args.mamba_norm_before_gate,
         "mamba_use_mlp": True,
-        "time_step_limit": [args.dt_min, args.dt_max],
+        "time_step_limit": step_limit_json(args.dt_min, args.dt_max),
         "ssm_multipliers": list(args.ssm_multipliers),
         "mlp_multipliers": list(args.mlp_multipliers),
         **{name: getattr(args, name) for name in SCALARS},

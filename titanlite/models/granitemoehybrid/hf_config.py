@@ -15,6 +15,7 @@ import math
 from titanlite.base.errors import ConfigError
 from titanlite.base.hf_config import COUNT, FLAG, NONNEGATIVE, NUMBER, TEXT, TEXTS, WHOLE, FieldTypes, refuse
 from titanlite.models.common.decoder_config import rope_scaling_to_hf, rope_settings
+from titanlite.models.common.mamba2_args import step_limit, step_limit_json
 from titanlite.models.common.moe.args import MoEArgs
 from titanlite.models.common.moe.hf_config import FIXED, block_from_config, check_expressible
 from titanlite.models.granitemoehybrid.args import GraniteMoeHybridArgs
@@ -79,7 +80,6 @@ DEFAULTS = {
 # config.json's names of the MoE block's fields that Granite names its own way
 MOE_KEYS = {"n_experts": "num_local_experts", "expert_dim": "intermediate_size", "shared_expert_dim":
             "shared_intermediate_size"}  # fmt: skip
-_INFINITY = {"__float__": "Infinity"}  # how transformers writes float("inf") into config.json
 
 
 def _layer_types(config: dict, n_layers: int, where: str) -> tuple[str, ...]:
@@ -95,19 +95,6 @@ def _layer_types(config: dict, n_layers: int, where: str) -> tuple[str, ...]:
     if len(kinds) != n_layers:
         raise refuse(where, "num_hidden_layers", n_layers, f"{key} names {len(kinds)} layers")
     return tuple(HF_KINDS[kind] for kind in kinds)
-
-
-def _step_limit(value, where: str) -> tuple[float, float]:
-    """time_step_limit, [low, high] (high may be infinite: a float, or transformers' {"__float__": "Infinity"})."""
-    bounds = []
-    for bound in value if isinstance(value, (list, tuple)) and len(value) == 2 else ():
-        if bound == _INFINITY or bound == math.inf:
-            bounds.append(math.inf)
-        elif isinstance(bound, (int, float)) and not isinstance(bound, bool) and math.isfinite(bound):
-            bounds.append(float(bound))
-    if len(bounds) != 2 or not 0.0 <= bounds[0] < bounds[1]:
-        raise refuse(where, "time_step_limit", value, "it must be [low, high] with 0 <= low < high (high may be inf)")
-    return bounds[0], bounds[1]
 
 
 def _mamba_head_dim(c: dict, dim: int, where: str) -> int:
@@ -178,7 +165,7 @@ def read(config: dict, where: str) -> GraniteMoeHybridArgs:
     mamba_heads, groups = c["mamba_n_heads"], c["mamba_n_groups"]
     if mamba_heads % groups:
         raise refuse(where, "mamba_n_groups", groups, f"it must divide mamba_n_heads={mamba_heads}")
-    dt_min, dt_max = _step_limit(c["time_step_limit"], where)
+    dt_min, dt_max = step_limit(c["time_step_limit"], where)
     bias = bool(c["attention_bias"])
     return GraniteMoeHybridArgs(
         dim=dim,
@@ -241,7 +228,7 @@ def write(args: GraniteMoeHybridArgs) -> dict:
         )
     limit = {}
     if (args.dt_min, args.dt_max) != DEFAULTS["time_step_limit"]:  # an infinite bound as transformers writes one
-        limit = {"time_step_limit": [args.dt_min, _INFINITY if args.dt_max == math.inf else args.dt_max]}
+        limit = {"time_step_limit": step_limit_json(args.dt_min, args.dt_max)}
     return {
         "architectures": [ARCHITECTURE],
         "model_type": MODEL_TYPE,
