@@ -3,8 +3,8 @@ documents cross the ranks' chunks): its debug model (Mamba-2 and attention layer
 MLP, Granite's multipliers) gives one process's losses, grad norms and validation losses on TP x 2 (the Mamba layers
 split by heads and groups: projections, convolution, A_log, D, dt_bias, the gated norm's slices; attention by heads;
 the mixtures of experts whole on every rank), FSDP x 2 and CP x 2 (the Mamba layers' chunk states and convolution
-halos handed between the ranks, the attention's keys gathered) and EP x 2 (the experts split over dp_shard 2), expert
-loads and load-balancing terms included. TP x 2 runs in the default suite, the others are slow."""
+halos handed between the ranks, the attention's keys gathered) EP x 2 (the experts split over dp_shard 2) and TP x 2
+with the experts split over it (ETP 2), expert loads and load-balancing terms included. TP x 2 runs in the default suite, the others are slow."""
 
 import pytest
 
@@ -13,6 +13,7 @@ from tests.distributed.test_context_parallel import (
     short_documents,  # noqa: F401 (the fixture `documents` asks for)
 )
 from tests.distributed.test_expert_parallel import EP2, assert_same_run
+from tests.distributed.test_expert_parallel import LAYOUTS as EP_LAYOUTS
 from tests.distributed.test_model_families import LAYOUTS
 from tests.helpers import metrics, train_in_pool
 
@@ -20,7 +21,8 @@ pytestmark = pytest.mark.distributed
 
 CONFIG = ["--config", "train_configs/granitemoehybrid_debug.toml"]
 ONE = ["--training.local_batch_size", "8"]  # the global batch of 8 on one process
-GRANITE_LAYOUTS = {"tp2": LAYOUTS["tp2"], "fsdp2": LAYOUTS["fsdp2"], "cp2": (2, cp(2)), "ep2": EP2}
+GRANITE_LAYOUTS = {"tp2": LAYOUTS["tp2"], "fsdp2": LAYOUTS["fsdp2"], "cp2": (2, cp(2)), "ep2": EP2,
+                   "tp2_etp2": EP_LAYOUTS["tp2_etp2"]}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +33,7 @@ def whole(one_process, short_documents) -> list[dict]:  # noqa: F811
 
 @pytest.mark.parametrize(
     "layout",
-    ["tp2", *(pytest.param(layout, marks=pytest.mark.slow) for layout in ("fsdp2", "cp2", "ep2"))],
+    ["tp2", *(pytest.param(layout, marks=pytest.mark.slow) for layout in ("fsdp2", "cp2", "ep2", "tp2_etp2"))],
 )
 def test_granitemoehybrid_on_a_layout_matches_one_process(tmp_path, whole, short_documents, layout):  # noqa: F811
     nproc, args = GRANITE_LAYOUTS[layout]
