@@ -1,10 +1,11 @@
 """Granite 4.0 H on real layouts (gloo, fp32, block-causal short documents, so every window crosses documents and
-documents cross the ranks' chunks): its debug model (Mamba-2 and attention layers, each with 8 experts beside a shared
-MLP, Granite's multipliers) gives one process's losses, grad norms and validation losses on TP x 2 (the Mamba layers
-split by heads and groups: projections, convolution, A_log, D, dt_bias, the gated norm's slices; attention by heads;
-the mixtures of experts whole on every rank), FSDP x 2 and CP x 2 (the Mamba layers' chunk states and convolution
-halos handed between the ranks, the attention's keys gathered) EP x 2 (the experts split over dp_shard 2) and TP x 2
-with the experts split over it (ETP 2), expert loads and load-balancing terms included. TP x 2 runs in the default suite, the others are slow."""
+documents cross the ranks' chunks): its debug model (Mamba-2 and attention layers, each with 8 experts beside a
+shared MLP, Granite's multipliers) gives one process's losses, grad norms and validation losses on TP x 2 (the Mamba
+layers split by heads and groups: projections, convolution, A_log, D, dt_bias, the gated norm's slices; attention by
+heads; the mixtures of experts whole on every rank), FSDP x 2 and CP x 2 (the Mamba layers' chunk states and
+convolution halos handed between the ranks, the attention's keys gathered) EP x 2 (the experts split over dp_shard 2)
+and TP x 2 with the experts split over it (ETP 2), expert loads and load-balancing terms included. TP x 2 runs in the
+default suite, the others are slow."""
 
 import pytest
 
