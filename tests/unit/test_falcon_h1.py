@@ -103,7 +103,7 @@ def test_logits_equal_transformers_and_an_export_loads_back_with_ours(folder, tm
     back = exports_as(ours, args, tmp_path / "export", "FalconH1ForCausalLM", TOKENS)
     written = json.loads((tmp_path / "export" / "config.json").read_text())
     assert written["ssm_multipliers"] == CONFIG["ssm_multipliers"]
-    assert written["time_step_limit"] == [0.0, {"__float__": "Infinity"}]  # as transformers 5 writes it
+    assert "time_step_limit" not in written  # transformers' default, no clamp
     with torch.no_grad():
         torch.testing.assert_close(back(TOKENS).logits, logits, rtol=1e-5, atol=1e-5)
 
@@ -268,3 +268,14 @@ def test_what_falcon_h1_cannot_mean_is_refused_naming_the_field(change, field):
     with pytest.raises(ConfigError, match=field) as refused:
         args_from_hf_config(config, "config.json:")
     assert "\n" not in str(refused.value)
+
+
+def test_time_step_limit_reads_and_writes_an_infinite_bound_as_transformers_5():
+    """A clamp below alone is written with transformers 5's tagged infinity, which reads back (from JSON too); no
+    clamp at all, transformers' default, goes unsaid."""
+    from titanlite.models.common.mamba2_args import step_limit, step_limit_fields
+
+    written = json.loads(json.dumps(step_limit_fields(0.01, math.inf)))
+    assert written == {"time_step_limit": [0.01, {"__float__": "Infinity"}]}
+    assert step_limit(written["time_step_limit"], "config.json:") == (0.01, math.inf)
+    assert step_limit([0.0, math.inf], "config.json:") == (0.0, math.inf) and step_limit_fields(0.0, math.inf) == {}

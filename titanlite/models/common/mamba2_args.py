@@ -99,6 +99,10 @@ def step_limit(value: object, where: str) -> tuple[float, float]:
     return bounds[0], bounds[1]
 
 
-def step_limit_json(low: float, high: float) -> list:
-    """time_step_limit as transformers 5 writes it: an infinite bound as {"__float__": "Infinity"}."""
-    return [low, INFINITY if high == math.inf else high]
+def step_limit_fields(low: float, high: float) -> dict:
+    """config.json's time_step_limit as transformers 5 writes it (an infinite bound as {"__float__": "Infinity"}),
+    where it is not transformers' default, no clamp at all [0, inf] (Granite 4.0 H's and Falcon-H1's), which goes
+    unsaid: a config of the tagged form cannot be built from the dict itself (it reads only from JSON)."""
+    if (low, high) == (0.0, math.inf):
+        return {}
+    return {"time_step_limit": [low, INFINITY if high == math.inf else high]}

@@ -16,7 +16,7 @@ import math
 
 from titanlite.base.hf_config import COUNT, FLAG, NUMBER, TEXTS, FieldTypes, refuse
 from titanlite.models.common.decoder_config import decoder_fields, decoder_sizes, rope_scaling_to_hf, rope_settings
-from titanlite.models.common.mamba2_args import step_limit, step_limit_json
+from titanlite.models.common.mamba2_args import step_limit, step_limit_fields
 from titanlite.models.falcon_h1.args import ONES5, SCALAR_MULTIPLIERS, FalconH1Args
 
 MODEL_TYPE, ARCHITECTURE = "falcon_h1", "FalconH1ForCausalLM"
@@ -187,7 +187,7 @@ def write(args: FalconH1Args) -> dict:
         "mamba_rms_norm": args.mamba_gated_norm,
         "mamba_norm_before_gate": args.mamba_norm_before_gate,
         "mamba_use_mlp": True,
-        "time_step_limit": step_limit_json(args.dt_min, args.dt_max),
+        **step_limit_fields(args.dt_min, args.dt_max),
         "ssm_multipliers": list(args.ssm_multipliers),
         "mlp_multipliers": list(args.mlp_multipliers),
         **{name: getattr(args, name) for name in SCALARS},

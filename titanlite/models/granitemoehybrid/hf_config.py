@@ -15,7 +15,7 @@ import math
 from titanlite.base.errors import ConfigError
 from titanlite.base.hf_config import COUNT, FLAG, NONNEGATIVE, NUMBER, TEXT, TEXTS, WHOLE, FieldTypes, refuse
 from titanlite.models.common.decoder_config import rope_scaling_to_hf, rope_settings
-from titanlite.models.common.mamba2_args import step_limit, step_limit_json
+from titanlite.models.common.mamba2_args import step_limit, step_limit_fields
 from titanlite.models.common.moe.args import MoEArgs
 from titanlite.models.common.moe.hf_config import FIXED, block_from_config, check_expressible
 from titanlite.models.granitemoehybrid.args import GraniteMoeHybridArgs
@@ -226,9 +226,7 @@ def write(args: GraniteMoeHybridArgs) -> dict:
             f"a {MODEL_TYPE} config.json cannot express a Mamba inner width {args.mamba_width} that is not a multiple "
             f"of the model width {args.dim} (mamba_expand x hidden_size)"
         )
-    limit = {}
-    if (args.dt_min, args.dt_max) != DEFAULTS["time_step_limit"]:  # an infinite bound as transformers writes one
-        limit = {"time_step_limit": step_limit_json(args.dt_min, args.dt_max)}
+    limit = step_limit_fields(args.dt_min, args.dt_max)
     return {
         "architectures": [ARCHITECTURE],
         "model_type": MODEL_TYPE,
