@@ -3,9 +3,9 @@ documents cross the ranks' chunks): its debug model (Mamba-2 and attention layer
 shared MLP, Granite's multipliers) gives one process's losses, grad norms and validation losses on TP x 2 (the Mamba
 layers split by heads and groups: projections, convolution, A_log, D, dt_bias, the gated norm's slices; attention by
 heads; the mixtures of experts whole on every rank), FSDP x 2 and CP x 2 (the Mamba layers' chunk states and
-convolution halos handed between the ranks, the attention's keys gathered) EP x 2 (the experts split over dp_shard 2)
-and TP x 2 with the experts split over it (ETP 2), expert loads and load-balancing terms included. TP x 2 runs in the
-default suite, the others are slow."""
+convolution halos handed between the ranks, the attention's keys gathered), EP x 2 (the experts split over dp_shard
+2) and TP x 2 with the experts split over it (ETP 2), expert loads and load-balancing terms included; PP x 2 those of
+one process accumulating the same micro-batches. TP x 2 runs in the default suite, the others are slow."""
 
 import pytest
 
@@ -42,3 +42,20 @@ def test_granitemoehybrid_on_a_layout_matches_one_process(tmp_path, whole, short
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert "model granitemoehybrid debug" in proc.stdout
     assert_same_run(metrics(tmp_path), whole)  # expert loads and load-balancing terms too
+
+
+@pytest.mark.slow
+def test_granitemoehybrid_on_pp2_matches_one_process_with_the_same_micro_batches(
+    tmp_path,
+    one_process,
+    short_documents,  # noqa: F811
+):
+    """PP x 2: each pipeline micro-batch (one sequence) forms its own pooled load-balancing term, so the reference is
+    one process accumulating the same micro-batches (tests/distributed/test_moe_pipeline.py): losses, grad norms,
+    validation losses, expert loads and load-balancing terms."""
+    micro = ["--training.local_batch_size", "1", "--training.global_batch_size", "8"]
+    reference = one_process([*CONFIG, *short_documents, *micro])
+    nproc, args = LAYOUTS["pp2"]
+    proc = train_in_pool(nproc, [*CONFIG, *short_documents, *args], tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert_same_run(metrics(tmp_path), reference)
