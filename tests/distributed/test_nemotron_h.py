@@ -67,6 +67,23 @@ def test_nemotron3_moe_on_a_layout_matches_one_process(tmp_path, moe_whole, shor
     assert_same_run(metrics(tmp_path), moe_whole)
 
 
+@pytest.mark.slow  # a one-process reference and two 2-rank runs
+def test_nemotron3_multi_token_prediction_on_tp2_and_pp2_matches_one_process(
+    tmp_path, one_process, short_documents  # noqa: F811
+):
+    """The mixture-of-experts flavor with a multi-token prediction depth (attention then the experts, after the
+    fusion): TP x 2 (the depth's block split as the model's) and PP x 2 (the depth on the last stage) give one
+    process's losses, grad norms and validation losses, the depth's loss inside them."""
+    args = [*CONFIG, *short_documents, *MOE, "--model.mtp_layers", "1"]
+    one = one_process([*args, *ONE])
+    assert all(r["mtp_loss"] > 0 for r in one)
+    for layout in ("tp2", "pp2"):
+        nproc, extra = LAYOUTS[layout]
+        proc = train_in_pool(nproc, [*args, *extra], tmp_path / layout)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+        assert_matches(metrics(tmp_path / layout), one)
+
+
 def test_a_nemotron_h_cp2_checkpoint_resumes_on_one_process_with_the_uninterrupted_losses(
     tmp_path,
     whole,

@@ -5,8 +5,9 @@ B and C and grouped key/value heads; Nemotron 3's mixture-of-experts layers, rel
 width, a shared expert, routing biases and grouped routing; conv and projection biases on and off; lm_head never
 tied, as transformers' never ties it) import with transformers' logits to 1e-5 (fp32), greedy generation (the SSM
 state and convolution window in the cache) equals transformers', an export loads back in transformers with our logits
-and says hybrid_override_pattern again; multi-token prediction layers are carried, not built; packed documents are
-computed as if each were alone; what a nemotron_h config.json cannot mean is refused in one line naming the field."""
+and says hybrid_override_pattern again; a folder's multi-token prediction depth loads, trains and exports (carried
+where the run leaves it out); packed documents are computed as if each were alone; what a nemotron_h config.json
+cannot mean is refused in one line naming the field."""
 
 import dataclasses
 import json
@@ -178,40 +179,65 @@ def test_packed_documents_compute_as_if_each_were_alone(folder):
     assert (packed[:, 30:] - whole[:, 30:]).abs().max() > 1e-3
 
 
-def test_multi_token_prediction_layers_are_named_once_left_out_and_carried_bit_for_bit(tmp_path, caplog):
-    """A Nemotron 3 folder declaring MTP (num_nextn_predict_layers) and holding mtp.* tensors: one line at the
-    config, the layers left out of the model (transformers builds none either), carried unchanged into an export whose
-    config.json still declares them; the export loads in transformers with our logits."""
-    import logging
-
+def test_a_folder_s_multi_token_prediction_depth_loads_trains_and_exports_bit_for_bit(tmp_path, caplog):
+    """A Nemotron 3 Super-style folder: num_nextn_predict_layers 1 (mtp_hybrid_override_pattern "*E") and its depth's
+    tensors under mtp.layers.0 (fusion, attention) and mtp.layers.1 (experts, final norm). The model has the depth,
+    loaded tensor for tensor; the main logits stay transformers' (which builds no depth); the depth runs and its loss
+    has a gradient for every depth tensor; an export writes the depth's tensors back unchanged and loads in
+    transformers with our logits. With model.mtp_layers = 0 the tensors are carried instead, bit for bit."""
     from safetensors.torch import load_file, save_file
 
-    from titanlite.components.hf_weights import load_hf_into, save_hf
+    from titanlite.components.hf_weights import load_hf_into, save_hf, to_hf
+    from titanlite.models.common.init import init_weights
 
-    hf = random_model(CASES["moe"])
+    hf = random_model(CASES["latent-moe"])
     source = tmp_path / "hf"
     hf.save_pretrained(source)
+    args = dataclasses.replace(folder_args(source, 64), mtp_layers=1)
+    donor = model_from_args(args)
+    init_weights(donor, 3)
+    mtp = {k: v for k, v in to_hf(args, donor.state_dict()).items() if k.startswith("mtp.")}
+    assert {"mtp.layers.0.eh_proj.weight", "mtp.layers.1.final_layernorm.weight"} <= set(mtp)
+    assert "mtp.layers.1.mixer.experts.0.up_proj.weight" in mtp and "mtp.layers.0.mixer.q_proj.weight" in mtp
     config = json.loads((source / "config.json").read_text())
-    (source / "config.json").write_text(json.dumps({**config, "num_nextn_predict_layers": 1}))
-    mtp = {"mtp.layers.0.norm.weight": torch.randn(64), "mtp.layers.0.mixer.q_proj.weight": torch.randn(96, 64)}
-    save_file(
-        {**load_file(source / "model.safetensors"), **mtp}, source / "model.safetensors", metadata={"format": "pt"}
-    )
-    with caplog.at_level(logging.INFO, logger="titanlite"):
-        args = folder_args(source, 64)
-        model = model_from_args(args).eval()
-        load_hf_into([model], source)  # reads config.json again: not named again
-    named = [r.getMessage() for r in caplog.records if "multi-token" in r.getMessage()]
-    assert len(named) == 1 and "num_nextn_predict_layers=1" in named[0], named
-    assert "also holds 2 tensors the model does not train (mtp.layers.*)" in caplog.text
-    save_hf(tmp_path / "export", args, model.state_dict(), carry_from=source)
+    config |= {"num_nextn_predict_layers": 1, "mtp_hybrid_override_pattern": "*E"}
+    config.pop("mtp_layers_block_type", None)
+    (source / "config.json").write_text(json.dumps(config))
+    weights = load_file(source / "model.safetensors")
+    save_file({**weights, **mtp}, source / "model.safetensors", metadata={"format": "pt"})
+
+    assert folder_args(source, 64).mtp_layers == 1
+    model = model_from_args(folder_args(source, 64))
+    load_hf_into([model], source)
+    state = model.state_dict()
+    for ours, theirs in donor.state_dict().items():
+        if ours.startswith(("mtp.", f"layers.{args.n_layers}.")):
+            assert torch.equal(state[ours], theirs), ours
+    with torch.no_grad():
+        torch.testing.assert_close(model.eval()(TOKENS), hf(TOKENS).logits, rtol=1e-5, atol=1e-5)
+    ahead = TOKENS[:, 1:, None]
+    out = model.train()(TOKENS[:, :-1], mtp_tokens=ahead)
+    assert out.shape == (2 * TOKENS.shape[0], TOKENS.shape[1] - 1, VOCAB)
+    out[TOKENS.shape[0] :].square().mean().backward()
+    depth = [(n, p) for n, p in model.named_parameters() if n.startswith(("mtp.", f"layers.{args.n_layers}."))]
+    assert depth and all(p.grad is not None for _, p in depth)
+    model.zero_grad()
+
+    save_hf(tmp_path / "export", model.args, model.state_dict(), carry_from=source)
     exported = load_file(tmp_path / "export" / "model.safetensors")
     assert all(torch.equal(exported[k], v) for k, v in mtp.items())
-    assert json.loads((tmp_path / "export" / "config.json").read_text())["num_nextn_predict_layers"] == 1
+    written = json.loads((tmp_path / "export" / "config.json").read_text())
+    assert (written["num_nextn_predict_layers"], written["mtp_hybrid_override_pattern"]) == (1, "*E")
     back = transformers.NemotronHForCausalLM.from_pretrained(tmp_path / "export", dtype=torch.float32).eval()
     with torch.no_grad():
-        torch.testing.assert_close(model(TOKENS), back(TOKENS).logits, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(back(TOKENS).logits, hf(TOKENS).logits, rtol=1e-5, atol=1e-5)
+
+    without = dataclasses.replace(folder_args(source, 64), mtp_layers=0)  # model.mtp_layers = 0: carried instead
+    plain = model_from_args(without)
+    load_hf_into([plain], source)
+    save_hf(tmp_path / "carried", without, plain.state_dict(), carry_from=source)
+    carried = load_file(tmp_path / "carried" / "model.safetensors")
+    assert all(torch.equal(carried[k], v) for k, v in mtp.items())
 
 
 def test_transformers_module_names_read_as_the_published_ones():
@@ -248,6 +274,12 @@ def test_a_deeper_model_repeats_the_pattern():
         ({"mamba_proj_bias": True}, "mamba_proj_bias"),
         ({"sliding_window": 64}, "sliding_window"),
         ({"ssm_state_size": 0}, "ssm_state_size"),
+        ({"hybrid_override_pattern": "ME*-", "num_nextn_predict_layers": 2}, "num_nextn_predict_layers"),
+        (
+            {"hybrid_override_pattern": "ME*-", "num_nextn_predict_layers": 1, "mtp_hybrid_override_pattern": "E*"},
+            "mtp_hybrid_override_pattern",
+        ),
+        ({"num_nextn_predict_layers": 1}, "mtp_layers"),  # a depth of experts in a model without them
     ],
 )
 def test_what_nemotron_h_cannot_mean_is_refused_naming_the_field(change, field):

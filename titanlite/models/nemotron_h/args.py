@@ -46,6 +46,10 @@ class NemotronHArgs(Mamba2Args):
     dt_min: float = 0.001  # transformers' mixer clamps the step below at time_step_min
     moe: MoEArgs | None = None
     """The "moe" layers' block (None: the model has none); its dense_layers are the other layers, set here."""
+    mtp_layers: int = 0
+    """Multi-token prediction depths (num_nextn_predict_layers; Nemotron 3 Super's: 0 or 1): a depth is attention then
+    the mixture of experts, each behind its pre-norm (mtp_hybrid_override_pattern "*E"), between DeepSeek's fusion
+    of the embeddings ahead with the hidden states and a final norm (models/common/multi_token.py)."""
 
     def __post_init__(self) -> None:
         if not self.layer_types:
@@ -56,6 +60,11 @@ class NemotronHArgs(Mamba2Args):
         if self.moe is not None:
             others = tuple(i for i, kind in enumerate(self.layer_types) if kind != "moe")
             self.moe = dataclasses.replace(self.moe, dense_layers=others)
+        if self.mtp_layers not in (0, 1) or (self.mtp_layers and self.moe is None):
+            raise ValueError(
+                f"NemotronHArgs.mtp_layers={self.mtp_layers}; Nemotron's multi-token prediction has 0 or 1 depth, "
+                "of attention and the mixture of experts (a model with moe layers)"
+            )
         if self.qkv_bias or self.out_bias or self.qk_norm != "none" or self.norm_position != "pre":
             raise ValueError("NemotronHArgs: no attention biases or Q/K norms; pre-norm layers")
         if self.sliding_window or self.nope_layers:

@@ -6,12 +6,12 @@ default; every field that changes the math is honoured or refused in one line na
 transformers' mixer clamps the step below at time_step_min and reads no time_step_limit; nor do we. Its attention has
 no biases whatever attention_bias says, its Mamba projections' biases follow use_bias (not mamba_proj_bias), and its
 lm_head is never tied to the embeddings: a config.json asking for either bias or for tying is refused, as
-transformers would build a model without it. Multi-token prediction layers (num_nextn_predict_layers, Nemotron 3's)
-are not built, as transformers builds none: a folder's mtp.* tensors are carried unchanged into an export."""
+transformers would build a model without it. Multi-token prediction (num_nextn_predict_layers, Nemotron 3 Super's one
+depth of attention then MoE) is built and trained where the folder holds its mtp.* tensors; transformers builds
+none."""
 
 from __future__ import annotations
 
-import logging
 import math
 
 from titanlite.base.hf_config import COUNT, FLAG, NONNEGATIVE, POSITIVE, TEXT, TEXTS, WHOLE, FieldTypes, refuse
@@ -19,10 +19,8 @@ from titanlite.models.common.moe.args import MoEArgs
 from titanlite.models.common.moe.hf_config import BIAS_ROUTED_FIELDS, MOE_FIELDS, block_from_config
 from titanlite.models.nemotron_h.args import NemotronHArgs, layers_of, pattern_of
 
-logger = logging.getLogger(__name__)
-_MTP_TOLD: set[str] = set()  # the config.json files whose multi-token prediction layers were named once
-
 MODEL_TYPE, ARCHITECTURE = "nemotron_h", "NemotronHForCausalLM"
+MTP_PATTERN = "*E"  # a multi-token prediction depth: attention, then the mixture of experts
 # transformers' layers_block_type names -> ours
 HF_KINDS = {"linear_attention": "mamba", "mamba": "mamba", "full_attention": "full_attention", "attention":
             "full_attention", "mlp": "mlp", "moe": "moe"}  # fmt: skip
@@ -59,6 +57,8 @@ FIELDS: FieldTypes = {
     "time_step_max": (POSITIVE, False),
     "time_step_floor": (NONNEGATIVE, False),
     "num_nextn_predict_layers": (WHOLE, False),
+    "mtp_layers_block_type": (TEXTS, True),
+    "mtp_hybrid_override_pattern": (TEXT, True),
     **{alias: (kind, False) for alias, kind in (
         ("mamba_n_groups", COUNT), ("mamba_d_conv", COUNT), ("mamba_dt_min", NONNEGATIVE), ("mamba_dt_max", POSITIVE),
         ("mamba_dt_init_floor", NONNEGATIVE), ("mamba_conv_bias", FLAG), ("mamba_chunk_size", COUNT))},
@@ -147,13 +147,7 @@ def read(config: dict, where: str) -> NemotronHArgs:
             raise refuse(where, key, True, why)
     if c.get("sliding_window") is not None:
         raise refuse(where, "sliding_window", c["sliding_window"], "Nemotron-H's attention sees the whole sequence")
-    mtp = c.get("num_nextn_predict_layers") or 0
-    if mtp and where not in _MTP_TOLD:
-        _MTP_TOLD.add(where)
-        logger.info(
-            f"{where} num_nextn_predict_layers={mtp}: titanlite trains Nemotron-H without multi-token prediction, as "
-            "transformers builds it; a folder's MTP layers (mtp.*) are not loaded, and an export carries them unchanged"
-        )
+    mtp = _mtp_layers(c, where)
     layers = _layer_types(config, where)
     heads, groups = c["mamba_num_heads"], c["n_groups"]
     if heads % groups:
@@ -189,7 +183,26 @@ def read(config: dict, where: str) -> NemotronHArgs:
         dt_init_max=c["time_step_max"],
         dt_init_floor=c["time_step_floor"],
         moe=moe,
+        mtp_layers=mtp,
     )
+
+
+def _mtp_layers(c: dict, where: str) -> int:
+    """num_nextn_predict_layers (0 or 1: Nemotron 3 Super's one depth), whose block must be attention then the
+    mixture of experts (mtp_layers_block_type, or the published mtp_hybrid_override_pattern "*E")."""
+    mtp = c.get("num_nextn_predict_layers") or 0
+    if not mtp:
+        return 0
+    if mtp != 1:
+        raise refuse(where, "num_nextn_predict_layers", mtp, "Nemotron's multi-token prediction has one depth")
+    kinds = c.get("mtp_layers_block_type")
+    if kinds is None and c.get("mtp_hybrid_override_pattern") is not None:
+        pattern = c["mtp_hybrid_override_pattern"]
+        if pattern != MTP_PATTERN:
+            raise refuse(where, "mtp_hybrid_override_pattern", pattern, f"titanlite builds a depth of {MTP_PATTERN!r}")
+    elif kinds is not None and [HF_KINDS.get(kind) for kind in kinds] != ["full_attention", "moe"]:
+        raise refuse(where, "mtp_layers_block_type", kinds, "titanlite builds a depth of attention, then MoE")
+    return mtp
 
 
 def _moe(c: dict, where: str) -> MoEArgs:
@@ -254,7 +267,8 @@ def write(args: NemotronHArgs) -> dict:
         "time_step_max": args.dt_init_max,
         "time_step_floor": args.dt_init_floor,
         **({"expand": args.mamba_width // args.dim} if args.mamba_width % args.dim == 0 else {}),  # read by no code
-        "num_nextn_predict_layers": 0,
+        "num_nextn_predict_layers": args.mtp_layers,
+        **({"mtp_hybrid_override_pattern": MTP_PATTERN} if args.mtp_layers else {}),
         **(_moe_fields(args.moe) if args.moe is not None else {}),
     }
 

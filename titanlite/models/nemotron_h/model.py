@@ -1,6 +1,7 @@
 """Nemotron-H on the shared decoder (titanlite/models/common/decoder.py): every layer one sublayer behind its own
 RMSNorm, as args.layer_types says: a Mamba-2 mixer (titanlite/models/common/mamba2.py) or attention without positions
-(MixerBlock), or a relu^2 MLP or the shared mixture of experts (FeedForwardBlock). No layer reads a rotary table.
+(MixerBlock), or a relu^2 MLP or the shared mixture of experts (FeedForwardBlock); a multi-token prediction depth's
+block is attention then the mixture of experts (Block). No layer reads a rotary table.
 Plain modules with no parallelism inside."""
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from torch import nn
 
-from titanlite.models.common.decoder import FeedForwardBlock, MixerBlock, Transformer, grouped_query_attention
+from titanlite.models.common.decoder import Block, FeedForwardBlock, MixerBlock, Transformer, grouped_query_attention
 from titanlite.models.common.feed_forward import MLP
 from titanlite.models.common.interface import Decoder
 from titanlite.models.common.mamba2 import mamba2_of
@@ -33,6 +34,8 @@ class NemotronH(Transformer):
     pooled_balance = False  # transformers' Nemotron-H has no load-balancing term to pool: its experts balance by bias
 
     def build_layer(self, layer: int) -> nn.Module:
+        if layer >= self.args.n_layers:  # a multi-token prediction depth: attention, then the mixture of experts
+            return Block(attention(self, layer), self.build_feed_forward(layer), self.build_norm, rotary=False)
         kind = self.layer_kind(layer)
         if kind == "moe":  # the shared decoder's mixture of experts (args.moe: relu^2 experts, maybe latent)
             return FeedForwardBlock(self.build_feed_forward(layer), self.build_norm)

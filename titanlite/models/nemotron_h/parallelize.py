@@ -24,6 +24,9 @@ def tp_plan(model: DecoderModule) -> dict:
     kinds = {"full_attention": attention, "mlp": mlp, "moe": moe}
     plan: dict = {}
     for i in model.layers:
+        if int(i) >= args.n_layers:  # a multi-token prediction depth's block: attention, then the experts
+            plan |= {f"layers.{i}.{name}": style for name, style in (attention | moe).items()}
+            continue
         kind = args.layer_types[int(i)]
         block = mamba2_plan() if kind == "mamba" else kinds[kind]
         plan |= {f"layers.{i}.{name}": style for name, style in block.items()}

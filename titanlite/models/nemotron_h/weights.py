@@ -8,8 +8,9 @@ Mamba-2: in_proj's rows are [z | x | B | C | dt] (our wz, wx, wb, wc, wdt), conv
 one. Attention: q_proj, k_proj, v_proj, o_proj, with no rotations to reorder. MLP: up_proj and down_proj (w1, w2).
 MoE: the router gate and its e_score_correction_bias (our routing bias, a buffer), one up_proj and down_proj per
 expert (stacked into our experts.w1 and w2), shared_experts.up_proj and down_proj, and LatentMoE's fc1_latent_proj
-and fc2_latent_proj (our latent_down and latent_up). Multi-token prediction layers (mtp.*, Nemotron 3's) are not
-trained: carried unchanged into an export, with the config.json fields that declare them (hf_carried, hf_folder)."""
+and fc2_latent_proj (our latent_down and latent_up). The multi-token prediction depth (Nemotron 3 Super's) under
+mtp.layers.0 (its fusion and attention) and mtp.layers.1 (its experts and final norm) where the run builds it,
+carried unchanged into an export where it does not (hf_carried)."""
 
 from __future__ import annotations
 
@@ -29,15 +30,32 @@ LATENT = {"latent_down": "fc1_latent_proj", "latent_up": "fc2_latent_proj"}
 MTP_FIELDS = ("num_nextn_predict_layers", "mtp_layers_block_type", "mtp_hybrid_override_pattern")
 
 
+# A depth's own tensors around its block: ours under mtp.{layer}. -> the published ones under mtp.layers.
+MTP_OWN = {"enorm": "0.enorm", "hnorm": "0.hnorm", "eh_proj": "0.eh_proj", "norm": "1.final_layernorm"}
+
+
 def hf_carried(args: NemotronHArgs, keys: list[str]) -> list[str]:
-    """A folder's multi-token prediction layers (mtp.*): not built (transformers builds none), carried unchanged into
-    an export (titanlite/components/hf_weights.py)."""
-    return [k for k in keys if k.startswith("mtp.")]
+    """A folder's multi-token prediction layers (mtp.*) where the run builds none (model.mtp_layers = 0): carried
+    unchanged into an export (titanlite/components/hf_weights.py)."""
+    return [] if args.mtp_layers else [k for k in keys if k.startswith("mtp.")]
 
 
 def hf_folder(args: NemotronHArgs, config: dict, tensors: dict, source: dict) -> tuple[dict, dict]:
-    """An export from a folder says of multi-token prediction what the folder said (its MTP layers carried)."""
+    """An export from a folder says of multi-token prediction what the folder said (its MTP layers carried or
+    trained)."""
     return config | {k: source[k] for k in MTP_FIELDS if k in source}, tensors
+
+
+def _mtp_sources(args: NemotronHArgs) -> dict[str, str | tuple[str, ...]]:
+    """The multi-token prediction depth (layer n_layers, Nemotron 3 Super's): its block's attention sublayer under
+    mtp.layers.0 (with the fusion's enorm, hnorm and eh_proj) and its mixture of experts under mtp.layers.1 (with the
+    final_layernorm before the shared head)."""
+    i = args.n_layers
+    names: dict[str, str | tuple[str, ...]] = {f"layers.{i}.attention_norm.weight": "mtp.layers.0.norm.weight"}
+    names |= {f"layers.{i}.attention.{o}.weight": f"mtp.layers.0.mixer.{h}.weight" for o, h in ATTENTION.items()}
+    names[f"layers.{i}.ffn_norm.weight"] = "mtp.layers.1.norm.weight"
+    names |= _moe_sources(args, f"layers.{i}.feed_forward.", "mtp.layers.1.mixer.")
+    return names | {f"mtp.{i}.{o}.weight": f"mtp.layers.{h}.weight" for o, h in MTP_OWN.items()}
 
 
 def _moe_sources(args: NemotronHArgs, ours: str, hf: str) -> dict[str, str | tuple[str, ...]]:
@@ -74,7 +92,7 @@ def hf_sources(args: NemotronHArgs) -> dict[str, str | tuple[str, ...]]:
         else:
             biases = (".weight", ".bias") if args.mlp_bias else (".weight",)
             names |= {f"{ours}feed_forward.{o}{b}": f"{hf}mixer.{h}{b}" for o, h in MLP.items() for b in biases}
-    return names
+    return names | (_mtp_sources(args) if args.mtp_layers else {})
 
 
 def hf_keys(args: NemotronHArgs, keys: list[str]) -> dict[str, str]:
@@ -84,7 +102,8 @@ def hf_keys(args: NemotronHArgs, keys: list[str]) -> dict[str, str]:
 
 def _mamba_leaf(args: NemotronHArgs, name: str) -> str | None:
     """The name under its mixer of a Mamba layer's parameter (None: not one)."""
-    if not name.startswith("layers.") or args.layer_types[int(name.split(".")[1])] != "mamba":
+    layer = int(name.split(".")[1]) if name.startswith("layers.") else args.n_layers
+    if layer >= args.n_layers or args.layer_types[layer] != "mamba":
         return None
     return name.partition(".attention.")[2] or None
 
