@@ -69,7 +69,9 @@ def test_nemotron3_moe_on_a_layout_matches_one_process(tmp_path, moe_whole, shor
 
 @pytest.mark.slow  # a one-process reference and two 2-rank runs
 def test_nemotron3_multi_token_prediction_on_tp2_and_pp2_matches_one_process(
-    tmp_path, one_process, short_documents  # noqa: F811
+    tmp_path,
+    one_process,
+    short_documents,  # noqa: F811
 ):
     """The mixture-of-experts flavor with a multi-token prediction depth (attention then the experts, after the
     fusion): TP x 2 (the depth's block split as the model's) and PP x 2 (the depth on the last stage) give one
