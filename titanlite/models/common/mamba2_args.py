@@ -8,11 +8,23 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from titanlite.base.hf_config import refuse
+from titanlite.base.hf_config import COUNT, FLAG, FieldTypes, refuse
 from titanlite.models.common.decoder_args import DecoderArgs, tp_split_sizes
 from titanlite.models.spec import not_math
 
 INFINITY = {"__float__": "Infinity"}  # how transformers 5 writes float("inf") into a config.json (and reads it)
+# The config.json fields of the Mamba-2 layers under the mamba_* names Granite 4.0 H and Falcon-H1 share, and their
+# JSON types (check_types' table, titanlite/base/hf_config.py); mamba_d_head ("auto" or a count) each family reads.
+MAMBA_FIELDS: FieldTypes = {
+    "mamba_n_heads": (COUNT, False),
+    "mamba_n_groups": (COUNT, False),
+    "mamba_d_state": (COUNT, False),
+    "mamba_d_conv": (COUNT, False),
+    "mamba_expand": (COUNT, False),
+    "mamba_chunk_size": (COUNT, False),
+    "mamba_conv_bias": (FLAG, False),
+    "mamba_proj_bias": (FLAG, False),
+}
 
 
 @dataclass

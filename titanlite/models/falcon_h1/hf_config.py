@@ -16,21 +16,14 @@ import math
 
 from titanlite.base.hf_config import COUNT, FLAG, NUMBER, TEXTS, FieldTypes, refuse
 from titanlite.models.common.decoder_config import decoder_fields, decoder_sizes, rope_scaling_to_hf, rope_settings
-from titanlite.models.common.mamba2_args import step_limit, step_limit_fields
+from titanlite.models.common.mamba2_args import MAMBA_FIELDS, step_limit, step_limit_fields
 from titanlite.models.falcon_h1.args import ONES5, SCALAR_MULTIPLIERS, FalconH1Args
 
 MODEL_TYPE, ARCHITECTURE = "falcon_h1", "FalconH1ForCausalLM"
 SCALARS = tuple(f"{part}_multiplier" for part in SCALAR_MULTIPLIERS)
 FIELDS: FieldTypes = {
     "mamba_d_ssm": (COUNT, True),
-    "mamba_n_heads": (COUNT, False),
-    "mamba_n_groups": (COUNT, False),
-    "mamba_d_state": (COUNT, False),
-    "mamba_d_conv": (COUNT, False),
-    "mamba_expand": (COUNT, False),
-    "mamba_chunk_size": (COUNT, False),
-    "mamba_conv_bias": (FLAG, False),
-    "mamba_proj_bias": (FLAG, False),
+    **MAMBA_FIELDS,
     "mamba_norm_before_gate": (FLAG, False),
     "mamba_rms_norm": (FLAG, False),
     "mamba_use_mlp": (FLAG, False),

@@ -13,9 +13,9 @@ from __future__ import annotations
 import math
 
 from titanlite.base.errors import ConfigError
-from titanlite.base.hf_config import COUNT, FLAG, NONNEGATIVE, NUMBER, TEXT, TEXTS, WHOLE, FieldTypes, refuse
+from titanlite.base.hf_config import COUNT, NONNEGATIVE, NUMBER, TEXT, TEXTS, WHOLE, FieldTypes, refuse
 from titanlite.models.common.decoder_config import rope_scaling_to_hf, rope_settings
-from titanlite.models.common.mamba2_args import step_limit, step_limit_fields
+from titanlite.models.common.mamba2_args import MAMBA_FIELDS, step_limit, step_limit_fields
 from titanlite.models.common.moe.args import MoEArgs
 from titanlite.models.common.moe.hf_config import FIXED, block_from_config, check_expressible
 from titanlite.models.granitemoehybrid.args import GraniteMoeHybridArgs
@@ -37,14 +37,7 @@ FIELDS: FieldTypes = {
     "router_aux_loss_coef": (NONNEGATIVE, True),
     "shared_intermediate_size": (COUNT, False),
     "position_embedding_type": (TEXT, True),
-    "mamba_n_heads": (COUNT, False),
-    "mamba_n_groups": (COUNT, False),
-    "mamba_d_state": (COUNT, False),
-    "mamba_d_conv": (COUNT, False),
-    "mamba_expand": (COUNT, False),
-    "mamba_chunk_size": (COUNT, False),
-    "mamba_conv_bias": (FLAG, False),
-    "mamba_proj_bias": (FLAG, False),
+    **MAMBA_FIELDS,
 }
 # GraniteMoeHybridConfig's defaults (transformers 5) of what a config.json may leave out
 DEFAULTS = {
