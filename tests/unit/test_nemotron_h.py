@@ -129,7 +129,7 @@ def test_the_scan_counts_the_flops_torch_counts_and_only_attention_grows_with_le
     scan = StateScan(chunk_size=8)
     with FlopCounterMode(display=False) as counter:
         scan(q, k, v, g)
-    assert 3 * counter.get_total_flops() == length * scan.flops_per_token(heads, state, width)
+    assert 3 * counter.get_total_flops() == length * scan.flops_per_token(heads, groups, state, width)
     with torch.device("meta"):
         model = model_from_args(dataclasses.replace(FLAVORS["debug"], vocab_size=256))
     attention = sum(kind == "full_attention" for kind in model.args.layer_types)

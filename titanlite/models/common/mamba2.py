@@ -32,7 +32,7 @@ from titanlite.models.common.attention import Sequence
 from titanlite.models.common.gated_delta_net import BACKENDS, ShortConvolution, local, start_convolution
 from titanlite.models.common.init_scheme import InitScheme, start_linears
 from titanlite.models.common.kv_cache import LayerCache
-from titanlite.models.common.linear_attention import decayed_scores, document_starts
+from titanlite.models.common.linear_attention import document_starts
 from titanlite.models.common.mamba2_args import Mamba2Args
 
 CONVOLVED = ("conv_x", "conv_b", "conv_c")  # the convolution's weights [C, K], by the channels they read
@@ -45,9 +45,11 @@ def _shaped(
     v: torch.Tensor,
     g: torch.Tensor,
     initial_state: torch.Tensor | None,
+    grouped: bool = False,
 ) -> tuple[torch.Tensor, ...]:
     """q, k, v [B, H, T, ...] and g [B, H, T, 1] in the computing dtype (float32; float64 where an input is), q and k
-    repeated from their G groups to the H heads; and the state the window starts from (zeros where None)."""
+    repeated from their G groups to the H heads (`grouped`: left as [B, G, T, N]); and the state the window starts
+    from (zeros where None)."""
     batch, length, groups, state_dim = k.shape
     heads, head_dim = v.shape[2], v.shape[3]
     if q.shape != k.shape or v.shape[:2] != (batch, length) or heads % groups:
@@ -61,7 +63,7 @@ def _shaped(
     if initial_state is not None and initial_state.shape != state_shape:
         raise ValueError(f"initial_state {tuple(initial_state.shape)} must be [B, H, N, P] = {list(state_shape)}")
     dtype = torch.float64 if any(t is not None and t.dtype == torch.float64 for t in (q, k, v, g)) else torch.float32
-    if heads != groups:
+    if heads != groups and not grouped:
         q, k = (t.repeat_interleave(heads // groups, dim=2) for t in (q, k))
     q, k, v, g = (t.transpose(1, 2).to(dtype) for t in (q, k, v, g.unsqueeze(-1)))
     state = torch.zeros(state_shape, dtype=dtype, device=v.device) if initial_state is None else initial_state
@@ -110,41 +112,48 @@ def ssd_chunked(
     With D_i the decay from a chunk's start through token i and S0 the state before the chunk, token i's output is
     (D_i q_i)^T S0 + sum_{j <= i} (D_i / D_j) (q_i . k_j) v_j: a masked, decayed attention inside the chunk (the
     quadratic, "dual" form) plus a read of the carried state; the chunk hands on D_C S0 + sum_j (D_C / D_j) k_j v_j^T.
-    Every chunk's inner terms are computed at once; only the step from one chunk's state to the next, a [N, P] product
-    per head, is sequential. Documents mask the pairs that straddle a document start, keep S0 from the tokens after
-    one, and keep the chunk's state from passing through it."""
+    Every chunk's inner terms are computed at once, C . B once per group (the heads of a group share it; only their
+    decays differ), and neither C nor B is repeated to the heads; only the step from one chunk's state to the next, a
+    [N, P] product per head, is sequential. Documents mask the pairs that straddle a document start, keep S0 from the
+    tokens after one, and keep the chunk's state from passing through it."""
     if chunk_size < 1:
         raise ValueError(f"chunk_size={chunk_size} must be at least 1")
     out_dtype = v.dtype
-    q, k, v, g, state = _shaped(q, k, v, g, initial_state)
+    q, k, v, g, state = _shaped(q, k, v, g, initial_state, grouped=True)
     batch, heads, length, head_dim = v.shape
+    groups, state_dim = q.shape[1], q.shape[3]
+    per = heads // groups  # head h = group h // per, so [B, H] views as [B, G, per]
     pad = -length % chunk_size
     chunks = (length + pad) // chunk_size
-    q, k, v, g = (F.pad(t, (0, 0, 0, pad)).reshape(batch, heads, chunks, chunk_size, -1) for t in (q, k, v, g))
+    # C and B once per group ([B, G, 1, N, C, N_state]), the values and decays per head ([B, G, per, N, C, ...])
+    q, k = (F.pad(t, (0, 0, 0, pad)).reshape(batch, groups, 1, chunks, chunk_size, -1) for t in (q, k))
+    v, g = (F.pad(t, (0, 0, 0, pad)).reshape(batch, groups, per, chunks, chunk_size, -1) for t in (v, g))
+    state = state.reshape(batch, groups, per, state_dim, head_dim)
 
     # Each token's document counted from its chunk's first (0: the one the chunk starts in); the padding adds none.
     starts = torch.zeros(batch, length + pad, dtype=torch.int64, device=v.device)
     if documents is not None:
         starts[:, :length] = document_starts(documents)
-    segment = starts.reshape(batch, 1, chunks, chunk_size).cumsum(dim=-1)  # [B, 1, N, C]
+    segment = starts.reshape(batch, 1, 1, chunks, chunk_size).cumsum(dim=-1)  # [B, 1, 1, N, C]
     causal = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=v.device).tril()
     reads = causal & (segment[..., :, None] == segment[..., None, :])  # token i reads what token j wrote
     first = (segment == 0)[..., None]  # the tokens that read the state carried into the chunk
     last = (segment == segment[..., -1:])[..., None]  # the tokens whose writes the chunk carries out
-    through = first[:, :, :, -1]  # [B, 1, N, 1]: one document throughout, the carried state passes through
+    through = first[..., -1, :]  # [B, 1, 1, N, 1]: one document throughout, the carried state passes through
 
-    decay = g.cumsum(dim=3)  # [B, H, N, C, 1]: the log of D_i
-    inner = decayed_scores(q, k, decay, reads) @ v  # [B, H, N, C, P]
-    q_reading_state = q * decay.exp() * first
-    written = (k * (decay[:, :, :, -1:] - decay).exp() * last).transpose(-1, -2) @ v  # [B, H, N, N_state, P]
-    chunk_decay = (decay[:, :, :, -1].exp() * through)[..., None]  # [B, H, N, 1, 1]
+    decay = g.cumsum(dim=4)  # [B, G, per, N, C, 1]: the log of D_i
+    # The gaps are masked before the exponential: those where j is after i are positive and could overflow.
+    gap = (decay[..., :, None, 0] - decay[..., None, :, 0]).masked_fill(~reads, float("-inf"))
+    inner = ((q @ k.transpose(-1, -2)) * gap.exp()) @ v  # C . B per group, decayed per head: [B, G, per, N, C, P]
+    written = k.transpose(-1, -2) @ (v * ((decay[..., -1:, :] - decay).exp() * last))  # [B, G, per, N, N_state, P]
+    chunk_decay = (decay[..., -1, :].exp() * through)[..., None]  # [B, G, per, N, 1, 1]
     incoming = []
     for n in range(chunks):
         incoming.append(state)
-        state = chunk_decay[:, :, n] * state + written[:, :, n]
-    o = inner + q_reading_state @ torch.stack(incoming, dim=2)
+        state = chunk_decay[:, :, :, n] * state + written[:, :, :, n]
+    o = inner + (q @ torch.stack(incoming, dim=3)) * (decay.exp() * first)
     o = o.reshape(batch, heads, chunks * chunk_size, head_dim)[:, :, :length]
-    return o.transpose(1, 2).to(out_dtype), state
+    return o.transpose(1, 2).to(out_dtype), state.reshape(batch, heads, state_dim, head_dim)
 
 
 def fla_scan(
@@ -230,20 +239,20 @@ class StateScan(nn.Module):
             return ssd_recurrent(q, k, v, g, state, documents)
         return ssd_chunked(q, k, v, g, state, documents, chunk_size=self.chunk_size)
 
-    def flops_per_token(self, heads: int, state_dim: int, head_dim: int) -> float:
-        """Training FLOPs per token of the scan as ssd_chunked computes it, for `heads` heads of width P over a state
-        of width N, for each chunk of C tokens and head:
+    def flops_per_token(self, heads: int, groups: int, state_dim: int, head_dim: int) -> float:
+        """Training FLOPs per token of the scan as ssd_chunked computes it, for `heads` heads of width P reading
+        `groups` groups of B and C over a state of width N, for each chunk of C tokens:
 
-            the C x C scores C K^T                          2 C^2 N
-            the scores times the chunk's values             2 C^2 P
-            the chunk's writes into its [N, P] state        2 C N P
-            the carried state read by the chunk's queries   2 C N P
+            the C x C scores C B^T, once per group                   2 C^2 N
+            the decayed scores times the chunk's values, per head    2 C^2 P
+            the chunk's writes into its [N, P] state, per head       2 C N P
+            the carried state read by the chunk's queries, per head  2 C N P
 
-        so per token R = 3 * H * (2 C N + 2 C P + 4 N P), x3 for backward as every matmul in the formula. The
+        so per token R = 3 * (2 C N G + H (2 C P + 4 N P)), x3 for backward as every matmul in the formula. The
         decays' exponentials, the masks, T's padding to a multiple of C and the one [N, P] update per chunk are not
         counted, as norms are not. Linear in T (a fixed C), where attention's term grows with it."""
         chunk = self.chunk_size
-        return 3.0 * heads * (2 * chunk * state_dim + 2 * chunk * head_dim + 4 * state_dim * head_dim)
+        return 3.0 * (2 * chunk * state_dim * groups + heads * (2 * chunk * head_dim + 4 * state_dim * head_dim))
 
 
 class GroupedGatedRMSNorm(nn.Module):
@@ -354,7 +363,8 @@ class Mamba2(nn.Module):
     def sequence_flops_per_token(self, seq_len: int) -> float:
         """Training FLOPs per token that mix the sequence (models/common/flops.py): the scan's over this layer's
         heads, whatever `seq_len` (its projections and convolution are parameters, counted apart)."""
-        return self.scan.flops_per_token(self.wdt.out_features, self.state_dim, self.head_dim)
+        groups = self.wb.out_features // self.state_dim
+        return self.scan.flops_per_token(self.wdt.out_features, groups, self.state_dim, self.head_dim)
 
     def forward(
         self, x: torch.Tensor, cache: LayerCache | None = None, sequence: Sequence | None = None
