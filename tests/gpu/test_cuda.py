@@ -578,3 +578,45 @@ def test_flash_linear_attention_equals_the_pytorch_path_on_cuda(decay):
             rule(*tensors)[0].float().square().sum().backward()
             torch.cuda.synchronize()
         print(f"gated delta rule ({decay} decay) on {backend}: {time.perf_counter() - start:.4f} s fwd+bwd, 2 x 8,192")
+
+
+def test_flash_linear_attention_scan_equals_the_pytorch_ssd_scan_on_cuda():
+    """Mamba-2's SSD scan by flash-linear-attention (model.linear_attn_backend fla: chunk_simple_gla at scale 1, C and
+    B repeated from their groups to the heads) against titanlite's chunked PyTorch path, in float32 with grouped B and
+    C and packed documents: outputs and gradients; the start-up's smoke check passes; then both paths' time for a
+    forward and backward at 8,192 tokens, printed (the GPU sitting records it in BENCHMARKS.md)."""
+    pytest.importorskip("fla", reason="flash-linear-attention is not installed (pip install flash-linear-attention)")
+    import time
+
+    from titanlite.models.common.attention import Sequence
+    from titanlite.models.common.mamba2 import StateScan, fla_scan_unavailable
+
+    assert fla_scan_unavailable("cuda") is None
+
+    def inputs(length: int, dtype: torch.dtype) -> list[torch.Tensor]:
+        g = torch.Generator(device="cuda").manual_seed(0)
+        q, k = (torch.randn(2, length, 2, 64, device="cuda", generator=g) * 0.3 for _ in range(2))
+        v = torch.randn(2, length, 8, 64, device="cuda", generator=g)
+        gate = -torch.rand(2, length, 8, device="cuda", generator=g) * 0.3
+        return [t.to(dtype).requires_grad_() for t in (q, k, v, gate)]
+
+    documents = torch.zeros(2, 300, dtype=torch.long, device="cuda")
+    documents[0, 100:] = 1
+    documents[1, 170:] = 2
+    results = {}
+    for backend in ("torch", "fla"):
+        tensors = inputs(300, torch.float32)
+        out, _ = StateScan(backend=backend)(*tensors, Sequence(documents=documents))
+        out.square().sum().backward()
+        results[backend] = [out.detach(), *(t.grad for t in tensors)]
+    for ours, theirs in zip(results["torch"], results["fla"]):
+        torch.testing.assert_close(theirs, ours, rtol=2e-3, atol=2e-3)
+    for backend in ("torch", "fla"):
+        tensors = inputs(8192, torch.bfloat16)
+        scan = StateScan(backend=backend)
+        for _ in range(2):  # the second is timed (Triton's first call compiles)
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            scan(*tensors)[0].float().square().sum().backward()
+            torch.cuda.synchronize()
+        print(f"SSD scan on {backend}: {time.perf_counter() - start:.4f} s fwd+bwd, 2 x 8,192")
