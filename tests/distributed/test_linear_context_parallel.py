@@ -208,7 +208,7 @@ def cp_mamba_equals_one_process(rank: int, length: int) -> None:
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("cp, length", [(2, 32), (4, 64)], ids=["cp2", "cp4"])
+@pytest.mark.parametrize("cp, length", [(2, 32), pytest.param(4, 64, marks=pytest.mark.slow)], ids=["cp2", "cp4"])
 def test_mamba2_under_cp_equals_one_process(cp, length):
     """A Mamba-2 layer whose convolution (with its bias) and SSD scan apply_cp wrapped gives, block-causal, the
     outputs and gradients (input and parameters) of one process over the whole sequence; the scan alone to 1e-10."""

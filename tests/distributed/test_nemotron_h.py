@@ -6,7 +6,8 @@ experts flavor on EP x 2, TP x 2 and PP x 2; a CP x 2 checkpoint resumed on one 
 losses. The Mamba layers' carried state shows in these losses: from the debug flavor's init the steps are small
 (dt_bias log-uniform in [0.001, 0.1]) and the decays slow (exp(-dt A) with A = 1..H): with the bug planted in
 ContextParallelStateScan (its `read` of the incoming state left out), the CP x 2 and CP x 4 runs' step-2 losses moved
-by 2.0e-4 and 1.7e-4 relative, 20 x the tolerance."""
+by 2.0e-4 and 1.7e-4 relative, 20 x the tolerance. All run with the slow tests (CI); the default suite holds the Mamba
+layer's CP x 2 (tests/distributed/test_linear_context_parallel.py) and the Mamba TP split (Granite 4.0 H's)."""
 
 import pytest
 
@@ -86,6 +87,7 @@ def test_nemotron3_multi_token_prediction_on_tp2_and_pp2_matches_one_process(
         assert_matches(metrics(tmp_path / layout), one)
 
 
+@pytest.mark.slow  # a one-process reference, a 2-rank and a 1-rank run
 def test_a_nemotron_h_cp2_checkpoint_resumes_on_one_process_with_the_uninterrupted_losses(
     tmp_path,
     whole,
