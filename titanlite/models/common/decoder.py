@@ -222,8 +222,9 @@ def grouped_query_attention(model: Transformer, layer: int, **changes: Unpack[At
 class Transformer(nn.Module):
     """Implements titanlite.models.common.interface.Decoder for every family (module docstring). A family's module
     is this class (its arguments' switches say the rest) or a subclass overriding the `build_*` hooks, the rotary
-    tables, `embedding_scale` and, where its parameters start otherwise than the shared scheme says, `init_scheme`.
-    Each module starts its own parameters (its `init_own`: models/common/init.py start_param)."""
+    tables, `embedding_scale` (or `embedding_multiplier`) and, where its parameters start otherwise than the shared
+    scheme says, `init_scheme`. Each module starts its own parameters (its `init_own`: models/common/init.py
+    start_param)."""
 
     first_stage_modules: ClassVar[tuple[str, ...]] = ("tok_embeddings",)
     last_stage_modules: ClassVar[tuple[str, ...]] = ("norm", "output")  # and mtp, where it has multi-token prediction
@@ -235,6 +236,9 @@ class Transformer(nn.Module):
     }
     learned_positions: ClassVar[bool] = False  # pos_embeddings for max_seq_len positions (GPT-2)
     embedding_scale: float | None = None  # the embeddings multiplied by it (in their dtype), e.g. sqrt(dim)
+    # The embeddings multiplied by it as a Python number, not rounded to their dtype first (muP's multiplier, as
+    # transformers' Granite 4.0 H and Falcon-H1 apply it)
+    embedding_multiplier: float = 1.0
     pooled_balance: ClassVar[bool] = True  # MoE blocks pool their balance statistics (moe/balance.py), or not
     # Whether forward's input is tokens to embed: False on a pipeline stage after the first, even one that keeps
     # tok_embeddings for its multi-token prediction depths (parallel/pipeline.py split_model).
@@ -503,6 +507,8 @@ class Transformer(nn.Module):
         if self.embedding_scale is not None:
             # The scale rounded to the embedding's dtype first, as transformers does (sqrt(3072) is 55.5 in bf16).
             h = h * torch.tensor(self.embedding_scale, dtype=h.dtype, device=h.device)
+        if self.embedding_multiplier != 1.0:
+            h = h * self.embedding_multiplier
         if self.pos_embeddings is not None:
             pos = positions if positions is not None else torch.arange(tokens.shape[1], device=tokens.device)
             h = h + self.pos_embeddings(pos)

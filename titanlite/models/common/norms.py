@@ -1,5 +1,5 @@
 """The norms the families share beside torch's own (nn.RMSNorm, nn.LayerNorm): RMSNorm computed in float32, its weight
-zero-centred (1 + weight), plain, or absent."""
+zero-centred (1 + weight), plain, or absent; and the final RMSNorm whose output carries the logits' multiplier."""
 
 from __future__ import annotations
 
@@ -42,3 +42,21 @@ class ZeroCenteredRMSNorm(Float32RMSNorm):
 
     def __init__(self, dim: int, eps: float):
         super().__init__(dim, eps, zero_centered=True)
+
+
+class ScaledRMSNorm(nn.RMSNorm):
+    """nn.RMSNorm, its output times `multiplier`: a decoder's final norm carrying a multiplier of the logits (muP's:
+    Falcon-H1's lm_head_multiplier, Granite 4.0 H's 1 / logits_scaling). The output head is linear without a bias, so
+    multiplying its input is the same product, and a loss that applies the head's weight itself (the chunked loss)
+    sees it too."""
+
+    def __init__(self, dim: int, eps: float, multiplier: float):
+        super().__init__(dim, eps=eps)
+        self.multiplier = multiplier
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = super().forward(x)
+        return y if self.multiplier == 1.0 else y * self.multiplier
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, multiplier={self.multiplier}"

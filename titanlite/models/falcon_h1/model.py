@@ -16,6 +16,7 @@ from titanlite.models.common.decoder import ParallelBlock, Transformer, grouped_
 from titanlite.models.common.feed_forward import GatedMLP
 from titanlite.models.common.interface import Decoder
 from titanlite.models.common.mamba2 import mamba2_of
+from titanlite.models.common.norms import ScaledRMSNorm
 from titanlite.models.falcon_h1.args import FalconH1Args
 
 
@@ -28,20 +29,6 @@ class FalconH1MLP(GatedMLP):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.w2(self.act(self.w1(x) * self.gate_multiplier) * self.w3(x)) * self.down_multiplier
-
-
-class ScaledRMSNorm(nn.RMSNorm):
-    """The final RMSNorm times `multiplier` (lm_head_multiplier): transformers multiplies the logits, and the output
-    head is linear without a bias, so multiplying its input is the same product; the chunked loss, which applies the
-    head's weight itself, then sees it too."""
-
-    def __init__(self, dim: int, eps: float, multiplier: float):
-        super().__init__(dim, eps=eps)
-        self.multiplier = multiplier
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = super().forward(x)
-        return y if self.multiplier == 1.0 else y * self.multiplier
 
 
 def attention(model: FalconH1, layer: int) -> nn.Module:
@@ -71,6 +58,7 @@ class FalconH1(Transformer):
 
     def __init__(self, args: FalconH1Args):
         super().__init__(args)
+        self.embedding_multiplier = args.embedding_multiplier
         # The final norm, as built (at the same place among the modules), with the logits' multiplier.
         self.norm = ScaledRMSNorm(args.dim, args.norm_eps, args.lm_head_multiplier)
 
@@ -88,14 +76,6 @@ class FalconH1(Transformer):
                 a.ssm_out_multiplier,
             ),  # fmt: skip
         )
-
-    def embed(self, tokens: torch.Tensor, positions: torch.Tensor | None) -> torch.Tensor:
-        """The token embeddings times embedding_multiplier, a Python number as transformers multiplies them (not
-        rounded to the embeddings' dtype first)."""
-        h = super().embed(tokens, positions)
-        if self.tok_embeddings is None or self.args.embedding_multiplier == 1.0:
-            return h
-        return h * self.args.embedding_multiplier
 
 
 if TYPE_CHECKING:

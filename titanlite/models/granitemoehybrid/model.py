@@ -2,8 +2,9 @@
 (titanlite/models/common/mamba2.py) or grouped-query attention (scores scaled by attention_multiplier, rotated only
 where args.rope), then the shared mixture of experts (titanlite/models/common/moe/) whose shared expert is Granite's
 shared MLP, or that SwiGLU MLP alone; each behind its own RMSNorm, its output times residual_multiplier before the
-residual add (GraniteBlock). The embeddings are multiplied by embedding_multiplier, and the final norm's output divided
-by logits_scaling, which divides the logits however the head is applied (the chunked loss applies it itself). Plain
+residual add (GraniteBlock). The embeddings are multiplied by embedding_multiplier, and the final norm's output by
+1 / logits_scaling (ScaledRMSNorm), which divides the logits however the head is applied (the chunked loss applies
+it itself). Plain
 modules with no parallelism inside."""
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from titanlite.models.common.decoder import Block, Transformer, grouped_query_at
 from titanlite.models.common.interface import Decoder
 from titanlite.models.common.kv_cache import LayerCache
 from titanlite.models.common.mamba2 import mamba2_of
+from titanlite.models.common.norms import ScaledRMSNorm
 from titanlite.models.common.rope import RotaryTable
 from titanlite.models.granitemoehybrid.args import GraniteMoeHybridArgs
 
@@ -52,21 +54,6 @@ class GraniteBlock(Block):
         return h + self.feed_forward(self.ffn_norm(h)) * self.residual_scale
 
 
-class LogitsScaledNorm(nn.RMSNorm):
-    """The final RMSNorm, its output divided by `logits_scaling`: the logits, a linear function of it, are divided
-    so, as transformers divides them, whether the model applies its head or a loss applies it."""
-
-    def __init__(self, dim: int, eps: float, logits_scaling: float):
-        super().__init__(dim, eps=eps)
-        self.logits_scaling = logits_scaling
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return super().forward(x) / self.logits_scaling
-
-    def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, logits_scaling={self.logits_scaling}"
-
-
 def mamba2(model: GraniteMoeHybrid, layer: int) -> nn.Module:
     return mamba2_of(model.args)
 
@@ -84,7 +71,8 @@ class GraniteMoeHybrid(Transformer):
 
     def __init__(self, args: GraniteMoeHybridArgs):
         super().__init__(args)
-        self.norm = LogitsScaledNorm(args.dim, args.norm_eps, args.logits_scaling)
+        self.embedding_multiplier = args.embedding_multiplier
+        self.norm = ScaledRMSNorm(args.dim, args.norm_eps, 1.0 / args.logits_scaling)  # the logits divided
 
     def build_layer(self, layer: int) -> nn.Module:
         """A GraniteBlock of the layer's mixer and the shared decoder's feed-forward: the mixture of experts with
@@ -102,12 +90,6 @@ class GraniteMoeHybrid(Transformer):
 
     def rotary_of(self, layer: int) -> str | None:
         return "rope" if self.args.rope and self.layer_kind(layer) == "full_attention" else None
-
-    def embed(self, tokens: torch.Tensor, positions: torch.Tensor | None) -> torch.Tensor:
-        """The token embeddings times embedding_multiplier, a Python number as transformers multiplies by (not
-        rounded to the embeddings' dtype first)."""
-        h = super().embed(tokens, positions)
-        return h * self.args.embedding_multiplier if self.tok_embeddings is not None else h
 
 
 if TYPE_CHECKING:
