@@ -537,16 +537,44 @@ def test_flex_model_compiled_tracks_sdpa_eager(tmp_path):
     assert flex[-1] < flex[0] and sdpa[-1] < sdpa[0]
 
 
+def fla_against_torch(core, inputs, label: str) -> None:
+    """`core(backend)` (a sequence core taking model.linear_attn_backend's choice) on flash-linear-attention against
+    the PyTorch path: `inputs(length, dtype)` in float32 over two rows of packed documents, outputs and every
+    gradient to 2e-3; then both paths' time for a forward and backward at 2 x 8,192 tokens in bf16, printed as
+    `label` (the GPU sitting records it in BENCHMARKS.md)."""
+    import time
+
+    from titanlite.models.common.attention import Sequence
+
+    documents = torch.zeros(2, 300, dtype=torch.long, device="cuda")
+    documents[0, 100:] = 1
+    documents[1, 170:] = 2
+    results = {}
+    for backend in ("torch", "fla"):
+        tensors = inputs(300, torch.float32)
+        out, _ = core(backend)(*tensors, Sequence(documents=documents))
+        out.square().sum().backward()
+        results[backend] = [out.detach(), *(t.grad for t in tensors)]
+    for ours, theirs in zip(results["torch"], results["fla"]):
+        torch.testing.assert_close(theirs, ours, rtol=2e-3, atol=2e-3)
+    for backend in ("torch", "fla"):
+        tensors = inputs(8192, torch.bfloat16)
+        timed = core(backend)
+        for _ in range(2):  # the second is timed (Triton's first call compiles)
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            timed(*tensors)[0].float().square().sum().backward()
+            torch.cuda.synchronize()
+        print(f"{label} on {backend}: {time.perf_counter() - start:.4f} s fwd+bwd, 2 x 8,192")
+
+
 @pytest.mark.parametrize("decay", ["head", "channel"])
 def test_flash_linear_attention_equals_the_pytorch_path_on_cuda(decay):
     """flash-linear-attention's chunked kernels (model.linear_attn_backend fla: chunk_gated_delta_rule for Gated
     DeltaNet's decay per head, chunk_kda for Kimi's per key channel) against titanlite's chunked PyTorch path, in
     float32, grouped value heads and packed documents included: outputs and gradients; then both paths' time for a
-    forward and backward at 8,192 tokens, printed (the GPU sitting records it in BENCHMARKS.md)."""
+    forward and backward at 8,192 tokens, printed (fla_against_torch)."""
     pytest.importorskip("fla", reason="flash-linear-attention is not installed (pip install flash-linear-attention)")
-    import time
-
-    from titanlite.models.common.attention import Sequence
     from titanlite.models.common.gated_delta_net import DeltaRule, l2_normalize
 
     def inputs(length: int, dtype: torch.dtype) -> list[torch.Tensor]:
@@ -558,37 +586,15 @@ def test_flash_linear_attention_equals_the_pytorch_path_on_cuda(decay):
         beta = torch.rand(2, length, 4, device="cuda", generator=g)
         return [t.to(dtype).requires_grad_() for t in (q, k, v, gate, beta)]
 
-    documents = torch.zeros(2, 300, dtype=torch.long, device="cuda")
-    documents[0, 100:] = 1
-    documents[1, 170:] = 2
-    results = {}
-    for backend in ("torch", "fla"):
-        tensors = inputs(300, torch.float32)
-        out, _ = DeltaRule(backend=backend)(*tensors, Sequence(documents=documents))
-        out.square().sum().backward()
-        results[backend] = [out.detach(), *(t.grad for t in tensors)]
-    for ours, theirs in zip(results["torch"], results["fla"]):
-        torch.testing.assert_close(theirs, ours, rtol=2e-3, atol=2e-3)
-    for backend in ("torch", "fla"):
-        tensors = inputs(8192, torch.bfloat16)
-        rule = DeltaRule(backend=backend)
-        for _ in range(2):  # the second is timed (Triton's first call compiles)
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            rule(*tensors)[0].float().square().sum().backward()
-            torch.cuda.synchronize()
-        print(f"gated delta rule ({decay} decay) on {backend}: {time.perf_counter() - start:.4f} s fwd+bwd, 2 x 8,192")
+    fla_against_torch(lambda backend: DeltaRule(backend=backend), inputs, f"gated delta rule ({decay} decay)")
 
 
 def test_flash_linear_attention_scan_equals_the_pytorch_ssd_scan_on_cuda():
     """Mamba-2's SSD scan by flash-linear-attention (model.linear_attn_backend fla: chunk_simple_gla at scale 1, C and
     B repeated from their groups to the heads) against titanlite's chunked PyTorch path, in float32 with grouped B and
     C and packed documents: outputs and gradients; the start-up's smoke check passes; then both paths' time for a
-    forward and backward at 8,192 tokens, printed (the GPU sitting records it in BENCHMARKS.md)."""
+    forward and backward at 8,192 tokens, printed (fla_against_torch)."""
     pytest.importorskip("fla", reason="flash-linear-attention is not installed (pip install flash-linear-attention)")
-    import time
-
-    from titanlite.models.common.attention import Sequence
     from titanlite.models.common.mamba2 import StateScan, fla_scan_unavailable
 
     assert fla_scan_unavailable("cuda") is None
@@ -600,23 +606,4 @@ def test_flash_linear_attention_scan_equals_the_pytorch_ssd_scan_on_cuda():
         gate = -torch.rand(2, length, 8, device="cuda", generator=g) * 0.3
         return [t.to(dtype).requires_grad_() for t in (q, k, v, gate)]
 
-    documents = torch.zeros(2, 300, dtype=torch.long, device="cuda")
-    documents[0, 100:] = 1
-    documents[1, 170:] = 2
-    results = {}
-    for backend in ("torch", "fla"):
-        tensors = inputs(300, torch.float32)
-        out, _ = StateScan(backend=backend)(*tensors, Sequence(documents=documents))
-        out.square().sum().backward()
-        results[backend] = [out.detach(), *(t.grad for t in tensors)]
-    for ours, theirs in zip(results["torch"], results["fla"]):
-        torch.testing.assert_close(theirs, ours, rtol=2e-3, atol=2e-3)
-    for backend in ("torch", "fla"):
-        tensors = inputs(8192, torch.bfloat16)
-        scan = StateScan(backend=backend)
-        for _ in range(2):  # the second is timed (Triton's first call compiles)
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            scan(*tensors)[0].float().square().sum().backward()
-            torch.cuda.synchronize()
-        print(f"SSD scan on {backend}: {time.perf_counter() - start:.4f} s fwd+bwd, 2 x 8,192")
+    fla_against_torch(lambda backend: StateScan(backend=backend), inputs, "SSD scan")
