@@ -147,7 +147,8 @@ class Gemma4MoE(MoE):
         self.input_norm = Float32RMSNorm(dim, eps)
         self.output_norm = Float32RMSNorm(dim, eps)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, tokens: torch.Tensor | None = None) -> torch.Tensor:
+        """x [B, T, dim]; `tokens` taken, as the shared block's, and unused (no block of Gemma 4 is hash-routed)."""
         bsz, seqlen, dim = x.shape
         flat = x.reshape(-1, dim)  # [N, D]
         route = self.router(flat)

@@ -1,13 +1,13 @@
 """A mixture-of-experts block's arguments, torch-free (the block is titanlite/models/common/moe/layer.py): the
-router, the routed and shared experts, load balancing, and which layers keep a dense feed-forward. Families fill it from
-their own arguments and Hugging Face config.json."""
+router, the routed and shared experts, load balancing, and which layers keep a dense feed-forward or route by a fixed
+token table. Families fill it from their own arguments and Hugging Face config.json."""
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
 
-SCORE_FUNCS = ("softmax", "sigmoid")
+SCORE_FUNCS = ("softmax", "sigmoid", "sqrtsoftplus")
 # How training balances the experts' load (the run's [moe] section may set them): not what the weights compute.
 BALANCE_FIELDS = ("balance", "aux_loss_coef", "z_loss_coef", "bias_update_rate")
 BALANCES = ("aux_loss", "bias", "none")
@@ -29,7 +29,8 @@ class MoEArgs:
     """Hidden width of each routed expert's SwiGLU (moe_intermediate_size; Mixtral's intermediate_size)."""
     score_func: str = "softmax"
     """"softmax": probabilities over all experts, then top-k (Mixtral, Qwen-MoE, OLMoE); "sigmoid": each
-    expert's score on its own (DeepSeek-V3)."""
+    expert's score on its own (DeepSeek-V3); "sqrtsoftplus": each expert's sqrt(softplus(logit)), on its own as
+    sigmoid's (DeepSeek-V4)."""
     norm_topk_prob: bool = False
     """Renormalise the chosen top-k scores to sum to 1 (Mixtral always; Qwen-MoE and OLMoE by norm_topk_prob)."""
     route_scale: float = 1.0
@@ -46,6 +47,9 @@ class MoEArgs:
     activation: str = "swiglu"
     """The experts' (routed and shared) feed-forward: "swiglu", down(silu(gate x) * up x); "relu2", down(relu(up
     x)^2) with no gate (Nemotron-H's)."""
+    swiglu_limit: float = 0.0
+    """With activation "swiglu", clamp the experts' (routed and shared) gate above at this value and their up
+    projection to +-this value before silu(gate) * up (DeepSeek-V4's swiglu_limit); 0: no clamp."""
     latent_dim: int = 0
     """LatentMoE (Nemotron 3): the routed experts work in this smaller width, between a projection down from the
     model's width (after the router, which reads the full width) and one back up; 0: in the model's width."""
@@ -66,6 +70,9 @@ class MoEArgs:
     dense_layers: tuple[int, ...] = ()
     """Layer indices that keep a dense feed-forward instead of the MoE block (Qwen-MoE's mlp_only_layers and
     decoder_sparse_step: dense_layers_from_hf)."""
+    hash_layers: tuple[int, ...] = ()
+    """Layer indices whose MoE block chooses each token's experts by a fixed table of its token id (DeepSeek-V4's
+    "hash_moe" layers, tid2eid), the gate's scores only weighting them; no balancing bias there."""
     n_groups: int = 1
     """Group-limited routing (DeepSeek-V3's n_group): the experts form n_groups equal groups, in order; 1: none."""
     topk_groups: int = 1
@@ -74,6 +81,7 @@ class MoEArgs:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dense_layers", tuple(self.dense_layers))
+        object.__setattr__(self, "hash_layers", tuple(self.hash_layers))
         for name in ("n_experts", "top_k", "expert_dim"):
             if getattr(self, name) < 1:
                 raise ValueError(f"MoEArgs.{name}={getattr(self, name)}; it must be at least 1")
@@ -96,6 +104,7 @@ class MoEArgs:
             "z_loss_coef",
             "bias_update_rate",
             "latent_dim",
+            "swiglu_limit",
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"MoEArgs.{name}={getattr(self, name)}; it must not be negative")
@@ -103,9 +112,23 @@ class MoEArgs:
             raise ValueError(
                 "MoEArgs.shared_gate=True needs a shared expert; set n_shared_experts or shared_expert_dim"
             )
+        if self.swiglu_limit and self.activation != "swiglu":
+            raise ValueError(
+                f"MoEArgs.swiglu_limit={self.swiglu_limit} clamps a SwiGLU; activation={self.activation!r} has none, "
+                "so use swiglu_limit=0"
+            )
         self._check_groups()
-        if any(not isinstance(i, int) or i < 0 for i in self.dense_layers):
-            raise ValueError(f"MoEArgs.dense_layers={self.dense_layers}; use layer indices (integers from 0)")
+        self._check_layers()
+
+    def _check_layers(self) -> None:
+        for name in ("dense_layers", "hash_layers"):
+            if any(not isinstance(i, int) or i < 0 for i in getattr(self, name)):
+                raise ValueError(f"MoEArgs.{name}={getattr(self, name)}; use layer indices (integers from 0)")
+        both = sorted(set(self.dense_layers) & set(self.hash_layers))
+        if both:
+            raise ValueError(
+                f"MoEArgs.hash_layers={list(self.hash_layers)} names dense layers {both}; a dense layer has no router"
+            )
 
     def _check_groups(self) -> None:
         if self.n_groups < 1 or self.n_experts % self.n_groups:
@@ -133,15 +156,24 @@ class MoEArgs:
         """Whether block `layer` holds the MoE block (else a dense feed-forward)."""
         return layer not in self.dense_layers
 
+    def is_hashed(self, layer: int) -> bool:
+        """Whether block `layer`'s router chooses experts by the token-id table (hash_layers)."""
+        return layer in self.hash_layers
+
     def check_depth(self, n_layers: int) -> None:
-        """Refuse (ValueError) dense_layers naming a layer a decoder of `n_layers` does not have."""
-        if any(i >= n_layers for i in self.dense_layers):
-            raise ValueError(f"MoEArgs.dense_layers={list(self.dense_layers)} names layers beyond n_layers")
+        """Refuse (ValueError) dense_layers or hash_layers naming a layer a decoder of `n_layers` does not have."""
+        for name in ("dense_layers", "hash_layers"):
+            if any(i >= n_layers for i in getattr(self, name)):
+                raise ValueError(f"MoEArgs.{name}={list(getattr(self, name))} names layers beyond n_layers={n_layers}")
 
     def at_depth(self, n_layers: int) -> MoEArgs:
-        """These arguments for a decoder cut or grown to `n_layers` (model.n_layers): the dense layers that still
-        exist."""
-        return dataclasses.replace(self, dense_layers=tuple(i for i in self.dense_layers if i < n_layers))
+        """These arguments for a decoder cut or grown to `n_layers` (model.n_layers): the dense and hashed layers
+        that still exist."""
+        return dataclasses.replace(
+            self,
+            dense_layers=tuple(i for i in self.dense_layers if i < n_layers),
+            hash_layers=tuple(i for i in self.hash_layers if i < n_layers),
+        )
 
 
 def dense_layers_from_hf(

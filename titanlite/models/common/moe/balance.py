@@ -111,8 +111,15 @@ class PooledMoE(MoE):
     """The shared block, recording its routing in the model's PooledBalance instead of adding its own
     load-balancing term (the model adds one for all blocks); its z-loss term, if any, is added as the block's."""
 
-    def __init__(self, dim: int, args: MoEArgs, balance: PooledBalance, experts: GroupedExperts | None = None):
-        super().__init__(dim, args, experts=experts)
+    def __init__(
+        self,
+        dim: int,
+        args: MoEArgs,
+        balance: PooledBalance,
+        experts: GroupedExperts | None = None,
+        hash_vocab: int = 0,
+    ):
+        super().__init__(dim, args, experts=experts, hash_vocab=hash_vocab)
         self.balance = balance
 
     def add_balancing_terms(self, out: torch.Tensor, route: Routing, counts: torch.Tensor) -> torch.Tensor:

@@ -99,8 +99,9 @@ FIXED = {
 }
 
 
-# The experts' shape every family's config.json but Nemotron-H's fixes: SwiGLU experts in the model's width.
-SWIGLU_EXPERTS = {"activation": "swiglu", "latent_dim": 0}
+# The experts' shape every family's config.json but Nemotron-H's and DeepSeek-V4's fixes: SwiGLU experts in the
+# model's width, unclamped, every block routed by its scores (no hash-routed layers).
+SWIGLU_EXPERTS = {"activation": "swiglu", "latent_dim": 0, "swiglu_limit": 0.0, "hash_layers": ()}
 
 
 def check_expressible(

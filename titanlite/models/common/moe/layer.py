@@ -1,9 +1,10 @@
 """The mixture-of-experts block every MoE family shares (arguments: titanlite/models/common/moe/args.py): a router,
 routed SwiGLU experts stored stacked, optional shared experts, load balancing; plain modules, no parallelism.
 
-Routing: the router's scores are computed in float32 (softmax over all experts, or a sigmoid per expert); each
-token takes its top_k experts, with the chosen scores (optionally renormalised, times route_scale) as the weights
-of their outputs. No token is dropped. The tokens are sorted by expert and each expert's rows run as one group of
+Routing: the router's scores are computed in float32 (softmax over all experts, or a sigmoid or sqrt(softplus) per
+expert); each token takes its top_k experts, or at the hash layers those its token id's row of a fixed table names
+(HashRouter), with the chosen scores (optionally renormalised, times route_scale) as the weights of their outputs.
+No token is dropped. The tokens are sorted by expert and each expert's rows run as one group of
 torch.nn.functional.grouped_mm (torch._grouped_mm's public name) where it runs for the device and dtype (CUDA sm90+;
 the CPU in recent torch), else a loop over the experts that gives the same numbers (it reads the per-expert counts on
 the host, the grouped path does not).
@@ -106,12 +107,13 @@ class Router(nn.Module):
     scores for choosing the experts only, never to the weights (DeepSeek-V3)."""
 
     expert_bias: torch.Tensor | None
+    biased = True  # whether balance="bias" gives it an expert_bias (not where a fixed table chooses: HashRouter)
 
     def __init__(self, dim: int, args: MoEArgs):
         super().__init__()
         self.args = args
         self.gate = nn.Linear(dim, args.n_experts, bias=args.router_bias)
-        if args.balance == "bias":
+        if args.balance == "bias" and self.biased:
             self.register_buffer("expert_bias", torch.zeros(args.n_experts, dtype=torch.float32))
         else:
             self.expert_bias = None
@@ -124,17 +126,85 @@ class Router(nn.Module):
         """Route x [N, dim]."""
         args = self.args
         logits = self.gate(x).float()  # [N, E]
-        scores = logits.softmax(dim=-1) if args.score_func == "softmax" else logits.sigmoid()
+        scores = score(logits, args.score_func)
         choice = scores if self.expert_bias is None else scores + self.expert_bias
         if args.topk_groups < args.n_groups:
             choice = limit_to_groups(choice, args.n_groups, args.topk_groups)
         indices = torch.topk(choice, args.top_k, dim=-1).indices  # [N, k]
-        weights = scores.gather(-1, indices)
-        if args.norm_topk_prob:
-            weights = weights / weights.sum(dim=-1, keepdim=True)
-        if args.route_scale != 1.0:
-            weights = weights * args.route_scale
-        return Routing(logits, scores, indices, weights)
+        return Routing(logits, scores, indices, combine_weights(scores, indices, args))
+
+
+class HashRouter(Router):
+    """DeepSeek-V4's router at its hash layers: each token's experts are the row of `tid2eid` [vocab_size, top_k]
+    (int64, a checkpointed buffer) at its token id, a fixed table that a folder or checkpoint fills (`default_table`
+    until then); the gate's scores, as Router's, only weight them. No balancing bias: the table, not the scores,
+    chooses."""
+
+    tid2eid: torch.Tensor
+    biased = False
+
+    def __init__(self, dim: int, args: MoEArgs, vocab_size: int):
+        super().__init__(dim, args)
+        self.register_buffer("tid2eid", torch.zeros(vocab_size, args.top_k, dtype=torch.int64))
+        self.default_table()
+
+    @torch.no_grad()
+    def default_table(self) -> None:
+        """The table of a model started from scratch (a folder or checkpoint replaces it): token v's experts are
+        (v * 2654435761 + j) mod n_experts for j < top_k, distinct in each row and (the multiplier odd, a bijection
+        of the residues for a power-of-two expert count) each expert chosen by as many ids as any other, give or take
+        one; fixed, as DeepSeek-V4's tables are, and the same on every rank and layout."""
+        ids = torch.arange(self.tid2eid.shape[0], device=self.tid2eid.device, dtype=torch.int64)[:, None]
+        choices = torch.arange(self.args.top_k, device=ids.device, dtype=torch.int64)[None, :]
+        self.tid2eid.copy_((ids * 2654435761 + choices) % self.args.n_experts)
+
+    def forward(self, x: torch.Tensor, tokens: torch.Tensor | None = None) -> Routing:
+        """Route x [N, dim] by the token ids `tokens` [N] (required; optional in the signature only to keep
+        Router's)."""
+        if tokens is None:
+            raise ValueError("a hash-routed MoE block (MoEArgs.hash_layers) needs the token ids: forward(x, tokens)")
+        logits = self.gate(x).float()  # [N, E]
+        scores = score(logits, self.args.score_func)
+        indices = self.tid2eid[tokens]  # [N, k]
+        return Routing(logits, scores, indices, combine_weights(scores, indices, self.args))
+
+
+def score(logits: torch.Tensor, score_func: str) -> torch.Tensor:
+    """The router's scores [N, E] of float32 `logits` by MoEArgs.score_func."""
+    if score_func == "softmax":
+        return logits.softmax(dim=-1)
+    if score_func == "sqrtsoftplus":
+        return F.softplus(logits).sqrt()
+    return logits.sigmoid()
+
+
+def combine_weights(scores: torch.Tensor, indices: torch.Tensor, args: MoEArgs) -> torch.Tensor:
+    """The chosen experts' scores [N, k], renormalised with norm_topk_prob, times route_scale."""
+    weights = scores.gather(-1, indices)
+    if args.norm_topk_prob:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    if args.route_scale != 1.0:
+        weights = weights * args.route_scale
+    return weights
+
+
+def check_hash_table(table: torch.Tensor, n_experts: int, top_k: int) -> str | None:
+    """Why `table` cannot be a HashRouter's tid2eid for n_experts experts and top_k choices (a one-line reason), or
+    None: it must be [vocab_size, top_k] of expert indices 0 .. n_experts - 1."""
+    if table.ndim != 2 or table.shape[1] != top_k:
+        return f"tid2eid has shape {list(table.shape)}; it must be [vocab_size, top_k={top_k}]"
+    if table.is_floating_point() or table.is_complex():
+        return f"tid2eid holds {table.dtype}; it must hold integer expert indices"
+    if not table.numel():
+        return None
+    smallest, largest = int(table.min()), int(table.max())
+    if smallest < 0:
+        return f"tid2eid holds expert index {smallest}; expert indices start at 0"
+    if largest >= n_experts:
+        return (
+            f"tid2eid holds expert index {largest}; the block has n_experts={n_experts} (indices 0 .. {n_experts - 1})"
+        )
+    return None
 
 
 def limit_to_groups(choice: torch.Tensor, n_groups: int, topk_groups: int) -> torch.Tensor:
@@ -156,10 +226,10 @@ def load_balancing_loss(
 ) -> torch.Tensor:
     """The Switch Transformer loss over one block's N tokens: n_experts * sum_i f_i * P_i, f_i the fraction of
     tokens routed to expert i (the k choices count each; the f_i sum to k) and P_i its mean router probability
-    (sigmoid scores normalised per token). Gradients reach the router through P alone, as in transformers'
-    load_balancing_loss_func, which this equals for one layer's logits. `reduce` sums the statistics [3, E]
-    (counts, probability sums, N) over the ranks that hold the rest of the micro-batch (MoE.reduce), so that f and
-    P are the whole micro-batch's, as in one process."""
+    (scores that are not a softmax, sigmoid's and sqrtsoftplus's, normalised per token to sum to 1). Gradients reach
+    the router through P alone, as in transformers' load_balancing_loss_func, which this equals for one layer's
+    logits. `reduce` sums the statistics [3, E] (counts, probability sums, N) over the ranks that hold the rest of the
+    micro-batch (MoE.reduce), so that f and P are the whole micro-batch's, as in one process."""
     probs = scores if args.score_func == "softmax" else scores / scores.sum(dim=-1, keepdim=True)
     counts = counts.float()
     totals = torch.stack([counts, probs.sum(dim=0), torch.full_like(counts, indices.shape[0])])
@@ -179,6 +249,18 @@ def router_z_loss(logits: torch.Tensor) -> torch.Tensor:
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """The experts' usual activation: silu(gate) * up."""
     return F.silu(gate) * up
+
+
+@dataclass(frozen=True)
+class LimitedSwiGLU:
+    """DeepSeek-V4's experts' activation (MoEArgs.swiglu_limit): silu of the gate clamped above at `limit`, times
+    the up projection clamped to +-limit. Not gpt-oss's ClampedSwiGLU, which adds one to up and gates by
+    sigmoid(alpha * gate)."""
+
+    limit: float
+
+    def __call__(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        return F.silu(gate.clamp(max=self.limit)) * up.clamp(min=-self.limit, max=self.limit)
 
 
 @dataclass(frozen=True)
@@ -366,11 +448,19 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 
 class SharedExpert(nn.Module):
-    """The SwiGLU feed-forward every token goes through beside the routed experts; not `gated`, down(relu(up x)^2)
-    with w1 the up projection and no w3 (Nemotron-H's)."""
+    """The SwiGLU feed-forward every token goes through beside the routed experts, down(activation(gate x, up x))
+    (LimitedSwiGLU where the routed experts clamp); not `gated`, down(relu(up x)^2) with w1 the up projection and no
+    w3 (Nemotron-H's)."""
 
-    def __init__(self, dim: int, hidden: int, gated: bool = True):
+    def __init__(
+        self,
+        dim: int,
+        hidden: int,
+        gated: bool = True,
+        activation: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = swiglu,
+    ):
         super().__init__()
+        self.activation = activation
         self.w1 = nn.Linear(dim, hidden, bias=False)  # gate (up where not gated)
         self.w2 = nn.Linear(hidden, dim, bias=False)  # down
         self.w3 = nn.Linear(dim, hidden, bias=False) if gated else None  # up
@@ -378,7 +468,7 @@ class SharedExpert(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.w3 is None:
             return self.w2(relu_squared(self.w1(x)))
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        return self.w2(self.activation(self.w1(x), self.w3(x)))
 
     def init_own(self, name: str, full: torch.Tensor, generator: torch.Generator, scheme: InitScheme) -> None:
         start_linears(name, full, generator, scheme, inputs=("w1", "w3"), outputs=("w2",))
@@ -398,22 +488,24 @@ class MoE(nn.Module):
         args: MoEArgs,
         use_grouped_mm: bool | None = None,
         experts: GroupedExperts | None = None,
+        hash_vocab: int = 0,
     ):
         """`experts`: the routed experts where a family's differ from the plain SwiGLU ones (gpt-oss's biases and
-        clamped activation); None builds those."""
+        clamped activation); None builds those. `hash_vocab` > 0: a hash layer's block (MoEArgs.hash_layers), its
+        HashRouter's table one row per token id of that vocabulary."""
         super().__init__()
         self.args = args
-        self.router = Router(dim, args)
+        self.router = HashRouter(dim, args, hash_vocab) if hash_vocab > 0 else Router(dim, args)
         gated = args.activation == "swiglu"
         width = args.latent_dim or dim  # the routed experts' (LatentMoE: between latent_down and latent_up)
+        glu = LimitedSwiGLU(args.swiglu_limit) if args.swiglu_limit > 0 else swiglu
         if experts is None:
-            activation = swiglu if gated else relu_squared
-            experts = GroupedExperts(width, args.expert_dim, args.n_experts, use_grouped_mm, activation=activation,
-                                     gated=gated)  # fmt: skip
+            experts = GroupedExperts(width, args.expert_dim, args.n_experts, use_grouped_mm,
+                                     activation=glu if gated else relu_squared, gated=gated)  # fmt: skip
         self.latent_down = nn.Linear(dim, width, bias=False) if args.latent_dim else None
         self.experts = experts
         self.latent_up = nn.Linear(width, dim, bias=False) if args.latent_dim else None
-        self.shared_expert = SharedExpert(dim, args.shared_hidden, gated) if args.shared_hidden else None
+        self.shared_expert = SharedExpert(dim, args.shared_hidden, gated, glu) if args.shared_hidden else None
         self.shared_gate = nn.Linear(dim, 1, bias=False) if args.shared_gate else None
         # Sums the load-balancing statistics, differentiably, over the ranks that hold the rest of the micro-batch
         # (the layout sets it: titanlite/parallel/parallelize.py pool_balance_over); None: this rank holds it all.
@@ -441,10 +533,12 @@ class MoE(nn.Module):
         if self.router.expert_bias is not None:
             self.router.expert_bias.zero_()
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, tokens: torch.Tensor | None = None) -> torch.Tensor:
+        """x [B, T, dim] -> [B, T, dim]; `tokens` [B, T] (int64), the token ids a HashRouter chooses by (required
+        there, ignored elsewhere)."""
         bsz, seqlen, dim = x.shape
         flat = x.reshape(-1, dim)  # [N, D]
-        route = self.router(flat)
+        route = self.route(flat, tokens)
         chosen = route.indices.reshape(-1)  # [N*k], token n's choices at n*k .. n*k+k-1
         counts = torch.zeros(self.args.n_experts, dtype=torch.int64, device=x.device)
         counts.scatter_add_(0, chosen, torch.ones_like(chosen))  # [E], on the device (bincount would sync)
@@ -469,6 +563,18 @@ class MoE(nn.Module):
             out = out + shared
         out = self.add_balancing_terms(out, route, counts)
         return out.view(bsz, seqlen, dim)
+
+    def route(self, flat: torch.Tensor, tokens: torch.Tensor | None) -> Routing:
+        """The router's decision for flat [N, dim], a HashRouter's by `tokens` [B, T] (N = B * T)."""
+        if not isinstance(self.router, HashRouter):
+            return self.router(flat)
+        if tokens is None or tokens.numel() != flat.shape[0]:
+            shape = None if tokens is None else list(tokens.shape)
+            raise ValueError(
+                f"a hash-routed MoE block (MoEArgs.hash_layers) needs forward(x, tokens) with the token ids [B, T] of "
+                f"its {flat.shape[0]} positions; got tokens of shape {shape}"
+            )
+        return self.router(flat, tokens.reshape(-1))
 
     def add_balancing_terms(self, out: torch.Tensor, route: Routing, counts: torch.Tensor) -> torch.Tensor:
         """out, with the block's auxiliary terms joined to the training loss (a no-op outside a training step)."""
