@@ -36,6 +36,7 @@ from titanlite.models.build import model_from_args  # noqa: E402
 from titanlite.models.common.attention import Sequence, attention_mask  # noqa: E402
 from titanlite.models.common.auxiliary import AuxiliaryLosses, collecting  # noqa: E402
 from titanlite.models.common.flops import SequenceMixer  # noqa: E402
+from titanlite.models.common import indexer as indexer_core  # noqa: E402
 from titanlite.models.common.latent import sparse  # noqa: E402
 from titanlite.models.common.latent.sparse import SparseLatentAttention  # noqa: E402
 from titanlite.models.deepseek_v3.sparse_args import GLM_FLAVORS as GLM  # noqa: E402
@@ -167,7 +168,7 @@ def dense_reference(q_latent, q_rot, latent, k_rot, allowed, indices, valid, sca
 @pytest.mark.parametrize("chunk_elements", [1 << 22, 64])
 def test_gathered_attention_equals_dense_attention_under_the_selection_with_its_gradients(monkeypatch, chunk_elements):
     """Block-causal (two documents), 4 of at most 24 keys a query; chunks of one query too (64 elements)."""
-    monkeypatch.setattr(sparse, "CHUNK_ELEMENTS", chunk_elements)
+    monkeypatch.setattr(indexer_core, "CHUNK_ELEMENTS", chunk_elements)
     g = torch.Generator().manual_seed(0)
     q_latent, q_rot = torch.randn(2, 24, 3, 8, generator=g), torch.randn(2, 24, 3, 4, generator=g)
     latent, k_rot = torch.randn(2, 24, 8, generator=g), torch.randn(2, 24, 4, generator=g)

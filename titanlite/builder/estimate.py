@@ -94,7 +94,7 @@ from titanlite.builder.layouts import (
 from titanlite.builder.model_facts import ModelFacts
 from titanlite.components.loss import chunk_tokens
 from titanlite.components.optim import muon_ns_dtype
-from titanlite.models.common.latent.sparse import chunk_elements
+from titanlite.models.common.indexer import chunk_elements
 from titanlite.parallel.parallelize import loss_parallel_enabled
 
 GIB = 2**30
@@ -307,7 +307,7 @@ def estimate_rank(facts, lay: Layout, s: Setting, layers: list[int], first: bool
 
 def selection_chunk_bytes(facts, s: Setting, cp: int) -> float:
     """The indexer scores of one chunk of queries against every key of the sequence (float32): as many queries as
-    keep them under the chunk size (models/common/latent/sparse.py CHUNK_ELEMENTS), at most a rank's share."""
+    keep them under the chunk size (models/common/indexer.py CHUNK_ELEMENTS), at most a rank's share."""
     per_query = s.micro_batch * facts.index_heads * s.seq_len * cp  # s.seq_len is a rank's share: keys are all
     return 4.0 * min(chunk_elements(s.device), per_query * s.seq_len)
 

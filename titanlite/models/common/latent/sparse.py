@@ -23,17 +23,23 @@ over every key the query sees."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from titanlite.models.common.attention import Sequence, block_of, mask_function
 from titanlite.models.common.attention import local_sinks as local_weight
 from titanlite.models.common.auxiliary import add_auxiliary_loss, auxiliary_wanted
+from titanlite.models.common.indexer import (
+    HeadSums,
+    SharedKeys,
+    gather_rows,
+    indexer_kl,
+    recomputed,
+    select_among,
+    spans,
+)
 from titanlite.models.common.init_scheme import InitScheme, start_linears
 from titanlite.models.common.kv_cache import LayerCache
 from titanlite.models.common.mixers import LatentAttention, LatentWidths
@@ -41,18 +47,6 @@ from titanlite.models.common.rope import apply_rope, apply_rope_halves
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack  # typing's own from Python 3.11; titanlite runs on 3.10
-
-# Elements of one chunk's per-head indexer scores [B, Q, H_index, S] (and of a chunk's gathered keys): chunks of
-# queries are cut to stay near it, so memory does not grow with T x S. 16 MiB of float32 on the CPU; 1 GiB on a GPU,
-# where many small chunks would cost a launch each (a real model's indexer has 64 heads over 100k keys and more).
-CHUNK_ELEMENTS = 1 << 22
-CUDA_CHUNK_ELEMENTS = 1 << 28
-
-
-def chunk_elements(device: str) -> int:
-    """The elements of a chunk on `device` ("cuda", "cpu", ...)."""
-    return CUDA_CHUNK_ELEMENTS if device == "cuda" else CHUNK_ELEMENTS
-
 
 INDEXER_NORM_EPS = 1e-6  # the key's LayerNorm epsilon in DeepSeek's code and transformers'
 
@@ -103,33 +97,6 @@ class Indexer(nn.Module):
             start_linears(name, full, generator, scheme, inputs=("wq_b", "wk", "weights_proj"), outputs=())
 
 
-def index_scores(q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, scale: float) -> torch.Tensor:
-    """The indexer's scores [B, Q, S] of queries q [B, Q, H, D] (head weights [B, Q, H]) against keys k [B, S, D], in
-    transformers' order of operations (the same rounding, so the same keys tie); without a gradient, the per-head
-    scores scaled and cut at zero in place (one [B, Q, H, S] tensor, not three)."""
-    per_head = torch.matmul(q, k.transpose(-1, -2).unsqueeze(1))  # [B, Q, H, S]
-    if torch.is_grad_enabled():
-        per_head = F.relu(per_head * scale)
-    else:
-        per_head = per_head.mul_(scale).relu_()
-    return torch.matmul(weights.unsqueeze(-2), per_head).squeeze(-2)
-
-
-def spans(queries: int, width: int, device: torch.device) -> Iterator[tuple[int, int]]:
-    """(start, end) of each chunk of `queries` when each query costs `width` elements: as many as keep a chunk under
-    chunk_elements, all of them on the meta device (the planner's shapes, where a chunk costs no memory and each costs
-    time; the planner adds one chunk's scores itself)."""
-    chunk = queries if device.type == "meta" else chunk_elements(device.type) // max(width, 1)
-    chunk = max(1, chunk)
-    for start in range(0, queries, chunk):
-        yield start, min(queries, start + chunk)
-
-
-def recomputed(fn, training: bool, *args):
-    """fn(*args), recomputed in backward where `training` (nothing it makes is kept for backward but its inputs)."""
-    return checkpoint(fn, *args, use_reentrant=False) if training else fn(*args)
-
-
 def keys_in_order(sequence: Sequence | None, *keys: torch.Tensor) -> tuple[Sequence | None, list[torch.Tensor]]:
     """The keys [B, S, ...] put in position order where `sequence` gives them another (context parallelism's
     gathered keys), and the Sequence that describes them so (key positions 0..S-1): the indexer's scores then come
@@ -147,33 +114,13 @@ def keys_in_order(sequence: Sequence | None, *keys: torch.Tensor) -> tuple[Seque
     return ordered, [k[:, order] for k in keys]
 
 
-@torch.no_grad()
 def select(
     indexer: Indexer, q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, sequence: Sequence | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each query's indexer.topk keys (at most the S there are): their indices [B, T, K] and whether each is one the
-    query may see [B, T, K] (where fewer than K are, the rest are filler); the scores a chunk of queries at a time."""
-    queries, keys = q.shape[1], k.shape[1]
-    allowed = mask_function(sequence, queries, q.device)
-    picked = min(indexer.topk, keys)
-    # Written in place chunk by chunk: small results kept between the chunks' large scores would pin the heap's
-    # freed blocks (the process's memory grew to 25 times its tensors' at 65,536 tokens).
-    indices = torch.empty(q.shape[0], queries, picked, dtype=torch.long, device=q.device)
-    valid = torch.empty(q.shape[0], queries, picked, dtype=torch.bool, device=q.device)
-    for start, end in spans(queries, q.shape[0] * indexer.n_heads * keys, q.device):
-        scores = index_scores(q[:, start:end], k, weights[:, start:end], indexer.scale)
-        seen = block_of(allowed, start, end, 0, keys, q.device)[:, 0]  # [B or 1, Q, S]
-        top = scores.masked_fill_(~seen, float("-inf")).topk(picked, dim=-1)
-        indices[:, start:end] = top.indices
-        valid[:, start:end] = top.values > float("-inf")
-        del scores, seen, top
-    return indices, valid
-
-
-def _gather(x: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
-    """x [B, S, ...] at indices [B, Q, K]: [B, Q, K, ...]."""
-    batch = torch.arange(x.shape[0], device=x.device)[:, None, None]
-    return x[batch, indices]
+    """Each query's indexer.topk keys among those `sequence`'s mask lets it see (select_among: indices [B, T, K] and
+    which of them it may see)."""
+    allowed = mask_function(sequence, q.shape[1], q.device)
+    return select_among(q, k, weights, allowed, indexer.topk, indexer.scale)
 
 
 def _sparse_span(
@@ -187,7 +134,7 @@ def _sparse_span(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """A chunk of queries over their selected keys (sparse_attention): the output [B, Q, H, r] in the latent's width
     and the attention weights summed over the heads [B, Q, K] (no gradient)."""
-    keys, rotary = _gather(latent, indices), _gather(k_rot, indices)  # [B, Q, K, r], [B, Q, K, rope]
+    keys, rotary = gather_rows(latent, indices), gather_rows(k_rot, indices)  # [B, Q, K, r], [B, Q, K, rope]
     scores = torch.einsum("bqhr,bqkr->bqhk", q_latent, keys) + torch.einsum("bqhd,bqkd->bqhk", q_rot, rotary)
     scores = (scores * scale).masked_fill(~valid[:, :, None, :], float("-inf"))
     weights = torch.softmax(scores.float(), dim=-1)
@@ -240,79 +187,12 @@ def dense_head_sums(
     return torch.cat(sums, dim=1), torch.cat(seen_all, dim=1)
 
 
-def _kl_span(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    weights: torch.Tensor,
-    indices: torch.Tensor | None,
-    valid: torch.Tensor,
-    target: torch.Tensor,
-    scale: float,
-) -> torch.Tensor:
-    """The summed KL divergence of a chunk of queries (indexer_kl)."""
-    if indices is None:  # every key
-        logits = index_scores(q, k, weights, scale)  # [B, Q, S]
-    else:
-        keys = _gather(k, indices)  # [B, Q, K, D]
-        logits = torch.einsum("bqh,bqhk->bqk", weights, F.relu(torch.einsum("bqhd,bqkd->bqhk", q, keys) * scale))
-    # In float64: the divergence is a small difference of terms near p log p (1e-4 of them at the start of training),
-    # which float32's rounding would swamp, and it would differ from layout to layout by more than the losses do.
-    log_q = torch.log_softmax(logits.double().masked_fill(~valid, float("-inf")), dim=-1)
-    p = target.double().masked_fill(~valid, 0.0)
-    terms = torch.where(p > 0, p * (torch.log(p.clamp_min(torch.finfo(p.dtype).tiny)) - log_q), 0.0)
-    return terms.sum().float()
-
-
-def indexer_kl(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    weights: torch.Tensor,
-    indices: torch.Tensor | None,
-    valid: torch.Tensor,
-    head_sums: torch.Tensor,
-    scale: float,
-) -> torch.Tensor:
-    """The indexer's loss: the mean over queries of KL(p || softmax(I)), p each query's attention weights over its
-    keys summed over every head (`head_sums` [B, T, K], all heads' sums) and renormalised, I the indexer's scores
-    there (q, k, weights: Indexer's output, with their gradients). The keys: `indices` [B, T, K] (select's), or
-    None for every key (then K is S); `valid` says which of them the query sees. Chunked and recomputed as the
-    attention is."""
-    head_sums = head_sums.double()
-    target = head_sums / head_sums.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(head_sums.dtype).tiny)
-    width = q.shape[0] * q.shape[2] * (indices.shape[-1] if indices is not None else k.shape[1])
-    total = q.new_zeros(())
-    training = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, weights))
-    for start, end in spans(q.shape[1], width, q.device):
-        picked = None if indices is None else indices[:, start:end]
-        span = (q[:, start:end], k, weights[:, start:end], picked, valid[:, start:end], target[:, start:end], scale)
-        total = total + recomputed(_kl_span, training, *span)
-    return total / (q.shape[0] * q.shape[1])
-
-
 class SequenceKeys(nn.Module):
     """The keys a layer's queries read: those of the tokens this forward holds [B, T, C], as they are. Context
     parallelism replaces it by one that gathers every rank's (titanlite/parallel/context_parallel.py)."""
 
     def forward(self, keys: torch.Tensor, sequence: Sequence | None) -> torch.Tensor:
         return keys
-
-
-class SharedKeys(nn.Module):
-    """The latents every head reads as its keys and values in the sparse path [B, S, r], as they are. Tensor
-    parallelism, whose ranks each read them for some heads only, sums their gradient over its ranks here (what
-    wkv_b's column-wise split does for the dense path's; models/common/latent/parallelize.py)."""
-
-    def forward(self, latent: torch.Tensor) -> torch.Tensor:
-        return latent
-
-
-class HeadSums(nn.Module):
-    """Attention weights summed over this module's heads [B, T, K], as they are: the sum over every head. Tensor
-    parallelism, which gives each rank some of the heads, sums them over its ranks here (models/common/latent/
-    parallelize.py)."""
-
-    def forward(self, sums: torch.Tensor) -> torch.Tensor:
-        return sums
 
 
 class SparseLatentAttention(LatentAttention):
