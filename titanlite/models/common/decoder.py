@@ -32,6 +32,7 @@ from titanlite.models.common.decoder_args import (
 )
 from titanlite.models.common.feed_forward import GatedMLP
 from titanlite.models.common.head import OutputHead
+from titanlite.models.common.hyper_connections import ResidualStreams
 from titanlite.models.common.init import start_param
 from titanlite.models.common.init_scheme import InitScheme
 from titanlite.models.common.interface import Decoder, WithCarry
@@ -39,7 +40,7 @@ from titanlite.models.common.kv_cache import KVCache, LayerCache
 from titanlite.models.common.mixers import Attention, AttentionOptions
 from titanlite.models.common.moe.args import MoEArgs
 from titanlite.models.common.moe.balance import PooledBalance, PooledMoE, pooled_loss
-from titanlite.models.common.moe.layer import GroupedExperts, MoE
+from titanlite.models.common.moe.layer import GroupedExperts, HashRouter, MoE
 from titanlite.models.common.multi_token import MultiTokenProjection
 from titanlite.models.common.rope import RotaryTable
 
@@ -266,6 +267,8 @@ class Transformer(nn.Module):
         # A ModuleDict keyed by layer index keeps parameter names stable when a pipeline stage
         # deletes the layers it does not own.
         self.layers = nn.ModuleDict({str(i): self.build_layer(i) for i in range(n_blocks)})
+        # The residual as several streams (hyper-connections): widened after the embedding, folded before the norm.
+        self.streams: ResidualStreams | None = self.build_streams()
         self.norm: nn.Module | None = self.build_norm()
         self.output: OutputHead | None = OutputHead(args.dim, args.vocab_size)
         self.mtp: nn.ModuleDict | None = (
@@ -329,6 +332,12 @@ class Transformer(nn.Module):
         the backend has one."""
         return nn.RMSNorm(self.args.dim, eps=self.args.norm_eps)
 
+    def build_streams(self) -> ResidualStreams | None:
+        """How the blocks' residual is carried: None, one stream [B, T, dim] (every family but those with
+        hyper-connections); else a module that widens the embedded tokens into the streams the blocks read and write
+        (widen) and folds them back into one before the final norm (its forward): models/common/hyper_connections.py."""
+        return None
+
     def norm_placement(self, layer: int) -> tuple[str, str]:
         """The placement of the mixer's norms and the feed-forward's (Block): args.norm_position's."""
         return self.args.norm_position, self.args.norm_position
@@ -358,7 +367,8 @@ class Transformer(nn.Module):
 
     def init_buffers(self) -> None:
         """Compute the rotary tables in float32 on the device the model lives on (after to_empty too); start the
-        MoE blocks' step token counts and routing biases at zero (a checkpoint or a folder then restores the biases)."""
+        MoE blocks' step token counts and routing biases at zero and the hash-routed blocks' token tables at their
+        default (a checkpoint or a folder then restores the biases and tables)."""
         for name, table in self.rotary.items():
             cos, sin = table.compute(self.args.max_seq_len, getattr(self, f"{name}_cos").device)
             # Re-registering (rather than copy_) keeps them float32 even if the model was cast.
@@ -369,6 +379,8 @@ class Transformer(nn.Module):
                 module.step_tokens.zero_()
                 if module.router.expert_bias is not None:
                     module.router.expert_bias.zero_()
+                if isinstance(module.router, HashRouter):
+                    module.router.default_table()
 
     def tie_weights(self) -> None:
         """With tie_embeddings, make output.weight the very tensor tok_embeddings.weight.
@@ -423,6 +435,8 @@ class Transformer(nn.Module):
                 totals = None  # no term: evaluation, or no block of the whole model routed a token
         if self.output is None:  # a pipeline stage before the last, with nothing to hand on beside h
             return h
+        if self.streams is not None:
+            h = self.streams(h)  # folded into one
         h = self.after_blocks(h, totals)
         h = self.norm(h) if self.norm is not None else h
         if mtp_tokens is not None and self.mtp is not None:
@@ -443,6 +457,8 @@ class Transformer(nn.Module):
         (predict_ahead, after the final norm)."""
         h = self.embed(tokens, positions) if self.embeds_input else tokens
         inputs = self.layer_inputs(tokens, h)
+        if self.streams is not None and self.embeds_input:
+            h = self.streams.widen(h)
         for name, layer in self.layers.items():
             if self.mtp is not None and name in self.mtp:
                 continue  # a multi-token prediction depth's block (predict_ahead)
