@@ -13,6 +13,7 @@ import dataclasses
 import json
 import logging
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -614,10 +615,15 @@ def check_tensors(args, reader: WeightReader) -> tuple[dict[str, str], dict[str,
     keys, sources = _hf_keys(args, reader.keys()), hf_sources(args)
     _check_tensor_names(args, keys, sources, f"{reader.folder}'s safetensors")
     expected = config_shapes(args)
+    tables = hf_tables(args)
     refused: dict[str, list[str]] = {}
     for name, stored in keys.items():
         dtype, shape = reader.header(stored)
-        if dtype not in EXACT_IN_FLOAT32 and dtype not in QUANTIZED:
+        if name in tables and dtype in INTEGER_TABLES:
+            problem = tables[name](reader.get(stored))
+            if problem:
+                raise ConfigError(f"{reader.folder}: tensor {stored!r}: {problem}")
+        elif dtype not in EXACT_IN_FLOAT32 and dtype not in QUANTIZED:
             refused.setdefault(dtype, []).append(stored)
         elif name in expected and shape != expected[name]:
             raise ConfigError(_shape_refusal(args, reader, stored, shape, expected[name]))
@@ -644,6 +650,18 @@ def check_carried(args, reader: WeightReader, shapes: dict[str, tuple[int, ...]]
                 f"but this model (dim {args.dim}) makes it {tuple(shape)}; it is not of this model's architecture: "
                 "remove the tensors it belongs with from the folder, or use the config.json they were saved with"
             )
+
+
+# The integer dtypes a table of indices may be stored in (hf_tables), read as they are.
+INTEGER_TABLES = ("I64", "I32")
+
+
+def hf_tables(args) -> dict[str, Callable[[torch.Tensor], str | None]]:
+    """The tensors of a folder that are integer tables, not weights (DeepSeek-V4's hash-routed layers' token tables),
+    by Hugging Face name, each with the check of its values (a one-line reason, or None): the family's weights
+    module's `hf_tables(args)`; none where it has no such hook. They are read and checked before launch."""
+    module = _names(args)
+    return dict(module.hf_tables(args)) if hasattr(module, "hf_tables") else {}
 
 
 def config_shapes(args) -> dict[str, tuple[int, ...]]:
@@ -875,7 +893,9 @@ def _say_conversions(reader: WeightReader, keys: dict[str, str], source, target)
             f"  checkpoint: {reader.folder} is quantized ({' and '.join(QUANTIZED[q] for q in quantized)}{blocks}, "
             f"quantization_config): each weight dequantized to float32 as it is read, then to the parameters' dtype"
         )
-    dtypes = sorted({reader.header(stored)[0] for stored in keys.values()} - {"F32"} - set(QUANTIZED))
+    tables = hf_tables(source)
+    stored_dtypes = {reader.header(stored)[0] for name, stored in keys.items() if name not in tables}
+    dtypes = sorted(stored_dtypes - {"F32"} - set(QUANTIZED))
     if dtypes:
         names = " and ".join(EXACT_IN_FLOAT32[d] for d in dtypes)
         logger.info(f"  checkpoint: {reader.folder} holds {names} weights, widened exactly to float32 parameters")
