@@ -210,5 +210,6 @@ def build_rank_model(cfg: JobConfig, plan: Plan, mesh, device: torch.device) -> 
         auxiliary_losses=spec_of(plain.args).auxiliary_losses(plain.args) + (mtp_loss_names(mtp) if mtp else ()),
         cuda_graphs=cfg.compile.enable and cfg.compile.mode == "reduce-overhead",
         mtp_layers=mtp,
+        token_ids=getattr(plain, "reads_token_ids", False),
     )
     return ModelSetup(plain, rank, param_dtype, loss_line)

@@ -218,6 +218,9 @@ class RankModel:
     # tokens 1..D + 1 places ahead, made over the whole window before the context-parallel split, and the model gets
     # the tokens 1..D ahead (mtp_tokens); evaluation runs the main model alone (loss_fn then takes plain labels).
     mtp_layers: int = 0
+    # Whether a pipeline stage after the first reads the input's token ids (Decoder.reads_token_ids: hash-routed
+    # experts): every stage then takes them as the keyword `token_ids`, cut into the micro-batches as the rest.
+    token_ids: bool = False
 
     def ahead(self, inputs: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Any]:
         """`split` with multi-token prediction's labels: this rank's inputs, labels and Sequence (or None)."""
@@ -249,6 +252,7 @@ class RankModel:
         Sequence as the keyword tensors every stage takes (titanlite.parallel.pipeline.sequence_from_keywords)."""
         inputs, labels, sequence = self.ahead(inputs, labels)
         keywords = {} if sequence is None else sequence.batch_major(inputs.shape[0])
+        keywords |= {"token_ids": inputs} if self.token_ids else {}
         return inputs, labels, keywords | self.mtp_keywords(labels)
 
     def loss_context(self):

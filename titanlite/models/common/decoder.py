@@ -32,7 +32,6 @@ from titanlite.models.common.decoder_args import (
 )
 from titanlite.models.common.feed_forward import GatedMLP
 from titanlite.models.common.head import OutputHead
-from titanlite.models.common.hyper_connections import ResidualStreams
 from titanlite.models.common.init import start_param
 from titanlite.models.common.init_scheme import InitScheme
 from titanlite.models.common.interface import Decoder, WithCarry
@@ -245,6 +244,12 @@ class Transformer(nn.Module):
     # tok_embeddings for its multi-token prediction depths (parallel/pipeline.py split_model).
     embeds_input: bool = True
 
+    @property
+    def reads_token_ids(self) -> bool:
+        """Whether blocks past the embedding read the input's token ids (hash-routed experts): a pipeline stage after
+        the first then takes them as forward's `token_ids` (the trainer hands them to every stage)."""
+        return False
+
     def __init__(self, args: TransformerArgs):
         super().__init__()
         self.args = args
@@ -267,8 +272,9 @@ class Transformer(nn.Module):
         # A ModuleDict keyed by layer index keeps parameter names stable when a pipeline stage
         # deletes the layers it does not own.
         self.layers = nn.ModuleDict({str(i): self.build_layer(i) for i in range(n_blocks)})
-        # The residual as several streams (hyper-connections): widened after the embedding, folded before the norm.
-        self.streams: ResidualStreams | None = self.build_streams()
+        # The residual as several streams (hyper-connections): widened after the embedding (widen), folded by this
+        # module before the final norm (on the last pipeline stage).
+        self.streams: nn.Module | None = self.build_streams()
         self.norm: nn.Module | None = self.build_norm()
         self.output: OutputHead | None = OutputHead(args.dim, args.vocab_size)
         self.mtp: nn.ModuleDict | None = (
@@ -332,11 +338,17 @@ class Transformer(nn.Module):
         the backend has one."""
         return nn.RMSNorm(self.args.dim, eps=self.args.norm_eps)
 
-    def build_streams(self) -> ResidualStreams | None:
+    def build_streams(self) -> nn.Module | None:
         """How the blocks' residual is carried: None, one stream [B, T, dim] (every family but those with
-        hyper-connections); else a module that widens the embedded tokens into the streams the blocks read and write
-        (widen) and folds them back into one before the final norm (its forward): models/common/hyper_connections.py."""
+        hyper-connections); else the module that folds the streams the blocks read and write back into one [B, T, dim]
+        before the final norm, the embedded tokens having been widened into them by `widen`
+        (models/common/hyper_connections.py)."""
         return None
+
+    def widen(self, h: torch.Tensor) -> torch.Tensor:
+        """The embedded tokens [B, T, dim] as the residual the first block reads: themselves (one stream), or the
+        streams of a family with several (build_streams). On the first pipeline stage, which holds no fold."""
+        return h
 
     def norm_placement(self, layer: int) -> tuple[str, str]:
         """The placement of the mixer's norms and the feed-forward's (Block): args.norm_position's."""
@@ -398,6 +410,7 @@ class Transformer(nn.Module):
         logits: bool = True,
         carry: torch.Tensor | None = None,
         mtp_tokens: torch.Tensor | None = None,
+        token_ids: torch.Tensor | None = None,
     ) -> torch.Tensor | WithCarry:
         """Logits [B, T, vocab] of tokens [B, T] at positions 0..T-1 (training), or at `sequence.positions`,
         attending as `sequence` says (titanlite/models/common/attention.py). With a cache (generation), the tokens
@@ -414,16 +427,19 @@ class Transformer(nn.Module):
         With multi-token prediction, `mtp_tokens` [B, T, mtp_layers] (the tokens 1..D places ahead of each position,
         IGNORE past the window: multi_token.future_labels) make the part that holds the head return the main
         output and each depth's, concatenated along the batch: [(1 + D) B, T, ...]. Without them (generation,
-        evaluation of the main model alone) the depths do not run."""
+        evaluation of the main model alone) the depths do not run.
+
+        `token_ids` [B, T]: the input's token ids, for a pipeline stage after the first whose blocks read them
+        (reads_token_ids); the first stage's are its input."""
         positions = self.positions_of(tokens, cache, sequence)
         tables = self.rotary_at(positions)
         balance, moe = self.balance, self.moe_args
         if balance is None or moe is None or not (moe.balance == "aux_loss" and moe.aux_loss_coef > 0):
-            h, totals = self.run(tokens, positions, tables, cache, sequence), None
+            h, totals = self.run(tokens, positions, tables, cache, sequence, token_ids), None
         else:
             # This forward's blocks record their routing into the tally; it closes before anything else runs.
             with balance.recording(torch.is_grad_enabled()) as tally:
-                h = self.run(tokens, positions, tables, cache, sequence)
+                h = self.run(tokens, positions, tables, cache, sequence, token_ids)
             totals = tally.totals(moe.n_experts, h.device)
             totals = totals if carry is None else carry + totals
             if self.output is None:  # a pipeline stage before the last: the totals travel with the activations
@@ -450,15 +466,16 @@ class Transformer(nn.Module):
         tables: dict[str | None, tuple],
         cache: KVCache | None,
         sequence: Sequence | None,
+        token_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """This part's blocks over its input, the hidden states [B, T, dim] after the last: the embedding first (on
         the first stage: a later one receives hidden states [B, T, dim] instead of tokens), then each block with its
         rotary table (and its extra inputs: layer_inputs). Not the multi-token prediction depths' blocks
         (predict_ahead, after the final norm)."""
         h = self.embed(tokens, positions) if self.embeds_input else tokens
-        inputs = self.layer_inputs(tokens, h)
-        if self.streams is not None and self.embeds_input:
-            h = self.streams.widen(h)
+        inputs = self.layer_inputs(tokens, h, tokens if self.embeds_input else token_ids)
+        if self.embeds_input:
+            h = self.widen(h)
         for name, layer in self.layers.items():
             if self.mtp is not None and name in self.mtp:
                 continue  # a multi-token prediction depth's block (predict_ahead)
@@ -491,11 +508,14 @@ class Transformer(nn.Module):
             outputs.append(h)
         return outputs
 
-    def layer_inputs(self, tokens: torch.Tensor, h: torch.Tensor) -> dict[str, dict[str, Any]] | None:
+    def layer_inputs(
+        self, tokens: torch.Tensor, h: torch.Tensor, token_ids: torch.Tensor | None = None
+    ) -> dict[str, dict[str, Any]] | None:
         """Each block's extra keyword arguments for this forward, by layer name, made once from its input (`tokens`,
-        or a later pipeline stage's hidden states) and the embedded `h`; None: the blocks take none. A family whose
+        or a later pipeline stage's hidden states), the embedded `h` and the input's token ids (None on a later
+        stage of a model that does not read them: reads_token_ids); None: the blocks take none. A family whose
         blocks read more than the residual stream overrides it (Gemma 4: each layer's per-layer input, and the keys
-        and values its layers hand on)."""
+        and values its layers hand on; DeepSeek-V4: its hash-routed blocks' token ids)."""
         return None
 
     @staticmethod

@@ -275,7 +275,9 @@ class Gemma4(Transformer):
     def rotary_of(self, layer: int) -> str:
         return "rope" if self.args.kinds()[layer] == "full_attention" else "local_rope"
 
-    def layer_inputs(self, tokens: torch.Tensor, h: torch.Tensor) -> dict[str, dict[str, Any]]:
+    def layer_inputs(
+        self, tokens: torch.Tensor, h: torch.Tensor, token_ids: torch.Tensor | None = None
+    ) -> dict[str, dict[str, Any]]:
         """Each block's per-layer input (its slice of PerLayerInputs') and the SharedKV of this forward, through
         which the layers that store keys and values hand them to those that reuse them."""
         a = self.args
