@@ -95,6 +95,7 @@ CLASSES = {
     "gemma4_moe": "Gemma4ForCausalLM",
     "gpt_oss": "GptOssForCausalLM",
     "deepseek_v3": "DeepseekV3ForCausalLM",
+    "deepseek_v4": "DeepseekV4ForCausalLM",
     "deepseek_v32": "DeepseekV32ForCausalLM",
     "glm_moe_dsa": "GlmMoeDsaForCausalLM",
     "qwen3_5": "Qwen3_5ForCausalLM",

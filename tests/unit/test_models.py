@@ -15,6 +15,7 @@ from titanlite.models.common.decoder_args import DecoderArgs
 from titanlite.models.common.init import init_weights, param_seed
 from titanlite.models.common.interface import Decoder
 from titanlite.models.deepseek_v3.args import DeepseekV3Args
+from titanlite.models.deepseek_v4.args import DeepseekV4Args
 from titanlite.models.gpt2.args import GPT2Args
 from titanlite.models.gpt2.model import GPT2
 from titanlite.models.kimi_linear.args import KimiLinearArgs
@@ -49,14 +50,15 @@ def test_every_family_implements_the_model_interface(name):
     ]
     for attr in (*model.first_stage_modules, *model.last_stage_modules):
         assert isinstance(getattr(model, attr), torch.nn.Module), attr
-    assert model.first_stage_modules[0] == "tok_embeddings" and model.last_stage_modules == ("norm", "output")
+    # the head's part last (a family may keep more there: DeepSeek-V4's hyper-head, which folds its streams)
+    assert model.first_stage_modules[0] == "tok_embeddings" and model.last_stage_modules[-2:] == ("norm", "output")
     full = {name: torch.empty(p.shape) for name, p in model.named_parameters()}
     for param_name, value in full.items():  # init_param knows every parameter by name
         model.init_param(param_name, value, torch.Generator().manual_seed(0))
     spec = spec_of(model.args)  # the family's spec names this module, its plan and its weight names
     assert spec.load(spec.model) is type(model) and callable(spec.load(spec.tp_plan))
     assert isinstance(model.args, spec.args_type) and issubclass(
-        spec.args_type, (GPT2Args, DecoderArgs, DeepseekV3Args, KimiLinearArgs)
+        spec.args_type, (GPT2Args, DecoderArgs, DeepseekV3Args, KimiLinearArgs, DeepseekV4Args)
     )
 
 
@@ -315,6 +317,7 @@ def test_unknown_flavor_and_name():
         "deepseek_v3",
         "deepseek_v32",
         "glm_moe_dsa",
+        "deepseek_v4",
         "qwen3_5",
         "qwen3_5_moe",
         "kimi_linear",

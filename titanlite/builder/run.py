@@ -286,9 +286,14 @@ def describe_skipping(t) -> str | None:
 
 def attention_kernels(model: nn.Module, plain: bool, device_type: str, seq_len: int = 0) -> str:
     """What each layer's attention core runs, grouped: "sdpa's fused causal kernel in 4 of 6 layers, ..."; a sparse
-    attention layer's own path where its indexer leaves keys out of sequences of `seq_len` tokens."""
+    attention layer's own path where its indexer leaves keys out of sequences of `seq_len` tokens; a mixer with a
+    `describe_kernel(seq_len)` says its own."""
     kinds: Counter[str] = Counter()
     for module in model.modules():
+        describe = getattr(module, "describe_kernel", None)
+        if describe is not None:  # a mixer that says its own path (DeepSeek-V4's compressed attention)
+            kinds[describe(seq_len)] += 1
+            continue
         core = getattr(module, "core", None)
         if not isinstance(core, CoreAttention):
             continue

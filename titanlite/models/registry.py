@@ -11,6 +11,7 @@ from typing import Any
 from titanlite.base.errors import ConfigError
 from titanlite.models import (
     deepseek_v3,
+    deepseek_v4,
     falcon_h1,
     gemma3,
     gemma4,
@@ -77,6 +78,7 @@ for _family in (
     nemotron_h,
     falcon_h1,
     granitemoehybrid,
+    deepseek_v4,
 ):
     register(_family.SPEC)
 

@@ -1,0 +1,64 @@
+"""DeepSeek-V4 on real layouts (gloo, fp32, block-causal short documents, so every window of 32 tokens crosses
+documents and documents cross the ranks' chunks): its debug model (two residual streams with hyper-connections; a
+sliding layer, two CSA layers whose indexer picks 2 blocks of 2 tokens with its KL loss, an HCA layer of blocks of 4,
+each with a window of 8 and sinks; experts with sqrt-softplus scores, clamped SwiGLUs, the first three layers routed by
+their token tables, the last by its scores and routing biases moved by the step's counts) gives one process's losses,
+grad norms, validation losses and expert loads on FSDP x 2, TP x 2 (attention split by heads, the streams sharded by
+sequence), EP x 2, PP x 2 (the stage boundary after hash-routed layer 1; stage 1's hash-routed layer 2 takes the token
+ids as a keyword), CP x 2 and CP x 4 (every rank's keys and compressors' inputs gathered, the blocks made in sequence
+order); a CP x 2 checkpoint resumed on one process continues the uninterrupted losses."""
+
+import pytest
+
+from tests.distributed.test_context_parallel import (
+    cp,
+    short_documents,  # noqa: F401 (the fixture `documents` asks for)
+)
+from tests.distributed.test_expert_parallel import EP2, assert_same_run
+from tests.distributed.test_model_families import LAYOUTS
+from tests.helpers import assert_matches, metrics, train_in_pool
+
+pytestmark = pytest.mark.distributed
+
+CONFIG = ["--config", "train_configs/deepseek_v4_debug.toml"]
+CHECKPOINTED = ["--checkpoint.enable", "--checkpoint.interval", "2"]
+ONE = ["--training.local_batch_size", "8"]  # the global batch of 8 on one process
+LAYOUT_ARGS = {**LAYOUTS, "ep2": EP2, "cp2": (2, cp(2)), "cp4": (4, cp(4))}
+
+
+@pytest.fixture(scope="module")
+def whole(one_process, short_documents) -> list[dict]:  # noqa: F811
+    """One process over the global batch of 8, block-causal short documents (once per pytest run)."""
+    return one_process([*CONFIG, *short_documents, *ONE])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", ["fsdp2", "tp2", "ep2", "pp2", "cp2", "cp4"])
+def test_deepseek_v4_on_a_layout_matches_one_process(tmp_path, whole, short_documents, layout):  # noqa: F811
+    nproc, args = LAYOUT_ARGS[layout]
+    proc = train_in_pool(nproc, [*CONFIG, *short_documents, *args], tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert layout != "ep2" or "ep 2 (of shard x cp)" in proc.stdout
+    assert_same_run(metrics(tmp_path), whole)
+    assert all(r["indexer_loss"] > 0 for r in whole)
+
+
+@pytest.mark.slow  # a one-process reference, a 2-rank and a 1-rank run
+def test_a_deepseek_v4_cp2_checkpoint_resumes_on_one_process_with_the_uninterrupted_losses(
+    tmp_path,
+    whole,
+    short_documents,  # noqa: F811
+):
+    """CP x 2 saves at step 2 (its two steps one process's), one process resumes there, and steps 3 to 5 are the
+    uninterrupted one-process run's."""
+    args = [*CONFIG, *short_documents]
+    first = train_in_pool(2, [*args, *cp(2), *CHECKPOINTED, "--training.stop_after_step", "2"], tmp_path)
+    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-4000:]
+    assert "layout: cp 2 on 2 cpu" in first.stdout
+    assert_matches(metrics(tmp_path), whole[:2])
+    again = train_in_pool(1, [*args, *ONE, *CHECKPOINTED], tmp_path)
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-4000:]
+    assert "resumed from" in again.stdout and "at step 2" in again.stdout
+    resumed = [r for r in metrics(tmp_path) if r["step"] > 2]
+    assert [r["step"] for r in resumed] == [3, 4, 5]
+    assert_matches(resumed, whole[2:])

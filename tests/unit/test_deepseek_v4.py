@@ -1,0 +1,171 @@
+"""DeepSeek-V4 against `transformers` itself: a random DeepseekV4ForCausalLM folder (three residual streams with
+hyper-connections; a sliding layer, two compressed sparse attention layers whose indexer picks 2 of up to 10 blocks of
+2 tokens, a heavily compressed one of blocks of 4, each with a window of 4 tokens, shorter than the prompt and than
+the continuation; attention sinks; the first layer's experts routed by its token table, the others by sqrt-softplus
+scores with routing biases; clamped SwiGLUs) imports with transformers' logits to 1e-5 (fp32), greedy generation (the
+window, the compressors' inputs and their blocks in the cache) equals transformers', an export loads back in
+transformers with our logits. Packed documents compress and attend as if each were alone; a cached forward in pieces
+equals the whole; training reaches every parameter, the indexers through their KL loss; the FLOPs count the window,
+the blocks and the indexer."""
+
+import dataclasses
+
+import pytest
+import torch
+
+transformers = pytest.importorskip(
+    "transformers", reason="transformers is an optional test dependency (pip install .[hf])"
+)
+
+from tests.conformance import exports_as, greedy_ids_match, imported_by_config, random_hf, tokens  # noqa: E402
+from titanlite.base.errors import ConfigError  # noqa: E402
+from titanlite.components.metrics import flops_per_token  # noqa: E402
+from titanlite.models.build import model_from_args  # noqa: E402
+from titanlite.models.common.attention import Sequence  # noqa: E402
+from titanlite.models.common.auxiliary import AuxiliaryLosses, collecting  # noqa: E402
+from titanlite.models.common.kv_cache import KVCache  # noqa: E402
+from titanlite.models.deepseek_v4.args import CSA, FLAVORS, HCA, SLIDING  # noqa: E402
+from titanlite.models.hf_config import args_from_hf_config, folder_args  # noqa: E402
+
+VOCAB = 96
+LAYERS = [SLIDING, CSA, HCA, CSA]
+CONFIG = dict(
+    vocab_size=VOCAB,
+    hidden_size=32,
+    moe_intermediate_size=16,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    head_dim=16,
+    q_lora_rank=24,
+    partial_rotary_factor=0.5,  # 8 of 16 channels rotate
+    num_experts_per_tok=2,
+    n_routed_experts=4,
+    n_shared_experts=1,
+    layer_types=LAYERS,
+    mlp_layer_types=["hash_moe", "moe", "moe", "moe"],
+    compress_rates={CSA: 2, HCA: 4},
+    sliding_window=4,
+    o_groups=2,
+    o_lora_rank=8,
+    # 8 indexer heads: a block's score is a sum of relu terms, exactly zero (a tie) only where every head's is
+    index_n_heads=8,
+    index_head_dim=16,
+    index_topk=2,
+    hc_mult=3,
+    hc_sinkhorn_iters=5,
+    swiglu_limit=0.5,  # the clamp bites at this scale
+    max_position_embeddings=256,
+    pad_token_id=None,
+    bos_token_id=None,
+    eos_token_id=None,
+)
+TOKENS = tokens(VOCAB, (2, 29), seed=4)
+
+
+def random_model():
+    """A random transformers DeepSeek-V4, its routing biases and token tables random too (distinct experts a row)."""
+
+    def build():
+        config = transformers.DeepseekV4Config(**CONFIG)
+        config._experts_implementation = "eager"  # transformers' reference loop over the experts
+        return transformers.DeepseekV4ForCausalLM(config)
+
+    hf = random_hf(build, scale=0.3, buffers=lambda name: name.endswith("e_score_correction_bias"))
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, table in hf.named_buffers():
+            if name.endswith("tid2eid"):
+                table.copy_(torch.stack([torch.randperm(4, generator=generator)[:2] for _ in range(VOCAB)]))
+    return hf
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    hf = random_model()
+    path = tmp_path_factory.mktemp("deepseek_v4")
+    hf.save_pretrained(path)
+    return hf, path
+
+
+def test_logits_equal_transformers_and_an_export_loads_back_with_ours(folder, tmp_path):
+    hf, path = folder
+    ours = imported_by_config(path)
+    with torch.no_grad():
+        logits = ours(TOKENS)
+        torch.testing.assert_close(logits, hf(TOKENS, use_cache=False).logits, rtol=1e-5, atol=1e-5)
+    back = exports_as(ours, folder_args(path, 64), tmp_path / "export", "DeepseekV4ForCausalLM", TOKENS)
+    with torch.no_grad():
+        torch.testing.assert_close(back(TOKENS, use_cache=False).logits, logits, rtol=1e-5, atol=1e-5)
+
+
+def test_greedy_generation_equals_transformers(folder):
+    """A prompt of 9 tokens (past the window of 4 and four CSA blocks) and 14 new ones, each decoded from the cached
+    window, the compressors' inputs and the blocks they completed."""
+    hf, path = folder
+    prompt = tokens(VOCAB, (1, 9), seed=5)[0].tolist()
+    greedy_ids_match(hf, imported_by_config(path), prompt, 14, VOCAB, distinct=3)
+
+
+def test_a_cached_forward_in_pieces_and_packed_documents_compute_as_the_whole(folder):
+    """Prefill then pieces of 1, 7 and the rest through the cache give the whole forward's logits; a packed row's
+    documents (one of one token, others crossing the blocks and the window) give the logits of each alone."""
+    _, path = folder
+    ours = imported_by_config(path)
+    with torch.no_grad():
+        whole = ours(TOKENS)
+        cache = KVCache(64)
+        pieces = [ours(TOKENS[:, a:b], cache=cache) for a, b in ((0, 5), (5, 6), (6, 13), (13, 29))]
+        torch.testing.assert_close(torch.cat(pieces, dim=1), whole, rtol=1e-5, atol=1e-5)
+        cuts = [0, 7, 8, 19, 29]
+        documents = torch.zeros(2, 29, dtype=torch.long)
+        for i, (a, b) in enumerate(zip(cuts, cuts[1:])):
+            documents[:, a:b] = i
+        packed = ours(TOKENS, sequence=Sequence(documents=documents))
+        for a, b in zip(cuts, cuts[1:]):
+            torch.testing.assert_close(packed[:, a:b], ours(TOKENS[:, a:b]), rtol=1e-5, atol=1e-5)
+        assert (packed[:, 8:19] - whole[:, 8:19]).abs().max() > 1e-3  # the documents' bounds are real
+
+
+def test_training_reaches_every_parameter_the_indexers_through_their_loss(folder):
+    _, path = folder
+    ours = imported_by_config(path).train()
+    terms = AuxiliaryLosses(("indexer_loss",))
+    terms.watch(ours)
+    with collecting(terms):
+        out = ours(TOKENS)
+        torch.nn.functional.cross_entropy(out[:, :-1].flatten(0, 1), TOKENS[:, 1:].flatten()).backward()
+    assert float(terms.take(torch.device("cpu"), 1)[0]) > 0  # the two CSA layers' KL terms, joined to the loss
+    untouched = [n for n, p in ours.named_parameters() if p.grad is None or not p.grad.abs().sum()]
+    assert not untouched, untouched
+
+
+def test_flops_count_the_window_the_blocks_and_the_indexer():
+    """Per token beyond the parameters: a sliding layer's window grows no more past it, an HCA layer's blocks grow
+    by T / rate, a CSA layer's picked blocks stop at topk while its indexer scores every block."""
+    args = dataclasses.replace(FLAVORS["debug"], vocab_size=256)
+    with torch.device("meta"):
+        model = model_from_args(args)
+    a = model.args
+    growth = flops_per_token(model, 4096) - flops_per_token(model, 2048)
+    heads = 12.0 * a.n_heads * a.head_dim
+    indexer = 2.0 * a.index_n_heads * (a.index_head_dim + 1)
+    csa = sum(kind == CSA for kind in a.layer_types)
+    expected = heads * 2048 / a.hca_rate + csa * indexer * 2048 / a.csa_rate
+    assert growth == pytest.approx(expected)
+
+
+def test_a_folder_whose_token_table_names_an_expert_past_the_count_is_refused_in_one_line(tmp_path):
+    """tid2eid is read before launch (an integer table, checked beside the weights' headers): an expert index past
+    n_experts is refused naming the tensor and the count, not left to index out of range mid-step."""
+    bad = random_model()
+    with torch.no_grad():
+        bad.model.layers[0].mlp.gate.tid2eid[5, 1] = 4  # experts 0..3
+    bad.save_pretrained(tmp_path)
+    with pytest.raises(ConfigError, match=r"model\.layers\.0\.ffn\.gate\.tid2eid.*expert index 4.*n_experts=4"):
+        imported_by_config(tmp_path)
+
+
+def test_published_fp4_experts_are_refused_until_they_are_read():
+    config = {**CONFIG, "model_type": "deepseek_v4", "expert_dtype": "fp4"}
+    with pytest.raises(ConfigError, match="expert_dtype='fp4'.*FP4 experts"):
+        args_from_hf_config(config)
