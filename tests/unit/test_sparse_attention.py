@@ -33,10 +33,10 @@ from titanlite.base.errors import ConfigError  # noqa: E402
 from titanlite.components.hf_weights import load_hf_into  # noqa: E402
 from titanlite.components.metrics import flops_per_token  # noqa: E402
 from titanlite.models.build import model_from_args  # noqa: E402
+from titanlite.models.common import indexer as indexer_core  # noqa: E402
 from titanlite.models.common.attention import Sequence, attention_mask  # noqa: E402
 from titanlite.models.common.auxiliary import AuxiliaryLosses, collecting  # noqa: E402
 from titanlite.models.common.flops import SequenceMixer  # noqa: E402
-from titanlite.models.common import indexer as indexer_core  # noqa: E402
 from titanlite.models.common.latent import sparse  # noqa: E402
 from titanlite.models.common.latent.sparse import SparseLatentAttention  # noqa: E402
 from titanlite.models.deepseek_v3.sparse_args import GLM_FLAVORS as GLM  # noqa: E402

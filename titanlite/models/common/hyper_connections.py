@@ -4,15 +4,14 @@ learned gain, while the streams themselves pass on through an n x n mixing matri
 iterations, so the stream's norm cannot grow layer after layer. A hyper-head folds the streams into one before the
 final norm. Plain modules with no parallelism inside.
 
-How a decoder declares its residual (titanlite/models/common/decoder.py `Transformer.streams`): `ResidualStreams`
-widens the embedded tokens into the streams at the first layer (`widen`) and folds them at the last (its forward;
-`HyperStreams`: the embedding copied into each stream; the hyper-head), and each block reads and writes through its
-own mixings (`HyperConnection`, used by `HyperBlock`). One stream, the default, is no module at all."""
+How a decoder declares its residual (titanlite/models/common/decoder.py `Transformer.build_streams` and `widen`):
+the embedded tokens widened into the streams before the first layer (`widen_streams`: copied into each), folded into
+one after the last by the hyper-head (`HyperStreams`), each block reading and writing through its own mixings
+(`HyperConnection`, used by `HyperBlock`). One stream, the default, is no module at all."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -37,19 +36,6 @@ def sinkhorn(logits: torch.Tensor, iterations: int, eps: float) -> torch.Tensor:
         m = m / (m.sum(dim=-1, keepdim=True) + eps)
         m = m / (m.sum(dim=-2, keepdim=True) + eps)
     return m
-
-
-class ResidualStreams(Protocol):
-    """What the shared decoder asks of a residual of several streams (Transformer.build_streams)."""
-
-    def widen(self, h: torch.Tensor) -> torch.Tensor:
-        """The embedded tokens [B, T, D] as the streams the first block reads."""
-        ...
-
-    def __call__(self, streams: torch.Tensor) -> torch.Tensor:
-        """Fold the last block's streams into one [B, T, D], before the final norm (the module's forward, so a
-        parallel style's hooks see it)."""
-        ...
 
 
 class HyperConnection(nn.Module):
@@ -99,10 +85,15 @@ class HyperConnection(nn.Module):
         return post.to(dtype).unsqueeze(-1) * out.unsqueeze(-2) + mixed
 
 
+def widen_streams(h: torch.Tensor, n: int) -> torch.Tensor:
+    """The embedded tokens [B, T, D] copied into each of `n` streams [B, T, n, D]."""
+    return h.unsqueeze(2).expand(-1, -1, n, -1).contiguous()
+
+
 class HyperStreams(nn.Module):
-    """A decoder's residual of `n` streams (the module docstring): `widen` copies the embedded tokens [B, T, D] into
-    each stream; forward, the hyper-head, folds them back into one [B, T, D] with per-token weights sigmoid(fn . x *
-    scale + base) + eps from their flattened unit-RMS values (`fn` [n, n D], `base` [n], `scale` [1], float32)."""
+    """The hyper-head of a decoder's residual of `n` streams (the module docstring): forward folds them into one
+    [B, T, D] with per-token weights sigmoid(fn . x * scale + base) + eps from their flattened unit-RMS values
+    (`fn` [n, n D], `base` [n], `scale` [1], float32)."""
 
     def __init__(self, n: int, dim: int, eps: float, norm_eps: float):
         super().__init__()
@@ -112,9 +103,6 @@ class HyperStreams(nn.Module):
         self.scale = nn.Parameter(torch.empty(1))
 
     init_own = HyperConnection.init_own
-
-    def widen(self, h: torch.Tensor) -> torch.Tensor:
-        return h.unsqueeze(2).expand(-1, -1, self.n, -1).contiguous()
 
     def forward(self, streams: torch.Tensor) -> torch.Tensor:
         """Fold the streams [B, T, n, D] into one [B, T, D]."""
