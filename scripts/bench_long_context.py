@@ -4,9 +4,12 @@ step. Two comparisons (--compare):
 - "sparse": DeepSeek-V3.2's debug model (each query reads the 16 keys its indexer selects) beside DeepSeek-V3's (the
   same latent attention, dense: SDPA's fused causal kernel), one layer each;
 - "mamba": Nemotron-H's debug model (three Mamba-2, one attention and two MLP layers) beside its all-attention cut
-  (`debug_attention`: the same six layers, each Mamba-2 layer an attention layer).
+  (`debug_attention`: the same six layers, each Mamba-2 layer an attention layer);
+- "compressed": DeepSeek-V4's debug model (a sliding layer, two CSA layers reading 2 picked blocks of 2 tokens, an
+  HCA layer reading every block of 4, each beside a window of 8) beside the same model with dense attention
+  (`debug_dense`: every layer's window holds the whole sequence, no blocks).
 
-    python3 scripts/bench_long_context.py [--compare sparse|mamba] [--lengths 4096 16384 65536] [--output rows.json]
+    python3 scripts/bench_long_context.py [--compare sparse|mamba|compressed] [--lengths 4096 16384] [--output rows.json]
 
 For each model and length: `titanlite plan --measure` (three real steps under the tensor-level memory tracker: the
 measured peak, and the planner's estimate beside it), then three plain steps, whose last is timed (tokens/s, the first
@@ -33,8 +36,12 @@ COMPARISONS = {
         ("all attention (debug_attention)", "nemotron_h_debug", ["--model.flavor", "debug_attention"]),
         ("Nemotron-H (debug)", "nemotron_h_debug", []),
     ],
+    "compressed": [
+        ("dense attention (debug_dense)", "deepseek_v4_debug", ["--model.flavor", "debug_dense"]),
+        ("DeepSeek-V4 (debug)", "deepseek_v4_debug", []),
+    ],
 }
-LENGTHS = {"sparse": [4096, 16384, 65536], "mamba": [4096, 16384]}
+LENGTHS = {"sparse": [4096, 16384, 65536], "mamba": [4096, 16384], "compressed": [4096, 16384, 65536]}
 
 
 def common(config: str, model: list[str], seq_len: int, folder: str) -> list[str]:

@@ -257,7 +257,7 @@ class ModelView:
     balance: str | None
     mtp_layers: int
     mtp_capable: bool  # the family's arguments can hold multi-token prediction depths
-    indexer: bool = False  # its latent attention is sparse, through a lightning indexer
+    indexer: bool = False  # its attention is sparse, through a lightning indexer (DeepSeek-V3.2's, V4's CSA layers')
 
 
 def model_view(model_cfg, moe_cfg, folder_args: Any = None) -> ModelView | None:
@@ -273,7 +273,7 @@ def model_view(model_cfg, moe_cfg, folder_args: Any = None) -> ModelView | None:
     moe = spec.moe(args)
     depth = model_cfg.mtp_layers if model_cfg.mtp_layers != -1 else getattr(args, "mtp_layers", 0)
     capable = any(f.name == "mtp_layers" for f in dataclasses.fields(args))
-    indexer = getattr(args, "indexer", None) is not None
+    indexer = getattr(args, "indexer", None) is not None or getattr(args, "has_indexer", False)
     return ModelView(spec.name, None if moe is None else (moe_cfg.balance or moe.balance), depth, capable, indexer)
 
 
@@ -343,10 +343,10 @@ FEATURES: tuple[Feature, ...] = (
     ),
     Feature(
         ("training.indexer_loss_coefficient", "training.indexer_dense_warmup"),
-        "with sparse attention (model.name deepseek_v32 or glm_moe_dsa, or such a folder)",
+        "with sparse attention (model.name deepseek_v32, glm_moe_dsa or deepseek_v4, or such a folder)",
         lambda c, m: m.indexer,
         lambda c, m: f"model {m.family} attends densely: it has no indexer to train",
-        lambda c, m: "use a model with sparse attention (deepseek_v32, glm_moe_dsa)",
+        lambda c, m: "use a model with sparse attention (deepseek_v32, glm_moe_dsa, deepseek_v4)",
         MODEL_SWITCHES,
         needs_model=True,
     ),

@@ -53,6 +53,13 @@ def configured_args(model_cfg, vocab_size: int, seq_len: int, moe=None, training
 def with_indexer_training(args, training):
     """`args` with [training]'s indexer settings (indexer_loss_coefficient, indexer_dense_warmup) in its indexer, where
     it has one (the config's rules refuse them set for a model without)."""
+    if hasattr(args, "indexer_loss_coefficient"):  # DeepSeek-V4's indexers over compressed blocks
+        if training.indexer_dense_warmup:
+            raise ConfigError(
+                f"training.indexer_dense_warmup is not built for model {spec_of(args).name}, whose indexers pick "
+                "compressed blocks (the warm-up is DeepSeek-V3.2's); leave it false"
+            )
+        return dataclasses.replace(args, indexer_loss_coefficient=training.indexer_loss_coefficient)
     indexer = getattr(args, "indexer", None)
     if indexer is None:
         return args

@@ -30,6 +30,8 @@ keys so far (a state): a step compresses only the blocks its tokens complete."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -39,11 +41,11 @@ from titanlite.models.common.auxiliary import add_auxiliary_loss, auxiliary_want
 from titanlite.models.common.indexer import (
     HeadSums,
     SharedKeys,
+    chunk_elements,
     gather_rows,
     indexer_kl,
     recomputed,
     select_among,
-    spans,
 )
 from titanlite.models.common.init_scheme import InitScheme, start_linears
 from titanlite.models.common.kv_cache import LayerCache
@@ -446,9 +448,9 @@ def compressed_attention(
     n_blocks = 0 if blocks is None else blocks.keys.shape[1]
     seen = None if blocks is None or indices is not None else blocks.allowed(positions, documents)
     training = torch.is_grad_enabled() and q.requires_grad
-    cost = batch * q.shape[2] * (width + (indices.shape[-1] if indices is not None else n_blocks) + q.shape[3])
+    extra = indices.shape[-1] if indices is not None else n_blocks  # the compressed keys a query reads
     outs, sums = [], []
-    for start, end in spans(length, cost, q.device):
+    for start, end in query_chunks(length, batch * q.shape[2], min(width, length) + extra, q.device):
         if plain:
             first, last = start, end - 1
         else:  # the chunk's positions (context parallelism's two runs, a cache's offset), read on the host
@@ -468,6 +470,18 @@ def compressed_attention(
         sums.append(summed)
     summed_all = torch.cat(sums, dim=1) if indices is not None else None
     return torch.cat(outs, dim=1), summed_all
+
+
+def query_chunks(queries: int, rows: int, keys: int, device: torch.device) -> list[tuple[int, int]]:
+    """(start, end) of each chunk of `queries`, `rows` score rows a query (batch x heads), each reading `keys` keys
+    beside the window's span, which grows with the chunk (its Q queries' windows span Q + window keys): chunks of Q
+    queries with rows x Q x (Q + keys) scores under twice chunk_elements (all at once on the meta device, the
+    planner's shapes)."""
+    if device.type == "meta":
+        return [(0, queries)]
+    budget = chunk_elements(device.type)
+    chunk = max(1, min(budget // max(rows * keys, 1), math.isqrt(budget // max(rows, 1))))
+    return [(start, min(queries, start + chunk)) for start in range(0, queries, chunk)]
 
 
 def _attend_chunk(

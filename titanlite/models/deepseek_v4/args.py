@@ -5,6 +5,7 @@ published sizes."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -87,6 +88,8 @@ class DeepseekV4Args(TransformerDefaults):
     hc_eps: float = 1e-6
     moe: MoEArgs = field(default_factory=_debug_moe)
     mtp_layers: int = 0
+    indexer_loss_coefficient: float = not_math(1.0)
+    """The CSA layers' indexer loss's weight in the training loss (training.indexer_loss_coefficient); not math."""
     family: str = not_math("deepseek_v4")
 
     TRAINING: ClassVar[tuple[str, ...]] = ()
@@ -118,6 +121,11 @@ class DeepseekV4Args(TransformerDefaults):
         if self.mtp_layers < 0:
             raise ValueError(f"DeepseekV4Args.mtp_layers={self.mtp_layers}; use 0 (none) or more")
         self.moe.check_depth(self.n_layers)
+
+    @property
+    def has_indexer(self) -> bool:
+        """Whether a layer's indexer trains beside the model (a CSA layer's): training.indexer_* apply."""
+        return CSA in self.layer_types
 
     # TransformerArgs: the shared expert's width is the experts'; one key/value head.
     @property
@@ -167,7 +175,13 @@ def debug() -> DeepseekV4Args:
     )
 
 
-FLAVORS = {"debug": debug()}
+def debug_dense() -> DeepseekV4Args:
+    """The debug model with dense attention: every layer a sliding one whose window (2^20 positions) holds every
+    sequence, no compressed blocks; what the compressed layers are measured against (BENCHMARKS.md)."""
+    return dataclasses.replace(debug(), layer_types=(SLIDING,) * 4, sliding_window=1 << 20)
+
+
+FLAVORS = {"debug": debug(), "debug_dense": debug_dense()}
 
 
 def with_depth(args: DeepseekV4Args, n_layers: int) -> dict:

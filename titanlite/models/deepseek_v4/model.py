@@ -35,7 +35,7 @@ def compressed_attention(model: Any, layer: int) -> nn.Module:
         )
     return CompressedAttention(
         a.dim, a.n_heads, a.head_dim, a.rotary_dim, a.q_lora_rank, a.o_groups, a.o_lora_rank, a.sliding_window,
-        kind, a.norm_eps, rate=a.rate(layer), indexer=indexer,
+        kind, a.norm_eps, rate=a.rate(layer), indexer=indexer, loss_weight=a.indexer_loss_coefficient,
     )  # fmt: skip
 
 
