@@ -9,7 +9,7 @@ step. Two comparisons (--compare):
   HCA layer reading every block of 4, each beside a window of 8) beside the same model with dense attention
   (`debug_dense`: every layer's window holds the whole sequence, no blocks).
 
-    python3 scripts/bench_long_context.py [--compare sparse|mamba|compressed] [--lengths 4096 16384] [--output rows.json]
+    python3 scripts/bench_long_context.py [--compare sparse|mamba|compressed] [--lengths 4096 16384] [--output F]
 
 For each model and length: `titanlite plan --measure` (three real steps under the tensor-level memory tracker: the
 measured peak, and the planner's estimate beside it), then three plain steps, whose last is timed (tokens/s, the first
