@@ -4,7 +4,7 @@ sliding layer, two CSA layers whose indexer picks 2 blocks of 2 tokens with its 
 each with a window of 8 and sinks; experts with sqrt-softplus scores, clamped SwiGLUs, the first three layers routed by
 their token tables, the last by its scores and routing biases moved by the step's counts) gives one process's losses,
 grad norms, validation losses and expert loads on FSDP x 2, TP x 2 (attention split by heads, the streams sharded by
-sequence), EP x 2, PP x 2 (the stage boundary after hash-routed layer 1; stage 1's hash-routed layer 2 takes the token
+sequence), TP x 2 with the experts split over it (ETP), EP x 2, PP x 2 (the stage boundary after hash-routed layer 1; stage 1's hash-routed layer 2 takes the token
 ids as a keyword), CP x 2 and CP x 4 (every rank's keys and compressors' inputs gathered, the blocks made in sequence
 order); a CP x 2 checkpoint resumed on one process continues the uninterrupted losses."""
 
@@ -23,7 +23,14 @@ pytestmark = pytest.mark.distributed
 CONFIG = ["--config", "train_configs/deepseek_v4_debug.toml"]
 CHECKPOINTED = ["--checkpoint.enable", "--checkpoint.interval", "2"]
 ONE = ["--training.local_batch_size", "8"]  # the global batch of 8 on one process
-LAYOUT_ARGS = {**LAYOUTS, "ep2": EP2, "cp2": (2, cp(2)), "cp4": (4, cp(4))}
+TP2 = LAYOUTS["tp2"][1]
+LAYOUT_ARGS = {
+    **LAYOUTS,
+    "ep2": EP2,
+    "etp2": (2, [*TP2, "--parallelism.expert_tensor_parallel_degree", "2"]),  # the experts split over TP too
+    "cp2": (2, cp(2)),
+    "cp4": (4, cp(4)),
+}
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +40,7 @@ def whole(one_process, short_documents) -> list[dict]:  # noqa: F811
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("layout", ["fsdp2", "tp2", "ep2", "pp2", "cp2", "cp4"])
+@pytest.mark.parametrize("layout", ["fsdp2", "tp2", "etp2", "ep2", "pp2", "cp2", "cp4"])
 def test_deepseek_v4_on_a_layout_matches_one_process(tmp_path, whole, short_documents, layout):  # noqa: F811
     nproc, args = LAYOUT_ARGS[layout]
     proc = train_in_pool(nproc, [*CONFIG, *short_documents, *args], tmp_path)
