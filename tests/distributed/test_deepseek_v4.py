@@ -4,9 +4,10 @@ sliding layer, two CSA layers whose indexer picks 2 blocks of 2 tokens with its 
 each with a window of 8 and sinks; experts with sqrt-softplus scores, clamped SwiGLUs, the first three layers routed by
 their token tables, the last by its scores and routing biases moved by the step's counts) gives one process's losses,
 grad norms, validation losses and expert loads on FSDP x 2, TP x 2 (attention split by heads, the streams sharded by
-sequence), TP x 2 with the experts split over it (ETP), EP x 2, PP x 2 (the stage boundary after hash-routed layer 1; stage 1's hash-routed layer 2 takes the token
-ids as a keyword), CP x 2 and CP x 4 (every rank's keys and compressors' inputs gathered, the blocks made in sequence
-order); a CP x 2 checkpoint resumed on one process continues the uninterrupted losses."""
+sequence), TP x 2 with the experts split over it (ETP), EP x 2, PP x 2 (the stage boundary after hash-routed layer 1;
+stage 1's hash-routed layer 2 takes the token ids as a keyword), CP x 2 and CP x 4 (every rank's keys and
+compressors' inputs gathered, the blocks made in sequence order); a CP x 2 checkpoint resumed on one process continues
+the uninterrupted losses."""
 
 import pytest
 

@@ -17,6 +17,8 @@ transformers = pytest.importorskip(
     "transformers", reason="transformers is an optional test dependency (pip install .[hf])"
 )
 
+import safetensors.torch  # noqa: E402
+
 from tests.conformance import exports_as, greedy_ids_match, imported_by_config, random_hf, tokens  # noqa: E402
 from titanlite.base.errors import ConfigError  # noqa: E402
 from titanlite.components.metrics import flops_per_token  # noqa: E402
@@ -169,3 +171,19 @@ def test_published_fp4_experts_are_refused_until_they_are_read():
     config = {**CONFIG, "model_type": "deepseek_v4", "expert_dtype": "fp4"}
     with pytest.raises(ConfigError, match="expert_dtype='fp4'.*FP4 experts"):
         args_from_hf_config(config)
+
+
+def test_a_folder_in_the_published_checkpoints_names_imports_the_same(folder, tmp_path):
+    """DeepSeek's published folders name the top level without transformers' "model." prefix (embed.weight,
+    layers.N..., hc_head_fn, norm.weight) and may store a token table as floats: the same model, the same logits."""
+    hf, path = folder
+    (tmp_path / "config.json").write_text((path / "config.json").read_text())
+    tensors = {}
+    for name, tensor in safetensors.torch.load_file(path / "model.safetensors").items():
+        name = {"model.embed_tokens.weight": "embed.weight", "model.norm.weight": "norm.weight"}.get(name, name)
+        name = name.replace("model.hc_head.hc_", "hc_head_").removeprefix("model.")
+        tensors[name] = tensor.float() if name.endswith("tid2eid") else tensor
+    safetensors.torch.save_file(tensors, tmp_path / "model.safetensors")
+    assert "embed.weight" in tensors and "layers.0.ffn.gate.tid2eid" in tensors
+    with torch.no_grad():
+        torch.testing.assert_close(imported_by_config(tmp_path)(TOKENS), imported_by_config(path)(TOKENS))

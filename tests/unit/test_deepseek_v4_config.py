@@ -108,13 +108,16 @@ def test_a_flavor_reads_back_from_what_it_writes(flavor):
 @pytest.mark.parametrize("flavor", PUBLISHED)
 def test_a_published_config_json_reads_as_its_flavor(flavor):
     """The multi-token prediction layer the folders name is not built: mtp_layers stays 0. The published folders'
-    experts are FP4 (expert_dtype), which titanlite does not read yet: refused in one line; with bfloat16 experts (no
-    expert_dtype) the same config.json reads as the flavor."""
+    experts are FP4 (expert_dtype) and their other weights fp8 with power-of-two scales (scale_fmt ue8m0), neither
+    read yet: refused in one line each; a bfloat16 copy's config.json (neither key) reads as the flavor."""
     check_types(PUBLISHED[flavor], WHERE, FIELDS)
     with pytest.raises(ConfigError, match="expert_dtype='fp4' is not supported.*FP4 experts"):
         read(PUBLISHED[flavor], WHERE)
-    bf16_experts = {k: v for k, v in PUBLISHED[flavor].items() if k != "expert_dtype"}
-    assert read(bf16_experts, WHERE) == FLAVORS[flavor]
+    fp8_experts = {k: v for k, v in PUBLISHED[flavor].items() if k != "expert_dtype"}
+    with pytest.raises(ConfigError, match="scale_fmt='ue8m0' is not supported"):
+        read(fp8_experts, WHERE)
+    bf16 = {k: v for k, v in fp8_experts.items() if k != "quantization_config"}
+    assert read(bf16, WHERE) == FLAVORS[flavor]
 
 
 def test_legacy_keys_read_as_the_modern_ones():

@@ -619,7 +619,7 @@ def check_tensors(args, reader: WeightReader) -> tuple[dict[str, str], dict[str,
     refused: dict[str, list[str]] = {}
     for name, stored in keys.items():
         dtype, shape = reader.header(stored)
-        if name in tables and dtype in INTEGER_TABLES:
+        if name in tables and (dtype in INTEGER_TABLES or dtype in EXACT_IN_FLOAT32):
             problem = tables[name](reader.get(stored))
             if problem:
                 raise ConfigError(f"{reader.folder}: tensor {stored!r}: {problem}")
@@ -652,7 +652,8 @@ def check_carried(args, reader: WeightReader, shapes: dict[str, tuple[int, ...]]
             )
 
 
-# The integer dtypes a table of indices may be stored in (hf_tables), read as they are.
+# The integer dtypes a table of indices may be stored in (hf_tables), read as they are (a float one too, its check
+# refusing values that are not whole numbers).
 INTEGER_TABLES = ("I64", "I32")
 
 

@@ -262,6 +262,11 @@ def _check_switches(config: dict, where: str) -> None:
             where, "expert_dtype", stored, "titanlite does not read DeepSeek-V4's FP4 experts yet (its other fp8 "
             "weights it reads); use a copy whose experts are bfloat16 or fp8",
         )  # fmt: skip
+    if isinstance(quantization, dict) and quantization.get("scale_fmt") == "ue8m0":
+        raise refuse(
+            where, "quantization_config.scale_fmt", "ue8m0", "titanlite reads fp8 weights with float32 scales "
+            "(weight_scale_inv), not DeepSeek-V4's power-of-two ue8m0 ones yet; use a bfloat16 copy",
+        )  # fmt: skip
     for key in ("attention_bias", "mlp_bias"):
         if config[key]:
             raise refuse(where, key, config[key], "DeepSeek-V4's projections have no biases; set it to false")

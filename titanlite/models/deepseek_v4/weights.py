@@ -1,5 +1,6 @@
-"""DeepSeek-V4's weights under the names its folders use (transformers 5 writes and reads DeepSeek's own: attn,
-ffn, wq_a, attn_sink, compressor.ape, hc_attn_fn, ...): ours -> theirs one for one, but the routed experts, stacked
+"""DeepSeek-V4's weights under the names its folders use (transformers 5 writes DeepSeek's own below each layer: attn,
+ffn, wq_a, attn_sink, compressor.ape, hc_attn_fn, ...; the published checkpoints name the top level without
+transformers' "model." prefix, which hf_keys reads too): ours -> theirs one for one, but the routed experts, stacked
 here (experts.w1/w3/w2 [E, ...]) and one tensor per expert there (ffn.experts.E.w1.weight). The hash-routed layers'
 token tables (ffn.gate.tid2eid) and the other layers' routing biases (ffn.gate.bias) are buffers the folder holds."""
 
@@ -70,6 +71,8 @@ def hf_tables(args: DeepseekV4Args) -> dict[str, Callable[[torch.Tensor], str | 
     moe = args.moe
 
     def check(table: torch.Tensor) -> str | None:
+        if table.is_floating_point() and bool((table == table.round()).all()):
+            table = table.long()  # whole numbers stored as floats (a checkpoint's own choice) read exactly
         problem = check_hash_table(table, moe.n_experts, moe.top_k)
         if problem is None and table.shape[0] != args.vocab_size:
             problem = f"tid2eid has {table.shape[0]} rows; the model's vocab_size is {args.vocab_size}"
@@ -91,8 +94,27 @@ def hf_folder(args: DeepseekV4Args, config: dict, tensors: dict, source: dict) -
     return config, tensors
 
 
+# The published checkpoints' top-level names (DeepSeek's, no "model." prefix) -> those transformers writes.
+_PUBLISHED = {
+    "embed.weight": "model.embed_tokens.weight",
+    "norm.weight": "model.norm.weight",
+    **{f"hc_head_{p}": f"model.hc_head.hc_{p}" for p in ("fn", "base", "scale")},
+}
+
+
 def hf_keys(args: DeepseekV4Args, keys: list[str]) -> dict[str, str]:
-    return {k: k for k in keys}
+    """Our view of a folder's tensor names (transformers' save: model.layers.N..., model.embed_tokens.weight,
+    head.weight) -> the stored ones, which may be the published checkpoints' own (layers.N..., embed.weight,
+    hc_head_fn, norm.weight); below each layer the names are the same in both."""
+    view = {}
+    for key in keys:
+        if key in _PUBLISHED:
+            view[_PUBLISHED[key]] = key
+        elif key.startswith("layers."):
+            view["model." + key] = key
+        else:
+            view[key] = key
+    return view
 
 
 def hf_sources(args: DeepseekV4Args) -> dict[str, str | tuple[str, ...]]:
@@ -108,9 +130,11 @@ def hf_sources(args: DeepseekV4Args) -> dict[str, str | tuple[str, ...]]:
 
 def from_hf_tensor(args: DeepseekV4Args, name: str, hf: torch.Tensor | list[torch.Tensor]) -> torch.Tensor:
     """Our tensor `name` from its folder tensor, or a stacked expert tensor from its experts' (in order); the routing
-    bias in float32."""
+    bias in float32, a token table in int64."""
     if isinstance(hf, list):
         return torch.stack(hf).contiguous()
+    if name.endswith("router.tid2eid"):
+        return hf.long()
     return hf.float() if name.endswith("router.expert_bias") else hf
 
 
