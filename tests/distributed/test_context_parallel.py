@@ -30,6 +30,22 @@ def cp(degree: int, shard: int = 1, tp: int = 1, local: int = 8) -> list[str]:
     ]
 
 
+def assert_cp2_checkpoint_resumes(tmp_path, args: list[str], whole: list[dict]) -> None:
+    """CP x 2 of `args` saves at step 2 (its two steps `whole`'s, one process's over the global batch of 8), one
+    process resumes there, and steps 3 to 5 are the uninterrupted run's (`whole[2:]`)."""
+    checkpointed = ["--checkpoint.enable", "--checkpoint.interval", "2"]
+    first = train_in_pool(2, [*args, *cp(2), *checkpointed, "--training.stop_after_step", "2"], tmp_path)
+    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-4000:]
+    assert "layout: cp 2 on 2 cpu" in first.stdout
+    assert_matches(metrics(tmp_path), whole[:2])
+    again = train_in_pool(1, [*args, "--training.local_batch_size", "8", *checkpointed], tmp_path)
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-4000:]
+    assert "resumed from" in again.stdout and "at step 2" in again.stdout
+    resumed = [r for r in metrics(tmp_path) if r["step"] > 2]
+    assert [r["step"] for r in resumed] == [3, 4, 5]
+    assert_matches(resumed, whole[2:])
+
+
 @pytest.fixture(scope="module")
 def short_documents(tmp_path_factory) -> list[str]:
     """A corpus of short documents (3 to 40 words), so that every window of 32 tokens crosses several

@@ -12,17 +12,17 @@ the uninterrupted losses."""
 import pytest
 
 from tests.distributed.test_context_parallel import (
+    assert_cp2_checkpoint_resumes,
     cp,
     short_documents,  # noqa: F401 (the fixture `documents` asks for)
 )
 from tests.distributed.test_expert_parallel import EP2, assert_same_run
 from tests.distributed.test_model_families import LAYOUTS
-from tests.helpers import assert_matches, metrics, train_in_pool
+from tests.helpers import metrics, train_in_pool
 
 pytestmark = pytest.mark.distributed
 
 CONFIG = ["--config", "train_configs/deepseek_v4_debug.toml"]
-CHECKPOINTED = ["--checkpoint.enable", "--checkpoint.interval", "2"]
 ONE = ["--training.local_batch_size", "8"]  # the global batch of 8 on one process
 TP2 = LAYOUTS["tp2"][1]
 LAYOUT_ARGS = {
@@ -60,13 +60,4 @@ def test_a_deepseek_v4_cp2_checkpoint_resumes_on_one_process_with_the_uninterrup
     """CP x 2 saves at step 2 (its two steps one process's), one process resumes there, and steps 3 to 5 are the
     uninterrupted one-process run's."""
     args = [*CONFIG, *short_documents]
-    first = train_in_pool(2, [*args, *cp(2), *CHECKPOINTED, "--training.stop_after_step", "2"], tmp_path)
-    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-4000:]
-    assert "layout: cp 2 on 2 cpu" in first.stdout
-    assert_matches(metrics(tmp_path), whole[:2])
-    again = train_in_pool(1, [*args, *ONE, *CHECKPOINTED], tmp_path)
-    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-4000:]
-    assert "resumed from" in again.stdout and "at step 2" in again.stdout
-    resumed = [r for r in metrics(tmp_path) if r["step"] > 2]
-    assert [r["step"] for r in resumed] == [3, 4, 5]
-    assert_matches(resumed, whole[2:])
+    assert_cp2_checkpoint_resumes(tmp_path, args, whole)

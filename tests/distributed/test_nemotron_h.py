@@ -12,6 +12,7 @@ layer's CP x 2 (tests/distributed/test_linear_context_parallel.py) and the Mamba
 import pytest
 
 from tests.distributed.test_context_parallel import (
+    assert_cp2_checkpoint_resumes,
     cp,
     short_documents,  # noqa: F401 (the fixture `documents` asks for)
 )
@@ -22,7 +23,6 @@ from tests.helpers import assert_matches, metrics, train_in_pool
 pytestmark = pytest.mark.distributed
 
 CONFIG = ["--config", "train_configs/nemotron_h_debug.toml"]
-CHECKPOINTED = ["--checkpoint.enable", "--checkpoint.interval", "2"]
 ONE = ["--training.local_batch_size", "8"]  # the global batch of 8 on one process
 MOE = ["--model.flavor", "debug_moe"]
 
@@ -96,13 +96,4 @@ def test_a_nemotron_h_cp2_checkpoint_resumes_on_one_process_with_the_uninterrupt
     """CP x 2 saves at step 2 (its two steps one process's), one process resumes there, and steps 3 to 5 are the
     uninterrupted one-process run's."""
     args = [*CONFIG, *short_documents]
-    first = train_in_pool(2, [*args, *cp(2), *CHECKPOINTED, "--training.stop_after_step", "2"], tmp_path)
-    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-4000:]
-    assert "layout: cp 2 on 2 cpu" in first.stdout
-    assert_matches(metrics(tmp_path), whole[:2])
-    again = train_in_pool(1, [*args, *ONE, *CHECKPOINTED], tmp_path)
-    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-4000:]
-    assert "resumed from" in again.stdout and "at step 2" in again.stdout
-    resumed = [r for r in metrics(tmp_path) if r["step"] > 2]
-    assert [r["step"] for r in resumed] == [3, 4, 5]
-    assert_matches(resumed, whole[2:])
+    assert_cp2_checkpoint_resumes(tmp_path, args, whole)

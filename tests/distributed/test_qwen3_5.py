@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tests.distributed.test_context_parallel import (
-    cp,
+    assert_cp2_checkpoint_resumes,
     short_documents,  # noqa: F401 (the fixture `documents` asks for)
 )
 from tests.distributed.test_expert_parallel import LAYOUTS as EP_LAYOUTS
@@ -59,7 +59,6 @@ def test_qwen3_5_moe_on_expert_parallelism_matches_one_process(tmp_path):
 # moved both tests' step-1 losses by 2.2e-3 and 2.4e-3 relative, 200 x LOSS_RTOL (the norms at 1 alone: 3e-5 to
 # 5e-5; the slow decays alone: under 1e-5 for the CP steps of the resume).
 SLOW_DECAYS = [0.02, 0.05, 0.1, 0.2]  # per value head (the debug flavors have 4)
-CHECKPOINTED = ["--checkpoint.enable", "--checkpoint.interval", "2"]
 ONE = ["--training.local_batch_size", "8"]  # the global batch of 8 on one process
 
 
@@ -106,16 +105,7 @@ def test_a_qwen3_5_cp2_checkpoint_resumes_on_one_process_with_the_uninterrupted_
     saves at step 2, one process resumes there, and steps 3 to 5 are the uninterrupted one-process run's."""
     args = [*QWEN3_5[:2], *documents, *carrying("qwen3_5")]
     whole = one_process([*args, *ONE])
-    first = train_in_pool(2, [*args, *cp(2), *CHECKPOINTED, "--training.stop_after_step", "2"], tmp_path)
-    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-4000:]
-    assert "layout: cp 2 on 2 cpu" in first.stdout
-    assert_matches(metrics(tmp_path), whole[:2])
-    again = train_in_pool(1, [*args, *ONE, *CHECKPOINTED], tmp_path)
-    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-4000:]
-    assert "resumed from" in again.stdout and "at step 2" in again.stdout
-    resumed = [r for r in metrics(tmp_path) if r["step"] > 2]
-    assert [r["step"] for r in resumed] == [3, 4, 5]
-    assert_matches(resumed, whole[2:])
+    assert_cp2_checkpoint_resumes(tmp_path, args, whole)
 
 
 @pytest.mark.slow  # a 4-rank run beside the one-process reference, about 30 s
