@@ -31,6 +31,8 @@ keys so far (a state): a step compresses only the blocks its tokens complete."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -456,16 +458,16 @@ def compressed_attention(
         else:  # the chunk's positions (context parallelism's two runs, a cache's offset), read on the host
             first, last = int(positions[start:end].min()), int(positions[start:end].max())
         lo, hi = max(0, first - width + 1), last + 1
-        window_mask = block_of(allowed, start, end, lo, hi, q.device)[:, 0]  # [B or 1, Q, K]
         picked = None
         if indices is not None and valid is not None and blocks is not None:
             picked = (indices[:, start:end], valid[:, start:end])
-        block_mask = None if seen is None else block_of(seen, start, end, 0, n_blocks, q.device)[:, 0]
+        # The masks are made inside the chunk, again in its recompute: kept for backward, the chunks' [Q, K] masks
+        # would sum to T^2 / 2 bytes (a dense window's), where nothing else the attention keeps grows past T.
+        masks = ChunkMasks(allowed, seen, start, end, lo, hi, n_blocks)
         compressed = None if blocks is None else blocks.keys
         out, summed = recomputed(
-            _attend_chunk, training, q[:, start:end], keys[:, lo:hi], window_mask, compressed, block_mask, picked,
-            sinks, scale,
-        )  # fmt: skip
+            _attend_chunk, training, q[:, start:end], keys[:, lo:hi], masks, compressed, picked, sinks, scale
+        )
         outs.append(out)
         sums.append(summed)
     summed_all = torch.cat(sums, dim=1) if indices is not None else None
@@ -484,21 +486,43 @@ def query_chunks(queries: int, rows: int, keys: int, device: torch.device) -> li
     return [(start, min(queries, start + chunk)) for start in range(0, queries, chunk)]
 
 
+@dataclass(frozen=True)
+class ChunkMasks:
+    """What a chunk's masks are made from: the window's mask function over queries start..end and keys lo..hi, and
+    the compressed blocks' (`seen`, over all n_blocks; None where each query reads its picked ones)."""
+
+    allowed: Callable
+    seen: Callable | None
+    start: int
+    end: int
+    lo: int
+    hi: int
+    n_blocks: int
+
+    def window(self, device: torch.device) -> torch.Tensor:
+        """[B or 1, Q, K] bool."""
+        return block_of(self.allowed, self.start, self.end, self.lo, self.hi, device)[:, 0]
+
+    def blocks(self, device: torch.device) -> torch.Tensor | None:
+        """[B or 1, Q, C] bool, or None."""
+        return None if self.seen is None else block_of(self.seen, self.start, self.end, 0, self.n_blocks, device)[:, 0]
+
+
 def _attend_chunk(
     q: torch.Tensor,
     keys: torch.Tensor,
-    window_mask: torch.Tensor,
+    masks: ChunkMasks,
     compressed: torch.Tensor | None,
-    block_mask: torch.Tensor | None,
     picked: tuple[torch.Tensor, torch.Tensor] | None,
     sinks: torch.Tensor,
     scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """A chunk of queries [B, Q, H, D] over its window's keys [B, K, D] (window_mask [B or 1, Q, K]) and the
-    compressed keys: all of them under block_mask [B or 1, Q, C], or each query's picked ones (indices, valid
-    [B, Q, P]); the sinks [H] in the softmax's denominator. The output, and the weights over the picked keys summed
-    over the heads [B, Q, P] (empty without)."""
+    """A chunk of queries [B, Q, H, D] over its window's keys [B, K, D] (masks.window) and the compressed keys: all of
+    them under masks.blocks, or each query's picked ones (indices, valid [B, Q, P]); the sinks [H] in the softmax's
+    denominator. The output, and the weights over the picked keys summed over the heads [B, Q, P] (empty
+    without)."""
     ruled_out = float("-inf")
+    window_mask, block_mask = masks.window(q.device), masks.blocks(q.device)
     scores = [
         (torch.einsum("bqhd,bkd->bqhk", q, keys) * scale).float().masked_fill(~window_mask[:, :, None], ruled_out)
     ]
