@@ -21,6 +21,7 @@ import safetensors.torch  # noqa: E402
 
 from tests.conformance import exports_as, greedy_ids_match, imported_by_config, random_hf, tokens  # noqa: E402
 from titanlite.base.errors import ConfigError  # noqa: E402
+from titanlite.commands.generate import decode_with_graphs  # noqa: E402
 from titanlite.components.metrics import flops_per_token  # noqa: E402
 from titanlite.models.build import model_from_args  # noqa: E402
 from titanlite.models.common.attention import Sequence  # noqa: E402
@@ -187,3 +188,16 @@ def test_a_folder_in_the_published_checkpoints_names_imports_the_same(folder, tm
     assert "embed.weight" in tensors and "layers.0.ffn.gate.tid2eid" in tensors
     with torch.no_grad():
         torch.testing.assert_close(imported_by_config(tmp_path)(TOKENS), imported_by_config(path)(TOKENS))
+
+
+def test_its_decode_step_is_never_captured_as_a_cuda_graph():
+    """The compressed blocks grow as a state counted on the host, which no static cache holds: on CUDA generation
+    decodes eagerly and says why, and --cuda-graph is refused in one line (checked here without a GPU: the choice is
+    made before anything runs on one)."""
+    with torch.device("meta"):
+        model = model_from_args(dataclasses.replace(FLAVORS["debug"], vocab_size=256))
+    cuda = torch.device("cuda")
+    graphs, line = decode_with_graphs(model, cuda, {"no-cuda-graph": False, "cuda-graph": False})
+    assert not graphs and "decoding eagerly: its compressed attention keeps a growing list" in line
+    with pytest.raises(ConfigError, match="generate --cuda-graph cannot capture this model's decode step"):
+        decode_with_graphs(model, cuda, {"no-cuda-graph": False, "cuda-graph": True})

@@ -95,9 +95,16 @@ def write_record(path: Path, prompt: str, prompt_ids: list[int], result: Generat
 
 def decode_with_graphs(model: nn.Module, device: torch.device, opts: dict) -> tuple[bool, str | None]:
     """Whether the decode steps replay as a CUDA graph (on CUDA by default, unless --no-cuda-graph, or the model is
-    one graph_refusal names and --cuda-graph does not insist), and the line that says why not where it is not."""
+    one graph_refusal names and --cuda-graph does not insist), and the line that says why not where it is not. A
+    model with a layer that says why no static cache can hold its state (its `static_cache_refusal`: DeepSeek-V4's
+    compressed attention) decodes eagerly, and --cuda-graph is refused."""
     if device.type != "cuda" or opts["no-cuda-graph"]:
         return False, None
+    never = next((why for m in model.modules() if (why := getattr(m, "static_cache_refusal", None))), None)
+    if never and opts["cuda-graph"]:
+        raise ConfigError(f"generate --cuda-graph cannot capture this model's decode step: {never}; leave it out")
+    if never:
+        return False, f"decoding eagerly: {never}"
     refusal = graph_refusal(model)
     if refusal and not opts["cuda-graph"]:
         return False, f"decoding eagerly: {refusal}; --cuda-graph captures it anyway"

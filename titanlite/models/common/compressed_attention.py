@@ -251,6 +251,12 @@ class CompressedAttention(nn.Module):
     loss (its logged value, `indexer_loss`, is unweighted). Called as the shared decoder's mixers are, with the
     layer's whole rotary table (cos, sin [max positions, r])."""
 
+    # Why a decode step of it cannot be captured as a CUDA graph (titanlite/commands/generate.py): the compressed
+    # blocks grow as a state, one more every `rate` tokens, and which are complete is read on the host.
+    static_cache_refusal = (
+        "its compressed attention keeps a growing list of compressed blocks, counted on the host at every step"
+    )
+
     def __init__(
         self,
         dim: int,
