@@ -286,6 +286,9 @@ def estimate_rank(facts, lay: Layout, s: Setting, layers: list[int], first: bool
     if facts.index_heads and layers:  # a sparse layer's chunk of indexer scores, made and dropped in its forward
         working = selection_chunk_bytes(facts, s, cp)
         forward_end, recomputing = forward_end + working, recomputing + working
+    if facts.chunked_attention and layers:  # a chunk's float32 scores and their softmax (compressed attention)
+        working = 8.0 * chunk_elements(s.device)
+        forward_end, recomputing = forward_end + working, recomputing + working
     # Muon's step: the gradients, and its largest tensor made whole (muon_step_bytes).
     muon_step = facts.muon_largest_tensor and layers
     optimizer_step = grads + muon_step_bytes(facts, ep, s.muon_ns_bytes) if muon_step else 0.0

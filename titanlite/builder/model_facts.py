@@ -27,6 +27,7 @@ from titanlite.components.loss import cross_entropy
 from titanlite.components.metrics import flops_per_token
 from titanlite.components.muon import muon_parameters, unwrapped_name
 from titanlite.models.common.auxiliary import AuxiliaryLosses, collecting
+from titanlite.models.common.compressed_attention import CompressedAttention
 from titanlite.models.common.flops import active_parameters
 from titanlite.models.common.interface import DecoderModule
 from titanlite.models.common.moe.layer import GroupedExperts, MoE
@@ -86,6 +87,9 @@ class ModelFacts:
     # Sparse attention (a lightning indexer's layers): the indexer's heads, whose scores of a chunk of queries against
     # every key are the largest tensor its layer makes and drops (models/common/latent/sparse.py select); 0: none.
     index_heads: int = 0
+    # Attention computed a chunk of queries at a time (DeepSeek-V4's compressed attention: its chunks' scores and
+    # their softmax, at most about chunk_elements each, made and dropped in its forward and again in its recompute).
+    chunked_attention: bool = False
     muon_largest_matrix: int = 0
 
     @property
@@ -162,6 +166,7 @@ def model_facts(cfg, planned: ModelPlan) -> ModelFacts:
         etp_sizes=etp_split_sizes(moes[0].args) if moes else {},
         etp_refusal=spec_of(args).etp_refusal(args) or "",
         index_heads=indexer.n_heads if (indexer := getattr(args, "indexer", None)) is not None else 0,
+        chunked_attention=any(isinstance(m, CompressedAttention) for m in model.modules()),
     )
     if cfg.optimizer.name == "Muon":
         count_muon(model, facts, cfg.optimizer.muon_params)
