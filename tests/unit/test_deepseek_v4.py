@@ -28,7 +28,7 @@ from titanlite.models.common.attention import Sequence  # noqa: E402
 from titanlite.models.common.auxiliary import AuxiliaryLosses, collecting  # noqa: E402
 from titanlite.models.common.kv_cache import KVCache  # noqa: E402
 from titanlite.models.deepseek_v4.args import CSA, FLAVORS, HCA, SLIDING  # noqa: E402
-from titanlite.models.hf_config import args_from_hf_config, folder_args  # noqa: E402
+from titanlite.models.hf_config import folder_args  # noqa: E402
 
 VOCAB = 96
 LAYERS = [SLIDING, CSA, HCA, CSA]
@@ -166,12 +166,6 @@ def test_a_folder_whose_token_table_names_an_expert_past_the_count_is_refused_in
     bad.save_pretrained(tmp_path)
     with pytest.raises(ConfigError, match=r"model\.layers\.0\.ffn\.gate\.tid2eid.*expert index 4.*n_experts=4"):
         imported_by_config(tmp_path)
-
-
-def test_published_fp4_experts_are_refused_until_they_are_read():
-    config = {**CONFIG, "model_type": "deepseek_v4", "expert_dtype": "fp4"}
-    with pytest.raises(ConfigError, match="expert_dtype='fp4'.*FP4 experts"):
-        args_from_hf_config(config)
 
 
 def test_a_folder_in_the_published_checkpoints_names_imports_the_same(folder, tmp_path):

@@ -11,7 +11,7 @@ import dataclasses
 import pytest
 
 from titanlite.base.errors import ConfigError
-from titanlite.base.hf_config import check_types
+from titanlite.base.hf_config import check_types, quantization_of
 from titanlite.models.common.moe.args import MoEArgs
 from titanlite.models.common.rope_args import YarnRopeScaling
 from titanlite.models.deepseek_v4.args import CSA, FLAVORS, HCA, SLIDING
@@ -108,15 +108,14 @@ def test_a_flavor_reads_back_from_what_it_writes(flavor):
 @pytest.mark.parametrize("flavor", PUBLISHED)
 def test_a_published_config_json_reads_as_its_flavor(flavor):
     """The multi-token prediction layer the folders name is not built: mtp_layers stays 0. The published folders'
-    experts are FP4 (expert_dtype) and their other weights fp8 with power-of-two scales (scale_fmt ue8m0), neither
-    read yet: refused in one line each; a bfloat16 copy's config.json (neither key) reads as the flavor."""
+    experts are fp4 (expert_dtype) and their other weights fp8 with power-of-two scales (scale_fmt ue8m0), both read
+    (quantization_of says so); a bfloat16 copy's config.json (neither key) reads as the same flavor."""
     check_types(PUBLISHED[flavor], WHERE, FIELDS)
-    with pytest.raises(ConfigError, match="expert_dtype='fp4' is not supported.*FP4 experts"):
-        read(PUBLISHED[flavor], WHERE)
-    fp8_experts = {k: v for k, v in PUBLISHED[flavor].items() if k != "expert_dtype"}
-    with pytest.raises(ConfigError, match="scale_fmt='ue8m0' is not supported"):
-        read(fp8_experts, WHERE)
-    bf16 = {k: v for k, v in fp8_experts.items() if k != "quantization_config"}
+    assert read(PUBLISHED[flavor], WHERE) == FLAVORS[flavor]
+    assert quantization_of(PUBLISHED[flavor], WHERE) == {
+        "method": "fp8", "block": (128, 128), "scale_fmt": "ue8m0", "expert_dtype": "fp4",
+    }  # fmt: skip
+    bf16 = {k: v for k, v in PUBLISHED[flavor].items() if k not in ("expert_dtype", "quantization_config")}
     assert read(bf16, WHERE) == FLAVORS[flavor]
 
 

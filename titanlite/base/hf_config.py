@@ -70,18 +70,24 @@ def check_no_unsupported(config: dict, where: str, experts: bool = False) -> Non
 
 # The quantized formats a folder may come in (quantization_config.quant_method), dequantized as each tensor is read
 # (titanlite/components/hf_quantized.py): "fp8", e4m3 values with a float32 scale_inv per weight_block_size block
-# (DeepSeek-V3, Kimi K2, GLM-4.5-FP8, MiniMax-M2); "mxfp4", e2m1 values with a power-of-two scale per 32 (gpt-oss's
-# experts).
+# (DeepSeek-V3, Kimi K2, GLM-4.5-FP8, MiniMax-M2), or a power-of-two one (scale_fmt "ue8m0": DeepSeek-V4, whose
+# experts may be fp4, expert_dtype "fp4"); "mxfp4", e2m1 values with a power-of-two scale per 32 (gpt-oss's experts).
 QUANT_METHODS = ("fp8", "mxfp4")
 
 
 FP8_FORMATS = ("e4m3", "float8_e4m3fn")
+# An fp8 folder's scales: "float" (float32 scale_inv, DeepSeek-V3's) or "ue8m0" (E8M0 powers of two, DeepSeek-V4's).
+SCALE_FORMATS = ("float", "ue8m0")
+# What an fp8 folder's experts are stored as (DeepSeek-V4's expert_dtype): e4m3 like its other weights, or e2m1 packed
+# two a byte with a power-of-two scale per 32 values.
+EXPERT_DTYPES = ("fp8", "fp4")
 
 
 def quantization_of(config: dict, where: str) -> dict | None:
-    """A folder's quantization (None: its weights are plain floats): {"method": "fp8", "block": (rows, cols)} or
-    {"method": "mxfp4"}; a method titanlite does not read, or an fp8 one without its block size, refused in one line
-    naming the supported ones."""
+    """A folder's quantization (None: its weights are plain floats): {"method": "fp8", "block": (rows, cols)}, with
+    "scale_fmt" and "expert_dtype" where the folder gives them (expert_dtype in quantization_config or, as the published
+    DeepSeek-V4 folders write it, at config.json's top level), or {"method": "mxfp4"}; a method titanlite does not
+    read, an fp8 one without its block size, or another scale_fmt or expert_dtype, refused in one line naming it."""
     quantization = config.get("quantization_config")
     if not quantization:
         return None
@@ -102,7 +108,33 @@ def quantization_of(config: dict, where: str) -> dict | None:
     fmt = quantization.get("fmt", "e4m3")
     if fmt not in FP8_FORMATS:  # DeepSeek's and GLM's folders write "e4m3", MiniMax-M2's torch's name for it
         raise refuse(where, "quantization_config.fmt", fmt, "titanlite reads fp8 as e4m3 ('e4m3' or 'float8_e4m3fn')")
-    return {"method": method, "block": tuple(block)}
+    return {"method": method, "block": tuple(block), **_fp8_options(config, quantization, where)}
+
+
+def _fp8_options(config: dict, quantization: dict, where: str) -> dict:
+    """An fp8 folder's scale_fmt and expert_dtype, those it gives (null taken as absent), each refused unless read."""
+    options = {}
+    scale_fmt = quantization.get("scale_fmt")
+    if scale_fmt is not None:
+        if scale_fmt not in SCALE_FORMATS:
+            raise refuse(
+                where, "quantization_config.scale_fmt", scale_fmt, "titanlite reads fp8 scales as float32 ('float') "
+                "or as E8M0 powers of two ('ue8m0')",
+            )  # fmt: skip
+        options["scale_fmt"] = scale_fmt
+    inner, outer = quantization.get("expert_dtype"), config.get("expert_dtype")
+    if inner is not None and outer is not None and inner != outer:
+        raise refuse(where, "expert_dtype", outer, f"it differs from quantization_config.expert_dtype={inner!r}")
+    expert_dtype = inner if inner is not None else outer
+    if expert_dtype is not None:
+        if expert_dtype not in EXPERT_DTYPES:
+            key = "quantization_config.expert_dtype" if inner is not None else "expert_dtype"
+            raise refuse(
+                where, key, expert_dtype, "titanlite reads an fp8 folder's experts as fp8 (e4m3) or fp4 (e2m1 packed "
+                "two a byte, a power-of-two scale per 32)",
+            )  # fmt: skip
+        options["expert_dtype"] = expert_dtype
+    return options
 
 
 # ---- the JSON type of each field -------------------------------------------------------------------------------

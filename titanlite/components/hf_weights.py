@@ -22,12 +22,7 @@ import torch
 from titanlite.base.command_line import check_writable_place
 from titanlite.base.errors import ConfigError
 from titanlite.base.hf_config import CONFIG_FILE, check_training_fields, quantization_of, read_config, read_json
-from titanlite.components.hf_quantized import (
-    FP8_SCALE,
-    QuantizedTensors,
-    check_unconfigured_scales,
-    quantize_fp8,
-)
+from titanlite.components.hf_quantized import QuantizedTensors, check_unconfigured_scales
 from titanlite.components.hf_tokenizer import save_tokenizer
 from titanlite.models.build import model_from_args
 from titanlite.models.common.init import canonical_name, fill_parameters
@@ -309,7 +304,8 @@ def _carry(
 ) -> tuple[dict, dict[str, torch.Tensor]]:
     """The export's config.json and tensors in the layout of the folder `source` the run started from (the family's
     hf_folder hook, where its folders have one of their own), with the folder's carried tensors added unchanged;
-    `quantized`: the tensors the folder held in FP8 blocks quantized so again, its quantization_config kept."""
+    `quantized`: the tensors the folder held in FP8 blocks (or DeepSeek-V4's fp4 experts) quantized so again, in the
+    folder's format, its quantization_config kept."""
     source = Path(source)
     if not (source / CONFIG_FILE).is_file():
         raise ConfigError(
@@ -343,11 +339,25 @@ def _carry(
             "(checkpoint.export_quantized keeps them as stored)"
         )
     if quantized:
-        block = reader.logical.block
-        for name in [n for n in reader.logical.names if n in tensors]:
-            tensors[name], tensors[name + FP8_SCALE] = quantize_fp8(tensors[name], block)
-        config = {**config, "quantization_config": read_config(source)["quantization_config"]}
+        tensors = _quantized_again(args, reader, tensors)
+        quantization = read_config(source)["quantization_config"]
+        # The published DeepSeek-V4 folders' expert_dtype is at config.json's top level: the export's says it here.
+        expert_dtype = (reader.quantization or {}).get("expert_dtype")
+        if expert_dtype:
+            quantization = {**quantization, "expert_dtype": expert_dtype}
+        config = {**config, "quantization_config": quantization}
     return config, tensors | carried_tensors
+
+
+def _quantized_again(args, reader: WeightReader, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The export's tensors with those the folder `reader` held quantized quantized again in its format (their scales
+    beside them, named as the folder names its own), in the export's names (`tensors` is in transformers', which
+    may not be the folder's: DeepSeek-V4's published folders name the top level without "model.")."""
+    stored = {name: raw for name, raw in _hf_keys(args, reader.keys()).items() if raw in reader.logical.names}
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in tensors.items():
+        out |= reader.logical.quantize(stored[name], name, tensor) if name in stored else {name: tensor}
+    return out
 
 
 def export_loads(folder: str | Path, dtype: str) -> tuple[str, str]:
@@ -362,8 +372,9 @@ def export_loads(folder: str | Path, dtype: str) -> tuple[str, str]:
         return dtype, "AutoModelForCausalLM and AutoTokenizer load it offline"
     reader = WeightReader(folder)
     rows, cols = reader.logical.block
-    what = f"fp8 (e4m3) in {rows} x {cols} blocks, the other weights {dtype}"
-    shapes = {name: reader.header(name)[1] for name in reader.logical.names}
+    fp4 = ", the experts fp4 (e2m1, a power-of-two scale per 32)" if "fp4" in reader.logical.kinds.values() else ""
+    what = f"fp8 (e4m3) in {rows} x {cols} blocks{fp4}, the other weights {dtype}"
+    shapes = {name: reader.header(name)[1] for name, kind in reader.logical.kinds.items() if kind == "fp8"}
     # One block along a dimension is read right whatever its size (the grid's one row is the weight's rows).
     partial = [(n, shape) for n, shape in shapes.items() if any(s > b and s % b for s, b in zip(shape, (rows, cols)))]
     if not partial:
@@ -570,7 +581,7 @@ def _math(args, field: str):
 # would be rounded, and integer or float8 tensors are quantized weights whose scales titanlite does not read.
 EXACT_IN_FLOAT32 = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
 # The quantized weights a folder's quantization_config declares (hf_quantized.py), dequantized to float32 when read.
-QUANTIZED = {"FP8": "fp8 (e4m3)", "MXFP4": "mxfp4"}
+QUANTIZED = {"FP8": "fp8 (e4m3)", "FP4": "fp4 (e2m1)", "MXFP4": "mxfp4"}
 _KINDS = {"F": "float", "I": "int", "U": "uint"}  # safetensors' I8, U8, F64, F8_E4M3 ... as torch names them
 # A folder of at most this many bytes has every value checked before launch (about 3 s a GiB on one core here); a
 # larger one is checked as each rank reads it (WeightReader.get), so launching it costs no extra pass.
@@ -886,12 +897,13 @@ def _say_conversions(reader: WeightReader, keys: dict[str, str], source, target)
             f"  checkpoint: {reader.folder} also holds {len(carried)} tensors the model does not train "
             f"({', '.join(kinds)}): left out of the run, carried {how} into its export (convert to-hf)"
         )
-    quantized = sorted({reader.header(stored)[0] for stored in keys.values()} & set(QUANTIZED))
+    quantized = [q for q in QUANTIZED if q in {reader.header(stored)[0] for stored in keys.values()}]
     if quantized:
         block = reader.quantization.get("block") if reader.quantization else None
         blocks = f" in {block[0]} x {block[1]} blocks" if block else ""
+        kinds = [QUANTIZED[q] + (blocks if q == "FP8" else "") for q in quantized]
         logger.info(
-            f"  checkpoint: {reader.folder} is quantized ({' and '.join(QUANTIZED[q] for q in quantized)}{blocks}, "
+            f"  checkpoint: {reader.folder} is quantized ({' and '.join(kinds)}, "
             f"quantization_config): each weight dequantized to float32 as it is read, then to the parameters' dtype"
         )
     tables = hf_tables(source)

@@ -27,12 +27,13 @@ chosen renormalised.
 
 Not built yet: the MTP layer. num_nextn_predict_layers is read into nothing (mtp_layers stays 0); a folder's mtp.*
 tensors are carried unchanged into an export (said when the folder loads), which says the folder's count again.
-Refused until read: FP4 experts (expert_dtype "fp4", the published folders'). Ignored, as they change no math or
-transformers' DeepseekV4 does not read them: output_router_logits, router_aux_loss_coef (DeepSeek balances by the
-routing bias, balance "bias"), topk_method, n_group and topk_group (transformers' V4 routes without groups), another
-expert_dtype, initializer_range, use_cache, bos/eos/pad token ids. Dropout and router_jitter_noise: a training run
-refuses non-zero ones (titanlite/base/hf_config.py check_training_fields); quantization_config: the shared
-quantization_of."""
+Ignored, as they change no math or transformers' DeepseekV4 does not read them: output_router_logits,
+router_aux_loss_coef (DeepSeek balances by the routing bias, balance "bias"), topk_method, n_group and topk_group
+(transformers' V4 routes without groups), initializer_range, use_cache, bos/eos/pad token ids. Dropout and
+router_jitter_noise: a training run refuses non-zero ones (titanlite/base/hf_config.py check_training_fields).
+quantization_config and expert_dtype: the shared quantization_of, which reads the published folders' fp8 weights with
+power-of-two scales (scale_fmt "ue8m0") and fp4 experts (expert_dtype "fp4"), dequantized as they are read
+(titanlite/components/hf_quantized.py)."""
 
 from __future__ import annotations
 
@@ -253,20 +254,6 @@ def _check_switches(config: dict, where: str) -> None:
             raise refuse(where, key, value, "it must be a whole number of at least 1")
     if config["hidden_act"] != "silu":
         raise refuse(where, "hidden_act", config["hidden_act"], "DeepSeek-V4's experts are clamped SwiGLUs (silu)")
-    quantization = config.get("quantization_config") or {}
-    stored = config.get("expert_dtype") or (
-        quantization.get("expert_dtype") if isinstance(quantization, dict) else None
-    )
-    if stored == "fp4":
-        raise refuse(
-            where, "expert_dtype", stored, "titanlite does not read DeepSeek-V4's FP4 experts yet (its other fp8 "
-            "weights it reads); use a copy whose experts are bfloat16 or fp8",
-        )  # fmt: skip
-    if isinstance(quantization, dict) and quantization.get("scale_fmt") == "ue8m0":
-        raise refuse(
-            where, "quantization_config.scale_fmt", "ue8m0", "titanlite reads fp8 weights with float32 scales "
-            "(weight_scale_inv), not DeepSeek-V4's power-of-two ue8m0 ones yet; use a bfloat16 copy",
-        )  # fmt: skip
     for key in ("attention_bias", "mlp_bias"):
         if config[key]:
             raise refuse(where, key, config[key], "DeepSeek-V4's projections have no biases; set it to false")
