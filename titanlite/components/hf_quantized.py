@@ -80,33 +80,39 @@ def dequantize_fp8(weight: torch.Tensor, scale_inv: torch.Tensor, block: tuple[i
     return weight.float() * scale
 
 
-def quantize_fp8(value: torch.Tensor, block: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """`value` [R, C] as e4m3 values and a float32 scale_inv per block (the block's largest magnitude over e4m3's
-    largest, 448): the inverse of dequantize_fp8 up to e4m3's rounding."""
+def _blocks_of(value: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
+    """`value` [R, C] in float32, zero-padded to whole blocks and viewed as [R / r, r, C / c, c] (rounded up)."""
     rows, cols = value.shape
     r, c = block
     grid = fp8_scale_shape((rows, cols), block)
     padded = torch.zeros(grid[0] * r, grid[1] * c, dtype=torch.float32, device=value.device)
     padded[:rows, :cols] = value.float()
-    blocks = padded.view(grid[0], r, grid[1], c)
+    return padded.view(grid[0], r, grid[1], c)
+
+
+def _e4m3_of(blocks: torch.Tensor, scale: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    """The blocks [R / r, r, C / c, c] over each block's `scale` [R / r, C / c] as e4m3 values, cut to `shape`."""
+    grid_rows, r, grid_cols, c = blocks.shape
+    quantized = (blocks / scale[:, None, :, None]).view(grid_rows * r, grid_cols * c)[: shape[0], : shape[1]]
+    return quantized.to(torch.float8_e4m3fn).contiguous()
+
+
+def quantize_fp8(value: torch.Tensor, block: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """`value` [R, C] as e4m3 values and a float32 scale_inv per block (the block's largest magnitude over e4m3's
+    largest, 448): the inverse of dequantize_fp8 up to e4m3's rounding."""
+    blocks = _blocks_of(value, block)
     scale_inv = blocks.abs().amax(dim=(1, 3)) / torch.finfo(torch.float8_e4m3fn).max
     scale_inv = torch.where(scale_inv > 0, scale_inv, torch.ones_like(scale_inv))
-    quantized = (blocks / scale_inv[:, None, :, None]).view(grid[0] * r, grid[1] * c)[:rows, :cols]
-    return quantized.to(torch.float8_e4m3fn).contiguous(), scale_inv.contiguous()
+    return _e4m3_of(blocks, scale_inv, tuple(value.shape)), scale_inv.contiguous()
 
 
 def quantize_fp8_e8m0(value: torch.Tensor, block: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
     """`value` [R, C] as e4m3 values and an E8M0 scale per block (the power of two covering the block's largest
     magnitude over 448), as DeepSeek-V4's folders store it: the inverse of dequantize_fp8 up to e4m3's rounding."""
-    rows, cols = value.shape
-    r, c = block
-    grid = fp8_scale_shape((rows, cols), block)
-    padded = torch.zeros(grid[0] * r, grid[1] * c, dtype=torch.float32, device=value.device)
-    padded[:rows, :cols] = value.float()
-    blocks = padded.view(grid[0], r, grid[1], c)
+    blocks = _blocks_of(value, block)
     exponent = scale_exponents(blocks.abs().amax(dim=(1, 3)), torch.finfo(torch.float8_e4m3fn).max)
-    quantized = (blocks / powers_of_two(exponent)[:, None, :, None]).view(grid[0] * r, grid[1] * c)[:rows, :cols]
-    return quantized.to(torch.float8_e4m3fn).contiguous(), exponent.view(torch.float8_e8m0fnu).contiguous()
+    quantized = _e4m3_of(blocks, powers_of_two(exponent), tuple(value.shape))
+    return quantized, exponent.view(torch.float8_e8m0fnu).contiguous()
 
 
 def fp4_shape(packed_shape: tuple[int, ...]) -> tuple[int, ...]:
