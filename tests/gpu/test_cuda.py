@@ -607,3 +607,40 @@ def test_flash_linear_attention_scan_equals_the_pytorch_ssd_scan_on_cuda():
         return [t.to(dtype).requires_grad_() for t in (q, k, v, gate)]
 
     fla_against_torch(lambda backend: StateScan(backend=backend), inputs, "SSD scan")
+
+
+def test_deepseek_v4_compressed_attention_on_cuda_equals_the_cpu():
+    """DeepSeek-V4's debug model (sliding, CSA with its indexer, HCA; hyper-connections; hash-routed experts) runs its
+    PyTorch path on CUDA as on the CPU: the same weights give the same logits and loss gradients in float32, packed
+    documents included (the compressors' scatters, the indexer's stable sort and the chunked attention on CUDA)."""
+    import dataclasses
+
+    from titanlite.models.build import model_from_args
+    from titanlite.models.common.attention import Sequence
+    from titanlite.models.common.init import init_weights
+    from titanlite.models.deepseek_v4.args import FLAVORS
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    model = model_from_args(dataclasses.replace(FLAVORS["debug"], vocab_size=320))
+    init_weights(model, 0)
+    tokens = torch.randint(0, 320, (2, 97), generator=torch.Generator().manual_seed(0))
+    documents = torch.zeros(2, 96, dtype=torch.long)
+    documents[:, 40:] = 1
+    documents[0, 70:] = 2
+
+    def run(device: str) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        part = model.to(device)
+        part.zero_grad()
+        seq = Sequence(documents=documents.to(device))
+        logits = part(tokens[:, :-1].to(device), sequence=seq)
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten().to(device))
+        loss.backward()
+        grads = {n: p.grad.detach().cpu() for n, p in part.named_parameters() if p.grad is not None}
+        return logits.detach().cpu(), grads
+
+    cpu_logits, cpu_grads = run("cpu")
+    cuda_logits, cuda_grads = run("cuda")
+    torch.testing.assert_close(cuda_logits, cpu_logits, rtol=1e-4, atol=1e-4)
+    assert cuda_grads.keys() == cpu_grads.keys()
+    for name, grad in cpu_grads.items():
+        torch.testing.assert_close(cuda_grads[name], grad, rtol=1e-3, atol=1e-4, msg=name)
