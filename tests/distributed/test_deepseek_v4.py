@@ -6,8 +6,8 @@ their token tables, the last by its scores and routing biases moved by the step'
 grad norms, validation losses and expert loads on FSDP x 2, TP x 2 (attention split by heads, the streams sharded by
 sequence), TP x 2 with the experts split over it (ETP), EP x 2, PP x 2 (the stage boundary after hash-routed layer 1;
 stage 1's hash-routed layer 2 takes the token ids as a keyword), CP x 2 and CP x 4 (every rank's keys and
-compressors' inputs gathered, the blocks made in sequence order); a CP x 2 checkpoint resumed on one process continues
-the uninterrupted losses."""
+compressors' inputs gathered, the blocks made in sequence order), and the combinations TP x 2 with CP x 2 and FSDP x 2
+with PP x 2; a CP x 2 checkpoint resumed on one process continues the uninterrupted losses."""
 
 import pytest
 
@@ -31,6 +31,8 @@ LAYOUT_ARGS = {
     "etp2": (2, [*TP2, "--parallelism.expert_tensor_parallel_degree", "2"]),  # the experts split over TP too
     "cp2": (2, cp(2)),
     "cp4": (4, cp(4)),
+    "tp2_cp2": (4, cp(2, tp=2)),  # the heads split over TP, the sequence over CP
+    "fsdp2_pp2": (4, ["--parallelism.pipeline_parallel_degree", "2", "--training.local_batch_size", "4"]),
 }
 
 
@@ -41,7 +43,7 @@ def whole(one_process, short_documents) -> list[dict]:  # noqa: F811
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("layout", ["fsdp2", "tp2", "etp2", "ep2", "pp2", "cp2", "cp4"])
+@pytest.mark.parametrize("layout", ["fsdp2", "tp2", "etp2", "ep2", "pp2", "cp2", "cp4", "tp2_cp2", "fsdp2_pp2"])
 def test_deepseek_v4_on_a_layout_matches_one_process(tmp_path, whole, short_documents, layout):  # noqa: F811
     nproc, args = LAYOUT_ARGS[layout]
     proc = train_in_pool(nproc, [*CONFIG, *short_documents, *args], tmp_path)
