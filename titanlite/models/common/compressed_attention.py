@@ -53,6 +53,7 @@ from titanlite.models.common.init_scheme import InitScheme, start_linears
 from titanlite.models.common.kv_cache import LayerCache
 from titanlite.models.common.latent.sparse import SequenceKeys, keys_in_order
 from titanlite.models.common.norms import Float32RMSNorm
+from titanlite.models.common.rope import rotate_pairs
 
 SLIDING, CSA, HCA = "sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"
 COMPRESSED_KINDS = (SLIDING, CSA, HCA)
@@ -62,9 +63,7 @@ def rotate_tail(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.
     """x [..., D] with its last 2 r channels rotated in adjacent pairs by cos and sin [..., r] (broadcast against x's
     leading dimensions), in float32; the leading channels pass unchanged."""
     r = 2 * cos.shape[-1]
-    x1, x2 = x[..., -r:].float().unflatten(-1, (-1, 2)).unbind(-1)
-    turned = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2).to(x.dtype)
-    return torch.cat([x[..., :-r], turned], dim=-1)
+    return torch.cat([x[..., :-r], rotate_pairs(x[..., -r:], cos, sin)], dim=-1)
 
 
 class Blocks:

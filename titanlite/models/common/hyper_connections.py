@@ -27,6 +27,19 @@ def _unit_rms(x: torch.Tensor, eps: float) -> torch.Tensor:
     return F.rms_norm(x.float(), (x.shape[-1],), eps=eps)
 
 
+def start_mixing(owner: str, name: str, full: torch.Tensor, generator: torch.Generator, scheme: InitScheme) -> None:
+    """A stream mixing's parameters as transformers starts them: fn normal of the scheme's std, base at zero, the
+    scale(s) at one."""
+    if name == "fn":
+        scheme.normal(full, generator)
+    elif name == "base":
+        nn.init.zeros_(full)
+    elif name == "scale":
+        nn.init.ones_(full)
+    else:
+        raise KeyError(f"{owner} has no parameter {name!r}")
+
+
 def sinkhorn(logits: torch.Tensor, iterations: int, eps: float) -> torch.Tensor:
     """A doubly stochastic matrix [..., n, n] from logits: a softmax over each row (plus eps), then the columns and
     the rows normalised in turn, `iterations` column normalisations in all (the first before any row's)."""
@@ -53,15 +66,7 @@ class HyperConnection(nn.Module):
         self.scale = nn.Parameter(torch.empty(3))
 
     def init_own(self, name: str, full: torch.Tensor, generator: torch.Generator, scheme: InitScheme) -> None:
-        """fn normal of the scheme's std, base at zero, scales at one (transformers' start)."""
-        if name == "fn":
-            scheme.normal(full, generator)
-        elif name == "base":
-            nn.init.zeros_(full)
-        elif name == "scale":
-            nn.init.ones_(full)
-        else:
-            raise KeyError(f"HyperConnection has no parameter {name!r}")
+        start_mixing(type(self).__name__, name, full, generator, scheme)
 
     def forward(self, streams: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """streams [B, T, n, D] -> (the sublayer's input [B, T, D] in the streams' dtype, post [B, T, n] and comb
@@ -102,7 +107,8 @@ class HyperStreams(nn.Module):
         self.base = nn.Parameter(torch.empty(n))
         self.scale = nn.Parameter(torch.empty(1))
 
-    init_own = HyperConnection.init_own
+    def init_own(self, name: str, full: torch.Tensor, generator: torch.Generator, scheme: InitScheme) -> None:
+        start_mixing(type(self).__name__, name, full, generator, scheme)
 
     def forward(self, streams: torch.Tensor) -> torch.Tensor:
         """Fold the streams [B, T, n, D] into one [B, T, D]."""

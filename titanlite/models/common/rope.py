@@ -96,10 +96,14 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary_dim
     below hd, only the leading rotary_dim channels of each head (partial rotary), the rest passing unchanged."""
     if rotary_dim is not None and rotary_dim < x.shape[-1]:
         return torch.cat([apply_rope(x[..., :rotary_dim], cos, sin), x[..., rotary_dim:]], dim=-1)
-    x1, x2 = x.float().unflatten(-1, (-1, 2)).unbind(-1)  # each [B, T, H, hd/2]
-    cos, sin = cos[None, :, None, :], sin[None, :, None, :]  # [1, T, 1, hd/2]
-    out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
-    return out.type_as(x)
+    return rotate_pairs(x, cos[None, :, None, :], sin[None, :, None, :])  # tables [1, T, 1, hd/2]
+
+
+def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Every adjacent pair (x[2i], x[2i+1]) of x [..., 2 r] rotated by cos and sin [..., r], which broadcast against
+    x's leading dimensions as given; in float32, back to x's dtype."""
+    x1, x2 = x.float().unflatten(-1, (-1, 2)).unbind(-1)  # each [..., r]
+    return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2).type_as(x)
 
 
 def apply_rope_halves(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
