@@ -22,7 +22,8 @@ from tests.helpers import metrics, train_in_pool
 
 pytestmark = pytest.mark.distributed
 
-CONFIG = ["--config", "train_configs/deepseek_v4_debug.toml"]
+# with its multi-token prediction depth (a sliding layer over the streams, on the last pipeline stage)
+CONFIG = ["--config", "train_configs/deepseek_v4_debug.toml", "--model.mtp_layers", "1"]
 ONE = ["--training.local_batch_size", "8"]  # the global batch of 8 on one process
 TP2 = LAYOUTS["tp2"][1]
 LAYOUT_ARGS = {

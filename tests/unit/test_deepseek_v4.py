@@ -9,6 +9,7 @@ equals the whole; training reaches every parameter, the indexers through their K
 the blocks and the indexer."""
 
 import dataclasses
+import json
 
 import pytest
 import torch
@@ -22,6 +23,7 @@ import safetensors.torch  # noqa: E402
 from tests.conformance import exports_as, greedy_ids_match, imported_by_config, random_hf, tokens  # noqa: E402
 from titanlite.base.errors import ConfigError  # noqa: E402
 from titanlite.commands.generate import decode_with_graphs  # noqa: E402
+from titanlite.components.hf_weights import save_hf  # noqa: E402
 from titanlite.components.metrics import flops_per_token  # noqa: E402
 from titanlite.models.build import model_from_args  # noqa: E402
 from titanlite.models.common.attention import Sequence  # noqa: E402
@@ -195,3 +197,76 @@ def test_its_decode_step_is_never_captured_as_a_cuda_graph():
     assert not graphs and "decoding eagerly: its compressed attention keeps a growing list" in line
     with pytest.raises(ConfigError, match="generate --cuda-graph cannot capture this model's decode step"):
         decode_with_graphs(model, cuda, {"no-cuda-graph": False, "cuda-graph": True})
+
+
+def test_its_multi_token_prediction_layer_computes_as_deepseeks_and_exports_in_the_published_names(folder, tmp_path):
+    """A folder with the published MTP layer (mtp.0.*: a sliding layer's block, enorm, hnorm, e_proj, h_proj, its own
+    hyper-head and norm). The reference is transformers' own decoder layer for the block (a random 5-layer
+    DeepseekV4ForCausalLM whose layer 4 is saved as mtp.0), fed as DeepSeek's MTPBlock feeds it: the streams after
+    the last layer, each through hnorm and h_proj, plus e_proj(enorm(embedding of the token ahead)); its output
+    folded by the depth's hyper-head, normed, through the shared head. Our depth-1 logits equal that to 1e-5; an
+    export writes mtp.0.* back (transformers leaves it alone) and reads back with the same logits; training reaches
+    every parameter of the depth."""
+    hf4, path = folder
+    config5 = transformers.DeepseekV4Config(
+        **{**CONFIG, "num_hidden_layers": 5, "layer_types": [*LAYERS, SLIDING],
+           "mlp_layer_types": ["hash_moe", "moe", "moe", "moe", "moe"]}
+    )  # fmt: skip
+    config5._experts_implementation = "eager"
+    hf5 = random_hf(lambda: transformers.DeepseekV4ForCausalLM(config5), scale=0.3, buffers=lambda n: "bias" in n)
+    hf5.load_state_dict(hf4.state_dict(), strict=False)  # layers 0-3, the embedding, hyper-head and head are hf4's
+    hf5.save_pretrained(tmp_path / "five")
+    tensors = safetensors.torch.load_file(path / "model.safetensors")
+    five = safetensors.torch.load_file(tmp_path / "five" / "model.safetensors")
+    mtp = {k.replace("model.layers.4.", "mtp.0."): t for k, t in five.items() if k.startswith("model.layers.4.")}
+    generator = torch.Generator().manual_seed(7)
+    dim = CONFIG["hidden_size"]
+    own = {"enorm.weight": (dim,), "hnorm.weight": (dim,), "norm.weight": (dim,), "e_proj.weight": (dim, dim),
+           "h_proj.weight": (dim, dim), "hc_head_fn": (3, 3 * dim), "hc_head_base": (3,),
+           "hc_head_scale": (1,)}  # fmt: skip
+    for name, shape in own.items():
+        start = 1.0 if name.endswith("norm.weight") else 0.0
+        mtp[f"mtp.0.{name}"] = start + 0.3 * torch.randn(shape, generator=generator)
+    folder_with = tmp_path / "with_mtp"
+    folder_with.mkdir()
+    config = {**json.loads((path / "config.json").read_text()), "num_nextn_predict_layers": 1}
+    (folder_with / "config.json").write_text(json.dumps(config))
+    safetensors.torch.save_file({**tensors, **mtp}, folder_with / "model.safetensors")
+
+    ours = imported_by_config(folder_with)
+    assert ours.mtp_layers == 1 and ours.layer_kind(4) == SLIDING
+    ahead = torch.cat([TOKENS[:, 1:], torch.full((2, 1), -100)], dim=1)
+    with torch.no_grad():
+        depth1 = ours(TOKENS, mtp_tokens=ahead[..., None])[2:]
+        captured = {}
+        hook = hf5.model.layers[4].register_forward_pre_hook(
+            lambda m, args, kwargs: captured.update(streams=args[0], kwargs=kwargs), with_kwargs=True
+        )
+        hf5(TOKENS, use_cache=False)
+        hook.remove()
+        norm = transformers.models.deepseek_v4.modeling_deepseek_v4.DeepseekV4RMSNorm
+        enorm, hnorm, last = (norm(dim, eps=config5.rms_norm_eps) for _ in range(3))
+        for module, name in ((enorm, "enorm"), (hnorm, "hnorm"), (last, "norm")):
+            module.weight.copy_(mtp[f"mtp.0.{name}.weight"])
+        head = transformers.models.deepseek_v4.modeling_deepseek_v4.DeepseekV4HyperHead(config5)
+        for p in ("fn", "base", "scale"):
+            getattr(head, f"hc_{p}").copy_(mtp[f"mtp.0.hc_head_{p}"])
+        e = enorm(hf5.model.embed_tokens(ahead.clamp(min=0))) @ mtp["mtp.0.e_proj.weight"].T
+        x = e.unsqueeze(2) + hnorm(captured["streams"]) @ mtp["mtp.0.h_proj.weight"].T
+        y = hf5.model.layers[4](x, **captured["kwargs"])
+        expected = hf5.lm_head(last(head(y)))
+        torch.testing.assert_close(depth1, expected, rtol=1e-5, atol=1e-5)
+
+    save_hf(tmp_path / "export", folder_args(folder_with, 64), ours.state_dict())
+    written = safetensors.torch.load_file(tmp_path / "export" / "model.safetensors")
+    assert all(torch.equal(written[k], t) for k, t in mtp.items())
+    with torch.no_grad():
+        torch.testing.assert_close(imported_by_config(tmp_path / "export")(TOKENS, mtp_tokens=ahead[..., None])[2:],
+                                   depth1)  # fmt: skip
+
+    ours.train()
+    out = ours(TOKENS, mtp_tokens=ahead[..., None])
+    torch.nn.functional.cross_entropy(out[2:, :-1].flatten(0, 1), ahead[:, :-1].flatten()).backward()
+    depth = [n for n, p in ours.named_parameters() if n.startswith(("mtp.", "layers.4."))]
+    untouched = [n for n in depth if ours.get_parameter(n).grad is None or not ours.get_parameter(n).grad.abs().sum()]
+    assert len(depth) > 20 and not untouched, untouched

@@ -107,16 +107,32 @@ def test_a_flavor_reads_back_from_what_it_writes(flavor):
 
 @pytest.mark.parametrize("flavor", PUBLISHED)
 def test_a_published_config_json_reads_as_its_flavor(flavor):
-    """The multi-token prediction layer the folders name is not built: mtp_layers stays 0. The published folders'
-    experts are fp4 (expert_dtype) and their other weights fp8 with power-of-two scales (scale_fmt ue8m0), both read
-    (quantization_of says so); a bfloat16 copy's config.json (neither key) reads as the same flavor."""
+    """With the multi-token prediction layer the folders name (num_nextn_predict_layers 1; compress_ratios' last
+    entry, 0: sliding), which the flavors leave out as transformers' count does. The published folders' experts are
+    fp4 (expert_dtype) and their other weights fp8 with power-of-two scales (scale_fmt ue8m0), both read
+    (quantization_of says so); a bfloat16 copy's config.json (neither key) reads as the same model."""
     check_types(PUBLISHED[flavor], WHERE, FIELDS)
-    assert read(PUBLISHED[flavor], WHERE) == FLAVORS[flavor]
+    published = dataclasses.replace(FLAVORS[flavor], mtp_layers=1, mtp_layer_types=(SLIDING,))
+    assert read(PUBLISHED[flavor], WHERE) == published
     assert quantization_of(PUBLISHED[flavor], WHERE) == {
         "method": "fp8", "block": (128, 128), "scale_fmt": "ue8m0", "expert_dtype": "fp4",
     }  # fmt: skip
     bf16 = {k: v for k, v in PUBLISHED[flavor].items() if k not in ("expert_dtype", "quantization_config")}
-    assert read(bf16, WHERE) == FLAVORS[flavor]
+    assert read(bf16, WHERE) == published
+
+
+def test_multi_token_prediction_depths_write_and_read_back_with_their_kinds():
+    """Depths that are not all sliding write the published compress_ratios beside layer_types (the depths' kinds
+    after the layers'); sliding ones need none; a compress_ratios naming fewer depths than declared is refused."""
+    csa = dataclasses.replace(DEBUG, mtp_layers=2, mtp_layer_types=(CSA, SLIDING))
+    written = write(csa)
+    assert written["num_nextn_predict_layers"] == 2 and written["compress_ratios"] == [0, 4, 128, 4, 4, 0]
+    assert read(written, WHERE) == csa
+    sliding = dataclasses.replace(DEBUG, mtp_layers=1)
+    assert "compress_ratios" not in write(sliding) and read(write(sliding), WHERE) == sliding
+    short = {**written, "compress_ratios": [0, 4, 128, 4, 4]}
+    with pytest.raises(ConfigError, match=r"compress_ratios.*names 1 of the num_nextn_predict_layers=2"):
+        read(short, WHERE)
 
 
 def test_legacy_keys_read_as_the_modern_ones():
@@ -209,7 +225,6 @@ def test_what_deepseek_v4_does_not_compute_is_refused_in_one_line(case):
         ({"moe": dataclasses.replace(DEBUG.moe, router_bias=True)}, "MoEArgs.router_bias=True"),
         ({"moe": dataclasses.replace(DEBUG.moe, swiglu_limit=0.0)}, "swiglu_limit=0.0"),
         ({"moe": dataclasses.replace(DEBUG.moe, norm_topk_prob=False)}, "MoEArgs.norm_topk_prob=False"),
-        ({"mtp_layers": 1}, "mtp_layers=1"),
     ],
 )  # fmt: skip
 def test_what_a_deepseek_v4_config_cannot_say_is_not_written(changes, named):

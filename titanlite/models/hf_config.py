@@ -5,6 +5,7 @@ through it. Weights and tokenizer files are titanlite/components/hf_weights.py's
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 
 from titanlite.base.errors import ConfigError
@@ -65,17 +66,17 @@ def folder_model_args(folder: str | Path):
 def held_mtp_layers(args, folder: str | Path) -> int:
     """How many of the multi-token prediction layers `args` declares (mtp_layers: num_nextn_predict_layers, Qwen's
     mtp_num_hidden_layers) the folder's weights hold, stored as layers past the decoder's (model.layers.N,
-    N >= n_layers: DeepSeek-V3's layer 61, GLM-4.5's) or as mtp.layers.J (Qwen3.5's, Qwen3-Next's). A folder saved by
-    transformers declares them but holds none (transformers builds no MTP layer and leaves them out): its model then
-    has none. Said once, by the run's start-up (mtp_note), not here: the launcher's check, each worker, `convert` and
+    N >= n_layers: DeepSeek-V3's layer 61, GLM-4.5's), as mtp.layers.J (Qwen3.5's, Qwen3-Next's) or as mtp.J
+    (DeepSeek-V4's). A folder saved by transformers declares them but holds none (transformers builds no MTP layer
+    and leaves them out): its model then has none. Said once, by the run's start-up (mtp_note), not here: the launcher's check, each worker, `convert` and
     `generate` all read the folder."""
     mtp = getattr(args, "mtp_layers", 0)
     names = stored_tensor_names(folder) if mtp else None
     if not mtp or names is None:
         return mtp
     layers = {name.split(".")[2] for name in names if name.startswith("model.layers.")}
-    qwen = {name.split(".")[2] for name in names if name.startswith("mtp.layers.")}
-    return next((k for k in range(mtp) if str(args.n_layers + k) not in layers and str(k) not in qwen), mtp)
+    own = {depth.group(1) for name in names if (depth := re.match(r"(?:model\.)?mtp\.(?:layers\.)?(\d+)\.", name))}
+    return next((k for k in range(mtp) if str(args.n_layers + k) not in layers and str(k) not in own), mtp)
 
 
 def mtp_note(folder: str | Path, run_mtp_layers: int) -> str | None:

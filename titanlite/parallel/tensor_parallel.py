@@ -95,11 +95,14 @@ def ends_plan(model: DecoderModule, loss_parallel: bool, chunked_loss: bool) -> 
     }
     if chunked_loss:  # the model returns hidden states; the chunked loss splits the vocabulary itself
         plan["output"] = VocabParallelHead()
-    for key in getattr(model, "mtp", None) or {}:
-        # Multi-token prediction's norms run on the sequence shards, as the final norm does; the hidden states'
-        # projection, small and shared, whole on each rank (ReplicatedProjection); its block has the family's plan.
+    for key, ahead in (getattr(model, "mtp", None) or {}).items():
+        # Multi-token prediction's norms run on the sequence shards, as the final norm does; its projections of the
+        # hidden states and embeddings, small, whole on each rank (ReplicatedProjection); its block has the family's
+        # plan, as has anything else around it (DeepSeek-V4's hyper-head).
         plan |= {f"mtp.{key}.{norm}": SequenceParallel() for norm in ("enorm", "hnorm", "norm")}
-        plan[f"mtp.{key}.eh_proj"] = ReplicatedProjection()
+        for name, child in ahead.named_children():
+            if isinstance(child, nn.Linear):
+                plan[f"mtp.{key}.{name}"] = ReplicatedProjection()
     if getattr(model, "pos_embeddings", None) is not None:
         # Positions are looked up for the whole sequence ([T] -> [T, dim]) and come out sharded on the
         # sequence (Shard(0) of [T, dim]), matching the token embedding's [B, T/tp, dim] slice.
@@ -124,7 +127,8 @@ class VocabParallelHead(ParallelStyle):
 
 class ReplicatedProjection(ParallelStyle):
     """A linear layer whole on every tensor-parallel rank, applied to its slice of the sequence (a Shard(1) DTensor in,
-    a plain local tensor out, as a block takes it): multi-token prediction's eh_proj [2 dim -> dim]. Its weight is a
+    a plain local tensor out, as a block takes it): multi-token prediction's eh_proj [2 dim -> dim] (DeepSeek-V4's
+    e_proj and h_proj). Its weight is a
     replicated DTensor, so its gradient, each rank's tokens' share, is summed over the ranks in backward. Column-wise
     it would need the sequence gathered and its output's features scattered again (two collectives a step for a
     matrix of 2 dim^2 that costs 1/n_layers-th of a block)."""

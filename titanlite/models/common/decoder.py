@@ -278,9 +278,7 @@ class Transformer(nn.Module):
         self.norm: nn.Module | None = self.build_norm()
         self.output: OutputHead | None = OutputHead(args.dim, args.vocab_size)
         self.mtp: nn.ModuleDict | None = (
-            nn.ModuleDict(
-                {str(i): MultiTokenProjection(args.dim, self.build_norm) for i in range(args.n_layers, n_blocks)}
-            )
+            nn.ModuleDict({str(i): self.build_ahead(i) for i in range(args.n_layers, n_blocks)})
             if self.mtp_layers
             else None
         )
@@ -312,6 +310,11 @@ class Transformer(nn.Module):
             ffn_norms,
             rotary=self.layer_rotary[str(layer)] is not None,
         )
+
+    def build_ahead(self, layer: int) -> nn.Module:
+        """What surrounds multi-token prediction's block `layer` (a depth's norms, projection and final norm:
+        models/common/multi_token.py MultiTokenProjection, whose interface a family's own follows)."""
+        return MultiTokenProjection(self.args.dim, self.build_norm)
 
     def build_mixer(self, layer: int) -> nn.Module:
         kind = self.layer_kind(layer)
@@ -451,12 +454,15 @@ class Transformer(nn.Module):
                 totals = None  # no term: evaluation, or no block of the whole model routed a token
         if self.output is None:  # a pipeline stage before the last, with nothing to hand on beside h
             return h
+        residual = h
         if self.streams is not None:
             h = self.streams(h)  # folded into one
         h = self.after_blocks(h, totals)
         h = self.norm(h) if self.norm is not None else h
         if mtp_tokens is not None and self.mtp is not None:
-            h = torch.cat([h, *self.predict_ahead(h, mtp_tokens, positions, tables, sequence)])
+            first = next(iter(self.mtp.values()))
+            hidden = residual if first.reads_residual else h
+            h = torch.cat([h, *self.predict_ahead(hidden, mtp_tokens, positions, tables, sequence)])
         return self.output(h, project=logits)  # [B, T, vocab], or [B, T, dim]
 
     def run(
@@ -495,17 +501,16 @@ class Transformer(nn.Module):
         sequence: Sequence | None,
     ) -> list[torch.Tensor]:
         """Each multi-token prediction depth's normed output [B, T, dim] (models/common/multi_token.py), from the
-        main model's normed output `h` and the tokens ahead (`mtp_tokens`; positions past the window embed token 0
-        and have no target)."""
+        main model's `h` (its normed output, or its residual where the depths read that: reads_residual) and the
+        tokens ahead (`mtp_tokens`; positions past the window embed token 0 and have no target)."""
         assert self.mtp is not None
         outputs = []
         for k, (name, projection) in enumerate(self.mtp.items()):
-            assert isinstance(projection, MultiTokenProjection)
             ahead = self.embed(mtp_tokens[..., k].clamp(min=0), positions)
             cos, sin = tables[self.layer_rotary[name]]
             x = self.layers[name](projection(ahead, h), cos, sin, sequence=sequence)
-            h = projection.norm(x)
-            outputs.append(h)
+            out, h = projection.outputs(x)
+            outputs.append(out)
         return outputs
 
     def layer_inputs(

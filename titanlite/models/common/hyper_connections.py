@@ -7,18 +7,20 @@ final norm. Plain modules with no parallelism inside.
 How a decoder declares its residual (titanlite/models/common/decoder.py `Transformer.build_streams` and `widen`):
 the embedded tokens widened into the streams before the first layer (`widen_streams`: copied into each), folded into
 one after the last by the hyper-head (`HyperStreams`), each block reading and writing through its own mixings
-(`HyperConnection`, used by `HyperBlock`). One stream, the default, is no module at all."""
+(`HyperConnection`, used by `HyperBlock`). One stream, the default, is no module at all. Multi-token prediction
+over the streams: `HyperMultiTokenProjection`."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from titanlite.models.common.attention import Sequence
-from titanlite.models.common.init_scheme import InitScheme
+from titanlite.models.common.init_scheme import InitScheme, start_linears
 from titanlite.models.common.kv_cache import LayerCache
 
 
@@ -157,3 +159,34 @@ class HyperBlock(nn.Module):
         y = self.ffn_norm(read)
         y = self.feed_forward(y, tokens=tokens) if self.reads_tokens else self.feed_forward(y)
         return HyperConnection.write(x, y, post, comb)
+
+
+class HyperMultiTokenProjection(nn.Module):
+    """What surrounds a multi-token prediction depth's block over `n` streams (DeepSeek-V4's MTP layer; the interface
+    of models/common/multi_token.py MultiTokenProjection): the block's input streams are h_proj(hnorm(stream)) for
+    each of the previous depth's streams (depth 1: the main model's, before its hyper-head: reads_residual) plus
+    e_proj(enorm(embedding of the token ahead)), the same in every stream; its output streams are folded by the
+    depth's own hyper-head (`streams`) and normed (`norm`) for the shared head, and handed whole to the next depth."""
+
+    reads_residual: ClassVar[bool] = True
+
+    def __init__(self, n: int, dim: int, norm: Callable[[], nn.Module], eps: float, norm_eps: float):
+        super().__init__()
+        self.enorm = norm()
+        self.hnorm = norm()
+        self.e_proj = nn.Linear(dim, dim, bias=False)
+        self.h_proj = nn.Linear(dim, dim, bias=False)
+        self.streams = HyperStreams(n, dim, eps, norm_eps)
+        self.norm = norm()
+
+    def forward(self, embedded: torch.Tensor, streams: torch.Tensor) -> torch.Tensor:
+        """embedded [B, T, D] and streams [B, T, n, D] -> the block's input streams [B, T, n, D]."""
+        return self.e_proj(self.enorm(embedded)).unsqueeze(-2) + self.h_proj(self.hnorm(streams))
+
+    def outputs(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The block's output streams x -> (what the head reads: folded and normed, the next depth's streams: x)."""
+        return self.norm(self.streams(x)), x
+
+    def init_own(self, name: str, full: torch.Tensor, generator: torch.Generator, scheme: InitScheme) -> None:
+        """e_proj and h_proj input-side (the norms and the hyper-head start as their own kinds do)."""
+        start_linears(name, full, generator, scheme, inputs=("e_proj", "h_proj"), outputs=())

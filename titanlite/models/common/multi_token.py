@@ -13,6 +13,7 @@ by the family's build_layer), so every parallelism's plan reaches it; this modul
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import ClassVar
 
 import torch
 from torch import nn
@@ -25,7 +26,14 @@ IGNORE = -100  # F.cross_entropy's ignore_index: a position without a target
 class MultiTokenProjection(nn.Module):
     """One depth's norms and projection around its block: `enorm` of the shifted tokens' embeddings, `hnorm` of the
     previous depth's hidden states, `eh_proj` [2 dim -> dim] of their concatenation, and `norm`, the final norm
-    before the shared head (DeepSeek's shared_head.norm)."""
+    before the shared head (DeepSeek's shared_head.norm).
+
+    What a depth's surroundings declare to the decoder (models/common/decoder.py predict_ahead): forward(embedded,
+    hidden) makes the block's input, `outputs` turns the block's output into what the head reads and what the next
+    depth takes as `hidden`, and `reads_residual` says whether depth 1's `hidden` is the main model's residual
+    before its final norm (and before its streams are folded), or, as here, its normed output."""
+
+    reads_residual: ClassVar[bool] = False
 
     def __init__(self, dim: int, norm: Callable[[], nn.Module]):
         super().__init__()
@@ -36,6 +44,11 @@ class MultiTokenProjection(nn.Module):
 
     def forward(self, embedded: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         return self.eh_proj(torch.cat([self.enorm(embedded), self.hnorm(hidden)], dim=-1))
+
+    def outputs(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The block's output x -> (what the head reads, the next depth's hidden): its normed output, both."""
+        h = self.norm(x)
+        return h, h
 
     def init_own(self, name: str, full: torch.Tensor, generator: torch.Generator, scheme: InitScheme) -> None:
         """eh_proj input-side (the norms start as their own kind does)."""

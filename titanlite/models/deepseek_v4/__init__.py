@@ -23,7 +23,7 @@ def split_sizes(model_args: args.DeepseekV4Args) -> dict[str, int]:
 
 def auxiliary_losses(model_args: args.DeepseekV4Args) -> tuple[str, ...]:
     """The mixture of experts' terms, and the CSA layers' indexer loss."""
-    indexer = ("indexer_loss",) if args.CSA in model_args.layer_types else ()
+    indexer = ("indexer_loss",) if model_args.has_indexer else ()
     return moe_auxiliary_losses(model_args) + indexer
 
 

@@ -88,6 +88,10 @@ class DeepseekV4Args(TransformerDefaults):
     hc_eps: float = 1e-6
     moe: MoEArgs = field(default_factory=_debug_moe)
     mtp_layers: int = 0
+    """Multi-token prediction depths (DeepSeek's MTP layers: mtp.K in the published folders), each a layer after the
+    decoder's over the streams (hyper_connections.py HyperMultiTokenProjection)."""
+    mtp_layer_types: tuple[str, ...] = ()
+    """Each depth's attention kind; empty: sliding, as the published folders' (their compress_ratios' last entry)."""
     indexer_loss_coefficient: float = not_math(1.0)
     """The CSA layers' indexer loss's weight in the training loss (training.indexer_loss_coefficient); not math."""
     family: str = not_math("deepseek_v4")
@@ -120,12 +124,30 @@ class DeepseekV4Args(TransformerDefaults):
                 )
         if self.mtp_layers < 0:
             raise ValueError(f"DeepseekV4Args.mtp_layers={self.mtp_layers}; use 0 (none) or more")
+        self.mtp_layer_types = tuple(self.mtp_layer_types)
+        unknown = sorted(set(self.mtp_layer_types) - set(LAYER_KINDS))
+        if unknown:
+            raise ValueError(
+                f"DeepseekV4Args.mtp_layer_types has {unknown[0]!r}; its kinds are {', '.join(LAYER_KINDS)}"
+            )
+        if self.mtp_layer_types and len(self.mtp_layer_types) < self.mtp_layers:
+            raise ValueError(
+                f"DeepseekV4Args.mtp_layer_types has {len(self.mtp_layer_types)} entries for mtp_layers="
+                f"{self.mtp_layers}; give one per depth, or none (sliding)"
+            )
         self.moe.check_depth(self.n_layers)
 
     @property
     def has_indexer(self) -> bool:
         """Whether a layer's indexer trains beside the model (a CSA layer's): training.indexer_* apply."""
-        return CSA in self.layer_types
+        return any(self.kind(i) == CSA for i in range(self.n_layers + self.mtp_layers))
+
+    def kind(self, layer: int) -> str:
+        """Layer `layer`'s attention kind: layer_types', or past them a multi-token prediction depth's."""
+        if layer < self.n_layers:
+            return self.layer_types[layer]
+        depth = layer - self.n_layers
+        return self.mtp_layer_types[depth] if depth < len(self.mtp_layer_types) else SLIDING
 
     # TransformerArgs: the shared expert's width is the experts'; one key/value head.
     @property
@@ -138,8 +160,7 @@ class DeepseekV4Args(TransformerDefaults):
 
     def rate(self, layer: int) -> int:
         """Tokens per compressed block of `layer` (0: a sliding layer)."""
-        kind = self.layer_types[layer] if layer < self.n_layers else CSA
-        return {SLIDING: 0, CSA: self.csa_rate, HCA: self.hca_rate}[kind]
+        return {SLIDING: 0, CSA: self.csa_rate, HCA: self.hca_rate}[self.kind(layer)]
 
 
 def default_layer_types(n_layers: int) -> tuple[str, ...]:
@@ -195,8 +216,9 @@ def with_depth(args: DeepseekV4Args, n_layers: int) -> dict:
 # clamped at 10, sqrt(softplus) scores, the first 3 layers hash-routed, a window of 128, blocks of 4 (CSA) and 128
 # (HCA), 4 streams and 20 Sinkhorn iterations; the compressed layers' YaRN stretches the 65,536 positions trained on
 # 16 times at base 160,000 without scaling cos and sin (their rope_scaling names no attention_factor, which
-# transformers then fills with 1.0), the sliding layers' RoPE plain at 10,000. The multi-token prediction layer
-# both folders hold is not built.
+# transformers then fills with 1.0), the sliding layers' RoPE plain at 10,000. Both folders hold one multi-token
+# prediction layer (sliding), which transformers does not count: the flavors leave it out, as model.mtp_layers = 1
+# adds it.
 def _v4_yarn() -> YarnRopeScaling:
     return YarnRopeScaling(factor=16.0, original_max_position_embeddings=65536, attention_factor=1.0)
 

@@ -25,8 +25,10 @@ norm_topk_prob false (transformers' routers renormalise the chosen scores whatev
 build a "softmax" router (its activations hold no softmax); we read it as MoEArgs' softmax over all experts, then the
 chosen renormalised.
 
-Not built yet: the MTP layer. num_nextn_predict_layers is read into nothing (mtp_layers stays 0); a folder's mtp.*
-tensors are carried unchanged into an export (said when the folder loads), which says the folder's count again.
+Multi-token prediction: num_nextn_predict_layers (absent: none) is mtp_layers, those layers (the published folders'
+mtp.K.*) loaded and trained where the folder holds them (titanlite/models/hf_config.py held_mtp_layers: a folder
+transformers saved holds none; model.mtp_layers = 0 leaves them out of the run and carries them unchanged into an
+export); each one's attention kind is compress_ratios' entry past the layers' (0: sliding, where it has none).
 Ignored, as they change no math or transformers' DeepseekV4 does not read them: output_router_logits,
 router_aux_loss_coef (DeepSeek balances by the routing bias, balance "bias"), topk_method, n_group and topk_group
 (transformers' V4 routes without groups), initializer_range, use_cache, bos/eos/pad token ids. Dropout and
@@ -228,6 +230,8 @@ def read(config: dict, where: str) -> DeepseekV4Args:
             hc_sinkhorn_iters=config["hc_sinkhorn_iters"],
             hc_eps=float(config["hc_eps"]),
             moe=moe,
+            mtp_layers=config.get("num_nextn_predict_layers", 0),
+            mtp_layer_types=_mtp_layer_types(config, where, n_layers),
         )
     except ValueError as e:  # DeepseekV4Args' own checks (o_groups dividing the heads, the rotary channels' width)
         raise ConfigError(f"{where} is not supported: {in_config_names(str(e), ARGS_KEYS)}") from e
@@ -288,6 +292,25 @@ def _layer_types(config: dict, where: str, n_layers: int) -> tuple[str, ...]:
     if len(kinds) < n_layers:
         raise refuse(where, key, f"[{len(kinds)} entries]", f"it needs one per layer ({n_layers})")
     return tuple(kinds[:n_layers])
+
+
+def _mtp_layer_types(config: dict, where: str, n_layers: int) -> tuple[str, ...]:
+    """The multi-token prediction layers' attention kinds: compress_ratios' entries past the decoder's layers (the
+    published folders name them there), none (every depth sliding) where it has no more. A depth with no entry of
+    its own is refused."""
+    mtp = config.get("num_nextn_predict_layers", 0)
+    ratios = list(config.get("compress_ratios") or [])[n_layers:]
+    if not mtp or not ratios:
+        return ()
+    if len(ratios) < mtp:
+        raise refuse(
+            where, "compress_ratios", f"[{n_layers + len(ratios)} entries]", f"it names {len(ratios)} of the "
+            f"num_nextn_predict_layers={mtp} multi-token prediction layers after the {n_layers} layers; give one each",
+        )  # fmt: skip
+    for i, ratio in enumerate(ratios, start=n_layers):
+        if ratio not in RATIO_KINDS:
+            raise refuse(where, f"compress_ratios[{i}]", ratio, "its entries are 0, 4 and 128")
+    return tuple(RATIO_KINDS[ratio] for ratio in ratios[:mtp])
 
 
 def _rates(config: dict, where: str, layer_types: tuple[str, ...]) -> tuple[int, int]:
@@ -446,7 +469,7 @@ def write(args: DeepseekV4Args) -> dict:
     partial_rotary_factor, rope_parameters nested "main" / "compress"); what it cannot say is refused in one line
     naming the field: a block other than DeepSeek-V4's (dense layers, groups, a router bias, a gated or wider shared
     expert, relu^2 or latent experts, no SwiGLU clamp, scores not renormalised), another frequency scaling than
-    YaRN, a rotary width no partial_rotary_factor gives back, multi-token prediction (not built)."""
+    YaRN, a rotary width no partial_rotary_factor gives back."""
     _check_expressible(args)
     factor = args.rotary_dim / args.head_dim
     compress = yarn_to_hf(args.rope_scaling) if args.rope_scaling is not None else {"rope_type": "default"}
@@ -494,8 +517,19 @@ def write(args: DeepseekV4Args) -> dict:
         "routed_scaling_factor": moe.route_scale,
         "swiglu_limit": moe.swiglu_limit,
         "mlp_layer_types": [HASH if i in moe.hash_layers else ROUTED for i in range(args.n_layers)],
-        "num_nextn_predict_layers": 0,
+        "num_nextn_predict_layers": args.mtp_layers,
+        **_compress_ratios(args),
     }
+
+
+def _compress_ratios(args: DeepseekV4Args) -> dict:
+    """The published folders' compress_ratios, one per layer and multi-token prediction layer, where the latter's
+    kinds are not all sliding (transformers reads layer_types and drops it; read takes the depths' kinds from it)."""
+    kinds = [args.kind(i) for i in range(args.n_layers + args.mtp_layers)]
+    if all(kind == SLIDING for kind in kinds[args.n_layers :]):
+        return {}
+    ratio_of = {kind: ratio for ratio, kind in RATIO_KINDS.items()}
+    return {"compress_ratios": [ratio_of[kind] for kind in kinds]}
 
 
 def _check_expressible(args: DeepseekV4Args) -> None:
@@ -503,8 +537,6 @@ def _check_expressible(args: DeepseekV4Args) -> None:
     another model)."""
     moe = args.moe
     more = []
-    if args.mtp_layers:
-        more.append(f"mtp_layers={args.mtp_layers} (titanlite does not build DeepSeek-V4's multi-token prediction)")
     if args.rope_scaling is not None and not isinstance(args.rope_scaling, YarnRopeScaling):
         more.append(f"rope_scaling={args.rope_scaling!r} (the compressed layers' scaling is YaRN or none)")
     if int(args.head_dim * (args.rotary_dim / args.head_dim)) != args.rotary_dim:

@@ -16,7 +16,13 @@ from titanlite.models.common.compressed_attention import (
 )
 from titanlite.models.common.compressed_attention import CSA, SLIDING, CompressedAttention, CompressedIndexer
 from titanlite.models.common.decoder import Transformer
-from titanlite.models.common.hyper_connections import HyperBlock, HyperConnection, HyperStreams, widen_streams
+from titanlite.models.common.hyper_connections import (
+    HyperBlock,
+    HyperConnection,
+    HyperMultiTokenProjection,
+    HyperStreams,
+    widen_streams,
+)
 from titanlite.models.common.interface import Decoder
 from titanlite.models.common.moe.layer import MoE
 from titanlite.models.common.norms import Float32RMSNorm
@@ -48,7 +54,7 @@ class DeepseekV4(Transformer):
     pooled_balance = False  # its blocks balance by their routing biases
 
     def layer_kind(self, layer: int) -> str:
-        return self.args.layer_types[layer] if layer < self.args.n_layers else CSA
+        return self.args.kind(layer)
 
     def build_layer(self, layer: int) -> nn.Module:
         a = self.args
@@ -62,6 +68,10 @@ class DeepseekV4(Transformer):
     def build_feed_forward(self, layer: int) -> nn.Module:
         a = self.args
         return MoE(a.dim, a.moe, hash_vocab=a.vocab_size if a.moe.is_hashed(layer) else 0)
+
+    def build_ahead(self, layer: int) -> HyperMultiTokenProjection:
+        a = self.args
+        return HyperMultiTokenProjection(a.hc_mult, a.dim, self.build_norm, a.hc_eps, a.norm_eps)
 
     def build_norm(self) -> nn.Module:
         return Float32RMSNorm(self.args.dim, self.args.norm_eps)

@@ -67,9 +67,12 @@ class ByRows(ParallelStyle):
 
 
 def tp_plan(model: DecoderModule) -> dict:
-    """Every layer's hyper-connections, norms, attention (split by heads) and mixture of experts (whole), and the
-    hyper-head before the final norm."""
+    """Every layer's hyper-connections, norms, attention (split by heads) and mixture of experts (whole), the
+    hyper-head before the final norm and each multi-token prediction depth's (its norms and projections: the shared
+    ends_plan)."""
     plan: dict[str, ParallelStyle] = {"streams": OnSequenceShard()}
+    for key in getattr(model, "mtp", None) or {}:  # a multi-token prediction depth's own hyper-head
+        plan[f"mtp.{key}.streams"] = OnSequenceShard()
     for i in model.layers:
         layer = {
             "attention_hc": OnSequenceShard(),

@@ -2,10 +2,14 @@
 ffn, wq_a, attn_sink, compressor.ape, hc_attn_fn, ...; the published checkpoints name the top level without
 transformers' "model." prefix, which hf_keys reads too): ours -> theirs one for one, but the routed experts, stacked
 here (experts.w1/w3/w2 [E, ...]) and one tensor per expert there (ffn.experts.E.w1.weight). The hash-routed layers'
-token tables (ffn.gate.tid2eid) and the other layers' routing biases (ffn.gate.bias) are buffers the folder holds."""
+token tables (ffn.gate.tid2eid) and the other layers' routing biases (ffn.gate.bias) are buffers the folder holds.
+The multi-token prediction layers are mtp.K. in both (the published folders'; transformers builds none and leaves
+them out of its saves): the block's tensors named as a layer's, and the depth's own enorm, hnorm, e_proj, h_proj,
+norm and hyper-head (hc_head_fn, hc_head_base, hc_head_scale)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 import torch
@@ -28,6 +32,13 @@ _COMPRESSOR = {"wkv.weight": "wkv.weight", "wgate.weight": "wgate.weight", "norm
 _EXPERTS = ("w1", "w3", "w2")
 
 
+def blocks(args: DeepseekV4Args) -> list[tuple[int, str]]:
+    """Each block's layer number and the folder's prefix of its tensors: the decoder's (model.layers.N.), then the
+    multi-token prediction depths' (mtp.K., layer n_layers + K)."""
+    decoder = [(i, f"model.layers.{i}.") for i in range(args.n_layers)]
+    return decoder + [(args.n_layers + k, f"mtp.{k}.") for k in range(args.mtp_layers)]
+
+
 def hf_names(args: DeepseekV4Args) -> dict[str, str]:
     """Our parameter or buffer name -> the folder's tensor, for every tensor but the stacked experts."""
     names = {
@@ -36,32 +47,41 @@ def hf_names(args: DeepseekV4Args) -> dict[str, str]:
         "norm.weight": "model.norm.weight",
         **{f"streams.{p}": f"model.hc_head.hc_{p}" for p in ("fn", "base", "scale")},
     }
-    for i in range(args.n_layers):
-        ours, hf = f"layers.{i}.", f"model.layers.{i}."
-        names[ours + "attention_norm.weight"] = hf + "attn_norm.weight"
-        names[ours + "ffn_norm.weight"] = hf + "ffn_norm.weight"
-        for p in ("fn", "base", "scale"):
-            names[f"{ours}attention_hc.{p}"] = f"{hf}hc_attn_{p}"
-            names[f"{ours}ffn_hc.{p}"] = f"{hf}hc_ffn_{p}"
-        names |= {f"{ours}attention.{a}": f"{hf}attn.{b}" for a, b in _ATTENTION.items()}
-        kind = args.layer_types[i]
-        if kind != SLIDING:
-            names |= {f"{ours}attention.compressor.{a}": f"{hf}attn.compressor.{b}" for a, b in _COMPRESSOR.items()}
-        if kind == CSA:
-            for a in ("wq_b.weight", "weights_proj.weight"):
-                names[f"{ours}attention.indexer.{a}"] = f"{hf}attn.indexer.{a}"
-            names |= {
-                f"{ours}attention.indexer.compressor.{a}": f"{hf}attn.indexer.compressor.{b}"
-                for a, b in _COMPRESSOR.items()
-            }
-        ffn, theirs = ours + "feed_forward.", hf + "ffn."
-        names[ffn + "router.gate.weight"] = theirs + "gate.weight"
-        if i in args.moe.hash_layers:
-            names[ffn + "router.tid2eid"] = theirs + "gate.tid2eid"
-        else:  # the model holds it where it balances by it ([moe] balance "bias"); a folder always does
-            names[ffn + "router.expert_bias"] = theirs + "gate.bias"
-        for w in _EXPERTS:
-            names[f"{ffn}shared_expert.{w}.weight"] = f"{theirs}shared_experts.{w}.weight"
+    for i, hf in blocks(args):
+        names |= _block_names(args, i, hf)
+    for k in range(args.mtp_layers):
+        ours, hf = f"mtp.{args.n_layers + k}.", f"mtp.{k}."
+        names |= {f"{ours}{n}.weight": f"{hf}{n}.weight" for n in ("enorm", "hnorm", "e_proj", "h_proj", "norm")}
+        names |= {f"{ours}streams.{p}": f"{hf}hc_head_{p}" for p in ("fn", "base", "scale")}
+    return names
+
+
+def _block_names(args: DeepseekV4Args, i: int, hf: str) -> dict[str, str]:
+    """Block `i`'s tensors (the folder's under `hf`), but its stacked experts."""
+    ours = f"layers.{i}."
+    names = {ours + "attention_norm.weight": hf + "attn_norm.weight", ours + "ffn_norm.weight": hf + "ffn_norm.weight"}
+    for p in ("fn", "base", "scale"):
+        names[f"{ours}attention_hc.{p}"] = f"{hf}hc_attn_{p}"
+        names[f"{ours}ffn_hc.{p}"] = f"{hf}hc_ffn_{p}"
+    names |= {f"{ours}attention.{a}": f"{hf}attn.{b}" for a, b in _ATTENTION.items()}
+    kind = args.kind(i)
+    if kind != SLIDING:
+        names |= {f"{ours}attention.compressor.{a}": f"{hf}attn.compressor.{b}" for a, b in _COMPRESSOR.items()}
+    if kind == CSA:
+        for a in ("wq_b.weight", "weights_proj.weight"):
+            names[f"{ours}attention.indexer.{a}"] = f"{hf}attn.indexer.{a}"
+        names |= {
+            f"{ours}attention.indexer.compressor.{a}": f"{hf}attn.indexer.compressor.{b}"
+            for a, b in _COMPRESSOR.items()
+        }
+    ffn, theirs = ours + "feed_forward.", hf + "ffn."
+    names[ffn + "router.gate.weight"] = theirs + "gate.weight"
+    if i in args.moe.hash_layers:
+        names[ffn + "router.tid2eid"] = theirs + "gate.tid2eid"
+    else:  # the model holds it where it balances by it ([moe] balance "bias"); a folder always does
+        names[ffn + "router.expert_bias"] = theirs + "gate.bias"
+    for w in _EXPERTS:
+        names[f"{ffn}shared_expert.{w}.weight"] = f"{theirs}shared_experts.{w}.weight"
     return names
 
 
@@ -82,14 +102,16 @@ def hf_tables(args: DeepseekV4Args) -> dict[str, Callable[[torch.Tensor], str | 
 
 
 def hf_carried(args: DeepseekV4Args, keys: list[str]) -> list[str]:
-    """A folder's multi-token prediction layer (mtp.*, or model.mtp.* as transformers keeps it), which this model does
-    not build: carried unchanged into an export (titanlite/components/hf_weights.py says so when it loads)."""
-    return [k for k in keys if k.startswith(("mtp.", "model.mtp."))]
+    """A folder's multi-token prediction layers past this model's (mtp.K. with K >= mtp_layers: all of them with
+    model.mtp_layers = 0): not trained, carried unchanged into an export (titanlite/components/hf_weights.py says so
+    when it loads)."""
+    depths = [(k, re.match(r"mtp\.(\d+)\.", k)) for k in keys]
+    return [k for k, depth in depths if depth is not None and int(depth.group(1)) >= args.mtp_layers]
 
 
 def hf_folder(args: DeepseekV4Args, config: dict, tensors: dict, source: dict) -> tuple[dict, dict]:
-    """An export that carries the folder's multi-token prediction layer says it has one, as the folder did."""
-    if source.get("num_nextn_predict_layers"):
+    """An export that carries the folder's multi-token prediction layers says it has them, as the folder did."""
+    if source.get("num_nextn_predict_layers", 0) > args.mtp_layers:
         config = {**config, "num_nextn_predict_layers": source["num_nextn_predict_layers"]}
     return config, tensors
 
@@ -112,6 +134,8 @@ def hf_keys(args: DeepseekV4Args, keys: list[str]) -> dict[str, str]:
             view[_PUBLISHED[key]] = key
         elif key.startswith("layers."):
             view["model." + key] = key
+        elif key.startswith("model.mtp."):  # the multi-token prediction layers as mtp.K. in every view
+            view[key.removeprefix("model.")] = key
         else:
             view[key] = key
     return view
@@ -120,10 +144,10 @@ def hf_keys(args: DeepseekV4Args, keys: list[str]) -> dict[str, str]:
 def hf_sources(args: DeepseekV4Args) -> dict[str, str | tuple[str, ...]]:
     """hf_names, and each stacked expert tensor -> its experts' tensors in expert order."""
     sources: dict[str, str | tuple[str, ...]] = dict(hf_names(args))
-    for i in range(args.n_layers):
+    for i, hf in blocks(args):
         for w in _EXPERTS:
             sources[f"layers.{i}.feed_forward.experts.{w}"] = tuple(
-                f"model.layers.{i}.ffn.experts.{e}.{w}.weight" for e in range(args.moe.n_experts)
+                f"{hf}ffn.experts.{e}.{w}.weight" for e in range(args.moe.n_experts)
             )
     return sources
 
@@ -147,8 +171,8 @@ def to_hf(args: DeepseekV4Args, sd: dict[str, torch.Tensor], take) -> dict[str, 
             out[hf] = torch.zeros(args.moe.n_experts)
         else:
             out[hf] = take(ours)
-    for i in range(args.n_layers):
+    for i, hf in blocks(args):
         for w in _EXPERTS:
             for e, t in enumerate(take(f"layers.{i}.feed_forward.experts.{w}").unbind(0)):
-                out[f"model.layers.{i}.ffn.experts.{e}.{w}.weight"] = t
+                out[f"{hf}ffn.experts.{e}.{w}.weight"] = t
     return out
