@@ -68,8 +68,8 @@ def held_mtp_layers(args, folder: str | Path) -> int:
     mtp_num_hidden_layers) the folder's weights hold, stored as layers past the decoder's (model.layers.N,
     N >= n_layers: DeepSeek-V3's layer 61, GLM-4.5's), as mtp.layers.J (Qwen3.5's, Qwen3-Next's) or as mtp.J
     (DeepSeek-V4's). A folder saved by transformers declares them but holds none (transformers builds no MTP layer
-    and leaves them out): its model then has none. Said once, by the run's start-up (mtp_note), not here: the launcher's check, each worker, `convert` and
-    `generate` all read the folder."""
+    and leaves them out): its model then has none. Said once, by the run's start-up (mtp_note), not here: the
+    launcher's check, each worker, `convert` and `generate` all read the folder."""
     mtp = getattr(args, "mtp_layers", 0)
     names = stored_tensor_names(folder) if mtp else None
     if not mtp or names is None:

@@ -15,7 +15,7 @@ args.moe) that most families set."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 import torch
 from torch import nn
@@ -40,7 +40,7 @@ from titanlite.models.common.mixers import Attention, AttentionOptions
 from titanlite.models.common.moe.args import MoEArgs
 from titanlite.models.common.moe.balance import PooledBalance, PooledMoE, pooled_loss
 from titanlite.models.common.moe.layer import GroupedExperts, HashRouter, MoE
-from titanlite.models.common.multi_token import MultiTokenProjection
+from titanlite.models.common.multi_token import AroundDepth, MultiTokenProjection
 from titanlite.models.common.rope import RotaryTable
 
 if TYPE_CHECKING:
@@ -505,7 +505,8 @@ class Transformer(nn.Module):
         tokens ahead (`mtp_tokens`; positions past the window embed token 0 and have no target)."""
         assert self.mtp is not None
         outputs = []
-        for k, (name, projection) in enumerate(self.mtp.items()):
+        for k, (name, module) in enumerate(self.mtp.items()):
+            projection = cast(AroundDepth, module)
             ahead = self.embed(mtp_tokens[..., k].clamp(min=0), positions)
             cos, sin = tables[self.layer_rotary[name]]
             x = self.layers[name](projection(ahead, h), cos, sin, sequence=sequence)

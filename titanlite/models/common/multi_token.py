@@ -13,7 +13,7 @@ by the family's build_layer), so every parallelism's plan reaches it; this modul
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import ClassVar
+from typing import ClassVar, Protocol
 
 import torch
 from torch import nn
@@ -21,6 +21,17 @@ from torch import nn
 from titanlite.models.common.init_scheme import InitScheme, start_linears
 
 IGNORE = -100  # F.cross_entropy's ignore_index: a position without a target
+
+
+class AroundDepth(Protocol):
+    """What surrounds a multi-token prediction depth's block, as the decoder calls it (MultiTokenProjection says
+    what each member does; DeepSeek-V4's over several streams: hyper_connections.py HyperMultiTokenProjection)."""
+
+    reads_residual: ClassVar[bool]
+
+    def __call__(self, embedded: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor: ...
+
+    def outputs(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
 class MultiTokenProjection(nn.Module):
