@@ -2,7 +2,8 @@
 e4m3 with an E8M0 scale (X.scale, a power of two) per 128 x 128 block, the routed experts fp4 (int8 holding two e2m1
 values, low nibble first) with an E8M0 scale per 32 values of a row, the top level named without "model.". A random
 transformers DeepSeek-V4 quantized so imports with transformers' logits of the dequantized weights; a NaN scale or an
-fp4 weight without its scales is refused in one line naming it; checkpoint.export_quantized writes the format back."""
+fp4 weight without its scales is refused in one line naming it; checkpoint.export_quantized writes the format back,
+the multi-token prediction layer's (mtp.0.*, its projections fp8 and its experts fp4) too."""
 
 import json
 import math
@@ -79,10 +80,21 @@ def folders(tmp_path_factory):
     with mock.patch.dict(v4.CONFIG, moe_intermediate_size=32):
         v4.random_model().save_pretrained(root / "plain")
     config = json.loads((root / "plain" / "config.json").read_text())
+    # The published MTP layer: layer 3's block (a CSA layer, as compress_ratios' last entry says) as mtp.0, and the
+    # depth's own tensors, its two projections fp8 as published
+    config |= {"num_nextn_predict_layers": 1, "compress_ratios": [0, 4, 128, 4, 4]}
+    plain = load_file(root / "plain" / "model.safetensors")
+    dim, generator = config["hidden_size"], torch.Generator().manual_seed(3)
+    layer3 = {k: t for k, t in plain.items() if k.startswith("model.layers.3.")}
+    plain |= {k.replace("model.layers.3.", "mtp.0."): t.clone() for k, t in layer3.items()}
+    for name, shape in (("e_proj.weight", (dim, dim)), ("h_proj.weight", (dim, dim)), ("hc_head_fn", (3, 3 * dim)),
+                        ("hc_head_base", (3,)), ("hc_head_scale", (1,))):  # fmt: skip
+        plain[f"mtp.0.{name}"] = 0.3 * torch.randn(shape, generator=generator)
+    plain |= {f"mtp.0.{norm}.weight": torch.ones(dim) for norm in ("enorm", "hnorm", "norm")}
     stored, dequantized = {}, {}
-    for name, tensor in load_file(root / "plain" / "model.safetensors").items():
+    for name, tensor in plain.items():
         theirs = published_name(name)
-        if name.endswith(FP8_WEIGHTS) or ".shared_experts." in name:
+        if name.endswith((*FP8_WEIGHTS, ".e_proj.weight", ".h_proj.weight")) or ".shared_experts." in name:
             stored[theirs], stored[theirs.removesuffix("weight") + "scale"], dequantized[name] = fp8_e8m0(tensor, 128)
         elif ".ffn.experts." in name:
             stored[theirs], stored[theirs.removesuffix("weight") + "scale"], dequantized[name] = fp4_e8m0(tensor)
@@ -191,10 +203,15 @@ def test_an_export_quantized_writes_the_format_back_to_the_same_values(folders, 
     assert config["quantization_config"] == {**QUANTIZATION, "expert_dtype": "fp4"}
     source, back = WeightReader(folder), WeightReader(tmp_path / "export")
     quantized = list(source.logical.names)
-    assert len(quantized) == 4 * (5 + 3 + 4 * 3)
+    assert len(quantized) == 5 * (5 + 3 + 4 * 3) + 2  # the MTP layer's block and its e_proj and h_proj among them
+    assert exported["mtp.0.e_proj.weight"].dtype == torch.float8_e4m3fn
+    assert exported["mtp.0.ffn.experts.1.w1.weight"].dtype == torch.int8
     for name in quantized:
-        torch.testing.assert_close(back.get("model." + name), source.get(name), rtol=0, atol=0)
+        torch.testing.assert_close(back.get(name if name.startswith("mtp.") else "model." + name), source.get(name),
+                                   rtol=0, atol=0)  # fmt: skip
     with torch.no_grad():
+        ahead = {"mtp_tokens": v4.TOKENS[:, 1:2].expand(-1, v4.TOKENS.shape[1])[..., None]}
         torch.testing.assert_close(
-            imported_by_config(tmp_path / "export")(v4.TOKENS), model.eval()(v4.TOKENS), rtol=1e-5, atol=1e-5
+            imported_by_config(tmp_path / "export")(v4.TOKENS, **ahead), model.eval()(v4.TOKENS, **ahead), rtol=1e-5,
+            atol=1e-5,
         )
