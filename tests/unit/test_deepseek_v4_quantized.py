@@ -212,6 +212,8 @@ def test_an_export_quantized_writes_the_format_back_to_the_same_values(folders, 
     with torch.no_grad():
         ahead = {"mtp_tokens": v4.TOKENS[:, 1:2].expand(-1, v4.TOKENS.shape[1])[..., None]}
         torch.testing.assert_close(
-            imported_by_config(tmp_path / "export")(v4.TOKENS, **ahead), model.eval()(v4.TOKENS, **ahead), rtol=1e-5,
+            imported_by_config(tmp_path / "export")(v4.TOKENS, **ahead),
+            model.eval()(v4.TOKENS, **ahead),
+            rtol=1e-5,
             atol=1e-5,
         )
