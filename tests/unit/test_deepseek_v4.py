@@ -26,8 +26,11 @@ from titanlite.commands.generate import decode_with_graphs  # noqa: E402
 from titanlite.components.hf_weights import save_hf  # noqa: E402
 from titanlite.components.metrics import flops_per_token  # noqa: E402
 from titanlite.models.build import model_from_args  # noqa: E402
+from titanlite.models.common import compressed_attention as compressed_attention_module  # noqa: E402
+from titanlite.models.common import indexer as indexer_core  # noqa: E402
 from titanlite.models.common.attention import Sequence  # noqa: E402
 from titanlite.models.common.auxiliary import AuxiliaryLosses, collecting  # noqa: E402
+from titanlite.models.common.compressed_attention import query_chunks  # noqa: E402
 from titanlite.models.common.kv_cache import KVCache  # noqa: E402
 from titanlite.models.deepseek_v4.args import CSA, FLAVORS, HCA, SLIDING  # noqa: E402
 from titanlite.models.hf_config import folder_args  # noqa: E402
@@ -270,3 +273,33 @@ def test_its_multi_token_prediction_layer_computes_as_deepseeks_and_exports_in_t
     depth = [n for n, p in ours.named_parameters() if n.startswith(("mtp.", "layers.4."))]
     untouched = [n for n in depth if ours.get_parameter(n).grad is None or not ours.get_parameter(n).grad.abs().sum()]
     assert len(depth) > 20 and not untouched, untouched
+
+
+def test_chunks_of_one_query_give_the_whole_sequences_logits_and_gradients(folder, monkeypatch):
+    """The attention's chunks (ChunkedAttention: each chunk's output written in place, its gradients recomputed a
+    chunk at a time and added to the queries', keys', blocks' and sinks') against autograd's own backward of one
+    chunk for the whole sequence: the same logits and every parameter's gradient, the window's, the blocks' and the
+    picked blocks' paths alike."""
+    _, path = folder
+
+    class Autograd:  # the chunks' forward, differentiated by autograd itself
+        @staticmethod
+        def apply(plan, *tensors):
+            return plan.forward(*tensors)
+
+    def run() -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        ours = imported_by_config(path).train()
+        out = ours(TOKENS)
+        torch.nn.functional.cross_entropy(out[:, :-1].flatten(0, 1), TOKENS[:, 1:].flatten()).backward()
+        return out.detach(), {n: p.grad for n, p in ours.named_parameters() if p.grad is not None}
+
+    with monkeypatch.context() as patch:
+        patch.setattr(compressed_attention_module, "ChunkedAttention", Autograd)
+        whole = run()
+    monkeypatch.setattr(indexer_core, "CHUNK_ELEMENTS", 64)  # a chunk of one query (twice chunk_elements' scores)
+    assert len(query_chunks(29, 8, 8, torch.device("cpu"))) == 29
+    chunked = run()
+    torch.testing.assert_close(chunked[0], whole[0], rtol=1e-5, atol=1e-5)
+    assert chunked[1].keys() == whole[1].keys() and len(whole[1]) > 50
+    for name, grad in whole[1].items():
+        torch.testing.assert_close(chunked[1][name], grad, rtol=1e-4, atol=1e-5, msg=name)

@@ -46,7 +46,6 @@ from titanlite.models.common.indexer import (
     chunk_elements,
     gather_rows,
     indexer_kl,
-    recomputed,
     select_among,
 )
 from titanlite.models.common.init_scheme import InitScheme, start_linears
@@ -454,9 +453,8 @@ def compressed_attention(
     allowed = mask_function(window, length, q.device, width)
     n_blocks = 0 if blocks is None else blocks.keys.shape[1]
     seen = None if blocks is None or indices is not None else blocks.allowed(positions, documents)
-    training = torch.is_grad_enabled() and q.requires_grad
     extra = indices.shape[-1] if indices is not None else n_blocks  # the compressed keys a query reads
-    outs, sums = [], []
+    chunks = []
     for start, end in query_chunks(length, batch * q.shape[2], min(width, length) + extra, q.device):
         if plain:
             first, last = start, end - 1
@@ -468,15 +466,94 @@ def compressed_attention(
             picked = (indices[:, start:end], valid[:, start:end])
         # The masks are made inside the chunk, again in its recompute: kept for backward, the chunks' [Q, K] masks
         # would sum to T^2 / 2 bytes (a dense window's), where nothing else the attention keeps grows past T.
-        masks = ChunkMasks(allowed, seen, start, end, lo, hi, n_blocks)
-        compressed = None if blocks is None else blocks.keys
-        out, summed = recomputed(
-            _attend_chunk, training, q[:, start:end], keys[:, lo:hi], masks, compressed, picked, sinks, scale
-        )
-        outs.append(out)
-        sums.append(summed)
-    summed_all = torch.cat(sums, dim=1) if indices is not None else None
-    return torch.cat(outs, dim=1), summed_all
+        chunks.append(Chunk(start, end, lo, hi, ChunkMasks(allowed, seen, start, end, lo, hi, n_blocks), picked))
+    plan = ChunkPlan(chunks, scale, extra if indices is not None else 0)
+    compressed = None if blocks is None else blocks.keys
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, keys, compressed, sinks)):
+        out, summed = ChunkedAttention.apply(plan, q, keys, compressed, sinks)
+    else:
+        out, summed = plan.forward(q, keys, compressed, sinks)
+    return out, (summed if indices is not None else None)
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """A chunk of queries start..end over the window's keys lo..hi, its masks, and its queries' picked blocks."""
+
+    start: int
+    end: int
+    lo: int
+    hi: int
+    masks: ChunkMasks
+    picked: tuple[torch.Tensor, torch.Tensor] | None
+
+
+@dataclass(frozen=True)
+class ChunkPlan:
+    """The chunks of one attention call, its scale, and the picked blocks a query reads (0: none picked)."""
+
+    chunks: list[Chunk]
+    scale: float
+    picked: int
+
+    def forward(self, q, keys, compressed, sinks) -> tuple[torch.Tensor, torch.Tensor]:
+        """The output [B, T, H, D] and the picked blocks' summed weights [B, T, P], each chunk's written in place: a
+        chunk's small results kept between the next chunks' large scores would pin the heap's freed blocks, and the
+        process's memory would grow as T^2 (some 9 times its tensors' at 16,384 tokens)."""
+        out = torch.empty_like(q)
+        summed = torch.empty(q.shape[0], q.shape[1], self.picked, device=q.device, dtype=torch.float32)
+        for c in self.chunks:
+            o, s = _attend_chunk(q[:, c.start : c.end], keys[:, c.lo : c.hi], c.masks, compressed, c.picked, sinks,
+                                 self.scale)  # fmt: skip
+            out[:, c.start : c.end] = o
+            summed[:, c.start : c.end] = s
+            del o, s
+        return out, summed
+
+
+class ChunkedAttention(torch.autograd.Function):
+    """The chunks' attention, nothing kept for backward but its inputs: backward recomputes one chunk at a time and
+    writes its queries' gradient in place and adds its keys', blocks' and sinks' to theirs (not autograd's slices of
+    each chunk, whose backward would make a whole-length zero gradient per chunk: T^2 / Q of memory traffic)."""
+
+    @staticmethod
+    def forward(ctx, plan: ChunkPlan, q, keys, compressed, sinks):
+        ctx.plan = plan
+        ctx.save_for_backward(q, keys, compressed, sinks)
+        out, summed = plan.forward(q, keys, compressed, sinks)
+        ctx.mark_non_differentiable(summed)
+        return out, summed
+
+    @staticmethod
+    def backward(ctx, grad_out, _grad_summed):
+        plan: ChunkPlan = ctx.plan
+        q, keys, compressed, sinks = ctx.saved_tensors
+        _, want_q, want_keys, want_compressed, want_sinks = ctx.needs_input_grad
+        dq = torch.zeros_like(q) if want_q else None
+        dkeys = torch.zeros_like(keys) if want_keys else None
+        dcompressed = torch.zeros_like(compressed) if compressed is not None and want_compressed else None
+        dsinks = torch.zeros_like(sinks) if want_sinks else None
+        for c in plan.chunks:
+            with torch.enable_grad():
+                q_part = q[:, c.start : c.end].detach().requires_grad_(want_q)
+                keys_part = keys[:, c.lo : c.hi].detach().requires_grad_(want_keys)
+                compressed_part = None if compressed is None else compressed.detach().requires_grad_(want_compressed)
+                sinks_part = sinks.detach().requires_grad_(want_sinks)
+                o, _ = _attend_chunk(q_part, keys_part, c.masks, compressed_part, c.picked, sinks_part, plan.scale)
+                wanted = [(t, g) for t, g in ((q_part, dq), (keys_part, dkeys), (compressed_part, dcompressed),
+                                              (sinks_part, dsinks)) if t is not None and g is not None]  # fmt: skip
+                found = torch.autograd.grad(o, [t for t, _ in wanted], grad_out[:, c.start : c.end], allow_unused=True)
+            for (part, total), grad in zip(wanted, found, strict=True):
+                if grad is None:
+                    continue
+                if part is q_part:
+                    total[:, c.start : c.end] = grad
+                elif part is keys_part:
+                    total[:, c.lo : c.hi] += grad
+                else:
+                    total += grad
+            del o, found, wanted
+        return None, dq, dkeys, dcompressed, dsinks
 
 
 def query_chunks(queries: int, rows: int, keys: int, device: torch.device) -> list[tuple[int, int]]:
