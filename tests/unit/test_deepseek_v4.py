@@ -23,7 +23,7 @@ import safetensors.torch  # noqa: E402
 from tests.conformance import exports_as, greedy_ids_match, imported_by_config, random_hf, tokens  # noqa: E402
 from titanlite.base.errors import ConfigError  # noqa: E402
 from titanlite.commands.generate import decode_with_graphs  # noqa: E402
-from titanlite.components.hf_weights import save_hf  # noqa: E402
+from titanlite.components.hf_weights import load_hf_into, save_hf  # noqa: E402
 from titanlite.components.metrics import flops_per_token  # noqa: E402
 from titanlite.models.build import model_from_args  # noqa: E402
 from titanlite.models.common import compressed_attention as compressed_attention_module  # noqa: E402
@@ -208,8 +208,8 @@ def test_its_multi_token_prediction_layer_computes_as_deepseeks_and_exports_in_t
     DeepseekV4ForCausalLM whose layer 4 is saved as mtp.0), fed as DeepSeek's MTPBlock feeds it: the streams after
     the last layer, each through hnorm and h_proj, plus e_proj(enorm(embedding of the token ahead)); its output
     folded by the depth's hyper-head, normed, through the shared head. Our depth-1 logits equal that to 1e-5; an
-    export writes mtp.0.* back (transformers leaves it alone) and reads back with the same logits; training reaches
-    every parameter of the depth."""
+    export writes mtp.0.* back (transformers leaves it alone) and reads back with the same logits; with
+    model.mtp_layers = 0 the export carries it unchanged; training reaches every parameter of the depth."""
     hf4, path = folder
     config5 = transformers.DeepseekV4Config(
         **{**CONFIG, "num_hidden_layers": 5, "layer_types": [*LAYERS, SLIDING],
@@ -266,6 +266,15 @@ def test_its_multi_token_prediction_layer_computes_as_deepseeks_and_exports_in_t
     with torch.no_grad():
         torch.testing.assert_close(imported_by_config(tmp_path / "export")(TOKENS, mtp_tokens=ahead[..., None])[2:],
                                    depth1)  # fmt: skip
+
+    # model.mtp_layers = 0: the run leaves the layer out, and its export carries mtp.0.* unchanged, saying it has one
+    without = dataclasses.replace(folder_args(folder_with, 64), mtp_layers=0)
+    main_only = model_from_args(without)
+    load_hf_into([main_only], folder_with)
+    save_hf(tmp_path / "carried", without, main_only.state_dict(), carry_from=folder_with)
+    carried = safetensors.torch.load_file(tmp_path / "carried" / "model.safetensors")
+    assert all(torch.equal(carried[k], t) for k, t in mtp.items())
+    assert json.loads((tmp_path / "carried" / "config.json").read_text())["num_nextn_predict_layers"] == 1
 
     ours.train()
     out = ours(TOKENS, mtp_tokens=ahead[..., None])
