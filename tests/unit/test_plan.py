@@ -340,3 +340,31 @@ def test_top_shows_the_n_best_rows_after_the_configs_own_and_refuses_less_than_o
     proc = cli("plan", *args, "--top", "0")
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr == "titanlite: error: plan: --top must be at least 1, not 0\n"
+
+
+@pytest.mark.parametrize("tool", ["plan --measure", "bench"])
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_measured_and_benched_runs_take_the_cores_per_process_as_run_train_sh_does(tool, ranks, monkeypatch, tmp_path):
+    """plan --measure's and bench's runs get run_train.sh's OMP_NUM_THREADS: the caller's where set, else the usable
+    cores shared among the processes (plan --measure once ran every rank on one thread, 2 x slower on 2 cores)."""
+    import os
+    import subprocess
+
+    from titanlite.tools import plan as plan_tool
+    from titanlite.tools import strategies
+
+    seen = []
+    monkeypatch.setattr(subprocess, "run", lambda cmd, env, **kw: seen.append(env["OMP_NUM_THREADS"]))
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(6)))
+
+    def start():
+        if tool == "bench":
+            strategies.launch(ranks, [], tmp_path, "run")
+        else:
+            plan_tool.run_measured([], ranks, tmp_path, {})
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    start()
+    monkeypatch.setenv("OMP_NUM_THREADS", "5")
+    start()
+    assert seen == [str(6 // ranks), "5"]

@@ -19,6 +19,21 @@ EVAL_WORKER = "titanlite.commands.evaluate"
 LAUNCH_ID_ENV = "TITANLITE_LAUNCH_ID"
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity: a container's or a batch job's share), else the
+    machine's."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def threads_per_process(processes: int) -> str:
+    """OMP_NUM_THREADS for a launch of `processes` local processes, as run_train.sh sets it: the caller's where set,
+    else the usable cores shared among the processes (at least 1 each)."""
+    return os.environ.get("OMP_NUM_THREADS") or str(max(1, usable_cores() // processes))
+
+
 def take_options(
     argv: list[str], defaults: dict[str, Any], command: str, at_least: dict[str, float] | None = None
 ) -> tuple[dict, list[str]]:

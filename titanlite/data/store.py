@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from titanlite.base.command_line import usable_cores
 from titanlite.base.errors import ConfigError, resolved_against
 from titanlite.data.progress import Progress
 from titanlite.data.readers import Span, plan_pieces, read_batches
@@ -443,7 +444,7 @@ def _build_pieces(folder, source, files, recorded, tokenizer, dtype, shard_bytes
     )
     if shards and todo:
         progress.note(f"continuing: {len(shards)} of {len(pieces)} shards already built")
-    workers = min(workers or _cpu_count(), len(todo))
+    workers = min(workers or usable_cores(), len(todo))
     with _results(todo, workers) as results, open(folder / JOURNAL, "a") as journal:
         for shard in results:
             journal.write(json.dumps(shard) + "\n")
@@ -602,13 +603,6 @@ def _build_hub(folder: Path, source: Source, tokenizer: Tokenizer, dtype: str, d
             progress.update(nbytes, shard["tokens"], shard["documents"])
     progress.finish()
     return shards
-
-
-def _cpu_count() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 @contextlib.contextmanager

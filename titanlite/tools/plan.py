@@ -16,7 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from titanlite.base.command_line import LAUNCHER, TRAIN_WORKER, take_options, with_overrides
+from titanlite.base.command_line import LAUNCHER, TRAIN_WORKER, take_options, threads_per_process, with_overrides
 from titanlite.base.devices import check_local_ranks, uses_cuda
 from titanlite.base.errors import ConfigError
 from titanlite.base.failures import reason_in
@@ -309,6 +309,10 @@ def run_measured(train_argv: list[str], world: int, folder: Path, extra_env: dic
         TRAIN_WORKER,
         *train_argv,
     ]
-    env = {**os.environ, **extra_env, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
-    env.setdefault("OMP_NUM_THREADS", "1")
+    env = {
+        **os.environ,
+        **extra_env,
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+        "OMP_NUM_THREADS": threads_per_process(world),  # as run_train.sh would run it: the cores per process
+    }
     return subprocess.run(cmd, env=env, capture_output=True, text=True)

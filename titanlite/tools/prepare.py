@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import time
 
-from titanlite.base.command_line import take_options
+from titanlite.base.command_line import take_options, usable_cores
 from titanlite.base.errors import ConfigError
 from titanlite.builder.data import describe_tokenizer, run_tokenizer, store_options, training_sources
 from titanlite.builder.run import describe_model
@@ -51,15 +50,6 @@ def prepare(argv: list[str]) -> int:
             f"({time.perf_counter() - start:.1f} s)"
         )
     return 0
-
-
-def usable_cores() -> int:
-    """The cores this process may run on (its CPU affinity: a container's or a batch job's share), else the
-    machine's."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 def check_workers(workers: int) -> None:

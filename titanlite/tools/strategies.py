@@ -25,7 +25,14 @@ from typing import Any
 
 import torch
 
-from titanlite.base.command_line import LAUNCHER, TRAIN_WORKER, check_writable_place, take_options, with_overrides
+from titanlite.base.command_line import (
+    LAUNCHER,
+    TRAIN_WORKER,
+    check_writable_place,
+    take_options,
+    threads_per_process,
+    with_overrides,
+)
 from titanlite.base.devices import uses_cuda
 from titanlite.base.errors import ConfigError
 from titanlite.base.failures import reason_in
@@ -135,9 +142,7 @@ def launch(
         TRAIN_WORKER,
         *with_overrides(args, ["--job.dump_folder", str(run_root), "--job.name", name]),
     ]
-    env = {**os.environ, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
-    if "OMP_NUM_THREADS" not in os.environ:
-        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // ranks))
+    env = {**os.environ, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "OMP_NUM_THREADS": threads_per_process(ranks)}
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
