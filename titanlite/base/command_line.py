@@ -1,5 +1,6 @@
 """The command line below the entry points: a command's own `--name value` options, taken out of argv before the
-rest is parsed as config overrides, and the entry points' module names, for the tools that start them as processes."""
+rest is parsed as config overrides, and the entry points' module names and the threads each process gets
+(`threads_per_process`, run_train.sh's rule), for the tools that start them as processes."""
 
 from __future__ import annotations
 
