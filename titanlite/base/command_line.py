@@ -1,11 +1,12 @@
 """The command line below the entry points: a command's own `--name value` options, taken out of argv before the
-rest is parsed as config overrides, and the entry points' module names and the threads each process gets
-(`threads_per_process`, run_train.sh's rule), for the tools that start them as processes."""
+rest is parsed as config overrides, and the entry points' module names, for the tools that start them as processes
+(`local_launch`: the command and environment, each process on run_train.sh's share of the cores)."""
 
 from __future__ import annotations
 
 import math
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,18 @@ def threads_per_process(processes: int) -> str:
     """OMP_NUM_THREADS for a launch of `processes` local processes, as run_train.sh sets it: the caller's where set,
     else the usable cores shared among the processes (at least 1 each)."""
     return os.environ.get("OMP_NUM_THREADS") or str(max(1, usable_cores() // processes))
+
+
+def local_launch(
+    processes: int, worker: str, args: list[str], log_dir: Path | None = None
+) -> tuple[list[str], dict[str, str]]:
+    """The command and environment that start `worker` (an entry point's module) with `args` on `processes` local
+    processes through titanlite's launcher, as run_train.sh starts a run: TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
+    (without it restarted gloo workers cannot reconnect on torch 2.13) and threads_per_process's threads."""
+    cmd = [sys.executable, "-m", LAUNCHER, "--standalone", f"--nproc-per-node={processes}"]
+    cmd += [f"--log-dir={log_dir}"] if log_dir is not None else []
+    env = {**os.environ, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "OMP_NUM_THREADS": threads_per_process(processes)}
+    return [*cmd, "-m", worker, *args], env
 
 
 def take_options(

@@ -18,7 +18,13 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from titanlite.base.command_line import EVAL_WORKER, LAUNCHER, check_output_file, take_options, write_output
+from titanlite.base.command_line import (
+    EVAL_WORKER,
+    check_output_file,
+    local_launch,
+    take_options,
+    write_output,
+)
 from titanlite.base.devices import check_local_ranks
 from titanlite.base.errors import ConfigError
 from titanlite.builder.data import build_data, build_validation_data, describe_validation
@@ -87,22 +93,9 @@ def eval_command(argv: list[str]) -> int:
     worker_opts = {k: opts[k] for k in WORKER_OPTIONS}
     if opts["ngpu"] == 1:  # no process group: the worker runs here, on the config and plan made above, and returns
         return run_worker(lambda cfg: evaluate(cfg, worker_opts, plan), rest, lambda _: cfg)
-    env = {**os.environ, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
-    cmd = [
-        sys.executable,
-        "-m",
-        LAUNCHER,
-        "--standalone",
-        f"--nproc-per-node={opts['ngpu']}",
-        "-m",
-        EVAL_WORKER,
-        "--output",
-        opts["output"],
-        "--bootstrap-iters",
-        str(opts["bootstrap-iters"]),
-        *(["--log-samples"] if opts["log-samples"] else []),
-        *rest,
-    ]
+    options = ["--output", opts["output"], "--bootstrap-iters", str(opts["bootstrap-iters"])]
+    options += ["--log-samples"] if opts["log-samples"] else []
+    cmd, env = local_launch(opts["ngpu"], EVAL_WORKER, [*options, *rest])
     return subprocess.run(cmd, env=env).returncode
 
 

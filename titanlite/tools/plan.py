@@ -16,7 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from titanlite.base.command_line import LAUNCHER, TRAIN_WORKER, take_options, threads_per_process, with_overrides
+from titanlite.base.command_line import TRAIN_WORKER, local_launch, take_options, with_overrides
 from titanlite.base.devices import check_local_ranks, uses_cuda
 from titanlite.base.errors import ConfigError
 from titanlite.base.failures import reason_in
@@ -298,21 +298,5 @@ def measure_layout(cfg, argv: list[str], lay: Layout, facts: ModelFacts, s: Sett
 def run_measured(train_argv: list[str], world: int, folder: Path, extra_env: dict[str, str]):
     """The measured run: the training worker on `world` local processes through titanlite's launcher, its
     logs in `folder`; returns the finished process (returncode, stdout, stderr)."""
-    cmd = [
-        sys.executable,
-        "-m",
-        LAUNCHER,
-        "--standalone",
-        f"--nproc-per-node={world}",
-        f"--log-dir={folder / 'logs'}",
-        "-m",
-        TRAIN_WORKER,
-        *train_argv,
-    ]
-    env = {
-        **os.environ,
-        **extra_env,
-        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
-        "OMP_NUM_THREADS": threads_per_process(world),  # as run_train.sh would run it: the cores per process
-    }
-    return subprocess.run(cmd, env=env, capture_output=True, text=True)
+    cmd, env = local_launch(world, TRAIN_WORKER, train_argv, log_dir=folder / "logs")
+    return subprocess.run(cmd, env={**env, **extra_env}, capture_output=True, text=True)

@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,11 +25,10 @@ from typing import Any
 import torch
 
 from titanlite.base.command_line import (
-    LAUNCHER,
     TRAIN_WORKER,
     check_writable_place,
+    local_launch,
     take_options,
-    threads_per_process,
     with_overrides,
 )
 from titanlite.base.devices import uses_cuda
@@ -131,18 +129,12 @@ def launch(
 ) -> subprocess.CompletedProcess:
     """One training job: torchrun (LAUNCHER) of TRAIN_WORKER with `ranks` processes,
     run folder run_root/name; a failure ends its stderr with the worker's one-line reason."""
-    cmd = [
-        sys.executable,
-        "-m",
-        LAUNCHER,
-        "--standalone",
-        f"--nproc-per-node={ranks}",
-        f"--log-dir={run_root / name / 'torchrun_logs'}",
-        "-m",
+    cmd, env = local_launch(
+        ranks,
         TRAIN_WORKER,
-        *with_overrides(args, ["--job.dump_folder", str(run_root), "--job.name", name]),
-    ]
-    env = {**os.environ, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "OMP_NUM_THREADS": threads_per_process(ranks)}
+        with_overrides(args, ["--job.dump_folder", str(run_root), "--job.name", name]),
+        log_dir=run_root / name / "torchrun_logs",
+    )
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
