@@ -215,10 +215,10 @@ def test_chunked_loss_lowers_the_measured_peak(tmp_path, plan_measure):
 
 @pytest.mark.slow
 def test_context_parallel_lowers_the_measured_peak_per_rank(tmp_path, plan_measure):
-    """The debug Llama at 4,096 tokens (local batch 2, chunked loss, the byte tokenizer: the activations that CP
+    """The debug Llama at 2,048 tokens (local batch 2, chunked loss, the byte tokenizer: the activations that CP
     splits dominate, not GPT-2's logits): the measured peak per rank falls from CP 1 to CP 2 to CP 4, and the
     planner's estimate of each is within 15 %."""
-    long = ["--config", "train_configs/llama3_debug.toml", "--model.tokenizer", "byte", "--training.seq_len", "4096"]
+    long = ["--config", "train_configs/llama3_debug.toml", "--model.tokenizer", "byte", "--training.seq_len", "2048"]
     long += ["--training.local_batch_size", "2", "--training.loss_chunk_tokens", "1024"]
     peaks = []
     for cp in (1, 2, 4):
