@@ -312,3 +312,20 @@ def test_chunks_of_one_query_give_the_whole_sequences_logits_and_gradients(folde
     assert chunked[1].keys() == whole[1].keys() and len(whole[1]) > 50
     for name, grad in whole[1].items():
         torch.testing.assert_close(chunked[1][name], grad, rtol=1e-4, atol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("k", [1, 2, 5, 64])
+def test_the_indexers_pick_is_a_stable_sorts_first_k_ties_earliest_first(k):
+    """The compressed attention's indexer picks its blocks with top_earliest: the k highest scores, equal ones
+    earliest first, as a stable descending sort's first k, on scores full of ties (the relu's zeros, repeated
+    values) and of -inf (blocks a query may not see: all of a row's, or all but fewer than k)."""
+    generator = torch.Generator().manual_seed(k)
+    scores = torch.randint(0, 4, (3, 5, 64), generator=generator).float()  # a few values, each many times
+    scores[0] = torch.randn(5, 64, generator=generator).relu()  # about half exactly zero
+    scores[1, :, ::2] = float("-inf")
+    scores[2, 0] = float("-inf")  # a query that sees nothing
+    scores[2, 1, 3:] = float("-inf")  # one that sees 3 blocks
+    values, indices = indexer_core.top_earliest(scores, k)
+    expected_values, expected_indices = scores.sort(dim=-1, descending=True, stable=True)
+    assert torch.equal(indices, expected_indices[..., :k])
+    assert torch.equal(values, expected_values[..., :k])
