@@ -612,7 +612,7 @@ def test_flash_linear_attention_scan_equals_the_pytorch_ssd_scan_on_cuda():
 def test_deepseek_v4_compressed_attention_on_cuda_equals_the_cpu():
     """DeepSeek-V4's debug model (sliding, CSA with its indexer, HCA; hyper-connections; hash-routed experts) runs its
     PyTorch path on CUDA as on the CPU: the same weights give the same logits and loss gradients in float32, packed
-    documents included (the compressors' scatters, the indexer's stable sort and the chunked attention on CUDA)."""
+    documents included (the compressors' scatters, the indexer's top_earliest and the chunked attention on CUDA)."""
     import dataclasses
 
     from titanlite.models.build import model_from_args
